@@ -1,0 +1,90 @@
+// Package jstest starts a real embedded nats-server with JetStream for tests:
+// file storage in t.TempDir(), a random loopback port, and Tollgate's
+// topology already created.
+package jstest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+)
+
+// Env is a running server with a client connection and the topology ensured.
+type Env struct {
+	Server   *server.Server
+	StoreDir string
+	NC       *nats.Conn
+	JS       jetstream.JetStream
+	Buckets  topology.Buckets
+}
+
+// Start starts a server in t.TempDir() and ensures the topology. Everything
+// is shut down by t.Cleanup.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	dir := t.TempDir()
+	ns, err := embedded.Start(embedded.Options{StoreDir: dir, Port: -1})
+	if err != nil {
+		t.Fatalf("start nats-server: %v", err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	e := &Env{Server: ns, StoreDir: dir}
+	e.connect(t)
+	return e
+}
+
+func (e *Env) connect(t testing.TB) {
+	t.Helper()
+	nc, err := nats.Connect(e.Server.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := topology.Ensure(ctx, js, topology.DefaultConfig()); err != nil {
+		t.Fatalf("ensure topology: %v", err)
+	}
+	b, err := topology.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatalf("open buckets: %v", err)
+	}
+	e.NC, e.JS, e.Buckets = nc, js, b
+}
+
+// URL is the server's client URL.
+func (e *Env) URL() string { return e.Server.ClientURL() }
+
+// Ctx returns a context cancelled at the end of the test.
+func Ctx(t testing.TB) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Eventually polls cond every 10ms until it returns true or d passes, then
+// fails the test with msg.
+func Eventually(t testing.TB, d time.Duration, msg string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v: %s", d, msg)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,190 @@
+// Package topology names Tollgate's JetStream streams, subjects, consumers
+// and KV buckets, and creates or updates them idempotently.
+//
+// Every stage calls Ensure at start, so the first process to run creates the
+// topology and later ones converge it to the same configuration. The table in
+// docs/protocol.md is the public description of what this package creates;
+// keep the two in step.
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Streams.
+const (
+	StreamInbound   = "TOLLGATE_INBOUND"
+	StreamTurns     = "TOLLGATE_TURNS"
+	StreamDecisions = "TOLLGATE_DECISIONS"
+	StreamEvents    = "TOLLGATE_EVENTS"
+	StreamDLQ       = "TOLLGATE_DLQ"
+)
+
+// Subjects. A trailing token written as <x> in the docs is filled in by the
+// helper functions below.
+const (
+	SubjectInboundPrefix     = "tollgate.inbound."       // + transport
+	SubjectTurnAccepted      = "tollgate.turn.accepted." // + session key
+	SubjectTurnReady         = "tollgate.turn.ready."    // + session key
+	SubjectDecisionSubmit    = "tollgate.decision.submit"
+	SubjectApprovalRequested = "tollgate.event.approval.requested"
+	SubjectApprovalDecided   = "tollgate.event.approval.decided"
+	SubjectDecisionRejected  = "tollgate.event.decision.rejected"
+	SubjectBatchAwaiting     = "tollgate.event.batch.awaiting"
+	SubjectRedrivePrefix     = "tollgate.event.redrive." // + started | deferred | failed
+	SubjectTurnOutcome       = "tollgate.event.turn.outcome"
+	SubjectDLQPrefix         = "tollgate.dlq." // + stage
+)
+
+// InboundSubject is where a transport publishes its messages.
+func InboundSubject(transport string) string { return SubjectInboundPrefix + transport }
+
+// AcceptedSubject is where ingest publishes a turn of the session with key sessionKey.
+func AcceptedSubject(sessionKey string) string { return SubjectTurnAccepted + sessionKey }
+
+// ReadySubject is where a queued turn is announced once its session is free.
+func ReadySubject(sessionKey string) string { return SubjectTurnReady + sessionKey }
+
+// DLQSubject is where stage dead-letters a message.
+func DLQSubject(stage string) string { return SubjectDLQPrefix + stage }
+
+// KV buckets.
+const (
+	BucketApprovals = "tollgate_approvals"
+	BucketBatches   = "tollgate_batches"
+	BucketSessions  = "tollgate_sessions"
+	BucketClaims    = "tollgate_claims"
+)
+
+// Durable consumer names, one per stage.
+const (
+	ConsumerIngest   = "ingest"
+	ConsumerExecutor = "executor"
+	ConsumerApprover = "approver"
+	ConsumerRedriver = "redriver"
+)
+
+// Config sets what may differ between deployments.
+type Config struct {
+	// Replicas for every stream and bucket: 1 on a single server, 3 on a
+	// three-node cluster.
+	Replicas int
+	// MaxAge bounds how long stream history is kept for replay.
+	MaxAge time.Duration
+	// Storage is jetstream.FileStorage except in throwaway setups.
+	Storage jetstream.StorageType
+	// DuplicateWindow is the Nats-Msg-Id dedupe window on every stream.
+	DuplicateWindow time.Duration
+}
+
+// DefaultConfig is a single server keeping 30 days of history.
+func DefaultConfig() Config {
+	return Config{Replicas: 1, MaxAge: 30 * 24 * time.Hour, Storage: jetstream.FileStorage, DuplicateWindow: 2 * time.Minute}
+}
+
+// Validate reports a configuration that Ensure would reject.
+func (c Config) Validate() error {
+	switch {
+	case c.Replicas < 1 || c.Replicas > 5:
+		return fmt.Errorf("topology: replicas %d: want 1 to 5", c.Replicas)
+	case c.MaxAge <= 0:
+		return errors.New("topology: max age must be positive")
+	case c.DuplicateWindow <= 0 || c.DuplicateWindow > c.MaxAge:
+		return errors.New("topology: duplicate window must be positive and at most max age")
+	}
+	return nil
+}
+
+// Streams returns the stream configurations Ensure creates.
+func (c Config) Streams() []jetstream.StreamConfig {
+	mk := func(name, desc string, subjects ...string) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name:        name,
+			Description: desc,
+			Subjects:    subjects,
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      c.MaxAge,
+			Storage:     c.Storage,
+			Replicas:    c.Replicas,
+			Duplicates:  c.DuplicateWindow,
+			MaxMsgSize:  1 << 20,
+			Discard:     jetstream.DiscardOld,
+		}
+	}
+	return []jetstream.StreamConfig{
+		mk(StreamInbound, "Tollgate: inbound chat-transport messages", SubjectInboundPrefix+">"),
+		mk(StreamTurns, "Tollgate: accepted turns and session-ready notices", "tollgate.turn.>"),
+		mk(StreamDecisions, "Tollgate: human decisions on approvals", "tollgate.decision.>"),
+		mk(StreamEvents, "Tollgate: approval, redrive and outcome events", "tollgate.event.>"),
+		mk(StreamDLQ, "Tollgate: dead letters with original bytes and reason codes", SubjectDLQPrefix+">"),
+	}
+}
+
+// Buckets returns the KV bucket configurations Ensure creates.
+func (c Config) Buckets() []jetstream.KeyValueConfig {
+	mk := func(name, desc string, history uint8) jetstream.KeyValueConfig {
+		return jetstream.KeyValueConfig{
+			Bucket:       name,
+			Description:  desc,
+			History:      history,
+			Storage:      c.Storage,
+			Replicas:     c.Replicas,
+			MaxValueSize: 1 << 20,
+		}
+	}
+	return []jetstream.KeyValueConfig{
+		mk(BucketApprovals, "Tollgate: approval records by approval id", 5),
+		mk(BucketBatches, "Tollgate: batch records by turn id", 5),
+		mk(BucketSessions, "Tollgate: per-session batch queue", 1),
+		mk(BucketClaims, "Tollgate: tool execution claims by call id", 1),
+	}
+}
+
+// Ensure creates or updates every stream and bucket. It is idempotent and
+// safe to call concurrently from several processes.
+func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	for _, sc := range c.Streams() {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("ensure stream %s: %w", sc.Name, err)
+		}
+	}
+	for _, kc := range c.Buckets() {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
+			return fmt.Errorf("ensure bucket %s: %w", kc.Bucket, err)
+		}
+	}
+	return nil
+}
+
+// Buckets is the set of KV handles every stage uses.
+type Buckets struct {
+	Approvals jetstream.KeyValue
+	Batches   jetstream.KeyValue
+	Sessions  jetstream.KeyValue
+	Claims    jetstream.KeyValue
+}
+
+// OpenBuckets binds to the existing buckets. It fails with
+// jetstream.ErrBucketNotFound if Ensure has not run.
+func OpenBuckets(ctx context.Context, js jetstream.JetStream) (Buckets, error) {
+	var b Buckets
+	for _, p := range []struct {
+		name string
+		kv   *jetstream.KeyValue
+	}{{BucketApprovals, &b.Approvals}, {BucketBatches, &b.Batches}, {BucketSessions, &b.Sessions}, {BucketClaims, &b.Claims}} {
+		kv, err := js.KeyValue(ctx, p.name)
+		if err != nil {
+			return Buckets{}, fmt.Errorf("open bucket %s: %w", p.name, err)
+		}
+		*p.kv = kv
+	}
+	return b, nil
+}

@@ -1,0 +1,45 @@
+package runner
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the per-stage message counters and timings. Create one per
+// registry and share it between the runners of one process; the stage is a
+// label.
+type Metrics struct {
+	Received     *prometheus.CounterVec
+	Acked        *prometheus.CounterVec
+	Retried      *prometheus.CounterVec
+	DeadLettered *prometheus.CounterVec
+	Panics       *prometheus.CounterVec
+	Duration     *prometheus.HistogramVec
+}
+
+// NewMetrics registers the runner metrics with reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Received: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_messages_received_total", Help: "Messages delivered to a stage, redeliveries included.",
+		}, []string{"stage"}),
+		Acked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_messages_acked_total", Help: "Messages a stage processed and acknowledged.",
+		}, []string{"stage"}),
+		Retried: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_messages_retried_total", Help: "Messages a stage NAKed with a delay for a later retry.",
+		}, []string{"stage"}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_messages_dead_lettered_total", Help: "Messages a stage moved to the dead-letter stream, by reason code.",
+		}, []string{"stage", "code"}),
+		Panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_handler_panics_total", Help: "Handler panics recovered by a stage.",
+		}, []string{"stage"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tollgate_message_processing_seconds",
+			Help:    "Time a stage spent on one delivery, from receipt to its ack decision.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
+		}, []string{"stage"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Received, m.Acked, m.Retried, m.DeadLettered, m.Panics, m.Duration)
+	}
+	return m
+}

@@ -1,0 +1,329 @@
+// Package runner drives one stage's durable pull consumer: it hands each
+// message to a Handler and turns the result into an explicit outcome.
+//
+//   - nil: Ack.
+//   - an error carrying a schemas.Code (a *schemas.Error): the message can
+//     never succeed; it is copied to the dead-letter stream with its original
+//     bytes and the code, then terminated with TermWithReason.
+//   - any other error: transient; NakWithDelay with a growing delay, until
+//     MaxAttempts deliveries, then dead-lettered with RETRIES_EXHAUSTED.
+//   - a panic: recovered, counted, dead-lettered with HANDLER_PANIC.
+//
+// Nothing is dropped: if the dead-letter publish itself fails, the message is
+// NAKed and tried again later. While a handler runs, the runner signals
+// InProgress so that work longer than AckWait is not redelivered under it.
+//
+// Messages with the same shard key (by default the subject) are handled in
+// delivery order by one goroutine; different keys run concurrently, up to
+// Concurrency at once.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Handler processes one message. See the package doc for how its result is
+// acknowledged. Handlers must be idempotent: delivery is at least once.
+type Handler func(ctx context.Context, msg jetstream.Msg) error
+
+// Dead-letter headers. The body of a dead letter is the original message.
+const (
+	HeaderStage           = "Tollgate-Stage"
+	HeaderCode            = "Tollgate-Reason-Code"
+	HeaderReason          = "Tollgate-Reason"
+	HeaderOriginalSubject = "Tollgate-Original-Subject"
+	HeaderOriginalStream  = "Tollgate-Original-Stream"
+	HeaderOriginalSeq     = "Tollgate-Original-Seq"
+	HeaderDeliveries      = "Tollgate-Deliveries"
+)
+
+// Config wires a runner.
+type Config struct {
+	Stage    string // label and dead-letter subject token, e.g. "executor"
+	Stream   string
+	Consumer jetstream.ConsumerConfig // Durable and FilterSubject(s) required
+	Handler  Handler
+	JS       jetstream.JetStream
+	Logger   *slog.Logger
+	Metrics  *Metrics
+
+	// Optional; zero values get the defaults below.
+	MaxAttempts int                        // deliveries before dead-lettering a transient failure (default 8)
+	Concurrency int                        // shard goroutines (default 1)
+	ShardKey    func(jetstream.Msg) string // default: the subject
+	BaseDelay   time.Duration              // first NAK delay (default 250ms), doubled per attempt, capped at MaxDelay
+	MaxDelay    time.Duration              // default 30s
+}
+
+// Validate reports missing wiring.
+func (c *Config) Validate() error {
+	switch {
+	case c.Stage == "":
+		return errors.New("runner: Stage is required")
+	case c.Stream == "":
+		return errors.New("runner: Stream is required")
+	case c.Consumer.Durable == "":
+		return errors.New("runner: Consumer.Durable is required")
+	case c.Handler == nil:
+		return errors.New("runner: Handler is required")
+	case c.JS == nil:
+		return errors.New("runner: JS is required")
+	case c.Logger == nil:
+		return errors.New("runner: Logger is required")
+	case c.Metrics == nil:
+		return errors.New("runner: Metrics is required")
+	}
+	return nil
+}
+
+func (c *Config) defaults() {
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 8
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 1
+	}
+	if c.ShardKey == nil {
+		c.ShardKey = func(m jetstream.Msg) string { return m.Subject() }
+	}
+	if c.BaseDelay <= 0 {
+		c.BaseDelay = 250 * time.Millisecond
+	}
+	if c.MaxDelay <= 0 {
+		c.MaxDelay = 30 * time.Second
+	}
+	if c.Consumer.AckPolicy == jetstream.AckNonePolicy {
+		c.Consumer.AckPolicy = jetstream.AckExplicitPolicy
+	}
+	if c.Consumer.AckWait == 0 {
+		c.Consumer.AckWait = 30 * time.Second
+	}
+	// The runner, not the server, decides when to give up, so that a message
+	// is dead-lettered rather than silently parked at MaxDeliver.
+	c.Consumer.MaxDeliver = -1
+	if c.Consumer.MaxAckPending == 0 {
+		c.Consumer.MaxAckPending = 1024
+	}
+}
+
+// Runner consumes one durable consumer.
+type Runner struct {
+	cfg Config
+}
+
+// New validates cfg and returns a runner. Nothing touches the server until Run.
+func New(cfg Config) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.defaults()
+	return &Runner{cfg: cfg}, nil
+}
+
+// Run creates or updates the consumer and processes messages until ctx is
+// cancelled. On cancellation it stops pulling, finishes the messages already
+// handed to it, and returns nil. It returns an error only if the consumer
+// cannot be created or the consume loop cannot start.
+func (r *Runner) Run(ctx context.Context) error {
+	c := r.cfg
+	cons, err := c.JS.CreateOrUpdateConsumer(ctx, c.Stream, c.Consumer)
+	if err != nil {
+		return fmt.Errorf("%s: create consumer %s/%s: %w", c.Stage, c.Stream, c.Consumer.Durable, err)
+	}
+
+	// Handlers get a context that outlives ctx so in-flight work can finish
+	// during a drain.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+
+	shards := make([]chan jetstream.Msg, c.Concurrency)
+	var wg sync.WaitGroup
+	for i := range shards {
+		shards[i] = make(chan jetstream.Msg, 16)
+		wg.Add(1)
+		go func(in <-chan jetstream.Msg) {
+			defer wg.Done()
+			for m := range in {
+				r.handle(work, m)
+			}
+		}(shards[i])
+	}
+
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		shards[shardOf(c.ShardKey(m), len(shards))] <- m
+	},
+		jetstream.PullMaxMessages(256),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				c.Logger.Debug("consume error", "stage", c.Stage, "err", err)
+				return
+			}
+			c.Logger.Warn("consume heartbeat missed", "stage", c.Stage, "err", err)
+		}),
+	)
+	if err != nil {
+		for _, s := range shards {
+			close(s)
+		}
+		wg.Wait()
+		return fmt.Errorf("%s: consume: %w", c.Stage, err)
+	}
+	c.Logger.Info("stage consuming", "stage", c.Stage, "stream", c.Stream, "consumer", c.Consumer.Durable)
+
+	<-ctx.Done()
+	cc.Drain()
+	select {
+	case <-cc.Closed():
+	case <-time.After(c.Consumer.AckWait):
+		cc.Stop()
+	}
+	for _, s := range shards {
+		close(s)
+	}
+	wg.Wait()
+	c.Logger.Info("stage drained", "stage", c.Stage)
+	return nil
+}
+
+func shardOf(key string, n int) int {
+	if n == 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}
+
+// handle runs the handler for one delivery and settles it.
+func (r *Runner) handle(ctx context.Context, m jetstream.Msg) {
+	c := r.cfg
+	start := time.Now()
+	c.Metrics.Received.WithLabelValues(c.Stage).Inc()
+	defer func() { c.Metrics.Duration.WithLabelValues(c.Stage).Observe(time.Since(start).Seconds()) }()
+
+	stop := r.keepAlive(m)
+	err := r.invoke(ctx, m)
+	stop()
+
+	meta, _ := m.Metadata()
+	deliveries := uint64(1)
+	if meta != nil {
+		deliveries = meta.NumDelivered
+	}
+	log := c.Logger.With("stage", c.Stage, "subject", m.Subject(), "delivery", deliveries)
+	if meta != nil {
+		log = log.With("stream_seq", meta.Sequence.Stream)
+	}
+
+	switch code := schemas.CodeOf(err); {
+	case err == nil:
+		if aerr := m.Ack(); aerr != nil {
+			log.Warn("ack failed; message will be redelivered", "err", aerr)
+			return
+		}
+		c.Metrics.Acked.WithLabelValues(c.Stage).Inc()
+	case code != "":
+		r.deadLetter(ctx, m, meta, code, err, log)
+	case deliveries >= uint64(c.MaxAttempts):
+		r.deadLetter(ctx, m, meta, schemas.CodeRetriesExhausted, err, log)
+	default:
+		delay := c.BaseDelay << min(deliveries-1, 16)
+		if delay > c.MaxDelay || delay <= 0 {
+			delay = c.MaxDelay
+		}
+		log.Warn("transient failure; retrying", "err", err, "delay", delay)
+		if nerr := m.NakWithDelay(delay); nerr != nil {
+			log.Warn("nak failed; message will be redelivered after AckWait", "err", nerr)
+		}
+		c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
+	}
+}
+
+// invoke calls the handler, turning a panic into a HANDLER_PANIC error.
+func (r *Runner) invoke(ctx context.Context, m jetstream.Msg) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.cfg.Metrics.Panics.WithLabelValues(r.cfg.Stage).Inc()
+			r.cfg.Logger.Error("handler panic", "stage", r.cfg.Stage, "panic", p, "stack", string(debug.Stack()))
+			err = schemas.Errorf(schemas.CodeHandlerPanic, "handler panic: %v", p)
+		}
+	}()
+	return r.cfg.Handler(ctx, m)
+}
+
+// keepAlive signals InProgress every third of AckWait until stop is called.
+func (r *Runner) keepAlive(m jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	t := time.NewTicker(r.cfg.Consumer.AckWait / 3)
+	go func() {
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// deadLetter copies m to the dead-letter stream with its reason, then
+// terminates it. If the copy fails, m is NAKed so that nothing is lost.
+func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, code schemas.Code, cause error, log *slog.Logger) {
+	c := r.cfg
+	hdr := nats.Header{}
+	for k, v := range m.Headers() {
+		if k == jetstream.MsgIDHeader {
+			continue
+		}
+		hdr[k] = v
+	}
+	hdr.Set(HeaderStage, c.Stage)
+	hdr.Set(HeaderCode, string(code))
+	hdr.Set(HeaderReason, truncate(cause.Error(), 1024))
+	hdr.Set(HeaderOriginalSubject, m.Subject())
+	msgID := ""
+	if meta != nil {
+		hdr.Set(HeaderOriginalStream, meta.Stream)
+		hdr.Set(HeaderOriginalSeq, strconv.FormatUint(meta.Sequence.Stream, 10))
+		hdr.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
+		msgID = fmt.Sprintf("dlq:%s:%d", meta.Stream, meta.Sequence.Stream)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := bus.PublishRaw(pctx, c.JS, topology.DLQSubject(c.Stage), msgID, m.Data(), hdr); err != nil {
+		log.Error("dead-letter publish failed; will retry", "code", code, "err", err)
+		_ = m.NakWithDelay(c.BaseDelay)
+		c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
+		return
+	}
+	log.Warn("dead-lettered", "code", code, "err", cause)
+	c.Metrics.DeadLettered.WithLabelValues(c.Stage, string(code)).Inc()
+	if err := m.TermWithReason(string(code)); err != nil {
+		log.Warn("term failed; a redelivery will be dead-lettered again (deduplicated)", "err", err)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

@@ -1,0 +1,136 @@
+// Package store is typed access to Tollgate's KV buckets: every value is a
+// versioned schemas record, every write of an existing key is a
+// compare-and-set on its revision.
+//
+// Conflicts are reported as ErrExists (create of a key that is there) and
+// ErrConflict (update at a stale revision). Both JetStream error shapes of a
+// failed compare-and-set (ErrKeyExists, code 10071 on a single server, and
+// ErrKeyRevisionMismatch, code 10164 on a replicated bucket) map to these, so
+// callers never look at JetStream codes.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Sentinel errors.
+var (
+	ErrNotFound = errors.New("store: key not found")
+	ErrExists   = errors.New("store: key already exists")
+	ErrConflict = errors.New("store: revision conflict")
+)
+
+// Store wraps the four buckets.
+type Store struct {
+	Approvals Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]
+	Batches   Bucket[schemas.BatchRecord, *schemas.BatchRecord]
+	Sessions  Bucket[schemas.SessionRecord, *schemas.SessionRecord]
+	Claims    Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]
+}
+
+// New returns a Store over b.
+func New(b topology.Buckets) *Store {
+	return &Store{
+		Approvals: Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]{KV: b.Approvals},
+		Batches:   Bucket[schemas.BatchRecord, *schemas.BatchRecord]{KV: b.Batches},
+		Sessions:  Bucket[schemas.SessionRecord, *schemas.SessionRecord]{KV: b.Sessions},
+		Claims:    Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims},
+	}
+}
+
+// Bucket is a KV bucket holding records of type T.
+type Bucket[T any, P schemas.Ptr[T]] struct {
+	KV jetstream.KeyValue
+}
+
+// Get returns the record at key and its revision. It fails with ErrNotFound
+// (absent or deleted), or with a *schemas.Error when the stored bytes do not
+// decode (malformed or an unsupported version: never guessed).
+func (b Bucket[T, P]) Get(ctx context.Context, key string) (*T, uint64, error) {
+	e, err := b.KV.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, 0, fmt.Errorf("get %s/%s: %w", b.KV.Bucket(), key, ErrNotFound)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("get %s/%s: %w", b.KV.Bucket(), key, err)
+	}
+	v, err := schemas.Decode[T, P](e.Value())
+	if err != nil {
+		return nil, e.Revision(), fmt.Errorf("decode %s/%s@%d: %w", b.KV.Bucket(), key, e.Revision(), err)
+	}
+	return v, e.Revision(), nil
+}
+
+// Create writes rec at key only if key is absent (or deleted). It fails with
+// ErrExists otherwise.
+func (b Bucket[T, P]) Create(ctx context.Context, key string, rec P) (uint64, error) {
+	data, err := schemas.Encode(rec)
+	if err != nil {
+		return 0, err
+	}
+	rev, err := b.KV.Create(ctx, key, data)
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return 0, fmt.Errorf("create %s/%s: %w", b.KV.Bucket(), key, ErrExists)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("create %s/%s: %w", b.KV.Bucket(), key, err)
+	}
+	return rev, nil
+}
+
+// Update writes rec at key only if the key's latest revision is rev. It
+// fails with ErrConflict otherwise.
+func (b Bucket[T, P]) Update(ctx context.Context, key string, rec P, rev uint64) (uint64, error) {
+	data, err := schemas.Encode(rec)
+	if err != nil {
+		return 0, err
+	}
+	n, err := b.KV.Update(ctx, key, data, rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, fmt.Errorf("update %s/%s@%d: %w", b.KV.Bucket(), key, rev, ErrConflict)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("update %s/%s@%d: %w", b.KV.Bucket(), key, rev, err)
+	}
+	return n, nil
+}
+
+// Mutate applies fn to the record at key under compare-and-set, retrying on
+// conflict until fn's result is written or fn returns an error (returned as
+// is) or ErrSkip (nothing written; Mutate returns the current record). A
+// missing key fails with ErrNotFound before fn is called.
+func (b Bucket[T, P]) Mutate(ctx context.Context, key string, fn func(P) error) (P, uint64, error) {
+	for {
+		cur, rev, err := b.Get(ctx, key)
+		if err != nil {
+			return nil, 0, err
+		}
+		p := P(cur)
+		if err := fn(p); errors.Is(err, ErrSkip) {
+			return p, rev, nil
+		} else if err != nil {
+			return p, rev, err
+		}
+		n, err := b.Update(ctx, key, p, rev)
+		if errors.Is(err, ErrConflict) {
+			if ctx.Err() != nil {
+				return nil, 0, ctx.Err()
+			}
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		return p, n, nil
+	}
+}
+
+// ErrSkip, returned by a Mutate function, means "no change needed".
+var ErrSkip = errors.New("store: no change")

@@ -1,0 +1,68 @@
+package schemas
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// CanonicalArgs parses a tool call's JSON arguments and returns them in
+// canonical form (object keys sorted, no insignificant white space, numbers
+// kept as written) with their digest "sha256:<hex>". The arguments must be a
+// single JSON object; "" is taken as {}. It fails with CodeArgsInvalidJSON.
+//
+// The digest is what an approval binds: a decision may carry it, and a call
+// whose canonical arguments differ has a different digest.
+func CanonicalArgs(raw string) (canonical, digest string, err error) {
+	if len(raw) > MaxArgsBytes {
+		return "", "", Errorf(CodePayloadTooLarge, "args are %d bytes, limit %d", len(raw), MaxArgsBytes)
+	}
+	if raw == "" {
+		raw = "{}"
+	}
+	dec := json.NewDecoder(bytes.NewReader([]byte(raw)))
+	dec.UseNumber()
+	var v map[string]any
+	if err := dec.Decode(&v); err != nil {
+		return "", "", Errorf(CodeArgsInvalidJSON, "args: %v", err)
+	}
+	if v == nil {
+		return "", "", Errorf(CodeArgsInvalidJSON, "args must be a JSON object, got null")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return "", "", Errorf(CodeArgsInvalidJSON, "args: trailing data after the JSON object")
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return "", "", Errorf(CodeArgsInvalidJSON, "args: %v", err)
+	}
+	canonical = string(bytes.TrimRight(buf.Bytes(), "\n"))
+	return canonical, ArgsDigest(canonical), nil
+}
+
+// ArgsDigest is the digest of canonical arguments: "sha256:<hex>".
+func ArgsDigest(canonical string) string {
+	sum := sha256.Sum256([]byte(canonical))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// ContextDigest is a digest of c's canonical msgpack encoding. Two contexts
+// with the same digest grant the same authority. A nil context has digest "".
+func ContextDigest(c *TurnContext) string {
+	if c == nil {
+		return ""
+	}
+	b, err := msgpack.Marshal(c)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,88 @@
+package schemas
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is a stable, machine-readable reason code. Codes reach users (decision
+// rejections, tool results, turn outcomes) and the dead-letter stream, so a
+// code, once published, never changes meaning.
+type Code string
+
+// Reason codes. See docs/protocol.md for the full table.
+const (
+	// Decoding and validation of input.
+	CodeMalformed                Code = "MALFORMED_PAYLOAD"
+	CodeSchemaVersionUnsupported Code = "SCHEMA_VERSION_UNSUPPORTED"
+	CodeInvalidInput             Code = "INVALID_INPUT"
+	CodeArgsInvalidJSON          Code = "ARGS_INVALID_JSON"
+	CodePayloadTooLarge          Code = "PAYLOAD_TOO_LARGE"
+
+	// Authority.
+	CodeTurnContextMissing   Code = "TURN_CONTEXT_MISSING"
+	CodeTurnContextInvalid   Code = "TURN_CONTEXT_INVALID"
+	CodeTurnContextMismatch  Code = "TURN_CONTEXT_MISMATCH"
+	CodeNoInteractiveRequest Code = "NO_INTERACTIVE_REQUESTER"
+
+	// Decisions.
+	CodeApprovalNotFound       Code = "APPROVAL_NOT_FOUND"
+	CodeApprovalAlreadyDecided Code = "APPROVAL_ALREADY_DECIDED"
+	CodeApprovalExpired        Code = "APPROVAL_EXPIRED"
+	CodeOptionNotOffered       Code = "OPTION_NOT_OFFERED"
+	CodeDeciderNotAuthorized   Code = "DECIDER_NOT_AUTHORIZED"
+	CodeArgsDigestMismatch     Code = "ARGS_DIGEST_MISMATCH"
+
+	// Policy and tools.
+	CodePolicyDenied       Code = "POLICY_DENIED"
+	CodeApprovalDenied     Code = "APPROVAL_DENIED"
+	CodeToolNotFound       Code = "TOOL_NOT_FOUND"
+	CodeToolFailed         Code = "TOOL_FAILED"
+	CodeExecutionUncertain Code = "EXECUTION_UNCERTAIN"
+	CodeBatchRecordMissing Code = "BATCH_RECORD_MISSING"
+	CodeBatchStateInvalid  Code = "BATCH_STATE_INVALID"
+	CodeHandlerPanic       Code = "HANDLER_PANIC"
+	CodeRetriesExhausted   Code = "RETRIES_EXHAUSTED"
+	CodeUnknownMessage     Code = "UNKNOWN_MESSAGE"
+)
+
+// Error is a failure with a stable Code. It is how every stage reports a
+// reason to a user or to the dead-letter stream. errors.Is(err, &Error{Code: c})
+// matches any *Error in the chain with the same code.
+type Error struct {
+	Code   Code
+	Reason string
+	Err    error
+}
+
+// Errorf returns an *Error with code c and a formatted reason. A %w verb in
+// format is unwrapped like fmt.Errorf.
+func Errorf(c Code, format string, args ...any) *Error {
+	wrapped := fmt.Errorf(format, args...)
+	return &Error{Code: c, Reason: wrapped.Error(), Err: errors.Unwrap(wrapped)}
+}
+
+func (e *Error) Error() string {
+	if e.Reason == "" {
+		return string(e.Code)
+	}
+	return string(e.Code) + ": " + e.Reason
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is reports whether target is an *Error with the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// CodeOf returns the code of the first *Error in err's chain, or "" when err
+// carries none (a transient or infrastructure error).
+func CodeOf(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}

@@ -1,0 +1,80 @@
+package schemas
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+)
+
+// Identifiers are derived, not random, wherever a redelivery must land on the
+// same record: the same inbound message always yields the same turn id, and
+// a turn's calls and approvals are numbered by their index in the batch. All
+// ids are valid KV keys and NATS subject tokens.
+
+const turnHashLen = 20 // hex chars: 80 bits
+
+func hashHex(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// TurnID is the id of the turn accepted from the inbound message
+// (transport, messageID): "t-" followed by 20 hex characters.
+func TurnID(transport, messageID string) string {
+	return "t-" + hashHex("turn", transport, messageID)[:turnHashLen]
+}
+
+// CallID is the id of call index of turn turnID.
+func CallID(turnID string, index int) string {
+	return turnID + "-" + strconv.Itoa(index)
+}
+
+// ApprovalID is the id of the approval for call index of turn turnID:
+// "a-" followed by the turn's hash and the index.
+func ApprovalID(turnID string, index int) string {
+	return "a-" + strings.TrimPrefix(turnID, "t-") + "-" + strconv.Itoa(index)
+}
+
+// TurnIDOfApproval returns the turn id an approval id was derived from, or ""
+// if id is not of ApprovalID's form.
+func TurnIDOfApproval(id string) string {
+	rest, ok := strings.CutPrefix(id, "a-")
+	if !ok {
+		return ""
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i <= 0 {
+		return ""
+	}
+	return "t-" + rest[:i]
+}
+
+// SessionKey is the KV key of a session: a hash, since transport session ids
+// may hold characters that are not valid in a key.
+func SessionKey(sessionID string) string {
+	return "s-" + hashHex("session", sessionID)[:32]
+}
+
+// Principal is the identity of a sender on a transport: "transport:sender".
+func Principal(transport, senderID string) string {
+	return transport + ":" + senderID
+}
+
+// ValidKey reports whether s can be used as a KV key / subject token.
+func ValidKey(s string) bool {
+	if s == "" || len(s) > MaxIDBytes {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,49 @@
+package schemas
+
+// Version plumbing for every Record type. Kept in one place so that adding a
+// type is one line here plus a validate method.
+
+func (m *InboundMessage) schemaVersion() uint16   { return m.V }
+func (m *InboundMessage) currentVersion() uint16  { return InboundVersion }
+func (m *InboundMessage) stampVersion()           { m.V = InboundVersion }
+func (c *TurnContext) schemaVersion() uint16      { return c.V }
+func (c *TurnContext) currentVersion() uint16     { return TurnContextVersion }
+func (c *TurnContext) stampVersion()              { c.V = TurnContextVersion }
+func (t *AcceptedTurn) schemaVersion() uint16     { return t.V }
+func (t *AcceptedTurn) currentVersion() uint16    { return AcceptedTurnVersion }
+func (t *AcceptedTurn) stampVersion()             { t.V = AcceptedTurnVersion; stampContext(t.Context) }
+func (d *Decision) schemaVersion() uint16         { return d.V }
+func (d *Decision) currentVersion() uint16        { return DecisionVersion }
+func (d *Decision) stampVersion()                 { d.V = DecisionVersion }
+func (a *ApprovalRecord) schemaVersion() uint16   { return a.V }
+func (a *ApprovalRecord) currentVersion() uint16  { return ApprovalVersion }
+func (a *ApprovalRecord) stampVersion()           { a.V = ApprovalVersion; stampContext(a.Context) }
+func (e *DecidedEvent) schemaVersion() uint16     { return e.V }
+func (e *DecidedEvent) currentVersion() uint16    { return DecidedEventVersion }
+func (e *DecidedEvent) stampVersion()             { e.V = DecidedEventVersion }
+func (r *DecisionRejected) schemaVersion() uint16 { return r.V }
+func (r *DecisionRejected) currentVersion() uint16 {
+	return DecisionRejectedVersion
+}
+func (r *DecisionRejected) stampVersion()        { r.V = DecisionRejectedVersion }
+func (o *RedriveOutcome) schemaVersion() uint16  { return o.V }
+func (o *RedriveOutcome) currentVersion() uint16 { return RedriveOutcomeVersion }
+func (o *RedriveOutcome) stampVersion()          { o.V = RedriveOutcomeVersion }
+func (o *TurnOutcome) schemaVersion() uint16     { return o.V }
+func (o *TurnOutcome) currentVersion() uint16    { return TurnOutcomeVersion }
+func (o *TurnOutcome) stampVersion()             { o.V = TurnOutcomeVersion }
+func (b *BatchRecord) schemaVersion() uint16     { return b.V }
+func (b *BatchRecord) currentVersion() uint16    { return BatchVersion }
+func (b *BatchRecord) stampVersion()             { b.V = BatchVersion; stampContext(b.Context) }
+func (s *SessionRecord) schemaVersion() uint16   { return s.V }
+func (s *SessionRecord) currentVersion() uint16  { return SessionVersion }
+func (s *SessionRecord) stampVersion()           { s.V = SessionVersion }
+func (c *ExecutionClaim) schemaVersion() uint16  { return c.V }
+func (c *ExecutionClaim) currentVersion() uint16 { return ClaimVersion }
+func (c *ExecutionClaim) stampVersion()          { c.V = ClaimVersion }
+
+func stampContext(c *TurnContext) {
+	if c != nil {
+		c.stampVersion()
+	}
+}

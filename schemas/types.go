@@ -1,0 +1,386 @@
+package schemas
+
+import "time"
+
+// Current schema versions. A decoder accepts exactly these; see Decode.
+const (
+	InboundVersion          = 1
+	TurnContextVersion      = 1
+	AcceptedTurnVersion     = 1
+	DecisionVersion         = 1
+	ApprovalVersion         = 2 // version 1 is reserved for the legacy shape without a persisted TurnContext
+	DecidedEventVersion     = 1
+	DecisionRejectedVersion = 1
+	RedriveOutcomeVersion   = 1
+	TurnOutcomeVersion      = 1
+	BatchVersion            = 1
+	SessionVersion          = 1
+	ClaimVersion            = 1
+)
+
+// ChannelKind is where a message was posted.
+type ChannelKind string
+
+const (
+	ChannelDM      ChannelKind = "dm"
+	ChannelPrivate ChannelKind = "private"
+	ChannelPublic  ChannelKind = "public"
+)
+
+// Audience is who may see a turn's results. It is derived once, at ingest,
+// from the channel kind; there is no default audience.
+type Audience string
+
+const (
+	AudiencePersonal Audience = "personal"
+	AudienceTeam     Audience = "team"
+	AudiencePublic   Audience = "public"
+)
+
+// SenderKind distinguishes people from automation. Only a user can answer an
+// approval prompt interactively.
+type SenderKind string
+
+const (
+	SenderUser    SenderKind = "user"
+	SenderBot     SenderKind = "bot"
+	SenderService SenderKind = "service"
+)
+
+// Sender is the transport identity of whoever sent a message or decision.
+type Sender struct {
+	ID       string     `msgpack:"id"`
+	Display  string     `msgpack:"display,omitempty"`
+	Kind     SenderKind `msgpack:"kind"`
+	Verified bool       `msgpack:"verified"`
+}
+
+// Channel is a transport location: a channel or DM and optionally a thread.
+type Channel struct {
+	ID     string      `msgpack:"id"`
+	Kind   ChannelKind `msgpack:"kind"`
+	Thread string      `msgpack:"thread,omitempty"`
+}
+
+// ProposedCall is a tool call proposed by the agent, as the transport sends
+// it: the tool name and its arguments as a JSON object.
+type ProposedCall struct {
+	Tool string `msgpack:"tool"`
+	Args string `msgpack:"args"`
+}
+
+// InboundMessage is what a chat transport publishes on tollgate.inbound.<transport>.
+// (Transport, MessageID) identifies it; a redelivered or re-sent message with
+// the same pair is the same turn.
+type InboundMessage struct {
+	V         uint16         `msgpack:"v"`
+	Transport string         `msgpack:"transport"`
+	MessageID string         `msgpack:"message_id"`
+	SessionID string         `msgpack:"session_id"`
+	Sender    Sender         `msgpack:"sender"`
+	Channel   Channel        `msgpack:"channel"`
+	Text      string         `msgpack:"text"`
+	Calls     []ProposedCall `msgpack:"calls"`
+	SentAt    time.Time      `msgpack:"sent_at"`
+}
+
+// Requester is the person (or automation) whose turn this is.
+type Requester struct {
+	Principal string     `msgpack:"principal"`
+	SenderID  string     `msgpack:"sender_id"`
+	Display   string     `msgpack:"display,omitempty"`
+	Kind      SenderKind `msgpack:"kind"`
+	Verified  bool       `msgpack:"verified"`
+}
+
+// Provenance records where a TurnContext came from.
+type Provenance struct {
+	Transport  string    `msgpack:"transport"`
+	MessageID  string    `msgpack:"message_id"`
+	StreamSeq  uint64    `msgpack:"stream_seq"`
+	ReceivedAt time.Time `msgpack:"received_at"`
+	IngestedBy string    `msgpack:"ingested_by"`
+}
+
+// TurnContext is the one authority a turn's tool calls run under. Ingest
+// builds it once from the inbound message and the channel policy; every later
+// stage reads it only from what was persisted with the turn, batch or
+// approval record.
+type TurnContext struct {
+	V             uint16     `msgpack:"v"`
+	SessionID     string     `msgpack:"session_id"`
+	TurnID        string     `msgpack:"turn_id"`
+	Requester     Requester  `msgpack:"requester"`
+	Transport     string     `msgpack:"transport"`
+	Channel       Channel    `msgpack:"channel"`
+	Audience      Audience   `msgpack:"audience"`
+	TrustBoundary string     `msgpack:"trust_boundary"`
+	Interactive   bool       `msgpack:"interactive"`
+	Provenance    Provenance `msgpack:"provenance"`
+	CreatedAt     time.Time  `msgpack:"created_at"`
+}
+
+// ToolCall is one call of a batch, with its arguments in canonical JSON and
+// their digest (see CanonicalArgs).
+type ToolCall struct {
+	CallID     string `msgpack:"call_id"`
+	Index      int    `msgpack:"index"`
+	Tool       string `msgpack:"tool"`
+	Args       string `msgpack:"args"`
+	ArgsDigest string `msgpack:"args_digest"`
+}
+
+// AcceptedTurn is what ingest publishes on tollgate.turn.accepted.
+type AcceptedTurn struct {
+	V          uint16       `msgpack:"v"`
+	TurnID     string       `msgpack:"turn_id"`
+	Context    *TurnContext `msgpack:"context"`
+	Text       string       `msgpack:"text"`
+	Calls      []ToolCall   `msgpack:"calls"`
+	AcceptedAt time.Time    `msgpack:"accepted_at"`
+}
+
+// Decision options a prompt can offer.
+const (
+	OptionApprove = "approve"
+	OptionDeny    = "deny"
+)
+
+// Decision is a human's answer to an approval prompt, published on
+// tollgate.decision.submit. The decider's identity is that of the transport
+// that delivered it; authority to decide is checked against the approval's
+// persisted TurnContext and policy, never taken from the decision.
+type Decision struct {
+	V          uint16    `msgpack:"v"`
+	DecisionID string    `msgpack:"decision_id"`
+	ApprovalID string    `msgpack:"approval_id"`
+	Transport  string    `msgpack:"transport"`
+	Decider    Sender    `msgpack:"decider"`
+	Channel    *Channel  `msgpack:"channel,omitempty"`
+	Option     string    `msgpack:"option"`
+	ArgsDigest string    `msgpack:"args_digest,omitempty"`
+	Note       string    `msgpack:"note,omitempty"`
+	SentAt     time.Time `msgpack:"sent_at"`
+}
+
+// ApprovalStatus is the state of an approval record. Legal transitions:
+// pending -> approved | denied | expired | abandoned; nothing leaves a
+// decided state.
+type ApprovalStatus string
+
+const (
+	ApprovalPending   ApprovalStatus = "pending"
+	ApprovalApproved  ApprovalStatus = "approved"
+	ApprovalDenied    ApprovalStatus = "denied"
+	ApprovalExpired   ApprovalStatus = "expired"
+	ApprovalAbandoned ApprovalStatus = "abandoned"
+)
+
+// Decided reports whether s is a final state.
+func (s ApprovalStatus) Decided() bool {
+	switch s {
+	case ApprovalApproved, ApprovalDenied, ApprovalExpired, ApprovalAbandoned:
+		return true
+	}
+	return false
+}
+
+// DecisionInfo records who moved an approval out of pending, and how.
+type DecisionInfo struct {
+	DecisionID string    `msgpack:"decision_id"`
+	Principal  string    `msgpack:"principal"`
+	Option     string    `msgpack:"option"`
+	DecidedAt  time.Time `msgpack:"decided_at"`
+}
+
+// ApprovalRecord is the pending (or decided) approval of one tool call, kept
+// in KV bucket tollgate_approvals under its ApprovalID. It carries the turn's
+// TurnContext and the exact call it approves. The same encoding is the
+// payload of tollgate.event.approval.requested.
+type ApprovalRecord struct {
+	V             uint16         `msgpack:"v"`
+	ApprovalID    string         `msgpack:"approval_id"`
+	TurnID        string         `msgpack:"turn_id"`
+	SessionID     string         `msgpack:"session_id"`
+	CallID        string         `msgpack:"call_id"`
+	Context       *TurnContext   `msgpack:"context"`
+	Tool          string         `msgpack:"tool"`
+	Args          string         `msgpack:"args"`
+	ArgsDigest    string         `msgpack:"args_digest"`
+	PolicyVersion string         `msgpack:"policy_version"`
+	Options       []string       `msgpack:"options"`
+	Status        ApprovalStatus `msgpack:"status"`
+	RequestedAt   time.Time      `msgpack:"requested_at"`
+	ExpiresAt     time.Time      `msgpack:"expires_at"` // zero: never expires
+	Decision      *DecisionInfo  `msgpack:"decision,omitempty"`
+}
+
+// Offers reports whether option is one of the options the prompt offered.
+func (a *ApprovalRecord) Offers(option string) bool {
+	for _, o := range a.Options {
+		if o == option {
+			return true
+		}
+	}
+	return false
+}
+
+// DecidedEvent is published on tollgate.event.approval.decided when an
+// approval leaves pending.
+type DecidedEvent struct {
+	V          uint16         `msgpack:"v"`
+	ApprovalID string         `msgpack:"approval_id"`
+	TurnID     string         `msgpack:"turn_id"`
+	SessionID  string         `msgpack:"session_id"`
+	Status     ApprovalStatus `msgpack:"status"`
+	Decision   *DecisionInfo  `msgpack:"decision,omitempty"`
+	At         time.Time      `msgpack:"at"`
+}
+
+// DecisionRejected is published on tollgate.event.decision.rejected so the
+// transport that sent a decision can tell its sender why it did not apply.
+type DecisionRejected struct {
+	V          uint16    `msgpack:"v"`
+	DecisionID string    `msgpack:"decision_id"`
+	ApprovalID string    `msgpack:"approval_id"`
+	Principal  string    `msgpack:"principal"`
+	Code       Code      `msgpack:"code"`
+	Reason     string    `msgpack:"reason"`
+	At         time.Time `msgpack:"at"`
+}
+
+// RedriveKind is the outcome of one redrive attempt.
+type RedriveKind string
+
+const (
+	RedriveStarted  RedriveKind = "started"
+	RedriveDeferred RedriveKind = "deferred"
+	RedriveFailed   RedriveKind = "failed"
+)
+
+// RedriveOutcome is published on tollgate.event.redrive.<kind> for every
+// redrive attempt.
+type RedriveOutcome struct {
+	V       uint16      `msgpack:"v"`
+	TurnID  string      `msgpack:"turn_id"`
+	Kind    RedriveKind `msgpack:"kind"`
+	Code    Code        `msgpack:"code,omitempty"`
+	Reason  string      `msgpack:"reason,omitempty"`
+	Pending int         `msgpack:"pending"`
+	Trigger string      `msgpack:"trigger"`
+	At      time.Time   `msgpack:"at"`
+}
+
+// ResultStatus is the outcome of one tool call.
+type ResultStatus string
+
+const (
+	ResultOK             ResultStatus = "ok"
+	ResultError          ResultStatus = "error"     // the tool ran and failed
+	ResultDenied         ResultStatus = "denied"    // policy or a decider said no; the tool did not run
+	ResultFailed         ResultStatus = "failed"    // fail-closed: authority or input problem; the tool did not run
+	ResultExpired        ResultStatus = "expired"   // the approval expired; the tool did not run
+	ResultAbandoned      ResultStatus = "abandoned" // the approval was abandoned; the tool did not run
+	ResultNeedsAttention ResultStatus = "needs_attention"
+)
+
+// ToolResult is the result of one call.
+type ToolResult struct {
+	CallID     string       `msgpack:"call_id"`
+	Tool       string       `msgpack:"tool"`
+	Status     ResultStatus `msgpack:"status"`
+	Output     string       `msgpack:"output,omitempty"`
+	Code       Code         `msgpack:"code,omitempty"`
+	Reason     string       `msgpack:"reason,omitempty"`
+	ApprovalID string       `msgpack:"approval_id,omitempty"`
+	FinishedAt time.Time    `msgpack:"finished_at"`
+}
+
+// BatchState is the state of a turn's batch.
+type BatchState string
+
+const (
+	BatchQueued    BatchState = "queued"    // waiting for its session's previous batch
+	BatchRunning   BatchState = "running"   // the executor is evaluating and running calls
+	BatchAwaiting  BatchState = "awaiting"  // waiting for approvals
+	BatchStarted   BatchState = "started"   // redriven: every approval decided, calls running
+	BatchCompleted BatchState = "completed" // terminal: every call has a result
+	BatchFailed    BatchState = "failed"    // terminal: authority could not be restored
+)
+
+// Terminal reports whether s is a final state.
+func (s BatchState) Terminal() bool { return s == BatchCompleted || s == BatchFailed }
+
+// BatchRecord is a turn's batch, kept in KV bucket tollgate_batches under its
+// turn id. Approvals and Results are indexed by call index.
+type BatchRecord struct {
+	V         uint16        `msgpack:"v"`
+	TurnID    string        `msgpack:"turn_id"`
+	SessionID string        `msgpack:"session_id"`
+	Context   *TurnContext  `msgpack:"context"`
+	Text      string        `msgpack:"text,omitempty"`
+	Calls     []ToolCall    `msgpack:"calls"`
+	State     BatchState    `msgpack:"state"`
+	Approvals []string      `msgpack:"approvals"`
+	Results   []*ToolResult `msgpack:"results"`
+	Code      Code          `msgpack:"code,omitempty"`
+	Reason    string        `msgpack:"reason,omitempty"`
+	CreatedAt time.Time     `msgpack:"created_at"`
+	UpdatedAt time.Time     `msgpack:"updated_at"`
+}
+
+// TurnState is the terminal state of a turn.
+type TurnState string
+
+const (
+	TurnCompleted TurnState = "completed"
+	TurnFailed    TurnState = "failed"
+)
+
+// ReplyTarget is where a turn's results go: always the TurnContext's own
+// transport, channel and thread.
+type ReplyTarget struct {
+	Transport string  `msgpack:"transport"`
+	Channel   Channel `msgpack:"channel"`
+}
+
+// TurnOutcome is published once per turn on tollgate.event.turn.outcome when
+// its batch reaches a terminal state.
+type TurnOutcome struct {
+	V          uint16       `msgpack:"v"`
+	TurnID     string       `msgpack:"turn_id"`
+	SessionID  string       `msgpack:"session_id"`
+	State      TurnState    `msgpack:"state"`
+	Code       Code         `msgpack:"code,omitempty"`
+	Reason     string       `msgpack:"reason,omitempty"`
+	Results    []ToolResult `msgpack:"results"`
+	Reply      ReplyTarget  `msgpack:"reply"`
+	Audience   Audience     `msgpack:"audience"`
+	FinishedAt time.Time    `msgpack:"finished_at"`
+}
+
+// SessionRecord serialises a session's batches: Active is the turn whose
+// batch holds the session; Queue holds later turns in arrival order. Kept in
+// KV bucket tollgate_sessions under SessionKey(session id).
+type SessionRecord struct {
+	V         uint16    `msgpack:"v"`
+	SessionID string    `msgpack:"session_id"`
+	Active    string    `msgpack:"active"`
+	Queue     []string  `msgpack:"queue"`
+	UpdatedAt time.Time `msgpack:"updated_at"`
+}
+
+// ExecutionClaim is created (KV create, so exactly one wins) before a tool
+// call runs, in bucket tollgate_claims under the call id. Result is filled in
+// once the tool returns. A claim without a result older than the claim lease
+// means the tool may have run and its result was lost.
+type ExecutionClaim struct {
+	V          uint16      `msgpack:"v"`
+	CallID     string      `msgpack:"call_id"`
+	TurnID     string      `msgpack:"turn_id"`
+	Tool       string      `msgpack:"tool"`
+	ArgsDigest string      `msgpack:"args_digest"`
+	Worker     string      `msgpack:"worker"`
+	ClaimedAt  time.Time   `msgpack:"claimed_at"`
+	Result     *ToolResult `msgpack:"result,omitempty"`
+}

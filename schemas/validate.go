@@ -1,0 +1,278 @@
+package schemas
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Input limits. They bound what a transport or decider can make a worker
+// hold in memory and what ends up in KV.
+const (
+	MaxIDBytes    = 256
+	MaxTextBytes  = 32 << 10
+	MaxCalls      = 32
+	MaxArgsBytes  = 16 << 10
+	MaxNoteBytes  = 4 << 10
+	maxNameBytes  = 64
+	maxShortBytes = 128
+)
+
+// checkString enforces a byte limit, valid UTF-8 and no control characters
+// (other than tab and newline when multiline is set).
+func checkString(field, s string, limit int, required, multiline bool) error {
+	if s == "" {
+		if required {
+			return Errorf(CodeInvalidInput, "%s is required", field)
+		}
+		return nil
+	}
+	if len(s) > limit {
+		return Errorf(CodePayloadTooLarge, "%s is %d bytes, limit %d", field, len(s), limit)
+	}
+	if !utf8.ValidString(s) {
+		return Errorf(CodeInvalidInput, "%s is not valid UTF-8", field)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) && !(multiline && (r == '\n' || r == '\t' || r == '\r')) {
+			return Errorf(CodeInvalidInput, "%s contains control character %U", field, r)
+		}
+	}
+	return nil
+}
+
+// checkName enforces a lower-case identifier: [a-z0-9_.-]{1,64}.
+func checkName(field, s string) error {
+	if s == "" {
+		return Errorf(CodeInvalidInput, "%s is required", field)
+	}
+	if len(s) > maxNameBytes {
+		return Errorf(CodeInvalidInput, "%s is longer than %d bytes", field, maxNameBytes)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return Errorf(CodeInvalidInput, "%s %q: only a-z 0-9 _ - . are allowed", field, s)
+		}
+	}
+	return nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (k ChannelKind) valid() bool {
+	return k == ChannelDM || k == ChannelPrivate || k == ChannelPublic
+}
+
+func (a Audience) valid() bool {
+	return a == AudiencePersonal || a == AudienceTeam || a == AudiencePublic
+}
+
+func (k SenderKind) valid() bool {
+	return k == SenderUser || k == SenderBot || k == SenderService
+}
+
+func (c Channel) check(field string) error {
+	if err := checkString(field+".id", c.ID, MaxIDBytes, true, false); err != nil {
+		return err
+	}
+	if !c.Kind.valid() {
+		return Errorf(CodeInvalidInput, "%s.kind %q: want dm, private or public", field, c.Kind)
+	}
+	return checkString(field+".thread", c.Thread, MaxIDBytes, false, false)
+}
+
+func (s Sender) check(field string) error {
+	if !s.Kind.valid() {
+		return Errorf(CodeInvalidInput, "%s.kind %q: want user, bot or service", field, s.Kind)
+	}
+	return firstErr(
+		checkString(field+".id", s.ID, MaxIDBytes, true, false),
+		checkString(field+".display", s.Display, maxShortBytes, false, false),
+	)
+}
+
+func (m *InboundMessage) validate() error {
+	if err := firstErr(
+		checkName("transport", m.Transport),
+		checkString("message_id", m.MessageID, MaxIDBytes, true, false),
+		checkString("session_id", m.SessionID, MaxIDBytes, true, false),
+		m.Sender.check("sender"),
+		m.Channel.check("channel"),
+		checkString("text", m.Text, MaxTextBytes, false, true),
+	); err != nil {
+		return err
+	}
+	if len(m.Calls) > MaxCalls {
+		return Errorf(CodePayloadTooLarge, "%d calls, limit %d", len(m.Calls), MaxCalls)
+	}
+	for i, c := range m.Calls {
+		if err := checkName(fmt.Sprintf("calls[%d].tool", i), c.Tool); err != nil {
+			return err
+		}
+		if len(c.Args) > MaxArgsBytes {
+			return Errorf(CodePayloadTooLarge, "calls[%d].args is %d bytes, limit %d", i, len(c.Args), MaxArgsBytes)
+		}
+	}
+	return nil
+}
+
+// Check reports whether c is a usable authority: present, of the current
+// version and complete. It returns an *Error with CodeTurnContextMissing,
+// CodeSchemaVersionUnsupported or CodeTurnContextInvalid. Callers fail closed
+// on any error.
+func (c *TurnContext) Check() error {
+	if c == nil {
+		return Errorf(CodeTurnContextMissing, "no TurnContext was persisted")
+	}
+	if c.V != TurnContextVersion {
+		return Errorf(CodeSchemaVersionUnsupported, "TurnContext version %d, want %d", c.V, TurnContextVersion)
+	}
+	if err := c.validate(); err != nil {
+		return &Error{Code: CodeTurnContextInvalid, Reason: err.Error(), Err: err}
+	}
+	return nil
+}
+
+// CheckFor is Check plus a check that c belongs to turnID.
+func (c *TurnContext) CheckFor(turnID string) error {
+	if err := c.Check(); err != nil {
+		return err
+	}
+	if c.TurnID != turnID {
+		return Errorf(CodeTurnContextMismatch, "TurnContext is for turn %q, not %q", c.TurnID, turnID)
+	}
+	return nil
+}
+
+func (c *TurnContext) validate() error {
+	if !c.Audience.valid() {
+		return Errorf(CodeInvalidInput, "audience %q: want personal, team or public", c.Audience)
+	}
+	return firstErr(
+		checkString("session_id", c.SessionID, MaxIDBytes, true, false),
+		checkString("turn_id", c.TurnID, MaxIDBytes, true, false),
+		checkString("requester.principal", c.Requester.Principal, 2*MaxIDBytes, true, false),
+		checkString("requester.sender_id", c.Requester.SenderID, MaxIDBytes, true, false),
+		checkName("transport", c.Transport),
+		c.Channel.check("channel"),
+		checkString("trust_boundary", c.TrustBoundary, maxShortBytes, true, false),
+	)
+}
+
+func (t *AcceptedTurn) validate() error {
+	if err := checkString("turn_id", t.TurnID, MaxIDBytes, true, false); err != nil {
+		return err
+	}
+	if len(t.Calls) > MaxCalls {
+		return Errorf(CodePayloadTooLarge, "%d calls, limit %d", len(t.Calls), MaxCalls)
+	}
+	return nil
+}
+
+func (d *Decision) validate() error {
+	if d.Option == "" {
+		return Errorf(CodeInvalidInput, "option is required")
+	}
+	if err := firstErr(
+		checkString("decision_id", d.DecisionID, MaxIDBytes, true, false),
+		checkString("approval_id", d.ApprovalID, MaxIDBytes, true, false),
+		checkName("transport", d.Transport),
+		d.Decider.check("decider"),
+		checkName("option", d.Option),
+		checkString("args_digest", d.ArgsDigest, maxShortBytes, false, false),
+		checkString("note", d.Note, MaxNoteBytes, false, true),
+	); err != nil {
+		return err
+	}
+	if d.Channel != nil {
+		return d.Channel.check("channel")
+	}
+	return nil
+}
+
+func (s ApprovalStatus) valid() bool { return s == ApprovalPending || s.Decided() }
+
+func (a *ApprovalRecord) validate() error {
+	if !a.Status.valid() {
+		return Errorf(CodeInvalidInput, "status %q is not an approval status", a.Status)
+	}
+	return firstErr(
+		checkString("approval_id", a.ApprovalID, MaxIDBytes, true, false),
+		checkString("turn_id", a.TurnID, MaxIDBytes, true, false),
+		checkString("call_id", a.CallID, MaxIDBytes, true, false),
+		checkName("tool", a.Tool),
+	)
+}
+
+func (e *DecidedEvent) validate() error {
+	if !e.Status.Decided() {
+		return Errorf(CodeInvalidInput, "status %q is not a decided status", e.Status)
+	}
+	return firstErr(
+		checkString("approval_id", e.ApprovalID, MaxIDBytes, true, false),
+		checkString("turn_id", e.TurnID, MaxIDBytes, true, false),
+	)
+}
+
+func (r *DecisionRejected) validate() error {
+	if r.Code == "" {
+		return Errorf(CodeInvalidInput, "code is required")
+	}
+	return nil
+}
+
+func (o *RedriveOutcome) validate() error {
+	switch o.Kind {
+	case RedriveStarted, RedriveDeferred, RedriveFailed:
+	default:
+		return Errorf(CodeInvalidInput, "kind %q is not a redrive outcome", o.Kind)
+	}
+	return checkString("turn_id", o.TurnID, MaxIDBytes, true, false)
+}
+
+func (o *TurnOutcome) validate() error {
+	if o.State != TurnCompleted && o.State != TurnFailed {
+		return Errorf(CodeInvalidInput, "state %q is not a turn state", o.State)
+	}
+	return checkString("turn_id", o.TurnID, MaxIDBytes, true, false)
+}
+
+func (s BatchState) valid() bool {
+	switch s {
+	case BatchQueued, BatchRunning, BatchAwaiting, BatchStarted, BatchCompleted, BatchFailed:
+		return true
+	}
+	return false
+}
+
+func (b *BatchRecord) validate() error {
+	if !b.State.valid() {
+		return Errorf(CodeInvalidInput, "state %q is not a batch state", b.State)
+	}
+	if len(b.Calls) > MaxCalls {
+		return Errorf(CodePayloadTooLarge, "%d calls, limit %d", len(b.Calls), MaxCalls)
+	}
+	if len(b.Approvals) != len(b.Calls) || len(b.Results) != len(b.Calls) {
+		return Errorf(CodeInvalidInput, "approvals (%d) and results (%d) must match calls (%d)", len(b.Approvals), len(b.Results), len(b.Calls))
+	}
+	return checkString("turn_id", b.TurnID, MaxIDBytes, true, false)
+}
+
+func (s *SessionRecord) validate() error {
+	return checkString("session_id", s.SessionID, MaxIDBytes, true, false)
+}
+
+func (c *ExecutionClaim) validate() error {
+	return firstErr(
+		checkString("call_id", c.CallID, MaxIDBytes, true, false),
+		checkName("tool", c.Tool),
+	)
+}
