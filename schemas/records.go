@@ -42,6 +42,10 @@ func (c *ExecutionClaim) schemaVersion() uint16  { return c.V }
 func (c *ExecutionClaim) currentVersion() uint16 { return ClaimVersion }
 func (c *ExecutionClaim) stampVersion()          { c.V = ClaimVersion }
 
+func (n *TurnNotice) schemaVersion() uint16  { return n.V }
+func (n *TurnNotice) currentVersion() uint16 { return NoticeVersion }
+func (n *TurnNotice) stampVersion()          { n.V = NoticeVersion }
+
 func stampContext(c *TurnContext) {
 	if c != nil {
 		c.stampVersion()

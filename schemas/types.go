@@ -16,6 +16,7 @@ const (
 	BatchVersion            = 1
 	SessionVersion          = 1
 	ClaimVersion            = 1
+	NoticeVersion           = 1
 )
 
 // ChannelKind is where a message was posted.
@@ -383,4 +384,27 @@ type ExecutionClaim struct {
 	Worker     string      `msgpack:"worker"`
 	ClaimedAt  time.Time   `msgpack:"claimed_at"`
 	Result     *ToolResult `msgpack:"result,omitempty"`
+}
+
+// NoticeKind says what a TurnNotice announces.
+type NoticeKind string
+
+const (
+	// NoticeReady: the turn's session is free; the executor may run its
+	// queued batch. Published on tollgate.turn.ready.<session key>.
+	NoticeReady NoticeKind = "ready"
+	// NoticeAwaiting: the batch now waits on approvals; the redriver
+	// evaluates its barrier (some may already be decided). Published on
+	// tollgate.event.batch.awaiting.<turn id>.
+	NoticeAwaiting NoticeKind = "awaiting"
+)
+
+// TurnNotice is a small control message naming a turn. Its payload carries
+// no authority: receivers load the batch record by turn id.
+type TurnNotice struct {
+	V         uint16     `msgpack:"v"`
+	TurnID    string     `msgpack:"turn_id"`
+	SessionID string     `msgpack:"session_id"`
+	Kind      NoticeKind `msgpack:"kind"`
+	At        time.Time  `msgpack:"at"`
 }

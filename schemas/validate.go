@@ -276,3 +276,10 @@ func (c *ExecutionClaim) validate() error {
 		checkName("tool", c.Tool),
 	)
 }
+
+func (n *TurnNotice) validate() error {
+	if n.Kind != NoticeReady && n.Kind != NoticeAwaiting {
+		return Errorf(CodeInvalidInput, "kind %q is not a notice kind", n.Kind)
+	}
+	return checkString("turn_id", n.TurnID, MaxIDBytes, true, false)
+}

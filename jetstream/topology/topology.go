@@ -25,20 +25,21 @@ const (
 	StreamDLQ       = "TOLLGATE_DLQ"
 )
 
-// Subjects. A trailing token written as <x> in the docs is filled in by the
-// helper functions below.
+// Subjects. Ids in the last token let consumers keep per-session (turns),
+// per-approval (decisions) and per-turn (events) order while spreading
+// different keys across goroutines, and let a watcher filter one turn.
 const (
-	SubjectInboundPrefix     = "tollgate.inbound."       // + transport
-	SubjectTurnAccepted      = "tollgate.turn.accepted." // + session key
-	SubjectTurnReady         = "tollgate.turn.ready."    // + session key
-	SubjectDecisionSubmit    = "tollgate.decision.submit"
-	SubjectApprovalRequested = "tollgate.event.approval.requested"
-	SubjectApprovalDecided   = "tollgate.event.approval.decided"
-	SubjectDecisionRejected  = "tollgate.event.decision.rejected"
-	SubjectBatchAwaiting     = "tollgate.event.batch.awaiting"
-	SubjectRedrivePrefix     = "tollgate.event.redrive." // + started | deferred | failed
-	SubjectTurnOutcome       = "tollgate.event.turn.outcome"
-	SubjectDLQPrefix         = "tollgate.dlq." // + stage
+	SubjectInboundPrefix     = "tollgate.inbound."                  // + transport
+	SubjectTurnAccepted      = "tollgate.turn.accepted."            // + session key
+	SubjectTurnReady         = "tollgate.turn.ready."               // + session key
+	SubjectDecisionSubmit    = "tollgate.decision.submit."          // + approval id
+	SubjectApprovalRequested = "tollgate.event.approval.requested." // + turn id
+	SubjectApprovalDecided   = "tollgate.event.approval.decided."   // + turn id
+	SubjectDecisionRejected  = "tollgate.event.decision.rejected."  // + approval id (or "invalid")
+	SubjectBatchAwaiting     = "tollgate.event.batch.awaiting."     // + turn id
+	SubjectRedrive           = "tollgate.event.redrive."            // + kind + "." + turn id
+	SubjectTurnOutcome       = "tollgate.event.turn.outcome."       // + turn id
+	SubjectDLQPrefix         = "tollgate.dlq."                      // + stage
 )
 
 // InboundSubject is where a transport publishes its messages.
@@ -50,8 +51,14 @@ func AcceptedSubject(sessionKey string) string { return SubjectTurnAccepted + se
 // ReadySubject is where a queued turn is announced once its session is free.
 func ReadySubject(sessionKey string) string { return SubjectTurnReady + sessionKey }
 
+// DecisionSubject is where a decision on approvalID is submitted.
+func DecisionSubject(approvalID string) string { return SubjectDecisionSubmit + approvalID }
+
 // DLQSubject is where stage dead-letters a message.
 func DLQSubject(stage string) string { return SubjectDLQPrefix + stage }
+
+// EventSubject joins an event prefix and an id token.
+func EventSubject(prefix, id string) string { return prefix + id }
 
 // KV buckets.
 const (
