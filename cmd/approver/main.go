@@ -1,0 +1,14 @@
+// Command approver runs Tollgate's approver stage against a NATS server with
+// JetStream. Configure it with flags or TOLLGATE_* environment variables
+// (run with -h for the list).
+package main
+
+import (
+	"os"
+
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+)
+
+func main() {
+	os.Exit(stagecmd.Main(stagecmd.StageApprover, "127.0.0.1:9463", os.Args[1:]))
+}

@@ -1,0 +1,14 @@
+// Command redriver runs Tollgate's redriver stage against a NATS server with
+// JetStream. Configure it with flags or TOLLGATE_* environment variables
+// (run with -h for the list).
+package main
+
+import (
+	"os"
+
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+)
+
+func main() {
+	os.Exit(stagecmd.Main(stagecmd.StageRedriver, "127.0.0.1:9464", os.Args[1:]))
+}

@@ -1,0 +1,312 @@
+// Package stagecmd is the wiring shared by Tollgate's binaries: flags with
+// TOLLGATE_* environment defaults, the NATS connection, the topology, the
+// metrics endpoint, logging, and construction of the four stages. It keeps
+// every main package thin.
+package stagecmd
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	"github.com/tollgate-dev/tollgate/pipeline/executor"
+	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/pipeline/redrive"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// DefaultNATSURL is where `tollgate dev` listens.
+const DefaultNATSURL = "nats://127.0.0.1:4222"
+
+// Env returns the environment variable name, or def when it is unset.
+func Env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+// Common holds the settings every stage binary takes.
+type Common struct {
+	NATSURL     string
+	Creds       string
+	MetricsAddr string
+	LogLevel    string
+	Replicas    int
+	PolicyPath  string
+	SandboxDir  string
+}
+
+// Register adds the common flags to fs with defaults from TOLLGATE_*
+// variables; metricsDefault is the stage's default metrics address.
+func (c *Common) Register(fs *flag.FlagSet, metricsDefault string) {
+	fs.StringVar(&c.NATSURL, "nats", Env("TOLLGATE_NATS_URL", DefaultNATSURL), "NATS URL (env TOLLGATE_NATS_URL)")
+	fs.StringVar(&c.Creds, "creds", Env("TOLLGATE_NATS_CREDS", ""), "NATS credentials file (env TOLLGATE_NATS_CREDS)")
+	fs.StringVar(&c.MetricsAddr, "metrics", Env("TOLLGATE_METRICS_ADDR", metricsDefault), "address for /metrics, empty to disable (env TOLLGATE_METRICS_ADDR)")
+	fs.StringVar(&c.LogLevel, "log-level", Env("TOLLGATE_LOG_LEVEL", "info"), "debug, info, warn or error (env TOLLGATE_LOG_LEVEL)")
+	replicas, _ := strconv.Atoi(Env("TOLLGATE_REPLICAS", "1"))
+	fs.IntVar(&c.Replicas, "replicas", replicas, "replicas for streams and buckets (env TOLLGATE_REPLICAS)")
+	fs.StringVar(&c.PolicyPath, "policy", Env("TOLLGATE_POLICY", ""), "policy JSON file; empty for the built-in policy (env TOLLGATE_POLICY)")
+	fs.StringVar(&c.SandboxDir, "sandbox", Env("TOLLGATE_SANDBOX", "./.tollgate/sandbox"), "directory write_file writes into (env TOLLGATE_SANDBOX)")
+}
+
+// Logger returns a text logger on stderr at level.
+func Logger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// SignalContext is cancelled on SIGINT or SIGTERM.
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// Connect dials NATS (reconnecting forever) and returns a JetStream handle.
+func Connect(url, creds, name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
+	}
+	if creds != "" {
+		opts = append(opts, nats.UserCredentials(creds))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect %s: %w", url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return nc, js, nil
+}
+
+// ServeMetrics serves reg on addr/metrics until ctx is cancelled. An empty
+// addr serves nothing.
+func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("metrics server stopped", "err", err)
+		}
+	}()
+	log.Info("serving metrics", "addr", ln.Addr().String())
+	return nil
+}
+
+// NewRegistry is a registry with the Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Stage names accepted by Build.
+const (
+	StageIngest   = ingest.Stage
+	StageExecutor = executor.Stage
+	StageApprover = approver.Stage
+	StageRedriver = redrive.Stage
+)
+
+// AllStages in pipeline order.
+var AllStages = []string{StageIngest, StageExecutor, StageApprover, StageRedriver}
+
+// Deps is what Build needs.
+type Deps struct {
+	JS         jetstream.JetStream
+	Policy     *policy.Policy
+	SandboxDir string
+	Logger     *slog.Logger
+	Registry   prometheus.Registerer
+	Instance   string // e.g. "host:pid"
+	Topology   topology.Config
+	// ClaimLease overrides the execution-claim lease (default 2m).
+	ClaimLease time.Duration
+}
+
+// Build ensures the topology and returns one Run function per named stage,
+// sharing one set of runner metrics.
+func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Context) error, error) {
+	if err := topology.Ensure(ctx, d.JS, d.Topology); err != nil {
+		return nil, err
+	}
+	buckets, err := topology.OpenBuckets(ctx, d.JS)
+	if err != nil {
+		return nil, err
+	}
+	st := store.New(buckets)
+	metrics := runner.NewMetrics(d.Registry)
+	var eng *batch.Engine
+	engine := func(stage string) (*batch.Engine, error) {
+		if eng != nil {
+			return eng, nil
+		}
+		builtins, err := tools.Builtins(d.SandboxDir)
+		if err != nil {
+			return nil, err
+		}
+		reg, err := tools.NewRegistry(builtins...)
+		if err != nil {
+			return nil, err
+		}
+		eng, err = batch.New(batch.Config{JS: d.JS, Store: st, Tools: reg, Worker: stage + "@" + d.Instance, Logger: d.Logger, ClaimLease: d.ClaimLease})
+		return eng, err
+	}
+	var runs []func(context.Context) error
+	for _, s := range stages {
+		log := d.Logger.With("stage", s)
+		switch s {
+		case StageIngest:
+			in, err := ingest.New(ingest.Config{JS: d.JS, Policy: d.Policy, Logger: log, Metrics: metrics, Instance: s + "@" + d.Instance})
+			if err != nil {
+				return nil, err
+			}
+			runs = append(runs, in.Run)
+		case StageExecutor:
+			e, err := engine(s)
+			if err != nil {
+				return nil, err
+			}
+			x, err := executor.New(executor.Config{JS: d.JS, Store: st, Engine: e, Policy: d.Policy, Logger: log, Metrics: metrics, Registerer: d.Registry})
+			if err != nil {
+				return nil, err
+			}
+			runs = append(runs, x.Run)
+		case StageApprover:
+			a, err := approver.New(approver.Config{JS: d.JS, Store: st, Policy: d.Policy, Logger: log, Metrics: metrics, Registerer: d.Registry})
+			if err != nil {
+				return nil, err
+			}
+			runs = append(runs, a.Run)
+		case StageRedriver:
+			e, err := engine(s)
+			if err != nil {
+				return nil, err
+			}
+			r, err := redrive.New(redrive.Config{JS: d.JS, Store: st, Engine: e, Logger: log, Metrics: metrics, Registerer: d.Registry})
+			if err != nil {
+				return nil, err
+			}
+			runs = append(runs, r.Run)
+		default:
+			return nil, fmt.Errorf("unknown stage %q", s)
+		}
+	}
+	return runs, nil
+}
+
+// RunAll runs every function until ctx is cancelled and all have returned;
+// the first error cancels the rest and is returned.
+func RunAll(ctx context.Context, runs []func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(runs))
+	for _, run := range runs {
+		go func() { errc <- run(ctx) }()
+	}
+	var first error
+	for range runs {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
+
+// Instance is "hostname:pid".
+func Instance() string {
+	h, _ := os.Hostname()
+	return fmt.Sprintf("%s:%d", h, os.Getpid())
+}
+
+// Main runs a single-stage binary: parse flags, connect, build, run until
+// SIGINT/SIGTERM, drain. It returns the process exit code.
+func Main(stage, metricsDefault string, args []string) int {
+	fs := flag.NewFlagSet(stage, flag.ContinueOnError)
+	var c Common
+	c.Register(fs, metricsDefault)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := Logger(c.LogLevel)
+	if err := runStage(stage, c, log); err != nil {
+		log.Error("exiting", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func runStage(stage string, c Common, log *slog.Logger) error {
+	ctx, cancel := SignalContext()
+	defer cancel()
+	pol, err := policy.Load(c.PolicyPath)
+	if err != nil {
+		return err
+	}
+	nc, js, err := Connect(c.NATSURL, c.Creds, "tollgate-"+stage, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Drain()
+	reg := NewRegistry()
+	if err := ServeMetrics(ctx, c.MetricsAddr, reg, log); err != nil {
+		return err
+	}
+	topo := topology.DefaultConfig()
+	topo.Replicas = c.Replicas
+	runs, err := Build(ctx, Deps{JS: js, Policy: pol, SandboxDir: c.SandboxDir, Logger: log, Registry: reg, Instance: Instance(), Topology: topo}, stage)
+	if err != nil {
+		return err
+	}
+	log.Info("stage started", "stage", stage, "nats", c.NATSURL, "policy", pol.Version())
+	return RunAll(ctx, runs)
+}

@@ -1,0 +1,255 @@
+// Package approver is the stage that applies human decisions to pending
+// approval records.
+//
+// A decision is applied only if, checked against the approval as persisted
+// (its TurnContext and exact call) and the current policy: the approval
+// exists, the decider is authorized, the argument digest (if the decision
+// carries one) is the one the approval binds, the option was offered, and
+// the approval is still pending and not expired. The change is a
+// compare-and-set on the record's KV revision, so of two concurrent
+// decisions exactly one wins. A decision identical in effect to the one
+// already applied is an idempotent success; any other decision on a decided
+// approval is rejected with APPROVAL_ALREADY_DECIDED (or APPROVAL_EXPIRED).
+// Every rejection is published on tollgate.event.decision.rejected.<id> so
+// the sender can be told; every applied decision on
+// tollgate.event.approval.decided.<turn>.
+package approver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Stage is the approver's stage name.
+const Stage = "approver"
+
+// Config wires an Approver.
+type Config struct {
+	JS          jetstream.JetStream
+	Store       *store.Store
+	Policy      *policy.Policy
+	Logger      *slog.Logger
+	Metrics     *runner.Metrics
+	Registerer  prometheus.Registerer // may be nil
+	Concurrency int                   // default 8
+	Now         func() time.Time      // default time.Now
+}
+
+// Validate reports missing wiring.
+func (c Config) Validate() error {
+	if c.JS == nil || c.Store == nil || c.Policy == nil || c.Logger == nil || c.Metrics == nil {
+		return errors.New("approver: JS, Store, Policy, Logger and Metrics are required")
+	}
+	return nil
+}
+
+// Approver is the approver stage.
+type Approver struct {
+	cfg       Config
+	decisions *prometheus.CounterVec
+	pending   *PendingTracker
+}
+
+// New returns an Approver.
+func New(cfg Config) (*Approver, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 8
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	a := &Approver{cfg: cfg, decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_decisions_total", Help: "Decisions processed by the approver, by result (applied, idempotent, or a rejection code).",
+	}, []string{"result"})}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(a.decisions); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	var err error
+	if a.pending, err = NewPendingTracker(cfg.Store.Approvals.KV, cfg.Logger, cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	return a, nil
+}
+
+// Run consumes decisions until ctx is cancelled.
+func (a *Approver) Run(ctx context.Context) error {
+	r, err := runner.New(runner.Config{
+		Stage:  Stage,
+		Stream: topology.StreamDecisions,
+		Consumer: jetstream.ConsumerConfig{
+			Durable:       topology.ConsumerApprover,
+			FilterSubject: topology.SubjectDecisionSubmit + ">",
+		},
+		Handler:     a.Handle,
+		JS:          a.cfg.JS,
+		Logger:      a.cfg.Logger,
+		Metrics:     a.cfg.Metrics,
+		Concurrency: a.cfg.Concurrency,
+	})
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := a.pending.Run(ctx); err != nil {
+			a.cfg.Logger.Warn("pending-approvals gauge stopped", "err", err)
+		}
+	}()
+	return r.Run(ctx)
+}
+
+// Handle processes one decision message. Malformed decisions are returned as
+// coded errors (dead-lettered by the runner) after a rejection is published
+// when the decision is readable enough to address one.
+func (a *Approver) Handle(ctx context.Context, m jetstream.Msg) error {
+	d, err := schemas.Decode[schemas.Decision](m.Data())
+	if err != nil {
+		return err
+	}
+	return a.Apply(ctx, d)
+}
+
+// Apply applies d, publishing a decided event or a rejection. It returns an
+// error only for transient failures (to be retried).
+func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
+	res, err := a.apply(ctx, d)
+	if err != nil {
+		return err
+	}
+	if res.rejected != nil {
+		a.decisions.WithLabelValues(string(res.rejected.Code)).Inc()
+		a.cfg.Logger.Info("decision rejected", "decision", d.DecisionID, "approval", d.ApprovalID, "code", res.rejected.Code, "reason", res.rejected.Reason)
+		rej := &schemas.DecisionRejected{
+			DecisionID: d.DecisionID, ApprovalID: d.ApprovalID,
+			Principal: schemas.Principal(d.Transport, d.Decider.ID),
+			Code:      res.rejected.Code, Reason: res.rejected.Reason, At: a.now(),
+		}
+		subj := topology.EventSubject(topology.SubjectDecisionRejected, tokenOr(d.ApprovalID))
+		if err := bus.Publish(ctx, a.cfg.JS, subj, "rejected:"+d.DecisionID, rej); err != nil {
+			return err
+		}
+	}
+	if res.decided != nil {
+		ev := &schemas.DecidedEvent{
+			ApprovalID: res.decided.ApprovalID, TurnID: res.decided.TurnID, SessionID: res.decided.SessionID,
+			Status: res.decided.Status, Decision: res.decided.Decision, At: a.now(),
+		}
+		if res.decided.Decision != nil {
+			ev.At = res.decided.Decision.DecidedAt
+		}
+		subj := topology.EventSubject(topology.SubjectApprovalDecided, res.decided.TurnID)
+		if err := bus.Publish(ctx, a.cfg.JS, subj, "decided:"+res.decided.ApprovalID, ev); err != nil {
+			return err
+		}
+		if res.rejected == nil {
+			a.decisions.WithLabelValues(res.label).Inc()
+		}
+	}
+	return nil
+}
+
+type result struct {
+	rejected *schemas.Error          // publish a rejection
+	decided  *schemas.ApprovalRecord // publish (or re-publish) its decided event
+	label    string
+}
+
+func reject(code schemas.Code, format string, args ...any) (result, error) {
+	return result{rejected: schemas.Errorf(code, format, args...)}, nil
+}
+
+func (a *Approver) now() time.Time { return a.cfg.Now().UTC() }
+
+func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, error) {
+	principal := schemas.Principal(d.Transport, d.Decider.ID)
+	for {
+		if !schemas.ValidKey(d.ApprovalID) {
+			return reject(schemas.CodeApprovalNotFound, "no approval %q", d.ApprovalID)
+		}
+		rec, rev, err := a.cfg.Store.Approvals.Get(ctx, d.ApprovalID)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return reject(schemas.CodeApprovalNotFound, "no approval %q", d.ApprovalID)
+		case schemas.CodeOf(err) != "":
+			return reject(schemas.CodeOf(err), "approval %s cannot be read: %v", d.ApprovalID, err)
+		case err != nil:
+			return result{}, err
+		}
+		if err := rec.Context.CheckFor(rec.TurnID); err != nil {
+			return reject(schemas.CodeDeciderNotAuthorized, "approval %s has no usable TurnContext to authorize against: %v", d.ApprovalID, err)
+		}
+		if !a.cfg.Policy.MayDecide(rec.Tool, rec.Context, principal) {
+			return reject(schemas.CodeDeciderNotAuthorized, "%s may not decide approvals of %s's turn", principal, rec.Context.Requester.Principal)
+		}
+		if d.ArgsDigest != "" && d.ArgsDigest != rec.ArgsDigest {
+			return reject(schemas.CodeArgsDigestMismatch, "decision is for arguments %s, approval binds %s", d.ArgsDigest, rec.ArgsDigest)
+		}
+		if !rec.Offers(d.Option) {
+			return reject(schemas.CodeOptionNotOffered, "option %q was not offered (offered: %v)", d.Option, rec.Options)
+		}
+		want := statusOf(d.Option)
+		if rec.Status.Decided() {
+			switch {
+			case rec.Status == want:
+				return result{decided: rec, label: "idempotent"}, nil
+			case rec.Status == schemas.ApprovalExpired:
+				return reject(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
+			default:
+				return reject(schemas.CodeApprovalAlreadyDecided, "approval %s is already %s", rec.ApprovalID, rec.Status)
+			}
+		}
+		now := a.now()
+		expired := !rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt)
+		rec.Decision = &schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now}
+		rec.Status = want
+		if expired {
+			rec.Status = schemas.ApprovalExpired
+			rec.Decision = &schemas.DecisionInfo{Principal: "tollgate:expiry", DecidedAt: now}
+		}
+		_, err = a.cfg.Store.Approvals.Update(ctx, rec.ApprovalID, rec, rev)
+		if errors.Is(err, store.ErrConflict) {
+			continue // someone else changed it: re-evaluate against the new state
+		}
+		if err != nil {
+			return result{}, err
+		}
+		if expired {
+			r, _ := reject(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
+			r.decided = rec
+			return r, nil
+		}
+		a.cfg.Logger.Info("decision applied", "approval", rec.ApprovalID, "turn", rec.TurnID, "status", rec.Status, "principal", principal)
+		return result{decided: rec, label: "applied"}, nil
+	}
+}
+
+func statusOf(option string) schemas.ApprovalStatus {
+	if option == schemas.OptionApprove {
+		return schemas.ApprovalApproved
+	}
+	return schemas.ApprovalDenied
+}
+
+func tokenOr(id string) string {
+	if schemas.ValidKey(id) {
+		return id
+	}
+	return "invalid"
+}

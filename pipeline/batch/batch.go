@@ -1,0 +1,353 @@
+// Package batch holds the batch logic that the executor and the redriver
+// share: running a call at most once (execution claims), ending a batch in
+// exactly one terminal state, publishing its outcome, and the per-session
+// queue that runs a session's batches one at a time in arrival order.
+//
+// Every function here is idempotent: called again after a crash or a
+// redelivery, it converges to the same records and publishes with the same
+// message ids.
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// ErrClaimHeld means another worker claimed the call recently and has not
+// recorded a result yet. It is transient: retry later.
+var ErrClaimHeld = errors.New("batch: execution claim held by another worker")
+
+// Config wires an Engine.
+type Config struct {
+	JS     jetstream.JetStream
+	Store  *store.Store
+	Tools  *tools.Registry
+	Worker string // recorded on claims, e.g. "executor@host:pid"
+	Logger *slog.Logger
+
+	// ClaimLease is how long a claim without a result is presumed to belong
+	// to a live worker. After it, the call's fate is unknown and it is
+	// reported needs_attention rather than run again. Default 2m.
+	ClaimLease time.Duration
+	// ToolTimeout bounds one tool run. Default 1m; must be below ClaimLease.
+	ToolTimeout time.Duration
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// Validate reports missing wiring.
+func (c *Config) Validate() error {
+	switch {
+	case c.JS == nil || c.Store == nil || c.Tools == nil || c.Logger == nil:
+		return errors.New("batch: JS, Store, Tools and Logger are required")
+	case c.Worker == "":
+		return errors.New("batch: Worker is required")
+	}
+	if c.ClaimLease == 0 {
+		c.ClaimLease = 2 * time.Minute
+	}
+	if c.ToolTimeout == 0 {
+		c.ToolTimeout = time.Minute
+	}
+	if c.ToolTimeout >= c.ClaimLease {
+		return fmt.Errorf("batch: ToolTimeout %v must be below ClaimLease %v", c.ToolTimeout, c.ClaimLease)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// Engine runs calls and ends batches.
+type Engine struct {
+	cfg Config
+}
+
+// New validates cfg and returns an Engine.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Engine{cfg: cfg}, nil
+}
+
+// Now is the engine's clock.
+func (e *Engine) Now() time.Time { return e.cfg.Now().UTC() }
+
+// Result builds a result for a call that did not run.
+func (e *Engine) Result(call schemas.ToolCall, status schemas.ResultStatus, code schemas.Code, reason, approvalID string) *schemas.ToolResult {
+	return &schemas.ToolResult{CallID: call.CallID, Tool: call.Tool, Status: status, Code: code, Reason: reason, ApprovalID: approvalID, FinishedAt: e.Now()}
+}
+
+// Execute runs call under tc at most once and returns its result.
+//
+// Before the tool starts, a claim is created in KV (create-only, so one
+// worker wins); the result is written into the claim. A later Execute of the
+// same call returns the recorded result without running the tool. If a claim
+// exists without a result, Execute returns ErrClaimHeld while the claim is
+// younger than ClaimLease, and afterwards a needs_attention result with
+// EXECUTION_UNCERTAIN: the tool may have run, so it is not run again.
+//
+// tc must already be checked by the caller (TurnContext.CheckFor). Execute
+// fails closed on a call whose arguments do not match their digest.
+func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
+	if err := tc.Check(); err != nil {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), err.Error(), approvalID), nil
+	}
+	if !hasTurnPrefix(call.CallID, tc.TurnID) {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeTurnContextMismatch, "call does not belong to the turn's context", approvalID), nil
+	}
+	if schemas.ArgsDigest(call.Args) != call.ArgsDigest {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeArgsDigestMismatch, "arguments do not match their digest", approvalID), nil
+	}
+	tool, ok := e.cfg.Tools.Get(call.Tool)
+	if !ok {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeToolNotFound, fmt.Sprintf("no tool named %q", call.Tool), approvalID), nil
+	}
+	claim := &schemas.ExecutionClaim{
+		CallID: call.CallID, TurnID: tc.TurnID, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
+		Worker: e.cfg.Worker, ClaimedAt: e.Now(),
+	}
+	rev, err := e.cfg.Store.Claims.Create(ctx, call.CallID, claim)
+	if errors.Is(err, store.ErrExists) {
+		return e.claimed(ctx, call, approvalID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", call.CallID, err)
+	}
+
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.ToolTimeout)
+	out, runErr := tool.Run(rctx, tools.Call{Context: tc, CallID: call.CallID, Args: call.Args})
+	cancel()
+	res := e.Result(call, schemas.ResultOK, "", "", approvalID)
+	res.Output = out
+	if runErr != nil {
+		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, runErr.Error()
+	}
+	e.cfg.Logger.Info("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
+
+	// Record the result. The tool has run: try hard, on a context that the
+	// caller's cancellation does not cut short.
+	claim.Result = res
+	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer wcancel()
+	var werr error
+	for attempt := 0; attempt < 5; attempt++ {
+		if _, werr = e.cfg.Store.Claims.Update(wctx, call.CallID, claim, rev); werr == nil {
+			return res, nil
+		}
+		if errors.Is(werr, store.ErrConflict) {
+			break
+		}
+		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+	}
+	return nil, fmt.Errorf("record result of %s: %w", call.CallID, werr)
+}
+
+func hasTurnPrefix(callID, turnID string) bool {
+	return len(callID) > len(turnID)+1 && callID[:len(turnID)] == turnID && callID[len(turnID)] == '-'
+}
+
+// claimed handles a call whose claim already exists.
+func (e *Engine) claimed(ctx context.Context, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
+	for {
+		c, rev, err := e.cfg.Store.Claims.Get(ctx, call.CallID)
+		if err != nil {
+			return nil, fmt.Errorf("load claim %s: %w", call.CallID, err)
+		}
+		if c.Result != nil {
+			return c.Result, nil
+		}
+		if age := e.Now().Sub(c.ClaimedAt); age < e.cfg.ClaimLease {
+			return nil, fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, age.Round(time.Millisecond), ErrClaimHeld)
+		}
+		c.Result = e.Result(call, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
+			fmt.Sprintf("claimed by %s at %s and no result was recorded; the tool may have run, so it is not run again", c.Worker, c.ClaimedAt.Format(time.RFC3339)), approvalID)
+		_, err = e.cfg.Store.Claims.Update(ctx, call.CallID, c, rev)
+		if errors.Is(err, store.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("mark claim %s uncertain: %w", call.CallID, err)
+		}
+		e.cfg.Logger.Warn("execution uncertain", "call", call.CallID, "worker", c.Worker)
+		return c.Result, nil
+	}
+}
+
+// End moves the batch of turnID to a terminal state, unless it already is
+// in one, and returns the terminal record. With code == "" the batch
+// completes with results (nil entries of results are left as they are in
+// the record); otherwise it fails with code and every call without a result
+// gets a failed result with that code. Exactly one End wins for a batch.
+func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
+	b, _, err := e.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
+		if b.State.Terminal() {
+			return store.ErrSkip
+		}
+		for i := range b.Results {
+			if i < len(results) && results[i] != nil {
+				b.Results[i] = results[i]
+			}
+		}
+		b.State = schemas.BatchCompleted
+		if code != "" {
+			b.State, b.Code, b.Reason = schemas.BatchFailed, code, reason
+			for i, r := range b.Results {
+				if r == nil {
+					b.Results[i] = e.Result(b.Calls[i], schemas.ResultFailed, code, reason, b.Approvals[i])
+				}
+			}
+		}
+		b.UpdatedAt = e.Now()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("end batch %s: %w", turnID, err)
+	}
+	return b, nil
+}
+
+// Finish publishes the outcome of a terminal batch and releases its session.
+// It is safe to call any number of times.
+func (e *Engine) Finish(ctx context.Context, b *schemas.BatchRecord) error {
+	if !b.State.Terminal() {
+		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
+	}
+	out := Outcome(b)
+	if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID), "outcome:"+b.TurnID, out); err != nil {
+		return err
+	}
+	return e.Release(ctx, b.SessionID, b.TurnID)
+}
+
+// Outcome is the turn outcome of a terminal batch. The reply target and
+// audience come from the batch's own TurnContext; with no context there is
+// no reply target and no audience.
+func Outcome(b *schemas.BatchRecord) *schemas.TurnOutcome {
+	o := &schemas.TurnOutcome{
+		TurnID: b.TurnID, SessionID: b.SessionID, State: schemas.TurnCompleted,
+		Code: b.Code, Reason: b.Reason, FinishedAt: b.UpdatedAt,
+	}
+	if b.State == schemas.BatchFailed {
+		o.State = schemas.TurnFailed
+	}
+	for _, r := range b.Results {
+		if r != nil {
+			o.Results = append(o.Results, *r)
+		}
+	}
+	if b.Context != nil {
+		o.Reply = schemas.ReplyTarget{Transport: b.Context.Transport, Channel: b.Context.Channel}
+		o.Audience = b.Context.Audience
+	}
+	return o
+}
+
+// Acquire makes turnID the active turn of its session if the session is
+// free, or queues it behind the active one (once, in arrival order). It
+// reports whether turnID is now active.
+func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string) (bool, error) {
+	key := schemas.SessionKey(sessionID)
+	for {
+		rec := &schemas.SessionRecord{SessionID: sessionID, Active: turnID, UpdatedAt: e.Now()}
+		_, err := e.cfg.Store.Sessions.Create(ctx, key, rec)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, store.ErrExists) {
+			return false, fmt.Errorf("acquire session %s: %w", key, err)
+		}
+		active := false
+		_, _, err = e.cfg.Store.Sessions.Mutate(ctx, key, func(s *schemas.SessionRecord) error {
+			switch {
+			case s.Active == turnID:
+				active = true
+				return store.ErrSkip
+			case s.Active == "":
+				active = true
+				s.Active = turnID
+				s.Queue = slices.DeleteFunc(s.Queue, func(t string) bool { return t == turnID })
+			case slices.Contains(s.Queue, turnID):
+				active = false
+				return store.ErrSkip
+			default:
+				active = false
+				s.Queue = append(s.Queue, turnID)
+			}
+			s.UpdatedAt = e.Now()
+			return nil
+		})
+		if errors.Is(err, store.ErrNotFound) {
+			continue // deleted between create and mutate: try again
+		}
+		if err != nil {
+			return false, fmt.Errorf("acquire session %s: %w", key, err)
+		}
+		return active, nil
+	}
+}
+
+// Release ends turnID's hold on its session: the next queued turn becomes
+// active and is announced on the ready subject. If turnID no longer holds the
+// session (a repeated Release), the currently active turn is announced again
+// if it is still queued, so a crash between the two steps loses nothing.
+func (e *Engine) Release(ctx context.Context, sessionID, turnID string) error {
+	key := schemas.SessionKey(sessionID)
+	for {
+		s, _, err := e.cfg.Store.Sessions.Mutate(ctx, key, func(s *schemas.SessionRecord) error {
+			if s.Active != turnID {
+				return store.ErrSkip
+			}
+			s.Active = ""
+			if len(s.Queue) > 0 {
+				s.Active, s.Queue = s.Queue[0], s.Queue[1:]
+			}
+			s.UpdatedAt = e.Now()
+			return nil
+		})
+		if errors.Is(err, store.ErrNotFound) {
+			return nil // the turn never held the session
+		}
+		if err != nil {
+			return fmt.Errorf("release session %s: %w", key, err)
+		}
+		next := s.Active
+		if next == "" || next == turnID {
+			return nil
+		}
+		nb, _, err := e.cfg.Store.Batches.Get(ctx, next)
+		if errors.Is(err, store.ErrNotFound) {
+			// Queued by an executor that has not written it yet cannot happen
+			// (the batch is created before it is queued); a missing record
+			// means it was removed: skip it.
+			turnID = next
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("release session %s: load next %s: %w", key, next, err)
+		}
+		switch {
+		case nb.State.Terminal():
+			turnID = next // it ended while queued: pass the session on
+			continue
+		case nb.State == schemas.BatchQueued:
+			n := &schemas.TurnNotice{TurnID: next, SessionID: sessionID, Kind: schemas.NoticeReady, At: e.Now()}
+			return bus.Publish(ctx, e.cfg.JS, topology.ReadySubject(key), "ready:"+next, n)
+		default:
+			return nil // already running
+		}
+	}
+}

@@ -1,0 +1,347 @@
+// Package executor is the stage that turns an accepted turn into a batch:
+// it evaluates the tool policy for each call, runs allowed calls at once,
+// records denied ones, and writes a pending approval record (with the turn's
+// persisted TurnContext and the exact call) for each call that needs a
+// person. A batch with no approvals completes at once; one with approvals is
+// handed to the redriver by a batch-awaiting notice.
+//
+// A session runs one batch at a time: a turn whose session is busy is
+// queued (pipeline/batch) and runs when a ready notice says its turn has
+// come.
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Stage is the executor's stage name (metrics label, dead-letter subject).
+const Stage = "executor"
+
+// Config wires an Executor.
+type Config struct {
+	JS         jetstream.JetStream
+	Store      *store.Store
+	Engine     *batch.Engine
+	Policy     *policy.Policy
+	Logger     *slog.Logger
+	Metrics    *runner.Metrics
+	Registerer prometheus.Registerer // may be nil
+	// Concurrency is how many sessions are worked on at once (default 8).
+	Concurrency int
+}
+
+// Validate reports missing wiring.
+func (c Config) Validate() error {
+	if c.JS == nil || c.Store == nil || c.Engine == nil || c.Policy == nil || c.Logger == nil || c.Metrics == nil {
+		return errors.New("executor: JS, Store, Engine, Policy, Logger and Metrics are required")
+	}
+	return nil
+}
+
+// Executor is the executor stage.
+type Executor struct {
+	cfg       Config
+	requested prometheus.Counter
+	calls     *prometheus.CounterVec
+}
+
+// New returns an Executor.
+func New(cfg Config) (*Executor, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 8
+	}
+	x := &Executor{
+		cfg: cfg,
+		requested: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_approvals_requested_total", Help: "Approval records created by the executor.",
+		}),
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_executor_calls_total", Help: "Calls evaluated by the executor, by policy mode.",
+		}, []string{"mode"}),
+	}
+	if cfg.Registerer != nil {
+		if err := registerAll(cfg.Registerer, x.requested, x.calls); err != nil {
+			return nil, err
+		}
+	}
+	return x, nil
+}
+
+func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// Run consumes accepted turns and ready notices until ctx is cancelled.
+func (x *Executor) Run(ctx context.Context) error {
+	r, err := runner.New(runner.Config{
+		Stage:  Stage,
+		Stream: topology.StreamTurns,
+		Consumer: jetstream.ConsumerConfig{
+			Durable:       topology.ConsumerExecutor,
+			FilterSubject: "tollgate.turn.>",
+		},
+		Handler:     x.Handle,
+		JS:          x.cfg.JS,
+		Logger:      x.cfg.Logger,
+		Metrics:     x.cfg.Metrics,
+		Concurrency: x.cfg.Concurrency,
+	})
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+// Handle processes one message from TOLLGATE_TURNS.
+func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
+	switch subj := m.Subject(); {
+	case strings.HasPrefix(subj, topology.SubjectTurnAccepted):
+		t, err := schemas.Decode[schemas.AcceptedTurn](m.Data())
+		if err != nil {
+			return err
+		}
+		return x.Accept(ctx, t)
+	case strings.HasPrefix(subj, topology.SubjectTurnReady):
+		n, err := schemas.Decode[schemas.TurnNotice](m.Data())
+		if err != nil {
+			return err
+		}
+		if !schemas.ValidKey(n.TurnID) {
+			return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", n.TurnID)
+		}
+		return x.Advance(ctx, n.TurnID)
+	default:
+		return schemas.Errorf(schemas.CodeUnknownMessage, "executor does not handle subject %s", subj)
+	}
+}
+
+// Accept records the batch of an accepted turn (once) and advances it.
+func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
+	if !schemas.ValidKey(t.TurnID) {
+		return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", t.TurnID)
+	}
+	now := x.cfg.Engine.Now()
+	n := len(t.Calls)
+	rec := &schemas.BatchRecord{
+		TurnID: t.TurnID, Context: t.Context, Text: t.Text, Calls: t.Calls,
+		State: schemas.BatchQueued, Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n),
+		CreatedAt: now, UpdatedAt: now,
+	}
+	if t.Context != nil {
+		rec.SessionID = t.Context.SessionID
+	}
+	if _, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec); err != nil && !errors.Is(err, store.ErrExists) {
+		return err
+	}
+	return x.Advance(ctx, t.TurnID)
+}
+
+// Advance moves the batch of turnID as far as it can go from its current
+// state. It is idempotent.
+func (x *Executor) Advance(ctx context.Context, turnID string) error {
+	b, _, err := x.cfg.Store.Batches.Get(ctx, turnID)
+	if err != nil {
+		if schemas.CodeOf(err) != "" {
+			return err // an undecodable record: dead-letter, never guess
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			return schemas.Errorf(schemas.CodeBatchRecordMissing, "no batch record for turn %s", turnID)
+		}
+		return err
+	}
+	eng := x.cfg.Engine
+	switch b.State {
+	case schemas.BatchCompleted, schemas.BatchFailed:
+		return eng.Finish(ctx, b)
+	case schemas.BatchAwaiting, schemas.BatchStarted:
+		return x.announceAwaiting(ctx, b)
+	}
+
+	tc := b.Context
+	if err := tc.CheckFor(b.TurnID); err != nil {
+		return x.fail(ctx, b, err)
+	}
+	if err := checkCalls(b); err != nil {
+		return x.fail(ctx, b, err)
+	}
+	if b.State == schemas.BatchQueued {
+		active, err := eng.Acquire(ctx, b.SessionID, b.TurnID)
+		if err != nil {
+			return err
+		}
+		if !active {
+			x.cfg.Logger.Info("turn queued behind its session's batch", "turn", b.TurnID, "session", b.SessionID)
+			return nil
+		}
+		b, _, err = x.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
+			if b.State != schemas.BatchQueued {
+				return store.ErrSkip
+			}
+			b.State, b.UpdatedAt = schemas.BatchRunning, eng.Now()
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if b.State != schemas.BatchRunning {
+			return x.Advance(ctx, turnID)
+		}
+	}
+	return x.run(ctx, b)
+}
+
+// run evaluates and runs a batch in state running.
+func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord) error {
+	eng, tc := x.cfg.Engine, b.Context
+	results := slices.Clone(b.Results)
+	approvals := slices.Clone(b.Approvals)
+	waiting := 0
+	for i, call := range b.Calls {
+		if results[i] != nil {
+			continue
+		}
+		if approvals[i] != "" {
+			waiting++
+			continue
+		}
+		mode := x.cfg.Policy.ModeFor(call.Tool, tc.Audience)
+		x.calls.WithLabelValues(string(mode)).Inc()
+		switch mode {
+		case policy.ModeDeny:
+			results[i] = eng.Result(call, schemas.ResultDenied, schemas.CodePolicyDenied,
+				fmt.Sprintf("policy %s denies %s for a %s audience", x.cfg.Policy.Version(), call.Tool, tc.Audience), "")
+		case policy.ModeNever:
+			r, err := eng.Execute(ctx, tc, call, "")
+			if err != nil {
+				return err
+			}
+			results[i] = r
+		default: // required
+			if !tc.Interactive {
+				results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodeNoInteractiveRequest,
+					"the call needs approval and the turn has no requester who can answer a prompt", "")
+				continue
+			}
+			id, err := x.requestApproval(ctx, b, call)
+			if err != nil {
+				return err
+			}
+			approvals[i] = id
+			waiting++
+		}
+	}
+
+	if waiting == 0 {
+		end, err := eng.End(ctx, b.TurnID, results, "", "")
+		if err != nil {
+			return err
+		}
+		return eng.Finish(ctx, end)
+	}
+	b, _, err := x.cfg.Store.Batches.Mutate(ctx, b.TurnID, func(b *schemas.BatchRecord) error {
+		if b.State != schemas.BatchRunning {
+			return store.ErrSkip
+		}
+		for i := range b.Calls {
+			if b.Results[i] == nil {
+				b.Results[i] = results[i]
+			}
+			if b.Approvals[i] == "" {
+				b.Approvals[i] = approvals[i]
+			}
+		}
+		b.State, b.UpdatedAt = schemas.BatchAwaiting, eng.Now()
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return x.announceAwaiting(ctx, b)
+}
+
+// requestApproval creates the approval record of call (once) and publishes
+// the approval-requested event with the record as stored.
+func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall) (string, error) {
+	eng := x.cfg.Engine
+	id := schemas.ApprovalID(b.TurnID, call.Index)
+	now := eng.Now()
+	rec := &schemas.ApprovalRecord{
+		ApprovalID: id, TurnID: b.TurnID, SessionID: b.SessionID, CallID: call.CallID,
+		Context: b.Context, Tool: call.Tool, Args: call.Args, ArgsDigest: call.ArgsDigest,
+		PolicyVersion: x.cfg.Policy.Version(), Options: x.cfg.Policy.Options(call.Tool),
+		Status: schemas.ApprovalPending, RequestedAt: now,
+	}
+	if d := x.cfg.Policy.ExpiresAfter(call.Tool); d > 0 {
+		rec.ExpiresAt = now.Add(d)
+	}
+	_, err := x.cfg.Store.Approvals.Create(ctx, id, rec)
+	switch {
+	case errors.Is(err, store.ErrExists):
+		if rec, _, err = x.cfg.Store.Approvals.Get(ctx, id); err != nil {
+			return "", err
+		}
+	case err != nil:
+		return "", err
+	default:
+		x.requested.Inc()
+	}
+	subj := topology.EventSubject(topology.SubjectApprovalRequested, b.TurnID)
+	if err := bus.Publish(ctx, x.cfg.JS, subj, "requested:"+id, rec); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+func (x *Executor) announceAwaiting(ctx context.Context, b *schemas.BatchRecord) error {
+	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: b.SessionID, Kind: schemas.NoticeAwaiting, At: x.cfg.Engine.Now()}
+	return bus.Publish(ctx, x.cfg.JS, topology.EventSubject(topology.SubjectBatchAwaiting, b.TurnID), "awaiting:"+b.TurnID, n)
+}
+
+// fail ends a batch whose authority or calls are unusable: nothing runs.
+func (x *Executor) fail(ctx context.Context, b *schemas.BatchRecord, cause error) error {
+	code := schemas.CodeOf(cause)
+	if code == "" {
+		code = schemas.CodeTurnContextInvalid
+	}
+	x.cfg.Logger.Warn("batch failed closed", "turn", b.TurnID, "code", code, "err", cause)
+	end, err := x.cfg.Engine.End(ctx, b.TurnID, nil, code, cause.Error())
+	if err != nil {
+		return err
+	}
+	return x.cfg.Engine.Finish(ctx, end)
+}
+
+// checkCalls verifies each call is numbered and identified as ingest would
+// have done it, so ids used as keys and claims cannot be steered.
+func checkCalls(b *schemas.BatchRecord) error {
+	for i, c := range b.Calls {
+		if c.Index != i || c.CallID != schemas.CallID(b.TurnID, i) {
+			return schemas.Errorf(schemas.CodeInvalidInput, "call %d has id %q index %d, want %q", i, c.CallID, c.Index, schemas.CallID(b.TurnID, i))
+		}
+	}
+	return nil
+}

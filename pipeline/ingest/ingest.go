@@ -1,0 +1,167 @@
+// Package ingest is the stage that accepts chat-transport messages as turns.
+//
+// For each inbound message it validates the payload, canonicalises the
+// proposed calls' arguments, and builds the turn's TurnContext exactly once,
+// from the message and the transport's policy rule: the requester's
+// principal, channel and thread, audience (dm -> personal, private -> team,
+// public -> public: there is no default), trust boundary, whether the
+// requester can answer approval prompts, and provenance. The accepted turn
+// is published with the turn id as message id; the turn id is derived from
+// (transport, message id), so a redelivered or re-sent message is the same
+// turn, and every field of its TurnContext is derived from the stored
+// message (its stream timestamp, not the wall clock), so a repeat is
+// byte-identical.
+package ingest
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Stage is the ingest stage name.
+const Stage = "ingest"
+
+// Config wires an Ingest.
+type Config struct {
+	JS          jetstream.JetStream
+	Policy      *policy.Policy
+	Logger      *slog.Logger
+	Metrics     *runner.Metrics
+	Instance    string // recorded in provenance, e.g. "ingest@host"
+	Concurrency int    // default 4
+}
+
+// Validate reports missing wiring.
+func (c Config) Validate() error {
+	if c.JS == nil || c.Policy == nil || c.Logger == nil || c.Metrics == nil || c.Instance == "" {
+		return errors.New("ingest: JS, Policy, Logger, Metrics and Instance are required")
+	}
+	return nil
+}
+
+// Ingest is the ingest stage.
+type Ingest struct{ cfg Config }
+
+// New returns an Ingest.
+func New(cfg Config) (*Ingest, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 4
+	}
+	return &Ingest{cfg: cfg}, nil
+}
+
+// Run consumes inbound messages until ctx is cancelled.
+func (in *Ingest) Run(ctx context.Context) error {
+	r, err := runner.New(runner.Config{
+		Stage:  Stage,
+		Stream: topology.StreamInbound,
+		Consumer: jetstream.ConsumerConfig{
+			Durable:       topology.ConsumerIngest,
+			FilterSubject: topology.SubjectInboundPrefix + ">",
+		},
+		Handler:     in.Handle,
+		JS:          in.cfg.JS,
+		Logger:      in.cfg.Logger,
+		Metrics:     in.cfg.Metrics,
+		Concurrency: in.cfg.Concurrency,
+	})
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+// Handle accepts one inbound message.
+func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
+	msg, err := schemas.Decode[schemas.InboundMessage](m.Data())
+	if err != nil {
+		return err
+	}
+	var prov schemas.Provenance
+	if meta, err := m.Metadata(); err == nil {
+		prov.StreamSeq, prov.ReceivedAt = meta.Sequence.Stream, meta.Timestamp.UTC()
+	}
+	prov.IngestedBy = in.cfg.Instance
+	t, err := Accept(msg, in.cfg.Policy, prov)
+	if err != nil {
+		return err
+	}
+	subj := topology.AcceptedSubject(schemas.SessionKey(t.Context.SessionID))
+	if err := bus.Publish(ctx, in.cfg.JS, subj, t.TurnID, t); err != nil {
+		return err
+	}
+	in.cfg.Logger.Info("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID,
+		"principal", t.Context.Requester.Principal, "audience", t.Context.Audience, "calls", len(t.Calls))
+	return nil
+}
+
+// Accept builds the accepted turn of msg under policy p. prov supplies the
+// stream-derived provenance (sequence, receipt time, instance); its
+// Transport and MessageID are filled from msg. It fails with a coded error
+// (ARGS_INVALID_JSON, INVALID_INPUT) for input that cannot become a turn.
+func Accept(msg *schemas.InboundMessage, p *policy.Policy, prov schemas.Provenance) (*schemas.AcceptedTurn, error) {
+	audience, err := AudienceOf(msg.Channel.Kind)
+	if err != nil {
+		return nil, err
+	}
+	turnID := schemas.TurnID(msg.Transport, msg.MessageID)
+	rule := p.Transport(msg.Transport)
+	prov.Transport, prov.MessageID = msg.Transport, msg.MessageID
+	if prov.ReceivedAt.IsZero() {
+		prov.ReceivedAt = msg.SentAt.UTC()
+	}
+	tc := &schemas.TurnContext{
+		V:         schemas.TurnContextVersion,
+		SessionID: msg.SessionID,
+		TurnID:    turnID,
+		Requester: schemas.Requester{
+			Principal: schemas.Principal(msg.Transport, msg.Sender.ID),
+			SenderID:  msg.Sender.ID, Display: msg.Sender.Display,
+			Kind: msg.Sender.Kind, Verified: msg.Sender.Verified,
+		},
+		Transport:     msg.Transport,
+		Channel:       msg.Channel,
+		Audience:      audience,
+		TrustBoundary: rule.TrustBoundary,
+		Interactive:   rule.Interactive && msg.Sender.Kind == schemas.SenderUser,
+		Provenance:    prov,
+		CreatedAt:     prov.ReceivedAt,
+	}
+	if err := tc.Check(); err != nil {
+		return nil, err
+	}
+	calls := make([]schemas.ToolCall, len(msg.Calls))
+	for i, c := range msg.Calls {
+		canon, digest, err := schemas.CanonicalArgs(c.Args)
+		if err != nil {
+			return nil, schemas.Errorf(schemas.CodeOf(err), "call %d (%s): %v", i, c.Tool, err)
+		}
+		calls[i] = schemas.ToolCall{CallID: schemas.CallID(turnID, i), Index: i, Tool: c.Tool, Args: canon, ArgsDigest: digest}
+	}
+	return &schemas.AcceptedTurn{TurnID: turnID, Context: tc, Text: msg.Text, Calls: calls, AcceptedAt: prov.ReceivedAt}, nil
+}
+
+// AudienceOf maps a channel kind to the audience of its turns.
+func AudienceOf(k schemas.ChannelKind) (schemas.Audience, error) {
+	switch k {
+	case schemas.ChannelDM:
+		return schemas.AudiencePersonal, nil
+	case schemas.ChannelPrivate:
+		return schemas.AudienceTeam, nil
+	case schemas.ChannelPublic:
+		return schemas.AudiencePublic, nil
+	}
+	return "", schemas.Errorf(schemas.CodeInvalidInput, "channel kind %q has no audience", k)
+}

@@ -1,0 +1,342 @@
+package schemas_test
+
+import (
+	"reflect"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Fixed, fully populated examples of every record type. The golden files in
+// testdata/ are their encodings; change an example only together with its
+// golden file (go test ./schemas -run TestGolden -update).
+
+var (
+	t0 = time.Date(2026, 3, 14, 9, 26, 53, 589793238, time.UTC)
+	t1 = t0.Add(1500 * time.Millisecond)
+	t2 = t0.Add(2 * time.Minute)
+	t3 = t0.Add(72 * time.Hour)
+)
+
+const (
+	exTransport = "slack"
+	exMessageID = "1710408413.000100"
+	exSession   = "T024BE7LD/C0123ABC/1710408400.000050"
+	exArgs      = `{"body":"Quarterly numbers attached.","to":["cfo@example.com"]}`
+	exArgs2     = `{"path":"/reports/q1.pdf"}`
+)
+
+var (
+	exTurnID   = schemas.TurnID(exTransport, exMessageID)
+	exDigest   = schemas.ArgsDigest(exArgs)
+	exDigest2  = schemas.ArgsDigest(exArgs2)
+	exApproval = schemas.ApprovalID(exTurnID, 0)
+)
+
+func exampleChannel() schemas.Channel {
+	return schemas.Channel{ID: "C0123ABC", Kind: schemas.ChannelPrivate, Thread: "1710408400.000050"}
+}
+
+func exampleContext() *schemas.TurnContext {
+	return &schemas.TurnContext{
+		V:         1,
+		SessionID: exSession,
+		TurnID:    exTurnID,
+		Requester: schemas.Requester{
+			Principal: schemas.Principal(exTransport, "U02ABCDEF"),
+			SenderID:  "U02ABCDEF",
+			Display:   "Ada Lovelace",
+			Kind:      schemas.SenderUser,
+			Verified:  true,
+		},
+		Transport:     exTransport,
+		Channel:       exampleChannel(),
+		Audience:      schemas.AudienceTeam,
+		TrustBoundary: "acme-corp",
+		Interactive:   true,
+		Provenance: schemas.Provenance{
+			Transport:  exTransport,
+			MessageID:  exMessageID,
+			StreamSeq:  4242,
+			ReceivedAt: t0,
+			IngestedBy: "ingest-7f9c",
+		},
+		CreatedAt: t1,
+	}
+}
+
+func exampleInbound() *schemas.InboundMessage {
+	return &schemas.InboundMessage{
+		V:         1,
+		Transport: exTransport,
+		MessageID: exMessageID,
+		SessionID: exSession,
+		Sender:    schemas.Sender{ID: "U02ABCDEF", Display: "Ada Lovelace", Kind: schemas.SenderUser, Verified: true},
+		Channel:   exampleChannel(),
+		Text:      "Send the Q1 report to the CFO.\nThanks!",
+		Calls: []schemas.ProposedCall{
+			{Tool: "email.send", Args: exArgs},
+			{Tool: "files.read", Args: exArgs2},
+		},
+		SentAt: t0,
+	}
+}
+
+func exampleToolCalls() []schemas.ToolCall {
+	return []schemas.ToolCall{
+		{CallID: schemas.CallID(exTurnID, 0), Index: 0, Tool: "email.send", Args: exArgs, ArgsDigest: exDigest},
+		{CallID: schemas.CallID(exTurnID, 1), Index: 1, Tool: "files.read", Args: exArgs2, ArgsDigest: exDigest2},
+	}
+}
+
+func exampleAccepted() *schemas.AcceptedTurn {
+	return &schemas.AcceptedTurn{
+		V:          1,
+		TurnID:     exTurnID,
+		Context:    exampleContext(),
+		Text:       "Send the Q1 report to the CFO.\nThanks!",
+		Calls:      exampleToolCalls(),
+		AcceptedAt: t1,
+	}
+}
+
+func exampleDecision() *schemas.Decision {
+	ch := exampleChannel()
+	return &schemas.Decision{
+		V:          1,
+		DecisionID: "d-01HV8Z6Q3K",
+		ApprovalID: exApproval,
+		Transport:  exTransport,
+		Decider:    schemas.Sender{ID: "U09MANAGER", Display: "Grace Hopper", Kind: schemas.SenderUser, Verified: true},
+		Channel:    &ch,
+		Option:     schemas.OptionApprove,
+		ArgsDigest: exDigest,
+		Note:       "Fine to send.\nCC me next time.",
+		SentAt:     t2,
+	}
+}
+
+func exampleDecisionInfo() *schemas.DecisionInfo {
+	return &schemas.DecisionInfo{
+		DecisionID: "d-01HV8Z6Q3K",
+		Principal:  schemas.Principal(exTransport, "U09MANAGER"),
+		Option:     schemas.OptionApprove,
+		DecidedAt:  t2,
+	}
+}
+
+func exampleApproval() *schemas.ApprovalRecord {
+	return &schemas.ApprovalRecord{
+		V:             2,
+		ApprovalID:    exApproval,
+		TurnID:        exTurnID,
+		SessionID:     exSession,
+		CallID:        schemas.CallID(exTurnID, 0),
+		Context:       exampleContext(),
+		Tool:          "email.send",
+		Args:          exArgs,
+		ArgsDigest:    exDigest,
+		PolicyVersion: "policy-2026-03-01.3",
+		Options:       []string{schemas.OptionApprove, schemas.OptionDeny},
+		Status:        schemas.ApprovalApproved,
+		RequestedAt:   t1,
+		ExpiresAt:     t3,
+		Decision:      exampleDecisionInfo(),
+	}
+}
+
+func exampleDecided() *schemas.DecidedEvent {
+	return &schemas.DecidedEvent{
+		V:          1,
+		ApprovalID: exApproval,
+		TurnID:     exTurnID,
+		SessionID:  exSession,
+		Status:     schemas.ApprovalApproved,
+		Decision:   exampleDecisionInfo(),
+		At:         t2,
+	}
+}
+
+func exampleRejected() *schemas.DecisionRejected {
+	return &schemas.DecisionRejected{
+		V:          1,
+		DecisionID: "d-01HV8Z7AAA",
+		ApprovalID: exApproval,
+		Principal:  schemas.Principal(exTransport, "U0INTRUDER"),
+		Code:       schemas.CodeDeciderNotAuthorized,
+		Reason:     "slack:U0INTRUDER may not decide approvals of this turn",
+		At:         t2,
+	}
+}
+
+func exampleRedrive() *schemas.RedriveOutcome {
+	return &schemas.RedriveOutcome{
+		V:       1,
+		TurnID:  exTurnID,
+		Kind:    schemas.RedriveFailed,
+		Code:    schemas.CodeTurnContextInvalid,
+		Reason:  "requester.principal is required",
+		Pending: 1,
+		Trigger: "decided",
+		At:      t2,
+	}
+}
+
+func exampleResult(i int) schemas.ToolResult {
+	if i == 0 {
+		return schemas.ToolResult{
+			CallID:     schemas.CallID(exTurnID, 0),
+			Tool:       "email.send",
+			Status:     schemas.ResultOK,
+			Output:     `{"message_id":"<abc@example.com>"}`,
+			ApprovalID: exApproval,
+			FinishedAt: t2,
+		}
+	}
+	return schemas.ToolResult{
+		CallID:     schemas.CallID(exTurnID, 1),
+		Tool:       "files.read",
+		Status:     schemas.ResultFailed,
+		Output:     "no output: the tool did not run",
+		Code:       schemas.CodeToolNotFound,
+		Reason:     "files.read is not registered",
+		ApprovalID: schemas.ApprovalID(exTurnID, 1),
+		FinishedAt: t2,
+	}
+}
+
+func exampleOutcome() *schemas.TurnOutcome {
+	return &schemas.TurnOutcome{
+		V:          1,
+		TurnID:     exTurnID,
+		SessionID:  exSession,
+		State:      schemas.TurnFailed,
+		Code:       schemas.CodeToolNotFound,
+		Reason:     "one call failed",
+		Results:    []schemas.ToolResult{exampleResult(0), exampleResult(1)},
+		Reply:      schemas.ReplyTarget{Transport: exTransport, Channel: exampleChannel()},
+		Audience:   schemas.AudienceTeam,
+		FinishedAt: t3,
+	}
+}
+
+func exampleBatch() *schemas.BatchRecord {
+	r0, r1 := exampleResult(0), exampleResult(1)
+	return &schemas.BatchRecord{
+		V:         1,
+		TurnID:    exTurnID,
+		SessionID: exSession,
+		Context:   exampleContext(),
+		Text:      "Send the Q1 report to the CFO.\nThanks!",
+		Calls:     exampleToolCalls(),
+		State:     schemas.BatchFailed,
+		Approvals: []string{exApproval, schemas.ApprovalID(exTurnID, 1)},
+		Results:   []*schemas.ToolResult{&r0, &r1},
+		Code:      schemas.CodeToolNotFound,
+		Reason:    "one call failed",
+		CreatedAt: t1,
+		UpdatedAt: t3,
+	}
+}
+
+func exampleSession() *schemas.SessionRecord {
+	return &schemas.SessionRecord{
+		V:         1,
+		SessionID: exSession,
+		Active:    exTurnID,
+		Queue:     []string{schemas.TurnID(exTransport, "m2"), schemas.TurnID(exTransport, "m3")},
+		UpdatedAt: t1,
+	}
+}
+
+func exampleClaim() *schemas.ExecutionClaim {
+	r := exampleResult(0)
+	return &schemas.ExecutionClaim{
+		V:          1,
+		CallID:     schemas.CallID(exTurnID, 0),
+		TurnID:     exTurnID,
+		Tool:       "email.send",
+		ArgsDigest: exDigest,
+		Worker:     "executor-2b1e",
+		ClaimedAt:  t1,
+		Result:     &r,
+	}
+}
+
+func exampleNotice() *schemas.TurnNotice {
+	return &schemas.TurnNotice{
+		V:         1,
+		TurnID:    exTurnID,
+		SessionID: exSession,
+		Kind:      schemas.NoticeAwaiting,
+		At:        t1,
+	}
+}
+
+// recordType is one record type: its golden file name, a fresh example and
+// its decoder.
+type recordType struct {
+	golden  string // file in testdata/, named <type>.v<version>.msgpack
+	version int
+	example func() schemas.Record
+	decode  func([]byte) (schemas.Record, error)
+}
+
+func decodeAs[T any, P schemas.Ptr[T]](b []byte) (schemas.Record, error) {
+	v, err := schemas.Decode[T, P](b)
+	if err != nil {
+		return nil, err
+	}
+	return P(v), nil
+}
+
+var recordTypes = []recordType{
+	{"inbound_message.v1.msgpack", 1, func() schemas.Record { return exampleInbound() }, decodeAs[schemas.InboundMessage]},
+	{"turn_context.v1.msgpack", 1, func() schemas.Record { return exampleContext() }, decodeAs[schemas.TurnContext]},
+	{"accepted_turn.v1.msgpack", 1, func() schemas.Record { return exampleAccepted() }, decodeAs[schemas.AcceptedTurn]},
+	{"decision.v1.msgpack", 1, func() schemas.Record { return exampleDecision() }, decodeAs[schemas.Decision]},
+	{"approval_record.v2.msgpack", 2, func() schemas.Record { return exampleApproval() }, decodeAs[schemas.ApprovalRecord]},
+	{"decided_event.v1.msgpack", 1, func() schemas.Record { return exampleDecided() }, decodeAs[schemas.DecidedEvent]},
+	{"decision_rejected.v1.msgpack", 1, func() schemas.Record { return exampleRejected() }, decodeAs[schemas.DecisionRejected]},
+	{"redrive_outcome.v1.msgpack", 1, func() schemas.Record { return exampleRedrive() }, decodeAs[schemas.RedriveOutcome]},
+	{"turn_outcome.v1.msgpack", 1, func() schemas.Record { return exampleOutcome() }, decodeAs[schemas.TurnOutcome]},
+	{"batch_record.v1.msgpack", 1, func() schemas.Record { return exampleBatch() }, decodeAs[schemas.BatchRecord]},
+	{"session_record.v1.msgpack", 1, func() schemas.Record { return exampleSession() }, decodeAs[schemas.SessionRecord]},
+	{"execution_claim.v1.msgpack", 1, func() schemas.Record { return exampleClaim() }, decodeAs[schemas.ExecutionClaim]},
+	{"turn_notice.v1.msgpack", 1, func() schemas.Record { return exampleNotice() }, decodeAs[schemas.TurnNotice]},
+}
+
+// utc returns v with every time.Time reachable from it (through pointers,
+// structs and slices) converted to UTC. The msgpack decoder returns times in
+// time.Local; the instant is what the encoding carries.
+func utc[V any](v V) V {
+	utcValue(reflect.ValueOf(&v).Elem())
+	return v
+}
+
+var timeType = reflect.TypeOf(time.Time{})
+
+func utcValue(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			utcValue(v.Elem())
+		}
+	case reflect.Struct:
+		if v.Type() == timeType {
+			if v.CanSet() {
+				v.Set(reflect.ValueOf(v.Interface().(time.Time).UTC()))
+			}
+			return
+		}
+		for i := 0; i < v.NumField(); i++ {
+			if v.Type().Field(i).IsExported() {
+				utcValue(v.Field(i))
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		for i := 0; i < v.Len(); i++ {
+			utcValue(v.Index(i))
+		}
+	}
+}

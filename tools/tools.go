@@ -1,0 +1,140 @@
+// Package tools defines the Tool interface, a registry, and the built-in
+// tools.
+//
+// A tool runs under the TurnContext of the turn that proposed it; it must
+// not derive authority from anywhere else. Tollgate guarantees a call is
+// started at most once (see pipeline/batch): a tool need not be idempotent,
+// but one that is should say so with Idempotent, so that recovery may retry
+// it when its earlier result was lost.
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Call is one invocation.
+type Call struct {
+	Context *schemas.TurnContext // the persisted authority; never nil when Run is called
+	CallID  string
+	Args    string // canonical JSON object
+}
+
+// Tool is something a turn can call.
+type Tool interface {
+	Name() string
+	// Run performs the call and returns its output. An error means the tool
+	// ran and failed; it is reported as the call's result, not retried.
+	Run(ctx context.Context, c Call) (string, error)
+}
+
+// Registry maps names to tools. It is immutable after NewRegistry.
+type Registry struct {
+	byName map[string]Tool
+}
+
+// NewRegistry returns a registry of tools; a duplicate name is an error.
+func NewRegistry(ts ...Tool) (*Registry, error) {
+	r := &Registry{byName: make(map[string]Tool, len(ts))}
+	for _, t := range ts {
+		if _, dup := r.byName[t.Name()]; dup {
+			return nil, fmt.Errorf("tools: %s registered twice", t.Name())
+		}
+		r.byName[t.Name()] = t
+	}
+	return r, nil
+}
+
+// Get returns the tool called name.
+func (r *Registry) Get(name string) (Tool, bool) {
+	t, ok := r.byName[name]
+	return t, ok
+}
+
+// Names lists the registered tools, sorted.
+func (r *Registry) Names() []string {
+	names := make([]string, 0, len(r.byName))
+	for n := range r.byName {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Builtins returns the built-in tools. write_file writes inside sandboxDir,
+// which is created if missing.
+func Builtins(sandboxDir string) ([]Tool, error) {
+	if err := os.MkdirAll(sandboxDir, 0o750); err != nil {
+		return nil, fmt.Errorf("tools: sandbox %s: %w", sandboxDir, err)
+	}
+	abs, err := filepath.Abs(sandboxDir)
+	if err != nil {
+		return nil, fmt.Errorf("tools: sandbox %s: %w", sandboxDir, err)
+	}
+	return []Tool{Echo{}, &WriteFile{Dir: abs}}, nil
+}
+
+// Echo returns its "text" argument. It has no side effect.
+type Echo struct{}
+
+func (Echo) Name() string { return "echo" }
+
+func (Echo) Run(_ context.Context, c Call) (string, error) {
+	var a struct {
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal([]byte(c.Args), &a); err != nil {
+		return "", fmt.Errorf("echo: args: %w", err)
+	}
+	return a.Text, nil
+}
+
+// WriteFile writes "content" to the relative "path" inside Dir. Paths that
+// would leave Dir (absolute, "..", symlinks out) are refused by os.Root.
+type WriteFile struct {
+	Dir string
+}
+
+func (*WriteFile) Name() string { return "write_file" }
+
+func (w *WriteFile) Run(_ context.Context, c Call) (string, error) {
+	var a struct {
+		Path    string `json:"path"`
+		Content string `json:"content"`
+	}
+	if err := json.Unmarshal([]byte(c.Args), &a); err != nil {
+		return "", fmt.Errorf("write_file: args: %w", err)
+	}
+	if a.Path == "" {
+		return "", errors.New("write_file: path is required")
+	}
+	root, err := os.OpenRoot(w.Dir)
+	if err != nil {
+		return "", fmt.Errorf("write_file: open sandbox: %w", err)
+	}
+	defer root.Close()
+	if dir := filepath.Dir(a.Path); dir != "." {
+		if err := root.MkdirAll(dir, 0o750); err != nil {
+			return "", fmt.Errorf("write_file: %w", err)
+		}
+	}
+	f, err := root.OpenFile(a.Path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if err != nil {
+		return "", fmt.Errorf("write_file: %w", err)
+	}
+	if _, err := f.WriteString(a.Content); err != nil {
+		f.Close()
+		return "", fmt.Errorf("write_file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return "", fmt.Errorf("write_file: %w", err)
+	}
+	return fmt.Sprintf("wrote %d bytes to %s", len(a.Content), a.Path), nil
+}
