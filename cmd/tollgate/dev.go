@@ -1,0 +1,99 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/policy"
+)
+
+// cmdDev runs an embedded nats-server with JetStream (file storage under
+// --data) and all four stages in this process, until SIGINT/SIGTERM.
+func cmdDev(args []string) int {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	data := fs.String("data", stagecmd.Env("TOLLGATE_DATA", "./.tollgate"), "data directory: JetStream store and tool sandbox (env TOLLGATE_DATA)")
+	listen := fs.String("listen", stagecmd.Env("TOLLGATE_LISTEN", "127.0.0.1:4222"), "loopback address for the embedded nats-server (env TOLLGATE_LISTEN)")
+	syncAlways := fs.Bool("sync-always", false, "fsync every JetStream write (sync_interval: always); see docs/operations.md")
+	var c stagecmd.Common
+	c.Register(fs, "127.0.0.1:9460")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := stagecmd.Logger(c.LogLevel)
+	host, portStr, err := net.SplitHostPort(*listen)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tollgate dev: --listen %q: %v\n", *listen, err)
+		return 2
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tollgate dev: --listen port %q: %v\n", portStr, err)
+		return 2
+	}
+	sandbox := c.SandboxDir
+	if !flagSet(fs, "sandbox") && os.Getenv("TOLLGATE_SANDBOX") == "" {
+		sandbox = filepath.Join(*data, "sandbox")
+	}
+	pol, err := policy.Load(c.PolicyPath)
+	if err != nil {
+		log.Error("policy", "err", err)
+		return 1
+	}
+
+	ns, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(*data, "jetstream"), Host: host, Port: port, SyncAlways: *syncAlways})
+	if err != nil {
+		log.Error("embedded nats-server", "err", err)
+		return 1
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	log.Info("embedded nats-server ready", "url", ns.ClientURL(), "store", filepath.Join(*data, "jetstream"), "sync_always", *syncAlways)
+
+	ctx, cancel := stagecmd.SignalContext()
+	defer cancel()
+	nc, js, err := stagecmd.Connect(ns.ClientURL(), "", "tollgate-dev", log)
+	if err != nil {
+		log.Error("connect", "err", err)
+		return 1
+	}
+	defer nc.Drain()
+	reg := stagecmd.NewRegistry()
+	if err := stagecmd.ServeMetrics(ctx, c.MetricsAddr, reg, log); err != nil {
+		log.Error("metrics", "err", err)
+		return 1
+	}
+	topo := topology.DefaultConfig()
+	topo.Replicas = c.Replicas
+	runs, err := stagecmd.Build(ctx, stagecmd.Deps{
+		JS: js, Policy: pol, SandboxDir: sandbox, Logger: log, Registry: reg,
+		Instance: stagecmd.Instance(), Topology: topo,
+	}, stagecmd.AllStages...)
+	if err != nil {
+		log.Error("build stages", "err", err)
+		return 1
+	}
+	log.Info("tollgate dev running: all four stages", "nats", ns.ClientURL(), "sandbox", sandbox, "policy", pol.Version())
+	fmt.Fprintf(os.Stderr, "\nTollgate is running. In another terminal:\n  tollgate send --session demo --sender alice --call 'write_file={\"path\":\"hello.txt\",\"content\":\"hi\"}'\n  tollgate pending\n\n")
+	if err := stagecmd.RunAll(ctx, runs); err != nil {
+		log.Error("stage failed", "err", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			set = true
+		}
+	})
+	return set
+}
