@@ -151,6 +151,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 
+	// quit abandons messages still queued in shards (they are not acked, so
+	// the server redelivers them); it is used only when a drain times out.
+	quit := make(chan struct{})
 	shards := make([]chan jetstream.Msg, c.Concurrency)
 	var wg sync.WaitGroup
 	for i := range shards {
@@ -158,14 +161,25 @@ func (r *Runner) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func(in <-chan jetstream.Msg) {
 			defer wg.Done()
-			for m := range in {
-				r.handle(work, m)
+			for {
+				select {
+				case m, ok := <-in:
+					if !ok {
+						return
+					}
+					r.handle(work, m)
+				case <-quit:
+					return
+				}
 			}
 		}(shards[i])
 	}
 
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		shards[shardOf(c.ShardKey(m), len(shards))] <- m
+		select {
+		case shards[shardOf(c.ShardKey(m), len(shards))] <- m:
+		case <-quit:
+		}
 	},
 		jetstream.PullMaxMessages(256),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -189,11 +203,17 @@ func (r *Runner) Run(ctx context.Context) error {
 	cc.Drain()
 	select {
 	case <-cc.Closed():
+		// The callback will not run again: let the shards finish what
+		// they hold, then stop.
+		for _, s := range shards {
+			close(s)
+		}
 	case <-time.After(c.Consumer.AckWait):
+		// The drain is stuck: stop pulling and abandon queued messages
+		// to redelivery. Shards are not closed, since the callback may
+		// still be sending.
 		cc.Stop()
-	}
-	for _, s := range shards {
-		close(s)
+		close(quit)
 	}
 	wg.Wait()
 	c.Logger.Info("stage drained", "stage", c.Stage)
