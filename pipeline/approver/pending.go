@@ -75,4 +75,3 @@ func (p *PendingTracker) apply(e jetstream.KeyValueEntry) {
 	}
 	p.gauge.Set(float64(len(p.pending)))
 }
-
