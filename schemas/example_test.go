@@ -250,13 +250,13 @@ func exampleSession() *schemas.SessionRecord {
 }
 
 func exampleClaim() *schemas.ExecutionClaim {
-	r := exampleResult(0)
+	r := exampleResult(1)
 	return &schemas.ExecutionClaim{
 		V:          1,
-		CallID:     schemas.CallID(exTurnID, 0),
+		CallID:     schemas.CallID(exTurnID, 1),
 		TurnID:     exTurnID,
-		Tool:       "email.send",
-		ArgsDigest: exDigest,
+		Tool:       "files.read",
+		ArgsDigest: exDigest2,
 		Worker:     "executor-2b1e",
 		ClaimedAt:  t1,
 		Result:     &r,
@@ -318,10 +318,19 @@ var timeType = reflect.TypeOf(time.Time{})
 
 func utcValue(v reflect.Value) {
 	switch v.Kind() {
-	case reflect.Pointer, reflect.Interface:
+	case reflect.Pointer:
 		if !v.IsNil() {
 			utcValue(v.Elem())
 		}
+	case reflect.Interface:
+		if v.IsNil() {
+			return
+		}
+		if tm, ok := v.Interface().(time.Time); ok && v.CanSet() {
+			v.Set(reflect.ValueOf(tm.UTC()))
+			return
+		}
+		utcValue(v.Elem())
 	case reflect.Struct:
 		if v.Type() == timeType {
 			if v.CanSet() {
@@ -337,6 +346,13 @@ func utcValue(v reflect.Value) {
 	case reflect.Slice, reflect.Array:
 		for i := 0; i < v.Len(); i++ {
 			utcValue(v.Index(i))
+		}
+	case reflect.Map:
+		for _, k := range v.MapKeys() {
+			e := reflect.New(v.Type().Elem()).Elem()
+			e.Set(v.MapIndex(k))
+			utcValue(e)
+			v.SetMapIndex(k, e)
 		}
 	}
 }

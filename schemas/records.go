@@ -50,8 +50,3 @@ func (c *ExecutionClaim) stampVersion()          { c.V = ClaimVersion }
 func (n *TurnNotice) schemaVersion() uint16  { return n.V }
 func (n *TurnNotice) currentVersion() uint16 { return NoticeVersion }
 func (n *TurnNotice) stampVersion()          { n.V = NoticeVersion }
-
-// stampContext stamps a context that has no version yet (one being built for
-// the first time). A context that already carries a version, current or not,
-// is written as it is: re-encoding a record whose context came from storage
-// with an unknown version must not relabel that context as current.

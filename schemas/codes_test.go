@@ -1,0 +1,87 @@
+package schemas_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+func TestErrorMatchesByCode(t *testing.T) {
+	err := schemas.Errorf(schemas.CodeOptionNotOffered, "option %q was not offered", "maybe")
+	wrapped := fmt.Errorf("approver: apply decision d-1: %w", fmt.Errorf("load a-1: %w", err))
+
+	cases := []struct {
+		name   string
+		err    error
+		target error
+		want   bool
+	}{
+		{"same code", err, &schemas.Error{Code: schemas.CodeOptionNotOffered}, true},
+		{"same code through two wraps", wrapped, &schemas.Error{Code: schemas.CodeOptionNotOffered}, true},
+		{"same code, different reason", err, schemas.Errorf(schemas.CodeOptionNotOffered, "other"), true},
+		{"different code", err, &schemas.Error{Code: schemas.CodeApprovalExpired}, false},
+		{"different code through wraps", wrapped, &schemas.Error{Code: schemas.CodeMalformed}, false},
+		{"plain error target", err, errors.New(string(schemas.CodeOptionNotOffered)), false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := errors.Is(tc.err, tc.target); got != tc.want {
+				t.Errorf("errors.Is(%v, %v) = %v, want %v", tc.err, tc.target, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCodeOf(t *testing.T) {
+	inner := schemas.Errorf(schemas.CodeTurnContextInvalid, "bad")
+	cases := []struct {
+		name string
+		err  error
+		want schemas.Code
+	}{
+		{"nil", nil, ""},
+		{"plain error", errors.New("connection refused"), ""},
+		{"a code", schemas.Errorf(schemas.CodeMalformed, "x"), schemas.CodeMalformed},
+		{"wrapped once", fmt.Errorf("stage: %w", inner), schemas.CodeTurnContextInvalid},
+		{"wrapped twice", fmt.Errorf("a: %w", fmt.Errorf("b: %w", inner)), schemas.CodeTurnContextInvalid},
+		{"joined with a plain error", errors.Join(io.EOF, inner), schemas.CodeTurnContextInvalid},
+		{"the outermost code wins", &schemas.Error{Code: schemas.CodeTurnContextInvalid, Err: schemas.Errorf(schemas.CodeInvalidInput, "x")}, schemas.CodeTurnContextInvalid},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := schemas.CodeOf(tc.err); got != tc.want {
+				t.Errorf("CodeOf(%v) = %q, want %q", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestErrorfKeepsTheCause(t *testing.T) {
+	err := schemas.Errorf(schemas.CodeToolFailed, "tool email.send: %w", io.ErrUnexpectedEOF)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("%%w cause lost: %v", err)
+	}
+	if got, want := err.Error(), "TOOL_FAILED: tool email.send: unexpected EOF"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	if got := (&schemas.Error{Code: schemas.CodeHandlerPanic}).Error(); got != "HANDLER_PANIC" {
+		t.Errorf("Error() without a reason = %q", got)
+	}
+	if errors.Unwrap(schemas.Errorf(schemas.CodeToolFailed, "no cause")) != nil {
+		t.Errorf("an error without %%w has a cause")
+	}
+}
+
+func TestDecodeErrorsAreSchemaErrors(t *testing.T) {
+	_, err := schemas.Decode[schemas.Decision]([]byte{0xc1})
+	var se *schemas.Error
+	if !errors.As(err, &se) || se.Code != schemas.CodeMalformed {
+		t.Fatalf("Decode error %v is not a *schemas.Error with MALFORMED_PAYLOAD", err)
+	}
+	if se.Reason == "" {
+		t.Errorf("MALFORMED_PAYLOAD without a reason")
+	}
+}

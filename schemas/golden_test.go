@@ -1,0 +1,526 @@
+package schemas_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the examples")
+
+func goldenPath(name string) string { return filepath.Join("testdata", name) }
+
+func readGolden(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(goldenPath(name))
+	if err != nil {
+		t.Fatalf("read golden file (generate with go test ./schemas -run TestGolden -update): %v", err)
+	}
+	return b
+}
+
+// TestGolden pins the wire format: each example encodes to exactly the bytes
+// of its golden file, and each golden file decodes to exactly its example.
+// A failure here means the encoding of a persisted or published record
+// changed; if that is intended, bump the record's version.
+func TestGolden(t *testing.T) {
+	for _, rt := range recordTypes {
+		t.Run(rt.golden, func(t *testing.T) {
+			got, err := schemas.Encode(rt.example())
+			if err != nil {
+				t.Fatalf("encode example: %v", err)
+			}
+			// The readable sibling shows the wire keys, as docs/protocol.md does.
+			pretty, err := json.MarshalIndent(utc(toMap(t, got)), "", "  ")
+			if err != nil {
+				t.Fatalf("json: %v", err)
+			}
+			pretty = append(pretty, '\n')
+			jsonName := strings.TrimSuffix(rt.golden, ".msgpack") + ".json"
+			if *update {
+				if err := os.MkdirAll("testdata", 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(goldenPath(rt.golden), got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(goldenPath(jsonName), pretty, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			want := readGolden(t, rt.golden)
+			if !bytes.Equal(got, want) {
+				t.Errorf("encoding differs from testdata/%s\n got %x\nwant %x", rt.golden, got, want)
+			}
+
+			fromGolden, err := rt.decode(want)
+			if err != nil {
+				t.Fatalf("decode golden: %v", err)
+			}
+			if ex := rt.example(); !reflect.DeepEqual(utc(fromGolden), utc(ex)) {
+				t.Errorf("golden decodes to\n%#v\nwant\n%#v", fromGolden, ex)
+			}
+
+			generic := toMap(t, want)
+			if v := reflect.ValueOf(generic["v"]); !v.CanInt() && !v.CanUint() || fmt.Sprint(v) != strconv.Itoa(rt.version) {
+				t.Errorf(`golden "v" = %v, want %d (the version in its file name)`, generic["v"], rt.version)
+			}
+			assertAllKeys(t, "", reflect.TypeOf(rt.example()), generic)
+
+			readable, err := os.ReadFile(goldenPath(jsonName))
+			if err != nil {
+				t.Fatalf("read readable sibling: %v", err)
+			}
+			if !bytes.Equal(readable, pretty) {
+				t.Errorf("testdata/%s is out of date; regenerate with -update", jsonName)
+			}
+		})
+	}
+}
+
+// assertAllKeys fails unless every msgpack field of typ (recursively) is
+// present in the generic decoding v: the examples must stay fully populated
+// so that every key is pinned by a golden file.
+func assertAllKeys(t *testing.T, path string, typ reflect.Type, v any) {
+	t.Helper()
+	for typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	switch typ.Kind() {
+	case reflect.Struct:
+		if typ == reflect.TypeOf(time.Time{}) {
+			if _, ok := v.(time.Time); !ok {
+				t.Errorf("%s: %T, want a msgpack timestamp", path, v)
+			}
+			return
+		}
+		m, ok := v.(map[string]any)
+		if !ok {
+			t.Errorf("%s: %T, want a map", path, v)
+			return
+		}
+		for i := 0; i < typ.NumField(); i++ {
+			f := typ.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("msgpack"), ",")
+			fv, ok := m[name]
+			if !ok || fv == nil {
+				t.Errorf("%s.%s: missing from the golden file; populate it in the example", path, name)
+				continue
+			}
+			assertAllKeys(t, path+"."+name, f.Type, fv)
+		}
+	case reflect.Slice:
+		s, ok := v.([]any)
+		if !ok || len(s) == 0 {
+			t.Errorf("%s: %T, want a non-empty array", path, v)
+			return
+		}
+		// A key counts as pinned if any element carries it.
+		merged := map[string]any{}
+		for i, e := range s {
+			em, ok := e.(map[string]any)
+			if !ok {
+				assertAllKeys(t, path+"["+strconv.Itoa(i)+"]", typ.Elem(), e)
+				continue
+			}
+			for k, x := range em {
+				if merged[k] == nil {
+					merged[k] = x
+				}
+			}
+		}
+		if len(merged) > 0 {
+			assertAllKeys(t, path+"[]", typ.Elem(), merged)
+		}
+	}
+}
+
+// toMap decodes b generically.
+func toMap(t testing.TB, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := msgpack.Unmarshal(b, &m); err != nil {
+		t.Fatalf("decode as map: %v", err)
+	}
+	return m
+}
+
+func fromMap(t testing.TB, m any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		t.Fatalf("encode map: %v", err)
+	}
+	return b
+}
+
+func wantCode(t *testing.T, err error, want schemas.Code) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("got no error, want %s", want)
+	}
+	if got := schemas.CodeOf(err); got != want {
+		t.Fatalf("got code %q (%v), want %s", got, err, want)
+	}
+}
+
+func TestDecodeRejectsUnknownVersions(t *testing.T) {
+	for _, rt := range recordTypes {
+		other := 2 // the version after the current one
+		if rt.version == 2 {
+			other = 3
+		}
+		cases := []struct {
+			name string
+			v    any // nil: key absent
+		}{
+			{"missing version", nil},
+			{"version zero", 0},
+			{"next version", other},
+			{"version 99", 99},
+			{"largest version", 65535},
+		}
+		if rt.version == 2 {
+			cases = append(cases, struct {
+				name string
+				v    any
+			}{"version 1, reserved for the legacy shape", 1})
+		}
+		for _, tc := range cases {
+			t.Run(rt.golden+"/"+tc.name, func(t *testing.T) {
+				m := toMap(t, readGolden(t, rt.golden))
+				if tc.v == nil {
+					delete(m, "v")
+				} else {
+					m["v"] = tc.v
+				}
+				rec, err := rt.decode(fromMap(t, m))
+				wantCode(t, err, schemas.CodeSchemaVersionUnsupported)
+				if rec != nil {
+					t.Errorf("got a record %#v with the error", rec)
+				}
+			})
+		}
+	}
+}
+
+// A legacy (v1) approval record has no persisted TurnContext. It must be
+// rejected as an unsupported version, never read as a v2 record without
+// authority.
+func TestDecodeLegacyApprovalRecord(t *testing.T) {
+	m := toMap(t, readGolden(t, "approval_record.v2.msgpack"))
+	m["v"] = 1
+	delete(m, "context")
+	_, err := schemas.Decode[schemas.ApprovalRecord](fromMap(t, m))
+	wantCode(t, err, schemas.CodeSchemaVersionUnsupported)
+}
+
+func TestDecodeRejectsMalformedPayloads(t *testing.T) {
+	arrayOf := func(t *testing.T, golden string) []byte {
+		m := toMap(t, readGolden(t, golden))
+		return fromMap(t, []any{m["v"], m["turn_id"]})
+	}
+	for _, rt := range recordTypes {
+		golden := readGolden(t, rt.golden)
+		cases := []struct {
+			name string
+			b    []byte
+		}{
+			{"empty payload", []byte{}},
+			{"nil payload", nil},
+			{"first byte only", golden[:1]},
+			{"first half", golden[:len(golden)/2]},
+			{"all but the last byte", golden[:len(golden)-1]},
+			{"one trailing byte", append(bytes.Clone(golden), 0x00)},
+			{"two records back to back", append(bytes.Clone(golden), golden...)},
+			{"msgpack nil", []byte{0xc0}},
+			{"msgpack integer", []byte{0x2a}},
+			{"msgpack string", fromMap(t, "hello")},
+			{"msgpack array instead of a map", arrayOf(t, rt.golden)},
+			{"JSON text", []byte(`{"v":1,"turn_id":"t-1"}`)},
+			{"never-used code 0xc1", []byte{0x81, 0xa1, 'v', 0xc1}},
+			{"garbage bytes", []byte("\x8f\xde\xad\xbe\xef\x00\xff\x13\x37")},
+			{"map claiming more entries than it has", []byte{0x8f, 0xa1, 'v', 0x01}},
+		}
+		for _, tc := range cases {
+			t.Run(rt.golden+"/"+tc.name, func(t *testing.T) {
+				rec, err := rt.decode(tc.b)
+				wantCode(t, err, schemas.CodeMalformed)
+				if rec != nil {
+					t.Errorf("got a record %#v with the error", rec)
+				}
+			})
+		}
+	}
+}
+
+func TestDecodeRejectsWrongFieldTypes(t *testing.T) {
+	cases := []struct {
+		name   string
+		golden string
+		path   []string // map keys down to the field
+		value  any
+	}{
+		{"inbound transport is a number", "inbound_message.v1.msgpack", []string{"transport"}, 42},
+		{"inbound calls is a string", "inbound_message.v1.msgpack", []string{"calls"}, "email.send"},
+		{"inbound sender is a string", "inbound_message.v1.msgpack", []string{"sender"}, "U02ABCDEF"},
+		{"inbound sent_at is a bool", "inbound_message.v1.msgpack", []string{"sent_at"}, true},
+		{"inbound sent_at is not a time", "inbound_message.v1.msgpack", []string{"sent_at"}, "yesterday"},
+		{"inbound version is a string", "inbound_message.v1.msgpack", []string{"v"}, "1"},
+		{"decision option is a list", "decision.v1.msgpack", []string{"option"}, []string{"approve"}},
+		{"decision decider is a number", "decision.v1.msgpack", []string{"decider"}, 7},
+		{"decision verified is a string", "decision.v1.msgpack", []string{"decider", "verified"}, "yes"},
+		{"approval context is a string", "approval_record.v2.msgpack", []string{"context"}, "trust me"},
+		{"approval options is a number", "approval_record.v2.msgpack", []string{"options"}, 2},
+		{"approval requester is a list", "approval_record.v2.msgpack", []string{"context", "requester"}, []int{1}},
+		{"batch results is a map", "batch_record.v1.msgpack", []string{"results"}, map[string]any{"0": "ok"}},
+		{"session queue holds numbers", "session_record.v1.msgpack", []string{"queue"}, []int{1, 2}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := toMap(t, readGolden(t, tc.golden))
+			at := m
+			for _, k := range tc.path[:len(tc.path)-1] {
+				at = at[k].(map[string]any)
+			}
+			at[tc.path[len(tc.path)-1]] = tc.value
+			_, err := decoderFor(t, tc.golden)(fromMap(t, m))
+			wantCode(t, err, schemas.CodeMalformed)
+		})
+	}
+}
+
+func decoderFor(t testing.TB, golden string) func([]byte) (schemas.Record, error) {
+	t.Helper()
+	for _, rt := range recordTypes {
+		if rt.golden == golden {
+			return rt.decode
+		}
+	}
+	t.Fatalf("no record type for %s", golden)
+	return nil
+}
+
+// A length header is a claim, not a fact: a tiny payload claiming millions
+// of elements or bytes must be rejected without the decoder allocating by
+// the claim (it would otherwise take down the worker).
+func TestDecodeRejectsLengthClaimsBeyondThePayload(t *testing.T) {
+	prefix := []byte{0x82, 0xa1, 'v', 0x01, 0xa5, 'c', 'a', 'l', 'l', 's'} // {"v":1,"calls":
+	n := []byte{0x00, 0x40, 0x00, 0x00}                                    // 4 Mi
+	cases := []struct {
+		name string
+		b    []byte
+	}{
+		{"array32 of calls", append(append(bytes.Clone(prefix), 0xdd), n...)},
+		{"array16 of calls", append(bytes.Clone(prefix), 0xdc, 0xff, 0xff)},
+		{"map32 value", append(append(bytes.Clone(prefix), 0xdf), n...)},
+		{"str32 value", append(append(bytes.Clone(prefix), 0xdb), n...)},
+		{"bin32 value", append(append(bytes.Clone(prefix), 0xc6), n...)},
+		{"ext32 value", append(append(bytes.Clone(prefix), 0xc9), append(n, 0x01)...)},
+		{"top-level map32", append([]byte{0xdf}, n...)},
+		{"top-level map16", []byte{0xde, 0xff, 0xff}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := allocated()
+			_, err := schemas.Decode[schemas.InboundMessage](tc.b)
+			grew := allocated() - before
+			wantCode(t, err, schemas.CodeMalformed)
+			if grew > 1<<20 {
+				t.Errorf("decoding %d bytes allocated %d bytes", len(tc.b), grew)
+			}
+		})
+	}
+}
+
+func TestDecodeNestingDepth(t *testing.T) {
+	nested := func(depth int) []byte {
+		// {"v":1, "future": [[[...]]]} with depth arrays; unknown keys are
+		// skipped, so only the depth decides.
+		b := []byte{0x82, 0xa1, 'v', 0x01, 0xa6, 'f', 'u', 't', 'u', 'r', 'e'}
+		for i := 0; i < depth; i++ {
+			b = append(b, 0x91)
+		}
+		return append(b, 0xc0)
+	}
+	t.Run("ten thousand levels are malformed", func(t *testing.T) {
+		_, err := schemas.Decode[schemas.TurnNotice](nested(10000))
+		wantCode(t, err, schemas.CodeMalformed)
+	})
+	t.Run("a few levels under an unknown key are skipped", func(t *testing.T) {
+		_, err := schemas.Decode[schemas.TurnNotice](nested(8))
+		// Structurally fine; the record itself lacks its fields.
+		wantCode(t, err, schemas.CodeInvalidInput)
+	})
+}
+
+func TestDecodeIgnoresUnknownKeys(t *testing.T) {
+	for _, rt := range recordTypes {
+		t.Run(rt.golden, func(t *testing.T) {
+			m := toMap(t, readGolden(t, rt.golden))
+			m["added_in_a_later_minor_release"] = "x"
+			m["zz_future_map"] = map[string]any{"a": []any{1, "two", 3.5, nil}, "b": map[string]any{}}
+			if ctx, ok := m["context"].(map[string]any); ok {
+				ctx["future_context_field"] = true
+			}
+			got, err := rt.decode(fromMap(t, m))
+			if err != nil {
+				t.Fatalf("decode with unknown keys: %v", err)
+			}
+			if ex := rt.example(); !reflect.DeepEqual(utc(got), utc(ex)) {
+				t.Errorf("decoded\n%#v\nwant\n%#v", got, ex)
+			}
+		})
+	}
+}
+
+func TestDecodeSizeLimit(t *testing.T) {
+	// padded returns the golden inbound message with an unknown key padded so
+	// that the encoding is exactly size bytes.
+	padded := func(t *testing.T, size int) []byte {
+		m := toMap(t, readGolden(t, "inbound_message.v1.msgpack"))
+		m["pad"] = ""
+		base := len(fromMap(t, m))                  // the empty pad is a 1-byte fixstr
+		m["pad"] = strings.Repeat("x", size-base-4) // str32 header: 5 bytes
+		b := fromMap(t, m)
+		if len(b) != size {
+			t.Fatalf("padded to %d bytes, want %d", len(b), size)
+		}
+		return b
+	}
+	t.Run("exactly the limit decodes", func(t *testing.T) {
+		got, err := schemas.Decode[schemas.InboundMessage](padded(t, schemas.MaxPayloadBytes))
+		if err != nil {
+			t.Fatalf("decode: %v", err)
+		}
+		if got.MessageID != exMessageID {
+			t.Errorf("message id %q", got.MessageID)
+		}
+	})
+	t.Run("one byte over the limit is too large", func(t *testing.T) {
+		_, err := schemas.Decode[schemas.InboundMessage](padded(t, schemas.MaxPayloadBytes+1))
+		wantCode(t, err, schemas.CodePayloadTooLarge)
+	})
+	t.Run("garbage over the limit is too large, not malformed", func(t *testing.T) {
+		_, err := schemas.Decode[schemas.Decision](make([]byte, schemas.MaxPayloadBytes+1))
+		wantCode(t, err, schemas.CodePayloadTooLarge)
+	})
+}
+
+func TestEncodeStampsOnlyTheRecordsOwnVersion(t *testing.T) {
+	n := exampleNotice()
+	n.V = 0
+	b, err := schemas.Encode(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.V != schemas.NoticeVersion {
+		t.Errorf("version %d was not stamped to %d", n.V, schemas.NoticeVersion)
+	}
+	if !bytes.Equal(b, readGolden(t, "turn_notice.v1.msgpack")) {
+		t.Errorf("a record built without a version does not encode as the golden file")
+	}
+	n.V = 7
+	if _, err := schemas.Encode(n); err != nil {
+		t.Fatal(err)
+	}
+	if n.V != schemas.NoticeVersion {
+		t.Errorf("version 7 was not restamped to %d", schemas.NoticeVersion)
+	}
+
+	// A nested TurnContext is authority, not plumbing: its version is the
+	// one it was built or decoded with, and a missing one stays missing.
+	a := exampleAccepted()
+	a.Context.V = 0
+	b, err = schemas.Encode(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Context.V != 0 {
+		t.Errorf("Encode stamped the nested context to v%d", a.Context.V)
+	}
+	got, err := schemas.Decode[schemas.AcceptedTurn](b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, got.Context.CheckFor(got.TurnID), schemas.CodeSchemaVersionUnsupported)
+}
+
+// A TurnContext read from storage with a version this build does not know
+// must stay unknown when its record is written back (for example by a
+// compare-and-set that only changes the status): re-encoding must not
+// relabel it as current, or a later Check would accept authority it cannot
+// interpret.
+func TestReencodeKeepsUnknownContextVersion(t *testing.T) {
+	for _, golden := range []string{"accepted_turn.v1.msgpack", "approval_record.v2.msgpack", "batch_record.v1.msgpack"} {
+		for _, v := range []int{0, 9} {
+			t.Run(fmt.Sprintf("%s with context v%d", golden, v), func(t *testing.T) {
+				reencodeKeepsContextVersion(t, golden, v)
+			})
+		}
+	}
+}
+
+func reencodeKeepsContextVersion(t *testing.T, golden string, v int) {
+	t.Helper()
+	m := toMap(t, readGolden(t, golden))
+	m["context"].(map[string]any)["v"] = v
+	decode := decoderFor(t, golden)
+	rec, err := decode(fromMap(t, m))
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	again, err := schemas.Encode(rec)
+	if err != nil {
+		t.Fatalf("re-encode: %v", err)
+	}
+	rec2, err := decode(again)
+	if err != nil {
+		t.Fatalf("decode again: %v", err)
+	}
+	ctx := reflect.ValueOf(rec2).Elem().FieldByName("Context").Interface().(*schemas.TurnContext)
+	if int(ctx.V) != v {
+		t.Errorf("context version became %d after a round trip, want %d", ctx.V, v)
+	}
+	wantCode(t, ctx.Check(), schemas.CodeSchemaVersionUnsupported)
+}
+
+func TestZeroTimeRoundTrips(t *testing.T) {
+	a := exampleApproval()
+	a.ExpiresAt = time.Time{} // never expires
+	b, err := schemas.Encode(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := schemas.Decode[schemas.ApprovalRecord](b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.ExpiresAt.IsZero() {
+		t.Errorf("zero expiry decoded as %v", got.ExpiresAt)
+	}
+	if !got.RequestedAt.Equal(t1) {
+		t.Errorf("requested_at %v, want %v", got.RequestedAt, t1)
+	}
+}
+
+// allocated is the process's cumulative heap allocation in bytes.
+func allocated() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.TotalAlloc
+}

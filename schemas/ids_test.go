@@ -1,0 +1,145 @@
+package schemas_test
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+func TestTurnID(t *testing.T) {
+	id := schemas.TurnID("slack", "1710408413.000100")
+	if !regexp.MustCompile(`^t-[0-9a-f]{20}$`).MatchString(id) {
+		t.Fatalf("TurnID = %q, want t- and 20 hex characters", id)
+	}
+	if again := schemas.TurnID("slack", "1710408413.000100"); again != id {
+		t.Errorf("TurnID is not deterministic: %s then %s", id, again)
+	}
+
+	pairs := [][2]string{
+		{"slack", "1710408413.000100"},
+		{"slack", "1710408413.000101"},
+		{"discord", "1710408413.000100"},
+		{"a", "bc"},
+		{"ab", "c"},
+		{"abc", ""},
+		{"", "abc"},
+		{"slack", ""},
+		{"slack", " 1710408413.000100"},
+	}
+	seen := map[string][2]string{}
+	for _, p := range pairs {
+		id := schemas.TurnID(p[0], p[1])
+		if prev, ok := seen[id]; ok {
+			t.Errorf("TurnID%q == TurnID%q == %s", p, prev, id)
+		}
+		seen[id] = p
+	}
+}
+
+func TestCallAndApprovalIDs(t *testing.T) {
+	turn := schemas.TurnID("slack", "m1")
+	for _, i := range []int{0, 1, 9, 10, 31, 12345} {
+		call := schemas.CallID(turn, i)
+		approval := schemas.ApprovalID(turn, i)
+		if !strings.HasPrefix(call, turn+"-") {
+			t.Errorf("CallID(%s, %d) = %s", turn, i, call)
+		}
+		if !strings.HasPrefix(approval, "a-") || approval == call {
+			t.Errorf("ApprovalID(%s, %d) = %s", turn, i, approval)
+		}
+		if got := schemas.TurnIDOfApproval(approval); got != turn {
+			t.Errorf("TurnIDOfApproval(%s) = %q, want %s", approval, got, turn)
+		}
+	}
+	if schemas.ApprovalID(turn, 1) == schemas.ApprovalID(turn, 11) || schemas.CallID(turn, 1) == schemas.CallID(turn, 11) {
+		t.Errorf("ids of calls 1 and 11 collide")
+	}
+	other := schemas.TurnID("slack", "m2")
+	if schemas.ApprovalID(turn, 0) == schemas.ApprovalID(other, 0) {
+		t.Errorf("approvals of different turns collide")
+	}
+}
+
+func TestTurnIDOfApprovalRejectsOtherShapes(t *testing.T) {
+	for _, id := range []string{
+		"",
+		"a-",
+		"a--1",
+		"a-abc",
+		"t-7d207e1f030d85151eb8-0",
+		"b-7d207e1f030d85151eb8-0",
+		"7d207e1f030d85151eb8-0",
+	} {
+		if got := schemas.TurnIDOfApproval(id); got != "" {
+			t.Errorf("TurnIDOfApproval(%q) = %q, want empty", id, got)
+		}
+	}
+}
+
+func TestSessionKey(t *testing.T) {
+	a := schemas.SessionKey("T024BE7LD/C0123ABC/1710408400.000050")
+	if !regexp.MustCompile(`^s-[0-9a-f]{32}$`).MatchString(a) {
+		t.Fatalf("SessionKey = %q, want s- and 32 hex characters", a)
+	}
+	if a != schemas.SessionKey("T024BE7LD/C0123ABC/1710408400.000050") {
+		t.Errorf("SessionKey is not deterministic")
+	}
+	if a == schemas.SessionKey("T024BE7LD/C0123ABC/1710408400.000051") {
+		t.Errorf("different sessions share a key")
+	}
+	if schemas.SessionKey("x") == schemas.TurnID("x", "") {
+		t.Errorf("session key and turn id share a hash domain")
+	}
+}
+
+func TestPrincipal(t *testing.T) {
+	if got := schemas.Principal("slack", "U02ABCDEF"); got != "slack:U02ABCDEF" {
+		t.Errorf("Principal = %q", got)
+	}
+	if schemas.Principal("slack", "U1") == schemas.Principal("discord", "U1") {
+		t.Errorf("the same sender id on two transports is one principal")
+	}
+}
+
+func TestGeneratedIDsAreValidKeys(t *testing.T) {
+	sessions := []string{"plain", "T0/C1 thread:42 ü ☃", "a.b.*.>", strings.Repeat("x", 4096), ""}
+	turn := schemas.TurnID("slack", "1710408413.000100")
+	ids := []string{turn, schemas.CallID(turn, 0), schemas.CallID(turn, 31), schemas.ApprovalID(turn, 0), schemas.ApprovalID(turn, 31)}
+	for _, s := range sessions {
+		ids = append(ids, schemas.SessionKey(s), schemas.TurnID("web", s))
+	}
+	for _, id := range ids {
+		if !schemas.ValidKey(id) {
+			t.Errorf("ValidKey(%q) = false for a generated id", id)
+		}
+	}
+}
+
+func TestValidKey(t *testing.T) {
+	cases := []struct {
+		key  string
+		want bool
+	}{
+		{"a", true},
+		{"Az09-_", true},
+		{strings.Repeat("k", schemas.MaxIDBytes), true},
+		{"", false},
+		{strings.Repeat("k", schemas.MaxIDBytes+1), false},
+		{"a.b", false}, // a subject separator
+		{"a*", false},
+		{"a>", false},
+		{"a b", false},
+		{"slack:U1", false},
+		{"a/b", false},
+		{"a=b", false},
+		{"ü", false},
+		{"a\x00", false},
+	}
+	for _, tc := range cases {
+		if got := schemas.ValidKey(tc.key); got != tc.want {
+			t.Errorf("ValidKey(%q) = %v, want %v", tc.key, got, tc.want)
+		}
+	}
+}
