@@ -16,8 +16,8 @@ const MaxPayloadBytes = 1 << 20
 
 // Record is implemented by every versioned wire and storage type.
 type Record interface {
-	schemaVersion() uint16
-	currentVersion() uint16
+	schemaVersion() Version
+	currentVersion() Version
 	stampVersion()
 	validate() error
 }
@@ -73,7 +73,7 @@ func Decode[T any, P Ptr[T]](b []byte) (*T, error) {
 		return nil, &Error{Code: CodeMalformed, Reason: fmt.Sprintf("decode %T: %v", (*T)(nil), err), Err: err}
 	}
 	v := new(T)
-	if err := msgpack.Unmarshal(b, v); err != nil {
+	if err := unmarshal(b, v); err != nil {
 		return nil, &Error{Code: CodeMalformed, Reason: fmt.Sprintf("decode %T: %v", v, err), Err: err}
 	}
 	p := P(v)
@@ -211,4 +211,16 @@ func checkShape(b []byte) error {
 		return fmt.Errorf("%d trailing bytes after the record", len(b)-i)
 	}
 	return nil
+}
+
+// unmarshal is msgpack.Unmarshal that turns a decoder panic into an error:
+// msgpack v5 panics on some type mismatches (a nil where a timestamp is
+// expected), and a payload must never crash a worker.
+func unmarshal(b []byte, v any) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("decoder panic: %v", p)
+		}
+	}()
+	return msgpack.Unmarshal(b, v)
 }

@@ -1,6 +1,12 @@
 package schemas
 
-import "time"
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
 
 // Current schema versions. A decoder accepts exactly these; see Decode.
 const (
@@ -74,7 +80,7 @@ type ProposedCall struct {
 // (Transport, MessageID) identifies it; a redelivered or re-sent message with
 // the same pair is the same turn.
 type InboundMessage struct {
-	V         uint16         `msgpack:"v"`
+	V         Version        `msgpack:"v"`
 	Transport string         `msgpack:"transport"`
 	MessageID string         `msgpack:"message_id"`
 	SessionID string         `msgpack:"session_id"`
@@ -108,7 +114,7 @@ type Provenance struct {
 // stage reads it only from what was persisted with the turn, batch or
 // approval record.
 type TurnContext struct {
-	V             uint16     `msgpack:"v"`
+	V             Version    `msgpack:"v"`
 	SessionID     string     `msgpack:"session_id"`
 	TurnID        string     `msgpack:"turn_id"`
 	Requester     Requester  `msgpack:"requester"`
@@ -133,7 +139,7 @@ type ToolCall struct {
 
 // AcceptedTurn is what ingest publishes on tollgate.turn.accepted.
 type AcceptedTurn struct {
-	V          uint16       `msgpack:"v"`
+	V          Version      `msgpack:"v"`
 	TurnID     string       `msgpack:"turn_id"`
 	Context    *TurnContext `msgpack:"context"`
 	Text       string       `msgpack:"text"`
@@ -152,7 +158,7 @@ const (
 // that delivered it; authority to decide is checked against the approval's
 // persisted TurnContext and policy, never taken from the decision.
 type Decision struct {
-	V          uint16    `msgpack:"v"`
+	V          Version   `msgpack:"v"`
 	DecisionID string    `msgpack:"decision_id"`
 	ApprovalID string    `msgpack:"approval_id"`
 	Transport  string    `msgpack:"transport"`
@@ -199,7 +205,7 @@ type DecisionInfo struct {
 // TurnContext and the exact call it approves. The same encoding is the
 // payload of tollgate.event.approval.requested.
 type ApprovalRecord struct {
-	V             uint16         `msgpack:"v"`
+	V             Version        `msgpack:"v"`
 	ApprovalID    string         `msgpack:"approval_id"`
 	TurnID        string         `msgpack:"turn_id"`
 	SessionID     string         `msgpack:"session_id"`
@@ -229,7 +235,7 @@ func (a *ApprovalRecord) Offers(option string) bool {
 // DecidedEvent is published on tollgate.event.approval.decided when an
 // approval leaves pending.
 type DecidedEvent struct {
-	V          uint16         `msgpack:"v"`
+	V          Version        `msgpack:"v"`
 	ApprovalID string         `msgpack:"approval_id"`
 	TurnID     string         `msgpack:"turn_id"`
 	SessionID  string         `msgpack:"session_id"`
@@ -241,7 +247,7 @@ type DecidedEvent struct {
 // DecisionRejected is published on tollgate.event.decision.rejected so the
 // transport that sent a decision can tell its sender why it did not apply.
 type DecisionRejected struct {
-	V          uint16    `msgpack:"v"`
+	V          Version   `msgpack:"v"`
 	DecisionID string    `msgpack:"decision_id"`
 	ApprovalID string    `msgpack:"approval_id"`
 	Principal  string    `msgpack:"principal"`
@@ -262,7 +268,7 @@ const (
 // RedriveOutcome is published on tollgate.event.redrive.<kind> for every
 // redrive attempt.
 type RedriveOutcome struct {
-	V       uint16      `msgpack:"v"`
+	V       Version     `msgpack:"v"`
 	TurnID  string      `msgpack:"turn_id"`
 	Kind    RedriveKind `msgpack:"kind"`
 	Code    Code        `msgpack:"code,omitempty"`
@@ -315,7 +321,7 @@ func (s BatchState) Terminal() bool { return s == BatchCompleted || s == BatchFa
 // BatchRecord is a turn's batch, kept in KV bucket tollgate_batches under its
 // turn id. Approvals and Results are indexed by call index.
 type BatchRecord struct {
-	V         uint16        `msgpack:"v"`
+	V         Version       `msgpack:"v"`
 	TurnID    string        `msgpack:"turn_id"`
 	SessionID string        `msgpack:"session_id"`
 	Context   *TurnContext  `msgpack:"context"`
@@ -348,7 +354,7 @@ type ReplyTarget struct {
 // TurnOutcome is published once per turn on tollgate.event.turn.outcome when
 // its batch reaches a terminal state.
 type TurnOutcome struct {
-	V          uint16       `msgpack:"v"`
+	V          Version      `msgpack:"v"`
 	TurnID     string       `msgpack:"turn_id"`
 	SessionID  string       `msgpack:"session_id"`
 	State      TurnState    `msgpack:"state"`
@@ -364,7 +370,7 @@ type TurnOutcome struct {
 // batch holds the session; Queue holds later turns in arrival order. Kept in
 // KV bucket tollgate_sessions under SessionKey(session id).
 type SessionRecord struct {
-	V         uint16    `msgpack:"v"`
+	V         Version   `msgpack:"v"`
 	SessionID string    `msgpack:"session_id"`
 	Active    string    `msgpack:"active"`
 	Queue     []string  `msgpack:"queue"`
@@ -376,7 +382,7 @@ type SessionRecord struct {
 // once the tool returns. A claim without a result older than the claim lease
 // means the tool may have run and its result was lost.
 type ExecutionClaim struct {
-	V          uint16      `msgpack:"v"`
+	V          Version     `msgpack:"v"`
 	CallID     string      `msgpack:"call_id"`
 	TurnID     string      `msgpack:"turn_id"`
 	Tool       string      `msgpack:"tool"`
@@ -402,9 +408,27 @@ const (
 // TurnNotice is a small control message naming a turn. Its payload carries
 // no authority: receivers load the batch record by turn id.
 type TurnNotice struct {
-	V         uint16     `msgpack:"v"`
+	V         Version    `msgpack:"v"`
 	TurnID    string     `msgpack:"turn_id"`
 	SessionID string     `msgpack:"session_id"`
 	Kind      NoticeKind `msgpack:"kind"`
 	At        time.Time  `msgpack:"at"`
+}
+
+// Version is a record's schema version, the "v" field. Decoding rejects a
+// value that does not fit (instead of wrapping it around), so no out-of-range
+// number can alias a supported version.
+type Version uint16
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (v *Version) DecodeMsgpack(dec *msgpack.Decoder) error {
+	n, err := dec.DecodeInt64()
+	if err != nil {
+		return fmt.Errorf("v: %w", err)
+	}
+	if n < 0 || n > math.MaxUint16 {
+		return fmt.Errorf("v: %d is out of range", n)
+	}
+	*v = Version(n)
+	return nil
 }
