@@ -19,7 +19,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"time"
@@ -151,6 +153,9 @@ func Parse(b []byte) (*Policy, error) {
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("parse policy: %w", err)
 	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("parse policy: trailing data after the policy object")
+	}
 	if f.DefaultApproval == "" {
 		f.DefaultApproval = ModeRequired
 	}
@@ -158,6 +163,9 @@ func Parse(b []byte) (*Policy, error) {
 		return nil, fmt.Errorf("parse policy: default_approval %q: want never, required or deny", f.DefaultApproval)
 	}
 	for name, r := range f.Tools {
+		if !validName(name) {
+			return nil, fmt.Errorf("parse policy: tool name %q: only a-z 0-9 _ - . are allowed", name)
+		}
 		if !r.Approval.valid() {
 			return nil, fmt.Errorf("parse policy: tool %s: approval %q: want never, required or deny", name, r.Approval)
 		}
@@ -189,6 +197,21 @@ func Parse(b []byte) (*Policy, error) {
 		v = "sha256:" + hex.EncodeToString(sum[:8])
 	}
 	return &Policy{f: f, version: v}, nil
+}
+
+// validName mirrors the tool-name rule of schemas: [a-z0-9_.-]{1,64}. A
+// policy entry that no call could ever match is a typo, not a rule.
+func validName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // Version identifies the policy: its "version" field, or a digest of the file.

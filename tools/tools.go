@@ -3,9 +3,9 @@
 //
 // A tool runs under the TurnContext of the turn that proposed it; it must
 // not derive authority from anywhere else. Tollgate guarantees a call is
-// started at most once (see pipeline/batch): a tool need not be idempotent,
-// but one that is should say so with Idempotent, so that recovery may retry
-// it when its earlier result was lost.
+// started at most once (see pipeline/batch): a tool need not be idempotent.
+// If a worker dies while a tool runs, the call's result is reported as
+// needs_attention (EXECUTION_UNCERTAIN) and the tool is not run again.
 package tools
 
 import (

@@ -167,7 +167,7 @@ func cmdDecide(option string, args []string) int {
 	if err := c.nc.Flush(); err != nil {
 		return fail("%s: %v", option, err)
 	}
-	if err := bus.Publish(ctx, c.js, topology.DecisionSubject(id), d.DecisionID, d); err != nil {
+	if err := bus.Publish(ctx, c.js, topology.DecisionSubject(*transport, id), d.DecisionID, d); err != nil {
 		return fail("%s: %v", option, err)
 	}
 	if *noWait {

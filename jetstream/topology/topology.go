@@ -32,7 +32,7 @@ const (
 	SubjectInboundPrefix     = "tollgate.inbound."                  // + transport
 	SubjectTurnAccepted      = "tollgate.turn.accepted."            // + session key
 	SubjectTurnReady         = "tollgate.turn.ready."               // + session key
-	SubjectDecisionSubmit    = "tollgate.decision.submit."          // + approval id
+	SubjectDecisionSubmit    = "tollgate.decision.submit."          // + transport + "." + approval id
 	SubjectApprovalRequested = "tollgate.event.approval.requested." // + turn id
 	SubjectApprovalDecided   = "tollgate.event.approval.decided."   // + turn id
 	SubjectDecisionRejected  = "tollgate.event.decision.rejected."  // + approval id (or "invalid")
@@ -51,8 +51,13 @@ func AcceptedSubject(sessionKey string) string { return SubjectTurnAccepted + se
 // ReadySubject is where a queued turn is announced once its session is free.
 func ReadySubject(sessionKey string) string { return SubjectTurnReady + sessionKey }
 
-// DecisionSubject is where a decision on approvalID is submitted.
-func DecisionSubject(approvalID string) string { return SubjectDecisionSubmit + approvalID }
+// DecisionSubject is where a transport submits a decision on approvalID.
+// The transport token is the publisher's identity: NATS permissions can let
+// each transport publish only under its own token, and the approver rejects
+// a decision whose body names another transport.
+func DecisionSubject(transport, approvalID string) string {
+	return SubjectDecisionSubmit + transport + "." + approvalID
+}
 
 // DLQSubject is where stage dead-letters a message.
 func DLQSubject(stage string) string { return SubjectDLQPrefix + stage }

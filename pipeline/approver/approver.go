@@ -3,9 +3,9 @@
 //
 // A decision is applied only if, checked against the approval as persisted
 // (its TurnContext and exact call) and the current policy: the approval
-// exists, the decider is authorized, the argument digest (if the decision
-// carries one) is the one the approval binds, the option was offered, and
-// the approval is still pending and not expired. The change is a
+// exists, the decider is a verified user and authorized, the argument
+// digest (if the decision carries one) is the one the approval binds, the
+// option was offered, and the approval is still pending and not expired. The change is a
 // compare-and-set on the record's KV revision, so of two concurrent
 // decisions exactly one wins. A decision identical in effect to the one
 // already applied is an idempotent success; any other decision on a decided
@@ -115,13 +115,18 @@ func (a *Approver) Run(ctx context.Context) error {
 	return r.Run(ctx)
 }
 
-// Handle processes one decision message. Malformed decisions are returned as
-// coded errors (dead-lettered by the runner) after a rejection is published
-// when the decision is readable enough to address one.
+// Handle processes one decision message. A decision that does not decode,
+// or whose subject (tollgate.decision.submit.<transport>.<approval id>) does
+// not match its body, is returned as a coded error: the runner dead-letters
+// it with its original bytes. Such a message has no trustworthy sender to
+// address a rejection to.
 func (a *Approver) Handle(ctx context.Context, m jetstream.Msg) error {
 	d, err := schemas.Decode[schemas.Decision](m.Data())
 	if err != nil {
 		return err
+	}
+	if want := topology.DecisionSubject(d.Transport, d.ApprovalID); m.Subject() != want {
+		return schemas.Errorf(schemas.CodeInvalidInput, "decision for %s from transport %s arrived on %s, want %s", d.ApprovalID, d.Transport, m.Subject(), want)
 	}
 	return a.Apply(ctx, d)
 }
@@ -195,6 +200,12 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		if err := rec.Context.CheckFor(rec.TurnID); err != nil {
 			return reject(schemas.CodeDeciderNotAuthorized, "approval %s has no usable TurnContext to authorize against: %v", d.ApprovalID, err)
 		}
+		// Authority is a person the transport vouched for: an unverified
+		// sender could be anyone claiming the id, and bots and services
+		// cannot answer a prompt (schemas.SenderKind).
+		if d.Decider.Kind != schemas.SenderUser || !d.Decider.Verified {
+			return reject(schemas.CodeDeciderNotAuthorized, "%s is not a verified user (kind %q, verified %v)", principal, d.Decider.Kind, d.Decider.Verified)
+		}
 		if !a.cfg.Policy.MayDecide(rec.Tool, rec.Context, principal) {
 			return reject(schemas.CodeDeciderNotAuthorized, "%s may not decide approvals of %s's turn", principal, rec.Context.Requester.Principal)
 		}
@@ -210,7 +221,11 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 			case rec.Status == want:
 				return result{decided: rec, label: "idempotent"}, nil
 			case rec.Status == schemas.ApprovalExpired:
-				return reject(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
+				// Re-publish the decided event too: if the expiry was saved
+				// but its event was lost, this is how the batch learns of it.
+				r, _ := reject(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
+				r.decided = rec
+				return r, nil
 			default:
 				return reject(schemas.CodeApprovalAlreadyDecided, "approval %s is already %s", rec.ApprovalID, rec.Status)
 			}

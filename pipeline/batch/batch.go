@@ -83,6 +83,12 @@ func New(cfg Config) (*Engine, error) {
 	return &Engine{cfg: cfg}, nil
 }
 
+// HasTool reports whether a tool called name is registered.
+func (e *Engine) HasTool(name string) bool {
+	_, ok := e.cfg.Tools.Get(name)
+	return ok
+}
+
 // Now is the engine's clock.
 func (e *Engine) Now() time.Time { return e.cfg.Now().UTC() }
 

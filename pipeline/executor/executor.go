@@ -230,6 +230,12 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord) error {
 		}
 		mode := x.cfg.Policy.ModeFor(call.Tool, tc.Audience)
 		x.calls.WithLabelValues(string(mode)).Inc()
+		if mode != policy.ModeDeny && !eng.HasTool(call.Tool) {
+			// Fail now rather than ask someone to approve a call that can
+			// only end in TOOL_NOT_FOUND.
+			results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodeToolNotFound, fmt.Sprintf("no tool named %q", call.Tool), "")
+			continue
+		}
 		switch mode {
 		case policy.ModeDeny:
 			results[i] = eng.Result(call, schemas.ResultDenied, schemas.CodePolicyDenied,
@@ -284,7 +290,9 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord) error {
 }
 
 // requestApproval creates the approval record of call (once) and publishes
-// the approval-requested event with the record as stored.
+// the approval-requested event with the record as stored, unless it is no
+// longer pending (a redelivery after it was decided): a prompt is only ever
+// announced for something that can still be answered.
 func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall) (string, error) {
 	eng := x.cfg.Engine
 	id := schemas.ApprovalID(b.TurnID, call.Index)
@@ -308,6 +316,9 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 		return "", err
 	default:
 		x.requested.Inc()
+	}
+	if rec.Status != schemas.ApprovalPending {
+		return id, nil
 	}
 	subj := topology.EventSubject(topology.SubjectApprovalRequested, b.TurnID)
 	if err := bus.Publish(ctx, x.cfg.JS, subj, "requested:"+id, rec); err != nil {

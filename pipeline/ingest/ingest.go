@@ -8,9 +8,15 @@
 // requester can answer approval prompts, and provenance. The accepted turn
 // is published with the turn id as message id; the turn id is derived from
 // (transport, message id), so a redelivered or re-sent message is the same
-// turn, and every field of its TurnContext is derived from the stored
-// message (its stream timestamp, not the wall clock), so a repeat is
-// byte-identical.
+// turn. The TurnContext's times come from the stored message (its stream
+// timestamp, not the wall clock); only provenance.ingested_by can differ
+// between two ingests of one message, and the executor keeps the first
+// batch it records for a turn.
+//
+// The transport named in the message must be the one in its subject
+// (tollgate.inbound.<transport>), so that a transport permitted to publish
+// only on its own subject cannot borrow another transport's trust rule or
+// principals.
 package ingest
 
 import (
@@ -88,6 +94,11 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	msg, err := schemas.Decode[schemas.InboundMessage](m.Data())
 	if err != nil {
 		return err
+	}
+	// The subject token is the publisher's identity (NATS permissions give
+	// each transport its own subject); the body may not claim another.
+	if want := topology.InboundSubject(msg.Transport); m.Subject() != want {
+		return schemas.Errorf(schemas.CodeInvalidInput, "message claims transport %q but arrived on %s", msg.Transport, m.Subject())
 	}
 	var prov schemas.Provenance
 	if meta, err := m.Metadata(); err == nil {

@@ -151,6 +151,12 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		// notice will trigger us again.
 		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveDeferred, Reason: "batch is " + string(b.State), Trigger: trigger})
 	case schemas.BatchStarted:
+		// Started by an attempt that died before finishing (or is still
+		// running): publish "started" (one message id per turn, so this is
+		// stored once) and carry on; claims keep each call at most once.
+		if err := r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger}); err != nil {
+			return err
+		}
 		return r.run(ctx, b)
 	}
 

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +51,11 @@ const (
 	HeaderOriginalStream  = "Tollgate-Original-Stream"
 	HeaderOriginalSeq     = "Tollgate-Original-Seq"
 	HeaderDeliveries      = "Tollgate-Deliveries"
+	// HeaderTruncated is set, to the original body's size in bytes, when
+	// the original was too large to carry whole with the dead-letter
+	// headers; the body is then its longest prefix that fits. The whole
+	// original stays in its stream at Tollgate-Original-Stream/-Seq.
+	HeaderTruncated = "Tollgate-Truncated"
 )
 
 // Config wires a runner.
@@ -63,7 +69,7 @@ type Config struct {
 	Metrics  *Metrics
 
 	// Optional; zero values get the defaults below.
-	MaxAttempts int                        // deliveries before dead-lettering a transient failure (default 8)
+	MaxAttempts int                        // deliveries before dead-lettering a transient failure (default 50)
 	Concurrency int                        // shard goroutines (default 1)
 	ShardKey    func(jetstream.Msg) string // default: the subject
 	BaseDelay   time.Duration              // first NAK delay (default 250ms), doubled per attempt, capped at MaxDelay
@@ -92,8 +98,12 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) defaults() {
+	// With delays capped at MaxDelay (30s), 50 attempts ride out about 23
+	// minutes of broker or KV trouble, and any execution-claim lease
+	// (default 2m), before a message is given up to the dead-letter stream.
+	// Giving up early would leave a batch half done.
 	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 8
+		c.MaxAttempts = 50
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 1
@@ -310,7 +320,11 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	c := r.cfg
 	hdr := nats.Header{}
 	for k, v := range m.Headers() {
-		if k == jetstream.MsgIDHeader {
+		// Nats-* headers (message id, expected stream or sequence, TTL,
+		// rollup...) are directives for the original publish; the server
+		// would apply them to the dead letter too, and an expectation
+		// about another stream would make it fail on every retry.
+		if strings.HasPrefix(strings.ToLower(k), "nats-") {
 			continue
 		}
 		hdr[k] = v
@@ -324,11 +338,14 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 		hdr.Set(HeaderOriginalStream, meta.Stream)
 		hdr.Set(HeaderOriginalSeq, strconv.FormatUint(meta.Sequence.Stream, 10))
 		hdr.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
-		msgID = fmt.Sprintf("dlq:%s:%d", meta.Stream, meta.Sequence.Stream)
+		// The stage is part of the id: stages consuming the same stream
+		// each dead-letter their own copy.
+		msgID = fmt.Sprintf("dlq:%s:%s:%d", c.Stage, meta.Stream, meta.Sequence.Stream)
 	}
+	body := fitDeadLetter(m.Data(), hdr, msgID, c.JS.Conn().MaxPayload())
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := bus.PublishRaw(pctx, c.JS, topology.DLQSubject(c.Stage), msgID, m.Data(), hdr); err != nil {
+	if err := bus.PublishRaw(pctx, c.JS, topology.DLQSubject(c.Stage), msgID, body, hdr); err != nil {
 		log.Error("dead-letter publish failed; will retry", "code", code, "err", err)
 		_ = m.NakWithDelay(c.BaseDelay)
 		c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
@@ -339,6 +356,37 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	if err := m.TermWithReason(string(code)); err != nil {
 		log.Warn("term failed; a redelivery will be dead-lettered again (deduplicated)", "err", err)
 	}
+}
+
+// fitDeadLetter returns data, or its longest prefix (with HeaderTruncated
+// set in hdr) such that a dead letter with hdr and msgID fits both the
+// connection's max payload and the dead-letter stream's message size limit
+// (schemas.MaxPayloadBytes, as in topology). Without this, a message near the
+// limit could never be dead-lettered and would be retried forever.
+func fitDeadLetter(data []byte, hdr nats.Header, msgID string, maxPayload int64) []byte {
+	limit := int64(schemas.MaxPayloadBytes)
+	if maxPayload > 0 && maxPayload < limit {
+		limit = maxPayload
+	}
+	headerBytes := func() int64 {
+		n := int64(len("NATS/1.0\r\n\r\n"))
+		for k, vs := range hdr {
+			for _, v := range vs {
+				n += int64(len(k) + len(": ") + len(v) + len("\r\n"))
+			}
+		}
+		if msgID != "" {
+			n += int64(len(jetstream.MsgIDHeader) + len(": ") + len(msgID) + len("\r\n"))
+		}
+		return n
+	}
+	if headerBytes()+int64(len(data)) <= limit {
+		return data
+	}
+	hdr.Set(HeaderTruncated, strconv.Itoa(len(data)))
+	const margin = 64 // the encoded header block's own framing may vary slightly
+	keep := max(0, min(limit-headerBytes()-margin, int64(len(data))))
+	return data[:keep]
 }
 
 func truncate(s string, n int) string {
