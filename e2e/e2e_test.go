@@ -1,0 +1,552 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// JetStream names the test inspects directly (see docs/protocol.md).
+const (
+	streamEvents    = "TOLLGATE_EVENTS"
+	streamTurns     = "TOLLGATE_TURNS"
+	streamDLQ       = "TOLLGATE_DLQ"
+	bucketClaims    = "tollgate_claims"
+	consumerExec    = "executor"
+	consumerRedrive = "redriver"
+)
+
+// TestEndToEnd builds the binaries, runs nats-server and the four stages as
+// separate processes, and drives turns through the tollgate CLI.
+func TestEndToEnd(t *testing.T) {
+	start := time.Now()
+	bin := buildBinaries(t)
+	c := newCluster(t, bin)
+	t.Logf("cluster up at %s after %v", c.url, time.Since(start).Round(time.Millisecond))
+
+	t.Run("fast_path", c.testFastPath)
+	t.Run("approve", c.testApprove)
+	t.Run("unauthorized_then_deny", c.testUnauthorizedThenDeny)
+	t.Run("no_interactive_requester", c.testNoInteractiveRequester)
+	t.Run("redriver_killed_while_waiting", c.testRedriverKilled)
+	t.Run("malformed_inbound_dead_lettered", c.testMalformedInbound)
+
+	// No worker crashed along the way (the redriver was restarted on purpose).
+	for _, s := range []string{"ingest", "executor", "approver", "redriver"} {
+		if p := c.stage(s); p.exited() {
+			t.Errorf("stage %s exited during the test: %v", s, p.err)
+		}
+	}
+	t.Logf("total %v", time.Since(start).Round(time.Millisecond))
+}
+
+// send publishes a turn through the CLI and returns its turn id.
+func (c *cluster) send(t *testing.T, session string, calls ...string) string {
+	t.Helper()
+	args := []string{"send", "--session", session, "--sender", "alice", "--text", "e2e " + session}
+	for _, call := range calls {
+		args = append(args, "--call", call)
+	}
+	var out struct {
+		TurnID    string `json:"turn_id"`
+		SessionID string `json:"session_id"`
+	}
+	c.cliJSON(t, 0, &out, args...)
+	if !strings.HasPrefix(out.TurnID, "t-") || out.SessionID != session {
+		t.Fatalf("send: turn %q session %q", out.TurnID, out.SessionID)
+	}
+	return out.TurnID
+}
+
+// batch is the --json shape of `tollgate outcome`.
+type batch struct {
+	TurnID    string    `json:"turn_id"`
+	SessionID string    `json:"session_id"`
+	State     string    `json:"state"`
+	Code      string    `json:"code"`
+	Approvals []string  `json:"approvals"`
+	Results   []*result `json:"results"`
+	Calls     []struct {
+		CallID string `json:"call_id"`
+		Tool   string `json:"tool"`
+	} `json:"calls"`
+	Context struct {
+		TurnID    string `json:"turn_id"`
+		Requester struct {
+			Principal string `json:"principal"`
+		} `json:"requester"`
+	} `json:"context"`
+}
+
+type result struct {
+	CallID     string `json:"call_id"`
+	Tool       string `json:"tool"`
+	Status     string `json:"status"`
+	Output     string `json:"output"`
+	Code       string `json:"code"`
+	Reason     string `json:"reason"`
+	ApprovalID string `json:"approval_id"`
+}
+
+// outcome runs `tollgate outcome TURN --json`, waiting up to wait for a
+// terminal state when wait > 0.
+func (c *cluster) outcome(t *testing.T, turn string, wait time.Duration) batch {
+	t.Helper()
+	args := []string{"outcome", turn}
+	if wait > 0 {
+		args = append(args, "--wait", wait.String())
+	}
+	var b batch
+	r := c.runCLI(t, append(args, "--json")...)
+	if r.code != 0 {
+		t.Fatalf("outcome: want exit status 0\n%s", r)
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &b); err != nil {
+		t.Fatalf("outcome: %v\n%s", err, r)
+	}
+	if b.TurnID != turn {
+		t.Fatalf("outcome: turn %q, want %q\n%s", b.TurnID, turn, r)
+	}
+	return b
+}
+
+// approval is the --json shape of one `tollgate pending` entry.
+type approval struct {
+	ApprovalID string   `json:"approval_id"`
+	TurnID     string   `json:"turn_id"`
+	SessionID  string   `json:"session_id"`
+	CallID     string   `json:"call_id"`
+	Tool       string   `json:"tool"`
+	Args       string   `json:"args"`
+	ArgsDigest string   `json:"args_digest"`
+	Options    []string `json:"options"`
+	Status     string   `json:"status"`
+	Context    struct {
+		TurnID    string `json:"turn_id"`
+		Requester struct {
+			Principal string `json:"principal"`
+		} `json:"requester"`
+	} `json:"context"`
+}
+
+// pendingFor polls `tollgate pending --json` until the turn's approvals
+// appear and returns them.
+func (c *cluster) pendingFor(t *testing.T, session, turn string, n int) []approval {
+	t.Helper()
+	var got []approval
+	waitFor(t, 20*time.Second, fmt.Sprintf("%d pending approval(s) of %s", n, turn), func() (bool, string) {
+		var all []approval
+		c.cliJSON(t, 0, &all, "pending", "--session", session)
+		got = got[:0]
+		for _, a := range all {
+			if a.TurnID == turn {
+				got = append(got, a)
+			}
+		}
+		return len(got) == n, fmt.Sprintf("%d listed for the turn, %d for the session", len(got), len(all))
+	})
+	return got
+}
+
+// decision is the --json output of approve/deny: a decided event or a
+// rejection.
+type decision struct {
+	ApprovalID string `json:"approval_id"`
+	TurnID     string `json:"turn_id"`
+	Status     string `json:"status"`
+	Code       string `json:"code"`
+	Principal  string `json:"principal"`
+	Decision   struct {
+		Principal string `json:"principal"`
+		Option    string `json:"option"`
+	} `json:"decision"`
+}
+
+func (c *cluster) decide(t *testing.T, option, id, as string, wantExit int) decision {
+	t.Helper()
+	var d decision
+	c.cliJSON(t, wantExit, &d, option, id, "--as", as)
+	if d.ApprovalID != id {
+		t.Fatalf("%s %s: answer is about approval %q", option, id, d.ApprovalID)
+	}
+	return d
+}
+
+func checkApproval(t *testing.T, a approval, turn, tool string, args map[string]string) {
+	t.Helper()
+	if a.Tool != tool || a.Status != "pending" || a.Context.TurnID != turn || a.Context.Requester.Principal != "cli:alice" {
+		t.Errorf("approval %s: tool %q status %q context turn %q requester %q; want %s pending %s cli:alice",
+			a.ApprovalID, a.Tool, a.Status, a.Context.TurnID, a.Context.Requester.Principal, tool, turn)
+	}
+	var got map[string]string
+	if err := json.Unmarshal([]byte(a.Args), &got); err != nil || !reflect.DeepEqual(got, args) {
+		t.Errorf("approval %s: args %s (%v), want %v", a.ApprovalID, a.Args, err, args)
+	}
+	if !reflect.DeepEqual(a.Options, []string{"approve", "deny"}) {
+		t.Errorf("approval %s: options %v, want [approve deny]", a.ApprovalID, a.Options)
+	}
+	if !strings.HasPrefix(a.ArgsDigest, "sha256:") || a.ApprovalID == "" || !strings.HasPrefix(a.CallID, turn+"-") {
+		t.Errorf("approval %+v: want an id, a sha256 digest and a call of the turn", a)
+	}
+}
+
+func noFile(t *testing.T, path string) {
+	t.Helper()
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("%s exists (or cannot be checked: %v) but the call was not approved", path, err)
+	}
+}
+
+func fileIs(t *testing.T, path, want string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("side effect: %v", err)
+	}
+	if string(b) != want {
+		t.Fatalf("%s holds %q, want %q", path, b, want)
+	}
+}
+
+func (c *cluster) testFastPath(t *testing.T) {
+	text := "hello " + nonce(t)
+	turn := c.send(t, "e2e-fast", callArg(t, "echo", map[string]string{"text": text}))
+	b := c.outcome(t, turn, 20*time.Second)
+	if b.State != "completed" || len(b.Results) != 1 || b.Results[0] == nil {
+		t.Fatalf("fast path: state %q results %d, want completed with 1 result", b.State, len(b.Results))
+	}
+	if r := b.Results[0]; r.Status != "ok" || r.Output != text || r.Tool != "echo" || r.ApprovalID != "" {
+		t.Fatalf("fast path result %+v: want ok %q from echo without approval", r, text)
+	}
+	if b.Context.Requester.Principal != "cli:alice" || b.Context.TurnID != turn {
+		t.Errorf("fast path: persisted context %+v, want requester cli:alice of %s", b.Context, turn)
+	}
+	if n := c.toolRuns(turn + "-0"); n != 1 {
+		t.Errorf("echo ran %d times, want 1 (counted from the stages' \"tool ran\" log lines)", n)
+	}
+	// The ingest stage serves its per-stage counters.
+	v, found, body := c.metric(t, "ingest", "tollgate_messages_received_total", `stage="ingest"`)
+	if !found || v < 1 {
+		t.Errorf("ingest /metrics: tollgate_messages_received_total{stage=\"ingest\"} = %v (found %v), want >= 1\n%s", v, found, body)
+	}
+}
+
+func (c *cluster) testApprove(t *testing.T) {
+	n := nonce(t)
+	session := "e2e-approve-" + n
+	echoText := "before the approval " + n
+	wargs := map[string]string{"path": "approved/" + n + ".txt", "content": "approved content " + n + "\n"}
+	target := filepath.Join(c.sbox, wargs["path"])
+	turn := c.send(t, session, callArg(t, "echo", map[string]string{"text": echoText}), callArg(t, "write_file", wargs))
+
+	as := c.pendingFor(t, session, turn, 1)
+	a := as[0]
+	checkApproval(t, a, turn, "write_file", wargs)
+	if a.CallID != turn+"-1" {
+		t.Errorf("approval binds call %s, want %s-1", a.CallID, turn)
+	}
+	noFile(t, target)
+	// The allowed call already ran; the batch waits for the approval.
+	b := c.outcome(t, turn, 0)
+	if b.State != "awaiting" || len(b.Results) != 2 || b.Results[0] == nil || b.Results[0].Output != echoText || b.Results[1] != nil {
+		t.Fatalf("before approval: state %q results %+v, want awaiting with only the echo result", b.State, b.Results)
+	}
+	if len(b.Approvals) != 2 || b.Approvals[0] != "" || b.Approvals[1] != a.ApprovalID {
+		t.Errorf("batch approvals %q, want [\"\" %q]", b.Approvals, a.ApprovalID)
+	}
+
+	d := c.decide(t, "approve", a.ApprovalID, "alice", 0)
+	if d.Status != "approved" || d.TurnID != turn || d.Decision.Principal != "cli:alice" || d.Decision.Option != "approve" {
+		t.Fatalf("approve: %+v, want approved by cli:alice for %s", d, turn)
+	}
+	b = c.outcome(t, turn, 20*time.Second)
+	if b.State != "completed" || len(b.Results) != 2 || b.Results[0] == nil || b.Results[1] == nil {
+		t.Fatalf("after approval: state %q results %+v, want completed with 2 results", b.State, b.Results)
+	}
+	if r := b.Results[0]; r.Status != "ok" || r.Output != echoText || r.Tool != "echo" {
+		t.Errorf("echo result %+v", r)
+	}
+	if r := b.Results[1]; r.Status != "ok" || r.Tool != "write_file" || r.ApprovalID != a.ApprovalID || !strings.Contains(r.Output, wargs["path"]) {
+		t.Errorf("write_file result %+v, want ok under approval %s", r, a.ApprovalID)
+	}
+	fileIs(t, target, wargs["content"])
+
+	// A repeated identical decision is an idempotent success; a conflicting
+	// one is rejected. Neither runs the tool again.
+	if d := c.decide(t, "approve", a.ApprovalID, "alice", 0); d.Status != "approved" {
+		t.Errorf("repeated approve: %+v, want approved (idempotent)", d)
+	}
+	if d := c.decide(t, "deny", a.ApprovalID, "alice", 1); d.Code != "APPROVAL_ALREADY_DECIDED" {
+		t.Errorf("deny after approve: %+v, want APPROVAL_ALREADY_DECIDED", d)
+	}
+	c.waitIdle(t, streamEvents, consumerRedrive)
+	if n := c.toolRuns(a.CallID); n != 1 {
+		t.Errorf("write_file of %s ran %d times, want exactly 1", a.CallID, n)
+	}
+	if b2 := c.outcome(t, turn, 0); b2.State != "completed" || b2.Results[1].Status != "ok" {
+		t.Errorf("after the repeated decisions: %+v", b2)
+	}
+	fileIs(t, target, wargs["content"])
+}
+
+func (c *cluster) testUnauthorizedThenDeny(t *testing.T) {
+	n := nonce(t)
+	session := "e2e-deny-" + n
+	wargs := map[string]string{"path": "denied/" + n + ".txt", "content": "must not be written " + n}
+	target := filepath.Join(c.sbox, wargs["path"])
+	turn := c.send(t, session, callArg(t, "write_file", wargs))
+	a := c.pendingFor(t, session, turn, 1)[0]
+	checkApproval(t, a, turn, "write_file", wargs)
+
+	// Someone who is neither the requester nor a policy approver.
+	d := c.decide(t, "approve", a.ApprovalID, "mallory", 1)
+	if d.Code != "DECIDER_NOT_AUTHORIZED" || d.Principal != "cli:mallory" {
+		t.Fatalf("approve as mallory: %+v, want DECIDER_NOT_AUTHORIZED for cli:mallory", d)
+	}
+	still := c.pendingFor(t, session, turn, 1)[0]
+	if still.ApprovalID != a.ApprovalID || still.Status != "pending" {
+		t.Fatalf("after mallory's attempt: %+v, want %s still pending", still, a.ApprovalID)
+	}
+	if b := c.outcome(t, turn, 0); b.State != "awaiting" {
+		t.Fatalf("after mallory's attempt the batch is %q, want awaiting", b.State)
+	}
+	noFile(t, target)
+
+	d = c.decide(t, "deny", a.ApprovalID, "alice", 0)
+	if d.Status != "denied" || d.Decision.Principal != "cli:alice" {
+		t.Fatalf("deny: %+v, want denied by cli:alice", d)
+	}
+	b := c.outcome(t, turn, 20*time.Second)
+	if b.State != "completed" || len(b.Results) != 1 || b.Results[0] == nil {
+		t.Fatalf("denied turn: state %q results %+v, want completed with 1 result", b.State, b.Results)
+	}
+	if r := b.Results[0]; r.Status != "denied" || r.Code != "APPROVAL_DENIED" || r.ApprovalID != a.ApprovalID {
+		t.Fatalf("denied result %+v, want denied APPROVAL_DENIED", r)
+	}
+	c.waitIdle(t, streamEvents, consumerRedrive)
+	noFile(t, target)
+	if n := c.toolRuns(a.CallID); n != 0 {
+		t.Errorf("denied write_file ran %d times", n)
+	}
+}
+
+// A call that needs approval on a turn whose requester cannot answer a
+// prompt (the built-in policy: transport webhook) fails at once, with no
+// prompt.
+func (c *cluster) testNoInteractiveRequester(t *testing.T) {
+	n := nonce(t)
+	session := "e2e-webhook-" + n
+	wargs := map[string]string{"path": "webhook/" + n + ".txt", "content": "nobody can approve this " + n}
+	var out struct {
+		TurnID string `json:"turn_id"`
+	}
+	c.cliJSON(t, 0, &out, "send", "--transport", "webhook", "--session", session, "--sender", "hook", "--call", callArg(t, "write_file", wargs))
+	turn := out.TurnID
+	b := c.outcome(t, turn, 20*time.Second)
+	if (b.State != "completed" && b.State != "failed") || len(b.Results) != 1 || b.Results[0] == nil {
+		t.Fatalf("webhook turn: state %q results %+v, want a terminal batch with 1 result", b.State, b.Results)
+	}
+	if r := b.Results[0]; r.Status != "failed" || r.Code != "NO_INTERACTIVE_REQUESTER" || r.ApprovalID != "" {
+		t.Errorf("webhook result %+v, want failed NO_INTERACTIVE_REQUESTER without an approval", r)
+	}
+	var all []approval
+	c.cliJSON(t, 0, &all, "pending", "--session", session)
+	if len(all) != 0 {
+		t.Errorf("pending approvals for a turn nobody can answer: %+v", all)
+	}
+	if k := c.streamCount(t, streamEvents, "tollgate.event.approval.requested."+turn); k != 0 {
+		t.Errorf("%d approval prompts emitted for a turn nobody can answer", k)
+	}
+	noFile(t, filepath.Join(c.sbox, wargs["path"]))
+	if k := c.toolRuns(turn + "-0"); k != 0 {
+		t.Errorf("write_file ran %d times without an approval", k)
+	}
+}
+
+func (c *cluster) testRedriverKilled(t *testing.T) {
+	n := nonce(t)
+	session := "e2e-kill-" + n
+	wargs := map[string]string{"path": "killed/" + n + ".txt", "content": "written once after a redriver crash " + n}
+	target := filepath.Join(c.sbox, wargs["path"])
+	turn := c.send(t, session, callArg(t, "write_file", wargs))
+	a := c.pendingFor(t, session, turn, 1)[0]
+	checkApproval(t, a, turn, "write_file", wargs)
+
+	// The redriver has seen the batch waiting (and deferred it) before it dies.
+	waitFor(t, 20*time.Second, "a deferred redrive of "+turn, func() (bool, string) {
+		k := c.streamCount(t, streamEvents, "tollgate.event.redrive.deferred."+turn)
+		return k >= 1, fmt.Sprintf("%d deferred events", k)
+	})
+	old := c.stage("redriver")
+	old.kill(t)
+
+	// The approver is up: the decision is applied while the redriver is down.
+	d := c.decide(t, "approve", a.ApprovalID, "alice", 0)
+	if d.Status != "approved" {
+		t.Fatalf("approve with the redriver down: %+v", d)
+	}
+	if b := c.outcome(t, turn, 0); b.State != "awaiting" {
+		t.Fatalf("with the redriver down the batch is %q, want awaiting", b.State)
+	}
+	noFile(t, target)
+	if k := c.streamCount(t, streamEvents, "tollgate.event.redrive.started."+turn); k != 0 {
+		t.Fatalf("%d started events with the redriver down", k)
+	}
+
+	fresh := c.startStage(t, "redriver")
+	b := c.outcome(t, turn, 20*time.Second)
+	if b.State != "completed" || len(b.Results) != 1 || b.Results[0] == nil {
+		t.Fatalf("after the restart: state %q results %+v, want completed with 1 result", b.State, b.Results)
+	}
+	if r := b.Results[0]; r.Status != "ok" || r.ApprovalID != a.ApprovalID || r.Tool != "write_file" {
+		t.Fatalf("result %+v, want ok under %s", r, a.ApprovalID)
+	}
+	fileIs(t, target, wargs["content"])
+
+	// Exactly once: let every stage settle, then count.
+	c.waitIdle(t, streamEvents, consumerRedrive)
+	c.waitIdle(t, streamTurns, consumerExec)
+	if k := c.toolRuns(a.CallID); k != 1 {
+		t.Errorf("write_file of %s ran %d times, want exactly 1", a.CallID, k)
+	}
+	if !strings.Contains(fresh.logText(), `msg="tool ran" call=`+a.CallID+" ") {
+		t.Errorf("the restarted redriver did not run %s", a.CallID)
+	}
+
+	// The execution claim was taken once, by the restarted redriver, and
+	// holds the one result.
+	claim := c.claim(t, a.CallID)
+	host, _ := os.Hostname()
+	wantWorker := "redriver@" + host + ":" + strconv.Itoa(fresh.cmd.Process.Pid)
+	res, _ := claim["result"].(map[string]any)
+	if claim["worker"] != wantWorker || claim["turn_id"] != turn || res == nil || res["status"] != "ok" || res["approval_id"] != a.ApprovalID {
+		t.Errorf("claim of %s: %v; want worker %s with an ok result", a.CallID, claim, wantWorker)
+	}
+
+	// The event history of the turn: one redrive started, one outcome.
+	total := int(c.streamCount(t, streamEvents, "tollgate.event.*.*."+turn))
+	evs := c.watchEvents(t, turn, total)
+	count := map[string]int{}
+	for _, ev := range evs {
+		subj, _ := ev["subject"].(string)
+		kind := strings.TrimSuffix(strings.TrimPrefix(subj, "tollgate.event."), "."+turn)
+		count[kind]++
+		body, _ := ev["event"].(map[string]any)
+		switch kind {
+		case "redrive.started":
+			if trig, _ := body["trigger"].(string); trig != "decided:"+a.ApprovalID {
+				t.Errorf("started by trigger %q, want decided:%s", trig, a.ApprovalID)
+			}
+		case "turn.outcome":
+			results, _ := body["results"].([]any)
+			if body["state"] != "completed" || len(results) != 1 {
+				t.Errorf("turn outcome event %v, want completed with 1 result", body)
+			}
+		}
+	}
+	want := map[string]int{"approval.requested": 1, "approval.decided": 1, "redrive.started": 1, "turn.outcome": 1}
+	for k, v := range want {
+		if count[k] != v {
+			t.Errorf("%d %s events for %s, want %d (all: %v)", count[k], k, turn, v, count)
+		}
+	}
+	if count["redrive.failed"] != 0 {
+		t.Errorf("redrive failed for %s: %v", turn, count)
+	}
+
+	// The fresh redriver counted the one start.
+	v, found, body := c.metric(t, "redriver", "tollgate_redrive_outcomes_total", `kind="started"`)
+	if !found || v != 1 {
+		t.Errorf("restarted redriver: tollgate_redrive_outcomes_total{kind=\"started\"} = %v (found %v), want 1\n%s", v, found, body)
+	}
+}
+
+// claim reads the execution claim of a call from KV, decoded generically.
+func (c *cluster) claim(t *testing.T, callID string) map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := c.js.KeyValue(ctx, bucketClaims)
+	if err != nil {
+		t.Fatalf("bucket %s: %v", bucketClaims, err)
+	}
+	e, err := kv.Get(ctx, callID)
+	if err != nil {
+		t.Fatalf("claim %s: %v", callID, err)
+	}
+	var m map[string]any
+	if err := msgpack.Unmarshal(e.Value(), &m); err != nil {
+		t.Fatalf("claim %s: %v", callID, err)
+	}
+	return m
+}
+
+func (c *cluster) testMalformedInbound(t *testing.T) {
+	payload := []byte("this is not msgpack " + nonce(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ack, err := c.js.Publish(ctx, "tollgate.inbound.cli", payload)
+	if err != nil {
+		t.Fatalf("raw publish: %v", err)
+	}
+
+	type row struct {
+		Stage           string `json:"stage"`
+		Code            string `json:"code"`
+		OriginalSubject string `json:"original_subject"`
+		OriginalSeq     string `json:"original_seq"`
+		Bytes           int    `json:"bytes"`
+		DLQSeq          uint64 `json:"dlq_seq"`
+	}
+	var hit row
+	waitFor(t, 20*time.Second, "the malformed message in tollgate dlq", func() (bool, string) {
+		var rows []row
+		c.cliJSON(t, 0, &rows, "dlq")
+		for _, r := range rows {
+			if r.OriginalSubject == "tollgate.inbound.cli" && r.OriginalSeq == strconv.FormatUint(ack.Sequence, 10) {
+				hit = r
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d dead letters, none for inbound seq %d: %+v", len(rows), ack.Sequence, rows)
+	})
+	if hit.Code != "MALFORMED_PAYLOAD" || hit.Stage != "ingest" || hit.Bytes != len(payload) {
+		t.Errorf("dead letter %+v, want MALFORMED_PAYLOAD from ingest with %d bytes", hit, len(payload))
+	}
+	// The dead letter keeps the original bytes.
+	s, err := c.js.Stream(ctx, streamDLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(ctx, hit.DLQSeq)
+	if err != nil {
+		t.Fatalf("dead letter %d: %v", hit.DLQSeq, err)
+	}
+	if string(m.Data) != string(payload) {
+		t.Errorf("dead letter holds %q, want the original %q", m.Data, payload)
+	}
+	v, found, body := c.metric(t, "ingest", "tollgate_messages_dead_lettered_total", `stage="ingest"`, `code="MALFORMED_PAYLOAD"`)
+	if !found || v != 1 {
+		t.Errorf("ingest dead-letter counter = %v (found %v), want 1\n%s", v, found, body)
+	}
+
+	// The worker kept running: a later turn still works.
+	if c.stage("ingest").exited() {
+		t.Fatal("ingest exited after the malformed message")
+	}
+	text := "after the poison " + nonce(t)
+	turn := c.send(t, "e2e-after-dlq", callArg(t, "echo", map[string]string{"text": text}))
+	b := c.outcome(t, turn, 20*time.Second)
+	if b.State != "completed" || len(b.Results) != 1 || b.Results[0] == nil || b.Results[0].Output != text {
+		t.Fatalf("turn after the dead letter: %+v", b)
+	}
+}

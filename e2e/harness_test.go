@@ -1,0 +1,585 @@
+// Package e2e runs Tollgate as an operator would: one nats-server and the
+// four stage binaries as separate processes, driven only through the
+// tollgate CLI (plus raw NATS where a misbehaving transport is simulated and
+// where stored state is inspected).
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// binaries are the programs the test builds.
+var binaries = []string{"tollgate", "ingest", "executor", "approver", "redriver", "nats-server"}
+
+// buildBinaries builds the five Tollgate binaries and nats-server into a
+// temporary directory. TOLLGATE_E2E_RACE=1 builds the Tollgate binaries
+// with -race (the processes then report data races in their logs, which
+// fail the test).
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		if root := os.Getenv("GOROOT"); root != "" {
+			goBin = filepath.Join(root, "bin", "go")
+		} else {
+			t.Fatalf("the go command is needed to build the binaries: %v", err)
+		}
+	}
+	out, err := exec.Command(goBin, "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		t.Fatalf("go env GOMOD: not inside a module (%q)", gomod)
+	}
+	root := filepath.Dir(gomod)
+	dir := t.TempDir()
+
+	build := func(args ...string) {
+		t.Helper()
+		start := time.Now()
+		cmd := exec.Command(goBin, append([]string{"build"}, args...)...)
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+		t.Logf("go build %s: %v", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+	}
+	stageArgs := []string{"-o", dir + string(filepath.Separator)}
+	if os.Getenv("TOLLGATE_E2E_RACE") == "1" {
+		stageArgs = append(stageArgs, "-race")
+	}
+	build(append(stageArgs, "./cmd/...")...)
+	build("-o", filepath.Join(dir, "nats-server"), "github.com/nats-io/nats-server/v2")
+	for _, b := range binaries {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			t.Fatalf("binary %s was not built: %v", b, err)
+		}
+	}
+	return dir
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// childEnv is the test's environment without TOLLGATE_* variables, so that
+// nothing but the flags the test passes configures the processes.
+func childEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TOLLGATE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// proc is a running child process whose stdout and stderr go to a log file.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed when the process has exited
+	err  error         // Wait's result, valid after done
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// logText returns what the process has logged so far.
+func (p *proc) logText() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+// stop sends SIGTERM, then SIGKILL if the process has not exited by the
+// deadline.
+func (p *proc) stop(grace time.Duration) {
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (p *proc) kill(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatalf("kill %s: %v", p.name, err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not exit after SIGKILL", p.name)
+	}
+}
+
+// cluster is one nats-server and the four stage processes.
+type cluster struct {
+	top    *testing.T // owns the cleanups: processes outlive subtests
+	bin    string
+	dir    string
+	logDir string
+	sbox   string // the write_file sandbox of executor and redriver
+	url    string
+	nc     *nats.Conn
+	js     jetstream.JetStream
+
+	mu      sync.Mutex
+	procs   []*proc
+	seq     map[string]int
+	stages  map[string]*proc
+	metrics map[string]string // stage -> host:port of its /metrics
+}
+
+func newCluster(t *testing.T, bin string) *cluster {
+	t.Helper()
+	dir := t.TempDir()
+	c := &cluster{
+		top: t, bin: bin, dir: dir, logDir: filepath.Join(dir, "logs"), sbox: filepath.Join(dir, "sandbox"),
+		seq: map[string]int{}, stages: map[string]*proc{}, metrics: map[string]string{},
+	}
+	if err := os.MkdirAll(c.logDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	// Registered first, so it runs last: after every process has stopped
+	// and its log is complete.
+	t.Cleanup(c.dumpLogs)
+	c.startNATS(t)
+	for _, s := range []string{"ingest", "executor", "approver", "redriver"} {
+		c.startStage(t, s)
+	}
+	return c
+}
+
+// startProc starts bin/name with args, logging to a fresh file.
+func (c *cluster) startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	c.mu.Lock()
+	c.seq[name]++
+	logPath := filepath.Join(c.logDir, fmt.Sprintf("%s-%d.log", name, c.seq[name]))
+	c.mu.Unlock()
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatalf("create log: %v", err)
+	}
+	cmd := exec.Command(filepath.Join(c.bin, name), args...)
+	cmd.Dir = c.dir
+	cmd.Env = childEnv()
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: filepath.Base(logPath), cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+	c.top.Cleanup(func() { p.stop(10 * time.Second) })
+	return p
+}
+
+// startNATS starts nats-server with JetStream on a free loopback port and
+// connects the test's own client. A port taken between choosing and binding
+// is retried with another.
+func (c *cluster) startNATS(t *testing.T) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		port := freePort(t)
+		p := c.startProc(t, "nats-server", "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", filepath.Join(c.dir, "jetstream"))
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ok := false
+		waitFor(t, 20*time.Second, "nats-server accepts connections on "+addr, func() (bool, string) {
+			if p.exited() {
+				return true, "exited"
+			}
+			conn, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+			if err != nil {
+				return false, err.Error()
+			}
+			conn.Close()
+			ok = true
+			return true, ""
+		})
+		if ok {
+			c.url = "nats://" + addr
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("nats-server exited at start (%v):\n%s", p.err, p.logText())
+		}
+		t.Logf("nats-server exited at start (%v); retrying on another port", p.err)
+	}
+	nc, err := nats.Connect(c.url, nats.Name("tollgate-e2e"))
+	if err != nil {
+		t.Fatalf("connect %s: %v", c.url, err)
+	}
+	c.top.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nc, c.js = nc, js
+	waitFor(t, 20*time.Second, "JetStream is ready", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
+// startStage starts one stage binary with its own metrics port and waits
+// until its consumer is running. A metrics port taken meanwhile is retried.
+func (c *cluster) startStage(t *testing.T, stage string) *proc {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		maddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
+		p := c.startProc(t, stage, "--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "info")
+		ready := false
+		waitFor(t, 30*time.Second, stage+" is consuming", func() (bool, string) {
+			if p.exited() {
+				return true, ""
+			}
+			ready = strings.Contains(p.logText(), `msg="stage consuming"`)
+			return ready, "no 'stage consuming' line yet"
+		})
+		if ready {
+			c.mu.Lock()
+			c.stages[stage], c.metrics[stage] = p, maddr
+			c.mu.Unlock()
+			return p
+		}
+		text := p.logText()
+		if attempt == 3 || !strings.Contains(text, "address already in use") {
+			t.Fatalf("%s exited at start (%v):\n%s", stage, p.err, text)
+		}
+		t.Logf("%s: metrics port taken; retrying", stage)
+	}
+}
+
+func (c *cluster) stage(name string) *proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stages[name]
+}
+
+// dumpLogs logs every process's output if the test failed, and fails the
+// test if any process reported a data race or a panic.
+func (c *cluster) dumpLogs() {
+	c.mu.Lock()
+	procs := append([]*proc(nil), c.procs...)
+	c.mu.Unlock()
+	for _, p := range procs {
+		text := p.logText()
+		if strings.Contains(text, "WARNING: DATA RACE") || strings.Contains(text, "panic:") {
+			c.top.Errorf("%s reported a data race or panic", p.name)
+		}
+	}
+	if !c.top.Failed() {
+		return
+	}
+	for _, p := range procs {
+		state := "running at the end of the test"
+		if p.exited() {
+			state = fmt.Sprintf("exited: %v", p.err)
+		}
+		c.top.Logf("===== %s (%s) =====\n%s", p.name, state, tail(p.logText(), 300))
+	}
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(s, "\n")
+	if len(parts) <= lines {
+		return s
+	}
+	return fmt.Sprintf("[... %d lines ...]\n%s", len(parts)-lines, strings.Join(parts[len(parts)-lines:], "\n"))
+}
+
+// allLogs concatenates the logs of every process started so far.
+func (c *cluster) allLogs() string {
+	c.mu.Lock()
+	procs := append([]*proc(nil), c.procs...)
+	c.mu.Unlock()
+	var b strings.Builder
+	for _, p := range procs {
+		b.WriteString(p.logText())
+	}
+	return b.String()
+}
+
+// toolRuns counts the "tool ran" log lines of a call across every process:
+// how many times the tool was actually invoked.
+func (c *cluster) toolRuns(callID string) int {
+	return strings.Count(c.allLogs(), `msg="tool ran" call=`+callID+" ")
+}
+
+// cliResult is one run of the tollgate CLI.
+type cliResult struct {
+	args           []string
+	stdout, stderr string
+	code           int
+}
+
+func (r cliResult) String() string {
+	return fmt.Sprintf("tollgate %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(r.args, " "), r.code, r.stdout, r.stderr)
+}
+
+// runCLI runs the tollgate binary against the cluster's server.
+func (c *cluster) runCLI(t *testing.T, args ...string) cliResult {
+	t.Helper()
+	args = append(args, "--nats", c.url)
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "tollgate"), args...)
+	cmd.Env = childEnv()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := cliResult{args: args, stdout: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("tollgate %s: did not finish: %v\n%s", strings.Join(args, " "), ctx.Err(), r)
+	case errors.As(err, &exit):
+		r.code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("tollgate %s: %v", strings.Join(args, " "), err)
+	}
+	return r
+}
+
+// cliJSON runs the CLI, requires exit status want, and decodes its --json
+// output into v.
+func (c *cluster) cliJSON(t *testing.T, want int, v any, args ...string) cliResult {
+	t.Helper()
+	r := c.runCLI(t, append(args, "--json")...)
+	if r.code != want {
+		t.Fatalf("want exit status %d\n%s", want, r)
+	}
+	if err := json.Unmarshal([]byte(r.stdout), v); err != nil {
+		t.Fatalf("decode --json output: %v\n%s", err, r)
+	}
+	return r
+}
+
+// waitFor polls cond every 50ms until it reports true or timeout passes,
+// then fails with desc and cond's last detail.
+func waitFor(t *testing.T, timeout time.Duration, desc string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, detail := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %s", timeout, desc, detail)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// metric returns the value of the sample of metric name whose label set
+// contains every label in labels, from the stage's /metrics; found is false
+// if there is no such sample.
+func (c *cluster) metric(t *testing.T, stage, name string, labels ...string) (value float64, found bool, body string) {
+	t.Helper()
+	c.mu.Lock()
+	addr := c.metrics[stage]
+	c.mu.Unlock()
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("GET %s /metrics: %v", stage, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s /metrics: status %d, %v", stage, resp.StatusCode, err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		match := true
+		for _, l := range labels {
+			if !strings.Contains(line[:sp], l) {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[sp+1:], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		return v, true, string(b)
+	}
+	return 0, false, string(b)
+}
+
+// streamCount is how many messages of stream match subject filter.
+func (c *cluster) streamCount(t *testing.T, stream, filter string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := c.js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		t.Fatalf("stream %s info: %v", stream, err)
+	}
+	var n uint64
+	for _, k := range info.State.Subjects {
+		n += k
+	}
+	return n
+}
+
+// waitIdle waits until a stage's durable consumer has nothing pending and
+// nothing unacknowledged: whatever the stage was going to do, it has done.
+func (c *cluster) waitIdle(t *testing.T, stream, consumer string) {
+	t.Helper()
+	waitFor(t, 20*time.Second, "consumer "+consumer+" idle", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cons, err := c.js.Consumer(ctx, stream, consumer)
+		if err != nil {
+			return false, err.Error()
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return info.NumPending == 0 && info.NumAckPending == 0,
+			fmt.Sprintf("pending %d, ack pending %d", info.NumPending, info.NumAckPending)
+	})
+}
+
+// watchEvents runs `tollgate watch --all --json --turn turn` and returns the
+// first n events it prints.
+func (c *cluster) watchEvents(t *testing.T, turn string, n int) []map[string]any {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(c.bin, "tollgate"), "watch", "--all", "--json", "--turn", turn, "--nats", c.url)
+	cmd.Env = childEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start tollgate watch: %v", err)
+	}
+	type res struct {
+		evs []map[string]any
+		err error
+	}
+	got := make(chan res, 1)
+	go func() {
+		dec := json.NewDecoder(stdout)
+		var evs []map[string]any
+		for len(evs) < n {
+			var ev map[string]any
+			if err := dec.Decode(&ev); err != nil {
+				got <- res{evs, err}
+				return
+			}
+			evs = append(evs, ev)
+		}
+		got <- res{evs, nil}
+	}()
+	var r res
+	select {
+	case r = <-got:
+	case <-time.After(15 * time.Second):
+		r.err = errors.New("timed out")
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+	if r.err != nil {
+		t.Fatalf("tollgate watch --turn %s: got %d of %d events: %v\nstderr: %s", turn, len(r.evs), n, r.err, stderr.String())
+	}
+	return r.evs
+}
+
+// nonce is a short random hex string that makes contents and paths unique.
+func nonce(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// callArg renders a --call flag value: tool={json args}.
+func callArg(t *testing.T, tool string, args map[string]string) string {
+	t.Helper()
+	b, err := json.Marshal(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tool + "=" + string(b)
+}
