@@ -132,7 +132,12 @@ func cmdWatch(args []string) int {
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
 	if *turn != "" {
+		// Events of a turn end in its id; rejections end in an approval id,
+		// so name each approval id the turn can have.
 		cfg.FilterSubjects = []string{"tollgate.event.*.*." + *turn}
+		for i := 0; i < schemas.MaxCalls; i++ {
+			cfg.FilterSubjects = append(cfg.FilterSubjects, topology.EventSubject(topology.SubjectDecisionRejected, schemas.ApprovalID(*turn, i)))
+		}
 	}
 	cons, err := c.js.OrderedConsumer(ctx, topology.StreamEvents, cfg)
 	cancel()

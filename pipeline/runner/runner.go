@@ -65,7 +65,7 @@ type Config struct {
 	Consumer jetstream.ConsumerConfig // Durable and FilterSubject(s) required
 	Handler  Handler
 	JS       jetstream.JetStream
-	Logger   *slog.Logger
+	Logger   *slog.Logger // should carry the stage attribute; the runner does not add it
 	Metrics  *Metrics
 
 	// Optional; zero values get the defaults below.
@@ -194,10 +194,10 @@ func (r *Runner) Run(ctx context.Context) error {
 		jetstream.PullMaxMessages(256),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				c.Logger.Debug("consume error", "stage", c.Stage, "err", err)
+				c.Logger.Debug("consume error", "err", err)
 				return
 			}
-			c.Logger.Warn("consume heartbeat missed", "stage", c.Stage, "err", err)
+			c.Logger.Warn("consume heartbeat missed", "err", err)
 		}),
 	)
 	if err != nil {
@@ -207,7 +207,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		wg.Wait()
 		return fmt.Errorf("%s: consume: %w", c.Stage, err)
 	}
-	c.Logger.Info("stage consuming", "stage", c.Stage, "stream", c.Stream, "consumer", c.Consumer.Durable)
+	c.Logger.Info("stage consuming", "stream", c.Stream, "consumer", c.Consumer.Durable)
 
 	<-ctx.Done()
 	cc.Drain()
@@ -226,7 +226,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		close(quit)
 	}
 	wg.Wait()
-	c.Logger.Info("stage drained", "stage", c.Stage)
+	c.Logger.Info("stage drained")
 	return nil
 }
 
@@ -255,7 +255,7 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg) {
 	if meta != nil {
 		deliveries = meta.NumDelivered
 	}
-	log := c.Logger.With("stage", c.Stage, "subject", m.Subject(), "delivery", deliveries)
+	log := c.Logger.With("subject", m.Subject(), "delivery", deliveries)
 	if meta != nil {
 		log = log.With("stream_seq", meta.Sequence.Stream)
 	}
@@ -289,7 +289,7 @@ func (r *Runner) invoke(ctx context.Context, m jetstream.Msg) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.cfg.Metrics.Panics.WithLabelValues(r.cfg.Stage).Inc()
-			r.cfg.Logger.Error("handler panic", "stage", r.cfg.Stage, "panic", p, "stack", string(debug.Stack()))
+			r.cfg.Logger.Error("handler panic", "panic", p, "stack", string(debug.Stack()))
 			err = schemas.Errorf(schemas.CodeHandlerPanic, "handler panic: %v", p)
 		}
 	}()
