@@ -21,6 +21,14 @@ func fuzzDecode[T any, P schemas.Ptr[T]](f *testing.F, golden string) {
 		f.Add(readGolden(f, rt.golden))
 	}
 	g := readGolden(f, golden)
+	// One seed per key of the record with that key's value set to nil: a
+	// nil where the decoder expects a struct, a slice or a timestamp is a
+	// classic decoder crash, and mutation alone rarely gets there.
+	for key := range toMap(f, g) {
+		m := toMap(f, g)
+		m[key] = nil
+		f.Add(fromMap(f, m))
+	}
 	f.Add(g[:len(g)/2])
 	f.Add([]byte{})
 	f.Add([]byte{0x80})
@@ -76,6 +84,18 @@ func FuzzDecodeApprovalRecord(f *testing.F) {
 
 func FuzzDecodeDecidedEvent(f *testing.F) {
 	fuzzDecode[schemas.DecidedEvent](f, "decided_event.v1.msgpack")
+}
+
+func FuzzDecodeDecisionRejected(f *testing.F) {
+	fuzzDecode[schemas.DecisionRejected](f, "decision_rejected.v1.msgpack")
+}
+
+func FuzzDecodeRedriveOutcome(f *testing.F) {
+	fuzzDecode[schemas.RedriveOutcome](f, "redrive_outcome.v1.msgpack")
+}
+
+func FuzzDecodeTurnOutcome(f *testing.F) {
+	fuzzDecode[schemas.TurnOutcome](f, "turn_outcome.v1.msgpack")
 }
 
 func FuzzDecodeBatchRecord(f *testing.F) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -265,6 +266,40 @@ func TestDecodeRejectsMalformedPayloads(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Random bytes never decode into a record, and every failure carries a code
+// a worker can dead-letter with.
+func TestDecodeRejectsRandomBytes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, rt := range recordTypes {
+		t.Run(rt.golden, func(t *testing.T) {
+			malformed := 0
+			for i := 0; i < 200; i++ {
+				b := make([]byte, 1+rng.IntN(256))
+				for j := range b {
+					b[j] = byte(rng.Uint32())
+				}
+				if i%2 == 0 {
+					b[0] = 0x80 | b[0]&0x0f // a fixmap, to get past the first byte
+				}
+				rec, err := rt.decode(b)
+				if err == nil || rec != nil {
+					t.Fatalf("random bytes %x decoded to %#v", b, rec)
+				}
+				switch schemas.CodeOf(err) {
+				case schemas.CodeMalformed:
+					malformed++
+				case schemas.CodeSchemaVersionUnsupported, schemas.CodeInvalidInput, schemas.CodePayloadTooLarge:
+				default:
+					t.Fatalf("random bytes %x: %v", b, err)
+				}
+			}
+			if malformed < 150 {
+				t.Errorf("only %d of 200 random payloads were reported malformed", malformed)
+			}
+		})
 	}
 }
 
