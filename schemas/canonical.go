@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -24,6 +25,9 @@ func CanonicalArgs(raw string) (canonical, digest string, err error) {
 	}
 	if raw == "" {
 		raw = "{}"
+	}
+	if !utf8.ValidString(raw) {
+		return "", "", Errorf(CodeArgsInvalidJSON, "args are not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader([]byte(raw)))
 	dec.UseNumber()
@@ -44,6 +48,10 @@ func CanonicalArgs(raw string) (canonical, digest string, err error) {
 		return "", "", Errorf(CodeArgsInvalidJSON, "args: %v", err)
 	}
 	canonical = string(bytes.TrimRight(buf.Bytes(), "\n"))
+	if len(canonical) > MaxArgsBytes {
+		// Escaping can lengthen a string (U+2028 becomes \u2028).
+		return "", "", Errorf(CodePayloadTooLarge, "canonical args are %d bytes, limit %d", len(canonical), MaxArgsBytes)
+	}
 	return canonical, ArgsDigest(canonical), nil
 }
 

@@ -116,6 +116,9 @@ func TestCanonicalArgsRejects(t *testing.T) {
 		{"bare key", `{a:1}`, schemas.CodeArgsInvalidJSON},
 		{"comment", `{"a":1 /* x */}`, schemas.CodeArgsInvalidJSON},
 		{"NaN", `{"a":NaN}`, schemas.CodeArgsInvalidJSON},
+		{"invalid UTF-8 in a string", "{\"a\":\"\xff\"}", schemas.CodeArgsInvalidJSON},
+		// U+2028 is 3 bytes in the input and 6 (\u2028) once canonical.
+		{"escaping that grows past the args limit", `{"a":"` + strings.Repeat("\u2028", 5000) + `"}`, schemas.CodePayloadTooLarge},
 		{"deep nesting over the args limit", strings.Repeat(`{"a":`, 20000) + "1" + strings.Repeat("}", 20000), schemas.CodePayloadTooLarge},
 		{"over the args limit", `{"a":"` + strings.Repeat("x", schemas.MaxArgsBytes) + `"}`, schemas.CodePayloadTooLarge},
 	}
