@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -73,6 +74,9 @@ func (c *Config) Validate() error {
 // Engine runs calls and ends batches.
 type Engine struct {
 	cfg Config
+
+	mu     sync.Mutex
+	events jetstream.Stream // handle on the events stream, bound on first use
 }
 
 // New validates cfg and returns an Engine.
@@ -227,16 +231,52 @@ func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.Tool
 }
 
 // Finish publishes the outcome of a terminal batch and releases its session.
-// It is safe to call any number of times.
+// It is safe to call any number of times: the outcome is published only if
+// the events stream does not hold one for the turn yet. The message id
+// covers concurrent calls within the duplicate window; the lookup covers a
+// repeat after it (a redelivered or re-published trigger, such as an
+// identical decision sent again an hour later), which would otherwise tell
+// the transport the outcome a second time.
 func (e *Engine) Finish(ctx context.Context, b *schemas.BatchRecord) error {
 	if !b.State.Terminal() {
 		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
 	}
-	out := Outcome(b)
-	if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID), "outcome:"+b.TurnID, out); err != nil {
+	subj := topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID)
+	stored, err := e.outcomeStored(ctx, subj)
+	if err != nil {
 		return err
 	}
+	if !stored {
+		if err := bus.Publish(ctx, e.cfg.JS, subj, "outcome:"+b.TurnID, Outcome(b)); err != nil {
+			return err
+		}
+	}
 	return e.Release(ctx, b.SessionID, b.TurnID)
+}
+
+// outcomeStored reports whether the events stream holds a message on subject.
+func (e *Engine) outcomeStored(ctx context.Context, subject string) (bool, error) {
+	e.mu.Lock()
+	s := e.events
+	e.mu.Unlock()
+	if s == nil {
+		var err error
+		if s, err = e.cfg.JS.Stream(ctx, topology.StreamEvents); err != nil {
+			return false, fmt.Errorf("look up %s: %w", subject, err)
+		}
+		e.mu.Lock()
+		e.events = s
+		e.mu.Unlock()
+	}
+	_, err := s.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("look up %s: %w", subject, err)
+	}
 }
 
 // Outcome is the turn outcome of a terminal batch. The reply target and

@@ -1,0 +1,506 @@
+package batch_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+const lease = time.Minute
+
+// clock is a settable test clock.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
+func (c *clock) Set(t time.Time)         { c.ns.Store(t.UnixNano()) }
+func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+type fixture struct {
+	env   *jstest.Env
+	st    *store.Store
+	eng   *batch.Engine
+	clock *clock
+	count *pt.Counter
+	fail  *failing
+}
+
+// failing is a tool that always returns an error.
+type failing struct{ runs atomic.Int32 }
+
+func (*failing) Name() string { return "fails" }
+func (f *failing) Run(context.Context, tools.Call) (string, error) {
+	f.runs.Add(1)
+	return "partial", errors.New("disk full")
+}
+
+func newFixture(t testing.TB) *fixture {
+	t.Helper()
+	f := &fixture{env: jstest.Start(t), clock: &clock{}, count: &pt.Counter{}, fail: &failing{}}
+	f.clock.Set(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	f.st = store.New(f.env.Buckets)
+	reg, err := tools.NewRegistry(f.count, f.fail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.eng, err = batch.New(batch.Config{JS: f.env.JS, Store: f.st, Tools: reg, Worker: "test@1", Logger: pt.Logger(),
+		ClaimLease: lease, ToolTimeout: time.Second, Now: f.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func turnContext(turn string) *schemas.TurnContext {
+	return &schemas.TurnContext{
+		V: schemas.TurnContextVersion, SessionID: "sess-" + turn, TurnID: turn,
+		Requester: schemas.Requester{Principal: "cli:alice", SenderID: "alice", Kind: schemas.SenderUser, Verified: true},
+		Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPrivate, Thread: "th"},
+		Audience: schemas.AudienceTeam, TrustBoundary: "local", Interactive: true,
+	}
+}
+
+func call(turn string, i int, tool, args string) schemas.ToolCall {
+	canon, digest, err := schemas.CanonicalArgs(args)
+	if err != nil {
+		panic(err)
+	}
+	return schemas.ToolCall{CallID: schemas.CallID(turn, i), Index: i, Tool: tool, Args: canon, ArgsDigest: digest}
+}
+
+// same compares two values by their msgpack encoding (times compare by
+// instant, not by location).
+func same(a, b any) bool {
+	x, err1 := msgpack.Marshal(a)
+	y, err2 := msgpack.Marshal(b)
+	return err1 == nil && err2 == nil && bytes.Equal(x, y)
+}
+
+func ctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestExecuteRunsACallAtMostOnce(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "once")
+	tc, c := turnContext(turn), call(turn, 0, "count", `{"x":1}`)
+
+	first, err := f.eng.Execute(ctx(t), tc, c, "a-1")
+	if err != nil || first.Status != schemas.ResultOK || first.ApprovalID != "a-1" {
+		t.Fatalf("first execute: %+v %v", first, err)
+	}
+	f.clock.Advance(10 * lease) // long after: the recorded result still stands
+	again, err := f.eng.Execute(ctx(t), tc, c, "a-1")
+	if err != nil || !same(again, first) {
+		t.Fatalf("second execute returned %+v %v, want the recorded %+v", again, err, first)
+	}
+	if n := f.count.Runs(c.CallID); n != 1 {
+		t.Fatalf("tool ran %d times, want 1", n)
+	}
+	claim, _, err := f.st.Claims.Get(ctx(t), c.CallID)
+	if err != nil || claim.Result == nil || claim.Worker != "test@1" || claim.ArgsDigest != c.ArgsDigest || claim.TurnID != turn {
+		t.Fatalf("claim %+v %v", claim, err)
+	}
+}
+
+func TestConcurrentExecutesRunTheToolOnce(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "race")
+	tc, c := turnContext(turn), call(turn, 0, "count", `{}`)
+	const workers = 16
+	results := make(chan *schemas.ToolResult, workers)
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r, err := f.eng.Execute(context.Background(), tc, c, "")
+			if err != nil {
+				errs <- err
+				return
+			}
+			results <- r
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(results)
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, batch.ErrClaimHeld) {
+			t.Fatalf("a losing worker got %v, want ErrClaimHeld", err)
+		}
+	}
+	for r := range results {
+		if r.Status != schemas.ResultOK {
+			t.Fatalf("result %+v", r)
+		}
+	}
+	if n := f.count.Runs(c.CallID); n != 1 {
+		t.Fatalf("tool ran %d times under %d concurrent workers, want 1", n, workers)
+	}
+}
+
+func TestExecuteWithAClaimButNoResult(t *testing.T) {
+	tests := []struct {
+		name     string
+		age      time.Duration
+		wantHeld bool
+	}{
+		{"a claim younger than the lease is held by its worker", lease - time.Second, true},
+		{"a claim just inside the lease is still held", lease - time.Nanosecond, true},
+		{"a claim at the lease is uncertain", lease, false},
+		{"a claim older than the lease is uncertain", 3 * lease, false},
+	}
+	f := newFixture(t)
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			turn := schemas.TurnID("cli", fmt.Sprintf("orphan%d", i))
+			c := call(turn, 0, "count", `{}`)
+			claimedAt := f.clock.Now().Add(-tc.age)
+			orphan := &schemas.ExecutionClaim{CallID: c.CallID, TurnID: turn, Tool: c.Tool, ArgsDigest: c.ArgsDigest, Worker: "crashed@2", ClaimedAt: claimedAt}
+			if _, err := f.st.Claims.Create(ctx(t), c.CallID, orphan); err != nil {
+				t.Fatal(err)
+			}
+			res, err := f.eng.Execute(ctx(t), turnContext(turn), c, "a-x")
+			stored, _, gerr := f.st.Claims.Get(ctx(t), c.CallID)
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			if tc.wantHeld {
+				if !errors.Is(err, batch.ErrClaimHeld) || res != nil {
+					t.Fatalf("got %+v %v, want ErrClaimHeld", res, err)
+				}
+				if stored.Result != nil {
+					t.Fatalf("a held claim was given a result: %+v", stored.Result)
+				}
+			} else {
+				if err != nil || res.Status != schemas.ResultNeedsAttention || res.Code != schemas.CodeExecutionUncertain || res.ApprovalID != "a-x" {
+					t.Fatalf("got %+v %v, want needs_attention EXECUTION_UNCERTAIN", res, err)
+				}
+				if stored.Result == nil || !same(stored.Result, res) || stored.Worker != "crashed@2" {
+					t.Fatalf("claim not marked uncertain: %+v", stored)
+				}
+				// And it stays so: asked again, the same answer, no run.
+				again, err := f.eng.Execute(ctx(t), turnContext(turn), c, "a-x")
+				if err != nil || !same(again, res) {
+					t.Fatalf("again: %+v %v", again, err)
+				}
+			}
+			if n := f.count.Runs(c.CallID); n != 0 {
+				t.Fatalf("tool ran %d times on a call that may already have run", n)
+			}
+		})
+	}
+}
+
+func TestExecuteFailsClosedWithoutClaiming(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "closed")
+	good := call(turn, 0, "count", `{"k":"v"}`)
+	tests := []struct {
+		name string
+		tc   func() *schemas.TurnContext
+		call func() schemas.ToolCall
+		code schemas.Code
+	}{
+		{"no TurnContext", func() *schemas.TurnContext { return nil }, func() schemas.ToolCall { return good }, schemas.CodeTurnContextMissing},
+		{"a TurnContext of an unknown version", func() *schemas.TurnContext {
+			tc := turnContext(turn)
+			tc.V = 3
+			return tc
+		}, func() schemas.ToolCall { return good }, schemas.CodeSchemaVersionUnsupported},
+		{"an incomplete TurnContext", func() *schemas.TurnContext {
+			tc := turnContext(turn)
+			tc.Requester.Principal = ""
+			return tc
+		}, func() schemas.ToolCall { return good }, schemas.CodeTurnContextInvalid},
+		{"a call of another turn", func() *schemas.TurnContext { return turnContext(turn) },
+			func() schemas.ToolCall { return call(schemas.TurnID("cli", "other"), 0, "count", `{}`) }, schemas.CodeTurnContextMismatch},
+		{"a call id that merely starts with the turn id", func() *schemas.TurnContext { return turnContext(turn) },
+			func() schemas.ToolCall { c := good; c.CallID = turn + "0"; return c }, schemas.CodeTurnContextMismatch},
+		{"arguments that do not match their digest", func() *schemas.TurnContext { return turnContext(turn) },
+			func() schemas.ToolCall { c := good; c.Args = `{"k":"w"}`; return c }, schemas.CodeArgsDigestMismatch},
+		{"a tool that does not exist", func() *schemas.TurnContext { return turnContext(turn) },
+			func() schemas.ToolCall { c := good; c.Tool = "rm_rf"; return c }, schemas.CodeToolNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.call()
+			res, err := f.eng.Execute(ctx(t), tc.tc(), c, "")
+			if err != nil || res.Status != schemas.ResultFailed || res.Code != tc.code {
+				t.Fatalf("got %+v %v, want failed %s", res, err, tc.code)
+			}
+			if _, _, err := f.st.Claims.Get(ctx(t), c.CallID); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("a claim was taken for a call that must not run: %v", err)
+			}
+		})
+	}
+	if n := f.count.Total(); n != 0 {
+		t.Fatalf("tool ran %d times", n)
+	}
+}
+
+func TestToolErrorIsRecordedAndNotRetried(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "fails")
+	c := call(turn, 0, "fails", `{}`)
+	for range 2 {
+		res, err := f.eng.Execute(ctx(t), turnContext(turn), c, "")
+		if err != nil || res.Status != schemas.ResultError || res.Code != schemas.CodeToolFailed || res.Reason != "disk full" || res.Output != "partial" {
+			t.Fatalf("got %+v %v, want error TOOL_FAILED", res, err)
+		}
+	}
+	if n := f.fail.runs.Load(); n != 1 {
+		t.Fatalf("failing tool ran %d times, want 1", n)
+	}
+}
+
+func newBatch(t testing.TB, f *fixture, turn string, state schemas.BatchState, calls ...schemas.ToolCall) *schemas.BatchRecord {
+	t.Helper()
+	b := &schemas.BatchRecord{
+		TurnID: turn, SessionID: "sess-" + turn, Context: turnContext(turn), Calls: calls, State: state,
+		Approvals: make([]string, len(calls)), Results: make([]*schemas.ToolResult, len(calls)),
+	}
+	if _, err := f.st.Batches.Create(ctx(t), turn, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestEndReachesExactlyOneTerminalState(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "end")
+	c0, c1 := call(turn, 0, "count", `{}`), call(turn, 1, "count", `{"b":1}`)
+	newBatch(t, f, turn, schemas.BatchStarted, c0, c1)
+
+	const enders = 10
+	out := make([]*schemas.BatchRecord, enders)
+	var wg sync.WaitGroup
+	for i := range enders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if i%2 == 0 {
+				ok := f.eng.Result(c0, schemas.ResultOK, "", "", "")
+				ok.Output = fmt.Sprint(i)
+				out[i], err = f.eng.End(context.Background(), turn, []*schemas.ToolResult{ok}, "", "")
+			} else {
+				out[i], err = f.eng.End(context.Background(), turn, nil, schemas.CodeTurnContextMissing, fmt.Sprint(i))
+			}
+			if err != nil {
+				t.Errorf("end %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	stored, _, err := f.st.Batches.Get(ctx(t), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range out {
+		if b == nil || !same(b, stored) {
+			t.Fatalf("ender %d saw %+v, stored is %+v: two terminal states", i, b, stored)
+		}
+	}
+	switch stored.State {
+	case schemas.BatchCompleted:
+		if stored.Results[0] == nil || stored.Results[1] != nil || stored.Code != "" {
+			t.Fatalf("completed batch %+v", stored)
+		}
+	case schemas.BatchFailed:
+		for _, r := range stored.Results {
+			if r == nil || r.Status != schemas.ResultFailed || r.Code != schemas.CodeTurnContextMissing {
+				t.Fatalf("failed batch result %+v: every call without a result must fail with the code", r)
+			}
+		}
+	default:
+		t.Fatalf("state %s", stored.State)
+	}
+}
+
+func TestFinishPublishesTheOutcomeOnceAndRefusesNonTerminal(t *testing.T) {
+	f := newFixture(t)
+	h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
+	turn := schemas.TurnID("cli", "finish")
+	b := newBatch(t, f, turn, schemas.BatchAwaiting, call(turn, 0, "count", `{}`))
+	if err := f.eng.Finish(ctx(t), b); err == nil {
+		t.Fatal("Finish of an awaiting batch succeeded")
+	}
+	if n := len(h.Outcomes(turn)); n != 0 {
+		t.Fatalf("%d outcomes for a non-terminal batch", n)
+	}
+	end, err := f.eng.End(ctx(t), turn, nil, schemas.CodeTurnContextMismatch, "tampered")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := f.eng.Finish(ctx(t), end); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outs := h.Outcomes(turn)
+	if len(outs) != 1 {
+		t.Fatalf("%d outcome events, want 1", len(outs))
+	}
+	o := outs[0]
+	want := schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPrivate, Thread: "th"}}
+	if o.State != schemas.TurnFailed || o.Code != schemas.CodeTurnContextMismatch || o.Reply != want || o.Audience != schemas.AudienceTeam {
+		t.Fatalf("outcome %+v", o)
+	}
+}
+
+func TestOutcomeHasNoReplyTargetWithoutAContext(t *testing.T) {
+	b := &schemas.BatchRecord{TurnID: "t-1", State: schemas.BatchFailed, Code: schemas.CodeTurnContextMissing,
+		Results: []*schemas.ToolResult{{CallID: "t-1-0", Status: schemas.ResultFailed}, nil}}
+	o := batch.Outcome(b)
+	if o.State != schemas.TurnFailed || o.Reply != (schemas.ReplyTarget{}) || o.Audience != "" || len(o.Results) != 1 {
+		t.Fatalf("outcome %+v: no context must mean no reply target and no audience", o)
+	}
+}
+
+func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
+	f := newFixture(t)
+	h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
+	const session = "queue"
+	turns := []string{"t-a", "t-b", "t-c", "t-d"}
+	for _, turn := range turns {
+		newBatch(t, f, turn, schemas.BatchQueued)
+	}
+	for i, turn := range turns {
+		for range 2 { // a redelivered Acquire queues once
+			active, err := f.eng.Acquire(ctx(t), session, turn)
+			if err != nil || active != (i == 0) {
+				t.Fatalf("acquire %s: active=%v %v", turn, active, err)
+			}
+		}
+	}
+	s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+	if err != nil || s.Active != "t-a" || !slices.Equal(s.Queue, []string{"t-b", "t-c", "t-d"}) {
+		t.Fatalf("session %+v %v", s, err)
+	}
+
+	// t-b ended while queued (e.g. failed closed): Release passes over it.
+	if _, err := f.eng.End(ctx(t), "t-b", nil, schemas.CodeTurnContextMissing, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.eng.Release(ctx(t), session, "t-a"); err != nil {
+		t.Fatal(err)
+	}
+	s, _, _ = f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+	if s.Active != "t-c" || !slices.Equal(s.Queue, []string{"t-d"}) {
+		t.Fatalf("after release: active %s queue %v, want t-c [t-d]", s.Active, s.Queue)
+	}
+	ready := func() []string {
+		var ids []string
+		for _, n := range pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey(session)))) {
+			if n.Kind != schemas.NoticeReady || n.SessionID != session {
+				t.Fatalf("notice %+v", n)
+			}
+			ids = append(ids, n.TurnID)
+		}
+		return ids
+	}
+	if got := ready(); !slices.Equal(got, []string{"t-c"}) {
+		t.Fatalf("ready notices %v, want [t-c]", got)
+	}
+	// A repeated Release by the old holder changes nothing and announces
+	// nothing new (t-c is queued, its notice deduplicated).
+	if err := f.eng.Release(ctx(t), session, "t-a"); err != nil {
+		t.Fatal(err)
+	}
+	if s2, _, _ := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session)); !reflect.DeepEqual(s2.Queue, s.Queue) || s2.Active != s.Active {
+		t.Fatalf("repeated release moved the session: %+v", s2)
+	}
+	if got := ready(); !slices.Equal(got, []string{"t-c"}) {
+		t.Fatalf("ready notices %v after a repeated release", got)
+	}
+	for _, turn := range []string{"t-c", "t-d"} {
+		if err := f.eng.Release(ctx(t), session, turn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, _, _ = f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+	if s.Active != "" || len(s.Queue) != 0 {
+		t.Fatalf("session not free: %+v", s)
+	}
+	if got := ready(); !slices.Equal(got, []string{"t-c", "t-d"}) {
+		t.Fatalf("ready notices %v, want [t-c t-d]", got)
+	}
+	// A free session is taken at once.
+	if active, err := f.eng.Acquire(ctx(t), session, "t-e"); err != nil || !active {
+		t.Fatalf("acquire of a free session: %v %v", active, err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	f := newFixture(t)
+	reg, _ := tools.NewRegistry()
+	base := batch.Config{JS: f.env.JS, Store: f.st, Tools: reg, Worker: "w", Logger: pt.Logger()}
+	tests := []struct {
+		name   string
+		mutate func(*batch.Config)
+		ok     bool
+	}{
+		{"defaults are valid", func(*batch.Config) {}, true},
+		{"a worker name is required", func(c *batch.Config) { c.Worker = "" }, false},
+		{"a store is required", func(c *batch.Config) { c.Store = nil }, false},
+		{"the tool timeout must be below the claim lease", func(c *batch.Config) { c.ClaimLease, c.ToolTimeout = time.Minute, time.Minute }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			tc.mutate(&c)
+			if _, err := batch.New(c); (err == nil) != tc.ok {
+				t.Fatalf("New: %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+func BenchmarkExecuteClaimAndRecord(b *testing.B) {
+	f := newFixture(b)
+	turn := schemas.TurnID("cli", "bench")
+	tc := turnContext(turn)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		c := call(turn, i, "count", `{"i":1}`)
+		i++
+		if _, err := f.eng.Execute(context.Background(), tc, c, ""); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkOutcome(b *testing.B) {
+	turn := schemas.TurnID("cli", "bench")
+	rec := &schemas.BatchRecord{TurnID: turn, Context: turnContext(turn), State: schemas.BatchCompleted,
+		Results: []*schemas.ToolResult{{CallID: turn + "-0", Status: schemas.ResultOK}, {CallID: turn + "-1", Status: schemas.ResultDenied}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = batch.Outcome(rec)
+	}
+}

@@ -1,0 +1,776 @@
+// Package pipelinetest runs Tollgate's four stages in-process against a real
+// embedded nats-server (jetstream/jstest) for integration tests, and offers
+// helpers to drive them like a transport and a decider would and to observe
+// what they stored: KV records, events, dead letters and metrics.
+//
+// Every wait polls with a deadline; nothing sleeps and hopes. To show that
+// something did not happen, wait first for a later fact that proves the
+// stage finished (a terminal outcome, a rejection, or the consumer's ack
+// floor passing a message with WaitConsumed), then assert the absence.
+package pipelinetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	"github.com/tollgate-dev/tollgate/pipeline/executor"
+	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/pipeline/redrive"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// Wait is how long a helper polls before failing the test. Generous for a
+// loaded CI machine under -race; a passing test returns as soon as the
+// condition holds.
+const Wait = 20 * time.Second
+
+// Stage names, as accepted in Options.Stages.
+const (
+	Ingest   = ingest.Stage
+	Executor = executor.Stage
+	Approver = approver.Stage
+	Redriver = redrive.Stage
+)
+
+// AllStages in pipeline order.
+var AllStages = []string{Ingest, Executor, Approver, Redriver}
+
+// Options configures Start.
+type Options struct {
+	// Policy is the policy JSON; "" is policy.DefaultJSON.
+	Policy string
+	// Stages to run; nil runs all four. Stages not run are still
+	// constructed, so their Handle/Apply/Redrive methods can be called
+	// directly.
+	Stages []string
+	// Tools are registered next to the built-in echo and write_file.
+	Tools []tools.Tool
+	// ClaimLease and ToolTimeout for the batch engines (default: the
+	// engine's defaults; a ClaimLease below a minute needs a ToolTimeout).
+	ClaimLease  time.Duration
+	ToolTimeout time.Duration
+	// Env reuses a running server (e.g. to restart stages); nil starts one.
+	Env *jstest.Env
+}
+
+// H is a running pipeline as seen from one test. Use For in a subtest so
+// that helpers fail the subtest, not its parent.
+type H struct {
+	T testing.TB
+	*Pipeline
+}
+
+// Pipeline is the state shared by every H of one Start.
+type Pipeline struct {
+	Env      *jstest.Env
+	JS       jetstream.JetStream
+	Store    *store.Store
+	Policy   *policy.Policy
+	Sandbox  string
+	Registry *prometheus.Registry
+	Tools    *tools.Registry
+
+	Ingest   *ingest.Ingest
+	Executor *executor.Executor
+	Approver *approver.Approver
+	Redriver *redrive.Redriver
+	// ExecEngine and RedriveEngine are the batch engines of the executor
+	// and the redriver.
+	ExecEngine    *batch.Engine
+	RedriveEngine *batch.Engine
+
+	owner   testing.TB
+	cancel  context.CancelFunc
+	done    chan error
+	running int
+	stopped atomic.Bool
+}
+
+// seq numbers NextID process-wide, so that pipelines sharing a server
+// (restarts) never reuse a message or decision id.
+var seq atomic.Int64
+
+// For returns the harness reporting to t (a subtest).
+func (h *H) For(t testing.TB) *H { return &H{T: t, Pipeline: h.Pipeline} }
+
+// Logger discards logs unless TOLLGATE_TEST_LOG is set (then: stderr, debug).
+func Logger() *slog.Logger {
+	if os.Getenv("TOLLGATE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// Start constructs the four stages on a fresh (or the given) embedded
+// server, runs the selected ones until the test ends, and returns the
+// harness.
+func Start(t testing.TB, o Options) *H {
+	t.Helper()
+	env := o.Env
+	if env == nil {
+		env = jstest.Start(t)
+	}
+	pj := o.Policy
+	if pj == "" {
+		pj = policy.DefaultJSON
+	}
+	pol, err := policy.Parse([]byte(pj))
+	if err != nil {
+		t.Fatalf("pipelinetest: policy: %v", err)
+	}
+	sandbox := filepath.Join(t.TempDir(), "sandbox")
+	builtins, err := tools.Builtins(sandbox)
+	if err != nil {
+		t.Fatalf("pipelinetest: %v", err)
+	}
+	treg, err := tools.NewRegistry(append(builtins, o.Tools...)...)
+	if err != nil {
+		t.Fatalf("pipelinetest: %v", err)
+	}
+	h := &H{T: t, Pipeline: &Pipeline{
+		Env: env, JS: env.JS, Store: store.New(env.Buckets), Policy: pol,
+		Sandbox: sandbox, Registry: prometheus.NewRegistry(), Tools: treg, owner: t,
+	}}
+	log := Logger()
+	metrics := runner.NewMetrics(h.Registry)
+	newEngine := func(worker string) *batch.Engine {
+		e, err := batch.New(batch.Config{JS: h.JS, Store: h.Store, Tools: treg, Worker: worker, Logger: log, ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout})
+		if err != nil {
+			t.Fatalf("pipelinetest: engine: %v", err)
+		}
+		return e
+	}
+	h.ExecEngine, h.RedriveEngine = newEngine("executor@test"), newEngine("redriver@test")
+	if h.Ingest, err = ingest.New(ingest.Config{JS: h.JS, Policy: pol, Logger: log, Metrics: metrics, Instance: "ingest@test"}); err != nil {
+		t.Fatalf("pipelinetest: ingest: %v", err)
+	}
+	if h.Executor, err = executor.New(executor.Config{JS: h.JS, Store: h.Store, Engine: h.ExecEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
+		t.Fatalf("pipelinetest: executor: %v", err)
+	}
+	if h.Approver, err = approver.New(approver.Config{JS: h.JS, Store: h.Store, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
+		t.Fatalf("pipelinetest: approver: %v", err)
+	}
+	if h.Redriver, err = redrive.New(redrive.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
+		t.Fatalf("pipelinetest: redriver: %v", err)
+	}
+
+	stages := o.Stages
+	if stages == nil {
+		stages = AllStages
+	}
+	runs := map[string]func(context.Context) error{
+		Ingest: h.Ingest.Run, Executor: h.Executor.Run, Approver: h.Approver.Run, Redriver: h.Redriver.Run,
+	}
+	for _, s := range stages {
+		if runs[s] == nil {
+			t.Fatalf("pipelinetest: unknown stage %q", s)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel, h.done, h.running = cancel, make(chan error, len(stages)), len(stages)
+	t.Cleanup(h.Stop)
+	for _, s := range stages {
+		run := runs[s]
+		go func() {
+			err := run(ctx)
+			if err != nil {
+				err = fmt.Errorf("stage %s: %w", s, err)
+			}
+			h.done <- err
+		}()
+	}
+	return h
+}
+
+// Stop stops the running stages and waits for them to drain. It is called
+// by t.Cleanup and may be called earlier (e.g. before restarting stages).
+func (h *Pipeline) Stop() {
+	if h.stopped.Swap(true) {
+		return
+	}
+	h.cancel()
+	deadline := time.After(45 * time.Second)
+	for range h.running {
+		select {
+		case err := <-h.done:
+			if err != nil {
+				h.owner.Errorf("pipelinetest: %v", err)
+			}
+		case <-deadline:
+			h.owner.Errorf("pipelinetest: stages did not stop within 45s")
+			return
+		}
+	}
+}
+
+// Ctx is a context for one helper call.
+func (h *Pipeline) Ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}
+
+// ----- driving the pipeline -----
+
+// Call is a proposed tool call.
+func Call(tool, args string) schemas.ProposedCall {
+	return schemas.ProposedCall{Tool: tool, Args: args}
+}
+
+// NextID returns a fresh id with prefix, unique within the process.
+func (h *Pipeline) NextID(prefix string) string {
+	return prefix + "-" + strconv.FormatInt(seq.Add(1), 10)
+}
+
+// Inbound builds a valid inbound message from a verified user on transport
+// "cli" in a DM, with a fresh message id.
+func (h *Pipeline) Inbound(session, sender string, calls ...schemas.ProposedCall) *schemas.InboundMessage {
+	return &schemas.InboundMessage{
+		Transport: "cli", MessageID: h.NextID("m"), SessionID: session,
+		Sender:  schemas.Sender{ID: sender, Display: sender, Kind: schemas.SenderUser, Verified: true},
+		Channel: schemas.Channel{ID: "dm-" + sender, Kind: schemas.ChannelDM},
+		Text:    "please", Calls: calls, SentAt: time.Now().UTC(),
+	}
+}
+
+// Send publishes m on its transport's inbound subject as a transport would
+// (message id "transport:message_id") and returns the turn id it becomes.
+func (h *H) Send(m *schemas.InboundMessage) string {
+	h.T.Helper()
+	h.Publish(topology.InboundSubject(m.Transport), m.Transport+":"+m.MessageID, m)
+	return schemas.TurnID(m.Transport, m.MessageID)
+}
+
+// Publish encodes r and publishes it with msgID ("" for none), returning its
+// stream sequence.
+func (h *H) Publish(subject, msgID string, r schemas.Record) uint64 {
+	h.T.Helper()
+	data, err := schemas.Encode(r)
+	if err != nil {
+		h.T.Fatalf("pipelinetest: encode %T: %v", r, err)
+	}
+	return h.PublishRaw(subject, msgID, data, nil)
+}
+
+// PublishRaw publishes data as is and returns its stream sequence.
+func (h *H) PublishRaw(subject, msgID string, data []byte, hdr nats.Header) uint64 {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	var opts []jetstream.PublishOpt
+	if msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(msgID))
+	}
+	ack, err := h.JS.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr}, opts...)
+	if err != nil {
+		h.T.Fatalf("pipelinetest: publish %s: %v", subject, err)
+	}
+	return ack.Sequence
+}
+
+// Decision builds a decision by sender on transport (a verified user).
+func (h *Pipeline) Decision(approvalID, option, transport, sender string) *schemas.Decision {
+	return &schemas.Decision{
+		DecisionID: h.NextID("d"), ApprovalID: approvalID, Transport: transport,
+		Decider: schemas.Sender{ID: sender, Kind: schemas.SenderUser, Verified: true},
+		Option:  option, SentAt: time.Now().UTC(),
+	}
+}
+
+// Submit publishes d on its approval's decision subject (message id: the
+// decision id) and returns its stream sequence.
+func (h *H) Submit(d *schemas.Decision) uint64 {
+	h.T.Helper()
+	return h.Publish(topology.DecisionSubject(d.Transport, d.ApprovalID), d.DecisionID, d)
+}
+
+// Decide submits option on approvalID as sender on transport "cli" and
+// returns the decision.
+func (h *H) Decide(approvalID, option, sender string) *schemas.Decision {
+	h.T.Helper()
+	d := h.Decision(approvalID, option, "cli", sender)
+	h.Submit(d)
+	return d
+}
+
+// ----- KV -----
+
+// Batch returns the batch record of turnID, or nil if there is none.
+func (h *H) Batch(turnID string) *schemas.BatchRecord {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	b, _, err := h.Store.Batches.Get(ctx, turnID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		h.T.Fatalf("pipelinetest: batch %s: %v", turnID, err)
+	}
+	return b
+}
+
+// Approval returns the approval record id, or nil if there is none.
+func (h *H) Approval(id string) *schemas.ApprovalRecord {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	a, _, err := h.Store.Approvals.Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		h.T.Fatalf("pipelinetest: approval %s: %v", id, err)
+	}
+	return a
+}
+
+// Session returns the session record of sessionID, or nil.
+func (h *H) Session(sessionID string) *schemas.SessionRecord {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	s, _, err := h.Store.Sessions.Get(ctx, schemas.SessionKey(sessionID))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		h.T.Fatalf("pipelinetest: session %s: %v", sessionID, err)
+	}
+	return s
+}
+
+// WaitBatch polls the batch of turnID until cond holds and returns it.
+func (h *H) WaitBatch(turnID, what string, cond func(*schemas.BatchRecord) bool) *schemas.BatchRecord {
+	h.T.Helper()
+	var b *schemas.BatchRecord
+	jstest.Eventually(h.T, Wait, fmt.Sprintf("batch %s: %s", turnID, what), func() bool {
+		b = h.Batch(turnID)
+		return b != nil && cond(b)
+	})
+	return b
+}
+
+// WaitState waits for the batch of turnID to be in state s.
+func (h *H) WaitState(turnID string, s schemas.BatchState) *schemas.BatchRecord {
+	h.T.Helper()
+	return h.WaitBatch(turnID, "state "+string(s), func(b *schemas.BatchRecord) bool { return b.State == s })
+}
+
+// WaitTerminal waits until the batch of turnID is terminal and its outcome
+// event is stored, and returns the batch and the (single) outcome.
+func (h *H) WaitTerminal(turnID string) (*schemas.BatchRecord, *schemas.TurnOutcome) {
+	h.T.Helper()
+	b := h.WaitBatch(turnID, "terminal", func(b *schemas.BatchRecord) bool { return b.State.Terminal() })
+	o := h.WaitOutcome(turnID)
+	return b, o
+}
+
+// WaitApproval polls approval id until cond holds.
+func (h *H) WaitApproval(id, what string, cond func(*schemas.ApprovalRecord) bool) *schemas.ApprovalRecord {
+	h.T.Helper()
+	var a *schemas.ApprovalRecord
+	jstest.Eventually(h.T, Wait, fmt.Sprintf("approval %s: %s", id, what), func() bool {
+		a = h.Approval(id)
+		return a != nil && cond(a)
+	})
+	return a
+}
+
+// WaitPending waits for approval id to exist in status pending and for the
+// batch of its turn to be awaiting.
+func (h *H) WaitPending(id string) *schemas.ApprovalRecord {
+	h.T.Helper()
+	a := h.WaitApproval(id, "pending", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalPending })
+	h.WaitState(a.TurnID, schemas.BatchAwaiting)
+	return a
+}
+
+// PutRaw writes raw bytes at key in kv, bypassing encoding (tampering).
+func (h *H) PutRaw(kv jetstream.KeyValue, key string, data []byte) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, err := kv.Put(ctx, key, data); err != nil {
+		h.T.Fatalf("pipelinetest: put %s/%s: %v", kv.Bucket(), key, err)
+	}
+}
+
+// ----- streams -----
+
+// Stored is one message as stored in a stream.
+type Stored struct {
+	Subject string
+	Seq     uint64
+	Data    []byte
+	Header  nats.Header
+}
+
+// Messages returns every message stored in stream on subjects matching
+// filter, in stream order.
+func (h *H) Messages(stream, filter string) []Stored {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	cons, err := h.JS.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: 30 * time.Second,
+	})
+	if err != nil {
+		h.T.Fatalf("pipelinetest: consumer on %s %s: %v", stream, filter, err)
+	}
+	defer func() { _ = h.JS.DeleteConsumer(context.WithoutCancel(ctx), stream, cons.CachedInfo().Name) }()
+	n := int(cons.CachedInfo().NumPending)
+	out := make([]Stored, 0, n)
+	for len(out) < n {
+		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			h.T.Fatalf("pipelinetest: fetch %s %s: %v", stream, filter, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			meta, err := m.Metadata()
+			if err != nil {
+				h.T.Fatalf("pipelinetest: metadata: %v", err)
+			}
+			out = append(out, Stored{Subject: m.Subject(), Seq: meta.Sequence.Stream, Data: m.Data(), Header: m.Headers()})
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			h.T.Fatalf("pipelinetest: fetch %s %s: %v", stream, filter, err)
+		}
+		if got == 0 {
+			h.T.Fatalf("pipelinetest: %s %s: fetched %d of %d messages", stream, filter, len(out), n)
+		}
+	}
+	return out
+}
+
+// Events returns the events stored on subjects matching filter.
+func (h *H) Events(filter string) []Stored {
+	h.T.Helper()
+	return h.Messages(topology.StreamEvents, filter)
+}
+
+// DecodeAll decodes every message as a T, failing the test on any error.
+func DecodeAll[T any, P schemas.Ptr[T]](t testing.TB, msgs []Stored) []*T {
+	t.Helper()
+	out := make([]*T, 0, len(msgs))
+	for _, m := range msgs {
+		v, err := schemas.Decode[T, P](m.Data)
+		if err != nil {
+			t.Fatalf("pipelinetest: decode %s #%d: %v", m.Subject, m.Seq, err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// Outcomes returns the stored turn outcomes of turnID.
+func (h *H) Outcomes(turnID string) []*schemas.TurnOutcome {
+	h.T.Helper()
+	return DecodeAll[schemas.TurnOutcome](h.T, h.Events(topology.EventSubject(topology.SubjectTurnOutcome, turnID)))
+}
+
+// WaitOutcome waits for the outcome event of turnID and returns it; it fails
+// if more than one is stored.
+func (h *H) WaitOutcome(turnID string) *schemas.TurnOutcome {
+	h.T.Helper()
+	var outs []*schemas.TurnOutcome
+	jstest.Eventually(h.T, Wait, "outcome of "+turnID, func() bool {
+		outs = h.Outcomes(turnID)
+		return len(outs) > 0
+	})
+	if len(outs) != 1 {
+		h.T.Fatalf("turn %s has %d outcome events, want exactly 1", turnID, len(outs))
+	}
+	return outs[0]
+}
+
+// Requested returns the approval-requested events of turnID.
+func (h *H) Requested(turnID string) []*schemas.ApprovalRecord {
+	h.T.Helper()
+	return DecodeAll[schemas.ApprovalRecord](h.T, h.Events(topology.EventSubject(topology.SubjectApprovalRequested, turnID)))
+}
+
+// Decided returns the approval-decided events of turnID.
+func (h *H) Decided(turnID string) []*schemas.DecidedEvent {
+	h.T.Helper()
+	return DecodeAll[schemas.DecidedEvent](h.T, h.Events(topology.EventSubject(topology.SubjectApprovalDecided, turnID)))
+}
+
+// Rejections returns the decision rejections stored under token (an approval
+// id, or "invalid").
+func (h *H) Rejections(token string) []*schemas.DecisionRejected {
+	h.T.Helper()
+	return DecodeAll[schemas.DecisionRejected](h.T, h.Events(topology.EventSubject(topology.SubjectDecisionRejected, token)))
+}
+
+// WaitRejection waits for the rejection of decision d and returns it.
+func (h *H) WaitRejection(d *schemas.Decision) *schemas.DecisionRejected {
+	h.T.Helper()
+	token := d.ApprovalID
+	if !schemas.ValidKey(token) {
+		token = "invalid"
+	}
+	var got *schemas.DecisionRejected
+	jstest.Eventually(h.T, Wait, "rejection of decision "+d.DecisionID, func() bool {
+		for _, r := range h.Rejections(token) {
+			if r.DecisionID == d.DecisionID {
+				got = r
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// Redrives returns the redrive outcomes of turnID of kind ("*" for all).
+func (h *H) Redrives(kind, turnID string) []*schemas.RedriveOutcome {
+	h.T.Helper()
+	return DecodeAll[schemas.RedriveOutcome](h.T, h.Events(topology.SubjectRedrive+kind+"."+turnID))
+}
+
+// WaitRedrives waits until at least n redrive outcomes of kind are stored
+// for turnID and returns them all.
+func (h *H) WaitRedrives(kind, turnID string, n int) []*schemas.RedriveOutcome {
+	h.T.Helper()
+	var got []*schemas.RedriveOutcome
+	jstest.Eventually(h.T, Wait, fmt.Sprintf("%d redrive %s outcome(s) of %s", n, kind, turnID), func() bool {
+		got = h.Redrives(kind, turnID)
+		return len(got) >= n
+	})
+	return got
+}
+
+// DLQ returns the dead letters of stage.
+func (h *H) DLQ(stage string) []Stored {
+	h.T.Helper()
+	return h.Messages(topology.StreamDLQ, topology.DLQSubject(stage))
+}
+
+// WaitDLQ waits until stage has at least n dead letters and returns them.
+func (h *H) WaitDLQ(stage string, n int) []Stored {
+	h.T.Helper()
+	var got []Stored
+	jstest.Eventually(h.T, Wait, fmt.Sprintf("%d dead letter(s) of %s", n, stage), func() bool {
+		got = h.DLQ(stage)
+		return len(got) >= n
+	})
+	return got
+}
+
+// Consumer names the durable consumer of each stage and its stream.
+var consumers = map[string][2]string{
+	Ingest:   {topology.StreamInbound, topology.ConsumerIngest},
+	Executor: {topology.StreamTurns, topology.ConsumerExecutor},
+	Approver: {topology.StreamDecisions, topology.ConsumerApprover},
+	Redriver: {topology.StreamEvents, topology.ConsumerRedriver},
+}
+
+// WaitConsumed waits until stage has acknowledged (or terminated) every
+// message of its stream up to and including seq: proof that the stage has
+// finished with it.
+func (h *H) WaitConsumed(stage string, seq uint64) {
+	h.T.Helper()
+	sc, ok := consumers[stage]
+	if !ok {
+		h.T.Fatalf("pipelinetest: unknown stage %q", stage)
+	}
+	jstest.Eventually(h.T, Wait, fmt.Sprintf("%s consumed up to seq %d", stage, seq), func() bool {
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		c, err := h.JS.Consumer(ctx, sc[0], sc[1])
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.AckFloor.Stream >= seq
+	})
+}
+
+// WaitIdle waits until each stage's consumer has nothing pending and
+// nothing unacknowledged: every message stored so far is handled.
+func (h *H) WaitIdle(stages ...string) {
+	h.T.Helper()
+	for _, stage := range stages {
+		sc, ok := consumers[stage]
+		if !ok {
+			h.T.Fatalf("pipelinetest: unknown stage %q", stage)
+		}
+		jstest.Eventually(h.T, Wait, stage+" idle", func() bool {
+			ctx, cancel := h.Ctx()
+			defer cancel()
+			c, err := h.JS.Consumer(ctx, sc[0], sc[1])
+			if err != nil {
+				return false
+			}
+			info, err := c.Info(ctx)
+			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		})
+	}
+}
+
+// ----- side effects -----
+
+// File reads path inside the write_file sandbox.
+func (h *H) File(path string) (content string, exists bool) {
+	h.T.Helper()
+	b, err := os.ReadFile(filepath.Join(h.Sandbox, path))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", false
+	}
+	if err != nil {
+		h.T.Fatalf("pipelinetest: read %s: %v", path, err)
+	}
+	return string(b), true
+}
+
+// RemoveFile removes path from the sandbox if it exists.
+func (h *H) RemoveFile(path string) {
+	h.T.Helper()
+	if err := os.Remove(filepath.Join(h.Sandbox, path)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		h.T.Fatalf("pipelinetest: remove %s: %v", path, err)
+	}
+}
+
+// SandboxFiles lists every regular file in the sandbox (relative paths).
+func (h *H) SandboxFiles() []string {
+	h.T.Helper()
+	var out []string
+	err := filepath.WalkDir(h.Sandbox, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			rel, _ := filepath.Rel(h.Sandbox, p)
+			out = append(out, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		h.T.Fatalf("pipelinetest: walk sandbox: %v", err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Counter is a test tool that counts its runs per call id and records the
+// TurnContext each ran under.
+type Counter struct {
+	ToolName string // default "count"
+
+	mu    sync.Mutex
+	runs  map[string]int
+	calls []tools.Call
+}
+
+// Name implements tools.Tool.
+func (c *Counter) Name() string {
+	if c.ToolName == "" {
+		return "count"
+	}
+	return c.ToolName
+}
+
+// Run implements tools.Tool.
+func (c *Counter) Run(_ context.Context, call tools.Call) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.runs == nil {
+		c.runs = map[string]int{}
+	}
+	c.runs[call.CallID]++
+	c.calls = append(c.calls, call)
+	return fmt.Sprintf("run %d of %s", c.runs[call.CallID], call.CallID), nil
+}
+
+// Runs returns how often callID ran.
+func (c *Counter) Runs(callID string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.runs[callID]
+}
+
+// Total returns how many runs there were in all.
+func (c *Counter) Total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.calls)
+}
+
+// Calls returns every call the tool received, in order.
+func (c *Counter) Calls() []tools.Call {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.calls)
+}
+
+// ----- metrics -----
+
+// Metric returns the value of the counter or gauge name whose labels include
+// labels, summed over matching series; 0 if there is none.
+func (h *H) Metric(name string, labels map[string]string) float64 {
+	h.T.Helper()
+	mfs, err := h.Registry.Gather()
+	if err != nil {
+		h.T.Fatalf("pipelinetest: gather: %v", err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue series
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// WaitMetric polls Metric until it equals want.
+func (h *H) WaitMetric(name string, labels map[string]string, want float64) {
+	h.T.Helper()
+	jstest.Eventually(h.T, Wait, fmt.Sprintf("metric %s%v == %v", name, labels, want), func() bool {
+		return h.Metric(name, labels) == want
+	})
+}

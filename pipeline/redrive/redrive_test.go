@@ -1,0 +1,619 @@
+package redrive_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+const countPolicy = `{
+  "version": "redrive-test",
+  "tools": {
+    "echo":       {"approval": "never"},
+    "write_file": {"approval": "required"},
+    "count":      {"approval": "required"}
+  },
+  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
+}`
+
+func write(path string) schemas.ProposedCall {
+	return pt.Call("write_file", fmt.Sprintf(`{"path":%q,"content":"c"}`, path))
+}
+
+func TestBatchBarrierDefersUntilEverySiblingIsDecided(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: countPolicy})
+	tests := []struct {
+		name          string
+		first, second string // options for approval 0, then approval 1
+		files         []bool // whether a.txt and b.txt are written
+	}{
+		{"approve both", schemas.OptionApprove, schemas.OptionApprove, []bool{true, true}},
+		{"approve one, deny the other", schemas.OptionApprove, schemas.OptionDeny, []bool{true, false}},
+		{"deny first, then approve", schemas.OptionDeny, schemas.OptionApprove, []bool{false, true}},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := h.For(t)
+			dir := fmt.Sprintf("b%d/", i)
+			turn := h.Send(h.Inbound(fmt.Sprintf("barrier%d", i), "alice", write(dir+"a.txt"), pt.Call("echo", `{"text":"e"}`), write(dir+"b.txt")))
+			a0, a2 := schemas.ApprovalID(turn, 0), schemas.ApprovalID(turn, 2)
+			h.WaitPending(a0)
+			h.WaitPending(a2)
+
+			h.Decide(a0, tc.first, "alice")
+			var deferred *schemas.RedriveOutcome
+			jstest.Eventually(t, pt.Wait, "deferred after the first decision", func() bool {
+				for _, o := range h.Redrives("deferred", turn) {
+					if o.Trigger == "decided:"+a0 {
+						deferred = o
+						return true
+					}
+				}
+				return false
+			})
+			if deferred.Pending != 1 || deferred.Kind != schemas.RedriveDeferred || deferred.Code != "" {
+				t.Fatalf("deferred outcome %+v, want 1 pending and no code", deferred)
+			}
+			if n := len(h.Redrives("started", turn)); n != 0 {
+				t.Fatalf("%d started outcomes before the barrier", n)
+			}
+			if b := h.Batch(turn); b.State != schemas.BatchAwaiting || b.Results[0] != nil {
+				t.Fatalf("batch %s results %v before the barrier", b.State, b.Results)
+			}
+			if files := h.SandboxFiles(); len(files) != 0 {
+				t.Fatalf("files %v written before the barrier", files)
+			}
+
+			h.Decide(a2, tc.second, "alice")
+			b, out := h.WaitTerminal(turn)
+			h.WaitIdle(pt.Approver, pt.Redriver)
+			if n := len(h.Redrives("started", turn)); n != 1 {
+				t.Fatalf("%d started outcomes, want exactly 1", n)
+			}
+			if n := len(h.Redrives("failed", turn)); n != 0 {
+				t.Fatalf("%d failed outcomes", n)
+			}
+			if b.State != schemas.BatchCompleted || out.State != schemas.TurnCompleted || len(out.Results) != 3 {
+				t.Fatalf("batch %s outcome %+v", b.State, out)
+			}
+			for j, p := range []string{"a.txt", "b.txt"} {
+				_, ok := h.File(dir + p)
+				if ok != tc.files[j] {
+					t.Fatalf("%s written=%v, want %v", p, ok, tc.files[j])
+				}
+				r := b.Results[2*j]
+				want := schemas.ResultOK
+				if !tc.files[j] {
+					want = schemas.ResultDenied
+				}
+				if r.Status != want {
+					t.Fatalf("result %d %+v, want %s", 2*j, r, want)
+				}
+			}
+			for _, p := range []string{"a.txt", "b.txt"} {
+				h.RemoveFile(dir + p)
+			}
+		})
+	}
+	started := h.Metric("tollgate_redrive_outcomes_total", map[string]string{"kind": "started"})
+	deferred := h.Metric("tollgate_redrive_outcomes_total", map[string]string{"kind": "deferred"})
+	stored := len(h.Redrives("deferred", "*"))
+	if started != 3 || deferred != float64(stored) || stored < 3 {
+		t.Fatalf("redrive metrics started=%v deferred=%v, want 3 and the %d deferred events stored", started, deferred, stored)
+	}
+}
+
+// tamper describes a change made to KV behind the pipeline's back while a
+// batch awaits its approval.
+type tamper struct {
+	name    string
+	apply   func(h *pt.H, turn, approvalID string)
+	decider string
+	// Where the failure shows.
+	rejected schemas.Code // the decision is rejected with this code ("" if applied)
+	failed   schemas.Code // the batch then fails with this code
+	// callOnly: the authority is intact and only the call is unusable, so
+	// the batch completes with that call failed (and nothing run).
+	callOnly bool
+}
+
+func TestRedriveFailsClosedOnTamperedAuthority(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: countPolicy})
+	tests := []tamper{
+		{name: "the batch's TurnContext is removed", decider: "alice", failed: schemas.CodeTurnContextMissing,
+			apply: func(h *pt.H, turn, _ string) {
+				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context = nil })
+			}},
+		{name: "the batch's TurnContext names another requester", decider: "alice", failed: schemas.CodeTurnContextMismatch,
+			apply: func(h *pt.H, turn, _ string) {
+				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context.Requester.Principal = "cli:mallory" })
+			}},
+		{name: "the batch's TurnContext has an unknown version", decider: "alice", failed: schemas.CodeSchemaVersionUnsupported,
+			apply: func(h *pt.H, turn, _ string) {
+				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context.V = 7 })
+			}},
+		{name: "the approval's audience is widened", decider: "alice", failed: schemas.CodeTurnContextMismatch,
+			apply: func(h *pt.H, _, id string) {
+				mutateApproval(h, id, func(a *schemas.ApprovalRecord) { a.Context.Audience = schemas.AudiencePublic })
+			}},
+		{name: "the approval's requester is replaced and the impostor approves", decider: "mallory", failed: schemas.CodeTurnContextMismatch,
+			apply: func(h *pt.H, _, id string) {
+				mutateApproval(h, id, func(a *schemas.ApprovalRecord) {
+					a.Context.Requester.Principal, a.Context.Requester.SenderID = "cli:mallory", "mallory"
+				})
+			}},
+		{name: "the approval's arguments are swapped with a matching digest", decider: "alice", failed: schemas.CodeTurnContextMismatch,
+			apply: func(h *pt.H, _, id string) {
+				mutateApproval(h, id, func(a *schemas.ApprovalRecord) {
+					a.Args, a.ArgsDigest, _ = schemas.CanonicalArgs(`{"content":"evil","path":"evil.txt"}`)
+				})
+			}},
+		{name: "the batch's call arguments are swapped", decider: "alice", failed: schemas.CodeArgsDigestMismatch, callOnly: true,
+			apply: func(h *pt.H, turn, _ string) {
+				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Calls[0].Args = `{"content":"evil","path":"evil.txt"}` })
+			}},
+		{name: "the approval record is removed", decider: "alice", rejected: schemas.CodeApprovalNotFound, failed: schemas.CodeApprovalNotFound,
+			apply: func(h *pt.H, _, id string) {
+				ctx, cancel := h.Ctx()
+				defer cancel()
+				if err := h.Store.Approvals.KV.Delete(ctx, id); err != nil {
+					h.T.Fatal(err)
+				}
+			}},
+		{name: "the approval record has an unknown schema version", decider: "alice", rejected: schemas.CodeSchemaVersionUnsupported, failed: schemas.CodeSchemaVersionUnsupported,
+			apply: func(h *pt.H, _, id string) { h.PutRaw(h.Store.Approvals.KV, id, withVersion(h, h.Approval(id), 9)) }},
+		{name: "the approval record has the legacy version 1", decider: "alice", rejected: schemas.CodeSchemaVersionUnsupported, failed: schemas.CodeSchemaVersionUnsupported,
+			apply: func(h *pt.H, _, id string) { h.PutRaw(h.Store.Approvals.KV, id, withVersion(h, h.Approval(id), 1)) }},
+		{name: "the approval record is not msgpack", decider: "alice", rejected: schemas.CodeMalformed, failed: schemas.CodeMalformed,
+			apply: func(h *pt.H, _, id string) { h.PutRaw(h.Store.Approvals.KV, id, []byte("{\"status\":\"approved\"}")) }},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := h.For(t)
+			turn := h.Send(h.Inbound(fmt.Sprintf("tamper%d", i), "alice", write(fmt.Sprintf("t%d.txt", i))))
+			id := schemas.ApprovalID(turn, 0)
+			h.WaitPending(id)
+			tc.apply(h, turn, id)
+
+			d := h.Decide(id, schemas.OptionApprove, tc.decider)
+			if tc.rejected != "" {
+				if rej := h.WaitRejection(d); rej.Code != tc.rejected {
+					t.Fatalf("decision rejected with %s, want %s", rej.Code, tc.rejected)
+				}
+				// Nothing was decided, so nothing triggers a redrive; a
+				// recovery pass (a re-announced batch) must fail closed too.
+				h.PublishRaw(topology.EventSubject(topology.SubjectBatchAwaiting, turn), h.NextID("recover"),
+					mustEncode(h, &schemas.TurnNotice{TurnID: turn, SessionID: "x", Kind: schemas.NoticeAwaiting, At: time.Now()}), nil)
+			}
+			b, out := h.WaitTerminal(turn)
+			if r := b.Results[0]; r.Status != schemas.ResultFailed || r.Code != tc.failed {
+				t.Fatalf("result %+v, want failed %s", r, tc.failed)
+			}
+			if files := h.SandboxFiles(); len(files) != 0 {
+				t.Fatalf("tool ran under tampered authority: %v", files)
+			}
+			if tc.callOnly {
+				if b.State != schemas.BatchCompleted || out.State != schemas.TurnCompleted {
+					t.Fatalf("batch %s outcome %s, want completed with the call failed", b.State, out.State)
+				}
+				return
+			}
+			if b.State != schemas.BatchFailed || b.Code != tc.failed || out.State != schemas.TurnFailed || out.Code != tc.failed {
+				t.Fatalf("batch %s %s, outcome %s %s; want failed %s", b.State, b.Code, out.State, out.Code, tc.failed)
+			}
+			fails := h.WaitRedrives("failed", turn, 1)
+			if len(fails) != 1 || fails[0].Code != tc.failed {
+				t.Fatalf("failed redrive outcomes %+v, want one with %s", fails, tc.failed)
+			}
+			if n := len(h.Redrives("started", turn)); n != 0 {
+				t.Fatalf("%d started outcomes for a batch whose authority was tampered with", n)
+			}
+		})
+	}
+}
+
+func TestUndecodableBatchRecordIsNeverGuessed(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: countPolicy})
+	for i, tc := range []struct {
+		name string
+		raw  func(h *pt.H, b *schemas.BatchRecord) []byte
+		code schemas.Code
+	}{
+		{"an unknown schema version", func(h *pt.H, b *schemas.BatchRecord) []byte { return withVersion(h, b, 2) }, schemas.CodeSchemaVersionUnsupported},
+		{"bytes that are not msgpack", func(*pt.H, *schemas.BatchRecord) []byte { return []byte("not a record") }, schemas.CodeMalformed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := h.For(t)
+			turn := h.Send(h.Inbound(fmt.Sprintf("undecodable%d", i), "alice", write(fmt.Sprintf("u%d.txt", i))))
+			id := schemas.ApprovalID(turn, 0)
+			h.WaitPending(id)
+			h.PutRaw(h.Store.Batches.KV, turn, tc.raw(h, h.Batch(turn)))
+
+			h.Decide(id, schemas.OptionApprove, "alice")
+			// The decided event cannot be acted on: it is dead-lettered with
+			// the decoding code, and the tool never runs.
+			var dl pt.Stored
+			jstest.Eventually(t, pt.Wait, "redriver dead letter", func() bool {
+				for _, m := range h.DLQ(pt.Redriver) {
+					if m.Subject == topology.DLQSubject(pt.Redriver) && m.Header.Get(runner.HeaderOriginalSubject) == topology.EventSubject(topology.SubjectApprovalDecided, turn) {
+						dl = m
+						return true
+					}
+				}
+				return false
+			})
+			if got := dl.Header.Get(runner.HeaderCode); got != string(tc.code) {
+				t.Fatalf("dead letter code %s, want %s", got, tc.code)
+			}
+			ev, err := schemas.Decode[schemas.DecidedEvent](dl.Data)
+			if err != nil || ev.ApprovalID != id {
+				t.Fatalf("dead letter body is not the original decided event: %v %+v", err, ev)
+			}
+			if n := len(h.Redrives("started", turn)); n != 0 {
+				t.Fatalf("%d started outcomes", n)
+			}
+			if files := h.SandboxFiles(); len(files) != 0 {
+				t.Fatalf("tool ran on an undecodable batch: %v", files)
+			}
+		})
+	}
+}
+
+func TestRepublishedDecidedEventRunsTheToolOnce(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}})
+	turn := h.Send(h.Inbound("republish", "alice", pt.Call("count", `{}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitPending(id)
+	h.Decide(id, schemas.OptionApprove, "alice")
+	b, _ := h.WaitTerminal(turn)
+
+	decided := h.Events(topology.EventSubject(topology.SubjectApprovalDecided, turn))
+	awaiting := h.Events(topology.EventSubject(topology.SubjectBatchAwaiting, turn))
+	if len(decided) != 1 || len(awaiting) != 1 {
+		t.Fatalf("%d decided, %d awaiting events stored", len(decided), len(awaiting))
+	}
+	var last uint64
+	for range 3 {
+		for _, m := range []pt.Stored{decided[0], awaiting[0]} {
+			last = h.PublishRaw(m.Subject, h.NextID("again"), m.Data, nil)
+		}
+	}
+	h.WaitConsumed(pt.Redriver, last)
+	if n := count.Total(); n != 1 {
+		t.Fatalf("tool ran %d times, want 1", n)
+	}
+	if n := len(h.Outcomes(turn)); n != 1 {
+		t.Fatalf("%d outcome events, want 1", n)
+	}
+	if n := len(h.Redrives("started", turn)); n != 1 {
+		t.Fatalf("%d started outcomes, want 1", n)
+	}
+	if after := h.Batch(turn); after.State != schemas.BatchCompleted || after.Results[0].FinishedAt != b.Results[0].FinishedAt {
+		t.Fatalf("batch changed: %+v", after.Results[0])
+	}
+}
+
+func TestConcurrentRedrivesStartOnceAndRunOnce(t *testing.T) {
+	count := &pt.Counter{}
+	// The redriver stage does not run: the test plays several redrivers.
+	h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count},
+		Stages: []string{pt.Ingest, pt.Executor, pt.Approver}})
+	turn := h.Send(h.Inbound("racing-redrivers", "alice", pt.Call("count", `{"a":1}`), pt.Call("count", `{"a":2}`)))
+	for i := range 2 {
+		h.WaitPending(schemas.ApprovalID(turn, i))
+	}
+	for i := range 2 {
+		h.Decide(schemas.ApprovalID(turn, i), schemas.OptionApprove, "alice")
+		h.WaitApproval(schemas.ApprovalID(turn, i), "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
+	}
+
+	const workers = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := h.Ctx()
+			defer cancel()
+			for {
+				err := h.Redriver.Redrive(ctx, turn, fmt.Sprintf("worker-%d", w))
+				if err == nil || ctx.Err() != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := h.WaitTerminal(turn)
+	if b.State != schemas.BatchCompleted {
+		t.Fatalf("batch %s", b.State)
+	}
+	for i := range 2 {
+		if n := count.Runs(schemas.CallID(turn, i)); n != 1 {
+			t.Fatalf("call %d ran %d times under %d concurrent redrivers", i, n, workers)
+		}
+	}
+	if n := len(h.Redrives("started", turn)); n != 1 {
+		t.Fatalf("%d started outcomes", n)
+	}
+}
+
+func TestRedriveOfAnUnknownTurnFailsWithBatchRecordMissing(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: countPolicy, Stages: []string{pt.Redriver}})
+	turn := schemas.TurnID("cli", "never-accepted")
+	ev := &schemas.DecidedEvent{ApprovalID: schemas.ApprovalID(turn, 0), TurnID: turn, SessionID: "s", Status: schemas.ApprovalApproved, At: time.Now()}
+	h.Publish(topology.EventSubject(topology.SubjectApprovalDecided, turn), "", ev)
+	fails := h.WaitRedrives("failed", turn, 1)
+	if fails[0].Code != schemas.CodeBatchRecordMissing {
+		t.Fatalf("code %s, want BATCH_RECORD_MISSING", fails[0].Code)
+	}
+	if got := h.Metric("tollgate_redrive_outcomes_total", map[string]string{"kind": "failed"}); got != 1 {
+		t.Fatalf("failed outcomes metric %v", got)
+	}
+}
+
+func TestMalformedRedriverInputIsDeadLettered(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: countPolicy, Stages: []string{pt.Redriver}})
+	tests := []struct {
+		name    string
+		subject string
+		data    []byte
+		code    schemas.Code
+	}{
+		{"garbage on the decided subject", topology.EventSubject(topology.SubjectApprovalDecided, "t-x"), []byte{0xc1}, schemas.CodeMalformed},
+		{"a decided event of an unknown version", topology.EventSubject(topology.SubjectApprovalDecided, "t-y"),
+			rawWithV(t, map[string]any{"v": 5, "approval_id": "a-y-0", "turn_id": "t-y", "status": "approved"}), schemas.CodeSchemaVersionUnsupported},
+		{"an awaiting notice naming an invalid key", topology.EventSubject(topology.SubjectBatchAwaiting, "t-z"),
+			rawWithV(t, map[string]any{"v": 1, "turn_id": "t z", "kind": "awaiting"}), schemas.CodeInvalidInput},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := h.For(t)
+			seq := h.PublishRaw(tc.subject, "", tc.data, nil)
+			dls := h.WaitDLQ(pt.Redriver, i+1)
+			dl := dls[len(dls)-1]
+			if dl.Header.Get(runner.HeaderCode) != string(tc.code) || string(dl.Data) != string(tc.data) ||
+				dl.Header.Get(runner.HeaderOriginalSeq) != fmt.Sprint(seq) {
+				t.Fatalf("dead letter %v %q, want code %s with the original bytes of seq %d", dl.Header, dl.Data, tc.code, seq)
+			}
+		})
+	}
+	// The stage keeps working after the dead letters.
+	turn := schemas.TurnID("cli", "after-dlq")
+	h.Publish(topology.EventSubject(topology.SubjectBatchAwaiting, turn), "", &schemas.TurnNotice{TurnID: turn, SessionID: "s", Kind: schemas.NoticeAwaiting, At: time.Now()})
+	h.WaitRedrives("failed", turn, 1)
+}
+
+// ----- helpers -----
+
+func mutateBatch(h *pt.H, turn string, fn func(*schemas.BatchRecord)) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, _, err := h.Store.Batches.Mutate(ctx, turn, func(b *schemas.BatchRecord) error { fn(b); return nil }); err != nil {
+		h.T.Fatalf("tamper batch: %v", err)
+	}
+}
+
+func mutateApproval(h *pt.H, id string, fn func(*schemas.ApprovalRecord)) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, _, err := h.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error { fn(a); return nil }); err != nil {
+		h.T.Fatalf("tamper approval: %v", err)
+	}
+}
+
+// withVersion encodes r, then rewrites its "v" field to v.
+func withVersion(h *pt.H, r schemas.Record, v int) []byte {
+	h.T.Helper()
+	var m map[string]any
+	if err := msgpack.Unmarshal(mustEncode(h, r), &m); err != nil {
+		h.T.Fatal(err)
+	}
+	m["v"] = v
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	return b
+}
+
+func rawWithV(t *testing.T, m map[string]any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func mustEncode(h *pt.H, r schemas.Record) []byte {
+	h.T.Helper()
+	b, err := schemas.Encode(r)
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	return b
+}
+
+func TestACallWhoseWorkerDiedIsNeverRunTwice(t *testing.T) {
+	const lease = 2 * time.Second
+	tests := []struct {
+		name string
+		age  time.Duration // of the orphaned claim when the decision arrives
+	}{
+		{"a claim older than the lease is reported uncertain at once", 10 * lease},
+		{"a claim younger than the lease is waited out, then reported uncertain", 0},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			count := &pt.Counter{}
+			h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}, ClaimLease: lease, ToolTimeout: lease / 2})
+			turn := h.Send(h.Inbound(fmt.Sprintf("orphan%d", i), "alice", pt.Call("count", `{}`)))
+			id := schemas.ApprovalID(turn, 0)
+			h.WaitPending(id)
+			b := h.Batch(turn)
+			call := b.Calls[0]
+			// A redriver claimed the call, then died before recording a result.
+			ctx, cancel := h.Ctx()
+			defer cancel()
+			claim := &schemas.ExecutionClaim{CallID: call.CallID, TurnID: turn, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
+				Worker: "redriver@dead", ClaimedAt: time.Now().UTC().Add(-tc.age)}
+			if _, err := h.Store.Claims.Create(ctx, call.CallID, claim); err != nil {
+				t.Fatal(err)
+			}
+
+			h.Decide(id, schemas.OptionApprove, "alice")
+			b, out := h.WaitTerminal(turn)
+			r := b.Results[0]
+			if r.Status != schemas.ResultNeedsAttention || r.Code != schemas.CodeExecutionUncertain || out.Results[0].Code != schemas.CodeExecutionUncertain {
+				t.Fatalf("result %+v, want needs_attention EXECUTION_UNCERTAIN", r)
+			}
+			if n := count.Total(); n != 0 {
+				t.Fatalf("tool ran %d times after its worker died mid-call", n)
+			}
+			if tc.age == 0 && h.Metric("tollgate_messages_retried_total", map[string]string{"stage": pt.Redriver}) == 0 {
+				t.Fatal("a held claim was not retried")
+			}
+		})
+	}
+}
+
+func TestResumesABatchWhoseRedriverDiedAfterStartingIt(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count},
+		Stages: []string{pt.Ingest, pt.Executor, pt.Approver}})
+	turn := h.Send(h.Inbound("resume", "alice", pt.Call("count", `{}`), pt.Call("count", `{"b":2}`)))
+	for i := range 2 {
+		h.WaitPending(schemas.ApprovalID(turn, i))
+	}
+	h.Decide(schemas.ApprovalID(turn, 0), schemas.OptionApprove, "alice")
+	h.Decide(schemas.ApprovalID(turn, 1), schemas.OptionDeny, "alice")
+	for i, want := range []schemas.ApprovalStatus{schemas.ApprovalApproved, schemas.ApprovalDenied} {
+		h.WaitApproval(schemas.ApprovalID(turn, i), string(want), func(a *schemas.ApprovalRecord) bool { return a.Status == want })
+	}
+	// The crashed redriver had moved the batch to started and run nothing.
+	mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
+
+	r := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}, Env: h.Env, Stages: []string{pt.Redriver}})
+	b, out := r.WaitTerminal(turn)
+	r.WaitIdle(pt.Redriver)
+	if b.State != schemas.BatchCompleted || out.State != schemas.TurnCompleted {
+		t.Fatalf("batch %s outcome %s", b.State, out.State)
+	}
+	if b.Results[0].Status != schemas.ResultOK || b.Results[1].Status != schemas.ResultDenied {
+		t.Fatalf("results %+v %+v", b.Results[0], b.Results[1])
+	}
+	if count.Runs(schemas.CallID(turn, 0)) != 1 || count.Total() != 1 {
+		t.Fatalf("tool ran %d times, want once (the approved call)", count.Total())
+	}
+	if n := len(r.Redrives("started", turn)); n != 1 {
+		t.Fatalf("%d started outcomes, want 1", n)
+	}
+}
+
+func TestPendingApprovalSurvivesARestartOfEveryStage(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}})
+	turn := h.Send(h.Inbound("restart", "alice", pt.Call("count", `{}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitPending(id)
+	h.Stop()
+
+	// The decision arrives while nothing runs, then every stage restarts.
+	d := h.Decide(id, schemas.OptionApprove, "alice")
+	r := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}, Env: h.Env})
+	b, _ := r.WaitTerminal(turn)
+	if b.State != schemas.BatchCompleted || b.Results[0].Status != schemas.ResultOK || b.Results[0].ApprovalID != id {
+		t.Fatalf("batch %s result %+v", b.State, b.Results[0])
+	}
+	if a := r.Approval(id); a.Decision == nil || a.Decision.DecisionID != d.DecisionID {
+		t.Fatalf("decision %+v", a.Decision)
+	}
+	if n := count.Total(); n != 1 {
+		t.Fatalf("tool ran %d times", n)
+	}
+}
+
+// acceptedTurn is what ingest would publish for m under countPolicy.
+func acceptedTurn(t testing.TB, m *schemas.InboundMessage) *schemas.AcceptedTurn {
+	t.Helper()
+	p, err := policy.Parse([]byte(countPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, err := ingest.Accept(m, p, schemas.Provenance{StreamSeq: 1, ReceivedAt: time.Now().UTC(), IngestedBy: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
+func TestRepeatedDecisionAfterTheDedupeWindowDoesNotRepeatTheOutcome(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}})
+	// A short Nats-Msg-Id window, so the test can outlive it.
+	cfg := topology.DefaultConfig()
+	cfg.DuplicateWindow = 300 * time.Millisecond
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if err := topology.Ensure(ctx, h.JS, cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	turn := h.Send(h.Inbound("late-repeat", "alice", pt.Call("count", `{}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitPending(id)
+	h.Decide(id, schemas.OptionApprove, "alice")
+	h.WaitTerminal(turn)
+
+	// Proof that the window has passed for everything published so far: a
+	// probe stored after the outcome can be stored again.
+	probe := h.NextID("probe")
+	h.PublishRaw("tollgate.event.probe.x", probe, nil, nil)
+	jstest.Eventually(t, pt.Wait, "dedupe window passed", func() bool {
+		ack, err := h.JS.Publish(ctx, "tollgate.event.probe.x", nil, jetstream.WithMsgID(probe))
+		return err == nil && !ack.Duplicate
+	})
+
+	// The requester clicks approve again, long after: an idempotent
+	// success, and the transport is not told the outcome a second time.
+	seq := h.Submit(h.Decision(id, schemas.OptionApprove, "cli", "alice"))
+	h.WaitConsumed(pt.Approver, seq)
+	h.WaitIdle(pt.Redriver)
+	if n := len(h.Decided(turn)); n != 2 {
+		t.Fatalf("%d decided events, want the original and its re-publication", n)
+	}
+	if rej := h.Rejections(id); len(rej) != 0 {
+		t.Fatalf("repeat rejected: %+v", rej[0])
+	}
+	if n := len(h.Outcomes(turn)); n != 1 {
+		t.Fatalf("%d outcome events for one turn, want 1", n)
+	}
+	if n := count.Total(); n != 1 {
+		t.Fatalf("tool ran %d times", n)
+	}
+}
