@@ -146,7 +146,7 @@ func Accept(msg *schemas.InboundMessage, p *policy.Policy, prov schemas.Provenan
 		Channel:       msg.Channel,
 		Audience:      audience,
 		TrustBoundary: rule.TrustBoundary,
-		Interactive:   rule.Interactive && msg.Sender.Kind == schemas.SenderUser,
+		Interactive:   Interactive(rule, msg.Sender),
 		Provenance:    prov,
 		CreatedAt:     prov.ReceivedAt,
 	}
@@ -162,6 +162,14 @@ func Accept(msg *schemas.InboundMessage, p *policy.Policy, prov schemas.Provenan
 		calls[i] = schemas.ToolCall{CallID: schemas.CallID(turnID, i), Index: i, Tool: c.Tool, Args: canon, ArgsDigest: digest}
 	}
 	return &schemas.AcceptedTurn{TurnID: turnID, Context: tc, Text: msg.Text, Calls: calls, AcceptedAt: prov.ReceivedAt}, nil
+}
+
+// Interactive reports whether sender can answer an approval prompt: a user
+// whose identity the transport verified, on a transport whose policy rule
+// allows prompts. It mirrors what the approver accepts from a decider, so a
+// prompt is never emitted that the requester could not validly answer.
+func Interactive(rule policy.TransportRule, sender schemas.Sender) bool {
+	return rule.Interactive && sender.Kind == schemas.SenderUser && sender.Verified
 }
 
 // AudienceOf maps a channel kind to the audience of its turns.

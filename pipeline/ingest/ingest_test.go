@@ -52,6 +52,20 @@ func mustPolicy(t testing.TB) *policy.Policy {
 	return p
 }
 
+func TestAnUnverifiedUserIsNotInteractive(t *testing.T) {
+	m := inbound("cli", schemas.SenderUser, schemas.ChannelDM)
+	m.Sender.Verified = false
+	at, err := ingest.Accept(m, mustPolicy(t), schemas.Provenance{ReceivedAt: receivedAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The approver rejects unverified deciders, so a prompt to this
+	// requester could never be answered by them.
+	if at.Context.Interactive || at.Context.Requester.Verified {
+		t.Fatalf("context %+v: an unverified requester must not be interactive", at.Context)
+	}
+}
+
 func TestAcceptBuildsTheTurnContextOnce(t *testing.T) {
 	p := mustPolicy(t)
 	tests := []struct {
