@@ -1,0 +1,124 @@
+package pipelinetest_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// These benchmarks run the four stages in one process on an embedded
+// server (file storage) and report whole turns per second, next to raw
+// JetStream async publish measured on the same server in the same run. They
+// are indicative only; `make bench` (issue 5) is the full report.
+
+// BenchmarkFastPathTurns: b.N turns of one echo call each, over 64
+// sessions, published asynchronously; the clock stops when the last turn's
+// outcome is stored.
+func BenchmarkFastPathTurns(b *testing.B) {
+	h := pt.Start(b, pt.Options{})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		m := h.Inbound(fmt.Sprintf("s-%d", i%64), "alice", pt.Call("echo", `{"text":"hi"}`))
+		data, err := schemas.Encode(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := h.JS.PublishAsync(topology.InboundSubject(m.Transport), data, jetstream.WithMsgID(m.Transport+":"+m.MessageID)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	waitEvents(b, h, "tollgate.event.turn.outcome.>", uint64(b.N))
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
+}
+
+// BenchmarkApprovalPathTurns: b.N turns of echo + write_file each; an
+// automated decider approves each request as soon as it is published.
+func BenchmarkApprovalPathTurns(b *testing.B) {
+	h := pt.Start(b, pt.Options{})
+	sub, err := h.Env.NC.Subscribe(topology.SubjectApprovalRequested+"*", func(msg *nats.Msg) {
+		a, err := schemas.Decode[schemas.ApprovalRecord](msg.Data)
+		if err != nil {
+			return
+		}
+		d := h.Decision(a.ApprovalID, schemas.OptionApprove, "cli", "alice")
+		data, _ := schemas.Encode(d)
+		_, _ = h.JS.PublishAsync(topology.DecisionSubject(d.Transport, d.ApprovalID), data, jetstream.WithMsgID(d.DecisionID))
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		m := h.Inbound(fmt.Sprintf("s-%d", i%64), "alice", pt.Call("echo", `{"text":"hi"}`),
+			pt.Call("write_file", fmt.Sprintf(`{"path":"f/%d","content":"x"}`, i)))
+		data, err := schemas.Encode(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := h.JS.PublishAsync(topology.InboundSubject(m.Transport), data, jetstream.WithMsgID(m.Transport+":"+m.MessageID)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	waitEvents(b, h, "tollgate.event.turn.outcome.>", uint64(b.N))
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
+}
+
+// BenchmarkRawAsyncPublish is the reference: JetStream async publish of a
+// 300-byte message to a file-backed stream on the same kind of server.
+func BenchmarkRawAsyncPublish(b *testing.B) {
+	h := pt.Start(b, pt.Options{Stages: []string{}})
+	ctx := context.Background()
+	if _, err := h.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "RAW", Subjects: []string{"raw.>"}, Storage: jetstream.FileStorage}); err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, 300)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := h.JS.PublishAsync("raw.x", payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-h.JS.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Fatal("publishes not acknowledged")
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+func waitEvents(b *testing.B, h *pt.H, filter string, n uint64) {
+	b.Helper()
+	s, err := h.JS.Stream(context.Background(), topology.StreamEvents)
+	if err != nil {
+		b.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var got uint64
+		for _, c := range info.State.Subjects {
+			got += c
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d events on %s after 5m", got, n, filter)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
