@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -58,6 +59,20 @@ func checkName(field, s string) error {
 	return nil
 }
 
+// checkTransport enforces a transport name: [a-z0-9_-]{1,64}. Unlike tool
+// names it may not contain '.', because it is one NATS subject token: with a
+// dot, a transport allowed tollgate.decision.submit.slack.> could publish as
+// "slack.enterprise".
+func checkTransport(field, s string) error {
+	if err := checkName(field, s); err != nil {
+		return err
+	}
+	if strings.IndexByte(s, '.') >= 0 {
+		return Errorf(CodeInvalidInput, "%s %q: '.' is not allowed in a transport name", field, s)
+	}
+	return nil
+}
+
 func firstErr(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {
@@ -101,7 +116,7 @@ func (s Sender) check(field string) error {
 
 func (m *InboundMessage) validate() error {
 	if err := firstErr(
-		checkName("transport", m.Transport),
+		checkTransport("transport", m.Transport),
 		checkString("message_id", m.MessageID, MaxIDBytes, true, false),
 		checkString("session_id", m.SessionID, MaxIDBytes, true, false),
 		m.Sender.check("sender"),
@@ -161,7 +176,7 @@ func (c *TurnContext) validate() error {
 		checkString("turn_id", c.TurnID, MaxIDBytes, true, false),
 		checkString("requester.principal", c.Requester.Principal, 2*MaxIDBytes, true, false),
 		checkString("requester.sender_id", c.Requester.SenderID, MaxIDBytes, true, false),
-		checkName("transport", c.Transport),
+		checkTransport("transport", c.Transport),
 		c.Channel.check("channel"),
 		checkString("trust_boundary", c.TrustBoundary, maxShortBytes, true, false),
 	)
@@ -184,7 +199,7 @@ func (d *Decision) validate() error {
 	if err := firstErr(
 		checkString("decision_id", d.DecisionID, MaxIDBytes, true, false),
 		checkString("approval_id", d.ApprovalID, MaxIDBytes, true, false),
-		checkName("transport", d.Transport),
+		checkTransport("transport", d.Transport),
 		d.Decider.check("decider"),
 		checkName("option", d.Option),
 		checkString("args_digest", d.ArgsDigest, maxShortBytes, false, false),

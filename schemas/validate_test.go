@@ -68,6 +68,7 @@ func TestInboundMessageValidation(t *testing.T) {
 		{"missing transport", func(m *schemas.InboundMessage) { m.Transport = "" }, schemas.CodeInvalidInput},
 		{"upper-case transport", func(m *schemas.InboundMessage) { m.Transport = "Slack" }, schemas.CodeInvalidInput},
 		{"transport with a subject wildcard", func(m *schemas.InboundMessage) { m.Transport = "slack.>" }, schemas.CodeInvalidInput},
+		{"transport with a dot (two subject tokens)", func(m *schemas.InboundMessage) { m.Transport = "slack.enterprise" }, schemas.CodeInvalidInput},
 		{"transport longer than 64 bytes", func(m *schemas.InboundMessage) { m.Transport = strings.Repeat("s", 65) }, schemas.CodeInvalidInput},
 		{"missing message id", func(m *schemas.InboundMessage) { m.MessageID = "" }, schemas.CodeInvalidInput},
 		{"message id over the id limit", func(m *schemas.InboundMessage) { m.MessageID = strings.Repeat("m", schemas.MaxIDBytes+1) }, schemas.CodePayloadTooLarge},
@@ -124,6 +125,7 @@ func TestDecisionValidation(t *testing.T) {
 		{"approval id with a control character", func(d *schemas.Decision) { d.ApprovalID = "a-1\r" }, schemas.CodeInvalidInput},
 		{"missing transport", func(d *schemas.Decision) { d.Transport = "" }, schemas.CodeInvalidInput},
 		{"transport with a space", func(d *schemas.Decision) { d.Transport = "ms teams" }, schemas.CodeInvalidInput},
+		{"transport with a dot, which another transport's subject permission would cover", func(d *schemas.Decision) { d.Transport = "slack.enterprise" }, schemas.CodeInvalidInput},
 		{"missing option", func(d *schemas.Decision) { d.Option = "" }, schemas.CodeInvalidInput},
 		{"option with punctuation", func(d *schemas.Decision) { d.Option = "approve!" }, schemas.CodeInvalidInput},
 		{"upper-case option", func(d *schemas.Decision) { d.Option = "APPROVE" }, schemas.CodeInvalidInput},
@@ -168,6 +170,7 @@ func TestTurnContextCheck(t *testing.T) {
 		{"missing session", func() *schemas.TurnContext { c := exampleContext(); c.SessionID = ""; return c }, exTurnID, schemas.CodeTurnContextInvalid},
 		{"missing turn id", func() *schemas.TurnContext { c := exampleContext(); c.TurnID = ""; return c }, exTurnID, schemas.CodeTurnContextInvalid},
 		{"invalid transport", func() *schemas.TurnContext { c := exampleContext(); c.Transport = "Slack!"; return c }, exTurnID, schemas.CodeTurnContextInvalid},
+		{"transport with a dot", func() *schemas.TurnContext { c := exampleContext(); c.Transport = "slack.x"; return c }, exTurnID, schemas.CodeTurnContextInvalid},
 		{"invalid channel kind", func() *schemas.TurnContext { c := exampleContext(); c.Channel.Kind = "x"; return c }, exTurnID, schemas.CodeTurnContextInvalid},
 		{"principal with a control character", func() *schemas.TurnContext {
 			c := exampleContext()
