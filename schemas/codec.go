@@ -41,7 +41,10 @@ type encoder struct {
 }
 
 // Encode stamps r with its type's current schema version and returns its
-// msgpack encoding. It fails only if r does not pass its own validation.
+// msgpack encoding. It fails if r does not pass its own validation, or with
+// CodePayloadTooLarge if the encoding exceeds MaxPayloadBytes (so a record
+// that could never be stored fails permanently rather than as a retryable
+// broker error).
 func Encode(r Record) ([]byte, error) {
 	r.stampVersion()
 	if err := r.validate(); err != nil {
@@ -52,6 +55,9 @@ func Encode(r Record) ([]byte, error) {
 	e.buf.Reset()
 	if err := e.enc.Encode(r); err != nil {
 		return nil, fmt.Errorf("encode %T: %w", r, err)
+	}
+	if e.buf.Len() > MaxPayloadBytes {
+		return nil, Errorf(CodePayloadTooLarge, "encoded %T is %d bytes, limit %d", r, e.buf.Len(), MaxPayloadBytes)
 	}
 	out := make([]byte, e.buf.Len())
 	copy(out, e.buf.Bytes())

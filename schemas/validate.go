@@ -10,13 +10,16 @@ import (
 // Input limits. They bound what a transport or decider can make a worker
 // hold in memory and what ends up in KV.
 const (
-	MaxIDBytes    = 256
-	MaxTextBytes  = 32 << 10
-	MaxCalls      = 32
-	MaxArgsBytes  = 16 << 10
-	MaxNoteBytes  = 4 << 10
-	maxNameBytes  = 64
-	maxShortBytes = 128
+	MaxIDBytes   = 256
+	MaxTextBytes = 32 << 10
+	MaxCalls     = 32
+	MaxArgsBytes = 16 << 10
+	// MaxTotalArgsBytes bounds the arguments of all calls of one message,
+	// which the batch record holds together with their results.
+	MaxTotalArgsBytes = 256 << 10
+	MaxNoteBytes      = 4 << 10
+	maxNameBytes      = 64
+	maxShortBytes     = 128
 )
 
 // checkString enforces a byte limit, valid UTF-8 and no control characters
@@ -128,6 +131,7 @@ func (m *InboundMessage) validate() error {
 	if len(m.Calls) > MaxCalls {
 		return Errorf(CodePayloadTooLarge, "%d calls, limit %d", len(m.Calls), MaxCalls)
 	}
+	total := 0
 	for i, c := range m.Calls {
 		if err := checkName(fmt.Sprintf("calls[%d].tool", i), c.Tool); err != nil {
 			return err
@@ -135,6 +139,10 @@ func (m *InboundMessage) validate() error {
 		if len(c.Args) > MaxArgsBytes {
 			return Errorf(CodePayloadTooLarge, "calls[%d].args is %d bytes, limit %d", i, len(c.Args), MaxArgsBytes)
 		}
+		total += len(c.Args)
+	}
+	if total > MaxTotalArgsBytes {
+		return Errorf(CodePayloadTooLarge, "args of all calls are %d bytes, limit %d", total, MaxTotalArgsBytes)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -138,13 +139,11 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 		return nil, fmt.Errorf("claim %s: %w", call.CallID, err)
 	}
 
-	rctx, cancel := context.WithTimeout(ctx, e.cfg.ToolTimeout)
-	out, runErr := tool.Run(rctx, tools.Call{Context: tc, CallID: call.CallID, Args: call.Args})
-	cancel()
+	out, runErr := e.run(ctx, tool, tc, call)
 	res := e.Result(call, schemas.ResultOK, "", "", approvalID)
-	res.Output = out
+	res.Output = clip(out, MaxOutputBytes)
 	if runErr != nil {
-		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, runErr.Error()
+		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, clip(runErr.Error(), MaxReasonBytes)
 	}
 	e.cfg.Logger.Info("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
 
@@ -164,6 +163,44 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
 	}
 	return nil, fmt.Errorf("record result of %s: %w", call.CallID, werr)
+}
+
+// Bounds on what a tool's result may add to the batch record, the claim and
+// the turn outcome, so that a chatty tool can never make a record too large
+// to store (32 calls * (16 KiB args + 8 KiB output + 1 KiB reason) stays
+// well under the 1 MiB payload limit).
+const (
+	MaxOutputBytes = 8 << 10
+	MaxReasonBytes = 1 << 10
+)
+
+// run calls the tool with a timeout, a copy of the context (a tool cannot
+// alter the authority later calls run under) and a recover: a panicking tool
+// is a failed call, not a crashed batch.
+func (e *Engine) run(ctx context.Context, tool tools.Tool, tc *schemas.TurnContext, call schemas.ToolCall) (out string, err error) {
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.ToolTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = "", fmt.Errorf("tool %s panicked: %v", call.Tool, p)
+			e.cfg.Logger.Error("tool panic", "call", call.CallID, "tool", call.Tool, "panic", p)
+		}
+	}()
+	own := *tc
+	return tool.Run(rctx, tools.Call{Context: &own, CallID: call.CallID, Args: call.Args})
+}
+
+// clip shortens s to at most n bytes (on a rune boundary), marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…[truncated]"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 func hasTurnPrefix(callID, turnID string) bool {
