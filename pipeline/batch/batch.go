@@ -267,6 +267,27 @@ func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.Tool
 	return b, nil
 }
 
+// Abort ends the batch of turnID failed with code, unless it is already
+// terminal, and finishes it (outcome published, session released). Stages
+// call it when they give up on a message that was driving the batch (it is
+// about to be dead-lettered), so that every accepted turn still reaches one
+// terminal outcome and its session is not held forever. A missing batch is
+// not an error: there is nothing to end.
+func (e *Engine) Abort(ctx context.Context, turnID string, code schemas.Code, reason string) error {
+	if !schemas.ValidKey(turnID) {
+		return nil
+	}
+	end, err := e.End(ctx, turnID, nil, code, clip(reason, MaxReasonBytes))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	e.cfg.Logger.Warn("batch aborted", "turn", turnID, "code", code, "state", end.State)
+	return e.Finish(ctx, end)
+}
+
 // Finish publishes the outcome of a terminal batch and releases its session.
 // It is safe to call any number of times: the outcome is published only if
 // the events stream does not hold one for the turn yet. The message id

@@ -104,11 +104,12 @@ func (x *Executor) Run(ctx context.Context) error {
 			Durable:       topology.ConsumerExecutor,
 			FilterSubject: "tollgate.turn.>",
 		},
-		Handler:     x.Handle,
-		JS:          x.cfg.JS,
-		Logger:      x.cfg.Logger,
-		Metrics:     x.cfg.Metrics,
-		Concurrency: x.cfg.Concurrency,
+		Handler:      x.Handle,
+		OnDeadLetter: x.abort,
+		JS:           x.cfg.JS,
+		Logger:       x.cfg.Logger,
+		Metrics:      x.cfg.Metrics,
+		Concurrency:  x.cfg.Concurrency,
 	})
 	if err != nil {
 		return err
@@ -136,6 +137,23 @@ func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
 		return x.Advance(ctx, n.TurnID)
 	default:
 		return schemas.Errorf(schemas.CodeUnknownMessage, "executor does not handle subject %s", subj)
+	}
+}
+
+// abort fails the batch a dead-lettered message was driving, if the message
+// names one (see batch.Engine.Abort).
+func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) {
+	turnID := ""
+	if t, err := schemas.Decode[schemas.AcceptedTurn](m.Data()); err == nil {
+		turnID = t.TurnID
+	} else if n, err := schemas.Decode[schemas.TurnNotice](m.Data()); err == nil {
+		turnID = n.TurnID
+	}
+	if turnID == "" {
+		return
+	}
+	if err := x.cfg.Engine.Abort(ctx, turnID, code, cause.Error()); err != nil {
+		x.cfg.Logger.Error("could not fail the batch of a dead-lettered message", "turn", turnID, "code", code, "err", err)
 	}
 }
 

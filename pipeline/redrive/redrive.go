@@ -91,11 +91,12 @@ func (r *Redriver) Run(ctx context.Context) error {
 			Durable:        topology.ConsumerRedriver,
 			FilterSubjects: []string{topology.SubjectApprovalDecided + "*", topology.SubjectBatchAwaiting + "*"},
 		},
-		Handler:     r.Handle,
-		JS:          r.cfg.JS,
-		Logger:      r.cfg.Logger,
-		Metrics:     r.cfg.Metrics,
-		Concurrency: r.cfg.Concurrency,
+		Handler:      r.Handle,
+		OnDeadLetter: r.abort,
+		JS:           r.cfg.JS,
+		Logger:       r.cfg.Logger,
+		Metrics:      r.cfg.Metrics,
+		Concurrency:  r.cfg.Concurrency,
 	})
 	if err != nil {
 		return err
@@ -126,6 +127,26 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 		return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", turnID)
 	}
 	return r.Redrive(ctx, turnID, trigger)
+}
+
+// abort fails the batch a dead-lettered event was driving (see
+// batch.Engine.Abort): a batch whose redrive gave up ends failed rather
+// than waiting forever.
+func (r *Redriver) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) {
+	turnID := ""
+	if ev, err := schemas.Decode[schemas.DecidedEvent](m.Data()); err == nil {
+		turnID = ev.TurnID
+	} else if n, err := schemas.Decode[schemas.TurnNotice](m.Data()); err == nil {
+		turnID = n.TurnID
+	}
+	if turnID == "" {
+		return
+	}
+	if err := r.cfg.Engine.Abort(ctx, turnID, code, cause.Error()); err != nil {
+		r.cfg.Logger.Error("could not fail the batch of a dead-lettered event", "turn", turnID, "code", code, "err", err)
+		return
+	}
+	_ = r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveFailed, Code: code, Reason: "redrive gave up: " + cause.Error(), Trigger: "dead-letter"})
 }
 
 // Redrive evaluates the batch barrier of turnID and acts on it. It is

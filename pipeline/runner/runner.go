@@ -72,8 +72,13 @@ type Config struct {
 	MaxAttempts int                        // deliveries before dead-lettering a transient failure (default 50)
 	Concurrency int                        // shard goroutines (default 1)
 	ShardKey    func(jetstream.Msg) string // default: the subject
-	BaseDelay   time.Duration              // first NAK delay (default 250ms), doubled per attempt, capped at MaxDelay
-	MaxDelay    time.Duration              // default 30s
+	// OnDeadLetter, if set, runs before a message is dead-lettered, so the
+	// stage can close out the work the message was driving (for a turn:
+	// fail its batch closed, so it still reaches a terminal outcome and its
+	// session moves on). It must be idempotent; a panic in it is recovered.
+	OnDeadLetter func(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error)
+	BaseDelay    time.Duration // first NAK delay (default 250ms), doubled per attempt, capped at MaxDelay
+	MaxDelay     time.Duration // default 30s
 }
 
 // Validate reports missing wiring.
@@ -318,6 +323,16 @@ func (r *Runner) keepAlive(m jetstream.Msg) (stop func()) {
 // terminates it. If the copy fails, m is NAKed so that nothing is lost.
 func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, code schemas.Code, cause error, log *slog.Logger) {
 	c := r.cfg
+	if c.OnDeadLetter != nil {
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					log.Error("OnDeadLetter panic", "panic", p)
+				}
+			}()
+			c.OnDeadLetter(ctx, m, code, cause)
+		}()
+	}
 	hdr := nats.Header{}
 	for k, v := range m.Headers() {
 		// Nats-* headers (message id, expected stream or sequence, TTL,

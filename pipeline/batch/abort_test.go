@@ -1,0 +1,75 @@
+package batch_test
+
+import (
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// A batch whose driving message is given up (dead-lettered) must still end
+// once, tell its outcome, and hand its session to the next turn.
+func TestAbortEndsTheBatchOnceAndFreesItsSession(t *testing.T) {
+	f := newFixture(t)
+	h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
+	first, next := schemas.TurnID("cli", "abort-1"), schemas.TurnID("cli", "abort-2")
+	const session = "abort-session"
+	for i, turn := range []string{first, next} {
+		var calls []schemas.ToolCall
+		state := schemas.BatchQueued
+		if i == 0 {
+			calls, state = []schemas.ToolCall{call(first, 0, "count", `{}`)}, schemas.BatchRunning
+		}
+		rec := &schemas.BatchRecord{
+			TurnID: turn, SessionID: session, Context: turnContext(turn), Calls: calls, State: state,
+			Approvals: make([]string, len(calls)), Results: make([]*schemas.ToolResult, len(calls)),
+		}
+		if _, err := f.st.Batches.Create(ctx(t), turn, rec); err != nil {
+			t.Fatal(err)
+		}
+		// first becomes active, next queues behind it.
+		if active, err := f.eng.Acquire(ctx(t), session, turn); err != nil || active != (i == 0) {
+			t.Fatalf("acquire %s: %v %v", turn, active, err)
+		}
+	}
+
+	for range 2 { // idempotent
+		if err := f.eng.Abort(ctx(t), first, schemas.CodeRetriesExhausted, "gave up"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _, err := f.st.Batches.Get(ctx(t), first)
+	if err != nil || got.State != schemas.BatchFailed || got.Code != schemas.CodeRetriesExhausted {
+		t.Fatalf("batch %+v %v, want failed RETRIES_EXHAUSTED", got, err)
+	}
+	if r := got.Results[0]; r == nil || r.Status != schemas.ResultFailed || r.Code != schemas.CodeRetriesExhausted {
+		t.Fatalf("call result %+v, want failed with the abort code", r)
+	}
+	if f.count.Total() != 0 {
+		t.Fatalf("the tool ran %d times during an abort", f.count.Total())
+	}
+	outs := h.Outcomes(first)
+	if len(outs) != 1 || outs[0].State != schemas.TurnFailed || outs[0].Code != schemas.CodeRetriesExhausted {
+		t.Fatalf("outcomes %+v, want one failed outcome", outs)
+	}
+	s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+	if err != nil || s.Active != next || len(s.Queue) != 0 {
+		t.Fatalf("session %+v %v, want %s active", s, err, next)
+	}
+	notices := pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey(session))))
+	if len(notices) != 1 || notices[0].TurnID != next {
+		t.Fatalf("ready notices %+v, want one for %s", notices, next)
+	}
+
+	// A terminal batch is left as it is; a missing one is nothing to end.
+	if err := f.eng.Abort(ctx(t), first, schemas.CodeHandlerPanic, "again"); err != nil {
+		t.Fatal(err)
+	}
+	if again, _, _ := f.st.Batches.Get(ctx(t), first); again.Code != schemas.CodeRetriesExhausted {
+		t.Fatalf("a second abort rewrote a terminal batch: %+v", again)
+	}
+	if err := f.eng.Abort(ctx(t), schemas.TurnID("cli", "never-accepted"), schemas.CodeHandlerPanic, "x"); err != nil {
+		t.Fatalf("abort of a missing batch: %v", err)
+	}
+}
