@@ -574,15 +574,18 @@ func acceptedTurn(t testing.TB, m *schemas.InboundMessage) *schemas.AcceptedTurn
 
 func TestRepeatedDecisionAfterTheDedupeWindowDoesNotRepeatTheOutcome(t *testing.T) {
 	count := &pt.Counter{}
-	h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}})
-	// A short Nats-Msg-Id window, so the test can outlive it.
+	// A short Nats-Msg-Id window, so the test can outlive it. It is set
+	// before the stages start: nats-server 2.15 races (under -race) when a
+	// stream update overlaps the stages creating their consumers.
+	env := jstest.Start(t)
 	cfg := topology.DefaultConfig()
 	cfg.DuplicateWindow = 300 * time.Millisecond
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	if err := topology.Ensure(ctx, h.JS, cfg); err != nil {
+	if err := topology.Ensure(jstest.Ctx(t), env.JS, cfg); err != nil {
 		t.Fatal(err)
 	}
+	h := pt.Start(t, pt.Options{Env: env, Policy: countPolicy, Tools: []tools.Tool{count}})
+	ctx, cancel := h.Ctx()
+	defer cancel()
 
 	turn := h.Send(h.Inbound("late-repeat", "alice", pt.Call("count", `{}`)))
 	id := schemas.ApprovalID(turn, 0)
