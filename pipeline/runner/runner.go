@@ -10,24 +10,24 @@
 //   - a panic: recovered, counted, dead-lettered with HANDLER_PANIC.
 //
 // Nothing is dropped: if the dead-letter publish itself fails, the message is
-// NAKed and tried again later. While a handler runs, the runner signals
-// InProgress so that work longer than AckWait is not redelivered under it.
+// NAKed and tried again later. While a message is held (running, or queued
+// behind its key), the runner signals InProgress so that work longer than
+// AckWait is not redelivered under it.
 //
-// Messages with the same shard key (by default the subject) are handled in
-// delivery order by one goroutine; different keys run concurrently, up to
-// Concurrency at once.
+// Messages with the same shard key (by default the subject) are handled one
+// at a time in delivery order; different keys run concurrently on up to
+// Concurrency workers, and a slow key never holds up another (it occupies
+// one worker; its later messages wait in its own queue).
 package runner
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -70,7 +70,7 @@ type Config struct {
 
 	// Optional; zero values get the defaults below.
 	MaxAttempts int                        // deliveries before dead-lettering a transient failure (default 50)
-	Concurrency int                        // shard goroutines (default 1)
+	Concurrency int                        // workers (default 1)
 	ShardKey    func(jetstream.Msg) string // default: the subject
 	// OnDeadLetter, if set, runs before a message is dead-lettered, so the
 	// stage can close out the work the message was driving (for a turn:
@@ -166,36 +166,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 
-	// quit abandons messages still queued in shards (they are not acked, so
-	// the server redelivers them); it is used only when a drain times out.
-	quit := make(chan struct{})
-	shards := make([]chan jetstream.Msg, c.Concurrency)
-	var wg sync.WaitGroup
-	for i := range shards {
-		shards[i] = make(chan jetstream.Msg, 16)
-		wg.Add(1)
-		go func(in <-chan jetstream.Msg) {
-			defer wg.Done()
-			for {
-				select {
-				case m, ok := <-in:
-					if !ok {
-						return
-					}
-					r.handle(work, m)
-				case <-quit:
-					return
-				}
-			}
-		}(shards[i])
-	}
+	d := newDispatcher(c.Concurrency, func(m jetstream.Msg) { r.handle(work, m) })
+	stopKeepAlive := make(chan struct{})
+	go d.keepAlive(c.Consumer.AckWait/3, stopKeepAlive)
+	defer close(stopKeepAlive)
 
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case shards[shardOf(c.ShardKey(m), len(shards))] <- m:
-		case <-quit:
-		}
-	},
+	cc, err := cons.Consume(func(m jetstream.Msg) { d.submit(c.ShardKey(m), m) },
 		jetstream.PullMaxMessages(256),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
@@ -206,10 +182,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}),
 	)
 	if err != nil {
-		for _, s := range shards {
-			close(s)
-		}
-		wg.Wait()
+		d.stop()
 		return fmt.Errorf("%s: consume: %w", c.Stage, err)
 	}
 	c.Logger.Info("stage consuming", "stream", c.Stream, "consumer", c.Consumer.Durable)
@@ -218,30 +191,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	cc.Drain()
 	select {
 	case <-cc.Closed():
-		// The callback will not run again: let the shards finish what
-		// they hold, then stop.
-		for _, s := range shards {
-			close(s)
-		}
+		// No more deliveries: finish everything already held.
+		d.drain()
 	case <-time.After(c.Consumer.AckWait):
-		// The drain is stuck: stop pulling and abandon queued messages
-		// to redelivery. Shards are not closed, since the callback may
-		// still be sending.
+		// The drain is stuck: stop pulling and leave queued messages
+		// unacknowledged, for redelivery.
 		cc.Stop()
-		close(quit)
+		d.stop()
 	}
-	wg.Wait()
 	c.Logger.Info("stage drained")
 	return nil
-}
-
-func shardOf(key string, n int) int {
-	if n == 1 {
-		return 0
-	}
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % uint32(n))
 }
 
 // handle runs the handler for one delivery and settles it.
@@ -251,9 +210,7 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg) {
 	c.Metrics.Received.WithLabelValues(c.Stage).Inc()
 	defer func() { c.Metrics.Duration.WithLabelValues(c.Stage).Observe(time.Since(start).Seconds()) }()
 
-	stop := r.keepAlive(m)
 	err := r.invoke(ctx, m)
-	stop()
 
 	meta, _ := m.Metadata()
 	deliveries := uint64(1)
@@ -299,24 +256,6 @@ func (r *Runner) invoke(ctx context.Context, m jetstream.Msg) (err error) {
 		}
 	}()
 	return r.cfg.Handler(ctx, m)
-}
-
-// keepAlive signals InProgress every third of AckWait until stop is called.
-func (r *Runner) keepAlive(m jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	t := time.NewTicker(r.cfg.Consumer.AckWait / 3)
-	go func() {
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = m.InProgress()
-			}
-		}
-	}()
-	return func() { close(done) }
 }
 
 // deadLetter copies m to the dead-letter stream with its reason, then
