@@ -206,6 +206,10 @@ func (x *Executor) Advance(ctx context.Context, turnID string) error {
 	if err := checkCalls(b); err != nil {
 		return x.fail(ctx, b, err)
 	}
+	// A batch already running was interrupted part-way (crash or
+	// redelivery): approvals it created before must be reused, not
+	// re-evaluated under a policy that may have changed since.
+	resumed := b.State == schemas.BatchRunning
 	if b.State == schemas.BatchQueued {
 		active, err := eng.Acquire(ctx, b.SessionID, b.TurnID)
 		if err != nil {
@@ -229,11 +233,11 @@ func (x *Executor) Advance(ctx context.Context, turnID string) error {
 			return x.Advance(ctx, turnID)
 		}
 	}
-	return x.run(ctx, b)
+	return x.run(ctx, b, resumed)
 }
 
 // run evaluates and runs a batch in state running.
-func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord) error {
+func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, resumed bool) error {
 	eng, tc := x.cfg.Engine, b.Context
 	results := slices.Clone(b.Results)
 	approvals := slices.Clone(b.Approvals)
@@ -245,6 +249,18 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord) error {
 		if approvals[i] != "" {
 			waiting++
 			continue
+		}
+		if resumed {
+			id := schemas.ApprovalID(b.TurnID, call.Index)
+			_, _, err := x.cfg.Store.Approvals.Get(ctx, id)
+			if err == nil {
+				approvals[i] = id
+				waiting++
+				continue
+			}
+			if !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
 		}
 		mode := x.cfg.Policy.ModeFor(call.Tool, tc.Audience)
 		x.calls.WithLabelValues(string(mode)).Inc()
