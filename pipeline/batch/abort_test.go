@@ -1,6 +1,7 @@
 package batch_test
 
 import (
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -71,5 +72,34 @@ func TestAbortEndsTheBatchOnceAndFreesItsSession(t *testing.T) {
 	}
 	if err := f.eng.Abort(ctx(t), schemas.TurnID("cli", "never-accepted"), schemas.CodeHandlerPanic, "x"); err != nil {
 		t.Fatalf("abort of a missing batch: %v", err)
+	}
+}
+
+func TestTurnOfFindsTheTurnAMessageNames(t *testing.T) {
+	turn := schemas.TurnID("cli", "turn-of")
+	enc := func(r schemas.Record) []byte {
+		b, err := schemas.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	cases := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"an accepted turn", enc(&schemas.AcceptedTurn{TurnID: turn, Context: turnContext(turn)}), turn},
+		{"a ready notice", enc(&schemas.TurnNotice{TurnID: turn, Kind: schemas.NoticeReady}), turn},
+		{"a decided event", enc(&schemas.DecidedEvent{ApprovalID: schemas.ApprovalID(turn, 0), TurnID: turn, Status: schemas.ApprovalApproved}), turn},
+		{"a decision names no turn", enc(&schemas.Decision{DecisionID: "d", ApprovalID: "a-1-0", Transport: "cli", Decider: schemas.Sender{ID: "x", Kind: schemas.SenderUser}, Option: "approve"}), ""},
+		{"garbage", []byte{0xc1}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := batch.TurnOf(tc.data); got != tc.want {
+				t.Fatalf("TurnOf = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -288,6 +288,23 @@ func (e *Engine) Abort(ctx context.Context, turnID string, code schemas.Code, re
 	return e.Finish(ctx, end)
 }
 
+// TurnOf returns the turn id that a pipeline message names (an accepted
+// turn, a turn notice or a decided event), or "" if it names none or does
+// not decode. Stages use it to find the batch a message they give up on was
+// driving.
+func TurnOf(data []byte) string {
+	if t, err := schemas.Decode[schemas.AcceptedTurn](data); err == nil {
+		return t.TurnID
+	}
+	if n, err := schemas.Decode[schemas.TurnNotice](data); err == nil {
+		return n.TurnID
+	}
+	if ev, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
+		return ev.TurnID
+	}
+	return ""
+}
+
 // Finish publishes the outcome of a terminal batch and releases its session.
 // It is safe to call any number of times: the outcome is published only if
 // the events stream does not hold one for the turn yet. The message id

@@ -143,12 +143,7 @@ func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
 // abort fails the batch a dead-lettered message was driving, if the message
 // names one (see batch.Engine.Abort).
 func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) {
-	turnID := ""
-	if t, err := schemas.Decode[schemas.AcceptedTurn](m.Data()); err == nil {
-		turnID = t.TurnID
-	} else if n, err := schemas.Decode[schemas.TurnNotice](m.Data()); err == nil {
-		turnID = n.TurnID
-	}
+	turnID := batch.TurnOf(m.Data())
 	if turnID == "" {
 		return
 	}

@@ -133,12 +133,7 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 // batch.Engine.Abort): a batch whose redrive gave up ends failed rather
 // than waiting forever.
 func (r *Redriver) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) {
-	turnID := ""
-	if ev, err := schemas.Decode[schemas.DecidedEvent](m.Data()); err == nil {
-		turnID = ev.TurnID
-	} else if n, err := schemas.Decode[schemas.TurnNotice](m.Data()); err == nil {
-		turnID = n.TurnID
-	}
+	turnID := batch.TurnOf(m.Data())
 	if turnID == "" {
 		return
 	}
