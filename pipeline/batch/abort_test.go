@@ -1,10 +1,10 @@
 package batch_test
 
 import (
-	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
