@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -158,22 +159,47 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 }
 
 // Ensure creates or updates every stream and bucket. It is idempotent and
-// safe to call concurrently from several processes.
+// safe to call concurrently from several processes. A stream or bucket
+// whose configuration already matches is left alone (only read), so that
+// many workers starting together do not rewrite every stream's config
+// while their peers create consumers on it.
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
 	for _, sc := range c.Streams() {
+		if s, err := js.Stream(ctx, sc.Name); err == nil && streamMatches(s.CachedInfo().Config, sc) {
+			continue
+		}
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", sc.Name, err)
 		}
 	}
 	for _, kc := range c.Buckets() {
+		if s, err := js.Stream(ctx, "KV_"+kc.Bucket); err == nil && bucketMatches(s.CachedInfo().Config, kc) {
+			continue
+		}
 		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
 			return fmt.Errorf("ensure bucket %s: %w", kc.Bucket, err)
 		}
 	}
 	return nil
+}
+
+// streamMatches reports whether an existing stream has every setting Ensure
+// controls.
+func streamMatches(have, want jetstream.StreamConfig) bool {
+	return slices.Equal(have.Subjects, want.Subjects) && have.Description == want.Description &&
+		have.Retention == want.Retention && have.MaxAge == want.MaxAge && have.Storage == want.Storage &&
+		have.Replicas == want.Replicas && have.Duplicates == want.Duplicates &&
+		have.MaxMsgSize == want.MaxMsgSize && have.Discard == want.Discard
+}
+
+// bucketMatches reports whether a bucket's backing stream has every setting
+// Ensure controls.
+func bucketMatches(have jetstream.StreamConfig, want jetstream.KeyValueConfig) bool {
+	return have.Description == want.Description && have.MaxMsgsPerSubject == int64(want.History) &&
+		have.Storage == want.Storage && have.Replicas == want.Replicas && have.MaxMsgSize == want.MaxValueSize
 }
 
 // Buckets is the set of KV handles every stage uses.

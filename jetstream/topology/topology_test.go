@@ -381,3 +381,64 @@ func TestStreamsAndBucketsAreDistinct(t *testing.T) {
 		t.Errorf("%d streams and buckets, want 9", len(seen))
 	}
 }
+
+// A second Ensure over a topology that already matches writes nothing: no
+// stream or bucket is updated (many workers start at once, and rewriting a
+// stream's config while peers create consumers on it is needless churn).
+// A drifted bucket is still converged.
+func TestEnsureLeavesAMatchingTopologyAlone(t *testing.T) {
+	nc, js, ctx := bare(t)
+	cfg := topology.DefaultConfig()
+	if err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	updates := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.UPDATED.>", updates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// A marker update, whose advisory arrives after any Ensure caused.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MARKER", Subjects: []string{"marker"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: "MARKER", Subjects: []string{"marker"}, MaxMsgs: 10}); err != nil {
+		t.Fatal(err)
+	}
+wait:
+	for {
+		select {
+		case m := <-updates:
+			if m.Subject == "$JS.EVENT.ADVISORY.STREAM.UPDATED.MARKER" {
+				break wait
+			}
+			t.Fatalf("Ensure over a matching topology updated %s", m.Subject)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no advisory for the marker update")
+		}
+	}
+
+	kv, err := js.KeyValue(ctx, topology.BucketSessions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.UpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: topology.BucketSessions, History: 7, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.History() != 1 {
+		t.Fatalf("drifted bucket history %d, want it converged to 1", st.History())
+	}
+}
