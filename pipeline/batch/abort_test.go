@@ -103,3 +103,32 @@ func TestTurnOfFindsTheTurnAMessageNames(t *testing.T) {
 		})
 	}
 }
+
+// Conclude publishes one outcome however many times, and however
+// concurrently, it is called for a batch.
+func TestConcludePublishesOneOutcome(t *testing.T) {
+	f := newFixture(t)
+	h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
+	turn := schemas.TurnID("cli", "conclude")
+	newBatch(t, f, turn, schemas.BatchStarted, call(turn, 0, "count", `{}`))
+	res := f.eng.Result(call(turn, 0, "count", `{}`), schemas.ResultOK, "", "", "")
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			_, err := f.eng.Conclude(ctx(t), turn, []*schemas.ToolResult{res}, "", "")
+			errs <- err
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.eng.Conclude(ctx(t), turn, nil, schemas.CodeHandlerPanic, "late"); err != nil {
+		t.Fatal(err)
+	}
+	outs := h.Outcomes(turn)
+	if len(outs) != 1 || outs[0].State != schemas.TurnCompleted || len(outs[0].Results) != 1 {
+		t.Fatalf("outcomes %+v, want exactly one completed outcome", outs)
+	}
+}

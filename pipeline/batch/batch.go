@@ -240,10 +240,20 @@ func (e *Engine) claimed(ctx context.Context, call schemas.ToolCall, approvalID 
 // the record); otherwise it fails with code and every call without a result
 // gets a failed result with that code. Exactly one End wins for a batch.
 func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
+	b, _, err := e.end(ctx, turnID, results, code, reason)
+	return b, err
+}
+
+// end is End, also reporting whether this call made the batch terminal.
+func (e *Engine) end(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, bool, error) {
+	reason = clip(reason, MaxReasonBytes)
+	ended := false
 	b, _, err := e.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
+		ended = false
 		if b.State.Terminal() {
 			return store.ErrSkip
 		}
+		ended = true
 		for i := range b.Results {
 			if i < len(results) && results[i] != nil {
 				b.Results[i] = results[i]
@@ -262,9 +272,21 @@ func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.Tool
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("end batch %s: %w", turnID, err)
+		return nil, false, fmt.Errorf("end batch %s: %w", turnID, err)
 	}
-	return b, nil
+	return b, ended, nil
+}
+
+// Conclude is End followed by Finish, for the stages. When this call is the
+// one that made the batch terminal, Finish skips its look-up of an earlier
+// outcome: none can exist, and a concurrent publisher of the same outcome
+// is within the duplicate window, so the message id dedupes it.
+func (e *Engine) Conclude(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
+	b, ended, err := e.end(ctx, turnID, results, code, reason)
+	if err != nil {
+		return nil, err
+	}
+	return b, e.finish(ctx, b, !ended)
 }
 
 // Abort ends the batch of turnID failed with code, unless it is already
@@ -277,7 +299,7 @@ func (e *Engine) Abort(ctx context.Context, turnID string, code schemas.Code, re
 	if !schemas.ValidKey(turnID) {
 		return nil
 	}
-	end, err := e.End(ctx, turnID, nil, code, clip(reason, MaxReasonBytes))
+	end, err := e.Conclude(ctx, turnID, nil, code, reason)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
@@ -285,7 +307,7 @@ func (e *Engine) Abort(ctx context.Context, turnID string, code schemas.Code, re
 		return err
 	}
 	e.cfg.Logger.Warn("batch aborted", "turn", turnID, "code", code, "state", end.State)
-	return e.Finish(ctx, end)
+	return nil
 }
 
 // TurnOf returns the turn id that a pipeline message names (an accepted
@@ -313,13 +335,21 @@ func TurnOf(data []byte) string {
 // identical decision sent again an hour later), which would otherwise tell
 // the transport the outcome a second time.
 func (e *Engine) Finish(ctx context.Context, b *schemas.BatchRecord) error {
+	return e.finish(ctx, b, true)
+}
+
+// finish is Finish; lookup says whether an earlier outcome may exist.
+func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool) error {
 	if !b.State.Terminal() {
 		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
 	}
 	subj := topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID)
-	stored, err := e.outcomeStored(ctx, subj)
-	if err != nil {
-		return err
+	stored := false
+	if lookup {
+		var err error
+		if stored, err = e.outcomeStored(ctx, subj); err != nil {
+			return err
+		}
 	}
 	if !stored {
 		if err := bus.Publish(ctx, e.cfg.JS, subj, "outcome:"+b.TurnID, Outcome(b)); err != nil {

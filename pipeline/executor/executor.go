@@ -291,11 +291,8 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, resumed bool
 	}
 
 	if waiting == 0 {
-		end, err := eng.End(ctx, b.TurnID, results, "", "")
-		if err != nil {
-			return err
-		}
-		return eng.Finish(ctx, end)
+		_, err := eng.Conclude(ctx, b.TurnID, results, "", "")
+		return err
 	}
 	b, _, err := x.cfg.Store.Batches.Mutate(ctx, b.TurnID, func(b *schemas.BatchRecord) error {
 		if b.State != schemas.BatchRunning {
@@ -368,11 +365,8 @@ func (x *Executor) fail(ctx context.Context, b *schemas.BatchRecord, cause error
 		code = schemas.CodeTurnContextInvalid
 	}
 	x.cfg.Logger.Warn("batch failed closed", "turn", b.TurnID, "code", code, "err", cause)
-	end, err := x.cfg.Engine.End(ctx, b.TurnID, nil, code, cause.Error())
-	if err != nil {
-		return err
-	}
-	return x.cfg.Engine.Finish(ctx, end)
+	_, err := x.cfg.Engine.Conclude(ctx, b.TurnID, nil, code, cause.Error())
+	return err
 }
 
 // checkCalls verifies each call is numbered and identified as ingest would

@@ -287,12 +287,12 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord) error {
 			results[i] = eng.Result(call, schemas.ResultAbandoned, "", "the approval was abandoned", a.ApprovalID)
 		}
 	}
-	end, err := eng.End(ctx, b.TurnID, results, "", "")
+	end, err := eng.Conclude(ctx, b.TurnID, results, "", "")
 	if err != nil {
 		return err
 	}
 	r.cfg.Logger.Info("batch redriven", "turn", b.TurnID, "state", end.State)
-	return eng.Finish(ctx, end)
+	return nil
 }
 
 func principalOf(a *schemas.ApprovalRecord) string {
