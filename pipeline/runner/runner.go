@@ -14,7 +14,10 @@
 // behind its key), the runner signals InProgress so that work longer than
 // AckWait is not redelivered under it.
 //
-// Messages with the same shard key (by default the subject) are handled one
+// Messages with the same shard key (by default the subject's last token:
+// the session key, turn id or approval id that Tollgate subjects end in, so
+// that e.g. a turn's accepted message and its ready notice share a key) are
+// handled one
 // at a time in delivery order; different keys run concurrently on up to
 // Concurrency workers, and a slow key never holds up another (it occupies
 // one worker; its later messages wait in its own queue).
@@ -71,7 +74,7 @@ type Config struct {
 	// Optional; zero values get the defaults below.
 	MaxAttempts int                        // deliveries before dead-lettering a transient failure (default 50)
 	Concurrency int                        // workers (default 1)
-	ShardKey    func(jetstream.Msg) string // default: the subject
+	ShardKey    func(jetstream.Msg) string // default: LastToken of the subject
 	// OnDeadLetter, if set, runs before a message is dead-lettered, so the
 	// stage can close out the work the message was driving (for a turn:
 	// fail its batch closed, so it still reaches a terminal outcome and its
@@ -114,7 +117,7 @@ func (c *Config) defaults() {
 		c.Concurrency = 1
 	}
 	if c.ShardKey == nil {
-		c.ShardKey = func(m jetstream.Msg) string { return m.Subject() }
+		c.ShardKey = LastToken
 	}
 	if c.BaseDelay <= 0 {
 		c.BaseDelay = 250 * time.Millisecond
@@ -134,6 +137,12 @@ func (c *Config) defaults() {
 	if c.Consumer.MaxAckPending == 0 {
 		c.Consumer.MaxAckPending = 1024
 	}
+}
+
+// LastToken returns the last token of m's subject.
+func LastToken(m jetstream.Msg) string {
+	s := m.Subject()
+	return s[strings.LastIndexByte(s, '.')+1:]
 }
 
 // Runner consumes one durable consumer.
