@@ -38,6 +38,7 @@ func TestEndToEnd(t *testing.T) {
 	t.Run("unauthorized_then_deny", c.testUnauthorizedThenDeny)
 	t.Run("no_interactive_requester", c.testNoInteractiveRequester)
 	t.Run("redriver_killed_while_waiting", c.testRedriverKilled)
+	t.Run("nats_server_killed_while_waiting", c.testNATSKilled)
 	t.Run("malformed_inbound_dead_lettered", c.testMalformedInbound)
 
 	// No worker crashed along the way (the redriver was restarted on purpose).
@@ -467,6 +468,44 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 	v, found, body := c.metric(t, "redriver", "tollgate_redrive_outcomes_total", `kind="started"`)
 	if !found || v != 1 {
 		t.Errorf("restarted redriver: tollgate_redrive_outcomes_total{kind=\"started\"} = %v (found %v), want 1\n%s", v, found, body)
+	}
+}
+
+// A SIGKILL of nats-server while a batch waits for approval loses nothing:
+// after the restart the stages reconnect on their own, the pending approval
+// is still there, the decision applies, the call runs once, and new turns
+// flow again.
+func (c *cluster) testNATSKilled(t *testing.T) {
+	n := nonce(t)
+	session := "e2e-broker-" + n
+	wargs := map[string]string{"path": "broker/" + n + ".txt", "content": "survived a broker crash " + n}
+	target := filepath.Join(c.sbox, wargs["path"])
+	turn := c.send(t, session, callArg(t, "write_file", wargs))
+	a := c.pendingFor(t, session, turn, 1)[0]
+
+	c.restartNATS(t)
+
+	if got := c.pendingFor(t, session, turn, 1)[0]; got.ApprovalID != a.ApprovalID {
+		t.Fatalf("after the restart the pending approval is %+v, want %s", got, a.ApprovalID)
+	}
+	d := c.decide(t, "approve", a.ApprovalID, "alice", 0)
+	if d.Status != "approved" {
+		t.Fatalf("approve after the broker restart: %+v", d)
+	}
+	b := c.outcome(t, turn, 30*time.Second)
+	if b.State != "completed" || len(b.Results) != 1 || b.Results[0] == nil || b.Results[0].Status != "ok" {
+		t.Fatalf("after the broker restart: %+v, want completed with an ok result", b)
+	}
+	fileIs(t, target, wargs["content"])
+
+	// A turn sent after the restart flows through every stage.
+	later := c.send(t, session+"-later", `echo={"text":"after the restart"}`)
+	if lb := c.outcome(t, later, 30*time.Second); lb.State != "completed" {
+		t.Fatalf("a turn sent after the broker restart: %+v", lb)
+	}
+	c.waitIdle(t, streamEvents, consumerRedrive)
+	if k := c.toolRuns(a.CallID); k != 1 {
+		t.Errorf("write_file of %s ran %d times across the broker restart, want 1", a.CallID, k)
 	}
 }
 

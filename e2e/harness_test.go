@@ -165,6 +165,7 @@ type cluster struct {
 	logDir string
 	sbox   string // the write_file sandbox of executor and redriver
 	url    string
+	natsP  *proc // the running nats-server
 	nc     *nats.Conn
 	js     jetstream.JetStream
 
@@ -188,6 +189,13 @@ func newCluster(t *testing.T, bin string) *cluster {
 	// Registered first, so it runs last: after every process has stopped
 	// and its log is complete.
 	t.Cleanup(c.dumpLogs)
+	// nats-server stops after the stages (cleanups run last-in first-out),
+	// even one restarted mid-test, so the stages can drain on SIGTERM.
+	t.Cleanup(func() {
+		if c.natsP != nil {
+			c.natsP.stop(10 * time.Second)
+		}
+	})
 	c.startNATS(t)
 	for _, s := range []string{"ingest", "executor", "approver", "redriver"} {
 		c.startStage(t, s)
@@ -223,7 +231,9 @@ func (c *cluster) startProc(t *testing.T, name string, args ...string) *proc {
 	c.mu.Lock()
 	c.procs = append(c.procs, p)
 	c.mu.Unlock()
-	c.top.Cleanup(func() { p.stop(10 * time.Second) })
+	if name != "nats-server" { // see newCluster
+		c.top.Cleanup(func() { p.stop(10 * time.Second) })
+	}
 	return p
 }
 
@@ -250,7 +260,7 @@ func (c *cluster) startNATS(t *testing.T) {
 			return true, ""
 		})
 		if ok {
-			c.url = "nats://" + addr
+			c.url, c.natsP = "nats://"+addr, p
 			break
 		}
 		if attempt == 3 {
@@ -258,7 +268,7 @@ func (c *cluster) startNATS(t *testing.T) {
 		}
 		t.Logf("nats-server exited at start (%v); retrying on another port", p.err)
 	}
-	nc, err := nats.Connect(c.url, nats.Name("tollgate-e2e"))
+	nc, err := nats.Connect(c.url, nats.Name("tollgate-e2e"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("connect %s: %v", c.url, err)
 	}
@@ -272,6 +282,26 @@ func (c *cluster) startNATS(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := js.AccountInfo(ctx)
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
+// restartNATS SIGKILLs the nats-server and starts it again on the same port
+// and store directory, then waits until JetStream answers again.
+func (c *cluster) restartNATS(t *testing.T) {
+	t.Helper()
+	c.natsP.kill(t)
+	addr := strings.TrimPrefix(c.url, "nats://")
+	_, port, _ := net.SplitHostPort(addr)
+	p := c.startProc(t, "nats-server", "-a", "127.0.0.1", "-p", port, "-js", "-sd", filepath.Join(c.dir, "jetstream"))
+	c.natsP = p
+	waitFor(t, 30*time.Second, "JetStream is back after the restart", func() (bool, string) {
+		if p.exited() {
+			t.Fatalf("restarted nats-server exited (%v):\n%s", p.err, p.logText())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := c.js.AccountInfo(ctx)
 		return err == nil, fmt.Sprint(err)
 	})
 }
