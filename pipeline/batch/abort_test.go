@@ -132,3 +132,42 @@ func TestConcludePublishesOneOutcome(t *testing.T) {
 		t.Fatalf("outcomes %+v, want exactly one completed outcome", outs)
 	}
 }
+
+// A failed batch leaves no prompt open: its pending approvals become
+// abandoned (announced once), and decided ones are left as they are.
+func TestAFailedBatchAbandonsItsPendingApprovals(t *testing.T) {
+	f := newFixture(t)
+	h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
+	turn := schemas.TurnID("cli", "abandon")
+	c0, c1 := call(turn, 0, "count", `{}`), call(turn, 1, "count", `{"n":1}`)
+	b := newBatch(t, f, turn, schemas.BatchAwaiting, c0, c1)
+	statuses := []schemas.ApprovalStatus{schemas.ApprovalPending, schemas.ApprovalApproved}
+	for i, c := range []schemas.ToolCall{c0, c1} {
+		id := schemas.ApprovalID(turn, i)
+		rec := &schemas.ApprovalRecord{ApprovalID: id, TurnID: turn, SessionID: b.SessionID, CallID: c.CallID, Context: b.Context,
+			Tool: c.Tool, Args: c.Args, ArgsDigest: c.ArgsDigest, Options: []string{"approve", "deny"}, Status: statuses[i]}
+		if _, err := f.st.Approvals.Create(ctx(t), id, rec); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := f.st.Batches.Mutate(ctx(t), turn, func(r *schemas.BatchRecord) error { r.Approvals[i] = id; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if err := f.eng.Abort(ctx(t), turn, schemas.CodeTurnContextMismatch, "tampered"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a0, _, _ := f.st.Approvals.Get(ctx(t), schemas.ApprovalID(turn, 0))
+	a1, _, _ := f.st.Approvals.Get(ctx(t), schemas.ApprovalID(turn, 1))
+	if a0.Status != schemas.ApprovalAbandoned || a0.Decision == nil || a1.Status != schemas.ApprovalApproved {
+		t.Fatalf("approvals %s / %s, want abandoned / approved (unchanged)", a0.Status, a1.Status)
+	}
+	evs := h.Decided(turn)
+	if len(evs) != 1 || evs[0].ApprovalID != a0.ApprovalID || evs[0].Status != schemas.ApprovalAbandoned {
+		t.Fatalf("decided events %+v, want one abandoned event for %s", evs, a0.ApprovalID)
+	}
+	if f.count.Total() != 0 {
+		t.Fatalf("a tool ran %d times", f.count.Total())
+	}
+}

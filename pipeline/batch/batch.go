@@ -343,6 +343,11 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 	if !b.State.Terminal() {
 		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
 	}
+	if b.State == schemas.BatchFailed {
+		if err := e.abandonPending(ctx, b); err != nil {
+			return err
+		}
+	}
 	subj := topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID)
 	stored := false
 	if lookup {
@@ -357,6 +362,48 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 		}
 	}
 	return e.Release(ctx, b.SessionID, b.TurnID)
+}
+
+// abandonPending moves every approval of a failed batch that is still
+// pending to abandoned (pending -> abandoned, by compare-and-set) and
+// announces it with a decided event, so that no prompt stays open for a
+// call that can no longer run and a transport can disable its buttons. The
+// event is published by the call that made the change (a crash between the
+// two loses only the announcement: the record says abandoned, and the turn's
+// failed outcome is still published). An approval record that cannot be
+// read is left alone (the approver rejects decisions on it too).
+func (e *Engine) abandonPending(ctx context.Context, b *schemas.BatchRecord) error {
+	for _, id := range b.Approvals {
+		if id == "" {
+			continue
+		}
+		changed := false
+		rec, _, err := e.cfg.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error {
+			changed = false
+			if a.Status != schemas.ApprovalPending {
+				return store.ErrSkip
+			}
+			changed = true
+			a.Status = schemas.ApprovalAbandoned
+			a.Decision = &schemas.DecisionInfo{Principal: "tollgate:batch-failed", DecidedAt: e.Now()}
+			return nil
+		})
+		switch {
+		case errors.Is(err, store.ErrNotFound) || schemas.CodeOf(err) != "":
+			continue
+		case err != nil:
+			return fmt.Errorf("abandon %s: %w", id, err)
+		}
+		if !changed {
+			continue // already decided; or abandoned and announced by an earlier finish
+		}
+		e.cfg.Logger.Info("approval abandoned with its failed batch", "approval", id, "turn", b.TurnID)
+		ev := &schemas.DecidedEvent{ApprovalID: id, TurnID: rec.TurnID, SessionID: rec.SessionID, Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt}
+		if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectApprovalDecided, b.TurnID), "decided:"+id, ev); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // outcomeStored reports whether the events stream holds a message on subject.
