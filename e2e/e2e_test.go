@@ -503,7 +503,10 @@ func (c *cluster) testNATSKilled(t *testing.T) {
 	if lb := c.outcome(t, later, 30*time.Second); lb.State != "completed" {
 		t.Fatalf("a turn sent after the broker restart: %+v", lb)
 	}
-	c.waitIdle(t, streamEvents, consumerRedrive)
+	// No waitIdle here: an ack sent while the broker was down is lost, and
+	// that message comes back only after AckWait (30 s). Its redelivery
+	// finds the batch terminal; at-most-once is the claims' job, tested
+	// with concurrent and redelivered triggers in pipeline/redrive.
 	if k := c.toolRuns(a.CallID); k != 1 {
 		t.Errorf("write_file of %s ran %d times across the broker restart, want 1", a.CallID, k)
 	}

@@ -39,27 +39,35 @@ func cmdPending(args []string) int {
 	if err != nil {
 		return fail("pending: %v", err)
 	}
-	lister, err := st.Approvals.KV.ListKeys(ctx)
+	// One watcher streams the latest value of every key (a snapshot), instead
+	// of a Get round trip per key.
+	w, err := st.Approvals.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return fail("pending: %v", err)
 	}
+	defer w.Stop()
 	var recs []*schemas.ApprovalRecord
 	var raw []any
-	for key := range lister.Keys() {
-		e, err := st.Approvals.KV.Get(ctx, key)
-		if err != nil {
-			continue // deleted since listed
+snapshot:
+	for {
+		select {
+		case <-ctx.Done():
+			return fail("pending: listing approvals: %v", ctx.Err())
+		case e := <-w.Updates():
+			if e == nil {
+				break snapshot // every current value has been delivered
+			}
+			rec, err := schemas.Decode[schemas.ApprovalRecord](e.Value())
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "tollgate: skipping %s: %v\n", e.Key(), err)
+				continue
+			}
+			if rec.Status != schemas.ApprovalPending || (*session != "" && rec.SessionID != *session) {
+				continue
+			}
+			recs = append(recs, rec)
+			raw = append(raw, asMap(e.Value()))
 		}
-		rec, err := schemas.Decode[schemas.ApprovalRecord](e.Value())
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "tollgate: skipping %s: %v\n", key, err)
-			continue
-		}
-		if rec.Status != schemas.ApprovalPending || (*session != "" && rec.SessionID != *session) {
-			continue
-		}
-		recs = append(recs, rec)
-		raw = append(raw, asMap(e.Value()))
 	}
 	order := make([]int, len(recs))
 	for i := range order {
