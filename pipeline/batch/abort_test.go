@@ -92,6 +92,7 @@ func TestTurnOfFindsTheTurnAMessageNames(t *testing.T) {
 		{"an accepted turn", enc(&schemas.AcceptedTurn{TurnID: turn, Context: turnContext(turn)}), turn},
 		{"a ready notice", enc(&schemas.TurnNotice{TurnID: turn, Kind: schemas.NoticeReady}), turn},
 		{"a decided event", enc(&schemas.DecidedEvent{ApprovalID: schemas.ApprovalID(turn, 0), TurnID: turn, Status: schemas.ApprovalApproved}), turn},
+		{"a turn id that is not a key", enc(&schemas.TurnNotice{TurnID: "t x", Kind: schemas.NoticeReady}), ""},
 		{"a decision names no turn", enc(&schemas.Decision{DecisionID: "d", ApprovalID: "a-1-0", Transport: "cli", Decider: schemas.Sender{ID: "x", Kind: schemas.SenderUser}, Option: "approve"}), ""},
 		{"garbage", []byte{0xc1}, ""},
 	}

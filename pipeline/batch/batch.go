@@ -294,13 +294,22 @@ func (e *Engine) Conclude(ctx context.Context, turnID string, results []*schemas
 // call it when they give up on a message that was driving the batch (it is
 // about to be dead-lettered), so that every accepted turn still reaches one
 // terminal outcome and its session is not held forever. A missing batch is
-// not an error: there is nothing to end.
+// not an error: there is nothing to end; nor is a batch that can never be
+// ended (a record that does not decode). Any other error is transient, and
+// the caller should retry the abort rather than give the message up.
 func (e *Engine) Abort(ctx context.Context, turnID string, code schemas.Code, reason string) error {
 	if !schemas.ValidKey(turnID) {
 		return nil
 	}
 	end, err := e.Conclude(ctx, turnID, nil, code, reason)
 	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if c := schemas.CodeOf(err); c != "" {
+		// The batch cannot be closed at all (e.g. its record does not
+		// decode): retrying would not help. Say so; the message is
+		// dead-lettered with its own reason.
+		e.cfg.Logger.Error("batch cannot be aborted", "turn", turnID, "code", code, "abort_error", c, "err", err)
 		return nil
 	}
 	if err != nil {
@@ -315,16 +324,18 @@ func (e *Engine) Abort(ctx context.Context, turnID string, code schemas.Code, re
 // not decode. Stages use it to find the batch a message they give up on was
 // driving.
 func TurnOf(data []byte) string {
+	id := ""
 	if t, err := schemas.Decode[schemas.AcceptedTurn](data); err == nil {
-		return t.TurnID
+		id = t.TurnID
+	} else if n, err := schemas.Decode[schemas.TurnNotice](data); err == nil {
+		id = n.TurnID
+	} else if ev, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
+		id = ev.TurnID
 	}
-	if n, err := schemas.Decode[schemas.TurnNotice](data); err == nil {
-		return n.TurnID
+	if !schemas.ValidKey(id) {
+		return "" // not a turn id Tollgate could have made
 	}
-	if ev, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
-		return ev.TurnID
-	}
-	return ""
+	return id
 }
 
 // Finish publishes the outcome of a terminal batch and releases its session.

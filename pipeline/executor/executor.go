@@ -142,14 +142,12 @@ func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
 
 // abort fails the batch a dead-lettered message was driving, if the message
 // names one (see batch.Engine.Abort).
-func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) {
+func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error {
 	turnID := batch.TurnOf(m.Data())
 	if turnID == "" {
-		return
+		return nil
 	}
-	if err := x.cfg.Engine.Abort(ctx, turnID, code, cause.Error()); err != nil {
-		x.cfg.Logger.Error("could not fail the batch of a dead-lettered message", "turn", turnID, "code", code, "err", err)
-	}
+	return x.cfg.Engine.Abort(ctx, turnID, code, cause.Error())
 }
 
 // Accept records the batch of an accepted turn (once) and advances it.

@@ -132,16 +132,15 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 // abort fails the batch a dead-lettered event was driving (see
 // batch.Engine.Abort): a batch whose redrive gave up ends failed rather
 // than waiting forever.
-func (r *Redriver) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) {
+func (r *Redriver) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error {
 	turnID := batch.TurnOf(m.Data())
 	if turnID == "" {
-		return
+		return nil
 	}
 	if err := r.cfg.Engine.Abort(ctx, turnID, code, cause.Error()); err != nil {
-		r.cfg.Logger.Error("could not fail the batch of a dead-lettered event", "turn", turnID, "code", code, "err", err)
-		return
+		return err
 	}
-	_ = r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveFailed, Code: code, Reason: "redrive gave up: " + cause.Error(), Trigger: "dead-letter"})
+	return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveFailed, Code: code, Reason: "redrive gave up: " + cause.Error(), Trigger: "dead-letter"})
 }
 
 // Redrive evaluates the batch barrier of turnID and acts on it. It is

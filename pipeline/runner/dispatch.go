@@ -18,14 +18,15 @@ type dispatcher struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	queues   map[string][]jetstream.Msg // per key: head is running or next to run
+	held     map[jetstream.Msg]struct{} // kept alive: queued, or running and not yet settled
 	runnable []string                   // keys whose head may run now, FIFO
 	draining bool                       // finish what is held, then stop
 	abandon  bool                       // stop after the current messages
 	wg       sync.WaitGroup
 }
 
-func newDispatcher(n int, handle func(jetstream.Msg)) *dispatcher {
-	d := &dispatcher{queues: map[string][]jetstream.Msg{}}
+func newDispatcher(n int, handle func(m jetstream.Msg, release func())) *dispatcher {
+	d := &dispatcher{queues: map[string][]jetstream.Msg{}, held: map[jetstream.Msg]struct{}{}}
 	d.cond = sync.NewCond(&d.mu)
 	for range n {
 		d.wg.Add(1)
@@ -43,13 +44,14 @@ func (d *dispatcher) submit(key string, m jetstream.Msg) {
 	}
 	q := d.queues[key]
 	d.queues[key] = append(q, m)
+	d.held[m] = struct{}{}
 	if len(q) == 0 {
 		d.runnable = append(d.runnable, key)
 		d.cond.Signal()
 	}
 }
 
-func (d *dispatcher) work(handle func(jetstream.Msg)) {
+func (d *dispatcher) work(handle func(m jetstream.Msg, release func())) {
 	defer d.wg.Done()
 	d.mu.Lock()
 	for {
@@ -65,7 +67,7 @@ func (d *dispatcher) work(handle func(jetstream.Msg)) {
 		m := d.queues[key][0]
 		d.mu.Unlock()
 
-		handle(m)
+		handle(m, func() { d.release(m) })
 
 		d.mu.Lock()
 		q := d.queues[key][1:]
@@ -90,9 +92,9 @@ func (d *dispatcher) keepAlive(period time.Duration, stop <-chan struct{}) {
 			return
 		case <-t.C:
 			d.mu.Lock()
-			var held []jetstream.Msg
-			for _, q := range d.queues {
-				held = append(held, q...)
+			held := make([]jetstream.Msg, 0, len(d.held))
+			for m := range d.held {
+				held = append(held, m)
 			}
 			d.mu.Unlock()
 			for _, m := range held {
@@ -100,6 +102,13 @@ func (d *dispatcher) keepAlive(period time.Duration, stop <-chan struct{}) {
 			}
 		}
 	}
+}
+
+// release stops keeping m alive; the runner calls it before settling m.
+func (d *dispatcher) release(m jetstream.Msg) {
+	d.mu.Lock()
+	delete(d.held, m)
+	d.mu.Unlock()
 }
 
 // drain lets the workers finish every held message, then waits for them.
@@ -116,6 +125,11 @@ func (d *dispatcher) drain() {
 func (d *dispatcher) stop() {
 	d.mu.Lock()
 	d.abandon = true
+	for _, q := range d.queues {
+		for _, m := range q[1:] { // abandoned to redelivery: stop keeping them
+			delete(d.held, m)
+		}
+	}
 	d.cond.Broadcast()
 	d.mu.Unlock()
 	d.wg.Wait()

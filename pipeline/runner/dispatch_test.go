@@ -2,12 +2,16 @@ package runner_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // A key whose handler is slow holds only itself up: its later messages wait
@@ -79,4 +83,40 @@ func indexOf(s []string, v string) int {
 		}
 	}
 	return -1
+}
+
+// If the stage cannot close out a message's work before it is
+// dead-lettered, the message is not given up: it is NAKed and the hook runs
+// again on the next delivery, and only then is it dead-lettered.
+func TestAFailedDeadLetterHookRetriesInsteadOfGivingUp(t *testing.T) {
+	h := newHarness(t, "hooktest")
+	h.cfg.MaxDelay = 50 * time.Millisecond
+	var mu sync.Mutex
+	var calls []uint64
+	h.cfg.OnDeadLetter = func(_ context.Context, m jetstream.Msg, code schemas.Code, _ error) error {
+		meta, _ := m.Metadata()
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, meta.NumDelivered)
+		if code != schemas.CodeMalformed {
+			t.Errorf("hook got code %s", code)
+		}
+		if len(calls) == 1 {
+			return errors.New("KV unavailable")
+		}
+		return nil
+	}
+	h.run(func(context.Context, jetstream.Msg) error {
+		return schemas.Errorf(schemas.CodeMalformed, "bad")
+	})
+	h.publish(subject("hook"), []byte("x"), nil)
+	dl := h.waitDeadLetters(1)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 2 || calls[0] != 1 || calls[1] != 2 {
+		t.Fatalf("hook ran on deliveries %v, want [1 2]", calls)
+	}
+	if got := dl[0].Header.Get(runner.HeaderDeliveries); got != "2" {
+		t.Fatalf("dead-lettered on delivery %s, want 2 (after the hook succeeded)", got)
+	}
 }

@@ -78,8 +78,10 @@ type Config struct {
 	// OnDeadLetter, if set, runs before a message is dead-lettered, so the
 	// stage can close out the work the message was driving (for a turn:
 	// fail its batch closed, so it still reaches a terminal outcome and its
-	// session moves on). It must be idempotent; a panic in it is recovered.
-	OnDeadLetter func(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error)
+	// session moves on). It must be idempotent. If it fails (or panics),
+	// the message is not dead-lettered but NAKed with a delay, and the hook
+	// runs again on its next delivery: the work is never left half closed.
+	OnDeadLetter func(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error
 	BaseDelay    time.Duration // first NAK delay (default 250ms), doubled per attempt, capped at MaxDelay
 	MaxDelay     time.Duration // default 30s
 }
@@ -175,7 +177,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 
-	d := newDispatcher(c.Concurrency, func(m jetstream.Msg) { r.handle(work, m) })
+	d := newDispatcher(c.Concurrency, func(m jetstream.Msg, release func()) { r.handle(work, m, release) })
 	stopKeepAlive := make(chan struct{})
 	go d.keepAlive(c.Consumer.AckWait/3, stopKeepAlive)
 	defer close(stopKeepAlive)
@@ -213,13 +215,16 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // handle runs the handler for one delivery and settles it.
-func (r *Runner) handle(ctx context.Context, m jetstream.Msg) {
+// release is called once the handler has returned, before the message is
+// settled, so that no keep-alive is sent after an ack or NAK.
+func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 	c := r.cfg
 	start := time.Now()
 	c.Metrics.Received.WithLabelValues(c.Stage).Inc()
 	defer func() { c.Metrics.Duration.WithLabelValues(c.Stage).Observe(time.Since(start).Seconds()) }()
 
 	err := r.invoke(ctx, m)
+	release()
 
 	meta, _ := m.Metadata()
 	deliveries := uint64(1)
@@ -272,14 +277,20 @@ func (r *Runner) invoke(ctx context.Context, m jetstream.Msg) (err error) {
 func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, code schemas.Code, cause error, log *slog.Logger) {
 	c := r.cfg
 	if c.OnDeadLetter != nil {
-		func() {
+		err := func() (err error) {
 			defer func() {
 				if p := recover(); p != nil {
-					log.Error("OnDeadLetter panic", "panic", p)
+					err = fmt.Errorf("OnDeadLetter panic: %v", p)
 				}
 			}()
-			c.OnDeadLetter(ctx, m, code, cause)
+			return c.OnDeadLetter(ctx, m, code, cause)
 		}()
+		if err != nil {
+			log.Error("could not close out the work of a message before dead-lettering it; will retry", "code", code, "err", err)
+			_ = m.NakWithDelay(c.MaxDelay)
+			c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
+			return
+		}
 	}
 	hdr := nats.Header{}
 	for k, v := range m.Headers() {
