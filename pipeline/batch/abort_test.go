@@ -150,6 +150,11 @@ func TestAFailedBatchAbandonsItsPendingApprovals(t *testing.T) {
 		if _, err := f.st.Approvals.Create(ctx(t), id, rec); err != nil {
 			t.Fatal(err)
 		}
+		if i == 0 {
+			// Call 0's approval exists but the batch never recorded it (the
+			// executor died before marking the batch awaiting).
+			continue
+		}
 		if _, _, err := f.st.Batches.Mutate(ctx(t), turn, func(r *schemas.BatchRecord) error { r.Approvals[i] = id; return nil }); err != nil {
 			t.Fatal(err)
 		}

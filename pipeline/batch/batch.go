@@ -384,9 +384,12 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 // failed outcome is still published). An approval record that cannot be
 // read is left alone (the approver rejects decisions on it too).
 func (e *Engine) abandonPending(ctx context.Context, b *schemas.BatchRecord) error {
-	for _, id := range b.Approvals {
+	for i, id := range b.Approvals {
 		if id == "" {
-			continue
+			// The batch may have failed before it recorded an approval the
+			// executor had already created (and announced): look by the id
+			// the call's approval would have (this is the failure path only).
+			id = schemas.ApprovalID(b.TurnID, i)
 		}
 		changed := false
 		rec, _, err := e.cfg.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error {

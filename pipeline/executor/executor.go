@@ -212,13 +212,19 @@ func (x *Executor) Advance(ctx context.Context, turnID string) error {
 			x.cfg.Logger.Info("turn queued behind its session's batch", "turn", b.TurnID, "session", b.SessionID)
 			return nil
 		}
+		started := false
 		b, _, err = x.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
+			started = false
 			if b.State != schemas.BatchQueued {
 				return store.ErrSkip
 			}
+			started = true
 			b.State, b.UpdatedAt = schemas.BatchRunning, eng.Now()
 			return nil
 		})
+		// Another worker may have started it meanwhile (a redelivered copy):
+		// then this is a resumption too.
+		resumed = !started
 		if err != nil {
 			return err
 		}
@@ -245,8 +251,13 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, resumed bool
 		}
 		if resumed {
 			id := schemas.ApprovalID(b.TurnID, call.Index)
-			_, _, err := x.cfg.Store.Approvals.Get(ctx, id)
+			rec, _, err := x.cfg.Store.Approvals.Get(ctx, id)
 			if err == nil {
+				// Announce it again (deduplicated by message id): the
+				// attempt that created it may have died before announcing.
+				if err := x.announce(ctx, rec); err != nil {
+					return err
+				}
 				approvals[i] = id
 				waiting++
 				continue
@@ -341,14 +352,21 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 	default:
 		x.requested.Inc()
 	}
-	if rec.Status != schemas.ApprovalPending {
-		return id, nil
-	}
-	subj := topology.EventSubject(topology.SubjectApprovalRequested, b.TurnID)
-	if err := bus.Publish(ctx, x.cfg.JS, subj, "requested:"+id, rec); err != nil {
+	if err := x.announce(ctx, rec); err != nil {
 		return "", err
 	}
 	return id, nil
+}
+
+// announce publishes the approval-requested event of rec (its record as
+// stored) if it is still pending: a prompt is only ever announced for
+// something that can still be answered.
+func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) error {
+	if rec.Status != schemas.ApprovalPending {
+		return nil
+	}
+	subj := topology.EventSubject(topology.SubjectApprovalRequested, rec.TurnID)
+	return bus.Publish(ctx, x.cfg.JS, subj, "requested:"+rec.ApprovalID, rec)
 }
 
 func (x *Executor) announceAwaiting(ctx context.Context, b *schemas.BatchRecord) error {
