@@ -187,19 +187,26 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 }
 
 // streamMatches reports whether an existing stream has every setting Ensure
-// controls.
+// controls, including the limits it leaves unset (-1: none), so that a
+// stream someone capped by hand (dropping queued turns under DiscardOld) is
+// converged back.
 func streamMatches(have, want jetstream.StreamConfig) bool {
 	return slices.Equal(have.Subjects, want.Subjects) && have.Description == want.Description &&
 		have.Retention == want.Retention && have.MaxAge == want.MaxAge && have.Storage == want.Storage &&
 		have.Replicas == want.Replicas && have.Duplicates == want.Duplicates &&
-		have.MaxMsgSize == want.MaxMsgSize && have.Discard == want.Discard
+		have.MaxMsgSize == want.MaxMsgSize && have.Discard == want.Discard &&
+		have.MaxMsgs == -1 && have.MaxBytes == -1 && have.MaxMsgsPerSubject == -1 &&
+		!have.DenyDelete && !have.DenyPurge && !have.Sealed
 }
 
 // bucketMatches reports whether a bucket's backing stream has every setting
-// Ensure controls.
+// Ensure controls. In particular no TTL (MaxAge) and no size caps: an
+// expiring claim or approval would let a call run twice or vanish.
 func bucketMatches(have jetstream.StreamConfig, want jetstream.KeyValueConfig) bool {
 	return have.Description == want.Description && have.MaxMsgsPerSubject == int64(want.History) &&
-		have.Storage == want.Storage && have.Replicas == want.Replicas && have.MaxMsgSize == want.MaxValueSize
+		have.Storage == want.Storage && have.Replicas == want.Replicas && have.MaxMsgSize == want.MaxValueSize &&
+		have.MaxAge == 0 && have.Discard == jetstream.DiscardNew && have.MaxMsgs == -1 && have.MaxBytes == -1 &&
+		!have.Sealed
 }
 
 // Buckets is the set of KV handles every stage uses.

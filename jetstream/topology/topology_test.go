@@ -442,3 +442,47 @@ wait:
 		t.Fatalf("drifted bucket history %d, want it converged to 1", st.History())
 	}
 }
+
+// Limits Ensure leaves unset are part of what it converges: a turns stream
+// capped by hand (which would silently discard queued turns) and a bucket
+// given a TTL (an expiring claim could let a call run twice) are reset.
+func TestEnsureResetsLimitsItDoesNotSet(t *testing.T) {
+	_, js, ctx := bare(t)
+	cfg := topology.DefaultConfig()
+	if err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	turns := cfg.Streams()[1]
+	if turns.Name != topology.StreamTurns {
+		t.Fatalf("stream order changed: %s", turns.Name)
+	}
+	capped := turns
+	capped.MaxMsgsPerSubject, capped.MaxMsgs = 1, 10
+	if _, err := js.UpdateStream(ctx, capped); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.UpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: topology.BucketClaims, History: 1, TTL: time.Hour, Storage: jetstream.FileStorage, MaxValueSize: 1 << 20, Description: "Tollgate: tool execution claims by call id"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, topology.StreamTurns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.MaxMsgsPerSubject != -1 || c.MaxMsgs != -1 {
+		t.Fatalf("turns stream still capped: per subject %d, msgs %d", c.MaxMsgsPerSubject, c.MaxMsgs)
+	}
+	kv, err := js.KeyValue(ctx, topology.BucketClaims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TTL() != 0 {
+		t.Fatalf("claims bucket still has a TTL of %v", st.TTL())
+	}
+}
