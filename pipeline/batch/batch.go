@@ -142,7 +142,10 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 	out, runErr := e.run(ctx, tool, tc, call)
 	res := e.Result(call, schemas.ResultOK, "", "", approvalID)
 	res.Output = clip(out, MaxOutputBytes)
-	if runErr != nil {
+	switch {
+	case errors.Is(runErr, errToolHung):
+		res.Status, res.Code, res.Reason = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain, runErr.Error()
+	case runErr != nil:
 		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, clip(runErr.Error(), MaxReasonBytes)
 	}
 	e.cfg.Logger.Info("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
@@ -177,18 +180,43 @@ const (
 // run calls the tool with a timeout, a copy of the context (a tool cannot
 // alter the authority later calls run under) and a recover: a panicking tool
 // is a failed call, not a crashed batch.
-func (e *Engine) run(ctx context.Context, tool tools.Tool, tc *schemas.TurnContext, call schemas.ToolCall) (out string, err error) {
+//
+// A tool that ignores its context and outlives ToolTimeout (plus a grace of
+// a tenth of it) is left running and reported as errToolHung: the worker
+// moves on, and the call is recorded as one whose effect is unknown.
+func (e *Engine) run(ctx context.Context, tool tools.Tool, tc *schemas.TurnContext, call schemas.ToolCall) (string, error) {
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.ToolTimeout)
 	defer cancel()
-	defer func() {
-		if p := recover(); p != nil {
-			out, err = "", fmt.Errorf("tool %s panicked: %v", call.Tool, p)
-			e.cfg.Logger.Error("tool panic", "call", call.CallID, "tool", call.Tool, "panic", p)
-		}
-	}()
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
 	own := *tc
-	return tool.Run(rctx, tools.Call{Context: &own, CallID: call.CallID, Args: call.Args})
+	go func() {
+		var r result
+		defer func() {
+			if p := recover(); p != nil {
+				r = result{"", fmt.Errorf("tool %s panicked: %v", call.Tool, p)}
+				e.cfg.Logger.Error("tool panic", "call", call.CallID, "tool", call.Tool, "panic", p)
+			}
+			done <- r
+		}()
+		r.out, r.err = tool.Run(rctx, tools.Call{Context: &own, CallID: call.CallID, Args: call.Args})
+	}()
+	hung := time.NewTimer(e.cfg.ToolTimeout + e.cfg.ToolTimeout/10)
+	defer hung.Stop()
+	select {
+	case r := <-done:
+		return r.out, r.err
+	case <-hung.C:
+		e.cfg.Logger.Error("tool did not return after its timeout; abandoning it", "call", call.CallID, "tool", call.Tool, "timeout", e.cfg.ToolTimeout)
+		return "", errToolHung
+	}
 }
+
+// errToolHung: the tool ignored its context's deadline.
+var errToolHung = errors.New("the tool did not return within its timeout and may still complete")
 
 // clip shortens s to at most n bytes (on a rune boundary), marking the cut.
 func clip(s string, n int) string {

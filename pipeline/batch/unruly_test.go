@@ -40,7 +40,13 @@ func TestMisbehavingToolsCannotBreakTheBatch(t *testing.T) {
 		c.Context.Requester.Principal = "cli:mallory"
 		return "ok", nil
 	}}
-	reg, err := tools.NewRegistry(panics, chatty, widens)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	hangs := &unruly{name: "hangs", run: func(tools.Call) (string, error) {
+		<-stop // ignores its context entirely
+		return "too late", nil
+	}}
+	reg, err := tools.NewRegistry(panics, chatty, widens, hangs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +86,20 @@ func TestMisbehavingToolsCannotBreakTheBatch(t *testing.T) {
 		}
 		if !utf8Valid(res.Output) {
 			t.Fatal("clipped output is not valid UTF-8")
+		}
+	})
+
+	t.Run("a tool that ignores its deadline is abandoned and reported uncertain", func(t *testing.T) {
+		c := call(turn, 3, "hangs", `{}`)
+		res, err := eng.Execute(ctx(t), tc, c, "")
+		if err != nil {
+			t.Fatalf("Execute: %v", err)
+		}
+		if res.Status != schemas.ResultNeedsAttention || res.Code != schemas.CodeExecutionUncertain {
+			t.Fatalf("result %+v, want needs_attention EXECUTION_UNCERTAIN (it may still complete)", res)
+		}
+		if _, err := eng.Execute(ctx(t), tc, c, ""); err != nil || hangs.runs.Load() != 1 {
+			t.Fatalf("second Execute: %v, runs %d; the recorded result must stand and the tool not start again", err, hangs.runs.Load())
 		}
 	})
 
