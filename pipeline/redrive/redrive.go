@@ -273,6 +273,16 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord) error {
 		}
 		switch a.Status {
 		case schemas.ApprovalApproved:
+			// The batch may have been ended meanwhile (aborted by a stage
+			// giving up on one of its messages): an approved call must not
+			// start after the turn's outcome said it would not.
+			cur, _, err := r.cfg.Store.Batches.Get(ctx, b.TurnID)
+			if err != nil {
+				return err
+			}
+			if cur.State.Terminal() {
+				return eng.Finish(ctx, cur)
+			}
 			res, err := eng.Execute(ctx, b.Context, call, a.ApprovalID)
 			if err != nil {
 				return err

@@ -1,6 +1,7 @@
 package redrive_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -618,5 +619,49 @@ func TestRepeatedDecisionAfterTheDedupeWindowDoesNotRepeatTheOutcome(t *testing.
 	}
 	if n := count.Total(); n != 1 {
 		t.Fatalf("tool ran %d times", n)
+	}
+}
+
+// abortingTool ends its own batch while it runs, as a stage giving up on
+// one of the batch's messages would.
+type abortingTool struct{ abort func(turn string) }
+
+func (abortingTool) Name() string { return "aborts" }
+func (a abortingTool) Run(_ context.Context, c tools.Call) (string, error) {
+	a.abort(c.Context.TurnID)
+	return "done", nil
+}
+
+// A redrive that finds its batch ended under it (another stage aborted it
+// while the redrive was running calls) starts no further approved call.
+func TestRedriveStopsWhenItsBatchWasEndedUnderIt(t *testing.T) {
+	count := &pt.Counter{}
+	var h *pt.H
+	aborts := abortingTool{abort: func(turn string) {
+		if err := h.ExecEngine.Abort(context.Background(), turn, schemas.CodeRetriesExhausted, "gave up"); err != nil {
+			t.Errorf("abort: %v", err)
+		}
+	}}
+	h = pt.Start(t, pt.Options{Policy: `{
+	  "version": "aborts",
+	  "tools": {"aborts": {"approval": "required"}, "count": {"approval": "required"}},
+	  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
+	}`, Tools: []tools.Tool{count, aborts}})
+	turn := h.Send(h.Inbound("ended-under", "alice", pt.Call("aborts", `{}`), pt.Call("count", `{}`)))
+	for i := range 2 {
+		h.WaitPending(schemas.ApprovalID(turn, i))
+	}
+	for i := range 2 {
+		h.Decide(schemas.ApprovalID(turn, i), schemas.OptionApprove, "alice")
+	}
+	b, out := h.WaitTerminal(turn)
+	if count.Total() != 0 {
+		t.Fatalf("an approved call ran %d times after its batch was aborted", count.Total())
+	}
+	if b.State != schemas.BatchFailed || b.Code != schemas.CodeRetriesExhausted || out.State != schemas.TurnFailed {
+		t.Fatalf("batch %s %s, outcome %s, want failed RETRIES_EXHAUSTED", b.State, b.Code, out.State)
+	}
+	if n := len(h.Outcomes(turn)); n != 1 {
+		t.Fatalf("%d outcomes, want 1", n)
 	}
 }
