@@ -18,7 +18,7 @@ func BenchmarkExecutorAcceptFastPath(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		at := acceptedTurnB(b, h.Inbound(fmt.Sprintf("bench-%d", i), "alice", pt.Call("echo", `{"text":"hi"}`)))
+		at := h.Accept(h.Inbound(fmt.Sprintf("bench-%d", i), "alice", pt.Call("echo", `{"text":"hi"}`)))
 		if err := h.Executor.Accept(context.Background(), at); err != nil {
 			b.Fatal(err)
 		}

@@ -12,10 +12,8 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
-	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -373,7 +371,7 @@ func TestConcurrentExecutorsOnOneTurnRunEachCallOnce(t *testing.T) {
 	// No stages run: the test plays several executor workers itself.
 	h := pt.Start(t, pt.Options{Policy: testPolicy, Tools: []tools.Tool{count}, Stages: []string{}})
 	msg := h.Inbound("concurrent", "alice", pt.Call("free", `{"a":1}`), pt.Call("free", `{"a":2}`), pt.Call("echo", `{"text":"e"}`))
-	at := acceptedTurn(t, msg)
+	at := h.Accept(msg)
 
 	const workers = 8
 	var wg sync.WaitGroup
@@ -470,25 +468,6 @@ func TestSessionRunsOneBatchAtATimeInArrivalOrder(t *testing.T) {
 	})
 }
 
-// acceptedTurn is what ingest would publish for m under the test policy.
-func acceptedTurn(t *testing.T, m *schemas.InboundMessage) *schemas.AcceptedTurn {
-	t.Helper()
-	return acceptedTurnB(t, m)
-}
-
-func acceptedTurnB(t testing.TB, m *schemas.InboundMessage) *schemas.AcceptedTurn {
-	t.Helper()
-	p, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	at, err := ingest.Accept(m, p, schemas.Provenance{StreamSeq: 1, ReceivedAt: time.Now().UTC(), IngestedBy: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return at
-}
-
 func TestUnknownToolFailsWithoutAPrompt(t *testing.T) {
 	h := pt.Start(t, pt.Options{})
 	// The default policy sends unlisted tools for approval; a tool that is
@@ -543,7 +522,7 @@ func TestBadTurnsAreDeadLetteredAndTheExecutorKeepsGoing(t *testing.T) {
 		})
 	}
 	// A valid turn after them still runs.
-	at := acceptedTurn(t, h.Inbound("dlq", "alice", pt.Call("echo", `{"text":"fine"}`)))
+	at := h.Accept(h.Inbound("dlq", "alice", pt.Call("echo", `{"text":"fine"}`)))
 	h.Publish(topology.AcceptedSubject(key), at.TurnID, at)
 	if b, _ := h.WaitTerminal(at.TurnID); b.Results[0].Output != "fine" {
 		t.Fatalf("result %+v", b.Results[0])

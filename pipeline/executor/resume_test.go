@@ -21,7 +21,7 @@ func TestAResumedBatchKeepsTheApprovalsItAlreadyCreated(t *testing.T) {
 	  "tools": {"count": {"approval": "never"}},
 	  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
 	}`, Tools: []tools.Tool{count}})
-	at := acceptedTurn(t, h.Inbound("resume", "alice", pt.Call("count", `{}`)))
+	at := h.Accept(h.Inbound("resume", "alice", pt.Call("count", `{}`)))
 	ctx := context.Background()
 
 	// State left by the executor that died: batch running, approval pending.

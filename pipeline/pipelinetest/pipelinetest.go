@@ -314,51 +314,50 @@ func (h *H) Decide(approvalID, option, sender string) *schemas.Decision {
 	return d
 }
 
+// Accept returns the accepted turn that ingest would publish for m under
+// the harness's policy, for tests that play the ingest stage themselves.
+func (h *H) Accept(m *schemas.InboundMessage) *schemas.AcceptedTurn {
+	h.T.Helper()
+	at, err := ingest.Accept(m, h.Policy, schemas.Provenance{StreamSeq: 1, ReceivedAt: time.Now().UTC(), IngestedBy: "test"})
+	if err != nil {
+		h.T.Fatalf("pipelinetest: accept: %v", err)
+	}
+	return at
+}
+
 // ----- KV -----
 
 // Batch returns the batch record of turnID, or nil if there is none.
 func (h *H) Batch(turnID string) *schemas.BatchRecord {
 	h.T.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	b, _, err := h.Store.Batches.Get(ctx, turnID)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		h.T.Fatalf("pipelinetest: batch %s: %v", turnID, err)
-	}
-	return b
+	return getOrNil(h, h.Store.Batches, turnID)
 }
 
 // Approval returns the approval record id, or nil if there is none.
 func (h *H) Approval(id string) *schemas.ApprovalRecord {
 	h.T.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	a, _, err := h.Store.Approvals.Get(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		h.T.Fatalf("pipelinetest: approval %s: %v", id, err)
-	}
-	return a
+	return getOrNil(h, h.Store.Approvals, id)
 }
 
 // Session returns the session record of sessionID, or nil.
 func (h *H) Session(sessionID string) *schemas.SessionRecord {
 	h.T.Helper()
+	return getOrNil(h, h.Store.Sessions, schemas.SessionKey(sessionID))
+}
+
+// getOrNil reads key from b: nil if absent, a test failure on any other error.
+func getOrNil[T any, P schemas.Ptr[T]](h *H, b store.Bucket[T, P], key string) *T {
+	h.T.Helper()
 	ctx, cancel := h.Ctx()
 	defer cancel()
-	s, _, err := h.Store.Sessions.Get(ctx, schemas.SessionKey(sessionID))
+	v, _, err := b.Get(ctx, key)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
-		h.T.Fatalf("pipelinetest: session %s: %v", sessionID, err)
+		h.T.Fatalf("pipelinetest: %v", err)
 	}
-	return s
+	return v
 }
 
 // WaitBatch polls the batch of turnID until cond holds and returns it.

@@ -24,7 +24,7 @@ func BenchmarkRedriveBarrierMet(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		i++
-		at := acceptedTurn(b, h.Inbound(fmt.Sprintf("bench-%d", i), "alice", pt.Call("count", `{}`)))
+		at := h.Accept(h.Inbound(fmt.Sprintf("bench-%d", i), "alice", pt.Call("count", `{}`)))
 		if err := h.Executor.Accept(ctx, at); err != nil {
 			b.Fatal(err)
 		}

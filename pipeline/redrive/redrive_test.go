@@ -12,10 +12,8 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
-	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -557,20 +555,6 @@ func TestPendingApprovalSurvivesARestartOfEveryStage(t *testing.T) {
 	if n := count.Total(); n != 1 {
 		t.Fatalf("tool ran %d times", n)
 	}
-}
-
-// acceptedTurn is what ingest would publish for m under countPolicy.
-func acceptedTurn(t testing.TB, m *schemas.InboundMessage) *schemas.AcceptedTurn {
-	t.Helper()
-	p, err := policy.Parse([]byte(countPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	at, err := ingest.Accept(m, p, schemas.Provenance{StreamSeq: 1, ReceivedAt: time.Now().UTC(), IngestedBy: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return at
 }
 
 func TestRepeatedDecisionAfterTheDedupeWindowDoesNotRepeatTheOutcome(t *testing.T) {
