@@ -165,10 +165,15 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	if t.Context != nil {
 		rec.SessionID = t.Context.SessionID
 	}
-	if _, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec); err != nil && !errors.Is(err, store.ErrExists) {
+	_, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec)
+	switch {
+	case err == nil:
+		return x.advance(ctx, rec) // rec is what is stored: no need to read it back
+	case errors.Is(err, store.ErrExists):
+		return x.Advance(ctx, t.TurnID) // a redelivery: go on from the stored state
+	default:
 		return err
 	}
-	return x.Advance(ctx, t.TurnID)
 }
 
 // Advance moves the batch of turnID as far as it can go from its current
@@ -184,6 +189,12 @@ func (x *Executor) Advance(ctx context.Context, turnID string) error {
 		}
 		return err
 	}
+	return x.advance(ctx, b)
+}
+
+// advance is Advance from the batch record b, as just read or written.
+func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord) error {
+	turnID := b.TurnID
 	eng := x.cfg.Engine
 	switch b.State {
 	case schemas.BatchCompleted, schemas.BatchFailed:

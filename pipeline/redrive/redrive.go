@@ -172,14 +172,14 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		if err := r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger}); err != nil {
 			return err
 		}
-		return r.run(ctx, b)
+		return r.run(ctx, b, nil)
 	}
 
 	// Awaiting: check authority, then the barrier.
 	if err := b.Context.CheckFor(b.TurnID); err != nil {
 		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), trigger)
 	}
-	_, pending, err := r.load(ctx, b)
+	approvals, pending, err := r.load(ctx, b)
 	if err != nil {
 		if code := schemas.CodeOf(err); code != "" {
 			return r.fail(ctx, b, code, err.Error(), trigger)
@@ -208,7 +208,8 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	if err := r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger}); err != nil {
 		return err
 	}
-	return r.run(ctx, started)
+	// Decided approvals never change again, so those just read are current.
+	return r.run(ctx, started, approvals)
 }
 
 // load reads every sibling approval of b and checks that each carries the
@@ -248,17 +249,22 @@ func (r *Redriver) load(ctx context.Context, b *schemas.BatchRecord) ([]*schemas
 
 // run executes a started batch: approved calls run, others get the result
 // their approval's status dictates, then the batch completes.
-func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord) error {
+// approvals are the batch's approval records as load returned them, or nil
+// to load them here (a batch found already started).
+func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord) error {
 	eng := r.cfg.Engine
 	if err := b.Context.CheckFor(b.TurnID); err != nil {
 		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), "run")
 	}
-	approvals, pending, err := r.load(ctx, b)
-	if err != nil {
-		if code := schemas.CodeOf(err); code != "" {
-			return r.fail(ctx, b, code, err.Error(), "run")
+	pending := 0
+	if approvals == nil {
+		var err error
+		if approvals, pending, err = r.load(ctx, b); err != nil {
+			if code := schemas.CodeOf(err); code != "" {
+				return r.fail(ctx, b, code, err.Error(), "run")
+			}
+			return err
 		}
-		return err
 	}
 	if pending > 0 {
 		// Cannot happen through legal transitions (nothing returns to
