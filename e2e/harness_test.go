@@ -164,6 +164,7 @@ type cluster struct {
 	dir    string
 	logDir string
 	sbox   string // the write_file sandbox of executor and redriver
+	keys   string // the TurnContext seal key file every stage loads
 	url    string
 	natsP  *proc // the running nats-server
 	nc     *nats.Conn
@@ -182,6 +183,11 @@ func newCluster(t *testing.T, bin string) *cluster {
 	c := &cluster{
 		top: t, bin: bin, dir: dir, logDir: filepath.Join(dir, "logs"), sbox: filepath.Join(dir, "sandbox"),
 		seq: map[string]int{}, stages: map[string]*proc{}, metrics: map[string]string{},
+		keys: filepath.Join(dir, "seal-keys.json"),
+	}
+	// One key file for every stage, made by the operator command.
+	if out, err := exec.Command(filepath.Join(bin, "tollgate"), "keys", "new", "--file", c.keys).CombinedOutput(); err != nil {
+		t.Fatalf("tollgate keys new: %v\n%s", err, out)
 	}
 	if err := os.MkdirAll(c.logDir, 0o750); err != nil {
 		t.Fatal(err)
@@ -312,7 +318,7 @@ func (c *cluster) startStage(t *testing.T, stage string) *proc {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		maddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
-		p := c.startProc(t, stage, "--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "info")
+		p := c.startProc(t, stage, "--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "info", "--seal-keys", c.keys)
 		ready := false
 		waitFor(t, 30*time.Second, stage+" is consuming", func() (bool, string) {
 			if p.exited() {

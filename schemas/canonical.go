@@ -74,3 +74,14 @@ func ContextDigest(c *TurnContext) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// SealedBytes is the canonical encoding a TurnContext's seal covers: the
+// msgpack encoding of c with Seal unset. Struct fields encode in declaration
+// order and times as Unix seconds and nanoseconds, so a decoded context
+// re-encodes to the same bytes; a field this version does not know is
+// dropped on decode, so a context carrying one never verifies (fail closed).
+func SealedBytes(c *TurnContext) ([]byte, error) {
+	cp := *c
+	cp.Seal = nil
+	return msgpack.Marshal(&cp)
+}

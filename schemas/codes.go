@@ -24,6 +24,24 @@ const (
 	CodeTurnContextInvalid   Code = "TURN_CONTEXT_INVALID"
 	CodeTurnContextMismatch  Code = "TURN_CONTEXT_MISMATCH"
 	CodeNoInteractiveRequest Code = "NO_INTERACTIVE_REQUESTER"
+	// CodeTurnContextTampered: the seal is missing or does not match the
+	// context's fields (edited in storage or forged).
+	CodeTurnContextTampered Code = "TURN_CONTEXT_TAMPERED"
+	// CodeSealKeyUnknown: the seal names a key this worker does not hold
+	// (rotated out, or never issued).
+	CodeSealKeyUnknown Code = "SEAL_KEY_UNKNOWN"
+	// CodeLegacyContextIncomplete: a version 1 approval record lacks an
+	// authority field needed to restore its context.
+	CodeLegacyContextIncomplete Code = "LEGACY_CONTEXT_INCOMPLETE"
+	// CodePolicyChanged: since the approval was requested, the policy came
+	// to deny the tool or no longer authorizes the decider.
+	CodePolicyChanged Code = "POLICY_CHANGED"
+	// CodeTurnSuperseded: a newer turn of the session superseded the turn
+	// while it waited for approvals.
+	CodeTurnSuperseded Code = "TURN_SUPERSEDED"
+	// CodeFollowUpRejected: a follow-up could not be scheduled (bad target,
+	// too deep a chain).
+	CodeFollowUpRejected Code = "FOLLOWUP_REJECTED"
 
 	// Decisions.
 	CodeApprovalNotFound       Code = "APPROVAL_NOT_FOUND"

@@ -78,3 +78,40 @@ func ValidKey(s string) bool {
 	}
 	return true
 }
+
+// FollowUpTurnID is the id of the follow-up work scheduled by call
+// originCallID (one follow-up per call): the call id with "-f" appended, so
+// it extends the id of the turn whose TurnContext it inherits.
+func FollowUpTurnID(originCallID string) string { return originCallID + "-f" }
+
+// MaxFollowUpDepth bounds chains of follow-ups (a follow-up scheduling a
+// follow-up...), so a tool cannot make a turn live forever.
+const MaxFollowUpDepth = 4
+
+// FollowUpDepth is how many follow-ups deep turnID is (0 for a turn accepted
+// from an inbound message).
+func FollowUpDepth(turnID string) int { return strings.Count(turnID, "-f") }
+
+// IsFollowUpOf reports whether turnID is follow-up work descending from the
+// turn rootTurnID: rootTurnID "-<index>-f", repeated.
+func IsFollowUpOf(turnID, rootTurnID string) bool {
+	rest, ok := strings.CutPrefix(turnID, rootTurnID)
+	if !ok || rest == "" {
+		return false
+	}
+	for rest != "" {
+		// each level is "-<digits>-f"
+		if len(rest) < 4 || rest[0] != '-' {
+			return false
+		}
+		i := 1
+		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+			i++
+		}
+		if i == 1 || !strings.HasPrefix(rest[i:], "-f") {
+			return false
+		}
+		rest = rest[i+2:]
+	}
+	return true
+}

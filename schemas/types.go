@@ -60,6 +60,30 @@ type Sender struct {
 	Display  string     `msgpack:"display,omitempty"`
 	Kind     SenderKind `msgpack:"kind"`
 	Verified bool       `msgpack:"verified"`
+	// Strong: the transport verified this identity with a second factor
+	// (SSO with MFA, a hardware key). Meaningful only with Verified.
+	Strong bool `msgpack:"strong,omitempty"`
+}
+
+// Assurance is how strongly a transport vouched for a sender's identity.
+type Assurance int
+
+const (
+	AssuranceNone     Assurance = iota // not verified: anyone could claim the id
+	AssuranceVerified                  // the transport authenticated the sender
+	AssuranceStrong                    // authenticated with a second factor
+)
+
+// Assurance returns the level the transport vouched for.
+func (s Sender) Assurance() Assurance {
+	switch {
+	case !s.Verified:
+		return AssuranceNone
+	case s.Strong:
+		return AssuranceStrong
+	default:
+		return AssuranceVerified
+	}
 }
 
 // Channel is a transport location: a channel or DM and optionally a thread.
@@ -125,6 +149,20 @@ type TurnContext struct {
 	Interactive   bool       `msgpack:"interactive"`
 	Provenance    Provenance `msgpack:"provenance"`
 	CreatedAt     time.Time  `msgpack:"created_at"`
+	// LegacyRestored marks a context rebuilt by the one compatibility path
+	// (pipeline/legacy) from a version 1 approval record's copied fields,
+	// rather than captured at ingest. It is covered by the seal.
+	LegacyRestored bool `msgpack:"legacy_restored,omitempty"`
+	// Seal authenticates every other field (see package seal). A context
+	// without a valid seal is never used as authority.
+	Seal *Seal `msgpack:"seal,omitempty"`
+}
+
+// Seal is an HMAC-SHA256 over a TurnContext's canonical encoding (the
+// context with Seal unset; see SealedBytes), made with the key named KeyID.
+type Seal struct {
+	KeyID string `msgpack:"kid"`
+	MAC   []byte `msgpack:"mac"`
 }
 
 // ToolCall is one call of a batch, with its arguments in canonical JSON and
@@ -145,6 +183,11 @@ type AcceptedTurn struct {
 	Text       string       `msgpack:"text"`
 	Calls      []ToolCall   `msgpack:"calls"`
 	AcceptedAt time.Time    `msgpack:"accepted_at"`
+	// Origin is set on follow-up work: the call id of the tool call that
+	// scheduled it. Its Context is then that turn's context, unchanged
+	// (inherited authority), and TurnID is FollowUpTurnID(Origin).
+	Origin    string    `msgpack:"origin,omitempty"`
+	NotBefore time.Time `msgpack:"not_before,omitempty"`
 }
 
 // Decision options a prompt can offer.
@@ -220,6 +263,11 @@ type ApprovalRecord struct {
 	RequestedAt   time.Time      `msgpack:"requested_at"`
 	ExpiresAt     time.Time      `msgpack:"expires_at"` // zero: never expires
 	Decision      *DecisionInfo  `msgpack:"decision,omitempty"`
+	// Quorum is how many distinct authorized deciders must approve (policy
+	// at request time; 0 and 1 both mean one). A single deny decides.
+	Quorum int `msgpack:"quorum,omitempty"`
+	// Votes are the approvals counted towards Quorum while pending.
+	Votes []DecisionInfo `msgpack:"votes,omitempty"`
 }
 
 // Offers reports whether option is one of the options the prompt offered.
@@ -334,6 +382,8 @@ type BatchRecord struct {
 	Reason    string        `msgpack:"reason,omitempty"`
 	CreatedAt time.Time     `msgpack:"created_at"`
 	UpdatedAt time.Time     `msgpack:"updated_at"`
+	// Origin: see AcceptedTurn.Origin.
+	Origin string `msgpack:"origin,omitempty"`
 }
 
 // TurnState is the terminal state of a turn.

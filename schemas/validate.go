@@ -164,12 +164,14 @@ func (c *TurnContext) Check() error {
 	return nil
 }
 
-// CheckFor is Check plus a check that c belongs to turnID.
+// CheckFor is Check plus a check that c is the authority of turnID: c was
+// captured for turnID, or turnID is follow-up work that a call of c's turn
+// scheduled (FollowUpTurnID), which inherits c unchanged.
 func (c *TurnContext) CheckFor(turnID string) error {
 	if err := c.Check(); err != nil {
 		return err
 	}
-	if c.TurnID != turnID {
+	if c.TurnID != turnID && !IsFollowUpOf(turnID, c.TurnID) {
 		return Errorf(CodeTurnContextMismatch, "TurnContext is for turn %q, not %q", c.TurnID, turnID)
 	}
 	return nil
@@ -187,7 +189,18 @@ func (c *TurnContext) validate() error {
 		checkTransport("transport", c.Transport),
 		c.Channel.check("channel"),
 		checkString("trust_boundary", c.TrustBoundary, maxShortBytes, true, false),
+		c.Seal.check(),
 	)
+}
+
+func (s *Seal) check() error {
+	if s == nil {
+		return nil // an unsealed context is well-formed; seal.Verify rejects it
+	}
+	if len(s.MAC) > 64 {
+		return Errorf(CodeInvalidInput, "seal.mac is %d bytes, limit 64", len(s.MAC))
+	}
+	return checkString("seal.kid", s.KeyID, maxShortBytes, true, false)
 }
 
 func (t *AcceptedTurn) validate() error {

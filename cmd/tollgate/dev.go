@@ -12,6 +12,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/seal"
 )
 
 // cmdDev runs an embedded nats-server with JetStream (file storage under
@@ -47,6 +48,16 @@ func cmdDev(args []string) int {
 		return 1
 	}
 
+	if err := os.MkdirAll(*data, 0o750); err != nil {
+		log.Error("data dir", "err", err)
+		return 1
+	}
+	keys, err := devKeys(c.SealKeys, *data)
+	if err != nil {
+		log.Error("seal keys", "err", err)
+		return 1
+	}
+
 	ns, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(*data, "jetstream"), Host: host, Port: port, SyncAlways: *syncAlways})
 	if err != nil {
 		log.Error("embedded nats-server", "err", err)
@@ -71,7 +82,7 @@ func cmdDev(args []string) int {
 	topo := topology.DefaultConfig()
 	topo.Replicas = c.Replicas
 	runs, err := stagecmd.Build(ctx, stagecmd.Deps{
-		JS: js, Policy: pol, SandboxDir: sandbox, Logger: log, Registry: reg,
+		JS: js, Policy: pol, Keys: keys, SandboxDir: sandbox, Logger: log, Registry: reg,
 		Instance: stagecmd.Instance(), Topology: topo,
 	}, stagecmd.AllStages...)
 	if err != nil {
@@ -86,6 +97,21 @@ func cmdDev(args []string) int {
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// devKeys is the key ring of `tollgate dev`: --seal-keys or the
+// environment when set, else <data>/seal-keys.json, created with mode 0600
+// on first start so that contexts sealed before a restart still verify.
+func devKeys(path, data string) (*seal.KeyRing, error) {
+	if path != "" || os.Getenv(seal.EnvKeys) != "" || os.Getenv(seal.EnvKeyFile) != "" {
+		return seal.FromEnv(path)
+	}
+	file := filepath.Join(data, "seal-keys.json")
+	r, created, err := seal.EnsureFile(file)
+	if err == nil && created {
+		fmt.Fprintf(os.Stderr, "created TurnContext seal key %s (mode 0600)\n", file)
+	}
+	return r, err
 }
 
 func flagSet(fs *flag.FlagSet, name string) bool {

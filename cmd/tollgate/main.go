@@ -7,6 +7,7 @@
 //	tollgate outcome TURN             show a turn's state and tool results
 //	tollgate watch                    follow events as they happen
 //	tollgate dlq                      list dead letters
+//	tollgate keys new|rotate|retire   manage the TurnContext seal key file
 //
 // Every client command takes --nats (default: the dev server) and --json.
 package main
@@ -27,6 +28,7 @@ commands:
   outcome   show a turn's state and results:  tollgate outcome TURN [--wait 10s]
   watch     follow events (approvals, decisions, redrives, outcomes)
   dlq       list dead-lettered messages with their reason codes
+  keys      manage the TurnContext seal key file: new, rotate, retire, list
 
 Run 'tollgate <command> -h' for its flags.
 `
@@ -45,6 +47,7 @@ func main() {
 		"outcome": cmdOutcome,
 		"watch":   cmdWatch,
 		"dlq":     cmdDLQ,
+		"keys":    cmdKeys,
 	}
 	run, ok := cmds[os.Args[1]]
 	if !ok {

@@ -33,6 +33,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
@@ -56,6 +57,9 @@ type Common struct {
 	Replicas    int
 	PolicyPath  string
 	SandboxDir  string
+	// SealKeys is the key file path; empty means TOLLGATE_SEAL_KEYS
+	// (inline JSON) or TOLLGATE_SEAL_KEY_FILE (see seal.FromEnv).
+	SealKeys string
 }
 
 // Register adds the common flags to fs with defaults from TOLLGATE_*
@@ -68,6 +72,7 @@ func (c *Common) Register(fs *flag.FlagSet, metricsDefault string) {
 	replicas, _ := strconv.Atoi(Env("TOLLGATE_REPLICAS", "1"))
 	fs.IntVar(&c.Replicas, "replicas", replicas, "replicas for streams and buckets (env TOLLGATE_REPLICAS)")
 	fs.StringVar(&c.PolicyPath, "policy", Env("TOLLGATE_POLICY", ""), "policy JSON file; empty for the built-in policy (env TOLLGATE_POLICY)")
+	fs.StringVar(&c.SealKeys, "seal-keys", "", "TurnContext seal key file (default: env TOLLGATE_SEAL_KEYS inline JSON, else env TOLLGATE_SEAL_KEY_FILE)")
 	fs.StringVar(&c.SandboxDir, "sandbox", Env("TOLLGATE_SANDBOX", "./.tollgate/sandbox"), "directory write_file writes into (env TOLLGATE_SANDBOX)")
 }
 
@@ -163,6 +168,7 @@ var AllStages = []string{StageIngest, StageExecutor, StageApprover, StageRedrive
 type Deps struct {
 	JS         jetstream.JetStream
 	Policy     *policy.Policy
+	Keys       *seal.KeyRing
 	SandboxDir string
 	Logger     *slog.Logger
 	Registry   prometheus.Registerer
@@ -197,7 +203,7 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 		if err != nil {
 			return nil, err
 		}
-		eng, err = batch.New(batch.Config{JS: d.JS, Store: st, Tools: reg, Worker: stage + "@" + d.Instance, Logger: d.Logger, ClaimLease: d.ClaimLease})
+		eng, err = batch.New(batch.Config{JS: d.JS, Store: st, Tools: reg, Keys: d.Keys, Worker: stage + "@" + d.Instance, Logger: d.Logger, ClaimLease: d.ClaimLease})
 		return eng, err
 	}
 	var runs []func(context.Context) error
@@ -205,7 +211,7 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 		log := d.Logger.With("stage", s)
 		switch s {
 		case StageIngest:
-			in, err := ingest.New(ingest.Config{JS: d.JS, Policy: d.Policy, Logger: log, Metrics: metrics, Instance: s + "@" + d.Instance})
+			in, err := ingest.New(ingest.Config{JS: d.JS, Policy: d.Policy, Keys: d.Keys, Logger: log, Metrics: metrics, Instance: s + "@" + d.Instance})
 			if err != nil {
 				return nil, err
 			}
@@ -221,7 +227,7 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 			}
 			runs = append(runs, x.Run)
 		case StageApprover:
-			a, err := approver.New(approver.Config{JS: d.JS, Store: st, Policy: d.Policy, Logger: log, Metrics: metrics, Registerer: d.Registry})
+			a, err := approver.New(approver.Config{JS: d.JS, Store: st, Policy: d.Policy, Keys: d.Keys, Logger: log, Metrics: metrics, Registerer: d.Registry})
 			if err != nil {
 				return nil, err
 			}
@@ -292,6 +298,10 @@ func runStage(stage string, c Common, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	keys, err := seal.FromEnv(c.SealKeys)
+	if err != nil {
+		return err
+	}
 	nc, js, err := Connect(c.NATSURL, c.Creds, "tollgate-"+stage, log)
 	if err != nil {
 		return err
@@ -303,10 +313,10 @@ func runStage(stage string, c Common, log *slog.Logger) error {
 	}
 	topo := topology.DefaultConfig()
 	topo.Replicas = c.Replicas
-	runs, err := Build(ctx, Deps{JS: js, Policy: pol, SandboxDir: c.SandboxDir, Logger: log, Registry: reg, Instance: Instance(), Topology: topo}, stage)
+	runs, err := Build(ctx, Deps{JS: js, Policy: pol, Keys: keys, SandboxDir: c.SandboxDir, Logger: log, Registry: reg, Instance: Instance(), Topology: topo}, stage)
 	if err != nil {
 		return err
 	}
-	log.Info("stage started", "stage", stage, "nats", c.NATSURL, "policy", pol.Version())
+	log.Info("stage started", "stage", stage, "nats", c.NATSURL, "policy", pol.Version(), "seal_key", keys.Current())
 	return RunAll(ctx, runs)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/policy"
 )
 
@@ -50,7 +51,7 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 func TestBuildWiresTheNamedStagesAndRefusesUnknownOnes(t *testing.T) {
 	env := jstest.Start(t)
 	deps := stagecmd.Deps{
-		JS: env.JS, Policy: policy.Default(), SandboxDir: t.TempDir(),
+		JS: env.JS, Policy: policy.Default(), Keys: pipelinetest.Keys(t), SandboxDir: t.TempDir(),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
 		Instance: "test:1", Topology: topology.DefaultConfig(),
 	}

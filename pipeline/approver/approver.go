@@ -31,6 +31,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
 )
 
 // Stage is the approver's stage name.
@@ -41,6 +42,7 @@ type Config struct {
 	JS          jetstream.JetStream
 	Store       *store.Store
 	Policy      *policy.Policy
+	Keys        *seal.KeyRing // verifies the approval's TurnContext before it is used to authorize
 	Logger      *slog.Logger
 	Metrics     *runner.Metrics
 	Registerer  prometheus.Registerer // may be nil
@@ -50,8 +52,8 @@ type Config struct {
 
 // Validate reports missing wiring.
 func (c Config) Validate() error {
-	if c.JS == nil || c.Store == nil || c.Policy == nil || c.Logger == nil || c.Metrics == nil {
-		return errors.New("approver: JS, Store, Policy, Logger and Metrics are required")
+	if c.JS == nil || c.Store == nil || c.Policy == nil || c.Keys == nil || c.Logger == nil || c.Metrics == nil {
+		return errors.New("approver: JS, Store, Policy, Keys, Logger and Metrics are required")
 	}
 	return nil
 }
@@ -197,8 +199,14 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		case err != nil:
 			return result{}, err
 		}
+		// Who may decide is read from the persisted context: it must be
+		// the authentic one (sealed), or an edited record could name the
+		// attacker as requester.
+		if err := a.cfg.Keys.Verify(rec.Context); err != nil {
+			return reject(schemas.CodeOf(err), "approval %s has no authentic TurnContext to authorize against: %v", d.ApprovalID, err)
+		}
 		if err := rec.Context.CheckFor(rec.TurnID); err != nil {
-			return reject(schemas.CodeDeciderNotAuthorized, "approval %s has no usable TurnContext to authorize against: %v", d.ApprovalID, err)
+			return reject(schemas.CodeOf(err), "approval %s: %v", d.ApprovalID, err)
 		}
 		// Authority is a person the transport vouched for: an unverified
 		// sender could be anyone claiming the id, and bots and services

@@ -31,6 +31,9 @@ func BenchmarkApproverApply(b *testing.B) {
 			Tool: "write_file", Args: args, ArgsDigest: digest, PolicyVersion: "bench",
 			Options: []string{schemas.OptionApprove, schemas.OptionDeny}, Status: schemas.ApprovalPending, RequestedAt: time.Now(),
 		}
+		if err := h.Keys.Seal(rec.Context); err != nil {
+			b.Fatal(err)
+		}
 		if _, err := h.Store.Approvals.Create(ctx, rec.ApprovalID, rec); err != nil {
 			b.Fatal(err)
 		}
@@ -46,5 +49,9 @@ func BenchmarkApproverApply(b *testing.B) {
 		if err := h.Approver.Apply(ctx, decisions[i]); err != nil {
 			b.Fatal(err)
 		}
+	}
+	b.StopTimer()
+	if got := h.Approval(ids[b.N-1]).Status; got != schemas.ApprovalApproved {
+		b.Fatalf("last approval is %s, want approved: the benchmark measured a rejection path", got)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
@@ -36,7 +37,8 @@ type Config struct {
 	JS     jetstream.JetStream
 	Store  *store.Store
 	Tools  *tools.Registry
-	Worker string // recorded on claims, e.g. "executor@host:pid"
+	Keys   *seal.KeyRing // verifies the seal of every context a call runs under
+	Worker string        // recorded on claims, e.g. "executor@host:pid"
 	Logger *slog.Logger
 
 	// ClaimLease is how long a claim without a result is presumed to belong
@@ -52,8 +54,8 @@ type Config struct {
 // Validate reports missing wiring.
 func (c *Config) Validate() error {
 	switch {
-	case c.JS == nil || c.Store == nil || c.Tools == nil || c.Logger == nil:
-		return errors.New("batch: JS, Store, Tools and Logger are required")
+	case c.JS == nil || c.Store == nil || c.Tools == nil || c.Keys == nil || c.Logger == nil:
+		return errors.New("batch: JS, Store, Tools, Keys and Logger are required")
 	case c.Worker == "":
 		return errors.New("batch: Worker is required")
 	}
@@ -94,6 +96,22 @@ func (e *Engine) HasTool(name string) bool {
 	return ok
 }
 
+// Authorize reports whether b's persisted TurnContext is an authentic,
+// usable authority for b: sealed by a key of the ring (seal.KeyRing.Verify)
+// and captured for b's turn, or for the turn whose call scheduled b as
+// follow-up work. It returns a coded error (TURN_CONTEXT_MISSING,
+// TURN_CONTEXT_TAMPERED, SEAL_KEY_UNKNOWN, TURN_CONTEXT_INVALID,
+// TURN_CONTEXT_MISMATCH, ...) on which callers fail the batch closed.
+func (e *Engine) Authorize(b *schemas.BatchRecord) error {
+	if err := e.cfg.Keys.Verify(b.Context); err != nil {
+		return err
+	}
+	return b.Context.CheckFor(b.TurnID)
+}
+
+// Keys is the engine's key ring.
+func (e *Engine) Keys() *seal.KeyRing { return e.cfg.Keys }
+
 // Now is the engine's clock.
 func (e *Engine) Now() time.Time { return e.cfg.Now().UTC() }
 
@@ -111,10 +129,12 @@ func (e *Engine) Result(call schemas.ToolCall, status schemas.ResultStatus, code
 // younger than ClaimLease, and afterwards a needs_attention result with
 // EXECUTION_UNCERTAIN: the tool may have run, so it is not run again.
 //
-// tc must already be checked by the caller (TurnContext.CheckFor). Execute
-// fails closed on a call whose arguments do not match their digest.
+// Callers check tc first (Authorize) and fail the whole batch on a bad
+// context; Execute verifies the seal again as the last line of defence and
+// returns a failed result, without running the tool, if it does not hold.
+// It also fails closed on a call whose arguments do not match their digest.
 func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
-	if err := tc.Check(); err != nil {
+	if err := e.cfg.Keys.Verify(tc); err != nil {
 		return e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), err.Error(), approvalID), nil
 	}
 	if !hasTurnPrefix(call.CallID, tc.TurnID) {

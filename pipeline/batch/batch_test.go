@@ -59,7 +59,7 @@ func newFixture(t testing.TB) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.eng, err = batch.New(batch.Config{JS: f.env.JS, Store: f.st, Tools: reg, Worker: "test@1", Logger: pt.Logger(),
+	f.eng, err = batch.New(batch.Config{JS: f.env.JS, Store: f.st, Tools: reg, Keys: pt.Keys(t), Worker: "test@1", Logger: pt.Logger(),
 		ClaimLease: lease, ToolTimeout: time.Second, Now: f.clock.Now})
 	if err != nil {
 		t.Fatal(err)
@@ -67,13 +67,19 @@ func newFixture(t testing.TB) *fixture {
 	return f
 }
 
+// turnContext is a context for turn sealed with the test binary's keys
+// (pipelinetest.Keys), as ingest would have made it.
 func turnContext(turn string) *schemas.TurnContext {
-	return &schemas.TurnContext{
+	tc := &schemas.TurnContext{
 		V: schemas.TurnContextVersion, SessionID: "sess-" + turn, TurnID: turn,
 		Requester: schemas.Requester{Principal: "cli:alice", SenderID: "alice", Kind: schemas.SenderUser, Verified: true},
 		Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPrivate, Thread: "th"},
 		Audience: schemas.AudienceTeam, TrustBoundary: "local", Interactive: true,
 	}
+	if err := pt.Keys(nil).Seal(tc); err != nil {
+		panic(err)
+	}
+	return tc
 }
 
 func call(turn string, i int, tool, args string) schemas.ToolCall {
@@ -231,6 +237,16 @@ func TestExecuteFailsClosedWithoutClaiming(t *testing.T) {
 			tc.V = 3
 			return tc
 		}, func() schemas.ToolCall { return good }, schemas.CodeSchemaVersionUnsupported},
+		{"an unsealed TurnContext", func() *schemas.TurnContext {
+			tc := turnContext(turn)
+			tc.Seal = nil
+			return tc
+		}, func() schemas.ToolCall { return good }, schemas.CodeTurnContextTampered},
+		{"a TurnContext edited after sealing", func() *schemas.TurnContext {
+			tc := turnContext(turn)
+			tc.Audience = schemas.AudiencePublic
+			return tc
+		}, func() schemas.ToolCall { return good }, schemas.CodeTurnContextTampered},
 		{"an incomplete TurnContext", func() *schemas.TurnContext {
 			tc := turnContext(turn)
 			tc.Requester.Principal = ""
@@ -458,7 +474,7 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	f := newFixture(t)
 	reg, _ := tools.NewRegistry()
-	base := batch.Config{JS: f.env.JS, Store: f.st, Tools: reg, Worker: "w", Logger: pt.Logger()}
+	base := batch.Config{JS: f.env.JS, Store: f.st, Tools: reg, Keys: pt.Keys(t), Worker: "w", Logger: pt.Logger()}
 	tests := []struct {
 		name   string
 		mutate func(*batch.Config)

@@ -50,7 +50,7 @@ func TestMisbehavingToolsCannotBreakTheBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := batch.New(batch.Config{JS: env.JS, Store: st, Tools: reg, Worker: "test@1", Logger: pt.Logger(), ClaimLease: time.Minute, ToolTimeout: time.Second})
+	eng, err := batch.New(batch.Config{JS: env.JS, Store: st, Tools: reg, Keys: pt.Keys(t), Worker: "test@1", Logger: pt.Logger(), ClaimLease: time.Minute, ToolTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -203,8 +203,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord) error {
 		return x.announceAwaiting(ctx, b)
 	}
 
-	tc := b.Context
-	if err := tc.CheckFor(b.TurnID); err != nil {
+	if err := eng.Authorize(b); err != nil {
 		return x.fail(ctx, b, err)
 	}
 	if err := checkCalls(b); err != nil {

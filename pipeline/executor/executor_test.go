@@ -15,6 +15,7 @@ import (
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
@@ -277,11 +278,24 @@ func TestExecutorFailsClosedOnAnUnusableTurnContext(t *testing.T) {
 	count := &pt.Counter{ToolName: "free"}
 	h := pt.Start(t, pt.Options{Policy: testPolicy, Tools: []tools.Tool{count}})
 	valid := func(turn string) *schemas.TurnContext {
-		return &schemas.TurnContext{
+		tc := &schemas.TurnContext{
 			V: schemas.TurnContextVersion, SessionID: "fc-" + turn, TurnID: turn,
 			Requester: schemas.Requester{Principal: "cli:alice", SenderID: "alice", Kind: schemas.SenderUser, Verified: true},
 			Transport: "cli", Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM},
 			Audience: schemas.AudiencePersonal, TrustBoundary: "local", Interactive: true, CreatedAt: time.Now().UTC(),
+		}
+		if err := h.Keys.Seal(tc); err != nil {
+			t.Fatal(err)
+		}
+		return tc
+	}
+	otherKeys, err := seal.NewFile("k9").Ring()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reseal := func(c *schemas.TurnContext) {
+		if err := h.Keys.Seal(c); err != nil {
+			t.Fatal(err)
 		}
 	}
 	tests := []struct {
@@ -290,7 +304,17 @@ func TestExecutorFailsClosedOnAnUnusableTurnContext(t *testing.T) {
 		code   schemas.Code
 	}{
 		{"no TurnContext at all", func(t *schemas.AcceptedTurn) { t.Context = nil }, schemas.CodeTurnContextMissing},
-		{"a TurnContext of another turn", func(t *schemas.AcceptedTurn) { t.Context.TurnID = "t-someoneelse" }, schemas.CodeTurnContextMismatch},
+		{"a validly sealed TurnContext of another turn", func(t *schemas.AcceptedTurn) { t.Context.TurnID = "t-someoneelse"; reseal(t.Context) }, schemas.CodeTurnContextMismatch},
+		{"a TurnContext whose audience was widened after sealing", func(t *schemas.AcceptedTurn) { t.Context.Audience = schemas.AudiencePublic }, schemas.CodeTurnContextTampered},
+		{"a TurnContext whose requester was swapped after sealing", func(t *schemas.AcceptedTurn) {
+			t.Context.Requester.Principal, t.Context.Requester.SenderID = "cli:mallory", "mallory"
+		}, schemas.CodeTurnContextTampered},
+		{"a TurnContext stripped of its seal", func(t *schemas.AcceptedTurn) { t.Context.Seal = nil }, schemas.CodeTurnContextTampered},
+		{"a TurnContext sealed with a key not in the ring", func(t *schemas.AcceptedTurn) {
+			if err := otherKeys.Seal(t.Context); err != nil {
+				panic(err)
+			}
+		}, schemas.CodeSealKeyUnknown},
 		{"a TurnContext of an unknown schema version", func(t *schemas.AcceptedTurn) { t.Context.V = 99 }, schemas.CodeSchemaVersionUnsupported},
 		{"a TurnContext without an audience", func(t *schemas.AcceptedTurn) { t.Context.Audience = "" }, schemas.CodeTurnContextInvalid},
 		{"calls whose ids were steered", func(t *schemas.AcceptedTurn) { t.Calls[0].CallID = "t-other-0" }, schemas.CodeInvalidInput},

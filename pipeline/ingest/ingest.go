@@ -31,6 +31,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
 )
 
 // Stage is the ingest stage name.
@@ -40,6 +41,7 @@ const Stage = "ingest"
 type Config struct {
 	JS          jetstream.JetStream
 	Policy      *policy.Policy
+	Keys        *seal.KeyRing // seals every TurnContext ingest builds
 	Logger      *slog.Logger
 	Metrics     *runner.Metrics
 	Instance    string // recorded in provenance, e.g. "ingest@host"
@@ -48,8 +50,8 @@ type Config struct {
 
 // Validate reports missing wiring.
 func (c Config) Validate() error {
-	if c.JS == nil || c.Policy == nil || c.Logger == nil || c.Metrics == nil || c.Instance == "" {
-		return errors.New("ingest: JS, Policy, Logger, Metrics and Instance are required")
+	if c.JS == nil || c.Policy == nil || c.Keys == nil || c.Logger == nil || c.Metrics == nil || c.Instance == "" {
+		return errors.New("ingest: JS, Policy, Keys, Logger, Metrics and Instance are required")
 	}
 	return nil
 }
@@ -109,6 +111,9 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
+	if err := in.cfg.Keys.Seal(t.Context); err != nil {
+		return err
+	}
 	subj := topology.AcceptedSubject(schemas.SessionKey(t.Context.SessionID))
 	if err := bus.Publish(ctx, in.cfg.JS, subj, t.TurnID, t); err != nil {
 		return err
@@ -118,7 +123,9 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	return nil
 }
 
-// Accept builds the accepted turn of msg under policy p. prov supplies the
+// Accept builds the accepted turn of msg under policy p, with its
+// TurnContext not yet sealed (the stage seals it with its key ring before
+// publishing; see package seal). prov supplies the
 // stream-derived provenance (sequence, receipt time, instance); its
 // Transport and MessageID are filled from msg. It fails with a coded error
 // (ARGS_INVALID_JSON, INVALID_INPUT) for input that cannot become a turn.

@@ -39,6 +39,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
@@ -74,7 +75,32 @@ type Options struct {
 	ToolTimeout time.Duration
 	// Env reuses a running server (e.g. to restart stages); nil starts one.
 	Env *jstest.Env
+	// Keys seal and verify TurnContexts; nil is Keys(t), a fresh ring.
+	// Pass the previous pipeline's ring when restarting on the same server.
+	Keys *seal.KeyRing
 }
+
+// Keys returns the test binary's key ring: one random key, "k1", made once
+// per process, so that every harness and engine of a test (and a restarted
+// pipeline) verify each other's seals. A test of key handling builds its
+// own ring with package seal.
+// t may be nil (in a fixture built outside a test function).
+func Keys(t testing.TB) *seal.KeyRing {
+	ringOnce.Do(func() { ring, ringErr = seal.NewFile("k1").Ring() })
+	if ringErr != nil {
+		if t == nil {
+			panic(ringErr)
+		}
+		t.Fatalf("pipelinetest: keys: %v", ringErr)
+	}
+	return ring
+}
+
+var (
+	ringOnce sync.Once
+	ring     *seal.KeyRing
+	ringErr  error
+)
 
 // H is a running pipeline as seen from one test. Use For in a subtest so
 // that helpers fail the subtest, not its parent.
@@ -89,6 +115,7 @@ type Pipeline struct {
 	JS       jetstream.JetStream
 	Store    *store.Store
 	Policy   *policy.Policy
+	Keys     *seal.KeyRing
 	Sandbox  string
 	Registry *prometheus.Registry
 	Tools    *tools.Registry
@@ -150,27 +177,31 @@ func Start(t testing.TB, o Options) *H {
 	if err != nil {
 		t.Fatalf("pipelinetest: %v", err)
 	}
+	keys := o.Keys
+	if keys == nil {
+		keys = Keys(t)
+	}
 	h := &H{T: t, Pipeline: &Pipeline{
-		Env: env, JS: env.JS, Store: store.New(env.Buckets), Policy: pol,
+		Env: env, JS: env.JS, Store: store.New(env.Buckets), Policy: pol, Keys: keys,
 		Sandbox: sandbox, Registry: prometheus.NewRegistry(), Tools: treg, owner: t,
 	}}
 	log := Logger()
 	metrics := runner.NewMetrics(h.Registry)
 	newEngine := func(worker string) *batch.Engine {
-		e, err := batch.New(batch.Config{JS: h.JS, Store: h.Store, Tools: treg, Worker: worker, Logger: log, ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout})
+		e, err := batch.New(batch.Config{JS: h.JS, Store: h.Store, Tools: treg, Keys: keys, Worker: worker, Logger: log, ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout})
 		if err != nil {
 			t.Fatalf("pipelinetest: engine: %v", err)
 		}
 		return e
 	}
 	h.ExecEngine, h.RedriveEngine = newEngine("executor@test"), newEngine("redriver@test")
-	if h.Ingest, err = ingest.New(ingest.Config{JS: h.JS, Policy: pol, Logger: log, Metrics: metrics, Instance: "ingest@test"}); err != nil {
+	if h.Ingest, err = ingest.New(ingest.Config{JS: h.JS, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Instance: "ingest@test"}); err != nil {
 		t.Fatalf("pipelinetest: ingest: %v", err)
 	}
 	if h.Executor, err = executor.New(executor.Config{JS: h.JS, Store: h.Store, Engine: h.ExecEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
 		t.Fatalf("pipelinetest: executor: %v", err)
 	}
-	if h.Approver, err = approver.New(approver.Config{JS: h.JS, Store: h.Store, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
+	if h.Approver, err = approver.New(approver.Config{JS: h.JS, Store: h.Store, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
 		t.Fatalf("pipelinetest: approver: %v", err)
 	}
 	if h.Redriver, err = redrive.New(redrive.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
@@ -315,12 +346,16 @@ func (h *H) Decide(approvalID, option, sender string) *schemas.Decision {
 }
 
 // Accept returns the accepted turn that ingest would publish for m under
-// the harness's policy, for tests that play the ingest stage themselves.
+// the harness's policy, its context sealed with the harness's keys, for
+// tests that play the ingest stage themselves.
 func (h *H) Accept(m *schemas.InboundMessage) *schemas.AcceptedTurn {
 	h.T.Helper()
 	at, err := ingest.Accept(m, h.Policy, schemas.Provenance{StreamSeq: 1, ReceivedAt: time.Now().UTC(), IngestedBy: "test"})
 	if err != nil {
 		h.T.Fatalf("pipelinetest: accept: %v", err)
+	}
+	if err := h.Keys.Seal(at.Context); err != nil {
+		h.T.Fatalf("pipelinetest: seal: %v", err)
 	}
 	return at
 }

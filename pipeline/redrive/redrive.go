@@ -176,7 +176,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	}
 
 	// Awaiting: check authority, then the barrier.
-	if err := b.Context.CheckFor(b.TurnID); err != nil {
+	if err := eng.Authorize(b); err != nil {
 		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), trigger)
 	}
 	approvals, pending, err := r.load(ctx, b)
@@ -253,7 +253,7 @@ func (r *Redriver) load(ctx context.Context, b *schemas.BatchRecord) ([]*schemas
 // to load them here (a batch found already started).
 func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord) error {
 	eng := r.cfg.Engine
-	if err := b.Context.CheckFor(b.TurnID); err != nil {
+	if err := eng.Authorize(b); err != nil {
 		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), "run")
 	}
 	pending := 0

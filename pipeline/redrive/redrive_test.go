@@ -136,7 +136,7 @@ func TestRedriveFailsClosedOnTamperedAuthority(t *testing.T) {
 			apply: func(h *pt.H, turn, _ string) {
 				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context = nil })
 			}},
-		{name: "the batch's TurnContext names another requester", decider: "alice", failed: schemas.CodeTurnContextMismatch,
+		{name: "the batch's TurnContext names another requester", decider: "alice", failed: schemas.CodeTurnContextTampered,
 			apply: func(h *pt.H, turn, _ string) {
 				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context.Requester.Principal = "cli:mallory" })
 			}},
@@ -144,11 +144,11 @@ func TestRedriveFailsClosedOnTamperedAuthority(t *testing.T) {
 			apply: func(h *pt.H, turn, _ string) {
 				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context.V = 7 })
 			}},
-		{name: "the approval's audience is widened", decider: "alice", failed: schemas.CodeTurnContextMismatch,
+		{name: "the approval's audience is widened", decider: "alice", rejected: schemas.CodeTurnContextTampered, failed: schemas.CodeTurnContextMismatch,
 			apply: func(h *pt.H, _, id string) {
 				mutateApproval(h, id, func(a *schemas.ApprovalRecord) { a.Context.Audience = schemas.AudiencePublic })
 			}},
-		{name: "the approval's requester is replaced and the impostor approves", decider: "mallory", failed: schemas.CodeTurnContextMismatch,
+		{name: "the approval's requester is replaced and the impostor approves", decider: "mallory", rejected: schemas.CodeTurnContextTampered, failed: schemas.CodeTurnContextMismatch,
 			apply: func(h *pt.H, _, id string) {
 				mutateApproval(h, id, func(a *schemas.ApprovalRecord) {
 					a.Context.Requester.Principal, a.Context.Requester.SenderID = "cli:mallory", "mallory"
