@@ -44,6 +44,37 @@ const (
 	AudiencePublic   Audience = "public"
 )
 
+// AudienceOf maps a channel kind to the audience of what is posted there:
+// dm is personal, private is team, public is public.
+func AudienceOf(k ChannelKind) (Audience, error) {
+	switch k {
+	case ChannelDM:
+		return AudiencePersonal, nil
+	case ChannelPrivate:
+		return AudienceTeam, nil
+	case ChannelPublic:
+		return AudiencePublic, nil
+	}
+	return "", Errorf(CodeInvalidInput, "channel kind %q has no audience", k)
+}
+
+// Wider reports whether a reaches more people than b (public > team >
+// personal). Unknown audiences are widest: they never pass a containment
+// check.
+func (a Audience) Wider(b Audience) bool { return a.rank() > b.rank() }
+
+func (a Audience) rank() int {
+	switch a {
+	case AudiencePersonal:
+		return 0
+	case AudienceTeam:
+		return 1
+	case AudiencePublic:
+		return 2
+	}
+	return 3
+}
+
 // SenderKind distinguishes people from automation. Only a user can answer an
 // approval prompt interactively.
 type SenderKind string

@@ -29,6 +29,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/pipeline/legacy"
 	"github.com/tollgate-dev/tollgate/pipeline/redrive"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -189,6 +190,11 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 		return nil, err
 	}
 	st := store.New(buckets)
+	compat, err := legacy.New(d.Keys, d.Logger, d.Registry)
+	if err != nil {
+		return nil, err
+	}
+	st.Approvals.Decode = compat.DecodeApproval
 	metrics := runner.NewMetrics(d.Registry)
 	var eng *batch.Engine
 	engine := func(stage string) (*batch.Engine, error) {

@@ -179,15 +179,6 @@ func Interactive(rule policy.TransportRule, sender schemas.Sender) bool {
 	return rule.Interactive && sender.Kind == schemas.SenderUser && sender.Verified
 }
 
-// AudienceOf maps a channel kind to the audience of its turns.
-func AudienceOf(k schemas.ChannelKind) (schemas.Audience, error) {
-	switch k {
-	case schemas.ChannelDM:
-		return schemas.AudiencePersonal, nil
-	case schemas.ChannelPrivate:
-		return schemas.AudienceTeam, nil
-	case schemas.ChannelPublic:
-		return schemas.AudiencePublic, nil
-	}
-	return "", schemas.Errorf(schemas.CodeInvalidInput, "channel kind %q has no audience", k)
-}
+// AudienceOf maps a channel kind to the audience of its turns (see
+// schemas.AudienceOf).
+func AudienceOf(k schemas.ChannelKind) (schemas.Audience, error) { return schemas.AudienceOf(k) }

@@ -34,6 +34,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/pipeline/legacy"
 	"github.com/tollgate-dev/tollgate/pipeline/redrive"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -186,6 +187,11 @@ func Start(t testing.TB, o Options) *H {
 		Sandbox: sandbox, Registry: prometheus.NewRegistry(), Tools: treg, owner: t,
 	}}
 	log := Logger()
+	compat, err := legacy.New(keys, log, h.Registry)
+	if err != nil {
+		t.Fatalf("pipelinetest: legacy: %v", err)
+	}
+	h.Store.Approvals.Decode = compat.DecodeApproval
 	metrics := runner.NewMetrics(h.Registry)
 	newEngine := func(worker string) *batch.Engine {
 		e, err := batch.New(batch.Config{JS: h.JS, Store: h.Store, Tools: treg, Keys: keys, Worker: worker, Logger: log, ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout})

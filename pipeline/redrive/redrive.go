@@ -236,7 +236,17 @@ func (r *Redriver) load(ctx context.Context, b *schemas.BatchRecord) ([]*schemas
 		if a.Context == nil {
 			return nil, 0, schemas.Errorf(schemas.CodeTurnContextMissing, "approval %s has no TurnContext", id)
 		}
-		if schemas.ContextDigest(a.Context) != want {
+		if a.Context.LegacyRestored {
+			// Restored by the compatibility path from a version 1 record:
+			// it has no ingest provenance to compare, but must grant exactly
+			// the authority the batch's own context grants.
+			if err := r.cfg.Engine.Keys().Verify(a.Context); err != nil {
+				return nil, 0, fmt.Errorf("legacy approval %s: %w", id, err)
+			}
+			if !schemas.SameAuthority(a.Context, b.Context) {
+				return nil, 0, schemas.Errorf(schemas.CodeTurnContextMismatch, "legacy approval %s restores an authority that differs from its batch's", id)
+			}
+		} else if schemas.ContextDigest(a.Context) != want {
 			return nil, 0, schemas.Errorf(schemas.CodeTurnContextMismatch, "approval %s carries a TurnContext that differs from its batch's", id)
 		}
 		if a.Status == schemas.ApprovalPending {

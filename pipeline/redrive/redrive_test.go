@@ -174,7 +174,7 @@ func TestRedriveFailsClosedOnTamperedAuthority(t *testing.T) {
 			}},
 		{name: "the approval record has an unknown schema version", decider: "alice", rejected: schemas.CodeSchemaVersionUnsupported, failed: schemas.CodeSchemaVersionUnsupported,
 			apply: func(h *pt.H, _, id string) { h.PutRaw(h.Store.Approvals.KV, id, withVersion(h, h.Approval(id), 9)) }},
-		{name: "the approval record has the legacy version 1", decider: "alice", rejected: schemas.CodeSchemaVersionUnsupported, failed: schemas.CodeSchemaVersionUnsupported,
+		{name: "the approval record is rewritten as a version 1 record without its copied authority fields", decider: "alice", rejected: schemas.CodeLegacyContextIncomplete, failed: schemas.CodeLegacyContextIncomplete,
 			apply: func(h *pt.H, _, id string) { h.PutRaw(h.Store.Approvals.KV, id, withVersion(h, h.Approval(id), 1)) }},
 		{name: "the approval record is not msgpack", decider: "alice", rejected: schemas.CodeMalformed, failed: schemas.CodeMalformed,
 			apply: func(h *pt.H, _, id string) { h.PutRaw(h.Store.Approvals.KV, id, []byte("{\"status\":\"approved\"}")) }},
@@ -194,8 +194,7 @@ func TestRedriveFailsClosedOnTamperedAuthority(t *testing.T) {
 				}
 				// Nothing was decided, so nothing triggers a redrive; a
 				// recovery pass (a re-announced batch) must fail closed too.
-				h.PublishRaw(topology.EventSubject(topology.SubjectBatchAwaiting, turn), h.NextID("recover"),
-					mustEncode(h, &schemas.TurnNotice{TurnID: turn, SessionID: "x", Kind: schemas.NoticeAwaiting, At: time.Now()}), nil)
+				reannounce(h, turn)
 			}
 			b, out := h.WaitTerminal(turn)
 			if r := b.Results[0]; r.Status != schemas.ResultFailed || r.Code != tc.failed {

@@ -48,6 +48,17 @@ func New(b topology.Buckets) *Store {
 // Bucket is a KV bucket holding records of type T.
 type Bucket[T any, P schemas.Ptr[T]] struct {
 	KV jetstream.KeyValue
+	// Decode replaces schemas.Decode[T] when set: the approvals bucket uses
+	// it to read older record versions through the one compatibility path
+	// (pipeline/legacy).
+	Decode func([]byte) (*T, error)
+}
+
+func (b Bucket[T, P]) decode(data []byte) (*T, error) {
+	if b.Decode != nil {
+		return b.Decode(data)
+	}
+	return schemas.Decode[T, P](data)
 }
 
 // Get returns the record at key and its revision. It fails with ErrNotFound
@@ -61,7 +72,7 @@ func (b Bucket[T, P]) Get(ctx context.Context, key string) (*T, uint64, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("get %s/%s: %w", b.KV.Bucket(), key, err)
 	}
-	v, err := schemas.Decode[T, P](e.Value())
+	v, err := b.decode(e.Value())
 	if err != nil {
 		return nil, e.Revision(), fmt.Errorf("decode %s/%s@%d: %w", b.KV.Bucket(), key, e.Revision(), err)
 	}

@@ -1,0 +1,88 @@
+package schemas
+
+import "time"
+
+// ApprovalLegacyVersion is the schema version of ApprovalRecordV1.
+const ApprovalLegacyVersion = 1
+
+// ApprovalRecordV1 is the version 1 shape of an approval record, written
+// before the TurnContext was persisted with it: instead of the context it
+// carries copies of a few authority fields (transport, sender, channel,
+// audience, trust boundary). It is read only; the one compatibility path
+// (pipeline/legacy) turns it into an ApprovalRecord with a restored,
+// legacy-marked context, or rejects it with LEGACY_CONTEXT_INCOMPLETE.
+type ApprovalRecordV1 struct {
+	V             Version        `msgpack:"v"`
+	ApprovalID    string         `msgpack:"approval_id"`
+	TurnID        string         `msgpack:"turn_id"`
+	SessionID     string         `msgpack:"session_id"`
+	CallID        string         `msgpack:"call_id"`
+	Tool          string         `msgpack:"tool"`
+	Args          string         `msgpack:"args"`
+	ArgsDigest    string         `msgpack:"args_digest"`
+	PolicyVersion string         `msgpack:"policy_version"`
+	Options       []string       `msgpack:"options"`
+	Status        ApprovalStatus `msgpack:"status"`
+	RequestedAt   time.Time      `msgpack:"requested_at"`
+	ExpiresAt     time.Time      `msgpack:"expires_at"`
+	Decision      *DecisionInfo  `msgpack:"decision,omitempty"`
+
+	// The copied authority fields. Any may be missing in old data.
+	Transport     string   `msgpack:"transport,omitempty"`
+	Sender        *Sender  `msgpack:"sender,omitempty"`
+	Channel       *Channel `msgpack:"channel,omitempty"`
+	Audience      Audience `msgpack:"audience,omitempty"`
+	TrustBoundary string   `msgpack:"trust_boundary,omitempty"`
+}
+
+func (a *ApprovalRecordV1) schemaVersion() Version  { return a.V }
+func (a *ApprovalRecordV1) currentVersion() Version { return ApprovalLegacyVersion }
+func (a *ApprovalRecordV1) stampVersion()           { a.V = ApprovalLegacyVersion }
+
+// validate checks what every record needs to be addressed at all; whether
+// the authority fields suffice is the compatibility path's decision.
+func (a *ApprovalRecordV1) validate() error {
+	if !a.Status.valid() {
+		return Errorf(CodeInvalidInput, "status %q is not an approval status", a.Status)
+	}
+	return firstErr(
+		checkString("approval_id", a.ApprovalID, MaxIDBytes, true, false),
+		checkString("turn_id", a.TurnID, MaxIDBytes, true, false),
+		checkString("call_id", a.CallID, MaxIDBytes, true, false),
+		checkName("tool", a.Tool),
+	)
+}
+
+// DecodeApproval decodes a stored approval record of either version: the
+// current one (rec), or version 1 (legacy, for the compatibility path to
+// restore). Any other version fails with SCHEMA_VERSION_UNSUPPORTED; it is
+// never guessed.
+func DecodeApproval(b []byte) (rec *ApprovalRecord, legacy *ApprovalRecordV1, err error) {
+	rec, err = Decode[ApprovalRecord](b)
+	if err == nil || CodeOf(err) != CodeSchemaVersionUnsupported {
+		return rec, nil, err
+	}
+	old, lerr := Decode[ApprovalRecordV1](b)
+	if lerr == nil {
+		return nil, old, nil
+	}
+	if CodeOf(lerr) == CodeSchemaVersionUnsupported {
+		return nil, nil, err // neither version: report it against the current one
+	}
+	return nil, nil, lerr
+}
+
+// SameAuthority reports whether a and b grant the same authority: the same
+// turn, session, requester, transport, channel, audience and trust boundary.
+// It is how a legacy-restored context (which has no ingest provenance) is
+// matched against the context its batch persisted.
+func SameAuthority(a, b *TurnContext) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	return a.TurnID == b.TurnID && a.SessionID == b.SessionID &&
+		a.Requester.Principal == b.Requester.Principal && a.Requester.SenderID == b.Requester.SenderID &&
+		a.Requester.Kind == b.Requester.Kind && a.Requester.Verified == b.Requester.Verified &&
+		a.Transport == b.Transport && a.Channel == b.Channel &&
+		a.Audience == b.Audience && a.TrustBoundary == b.TrustBoundary
+}
