@@ -16,6 +16,7 @@ package policy
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -24,6 +25,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -72,6 +74,31 @@ type ToolRule struct {
 	Approvers    []string                  `json:"approvers,omitempty"`
 	Options      []string                  `json:"options,omitempty"`
 	ExpiresAfter *Duration                 `json:"expires_after,omitempty"`
+	// Deciders replaces the file's decider rules for this tool;
+	// AudienceDeciders replaces them for turns of one audience.
+	Deciders         *DeciderRule                      `json:"deciders,omitempty"`
+	AudienceDeciders map[schemas.Audience]*DeciderRule `json:"audience_deciders,omitempty"`
+}
+
+// DeciderRule says who may decide an approval and how many must agree.
+//
+// A decider qualifies if the transport vouched for them at MinAssurance or
+// above and they are the turn's requester (when Requester allows it), one of
+// Principals, or a member of one of Groups. An approval is approved once
+// Quorum distinct qualifying deciders approved it; one qualifying deny
+// denies it.
+type DeciderRule struct {
+	// Requester: whether the turn's requester may decide. Default true.
+	Requester *bool `json:"requester,omitempty"`
+	// Principals ("transport:sender_id") and Groups (names from the file's
+	// "groups") who may decide.
+	Principals []string `json:"principals,omitempty"`
+	Groups     []string `json:"groups,omitempty"`
+	// MinAssurance: "verified" (the default and the floor: an unverified
+	// sender never decides) or "strong" (a second factor).
+	MinAssurance string `json:"min_assurance,omitempty"`
+	// Quorum: distinct approvals needed. Default 1.
+	Quorum int `json:"quorum,omitempty"`
 }
 
 // TransportRule says how ingest builds a TurnContext for a transport.
@@ -91,6 +118,30 @@ type File struct {
 	Tools            map[string]ToolRule      `json:"tools"`
 	Transports       map[string]TransportRule `json:"transports"`
 	DefaultTransport *TransportRule           `json:"default_transport,omitempty"`
+	// Groups of principals, named by decider rules.
+	Groups map[string][]string `json:"groups,omitempty"`
+	// Deciders is the default decider rule; TrustBoundaryDeciders replaces
+	// it for turns of a trust boundary. Without either, the requester alone
+	// (plus any "approvers") decides.
+	Deciders              *DeciderRule            `json:"deciders,omitempty"`
+	TrustBoundaryDeciders map[string]*DeciderRule `json:"trust_boundary_deciders,omitempty"`
+	// Sessions: what a new turn does while its session waits on approvals.
+	Sessions *SessionRule `json:"sessions,omitempty"`
+}
+
+// Busy modes of a SessionRule.
+const (
+	// BusyQueue: the new turn waits until the waiting batch ends.
+	BusyQueue = "queue"
+	// BusySupersede: the waiting batch's pending approvals are abandoned
+	// (their calls get results saying so) and the new turn runs next.
+	BusySupersede = "supersede"
+)
+
+// SessionRule is the session policy, globally and per transport.
+type SessionRule struct {
+	Busy       string            `json:"busy,omitempty"`       // queue (default) or supersede
+	Transports map[string]string `json:"transports,omitempty"` // transport name -> busy mode
 }
 
 // Policy is a validated, immutable policy.
@@ -183,6 +234,78 @@ func Parse(b []byte) (*Policy, error) {
 			}
 		}
 	}
+	for g, members := range f.Groups {
+		if len(members) == 0 {
+			return nil, fmt.Errorf("parse policy: group %s is empty", g)
+		}
+		for _, m := range members {
+			if err := checkPrincipal(m); err != nil {
+				return nil, fmt.Errorf("parse policy: group %s: %w", g, err)
+			}
+		}
+	}
+	checkRule := func(where string, r *DeciderRule) error {
+		if r == nil {
+			return fmt.Errorf("parse policy: %s: null decider rule", where)
+		}
+		for _, pr := range r.Principals {
+			if err := checkPrincipal(pr); err != nil {
+				return fmt.Errorf("parse policy: %s: %w", where, err)
+			}
+		}
+		for _, g := range r.Groups {
+			if _, ok := f.Groups[g]; !ok {
+				return fmt.Errorf("parse policy: %s: unknown group %q", where, g)
+			}
+		}
+		switch r.MinAssurance {
+		case "", "verified", "strong":
+		default:
+			return fmt.Errorf("parse policy: %s: min_assurance %q: want verified or strong", where, r.MinAssurance)
+		}
+		if r.Quorum < 0 || r.Quorum > 16 {
+			return fmt.Errorf("parse policy: %s: quorum %d: want 1 to 16", where, r.Quorum)
+		}
+		if r.Requester != nil && !*r.Requester && len(r.Principals) == 0 && len(r.Groups) == 0 {
+			return fmt.Errorf("parse policy: %s: nobody may decide (requester false, no principals or groups)", where)
+		}
+		return nil
+	}
+	if f.Deciders != nil {
+		if err := checkRule("deciders", f.Deciders); err != nil {
+			return nil, err
+		}
+	}
+	for tb, r := range f.TrustBoundaryDeciders {
+		if err := checkRule("trust_boundary_deciders."+tb, r); err != nil {
+			return nil, err
+		}
+	}
+	for name, r := range f.Tools {
+		if r.Deciders != nil {
+			if err := checkRule("tool "+name+" deciders", r.Deciders); err != nil {
+				return nil, err
+			}
+		}
+		for a, dr := range r.AudienceDeciders {
+			if a != schemas.AudiencePersonal && a != schemas.AudienceTeam && a != schemas.AudiencePublic {
+				return nil, fmt.Errorf("parse policy: tool %s: audience_deciders: unknown audience %q", name, a)
+			}
+			if err := checkRule("tool "+name+" audience_deciders."+string(a), dr); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if s := f.Sessions; s != nil {
+		if !validBusy(s.Busy) {
+			return nil, fmt.Errorf("parse policy: sessions.busy %q: want queue or supersede", s.Busy)
+		}
+		for tr, b := range s.Transports {
+			if !validBusy(b) || b == "" {
+				return nil, fmt.Errorf("parse policy: sessions.transports.%s %q: want queue or supersede", tr, b)
+			}
+		}
+	}
 	for name, t := range f.Transports {
 		if t.TrustBoundary == "" {
 			return nil, fmt.Errorf("parse policy: transport %s: trust_boundary is required", name)
@@ -254,22 +377,91 @@ func (p *Policy) ExpiresAfter(tool string) time.Duration {
 	}
 }
 
-// MayDecide reports whether principal may decide an approval of tool on the
-// turn whose persisted context is tc: the requester, or an approver named by
-// the policy for that tool or globally. It never consults anything the
-// decision itself claims beyond the principal it was delivered under.
-func (p *Policy) MayDecide(tool string, tc *schemas.TurnContext, principal string) bool {
-	if tc == nil || principal == "" {
-		return false
+func validBusy(s string) bool { return s == "" || s == BusyQueue || s == BusySupersede }
+
+// checkPrincipal accepts "transport:sender_id".
+func checkPrincipal(s string) error {
+	t, id, ok := strings.Cut(s, ":")
+	if !ok || t == "" || id == "" || len(s) > 512 {
+		return fmt.Errorf("principal %q: want transport:sender_id", s)
 	}
-	if principal == tc.Requester.Principal {
-		return true
-	}
-	if slices.Contains(p.f.Approvers, principal) {
-		return true
-	}
+	return nil
+}
+
+// deciderRule returns the rule that applies to approvals of tool on the
+// turn of tc: the most specific of the tool's audience rule, the tool's
+// rule, the trust boundary's rule, the file's rule, or the built-in one
+// (the requester alone). Rules replace each other; they do not merge.
+func (p *Policy) deciderRule(tool string, tc *schemas.TurnContext) DeciderRule {
 	r, ok := p.f.Tools[tool]
-	return ok && slices.Contains(r.Approvers, principal)
+	switch {
+	case ok && r.AudienceDeciders[tc.Audience] != nil:
+		return *r.AudienceDeciders[tc.Audience]
+	case ok && r.Deciders != nil:
+		return *r.Deciders
+	case p.f.TrustBoundaryDeciders[tc.TrustBoundary] != nil:
+		return *p.f.TrustBoundaryDeciders[tc.TrustBoundary]
+	case p.f.Deciders != nil:
+		return *p.f.Deciders
+	}
+	return DeciderRule{}
+}
+
+// Quorum is how many distinct qualifying deciders must approve an approval
+// of tool on the turn of tc (at least 1).
+func (p *Policy) Quorum(tool string, tc *schemas.TurnContext) int {
+	if tc == nil {
+		return 1
+	}
+	return max(1, p.deciderRule(tool, tc).Quorum)
+}
+
+// MayDecide reports, with nil, whether principal, vouched for by its
+// transport at assurance, may decide an approval of tool on the turn whose
+// persisted context is tc; otherwise an error saying why not. It consults
+// only the persisted context and the policy, never what a decision claims
+// beyond the principal and assurance it was delivered with. The "approvers"
+// lists (file and tool) add principals to whichever rule applies.
+func (p *Policy) MayDecide(tool string, tc *schemas.TurnContext, principal string, assurance schemas.Assurance) error {
+	if tc == nil || principal == "" {
+		return errors.New("no context or no principal")
+	}
+	rule := p.deciderRule(tool, tc)
+	min := schemas.AssuranceVerified
+	if rule.MinAssurance == "strong" {
+		min = schemas.AssuranceStrong
+	}
+	if assurance < min {
+		return fmt.Errorf("%s is vouched for at level %d, the rule needs %s", principal, assurance, cmp.Or(rule.MinAssurance, "verified"))
+	}
+	if principal == tc.Requester.Principal && (rule.Requester == nil || *rule.Requester) {
+		return nil
+	}
+	if slices.Contains(rule.Principals, principal) || slices.Contains(p.f.Approvers, principal) {
+		return nil
+	}
+	if r, ok := p.f.Tools[tool]; ok && slices.Contains(r.Approvers, principal) {
+		return nil
+	}
+	for _, g := range rule.Groups {
+		if slices.Contains(p.f.Groups[g], principal) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s is not among the deciders of %s for %s's %s turn", principal, tool, tc.Requester.Principal, tc.Audience)
+}
+
+// Busy returns the session policy for a turn arriving on transport while
+// its session waits on approvals: BusyQueue or BusySupersede.
+func (p *Policy) Busy(transport string) string {
+	s := p.f.Sessions
+	if s == nil {
+		return BusyQueue
+	}
+	if b, ok := s.Transports[transport]; ok {
+		return b
+	}
+	return cmp.Or(s.Busy, BusyQueue)
 }
 
 // Transport returns the rule for a transport.

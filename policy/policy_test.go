@@ -167,7 +167,7 @@ func TestMayDecide(t *testing.T) {
 	}
 	for _, c := range tests {
 		t.Run(c.name, func(t *testing.T) {
-			if got := p.MayDecide(c.tool, c.ctx, c.principal); got != c.want {
+			if got := p.MayDecide(c.tool, c.ctx, c.principal, schemas.AssuranceVerified) == nil; got != c.want {
 				t.Fatalf("MayDecide(%s, %s) = %v, want %v", c.tool, c.principal, got, c.want)
 			}
 		})
@@ -267,7 +267,7 @@ func BenchmarkMayDecide(b *testing.B) {
 	tc := &schemas.TurnContext{Requester: schemas.Requester{Principal: "slack:U-ADA"}}
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = p.MayDecide("write_file", tc, "slack:U-OPS")
+		_ = p.MayDecide("write_file", tc, "slack:U-OPS", schemas.AssuranceVerified)
 	}
 }
 

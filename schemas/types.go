@@ -272,6 +272,9 @@ type DecisionInfo struct {
 	Principal  string    `msgpack:"principal"`
 	Option     string    `msgpack:"option"`
 	DecidedAt  time.Time `msgpack:"decided_at"`
+	// Assurance the transport vouched for the decider with, kept so the
+	// redriver can re-check the grant against the current policy.
+	Assurance Assurance `msgpack:"assurance,omitempty"`
 }
 
 // ApprovalRecord is the pending (or decided) approval of one tool call, kept

@@ -243,7 +243,7 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 			if err != nil {
 				return nil, err
 			}
-			r, err := redrive.New(redrive.Config{JS: d.JS, Store: st, Engine: e, Logger: log, Metrics: metrics, Registerer: d.Registry})
+			r, err := redrive.New(redrive.Config{JS: d.JS, Store: st, Engine: e, Policy: d.Policy, Logger: log, Metrics: metrics, Registerer: d.Registry})
 			if err != nil {
 				return nil, err
 			}

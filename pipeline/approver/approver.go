@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -165,9 +166,9 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 		if err := bus.Publish(ctx, a.cfg.JS, subj, "decided:"+res.decided.ApprovalID, ev); err != nil {
 			return err
 		}
-		if res.rejected == nil {
-			a.decisions.WithLabelValues(res.label).Inc()
-		}
+	}
+	if res.rejected == nil && res.label != "" {
+		a.decisions.WithLabelValues(res.label).Inc()
 	}
 	return nil
 }
@@ -214,8 +215,17 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		if d.Decider.Kind != schemas.SenderUser || !d.Decider.Verified {
 			return reject(schemas.CodeDeciderNotAuthorized, "%s is not a verified user (kind %q, verified %v)", principal, d.Decider.Kind, d.Decider.Verified)
 		}
-		if !a.cfg.Policy.MayDecide(rec.Tool, rec.Context, principal) {
-			return reject(schemas.CodeDeciderNotAuthorized, "%s may not decide approvals of %s's turn", principal, rec.Context.Requester.Principal)
+		// A decision made where more people can see it than the turn's
+		// audience (a public channel answering a personal turn) would
+		// leak the call; the turn's audience bounds where it is decided.
+		if d.Channel != nil {
+			where, err := schemas.AudienceOf(d.Channel.Kind)
+			if err != nil || where.Wider(rec.Context.Audience) {
+				return reject(schemas.CodeDeciderNotAuthorized, "decision posted in a %s channel for a %s turn", d.Channel.Kind, rec.Context.Audience)
+			}
+		}
+		if err := a.cfg.Policy.MayDecide(rec.Tool, rec.Context, principal, d.Decider.Assurance()); err != nil {
+			return reject(schemas.CodeDeciderNotAuthorized, "%v", err)
 		}
 		if d.ArgsDigest != "" && d.ArgsDigest != rec.ArgsDigest {
 			return reject(schemas.CodeArgsDigestMismatch, "decision is for arguments %s, approval binds %s", d.ArgsDigest, rec.ArgsDigest)
@@ -240,8 +250,21 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		}
 		now := a.now()
 		expired := !rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt)
-		rec.Decision = &schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now}
+		vote := schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now, Assurance: d.Decider.Assurance()}
+		rec.Decision = &vote
 		rec.Status = want
+		counted := false
+		if want == schemas.ApprovalApproved && rec.Quorum > 1 && !expired {
+			// Multi-approver: count distinct principals; the approval
+			// stays pending until the quorum is reached.
+			if slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.Principal == principal }) {
+				return result{label: "idempotent"}, nil
+			}
+			rec.Votes = append(rec.Votes, vote)
+			if len(rec.Votes) < rec.Quorum {
+				rec.Status, rec.Decision, counted = schemas.ApprovalPending, nil, true
+			}
+		}
 		if expired {
 			rec.Status = schemas.ApprovalExpired
 			rec.Decision = &schemas.DecisionInfo{Principal: "tollgate:expiry", DecidedAt: now}
@@ -257,6 +280,10 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 			r, _ := reject(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
 			r.decided = rec
 			return r, nil
+		}
+		if counted {
+			a.cfg.Logger.Info("approval vote counted", "approval", rec.ApprovalID, "principal", principal, "votes", len(rec.Votes), "quorum", rec.Quorum)
+			return result{label: "vote"}, nil
 		}
 		a.cfg.Logger.Info("decision applied", "approval", rec.ApprovalID, "turn", rec.TurnID, "status", rec.Status, "principal", principal)
 		return result{decided: rec, label: "applied"}, nil

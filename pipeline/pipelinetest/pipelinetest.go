@@ -210,7 +210,7 @@ func Start(t testing.TB, o Options) *H {
 	if h.Approver, err = approver.New(approver.Config{JS: h.JS, Store: h.Store, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
 		t.Fatalf("pipelinetest: approver: %v", err)
 	}
-	if h.Redriver, err = redrive.New(redrive.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
+	if h.Redriver, err = redrive.New(redrive.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
 		t.Fatalf("pipelinetest: redriver: %v", err)
 	}
 

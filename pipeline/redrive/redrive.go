@@ -32,6 +32,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -43,6 +44,7 @@ type Config struct {
 	JS          jetstream.JetStream
 	Store       *store.Store
 	Engine      *batch.Engine
+	Policy      *policy.Policy // the current policy, re-checked before each approved call
 	Logger      *slog.Logger
 	Metrics     *runner.Metrics
 	Registerer  prometheus.Registerer // may be nil
@@ -51,8 +53,8 @@ type Config struct {
 
 // Validate reports missing wiring.
 func (c Config) Validate() error {
-	if c.JS == nil || c.Store == nil || c.Engine == nil || c.Logger == nil || c.Metrics == nil {
-		return errors.New("redrive: JS, Store, Engine, Logger and Metrics are required")
+	if c.JS == nil || c.Store == nil || c.Engine == nil || c.Policy == nil || c.Logger == nil || c.Metrics == nil {
+		return errors.New("redrive: JS, Store, Engine, Policy, Logger and Metrics are required")
 	}
 	return nil
 }
@@ -299,6 +301,11 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			if cur.State.Terminal() {
 				return eng.Finish(ctx, cur)
 			}
+			if err := r.stillGranted(b.Context, call, a); err != nil {
+				r.cfg.Logger.Warn("approved call not run: policy changed", "turn", b.TurnID, "call", call.CallID, "err", err)
+				results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodePolicyChanged, err.Error(), a.ApprovalID)
+				continue
+			}
 			res, err := eng.Execute(ctx, b.Context, call, a.ApprovalID)
 			if err != nil {
 				return err
@@ -317,6 +324,42 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		return err
 	}
 	r.cfg.Logger.Info("batch redriven", "turn", b.TurnID, "state", end.State)
+	return nil
+}
+
+// stillGranted re-checks an approved call against the current policy: the
+// tool must not have become denied for the turn's audience, and the
+// approval's deciders must still qualify in the number the rule now needs.
+// A call whose tool no longer needs approval runs. Decisions recorded
+// without an assurance level predate it; the approver has always required
+// a verified decider, so they count as verified.
+func (r *Redriver) stillGranted(tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) error {
+	pol := r.cfg.Policy
+	switch pol.ModeFor(call.Tool, tc.Audience) {
+	case policy.ModeDeny:
+		return fmt.Errorf("policy %s now denies %s for a %s audience (approval was requested under %s)", pol.Version(), call.Tool, tc.Audience, a.PolicyVersion)
+	case policy.ModeNever:
+		return nil
+	}
+	votes := a.Votes
+	if len(votes) == 0 && a.Decision != nil {
+		votes = []schemas.DecisionInfo{*a.Decision}
+	}
+	granted := map[string]bool{}
+	var last error
+	for _, v := range votes {
+		if err := pol.MayDecide(call.Tool, tc, v.Principal, max(v.Assurance, schemas.AssuranceVerified)); err != nil {
+			last = err
+			continue
+		}
+		granted[v.Principal] = true
+	}
+	if need := pol.Quorum(call.Tool, tc); len(granted) < need {
+		if last != nil {
+			return fmt.Errorf("policy %s no longer grants this approval: %v", pol.Version(), last)
+		}
+		return fmt.Errorf("policy %s needs %d approvals, %d still qualify", pol.Version(), need, len(granted))
+	}
 	return nil
 }
 
