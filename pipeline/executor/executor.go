@@ -346,7 +346,7 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 		ApprovalID: id, TurnID: b.TurnID, SessionID: b.SessionID, CallID: call.CallID,
 		Context: b.Context, Tool: call.Tool, Args: call.Args, ArgsDigest: call.ArgsDigest,
 		PolicyVersion: x.cfg.Policy.Version(), Options: x.cfg.Policy.Options(call.Tool),
-		Quorum:        x.cfg.Policy.Quorum(call.Tool, b.Context),
+		Quorum: x.cfg.Policy.Quorum(call.Tool, b.Context),
 		Status: schemas.ApprovalPending, RequestedAt: now,
 	}
 	if d := x.cfg.Policy.ExpiresAfter(call.Tool); d > 0 {
