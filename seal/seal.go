@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -174,8 +175,8 @@ func parseFile(b []byte) (*File, error) {
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("seal: parse keys: %w", err)
 	}
-	if dec.More() {
-		return nil, errors.New("seal: parse keys: trailing data")
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("seal: parse keys: trailing data after the key object")
 	}
 	return &f, nil
 }
@@ -265,58 +266,70 @@ func NewFile(id string) *File {
 }
 
 // Write writes f to path with mode 0600, atomically (a temporary file in the
-// same directory, then rename), replacing any file there.
+// same directory, synced, then renamed), replacing any file there.
 func (f *File) Write(path string) error {
-	if _, err := f.Ring(); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(f, "", "  ")
+	tmp, err := f.writeTemp(path)
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".seal-keys-*")
-	if err != nil {
-		return fmt.Errorf("seal: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return fmt.Errorf("seal: %w", err)
-	}
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("seal: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("seal: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("seal: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	defer os.Remove(tmp)
+	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("seal: %w", err)
 	}
 	return nil
 }
 
+// writeTemp writes f, complete and synced, to a new 0600 file next to path
+// and returns its name.
+func (f *File) writeTemp(path string) (string, error) {
+	if _, err := f.Ring(); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".seal-keys-*")
+	if err != nil {
+		return "", fmt.Errorf("seal: %w", err)
+	}
+	fail := func(err error) (string, error) {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("seal: %w", err)
+	}
+	if err := tmp.Chmod(0o600); err != nil {
+		return fail(err)
+	}
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("seal: %w", err)
+	}
+	return tmp.Name(), nil
+}
+
 // EnsureFile loads the key file at path, creating it (mode 0600, one new key
 // "k1") if it does not exist. It is what `tollgate dev` uses for its data dir.
+// The file appears complete or not at all (written to a synced temporary
+// file, then hard-linked into place, which fails if another process got
+// there first), so concurrent first starts agree on one key and a crash
+// never leaves an empty key file.
 func EnsureFile(path string) (r *KeyRing, created bool, err error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		f := NewFile("k1")
-		// O_EXCL: two processes starting together must not both create.
-		fd, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		tmp, err := f.writeTemp(path)
+		if err != nil {
+			return nil, false, err
+		}
+		defer os.Remove(tmp)
+		err = os.Link(tmp, path)
 		if err == nil {
-			b, _ := json.MarshalIndent(f, "", "  ")
-			_, werr := fd.Write(append(b, '\n'))
-			if cerr := fd.Close(); werr == nil {
-				werr = cerr
-			}
-			if werr != nil {
-				os.Remove(path)
-				return nil, false, fmt.Errorf("seal: write %s: %w", path, werr)
-			}
 			r, err := f.Ring()
 			return r, true, err
 		}
@@ -331,6 +344,9 @@ func EnsureFile(path string) (r *KeyRing, created bool, err error) {
 // Rotate adds a new key named id to f and makes it current. The old keys
 // stay, so contexts sealed with them still verify.
 func (f *File) Rotate(id string) error {
+	if !validID(id) {
+		return fmt.Errorf("seal: key id %q: want 1-32 characters of a-z 0-9 _ -", id)
+	}
 	if _, dup := f.Keys[id]; dup {
 		return fmt.Errorf("seal: key %s already exists", id)
 	}
