@@ -86,7 +86,7 @@ func New(cfg Config) (*Approver, error) {
 		}
 	}
 	var err error
-	if a.pending, err = NewPendingTracker(cfg.Store.Approvals.KV, cfg.Logger, cfg.Registerer); err != nil {
+	if a.pending, err = NewPendingTracker(cfg.Store.Approvals.KV, cfg.Store.Approvals.DecodeValue, a.Expire, cfg.Now, cfg.Logger, cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	return a, nil
@@ -112,7 +112,7 @@ func (a *Approver) Run(ctx context.Context) error {
 	}
 	go func() {
 		if err := a.pending.Run(ctx); err != nil {
-			a.cfg.Logger.Warn("pending-approvals gauge stopped", "err", err)
+			a.cfg.Logger.Warn("pending-approvals tracker (gauge and expiry) stopped", "err", err)
 		}
 	}()
 	return r.Run(ctx)
@@ -132,6 +132,55 @@ func (a *Approver) Handle(ctx context.Context, m jetstream.Msg) error {
 		return schemas.Errorf(schemas.CodeInvalidInput, "decision for %s from transport %s arrived on %s, want %s", d.ApprovalID, d.Transport, m.Subject(), want)
 	}
 	return a.Apply(ctx, d)
+}
+
+// ExpiryPrincipal is the principal recorded on an approval that expired.
+const ExpiryPrincipal = "tollgate:expiry"
+
+// Expire moves approval id from pending to expired if its expiry has
+// passed (compare-and-set), and publishes its decided event (status
+// expired): that event tells the redriver to evaluate the batch, where the
+// call gets an expired result, and tells transports the prompt can no
+// longer be answered. It is idempotent: an approval already expired gets
+// its event re-published (deduplicated by message id); one decided
+// otherwise, or not yet due, is left alone.
+func (a *Approver) Expire(ctx context.Context, id string) error {
+	now := a.now()
+	rec, _, err := a.cfg.Store.Approvals.Mutate(ctx, id, func(r *schemas.ApprovalRecord) error {
+		if r.Status != schemas.ApprovalPending || r.ExpiresAt.IsZero() || now.Before(r.ExpiresAt) {
+			return store.ErrSkip
+		}
+		r.Status = schemas.ApprovalExpired
+		r.Decision = &schemas.DecisionInfo{Principal: ExpiryPrincipal, DecidedAt: now}
+		return nil
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case schemas.CodeOf(err) != "":
+		a.cfg.Logger.Warn("cannot expire an unreadable approval record", "approval", id, "err", err)
+		return nil // a redrive of its batch fails closed on it
+	case err != nil:
+		return err
+	}
+	if rec.Status != schemas.ApprovalExpired {
+		return nil
+	}
+	a.cfg.Logger.Info("approval expired", "approval", id, "turn", rec.TurnID, "expired_at", rec.ExpiresAt)
+	a.decisions.WithLabelValues("expired_unanswered").Inc()
+	return a.publishDecided(ctx, rec)
+}
+
+func (a *Approver) publishDecided(ctx context.Context, rec *schemas.ApprovalRecord) error {
+	ev := &schemas.DecidedEvent{
+		ApprovalID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID,
+		Status: rec.Status, Decision: rec.Decision, At: a.now(),
+	}
+	if rec.Decision != nil {
+		ev.At = rec.Decision.DecidedAt
+	}
+	subj := topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID)
+	return bus.Publish(ctx, a.cfg.JS, subj, "decided:"+rec.ApprovalID, ev)
 }
 
 // Apply applies d, publishing a decided event or a rejection. It returns an
@@ -155,15 +204,7 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 		}
 	}
 	if res.decided != nil {
-		ev := &schemas.DecidedEvent{
-			ApprovalID: res.decided.ApprovalID, TurnID: res.decided.TurnID, SessionID: res.decided.SessionID,
-			Status: res.decided.Status, Decision: res.decided.Decision, At: a.now(),
-		}
-		if res.decided.Decision != nil {
-			ev.At = res.decided.Decision.DecidedAt
-		}
-		subj := topology.EventSubject(topology.SubjectApprovalDecided, res.decided.TurnID)
-		if err := bus.Publish(ctx, a.cfg.JS, subj, "decided:"+res.decided.ApprovalID, ev); err != nil {
+		if err := a.publishDecided(ctx, res.decided); err != nil {
 			return err
 		}
 	}
@@ -267,7 +308,7 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		}
 		if expired {
 			rec.Status = schemas.ApprovalExpired
-			rec.Decision = &schemas.DecisionInfo{Principal: "tollgate:expiry", DecidedAt: now}
+			rec.Decision = &schemas.DecisionInfo{Principal: ExpiryPrincipal, DecidedAt: now}
 		}
 		_, err = a.cfg.Store.Approvals.Update(ctx, rec.ApprovalID, rec, rev)
 		if errors.Is(err, store.ErrConflict) {

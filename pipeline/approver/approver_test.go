@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
@@ -269,7 +270,9 @@ func TestExpiredApprovalIsRejectedAndTheBatchProceeds(t *testing.T) {
 	turn := h.Send(h.Inbound("expiry", "alice",
 		pt.Call("write_file", `{"path":"late.txt","content":"x"}`), pt.Call("echo", `{"text":"on time"}`)))
 	id := schemas.ApprovalID(turn, 0)
-	a := h.WaitPending(id)
+	// The expiry sweep may expire it before we look: wait for the record.
+	var a *schemas.ApprovalRecord
+	jstest.Eventually(t, 10*time.Second, "approval "+id+" recorded", func() bool { a = h.Approval(id); return a != nil })
 	if got := a.ExpiresAt.Sub(a.RequestedAt); got.Milliseconds() != 1 {
 		t.Fatalf("expires %v after the request, want 1ms", got)
 	}

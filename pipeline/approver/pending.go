@@ -1,8 +1,11 @@
 package approver
 
 import (
+	"container/heap"
 	"context"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,18 +13,32 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
-// PendingTracker keeps a gauge of pending approvals by watching the
-// approvals bucket. It reflects every writer (all executors and approvers),
-// not just this process, because it reads the bucket itself.
+// PendingTracker watches the approvals bucket. It keeps the gauge of
+// pending approvals and, when given an expire function, calls it for each
+// pending approval once its expiry passes, so approvals expire even when
+// nobody answers and no decision ever arrives.
+//
+// It reads the bucket itself (a KV watch, which starts with every current
+// record), so it reflects every writer, and after a restart it finds the
+// approvals that expired while no approver was running and expires them at
+// once. Several approvers may track the same bucket: the expiry is a
+// compare-and-set, so exactly one wins.
 type PendingTracker struct {
-	kv      jetstream.KeyValue
-	log     *slog.Logger
-	gauge   prometheus.Gauge
-	pending map[string]struct{}
+	kv     jetstream.KeyValue
+	decode func([]byte) (*schemas.ApprovalRecord, error)
+	log    *slog.Logger
+	gauge  prometheus.Gauge
+	expire func(ctx context.Context, id string) error // nil: gauge only
+	now    func() time.Time
+
+	pending map[string]time.Time // pending approval id -> expiry (zero: none)
+	due     dueHeap
 }
 
-// NewPendingTracker registers tollgate_approvals_pending with reg (if not nil).
-func NewPendingTracker(kv jetstream.KeyValue, log *slog.Logger, reg prometheus.Registerer) (*PendingTracker, error) {
+// NewPendingTracker registers tollgate_approvals_pending with reg (if not
+// nil). decode reads a stored record (nil: schemas.Decode); expire, if not
+// nil, is called for each pending approval whose expiry has passed.
+func NewPendingTracker(kv jetstream.KeyValue, decode func([]byte) (*schemas.ApprovalRecord, error), expire func(context.Context, string) error, now func() time.Time, log *slog.Logger, reg prometheus.Registerer) (*PendingTracker, error) {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tollgate_approvals_pending", Help: "Approval records currently in status pending.",
 	})
@@ -30,18 +47,30 @@ func NewPendingTracker(kv jetstream.KeyValue, log *slog.Logger, reg prometheus.R
 			return nil, err
 		}
 	}
-	return &PendingTracker{kv: kv, log: log, gauge: g, pending: map[string]struct{}{}}, nil
+	if decode == nil {
+		decode = func(b []byte) (*schemas.ApprovalRecord, error) { return schemas.Decode[schemas.ApprovalRecord](b) }
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &PendingTracker{kv: kv, decode: decode, log: log, gauge: g, expire: expire, now: now, pending: map[string]time.Time{}}, nil
 }
+
+// expiryRetry is how long a failed expiry waits before it is tried again.
+const expiryRetry = 2 * time.Second
 
 // Run watches until ctx is cancelled. Records that do not decode are counted
 // as not pending and logged.
 func (p *PendingTracker) Run(ctx context.Context) error {
 	w, err := p.kv.WatchAll(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("watch approvals: %w", err)
 	}
 	defer w.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
+		p.arm(timer)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -53,25 +82,92 @@ func (p *PendingTracker) Run(ctx context.Context) error {
 				continue
 			}
 			p.apply(e)
+		case <-timer.C:
+			p.fire(ctx)
+		}
+	}
+}
+
+// arm sets timer to the earliest expiry, dropping stale heap entries.
+func (p *PendingTracker) arm(timer *time.Timer) {
+	for p.due.Len() > 0 {
+		top := p.due[0]
+		if at, ok := p.pending[top.id]; ok && at.Equal(top.at) {
+			break
+		}
+		heap.Pop(&p.due)
+	}
+	if p.due.Len() == 0 {
+		timer.Reset(time.Hour)
+		return
+	}
+	timer.Reset(max(p.due[0].at.Sub(p.now()), 0))
+}
+
+// fire expires every approval that is due. A failure is retried later; an
+// approval that was decided meanwhile leaves the map through the watch.
+func (p *PendingTracker) fire(ctx context.Context) {
+	now := p.now()
+	for p.due.Len() > 0 && !p.due[0].at.After(now) {
+		d := heap.Pop(&p.due).(dueEntry)
+		if at, ok := p.pending[d.id]; !ok || !at.Equal(d.at) {
+			continue
+		}
+		if p.expire == nil {
+			continue
+		}
+		if err := p.expire(ctx, d.id); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			p.log.Warn("approval expiry failed; will retry", "approval", d.id, "err", err)
+			retry := now.Add(expiryRetry)
+			p.pending[d.id] = retry
+			heap.Push(&p.due, dueEntry{at: retry, id: d.id})
 		}
 	}
 }
 
 func (p *PendingTracker) apply(e jetstream.KeyValueEntry) {
 	key := e.Key()
+	var expires time.Time
 	isPending := false
 	if e.Operation() == jetstream.KeyValuePut {
-		rec, err := schemas.Decode[schemas.ApprovalRecord](e.Value())
+		rec, err := p.decode(e.Value())
 		if err != nil {
 			p.log.Warn("pending tracker: undecodable approval record", "key", key, "err", err)
 		} else {
-			isPending = rec.Status == schemas.ApprovalPending
+			isPending, expires = rec.Status == schemas.ApprovalPending, rec.ExpiresAt
 		}
 	}
 	if isPending {
-		p.pending[key] = struct{}{}
+		if old, ok := p.pending[key]; !ok || !old.Equal(expires) {
+			p.pending[key] = expires
+			if !expires.IsZero() {
+				heap.Push(&p.due, dueEntry{at: expires, id: key})
+			}
+		}
 	} else {
 		delete(p.pending, key)
 	}
 	p.gauge.Set(float64(len(p.pending)))
+}
+
+type dueEntry struct {
+	at time.Time
+	id string
+}
+
+// dueHeap is a min-heap of expiries (container/heap).
+type dueHeap []dueEntry
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)        { *h = append(*h, x.(dueEntry)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

@@ -54,6 +54,9 @@ type Bucket[T any, P schemas.Ptr[T]] struct {
 	Decode func([]byte) (*T, error)
 }
 
+// DecodeValue decodes a stored value as Get does (with Decode if set).
+func (b Bucket[T, P]) DecodeValue(data []byte) (*T, error) { return b.decode(data) }
+
 func (b Bucket[T, P]) decode(data []byte) (*T, error) {
 	if b.Decode != nil {
 		return b.Decode(data)
