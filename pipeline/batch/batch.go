@@ -432,7 +432,31 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 // failed outcome is still published). An approval record that cannot be
 // read is left alone (the approver rejects decisions on it too).
 func (e *Engine) abandonPending(ctx context.Context, b *schemas.BatchRecord) error {
+	return e.abandon(ctx, b, "tollgate:batch-failed", true)
+}
+
+// SupersededPrefix starts the principal recorded on approvals abandoned
+// because a newer turn of the session superseded their batch; the
+// superseding turn's id follows.
+const SupersededPrefix = "tollgate:superseded-by:"
+
+// Supersede abandons the still-pending approvals of b, a batch waiting on
+// approvals, because turn newTurnID of the same session superseded it. Each
+// is a compare-and-set (pending -> abandoned) announced by a decided event,
+// so the redriver completes b with results that say so and the session
+// moves on. Approvals already decided are untouched: a batch whose barrier
+// is already met runs as approved.
+func (e *Engine) Supersede(ctx context.Context, b *schemas.BatchRecord, newTurnID string) error {
+	return e.abandon(ctx, b, SupersededPrefix+newTurnID, false)
+}
+
+// abandon moves b's pending approvals to abandoned under principal. With
+// unrecorded, it also looks for approvals the batch never recorded.
+func (e *Engine) abandon(ctx context.Context, b *schemas.BatchRecord, principal string, unrecorded bool) error {
 	for i, id := range b.Approvals {
+		if id == "" && !unrecorded {
+			continue
+		}
 		if id == "" {
 			// The batch may have failed before it recorded an approval the
 			// executor had already created (and announced): look by the id
@@ -447,7 +471,7 @@ func (e *Engine) abandonPending(ctx context.Context, b *schemas.BatchRecord) err
 			}
 			changed = true
 			a.Status = schemas.ApprovalAbandoned
-			a.Decision = &schemas.DecisionInfo{Principal: "tollgate:batch-failed", DecidedAt: e.Now()}
+			a.Decision = &schemas.DecisionInfo{Principal: principal, DecidedAt: e.Now()}
 			return nil
 		})
 		switch {
@@ -459,7 +483,7 @@ func (e *Engine) abandonPending(ctx context.Context, b *schemas.BatchRecord) err
 		if !changed {
 			continue // already decided; or abandoned and announced by an earlier finish
 		}
-		e.cfg.Logger.Info("approval abandoned with its failed batch", "approval", id, "turn", b.TurnID)
+		e.cfg.Logger.Info("approval abandoned", "approval", id, "turn", b.TurnID, "by", principal)
 		ev := &schemas.DecidedEvent{ApprovalID: id, TurnID: rec.TurnID, SessionID: rec.SessionID, Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt}
 		if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectApprovalDecided, b.TurnID), "decided:"+id, ev); err != nil {
 			return err

@@ -220,7 +220,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord) error {
 		}
 		if !active {
 			x.cfg.Logger.Info("turn queued behind its session's batch", "turn", b.TurnID, "session", b.SessionID)
-			return nil
+			return x.supersedeActive(ctx, b)
 		}
 		started := false
 		b, _, err = x.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
@@ -331,7 +331,65 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, resumed bool
 	if err != nil {
 		return err
 	}
-	return x.announceAwaiting(ctx, b)
+	if err := x.announceAwaiting(ctx, b); err != nil {
+		return err
+	}
+	// A turn that queued behind this one while it was running finds it
+	// waiting only now.
+	return x.supersedeSelf(ctx, b)
+}
+
+// supersedes reports whether the session policy for b's transport is
+// supersede.
+func (x *Executor) supersedes(b *schemas.BatchRecord) bool {
+	return b.Context != nil && x.cfg.Policy.Busy(b.Context.Transport) == policy.BusySupersede
+}
+
+// supersedeActive applies the supersede session policy for b, which just
+// queued behind its session's active batch: if that batch waits on
+// approvals, they are abandoned so the session moves on to b.
+func (x *Executor) supersedeActive(ctx context.Context, b *schemas.BatchRecord) error {
+	if !x.supersedes(b) {
+		return nil
+	}
+	s, _, err := x.cfg.Store.Sessions.Get(ctx, schemas.SessionKey(b.SessionID))
+	if err != nil || s.Active == "" || s.Active == b.TurnID {
+		return ignoreNotFound(err)
+	}
+	old, _, err := x.cfg.Store.Batches.Get(ctx, s.Active)
+	if err != nil {
+		return ignoreNotFound(err)
+	}
+	if old.State != schemas.BatchAwaiting {
+		return nil // not waiting on anyone: b runs when it ends
+	}
+	x.cfg.Logger.Info("turn supersedes its session's waiting batch", "turn", b.TurnID, "superseded", old.TurnID)
+	return x.cfg.Engine.Supersede(ctx, old, b.TurnID)
+}
+
+// supersedeSelf applies the supersede policy to b, which just started
+// waiting on approvals: if a newer turn of the session is already queued,
+// b's approvals are abandoned at once.
+func (x *Executor) supersedeSelf(ctx context.Context, b *schemas.BatchRecord) error {
+	if !x.supersedes(b) {
+		return nil
+	}
+	s, _, err := x.cfg.Store.Sessions.Get(ctx, schemas.SessionKey(b.SessionID))
+	if err != nil || s.Active != b.TurnID || len(s.Queue) == 0 {
+		return ignoreNotFound(err)
+	}
+	x.cfg.Logger.Info("waiting batch superseded by a queued turn", "turn", b.TurnID, "by", s.Queue[len(s.Queue)-1])
+	return x.cfg.Engine.Supersede(ctx, b, s.Queue[len(s.Queue)-1])
+}
+
+// ignoreNotFound drops the errors under which superseding is simply not
+// possible (no record, or one that does not decode: its own batch's stages
+// fail closed on it), so they never fail the superseding turn.
+func ignoreNotFound(err error) error {
+	if errors.Is(err, store.ErrNotFound) || schemas.CodeOf(err) != "" {
+		return nil
+	}
+	return err
 }
 
 // requestApproval creates the approval record of call (once) and publishes

@@ -316,6 +316,10 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		case schemas.ApprovalExpired:
 			results[i] = eng.Result(call, schemas.ResultExpired, schemas.CodeApprovalExpired, "the approval expired before anyone decided", a.ApprovalID)
 		case schemas.ApprovalAbandoned:
+			if by, ok := strings.CutPrefix(principalOf(a), batch.SupersededPrefix); ok {
+				results[i] = eng.Result(call, schemas.ResultAbandoned, schemas.CodeTurnSuperseded, "not run: turn "+by+" of the same session superseded this one while it waited for approval", a.ApprovalID)
+				continue
+			}
 			results[i] = eng.Result(call, schemas.ResultAbandoned, "", "the approval was abandoned", a.ApprovalID)
 		}
 	}
