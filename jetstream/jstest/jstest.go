@@ -5,6 +5,7 @@ package jstest
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -23,21 +24,67 @@ type Env struct {
 	NC       *nats.Conn
 	JS       jetstream.JetStream
 	Buckets  topology.Buckets
+
+	opts embedded.Options // as started, with the port it got; for Restart
+}
+
+// Options configures StartWith.
+type Options struct {
+	// SyncAlways makes the server fsync every JetStream write before
+	// acknowledging it (sync_interval: always), the production setting.
+	SyncAlways bool
 }
 
 // Start starts a server in t.TempDir() and ensures the topology. Everything
 // is shut down by t.Cleanup.
 func Start(t testing.TB) *Env {
 	t.Helper()
-	dir := t.TempDir()
-	ns, err := embedded.Start(embedded.Options{StoreDir: dir, Port: -1})
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, o Options) *Env {
+	t.Helper()
+	e := &Env{StoreDir: t.TempDir()}
+	e.opts = embedded.Options{StoreDir: e.StoreDir, Port: -1, SyncAlways: o.SyncAlways}
+	e.start(t)
+	// Registered once, here, so that it runs after the cleanups of
+	// whatever the test starts on e (stages draining need their server),
+	// and shuts down the server running then, restarted or not.
+	t.Cleanup(func() { e.Server.Shutdown(); e.Server.WaitForShutdown() })
+	e.opts.Port = e.Server.Addr().(*net.TCPAddr).Port
+	e.connect(t)
+	return e
+}
+
+func (e *Env) start(t testing.TB) {
+	t.Helper()
+	ns, err := embedded.Start(e.opts)
 	if err != nil {
 		t.Fatalf("start nats-server: %v", err)
 	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	e := &Env{Server: ns, StoreDir: dir}
-	e.connect(t)
-	return e
+	e.Server = ns
+}
+
+// Restart shuts the server down and starts it again on the same store dir,
+// port and options, then waits until the client connection has reconnected
+// and JetStream answers. Clients (e.NC, and anything using it) reconnect on
+// their own. The shutdown is clean: the server flushes its stores, as it
+// does on SIGTERM. Not safe to call concurrently with reads of e.Server.
+func (e *Env) Restart(t testing.TB) {
+	t.Helper()
+	e.Server.Shutdown()
+	e.Server.WaitForShutdown()
+	e.start(t)
+	Eventually(t, 10*time.Second, "client reconnected and JetStream answering", func() bool {
+		if !e.NC.IsConnected() {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := e.JS.AccountInfo(ctx)
+		return err == nil
+	})
 }
 
 func (e *Env) connect(t testing.TB) {

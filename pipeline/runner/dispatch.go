@@ -104,6 +104,14 @@ func (d *dispatcher) keepAlive(period time.Duration, stop <-chan struct{}) {
 	}
 }
 
+// heldCount is how many messages are held: queued, or running and not yet
+// settled.
+func (d *dispatcher) heldCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.held)
+}
+
 // release stops keeping m alive; the runner calls it before settling m.
 func (d *dispatcher) release(m jetstream.Msg) {
 	d.mu.Lock()

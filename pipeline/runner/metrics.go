@@ -11,7 +11,9 @@ type Metrics struct {
 	Retried      *prometheus.CounterVec
 	DeadLettered *prometheus.CounterVec
 	Panics       *prometheus.CounterVec
-	Duration     *prometheus.HistogramVec
+	// ConsumeRestarts counts consume loops the watchdog restarted.
+	ConsumeRestarts *prometheus.CounterVec
+	Duration        *prometheus.HistogramVec
 }
 
 // NewMetrics registers the runner metrics with reg (nil: not registered).
@@ -32,6 +34,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_handler_panics_total", Help: "Handler panics recovered by a stage.",
 		}, []string{"stage"}),
+		ConsumeRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_consume_restarts_total", Help: "Consume loops a stage's watchdog restarted because deliveries stalled while its consumer had work.",
+		}, []string{"stage"}),
 		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tollgate_message_processing_seconds",
 			Help:    "Time a stage spent on one delivery, from receipt to its ack decision.",
@@ -39,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"stage"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Received, m.Acked, m.Retried, m.DeadLettered, m.Panics, m.Duration)
+		reg.MustRegister(m.Received, m.Acked, m.Retried, m.DeadLettered, m.Panics, m.ConsumeRestarts, m.Duration)
 	}
 	return m
 }

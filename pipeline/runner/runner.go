@@ -21,6 +21,9 @@
 // at a time in delivery order; different keys run concurrently on up to
 // Concurrency workers, and a slow key never holds up another (it occupies
 // one worker; its later messages wait in its own queue).
+//
+// A watchdog (watchdog.go) restarts the consume loop when deliveries stall
+// while the consumer has work and no pull request (nats.go issue 2063).
 package runner
 
 import (
@@ -31,6 +34,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -84,6 +88,11 @@ type Config struct {
 	OnDeadLetter func(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error
 	BaseDelay    time.Duration // first NAK delay (default 250ms), doubled per attempt, capped at MaxDelay
 	MaxDelay     time.Duration // default 30s
+	// The consume-loop watchdog (see watchdog.go) restarts consuming when
+	// nothing has been delivered for StallWindow while the consumer has
+	// work and no pull request. It looks every StallCheck.
+	StallWindow time.Duration // default 30s; negative disables the watchdog
+	StallCheck  time.Duration // default 5s, at most StallWindow
 }
 
 // Validate reports missing wiring.
@@ -127,6 +136,15 @@ func (c *Config) defaults() {
 	if c.MaxDelay <= 0 {
 		c.MaxDelay = 30 * time.Second
 	}
+	if c.StallWindow == 0 {
+		c.StallWindow = DefaultStallWindow
+	}
+	if c.StallCheck <= 0 {
+		c.StallCheck = DefaultStallCheck
+	}
+	if c.StallWindow > 0 && c.StallCheck > c.StallWindow {
+		c.StallCheck = c.StallWindow
+	}
 	if c.Consumer.AckPolicy == jetstream.AckNonePolicy {
 		c.Consumer.AckPolicy = jetstream.AckExplicitPolicy
 	}
@@ -150,6 +168,12 @@ func LastToken(m jetstream.Msg) string {
 // Runner consumes one durable consumer.
 type Runner struct {
 	cfg Config
+	now func() time.Time // the watchdog's clock; tests inject one
+
+	// For tests (export_test.go): the running loop, and whether the
+	// watchdog only checks when told to.
+	loop           atomic.Pointer[consumeLoop]
+	manualWatchdog bool
 }
 
 // New validates cfg and returns a runner. Nothing touches the server until Run.
@@ -158,7 +182,7 @@ func New(cfg Config) (*Runner, error) {
 		return nil, err
 	}
 	cfg.defaults()
-	return &Runner{cfg: cfg}, nil
+	return &Runner{cfg: cfg, now: time.Now}, nil
 }
 
 // Run creates or updates the consumer and processes messages until ctx is
@@ -182,23 +206,30 @@ func (r *Runner) Run(ctx context.Context) error {
 	go d.keepAlive(c.Consumer.AckWait/3, stopKeepAlive)
 	defer close(stopKeepAlive)
 
-	cc, err := cons.Consume(func(m jetstream.Msg) { d.submit(c.ShardKey(m), m) },
-		jetstream.PullMaxMessages(256),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				c.Logger.Debug("consume error", "err", err)
-				return
-			}
-			c.Logger.Warn("consume heartbeat missed", "err", err)
-		}),
-	)
-	if err != nil {
+	l := &consumeLoop{r: r, cons: cons, d: d}
+	if err := l.start(); err != nil {
 		d.stop()
 		return fmt.Errorf("%s: consume: %w", c.Stage, err)
 	}
+	r.loop.Store(l)
+	defer r.loop.Store(nil)
 	c.Logger.Info("stage consuming", "stream", c.Stream, "consumer", c.Consumer.Durable)
 
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watching := make(chan struct{})
+	go func() { defer close(watching); l.watch(watchCtx) }()
+
 	<-ctx.Done()
+	// No restart may race the drain: stop the watchdog first.
+	stopWatch()
+	<-watching
+	cc := l.current()
+	if cc == nil {
+		// A restart failed to start a new Consume: nothing is delivered.
+		d.drain()
+		c.Logger.Info("stage drained")
+		return nil
+	}
 	cc.Drain()
 	select {
 	case <-cc.Closed():

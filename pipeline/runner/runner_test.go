@@ -93,11 +93,22 @@ func newHarness(t *testing.T, stage string) *harness {
 // of the test in any case.
 func (h *harness) run(handler runner.Handler) (stop func() error) {
 	h.t.Helper()
+	_, stop = h.start(handler)
+	return stop
+}
+
+// start is run that also returns the runner; each setup function is applied
+// to it before Run (test hooks such as runner.SetClock).
+func (h *harness) start(handler runner.Handler, setup ...func(*runner.Runner)) (r *runner.Runner, stop func() error) {
+	h.t.Helper()
 	cfg := h.cfg
 	cfg.Handler = handler
 	r, err := runner.New(cfg)
 	if err != nil {
 		h.t.Fatalf("runner.New: %v", err)
+	}
+	for _, f := range setup {
+		f(r)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -125,7 +136,7 @@ func (h *harness) run(handler runner.Handler) (stop func() error) {
 		_, err := h.env.JS.Consumer(h.ctx, stream, durable)
 		return err == nil
 	})
-	return stop
+	return r, stop
 }
 
 // publish stores data on subj and returns its stream sequence.
@@ -179,6 +190,7 @@ const (
 	mRetried      = "tollgate_messages_retried_total"
 	mDeadLettered = "tollgate_messages_dead_lettered_total"
 	mPanics       = "tollgate_handler_panics_total"
+	mRestarts     = "tollgate_consume_restarts_total"
 	mDuration     = "tollgate_message_processing_seconds"
 )
 

@@ -1,0 +1,185 @@
+package jstest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Load publishes messages asynchronously, as a busy transport would, and
+// records which publishes the server acknowledged and at which stream
+// sequence. A publish that fails or is not acknowledged in time (the server
+// restarting under it) is recorded as failed; Resend publishes those again
+// with the same message ids, as a transport retrying would, until each is
+// acknowledged. Every message must carry a Nats-Msg-Id header.
+type Load struct {
+	t  testing.TB
+	js jetstream.JetStream
+
+	mu      sync.Mutex
+	acked   map[string]uint64 // message id -> stream sequence in its ack
+	byID    map[string]*nats.Msg
+	failed  []string
+	pending int // published, not yet acknowledged or failed
+	done    chan struct{}
+}
+
+// LoadWindow bounds the unacknowledged publishes of a Load. An unbounded
+// async publisher can stall nats.go.
+const LoadWindow = 128
+
+// StartLoad starts publishing msgs on nc in the background. Acks that do not
+// come within ackTimeout count as failed.
+func StartLoad(t testing.TB, nc *nats.Conn, ackTimeout time.Duration, msgs []*nats.Msg) *Load {
+	t.Helper()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackTimeout), jetstream.WithPublishAsyncMaxPending(LoadWindow))
+	if err != nil {
+		t.Fatalf("jstest: load: %v", err)
+	}
+	l := &Load{t: t, js: js, acked: map[string]uint64{}, byID: map[string]*nats.Msg{}, done: make(chan struct{})}
+	for _, m := range msgs {
+		id := m.Header.Get(jetstream.MsgIDHeader)
+		if id == "" || l.byID[id] != nil {
+			t.Fatalf("jstest: load: message on %s without a unique %s", m.Subject, jetstream.MsgIDHeader)
+		}
+		l.byID[id] = m
+	}
+	futures := make(chan jetstream.PubAckFuture, LoadWindow)
+	go func() {
+		defer close(futures)
+		for _, m := range msgs {
+			id := m.Header.Get(jetstream.MsgIDHeader)
+			l.mu.Lock()
+			l.pending++
+			l.mu.Unlock()
+			f, err := js.PublishMsgAsync(m)
+			for errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				// The window is full: back-pressure, as for a real
+				// transport. PublishMsgAsync waited before saying so.
+				f, err = js.PublishMsgAsync(m)
+			}
+			if err != nil {
+				l.settle(id, 0, err)
+				continue
+			}
+			futures <- f
+		}
+	}()
+	go func() {
+		defer close(l.done)
+		for f := range futures {
+			id := f.Msg().Header.Get(jetstream.MsgIDHeader)
+			select {
+			case ack := <-f.Ok():
+				l.settle(id, ack.Sequence, nil)
+			case err := <-f.Err():
+				l.settle(id, 0, err)
+			}
+		}
+	}()
+	return l
+}
+
+func (l *Load) settle(id string, seq uint64, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending--
+	if err != nil {
+		l.failed = append(l.failed, id)
+		return
+	}
+	l.acked[id] = seq
+}
+
+// Acked returns how many publishes have been acknowledged so far.
+func (l *Load) Acked() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
+}
+
+// InFlight returns how many publishes await their ack.
+func (l *Load) InFlight() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending
+}
+
+// WaitAcked polls until at least n publishes are acknowledged.
+func (l *Load) WaitAcked(n int) {
+	l.t.Helper()
+	Eventually(l.t, 30*time.Second, fmt.Sprintf("%d publishes acknowledged", n), func() bool { return l.Acked() >= n })
+}
+
+// RestartMidLoad waits until n publishes are acknowledged, then restarts
+// e's server (Env.Restart) under the rest, and returns how many publishes
+// were acknowledged and how many in flight when it did. It fails the test if
+// none was in flight: that restart would not have been mid-load.
+func (l *Load) RestartMidLoad(e *Env, n int) (ackedBefore, inFlight int) {
+	l.t.Helper()
+	l.WaitAcked(n)
+	ackedBefore, inFlight = l.Acked(), l.InFlight()
+	e.Restart(l.t)
+	if inFlight == 0 {
+		l.t.Fatalf("jstest: load: the restart was not mid-load: %d publishes acknowledged, none in flight", ackedBefore)
+	}
+	return ackedBefore, inFlight
+}
+
+// Wait waits until every publish is acknowledged or failed and returns the
+// acknowledged ones (message id -> stream sequence) and the failed ids.
+func (l *Load) Wait() (acked map[string]uint64, failed []string) {
+	l.t.Helper()
+	select {
+	case <-l.done:
+	case <-time.After(60 * time.Second):
+		l.t.Fatalf("jstest: load: publishes still unsettled after 60s")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	acked = make(map[string]uint64, len(l.acked))
+	for id, seq := range l.acked {
+		acked[id] = seq
+	}
+	return acked, append([]string(nil), l.failed...)
+}
+
+// Resend publishes each failed message again, synchronously and with its
+// message id, until it is acknowledged, and records its ack. An ack for a
+// message the server had already stored (its first ack was lost) is a
+// duplicate ack carrying the first copy's sequence. It returns how many
+// acks were duplicates.
+func (l *Load) Resend(ctx context.Context) (duplicates int) {
+	l.t.Helper()
+	_, failed := l.Wait()
+	for _, id := range failed {
+		m := l.byID[id]
+		for {
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			ack, err := l.js.PublishMsg(actx, m)
+			cancel()
+			if err == nil {
+				if ack.Duplicate {
+					duplicates++
+				}
+				l.mu.Lock()
+				l.acked[id] = ack.Sequence
+				l.mu.Unlock()
+				break
+			}
+			if ctx.Err() != nil {
+				l.t.Fatalf("jstest: load: resend %s: %v", id, errors.Join(err, ctx.Err()))
+			}
+		}
+	}
+	l.mu.Lock()
+	l.failed = nil
+	l.mu.Unlock()
+	return duplicates
+}

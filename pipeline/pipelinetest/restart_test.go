@@ -1,0 +1,98 @@
+package pipelinetest_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Safety rule 8 across a broker restart: the four stages run on a server
+// with sync_interval: always while a transport publishes inbound messages
+// asynchronously; the server restarts mid-load. Every inbound message the
+// server acknowledged (the transport resends the others with the same
+// message ids, as it would) becomes a turn that reaches exactly one
+// outcome, and a completed one: a restart is no reason to fail a turn.
+//
+// The test does not wait for the stages to go idle: deliveries, acks and
+// NAKs in flight when the server stops are lost with the connection, and
+// the server redelivers those messages only when their AckWait (30s) runs
+// out. Those redeliveries find their turns done; outcomes are published
+// with the message id outcome:<turn id>, so within the duplicate window a
+// second one could not be stored anyway.
+func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
+	env := jstest.StartWith(t, jstest.Options{SyncAlways: true})
+	h := pt.Start(t, pt.Options{Env: env})
+	const total, restartAfter = 300, 80
+	msgs := make([]*nats.Msg, total)
+	turns := map[string]bool{}
+	for i := range msgs {
+		m := h.Inbound(fmt.Sprintf("s-%d", i%16), "alice", pt.Call("echo", fmt.Sprintf(`{"text":"turn %d"}`, i)))
+		data, err := schemas.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr := nats.Header{}
+		hdr.Set(jetstream.MsgIDHeader, m.Transport+":"+m.MessageID)
+		msgs[i] = &nats.Msg{Subject: topology.InboundSubject(m.Transport), Header: hdr, Data: data}
+		turns[schemas.TurnID(m.Transport, m.MessageID)] = true
+	}
+
+	load := jstest.StartLoad(t, env.NC, time.Second, msgs)
+	ackedBefore, inFlight := load.RestartMidLoad(env, restartAfter)
+	_, failed := load.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), pt.Wait)
+	defer cancel()
+	dups := load.Resend(ctx)
+	if acked, _ := load.Wait(); len(acked) != total {
+		t.Fatalf("%d of %d inbound messages acknowledged after resending", len(acked), total)
+	}
+	t.Logf("%d turns: %d acknowledged before the restart (%d in flight); %d resent (%d of them already stored)",
+		total, ackedBefore, inFlight, len(failed), dups)
+
+	outcomes := func() int {
+		s, err := h.JS.Stream(ctx, topology.StreamEvents)
+		if err != nil {
+			return -1
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTurnOutcome+">"))
+		if err != nil {
+			return -1
+		}
+		n := 0
+		for _, c := range info.State.Subjects {
+			n += int(c)
+		}
+		return n
+	}
+	jstest.Eventually(t, pt.Wait, fmt.Sprintf("%d turn outcomes", total), func() bool { return outcomes() >= total })
+	per := map[string]int{}
+	for _, o := range pt.DecodeAll[schemas.TurnOutcome](t, h.Events(topology.SubjectTurnOutcome+">")) {
+		per[o.TurnID]++
+		if !turns[o.TurnID] {
+			t.Errorf("outcome for unknown turn %s", o.TurnID)
+		}
+		if o.State != schemas.TurnCompleted {
+			t.Errorf("turn %s: outcome %s (%s: %s), want completed", o.TurnID, o.State, o.Code, o.Reason)
+		}
+	}
+	for id := range turns {
+		if per[id] != 1 {
+			t.Errorf("turn %s has %d outcomes, want exactly 1", id, per[id])
+		}
+	}
+	if dl := h.DLQ(pt.Ingest); len(dl) != 0 {
+		t.Errorf("%d inbound messages dead-lettered", len(dl))
+	}
+	if dl := h.DLQ(pt.Executor); len(dl) != 0 {
+		t.Errorf("%d turns dead-lettered", len(dl))
+	}
+}
