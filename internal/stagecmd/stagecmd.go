@@ -205,11 +205,13 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 		if err != nil {
 			return nil, err
 		}
-		reg, err := tools.NewRegistry(builtins...)
+		followUp := &tools.FollowUp{}
+		reg, err := tools.NewRegistry(append(builtins, followUp)...)
 		if err != nil {
 			return nil, err
 		}
 		eng, err = batch.New(batch.Config{JS: d.JS, Store: st, Tools: reg, Keys: d.Keys, Worker: stage + "@" + d.Instance, Logger: d.Logger, ClaimLease: d.ClaimLease})
+		followUp.Scheduler = eng
 		return eng, err
 	}
 	var runs []func(context.Context) error

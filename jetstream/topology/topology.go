@@ -33,6 +33,7 @@ const (
 	SubjectInboundPrefix     = "tollgate.inbound."                  // + transport
 	SubjectTurnAccepted      = "tollgate.turn.accepted."            // + session key
 	SubjectTurnReady         = "tollgate.turn.ready."               // + session key
+	SubjectTurnSchedule      = "tollgate.turn.schedule."            // + follow-up turn id: delayed follow-ups (message schedules)
 	SubjectDecisionSubmit    = "tollgate.decision.submit."          // + transport + "." + approval id
 	SubjectApprovalRequested = "tollgate.event.approval.requested." // + turn id
 	SubjectApprovalDecided   = "tollgate.event.approval.decided."   // + turn id
@@ -129,9 +130,14 @@ func (c Config) Streams() []jetstream.StreamConfig {
 			Discard:     jetstream.DiscardOld,
 		}
 	}
+	turns := mk(StreamTurns, "Tollgate: accepted turns, session-ready notices and scheduled follow-ups", "tollgate.turn.>")
+	// Delayed follow-up work is a message schedule (nats-server 2.12+):
+	// the server publishes it on the accepted subject when it is due.
+	// Schedules need roll-ups allowed and purges not denied.
+	turns.AllowMsgSchedules, turns.AllowRollup = true, true
 	return []jetstream.StreamConfig{
 		mk(StreamInbound, "Tollgate: inbound chat-transport messages", SubjectInboundPrefix+">"),
-		mk(StreamTurns, "Tollgate: accepted turns and session-ready notices", "tollgate.turn.>"),
+		turns,
 		mk(StreamDecisions, "Tollgate: human decisions on approvals", "tollgate.decision.>"),
 		mk(StreamEvents, "Tollgate: approval, redrive and outcome events", "tollgate.event.>"),
 		mk(StreamDLQ, "Tollgate: dead letters with original bytes and reason codes", SubjectDLQPrefix+">"),
@@ -195,6 +201,7 @@ func streamMatches(have, want jetstream.StreamConfig) bool {
 		have.Retention == want.Retention && have.MaxAge == want.MaxAge && have.Storage == want.Storage &&
 		have.Replicas == want.Replicas && have.Duplicates == want.Duplicates &&
 		have.MaxMsgSize == want.MaxMsgSize && have.Discard == want.Discard &&
+		have.AllowMsgSchedules == want.AllowMsgSchedules && have.AllowRollup == want.AllowRollup &&
 		have.MaxMsgs == -1 && have.MaxBytes == -1 && have.MaxMsgsPerSubject == -1 &&
 		!have.DenyDelete && !have.DenyPurge && !have.Sealed
 }

@@ -101,8 +101,10 @@ func (x *Executor) Run(ctx context.Context) error {
 		Stage:  Stage,
 		Stream: topology.StreamTurns,
 		Consumer: jetstream.ConsumerConfig{
-			Durable:       topology.ConsumerExecutor,
-			FilterSubject: "tollgate.turn.>",
+			Durable: topology.ConsumerExecutor,
+			// Not the schedule subject: a scheduled follow-up arrives on
+			// the accepted subject when it is due.
+			FilterSubjects: []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"},
 		},
 		Handler:      x.Handle,
 		OnDeadLetter: x.abort,
@@ -158,7 +160,7 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	now := x.cfg.Engine.Now()
 	n := len(t.Calls)
 	rec := &schemas.BatchRecord{
-		TurnID: t.TurnID, Context: t.Context, Text: t.Text, Calls: t.Calls,
+		TurnID: t.TurnID, Context: t.Context, Text: t.Text, Calls: t.Calls, Origin: t.Origin,
 		State: schemas.BatchQueued, Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n),
 		CreatedAt: now, UpdatedAt: now,
 	}

@@ -174,7 +174,8 @@ func Start(t testing.TB, o Options) *H {
 	if err != nil {
 		t.Fatalf("pipelinetest: %v", err)
 	}
-	treg, err := tools.NewRegistry(append(builtins, o.Tools...)...)
+	followUp := &tools.FollowUp{}
+	treg, err := tools.NewRegistry(append(append(builtins, followUp), o.Tools...)...)
 	if err != nil {
 		t.Fatalf("pipelinetest: %v", err)
 	}
@@ -201,6 +202,7 @@ func Start(t testing.TB, o Options) *H {
 		return e
 	}
 	h.ExecEngine, h.RedriveEngine = newEngine("executor@test"), newEngine("redriver@test")
+	followUp.Scheduler = h.ExecEngine
 	if h.Ingest, err = ingest.New(ingest.Config{JS: h.JS, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Instance: "ingest@test"}); err != nil {
 		t.Fatalf("pipelinetest: ingest: %v", err)
 	}

@@ -1,0 +1,73 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Scheduler starts follow-up work on behalf of a call (see FollowUp). It is
+// implemented by the pipeline (batch.Engine).
+type Scheduler interface {
+	// ScheduleFollowUp schedules one call of tool with args (a JSON object)
+	// to be accepted as a new turn after delay, under from.Context
+	// unchanged, and returns the new turn's id. Scheduling twice for the
+	// same call schedules once.
+	ScheduleFollowUp(ctx context.Context, from Call, tool, args string, delay time.Duration) (string, error)
+}
+
+// MaxFollowUpDelay bounds how far ahead a follow-up may be scheduled.
+const MaxFollowUpDelay = 7 * 24 * time.Hour
+
+// FollowUp is the built-in "schedule_followup": it schedules a delayed
+// follow-up call. Arguments: {"tool": "echo", "args": {...}, "delay": "30s"}.
+//
+// The follow-up inherits the submitting turn's TurnContext as sealed at
+// ingest (requester, audience, reply target, trust boundary): there is no
+// default audience and no other authority. It becomes a turn of the same
+// session, so the policy applies to it as to any call (approval, deny,
+// expiry) and its outcome goes to the original reply target. A follow-up may
+// itself schedule follow-ups, up to schemas.MaxFollowUpDepth levels.
+type FollowUp struct {
+	// Scheduler is set once the pipeline's engine exists (the engine needs
+	// the tool registry first).
+	Scheduler Scheduler
+}
+
+func (*FollowUp) Name() string { return "schedule_followup" }
+
+func (f *FollowUp) Run(ctx context.Context, c Call) (string, error) {
+	if f.Scheduler == nil {
+		return "", errors.New("schedule_followup: no scheduler wired")
+	}
+	var a struct {
+		Tool  string          `json:"tool"`
+		Args  json.RawMessage `json:"args"`
+		Delay string          `json:"delay"`
+	}
+	if err := json.Unmarshal([]byte(c.Args), &a); err != nil {
+		return "", fmt.Errorf("schedule_followup: args: %w", err)
+	}
+	if a.Tool == "" {
+		return "", errors.New("schedule_followup: tool is required")
+	}
+	args := "{}"
+	if len(a.Args) > 0 {
+		args = string(a.Args)
+	}
+	var delay time.Duration
+	if a.Delay != "" {
+		d, err := time.ParseDuration(a.Delay)
+		if err != nil || d < 0 || d > MaxFollowUpDelay {
+			return "", fmt.Errorf("schedule_followup: delay %q: want a duration from 0s to %v", a.Delay, MaxFollowUpDelay)
+		}
+		delay = d
+	}
+	turn, err := f.Scheduler.ScheduleFollowUp(ctx, c, a.Tool, args, delay)
+	if err != nil {
+		return "", fmt.Errorf("schedule_followup: %w", err)
+	}
+	return fmt.Sprintf("scheduled %s as turn %s in %v", a.Tool, turn, delay), nil
+}
