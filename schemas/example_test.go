@@ -1,6 +1,7 @@
 package schemas_test
 
 import (
+	"bytes"
 	"reflect"
 	"time"
 
@@ -61,7 +62,9 @@ func exampleContext() *schemas.TurnContext {
 			ReceivedAt: t0,
 			IngestedBy: "ingest-7f9c",
 		},
-		CreatedAt: t1,
+		CreatedAt:      t1,
+		LegacyRestored: true,
+		Seal:           &schemas.Seal{KeyID: "k1", MAC: bytes.Repeat([]byte{0xA5}, 32)},
 	}
 }
 
@@ -71,7 +74,7 @@ func exampleInbound() *schemas.InboundMessage {
 		Transport: exTransport,
 		MessageID: exMessageID,
 		SessionID: exSession,
-		Sender:    schemas.Sender{ID: "U02ABCDEF", Display: "Ada Lovelace", Kind: schemas.SenderUser, Verified: true},
+		Sender:    schemas.Sender{ID: "U02ABCDEF", Display: "Ada Lovelace", Kind: schemas.SenderUser, Verified: true, Strong: true},
 		Channel:   exampleChannel(),
 		Text:      "Send the Q1 report to the CFO.\nThanks!",
 		Calls: []schemas.ProposedCall{
@@ -97,6 +100,8 @@ func exampleAccepted() *schemas.AcceptedTurn {
 		Text:       "Send the Q1 report to the CFO.\nThanks!",
 		Calls:      exampleToolCalls(),
 		AcceptedAt: t1,
+		Origin:     "t-0f1e2d3c4b5a69788796-0",
+		NotBefore:  t2,
 	}
 }
 
@@ -107,7 +112,7 @@ func exampleDecision() *schemas.Decision {
 		DecisionID: "d-01HV8Z6Q3K",
 		ApprovalID: exApproval,
 		Transport:  exTransport,
-		Decider:    schemas.Sender{ID: "U09MANAGER", Display: "Grace Hopper", Kind: schemas.SenderUser, Verified: true},
+		Decider:    schemas.Sender{ID: "U09MANAGER", Display: "Grace Hopper", Kind: schemas.SenderUser, Verified: true, Strong: true},
 		Channel:    &ch,
 		Option:     schemas.OptionApprove,
 		ArgsDigest: exDigest,
@@ -122,6 +127,7 @@ func exampleDecisionInfo() *schemas.DecisionInfo {
 		Principal:  schemas.Principal(exTransport, "U09MANAGER"),
 		Option:     schemas.OptionApprove,
 		DecidedAt:  t2,
+		Assurance:  schemas.AssuranceStrong,
 	}
 }
 
@@ -142,6 +148,35 @@ func exampleApproval() *schemas.ApprovalRecord {
 		RequestedAt:   t1,
 		ExpiresAt:     t3,
 		Decision:      exampleDecisionInfo(),
+		Quorum:        2,
+		Votes:         []schemas.DecisionInfo{*exampleDecisionInfo(), *exampleDecisionInfo()},
+	}
+}
+
+// exampleApprovalV1 is the legacy shape: copied authority fields instead of
+// a TurnContext (read only through pipeline/legacy).
+func exampleApprovalV1() *schemas.ApprovalRecordV1 {
+	ch := exampleChannel()
+	return &schemas.ApprovalRecordV1{
+		V:             1,
+		ApprovalID:    exApproval,
+		TurnID:        exTurnID,
+		SessionID:     exSession,
+		CallID:        schemas.CallID(exTurnID, 0),
+		Tool:          "email.send",
+		Args:          exArgs,
+		ArgsDigest:    exDigest,
+		PolicyVersion: "policy-2025-11-01.1",
+		Options:       []string{schemas.OptionApprove, schemas.OptionDeny},
+		Status:        schemas.ApprovalPending,
+		RequestedAt:   t1,
+		ExpiresAt:     t3,
+		Decision:      exampleDecisionInfo(),
+		Transport:     exTransport,
+		Sender:        &schemas.Sender{ID: "U02ABCDEF", Display: "Ada Lovelace", Kind: schemas.SenderUser, Verified: true, Strong: true},
+		Channel:       &ch,
+		Audience:      schemas.AudienceTeam,
+		TrustBoundary: "acme-corp",
 	}
 }
 
@@ -236,6 +271,7 @@ func exampleBatch() *schemas.BatchRecord {
 		Reason:    "one call failed",
 		CreatedAt: t1,
 		UpdatedAt: t3,
+		Origin:    "t-0f1e2d3c4b5a69788796-0",
 	}
 }
 
@@ -296,6 +332,7 @@ var recordTypes = []recordType{
 	{"accepted_turn.v1.msgpack", 1, func() schemas.Record { return exampleAccepted() }, decodeAs[schemas.AcceptedTurn]},
 	{"decision.v1.msgpack", 1, func() schemas.Record { return exampleDecision() }, decodeAs[schemas.Decision]},
 	{"approval_record.v2.msgpack", 2, func() schemas.Record { return exampleApproval() }, decodeAs[schemas.ApprovalRecord]},
+	{"approval_record.v1.msgpack", 1, func() schemas.Record { return exampleApprovalV1() }, decodeAs[schemas.ApprovalRecordV1]},
 	{"decided_event.v1.msgpack", 1, func() schemas.Record { return exampleDecided() }, decodeAs[schemas.DecidedEvent]},
 	{"decision_rejected.v1.msgpack", 1, func() schemas.Record { return exampleRejected() }, decodeAs[schemas.DecisionRejected]},
 	{"redrive_outcome.v1.msgpack", 1, func() schemas.Record { return exampleRedrive() }, decodeAs[schemas.RedriveOutcome]},

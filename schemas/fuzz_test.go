@@ -149,3 +149,28 @@ func FuzzCanonicalArgs(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeApprovalRecordV1(f *testing.F) {
+	fuzzDecode[schemas.ApprovalRecordV1](f, "approval_record.v1.msgpack")
+}
+
+// FuzzDecodeApproval: the version dispatcher never panics, returns exactly
+// one of a current or a legacy record, and every failure carries a code.
+func FuzzDecodeApproval(f *testing.F) {
+	for _, rt := range recordTypes {
+		f.Add(readGolden(f, rt.golden))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rec, old, err := schemas.DecodeApproval(b)
+		switch {
+		case err != nil:
+			if schemas.CodeOf(err) == "" || rec != nil || old != nil {
+				t.Fatalf("err %v with rec %v old %v", err, rec, old)
+			}
+		case (rec == nil) == (old == nil):
+			t.Fatalf("want exactly one of rec and old: %v %v", rec, old)
+		case rec != nil && rec.V != schemas.ApprovalVersion, old != nil && old.V != schemas.ApprovalLegacyVersion:
+			t.Fatal("a record of the wrong version was returned")
+		}
+	})
+}

@@ -125,6 +125,12 @@ func assertAllKeys(t *testing.T, path string, typ reflect.Type, v any) {
 			assertAllKeys(t, path+"."+name, f.Type, fv)
 		}
 	case reflect.Slice:
+		if typ.Elem().Kind() == reflect.Uint8 { // []byte encodes as msgpack bin
+			if b, ok := v.([]byte); !ok || len(b) == 0 {
+				t.Errorf("%s: %T, want non-empty bytes", path, v)
+			}
+			return
+		}
 		s, ok := v.([]any)
 		if !ok || len(s) == 0 {
 			t.Errorf("%s: %T, want a non-empty array", path, v)
@@ -228,6 +234,23 @@ func TestDecodeLegacyApprovalRecord(t *testing.T) {
 	delete(m, "context")
 	_, err := schemas.Decode[schemas.ApprovalRecord](fromMap(t, m))
 	wantCode(t, err, schemas.CodeSchemaVersionUnsupported)
+
+	// DecodeApproval hands a v1 record to the compatibility path, a v2 one
+	// through, and anything else is rejected, never guessed.
+	rec, old, err := schemas.DecodeApproval(readGolden(t, "approval_record.v1.msgpack"))
+	if err != nil || rec != nil || old == nil || old.Sender == nil || old.Audience != schemas.AudienceTeam {
+		t.Fatalf("v1 golden: rec %v old %+v err %v", rec, old, err)
+	}
+	rec, old, err = schemas.DecodeApproval(readGolden(t, "approval_record.v2.msgpack"))
+	if err != nil || rec == nil || old != nil || rec.Context == nil {
+		t.Fatalf("v2 golden: rec %v old %v err %v", rec, old, err)
+	}
+	for _, v := range []int{0, 3, 65535} {
+		m := toMap(t, readGolden(t, "approval_record.v2.msgpack"))
+		m["v"] = v
+		_, _, err := schemas.DecodeApproval(fromMap(t, m))
+		wantCode(t, err, schemas.CodeSchemaVersionUnsupported)
+	}
 }
 
 func TestDecodeRejectsMalformedPayloads(t *testing.T) {
