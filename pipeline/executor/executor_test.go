@@ -532,7 +532,8 @@ func TestBadTurnsAreDeadLetteredAndTheExecutorKeepsGoing(t *testing.T) {
 		{"an accepted turn of an unknown version", topology.AcceptedSubject(key), raw(map[string]any{"v": 9, "turn_id": "t-x"}), schemas.CodeSchemaVersionUnsupported},
 		{"an accepted turn whose id is not a key", topology.AcceptedSubject(key), raw(map[string]any{"v": 1, "turn_id": "t x"}), schemas.CodeInvalidInput},
 		{"a ready notice for a turn with no batch", topology.ReadySubject(key), raw(map[string]any{"v": 1, "turn_id": "t-none", "kind": "ready"}), schemas.CodeBatchRecordMissing},
-		{"a message on a subject the executor does not handle", "tollgate.turn.bogus.x", raw(map[string]any{"v": 1}), schemas.CodeUnknownMessage},
+		// Other subjects of TOLLGATE_TURNS (follow-up schedules) are not in
+		// the executor's filter at all, so none reaches it.
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
