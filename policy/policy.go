@@ -269,6 +269,35 @@ func Parse(b []byte) (*Policy, error) {
 		if r.Requester != nil && !*r.Requester && len(r.Principals) == 0 && len(r.Groups) == 0 {
 			return fmt.Errorf("parse policy: %s: nobody may decide (requester false, no principals or groups)", where)
 		}
+		// A quorum more people than could ever decide would send prompts
+		// that can never lead to the call running. The "approvers" lists
+		// count too (tool lists are not known here: counted generously).
+		if r.Quorum > 1 {
+			who := map[string]bool{}
+			for _, pr := range r.Principals {
+				who[pr] = true
+			}
+			for _, g := range r.Groups {
+				for _, m := range f.Groups[g] {
+					who[m] = true
+				}
+			}
+			for _, pr := range f.Approvers {
+				who[pr] = true
+			}
+			for _, t := range f.Tools {
+				for _, pr := range t.Approvers {
+					who[pr] = true
+				}
+			}
+			n := len(who)
+			if r.Requester == nil || *r.Requester {
+				n++ // the requester, who may also be one of them: generous
+			}
+			if r.Quorum > n {
+				return fmt.Errorf("parse policy: %s: quorum %d but at most %d people could decide", where, r.Quorum, n)
+			}
+		}
 		return nil
 	}
 	if f.Deciders != nil {

@@ -295,14 +295,18 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		rec.Decision = &vote
 		rec.Status = want
 		counted := false
-		if want == schemas.ApprovalApproved && rec.Quorum > 1 && !expired {
+		// The quorum is the larger of the one recorded at the request and
+		// the current policy's: a deploy that raised it applies to pending
+		// approvals (the redriver would refuse a smaller one anyway).
+		quorum := max(rec.Quorum, a.cfg.Policy.Quorum(rec.Tool, rec.Context))
+		if want == schemas.ApprovalApproved && quorum > 1 && !expired {
 			// Multi-approver: count distinct principals; the approval
 			// stays pending until the quorum is reached.
 			if slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.Principal == principal }) {
 				return result{label: "idempotent"}, nil
 			}
 			rec.Votes = append(rec.Votes, vote)
-			if len(rec.Votes) < rec.Quorum {
+			if len(rec.Votes) < quorum {
 				rec.Status, rec.Decision, counted = schemas.ApprovalPending, nil, true
 			}
 		}
@@ -323,7 +327,7 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 			return r, nil
 		}
 		if counted {
-			a.cfg.Logger.Info("approval vote counted", "approval", rec.ApprovalID, "principal", principal, "votes", len(rec.Votes), "quorum", rec.Quorum)
+			a.cfg.Logger.Info("approval vote counted", "approval", rec.ApprovalID, "principal", principal, "votes", len(rec.Votes), "quorum", quorum)
 			return result{label: "vote"}, nil
 		}
 		a.cfg.Logger.Info("decision applied", "approval", rec.ApprovalID, "turn", rec.TurnID, "status", rec.Status, "principal", principal)

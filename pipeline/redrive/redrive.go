@@ -301,6 +301,20 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			if cur.State.Terminal() {
 				return eng.Finish(ctx, cur)
 			}
+			// A call already claimed has run (or may have): its claim, not
+			// today's policy, says what happened, so Execute reports it.
+			_, _, cerr := r.cfg.Store.Claims.Get(ctx, call.CallID)
+			if cerr != nil && !errors.Is(cerr, store.ErrNotFound) && schemas.CodeOf(cerr) == "" {
+				return cerr
+			}
+			if cerr == nil {
+				res, err := eng.Execute(ctx, b.Context, call, a.ApprovalID)
+				if err != nil {
+					return err
+				}
+				results[i] = res
+				continue
+			}
 			if err := r.stillGranted(b.Context, call, a); err != nil {
 				r.cfg.Logger.Warn("approved call not run: policy changed", "turn", b.TurnID, "call", call.CallID, "err", err)
 				results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodePolicyChanged, err.Error(), a.ApprovalID)
