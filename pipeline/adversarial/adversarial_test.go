@@ -150,7 +150,7 @@ func TestAdversarial(t *testing.T) {
 			name: "tampered audience: the approval's audience is widened to public in KV",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				turn, id := pending(h, s, "guarded")
-				mutateApproval(h, id, func(a *schemas.ApprovalRecord) { a.Context.Audience = schemas.AudiencePublic })
+				h.MutateApproval(id, func(a *schemas.ApprovalRecord) { a.Context.Audience = schemas.AudiencePublic })
 				rej := decide(h, h.Decision(id, schemas.OptionApprove, "cli", "alice"))
 				return recoverFailed(h, guarded, turn, seen{Rejected: rej})
 			},
@@ -163,7 +163,7 @@ func TestAdversarial(t *testing.T) {
 			name: "tampered audience: the batch's audience is widened to public in KV",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				turn, id := pending(h, s, "guarded")
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context.Audience = schemas.AudiencePublic })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Context.Audience = schemas.AudiencePublic })
 				rej := decide(h, h.Decision(id, schemas.OptionApprove, "cli", "alice"))
 				return ended(h, guarded, turn, seen{Rejected: rej})
 			},
@@ -173,7 +173,7 @@ func TestAdversarial(t *testing.T) {
 			name: "stripped seal: the batch's TurnContext loses its seal",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				turn, id := pending(h, s, "guarded")
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context.Seal = nil })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Context.Seal = nil })
 				rej := decide(h, h.Decision(id, schemas.OptionApprove, "cli", "alice"))
 				return ended(h, guarded, turn, seen{Rejected: rej})
 			},
@@ -183,7 +183,7 @@ func TestAdversarial(t *testing.T) {
 			name: "stripped seal: the approval's TurnContext loses its seal",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				turn, id := pending(h, s, "guarded")
-				mutateApproval(h, id, func(a *schemas.ApprovalRecord) { a.Context.Seal = nil })
+				h.MutateApproval(id, func(a *schemas.ApprovalRecord) { a.Context.Seal = nil })
 				rej := decide(h, h.Decision(id, schemas.OptionApprove, "cli", "alice"))
 				return recoverFailed(h, guarded, turn, seen{Rejected: rej})
 			},
@@ -193,7 +193,7 @@ func TestAdversarial(t *testing.T) {
 			name: "rotated-out key: the batch's TurnContext is sealed with a key not in the ring",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				turn, id := pending(h, s, "guarded")
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context = sealedWithOldKey(t, b.Context) })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Context = sealedWithOldKey(t, b.Context) })
 				rej := decide(h, h.Decision(id, schemas.OptionApprove, "cli", "alice"))
 				return ended(h, guarded, turn, seen{Rejected: rej})
 			},
@@ -203,7 +203,7 @@ func TestAdversarial(t *testing.T) {
 			name: "rotated-out key: the approval's TurnContext is sealed with a key not in the ring",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				turn, id := pending(h, s, "guarded")
-				mutateApproval(h, id, func(a *schemas.ApprovalRecord) { a.Context = sealedWithOldKey(t, a.Context) })
+				h.MutateApproval(id, func(a *schemas.ApprovalRecord) { a.Context = sealedWithOldKey(t, a.Context) })
 				rej := decide(h, h.Decision(id, schemas.OptionApprove, "cli", "alice"))
 				return recoverFailed(h, guarded, turn, seen{Rejected: rej})
 			},
@@ -241,7 +241,7 @@ func TestAdversarial(t *testing.T) {
 			name: "changed arguments: the batch's call arguments are swapped in KV after the prompt",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				turn, id := pending(h, s, "guarded")
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Calls[0].Args = `{"session":"evil"}` })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Calls[0].Args = `{"session":"evil"}` })
 				d := h.Decision(id, schemas.OptionApprove, "cli", "alice")
 				d.ArgsDigest = h.Approval(id).ArgsDigest // what alice was shown
 				return ended(h, guarded, turn, seen{Rejected: decide(h, d)})
@@ -252,7 +252,7 @@ func TestAdversarial(t *testing.T) {
 			name: "changed arguments: the batch's call arguments and their digest are swapped in KV",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				turn, id := pending(h, s, "guarded")
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) {
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) {
 					b.Calls[0].Args, b.Calls[0].ArgsDigest, _ = schemas.CanonicalArgs(`{"session":"evil"}`)
 				})
 				return ended(h, guarded, turn, seen{Rejected: decide(h, h.Decision(id, schemas.OptionApprove, "cli", "alice"))})
@@ -558,24 +558,6 @@ func recoverFailed(h *pt.H, count *pt.Counter, turn string, got seen) seen {
 }
 
 // ----- tampering -----
-
-func mutateBatch(h *pt.H, turn string, fn func(*schemas.BatchRecord)) {
-	h.T.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	if _, _, err := h.Store.Batches.Mutate(ctx, turn, func(b *schemas.BatchRecord) error { fn(b); return nil }); err != nil {
-		h.T.Fatalf("tamper batch: %v", err)
-	}
-}
-
-func mutateApproval(h *pt.H, id string, fn func(*schemas.ApprovalRecord)) {
-	h.T.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	if _, _, err := h.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error { fn(a); return nil }); err != nil {
-		h.T.Fatalf("tamper approval: %v", err)
-	}
-}
 
 // sealedWithOldKey returns a copy of tc, unchanged but sealed with key
 // "old" of a ring the pipeline does not hold (a key rotated out).

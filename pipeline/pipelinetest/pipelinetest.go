@@ -370,6 +370,27 @@ func (h *H) Accept(m *schemas.InboundMessage) *schemas.AcceptedTurn {
 
 // ----- KV -----
 
+// MutateBatch edits the batch record of turnID in KV behind the pipeline's
+// back (compare-and-set), as an attacker or a stray operator edit would.
+func (h *H) MutateBatch(turnID string, fn func(*schemas.BatchRecord)) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, _, err := h.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error { fn(b); return nil }); err != nil {
+		h.T.Fatalf("pipelinetest: tamper batch %s: %v", turnID, err)
+	}
+}
+
+// MutateApproval edits approval record id in KV like MutateBatch.
+func (h *H) MutateApproval(id string, fn func(*schemas.ApprovalRecord)) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, _, err := h.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error { fn(a); return nil }); err != nil {
+		h.T.Fatalf("pipelinetest: tamper approval %s: %v", id, err)
+	}
+}
+
 // Batch returns the batch record of turnID, or nil if there is none.
 func (h *H) Batch(turnID string) *schemas.BatchRecord {
 	h.T.Helper()

@@ -206,7 +206,7 @@ func TestRedriveRechecksTheCurrentPolicyBeforeEachApprovedCall(t *testing.T) {
 				t.Fatalf("%d decided events in the stream, want %d", n, len(tc.calls))
 			}
 			if tc.started {
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
 			}
 			h.Stop()
 			if b := h.Batch(turn); b.State.Terminal() {
@@ -291,7 +291,7 @@ func TestACallClaimedBeforeThePolicyChangedKeepsWhatItsClaimSays(t *testing.T) {
 			h.WaitApproval(id, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
 
 			// The crashed redriver's traces: batch started, call claimed.
-			mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
+			h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
 			call := h.Batch(turn).Calls[0]
 			claim := &schemas.ExecutionClaim{CallID: call.CallID, TurnID: turn, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
 				Worker: "redriver@crashed", ClaimedAt: time.Now().UTC().Add(-time.Hour)}

@@ -301,24 +301,19 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			if cur.State.Terminal() {
 				return eng.Finish(ctx, cur)
 			}
-			// A call already claimed has run (or may have): its claim, not
-			// today's policy, says what happened, so Execute reports it.
-			_, _, cerr := r.cfg.Store.Claims.Get(ctx, call.CallID)
-			if cerr != nil && !errors.Is(cerr, store.ErrNotFound) && schemas.CodeOf(cerr) == "" {
-				return cerr
-			}
-			if cerr == nil {
-				res, err := eng.Execute(ctx, b.Context, call, a.ApprovalID)
-				if err != nil {
-					return err
-				}
-				results[i] = res
-				continue
-			}
 			if err := r.stillGranted(b.Context, call, a); err != nil {
-				r.cfg.Logger.Warn("approved call not run: policy changed", "turn", b.TurnID, "call", call.CallID, "err", err)
-				results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodePolicyChanged, err.Error(), a.ApprovalID)
-				continue
+				// Unless it was claimed already: a call that has run (or
+				// may have) is reported by its claim, through Execute, not
+				// by today's policy. Only this rare path pays the lookup.
+				claimed, cerr := r.claimed(ctx, call.CallID)
+				if cerr != nil {
+					return cerr
+				}
+				if !claimed {
+					r.cfg.Logger.Warn("approved call not run: policy changed", "turn", b.TurnID, "call", call.CallID, "err", err)
+					results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodePolicyChanged, err.Error(), a.ApprovalID)
+					continue
+				}
 			}
 			res, err := eng.Execute(ctx, b.Context, call, a.ApprovalID)
 			if err != nil {
@@ -343,6 +338,20 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 	}
 	r.cfg.Logger.Info("batch redriven", "turn", b.TurnID, "state", end.State)
 	return nil
+}
+
+// claimed reports whether call id has an execution claim. A claim that
+// does not decode counts as claimed: Execute then fails it closed.
+func (r *Redriver) claimed(ctx context.Context, callID string) (bool, error) {
+	_, _, err := r.cfg.Store.Claims.Get(ctx, callID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case err == nil || schemas.CodeOf(err) != "":
+		return true, nil
+	default:
+		return false, err
+	}
 }
 
 // stillGranted re-checks an approved call against the current policy: the

@@ -134,35 +134,35 @@ func TestRedriveFailsClosedOnTamperedAuthority(t *testing.T) {
 	tests := []tamper{
 		{name: "the batch's TurnContext is removed", decider: "alice", failed: schemas.CodeTurnContextMissing,
 			apply: func(h *pt.H, turn, _ string) {
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context = nil })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Context = nil })
 			}},
 		{name: "the batch's TurnContext names another requester", decider: "alice", failed: schemas.CodeTurnContextTampered,
 			apply: func(h *pt.H, turn, _ string) {
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context.Requester.Principal = "cli:mallory" })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Context.Requester.Principal = "cli:mallory" })
 			}},
 		{name: "the batch's TurnContext has an unknown version", decider: "alice", failed: schemas.CodeSchemaVersionUnsupported,
 			apply: func(h *pt.H, turn, _ string) {
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Context.V = 7 })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Context.V = 7 })
 			}},
 		{name: "the approval's audience is widened", decider: "alice", rejected: schemas.CodeTurnContextTampered, failed: schemas.CodeTurnContextMismatch,
 			apply: func(h *pt.H, _, id string) {
-				mutateApproval(h, id, func(a *schemas.ApprovalRecord) { a.Context.Audience = schemas.AudiencePublic })
+				h.MutateApproval(id, func(a *schemas.ApprovalRecord) { a.Context.Audience = schemas.AudiencePublic })
 			}},
 		{name: "the approval's requester is replaced and the impostor approves", decider: "mallory", rejected: schemas.CodeTurnContextTampered, failed: schemas.CodeTurnContextMismatch,
 			apply: func(h *pt.H, _, id string) {
-				mutateApproval(h, id, func(a *schemas.ApprovalRecord) {
+				h.MutateApproval(id, func(a *schemas.ApprovalRecord) {
 					a.Context.Requester.Principal, a.Context.Requester.SenderID = "cli:mallory", "mallory"
 				})
 			}},
 		{name: "the approval's arguments are swapped with a matching digest", decider: "alice", failed: schemas.CodeTurnContextMismatch,
 			apply: func(h *pt.H, _, id string) {
-				mutateApproval(h, id, func(a *schemas.ApprovalRecord) {
+				h.MutateApproval(id, func(a *schemas.ApprovalRecord) {
 					a.Args, a.ArgsDigest, _ = schemas.CanonicalArgs(`{"content":"evil","path":"evil.txt"}`)
 				})
 			}},
 		{name: "the batch's call arguments are swapped", decider: "alice", failed: schemas.CodeArgsDigestMismatch, callOnly: true,
 			apply: func(h *pt.H, turn, _ string) {
-				mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.Calls[0].Args = `{"content":"evil","path":"evil.txt"}` })
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Calls[0].Args = `{"content":"evil","path":"evil.txt"}` })
 			}},
 		{name: "the approval record is removed", decider: "alice", rejected: schemas.CodeApprovalNotFound, failed: schemas.CodeApprovalNotFound,
 			apply: func(h *pt.H, _, id string) {
@@ -406,24 +406,6 @@ func TestMalformedRedriverInputIsDeadLettered(t *testing.T) {
 
 // ----- helpers -----
 
-func mutateBatch(h *pt.H, turn string, fn func(*schemas.BatchRecord)) {
-	h.T.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	if _, _, err := h.Store.Batches.Mutate(ctx, turn, func(b *schemas.BatchRecord) error { fn(b); return nil }); err != nil {
-		h.T.Fatalf("tamper batch: %v", err)
-	}
-}
-
-func mutateApproval(h *pt.H, id string, fn func(*schemas.ApprovalRecord)) {
-	h.T.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	if _, _, err := h.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error { fn(a); return nil }); err != nil {
-		h.T.Fatalf("tamper approval: %v", err)
-	}
-}
-
 // withVersion encodes r, then rewrites its "v" field to v.
 func withVersion(h *pt.H, r schemas.Record, v int) []byte {
 	h.T.Helper()
@@ -514,7 +496,7 @@ func TestResumesABatchWhoseRedriverDiedAfterStartingIt(t *testing.T) {
 		h.WaitApproval(schemas.ApprovalID(turn, i), string(want), func(a *schemas.ApprovalRecord) bool { return a.Status == want })
 	}
 	// The crashed redriver had moved the batch to started and run nothing.
-	mutateBatch(h, turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
+	h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
 
 	r := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}, Env: h.Env, Stages: []string{pt.Redriver}})
 	b, out := r.WaitTerminal(turn)
