@@ -10,6 +10,8 @@ package batch
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -80,6 +82,12 @@ type Engine struct {
 
 	mu     sync.Mutex
 	events jetstream.Stream // handle on the events stream, bound on first use
+
+	// worker is cfg.Worker plus a random suffix, unique to this engine, so
+	// a claim can be recognised as its own; started holds the call ids
+	// whose tool this engine started (see claimed).
+	worker  string
+	started sync.Map
 }
 
 // New validates cfg and returns an Engine.
@@ -87,7 +95,9 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg}, nil
+	nonce := make([]byte, 4)
+	rand.Read(nonce)
+	return &Engine{cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce)}, nil
 }
 
 // HasTool reports whether a tool called name is registered.
@@ -108,6 +118,10 @@ func (e *Engine) Authorize(b *schemas.BatchRecord) error {
 	}
 	return b.Context.CheckFor(b.TurnID)
 }
+
+// Worker is the id this engine records on its claims: the configured
+// Worker plus a suffix unique to the engine.
+func (e *Engine) Worker() string { return e.worker }
 
 // Keys is the engine's key ring.
 func (e *Engine) Keys() *seal.KeyRing { return e.cfg.Keys }
@@ -149,16 +163,22 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 	}
 	claim := &schemas.ExecutionClaim{
 		CallID: call.CallID, TurnID: tc.TurnID, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
-		Worker: e.cfg.Worker, ClaimedAt: e.Now(),
+		Worker: e.worker, ClaimedAt: e.Now(),
 	}
 	rev, err := e.cfg.Store.Claims.Create(ctx, call.CallID, claim)
 	if errors.Is(err, store.ErrExists) {
-		return e.claimed(ctx, call, approvalID)
+		return e.claimed(ctx, tc, tool, call, approvalID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", call.CallID, err)
 	}
+	return e.runClaimed(ctx, tc, tool, call, approvalID, claim, rev)
+}
 
+// runClaimed runs call under the claim this engine holds (at revision rev)
+// and records the result in it.
+func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, call schemas.ToolCall, approvalID string, claim *schemas.ExecutionClaim, rev uint64) (*schemas.ToolResult, error) {
+	e.started.Store(call.CallID, struct{}{})
 	out, runErr := e.run(ctx, tool, tc, call)
 	res := e.Result(call, schemas.ResultOK, "", "", approvalID)
 	res.Output = clip(out, MaxOutputBytes)
@@ -256,7 +276,12 @@ func hasTurnPrefix(callID, turnID string) bool {
 }
 
 // claimed handles a call whose claim already exists.
-func (e *Engine) claimed(ctx context.Context, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
+//
+// A claim this engine created without starting the tool (its create was
+// stored but the reply was lost, e.g. across a broker restart) is its own
+// to use: the tool certainly did not run, so it runs now instead of
+// waiting out the lease and being reported uncertain.
+func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
 	for {
 		c, rev, err := e.cfg.Store.Claims.Get(ctx, call.CallID)
 		if err != nil {
@@ -264,6 +289,10 @@ func (e *Engine) claimed(ctx context.Context, call schemas.ToolCall, approvalID 
 		}
 		if c.Result != nil {
 			return c.Result, nil
+		}
+		if _, ran := e.started.Load(call.CallID); c.Worker == e.worker && !ran {
+			e.cfg.Logger.Info("resuming own claim whose create reply was lost", "call", call.CallID)
+			return e.runClaimed(ctx, tc, tool, call, approvalID, c, rev)
 		}
 		if age := e.Now().Sub(c.ClaimedAt); age < e.cfg.ClaimLease {
 			return nil, fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, age.Round(time.Millisecond), ErrClaimHeld)

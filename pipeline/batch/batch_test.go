@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,7 +123,7 @@ func TestExecuteRunsACallAtMostOnce(t *testing.T) {
 		t.Fatalf("tool ran %d times, want 1", n)
 	}
 	claim, _, err := f.st.Claims.Get(ctx(t), c.CallID)
-	if err != nil || claim.Result == nil || claim.Worker != "test@1" || claim.ArgsDigest != c.ArgsDigest || claim.TurnID != turn {
+	if err != nil || claim.Result == nil || !strings.HasPrefix(claim.Worker, "test@1#") || claim.ArgsDigest != c.ArgsDigest || claim.TurnID != turn {
 		t.Fatalf("claim %+v %v", claim, err)
 	}
 }
@@ -518,5 +519,44 @@ func BenchmarkOutcome(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = batch.Outcome(rec)
+	}
+}
+
+// A claim this engine created whose reply it never saw (stored, but the
+// create timed out) is resumed at once: the tool did not run. The same
+// claim left by another engine, even one with the same configured worker
+// name, is held until the lease runs out.
+func TestExecuteResumesItsOwnClaimWhoseCreateReplyWasLost(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "own-claim")
+	tc := turnContext(turn)
+	for i, tt := range []struct {
+		name   string
+		worker string
+		held   bool
+	}{
+		{"a claim of this engine", f.eng.Worker(), false},
+		{"a claim of another engine with the same worker name", "test@1#00000000", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := call(turn, i, "count", `{}`)
+			claim := &schemas.ExecutionClaim{CallID: c.CallID, TurnID: turn, Tool: c.Tool, ArgsDigest: c.ArgsDigest, Worker: tt.worker, ClaimedAt: f.clock.Now()}
+			if _, err := f.st.Claims.Create(ctx(t), c.CallID, claim); err != nil {
+				t.Fatal(err)
+			}
+			res, err := f.eng.Execute(ctx(t), tc, c, "")
+			if tt.held {
+				if !errors.Is(err, batch.ErrClaimHeld) || f.count.Runs(c.CallID) != 0 {
+					t.Fatalf("got %+v %v, runs %d; want ErrClaimHeld and no run", res, err, f.count.Runs(c.CallID))
+				}
+				return
+			}
+			if err != nil || res.Status != schemas.ResultOK || f.count.Runs(c.CallID) != 1 {
+				t.Fatalf("got %+v %v, runs %d; want the tool run once", res, err, f.count.Runs(c.CallID))
+			}
+			if got, _, _ := f.st.Claims.Get(ctx(t), c.CallID); got.Result == nil || got.Result.Status != schemas.ResultOK {
+				t.Fatalf("result not recorded in the claim: %+v", got)
+			}
+		})
 	}
 }
