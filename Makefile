@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build test vet unit e2e fuzz bench clean
+.PHONY: run build test vet unit e2e fuzz bench soak clean
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -32,6 +32,10 @@ fuzz:
 	@for f in $$($(GO) test -list '^Fuzz' ./schemas | grep ^Fuzz); do \
 		echo "== $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./schemas || exit 1; \
 	done
+
+## soak: broker-restart soak tests that are too slow or (for now) too flaky for `make test`
+soak:
+	TOLLGATE_SOAK=1 $(GO) test -race -count=1 -timeout 10m -run 'AcrossARestart' -v ./pipeline/pipelinetest
 
 ## bench: Go micro-benchmarks with allocations
 bench:
