@@ -1,0 +1,902 @@
+// Package natsconf_test runs Tollgate under deploy/nats/least-privilege.conf:
+// the real file, loaded as nats-server loads it, with only the listen
+// address and the store directory overridden. The admin user provisions the
+// topology; each stage then runs on its own connection as its own user
+// (built by stagecmd.Build, as the stage binaries are), a turn with an
+// approval goes through them end to end, and every stage and the cli
+// transport are shown to be refused what their grants leave out, without
+// anything landing.
+package natsconf_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+const (
+	confFile = "least-privilege.conf"
+	// cliAPIPrefix is where the CLI account imports TOLLGATE's JetStream
+	// API (see the CLI account in the config).
+	cliAPIPrefix = "JS.TOLLGATE.API"
+	// cliConsumer is the transport's durable on the events stream.
+	cliConsumer = "transport-cli"
+	wait        = 20 * time.Second
+)
+
+// users and the environment variable holding each one's password.
+var users = map[string]string{
+	"admin": "TOLLGATE_PW_ADMIN", "ingest": "TOLLGATE_PW_INGEST", "executor": "TOLLGATE_PW_EXECUTOR",
+	"approver": "TOLLGATE_PW_APPROVER", "redriver": "TOLLGATE_PW_REDRIVER", "cli": "TOLLGATE_PW_CLI",
+}
+
+func password(user string) string { return "test-password-of-" + user }
+
+// startServer loads the config file as nats-server does and runs it
+// in-process on a random loopback port with a temporary store.
+func startServer(t *testing.T) *server.Server {
+	t.Helper()
+	for user, env := range users {
+		t.Setenv(env, password(user))
+	}
+	opts, err := server.ProcessConfigFile(confFile)
+	if err != nil {
+		t.Fatalf("load %s: %v", confFile, err)
+	}
+	if !opts.JetStream || !opts.SyncAlways {
+		t.Fatalf("%s: want JetStream with sync_interval: always, got jetstream %v sync always %v", confFile, opts.JetStream, opts.SyncAlways)
+	}
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.HTTPHost, opts.HTTPPort = "", 0
+	opts.StoreDir = t.TempDir()
+	opts.NoSigs, opts.NoLog = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("new server: %v", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		t.Fatal("nats-server not ready within 10s")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns
+}
+
+// client is one user's connection. It records the asynchronous errors
+// (permissions violations) the server reports on it.
+type client struct {
+	user string
+	nc   *nats.Conn
+	js   jetstream.JetStream
+
+	mu   sync.Mutex
+	errs []string
+}
+
+func dial(t *testing.T, ns *server.Server, user string) *client {
+	t.Helper()
+	c := &client{user: user}
+	nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo(user, password(user)), nats.Name("natsconf-test-"+user),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.errs = append(c.errs, err.Error())
+		}))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	c.nc = nc
+	if user == "cli" {
+		c.js, err = jetstream.NewWithAPIPrefix(nc, cliAPIPrefix)
+	} else {
+		c.js, err = jetstream.New(nc)
+	}
+	if err != nil {
+		t.Fatalf("jetstream for %s: %v", user, err)
+	}
+	return c
+}
+
+// reported returns the asynchronous errors the server reported on c so far.
+func (c *client) reported() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.errs...)
+}
+
+// waitDenied waits until the server has reported a permissions violation
+// for publishing on subject. It fails at once if the attempt ends (on done)
+// before that: an attempt the server refuses gets no answer.
+func (c *client) waitDenied(t *testing.T, subject string, done <-chan error) {
+	t.Helper()
+	want := fmt.Sprintf("Permissions Violation for Publish to %q", subject)
+	jstest.Eventually(t, wait, c.user+": "+want, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("%s: the attempt ended (err %v) before the server refused %s; reported: %v", c.user, err, subject, c.reported())
+		default:
+		}
+		for _, e := range c.reported() {
+			if strings.Contains(e, nats.ErrPermissionViolation.Error()) && strings.Contains(e, want) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func ctx(t *testing.T, d time.Duration) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return c
+}
+
+// eventually polls cond, each try with a fresh bounded context, until it
+// holds or wait passes.
+func eventually(t *testing.T, what string, cond func(context.Context) bool) {
+	t.Helper()
+	jstest.Eventually(t, wait, what, func() bool {
+		c, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		return cond(c)
+	})
+}
+
+// provision is what admin does before any stage starts (deploy/README.md):
+// the streams and buckets, and the transport's durable consumer on the
+// events stream, from the same JSON file `nats consumer add --config` reads.
+func provision(t *testing.T, admin *client) {
+	t.Helper()
+	c := ctx(t, wait)
+	if err := topology.Ensure(c, admin.js, topology.DefaultConfig()); err != nil {
+		t.Fatalf("admin: ensure topology: %v", err)
+	}
+	data, err := os.ReadFile(cliConsumer + ".consumer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg jetstream.ConsumerConfig
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		t.Fatalf("%s.consumer.json: %v", cliConsumer, err)
+	}
+	if cfg.Durable != cliConsumer || cfg.AckPolicy != jetstream.AckExplicitPolicy || len(cfg.FilterSubjects) == 0 {
+		t.Fatalf("%s.consumer.json: %+v", cliConsumer, cfg)
+	}
+	if _, err := admin.js.CreateOrUpdateConsumer(c, topology.StreamEvents, cfg); err != nil {
+		t.Fatalf("admin: create %s: %v", cliConsumer, err)
+	}
+}
+
+// stage is one running stage.
+type stage struct {
+	*client
+	reg *prometheus.Registry
+}
+
+// runStages builds each stage with stagecmd.Build on its own connection as
+// its own user, and runs them until stop (or the end of the test).
+func runStages(t *testing.T, ns *server.Server, sandbox string) (stages map[string]*stage, stop func()) {
+	t.Helper()
+	stages = map[string]*stage{}
+	var runs []func(context.Context) error
+	for _, name := range stagecmd.AllStages {
+		s := &stage{client: dial(t, ns, name), reg: prometheus.NewRegistry()}
+		r, err := stagecmd.Build(ctx(t, wait), stagecmd.Deps{
+			JS: s.js, Policy: policy.Default(), SandboxDir: sandbox, Logger: pipelinetest.Logger(),
+			Registry: s.reg, Instance: "natsconf-test", Topology: topology.DefaultConfig(),
+		}, name)
+		if err != nil {
+			t.Fatalf("build %s as user %s: %v (server said: %v)", name, name, err, s.reported())
+		}
+		runs = append(runs, r...)
+		stages[name] = s
+	}
+	c, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- stagecmd.RunAll(c, runs) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("stages: %v", err)
+				}
+			case <-time.After(45 * time.Second):
+				t.Error("stages did not stop within 45s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stages, stop
+}
+
+// gauge reads a gauge from reg (0 if absent).
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// publish is a JetStream publish of a Tollgate record by c.
+func publish(t *testing.T, c *client, subject, msgID string, r schemas.Record) {
+	t.Helper()
+	data, err := schemas.Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.js.Publish(ctx(t, wait), subject, data, jetstream.WithMsgID(msgID)); err != nil {
+		t.Fatalf("%s: publish %s: %v", c.user, subject, err)
+	}
+}
+
+// send publishes a message from alice on the cli transport, as
+// `tollgate send` does, and returns its turn id.
+func send(t *testing.T, cli *client, messageID, session string, calls ...schemas.ProposedCall) string {
+	t.Helper()
+	msg := &schemas.InboundMessage{
+		Transport: "cli", MessageID: messageID, SessionID: session,
+		Sender:  schemas.Sender{ID: "alice", Display: "Alice", Kind: schemas.SenderUser, Verified: true},
+		Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM},
+		Text:    "please", Calls: calls, SentAt: time.Now().UTC(),
+	}
+	publish(t, cli, topology.InboundSubject("cli"), "cli:"+messageID, msg)
+	return schemas.TurnID(msg.Transport, msg.MessageID)
+}
+
+// engineOf is the batch engine a stage builds, on that stage's own
+// connection: the failure paths below drive it directly.
+func engineOf(t *testing.T, c *client, sandbox string) *batch.Engine {
+	t.Helper()
+	b, err := topology.OpenBuckets(ctx(t, wait), c.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	builtins, err := tools.Builtins(sandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := tools.NewRegistry(builtins...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := batch.New(batch.Config{JS: c.js, Store: store.New(b), Tools: reg, Worker: c.user + "@natsconf-test", Logger: pipelinetest.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// stored returns how many messages stream holds on subject.
+func stored(t *testing.T, admin *client, stream, subject string) uint64 {
+	t.Helper()
+	s, err := admin.js.Stream(ctx(t, wait), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx(t, wait), jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[subject]
+}
+
+// lastOn waits for a message on subject in the events stream and returns
+// the latest one's data.
+func lastOn(t *testing.T, admin *client, subject string) []byte {
+	t.Helper()
+	s, err := admin.js.Stream(ctx(t, wait), topology.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data []byte
+	eventually(t, "an event on "+subject, func(c context.Context) bool {
+		m, err := s.GetLastMsgForSubject(c, subject)
+		if err == nil {
+			data = m.Data
+		}
+		return err == nil
+	})
+	return data
+}
+
+// nextEvent fetches from the transport's durable consumer (acking all it
+// reads) until an event on subject arrives, and returns its data.
+func nextEvent(t *testing.T, cons jetstream.Consumer, subject string) []byte {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		batch, err := cons.Fetch(16, jetstream.FetchMaxWait(250*time.Millisecond))
+		if err != nil {
+			t.Fatalf("cli: fetch events: %v", err)
+		}
+		var found []byte
+		for m := range batch.Messages() {
+			if err := m.Ack(); err != nil {
+				t.Fatalf("cli: ack: %v", err)
+			}
+			if m.Subject() == subject && found == nil {
+				found = m.Data()
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			t.Fatalf("cli: fetch events: %v", err)
+		}
+		if found != nil {
+			return found
+		}
+	}
+	t.Fatalf("cli: no event on %s within %v", subject, wait)
+	return nil
+}
+
+func TestLeastPrivilegeConfig(t *testing.T) {
+	ns := startServer(t)
+	admin := dial(t, ns, "admin")
+	provision(t, admin)
+	sandbox := filepath.Join(t.TempDir(), "sandbox")
+	stages, stopStages := runStages(t, ns, sandbox)
+	cli := dial(t, ns, "cli")
+	adminKV, err := topology.OpenBuckets(ctx(t, wait), admin.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminStore := store.New(adminKV)
+	waitBatch := func(turn string, st schemas.BatchState) {
+		t.Helper()
+		eventually(t, "batch "+turn+" "+string(st), func(c context.Context) bool {
+			b, _, err := adminStore.Batches.Get(c, turn)
+			return err == nil && b.State == st
+		})
+	}
+	echo := schemas.ProposedCall{Tool: "echo", Args: `{"text":"hi"}`}
+
+	// ---- a turn with an approval, end to end -----------------------
+	events, err := cli.js.Consumer(ctx(t, wait), topology.StreamEvents, cliConsumer)
+	if err != nil {
+		t.Fatalf("cli: bind %s: %v", cliConsumer, err)
+	}
+	// A transport follows its turns live too (core subscriptions on the
+	// events it imports); subscribe before sending so nothing is missed.
+	turn := schemas.TurnID("cli", "m-approved")
+	live := map[string]*nats.Subscription{}
+	for _, prefix := range []string{topology.SubjectApprovalRequested, topology.SubjectApprovalDecided, topology.SubjectTurnOutcome} {
+		if live[prefix], err = cli.nc.SubscribeSync(topology.EventSubject(prefix, turn)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cli.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	liveEvent := func(prefix string) []byte {
+		t.Helper()
+		m, err := live[prefix].NextMsg(wait)
+		if err != nil {
+			t.Fatalf("cli: no live event on %s: %v", topology.EventSubject(prefix, turn), err)
+		}
+		return m.Data
+	}
+	if got := send(t, cli, "m-approved", "least-privilege", echo,
+		schemas.ProposedCall{Tool: "write_file", Args: `{"path":"approved.txt","content":"approved by alice"}`}); got != turn {
+		t.Fatalf("turn id %s, want %s", got, turn)
+	}
+
+	req, err := schemas.Decode[schemas.ApprovalRecord](nextEvent(t, events, topology.EventSubject(topology.SubjectApprovalRequested, turn)))
+	if err != nil {
+		t.Fatalf("approval requested: %v", err)
+	}
+	if req.Tool != "write_file" || req.Status != schemas.ApprovalPending || req.Context.Requester.Principal != "cli:alice" {
+		t.Fatalf("approval requested: %+v", req)
+	}
+	if got, err := schemas.Decode[schemas.ApprovalRecord](liveEvent(topology.SubjectApprovalRequested)); err != nil || got.ApprovalID != req.ApprovalID {
+		t.Fatalf("live approval requested: %+v, %v", got, err)
+	}
+	jstest.Eventually(t, wait, "the approver's KV watch counts the pending approval", func() bool {
+		return gauge(t, stages["approver"].reg, "tollgate_approvals_pending") == 1
+	})
+
+	// As `tollgate approve` does: subscribe to the answers, then decide.
+	rejections, err := cli.nc.SubscribeSync(topology.EventSubject(topology.SubjectDecisionRejected, req.ApprovalID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	decide := func(id, option string) {
+		t.Helper()
+		d := &schemas.Decision{
+			DecisionID: id, ApprovalID: req.ApprovalID, Transport: "cli",
+			Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true},
+			Option:  option, ArgsDigest: req.ArgsDigest, SentAt: time.Now().UTC(),
+		}
+		publish(t, cli, topology.DecisionSubject("cli", req.ApprovalID), d.DecisionID, d)
+	}
+	decide("d-approve", schemas.OptionApprove)
+	if ev, err := schemas.Decode[schemas.DecidedEvent](liveEvent(topology.SubjectApprovalDecided)); err != nil || ev.Status != schemas.ApprovalApproved || ev.ApprovalID != req.ApprovalID {
+		t.Fatalf("decided event: %+v, %v", ev, err)
+	}
+	// A conflicting second decision is rejected, and the rejection reaches
+	// the transport.
+	decide("d-deny-too-late", schemas.OptionDeny)
+	m, err := rejections.NextMsg(wait)
+	if err != nil {
+		t.Fatalf("cli: no rejection: %v", err)
+	}
+	if rej, err := schemas.Decode[schemas.DecisionRejected](m.Data); err != nil || rej.Code != schemas.CodeApprovalAlreadyDecided || rej.DecisionID != "d-deny-too-late" {
+		t.Fatalf("rejection: %+v, %v", rej, err)
+	}
+
+	out, err := schemas.Decode[schemas.TurnOutcome](nextEvent(t, events, topology.EventSubject(topology.SubjectTurnOutcome, turn)))
+	if err != nil {
+		t.Fatalf("outcome: %v", err)
+	}
+	if out.State != schemas.TurnCompleted || len(out.Results) != 2 ||
+		out.Results[0].Status != schemas.ResultOK || out.Results[1].Status != schemas.ResultOK || out.Results[1].ApprovalID != req.ApprovalID {
+		t.Fatalf("outcome: %+v", out)
+	}
+	if got, err := schemas.Decode[schemas.TurnOutcome](liveEvent(topology.SubjectTurnOutcome)); err != nil || got.State != schemas.TurnCompleted {
+		t.Fatalf("live outcome: %+v, %v", got, err)
+	}
+	eventually(t, "the transport's acks reach its consumer", func(c context.Context) bool {
+		info, err := events.Info(c)
+		return err == nil && info.NumAckPending == 0 && info.AckFloor.Consumer == info.Delivered.Consumer
+	})
+	if b, err := os.ReadFile(filepath.Join(sandbox, "approved.txt")); err != nil || string(b) != "approved by alice" {
+		t.Fatalf("the approved write_file did not run: %q, %v", b, err)
+	}
+	jstest.Eventually(t, wait, "the approver's KV watch sees the approval decided", func() bool {
+		return gauge(t, stages["approver"].reg, "tollgate_approvals_pending") == 0
+	})
+
+	// ---- failure paths: abandon, session hand-over, repeated finish -
+	// A batch that fails with a pending approval abandons it (KV write
+	// and decided event) and hands its session to the next queued turn
+	// (ready notice). Both the executor and the redriver do this, on
+	// their own connections; the redriver, woken by the abandoned event,
+	// then finds the outcome already published (stream message get).
+	for _, p := range []struct {
+		stage, session string
+	}{{"executor", "abandoned-by-executor"}, {"redriver", "abandoned-by-redriver"}} {
+		eng := engineOf(t, stages[p.stage].client, sandbox)
+		waiting := send(t, cli, "m-"+p.session, p.session, schemas.ProposedCall{Tool: "write_file", Args: `{"path":"never.txt","content":"x"}`})
+		waitBatch(waiting, schemas.BatchAwaiting)
+		queued := send(t, cli, "m-"+p.session+"-next", p.session, echo)
+		waitBatch(queued, schemas.BatchQueued)
+
+		if err := eng.Abort(ctx(t, wait), waiting, schemas.CodeRetriesExhausted, "given up in a test"); err != nil {
+			t.Fatalf("%s: abort %s: %v", p.stage, waiting, err)
+		}
+		id := schemas.ApprovalID(waiting, 0)
+		if a, _, err := adminStore.Approvals.Get(ctx(t, wait), id); err != nil || a.Status != schemas.ApprovalAbandoned {
+			t.Fatalf("%s: approval %s after abort: %+v, %v", p.stage, id, a, err)
+		}
+		ev, err := schemas.Decode[schemas.DecidedEvent](lastOn(t, admin, topology.EventSubject(topology.SubjectApprovalDecided, waiting)))
+		if err != nil || ev.Status != schemas.ApprovalAbandoned {
+			t.Fatalf("%s: decided event of %s: %+v, %v", p.stage, id, ev, err)
+		}
+		if o, err := schemas.Decode[schemas.TurnOutcome](lastOn(t, admin, topology.EventSubject(topology.SubjectTurnOutcome, waiting))); err != nil || o.State != schemas.TurnFailed {
+			t.Fatalf("%s: outcome of %s: %+v, %v", p.stage, waiting, o, err)
+		}
+		if o, err := schemas.Decode[schemas.TurnOutcome](lastOn(t, admin, topology.EventSubject(topology.SubjectTurnOutcome, queued))); err != nil || o.State != schemas.TurnCompleted {
+			t.Fatalf("%s: outcome of the queued turn %s: %+v, %v", p.stage, queued, o, err)
+		}
+		b, _, err := adminStore.Batches.Get(ctx(t, wait), waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := eng.Finish(ctx(t, wait), b); err != nil {
+			t.Fatalf("%s: finish %s again: %v", p.stage, waiting, err)
+		}
+		if n := stored(t, admin, topology.StreamEvents, topology.EventSubject(topology.SubjectTurnOutcome, waiting)); n != 1 {
+			t.Fatalf("%s: %d outcomes of %s, want 1", p.stage, n, waiting)
+		}
+	}
+
+	// Dead letters: each stage may write its own.
+	if _, err := cli.js.Publish(ctx(t, wait), topology.InboundSubject("cli"), []byte("not msgpack")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.js.Publish(ctx(t, wait), topology.DecisionSubject("cli", "a-nothing-0"), []byte("not msgpack")); err != nil {
+		t.Fatal(err)
+	}
+	dlq, err := admin.js.Stream(ctx(t, wait), topology.StreamDLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"ingest", "approver"} {
+		eventually(t, s+" dead-letters the malformed message", func(c context.Context) bool {
+			_, err := dlq.GetLastMsgForSubject(c, topology.DLQSubject(s))
+			return err == nil
+		})
+	}
+
+	// Let every stage finish what it has, then: the grants were enough,
+	// no stage was refused anything on the way.
+	for _, d := range []struct{ stream, durable string }{
+		{topology.StreamInbound, topology.ConsumerIngest}, {topology.StreamTurns, topology.ConsumerExecutor},
+		{topology.StreamDecisions, topology.ConsumerApprover}, {topology.StreamEvents, topology.ConsumerRedriver},
+	} {
+		eventually(t, d.durable+" idle", func(c context.Context) bool {
+			cons, err := admin.js.Consumer(c, d.stream, d.durable)
+			if err != nil {
+				return false
+			}
+			info, err := cons.Info(c)
+			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		})
+	}
+	for name, s := range stages {
+		if errs := s.reported(); len(errs) > 0 {
+			t.Errorf("stage %s was refused: %v", name, errs)
+		}
+	}
+	if errs := cli.reported(); len(errs) > 0 {
+		t.Errorf("transport cli was refused: %v", errs)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		testRefusals(t, admin, adminKV, stages, cli, turn, req.ApprovalID)
+	})
+	// What the refusals caused; anything after is a grant missing.
+	seen := map[*client]int{}
+	for _, s := range stages {
+		seen[s.client] = len(s.reported())
+	}
+
+	t.Run("a transport cannot aim a publish acknowledgement at a KV key", func(t *testing.T) {
+		// Reply subjects are not covered by publish permissions: inside
+		// one account, the stream's acknowledgement of this publish would
+		// be written to the KV key. The CLI account's import brings it
+		// back into the CLI account instead.
+		victim := "t-ack-target"
+		if err := cli.nc.PublishRequest(topology.InboundSubject("cli"), "$KV.tollgate_batches."+victim, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		// The stream answers publishes in order: once a later publish is
+		// acknowledged, the first acknowledgement has been sent.
+		if _, err := cli.js.Publish(ctx(t, wait), topology.InboundSubject("cli"), []byte("y")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := adminKV.Batches.Get(ctx(t, wait), victim); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("batch %s: want not found, got %v", victim, err)
+		}
+	})
+
+	t.Run("the stages stop cleanly within their grants", func(t *testing.T) {
+		// The approver removes its KV watcher when it stops.
+		stopStages()
+		kvApprovals, err := admin.js.Stream(ctx(t, wait), "KV_"+topology.BucketApprovals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the approver's KV watcher is gone", func(c context.Context) bool {
+			info, err := kvApprovals.Info(c)
+			return err == nil && info.State.Consumers == 0
+		})
+		for name, s := range stages {
+			if errs := s.reported()[seen[s.client]:]; len(errs) > 0 {
+				t.Errorf("stage %s was refused: %v", name, errs)
+			}
+		}
+	})
+}
+
+// refusal is one attempt outside a user's grant.
+type refusal struct {
+	name    string
+	by      *client
+	subject string                          // the publish the server must refuse
+	try     func(ctx context.Context) error // the attempt, with the user's own handles
+	check   func(t *testing.T)              // nothing landed or changed
+}
+
+func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages map[string]*stage, cli *client, turn, approvalID string) {
+	ingest, executor, approver, redriver := stages["ingest"].client, stages["executor"].client, stages["approver"].client, stages["redriver"].client
+
+	// nothingOn: no message was stored on subject (in any stream).
+	nothingOn := func(stream, subject string) func(*testing.T) {
+		return func(t *testing.T) {
+			t.Helper()
+			s, err := admin.js.Stream(ctx(t, wait), stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m, err := s.GetLastMsgForSubject(ctx(t, wait), subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+				t.Fatalf("%s holds a message on %s (%v, %v)", stream, subject, m, err)
+			}
+		}
+	}
+	// unchanged: no message was added on subject (which has some).
+	unchanged := func(stream, subject string) func(*testing.T) {
+		before := stored(t, admin, stream, subject)
+		return func(t *testing.T) {
+			t.Helper()
+			if after := stored(t, admin, stream, subject); after != before {
+				t.Fatalf("%s: %d messages on %s, was %d", stream, after, subject, before)
+			}
+		}
+	}
+	noKey := func(kv jetstream.KeyValue, key string) func(*testing.T) {
+		return func(t *testing.T) {
+			t.Helper()
+			if e, err := kv.Get(ctx(t, wait), key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+				t.Fatalf("%s/%s exists (%v, %v)", kv.Bucket(), key, e, err)
+			}
+		}
+	}
+	nothing := func(*testing.T) {} // a refused read changes nothing
+	pub := func(c *client, subject string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := c.js.Publish(ctx, subject, []byte("forged"))
+			return err
+		}
+	}
+	// onKV binds c's handle on bucket (a stream look-up every stage may
+	// do), then runs op with it.
+	onKV := func(c *client, bucket string, op func(context.Context, jetstream.KeyValue) error) func(context.Context) error {
+		return func(ctx context.Context) error {
+			kv, err := c.js.KeyValue(ctx, bucket)
+			if err != nil {
+				return err
+			}
+			return op(ctx, kv)
+		}
+	}
+	put := func(c *client, bucket, key string) func(context.Context) error {
+		return onKV(c, bucket, func(ctx context.Context, kv jetstream.KeyValue) error {
+			_, err := kv.Put(ctx, key, []byte("forged"))
+			return err
+		})
+	}
+	get := func(c *client, bucket, key string) func(context.Context) error {
+		return onKV(c, bucket, func(ctx context.Context, kv jetstream.KeyValue) error {
+			_, err := kv.Get(ctx, key)
+			return err
+		})
+	}
+	request := func(c *client, subject string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := c.nc.RequestWithContext(ctx, subject, []byte("{}"))
+			return err
+		}
+	}
+	kvSubj := func(bucket, key string) string { return "$KV." + bucket + "." + key }
+	directGet := func(bucket, key string) string {
+		return "$JS.API.DIRECT.GET.KV_" + bucket + "." + kvSubj(bucket, key)
+	}
+	const forged = "t-forged"
+	forgedAccepted := topology.AcceptedSubject("s-forged")
+	forgedDecision := topology.DecisionSubject("cli", "a-forged-0")
+	forgedOutcome := topology.EventSubject(topology.SubjectTurnOutcome, forged)
+
+	// The common shapes: a publish that must not be stored, a KV write
+	// that must not land (bucket is admin's handle, for the check), a KV
+	// read that must not answer.
+	noPublish := func(name string, c *client, stream, subject string) refusal {
+		return refusal{name, c, subject, pub(c, subject), nothingOn(stream, subject)}
+	}
+	noPut := func(name string, c *client, bucket jetstream.KeyValue, key string) refusal {
+		return refusal{name, c, kvSubj(bucket.Bucket(), key), put(c, bucket.Bucket(), key), noKey(bucket, key)}
+	}
+	noGet := func(name string, c *client, bucket, key string) refusal {
+		return refusal{name, c, directGet(bucket, key), get(c, bucket, key), nothing}
+	}
+	forgedRejection := topology.EventSubject(topology.SubjectDecisionRejected, "a-forged-0")
+	forgedRequest := topology.EventSubject(topology.SubjectApprovalRequested, forged)
+	forgedReady := topology.ReadySubject("s-forged")
+
+	cases := []refusal{
+		noPut("ingest cannot write an approval", ingest, adminKV.Approvals, forged),
+		noGet("ingest cannot read an approval", ingest, topology.BucketApprovals, approvalID),
+		noPublish("ingest cannot submit a decision", ingest, topology.StreamDecisions, forgedDecision),
+		noPublish("ingest cannot publish an event", ingest, topology.StreamEvents, forgedOutcome),
+		noPublish("ingest cannot announce a ready turn", ingest, topology.StreamTurns, forgedReady),
+		{"ingest cannot pull from the executor's consumer", ingest, "$JS.API.CONSUMER.MSG.NEXT.TOLLGATE_TURNS.executor",
+			request(ingest, "$JS.API.CONSUMER.MSG.NEXT.TOLLGATE_TURNS.executor"), nothing},
+
+		noPublish("executor cannot publish an accepted turn", executor, topology.StreamTurns, forgedAccepted),
+		noPublish("executor cannot submit a decision", executor, topology.StreamDecisions, forgedDecision),
+		noPublish("executor cannot publish a decision rejection", executor, topology.StreamEvents, forgedRejection),
+
+		noPut("approver cannot write a batch", approver, adminKV.Batches, forged),
+		noPut("approver cannot write a claim", approver, adminKV.Claims, forged+"-0"),
+		noPut("approver cannot write a session", approver, adminKV.Sessions, "s-forged"),
+		noGet("approver cannot read a batch", approver, topology.BucketBatches, turn),
+		noPublish("approver cannot publish an accepted turn", approver, topology.StreamTurns, forgedAccepted),
+		noPublish("approver cannot publish a turn outcome", approver, topology.StreamEvents, forgedOutcome),
+
+		{"redriver cannot publish an inbound message", redriver, topology.InboundSubject("cli"),
+			pub(redriver, topology.InboundSubject("cli")), unchanged(topology.StreamInbound, topology.InboundSubject("cli"))},
+		noPublish("redriver cannot submit a decision", redriver, topology.StreamDecisions, forgedDecision),
+		noPublish("redriver cannot publish an accepted turn", redriver, topology.StreamTurns, forgedAccepted),
+		noPublish("redriver cannot request an approval", redriver, topology.StreamEvents, forgedRequest),
+
+		noPublish("cli cannot publish on the webhook transport's inbound subject", cli, topology.StreamInbound, topology.InboundSubject("webhook")),
+		noPublish("cli cannot submit a decision as the webhook transport", cli, topology.StreamDecisions, topology.DecisionSubject("webhook", "x")),
+		noPublish("cli cannot publish an event", cli, topology.StreamEvents, forgedOutcome),
+		noPublish("cli cannot publish an accepted turn", cli, topology.StreamTurns, forgedAccepted),
+		{"cli cannot read an approval", cli, directGet(topology.BucketApprovals, approvalID),
+			request(cli, directGet(topology.BucketApprovals, approvalID)), nothing},
+		{"cli cannot create a consumer", cli, cliAPIPrefix + ".CONSUMER.CREATE.TOLLGATE_EVENTS.mine",
+			func(ctx context.Context) error {
+				_, err := cli.js.CreateConsumer(ctx, topology.StreamEvents, jetstream.ConsumerConfig{Durable: "mine"})
+				return err
+			}, func(t *testing.T) {
+				if _, err := admin.js.Consumer(ctx(t, wait), topology.StreamEvents, "mine"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+					t.Fatalf("consumer mine: want not found, got %v", err)
+				}
+			}},
+	}
+	for _, b := range []struct {
+		kv  jetstream.KeyValue
+		key string
+	}{{adminKV.Approvals, approvalID}, {adminKV.Batches, turn}, {adminKV.Sessions, "s-forged"}, {adminKV.Claims, forged + "-0"}} {
+		bucket, key := b.kv.Bucket(), b.key
+		before := kvRevision(t, b.kv, key)
+		cases = append(cases, refusal{"cli cannot write the " + bucket + " bucket", cli, kvSubj(bucket, key),
+			pub(cli, kvSubj(bucket, key)), func(t *testing.T) {
+				if after := kvRevision(t, b.kv, key); after != before {
+					t.Fatalf("%s/%s changed: revision %d -> %d", bucket, key, before, after)
+				}
+			}})
+	}
+
+	// Nobody but admin may delete or reconfigure a stream, purge a
+	// bucket or delete a consumer.
+	apiOf := func(c *client) string {
+		if c == cli {
+			return cliAPIPrefix + "."
+		}
+		return "$JS.API."
+	}
+	eventsBefore := streamInfo(t, admin, topology.StreamEvents)
+	approvalsBefore := streamInfo(t, admin, "KV_"+topology.BucketApprovals)
+	for _, c := range []*client{ingest, executor, approver, redriver, cli} {
+		cases = append(cases,
+			refusal{c.user + " cannot delete a stream", c, apiOf(c) + "STREAM.DELETE." + topology.StreamEvents,
+				func(ctx context.Context) error { return c.js.DeleteStream(ctx, topology.StreamEvents) },
+				func(t *testing.T) {
+					if got := streamInfo(t, admin, topology.StreamEvents); got.Created != eventsBefore.Created {
+						t.Fatalf("%s was re-created", topology.StreamEvents)
+					}
+				}},
+			refusal{c.user + " cannot purge the approvals bucket", c, apiOf(c) + "STREAM.PURGE.KV_" + topology.BucketApprovals,
+				request(c, apiOf(c)+"STREAM.PURGE.KV_"+topology.BucketApprovals),
+				func(t *testing.T) {
+					if got := streamInfo(t, admin, "KV_"+topology.BucketApprovals); got.State.Msgs != approvalsBefore.State.Msgs || got.State.FirstSeq != approvalsBefore.State.FirstSeq {
+						t.Fatalf("approvals bucket changed: %+v -> %+v", approvalsBefore.State, got.State)
+					}
+				}},
+			refusal{c.user + " cannot change a stream's configuration", c, apiOf(c) + "STREAM.UPDATE." + topology.StreamEvents,
+				func(ctx context.Context) error {
+					cfg := eventsBefore.Config
+					cfg.MaxAge = time.Hour
+					_, err := c.js.UpdateStream(ctx, cfg)
+					return err
+				},
+				func(t *testing.T) {
+					if got := streamInfo(t, admin, topology.StreamEvents); got.Config.MaxAge != eventsBefore.Config.MaxAge {
+						t.Fatalf("%s max age %v -> %v", topology.StreamEvents, eventsBefore.Config.MaxAge, got.Config.MaxAge)
+					}
+				}},
+			refusal{c.user + " cannot delete the redriver's consumer", c, apiOf(c) + "CONSUMER.DELETE." + topology.StreamEvents + "." + topology.ConsumerRedriver,
+				func(ctx context.Context) error {
+					return c.js.DeleteConsumer(ctx, topology.StreamEvents, topology.ConsumerRedriver)
+				},
+				func(t *testing.T) {
+					if _, err := admin.js.Consumer(ctx(t, wait), topology.StreamEvents, topology.ConsumerRedriver); err != nil {
+						t.Fatalf("consumer %s: %v", topology.ConsumerRedriver, err)
+					}
+				}},
+		)
+	}
+	// A stage started against a drifted topology (here: another max age)
+	// does not rewrite the streams: it fails at start and they keep
+	// their configuration. Admin provisions; stages only read.
+	for _, name := range stagecmd.AllStages {
+		c := stages[name].client
+		cases = append(cases, refusal{"the " + name + " stage started on a drifted topology cannot reconfigure it", c,
+			"$JS.API.STREAM.UPDATE." + topology.StreamInbound,
+			func(ctx context.Context) error {
+				topo := topology.DefaultConfig()
+				topo.MaxAge = time.Hour
+				_, err := stagecmd.Build(ctx, stagecmd.Deps{
+					JS: c.js, Policy: policy.Default(), SandboxDir: t.TempDir(), Logger: pipelinetest.Logger(),
+					Registry: prometheus.NewRegistry(), Instance: "drifted", Topology: topo,
+				}, name)
+				return err
+			},
+			func(t *testing.T) {
+				if got := streamInfo(t, admin, topology.StreamInbound); got.Config.MaxAge != topology.DefaultConfig().MaxAge {
+					t.Fatalf("%s max age is now %v", topology.StreamInbound, got.Config.MaxAge)
+				}
+			}})
+	}
+
+	for _, rc := range cases {
+		t.Run(rc.name, func(t *testing.T) {
+			// The server drops a refused publish and reports the refusal
+			// on the connection; a refused request therefore never gets an
+			// answer. Wait for the report, then stop waiting for the answer.
+			actx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- rc.try(actx) }()
+			rc.by.waitDenied(t, rc.subject, done)
+			cancel()
+			err := <-done
+			if err == nil {
+				t.Fatalf("%s: the attempt succeeded", rc.by.user)
+			}
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+				t.Fatalf("%s: want no answer after the refusal, got %v", rc.by.user, err)
+			}
+			rc.check(t)
+		})
+	}
+}
+
+func streamInfo(t *testing.T, admin *client, name string) *jetstream.StreamInfo {
+	t.Helper()
+	s, err := admin.js.Stream(ctx(t, wait), name)
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	info, err := s.Info(ctx(t, wait))
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	return info
+}
+
+// kvRevision is key's revision in kv, 0 if absent.
+func kvRevision(t *testing.T, kv jetstream.KeyValue, key string) uint64 {
+	t.Helper()
+	e, err := kv.Get(ctx(t, wait), key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0
+	}
+	if err != nil {
+		t.Fatalf("%s/%s: %v", kv.Bucket(), key, err)
+	}
+	return e.Revision()
+}
