@@ -206,7 +206,7 @@ func runStages(t *testing.T, ns *server.Server, sandbox string) (stages map[stri
 	for _, name := range stagecmd.AllStages {
 		s := &stage{client: dial(t, ns, name), reg: prometheus.NewRegistry()}
 		r, err := stagecmd.Build(ctx(t, wait), stagecmd.Deps{
-			JS: s.js, Policy: policy.Default(), SandboxDir: sandbox, Logger: pipelinetest.Logger(),
+			JS: s.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), SandboxDir: sandbox, Logger: pipelinetest.Logger(),
 			Registry: s.reg, Instance: "natsconf-test", Topology: topology.DefaultConfig(),
 		}, name)
 		if err != nil {
@@ -295,7 +295,7 @@ func engineOf(t *testing.T, c *client, sandbox string) *batch.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := batch.New(batch.Config{JS: c.js, Store: store.New(b), Tools: reg, Worker: c.user + "@natsconf-test", Logger: pipelinetest.Logger()})
+	e, err := batch.New(batch.Config{JS: c.js, Store: store.New(b), Tools: reg, Keys: pipelinetest.Keys(t), Worker: c.user + "@natsconf-test", Logger: pipelinetest.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -840,7 +840,7 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 				topo := topology.DefaultConfig()
 				topo.MaxAge = time.Hour
 				_, err := stagecmd.Build(ctx, stagecmd.Deps{
-					JS: c.js, Policy: policy.Default(), SandboxDir: t.TempDir(), Logger: pipelinetest.Logger(),
+					JS: c.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), SandboxDir: t.TempDir(), Logger: pipelinetest.Logger(),
 					Registry: prometheus.NewRegistry(), Instance: "drifted", Topology: topo,
 				}, name)
 				return err

@@ -17,11 +17,14 @@ import (
 // turn with id schemas.FollowUpTurnID(from.CallID), whose Context is
 // from.Context exactly as the submitting turn persisted it (inherited
 // authority: it must still verify, and the executor checks it like any
-// other), Origin from.CallID and one call. It is published on the session's
-// accepted subject: at once for a zero delay, else as a message schedule
-// that the server publishes there when due. Both publishes carry a message
-// id, and the executor creates the batch by KV create, so a repeated call
-// schedules once.
+// other), Origin from.CallID and one call. It is always published as a
+// message schedule on topology.SubjectTurnSchedule that the server
+// publishes on the session's accepted subject when due (a due time already
+// past fires on the server's next scheduler pass). Stages therefore never
+// publish accepted turns themselves, which keeps that subject ingest's
+// alone under deploy/nats/least-privilege.conf. The publish carries a
+// message id, and the executor creates the batch by KV create, so a
+// repeated call schedules once.
 //
 // It fails with FOLLOWUP_REJECTED when the context does not verify, the
 // chain is deeper than schemas.MaxFollowUpDepth, or the call is not valid.
@@ -54,9 +57,6 @@ func (e *Engine) ScheduleFollowUp(ctx context.Context, from tools.Call, tool, ar
 	data, err := schemas.Encode(t)
 	if err != nil {
 		return reject("%v", err)
-	}
-	if delay < time.Second {
-		return turnID, bus.PublishRaw(ctx, e.cfg.JS, target, turnID, data, nil)
 	}
 	hdr := nats.Header{}
 	hdr.Set("Nats-Schedule", "@at "+t.NotBefore.UTC().Format(time.RFC3339))
