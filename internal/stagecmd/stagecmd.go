@@ -193,6 +193,8 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 		if err != nil {
 			return nil, err
 		}
+		// Test-only ledger tools (internal/chaos), off unless TOLLGATE_LEDGER names a file.
+		builtins = append(builtins, tools.Ledgers(os.Getenv("TOLLGATE_LEDGER"))...)
 		reg, err := tools.NewRegistry(builtins...)
 		if err != nil {
 			return nil, err
