@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build test vet unit e2e fuzz bench soak clean
+.PHONY: run build test vet unit e2e fuzz bench soak clean chaos
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -25,6 +25,21 @@ vet:
 ## e2e: only the end-to-end test (builds and runs the real binaries)
 e2e:
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run . ./e2e/...
+
+## chaos: the long chaos run (internal/chaos): replicated stage processes against a real nats-server,
+## SIGKILLs of workers and broker restarts under load, then the safety checks. Parameters:
+## CHAOS_TURNS, CHAOS_KILLS, CHAOS_RESTARTS, CHAOS_REPLICAS, CHAOS_SEED (replay); logs in results/chaos/
+CHAOS_TURNS    ?= 5000
+CHAOS_KILLS    ?= 50
+CHAOS_RESTARTS ?= 2
+CHAOS_REPLICAS ?= 2
+CHAOS_SEED     ?=
+CHAOS_TIMEOUT  ?= 90m
+chaos: build
+	TOLLGATE_CHAOS_LONG=1 TOLLGATE_CHAOS_BIN=$(CURDIR)/$(BIN) TOLLGATE_CHAOS_DIR=$(CURDIR)/results/chaos \
+	TOLLGATE_CHAOS_TURNS=$(CHAOS_TURNS) TOLLGATE_CHAOS_KILLS=$(CHAOS_KILLS) TOLLGATE_CHAOS_RESTARTS=$(CHAOS_RESTARTS) \
+	TOLLGATE_CHAOS_REPLICAS=$(CHAOS_REPLICAS) TOLLGATE_CHAOS_SEED=$(CHAOS_SEED) \
+	$(GO) test -count=1 -timeout $(CHAOS_TIMEOUT) -run '^TestChaosLong$$' -v ./internal/chaos
 
 ## fuzz: run each decoder fuzzer for FUZZTIME (default 20s)
 FUZZTIME ?= 20s

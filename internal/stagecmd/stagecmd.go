@@ -205,6 +205,8 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 		if err != nil {
 			return nil, err
 		}
+		// Test-only ledger tools (internal/chaos), off unless TOLLGATE_LEDGER names a file.
+		builtins = append(builtins, tools.Ledgers(os.Getenv("TOLLGATE_LEDGER"))...)
 		followUp := &tools.FollowUp{}
 		reg, err := tools.NewRegistry(append(builtins, followUp)...)
 		if err != nil {

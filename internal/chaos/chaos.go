@@ -1,0 +1,529 @@
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// harness is one run: its processes, files and schedule.
+type harness struct {
+	cfg  Config
+	plan Plan
+
+	dir, logDir, binDir                 string
+	policyPath, ledgerPath, sealKeyPath string
+	url                                 string
+
+	broker *slot
+	stages map[string][]*slot
+
+	mu        sync.Mutex
+	procs     []*proc
+	faults    []string
+	lastFault time.Time
+	kills     int
+	restarts  int
+	skipped   int
+}
+
+func (h *harness) logf(format string, args ...any) {
+	h.cfg.Logf("chaos %s "+format, append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+}
+
+func (h *harness) debugf(format string, args ...any) {
+	if os.Getenv("TOLLGATE_CHAOS_DEBUG") == "1" {
+		h.logf(format, args...)
+	}
+}
+
+func (h *harness) addProc(p *proc) {
+	h.mu.Lock()
+	h.procs = append(h.procs, p)
+	h.mu.Unlock()
+}
+
+// Policy is the harness's tool policy: one tool per treatment.
+func Policy(expiresAfter time.Duration) string {
+	return fmt.Sprintf(`{
+  "version": "chaos-1",
+  "default_approval": "deny",
+  "tools": {
+    %q: {"approval": "never"},
+    %q: {"approval": "required"},
+    %q: {"approval": "required", "expires_after": %q},
+    %q: {"approval": "deny"}
+  },
+  "transports": {%q: {"trust_boundary": "local", "interactive": true}}
+}
+`, tools.LedgerTool, tools.LedgerGuardedTool, tools.LedgerExpiringTool, expiresAfter.String(), tools.LedgerDeniedTool, transport)
+}
+
+// Run performs one chaos run in cfg.WorkDir and returns its report. An error
+// means the harness could not do its job (set-up, broker gone); violations
+// are in the report.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	start := time.Now()
+	cfg = cfg.withDefaults()
+	if cfg.WorkDir == "" {
+		return nil, errors.New("chaos: WorkDir is required")
+	}
+	h := &harness{cfg: cfg, plan: NewPlan(cfg), dir: cfg.WorkDir, stages: map[string][]*slot{}}
+	h.logf("parameters: %s", cfg.Params())
+	h.logf("replay with: %s", cfg.Replay())
+	h.logf("work dir: %s", h.dir)
+	defer h.stopAll()
+	if err := h.setUp(ctx); err != nil {
+		return nil, err
+	}
+
+	nc, err := nats.Connect(h.url, nats.Name("tollgate-chaos"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(0, 0), nats.ReconnectBufSize(64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", h.url, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.startStages(ctx); err != nil {
+		return nil, err
+	}
+	buckets, err := topology.OpenBuckets(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	d := newDriver(h, js, store.New(buckets))
+
+	driveCtx, stopDrive := context.WithTimeout(ctx, cfg.MaxDuration)
+	defer stopDrive()
+	stopFollow, err := d.follow(driveCtx)
+	if err != nil {
+		return nil, err
+	}
+	go d.sweep(driveCtx)
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		h.injectFaults(driveCtx, d)
+	}()
+	go h.watchProgress(driveCtx, d, stopDrive)
+
+	h.logf("driving %d turns in %d sessions, %d at a time; %d faults scheduled", len(h.plan.Turns), len(h.plan.Sessions), cfg.Concurrency, len(h.plan.Faults))
+	driveErr := h.drive(driveCtx, d)
+	<-faultsDone
+	published, terminal, _, lastTerminal := d.counts()
+	h.logf("drive ended (%v): %d published, %d terminal", driveErr, published, terminal)
+	stopFollow()
+	stopDrive()
+	d.decisions.Wait()
+
+	// Stop the workers first, so that the ledger and KV no longer change
+	// while they are read; the broker stays up for the reads.
+	h.stopStages()
+	f, err := h.gather(ctx, js, d)
+	if err != nil {
+		return nil, err
+	}
+	r := Check(f)
+	r.Params, r.Replay = cfg.Params(), cfg.Replay()
+	h.mu.Lock()
+	r.Kills, r.BrokerRestarts, r.FaultsSkipped, r.LastFault = h.kills, h.restarts, h.skipped, h.lastFault
+	h.mu.Unlock()
+	if r.Lost == 0 && r.NotSent == 0 {
+		r.AllTerminal = lastTerminal
+	}
+	for _, ss := range h.stages {
+		for _, s := range ss {
+			for _, e := range s.unexpectedExits() {
+				r.UnexpectedExits++
+				r.note("unexpected worker exit (restarted)", "%s", e)
+			}
+		}
+	}
+	r.Wall = time.Since(start)
+	return r, nil
+}
+
+// setUp writes the files, builds or finds the binaries and starts the broker.
+func (h *harness) setUp(ctx context.Context) error {
+	h.logDir = filepath.Join(h.dir, "logs")
+	h.policyPath = filepath.Join(h.dir, "policy.json")
+	h.ledgerPath = filepath.Join(h.dir, "ledger.jsonl")
+	h.sealKeyPath = filepath.Join(h.dir, "seal-keys.json")
+	if err := os.MkdirAll(h.logDir, 0o750); err != nil {
+		return err
+	}
+	if err := os.WriteFile(h.policyPath, []byte(Policy(h.cfg.ExpiresAfter)), 0o600); err != nil {
+		return err
+	}
+	if err := writeSealKey(h.sealKeyPath); err != nil {
+		return err
+	}
+	h.binDir = h.cfg.BinDir
+	if h.binDir == "" {
+		h.binDir = filepath.Join(h.dir, "bin")
+		t0 := time.Now()
+		if err := BuildBinaries(ctx, h.binDir, h.cfg.RaceBinaries); err != nil {
+			return err
+		}
+		h.logf("built binaries in %v", time.Since(t0).Round(time.Millisecond))
+	}
+	for _, b := range append([]string{"nats-server"}, Stages...) {
+		if _, err := os.Stat(filepath.Join(h.binDir, b)); err != nil {
+			return fmt.Errorf("binary %s: %w", b, err)
+		}
+	}
+
+	// The broker keeps its port and store across restarts. A port taken
+	// between choosing and binding is retried with another.
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		conf := filepath.Join(h.dir, "nats.conf")
+		if err := writeBrokerConfig(conf, port, filepath.Join(h.dir, "jetstream")); err != nil {
+			return err
+		}
+		addr := net.JoinHostPort("127.0.0.1", itoa(port))
+		h.url = "nats://" + addr
+		h.broker = newSlot(h, "nats-server", "nats-server", "-c", conf)
+		p, err := h.broker.start()
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err = waitTCP(wctx, addr, p)
+		cancel()
+		if err == nil {
+			go h.broker.supervise(p)
+			return nil
+		}
+		<-p.done
+		if attempt == 3 {
+			return fmt.Errorf("nats-server: %w\n%s", err, tail(p.logText(), 40))
+		}
+		h.logf("nats-server did not start on port %d (%v); trying another", port, err)
+	}
+}
+
+// startStages starts every replica and waits until each consumes.
+func (h *harness) startStages(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var first []*proc
+	var all []*slot
+	for _, stage := range Stages {
+		for r := 1; r <= h.cfg.Replicas; r++ {
+			s := newSlot(h, fmt.Sprintf("%s-%d", stage, r), stage)
+			p, err := s.start()
+			if err != nil {
+				return err
+			}
+			h.stages[stage] = append(h.stages[stage], s)
+			all, first = append(all, s), append(first, p)
+		}
+	}
+	for i, p := range first {
+		if err := waitLog(wctx, p, `msg="stage consuming"`); err != nil {
+			return err
+		}
+		go all[i].supervise(p)
+	}
+	h.logf("%d stage processes consuming (%d per stage)", len(first), h.cfg.Replicas)
+	return nil
+}
+
+// drive runs the sessions, Concurrency at a time, until all are done or ctx
+// ends.
+func (h *harness) drive(ctx context.Context, d *driver) error {
+	next := make(chan []int)
+	errs := make(chan error, h.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for range h.cfg.Concurrency {
+		wg.Go(func() {
+			for s := range next {
+				if err := d.runSession(ctx, s); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	var err error
+feed:
+	for _, s := range h.plan.Sessions {
+		select {
+		case next <- s:
+		case err = <-errs:
+			break feed
+		case <-ctx.Done():
+			err = ctx.Err()
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errs:
+		default:
+		}
+	}
+	return err
+}
+
+// watchProgress ends the drive when no turn has been published or ended for
+// StallTimeout, or logs progress every 10 seconds.
+func (h *harness) watchProgress(ctx context.Context, d *driver, stop func()) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	lastLog := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		published, terminal, last, _ := d.counts()
+		if time.Since(lastLog) >= 10*time.Second {
+			lastLog = time.Now()
+			h.logf("progress: %d/%d published, %d terminal", published, len(d.turns), terminal)
+		}
+		if time.Since(last) > h.cfg.StallTimeout {
+			h.logf("no progress for %v: ending the drive", h.cfg.StallTimeout)
+			stop()
+			return
+		}
+	}
+}
+
+// injectFaults performs the planned faults, each once enough turns have been
+// published, until the drive ends.
+func (h *harness) injectFaults(ctx context.Context, d *driver) {
+	for i, f := range h.plan.Faults {
+		for {
+			published, _, _, _ := d.counts()
+			if published >= f.AtTurn {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				h.mu.Lock()
+				h.skipped = len(h.plan.Faults) - i
+				h.mu.Unlock()
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		time.Sleep(f.Jitter)
+		h.logf("fault %d/%d: %s", i+1, len(h.plan.Faults), f)
+		var err error
+		if f.Broker {
+			err = h.restartBroker(ctx, f.Down)
+		} else {
+			err = h.killWorker(ctx, h.stages[f.Stage][f.Replica-1], f.Down)
+		}
+		if err != nil {
+			h.logf("fault %d (%s): %v", i+1, f, err)
+		}
+	}
+}
+
+// killWorker SIGKILLs a stage process; its supervisor restarts it after down.
+func (h *harness) killWorker(ctx context.Context, s *slot, down time.Duration) error {
+	if _, err := s.waitUp(ctx); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.kills++
+	h.lastFault = time.Now()
+	h.mu.Unlock()
+	return s.kill(ctx, down)
+}
+
+// restartBroker SIGKILLs nats-server and lets its supervisor start it again
+// on the same port and store after down; it returns once the broker accepts
+// connections again.
+func (h *harness) restartBroker(ctx context.Context, down time.Duration) error {
+	h.mu.Lock()
+	h.restarts++
+	h.lastFault = time.Now()
+	h.mu.Unlock()
+	if err := h.broker.kill(ctx, down); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	p, err := h.broker.waitUp(wctx)
+	if err != nil {
+		return err
+	}
+	return waitTCP(wctx, strings.TrimPrefix(h.url, "nats://"), p)
+}
+
+// stopStages ends every stage process (SIGTERM: they drain).
+func (h *harness) stopStages() {
+	var wg sync.WaitGroup
+	for _, ss := range h.stages {
+		for _, s := range ss {
+			wg.Go(func() { s.stop(15 * time.Second) })
+		}
+	}
+	wg.Wait()
+}
+
+func (h *harness) stopAll() {
+	h.stopStages()
+	if h.broker != nil {
+		h.broker.stop(10 * time.Second)
+	}
+}
+
+// gather reads the facts: the planned turns with their batch and approval
+// records, every stored outcome, the ledger, dead letters and process logs.
+func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver) (*Facts, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	f := &Facts{Outcomes: map[string][]*schemas.TurnOutcome{}}
+	d.mu.Lock()
+	f.Rejections = maps.Clone(d.rejections)
+	d.mu.Unlock()
+	for _, t := range d.turns {
+		d.mu.Lock()
+		tf := TurnFact{Plan: *t.plan, ID: t.id, SessionID: t.sessionID, Principal: schemas.Principal(transport, t.sender), Published: t.published, Seq: t.seq}
+		d.mu.Unlock()
+		if tf.Published {
+			b, _, err := d.st.Batches.Get(ctx, t.id)
+			switch {
+			case err == nil:
+				tf.Batch = b
+			case !errors.Is(err, store.ErrNotFound):
+				return nil, err
+			}
+			tf.Approvals = make([]*schemas.ApprovalRecord, len(t.plan.Calls))
+			for i := range t.plan.Calls {
+				a, _, err := d.st.Approvals.Get(ctx, schemas.ApprovalID(t.id, i))
+				switch {
+				case err == nil:
+					tf.Approvals[i] = a
+				case !errors.Is(err, store.ErrNotFound):
+					return nil, err
+				}
+			}
+		}
+		f.Turns = append(f.Turns, tf)
+	}
+	err := scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+">", func(m jetstream.Msg) error {
+		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
+		if err != nil {
+			return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
+		}
+		f.Outcomes[o.TurnID] = append(f.Outcomes[o.TurnID], o)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s, err := js.Stream(ctx, topology.StreamDLQ)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.DeadLetters = info.State.Msgs
+	if f.Ledger, f.BadLedger, err = readLedger(h.ledgerPath); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	procs := append([]*proc(nil), h.procs...)
+	h.mu.Unlock()
+	for _, p := range procs {
+		text := p.logText()
+		for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:", `msg="handler panic"`, `msg="tool panic"`} {
+			if strings.Contains(text, bad) {
+				f.ProcessLogs = append(f.ProcessLogs, fmt.Sprintf("%s: %q in %s", p.name, bad, p.log))
+			}
+		}
+	}
+	return f, nil
+}
+
+// scan hands every message of stream matching filter to fn, in order.
+func scan(ctx context.Context, js jetstream.JetStream, stream, filter string, fn func(jetstream.Msg) error) error {
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		return err
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return err
+	}
+	for left := info.NumPending; left > 0; {
+		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return err
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			if err := fn(m); err != nil {
+				return err
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("scan %s %s: %d messages left but none delivered", stream, filter, left)
+		}
+		left -= uint64(n)
+	}
+	return nil
+}
+
+// readLedger parses the ledger file (absent: no executions).
+func readLedger(path string) ([]tools.LedgerEntry, []string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var es []tools.LedgerEntry
+	var bad []string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e tools.LedgerEntry
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.CallID == "" {
+			bad = append(bad, sc.Text())
+			continue
+		}
+		es = append(es, e)
+	}
+	return es, bad, sc.Err()
+}

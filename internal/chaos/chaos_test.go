@@ -1,0 +1,137 @@
+package chaos
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/policy"
+)
+
+// TestChaosShort is the short form that runs in `make test`: a few hundred
+// turns, a few worker kills and one broker restart, with the stage binaries
+// built without -race (the harness itself runs under -race); set
+// TOLLGATE_CHAOS_RACE=1 to build them with it. TOLLGATE_CHAOS_* variables
+// override the parameters (TOLLGATE_CHAOS_SEED replays a run).
+func TestChaosShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run skipped with -short")
+	}
+	cfg := Config{
+		Turns: 150, Kills: 4, BrokerRestarts: 1, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
+		ExpiresAfter: time.Second, FaultFrom: 0.05, FaultTo: 0.6,
+		// A worker killed between claiming a call and recording its result
+		// holds the call for the 2-minute claim lease: allow for it.
+		StallTimeout: 3 * time.Minute, MaxDuration: 8 * time.Minute,
+	}
+	runChaos(t, cfg)
+}
+
+// TestChaosLong is `make chaos`: the long form, with parameters from the
+// environment (see Config.FromEnv) and Defaults for the rest.
+func TestChaosLong(t *testing.T) {
+	if os.Getenv("TOLLGATE_CHAOS_LONG") != "1" {
+		t.Skip("set TOLLGATE_CHAOS_LONG=1 (make chaos) for the long chaos run")
+	}
+	runChaos(t, Defaults())
+}
+
+func runChaos(t *testing.T, cfg Config) {
+	cfg, err := cfg.FromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.WorkDir = t.TempDir()
+	if dir := os.Getenv("TOLLGATE_CHAOS_DIR"); dir != "" {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.WorkDir, err = os.MkdirTemp(dir, "run-*"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Logf = t.Logf
+	r, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("chaos harness: %v (work dir %s)", err, cfg.WorkDir)
+	}
+	var b strings.Builder
+	r.Print(&b)
+	t.Log("\n" + b.String())
+	n := r.Violations()
+	if os.Getenv("TOLLGATE_CHAOS_ALLOW") == "session-order" && r.SessionOrder > 0 {
+		// An explicit opt-out for work unrelated to issue 4 item 6, while
+		// session order with several executor replicas is broken; the
+		// violations are still printed above.
+		t.Logf("TOLLGATE_CHAOS_ALLOW=session-order: %d session-order violations do not fail this run", r.SessionOrder)
+		n -= r.SessionOrder
+	}
+	if n > 0 {
+		t.Errorf("%d violations; logs and ledger in %s (set TOLLGATE_CHAOS_DIR to keep them); replay: %s", n, cfg.WorkDir, r.Replay)
+	}
+	if r.Kills+r.BrokerRestarts == 0 && cfg.Kills+cfg.BrokerRestarts > 0 {
+		t.Errorf("no fault was injected")
+	}
+	if r.Executions == 0 || r.ApprovalsBy["approved"] == 0 || r.ApprovalsBy["denied"] == 0 {
+		t.Errorf("the run exercised too little: %d executions, approvals %v", r.Executions, r.ApprovalsBy)
+	}
+}
+
+// TestSessionOrderRepro is the minimal reproduction of the session-order
+// violation the chaos runs find (issue 4 item 6): no fault at all, two
+// replicas of each stage, and each session's turns published back to back.
+// Two executor processes take two accepted turns of one session from the
+// shared durable consumer at the same time, and the later one can acquire the
+// session first (see docs/protocol.md §11, "Ordering caveats"); with two
+// ingest processes the accepted turns can also be published out of arrival
+// order. It fails until that is fixed.
+func TestSessionOrderRepro(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test skipped with -short")
+	}
+	runChaos(t, Config{
+		Seed: 7, Turns: 120, Kills: 0, BrokerRestarts: 0, Replicas: 2, Concurrency: 16,
+		MaxSessionTurns: 4, BurstPercent: 100, ExpiresAfter: time.Second,
+		StallTimeout: time.Minute, MaxDuration: 3 * time.Minute,
+	})
+}
+
+// The same seed gives the same turn mix and fault schedule.
+func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
+	c := Defaults()
+	c.Seed, c.Turns = 42, 500
+	a, b := NewPlan(c), NewPlan(c)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("two plans of one seed differ")
+	}
+	c.Seed = 43
+	if reflect.DeepEqual(a, NewPlan(c)) {
+		t.Fatal("plans of two seeds are equal")
+	}
+	if len(a.Turns) != 500 || len(a.Faults) != c.Kills+c.BrokerRestarts {
+		t.Fatalf("%d turns, %d faults", len(a.Turns), len(a.Faults))
+	}
+	kinds := map[string]int{}
+	for _, tp := range a.Turns {
+		kinds[tp.Kind]++
+	}
+	for _, k := range []string{"plain", "single", "multi", "dup", "conflict", "expiry"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s turn in 500", k)
+		}
+	}
+}
+
+func TestPolicyLoads(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.json")
+	if err := os.WriteFile(path, []byte(Policy(time.Second)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.Load(path); err != nil {
+		t.Fatal(err)
+	}
+}

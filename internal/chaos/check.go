@@ -1,0 +1,441 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// Facts is everything a run's verdict is computed from, gathered after the
+// workers have stopped.
+type Facts struct {
+	Turns       []TurnFact
+	Ledger      []tools.LedgerEntry
+	BadLedger   []string                          // lines that do not decode
+	Outcomes    map[string][]*schemas.TurnOutcome // every stored outcome message, by turn id
+	DeadLetters uint64
+	Rejections  map[schemas.Code]int
+	ProcessLogs []string // problems found in process logs (panic, data race)
+}
+
+// TurnFact is one planned turn and what Tollgate stored for it.
+type TurnFact struct {
+	Plan      TurnPlan
+	ID        string
+	SessionID string
+	Principal string
+	Published bool
+	Seq       uint64                    // arrival order: TOLLGATE_INBOUND sequence
+	Batch     *schemas.BatchRecord      // nil: none
+	Approvals []*schemas.ApprovalRecord // per call index; nil: none
+}
+
+// Report is a run's figures. Violations() > 0 fails the run.
+type Report struct {
+	Params string
+	Replay string
+
+	Planned, Published, Accepted, Terminal, Lost, NotSent int
+
+	Executions          int // ledger lines
+	DuplicateExecutions int // executions beyond the first of a call
+	WithoutApproval     int // executions of calls whose approval was not approved by the requester (or that policy denies)
+	WrongContext        int // executions under a TurnContext other than their turn's (or of a call no turn made)
+	SessionOrder        int // turns that ran before an earlier turn of their session had ended
+	Unreported          int // executions whose outcome says the call did not run
+	OKWithoutExecution  int // ok results with no execution in the ledger
+	ConflictingOutcomes int // turns with outcome messages that disagree
+	ExpiryNotEnforced   int // decisions sent after expiry that were applied
+	BadLedgerLines      int
+	ProcessProblems     int // panics or data races in process logs
+
+	RepeatedOutcomes int // identical outcome messages stored more than once (not a violation)
+	NeedsAttention   int
+	UncertainNotRun  int // needs_attention results of calls the ledger shows never ran
+	DeadLetters      uint64
+
+	States      map[string]int // terminal batch states (failed:<code>)
+	Results     map[string]int // result statuses
+	ApprovalsBy map[string]int // approval statuses
+	Rejections  map[string]int // rejected decisions by code
+
+	Kills, BrokerRestarts, UnexpectedExits int
+	FaultsSkipped                          int
+	LastFault, AllTerminal                 time.Time
+	Wall                                   time.Duration
+
+	Examples map[string][]string // up to 10 per kind of violation
+	Notes    map[string][]string // up to 10 per kind of remark (not violations)
+}
+
+// violation is one row of the verdict.
+type violation struct {
+	label string
+	n     int
+}
+
+func (r *Report) violations() []violation {
+	return []violation{
+		{"lost turns", r.Lost},
+		{"turns never sent (drive stalled)", r.NotSent},
+		{"duplicate executions", r.DuplicateExecutions},
+		{"executions without an approval", r.WithoutApproval},
+		{"executions under another context", r.WrongContext},
+		{"session-order violations", r.SessionOrder},
+		{"executions the outcome denies", r.Unreported},
+		{"ok results without an execution", r.OKWithoutExecution},
+		{"conflicting outcomes", r.ConflictingOutcomes},
+		{"late decisions applied after expiry", r.ExpiryNotEnforced},
+		{"undecodable ledger lines", r.BadLedgerLines},
+		{"process panics / data races", r.ProcessProblems},
+	}
+}
+
+// Violations is the number of safety violations found.
+func (r *Report) Violations() int {
+	n := 0
+	for _, v := range r.violations() {
+		n += v.n
+	}
+	return n
+}
+
+func (r *Report) example(kind, format string, args ...any) {
+	if r.Examples == nil {
+		r.Examples = map[string][]string{}
+	}
+	if len(r.Examples[kind]) < 10 {
+		r.Examples[kind] = append(r.Examples[kind], fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *Report) note(kind, format string, args ...any) {
+	if r.Notes == nil {
+		r.Notes = map[string][]string{}
+	}
+	if len(r.Notes[kind]) < 10 {
+		r.Notes[kind] = append(r.Notes[kind], fmt.Sprintf(format, args...))
+	}
+}
+
+// Check computes the report of f.
+func Check(f *Facts) *Report {
+	r := &Report{States: map[string]int{}, Results: map[string]int{}, ApprovalsBy: map[string]int{}, Rejections: map[string]int{}}
+	r.DeadLetters = f.DeadLetters
+	for c, n := range f.Rejections {
+		r.Rejections[string(c)] = n
+	}
+	r.BadLedgerLines = len(f.BadLedger)
+	for _, l := range f.BadLedger {
+		r.example("bad ledger line", "%q", l)
+	}
+	r.ProcessProblems = len(f.ProcessLogs)
+	for _, p := range f.ProcessLogs {
+		r.example("process problem", "%s", p)
+	}
+
+	byID := map[string]*TurnFact{}
+	for i := range f.Turns {
+		byID[f.Turns[i].ID] = &f.Turns[i]
+	}
+	// Executions by call id.
+	execs := map[string][]tools.LedgerEntry{}
+	for _, e := range f.Ledger {
+		execs[e.CallID] = append(execs[e.CallID], e)
+	}
+	r.Executions = len(f.Ledger)
+
+	r.Planned = len(f.Turns)
+	for i := range f.Turns {
+		t := &f.Turns[i]
+		if !t.Published {
+			r.NotSent++
+			continue
+		}
+		r.Published++
+		if t.Batch != nil {
+			r.Accepted++
+		}
+		outs := f.Outcomes[t.ID]
+		if t.Batch == nil || !t.Batch.State.Terminal() || len(outs) == 0 {
+			r.Lost++
+			state := "no batch"
+			if t.Batch != nil {
+				state = string(t.Batch.State)
+			}
+			r.example("lost turn", "turn %s (plan %d, %s, session %s): batch %s, %d outcome messages", t.ID, t.Plan.Index, t.Plan.Kind, t.SessionID, state, len(outs))
+			continue
+		}
+		r.Terminal++
+		state := string(t.Batch.State)
+		if t.Batch.Code != "" {
+			state += ":" + string(t.Batch.Code)
+		}
+		r.States[state]++
+		for _, o := range outs[1:] {
+			if !sameOutcome(outs[0], o) {
+				r.ConflictingOutcomes++
+				r.example("conflicting outcomes", "turn %s: %s/%s vs %s/%s", t.ID, outs[0].State, outs[0].Code, o.State, o.Code)
+				break
+			}
+		}
+		r.RepeatedOutcomes += len(outs) - 1
+		checkTurn(r, t, outs[0], execs)
+	}
+
+	// Every execution: once, of a known call, under its own turn's context,
+	// with the approval its call needed.
+	for callID, es := range execs {
+		if len(es) > 1 {
+			r.DuplicateExecutions += len(es) - 1
+			pids := []int{}
+			for _, e := range es {
+				pids = append(pids, e.PID)
+			}
+			r.example("duplicate execution", "call %s ran %d times (pids %v)", callID, len(es), pids)
+		}
+		cut := strings.LastIndexByte(callID, '-')
+		t := byID[callID[:max(cut, 0)]]
+		idx, err := callIndex(callID)
+		if t == nil || err != nil || idx >= len(t.Plan.Calls) {
+			r.WrongContext += len(es)
+			r.example("wrong context", "call %s belongs to no planned turn", callID)
+			continue
+		}
+		for _, e := range es {
+			checkExecution(r, t, idx, e)
+		}
+	}
+	checkSessionOrder(r, f, execs)
+	return r
+}
+
+func sameOutcome(a, b *schemas.TurnOutcome) bool {
+	if a.State != b.State || a.Code != b.Code || len(a.Results) != len(b.Results) {
+		return false
+	}
+	for i := range a.Results {
+		if a.Results[i].CallID != b.Results[i].CallID || a.Results[i].Status != b.Results[i].Status {
+			return false
+		}
+	}
+	return true
+}
+
+// checkTurn compares a terminal turn's outcome with the ledger.
+func checkTurn(r *Report, t *TurnFact, o *schemas.TurnOutcome, execs map[string][]tools.LedgerEntry) {
+	results := map[string]schemas.ToolResult{}
+	for _, res := range o.Results {
+		results[res.CallID] = res
+	}
+	for i, c := range t.Plan.Calls {
+		callID := schemas.CallID(t.ID, i)
+		res, ok := results[callID]
+		status := "missing"
+		if ok {
+			status = string(res.Status)
+		}
+		r.Results[status]++
+		if res.Status == schemas.ResultNeedsAttention {
+			r.NeedsAttention++
+			if len(execs[callID]) == 0 {
+				r.UncertainNotRun++
+			}
+			r.note("needs_attention", "call %s (%s; in the ledger %d times): %s", callID, res.Code, len(execs[callID]), res.Reason)
+		}
+		ran := len(execs[callID]) > 0
+		switch {
+		case res.Status == schemas.ResultOK && !ran:
+			r.OKWithoutExecution++
+			r.example("ok without execution", "call %s (%s): result ok, no ledger line", callID, c.Tool)
+		case ran && res.Status != schemas.ResultOK && res.Status != schemas.ResultError && res.Status != schemas.ResultNeedsAttention:
+			r.Unreported++
+			r.example("unreported execution", "call %s (%s) ran but its outcome says %s (%s: %s)", callID, c.Tool, status, res.Code, res.Reason)
+		}
+		if a := approvalOf(t, i); a != nil {
+			r.ApprovalsBy[string(a.Status)]++
+			if c.Decision == DecideLate && a.Status == schemas.ApprovalApproved {
+				r.ExpiryNotEnforced++
+				r.example("expiry not enforced", "approval %s expired at %s but was approved at %s", a.ApprovalID, a.ExpiresAt.Format(time.RFC3339Nano), decidedAt(a))
+			}
+		}
+	}
+}
+
+func approvalOf(t *TurnFact, i int) *schemas.ApprovalRecord {
+	if i < len(t.Approvals) {
+		return t.Approvals[i]
+	}
+	return nil
+}
+
+func decidedAt(a *schemas.ApprovalRecord) string {
+	if a.Decision == nil {
+		return "?"
+	}
+	return a.Decision.DecidedAt.Format(time.RFC3339Nano)
+}
+
+// checkExecution checks one ledger line of call idx of t.
+func checkExecution(r *Report, t *TurnFact, idx int, e tools.LedgerEntry) {
+	c := t.Plan.Calls[idx]
+	var wrong []string
+	if e.Tool != c.Tool {
+		wrong = append(wrong, fmt.Sprintf("tool %s, call is %s", e.Tool, c.Tool))
+	}
+	if e.CtxTurnID != t.ID {
+		wrong = append(wrong, "context of turn "+e.CtxTurnID)
+	}
+	if e.CtxSessionID != t.SessionID {
+		wrong = append(wrong, "context of session "+e.CtxSessionID)
+	}
+	if e.CtxPrincipal != t.Principal {
+		wrong = append(wrong, "requester "+e.CtxPrincipal)
+	}
+	if e.CtxStreamSeq != t.Seq {
+		wrong = append(wrong, fmt.Sprintf("inbound seq %d, turn arrived at %d", e.CtxStreamSeq, t.Seq))
+	}
+	if t.Batch != nil && e.ContextDigest != schemas.ContextDigest(t.Batch.Context) {
+		wrong = append(wrong, "context digest differs from the batch's")
+	}
+	if len(wrong) > 0 {
+		r.WrongContext++
+		r.example("wrong context", "call %s (pid %d): %s", e.CallID, e.PID, strings.Join(wrong, "; "))
+	}
+	switch {
+	case c.Tool == tools.LedgerDeniedTool:
+		r.WithoutApproval++
+		r.example("without approval", "call %s of %s, which policy denies, ran (pid %d)", e.CallID, c.Tool, e.PID)
+	case c.NeedsApproval():
+		a := approvalOf(t, idx)
+		switch {
+		case a == nil:
+			r.WithoutApproval++
+			r.example("without approval", "call %s (%s) ran with no approval record (pid %d)", e.CallID, c.Tool, e.PID)
+		case a.Status != schemas.ApprovalApproved || a.Decision == nil || a.Decision.Principal != t.Principal:
+			r.WithoutApproval++
+			who := ""
+			if a.Decision != nil {
+				who = a.Decision.Principal
+			}
+			r.example("without approval", "call %s (%s) ran (pid %d) but approval %s is %s by %q", e.CallID, c.Tool, e.PID, a.ApprovalID, a.Status, who)
+		case a.Decision.DecidedAt.After(time.Unix(0, e.At)):
+			r.WithoutApproval++
+			r.example("without approval", "call %s ran at %s, before its approval was decided at %s", e.CallID, time.Unix(0, e.At).UTC().Format(time.RFC3339Nano), decidedAt(a))
+		}
+	}
+}
+
+// checkSessionOrder: a session runs one batch at a time, in arrival order.
+// In arrival order (inbound stream sequence), a turn must not show any sign
+// of running (an execution, an approval request) before every earlier turn
+// of its session has ended, and must not end before them. Batch end times
+// (outcome finished_at), approval requested_at and ledger times all come
+// from the wall clock of processes on this machine; a later turn can only
+// start after the earlier one's release, which follows its end.
+func checkSessionOrder(r *Report, f *Facts, execs map[string][]tools.LedgerEntry) {
+	sessions := map[string][]*TurnFact{}
+	for i := range f.Turns {
+		t := &f.Turns[i]
+		if t.Published && t.Batch != nil && t.Batch.State.Terminal() {
+			sessions[t.SessionID] = append(sessions[t.SessionID], t)
+		}
+	}
+	for _, ts := range sessions {
+		slices.SortFunc(ts, func(a, b *TurnFact) int { return int(a.Seq) - int(b.Seq) })
+		var prevEnd time.Time
+		var prev *TurnFact
+		for _, t := range ts {
+			end := t.Batch.UpdatedAt
+			start, what := firstSign(t, execs)
+			bad := ""
+			switch {
+			case prev == nil:
+			case !start.IsZero() && start.Before(prevEnd):
+				bad = fmt.Sprintf("%s at %s, before earlier turn %s (seq %d) ended at %s", what, stamp(start), prev.ID, prev.Seq, stamp(prevEnd))
+			case end.Before(prevEnd):
+				bad = fmt.Sprintf("ended (%s) at %s, before earlier turn %s (seq %d) ended at %s", t.Batch.State, stamp(end), prev.ID, prev.Seq, stamp(prevEnd))
+			}
+			if bad != "" {
+				r.SessionOrder++
+				r.example("session order", "session %s: turn %s (seq %d, plan %d): %s", t.SessionID, t.ID, t.Seq, t.Plan.Index, bad)
+			}
+			if end.After(prevEnd) {
+				prevEnd, prev = end, t
+			}
+		}
+	}
+}
+
+// firstSign is the earliest evidence that t's batch was running.
+func firstSign(t *TurnFact, execs map[string][]tools.LedgerEntry) (time.Time, string) {
+	var at time.Time
+	what := ""
+	for i := range t.Plan.Calls {
+		for _, e := range execs[schemas.CallID(t.ID, i)] {
+			if ts := time.Unix(0, e.At); at.IsZero() || ts.Before(at) {
+				at, what = ts, "call "+e.CallID+" ran"
+			}
+		}
+		if a := approvalOf(t, i); a != nil && (at.IsZero() || a.RequestedAt.Before(at)) {
+			at, what = a.RequestedAt, "approval "+a.ApprovalID+" requested"
+		}
+	}
+	return at, what
+}
+
+func stamp(t time.Time) string { return t.UTC().Format("15:04:05.000000") }
+
+// Print writes the report.
+func (r *Report) Print(w io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	p("==== chaos report ====")
+	p("parameters: %s", r.Params)
+	p("replay:     %s", r.Replay)
+	p("faults: %d worker kills, %d broker restarts, %d unexpected worker exits, %d skipped", r.Kills, r.BrokerRestarts, r.UnexpectedExits, r.FaultsSkipped)
+	p("turns: planned %d, published %d, accepted %d, terminal %d", r.Planned, r.Published, r.Accepted, r.Terminal)
+	p("executions (ledger lines): %d", r.Executions)
+	p("terminal states: %s", counts(r.States))
+	p("call results: %s", counts(r.Results))
+	p("approvals: %s", counts(r.ApprovalsBy))
+	p("decisions rejected: %s", counts(r.Rejections))
+	p("repeated identical outcome messages: %d; needs_attention results: %d (%d of calls that never ran); dead letters: %d", r.RepeatedOutcomes, r.NeedsAttention, r.UncertainNotRun, r.DeadLetters)
+	drain := "n/a"
+	if !r.LastFault.IsZero() && !r.AllTerminal.IsZero() {
+		drain = max(r.AllTerminal.Sub(r.LastFault), 0).Round(time.Millisecond).String()
+	}
+	p("time from the last fault to all turns terminal: %s", drain)
+	p("wall time: %v", r.Wall.Round(time.Millisecond))
+	p("---- violations ----")
+	for _, v := range r.violations() {
+		p("%-37s %d", v.label+":", v.n)
+	}
+	p("TOTAL VIOLATIONS: %d", r.Violations())
+	section := func(prefix string, m map[string][]string) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			p("-- %s%s (first %d):", prefix, k, len(m[k]))
+			for _, e := range m[k] {
+				p("   %s", e)
+			}
+		}
+	}
+	section("note: ", r.Notes)
+	section("", r.Examples)
+}
+
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+	}
+	return strings.Join(parts, " ")
+}

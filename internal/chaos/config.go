@@ -1,0 +1,164 @@
+// Package chaos is Tollgate's chaos harness: it runs the stage binaries as
+// separate processes (several replicas of each) against a real nats-server
+// process, drives a seeded mix of turns through the documented protocol,
+// SIGKILLs and restarts random workers and the broker while it runs, and
+// then checks, from a ledger of every tool execution, the KV records and the
+// event streams, that no accepted turn was lost, no call ran twice or
+// without its approval or under another turn's TurnContext, and that each
+// session ran its turns one batch at a time in arrival order.
+//
+// Run it with `make chaos` (long form) or `go test ./internal/chaos` (short
+// form, part of `make test`). See Config for the parameters and their
+// environment variables; a run prints its seed and parameters first, and the
+// same seed replays the same turn mix and fault schedule.
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Config is one run's parameters. Zero values get the defaults of Defaults.
+type Config struct {
+	Seed            int64 // 0: derived from the clock (printed)
+	Turns           int   // turns to drive
+	Kills           int   // worker SIGKILLs
+	BrokerRestarts  int   // nats-server SIGKILL + restart
+	Replicas        int   // processes per stage, at least 2
+	Concurrency     int   // sessions driven at once
+	MaxSessionTurns int   // a session has 1..MaxSessionTurns turns
+	// BurstPercent of a session's later turns are published right after the
+	// previous one, without waiting for it to end (so they queue); negative
+	// for none.
+	BurstPercent int
+	// ExpiresAfter is the approval lifetime of the ledger_expiring tool.
+	ExpiresAfter time.Duration
+	// Faults are spread over turns published in [FaultFrom, FaultTo) of Turns.
+	FaultFrom, FaultTo float64
+	// StallTimeout ends the drive when no turn is published or ends for
+	// this long (it must exceed the 2-minute execution-claim lease plus
+	// retry delays, or a call claimed by a killed worker looks lost).
+	StallTimeout time.Duration
+	// MaxDuration bounds the whole drive.
+	MaxDuration time.Duration
+
+	BinDir       string // prebuilt binaries (ingest, executor, approver, redriver, nats-server); empty: build
+	RaceBinaries bool   // build the stage binaries with -race
+	WorkDir      string // logs, ledger, JetStream store; must exist
+	Logf         func(format string, args ...any)
+}
+
+// Defaults are the long form's parameters (`make chaos`).
+func Defaults() Config {
+	return Config{
+		Turns: 5000, Kills: 50, BrokerRestarts: 2, Replicas: 2, Concurrency: 32,
+		MaxSessionTurns: 6, BurstPercent: 40, ExpiresAfter: 2 * time.Second,
+		FaultFrom: 0.05, FaultTo: 0.9,
+		StallTimeout: 4 * time.Minute, MaxDuration: 60 * time.Minute,
+	}
+}
+
+// withDefaults fills zero fields from Defaults.
+func (c Config) withDefaults() Config {
+	d := Defaults()
+	setInt := func(v *int, def int) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	setInt(&c.Turns, d.Turns)
+	setInt(&c.Replicas, d.Replicas)
+	setInt(&c.Concurrency, d.Concurrency)
+	setInt(&c.MaxSessionTurns, d.MaxSessionTurns)
+	if c.Kills < 0 {
+		c.Kills = 0
+	}
+	if c.BrokerRestarts < 0 {
+		c.BrokerRestarts = 0
+	}
+	switch {
+	case c.BurstPercent == 0:
+		c.BurstPercent = d.BurstPercent
+	case c.BurstPercent < 0: // no bursts
+		c.BurstPercent = 0
+	}
+	if c.ExpiresAfter <= 0 {
+		c.ExpiresAfter = d.ExpiresAfter
+	}
+	if c.FaultTo <= 0 || c.FaultTo > 1 || c.FaultFrom < 0 || c.FaultFrom >= c.FaultTo {
+		c.FaultFrom, c.FaultTo = d.FaultFrom, d.FaultTo
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = d.StallTimeout
+	}
+	if c.MaxDuration <= 0 {
+		c.MaxDuration = d.MaxDuration
+	}
+	if c.Seed == 0 {
+		c.Seed = time.Now().UnixNano() % 1_000_000_000
+	}
+	if c.Logf == nil {
+		c.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+	}
+	return c
+}
+
+// Params is the one-line description of a run that replays it.
+func (c Config) Params() string {
+	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
+		c.ExpiresAfter, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries)
+}
+
+// Replay is the command line that replays a run.
+func (c Config) Replay() string {
+	return fmt.Sprintf("make chaos CHAOS_SEED=%d CHAOS_TURNS=%d CHAOS_KILLS=%d CHAOS_RESTARTS=%d CHAOS_REPLICAS=%d",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas)
+}
+
+// FromEnv overrides c with the TOLLGATE_CHAOS_* variables that are set:
+// SEED, TURNS, KILLS, RESTARTS, REPLICAS, CONCURRENCY, MAX_SESSION_TURNS,
+// BURST_PERCENT, EXPIRES_AFTER, STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1).
+func (c Config) FromEnv() (Config, error) {
+	var err error
+	num := func(name string, v *int) {
+		if s, ok := os.LookupEnv("TOLLGATE_CHAOS_" + name); ok && s != "" && err == nil {
+			*v, err = strconv.Atoi(s)
+			if err != nil {
+				err = fmt.Errorf("TOLLGATE_CHAOS_%s: %w", name, err)
+			}
+		}
+	}
+	dur := func(name string, v *time.Duration) {
+		if s, ok := os.LookupEnv("TOLLGATE_CHAOS_" + name); ok && s != "" && err == nil {
+			*v, err = time.ParseDuration(s)
+			if err != nil {
+				err = fmt.Errorf("TOLLGATE_CHAOS_%s: %w", name, err)
+			}
+		}
+	}
+	if s := os.Getenv("TOLLGATE_CHAOS_SEED"); s != "" {
+		if c.Seed, err = strconv.ParseInt(s, 10, 64); err != nil {
+			return c, fmt.Errorf("TOLLGATE_CHAOS_SEED: %w", err)
+		}
+	}
+	num("TURNS", &c.Turns)
+	num("KILLS", &c.Kills)
+	num("RESTARTS", &c.BrokerRestarts)
+	num("REPLICAS", &c.Replicas)
+	num("CONCURRENCY", &c.Concurrency)
+	num("MAX_SESSION_TURNS", &c.MaxSessionTurns)
+	num("BURST_PERCENT", &c.BurstPercent)
+	dur("EXPIRES_AFTER", &c.ExpiresAfter)
+	dur("STALL_TIMEOUT", &c.StallTimeout)
+	dur("MAX_DURATION", &c.MaxDuration)
+	if s := os.Getenv("TOLLGATE_CHAOS_BIN"); s != "" {
+		c.BinDir = s
+	}
+	if os.Getenv("TOLLGATE_CHAOS_RACE") == "1" {
+		c.RaceBinaries = true
+	}
+	return c, err
+}

@@ -1,0 +1,414 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// expirySweep says whether Tollgate expires an approval nobody answers. Until
+// the expiry sweep (on main) lands, an expired approval is only moved to
+// expired by a decision that arrives after its deadline, so the harness sends
+// one; once it lands, set this to true and the harness just waits.
+const expirySweep = false
+
+// transport is the transport the harness plays. Its policy rule makes its
+// verified users interactive.
+const transport = "chaos"
+
+// The harness talks to Tollgate the way a transport and an approval UI do
+// (docs/protocol.md §9): it publishes InboundMessage and Decision records
+// with a plain NATS client and follows the events stream, instead of running
+// the tollgate CLI once per message, which would cost a process start per
+// turn and per decision (thousands per run) and could not keep several
+// decisions for one approval in flight at the same moment.
+
+// turnState is the harness's view of one planned turn.
+type turnState struct {
+	plan      *TurnPlan
+	msgID     string
+	id        string // turn id, derived from transport and msgID
+	sessionID string
+	sender    string
+	done      chan struct{} // closed once the turn is seen terminal
+
+	// guarded by driver.mu
+	seq       uint64 // TOLLGATE_INBOUND sequence: the turn's arrival order
+	published bool
+	terminal  bool
+	lastSeen  time.Time
+}
+
+// driver publishes turns and decisions and follows their progress.
+type driver struct {
+	h     *harness
+	js    jetstream.JetStream
+	st    *store.Store
+	turns []*turnState
+	byID  map[string]*turnState // read-only once built
+
+	mu           sync.Mutex
+	handled      map[string]bool // approvals whose decisions have been started
+	rejections   map[schemas.Code]int
+	unknown      int // events naming no planned turn
+	published    int
+	terminal     int
+	lastProgress time.Time
+	lastTerminal time.Time
+	decisions    sync.WaitGroup
+}
+
+func newDriver(h *harness, js jetstream.JetStream, st *store.Store) *driver {
+	d := &driver{h: h, js: js, st: st, byID: map[string]*turnState{},
+		handled: map[string]bool{}, rejections: map[schemas.Code]int{}, lastProgress: time.Now()}
+	for i := range h.plan.Turns {
+		p := &h.plan.Turns[i]
+		t := &turnState{
+			plan:      p,
+			msgID:     fmt.Sprintf("m-%d-%06d", h.cfg.Seed, p.Index),
+			sessionID: fmt.Sprintf("chaos-%d-s%05d", h.cfg.Seed, p.Session),
+			sender:    fmt.Sprintf("u%05d", p.Session),
+			done:      make(chan struct{}),
+		}
+		t.id = schemas.TurnID(transport, t.msgID)
+		d.turns = append(d.turns, t)
+		d.byID[t.id] = t
+	}
+	return d
+}
+
+func (d *driver) counts() (published, terminal int, lastProgress, lastTerminal time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.published, d.terminal, d.lastProgress, d.lastTerminal
+}
+
+// publish stores data on subject with message id msgID, retrying (same id,
+// so the stream stores it once) through disconnects and broker restarts
+// until ctx ends.
+func (d *driver) publish(ctx context.Context, subject, msgID string, data []byte) (*jetstream.PubAck, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		ack, err := d.js.PublishMsg(actx, &nats.Msg{Subject: subject, Data: data}, jetstream.WithMsgID(msgID))
+		cancel()
+		if err == nil {
+			return ack, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("publish %s (%s): %w", subject, msgID, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// inbound is the message of turn t.
+func (d *driver) inbound(t *turnState) *schemas.InboundMessage {
+	m := &schemas.InboundMessage{
+		Transport: transport, MessageID: t.msgID, SessionID: t.sessionID,
+		Sender:  schemas.Sender{ID: t.sender, Kind: schemas.SenderUser, Verified: true},
+		Channel: schemas.Channel{ID: "dm-" + t.sender, Kind: schemas.ChannelDM},
+		Text:    fmt.Sprintf("chaos turn %d (%s)", t.plan.Index, t.plan.Kind),
+		SentAt:  time.Now().UTC(),
+	}
+	for i, c := range t.plan.Calls {
+		m.Calls = append(m.Calls, schemas.ProposedCall{Tool: c.Tool, Args: fmt.Sprintf(`{"turn":%d,"call":%d}`, t.plan.Index, i)})
+	}
+	return m
+}
+
+// send publishes turn t's inbound message.
+func (d *driver) send(ctx context.Context, t *turnState) error {
+	data, err := schemas.Encode(d.inbound(t))
+	if err != nil {
+		return err
+	}
+	ack, err := d.publish(ctx, topology.InboundSubject(transport), transport+":"+t.msgID, data)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	d.mu.Lock()
+	t.seq, t.published, t.lastSeen = ack.Sequence, true, now
+	d.published++
+	d.lastProgress = now
+	d.mu.Unlock()
+	return nil
+}
+
+// markTerminal records that t reached a terminal state.
+func (d *driver) markTerminal(t *turnState) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if t.terminal {
+		return
+	}
+	now := time.Now()
+	t.terminal = true
+	d.terminal++
+	d.lastProgress, d.lastTerminal = now, now
+	close(t.done)
+}
+
+// runSession publishes one session's turns in order: a burst turn right
+// after the previous one, any other once every earlier turn has ended.
+func (d *driver) runSession(ctx context.Context, turns []int) error {
+	var open []*turnState
+	for j, i := range turns {
+		t := d.turns[i]
+		if j > 0 && !t.plan.Burst {
+			if err := waitDone(ctx, open); err != nil {
+				return err
+			}
+			open = open[:0]
+		}
+		if err := d.send(ctx, t); err != nil {
+			return err
+		}
+		open = append(open, t)
+	}
+	return waitDone(ctx, open)
+}
+
+func waitDone(ctx context.Context, ts []*turnState) error {
+	for _, t := range ts {
+		select {
+		case <-t.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// Event subjects the harness follows.
+var followed = []string{
+	topology.SubjectApprovalRequested + ">",
+	topology.SubjectTurnOutcome + ">",
+	topology.SubjectDecisionRejected + ">",
+}
+
+// follow consumes the followed events with an ordered consumer (which the
+// client recreates after a broker restart) until stop is called. The sweep
+// covers anything it might still miss.
+func (d *driver) follow(ctx context.Context) (stop func(), err error) {
+	cons, err := d.js.OrderedConsumer(ctx, topology.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: followed})
+	if err != nil {
+		return nil, fmt.Errorf("events consumer: %w", err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) { d.onEvent(ctx, m) },
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			d.h.debugf("events consumer: %v", err)
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("events consume: %w", err)
+	}
+	return cc.Stop, nil
+}
+
+func (d *driver) onEvent(ctx context.Context, m jetstream.Msg) {
+	switch subj := m.Subject(); {
+	case strings.HasPrefix(subj, topology.SubjectApprovalRequested):
+		rec, err := schemas.Decode[schemas.ApprovalRecord](m.Data())
+		if err != nil {
+			d.h.logf("undecodable approval-requested event on %s: %v", subj, err)
+			return
+		}
+		d.onRequested(ctx, rec)
+	case strings.HasPrefix(subj, topology.SubjectTurnOutcome):
+		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
+		if err != nil {
+			d.h.logf("undecodable outcome on %s: %v", subj, err)
+			return
+		}
+		if t := d.turn(o.TurnID); t != nil {
+			d.markTerminal(t)
+		}
+	case strings.HasPrefix(subj, topology.SubjectDecisionRejected):
+		r, err := schemas.Decode[schemas.DecisionRejected](m.Data())
+		if err != nil {
+			d.h.logf("undecodable rejection on %s: %v", subj, err)
+			return
+		}
+		d.mu.Lock()
+		d.rejections[r.Code]++
+		d.mu.Unlock()
+	}
+}
+
+func (d *driver) turn(id string) *turnState {
+	t := d.byID[id]
+	if t == nil {
+		d.mu.Lock()
+		d.unknown++
+		d.mu.Unlock()
+	}
+	return t
+}
+
+// onRequested starts the planned decisions of a pending approval, once.
+func (d *driver) onRequested(ctx context.Context, rec *schemas.ApprovalRecord) {
+	t := d.turn(rec.TurnID)
+	if t == nil || rec.Status != schemas.ApprovalPending {
+		return
+	}
+	i, err := callIndex(rec.CallID)
+	if err != nil || i >= len(t.plan.Calls) || rec.ApprovalID != schemas.ApprovalID(t.id, i) {
+		d.h.logf("approval %s names call %q, which turn %s (plan %d) does not have", rec.ApprovalID, rec.CallID, t.id, t.plan.Index)
+		return
+	}
+	d.mu.Lock()
+	t.lastSeen = time.Now()
+	seen := d.handled[rec.ApprovalID]
+	d.handled[rec.ApprovalID] = true
+	d.mu.Unlock()
+	if seen {
+		return
+	}
+	d.decisions.Add(1)
+	go func() {
+		defer d.decisions.Done()
+		if err := d.decide(ctx, t, i, rec); err != nil && ctx.Err() == nil {
+			d.h.logf("decisions for %s: %v", rec.ApprovalID, err)
+		}
+	}()
+}
+
+func callIndex(callID string) (int, error) {
+	return strconv.Atoi(callID[strings.LastIndexByte(callID, '-')+1:])
+}
+
+// decide sends the decisions planned for call i of t. Decision ids are
+// derived from the plan, so sending them again is deduplicated.
+func (d *driver) decide(ctx context.Context, t *turnState, i int, rec *schemas.ApprovalRecord) error {
+	id := func(k string) string { return fmt.Sprintf("d-%d-%06d-%d-%s", d.h.cfg.Seed, t.plan.Index, i, k) }
+	one := func(option, decisionID string) error {
+		dec := &schemas.Decision{
+			DecisionID: decisionID, ApprovalID: rec.ApprovalID, Transport: transport,
+			Decider: schemas.Sender{ID: t.sender, Kind: schemas.SenderUser, Verified: true},
+			Option:  option, ArgsDigest: rec.ArgsDigest, SentAt: time.Now().UTC(),
+		}
+		data, err := schemas.Encode(dec)
+		if err != nil {
+			return err
+		}
+		_, err = d.publish(ctx, topology.DecisionSubject(transport, rec.ApprovalID), decisionID, data)
+		return err
+	}
+	// all sends its decisions at the same moment.
+	all := func(ds ...[2]string) error {
+		errs := make([]error, len(ds))
+		var wg sync.WaitGroup
+		for k, x := range ds {
+			wg.Go(func() { errs[k] = one(x[0], x[1]) })
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	const approve, deny = schemas.OptionApprove, schemas.OptionDeny
+	switch p := t.plan.Calls[i].Decision; p {
+	case DecideApprove:
+		return one(approve, id("a"))
+	case DecideDeny:
+		return one(deny, id("d"))
+	case DecideApproveDup:
+		return all([2]string{approve, id("a1")}, [2]string{approve, id("a1")}, [2]string{approve, id("a2")})
+	case DecideDenyDup:
+		return all([2]string{deny, id("d1")}, [2]string{deny, id("d1")}, [2]string{deny, id("d2")})
+	case DecideConflict:
+		if err := all([2]string{approve, id("a1")}, [2]string{deny, id("d1")}); err != nil {
+			return err
+		}
+		return one(approve, id("a2"))
+	case DecideLate:
+		if expirySweep {
+			return nil // Tollgate expires it by itself
+		}
+		// Decide just after the deadline (the approver compares with its own
+		// clock; same machine).
+		wait := time.Until(rec.ExpiresAt) + 300*time.Millisecond
+		if rec.ExpiresAt.IsZero() {
+			return fmt.Errorf("approval %s of %s has no expiry", rec.ApprovalID, rec.Tool)
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return one(approve, id("late"))
+	default:
+		return fmt.Errorf("call %d of turn %d needs no approval (plan %q) but one was requested", i, t.plan.Index, p)
+	}
+}
+
+// sweep is the fallback for events the harness missed: every second, each
+// published turn that has shown no progress for a few seconds is looked up
+// in KV; a terminal batch marks it terminal, and a pending approval the
+// harness has not answered yet gets its decisions.
+func (d *driver) sweep(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		var idle []*turnState
+		now := time.Now()
+		d.mu.Lock()
+		for _, t := range d.turns {
+			if t.published && !t.terminal && now.Sub(t.lastSeen) > 4*time.Second {
+				t.lastSeen = now
+				idle = append(idle, t)
+			}
+		}
+		d.mu.Unlock()
+		for _, t := range idle {
+			if err := d.check(ctx, t); err != nil {
+				break // the broker is away (or the drive over): next round
+			}
+		}
+	}
+}
+
+// check looks up one turn; it fails only when KV cannot be read.
+func (d *driver) check(ctx context.Context, t *turnState) error {
+	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	b, _, err := d.st.Batches.Get(gctx, t.id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil // not created yet
+	case err != nil:
+		return err
+	case b.State.Terminal():
+		d.markTerminal(t)
+		return nil
+	}
+	for i, c := range t.plan.Calls {
+		if !c.NeedsApproval() {
+			continue
+		}
+		a, _, err := d.st.Approvals.Get(gctx, schemas.ApprovalID(t.id, i))
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+		case err != nil:
+			return err
+		case a.Status == schemas.ApprovalPending:
+			d.onRequested(ctx, a)
+		}
+	}
+	return nil
+}

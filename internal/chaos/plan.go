@@ -1,0 +1,188 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// DecisionPlan is what the harness sends for one approval.
+type DecisionPlan string
+
+const (
+	DecideNone       DecisionPlan = ""            // the call needs no approval
+	DecideApprove    DecisionPlan = "approve"     // one approve
+	DecideDeny       DecisionPlan = "deny"        // one deny
+	DecideApproveDup DecisionPlan = "approve-dup" // approve d1, d1 again (same message id) and d2, concurrently
+	DecideDenyDup    DecisionPlan = "deny-dup"    // deny d1 twice and d2, concurrently
+	DecideConflict   DecisionPlan = "conflict"    // approve d1 and deny d2 concurrently, then approve d3
+	DecideLate       DecisionPlan = "late"        // approve after the approval expired
+)
+
+// CallPlan is one proposed call.
+type CallPlan struct {
+	Tool     string
+	Decision DecisionPlan
+}
+
+// NeedsApproval reports whether the harness policy makes the call wait for
+// an approval.
+func (c CallPlan) NeedsApproval() bool {
+	return c.Tool == tools.LedgerGuardedTool || c.Tool == tools.LedgerExpiringTool
+}
+
+// TurnPlan is one turn (one inbound message).
+type TurnPlan struct {
+	Index   int
+	Session int
+	Kind    string
+	// Burst: published right after the session's previous turn, without
+	// waiting for it to end.
+	Burst bool
+	Calls []CallPlan
+}
+
+// Fault is one injected fault.
+type Fault struct {
+	AtTurn  int           // injected once this many turns have been published...
+	Jitter  time.Duration // ...and this much later
+	Broker  bool          // the nats-server; else Stage/Replica
+	Stage   string
+	Replica int
+	Down    time.Duration // how long the process stays dead before it is restarted
+}
+
+func (f Fault) String() string {
+	target := "nats-server"
+	if !f.Broker {
+		target = fmt.Sprintf("%s-%d", f.Stage, f.Replica)
+	}
+	return fmt.Sprintf("kill %s at turn %d+%v, down %v", target, f.AtTurn, f.Jitter.Round(time.Millisecond), f.Down.Round(time.Millisecond))
+}
+
+// Plan is a run's turn mix and fault schedule: a pure function of the
+// configuration (and so of the seed).
+type Plan struct {
+	Turns    []TurnPlan
+	Sessions [][]int // turn indexes of each session, in publishing order
+	Faults   []Fault // in schedule order
+}
+
+// Stages in pipeline order (the binaries' names).
+var Stages = []string{"ingest", "executor", "approver", "redriver"}
+
+// turn kinds and their weights (percent).
+var kinds = []struct {
+	name   string
+	weight int
+}{
+	{"plain", 28},   // only calls that need no approval
+	{"single", 24},  // one approval
+	{"multi", 24},   // two to four approvals, decided independently (approve, deny, duplicates, conflicts)
+	{"dup", 10},     // one approval decided several times
+	{"conflict", 8}, // approve and deny of one approval at the same time
+	{"expiry", 6},   // an approval that expires before its (late) decision
+}
+
+// NewPlan derives the plan of c.
+func NewPlan(c Config) Plan {
+	rng := rand.New(rand.NewPCG(uint64(c.Seed), 0x70_11_6a_7e))
+	var p Plan
+	for len(p.Turns) < c.Turns {
+		s := len(p.Sessions)
+		n := min(1+rng.IntN(c.MaxSessionTurns), c.Turns-len(p.Turns))
+		var idx []int
+		for j := range n {
+			t := TurnPlan{Index: len(p.Turns), Session: s, Burst: j > 0 && rng.IntN(100) < c.BurstPercent}
+			t.Kind, t.Calls = turnMix(rng)
+			idx = append(idx, t.Index)
+			p.Turns = append(p.Turns, t)
+		}
+		p.Sessions = append(p.Sessions, idx)
+	}
+
+	from, to := int(c.FaultFrom*float64(c.Turns)), max(int(c.FaultTo*float64(c.Turns)), int(c.FaultFrom*float64(c.Turns))+1)
+	for range c.Kills {
+		p.Faults = append(p.Faults, Fault{
+			AtTurn: from + rng.IntN(to-from), Jitter: jitter(rng, 500*time.Millisecond),
+			Stage: Stages[rng.IntN(len(Stages))], Replica: 1 + rng.IntN(c.Replicas),
+			Down: 50*time.Millisecond + jitter(rng, 1500*time.Millisecond),
+		})
+	}
+	for i := range c.BrokerRestarts {
+		// Spread evenly over the fault window, with some play.
+		span := (to - from) / (c.BrokerRestarts + 1)
+		at := from + span*(i+1) + rng.IntN(max(span/2, 1)) - span/4
+		p.Faults = append(p.Faults, Fault{
+			AtTurn: max(at, from), Jitter: jitter(rng, 500*time.Millisecond), Broker: true,
+			Down: 200*time.Millisecond + jitter(rng, 1300*time.Millisecond),
+		})
+	}
+	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return a.AtTurn - b.AtTurn })
+	return p
+}
+
+func jitter(rng *rand.Rand, d time.Duration) time.Duration {
+	return time.Duration(rng.Int64N(int64(d)))
+}
+
+func pick(rng *rand.Rand) string {
+	n := rng.IntN(100)
+	for _, k := range kinds {
+		if n < k.weight {
+			return k.name
+		}
+		n -= k.weight
+	}
+	return kinds[0].name
+}
+
+// turnMix draws one turn's calls.
+func turnMix(rng *rand.Rand) (string, []CallPlan) {
+	kind := pick(rng)
+	plain := func(n int) []CallPlan {
+		cs := make([]CallPlan, n)
+		for i := range cs {
+			cs[i] = CallPlan{Tool: tools.LedgerTool}
+		}
+		return cs
+	}
+	guarded := func(d DecisionPlan) CallPlan { return CallPlan{Tool: tools.LedgerGuardedTool, Decision: d} }
+	var calls []CallPlan
+	switch kind {
+	case "plain":
+		calls = plain(1 + rng.IntN(3))
+	case "single":
+		calls = append(plain(rng.IntN(2)), guarded(DecideApprove))
+		if rng.IntN(4) == 0 {
+			calls[len(calls)-1].Decision = DecideDeny
+		}
+	case "multi":
+		calls = plain(rng.IntN(3))
+		for range 2 + rng.IntN(3) {
+			d := []DecisionPlan{DecideApprove, DecideApprove, DecideApprove, DecideDeny, DecideApproveDup, DecideConflict}[rng.IntN(6)]
+			calls = append(calls, guarded(d))
+		}
+	case "dup":
+		calls = append(plain(rng.IntN(2)), guarded([]DecisionPlan{DecideApproveDup, DecideApproveDup, DecideDenyDup}[rng.IntN(3)]))
+	case "conflict":
+		calls = []CallPlan{guarded(DecideConflict)}
+		if rng.IntN(2) == 0 {
+			calls = append(calls, guarded(DecideConflict))
+		}
+	case "expiry":
+		calls = []CallPlan{{Tool: tools.LedgerExpiringTool, Decision: DecideLate}}
+		if rng.IntN(2) == 0 {
+			calls = append(calls, guarded(DecideApprove))
+		}
+	}
+	// Now and then a call the policy denies outright: it must never run.
+	if rng.IntN(10) == 0 {
+		calls = append(calls, CallPlan{Tool: tools.LedgerDeniedTool})
+	}
+	rng.Shuffle(len(calls), func(i, j int) { calls[i], calls[j] = calls[j], calls[i] })
+	return kind, calls
+}

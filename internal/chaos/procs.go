@@ -1,0 +1,358 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// BuildBinaries builds the four stage binaries and nats-server into dir.
+// (e2e has its own builder in a _test.go file, which cannot be imported; this
+// one builds only what the harness runs.)
+func BuildBinaries(ctx context.Context, dir string, race bool) error {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	}
+	out, err := exec.CommandContext(ctx, goBin, "env", "GOMOD").Output()
+	if err != nil {
+		return fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return fmt.Errorf("not inside a module (GOMOD=%q)", gomod)
+	}
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	if race {
+		args = append(args, "-race")
+	}
+	for _, s := range Stages {
+		args = append(args, "./cmd/"+s)
+	}
+	for _, a := range [][]string{args, {"build", "-o", filepath.Join(dir, "nats-server"), "github.com/nats-io/nats-server/v2"}} {
+		cmd := exec.CommandContext(ctx, goBin, a...)
+		cmd.Dir = filepath.Dir(gomod)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go %s: %w\n%s", strings.Join(a, " "), err, b)
+		}
+	}
+	return nil
+}
+
+// proc is one run of a child process, logging to its own file.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed once it has exited
+	err  error
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) logText() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+// slot is one logical process (a stage replica or the broker) that is
+// restarted whenever it exits: after the planned downtime when the harness
+// killed it, after a short pause when it exited by itself (counted).
+type slot struct {
+	h    *harness
+	name string // "executor-2", "nats-server"
+	bin  string
+	args func() []string
+
+	mu         sync.Mutex
+	cur        *proc
+	runs       int
+	killed     bool          // the current process was killed by the harness
+	down       time.Duration // downtime before the restart of a killed process
+	stopping   bool
+	unexpected []string      // exits the harness did not cause
+	upCh       chan struct{} // closed while cur is running
+}
+
+func newSlot(h *harness, name, bin string, args ...string) *slot {
+	return &slot{h: h, name: name, bin: bin, args: func() []string { return args }, upCh: make(chan struct{})}
+}
+
+// start runs a new process of the slot and makes it the current one,
+// unless the slot is stopping.
+func (s *slot) start() (*proc, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return nil, errStopping
+	}
+	s.runs++
+	logPath := filepath.Join(s.h.logDir, fmt.Sprintf("%s.%d.log", s.name, s.runs))
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(s.h.binDir, s.bin), s.args()...)
+	cmd.Dir = s.h.dir
+	cmd.Env = s.h.procEnv(s.bin)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", s.name, err)
+	}
+	p := &proc{name: filepath.Base(logPath), cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	s.h.addProc(p)
+	s.cur = p
+	close(s.upCh)
+	return p, nil
+}
+
+var errStopping = errors.New("stopping")
+
+// supervise restarts the slot's process whenever it exits, until stop: a
+// process the harness killed after its planned downtime, one that exited by
+// itself (counted) after a short pause. p is the current process.
+func (s *slot) supervise(p *proc) {
+	for {
+		<-p.done
+		s.mu.Lock()
+		s.upCh = make(chan struct{})
+		stopping, killed, down := s.stopping, s.killed, s.down
+		s.killed = false
+		if !stopping && !killed {
+			s.unexpected = append(s.unexpected, fmt.Sprintf("%s exited by itself (%v)", p.name, p.err))
+			down = 250 * time.Millisecond
+		}
+		s.mu.Unlock()
+		if stopping {
+			return
+		}
+		if !killed {
+			s.h.logf("%s exited by itself (%v); restarting", p.name, p.err)
+		}
+		time.Sleep(down)
+		for {
+			np, err := s.start()
+			if errors.Is(err, errStopping) {
+				return
+			}
+			if err == nil {
+				p = np
+				break
+			}
+			s.h.logf("%v; retrying", err)
+			time.Sleep(time.Second)
+		}
+	}
+}
+
+// waitUp waits until the slot has a running process.
+func (s *slot) waitUp(ctx context.Context) (*proc, error) {
+	for {
+		s.mu.Lock()
+		ch := s.upCh
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s is not up: %w", s.name, ctx.Err())
+		}
+		s.mu.Lock()
+		p := s.cur
+		s.mu.Unlock()
+		if p != nil && !p.exited() {
+			return p, nil
+		}
+		select { // exited; its supervisor is about to replace upCh
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s is not up: %w", s.name, ctx.Err())
+		}
+	}
+}
+
+// kill SIGKILLs the slot's running process and waits for it to be gone; the
+// supervisor restarts it after down.
+func (s *slot) kill(ctx context.Context, down time.Duration) error {
+	p, err := s.waitUp(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.killed, s.down = true, down
+	s.mu.Unlock()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kill %s: %w", p.name, err)
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s did not exit after SIGKILL", p.name)
+	}
+}
+
+// stop ends the slot: SIGTERM, then SIGKILL after grace.
+func (s *slot) stop(grace time.Duration) {
+	s.mu.Lock()
+	s.stopping = true
+	p := s.cur
+	s.mu.Unlock()
+	if p == nil || p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (s *slot) unexpectedExits() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.unexpected...)
+}
+
+// freePort is a loopback port that was free a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// writeBrokerConfig writes a nats-server configuration in the style of
+// deploy/nats/single.conf: loopback only, JetStream fsyncing before every
+// acknowledgement, so a SIGKILL of the server loses no acknowledged write.
+func writeBrokerConfig(path string, port int, storeDir string) error {
+	conf := fmt.Sprintf(`# written by internal/chaos (deploy/nats/single.conf settings)
+server_name: tollgate-chaos
+listen: 127.0.0.1:%d
+max_payload: 1MB
+jetstream {
+  store_dir: %q
+  sync_interval: always
+}
+`, port, storeDir)
+	return os.WriteFile(path, []byte(conf), 0o600)
+}
+
+// writeSealKey writes a TurnContext seal key file in the format the seal
+// (being added on main) reads from TOLLGATE_SEAL_KEY_FILE. Stages that do
+// not know the variable ignore it.
+func writeSealKey(path string) error {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return err
+	}
+	b, err := json.Marshal(map[string]any{"current": "k1", "keys": map[string]string{"k1": base64.StdEncoding.EncodeToString(key)}})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+// baseEnv is the harness's environment without TOLLGATE_* variables, so that
+// only what procEnv sets configures the children.
+func baseEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TOLLGATE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// procEnv is the environment of a child process: the one place where the
+// stages' configuration is set (add new stage settings here).
+func (h *harness) procEnv(bin string) []string {
+	env := baseEnv()
+	if bin == "nats-server" {
+		return env
+	}
+	return append(env,
+		"TOLLGATE_NATS_URL="+h.url,
+		"TOLLGATE_POLICY="+h.policyPath,
+		"TOLLGATE_SANDBOX="+filepath.Join(h.dir, "sandbox"),
+		"TOLLGATE_LEDGER="+h.ledgerPath,
+		"TOLLGATE_SEAL_KEY_FILE="+h.sealKeyPath,
+		"TOLLGATE_METRICS_ADDR=", // no metrics listener: nothing to collide on
+		"TOLLGATE_LOG_LEVEL=info",
+	)
+}
+
+// waitTCP waits until addr accepts connections or p exits.
+func waitTCP(ctx context.Context, addr string, p *proc) error {
+	for {
+		if p.exited() {
+			return fmt.Errorf("%s exited (%v)", p.name, p.err)
+		}
+		conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s does not accept connections on %s: %w", p.name, addr, ctx.Err())
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+// waitLog waits until p's log contains s.
+func waitLog(ctx context.Context, p *proc, s string) error {
+	for {
+		if strings.Contains(p.logText(), s) {
+			return nil
+		}
+		if p.exited() {
+			return fmt.Errorf("%s exited (%v) before logging %q:\n%s", p.name, p.err, s, tail(p.logText(), 40))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s has not logged %q: %w", p.name, s, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(parts) <= lines {
+		return strings.Join(parts, "\n")
+	}
+	return strings.Join(parts[len(parts)-lines:], "\n")
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
