@@ -17,11 +17,11 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
-// expirySweep says whether Tollgate expires an approval nobody answers. Until
-// the expiry sweep (on main) lands, an expired approval is only moved to
-// expired by a decision that arrives after its deadline, so the harness sends
-// one; once it lands, set this to true and the harness just waits.
-const expirySweep = false
+// expirySweep says whether Tollgate expires an approval nobody answers (the
+// approver's pending tracker does, issue 3 item 5), so for DecideLate the
+// harness just waits. Set it to false to exercise the late-decision path
+// (APPROVAL_EXPIRED) instead.
+const expirySweep = true
 
 // transport is the transport the harness plays. Its policy rule makes its
 // verified users interactive.
