@@ -537,7 +537,7 @@ func (c *cluster) testMalformedInbound(t *testing.T) {
 	payload := []byte("this is not msgpack " + nonce(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ack, err := c.js.Publish(ctx, "tollgate.inbound.cli", payload)
+	ack, err := c.js.Publish(ctx, "tollgate.inbound.cli.s-malformed", payload)
 	if err != nil {
 		t.Fatalf("raw publish: %v", err)
 	}
@@ -555,7 +555,7 @@ func (c *cluster) testMalformedInbound(t *testing.T) {
 		var rows []row
 		c.cliJSON(t, 0, &rows, "dlq")
 		for _, r := range rows {
-			if r.OriginalSubject == "tollgate.inbound.cli" && r.OriginalSeq == strconv.FormatUint(ack.Sequence, 10) {
+			if r.OriginalSubject == "tollgate.inbound.cli.s-malformed" && r.OriginalSeq == strconv.FormatUint(ack.Sequence, 10) {
 				hit = r
 				return true, ""
 			}

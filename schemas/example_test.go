@@ -277,11 +277,12 @@ func exampleBatch() *schemas.BatchRecord {
 
 func exampleSession() *schemas.SessionRecord {
 	return &schemas.SessionRecord{
-		V:         1,
-		SessionID: exSession,
-		Active:    exTurnID,
-		Queue:     []string{schemas.TurnID(exTransport, "m2"), schemas.TurnID(exTransport, "m3")},
-		UpdatedAt: t1,
+		V:          1,
+		SessionID:  exSession,
+		Active:     exTurnID,
+		Queue:      []string{schemas.TurnID(exTransport, "m2"), schemas.TurnID(exTransport, "m3")},
+		UpdatedAt:  t1,
+		InboundSeq: 41,
 	}
 }
 

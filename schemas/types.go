@@ -131,7 +131,7 @@ type ProposedCall struct {
 	Args string `msgpack:"args"`
 }
 
-// InboundMessage is what a chat transport publishes on tollgate.inbound.<transport>.
+// InboundMessage is what a chat transport publishes on tollgate.inbound.<transport>.<session key> (topology.InboundSubject).
 // (Transport, MessageID) identifies it; a redelivered or re-sent message with
 // the same pair is the same turn.
 type InboundMessage struct {
@@ -459,6 +459,12 @@ type SessionRecord struct {
 	Active    string    `msgpack:"active"`
 	Queue     []string  `msgpack:"queue"`
 	UpdatedAt time.Time `msgpack:"updated_at"`
+	// InboundSeq is the session's arrival watermark: every inbound message
+	// of the session (TOLLGATE_INBOUND sequence) up to it has become a turn
+	// that is queued, running or finished, or never will be one. The
+	// executor admits turns to the queue in this order (see
+	// pipeline/executor/order.go). Zero for records written before it.
+	InboundSeq uint64 `msgpack:"inbound_seq,omitempty"`
 }
 
 // ExecutionClaim is created (KV create, so exactly one wins) before a tool

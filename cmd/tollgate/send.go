@@ -76,7 +76,7 @@ func cmdSend(args []string) int {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	// The message id is the dedupe key: a retried send is stored once.
-	if err := bus.Publish(ctx, c.js, topology.InboundSubject(*transport), *transport+":"+*msgID, msg); err != nil {
+	if err := bus.Publish(ctx, c.js, topology.InboundSubject(*transport, *session), *transport+":"+*msgID, msg); err != nil {
 		return fail("send: %v", err)
 	}
 	turn := schemas.TurnID(*transport, *msgID)

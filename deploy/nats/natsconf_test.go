@@ -275,7 +275,7 @@ func send(t *testing.T, cli *client, messageID, session string, calls ...schemas
 		Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM},
 		Text:    "please", Calls: calls, SentAt: time.Now().UTC(),
 	}
-	publish(t, cli, topology.InboundSubject("cli"), "cli:"+messageID, msg)
+	publish(t, cli, topology.InboundSubject("cli", session), "cli:"+messageID, msg)
 	return schemas.TurnID(msg.Transport, msg.MessageID)
 }
 
@@ -529,7 +529,7 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 	}
 
 	// Dead letters: each stage may write its own.
-	if _, err := cli.js.Publish(ctx(t, wait), topology.InboundSubject("cli"), []byte("not msgpack")); err != nil {
+	if _, err := cli.js.Publish(ctx(t, wait), topology.InboundSubject("cli", "s1"), []byte("not msgpack")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cli.js.Publish(ctx(t, wait), topology.DecisionSubject("cli", "a-nothing-0"), []byte("not msgpack")); err != nil {
@@ -588,12 +588,12 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 		// be written to the KV key. The CLI account's import brings it
 		// back into the CLI account instead.
 		victim := "t-ack-target"
-		if err := cli.nc.PublishRequest(topology.InboundSubject("cli"), "$KV.tollgate_batches."+victim, []byte("x")); err != nil {
+		if err := cli.nc.PublishRequest(topology.InboundSubject("cli", "s1"), "$KV.tollgate_batches."+victim, []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 		// The stream answers publishes in order: once a later publish is
 		// acknowledged, the first acknowledgement has been sent.
-		if _, err := cli.js.Publish(ctx(t, wait), topology.InboundSubject("cli"), []byte("y")); err != nil {
+		if _, err := cli.js.Publish(ctx(t, wait), topology.InboundSubject("cli", "s1"), []byte("y")); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := adminKV.Batches.Get(ctx(t, wait), victim); !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -744,13 +744,13 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 		noPublish("approver cannot publish an accepted turn", approver, topology.StreamTurns, forgedAccepted),
 		noPublish("approver cannot publish a turn outcome", approver, topology.StreamEvents, forgedOutcome),
 
-		{"redriver cannot publish an inbound message", redriver, topology.InboundSubject("cli"),
-			pub(redriver, topology.InboundSubject("cli")), unchanged(topology.StreamInbound, topology.InboundSubject("cli"))},
+		{"redriver cannot publish an inbound message", redriver, topology.InboundSubject("cli", "s1"),
+			pub(redriver, topology.InboundSubject("cli", "s1")), unchanged(topology.StreamInbound, topology.InboundSubject("cli", "s1"))},
 		noPublish("redriver cannot submit a decision", redriver, topology.StreamDecisions, forgedDecision),
 		noPublish("redriver cannot publish an accepted turn", redriver, topology.StreamTurns, forgedAccepted),
 		noPublish("redriver cannot request an approval", redriver, topology.StreamEvents, forgedRequest),
 
-		noPublish("cli cannot publish on the webhook transport's inbound subject", cli, topology.StreamInbound, topology.InboundSubject("webhook")),
+		noPublish("cli cannot publish on the webhook transport's inbound subject", cli, topology.StreamInbound, topology.InboundSubject("webhook", "s1")),
 		noPublish("cli cannot submit a decision as the webhook transport", cli, topology.StreamDecisions, topology.DecisionSubject("webhook", "x")),
 		noPublish("cli cannot publish an event", cli, topology.StreamEvents, forgedOutcome),
 		noPublish("cli cannot publish an accepted turn", cli, topology.StreamTurns, forgedAccepted),

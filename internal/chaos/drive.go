@@ -130,11 +130,12 @@ func (d *driver) inbound(t *turnState) *schemas.InboundMessage {
 
 // send publishes turn t's inbound message.
 func (d *driver) send(ctx context.Context, t *turnState) error {
-	data, err := schemas.Encode(d.inbound(t))
+	m := d.inbound(t)
+	data, err := schemas.Encode(m)
 	if err != nil {
 		return err
 	}
-	ack, err := d.publish(ctx, topology.InboundSubject(transport), transport+":"+t.msgID, data)
+	ack, err := d.publish(ctx, topology.InboundSubject(transport, m.SessionID), transport+":"+t.msgID, data)
 	if err != nil {
 		return err
 	}

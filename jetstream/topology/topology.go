@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // Streams.
@@ -30,7 +32,7 @@ const (
 // per-approval (decisions) and per-turn (events) order while spreading
 // different keys across goroutines, and let a watcher filter one turn.
 const (
-	SubjectInboundPrefix     = "tollgate.inbound."                  // + transport
+	SubjectInboundPrefix     = "tollgate.inbound."                  // + transport + "." + session key
 	SubjectTurnAccepted      = "tollgate.turn.accepted."            // + session key
 	SubjectTurnReady         = "tollgate.turn.ready."               // + session key
 	SubjectTurnSchedule      = "tollgate.turn.schedule."            // + follow-up turn id: delayed follow-ups (message schedules)
@@ -44,8 +46,19 @@ const (
 	SubjectDLQPrefix         = "tollgate.dlq."                      // + stage
 )
 
-// InboundSubject is where a transport publishes its messages.
-func InboundSubject(transport string) string { return SubjectInboundPrefix + transport }
+// InboundSubject is where a transport publishes a message of session
+// sessionID: tollgate.inbound.<transport>.<session key>. The transport token
+// is the publisher's identity (ingest binds the body's transport to it); the
+// session token lets the executor find a session's earlier messages in
+// arrival order (InboundSessionFilter), so that scaled ingest and executor
+// replicas still run a session's turns in the order they arrived.
+func InboundSubject(transport, sessionID string) string {
+	return SubjectInboundPrefix + transport + "." + schemas.SessionKey(sessionID)
+}
+
+// InboundSessionFilter matches the inbound messages of the session with key
+// sessionKey, from any transport.
+func InboundSessionFilter(sessionKey string) string { return SubjectInboundPrefix + "*." + sessionKey }
 
 // AcceptedSubject is where ingest publishes a turn of the session with key sessionKey.
 func AcceptedSubject(sessionKey string) string { return SubjectTurnAccepted + sessionKey }

@@ -168,7 +168,7 @@ func TestEnsureIsIdempotent(t *testing.T) {
 	first := take(t, ctx, js)
 
 	// Data written between two Ensures survives the second.
-	if _, err := js.Publish(ctx, topology.InboundSubject("slack"), []byte("m1")); err != nil {
+	if _, err := js.Publish(ctx, topology.InboundSubject("slack", "s1"), []byte("m1")); err != nil {
 		t.Fatal(err)
 	}
 	b, err := topology.OpenBuckets(ctx, js)
@@ -327,7 +327,7 @@ func TestSubjectsLandInTheirStreams(t *testing.T) {
 		subject string
 		stream  string
 	}{
-		{topology.InboundSubject("slack"), topology.StreamInbound},
+		{topology.InboundSubject("slack", "s1"), topology.StreamInbound},
 		{topology.AcceptedSubject("s-0123456789abcdef0123456789abcdef"), topology.StreamTurns},
 		{topology.ReadySubject("s-0123456789abcdef0123456789abcdef"), topology.StreamTurns},
 		{topology.DecisionSubject("slack", "a-7d207e1f030d85151eb8-0"), topology.StreamDecisions},

@@ -334,14 +334,14 @@ func TestAdversarial(t *testing.T) {
 				before := guarded.Total()
 				m := h.Inbound(s, "alice", pt.Call("guarded", fmt.Sprintf(`{"blob":%q}`, strings.Repeat("x", schemas.MaxArgsBytes))))
 				m.V = schemas.InboundVersion
-				got := seen{DeadLetter: deadLetter(h, pt.Ingest, topology.InboundSubject("cli"), marshal(t, m))}
+				got := seen{DeadLetter: deadLetter(h, pt.Ingest, topology.InboundSubject("cli", m.SessionID), marshal(t, m))}
 				if b := h.Batch(schemas.TurnID("cli", m.MessageID)); b != nil {
 					t.Errorf("an oversized message became turn %s (%s)", b.TurnID, b.State)
 				}
 				// Over 1 MiB the bus itself refuses it: no stage ever sees it.
 				ctx, cancel := h.Ctx()
 				defer cancel()
-				if _, err := h.JS.PublishMsg(ctx, &nats.Msg{Subject: topology.InboundSubject("cli"), Data: bytes.Repeat([]byte{0x80}, schemas.MaxPayloadBytes+1)}); err == nil {
+				if _, err := h.JS.PublishMsg(ctx, &nats.Msg{Subject: topology.InboundSubject("cli", "s1"), Data: bytes.Repeat([]byte{0x80}, schemas.MaxPayloadBytes+1)}); err == nil {
 					t.Errorf("a message over 1 MiB was accepted by the inbound stream")
 				}
 				got.Runs = guarded.Total() - before
@@ -365,7 +365,7 @@ func TestAdversarial(t *testing.T) {
 			name: "malformed msgpack: garbage on the inbound subject",
 			attack: func(t *testing.T, h *pt.H, s string) seen {
 				before := guarded.Total()
-				got := seen{DeadLetter: deadLetter(h, pt.Ingest, topology.InboundSubject("cli"), []byte("\xc1guarded please\xff"))}
+				got := seen{DeadLetter: deadLetter(h, pt.Ingest, topology.InboundSubject("cli", "s1"), []byte("\xc1guarded please\xff"))}
 				got.Runs = guarded.Total() - before
 				return got
 			},

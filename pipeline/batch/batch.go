@@ -85,9 +85,13 @@ type Engine struct {
 
 	// worker is cfg.Worker plus a random suffix, unique to this engine, so
 	// a claim can be recognised as its own; started holds the call ids
-	// whose tool this engine started (see claimed).
-	worker  string
-	started sync.Map
+	// whose tool this engine started (see claimed); inflight the call ids
+	// an Execute of this engine is claiming or running right now, so that
+	// two goroutines of one engine (the executor and the redriver share
+	// one in a single process) never both take its own claim for theirs.
+	worker   string
+	started  sync.Map
+	inflight sync.Map
 }
 
 // New validates cfg and returns an Engine.
@@ -161,6 +165,10 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 	if !ok {
 		return e.Result(call, schemas.ResultFailed, schemas.CodeToolNotFound, fmt.Sprintf("no tool named %q", call.Tool), approvalID), nil
 	}
+	if _, busy := e.inflight.LoadOrStore(call.CallID, struct{}{}); busy {
+		return nil, fmt.Errorf("call %s is being executed by this engine: %w", call.CallID, ErrClaimHeld)
+	}
+	defer e.inflight.Delete(call.CallID)
 	claim := &schemas.ExecutionClaim{
 		CallID: call.CallID, TurnID: tc.TurnID, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
 		Worker: e.worker, ClaimedAt: e.Now(),
@@ -570,12 +578,16 @@ func Outcome(b *schemas.BatchRecord) *schemas.TurnOutcome {
 }
 
 // Acquire makes turnID the active turn of its session if the session is
-// free, or queues it behind the active one (once, in arrival order). It
-// reports whether turnID is now active.
-func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string) (bool, error) {
+// free, or queues it behind the active one (once). It reports whether
+// turnID is now active. inboundSeq, if not zero, is the turn's inbound
+// stream sequence: the session's arrival watermark (SessionRecord.InboundSeq)
+// is raised to it in the same compare-and-set. The caller has checked that
+// every earlier inbound message of the session is settled (the executor's
+// order.go), so queue order is arrival order.
+func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundSeq uint64) (bool, error) {
 	key := schemas.SessionKey(sessionID)
 	for {
-		rec := &schemas.SessionRecord{SessionID: sessionID, Active: turnID, UpdatedAt: e.Now()}
+		rec := &schemas.SessionRecord{SessionID: sessionID, Active: turnID, InboundSeq: inboundSeq, UpdatedAt: e.Now()}
 		_, err := e.cfg.Store.Sessions.Create(ctx, key, rec)
 		if err == nil {
 			return true, nil
@@ -585,17 +597,25 @@ func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string) (bool, e
 		}
 		active := false
 		_, _, err = e.cfg.Store.Sessions.Mutate(ctx, key, func(s *schemas.SessionRecord) error {
+			raise := inboundSeq > s.InboundSeq
+			if raise {
+				s.InboundSeq = inboundSeq
+			}
 			switch {
 			case s.Active == turnID:
 				active = true
-				return store.ErrSkip
+				if !raise {
+					return store.ErrSkip
+				}
 			case s.Active == "":
 				active = true
 				s.Active = turnID
 				s.Queue = slices.DeleteFunc(s.Queue, func(t string) bool { return t == turnID })
 			case slices.Contains(s.Queue, turnID):
 				active = false
-				return store.ErrSkip
+				if !raise {
+					return store.ErrSkip
+				}
 			default:
 				active = false
 				s.Queue = append(s.Queue, turnID)

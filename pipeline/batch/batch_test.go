@@ -408,7 +408,7 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 	}
 	for i, turn := range turns {
 		for range 2 { // a redelivered Acquire queues once
-			active, err := f.eng.Acquire(ctx(t), session, turn)
+			active, err := f.eng.Acquire(ctx(t), session, turn, 0)
 			if err != nil || active != (i == 0) {
 				t.Fatalf("acquire %s: active=%v %v", turn, active, err)
 			}
@@ -467,7 +467,7 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 		t.Fatalf("ready notices %v, want [t-c t-d]", got)
 	}
 	// A free session is taken at once.
-	if active, err := f.eng.Acquire(ctx(t), session, "t-e"); err != nil || !active {
+	if active, err := f.eng.Acquire(ctx(t), session, "t-e", 0); err != nil || !active {
 		t.Fatalf("acquire of a free session: %v %v", active, err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +45,10 @@ type Config struct {
 	Registerer prometheus.Registerer // may be nil
 	// Concurrency is how many sessions are worked on at once (default 8).
 	Concurrency int
+	// OrderWait bounds how long a turn waits for an earlier inbound message
+	// of its session to become a turn (default DefaultOrderWait; see
+	// order.go).
+	OrderWait time.Duration
 }
 
 // Validate reports missing wiring.
@@ -56,9 +61,11 @@ func (c Config) Validate() error {
 
 // Executor is the executor stage.
 type Executor struct {
-	cfg       Config
-	requested prometheus.Counter
-	calls     *prometheus.CounterVec
+	cfg          Config
+	requested    prometheus.Counter
+	calls        *prometheus.CounterVec
+	orderSkipped prometheus.Counter
+	orderState
 }
 
 // New returns an Executor.
@@ -69,6 +76,9 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 8
 	}
+	if cfg.OrderWait <= 0 {
+		cfg.OrderWait = DefaultOrderWait
+	}
 	x := &Executor{
 		cfg: cfg,
 		requested: prometheus.NewCounter(prometheus.CounterOpts{
@@ -77,9 +87,13 @@ func New(cfg Config) (*Executor, error) {
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_executor_calls_total", Help: "Calls evaluated by the executor, by policy mode.",
 		}, []string{"mode"}),
+		orderSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_session_order_skipped_total",
+			Help: "Earlier inbound messages of a session that a later turn stopped waiting for after OrderWait (see executor order.go).",
+		}),
 	}
 	if cfg.Registerer != nil {
-		if err := registerAll(cfg.Registerer, x.requested, x.calls); err != nil {
+		if err := registerAll(cfg.Registerer, x.requested, x.calls, x.orderSkipped); err != nil {
 			return nil, err
 		}
 	}
@@ -152,6 +166,15 @@ func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 	return x.cfg.Engine.Abort(ctx, turnID, code, cause.Error())
 }
 
+// arrivalSeq is the inbound sequence that orders b in its session, or 0
+// for a turn that is not arrival-ordered (a follow-up; see order.go).
+func arrivalSeq(b *schemas.BatchRecord) uint64 {
+	if b.Origin != "" || b.Context == nil {
+		return 0
+	}
+	return b.Context.Provenance.StreamSeq
+}
+
 // Accept records the batch of an accepted turn (once) and advances it.
 func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	if !schemas.ValidKey(t.TurnID) {
@@ -216,7 +239,10 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord) error {
 	// re-evaluated under a policy that may have changed since.
 	resumed := b.State == schemas.BatchRunning
 	if b.State == schemas.BatchQueued {
-		active, err := eng.Acquire(ctx, b.SessionID, b.TurnID)
+		if err := x.inOrder(ctx, b); err != nil {
+			return err
+		}
+		active, err := eng.Acquire(ctx, b.SessionID, b.TurnID, arrivalSeq(b))
 		if err != nil {
 			return err
 		}

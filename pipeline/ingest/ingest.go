@@ -13,10 +13,11 @@
 // between two ingests of one message, and the executor keeps the first
 // batch it records for a turn.
 //
-// The transport named in the message must be the one in its subject
-// (tollgate.inbound.<transport>), so that a transport permitted to publish
-// only on its own subject cannot borrow another transport's trust rule or
-// principals.
+// The transport and session named in the message must be the ones in its
+// subject (tollgate.inbound.<transport>.<session key>), so that a transport
+// permitted to publish only on its own subjects cannot borrow another
+// transport's trust rule or principals, and so that the executor finds a
+// session's messages where it looks for them (arrival order).
 package ingest
 
 import (
@@ -97,10 +98,13 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	// The subject token is the publisher's identity (NATS permissions give
-	// each transport its own subject); the body may not claim another.
-	if want := topology.InboundSubject(msg.Transport); m.Subject() != want {
-		return schemas.Errorf(schemas.CodeInvalidInput, "message claims transport %q but arrived on %s", msg.Transport, m.Subject())
+	// The transport token is the publisher's identity (NATS permissions
+	// give each transport its own subjects); the body may not claim
+	// another. The session token must be the body's session key, or the
+	// executor's arrival-order check would look in the wrong place.
+	if want := topology.InboundSubject(msg.Transport, msg.SessionID); m.Subject() != want {
+		return schemas.Errorf(schemas.CodeInvalidInput, "message claims transport %q and session %q but arrived on %s (want %s)",
+			msg.Transport, msg.SessionID, m.Subject(), want)
 	}
 	var prov schemas.Provenance
 	if meta, err := m.Metadata(); err == nil {

@@ -183,8 +183,8 @@ func TestSameTransportMessageIsOneTurn(t *testing.T) {
 	}
 	// Two deliveries of the same transport message under different
 	// Nats-Msg-Ids, as a transport retrying after the dedupe window would.
-	seq1 := h.PublishRaw(topology.InboundSubject("cli"), "first", data, nil)
-	seq2 := h.PublishRaw(topology.InboundSubject("cli"), "second", data, nil)
+	seq1 := h.PublishRaw(topology.InboundSubject("cli", m.SessionID), "first", data, nil)
+	seq2 := h.PublishRaw(topology.InboundSubject("cli", m.SessionID), "second", data, nil)
 	if seq1 == seq2 {
 		t.Fatal("second publish was deduplicated by the stream; the test needs two deliveries")
 	}
@@ -229,21 +229,23 @@ func TestBadInboundIsDeadLetteredAndIngestKeepsGoing(t *testing.T) {
 		data    []byte
 		code    schemas.Code
 	}{
-		{"bytes that are not msgpack", topology.InboundSubject("cli"), []byte("hello, tollgate"), schemas.CodeMalformed},
-		{"a msgpack array instead of a map", topology.InboundSubject("cli"), []byte{0x92, 0x01, 0x02}, schemas.CodeMalformed},
-		{"a length claiming more than the payload holds", topology.InboundSubject("cli"), []byte{0xdf, 0xff, 0xff, 0xff, 0xff}, schemas.CodeMalformed},
-		{"an empty payload", topology.InboundSubject("cli"), nil, schemas.CodeMalformed},
-		{"an unknown schema version", topology.InboundSubject("cli"), rawInbound(func(m *schemas.InboundMessage) { m.V = 2 }), schemas.CodeSchemaVersionUnsupported},
-		{"a bad channel kind", topology.InboundSubject("cli"), rawInbound(func(m *schemas.InboundMessage) { m.Channel.Kind = "broadcast" }), schemas.CodeInvalidInput},
-		{"a sender kind that does not exist", topology.InboundSubject("cli"), rawInbound(func(m *schemas.InboundMessage) { m.Sender.Kind = "admin" }), schemas.CodeInvalidInput},
-		{"invalid JSON arguments", topology.InboundSubject("cli"), rawInbound(func(m *schemas.InboundMessage) { m.Calls[0].Args = "{oops" }), schemas.CodeArgsInvalidJSON},
-		{"too many calls", topology.InboundSubject("cli"), rawInbound(func(m *schemas.InboundMessage) {
+		{"bytes that are not msgpack", topology.InboundSubject("cli", "s1"), []byte("hello, tollgate"), schemas.CodeMalformed},
+		{"a msgpack array instead of a map", topology.InboundSubject("cli", "s1"), []byte{0x92, 0x01, 0x02}, schemas.CodeMalformed},
+		{"a length claiming more than the payload holds", topology.InboundSubject("cli", "s1"), []byte{0xdf, 0xff, 0xff, 0xff, 0xff}, schemas.CodeMalformed},
+		{"an empty payload", topology.InboundSubject("cli", "s1"), nil, schemas.CodeMalformed},
+		{"an unknown schema version", topology.InboundSubject("cli", "bad"), rawInbound(func(m *schemas.InboundMessage) { m.V = 2 }), schemas.CodeSchemaVersionUnsupported},
+		{"a bad channel kind", topology.InboundSubject("cli", "bad"), rawInbound(func(m *schemas.InboundMessage) { m.Channel.Kind = "broadcast" }), schemas.CodeInvalidInput},
+		{"a sender kind that does not exist", topology.InboundSubject("cli", "bad"), rawInbound(func(m *schemas.InboundMessage) { m.Sender.Kind = "admin" }), schemas.CodeInvalidInput},
+		{"invalid JSON arguments", topology.InboundSubject("cli", "bad"), rawInbound(func(m *schemas.InboundMessage) { m.Calls[0].Args = "{oops" }), schemas.CodeArgsInvalidJSON},
+		{"too many calls", topology.InboundSubject("cli", "bad"), rawInbound(func(m *schemas.InboundMessage) {
 			m.Calls = make([]schemas.ProposedCall, schemas.MaxCalls+1)
 			for i := range m.Calls {
 				m.Calls[i] = pt.Call("echo", `{}`)
 			}
 		}), schemas.CodePayloadTooLarge},
-		{"a transport name that differs from the subject it arrived on", topology.InboundSubject("webhook"),
+		{"a session that differs from the subject it arrived on", topology.InboundSubject("cli", "another-session"),
+			rawInbound(func(m *schemas.InboundMessage) {}), schemas.CodeInvalidInput},
+		{"a transport name that differs from the subject it arrived on", topology.InboundSubject("webhook", "bad"),
 			rawInbound(func(m *schemas.InboundMessage) { m.Transport = "cli" }), schemas.CodeInvalidInput},
 	}
 	for i, tc := range tests {

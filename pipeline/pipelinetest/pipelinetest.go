@@ -76,6 +76,9 @@ type Options struct {
 	ToolTimeout time.Duration
 	// Env reuses a running server (e.g. to restart stages); nil starts one.
 	Env *jstest.Env
+	// OrderWait is the executor's session-order wait (default
+	// executor.DefaultOrderWait).
+	OrderWait time.Duration
 	// Keys seal and verify TurnContexts; nil is Keys(t), a fresh ring.
 	// Pass the previous pipeline's ring when restarting on the same server.
 	Keys *seal.KeyRing
@@ -206,7 +209,7 @@ func Start(t testing.TB, o Options) *H {
 	if h.Ingest, err = ingest.New(ingest.Config{JS: h.JS, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Instance: "ingest@test"}); err != nil {
 		t.Fatalf("pipelinetest: ingest: %v", err)
 	}
-	if h.Executor, err = executor.New(executor.Config{JS: h.JS, Store: h.Store, Engine: h.ExecEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
+	if h.Executor, err = executor.New(executor.Config{JS: h.JS, Store: h.Store, Engine: h.ExecEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry, OrderWait: o.OrderWait}); err != nil {
 		t.Fatalf("pipelinetest: executor: %v", err)
 	}
 	if h.Approver, err = approver.New(approver.Config{JS: h.JS, Store: h.Store, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
@@ -297,7 +300,7 @@ func (h *Pipeline) Inbound(session, sender string, calls ...schemas.ProposedCall
 // (message id "transport:message_id") and returns the turn id it becomes.
 func (h *H) Send(m *schemas.InboundMessage) string {
 	h.T.Helper()
-	h.Publish(topology.InboundSubject(m.Transport), m.Transport+":"+m.MessageID, m)
+	h.Publish(topology.InboundSubject(m.Transport, m.SessionID), m.Transport+":"+m.MessageID, m)
 	return schemas.TurnID(m.Transport, m.MessageID)
 }
 

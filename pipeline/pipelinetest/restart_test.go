@@ -51,7 +51,7 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 		}
 		hdr := nats.Header{}
 		hdr.Set(jetstream.MsgIDHeader, m.Transport+":"+m.MessageID)
-		msgs[i] = &nats.Msg{Subject: topology.InboundSubject(m.Transport), Header: hdr, Data: data}
+		msgs[i] = &nats.Msg{Subject: topology.InboundSubject(m.Transport, m.SessionID), Header: hdr, Data: data}
 		turns[schemas.TurnID(m.Transport, m.MessageID)] = true
 	}
 

@@ -32,7 +32,7 @@ func BenchmarkFastPathTurns(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		publishAsync(b, h, topology.InboundSubject(m.Transport), data, m.Transport+":"+m.MessageID)
+		publishAsync(b, h, topology.InboundSubject(m.Transport, m.SessionID), data, m.Transport+":"+m.MessageID)
 	}
 	waitEvents(b, h, "tollgate.event.turn.outcome.>", uint64(b.N))
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
@@ -64,7 +64,7 @@ func BenchmarkApprovalPathTurns(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		publishAsync(b, h, topology.InboundSubject(m.Transport), data, m.Transport+":"+m.MessageID)
+		publishAsync(b, h, topology.InboundSubject(m.Transport, m.SessionID), data, m.Transport+":"+m.MessageID)
 	}
 	waitEvents(b, h, "tollgate.event.turn.outcome.>", uint64(b.N))
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
