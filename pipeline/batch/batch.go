@@ -633,15 +633,31 @@ func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundS
 	}
 }
 
+// Announce publishes the ready notice of turnID (message id "ready:" +
+// turnID), on which an executor advances its batch: a queued turn that is
+// now its session's active one, or (from the recovery sweep) a running
+// batch whose executor died.
+func (e *Engine) Announce(ctx context.Context, sessionID, turnID string) error {
+	n := &schemas.TurnNotice{TurnID: turnID, SessionID: sessionID, Kind: schemas.NoticeReady, At: e.Now()}
+	return bus.Publish(ctx, e.cfg.JS, topology.ReadySubject(schemas.SessionKey(sessionID)), "ready:"+turnID, n)
+}
+
+// ClaimLease is how long an execution claim without a result is honoured
+// before the call is reported uncertain.
+func (e *Engine) ClaimLease() time.Duration { return e.cfg.ClaimLease }
+
 // Release ends turnID's hold on its session: the next queued turn becomes
 // active and is announced on the ready subject. If turnID no longer holds the
 // session (a repeated Release), the currently active turn is announced again
 // if it is still queued, so a crash between the two steps loses nothing.
+// Release with turnID "" is the recovery sweep's: it promotes the first
+// queued turn of a session that has none active, or re-announces the
+// active one, and changes nothing otherwise.
 func (e *Engine) Release(ctx context.Context, sessionID, turnID string) error {
 	key := schemas.SessionKey(sessionID)
 	for {
 		s, _, err := e.cfg.Store.Sessions.Mutate(ctx, key, func(s *schemas.SessionRecord) error {
-			if s.Active != turnID {
+			if s.Active != turnID || (s.Active == "" && len(s.Queue) == 0) {
 				return store.ErrSkip
 			}
 			s.Active = ""
@@ -677,8 +693,7 @@ func (e *Engine) Release(ctx context.Context, sessionID, turnID string) error {
 			turnID = next // it ended while queued: pass the session on
 			continue
 		case nb.State == schemas.BatchQueued:
-			n := &schemas.TurnNotice{TurnID: next, SessionID: sessionID, Kind: schemas.NoticeReady, At: e.Now()}
-			return bus.Publish(ctx, e.cfg.JS, topology.ReadySubject(key), "ready:"+next, n)
+			return e.Announce(ctx, sessionID, next)
 		default:
 			return nil // already running
 		}

@@ -76,6 +76,9 @@ type Options struct {
 	ToolTimeout time.Duration
 	// Env reuses a running server (e.g. to restart stages); nil starts one.
 	Env *jstest.Env
+	// SweepInterval and SweepAfter tune the redriver's recovery sweep
+	// (default: the redrive package's defaults).
+	SweepInterval, SweepAfter time.Duration
 	// OrderWait is the executor's session-order wait (default
 	// executor.DefaultOrderWait).
 	OrderWait time.Duration
@@ -215,7 +218,8 @@ func Start(t testing.TB, o Options) *H {
 	if h.Approver, err = approver.New(approver.Config{JS: h.JS, Store: h.Store, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
 		t.Fatalf("pipelinetest: approver: %v", err)
 	}
-	if h.Redriver, err = redrive.New(redrive.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
+	if h.Redriver, err = redrive.New(redrive.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry,
+		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter}); err != nil {
 		t.Fatalf("pipelinetest: redriver: %v", err)
 	}
 
@@ -391,6 +395,17 @@ func (h *H) MutateApproval(id string, fn func(*schemas.ApprovalRecord)) {
 	defer cancel()
 	if _, _, err := h.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error { fn(a); return nil }); err != nil {
 		h.T.Fatalf("pipelinetest: tamper approval %s: %v", id, err)
+	}
+}
+
+// MutateSession edits the session record of sessionID in KV like
+// MutateBatch (e.g. to play a worker that died between two steps).
+func (h *H) MutateSession(sessionID string, fn func(*schemas.SessionRecord)) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, _, err := h.Store.Sessions.Mutate(ctx, schemas.SessionKey(sessionID), func(s *schemas.SessionRecord) error { fn(s); return nil }); err != nil {
+		h.T.Fatalf("pipelinetest: edit session %s: %v", sessionID, err)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,6 +50,11 @@ type Config struct {
 	Metrics     *runner.Metrics
 	Registerer  prometheus.Registerer // may be nil
 	Concurrency int                   // default 8
+	// The recovery sweep (sweep.go): how often it looks (default
+	// DefaultSweepInterval; negative disables it) and how long a batch must
+	// be untouched before it acts (default DefaultSweepAfter).
+	SweepInterval time.Duration
+	SweepAfter    time.Duration
 }
 
 // Validate reports missing wiring.
@@ -63,6 +69,7 @@ func (c Config) Validate() error {
 type Redriver struct {
 	cfg      Config
 	outcomes *prometheus.CounterVec
+	sweep    *sweeper
 }
 
 // New returns a Redriver.
@@ -73,12 +80,21 @@ func New(cfg Config) (*Redriver, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 8
 	}
+	if cfg.SweepInterval == 0 {
+		cfg.SweepInterval = DefaultSweepInterval
+	}
+	if cfg.SweepAfter <= 0 {
+		cfg.SweepAfter = DefaultSweepAfter
+	}
 	r := &Redriver{cfg: cfg, outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tollgate_redrive_outcomes_total", Help: "Redrive attempts by outcome kind (started, deferred, failed).",
 	}, []string{"kind"})}
+	r.sweep = newSweeper(r)
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(r.outcomes); err != nil {
-			return nil, fmt.Errorf("register metrics: %w", err)
+		for _, c := range []prometheus.Collector{r.outcomes, r.sweep.actions} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("register metrics: %w", err)
+			}
 		}
 	}
 	return r, nil
@@ -103,7 +119,31 @@ func (r *Redriver) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return rn.Run(ctx)
+	if r.cfg.SweepInterval < 0 {
+		return rn.Run(ctx)
+	}
+	// The sweep stops with ctx and is waited for, so nothing of this stage
+	// runs after Run returns.
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		for sweepCtx.Err() == nil {
+			err := r.sweep.run(sweepCtx)
+			if sweepCtx.Err() != nil {
+				return
+			}
+			r.cfg.Logger.Warn("recovery sweep's watch ended; restarting it", "err", err)
+			select {
+			case <-sweepCtx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	err = rn.Run(ctx)
+	stopSweep()
+	<-swept
+	return err
 }
 
 // Handle processes one event: it names a turn whose barrier is evaluated.

@@ -1,0 +1,202 @@
+package redrive
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Recovery sweep (issue 4 item 2).
+//
+// Every step of a turn is driven by a message that is acknowledged only
+// after its work is done, so a worker that dies mid-step leaves its message
+// to be redelivered to a peer. What that cannot cover is work whose driving
+// message was never published: a stage that changed a record and died (or
+// lost the broker) before publishing the event that announces the change.
+// Examples: an approval expired or abandoned by compare-and-set whose
+// decided event was lost, so its batch waits forever; a session released in
+// KV whose ready notice was lost, so the next turn stays queued; a batch
+// whose consumer message was dead-lettered or purged.
+//
+// The sweep closes those gaps from the facts in KV. It watches the batches
+// bucket (a KV watch starts with every current record, so a restarted
+// redriver sees everything its dead peers left) and keeps the non-terminal
+// batches. Every SweepInterval it looks at each batch not updated for
+// SweepAfter, with a per-batch back-off (doubling up to maxSweepBackoff) so
+// that batches legitimately waiting days for a person cost little:
+//
+//   - awaiting, and every approval is decided: Redrive (the barrier,
+//     idempotent: one compare-and-set starts it);
+//   - started: Redrive, which resumes it (execution claims keep each call at
+//     most once; a call whose claim has no result is reported
+//     needs_attention after the claim lease, never run blindly);
+//   - queued: Engine.Release(session, ""), which promotes or re-announces
+//     the session's active turn if its release was lost;
+//   - running, for longer than the claim lease: a ready notice for the
+//     turn, so an executor resumes it.
+//
+// Several redrivers may sweep the same bucket; every action is idempotent.
+// Actions are counted in tollgate_sweep_actions_total{action}, as are looks
+// at a batch that rightly waits for a person (action "waiting").
+
+const (
+	// DefaultSweepInterval is how often the sweep looks.
+	DefaultSweepInterval = 15 * time.Second
+	// DefaultSweepAfter is how long a batch must be untouched before the
+	// sweep acts on it: long enough that the normal path has certainly had
+	// its chance.
+	DefaultSweepAfter = time.Minute
+	// maxSweepBackoff caps the per-batch back-off between looks.
+	maxSweepBackoff = 30 * time.Minute
+
+	actionWaiting = "waiting"
+)
+
+// sweepEntry is what the sweep knows of one non-terminal batch.
+type sweepEntry struct {
+	state   schemas.BatchState
+	session string
+	updated time.Time
+	next    time.Time     // earliest next look
+	backoff time.Duration // current back-off
+}
+
+type sweeper struct {
+	r       *Redriver
+	every   time.Duration
+	after   time.Duration
+	actions *prometheus.CounterVec
+
+	mu   sync.Mutex
+	open map[string]*sweepEntry
+}
+
+func newSweeper(r *Redriver) *sweeper {
+	return &sweeper{
+		r: r, every: r.cfg.SweepInterval, after: r.cfg.SweepAfter, open: map[string]*sweepEntry{},
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_sweep_actions_total",
+			Help: "Recovery-sweep actions on batches whose driving message was lost (redrive, release, announce), and failed attempts (error).",
+		}, []string{"action"}),
+	}
+}
+
+// run watches the batches bucket and sweeps until ctx is cancelled.
+func (s *sweeper) run(ctx context.Context) error {
+	w, err := s.r.cfg.Store.Batches.KV.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("sweep: watch batches: %w", err)
+	}
+	defer w.Stop()
+	tick := time.NewTicker(s.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil
+			}
+			if e != nil {
+				s.apply(e)
+			}
+		case <-tick.C:
+			s.sweep(ctx)
+		}
+	}
+}
+
+// apply records one bucket change.
+func (s *sweeper) apply(e jetstream.KeyValueEntry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := e.Key()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(s.open, key)
+		return
+	}
+	b, err := s.r.cfg.Store.Batches.DecodeValue(e.Value())
+	if err != nil || b.State.Terminal() {
+		// An undecodable record is never acted on by guesswork; the stage
+		// that reads it dead-letters its message with the code.
+		delete(s.open, key)
+		return
+	}
+	s.open[key] = &sweepEntry{state: b.State, session: b.SessionID, updated: b.UpdatedAt, next: b.UpdatedAt.Add(s.after)}
+}
+
+// sweep acts on every due entry.
+func (s *sweeper) sweep(ctx context.Context) {
+	now := s.r.cfg.Engine.Now()
+	type due struct {
+		turn string
+		e    sweepEntry
+	}
+	var work []due
+	s.mu.Lock()
+	for turn, e := range s.open {
+		if now.Before(e.next) {
+			continue
+		}
+		e.backoff = min(max(2*e.backoff, s.after), maxSweepBackoff)
+		e.next = now.Add(e.backoff)
+		work = append(work, due{turn, *e})
+	}
+	s.mu.Unlock()
+	for _, d := range work {
+		if ctx.Err() != nil {
+			return
+		}
+		action, err := s.act(ctx, d.turn, d.e, now)
+		switch {
+		case err != nil:
+			s.actions.WithLabelValues("error").Inc()
+			s.r.cfg.Logger.Warn("sweep: recovery action failed; will look again", "turn", d.turn, "state", d.e.state, "err", err)
+		case action == actionWaiting:
+			s.actions.WithLabelValues(action).Inc()
+		case action != "":
+			s.actions.WithLabelValues(action).Inc()
+			s.r.cfg.Logger.Info("sweep: recovered a batch whose driving message was lost", "turn", d.turn, "state", d.e.state, "action", action,
+				"untouched", now.Sub(d.e.updated).Round(time.Second))
+		}
+	}
+}
+
+// act performs the recovery action for one batch, if it needs one, and
+// names it.
+func (s *sweeper) act(ctx context.Context, turn string, e sweepEntry, now time.Time) (string, error) {
+	r := s.r
+	switch e.state {
+	case schemas.BatchAwaiting:
+		b, _, err := r.cfg.Store.Batches.Get(ctx, turn)
+		if err != nil {
+			return "", err
+		}
+		if b.State != schemas.BatchAwaiting {
+			return "", nil // moved on; the watch will tell
+		}
+		if _, pending, err := r.load(ctx, b); err == nil && pending > 0 {
+			return actionWaiting, nil // a safe wait for a person
+		}
+		// All decided, or the approvals are bad: Redrive decides (and
+		// fails the batch with the code in the second case).
+		return "redrive", r.Redrive(ctx, turn, "sweep")
+	case schemas.BatchStarted:
+		return "redrive", r.Redrive(ctx, turn, "sweep")
+	case schemas.BatchQueued:
+		return "release", r.cfg.Engine.Release(ctx, e.session, "")
+	case schemas.BatchRunning:
+		if now.Sub(e.updated) < r.cfg.Engine.ClaimLease() {
+			return "", nil
+		}
+		return "announce", r.cfg.Engine.Announce(ctx, e.session, turn)
+	}
+	return "", nil
+}

@@ -1,0 +1,110 @@
+package redrive_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// sweepOptions make the recovery sweep look often and act on anything
+// untouched for a moment.
+func sweepOptions(count *pt.Counter) pt.Options {
+	return pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}, SweepInterval: 100 * time.Millisecond, SweepAfter: 300 * time.Millisecond}
+}
+
+func sweepActions(h *pt.H, action string) float64 {
+	return h.Metric("tollgate_sweep_actions_total", map[string]string{"action": action})
+}
+
+func TestSweepRedrivesABatchWhoseDecidedEventWasLost(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, sweepOptions(count))
+	turn := h.Send(h.Inbound("lost-decided", "alice", pt.Call("count", `{}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitPending(id)
+	h.WaitState(turn, schemas.BatchAwaiting)
+
+	// The approver's compare-and-set happened, then it died before
+	// publishing the decided event: only KV knows.
+	h.MutateApproval(id, func(a *schemas.ApprovalRecord) {
+		a.Status = schemas.ApprovalApproved
+		a.Decision = &schemas.DecisionInfo{DecisionID: "d-lost", Principal: "cli:alice", Option: schemas.OptionApprove,
+			DecidedAt: time.Now().UTC(), Assurance: schemas.AssuranceVerified}
+	})
+	b, _ := h.WaitTerminal(turn)
+	if b.State != schemas.BatchCompleted || b.Results[0].Status != schemas.ResultOK {
+		t.Fatalf("batch %s, result %+v", b.State, b.Results[0])
+	}
+	if n := count.Runs(schemas.CallID(turn, 0)); n != 1 {
+		t.Fatalf("the approved call ran %d times, want 1", n)
+	}
+	if n := len(h.Decided(turn)); n != 0 {
+		t.Fatalf("%d decided events: the test meant to have none", n)
+	}
+	if sweepActions(h, "redrive") < 1 {
+		t.Fatal("the batch completed, but not through the sweep")
+	}
+	if n := len(h.Outcomes(turn)); n != 1 {
+		t.Fatalf("%d outcomes, want 1", n)
+	}
+}
+
+func TestSweepLeavesABatchWaitingForAPersonAlone(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, sweepOptions(count))
+	turn := h.Send(h.Inbound("still-waiting", "alice", pt.Call("count", `{}`)))
+	h.WaitPending(schemas.ApprovalID(turn, 0))
+	h.WaitState(turn, schemas.BatchAwaiting)
+	before := len(h.Redrives("deferred", turn))
+	// The sweep looks at it more than once (its back-off starts at
+	// SweepAfter) and must leave it alone each time.
+	jstest.Eventually(t, 10*time.Second, "the sweep looked at the waiting batch twice", func() bool {
+		return sweepActions(h, "waiting") >= 2
+	})
+	if b := h.Batch(turn); b.State != schemas.BatchAwaiting {
+		t.Fatalf("a batch waiting for a decision moved to %s", b.State)
+	}
+	if n := count.Total(); n != 0 {
+		t.Fatalf("tool ran %d times without a decision", n)
+	}
+	if after := len(h.Redrives("deferred", turn)); after != before {
+		t.Fatalf("the sweep published %d deferred outcomes for a batch that waits for a person", after-before)
+	}
+	if n := sweepActions(h, "redrive") + sweepActions(h, "error"); n != 0 {
+		t.Fatalf("%v sweep actions on a batch that needs none", n)
+	}
+}
+
+func TestSweepAnnouncesAQueuedTurnWhoseReadyNoticeWasLost(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, sweepOptions(count))
+	const session = "lost-release"
+	first := h.Send(h.Inbound(session, "alice", pt.Call("count", `{}`)))
+	h.WaitState(first, schemas.BatchAwaiting)
+	second := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"next"}`)))
+	h.WaitState(second, schemas.BatchQueued)
+	h.WaitBatch(second, "queued in its session", func(*schemas.BatchRecord) bool {
+		s := h.Session(session)
+		return s != nil && len(s.Queue) == 1 && s.Queue[0] == second
+	})
+
+	// The first turn ended and its release passed the session on in KV,
+	// then the worker died before publishing the ready notice.
+	h.MutateBatch(first, func(b *schemas.BatchRecord) {
+		b.State = schemas.BatchFailed
+	})
+	h.MutateSession(session, func(s *schemas.SessionRecord) {
+		s.Active, s.Queue = second, nil
+	})
+	b, _ := h.WaitTerminal(second)
+	if b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
+		t.Fatalf("queued turn ended %s: %+v", b.State, b.Results[0])
+	}
+	if sweepActions(h, "release") < 1 {
+		t.Fatal("the queued turn ran, but not through the sweep")
+	}
+}
