@@ -35,6 +35,29 @@ type Tool interface {
 	Run(ctx context.Context, c Call) (string, error)
 }
 
+// Retryable is implemented by a tool that is safe to run again for the same
+// call: running it twice with the same Call (same CallID and arguments) has
+// the same effect as running it once, because it has no side effect (echo)
+// or makes its effect idempotent on Call.CallID (e.g. passes it as an
+// idempotency key to the system it changes).
+//
+// It matters in one case only: a worker claimed a call, may have started
+// the tool, and died before recording the result. After the claim lease, a
+// call whose tool reports RetrySafe() true is run again under a fresh claim
+// (compare-and-set, so one worker takes it over); any other tool is never
+// re-run blindly: the call is reported needs_attention with
+// EXECUTION_UNCERTAIN for a person to check. Tools that do not implement
+// Retryable are treated as not safe to retry.
+type Retryable interface {
+	RetrySafe() bool
+}
+
+// RetrySafe reports whether t declares itself safe to run again (Retryable).
+func RetrySafe(t Tool) bool {
+	r, ok := t.(Retryable)
+	return ok && r.RetrySafe()
+}
+
 // Registry maps names to tools. It is immutable after NewRegistry.
 type Registry struct {
 	byName map[string]Tool
@@ -85,6 +108,9 @@ func Builtins(sandboxDir string) ([]Tool, error) {
 type Echo struct{}
 
 func (Echo) Name() string { return "echo" }
+
+// RetrySafe implements Retryable: echo has no side effect.
+func (Echo) RetrySafe() bool { return true }
 
 func (Echo) Run(_ context.Context, c Call) (string, error) {
 	var a struct {

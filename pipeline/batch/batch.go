@@ -305,6 +305,21 @@ func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tool
 		if age := e.Now().Sub(c.ClaimedAt); age < e.cfg.ClaimLease {
 			return nil, fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, age.Round(time.Millisecond), ErrClaimHeld)
 		}
+		if tools.RetrySafe(tool) {
+			// Safe to run again (tools.Retryable): take the claim over by
+			// compare-and-set, so exactly one worker re-runs it.
+			prev := c.Worker
+			c.Worker, c.ClaimedAt = e.worker, e.Now()
+			rev, err = e.cfg.Store.Claims.Update(ctx, call.CallID, c, rev)
+			if errors.Is(err, store.ErrConflict) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("take over claim %s: %w", call.CallID, err)
+			}
+			e.cfg.Logger.Warn("re-running a retry-safe call whose worker left no result", "call", call.CallID, "tool", call.Tool, "previous_worker", prev)
+			return e.runClaimed(ctx, tc, tool, call, approvalID, c, rev)
+		}
 		c.Result = e.Result(call, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
 			fmt.Sprintf("claimed by %s at %s and no result was recorded; the tool may have run, so it is not run again", c.Worker, c.ClaimedAt.Format(time.RFC3339)), approvalID)
 		_, err = e.cfg.Store.Claims.Update(ctx, call.CallID, c, rev)

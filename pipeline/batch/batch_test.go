@@ -40,7 +40,13 @@ type fixture struct {
 	clock *clock
 	count *pt.Counter
 	fail  *failing
+	safe  *retrySafe
 }
+
+// retrySafe counts runs and declares itself safe to run again.
+type retrySafe struct{ pt.Counter }
+
+func (*retrySafe) RetrySafe() bool { return true }
 
 // failing is a tool that always returns an error.
 type failing struct{ runs atomic.Int32 }
@@ -53,10 +59,10 @@ func (f *failing) Run(context.Context, tools.Call) (string, error) {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	f := &fixture{env: jstest.Start(t), clock: &clock{}, count: &pt.Counter{}, fail: &failing{}}
+	f := &fixture{env: jstest.Start(t), clock: &clock{}, count: &pt.Counter{}, fail: &failing{}, safe: &retrySafe{pt.Counter{ToolName: "idempotent"}}}
 	f.clock.Set(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	f.st = store.New(f.env.Buckets)
-	reg, err := tools.NewRegistry(f.count, f.fail)
+	reg, err := tools.NewRegistry(f.count, f.fail, f.safe)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,6 +223,45 @@ func TestExecuteWithAClaimButNoResult(t *testing.T) {
 			}
 			if n := f.count.Runs(c.CallID); n != 0 {
 				t.Fatalf("tool ran %d times on a call that may already have run", n)
+			}
+		})
+	}
+}
+
+func TestARetrySafeToolIsRunAgainAfterTheLeaseOfAClaimWithoutResult(t *testing.T) {
+	f := newFixture(t)
+	for i, tt := range []struct {
+		name    string
+		age     time.Duration
+		wantRun bool
+	}{
+		{"inside the lease the claim is still held", lease - time.Second, false},
+		{"after the lease the call runs again under a taken-over claim", lease + time.Second, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			turn := schemas.TurnID("cli", fmt.Sprintf("retry%d", i))
+			c := call(turn, 0, "idempotent", `{}`)
+			orphan := &schemas.ExecutionClaim{CallID: c.CallID, TurnID: turn, Tool: c.Tool, ArgsDigest: c.ArgsDigest, Worker: "crashed@2", ClaimedAt: f.clock.Now().Add(-tt.age)}
+			if _, err := f.st.Claims.Create(ctx(t), c.CallID, orphan); err != nil {
+				t.Fatal(err)
+			}
+			res, err := f.eng.Execute(ctx(t), turnContext(turn), c, "")
+			if !tt.wantRun {
+				if !errors.Is(err, batch.ErrClaimHeld) || f.safe.Runs(c.CallID) != 0 {
+					t.Fatalf("got %+v %v, runs %d; want ErrClaimHeld and no run", res, err, f.safe.Runs(c.CallID))
+				}
+				return
+			}
+			if err != nil || res.Status != schemas.ResultOK || f.safe.Runs(c.CallID) != 1 {
+				t.Fatalf("got %+v %v, runs %d; want one run and ok", res, err, f.safe.Runs(c.CallID))
+			}
+			stored, _, _ := f.st.Claims.Get(ctx(t), c.CallID)
+			if stored.Worker != f.eng.Worker() || stored.Result == nil || stored.Result.Status != schemas.ResultOK {
+				t.Fatalf("claim %+v, want taken over by %s with the result", stored, f.eng.Worker())
+			}
+			// Recorded now: asked again, it does not run a third time.
+			if again, err := f.eng.Execute(ctx(t), turnContext(turn), c, ""); err != nil || !same(again, res) || f.safe.Runs(c.CallID) != 1 {
+				t.Fatalf("again: %+v %v, runs %d", again, err, f.safe.Runs(c.CallID))
 			}
 		})
 	}
