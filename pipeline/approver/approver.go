@@ -110,12 +110,12 @@ func (a *Approver) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	go func() {
-		if err := a.pending.Run(ctx); err != nil {
-			a.cfg.Logger.Warn("pending-approvals tracker (gauge and expiry) stopped", "err", err)
-		}
-	}()
-	return r.Run(ctx)
+	trackCtx, stopTracking := context.WithCancel(ctx)
+	tracked := runner.Background(trackCtx, a.cfg.Logger, "pending-approvals tracker (gauge and expiry)", a.pending.Run)
+	err = r.Run(ctx)
+	stopTracking()
+	tracked()
+	return err
 }
 
 // Handle processes one decision message. A decision that does not decode,

@@ -125,24 +125,10 @@ func (r *Redriver) Run(ctx context.Context) error {
 	// The sweep stops with ctx and is waited for, so nothing of this stage
 	// runs after Run returns.
 	sweepCtx, stopSweep := context.WithCancel(ctx)
-	swept := make(chan struct{})
-	go func() {
-		defer close(swept)
-		for sweepCtx.Err() == nil {
-			err := r.sweep.run(sweepCtx)
-			if sweepCtx.Err() != nil {
-				return
-			}
-			r.cfg.Logger.Warn("recovery sweep's watch ended; restarting it", "err", err)
-			select {
-			case <-sweepCtx.Done():
-			case <-time.After(time.Second):
-			}
-		}
-	}()
+	swept := runner.Background(sweepCtx, r.cfg.Logger, "recovery sweep", r.sweep.run)
 	err = rn.Run(ctx)
 	stopSweep()
-	<-swept
+	swept()
 	return err
 }
 
