@@ -92,8 +92,20 @@ func SignalContext() (context.Context, context.CancelFunc) {
 }
 
 // Connect dials NATS (reconnecting forever) and returns a JetStream handle.
-func Connect(url, creds, name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+//
+// Extra options are appended; a stage passes nats.RetryOnFailedConnect so
+// that it can start while the broker is still down (awaitBroker then waits
+// for it). Asynchronous errors (a permission violation, a slow consumer)
+// are logged, since they otherwise surface only as timeouts.
+func Connect(url, creds, name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	opts := []nats.Option{
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Warn("nats async error", "err", err, "subject", sub.Subject)
+				return
+			}
+			log.Warn("nats async error", "err", err)
+		}),
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
@@ -107,6 +119,7 @@ func Connect(url, creds, name string, log *slog.Logger) (*nats.Conn, jetstream.J
 	if creds != "" {
 		opts = append(opts, nats.UserCredentials(creds))
 	}
+	opts = append(opts, extra...)
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect %s: %w", url, err)
@@ -117,6 +130,45 @@ func Connect(url, creds, name string, log *slog.Logger) (*nats.Conn, jetstream.J
 		return nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return nc, js, nil
+}
+
+// StartupGrace is how long a stage process waits for the broker (connection
+// and JetStream) before it gives up and exits, so that stages and the
+// broker can be started in any order.
+const StartupGrace = 2 * time.Minute
+
+// awaitBroker retries creating or checking the topology until it succeeds,
+// ctx is cancelled, or grace has passed; the last error is returned. A
+// definite refusal from the server (see refused) is returned at once.
+func awaitBroker(ctx context.Context, js jetstream.JetStream, topo topology.Config, log *slog.Logger, grace time.Duration) error {
+	deadline := time.Now().Add(grace)
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := topology.Ensure(actx, js, topo)
+		cancel()
+		if err == nil || ctx.Err() != nil || refused(err) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("broker not ready after %v: %w", grace, err)
+		}
+		log.Warn("waiting for the broker", "err", err, "attempt", attempt+1)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(min(250*time.Millisecond<<min(attempt, 5), 5*time.Second)):
+		}
+	}
+}
+
+// refused reports whether the server answered err with a definite refusal
+// (a JetStream API error other than JetStream not being enabled yet), which
+// waiting does not change: a stream that exists with another configuration,
+// more replicas than the cluster has, a permission the user lacks.
+func refused(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabled &&
+		apiErr.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabledForAccount
 }
 
 // ServeMetrics serves reg on addr/metrics until ctx is cancelled. An empty
@@ -312,7 +364,7 @@ func runStage(stage string, c Common, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	nc, js, err := Connect(c.NATSURL, c.Creds, "tollgate-"+stage, log)
+	nc, js, err := Connect(c.NATSURL, c.Creds, "tollgate-"+stage, log, nats.RetryOnFailedConnect(true))
 	if err != nil {
 		return err
 	}
@@ -323,6 +375,9 @@ func runStage(stage string, c Common, log *slog.Logger) error {
 	}
 	topo := topology.DefaultConfig()
 	topo.Replicas = c.Replicas
+	if err := awaitBroker(ctx, js, topo, log, StartupGrace); err != nil {
+		return err
+	}
 	runs, err := Build(ctx, Deps{JS: js, Policy: pol, Keys: keys, SandboxDir: c.SandboxDir, Logger: log, Registry: reg, Instance: Instance(), Topology: topo}, stage)
 	if err != nil {
 		return err

@@ -1,0 +1,78 @@
+package stagecmd
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func TestAStageStartedBeforeItsBrokerWaitsForIt(t *testing.T) {
+	port := freePort(t)
+	nc, js, err := Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), "", "early-stage", pipelinetest.Logger(), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatalf("connect while the broker is down: %v", err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- awaitBroker(ctx, js, topology.DefaultConfig(), pipelinetest.Logger(), 30*time.Second) }()
+
+	select {
+	case err := <-done:
+		t.Fatalf("awaitBroker returned %v with no broker running", err)
+	case <-time.After(500 * time.Millisecond): // it must still be waiting: nothing to wait for but time
+	}
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	if err := <-done; err != nil {
+		t.Fatalf("awaitBroker after the broker came up: %v", err)
+	}
+	if _, err := js.Stream(ctx, topology.StreamTurns); err != nil {
+		t.Fatalf("topology not created: %v", err)
+	}
+}
+
+func TestAStageGivesUpAtOnceWhenTheBrokerRefusesItsTopology(t *testing.T) {
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, js, err := Connect(srv.ClientURL(), "", "misconfigured-stage", pipelinetest.Logger(), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	topo := topology.DefaultConfig()
+	topo.Replicas = 3 // a single server cannot hold three replicas
+	start := time.Now()
+	err = awaitBroker(context.Background(), js, topo, pipelinetest.Logger(), time.Minute)
+	if err == nil || !refused(err) {
+		t.Fatalf("got %v, want the server's refusal", err)
+	}
+	if waited := time.Since(start); waited > 20*time.Second {
+		t.Fatalf("waited %v on a refusal that waiting cannot change", waited)
+	}
+}
