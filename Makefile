@@ -48,9 +48,10 @@ fuzz:
 		echo "== $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./schemas || exit 1; \
 	done
 
-## soak: broker-restart soak tests that are too slow or (for now) too flaky for `make test`
+## soak: the broker-restart soak test, repeated (SOAK_COUNT, default 5)
+SOAK_COUNT ?= 5
 soak:
-	TOLLGATE_SOAK=1 $(GO) test -race -count=1 -timeout 10m -run 'AcrossARestart' -v ./pipeline/pipelinetest
+	$(GO) test -race -count=$(SOAK_COUNT) -timeout 30m -run 'AcrossARestart' -v ./pipeline/pipelinetest
 
 ## bench: Go micro-benchmarks with allocations
 bench:
