@@ -513,7 +513,7 @@ func (e *Engine) abandon(ctx context.Context, b *schemas.BatchRecord, principal 
 			continue // already decided; or abandoned and announced by an earlier finish
 		}
 		e.cfg.Logger.Info("approval abandoned", "approval", id, "turn", b.TurnID, "by", principal)
-		ev := &schemas.DecidedEvent{ApprovalID: id, TurnID: rec.TurnID, SessionID: rec.SessionID, Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt}
+		ev := &schemas.DecidedEvent{ApprovalID: id, TurnID: rec.TurnID, SessionID: rec.SessionID, Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt, Votes: rec.Votes}
 		if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectApprovalDecided, b.TurnID), "decided:"+id, ev); err != nil {
 			return err
 		}
