@@ -189,6 +189,7 @@ func exampleDecided() *schemas.DecidedEvent {
 		Status:     schemas.ApprovalApproved,
 		Decision:   exampleDecisionInfo(),
 		At:         t2,
+		Votes:      []schemas.DecisionInfo{*exampleDecisionInfo()},
 	}
 }
 
@@ -301,12 +302,15 @@ func exampleClaim() *schemas.ExecutionClaim {
 }
 
 func exampleNotice() *schemas.TurnNotice {
+	r0, r1 := exampleResult(0), exampleResult(1)
 	return &schemas.TurnNotice{
 		V:         1,
 		TurnID:    exTurnID,
 		SessionID: exSession,
 		Kind:      schemas.NoticeAwaiting,
 		At:        t1,
+		Approvals: []string{exApproval, schemas.ApprovalID(exTurnID, 1)},
+		Results:   []*schemas.ToolResult{&r0, &r1},
 	}
 }
 

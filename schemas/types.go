@@ -324,6 +324,10 @@ type DecidedEvent struct {
 	Status     ApprovalStatus `msgpack:"status"`
 	Decision   *DecisionInfo  `msgpack:"decision,omitempty"`
 	At         time.Time      `msgpack:"at"`
+	// Votes are the record's quorum votes as it left pending (see
+	// ApprovalRecord.Votes), so that the decided record can be rebuilt
+	// from the requested and decided events alone (pipeline/replay).
+	Votes []DecisionInfo `msgpack:"votes,omitempty"`
 }
 
 // DecisionRejected is published on tollgate.event.decision.rejected so the
@@ -503,6 +507,14 @@ type TurnNotice struct {
 	SessionID string     `msgpack:"session_id"`
 	Kind      NoticeKind `msgpack:"kind"`
 	At        time.Time  `msgpack:"at"`
+	// Approvals and Results, on an awaiting notice from the executor, are
+	// the batch record's as it started waiting (same length as its calls).
+	// They are a snapshot for rebuilding the record from the streams
+	// (pipeline/replay): the results of calls that ran or were refused
+	// before the batch waited are in no other event until its outcome.
+	// Receivers still load the batch by turn id; these are never authority.
+	Approvals []string      `msgpack:"approvals,omitempty"`
+	Results   []*ToolResult `msgpack:"results,omitempty"`
 }
 
 // Version is a record's schema version, the "v" field. Decoding rejects a

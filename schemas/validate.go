@@ -317,5 +317,8 @@ func (n *TurnNotice) validate() error {
 	if n.Kind != NoticeReady && n.Kind != NoticeAwaiting {
 		return Errorf(CodeInvalidInput, "kind %q is not a notice kind", n.Kind)
 	}
+	if len(n.Approvals) > MaxCalls || len(n.Approvals) != len(n.Results) {
+		return Errorf(CodeInvalidInput, "approvals (%d) and results (%d) must have one entry per call (at most %d)", len(n.Approvals), len(n.Results), MaxCalls)
+	}
 	return checkString("turn_id", n.TurnID, MaxIDBytes, true, false)
 }

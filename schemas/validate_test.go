@@ -251,6 +251,11 @@ func TestRecordValidation(t *testing.T) {
 		{"session without an id", func() schemas.Record { s := exampleSession(); s.SessionID = ""; return s }(), schemas.CodeInvalidInput},
 		{"claim without a call id", func() schemas.Record { c := exampleClaim(); c.CallID = ""; return c }(), schemas.CodeInvalidInput},
 		{"notice of an unknown kind", func() schemas.Record { n := exampleNotice(); n.Kind = "done"; return n }(), schemas.CodeInvalidInput},
+		{"awaiting snapshot with fewer results than approvals", func() schemas.Record {
+			n := exampleNotice()
+			n.Approvals, n.Results = []string{"", "a-x-1"}, []*schemas.ToolResult{nil}
+			return n
+		}(), schemas.CodeInvalidInput},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

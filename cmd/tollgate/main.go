@@ -7,6 +7,7 @@
 //	tollgate outcome TURN             show a turn's state and tool results
 //	tollgate watch                    follow events as they happen
 //	tollgate dlq                      list dead letters
+//	tollgate replay [--rebuild|--dry-run]  re-read the streams; rebuild KV or shadow a redrive
 //	tollgate keys new|rotate|retire   manage the TurnContext seal key file
 //
 // Every client command takes --nats (default: the dev server) and --json.
@@ -28,6 +29,7 @@ commands:
   outcome   show a turn's state and results:  tollgate outcome TURN [--wait 10s]
   watch     follow events (approvals, decisions, redrives, outcomes)
   dlq       list dead-lettered messages with their reason codes
+  replay    re-read the streams over a range of turns: report, --rebuild KV records, or --dry-run a redrive
   keys      manage the TurnContext seal key file: new, rotate, retire, list
 
 Run 'tollgate <command> -h' for its flags.
@@ -47,6 +49,7 @@ func main() {
 		"outcome": cmdOutcome,
 		"watch":   cmdWatch,
 		"dlq":     cmdDLQ,
+		"replay":  cmdReplay,
 		"keys":    cmdKeys,
 	}
 	run, ok := cmds[os.Args[1]]

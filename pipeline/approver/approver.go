@@ -174,7 +174,7 @@ func (a *Approver) Expire(ctx context.Context, id string) error {
 func (a *Approver) publishDecided(ctx context.Context, rec *schemas.ApprovalRecord) error {
 	ev := &schemas.DecidedEvent{
 		ApprovalID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID,
-		Status: rec.Status, Decision: rec.Decision, At: a.now(),
+		Status: rec.Status, Decision: rec.Decision, At: a.now(), Votes: rec.Votes,
 	}
 	if rec.Decision != nil {
 		ev.At = rec.Decision.DecidedAt

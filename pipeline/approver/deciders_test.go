@@ -2,6 +2,7 @@ package approver_test
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -248,6 +249,12 @@ func TestMultiApproverQuorum(t *testing.T) {
 		evs := h.Decided(turn)
 		if len(evs) != 1 || evs[0].Status != schemas.ApprovalApproved || evs[0].Decision == nil || evs[0].Decision.Principal != "cli:oscar" {
 			t.Fatalf("decided events %+v, want one approved by the second member", evs)
+		}
+		// The event carries the votes too: the record can be rebuilt from it.
+		if !slices.EqualFunc(evs[0].Votes, a.Votes, func(x, y schemas.DecisionInfo) bool {
+			return x.Principal == y.Principal && x.DecisionID == y.DecisionID
+		}) {
+			t.Fatalf("decided event votes %+v, want the record's %+v", evs[0].Votes, a.Votes)
 		}
 
 		// A third member's approval afterwards changes nothing.

@@ -116,8 +116,12 @@ func (e *Engine) HasTool(name string) bool {
 // follow-up work. It returns a coded error (TURN_CONTEXT_MISSING,
 // TURN_CONTEXT_TAMPERED, SEAL_KEY_UNKNOWN, TURN_CONTEXT_INVALID,
 // TURN_CONTEXT_MISMATCH, ...) on which callers fail the batch closed.
-func (e *Engine) Authorize(b *schemas.BatchRecord) error {
-	if err := e.cfg.Keys.Verify(b.Context); err != nil {
+func (e *Engine) Authorize(b *schemas.BatchRecord) error { return Authorize(e.cfg.Keys, b) }
+
+// Authorize is Engine.Authorize with the key ring keys, for code that
+// judges a batch without an engine (a shadow redrive, pipeline/replay).
+func Authorize(keys *seal.KeyRing, b *schemas.BatchRecord) error {
+	if err := keys.Verify(b.Context); err != nil {
 		return err
 	}
 	return b.Context.CheckFor(b.TurnID)
@@ -536,7 +540,7 @@ func (e *Engine) abandon(ctx context.Context, b *schemas.BatchRecord, principal 
 			continue // already decided; or abandoned and announced by an earlier finish
 		}
 		e.cfg.Logger.Info("approval abandoned", "approval", id, "turn", b.TurnID, "by", principal)
-		ev := &schemas.DecidedEvent{ApprovalID: id, TurnID: rec.TurnID, SessionID: rec.SessionID, Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt}
+		ev := &schemas.DecidedEvent{ApprovalID: id, TurnID: rec.TurnID, SessionID: rec.SessionID, Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt, Votes: rec.Votes}
 		if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectApprovalDecided, b.TurnID), "decided:"+id, ev); err != nil {
 			return err
 		}

@@ -466,8 +466,12 @@ func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) er
 	return bus.Publish(ctx, x.cfg.JS, subj, "requested:"+rec.ApprovalID, rec)
 }
 
+// announceAwaiting hands b to the redriver. The notice also carries b's
+// approvals and results as it waits (a snapshot for pipeline/replay; the
+// redriver reads the record from KV).
 func (x *Executor) announceAwaiting(ctx context.Context, b *schemas.BatchRecord) error {
-	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: b.SessionID, Kind: schemas.NoticeAwaiting, At: x.cfg.Engine.Now()}
+	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: b.SessionID, Kind: schemas.NoticeAwaiting, At: x.cfg.Engine.Now(),
+		Approvals: b.Approvals, Results: b.Results}
 	return bus.Publish(ctx, x.cfg.JS, topology.EventSubject(topology.SubjectBatchAwaiting, b.TurnID), "awaiting:"+b.TurnID, n)
 }
 

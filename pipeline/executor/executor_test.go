@@ -127,6 +127,12 @@ func TestApprovalPathWritesAPendingRecordBoundToTheCall(t *testing.T) {
 			if _, ok := h.File("out/a.txt"); ok {
 				t.Fatal("file written before any decision")
 			}
+			// The awaiting notice carries the batch's approvals and results as
+			// it started waiting (a snapshot for rebuilding it from the streams).
+			ns := pt.DecodeAll[schemas.TurnNotice](t, h.Events(topology.EventSubject(topology.SubjectBatchAwaiting, turn)))
+			if len(ns) != 1 || !slices.Equal(ns[0].Approvals, b.Approvals) || !reflect.DeepEqual(ns[0].Results, b.Results) {
+				t.Fatalf("awaiting notices %+v, want one with approvals %v and results %v", ns, b.Approvals, b.Results)
+			}
 
 			h.Decide(id, tc.option, "alice")
 			b, out := h.WaitTerminal(turn)

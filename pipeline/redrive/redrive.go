@@ -35,6 +35,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
 )
 
 // Stage is the redriver's stage name.
@@ -189,10 +190,6 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	switch b.State {
 	case schemas.BatchCompleted, schemas.BatchFailed:
 		return eng.Finish(ctx, b)
-	case schemas.BatchQueued, schemas.BatchRunning:
-		// The executor has not finished writing approvals; its awaiting
-		// notice will trigger us again.
-		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveDeferred, Reason: "batch is " + string(b.State), Trigger: trigger})
 	case schemas.BatchStarted:
 		// Started by an attempt that died before finishing (or is still
 		// running): publish "started" (one message id per turn, so this is
@@ -203,21 +200,20 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		return r.run(ctx, b, nil)
 	}
 
-	// Awaiting: check authority, then the barrier.
-	if err := eng.Authorize(b); err != nil {
-		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), trigger)
-	}
-	approvals, pending, err := r.load(ctx, b)
+	// Queued or running (the executor has not finished writing approvals;
+	// its awaiting notice will trigger us again): deferred. Awaiting: check
+	// authority, then the barrier.
+	v, err := Evaluate(ctx, eng.Keys(), b, r.approval)
 	if err != nil {
-		if code := schemas.CodeOf(err); code != "" {
-			return r.fail(ctx, b, code, err.Error(), trigger)
-		}
 		return err
 	}
-	if pending > 0 {
-		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveDeferred, Pending: pending,
-			Reason: fmt.Sprintf("%d approval(s) pending", pending), Trigger: trigger})
+	switch v.Kind {
+	case schemas.RedriveFailed:
+		return r.fail(ctx, b, v.Code, v.Reason, trigger)
+	case schemas.RedriveDeferred:
+		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveDeferred, Pending: v.Pending, Reason: v.Reason, Trigger: trigger})
 	}
+	approvals := v.Approvals
 	started, _, err := r.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
 		if b.State != schemas.BatchAwaiting {
 			return store.ErrSkip
@@ -240,10 +236,81 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	return r.run(ctx, started, approvals)
 }
 
-// load reads every sibling approval of b and checks that each carries the
-// batch's own TurnContext and call. It returns the records (nil where a call
-// needs none) and how many are still pending.
-func (r *Redriver) load(ctx context.Context, b *schemas.BatchRecord) ([]*schemas.ApprovalRecord, int, error) {
+// ApprovalSource reads approval record id. A missing record is an error
+// wrapping store.ErrNotFound; a record that does not decode, a coded error
+// (*schemas.Error). The redriver reads KV; a shadow redrive
+// (pipeline/replay) reads what a rebuild would leave there.
+type ApprovalSource func(ctx context.Context, id string) (*schemas.ApprovalRecord, error)
+
+// approval reads approval record id from KV.
+func (r *Redriver) approval(ctx context.Context, id string) (*schemas.ApprovalRecord, error) {
+	a, _, err := r.cfg.Store.Approvals.Get(ctx, id)
+	return a, err
+}
+
+// Verdict is what a redrive attempt on a batch decides before it acts.
+type Verdict struct {
+	// Kind is the outcome the attempt publishes: started, deferred or
+	// failed; "" when the batch is terminal (the attempt only finishes it:
+	// outcome and session release, nothing runs).
+	Kind    schemas.RedriveKind
+	Code    schemas.Code // reason code of a failed verdict
+	Reason  string
+	Pending int // approvals still pending, for deferred
+	// Approvals are the batch's approval records by call index (nil where
+	// a call has none), every one decided and bound to the batch's call and
+	// TurnContext, when Kind is started.
+	Approvals []*schemas.ApprovalRecord
+}
+
+// Evaluate is the redriver's decision for batch b, without side effects:
+// the state, then the authority (seal and turn of b's TurnContext, keys),
+// then the barrier over every sibling approval read through get (each must
+// bind b's call and carry b's TurnContext). A terminal batch has no
+// verdict kind; a queued or running one is deferred; an awaiting one is
+// deferred while any approval is pending and started once all are decided;
+// a started one is started again (its calls are claimed at most once), or
+// failed with BATCH_STATE_INVALID if an approval is pending. An authority or
+// barrier problem is a failed verdict with its reason code. The error is
+// only a transient one from get.
+//
+// Redrive acts on this verdict; a shadow redrive (pipeline/replay) reports
+// it.
+func Evaluate(ctx context.Context, keys *seal.KeyRing, b *schemas.BatchRecord, get ApprovalSource) (Verdict, error) {
+	switch b.State {
+	case schemas.BatchCompleted, schemas.BatchFailed:
+		return Verdict{Reason: "batch is " + string(b.State)}, nil
+	case schemas.BatchQueued, schemas.BatchRunning:
+		return Verdict{Kind: schemas.RedriveDeferred, Reason: "batch is " + string(b.State)}, nil
+	}
+	failed := func(err error) (Verdict, error) {
+		if code := schemas.CodeOf(err); code != "" {
+			return Verdict{Kind: schemas.RedriveFailed, Code: code, Reason: err.Error()}, nil
+		}
+		return Verdict{}, err
+	}
+	if err := batch.Authorize(keys, b); err != nil {
+		return failed(err)
+	}
+	approvals, pending, err := loadApprovals(ctx, keys, b, get)
+	if err != nil {
+		return failed(err)
+	}
+	switch {
+	case pending > 0 && b.State == schemas.BatchStarted:
+		// Cannot happen through legal transitions (nothing returns to
+		// pending); fail closed rather than run on a partial barrier.
+		return Verdict{Kind: schemas.RedriveFailed, Code: schemas.CodeBatchStateInvalid, Reason: "started batch has pending approvals"}, nil
+	case pending > 0:
+		return Verdict{Kind: schemas.RedriveDeferred, Pending: pending, Reason: fmt.Sprintf("%d approval(s) pending", pending)}, nil
+	}
+	return Verdict{Kind: schemas.RedriveStarted, Approvals: approvals}, nil
+}
+
+// loadApprovals reads every sibling approval of b and checks that each
+// carries the batch's own TurnContext and call. It returns the records (nil
+// where a call needs none) and how many are still pending.
+func loadApprovals(ctx context.Context, keys *seal.KeyRing, b *schemas.BatchRecord, get ApprovalSource) ([]*schemas.ApprovalRecord, int, error) {
 	out := make([]*schemas.ApprovalRecord, len(b.Calls))
 	pending := 0
 	want := schemas.ContextDigest(b.Context)
@@ -251,7 +318,7 @@ func (r *Redriver) load(ctx context.Context, b *schemas.BatchRecord) ([]*schemas
 		if id == "" {
 			continue
 		}
-		a, _, err := r.cfg.Store.Approvals.Get(ctx, id)
+		a, err := get(ctx, id)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, 0, schemas.Errorf(schemas.CodeApprovalNotFound, "approval %s of call %d is missing", id, i)
 		}
@@ -268,7 +335,7 @@ func (r *Redriver) load(ctx context.Context, b *schemas.BatchRecord) ([]*schemas
 			// Restored by the compatibility path from a version 1 record:
 			// it has no ingest provenance to compare, but must grant exactly
 			// the authority the batch's own context grants.
-			if err := r.cfg.Engine.Keys().Verify(a.Context); err != nil {
+			if err := keys.Verify(a.Context); err != nil {
 				return nil, 0, fmt.Errorf("legacy approval %s: %w", id, err)
 			}
 			if !schemas.SameAuthority(a.Context, b.Context) {
@@ -291,23 +358,17 @@ func (r *Redriver) load(ctx context.Context, b *schemas.BatchRecord) ([]*schemas
 // to load them here (a batch found already started).
 func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord) error {
 	eng := r.cfg.Engine
-	if err := eng.Authorize(b); err != nil {
-		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), "run")
-	}
-	pending := 0
 	if approvals == nil {
-		var err error
-		if approvals, pending, err = r.load(ctx, b); err != nil {
-			if code := schemas.CodeOf(err); code != "" {
-				return r.fail(ctx, b, code, err.Error(), "run")
-			}
+		v, err := Evaluate(ctx, eng.Keys(), b, r.approval)
+		if err != nil {
 			return err
 		}
-	}
-	if pending > 0 {
-		// Cannot happen through legal transitions (nothing returns to
-		// pending); fail closed rather than run on a partial barrier.
-		return r.fail(ctx, b, schemas.CodeBatchStateInvalid, "started batch has pending approvals", "run")
+		if v.Kind == schemas.RedriveFailed {
+			return r.fail(ctx, b, v.Code, v.Reason, "run")
+		}
+		approvals = v.Approvals
+	} else if err := eng.Authorize(b); err != nil {
+		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), "run")
 	}
 	results := make([]*schemas.ToolResult, len(b.Calls))
 	for i, call := range b.Calls {
@@ -315,8 +376,7 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		if b.Results[i] != nil || a == nil {
 			continue
 		}
-		switch a.Status {
-		case schemas.ApprovalApproved:
+		if a.Status == schemas.ApprovalApproved {
 			// The batch may have been ended meanwhile (aborted by a stage
 			// giving up on one of its messages): an approved call must not
 			// start after the turn's outcome said it would not.
@@ -327,35 +387,31 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			if cur.State.Terminal() {
 				return eng.Finish(ctx, cur)
 			}
-			if err := r.stillGranted(b.Context, call, a); err != nil {
-				// Unless it was claimed already: a call that has run (or
-				// may have) is reported by its claim, through Execute, not
-				// by today's policy. Only this rare path pays the lookup.
-				claimed, cerr := r.claimed(ctx, call.CallID)
-				if cerr != nil {
-					return cerr
-				}
-				if !claimed {
-					r.cfg.Logger.Warn("approved call not run: policy changed", "turn", b.TurnID, "call", call.CallID, "err", err)
-					results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodePolicyChanged, err.Error(), a.ApprovalID)
-					continue
-				}
+		}
+		p := PlanCall(r.cfg.Policy, b.Context, call, a)
+		if p.Code == schemas.CodePolicyChanged {
+			// Unless it was claimed already: a call that has run (or may
+			// have) is reported by its claim, through Execute, not by
+			// today's policy. Only this rare path pays the lookup.
+			claimed, err := r.claimed(ctx, call.CallID)
+			if err != nil {
+				return err
 			}
+			if claimed {
+				p = CallPlan{Run: true}
+			} else {
+				r.cfg.Logger.Warn("approved call not run: policy changed", "turn", b.TurnID, "call", call.CallID, "reason", p.Reason)
+			}
+		}
+		switch {
+		case p.Run:
 			res, err := eng.Execute(ctx, b.Context, call, a.ApprovalID)
 			if err != nil {
 				return err
 			}
 			results[i] = res
-		case schemas.ApprovalDenied:
-			results[i] = eng.Result(call, schemas.ResultDenied, schemas.CodeApprovalDenied, "denied by "+principalOf(a), a.ApprovalID)
-		case schemas.ApprovalExpired:
-			results[i] = eng.Result(call, schemas.ResultExpired, schemas.CodeApprovalExpired, "the approval expired before anyone decided", a.ApprovalID)
-		case schemas.ApprovalAbandoned:
-			if by, ok := strings.CutPrefix(principalOf(a), batch.SupersededPrefix); ok {
-				results[i] = eng.Result(call, schemas.ResultAbandoned, schemas.CodeTurnSuperseded, "not run: turn "+by+" of the same session superseded this one while it waited for approval", a.ApprovalID)
-				continue
-			}
-			results[i] = eng.Result(call, schemas.ResultAbandoned, "", "the approval was abandoned", a.ApprovalID)
+		case p.Status != "":
+			results[i] = eng.Result(call, p.Status, p.Code, p.Reason, a.ApprovalID)
 		}
 	}
 	end, err := eng.Conclude(ctx, b.TurnID, results, "", "")
@@ -386,8 +442,7 @@ func (r *Redriver) claimed(ctx context.Context, callID string) (bool, error) {
 // A call whose tool no longer needs approval runs. Decisions recorded
 // without an assurance level predate it; the approver has always required
 // a verified decider, so they count as verified.
-func (r *Redriver) stillGranted(tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) error {
-	pol := r.cfg.Policy
+func stillGranted(pol *policy.Policy, tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) error {
 	switch pol.ModeFor(call.Tool, tc.Audience) {
 	case policy.ModeDeny:
 		return fmt.Errorf("policy %s now denies %s for a %s audience (approval was requested under %s)", pol.Version(), call.Tool, tc.Audience, a.PolicyVersion)
@@ -414,6 +469,43 @@ func (r *Redriver) stillGranted(tc *schemas.TurnContext, call schemas.ToolCall, 
 		return fmt.Errorf("policy %s needs %d approvals, %d still qualify", pol.Version(), need, len(granted))
 	}
 	return nil
+}
+
+// CallPlan is what running a started batch does with one call that went
+// through an approval: run it, or give it a result without running it.
+type CallPlan struct {
+	Run    bool                 // run the tool (at most once: its execution claim)
+	Status schemas.ResultStatus // otherwise the result it gets ("" for none: the approval is still pending)
+	Code   schemas.Code
+	Reason string
+}
+
+// PlanCall is the redriver's decision for call of a started batch whose
+// context is tc, given its decided approval a and pol, the current policy:
+// an approved call runs unless the policy re-check fails (failed,
+// POLICY_CHANGED); a denied, expired or abandoned one gets that result. It
+// has no side effects. A call that is already claimed is reported by its
+// claim even when the re-check fails: the redriver looks the claim up on
+// POLICY_CHANGED and then runs it through Execute, which returns the
+// recorded result instead of running the tool again.
+func PlanCall(pol *policy.Policy, tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) CallPlan {
+	switch a.Status {
+	case schemas.ApprovalApproved:
+		if err := stillGranted(pol, tc, call, a); err != nil {
+			return CallPlan{Status: schemas.ResultFailed, Code: schemas.CodePolicyChanged, Reason: err.Error()}
+		}
+		return CallPlan{Run: true}
+	case schemas.ApprovalDenied:
+		return CallPlan{Status: schemas.ResultDenied, Code: schemas.CodeApprovalDenied, Reason: "denied by " + principalOf(a)}
+	case schemas.ApprovalExpired:
+		return CallPlan{Status: schemas.ResultExpired, Code: schemas.CodeApprovalExpired, Reason: "the approval expired before anyone decided"}
+	case schemas.ApprovalAbandoned:
+		if by, ok := strings.CutPrefix(principalOf(a), batch.SupersededPrefix); ok {
+			return CallPlan{Status: schemas.ResultAbandoned, Code: schemas.CodeTurnSuperseded, Reason: "not run: turn " + by + " of the same session superseded this one while it waited for approval"}
+		}
+		return CallPlan{Status: schemas.ResultAbandoned, Reason: "the approval was abandoned"}
+	}
+	return CallPlan{}
 }
 
 func principalOf(a *schemas.ApprovalRecord) string {

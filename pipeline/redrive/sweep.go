@@ -182,7 +182,7 @@ func (s *sweeper) act(ctx context.Context, turn string, e sweepEntry, now time.T
 		if b.State != schemas.BatchAwaiting {
 			return "", nil // moved on; the watch will tell
 		}
-		if _, pending, err := r.load(ctx, b); err == nil && pending > 0 {
+		if v, err := Evaluate(ctx, r.cfg.Engine.Keys(), b, r.approval); err == nil && v.Kind == schemas.RedriveDeferred {
 			return actionWaiting, nil // a safe wait for a person
 		}
 		// All decided, or the approvals are bad: Redrive decides (and

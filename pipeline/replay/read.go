@@ -1,0 +1,400 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Range selects the turns a replay covers by their accepted message on
+// TOLLGATE_TURNS (tollgate.turn.accepted.<session key>): its stream time
+// within [Since, Until] and its stream sequence within [FromSeq, ToSeq],
+// bounds inclusive, a zero bound open. Every selected turn is then replayed
+// from all of its events, whenever they were stored: a turn is never cut in
+// half by the range.
+type Range struct {
+	Since, Until   time.Time
+	FromSeq, ToSeq uint64
+}
+
+// Validate reports a range that selects nothing by construction.
+func (r Range) Validate() error {
+	switch {
+	case !r.Since.IsZero() && !r.Until.IsZero() && r.Until.Before(r.Since):
+		return fmt.Errorf("replay: until %s is before since %s", r.Until.Format(time.RFC3339), r.Since.Format(time.RFC3339))
+	case r.ToSeq != 0 && r.ToSeq < r.FromSeq:
+		return fmt.Errorf("replay: to-seq %d is below from-seq %d", r.ToSeq, r.FromSeq)
+	}
+	return nil
+}
+
+func (r Range) contains(seq uint64, at time.Time) bool {
+	return seq >= r.FromSeq && (r.ToSeq == 0 || seq <= r.ToSeq) &&
+		!at.Before(r.Since) && (r.Until.IsZero() || !at.After(r.Until))
+}
+
+// History is what the streams say about the turns of a Range.
+type History struct {
+	Turns []*Turn
+	// Skipped are stored messages that could not be used (they do not
+	// decode, or name another turn than their subject), one line each.
+	Skipped []string
+}
+
+// Turn is one turn as its accepted message and its events tell it.
+type Turn struct {
+	TurnID    string
+	SessionID string
+	Seq       uint64    // TOLLGATE_TURNS sequence of its first accepted message
+	Accepted  time.Time // stream time of that message
+	// Batch is the batch record KV should hold according to the streams
+	// (see Read for which event sets which field).
+	Batch *schemas.BatchRecord
+	// Approvals are the approval records KV should hold, in call order.
+	Approvals []*schemas.ApprovalRecord
+	// Notes say what the streams could not tell, or did not use.
+	Notes []string
+
+	// what the events said, gathered before projecting
+	turn      *schemas.AcceptedTurn
+	requested []*schemas.ApprovalRecord
+	decided   map[string]*schemas.DecidedEvent
+	awaiting  *schemas.TurnNotice // first awaiting notice with a snapshot
+	waited    *schemas.TurnNotice // first awaiting notice of any kind
+	started   *schemas.RedriveOutcome
+	outcome   *schemas.TurnOutcome
+}
+
+func (t *Turn) note(format string, args ...any) {
+	t.Notes = append(t.Notes, fmt.Sprintf(format, args...))
+}
+
+// eventSlack is how long before a turn's accepted message its events are
+// looked for: events are stored after it, but on a cluster the two streams'
+// leaders stamp times with different clocks.
+const eventSlack = time.Minute
+
+// eventFilters are the events a turn's records are rebuilt from.
+var eventFilters = []string{
+	topology.SubjectApprovalRequested + "*",
+	topology.SubjectApprovalDecided + "*",
+	topology.SubjectBatchAwaiting + "*",
+	topology.SubjectRedrive + string(schemas.RedriveStarted) + ".*",
+	topology.SubjectTurnOutcome + "*",
+}
+
+// Read reads the accepted turns of r from TOLLGATE_TURNS, then every event
+// of those turns from TOLLGATE_EVENTS, and projects each turn's batch and
+// approval records. It reads a snapshot: messages stored after it starts
+// are not read. It writes nothing.
+//
+// The first accepted message of a turn id is the turn (the executor keeps
+// the first too). Its batch record: context, text, calls and origin from
+// the accepted turn, state queued; awaiting with the approvals and results
+// of the executor's awaiting notice; started after a redrive "started"
+// event; completed or failed, with code, reason and results, after the turn
+// outcome. Each approval record is the first approval-requested event that
+// binds one of the turn's calls (turn, call id, tool, argument digest) and
+// carries the turn's TurnContext (the same msgpack encoding), with the
+// status, decision and votes of its first decided event. Nothing is
+// re-derived or re-sealed: contexts are copied as they were published.
+//
+// Times the stages took from their own clock and published nowhere are
+// approximated: a batch's created_at is its accepted message's stream
+// time, its updated_at the time of the last event that set its state.
+func Read(ctx context.Context, js jetstream.JetStream, r Range) (*History, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	h := &History{}
+	byID := map[string]*Turn{}
+	start := startAt{seq: r.FromSeq, time: r.Since}
+	err := scan(ctx, js, topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*"}, start, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		seq := meta.Sequence.Stream
+		if (r.ToSeq != 0 && seq > r.ToSeq) || (!r.Until.IsZero() && meta.Timestamp.After(r.Until)) {
+			return false, nil
+		}
+		if !r.contains(seq, meta.Timestamp) {
+			return true, nil
+		}
+		at, err := schemas.Decode[schemas.AcceptedTurn](m.Data())
+		if err != nil {
+			h.skip(m.Subject(), seq, err)
+			return true, nil
+		}
+		if !schemas.ValidKey(at.TurnID) {
+			h.skip(m.Subject(), seq, fmt.Errorf("turn id %q is not a valid key", at.TurnID))
+			return true, nil
+		}
+		if t := byID[at.TurnID]; t != nil {
+			t.note("accepted again at %s seq %d: the first accepted message is the turn", topology.StreamTurns, seq)
+			return true, nil
+		}
+		t := &Turn{TurnID: at.TurnID, Seq: seq, Accepted: meta.Timestamp.UTC(), turn: at, decided: map[string]*schemas.DecidedEvent{}}
+		if at.Context != nil {
+			t.SessionID = at.Context.SessionID
+		}
+		byID[at.TurnID] = t
+		h.Turns = append(h.Turns, t)
+		return true, nil
+	})
+	if err != nil || len(h.Turns) == 0 {
+		return h, err
+	}
+
+	from := h.Turns[0].Accepted
+	for _, t := range h.Turns {
+		from = minTime(from, t.Accepted)
+	}
+	err = scan(ctx, js, topology.StreamEvents, eventFilters, startAt{time: from.Add(-eventSlack)}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		subj := m.Subject()
+		t := byID[subj[strings.LastIndexByte(subj, '.')+1:]]
+		if t == nil {
+			return true, nil // another turn's
+		}
+		if strings.HasPrefix(m.Headers().Get(jetstream.MsgIDHeader), NoticePrefix) {
+			return true, nil // a rebuild's nudge: it says nothing about the batch
+		}
+		if err := t.add(subj, m.Data()); err != nil {
+			h.skip(subj, meta.Sequence.Stream, err)
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range h.Turns {
+		t.project()
+	}
+	return h, nil
+}
+
+func (h *History) skip(subject string, seq uint64, err error) {
+	h.Skipped = append(h.Skipped, fmt.Sprintf("%s seq %d: %v", subject, seq, err))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// add records one event of t. The turn id in the payload must be the one
+// in the subject.
+func (t *Turn) add(subject string, data []byte) error {
+	switch {
+	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
+		a, err := schemas.Decode[schemas.ApprovalRecord](data)
+		if err != nil {
+			return err
+		}
+		if a.TurnID != t.TurnID {
+			return fmt.Errorf("approval %s names turn %s", a.ApprovalID, a.TurnID)
+		}
+		t.requested = append(t.requested, a)
+	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
+		d, err := schemas.Decode[schemas.DecidedEvent](data)
+		if err != nil {
+			return err
+		}
+		if d.TurnID != t.TurnID {
+			return fmt.Errorf("decided event of %s names turn %s", d.ApprovalID, d.TurnID)
+		}
+		if first := t.decided[d.ApprovalID]; first == nil {
+			t.decided[d.ApprovalID] = d
+		} else if first.Status != d.Status {
+			t.note("approval %s: a later decided event says %s, the first %s: the first is kept", d.ApprovalID, d.Status, first.Status)
+		}
+	case strings.HasPrefix(subject, topology.SubjectBatchAwaiting):
+		n, err := schemas.Decode[schemas.TurnNotice](data)
+		if err != nil {
+			return err
+		}
+		if n.TurnID != t.TurnID || n.Kind != schemas.NoticeAwaiting {
+			return fmt.Errorf("notice %s for turn %s on an awaiting subject", n.Kind, n.TurnID)
+		}
+		if t.waited == nil {
+			t.waited = n
+		}
+		if t.awaiting == nil && n.Approvals != nil {
+			t.awaiting = n
+		}
+	case strings.HasPrefix(subject, topology.SubjectRedrive):
+		o, err := schemas.Decode[schemas.RedriveOutcome](data)
+		if err != nil {
+			return err
+		}
+		if o.TurnID != t.TurnID {
+			return fmt.Errorf("redrive outcome names turn %s", o.TurnID)
+		}
+		if t.started == nil && o.Kind == schemas.RedriveStarted {
+			t.started = o
+		}
+	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
+		o, err := schemas.Decode[schemas.TurnOutcome](data)
+		if err != nil {
+			return err
+		}
+		if o.TurnID != t.TurnID {
+			return fmt.Errorf("outcome names turn %s", o.TurnID)
+		}
+		if t.outcome == nil {
+			t.outcome = o
+		}
+	}
+	return nil
+}
+
+// project builds t.Batch and t.Approvals from what add gathered.
+func (t *Turn) project() {
+	at := t.turn
+	n := len(at.Calls)
+	b := &schemas.BatchRecord{
+		V: schemas.BatchVersion, TurnID: at.TurnID, SessionID: t.SessionID, Context: at.Context, Text: at.Text,
+		Calls: at.Calls, Origin: at.Origin, State: schemas.BatchQueued,
+		Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n),
+		CreatedAt: t.Accepted, UpdatedAt: t.Accepted,
+	}
+	switch s := t.awaiting; {
+	case s != nil && len(s.Approvals) == n:
+		b.State, b.UpdatedAt = schemas.BatchAwaiting, s.At
+		copy(b.Approvals, s.Approvals)
+		copy(b.Results, s.Results)
+	case t.waited != nil:
+		// An awaiting notice from before notices carried the snapshot:
+		// the approvals are those requested; the results of calls that
+		// did not wait are in no event until the outcome. The redriver
+		// never runs a call without an approval, so they stay empty.
+		b.State, b.UpdatedAt = schemas.BatchAwaiting, t.waited.At
+		if s != nil {
+			t.note("awaiting notice has %d approvals for %d calls: not used", len(s.Approvals), n)
+		}
+		t.note("no awaiting snapshot: results of calls that did not wait for approval are unknown until the outcome")
+	}
+	if t.started != nil {
+		b.State, b.UpdatedAt = schemas.BatchStarted, t.started.At
+	}
+	if o := t.outcome; o != nil {
+		b.State, b.Code, b.Reason, b.UpdatedAt = schemas.BatchCompleted, o.Code, o.Reason, o.FinishedAt
+		if o.State == schemas.TurnFailed {
+			b.State = schemas.BatchFailed
+		}
+		for _, r := range o.Results {
+			i := slices.IndexFunc(at.Calls, func(c schemas.ToolCall) bool { return c.CallID == r.CallID })
+			if i < 0 {
+				t.note("outcome has a result for %s, not a call of the turn: not used", r.CallID)
+				continue
+			}
+			b.Results[i] = &r
+		}
+	}
+	t.Batch = b
+
+	want := schemas.ContextDigest(at.Context)
+	have := map[string]bool{}
+	for _, a := range t.requested {
+		if have[a.ApprovalID] {
+			continue
+		}
+		i := slices.IndexFunc(at.Calls, func(c schemas.ToolCall) bool { return c.CallID == a.CallID })
+		switch {
+		case i < 0 || a.ApprovalID != schemas.ApprovalID(t.TurnID, i) || a.Tool != at.Calls[i].Tool || a.ArgsDigest != at.Calls[i].ArgsDigest:
+			t.note("approval-requested event for %s does not bind a call of the turn: not used", a.ApprovalID)
+			continue
+		case a.Context == nil || schemas.ContextDigest(a.Context) != want:
+			t.note("approval-requested event for %s carries another TurnContext than the turn's: not used", a.ApprovalID)
+			continue
+		}
+		have[a.ApprovalID] = true
+		if t.waited != nil && t.awaiting == nil {
+			b.Approvals[i] = a.ApprovalID
+		}
+		if d := t.decided[a.ApprovalID]; d != nil {
+			a.Status, a.Decision = d.Status, d.Decision
+			if d.Votes != nil {
+				a.Votes = d.Votes
+			}
+		}
+		t.Approvals = append(t.Approvals, a)
+	}
+	slices.SortFunc(t.Approvals, func(x, y *schemas.ApprovalRecord) int { return strings.Compare(x.CallID, y.CallID) })
+	for id := range t.decided {
+		if !have[id] {
+			t.note("decided event for %s without a usable approval-requested event: not used", id)
+		}
+	}
+}
+
+// startAt is where a scan starts: a stream sequence, a time, or (both
+// zero) the first message.
+type startAt struct {
+	seq  uint64
+	time time.Time
+}
+
+// scan calls fn with every message of stream matching filters from start,
+// in stream order, up to the last one stored when the scan began, until fn
+// returns false. It reads through an ephemeral consumer that acks nothing
+// and is deleted afterwards.
+func scan(ctx context.Context, js jetstream.JetStream, stream string, filters []string, start startAt, fn func(jetstream.Msg, *jetstream.MsgMetadata) (bool, error)) error {
+	cfg := jetstream.ConsumerConfig{
+		FilterSubjects: filters, AckPolicy: jetstream.AckNonePolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: time.Minute, MemoryStorage: true,
+	}
+	switch {
+	case start.seq > 0: // with a time too, the caller filters by time
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start.seq
+	case !start.time.IsZero():
+		t := start.time
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	}
+	cons, err := js.CreateConsumer(ctx, stream, cfg)
+	if err != nil {
+		return fmt.Errorf("replay: read %s: %w", stream, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteConsumer(dctx, stream, cons.CachedInfo().Name)
+	}()
+	left := cons.CachedInfo().NumPending
+	for left > 0 {
+		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return fmt.Errorf("replay: read %s: %w", stream, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			left--
+			meta, err := m.Metadata()
+			if err != nil {
+				return fmt.Errorf("replay: read %s: %w", stream, err)
+			}
+			more, err := fn(m, meta)
+			if err != nil || !more {
+				return err
+			}
+			if meta.NumPending == 0 {
+				left = 0
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("replay: read %s: %w", stream, err)
+		}
+		if got == 0 {
+			break // the rest aged out of the stream while we read
+		}
+	}
+	return nil
+}

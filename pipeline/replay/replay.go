@@ -1,0 +1,237 @@
+// Package replay re-reads Tollgate's streams over a range of turns and
+// compares what they say with what KV holds: the approval and batch
+// records are a projection of TOLLGATE_TURNS and TOLLGATE_EVENTS, so after
+// an incident (a bucket deleted, purged or restored from an old backup)
+// they can be rebuilt from the streams alone.
+//
+// Run has three modes:
+//
+//   - report (default): read the streams, compare with KV, write nothing;
+//     the report says what a rebuild would change.
+//   - rebuild: write what the streams prove and KV lacks, under the rule
+//     below, then nudge each turn whose records it wrote so its stages pick
+//     it up again.
+//   - dry-run (shadow redrive): report what the redriver would do with each
+//     batch (started, deferred or failed, and why; and for a started batch
+//     what each approved call would do) on the records a rebuild would
+//     leave, using the redriver's own decision functions
+//     (redrive.Evaluate, redrive.PlanCall). It never writes KV, never
+//     publishes and never runs a tool.
+//
+// The rebuild rule: a record is only ever created where its key is missing
+// (KV create), or moved forward where KV holds an older stage of it
+// (compare-and-set on the revision read): a batch whose state is earlier in
+// queued < running < awaiting < started < completed|failed, an approval
+// still pending that the streams say was decided. A record at the same
+// stage or further, one that does not decode (or is a version 1 approval,
+// left to the compatibility path), and one whose TurnContext or calls
+// differ from the streams' (a conflict, reported) is left alone. So a
+// rebuild never overwrites a record newer than the streams, and a second
+// replay changes nothing. Missing session records of sessions with
+// unfinished turns are created (create-only); execution claims
+// (tollgate_claims) are never written or deleted: they are what keeps a
+// call from running twice: a rebuild refuses to run without the bucket, and
+// every run warns about a call the streams say ran that has no claim.
+//
+// Sealed TurnContexts are copied as published, never re-derived or
+// re-sealed. The streams are trusted as much as KV: whoever may publish on
+// tollgate.event.> could, through a rebuild, write approval records; keep
+// that right to the stages (deploy/nats/least-privilege.conf).
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
+)
+
+// Options configures Run.
+type Options struct {
+	Range Range
+	// Rebuild writes KV (and nudges the turns it wrote). Without Rebuild
+	// or DryRun, Run only reports.
+	Rebuild bool
+	// DryRun adds a shadow redrive of every batch; it writes nothing.
+	// Exclusive with Rebuild.
+	DryRun bool
+	// Keys and Policy are what the redriver would judge with: required
+	// for DryRun (the seal check and the policy re-check), unused
+	// otherwise (a rebuild copies contexts, it does not verify them).
+	Keys   *seal.KeyRing
+	Policy *policy.Policy
+	// Topology is used to create missing approval, batch and session
+	// buckets on Rebuild; zero means topology.DefaultConfig().
+	Topology topology.Config
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// Now defaults to time.Now (session records' updated_at, notices).
+	Now func() time.Time
+}
+
+// Mode names, as in Report.Mode.
+const (
+	ModeReport  = "report"
+	ModeRebuild = "rebuild"
+	ModeDryRun  = "dry-run"
+)
+
+// Report is what a Run found and did.
+type Report struct {
+	Mode  string       `json:"mode"`
+	Turns []TurnReport `json:"turns"`
+	// Sessions are the session records considered (sessions with an
+	// unfinished turn).
+	Sessions []Change `json:"sessions,omitempty"`
+	// Changes counts KV keys created or updated (rebuild), or that a
+	// rebuild would create or update (report, dry-run). Zero means KV
+	// already holds everything the streams say.
+	Changes int `json:"changes"`
+	// Conflicts counts records left alone because KV and the streams
+	// disagree on their authority or final state: look at them.
+	Conflicts int `json:"conflicts"`
+	// Notices counts the nudges a rebuild published.
+	Notices int `json:"notices"`
+	// Skipped are stream messages that could not be used.
+	Skipped []string `json:"skipped,omitempty"`
+	// Warnings concern the whole run (e.g. a missing bucket).
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// TurnReport is one turn of a Report.
+type TurnReport struct {
+	TurnID    string             `json:"turn_id"`
+	SessionID string             `json:"session_id"`
+	Seq       uint64             `json:"turns_seq"`
+	Accepted  time.Time          `json:"accepted_at"`
+	State     schemas.BatchState `json:"state"` // the batch state the streams say
+	Batch     Change             `json:"batch"`
+	Approvals []Change           `json:"approvals,omitempty"`
+	// Notice is the subject of the nudge a rebuild published, if any.
+	Notice string `json:"notice,omitempty"`
+	// Shadow is the dry-run verdict.
+	Shadow *Shadow  `json:"shadow,omitempty"`
+	Notes  []string `json:"notes,omitempty"`
+	rec    *schemas.BatchRecord
+	recs   map[string]*schemas.ApprovalRecord
+}
+
+// Run reads the turns of o.Range (Read), compares their records with KV
+// and, per the mode (see the package documentation), writes, shadows a
+// redrive, or only reports. It returns an error only when it could not do
+// that (the server, a stream, a missing claims bucket on Rebuild); what it
+// found record by record is in the Report.
+func Run(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error) {
+	switch {
+	case o.Rebuild && o.DryRun:
+		return nil, errors.New("replay: rebuild and dry-run exclude each other (a dry run writes nothing)")
+	case o.DryRun && (o.Keys == nil || o.Policy == nil):
+		return nil, errors.New("replay: a dry run needs the seal keys and the policy the redriver uses")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Topology == (topology.Config{}) {
+		o.Topology = topology.DefaultConfig()
+	}
+	rep := &Report{Mode: ModeReport, Turns: []TurnReport{}}
+	switch {
+	case o.Rebuild:
+		rep.Mode = ModeRebuild
+	case o.DryRun:
+		rep.Mode = ModeDryRun
+	}
+	b, err := openBuckets(ctx, js, o, rep)
+	if err != nil {
+		return nil, err
+	}
+	h, err := Read(ctx, js, o.Range)
+	if err != nil {
+		return nil, err
+	}
+	rep.Skipped = h.Skipped
+	a := &applier{js: js, b: b, o: o, rep: rep, run: strconv.FormatInt(o.Now().UnixNano(), 36)}
+	if err := a.apply(ctx, h); err != nil {
+		return nil, err
+	}
+	if o.DryRun {
+		if err := shadowAll(ctx, b, o, rep); err != nil {
+			return nil, err
+		}
+	}
+	return rep, nil
+}
+
+// buckets are the KV handles a run uses; a nil handle is a missing bucket
+// (every key reads as absent).
+type buckets struct {
+	approvals, batches, sessions, claims jetstream.KeyValue
+	decodeApproval                       func([]byte) (*schemas.ApprovalRecord, error)
+}
+
+// openBuckets binds the buckets. On Rebuild it creates a missing
+// approvals, batches or sessions bucket (create only: an existing one is
+// never reconfigured) and refuses to go on without tollgate_claims.
+func openBuckets(ctx context.Context, js jetstream.JetStream, o Options, rep *Report) (*buckets, error) {
+	b := &buckets{}
+	for _, kc := range o.Topology.Buckets() {
+		kv, err := js.KeyValue(ctx, kc.Bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			switch {
+			case kc.Bucket == topology.BucketClaims && o.Rebuild:
+				return nil, fmt.Errorf("replay: bucket %s is missing: the execution claims are what say which calls already ran, and a rebuild without them could let a call run twice; restore the bucket (or its stream KV_%s) first", kc.Bucket, kc.Bucket)
+			case kc.Bucket == topology.BucketClaims:
+				rep.Warnings = append(rep.Warnings, fmt.Sprintf("bucket %s is missing: no call shows as already run, and a rebuild would refuse to run", kc.Bucket))
+			case o.Rebuild:
+				kv, err = js.CreateKeyValue(ctx, kc)
+				if errors.Is(err, jetstream.ErrBucketExists) { // created meanwhile by a starting stage
+					kv, err = js.KeyValue(ctx, kc.Bucket)
+				} else if err == nil {
+					rep.Warnings = append(rep.Warnings, fmt.Sprintf("bucket %s was missing: created", kc.Bucket))
+				}
+			default:
+				rep.Warnings = append(rep.Warnings, fmt.Sprintf("bucket %s is missing: every record in it reads as absent", kc.Bucket))
+				err = nil
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("replay: open bucket %s: %w", kc.Bucket, err)
+		}
+		switch kc.Bucket {
+		case topology.BucketApprovals:
+			b.approvals = kv
+		case topology.BucketBatches:
+			b.batches = kv
+		case topology.BucketSessions:
+			b.sessions = kv
+		case topology.BucketClaims:
+			b.claims = kv
+		}
+	}
+	return b, nil
+}
+
+// get reads key from kv; a missing bucket or key is jetstream.ErrKeyNotFound.
+func get(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
+	if kv == nil {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return e, err
+}
