@@ -79,7 +79,14 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 	}
 	// Deliveries and acks in flight when the server went down come back
 	// only when their AckWait (30s) runs out: allow for that under load.
-	jstest.Eventually(t, 90*time.Second, fmt.Sprintf("%d turn outcomes", total), func() bool { return outcomes() >= total })
+	deadline := time.Now().Add(90 * time.Second)
+	for outcomes() < total {
+		if time.Now().After(deadline) {
+			dumpUnfinished(t, h, turns)
+			t.Fatalf("timed out after 90s: %d of %d turn outcomes", outcomes(), total)
+		}
+		time.Sleep(100 * time.Millisecond) // polling with a deadline
+	}
 	per := map[string]int{}
 	for _, o := range pt.DecodeAll[schemas.TurnOutcome](t, h.Events(topology.SubjectTurnOutcome+">")) {
 		per[o.TurnID]++
@@ -100,5 +107,26 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 	}
 	if dl := h.DLQ(pt.Executor); len(dl) != 0 {
 		t.Errorf("%d turns dead-lettered", len(dl))
+	}
+}
+
+// dumpUnfinished logs, for each turn without an outcome, its batch and its
+// session record: where a stuck turn stopped.
+func dumpUnfinished(t *testing.T, h *pt.H, turns map[string]bool) {
+	t.Helper()
+	done := map[string]bool{}
+	for _, o := range pt.DecodeAll[schemas.TurnOutcome](t, h.Events(topology.SubjectTurnOutcome+">")) {
+		done[o.TurnID] = true
+	}
+	for id := range turns {
+		if done[id] {
+			continue
+		}
+		b := h.Batch(id)
+		if b == nil {
+			t.Logf("no outcome: %s has no batch", id)
+			continue
+		}
+		t.Logf("no outcome: %s batch %s updated %s; session %+v", id, b.State, b.UpdatedAt.Format(time.RFC3339Nano), h.Session(b.SessionID))
 	}
 }
