@@ -58,13 +58,21 @@ import (
 // message of its session that ingest has not turned into a turn.
 const DefaultOrderWait = 2 * time.Minute
 
-// errOutOfOrder is transient: the runner NAKs the message and it is tried
-// again after the earlier turn had its chance.
+// errOutOfOrder is a runner.Waiting error: the runner NAKs the message and
+// it is tried again after the earlier turn had its chance.
 type errOutOfOrder struct {
 	turn    string
 	seq     uint64
 	earlier uint64
 }
+
+// RetryAfter implements runner.Waiting: the earlier turn normally arrives
+// within milliseconds, and the wait is bounded by OrderWait, not by the
+// runner's attempt count.
+func (e *errOutOfOrder) RetryAfter() time.Duration { return orderRetry }
+
+// orderRetry is how soon a turn that waits for an earlier one looks again.
+const orderRetry = 250 * time.Millisecond
 
 func (e *errOutOfOrder) Error() string {
 	return fmt.Sprintf("turn %s (inbound seq %d) waits for its session's earlier inbound message at seq %d", e.turn, e.seq, e.earlier)

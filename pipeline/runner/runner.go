@@ -5,6 +5,7 @@
 //   - an error carrying a schemas.Code (a *schemas.Error): the message can
 //     never succeed; it is copied to the dead-letter stream with its original
 //     bytes and the code, then terminated with TermWithReason.
+//   - a Waiting error: NakWithDelay(RetryAfter()), not counted as a failure.
 //   - any other error: transient; NakWithDelay with a growing delay, until
 //     MaxAttempts deliveries, then dead-lettered with RETRIES_EXHAUSTED.
 //   - a panic: recovered, counted, dead-lettered with HANDLER_PANIC.
@@ -159,6 +160,17 @@ func (c *Config) defaults() {
 	}
 }
 
+// Waiting is an error a handler returns when its message cannot be handled
+// yet because it must wait for another message to be handled first (not
+// because something failed). The runner NAKs it with RetryAfter and does
+// not count the delivery toward MaxAttempts; the handler must bound the
+// wait itself (the executor's session order gives up waiting after
+// OrderWait).
+type Waiting interface {
+	error
+	RetryAfter() time.Duration
+}
+
 // LastToken returns the last token of m's subject.
 func LastToken(m jetstream.Msg) string {
 	s := m.Subject()
@@ -276,6 +288,17 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 		c.Metrics.Acked.WithLabelValues(c.Stage).Inc()
 	case code != "":
 		r.deadLetter(ctx, m, meta, code, err, log)
+	case errors.As(err, new(Waiting)):
+		// Not a failure: the message waits its turn behind another one
+		// (the handler bounds the wait itself), so it is retried after
+		// the delay it asks for and never counts toward MaxAttempts.
+		var w Waiting
+		errors.As(err, &w)
+		log.Debug("waiting; retrying", "reason", err, "delay", w.RetryAfter())
+		if nerr := m.NakWithDelay(w.RetryAfter()); nerr != nil {
+			log.Warn("nak failed; message will be redelivered after AckWait", "err", nerr)
+		}
+		c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
 	case deliveries >= uint64(c.MaxAttempts):
 		r.deadLetter(ctx, m, meta, schemas.CodeRetriesExhausted, err, log)
 	default:

@@ -799,3 +799,30 @@ func TestTwoStagesDeadLetterTheSameMessage(t *testing.T) {
 		t.Errorf("second stage's dead letter %q from stage %q", dl.Data, dl.Header.Get(runner.HeaderStage))
 	}
 }
+
+// waitingErr asks to be retried soon; it is not a failure.
+type waitingErr struct{}
+
+func (waitingErr) Error() string             { return "waits for an earlier message" }
+func (waitingErr) RetryAfter() time.Duration { return 10 * time.Millisecond }
+
+func TestAWaitingMessageIsRetriedPastMaxAttemptsAndNeverDeadLettered(t *testing.T) {
+	h := newHarness(t, "waittest")
+	h.cfg.MaxAttempts = 3
+	seen := newCounter()
+	h.run(func(_ context.Context, m jetstream.Msg) error {
+		if n := seen.see(m); n <= 6 { // twice MaxAttempts deliveries of waiting
+			return fmt.Errorf("turn t-2: %w", waitingErr{})
+		}
+		return nil
+	})
+	seq := h.publish(subject("s-1"), []byte("later turn"), nil)
+	h.waitSettled(seq)
+	if got := seen.get("later turn"); got != 7 {
+		t.Fatalf("handled %d times, want 7 (6 waits, then done)", got)
+	}
+	if dl := h.deadLetters(); len(dl) != 0 {
+		t.Fatalf("%d dead letters for a message that only waited", len(dl))
+	}
+	h.waitMetric(mAcked, 1)
+}
