@@ -171,6 +171,9 @@ func TestWatchdogRestartKeepsHeldMessages(t *testing.T) {
 
 	h.stall(r)
 	next := h.publish(subject("other"), []byte("next"), nil)
+	// The consumer's pending count follows the stream asynchronously: the
+	// check must see what it is meant to react to.
+	jstest.Eventually(t, wait, "the consumer counts next as pending", func() bool { return h.consumerInfo().NumPending >= 1 })
 	clock.Advance(time.Minute)
 	if !h.check(r) {
 		t.Fatalf("the watchdog did not restart a stalled loop with a message pending; info %+v", h.consumerInfo())
