@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -197,7 +198,7 @@ func (h *harness) setUp(ctx context.Context) error {
 	// The broker keeps its port and store across restarts. A port taken
 	// between choosing and binding is retried with another.
 	for attempt := 1; ; attempt++ {
-		port, err := freePort()
+		port, err := embedded.FreePort()
 		if err != nil {
 			return err
 		}

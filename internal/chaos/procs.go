@@ -240,16 +240,6 @@ func (s *slot) unexpectedExits() []string {
 	return append([]string(nil), s.unexpected...)
 }
 
-// freePort is a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 // writeBrokerConfig writes a nats-server configuration in the style of
 // deploy/nats/single.conf: loopback only, JetStream fsyncing before every
 // acknowledgement, so a SIGKILL of the server loses no acknowledged write.

@@ -1,0 +1,126 @@
+package jstest
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+)
+
+// Cluster is n embedded nats-servers forming one JetStream cluster on
+// loopback, with Tollgate's topology ensured at n replicas.
+type Cluster struct {
+	Servers []*server.Server
+	// NC[i] and JS[i] are a connection to Servers[i] (and, should it go
+	// away, to the others); Buckets[i] are the buckets bound through JS[i].
+	NC      []*nats.Conn
+	JS      []jetstream.JetStream
+	Buckets []topology.Buckets
+}
+
+// StartCluster starts an n-node cluster (nodes "n1".."n<n>", cluster
+// "tollgate-test") with file storage in t.TempDir() and ensures the
+// topology with Replicas n. Everything is shut down by t.Cleanup.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	opts := make([]embedded.Options, n)
+	var routes []string
+	for i := range opts {
+		port, err := embedded.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts[i] = embedded.Options{
+			StoreDir: filepath.Join(t.TempDir(), fmt.Sprintf("n%d", i+1)), Port: -1, ServerName: fmt.Sprintf("n%d", i+1),
+			Cluster: &embedded.Cluster{Name: "tollgate-test", Port: port},
+		}
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", port))
+	}
+	c := &Cluster{}
+	t.Cleanup(func() {
+		for _, ns := range c.Servers {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}
+	})
+	for i := range opts {
+		opts[i].Cluster.Routes = routes
+		ns, err := embedded.Start(opts[i])
+		if err != nil {
+			t.Fatalf("start node %d: %v", i+1, err)
+		}
+		c.Servers = append(c.Servers, ns)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, ns := range c.Servers {
+		nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		if err != nil {
+			t.Fatalf("connect %s: %v", ns.Name(), err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.NC, c.JS = append(c.NC, nc), append(c.JS, js)
+	}
+	// JetStream answers once the nodes have elected a meta leader.
+	Eventually(t, 30*time.Second, "the cluster elects a JetStream meta leader", func() bool {
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		defer acancel()
+		_, err := c.JS[0].AccountInfo(actx)
+		return err == nil
+	})
+	cfg := topology.DefaultConfig()
+	cfg.Replicas = n
+	if err := topology.Ensure(ctx, c.JS[0], cfg); err != nil {
+		t.Fatalf("ensure topology with %d replicas: %v", n, err)
+	}
+	for i, js := range c.JS {
+		b, err := topology.OpenBuckets(ctx, js)
+		if err != nil {
+			t.Fatalf("open buckets on node %d: %v", i+1, err)
+		}
+		c.Buckets = append(c.Buckets, b)
+	}
+	return c
+}
+
+// URLs is every node's client URL, comma-separated (a NATS URL list).
+func (c *Cluster) URLs() string {
+	var urls []string
+	for _, ns := range c.Servers {
+		urls = append(urls, ns.ClientURL())
+	}
+	return strings.Join(urls, ",")
+}
+
+// Leader returns the index of the node that leads stream.
+func (c *Cluster) Leader(t testing.TB, ctx context.Context, stream string) int {
+	t.Helper()
+	s, err := c.JS[0].Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	info := s.CachedInfo()
+	if info.Cluster == nil {
+		t.Fatalf("stream %s has no cluster info", stream)
+	}
+	for i, ns := range c.Servers {
+		if ns.Name() == info.Cluster.Leader {
+			return i
+		}
+	}
+	t.Fatalf("stream %s: leader %q is no node of the cluster", stream, info.Cluster.Leader)
+	return -1
+}
