@@ -32,6 +32,28 @@ type Cluster struct {
 // topology with Replicas n. Everything is shut down by t.Cleanup.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	c := StartBareCluster(t, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := topology.DefaultConfig()
+	cfg.Replicas = n
+	if err := topology.Ensure(ctx, c.JS[0], cfg); err != nil {
+		t.Fatalf("ensure topology with %d replicas: %v", n, err)
+	}
+	for i, js := range c.JS {
+		b, err := topology.OpenBuckets(ctx, js)
+		if err != nil {
+			t.Fatalf("open buckets on node %d: %v", i+1, err)
+		}
+		c.Buckets = append(c.Buckets, b)
+	}
+	return c
+}
+
+// StartBareCluster is StartCluster without the topology (Buckets is nil):
+// it returns once JetStream answers.
+func StartBareCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
 	opts := make([]embedded.Options, n)
 	var routes []string
 	for i := range opts {
@@ -81,18 +103,6 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		_, err := c.JS[0].AccountInfo(actx)
 		return err == nil
 	})
-	cfg := topology.DefaultConfig()
-	cfg.Replicas = n
-	if err := topology.Ensure(ctx, c.JS[0], cfg); err != nil {
-		t.Fatalf("ensure topology with %d replicas: %v", n, err)
-	}
-	for i, js := range c.JS {
-		b, err := topology.OpenBuckets(ctx, js)
-		if err != nil {
-			t.Fatalf("open buckets on node %d: %v", i+1, err)
-		}
-		c.Buckets = append(c.Buckets, b)
-	}
 	return c
 }
 

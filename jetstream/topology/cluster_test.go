@@ -2,7 +2,10 @@ package topology_test
 
 import (
 	"reflect"
+	"sync"
 	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -97,5 +100,38 @@ func TestEnsureOnAThreeNodeCluster(t *testing.T) {
 	check("after converging R1 buckets")
 	if _, err := js.KeyValue(ctx, topology.BucketSessions); err != nil {
 		t.Errorf("bind the converged bucket: %v", err)
+	}
+}
+
+// Stage processes starting together on a fresh cluster all run Ensure at
+// once; each must succeed (nats-server can leave concurrent creations of
+// one stream unanswered: Ensure tries again).
+func TestConcurrentEnsureOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-node cluster skipped with -short")
+	}
+	c := jstest.StartBareCluster(t, 3)
+	ctx := jstest.Ctx(t)
+	cfg := topology.DefaultConfig()
+	cfg.Replicas = 3
+	const n = 8
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			// One connection each, as separate processes would have.
+			nc := connect(t, c.Servers[i%3].ClientURL())
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if err := topology.Ensure(ctx, js, cfg); err != nil {
+				t.Errorf("Ensure %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if _, err := topology.OpenBuckets(ctx, c.JS[2]); err != nil {
+		t.Errorf("open buckets: %v", err)
 	}
 }

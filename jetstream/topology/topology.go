@@ -215,11 +215,17 @@ func (c Config) BucketStreams() []jetstream.StreamConfig {
 // safe to call concurrently from several processes. A stream or bucket
 // whose configuration already matches is left alone (only read), so that
 // many workers starting together do not rewrite every stream's config
-// while their peers create consumers on it.
+// while their peers create consumers on it. A pass that fails in a way
+// another pass may not (see Retry: on a cluster, concurrent creations of one
+// stream can go unanswered) is run again.
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	return Retry(ctx, func() error { return ensure(ctx, js, c) })
+}
+
+func ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 	for _, sc := range c.Streams() {
 		if s, err := js.Stream(ctx, sc.Name); err == nil && streamMatches(s.CachedInfo().Config, sc) {
 			continue
