@@ -78,6 +78,15 @@ func loopback(host string) bool {
 // Start starts a server and waits until it accepts clients. The caller must
 // Shutdown it (and may WaitForShutdown).
 func Start(o Options) (*server.Server, error) {
+	opts, err := o.ServerOptions()
+	if err != nil {
+		return nil, err
+	}
+	return Run(opts, o.Logger)
+}
+
+// ServerOptions are the nats-server options Start runs o with.
+func (o Options) ServerOptions() (*server.Options, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -107,12 +116,19 @@ func Start(o Options) (*server.Server, error) {
 			opts.Routes = append(opts.Routes, u)
 		}
 	}
+	return opts, nil
+}
+
+// Run starts a server with opts as they are (callers that take them from
+// elsewhere, such as a configuration file, keep them on loopback) and waits
+// until it accepts clients. logger, if not nil, receives its log.
+func Run(opts *server.Options, logger server.Logger) (*server.Server, error) {
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: new server: %w", err)
 	}
-	if o.Logger != nil {
-		ns.SetLoggerV2(o.Logger, false, false, false)
+	if logger != nil {
+		ns.SetLoggerV2(logger, false, false, false)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {

@@ -3,6 +3,7 @@ package jstest
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -54,18 +55,40 @@ func StartCluster(t testing.TB, n int) *Cluster {
 // it returns once JetStream answers.
 func StartBareCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	opts := make([]embedded.Options, n)
-	var routes []string
-	for i := range opts {
+	var opts []*server.Options
+	for i := range n {
+		o, err := embedded.Options{
+			StoreDir: "set-by-StartClusterOf", Port: -1, ServerName: fmt.Sprintf("n%d", i+1),
+			Cluster: &embedded.Cluster{Name: "tollgate-test", Port: -1},
+		}.ServerOptions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts = append(opts, o)
+	}
+	return StartClusterOf(t, opts)
+}
+
+// StartClusterOf starts one node per element of opts as a cluster on
+// loopback and returns once JetStream answers (no topology). Each node
+// keeps its server name, cluster name and JetStream settings (sync
+// included) from opts, which may come from a configuration file; its
+// listeners move to 127.0.0.1 on free ports (client, route; no monitoring
+// port), its routes to all the nodes' route ports, its store to
+// t.TempDir(). opts are changed in place.
+func StartClusterOf(t testing.TB, opts []*server.Options) *Cluster {
+	t.Helper()
+	var routes []*url.URL
+	for _, o := range opts {
 		port, err := embedded.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
-		opts[i] = embedded.Options{
-			StoreDir: filepath.Join(t.TempDir(), fmt.Sprintf("n%d", i+1)), Port: -1, ServerName: fmt.Sprintf("n%d", i+1),
-			Cluster: &embedded.Cluster{Name: "tollgate-test", Port: port},
-		}
-		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", port))
+		o.Host, o.Port, o.HTTPHost, o.HTTPPort = "127.0.0.1", -1, "", 0
+		o.Cluster.Host, o.Cluster.Port = "127.0.0.1", port
+		o.StoreDir = filepath.Join(t.TempDir(), o.ServerName)
+		o.NoSigs, o.NoLog = true, true
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", port)})
 	}
 	c := &Cluster{}
 	t.Cleanup(func() {
@@ -74,26 +97,18 @@ func StartBareCluster(t testing.TB, n int) *Cluster {
 			ns.WaitForShutdown()
 		}
 	})
-	for i := range opts {
-		opts[i].Cluster.Routes = routes
-		ns, err := embedded.Start(opts[i])
+	for _, o := range opts {
+		o.Routes = routes
+		ns, err := embedded.Run(o, nil)
 		if err != nil {
-			t.Fatalf("start node %d: %v", i+1, err)
+			t.Fatalf("start node %s: %v", o.ServerName, err)
 		}
 		c.Servers = append(c.Servers, ns)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for _, ns := range c.Servers {
-		nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-		if err != nil {
-			t.Fatalf("connect %s: %v", ns.Name(), err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		nc, js := dial(t, ns.ClientURL())
 		c.NC, c.JS = append(c.NC, nc), append(c.JS, js)
 	}
 	// JetStream answers once the nodes have elected a meta leader.
@@ -133,4 +148,35 @@ func (c *Cluster) Leader(t testing.TB, ctx context.Context, stream string) int {
 	}
 	t.Fatalf("stream %s: leader %q is no node of the cluster", stream, info.Cluster.Leader)
 	return -1
+}
+
+// Env returns an Env on the cluster, for code written against one server
+// (such as pipelinetest.Start): a connection given every node's URL, and
+// the buckets bound through it. Server is the first node; Env.Restart does
+// not apply. The topology must have been ensured.
+func (c *Cluster) Env(t testing.TB) *Env {
+	t.Helper()
+	nc, js := dial(t, c.URLs())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := topology.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatalf("open buckets: %v", err)
+	}
+	return &Env{Server: c.Servers[0], NC: nc, JS: js, Buckets: b}
+}
+
+// dial connects to url (reconnecting forever) until the test ends.
+func dial(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
