@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -34,16 +32,17 @@ type harness struct {
 	policyPath, ledgerPath, sealKeyPath string
 	url                                 string
 
-	broker *slot
+	nodes  []*node // the nats-server, or the nodes of the cluster
 	stages map[string][]*slot
 
-	mu        sync.Mutex
-	procs     []*proc
-	faults    []string
-	lastFault time.Time
-	kills     int
-	restarts  int
-	skipped   int
+	mu           sync.Mutex
+	procs        []*proc
+	faults       []string
+	lastFault    time.Time
+	kills        int
+	restarts     int
+	skipped      int
+	clusterNotes []string
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -106,6 +105,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := h.waitJetStream(ctx, js); err != nil {
+		return nil, err
+	}
 	if err := h.startStages(ctx); err != nil {
 		return nil, err
 	}
@@ -141,6 +143,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// Stop the workers first, so that the ledger and KV no longer change
 	// while they are read; the broker stays up for the reads.
 	h.stopStages()
+	h.checkReplicas(ctx, js)
 	f, err := h.gather(ctx, js, d)
 	if err != nil {
 		return nil, err
@@ -149,7 +152,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.Params, r.Replay = cfg.Params(), cfg.Replay()
 	h.mu.Lock()
 	r.Kills, r.BrokerRestarts, r.FaultsSkipped, r.LastFault = h.kills, h.restarts, h.skipped, h.lastFault
+	for _, n := range h.clusterNotes {
+		r.note("cluster", "%s", n)
+	}
 	h.mu.Unlock()
+	r.ClusterNodes = cfg.ClusterNodes
 	if r.Lost == 0 && r.NotSent == 0 {
 		r.AllTerminal = lastTerminal
 	}
@@ -165,7 +172,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r, nil
 }
 
-// setUp writes the files, builds or finds the binaries and starts the broker.
+// setUp writes the files, builds or finds the binaries and starts the
+// broker (or the cluster).
 func (h *harness) setUp(ctx context.Context) error {
 	h.logDir = filepath.Join(h.dir, "logs")
 	h.policyPath = filepath.Join(h.dir, "policy.json")
@@ -195,37 +203,7 @@ func (h *harness) setUp(ctx context.Context) error {
 		}
 	}
 
-	// The broker keeps its port and store across restarts. A port taken
-	// between choosing and binding is retried with another.
-	for attempt := 1; ; attempt++ {
-		port, err := embedded.FreePort()
-		if err != nil {
-			return err
-		}
-		conf := filepath.Join(h.dir, "nats.conf")
-		if err := writeBrokerConfig(conf, port, filepath.Join(h.dir, "jetstream")); err != nil {
-			return err
-		}
-		addr := net.JoinHostPort("127.0.0.1", itoa(port))
-		h.url = "nats://" + addr
-		h.broker = newSlot(h, "nats-server", "nats-server", "-c", conf)
-		p, err := h.broker.start()
-		if err != nil {
-			return err
-		}
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err = waitTCP(wctx, addr, p)
-		cancel()
-		if err == nil {
-			go h.broker.supervise(p)
-			return nil
-		}
-		<-p.done
-		if attempt == 3 {
-			return fmt.Errorf("nats-server: %w\n%s", err, tail(p.logText(), 40))
-		}
-		h.logf("nats-server did not start on port %d (%v); trying another", port, err)
-	}
+	return h.startBrokers(ctx)
 }
 
 // startStages starts every replica and waits until each consumes.
@@ -341,7 +319,7 @@ func (h *harness) injectFaults(ctx context.Context, d *driver) {
 		h.logf("fault %d/%d: %s", i+1, len(h.plan.Faults), f)
 		var err error
 		if f.Broker {
-			err = h.restartBroker(ctx, f.Down)
+			err = h.restartBroker(ctx, d.js, f.Down)
 		} else {
 			err = h.killWorker(ctx, h.stages[f.Stage][f.Replica-1], f.Down)
 		}
@@ -363,26 +341,6 @@ func (h *harness) killWorker(ctx context.Context, s *slot, down time.Duration) e
 	return s.kill(ctx, down)
 }
 
-// restartBroker SIGKILLs nats-server and lets its supervisor start it again
-// on the same port and store after down; it returns once the broker accepts
-// connections again.
-func (h *harness) restartBroker(ctx context.Context, down time.Duration) error {
-	h.mu.Lock()
-	h.restarts++
-	h.lastFault = time.Now()
-	h.mu.Unlock()
-	if err := h.broker.kill(ctx, down); err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	p, err := h.broker.waitUp(wctx)
-	if err != nil {
-		return err
-	}
-	return waitTCP(wctx, strings.TrimPrefix(h.url, "nats://"), p)
-}
-
 // stopStages ends every stage process (SIGTERM: they drain).
 func (h *harness) stopStages() {
 	var wg sync.WaitGroup
@@ -396,8 +354,8 @@ func (h *harness) stopStages() {
 
 func (h *harness) stopAll() {
 	h.stopStages()
-	if h.broker != nil {
-		h.broker.stop(10 * time.Second)
+	for _, n := range h.nodes {
+		n.slot.stop(10 * time.Second)
 	}
 }
 
