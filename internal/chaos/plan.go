@@ -126,8 +126,9 @@ func NewPlan(c Config) Plan {
 		}
 		if c.Clustered() {
 			// A cluster node stays away long enough for the others to
-			// elect new leaders and carry the load without it.
-			f.Leader, f.Down = true, 5*time.Second+2*f.Down
+			// elect new leaders (4 to 9 s after a crash) and then carry the
+			// load without it for a while.
+			f.Leader, f.Down = true, 10*time.Second+2*f.Down
 		}
 		p.Faults = append(p.Faults, f)
 	}
