@@ -373,46 +373,47 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 		tf := TurnFact{Plan: *t.plan, ID: t.id, SessionID: t.sessionID, Principal: schemas.Principal(transport, t.sender), Published: t.published, Seq: t.seq}
 		d.mu.Unlock()
 		if tf.Published {
-			b, _, err := d.st.Batches.Get(ctx, t.id)
-			switch {
-			case err == nil:
-				tf.Batch = b
-			case !errors.Is(err, store.ErrNotFound):
+			b, err := read(ctx, "batch "+t.id, func() (*schemas.BatchRecord, uint64, error) { return d.st.Batches.Get(ctx, t.id) })
+			if err != nil {
 				return nil, err
 			}
+			tf.Batch = b
 			tf.Approvals = make([]*schemas.ApprovalRecord, len(t.plan.Calls))
 			for i := range t.plan.Calls {
-				a, _, err := d.st.Approvals.Get(ctx, schemas.ApprovalID(t.id, i))
-				switch {
-				case err == nil:
-					tf.Approvals[i] = a
-				case !errors.Is(err, store.ErrNotFound):
+				id := schemas.ApprovalID(t.id, i)
+				if tf.Approvals[i], err = read(ctx, "approval "+id, func() (*schemas.ApprovalRecord, uint64, error) { return d.st.Approvals.Get(ctx, id) }); err != nil {
 					return nil, err
 				}
 			}
 		}
 		f.Turns = append(f.Turns, tf)
 	}
-	err := scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+">", func(m jetstream.Msg) error {
-		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
-		if err != nil {
-			return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
-		}
-		f.Outcomes[o.TurnID] = append(f.Outcomes[o.TurnID], o)
-		return nil
+	// Reads are tried again on errors a cluster shows while it settles
+	// after a node's restart (topology.Retry).
+	err := topology.Retry(ctx, func() error {
+		clear(f.Outcomes)
+		return scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+">", func(m jetstream.Msg) error {
+			o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
+			if err != nil {
+				return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
+			}
+			f.Outcomes[o.TurnID] = append(f.Outcomes[o.TurnID], o)
+			return nil
+		})
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read the outcomes: %w", err)
 	}
-	s, err := js.Stream(ctx, topology.StreamDLQ)
+	err = topology.Retry(ctx, func() error {
+		s, err := js.Stream(ctx, topology.StreamDLQ)
+		if err == nil {
+			f.DeadLetters = s.CachedInfo().State.Msgs
+		}
+		return err
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read %s: %w", topology.StreamDLQ, err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	f.DeadLetters = info.State.Msgs
 	if f.Ledger, f.BadLedger, err = readLedger(h.ledgerPath); err != nil {
 		return nil, err
 	}
@@ -428,6 +429,23 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 		}
 	}
 	return f, nil
+}
+
+// read gets one record for gather: nil if there is none, tried again on
+// transient errors.
+func read[T any](ctx context.Context, what string, get func() (*T, uint64, error)) (*T, error) {
+	var rec *T
+	err := topology.Retry(ctx, func() (err error) {
+		rec, _, err = get()
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read %s: %w", what, err)
+	}
+	return rec, nil
 }
 
 // scan hands every message of stream matching filter to fn, in order.
