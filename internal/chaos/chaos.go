@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,16 +32,17 @@ type harness struct {
 	policyPath, ledgerPath, sealKeyPath string
 	url                                 string
 
-	broker *slot
+	nodes  []*node // the nats-server, or the nodes of the cluster
 	stages map[string][]*slot
 
-	mu        sync.Mutex
-	procs     []*proc
-	faults    []string
-	lastFault time.Time
-	kills     int
-	restarts  int
-	skipped   int
+	mu           sync.Mutex
+	procs        []*proc
+	faults       []string
+	lastFault    time.Time
+	kills        int
+	restarts     int
+	skipped      int
+	clusterNotes []string
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -105,6 +105,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := h.waitJetStream(ctx, js); err != nil {
+		return nil, err
+	}
 	if err := h.startStages(ctx); err != nil {
 		return nil, err
 	}
@@ -140,6 +143,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// Stop the workers first, so that the ledger and KV no longer change
 	// while they are read; the broker stays up for the reads.
 	h.stopStages()
+	h.checkReplicas(ctx, js)
 	f, err := h.gather(ctx, js, d)
 	if err != nil {
 		return nil, err
@@ -148,7 +152,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.Params, r.Replay = cfg.Params(), cfg.Replay()
 	h.mu.Lock()
 	r.Kills, r.BrokerRestarts, r.FaultsSkipped, r.LastFault = h.kills, h.restarts, h.skipped, h.lastFault
+	for _, n := range h.clusterNotes {
+		r.note("cluster", "%s", n)
+	}
 	h.mu.Unlock()
+	r.ClusterNodes = cfg.ClusterNodes
 	if r.Lost == 0 && r.NotSent == 0 {
 		r.AllTerminal = lastTerminal
 	}
@@ -164,7 +172,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r, nil
 }
 
-// setUp writes the files, builds or finds the binaries and starts the broker.
+// setUp writes the files, builds or finds the binaries and starts the
+// broker (or the cluster).
 func (h *harness) setUp(ctx context.Context) error {
 	h.logDir = filepath.Join(h.dir, "logs")
 	h.policyPath = filepath.Join(h.dir, "policy.json")
@@ -194,37 +203,7 @@ func (h *harness) setUp(ctx context.Context) error {
 		}
 	}
 
-	// The broker keeps its port and store across restarts. A port taken
-	// between choosing and binding is retried with another.
-	for attempt := 1; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		conf := filepath.Join(h.dir, "nats.conf")
-		if err := writeBrokerConfig(conf, port, filepath.Join(h.dir, "jetstream")); err != nil {
-			return err
-		}
-		addr := net.JoinHostPort("127.0.0.1", itoa(port))
-		h.url = "nats://" + addr
-		h.broker = newSlot(h, "nats-server", "nats-server", "-c", conf)
-		p, err := h.broker.start()
-		if err != nil {
-			return err
-		}
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err = waitTCP(wctx, addr, p)
-		cancel()
-		if err == nil {
-			go h.broker.supervise(p)
-			return nil
-		}
-		<-p.done
-		if attempt == 3 {
-			return fmt.Errorf("nats-server: %w\n%s", err, tail(p.logText(), 40))
-		}
-		h.logf("nats-server did not start on port %d (%v); trying another", port, err)
-	}
+	return h.startBrokers(ctx)
 }
 
 // startStages starts every replica and waits until each consumes.
@@ -340,7 +319,7 @@ func (h *harness) injectFaults(ctx context.Context, d *driver) {
 		h.logf("fault %d/%d: %s", i+1, len(h.plan.Faults), f)
 		var err error
 		if f.Broker {
-			err = h.restartBroker(ctx, f.Down)
+			err = h.restartBroker(ctx, d.js, f.Down)
 		} else {
 			err = h.killWorker(ctx, h.stages[f.Stage][f.Replica-1], f.Down)
 		}
@@ -362,26 +341,6 @@ func (h *harness) killWorker(ctx context.Context, s *slot, down time.Duration) e
 	return s.kill(ctx, down)
 }
 
-// restartBroker SIGKILLs nats-server and lets its supervisor start it again
-// on the same port and store after down; it returns once the broker accepts
-// connections again.
-func (h *harness) restartBroker(ctx context.Context, down time.Duration) error {
-	h.mu.Lock()
-	h.restarts++
-	h.lastFault = time.Now()
-	h.mu.Unlock()
-	if err := h.broker.kill(ctx, down); err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	p, err := h.broker.waitUp(wctx)
-	if err != nil {
-		return err
-	}
-	return waitTCP(wctx, strings.TrimPrefix(h.url, "nats://"), p)
-}
-
 // stopStages ends every stage process (SIGTERM: they drain).
 func (h *harness) stopStages() {
 	var wg sync.WaitGroup
@@ -395,8 +354,8 @@ func (h *harness) stopStages() {
 
 func (h *harness) stopAll() {
 	h.stopStages()
-	if h.broker != nil {
-		h.broker.stop(10 * time.Second)
+	for _, n := range h.nodes {
+		n.slot.stop(10 * time.Second)
 	}
 }
 
@@ -414,46 +373,47 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 		tf := TurnFact{Plan: *t.plan, ID: t.id, SessionID: t.sessionID, Principal: schemas.Principal(transport, t.sender), Published: t.published, Seq: t.seq}
 		d.mu.Unlock()
 		if tf.Published {
-			b, _, err := d.st.Batches.Get(ctx, t.id)
-			switch {
-			case err == nil:
-				tf.Batch = b
-			case !errors.Is(err, store.ErrNotFound):
+			b, err := read(ctx, "batch "+t.id, func() (*schemas.BatchRecord, uint64, error) { return d.st.Batches.Get(ctx, t.id) })
+			if err != nil {
 				return nil, err
 			}
+			tf.Batch = b
 			tf.Approvals = make([]*schemas.ApprovalRecord, len(t.plan.Calls))
 			for i := range t.plan.Calls {
-				a, _, err := d.st.Approvals.Get(ctx, schemas.ApprovalID(t.id, i))
-				switch {
-				case err == nil:
-					tf.Approvals[i] = a
-				case !errors.Is(err, store.ErrNotFound):
+				id := schemas.ApprovalID(t.id, i)
+				if tf.Approvals[i], err = read(ctx, "approval "+id, func() (*schemas.ApprovalRecord, uint64, error) { return d.st.Approvals.Get(ctx, id) }); err != nil {
 					return nil, err
 				}
 			}
 		}
 		f.Turns = append(f.Turns, tf)
 	}
-	err := scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+">", func(m jetstream.Msg) error {
-		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
-		if err != nil {
-			return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
-		}
-		f.Outcomes[o.TurnID] = append(f.Outcomes[o.TurnID], o)
-		return nil
+	// Reads are tried again on errors a cluster shows while it settles
+	// after a node's restart (topology.Retry).
+	err := topology.Retry(ctx, func() error {
+		clear(f.Outcomes)
+		return scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+">", func(m jetstream.Msg) error {
+			o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
+			if err != nil {
+				return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
+			}
+			f.Outcomes[o.TurnID] = append(f.Outcomes[o.TurnID], o)
+			return nil
+		})
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read the outcomes: %w", err)
 	}
-	s, err := js.Stream(ctx, topology.StreamDLQ)
+	err = topology.Retry(ctx, func() error {
+		s, err := js.Stream(ctx, topology.StreamDLQ)
+		if err == nil {
+			f.DeadLetters = s.CachedInfo().State.Msgs
+		}
+		return err
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read %s: %w", topology.StreamDLQ, err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	f.DeadLetters = info.State.Msgs
 	if f.Ledger, f.BadLedger, err = readLedger(h.ledgerPath); err != nil {
 		return nil, err
 	}
@@ -469,6 +429,23 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 		}
 	}
 	return f, nil
+}
+
+// read gets one record for gather: nil if there is none, tried again on
+// transient errors.
+func read[T any](ctx context.Context, what string, get func() (*T, uint64, error)) (*T, error) {
+	var rec *T
+	err := topology.Retry(ctx, func() (err error) {
+		rec, _, err = get()
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read %s: %w", what, err)
+	}
+	return rec, nil
 }
 
 // scan hands every message of stream matching filter to fn, in order.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/tollgate-dev/tollgate/policy"
 )
 
@@ -38,6 +40,27 @@ func TestChaosLong(t *testing.T) {
 		t.Skip("set TOLLGATE_CHAOS_LONG=1 (make chaos) for the long chaos run")
 	}
 	runChaos(t, Defaults())
+}
+
+// TestChaosCluster is `make cluster-test`: the pipeline on a three-node
+// JetStream cluster (every stream and bucket R3), one process per stage
+// connected with all three URLs, and the node leading TOLLGATE_TURNS
+// SIGKILLed under load and restarted some seconds later. One process per
+// stage keeps it clear of the known session-order defect with several
+// executor replicas (TestSessionOrderRepro), and no worker is killed, so a
+// claim held by a dead worker (2-minute lease) does not stretch the run.
+func TestChaosCluster(t *testing.T) {
+	if os.Getenv("TOLLGATE_CHAOS_CLUSTER_TEST") != "1" {
+		t.Skip("set TOLLGATE_CHAOS_CLUSTER_TEST=1 (make cluster-test) for the three-node cluster run")
+	}
+	runChaos(t, Config{
+		Turns: 400, Kills: 0, BrokerRestarts: 1, Replicas: 2, ClusterNodes: 3, Concurrency: 16, MaxSessionTurns: 4,
+		ExpiresAfter: time.Second, FaultFrom: 0.3, FaultTo: 0.6,
+		// No worker is killed, but a call whose tool ran just as the claims
+		// bucket lost its leader cannot have its result recorded, and waits
+		// out the 2-minute claim lease (then EXECUTION_UNCERTAIN).
+		StallTimeout: 3 * time.Minute, MaxDuration: 10 * time.Minute,
+	})
 }
 
 func runChaos(t *testing.T, cfg Config) {
@@ -133,5 +156,23 @@ func TestPolicyLoads(t *testing.T) {
 	}
 	if _, err := policy.Load(path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A cluster node's configuration is what nats-server reads as one: the
+// cluster, its routes, JetStream with sync_interval: always.
+func TestClusterNodeConfig(t *testing.T) {
+	dir := t.TempDir()
+	nd := &node{name: "tollgate-chaos-2", port: 14222, clusterPort: 16223, conf: filepath.Join(dir, "nats-2.conf")}
+	routes := []string{"nats-route://127.0.0.1:16222", "nats-route://127.0.0.1:16223", "nats-route://127.0.0.1:16224"}
+	if err := writeBrokerConfig(nd, routes, filepath.Join(dir, "js")); err != nil {
+		t.Fatal(err)
+	}
+	o, err := server.ProcessConfigFile(nd.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ServerName != nd.name || o.Port != nd.port || o.Cluster.Name != clusterName || o.Cluster.Port != nd.clusterPort || len(o.Routes) != 3 || !o.JetStream || !o.SyncAlways {
+		t.Fatalf("parsed %+v", o)
 	}
 }

@@ -66,6 +66,7 @@ type Report struct {
 	Rejections  map[string]int // rejected decisions by code
 
 	Kills, BrokerRestarts, UnexpectedExits int
+	ClusterNodes                           int // nats-server processes; in a cluster a broker restart kills the TOLLGATE_TURNS leader
 	FaultsSkipped                          int
 	LastFault, AllTerminal                 time.Time
 	Wall                                   time.Duration
@@ -398,7 +399,11 @@ func (r *Report) Print(w io.Writer) {
 	p("==== chaos report ====")
 	p("parameters: %s", r.Params)
 	p("replay:     %s", r.Replay)
-	p("faults: %d worker kills, %d broker restarts, %d unexpected worker exits, %d skipped", r.Kills, r.BrokerRestarts, r.UnexpectedExits, r.FaultsSkipped)
+	broker := "broker restarts"
+	if r.ClusterNodes > 1 {
+		broker = fmt.Sprintf("kills of the TOLLGATE_TURNS leader node (of %d, restarted later)", r.ClusterNodes)
+	}
+	p("faults: %d worker kills, %d %s, %d unexpected worker exits, %d skipped", r.Kills, r.BrokerRestarts, broker, r.UnexpectedExits, r.FaultsSkipped)
 	p("turns: planned %d, published %d, accepted %d, terminal %d", r.Planned, r.Published, r.Accepted, r.Terminal)
 	p("executions (ledger lines): %d", r.Executions)
 	p("terminal states: %s", counts(r.States))

@@ -25,10 +25,17 @@ type Config struct {
 	Seed            int64 // 0: derived from the clock (printed)
 	Turns           int   // turns to drive
 	Kills           int   // worker SIGKILLs
-	BrokerRestarts  int   // nats-server SIGKILL + restart
-	Replicas        int   // processes per stage, at least 2
+	BrokerRestarts  int   // nats-server SIGKILL + restart (in a cluster: of the node leading TOLLGATE_TURNS)
+	Replicas        int   // processes per stage
 	Concurrency     int   // sessions driven at once
 	MaxSessionTurns int   // a session has 1..MaxSessionTurns turns
+	// ClusterNodes is how many nats-server processes run: 1, or a
+	// JetStream cluster of 3 (or 5) on loopback, whose every node's URL
+	// the stages and the harness are given.
+	ClusterNodes int
+	// StreamReplicas is the replica count of every stream and bucket (the
+	// stages' TOLLGATE_REPLICAS); 0: ClusterNodes.
+	StreamReplicas int
 	// BurstPercent of a session's later turns are published right after the
 	// previous one, without waiting for it to end (so they queue); negative
 	// for none.
@@ -72,6 +79,8 @@ func (c Config) withDefaults() Config {
 	setInt(&c.Replicas, d.Replicas)
 	setInt(&c.Concurrency, d.Concurrency)
 	setInt(&c.MaxSessionTurns, d.MaxSessionTurns)
+	setInt(&c.ClusterNodes, 1)
+	setInt(&c.StreamReplicas, c.ClusterNodes)
 	if c.Kills < 0 {
 		c.Kills = 0
 	}
@@ -107,20 +116,28 @@ func (c Config) withDefaults() Config {
 
 // Params is the one-line description of a run that replays it.
 func (c Config) Params() string {
-	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v",
-		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
+	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
 		c.ExpiresAfter, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries)
 }
 
+// Clustered reports whether the run uses a nats-server cluster.
+func (c Config) Clustered() bool { return c.ClusterNodes > 1 }
+
 // Replay is the command line that replays a run.
 func (c Config) Replay() string {
-	return fmt.Sprintf("make chaos CHAOS_SEED=%d CHAOS_TURNS=%d CHAOS_KILLS=%d CHAOS_RESTARTS=%d CHAOS_REPLICAS=%d",
+	s := fmt.Sprintf("make chaos CHAOS_SEED=%d CHAOS_TURNS=%d CHAOS_KILLS=%d CHAOS_RESTARTS=%d CHAOS_REPLICAS=%d",
 		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas)
+	if c.Clustered() {
+		s += fmt.Sprintf(" CHAOS_CLUSTER=%d CHAOS_STREAM_REPLICAS=%d", c.ClusterNodes, c.StreamReplicas)
+	}
+	return s
 }
 
 // FromEnv overrides c with the TOLLGATE_CHAOS_* variables that are set:
-// SEED, TURNS, KILLS, RESTARTS, REPLICAS, CONCURRENCY, MAX_SESSION_TURNS,
-// BURST_PERCENT, EXPIRES_AFTER, STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1).
+// SEED, TURNS, KILLS, RESTARTS, REPLICAS, CLUSTER, STREAM_REPLICAS,
+// CONCURRENCY, MAX_SESSION_TURNS, BURST_PERCENT, EXPIRES_AFTER,
+// STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1).
 func (c Config) FromEnv() (Config, error) {
 	var err error
 	num := func(name string, v *int) {
@@ -148,6 +165,8 @@ func (c Config) FromEnv() (Config, error) {
 	num("KILLS", &c.Kills)
 	num("RESTARTS", &c.BrokerRestarts)
 	num("REPLICAS", &c.Replicas)
+	num("CLUSTER", &c.ClusterNodes)
+	num("STREAM_REPLICAS", &c.StreamReplicas)
 	num("CONCURRENCY", &c.Concurrency)
 	num("MAX_SESSION_TURNS", &c.MaxSessionTurns)
 	num("BURST_PERCENT", &c.BurstPercent)

@@ -49,7 +49,8 @@ type TurnPlan struct {
 type Fault struct {
 	AtTurn  int           // injected once this many turns have been published...
 	Jitter  time.Duration // ...and this much later
-	Broker  bool          // the nats-server; else Stage/Replica
+	Broker  bool          // the nats-server (in a cluster: the node leading TOLLGATE_TURNS); else Stage/Replica
+	Leader  bool          // Broker in a cluster
 	Stage   string
 	Replica int
 	Down    time.Duration // how long the process stays dead before it is restarted
@@ -57,6 +58,9 @@ type Fault struct {
 
 func (f Fault) String() string {
 	target := "nats-server"
+	if f.Leader {
+		target = "the node leading TOLLGATE_TURNS"
+	}
 	if !f.Broker {
 		target = fmt.Sprintf("%s-%d", f.Stage, f.Replica)
 	}
@@ -116,10 +120,17 @@ func NewPlan(c Config) Plan {
 		// Spread evenly over the fault window, with some play.
 		span := (to - from) / (c.BrokerRestarts + 1)
 		at := from + span*(i+1) + rng.IntN(max(span/2, 1)) - span/4
-		p.Faults = append(p.Faults, Fault{
+		f := Fault{
 			AtTurn: max(at, from), Jitter: jitter(rng, 500*time.Millisecond), Broker: true,
 			Down: 200*time.Millisecond + jitter(rng, 1300*time.Millisecond),
-		})
+		}
+		if c.Clustered() {
+			// A cluster node stays away long enough for the others to
+			// elect new leaders (4 to 9 s after a crash) and then carry the
+			// load without it for a while.
+			f.Leader, f.Down = true, 10*time.Second+2*f.Down
+		}
+		p.Faults = append(p.Faults, f)
 	}
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return a.AtTurn - b.AtTurn })
 	return p

@@ -240,32 +240,6 @@ func (s *slot) unexpectedExits() []string {
 	return append([]string(nil), s.unexpected...)
 }
 
-// freePort is a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// writeBrokerConfig writes a nats-server configuration in the style of
-// deploy/nats/single.conf: loopback only, JetStream fsyncing before every
-// acknowledgement, so a SIGKILL of the server loses no acknowledged write.
-func writeBrokerConfig(path string, port int, storeDir string) error {
-	conf := fmt.Sprintf(`# written by internal/chaos (deploy/nats/single.conf settings)
-server_name: tollgate-chaos
-listen: 127.0.0.1:%d
-max_payload: 1MB
-jetstream {
-  store_dir: %q
-  sync_interval: always
-}
-`, port, storeDir)
-	return os.WriteFile(path, []byte(conf), 0o600)
-}
-
 // writeSealKey writes a TurnContext seal key file in the format the seal
 // (being added on main) reads from TOLLGATE_SEAL_KEY_FILE. Stages that do
 // not know the variable ignore it.
@@ -301,7 +275,8 @@ func (h *harness) procEnv(bin string) []string {
 		return env
 	}
 	return append(env,
-		"TOLLGATE_NATS_URL="+h.url,
+		"TOLLGATE_NATS_URL="+h.url, // every node's URL in a cluster
+		"TOLLGATE_REPLICAS="+itoa(h.cfg.StreamReplicas),
 		"TOLLGATE_POLICY="+h.policyPath,
 		"TOLLGATE_SANDBOX="+filepath.Join(h.dir, "sandbox"),
 		"TOLLGATE_LEDGER="+h.ledgerPath,

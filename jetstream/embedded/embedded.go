@@ -5,6 +5,8 @@ package embedded
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -25,6 +27,20 @@ type Options struct {
 	ServerName string
 	// Logger, if set, receives the server's log (debug and trace stay off).
 	Logger server.Logger
+	// Cluster, if set, makes the server one node of a JetStream cluster
+	// (ServerName must then differ between the nodes).
+	Cluster *Cluster
+}
+
+// Cluster is one node's cluster settings. Routes are on loopback only.
+type Cluster struct {
+	// Name is the cluster's name, the same on every node.
+	Name string
+	// Port is the route listen port on Host; -1 picks a free one.
+	Port int
+	// Routes are the nodes' route URLs (nats-route://127.0.0.1:<port>); a
+	// node's own URL among them is ignored by nats-server.
+	Routes []string
 }
 
 // Validate reports options Start would reject.
@@ -37,12 +53,40 @@ func (o Options) Validate() error {
 	default:
 		return fmt.Errorf("embedded: host %q is not loopback", o.Host)
 	}
+	if c := o.Cluster; c != nil {
+		if c.Name == "" || o.ServerName == "" {
+			return errors.New("embedded: a cluster node needs a cluster name and a server name")
+		}
+		for _, r := range c.Routes {
+			u, err := url.Parse(r)
+			if err != nil || !loopback(u.Hostname()) {
+				return fmt.Errorf("embedded: route %q is not a loopback URL", r)
+			}
+		}
+	}
 	return nil
+}
+
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Start starts a server and waits until it accepts clients. The caller must
 // Shutdown it (and may WaitForShutdown).
 func Start(o Options) (*server.Server, error) {
+	opts, err := o.ServerOptions()
+	if err != nil {
+		return nil, err
+	}
+	return Run(opts, o.Logger)
+}
+
+// ServerOptions are the nats-server options Start runs o with.
+func (o Options) ServerOptions() (*server.Options, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -65,12 +109,26 @@ func Start(o Options) (*server.Server, error) {
 		HTTPPort:   0,
 		SyncAlways: o.SyncAlways,
 	}
+	if c := o.Cluster; c != nil {
+		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: host, Port: c.Port}
+		for _, r := range c.Routes {
+			u, _ := url.Parse(r) // checked by Validate
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	return opts, nil
+}
+
+// Run starts a server with opts as they are (callers that take them from
+// elsewhere, such as a configuration file, keep them on loopback) and waits
+// until it accepts clients. logger, if not nil, receives its log.
+func Run(opts *server.Options, logger server.Logger) (*server.Server, error) {
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: new server: %w", err)
 	}
-	if o.Logger != nil {
-		ns.SetLoggerV2(o.Logger, false, false, false)
+	if logger != nil {
+		ns.SetLoggerV2(logger, false, false, false)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
@@ -78,4 +136,15 @@ func Start(o Options) (*server.Server, error) {
 		return nil, errors.New("embedded: server not ready within 10s")
 	}
 	return ns, nil
+}
+
+// FreePort is a loopback TCP port that was free a moment ago (for a listener
+// whose port others must know before it starts, such as a cluster route).
+func FreePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }

@@ -24,6 +24,10 @@ func TestValidateRefusesWhatIsNotLoopbackOrHasNoStore(t *testing.T) {
 		{"all interfaces", embedded.Options{StoreDir: "x", Host: "0.0.0.0"}, false},
 		{"a private address", embedded.Options{StoreDir: "x", Host: "10.0.0.1"}, false},
 		{"no store dir", embedded.Options{Host: "127.0.0.1"}, false},
+		{"cluster node on loopback", embedded.Options{StoreDir: "x", ServerName: "n1", Cluster: &embedded.Cluster{Name: "c", Port: -1, Routes: []string{"nats-route://127.0.0.1:6222", "nats-route://localhost:6223"}}}, true},
+		{"cluster node without a server name", embedded.Options{StoreDir: "x", Cluster: &embedded.Cluster{Name: "c", Port: -1}}, false},
+		{"cluster without a name", embedded.Options{StoreDir: "x", ServerName: "n1", Cluster: &embedded.Cluster{Port: -1}}, false},
+		{"a route off loopback", embedded.Options{StoreDir: "x", ServerName: "n1", Cluster: &embedded.Cluster{Name: "c", Port: -1, Routes: []string{"nats-route://10.0.0.2:6222"}}}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -157,6 +158,23 @@ func (c Config) Streams() []jetstream.StreamConfig {
 	}
 }
 
+// DirectGets reports whether the buckets allow direct gets (AllowDirect):
+// only with a single replica.
+//
+// A direct get is answered by any replica of the bucket's stream, and a
+// follower may not have applied a write that the leader has already
+// acknowledged. The stages read their own and each other's writes at once
+// (a session acquired then released by one worker, a release announced on
+// the ready subject and acted on by another, the last of a batch's
+// decisions checked against its siblings), and some of those reads decide
+// that there is nothing to do: a stale one would drop the work, not just
+// cost a compare-and-set retry (docs/operations.md, "Running a three-node
+// cluster"). With several replicas the buckets therefore turn direct gets
+// off, and nats.go reads a key with a message get, which the stream leader
+// answers. With one replica there is no follower to be stale, and direct
+// gets (nats.go's default for KV) stay on.
+func (c Config) DirectGets() bool { return c.Replicas == 1 }
+
 // Buckets returns the KV bucket configurations Ensure creates.
 func (c Config) Buckets() []jetstream.KeyValueConfig {
 	mk := func(name, desc string, history uint8) jetstream.KeyValueConfig {
@@ -177,15 +195,50 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 	}
 }
 
+// BucketStreams returns the configurations of the streams that back the
+// buckets: what nats.go's CreateKeyValue makes of Buckets(), except that
+// AllowDirect follows DirectGets. Ensure writes these (and not the
+// KeyValueConfig, from which nats.go always makes AllowDirect true), so a
+// replicated bucket never allows direct gets, not even for a moment.
+func (c Config) BucketStreams() []jetstream.StreamConfig {
+	var out []jetstream.StreamConfig
+	for _, kc := range c.Buckets() {
+		out = append(out, jetstream.StreamConfig{
+			Name:              "KV_" + kc.Bucket,
+			Description:       kc.Description,
+			Subjects:          []string{"$KV." + kc.Bucket + ".>"},
+			MaxMsgsPerSubject: int64(kc.History),
+			MaxBytes:          -1,
+			MaxMsgSize:        kc.MaxValueSize,
+			Storage:           kc.Storage,
+			Replicas:          kc.Replicas,
+			AllowRollup:       true,
+			DenyDelete:        true,
+			Duplicates:        2 * time.Minute,
+			MaxMsgs:           -1,
+			MaxConsumers:      -1,
+			AllowDirect:       c.DirectGets(),
+			Discard:           jetstream.DiscardNew,
+		})
+	}
+	return out
+}
+
 // Ensure creates or updates every stream and bucket. It is idempotent and
 // safe to call concurrently from several processes. A stream or bucket
 // whose configuration already matches is left alone (only read), so that
 // many workers starting together do not rewrite every stream's config
-// while their peers create consumers on it.
+// while their peers create consumers on it. A pass that fails in a way
+// another pass may not (see Retry: on a cluster, concurrent creations of one
+// stream can go unanswered) is run again.
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	return Retry(ctx, func() error { return ensure(ctx, js, c) })
+}
+
+func ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 	for _, sc := range c.Streams() {
 		if s, err := js.Stream(ctx, sc.Name); err == nil && streamMatches(s.CachedInfo().Config, sc) {
 			continue
@@ -194,12 +247,12 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 			return fmt.Errorf("ensure stream %s: %w", sc.Name, err)
 		}
 	}
-	for _, kc := range c.Buckets() {
-		if s, err := js.Stream(ctx, "KV_"+kc.Bucket); err == nil && bucketMatches(s.CachedInfo().Config, kc) {
+	for _, sc := range c.BucketStreams() {
+		if s, err := js.Stream(ctx, sc.Name); err == nil && bucketMatches(s.CachedInfo().Config, sc) {
 			continue
 		}
-		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
-			return fmt.Errorf("ensure bucket %s: %w", kc.Bucket, err)
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("ensure bucket %s: %w", strings.TrimPrefix(sc.Name, "KV_"), err)
 		}
 	}
 	return nil
@@ -222,9 +275,13 @@ func streamMatches(have, want jetstream.StreamConfig) bool {
 // bucketMatches reports whether a bucket's backing stream has every setting
 // Ensure controls. In particular no TTL (MaxAge) and no size caps: an
 // expiring claim or approval would let a call run twice or vanish.
-func bucketMatches(have jetstream.StreamConfig, want jetstream.KeyValueConfig) bool {
-	return have.Description == want.Description && have.MaxMsgsPerSubject == int64(want.History) &&
-		have.Storage == want.Storage && have.Replicas == want.Replicas && have.MaxMsgSize == want.MaxValueSize &&
+// AllowDirect is part of it: a replicated bucket that allows direct gets
+// can serve stale reads (see DirectGets).
+func bucketMatches(have, want jetstream.StreamConfig) bool {
+	return slices.Equal(have.Subjects, want.Subjects) && have.Description == want.Description &&
+		have.MaxMsgsPerSubject == want.MaxMsgsPerSubject &&
+		have.Storage == want.Storage && have.Replicas == want.Replicas && have.MaxMsgSize == want.MaxMsgSize &&
+		have.AllowDirect == want.AllowDirect && have.AllowRollup && have.DenyDelete &&
 		have.MaxAge == 0 && have.Discard == jetstream.DiscardNew && have.MaxMsgs == -1 && have.MaxBytes == -1 &&
 		!have.Sealed
 }

@@ -203,7 +203,13 @@ func New(cfg Config) (*Runner, error) {
 // cannot be created or the consume loop cannot start.
 func (r *Runner) Run(ctx context.Context) error {
 	c := r.cfg
-	cons, err := c.JS.CreateOrUpdateConsumer(ctx, c.Stream, c.Consumer)
+	// Several replicas starting together create-or-update the same durable
+	// at once; on a cluster some of those requests can go unanswered.
+	var cons jetstream.Consumer
+	err := topology.Retry(ctx, func() (err error) {
+		cons, err = c.JS.CreateOrUpdateConsumer(ctx, c.Stream, c.Consumer)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("%s: create consumer %s/%s: %w", c.Stage, c.Stream, c.Consumer.Durable, err)
 	}

@@ -6,7 +6,10 @@
 // ErrConflict (update at a stale revision). Both JetStream error shapes of a
 // failed compare-and-set (ErrKeyExists, code 10071 on a single server, and
 // ErrKeyRevisionMismatch, code 10164 on a replicated bucket) map to these, so
-// callers never look at JetStream codes.
+// callers never look at JetStream codes. (The JetStream error stays in the
+// chain, for logs and tests.) On a replicated bucket both shapes occur:
+// 10164 while the leader still has a write of the key in flight, 10071
+// otherwise.
 package store
 
 import (
@@ -91,7 +94,7 @@ func (b Bucket[T, P]) Create(ctx context.Context, key string, rec P) (uint64, er
 	}
 	rev, err := b.KV.Create(ctx, key, data)
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return 0, fmt.Errorf("create %s/%s: %w", b.KV.Bucket(), key, ErrExists)
+		return 0, fmt.Errorf("create %s/%s: %w (%w)", b.KV.Bucket(), key, ErrExists, err)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("create %s/%s: %w", b.KV.Bucket(), key, err)
@@ -108,7 +111,7 @@ func (b Bucket[T, P]) Update(ctx context.Context, key string, rec P, rev uint64)
 	}
 	n, err := b.KV.Update(ctx, key, data, rev)
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
-		return 0, fmt.Errorf("update %s/%s@%d: %w", b.KV.Bucket(), key, rev, ErrConflict)
+		return 0, fmt.Errorf("update %s/%s@%d: %w (%w)", b.KV.Bucket(), key, rev, ErrConflict, err)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("update %s/%s@%d: %w", b.KV.Bucket(), key, rev, err)

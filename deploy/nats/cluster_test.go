@@ -1,0 +1,102 @@
+package natsconf_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// clusterFiles are the three nodes of deploy/nats/cluster-<n>.conf.
+var clusterFiles = []string{"cluster-1.conf", "cluster-2.conf", "cluster-3.conf"}
+
+// The three cluster files describe one cluster on loopback: one cluster
+// name, distinct server names, ports and stores, every node routing to all
+// three route listeners, JetStream with sync_interval: always. Then the
+// files, with only their listen addresses and stores moved (free ports, a
+// temporary directory), form a JetStream cluster that Tollgate's topology
+// at three replicas runs on: a turn with an approval goes through, the node
+// leading TOLLGATE_TURNS shuts down, and the next turn goes through on the
+// other two.
+func TestClusterConfig(t *testing.T) {
+	var opts []*server.Options
+	for _, f := range clusterFiles {
+		o, err := server.ProcessConfigFile(f)
+		if err != nil {
+			t.Fatalf("load %s: %v", f, err)
+		}
+		opts = append(opts, o)
+	}
+	var listens []string
+	seen := map[string]string{}
+	unique := func(f, what, v string) {
+		if other, dup := seen[what+"="+v]; dup {
+			t.Errorf("%s and %s share %s %s", other, f, what, v)
+		}
+		seen[what+"="+v] = f
+	}
+	for i, o := range opts {
+		f := clusterFiles[i]
+		if !o.JetStream || !o.SyncAlways || o.MaxPayload != 1<<20 {
+			t.Errorf("%s: jetstream %v, sync always %v, max payload %d; want JetStream with sync_interval: always and 1MB", f, o.JetStream, o.SyncAlways, o.MaxPayload)
+		}
+		if o.Host != "127.0.0.1" || o.HTTPHost != "127.0.0.1" || o.Cluster.Host != "127.0.0.1" {
+			t.Errorf("%s: listens on %s, http %s, cluster %s; want loopback only", f, o.Host, o.HTTPHost, o.Cluster.Host)
+		}
+		if o.Cluster.Name != "tollgate" {
+			t.Errorf("%s: cluster name %q, want tollgate", f, o.Cluster.Name)
+		}
+		unique(f, "server_name", o.ServerName)
+		unique(f, "client port", fmt.Sprint(o.Port))
+		unique(f, "http port", fmt.Sprint(o.HTTPPort))
+		unique(f, "cluster port", fmt.Sprint(o.Cluster.Port))
+		unique(f, "store_dir", o.StoreDir)
+		listens = append(listens, net.JoinHostPort(o.Cluster.Host, fmt.Sprint(o.Cluster.Port)))
+	}
+	for i, o := range opts {
+		var routes []string
+		for _, r := range o.Routes {
+			routes = append(routes, r.Host)
+		}
+		slices.Sort(routes)
+		if !slices.Equal(routes, slices.Sorted(slices.Values(listens))) {
+			t.Errorf("%s routes to %v, want every node's route listener %v", clusterFiles[i], routes, listens)
+		}
+	}
+	if t.Failed() || testing.Short() {
+		return
+	}
+
+	c := jstest.StartClusterOf(t, opts)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := topology.DefaultConfig()
+	cfg.Replicas = 3 // --replicas 3
+	if err := topology.Ensure(ctx, c.JS[0], cfg); err != nil {
+		t.Fatalf("ensure the topology at 3 replicas: %v", err)
+	}
+	h := pipelinetest.Start(t, pipelinetest.Options{Env: c.Env(t)})
+	turn := func(session string) {
+		t.Helper()
+		id := h.Send(h.Inbound(session, "alice", pipelinetest.Call("echo", `{"text":"hi"}`), pipelinetest.Call("write_file", `{"path":"a.txt","content":"1"}`)))
+		a := h.WaitPending(schemas.ApprovalID(id, 1))
+		h.Decide(a.ApprovalID, schemas.OptionApprove, "alice")
+		if b, _ := h.WaitTerminal(id); b.State != schemas.BatchCompleted {
+			t.Fatalf("turn %s ended %s (%s)", id, b.State, b.Code)
+		}
+	}
+	turn("s-1")
+	leader := c.Leader(t, ctx, topology.StreamTurns)
+	c.Servers[leader].Shutdown()
+	c.Servers[leader].WaitForShutdown()
+	turn("s-2")
+}
