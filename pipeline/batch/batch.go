@@ -205,19 +205,54 @@ func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool t
 	// Record the result. The tool has run: try hard, on a context that the
 	// caller's cancellation does not cut short.
 	claim.Result = res
-	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	return e.recordResult(ctx, call.CallID, claim, rev)
+}
+
+// recordResult writes res into the claim this engine holds at revision rev.
+// The tool has run, so it tries hard: each attempt is short (a write to a
+// leader that just died must not use up the budget), on a context the
+// caller's cancellation does not cut short, for up to a minute. A conflict
+// is not taken at its word: on a replicated bucket the server can report
+// one for a write that follows the holder's own acknowledged write, and a
+// write whose acknowledgement was lost has already happened. So the claim
+// is read again: a recorded result is the answer (ours, or that of a
+// worker that took the claim over), a claim still ours without one is
+// written again at its new revision.
+func (e *Engine) recordResult(ctx context.Context, callID string, claim *schemas.ExecutionClaim, rev uint64) (*schemas.ToolResult, error) {
+	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer wcancel()
 	var werr error
-	for attempt := 0; attempt < 5; attempt++ {
-		if _, werr = e.cfg.Store.Claims.Update(wctx, call.CallID, claim, rev); werr == nil {
-			return res, nil
+	for attempt := 0; wctx.Err() == nil; attempt++ {
+		actx, cancel := context.WithTimeout(wctx, 5*time.Second)
+		_, werr = e.cfg.Store.Claims.Update(actx, callID, claim, rev)
+		if werr == nil {
+			cancel()
+			return claim.Result, nil
 		}
 		if errors.Is(werr, store.ErrConflict) {
-			break
+			cur, crev, gerr := e.cfg.Store.Claims.Get(actx, callID)
+			switch {
+			case gerr != nil:
+				werr = fmt.Errorf("%w; reading it back: %v", werr, gerr)
+			case cur.Result != nil:
+				cancel()
+				return cur.Result, nil
+			case cur.Worker == e.worker:
+				rev = crev // still ours, no result: write again
+				cancel()
+				continue
+			default:
+				cancel()
+				return nil, fmt.Errorf("record result of %s: claim taken over by %s: %w", callID, cur.Worker, werr)
+			}
 		}
-		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+		cancel()
+		select {
+		case <-wctx.Done():
+		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second)):
+		}
 	}
-	return nil, fmt.Errorf("record result of %s: %w", call.CallID, werr)
+	return nil, fmt.Errorf("record result of %s: %w", callID, werr)
 }
 
 // Bounds on what a tool's result may add to the batch record, the claim and

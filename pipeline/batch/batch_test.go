@@ -605,3 +605,46 @@ func TestExecuteResumesItsOwnClaimWhoseCreateReplyWasLost(t *testing.T) {
 		})
 	}
 }
+
+// bumper rewrites its own claim unchanged while it runs, so the claim's
+// revision moves under the engine: the conflict a replicated bucket can
+// report for a write right after the holder's own.
+type bumper struct {
+	st   *store.Store
+	runs atomic.Int32
+}
+
+func (*bumper) Name() string { return "bumps" }
+func (b *bumper) Run(ctx context.Context, c tools.Call) (string, error) {
+	b.runs.Add(1)
+	if _, _, err := b.st.Claims.Mutate(ctx, c.CallID, func(*schemas.ExecutionClaim) error { return nil }); err != nil {
+		return "", err
+	}
+	return "done", nil
+}
+
+func TestAResultIsRecordedDespiteAConflictOnItsOwnClaim(t *testing.T) {
+	f := newFixture(t)
+	bump := &bumper{st: f.st}
+	reg, err := tools.NewRegistry(bump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := batch.New(batch.Config{JS: f.env.JS, Store: f.st, Tools: reg, Keys: pt.Keys(t), Worker: "test@bump", Logger: pt.Logger(), ClaimLease: lease, ToolTimeout: time.Second, Now: f.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn := schemas.TurnID("cli", "bumped")
+	c := call(turn, 0, "bumps", `{}`)
+	res, err := eng.Execute(ctx(t), turnContext(turn), c, "")
+	if err != nil || res.Status != schemas.ResultOK || res.Output != "done" {
+		t.Fatalf("got %+v %v, want the tool's ok result", res, err)
+	}
+	stored, _, err := f.st.Claims.Get(ctx(t), c.CallID)
+	if err != nil || stored.Result == nil || !same(stored.Result, res) {
+		t.Fatalf("claim %+v %v, want the result recorded", stored, err)
+	}
+	if n := bump.runs.Load(); n != 1 {
+		t.Fatalf("tool ran %d times, want 1", n)
+	}
+}
