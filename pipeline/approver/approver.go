@@ -146,10 +146,13 @@ const ExpiryPrincipal = "tollgate:expiry"
 // otherwise, or not yet due, is left alone.
 func (a *Approver) Expire(ctx context.Context, id string) error {
 	now := a.now()
+	changed := false
 	rec, _, err := a.cfg.Store.Approvals.Mutate(ctx, id, func(r *schemas.ApprovalRecord) error {
+		changed = false
 		if r.Status != schemas.ApprovalPending || r.ExpiresAt.IsZero() || now.Before(r.ExpiresAt) {
 			return store.ErrSkip
 		}
+		changed = true
 		r.Status = schemas.ApprovalExpired
 		r.Decision = &schemas.DecisionInfo{Principal: ExpiryPrincipal, DecidedAt: now}
 		return nil
@@ -166,8 +169,14 @@ func (a *Approver) Expire(ctx context.Context, id string) error {
 	if rec.Status != schemas.ApprovalExpired {
 		return nil
 	}
-	a.cfg.Logger.Info("approval expired", "approval", id, "turn", rec.TurnID, "expired_at", rec.ExpiresAt)
-	a.decisions.WithLabelValues("expired_unanswered").Inc()
+	if changed {
+		a.cfg.Logger.Info("approval expired", "approval", id, "turn", rec.TurnID, "expired_at", rec.ExpiresAt)
+		a.decisions.WithLabelValues("expired_unanswered").Inc()
+	}
+	// Published whether this call or an earlier one made the change: an
+	// earlier attempt may have stored "expired" and then failed to publish
+	// (the event has one message id per approval, so a repeat within the
+	// dedupe window is stored once).
 	return a.publishDecided(ctx, rec)
 }
 

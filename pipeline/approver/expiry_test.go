@@ -1,10 +1,14 @@
 package approver_test
 
 import (
+	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -86,5 +90,47 @@ func TestAnApprovalWithoutExpiryHasNone(t *testing.T) {
 	id := schemas.ApprovalID(turn, 0)
 	if a := h.WaitPending(id); !a.ExpiresAt.IsZero() {
 		t.Fatalf("expires_at %v, want none (policy says \"none\")", a.ExpiresAt)
+	}
+}
+
+// The approver stored "expired" and then could not publish the decided
+// event (a broker election, say). The watch then reports the approval
+// decided, but the tracker still tries again, and the retry publishes the
+// announcement the batch is waiting for.
+func TestAnExpiryWhoseAnnouncementFailedIsTriedAgain(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: expiryPolicy, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
+	turn := h.Send(h.Inbound("exp-retry", "alice", pt.Call("write_file", `{"path":"retry.txt","content":"x"}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitPending(id)
+
+	var calls atomic.Int32
+	expire := func(ctx context.Context, id string) error {
+		if calls.Add(1) == 1 {
+			h.MutateApproval(id, func(a *schemas.ApprovalRecord) {
+				a.Status = schemas.ApprovalExpired
+				a.Decision = &schemas.DecisionInfo{Principal: approver.ExpiryPrincipal, DecidedAt: time.Now().UTC()}
+			})
+			return errors.New("publish decided event: no response from stream")
+		}
+		return h.Approver.Expire(ctx, id)
+	}
+	tr, err := approver.NewPendingTracker(h.Store.Approvals.KV, nil, expire, nil, pt.Logger(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = tr.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	b, _ := h.WaitTerminal(turn)
+	if r := b.Results[0]; r.Status != schemas.ResultExpired {
+		t.Fatalf("result %+v, want expired", r)
+	}
+	if n := calls.Load(); n < 2 {
+		t.Fatalf("expire called %d times, want a retry after the failure", n)
+	}
+	if evs := h.Decided(turn); len(evs) != 1 || evs[0].Status != schemas.ApprovalExpired {
+		t.Fatalf("decided events %+v, want one announcing the expiry", evs)
 	}
 }

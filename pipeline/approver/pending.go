@@ -33,6 +33,11 @@ type PendingTracker struct {
 
 	pending map[string]time.Time // pending approval id -> expiry (zero: none)
 	due     dueHeap
+	// retry holds the approvals whose expiry failed part-way (for example
+	// stored as expired, then the decided event could not be published):
+	// they are tried again even after the watch reports them decided, or
+	// their batch would wait for an announcement that never comes.
+	retry map[string]time.Time
 }
 
 // NewPendingTracker registers tollgate_approvals_pending with reg (if not
@@ -53,7 +58,7 @@ func NewPendingTracker(kv jetstream.KeyValue, decode func([]byte) (*schemas.Appr
 	if now == nil {
 		now = time.Now
 	}
-	return &PendingTracker{kv: kv, decode: decode, log: log, gauge: g, expire: expire, now: now, pending: map[string]time.Time{}}, nil
+	return &PendingTracker{kv: kv, decode: decode, log: log, gauge: g, expire: expire, now: now, pending: map[string]time.Time{}, retry: map[string]time.Time{}}, nil
 }
 
 // expiryRetry is how long a failed expiry waits before it is tried again.
@@ -95,6 +100,9 @@ func (p *PendingTracker) arm(timer *time.Timer) {
 		if at, ok := p.pending[top.id]; ok && at.Equal(top.at) {
 			break
 		}
+		if at, ok := p.retry[top.id]; ok && at.Equal(top.at) {
+			break
+		}
 		heap.Pop(&p.due)
 	}
 	if p.due.Len() == 0 {
@@ -110,7 +118,9 @@ func (p *PendingTracker) fire(ctx context.Context) {
 	now := p.now()
 	for p.due.Len() > 0 && !p.due[0].at.After(now) {
 		d := heap.Pop(&p.due).(dueEntry)
-		if at, ok := p.pending[d.id]; !ok || !at.Equal(d.at) {
+		at, pending := p.pending[d.id]
+		again, retrying := p.retry[d.id]
+		if !(pending && at.Equal(d.at)) && !(retrying && again.Equal(d.at)) {
 			continue
 		}
 		if p.expire == nil {
@@ -121,10 +131,15 @@ func (p *PendingTracker) fire(ctx context.Context) {
 				return
 			}
 			p.log.Warn("approval expiry failed; will retry", "approval", d.id, "err", err)
-			retry := now.Add(expiryRetry)
-			p.pending[d.id] = retry
-			heap.Push(&p.due, dueEntry{at: retry, id: d.id})
+			next := now.Add(expiryRetry)
+			p.retry[d.id] = next
+			if pending {
+				p.pending[d.id] = next
+			}
+			heap.Push(&p.due, dueEntry{at: next, id: d.id})
+			continue
 		}
+		delete(p.retry, d.id)
 	}
 }
 
