@@ -16,7 +16,11 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/bench"
 )
 
-func main() { os.Exit(run()) }
+func main() {
+	// The bench starts its raw-stage reference processes from this executable.
+	bench.MaybeRunRawStage()
+	os.Exit(run())
+}
 
 func run() int {
 	cfg, err := bench.Defaults().FromEnv()

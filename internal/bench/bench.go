@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -189,10 +190,11 @@ func (b *bencher) throughput(ctx context.Context, r *Report, sync bool) {
 		scenario{name: "raw pull consume + ack", unit: "msgs/s", run: func() (sample, error) { return b.rawConsume(sync) }},
 	)
 	for _, p := range []*path{&fast, &appr} {
-		sc = append(sc, scenario{name: "raw turn", unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurn(*p, sync) }},
+		sc = append(sc, scenario{name: "raw turn", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurn(*p, sync) }},
 			scenario{name: "tollgate", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeAllInOne, *p, sync, false) }})
 		if b.cfg.Phases["procs"] {
-			sc = append(sc, scenario{name: "tollgate", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeProcesses, *p, sync, false) }})
+			sc = append(sc, scenario{name: "raw turn", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurnProcs(*p, sync) }},
+				scenario{name: "tollgate", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeProcesses, *p, sync, false) }})
 		}
 	}
 	samples := make([][]sample, len(sc))
@@ -226,16 +228,15 @@ func (b *bencher) throughput(ctx context.Context, r *Report, sync bool) {
 		f.Median, f.Min, f.Max = median(rates)
 		r.Throughput = append(r.Throughput, f)
 	}
-	// Efficiencies: per round, Tollgate over the raw turn of the same round.
+	// Efficiencies: per round, Tollgate over the raw turn of the same round
+	// and mode.
 	for _, p := range []path{fastPath, approvalPath} {
-		rawIdx := -1
 		for i, s := range sc {
-			if s.name == "raw turn" && *s.path == p {
-				rawIdx = i
+			if s.name != "tollgate" || *s.path != p {
+				continue
 			}
-		}
-		for i, s := range sc {
-			if s.mode == "" || *s.path != p || rawIdx < 0 {
+			rawIdx := slices.IndexFunc(sc, func(r scenario) bool { return r.name == "raw turn" && r.mode == s.mode && *r.path == p })
+			if rawIdx < 0 {
 				continue
 			}
 			var per []float64
@@ -246,7 +247,7 @@ func (b *bencher) throughput(ctx context.Context, r *Report, sync bool) {
 			}
 			ratio := Ratio{Sync: syncName(sync), Path: p.String(), Mode: s.mode}
 			tg := r.figure(syncName(sync), "tollgate", s.mode, p.String())
-			raw := r.figure(syncName(sync), "raw turn", "", p.String())
+			raw := r.figure(syncName(sync), "raw turn", s.mode, p.String())
 			if tg != nil && raw != nil && raw.Median > 0 {
 				ratio.Efficiency = tg.Median / raw.Median
 			}
@@ -353,7 +354,7 @@ func (r *Report) notes(cfg Config) {
 	r.Notes = append(r.Notes,
 		"Every measured run starts a fresh embedded nats-server (JetStream, file storage in its own directory, 127.0.0.1) in this process; the Tollgate processes and the raw programs connect to it over loopback. Runs of all figures are interleaved round by round, so the per-round efficiency compares Tollgate and the raw turn under the same machine load.",
 		"Closed loop: each of the concurrency slots sends a turn and waits for its outcome before sending the next, cycling over 4 sessions of its own (each turn finds its session known and free). Counted: outcomes received in the window, after the warm-up.",
-		"Raw turn: rawStages runs the traced sequence (below) with the same consumers, pull size, ack mode and per-stage concurrency as Tollgate's runners, payloads of the traced sizes, no decoding, policy, seal, logging or tool; its approver holds the same KV watch on the approvals bucket as Tollgate's pending tracker. The driver and decider are the same for both.",
+		"Raw turn: rawStages runs the traced sequence (below) with the same consumers, pull size, ack mode and per-stage concurrency as Tollgate's runners, payloads of the traced sizes, no decoding, policy, seal, logging or tool; its approver holds the same KV watch on the approvals bucket as Tollgate's pending tracker. The driver and decider are the same for both. All-in-one: the four raw stages in this process on one connection; processes: one process (and connection) per raw stage, the reference for Tollgate's stage processes.",
 		"All-in-one: the four stages wired by stagecmd.Build (as `tollgate dev`), one NATS connection, in this process. Processes: the four stage binaries (built from this tree), one process each. Stage logs at level "+cfg.LogLevel+" go to files.",
 		"Allocations per turn are runtime.MemStats deltas over the window divided by completed turns, for the whole bench process (Tollgate stages, embedded nats-server, driver).",
 		"Deferred redrives per started: how often the redriver evaluated a batch before its approval was decided (the batch-awaiting notice usually arrives first; when the decision arrives first, the first evaluation finds the batch still running). The raw turn always does one deferred evaluation (the traced order).",

@@ -8,6 +8,12 @@ import (
 	"time"
 )
 
+// TestMain lets the bench start this test binary as a raw stage process.
+func TestMain(m *testing.M) {
+	MaybeRunRawStage()
+	os.Exit(m.Run())
+}
+
 // The raw stages, traced like Tollgate's, perform exactly the raw sequences
 // (so the raw turn measures what the report says it does).
 func TestRawStagesPerformTheRawSequences(t *testing.T) {
@@ -116,7 +122,7 @@ func TestBenchSmokeProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the stage binaries")
 	}
-	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*3)
+	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*4)
 	if f := r.Footprint; f == nil || f.Outcomes < 20 || f.RSSPending["approver"] == 0 || f.ApprovalMsgs == 0 {
 		t.Errorf("footprint: %+v", f)
 	}

@@ -3,9 +3,11 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
@@ -225,6 +227,50 @@ func (b *bencher) rawTurn(p path, sync bool) (sample, error) {
 	return s, err
 }
 
+// rawTurnProcs measures the raw turn of p with each raw stage in a process
+// of its own (this program's executable, see MaybeRunRawStage): the
+// reference for Tollgate's stages as separate processes.
+func (b *bencher) rawTurnProcs(p path, sync bool) (sample, error) {
+	e, err := startEnv(b.cfg.WorkDir, sync)
+	if err != nil {
+		return sample{}, err
+	}
+	defer e.close()
+	self, err := os.Executable()
+	if err != nil {
+		return sample{}, err
+	}
+	data, err := json.Marshal(rawSeqFile{Path: p.String(), Steps: b.seqs[p]})
+	if err != nil {
+		return sample{}, err
+	}
+	seqFile := filepath.Join(e.dir, "raw-seq.json")
+	if err := os.WriteFile(seqFile, data, 0o600); err != nil {
+		return sample{}, err
+	}
+	ps, err := launch(&procSet{e: e, consumer: rawConsumer, command: func(stage string) *exec.Cmd {
+		cmd := exec.Command(self)
+		cmd.Env = append(childEnv(), envRawStage+"="+stage, envRawURL+"="+e.url, envRawSeq+"="+seqFile)
+		return cmd
+	}})
+	if err != nil {
+		return sample{}, err
+	}
+	s, err := b.drive(e, p, true, ps.pids(), nil)
+	ps.stop()
+	var logs []string
+	for _, st := range stageNames {
+		logs = append(logs, filepath.Join(e.dir, st+".log"))
+	}
+	errs, conflicts, last := rawResults(logs)
+	s.Errors += errs
+	s.Conflicts = conflicts
+	if errs > 0 {
+		b.cfg.Logf("bench: raw %s turn (processes): %d errors, last: %s", p, errs, last)
+	}
+	return s, err
+}
+
 // drive runs the closed loop on e and returns its sample. onWindow is
 // passed to closedLoop. The CPU time this process (and the processes
 // pids, if any) used in the window is reported per completed turn.
@@ -317,9 +363,7 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 			return sample{}, err
 		}
 		defer ps.stop()
-		for _, p := range ps.procs {
-			pids = append(pids, p.cmd.Process.Pid)
-		}
+		pids = ps.pids()
 	}
 	var m0, m1 runtime.MemStats
 	var d0, d1, n0, n1, r0, r1, x0, x1 float64

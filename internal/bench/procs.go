@@ -45,13 +45,15 @@ type stageProc struct {
 	err   error
 }
 
-// procSet is the four stage processes of one run.
+// procSet is the four stage processes of one run: Tollgate's stage
+// binaries, or raw stages.
 type procSet struct {
-	e       *env
-	bin     string
-	keyFile string
-	level   string
-	procs   map[string]*stageProc
+	e *env
+	// command returns the command running stage (without its output).
+	command func(stage string) *exec.Cmd
+	// consumer is the stage's durable consumer name.
+	consumer func(stage string) string
+	procs    map[string]*stageProc
 }
 
 // startProcs writes a seal key file and starts the four stage binaries
@@ -62,7 +64,22 @@ func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
 	if _, _, err := seal.EnsureFile(keyFile); err != nil {
 		return nil, err
 	}
-	ps := &procSet{e: e, bin: binDir, keyFile: keyFile, level: logLevel, procs: map[string]*stageProc{}}
+	return launch(&procSet{e: e, consumer: func(s string) string { return stageConsumer[s][1] }, command: func(stage string) *exec.Cmd {
+		cmd := exec.Command(filepath.Join(binDir, stage))
+		cmd.Env = append(childEnv(),
+			"TOLLGATE_NATS_URL="+e.url,
+			"TOLLGATE_SEAL_KEY_FILE="+keyFile,
+			"TOLLGATE_SANDBOX="+filepath.Join(e.dir, "sandbox"),
+			"TOLLGATE_METRICS_ADDR=",
+			"TOLLGATE_LOG_LEVEL="+logLevel,
+		)
+		return cmd
+	}})
+}
+
+// launch starts every stage of ps and waits until each consumes.
+func launch(ps *procSet) (*procSet, error) {
+	ps.procs = map[string]*stageProc{}
 	for _, s := range stageNames {
 		if err := ps.start(s); err != nil {
 			ps.stop()
@@ -78,21 +95,23 @@ func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
 	return ps, nil
 }
 
-// start runs the binary of stage.
+// pids are the running processes' ids.
+func (ps *procSet) pids() []int {
+	var out []int
+	for _, p := range ps.procs {
+		out = append(out, p.cmd.Process.Pid)
+	}
+	return out
+}
+
+// start runs stage, logging to <stage>.log in the run's directory.
 func (ps *procSet) start(stage string) error {
 	logf, err := os.OpenFile(filepath.Join(ps.e.dir, stage+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(filepath.Join(ps.bin, stage))
+	cmd := ps.command(stage)
 	cmd.Dir = ps.e.dir
-	cmd.Env = append(childEnv(),
-		"TOLLGATE_NATS_URL="+ps.e.url,
-		"TOLLGATE_SEAL_KEY_FILE="+ps.keyFile,
-		"TOLLGATE_SANDBOX="+filepath.Join(ps.e.dir, "sandbox"),
-		"TOLLGATE_METRICS_ADDR=",
-		"TOLLGATE_LOG_LEVEL="+ps.level,
-	)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -127,7 +146,7 @@ func (ps *procSet) waitReady(stage string, timeout time.Duration) error {
 	}
 	defer nc.Close()
 	p := ps.procs[stage]
-	sc := stageConsumer[stage]
+	stream, name := stageConsumer[stage][0], ps.consumer(stage)
 	deadline := time.Now().Add(timeout)
 	for {
 		select {
@@ -136,7 +155,7 @@ func (ps *procSet) waitReady(stage string, timeout time.Duration) error {
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		info, err := consumerInfo(ctx, js, sc[0], sc[1])
+		info, err := consumerInfo(ctx, js, stream, name)
 		cancel()
 		if err == nil && info.NumWaiting > 0 {
 			return nil

@@ -2,12 +2,17 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"os"
+	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -94,9 +99,12 @@ func rawPlan(seq []step) map[string][]rawGroup {
 
 var zeros = make([]byte, 1<<20)
 
-// startRawStages starts the four raw stages on js for the sequence seq of
-// path p.
-func startRawStages(js jetstream.JetStream, seq []step, p path) (*rawStages, error) {
+// startRawStages starts the raw stages (all four if none are named) on js
+// for the sequence seq of path p.
+func startRawStages(js jetstream.JetStream, seq []step, p path, stages ...string) (*rawStages, error) {
+	if len(stages) == 0 {
+		stages = stageNames
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &rawStages{js: js, kv: map[string]jetstream.KeyValue{}, path: p, plan: rawPlan(seq), ctx: ctx, stop: cancel, running: map[string]*rawRun{}}
 	for _, b := range []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims} {
@@ -107,10 +115,19 @@ func startRawStages(js jetstream.JetStream, seq []step, p path) (*rawStages, err
 		}
 		r.kv[b] = kv
 	}
+	for _, stage := range stages {
+		if err := r.start(stage); err != nil {
+			r.close()
+			return nil, err
+		}
+	}
+	if !slices.Contains(stages, "approver") {
+		return r, nil
+	}
 	// Tollgate's approver watches the approvals bucket; so does this one.
 	w, err := r.kv[topology.BucketApprovals].WatchAll(ctx)
 	if err != nil {
-		cancel()
+		r.close()
 		return nil, err
 	}
 	r.watchWG.Add(1)
@@ -128,12 +145,6 @@ func startRawStages(js jetstream.JetStream, seq []step, p path) (*rawStages, err
 			}
 		}
 	}()
-	for _, stage := range stageNames {
-		if err := r.start(stage); err != nil {
-			r.close()
-			return nil, err
-		}
-	}
 	return r, nil
 }
 
@@ -377,4 +388,100 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 	if err := m.Ack(); err != nil {
 		r.fail(err)
 	}
+}
+
+// A raw stage process is this program's own executable started with these
+// variables (see MaybeRunRawStage): the bench's reference for the stages
+// run as separate processes.
+const (
+	envRawStage = "BENCH_RAW_STAGE" // the stage to run
+	envRawURL   = "BENCH_RAW_URL"   // the NATS server
+	envRawSeq   = "BENCH_RAW_SEQ"   // a JSON rawSeqFile
+)
+
+// rawSeqFile is the sequence a raw stage process runs.
+type rawSeqFile struct {
+	Path  string `json:"path"`
+	Steps []step `json:"steps"`
+}
+
+// MaybeRunRawStage returns at once unless this process was started by the
+// bench as a raw stage process; then it runs that stage until SIGTERM and
+// exits. Call it first in the main (or TestMain) of a program that runs
+// the procs phase: the bench starts raw stage processes from its own
+// executable.
+func MaybeRunRawStage() {
+	stage := os.Getenv(envRawStage)
+	if stage == "" {
+		return
+	}
+	if err := runRawStage(stage, os.Getenv(envRawURL), os.Getenv(envRawSeq)); err != nil {
+		fmt.Fprintf(os.Stderr, "raw stage %s: %v\n", stage, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func runRawStage(stage, url, seqPath string) error {
+	b, err := os.ReadFile(seqPath)
+	if err != nil {
+		return err
+	}
+	var f rawSeqFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	p := fastPath
+	if f.Path == approvalPath.String() {
+		p = approvalPath
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer cancel()
+	nc, err := nats.Connect(url, nats.Name("bench-raw-"+stage), nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	r, err := startRawStages(js, f.Steps, p, stage)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	r.close()
+	last, _ := r.lastErr.Load().(string)
+	fmt.Fprintf(os.Stderr, "%s%d %d %q\n", rawResultPrefix, r.errs.Load(), r.conflicts.Load(), last)
+	return nil
+}
+
+// rawResultPrefix starts the line a raw stage process logs when it stops:
+// its error count, conflict count and last error.
+const rawResultPrefix = "raw stage result: "
+
+// rawResults sums the result lines in the raw stage processes' logs.
+func rawResults(logs []string) (errs, conflicts int64, last string) {
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			rest, ok := strings.CutPrefix(line, rawResultPrefix)
+			if !ok {
+				continue
+			}
+			var e, c int64
+			var msg string
+			if n, _ := fmt.Sscanf(rest, "%d %d %q", &e, &c, &msg); n >= 2 {
+				errs, conflicts = errs+e, conflicts+c
+				if msg != "" {
+					last = msg
+				}
+			}
+		}
+	}
+	return errs, conflicts, last
 }

@@ -303,10 +303,10 @@ func (r *Report) Markdown(w io.Writer) {
 
 func (f Figure) label() string {
 	switch {
-	case f.Mode != "" && f.Path != "":
-		return fmt.Sprintf("Tollgate %s, %s", f.Path, f.Mode)
+	case f.Name == "tollgate":
+		return fmt.Sprintf("**Tollgate %s, %s**", f.Path, f.Mode)
 	case f.Path != "":
-		return fmt.Sprintf("%s (%s path)", f.Name, f.Path)
+		return fmt.Sprintf("%s %s, %s", f.Name, f.Path, f.Mode)
 	default:
 		return f.Name
 	}
