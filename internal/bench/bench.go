@@ -309,9 +309,13 @@ func (r *Report) targets(cfg Config) {
 		if e.Sync != "default" {
 			continue
 		}
+		// Judged on the median of the per-round ratios: each pairs Tollgate
+		// with the raw turn measured just before it, so a shared machine's
+		// load drifting between rounds cancels out.
 		r.Targets = append(r.Targets, Target{
-			Name: fmt.Sprintf("efficiency, %s path, %s", e.Path, e.Mode), Want: ">= 0.70",
-			Got: fmt.Sprintf("%.2f (per round %.2f-%.2f)", e.Efficiency, e.RoundMin, e.RoundMax), Pass: e.Efficiency >= 0.7,
+			Name: fmt.Sprintf("efficiency, %s path, %s", e.Path, e.Mode), Want: ">= 0.70 (per-round median)",
+			Got:  fmt.Sprintf("%.2f (rounds %.2f-%.2f; median ÷ median %.2f)", e.RoundMedian, e.RoundMin, e.RoundMax, e.Efficiency),
+			Pass: e.RoundMedian >= 0.7,
 		})
 	}
 	for _, l := range r.Latency {

@@ -320,7 +320,7 @@ func (f Figure) notes() string {
 			allocs = append(allocs, s.AllocsPerTurn)
 			bytes = append(bytes, s.BytesPerTurn)
 		}
-		if f.Mode == modeAllInOne && f.Path == approvalPath.String() && s.Rate > 0 {
+		if f.Name == "tollgate" && f.Mode == modeAllInOne && f.Path == approvalPath.String() && s.Rate > 0 {
 			deferred = append(deferred, s.DeferredPerTurn)
 		}
 		if s.CPUPerTurn > 0 {
