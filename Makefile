@@ -4,13 +4,13 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build test vet unit e2e fuzz bench soak clean chaos cluster cluster-test
+.PHONY: run build test vet unit e2e fuzz bench bench-footprint bench-profile microbench soak clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
 	$(BIN)/tollgate dev
 
-## build: the five binaries and a nats-server (for the multi-process setup) into ./bin
+## build: the binaries (tollgate, the four stages, tollgate-bench) and a nats-server (for the multi-process setup) into ./bin
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
@@ -81,8 +81,38 @@ SOAK_COUNT ?= 5
 soak:
 	$(GO) test -race -count=$(SOAK_COUNT) -timeout 30m -run 'AcrossARestart' -v ./pipeline/pipelinetest
 
-## bench: Go micro-benchmarks with allocations
-bench:
+## bench: the benchmark report (internal/bench, about 10 minutes on 2 cores): raw JetStream references
+## (async publish, pull consume + ack, the raw turn: the same JetStream operations as a Tollgate turn),
+## Tollgate fast-path and approval-path turns/s all-in-one and as separate stage processes, efficiency,
+## latencies, footprint with BENCH_PENDING approvals pending and recovery, the throughput again with
+## sync_interval: always. Printed, and written as JSON and markdown to results/bench/. Parameters:
+## BENCH_RUNS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONCURRENCY, BENCH_CONSUME_MSGS, BENCH_LOW_RATE,
+## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync), BENCH_LOG_LEVEL
+BENCH_PENDING ?= 10000
+BENCH_OUT     ?= $(CURDIR)/results/bench
+export BENCH_RUNS BENCH_DURATION BENCH_WARMUP BENCH_CONCURRENCY BENCH_CONSUME_MSGS BENCH_LOW_RATE \
+	BENCH_LAT_DURATION BENCH_PHASES BENCH_LOG_LEVEL
+bench: build
+	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PENDING=$(BENCH_PENDING) $(BIN)/tollgate-bench
+
+## bench-footprint: only the footprint phase, with FOOTPRINT_PENDING (100,000) approvals pending
+FOOTPRINT_PENDING ?= 100000
+bench-footprint: build
+	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PHASES=footprint BENCH_PENDING=$(FOOTPRINT_PENDING) $(BIN)/tollgate-bench
+
+## bench-profile: CPU and allocation profiles of the all-in-one fast and approval paths (one run each)
+## into results/profile, and their top functions
+PROFILE_DIR ?= $(CURDIR)/results/profile
+bench-profile: build
+	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(PROFILE_DIR) BENCH_PHASES=profile BENCH_PROFILE=$(PROFILE_DIR) $(BIN)/tollgate-bench > /dev/null
+	@for p in fast approval; do \
+		echo "== $$p path: CPU"; $(GO) tool pprof -top -nodecount=35 $(BIN)/tollgate-bench $(PROFILE_DIR)/cpu-$$p.pprof 2>/dev/null | sed -n '1,45p'; \
+		echo "== $$p path: allocations (objects) in the window"; $(GO) tool pprof -top -nodecount=25 -sample_index=alloc_objects \
+			-diff_base $(PROFILE_DIR)/allocs-$$p-base.pprof $(BIN)/tollgate-bench $(PROFILE_DIR)/allocs-$$p.pprof 2>/dev/null | sed -n '1,35p'; \
+	done
+
+## microbench: Go micro-benchmarks with allocations
+microbench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 clean:

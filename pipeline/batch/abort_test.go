@@ -30,7 +30,7 @@ func TestAbortEndsTheBatchOnceAndFreesItsSession(t *testing.T) {
 			t.Fatal(err)
 		}
 		// first becomes active, next queues behind it.
-		if active, err := f.eng.Acquire(ctx(t), session, turn, 0); err != nil || active != (i == 0) {
+		if active, err := f.eng.Acquire(ctx(t), session, turn, 0, nil); err != nil || active != (i == 0) {
 			t.Fatalf("acquire %s: %v %v", turn, active, err)
 		}
 	}

@@ -637,54 +637,92 @@ func Outcome(b *schemas.BatchRecord) *schemas.TurnOutcome {
 // stream sequence: the session's arrival watermark (SessionRecord.InboundSeq)
 // is raised to it in the same compare-and-set. The caller has checked that
 // every earlier inbound message of the session is settled (the executor's
-// order.go), so queue order is arrival order.
-func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundSeq uint64) (bool, error) {
+// order.go), so queue order is arrival order. snap, if not nil, is the
+// session record as the caller just read it, used instead of a first read.
+func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
 	key := schemas.SessionKey(sessionID)
 	for {
-		rec := &schemas.SessionRecord{SessionID: sessionID, Active: turnID, InboundSeq: inboundSeq, UpdatedAt: e.Now()}
-		_, err := e.cfg.Store.Sessions.Create(ctx, key, rec)
-		if err == nil {
-			return true, nil
+		cur, rev, err := snap.take()
+		snap = nil // a conflict means it is stale: read again
+		if cur == nil && err == nil {
+			cur, rev, err = e.cfg.Store.Sessions.Get(ctx, key)
 		}
-		if !errors.Is(err, store.ErrExists) {
+		if errors.Is(err, store.ErrNotFound) {
+			rec := &schemas.SessionRecord{SessionID: sessionID, Active: turnID, InboundSeq: inboundSeq, UpdatedAt: e.Now()}
+			_, err = e.cfg.Store.Sessions.Create(ctx, key, rec)
+			if err == nil {
+				return true, nil
+			}
+			if errors.Is(err, store.ErrExists) {
+				continue // created meanwhile: read it
+			}
+		}
+		if err != nil {
 			return false, fmt.Errorf("acquire session %s: %w", key, err)
 		}
-		active := false
-		_, _, err = e.cfg.Store.Sessions.Mutate(ctx, key, func(s *schemas.SessionRecord) error {
-			raise := inboundSeq > s.InboundSeq
-			if raise {
-				s.InboundSeq = inboundSeq
-			}
-			switch {
-			case s.Active == turnID:
-				active = true
-				if !raise {
-					return store.ErrSkip
-				}
-			case s.Active == "":
-				active = true
-				s.Active = turnID
-				s.Queue = slices.DeleteFunc(s.Queue, func(t string) bool { return t == turnID })
-			case slices.Contains(s.Queue, turnID):
-				active = false
-				if !raise {
-					return store.ErrSkip
-				}
-			default:
-				active = false
-				s.Queue = append(s.Queue, turnID)
-			}
-			s.UpdatedAt = e.Now()
-			return nil
-		})
-		if errors.Is(err, store.ErrNotFound) {
-			continue // deleted between create and mutate: try again
+		active, write := e.enqueue(cur, turnID, inboundSeq)
+		if !write {
+			return active, nil
+		}
+		_, err = e.cfg.Store.Sessions.Update(ctx, key, cur, rev)
+		if errors.Is(err, store.ErrConflict) {
+			continue
 		}
 		if err != nil {
 			return false, fmt.Errorf("acquire session %s: %w", key, err)
 		}
 		return active, nil
 	}
+}
+
+// SessionSnapshot is a session record as its caller just read it, handed
+// to Acquire so that it does not read it again: Rec at revision Rev, or
+// NotFound when the key did not exist. A stale snapshot costs one
+// compare-and-set conflict and a fresh read.
+type SessionSnapshot struct {
+	Rec      *schemas.SessionRecord
+	Rev      uint64
+	NotFound bool
+}
+
+// take returns the snapshot as Acquire's first read: the record, or
+// store.ErrNotFound, or nothing (nil, 0, nil) for a nil snapshot.
+func (s *SessionSnapshot) take() (*schemas.SessionRecord, uint64, error) {
+	switch {
+	case s == nil:
+		return nil, 0, nil
+	case s.NotFound:
+		return nil, 0, store.ErrNotFound
+	}
+	return s.Rec, s.Rev, nil
+}
+
+// enqueue applies Acquire's change to session record s: turnID becomes
+// active if the session is free, or joins the queue once; the arrival
+// watermark rises to inboundSeq. It reports whether turnID is active and
+// whether s changed (must be written).
+func (e *Engine) enqueue(s *schemas.SessionRecord, turnID string, inboundSeq uint64) (active, write bool) {
+	raise := inboundSeq > s.InboundSeq
+	if raise {
+		s.InboundSeq = inboundSeq
+	}
+	write = true
+	switch {
+	case s.Active == turnID:
+		active, write = true, raise
+	case s.Active == "":
+		active = true
+		s.Active = turnID
+		s.Queue = slices.DeleteFunc(s.Queue, func(t string) bool { return t == turnID })
+	case slices.Contains(s.Queue, turnID):
+		write = raise
+	default:
+		s.Queue = append(s.Queue, turnID)
+	}
+	if write {
+		s.UpdatedAt = e.Now()
+	}
+	return active, write
 }
 
 // Announce publishes the ready notice of turnID (message id "ready:" +

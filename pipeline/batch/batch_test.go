@@ -453,7 +453,7 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 	}
 	for i, turn := range turns {
 		for range 2 { // a redelivered Acquire queues once
-			active, err := f.eng.Acquire(ctx(t), session, turn, 0)
+			active, err := f.eng.Acquire(ctx(t), session, turn, 0, nil)
 			if err != nil || active != (i == 0) {
 				t.Fatalf("acquire %s: active=%v %v", turn, active, err)
 			}
@@ -512,7 +512,7 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 		t.Fatalf("ready notices %v, want [t-c t-d]", got)
 	}
 	// A free session is taken at once.
-	if active, err := f.eng.Acquire(ctx(t), session, "t-e", 0); err != nil || !active {
+	if active, err := f.eng.Acquire(ctx(t), session, "t-e", 0, nil); err != nil || !active {
 		t.Fatalf("acquire of a free session: %v %v", active, err)
 	}
 }
@@ -646,5 +646,45 @@ func TestAResultIsRecordedDespiteAConflictOnItsOwnClaim(t *testing.T) {
 	}
 	if n := bump.runs.Load(); n != 1 {
 		t.Fatalf("tool ran %d times, want 1", n)
+	}
+}
+
+func TestAcquireFromAStaleSnapshotReadsAgain(t *testing.T) {
+	f := newFixture(t)
+	for _, tt := range []struct {
+		name  string
+		stale func(t *testing.T, session string) *batch.SessionSnapshot
+	}{
+		{"a snapshot taken before another turn queued", func(t *testing.T, session string) *batch.SessionSnapshot {
+			rec, rev, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &batch.SessionSnapshot{Rec: rec, Rev: rev}
+		}},
+		{"a snapshot that says the session does not exist", func(*testing.T, string) *batch.SessionSnapshot {
+			return &batch.SessionSnapshot{NotFound: true}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			session := "stale-" + tt.name[:12]
+			if active, err := f.eng.Acquire(ctx(t), session, "t-1", 1, nil); err != nil || !active {
+				t.Fatalf("first turn: %v %v", active, err)
+			}
+			snap := tt.stale(t, session)
+			if active, err := f.eng.Acquire(ctx(t), session, "t-2", 2, nil); err != nil || active {
+				t.Fatalf("second turn: %v %v", active, err)
+			}
+			if active, err := f.eng.Acquire(ctx(t), session, "t-3", 3, snap); err != nil || active {
+				t.Fatalf("third turn from a stale snapshot: %v %v", active, err)
+			}
+			s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Active != "t-1" || fmt.Sprint(s.Queue) != "[t-2 t-3]" || s.InboundSeq != 3 {
+				t.Fatalf("session %+v, want t-1 active, [t-2 t-3] queued, watermark 3", s)
+			}
+		})
 	}
 }

@@ -239,10 +239,11 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord) error {
 	// re-evaluated under a policy that may have changed since.
 	resumed := b.State == schemas.BatchRunning
 	if b.State == schemas.BatchQueued {
-		if err := x.inOrder(ctx, b); err != nil {
+		snap, err := x.inOrder(ctx, b)
+		if err != nil {
 			return err
 		}
-		active, err := eng.Acquire(ctx, b.SessionID, b.TurnID, arrivalSeq(b))
+		active, err := eng.Acquire(ctx, b.SessionID, b.TurnID, arrivalSeq(b), snap)
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -101,49 +102,51 @@ type orderState struct {
 
 // inOrder returns nil when every earlier inbound message of b's session is
 // settled (see above), an *errOutOfOrder when one is not yet, or another
-// error when the lookups fail.
-func (x *Executor) inOrder(ctx context.Context, b *schemas.BatchRecord) error {
+// error when the lookups fail. With a nil error it also returns the session
+// record it read, for Acquire (nil for a turn it did not check).
+func (x *Executor) inOrder(ctx context.Context, b *schemas.BatchRecord) (*batch.SessionSnapshot, error) {
 	if b.Origin != "" || b.Context == nil || b.Context.Provenance.StreamSeq == 0 {
-		return nil
+		return nil, nil
 	}
 	seq := b.Context.Provenance.StreamSeq
 	key := schemas.SessionKey(b.SessionID)
-	sess, _, err := x.cfg.Store.Sessions.Get(ctx, key)
+	sess, rev, err := x.cfg.Store.Sessions.Get(ctx, key)
+	snap := &batch.SessionSnapshot{Rec: sess, Rev: rev}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		sess = &schemas.SessionRecord{}
+		sess, snap = &schemas.SessionRecord{}, &batch.SessionSnapshot{NotFound: true}
 	case err != nil:
-		return fmt.Errorf("session order: load session %s: %w", key, err)
+		return nil, fmt.Errorf("session order: load session %s: %w", key, err)
 	}
 	if sess.InboundSeq >= seq-1 {
-		return nil
+		return snap, nil
 	}
 	stream, err := x.inboundStream(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	filter := topology.InboundSessionFilter(key)
 	for from := sess.InboundSeq + 1; from < seq; {
 		m, err := stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
+			return snap, nil
 		}
 		if err != nil {
-			return fmt.Errorf("session order: next inbound message of %s after %d: %w", key, from-1, err)
+			return nil, fmt.Errorf("session order: next inbound message of %s after %d: %w", key, from-1, err)
 		}
 		if m.Sequence >= seq {
-			return nil
+			return snap, nil
 		}
 		settled, err := x.settled(ctx, b.TurnID, sess, m)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if !settled {
-			return &errOutOfOrder{turn: b.TurnID, seq: seq, earlier: m.Sequence}
+			return nil, &errOutOfOrder{turn: b.TurnID, seq: seq, earlier: m.Sequence}
 		}
 		from = m.Sequence + 1
 	}
-	return nil
+	return snap, nil
 }
 
 // settled reports whether the earlier inbound message m of session sess

@@ -1,0 +1,369 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/tollgate-dev/tollgate/seal"
+)
+
+// Machine is what the numbers were measured on.
+type Machine struct {
+	Cores      int    `json:"cores"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	GoVersion  string `json:"go_version"`
+	OS         string `json:"os"`
+	Arch       string `json:"arch"`
+	CPU        string `json:"cpu"`
+	LoadStart  string `json:"load_start"`
+	LoadEnd    string `json:"load_end"`
+	NATSServer string `json:"nats_server"`
+	NATSGo     string `json:"nats_go"`
+}
+
+func machine() Machine {
+	m := Machine{
+		Cores: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+		OS: runtime.GOOS, Arch: runtime.GOARCH, LoadStart: loadAvg(), NATSServer: server.VERSION, NATSGo: nats.Version,
+	}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	return m
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// Run performs a bench run and returns its report. Measurement failures
+// are recorded in the report's Errors (the run goes on); an error return
+// means the harness could not run at all.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Logf == nil {
+		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	r := &Report{Started: start, Machine: machine(), Params: cfg.Params()}
+	keys, err := seal.NewFile("k1").Ring()
+	if err != nil {
+		return nil, err
+	}
+	b := &bencher{cfg: cfg, keys: keys, seqs: map[path][]step{}}
+	logf := cfg.Logf
+	logf("bench: %s", cfg.Params())
+
+	needBin := cfg.Phases["procs"] || cfg.Phases["footprint"]
+	if needBin && b.cfg.BinDir == "" {
+		b.cfg.BinDir = filepath.Join(cfg.WorkDir, "bin")
+		t0 := time.Now()
+		if err := buildBinaries(ctx, b.cfg.BinDir); err != nil {
+			return nil, err
+		}
+		logf("bench: built the stage binaries in %v", time.Since(t0).Round(time.Millisecond))
+	}
+	if cfg.Phases["profile"] {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o750); err != nil {
+			return nil, err
+		}
+	}
+
+	// The traces, which also calibrate the raw turns' payload sizes.
+	for _, tc := range []struct {
+		p             path
+		decisionFirst bool
+		name          string
+	}{
+		{fastPath, false, "fast"},
+		{approvalPath, true, "approval (decision applied before the redriver sees the turn: the order under load, and the raw turn's)"},
+		{approvalPath, false, "approval (the redriver sees the turn first: the order at low load; not the raw turn's)"},
+	} {
+		raw := rawSequence(tc.p)
+		steps, err := traceTurn(cfg.WorkDir, keys, tc.p, tc.decisionFirst)
+		if err != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("trace of the %s path: %v", tc.name, err))
+			if b.seqs[tc.p] == nil {
+				b.seqs[tc.p] = raw
+			}
+			continue
+		}
+		seq := Sequence{Path: tc.name, Steps: steps}
+		if b.seqs[tc.p] == nil {
+			seq.Raw = true
+			seq.Matches, seq.Diff = sameShape(steps, raw)
+			if !seq.Matches {
+				r.Errors = append(r.Errors, fmt.Sprintf("the traced %s turn differs from the raw turn's sequence (update rawseq.go): %s", tc.p, seq.Diff))
+			}
+			b.seqs[tc.p] = calibrate(raw, steps)
+		}
+		r.Sequences = append(r.Sequences, seq)
+		logf("bench: traced the %s path: %d steps", tc.name, len(steps))
+	}
+
+	if cfg.Phases["throughput"] {
+		b.throughput(ctx, r, false)
+	}
+	if cfg.Phases["profile"] {
+		for _, p := range []path{fastPath, approvalPath} {
+			s, err := b.tollgate(modeAllInOne, p, false, true)
+			if err != nil {
+				r.Errors = append(r.Errors, fmt.Sprintf("profile of the %s path: %v", p, err))
+				continue
+			}
+			r.Notes = append(r.Notes, fmt.Sprintf("Profiled all-in-one %s run: %d turns in the %v window (%.0f turns/s), %.0f allocations and %.0f KiB per turn, CPU %.2f ms per turn (whole process).",
+				p, s.Count, cfg.Duration, s.Rate, s.AllocsPerTurn, s.BytesPerTurn/1024, s.CPUPerTurn))
+		}
+		r.Notes = append(r.Notes, fmt.Sprintf("CPU and allocation profiles of the all-in-one windows (one run per path) in %s: cpu-<path>.pprof; allocs-<path>.pprof minus allocs-<path>-base.pprof (go tool pprof -sample_index=alloc_objects -diff_base ...).", cfg.ProfileDir))
+	}
+	if cfg.Phases["latency"] {
+		b.latencies(ctx, r)
+	}
+	if cfg.Phases["footprint"] {
+		logf("bench: footprint with %d pending approvals", cfg.Pending)
+		fp, err := b.footprintRun()
+		if err != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("footprint: %v", err))
+		} else {
+			r.Footprint = &fp
+		}
+	}
+	if cfg.Phases["sync"] {
+		b.throughput(ctx, r, true)
+	}
+	r.targets(cfg)
+	r.notes(cfg)
+	r.Machine.LoadEnd = loadAvg()
+	r.Wall = time.Since(start).Round(time.Second).String()
+	return r, nil
+}
+
+func syncName(always bool) string {
+	if always {
+		return "always"
+	}
+	return "default"
+}
+
+// scenario is one throughput figure's measurement.
+type scenario struct {
+	name, mode, unit string
+	path             *path
+	run              func() (sample, error)
+}
+
+// throughput measures every throughput figure Runs times, interleaved
+// (round after round of every scenario), so that the raw references and
+// Tollgate see the same machine load; then computes the efficiencies.
+func (b *bencher) throughput(ctx context.Context, r *Report, sync bool) {
+	fast, appr := fastPath, approvalPath
+	var sc []scenario
+	sc = append(sc,
+		scenario{name: "raw JetStream async publish", unit: "msgs/s", run: func() (sample, error) { return b.rawPublish(sync) }},
+		scenario{name: "raw pull consume + ack", unit: "msgs/s", run: func() (sample, error) { return b.rawConsume(sync) }},
+	)
+	for _, p := range []*path{&fast, &appr} {
+		sc = append(sc, scenario{name: "raw turn", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurn(*p, sync) }},
+			scenario{name: "tollgate", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeAllInOne, *p, sync, false) }})
+		if b.cfg.Phases["procs"] {
+			sc = append(sc, scenario{name: "raw turn", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurnProcs(*p, sync) }},
+				scenario{name: "tollgate", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeProcesses, *p, sync, false) }})
+		}
+	}
+	samples := make([][]sample, len(sc))
+	for round := 1; round <= b.cfg.Runs && ctx.Err() == nil; round++ {
+		for i, s := range sc {
+			ps := ""
+			if s.path != nil {
+				ps = s.path.String()
+			}
+			smp, err := s.run()
+			if err != nil {
+				r.Errors = append(r.Errors, fmt.Sprintf("sync %s, %s %s %s, round %d: %v", syncName(sync), s.name, s.mode, ps, round, err))
+				samples[i] = append(samples[i], sample{})
+				continue
+			}
+			samples[i] = append(samples[i], smp)
+			b.cfg.Logf("bench: sync %s round %d: %s %s %s: %.0f %s", syncName(sync), round, s.name, s.mode, ps, smp.Rate, s.unit)
+		}
+	}
+	for i, s := range sc {
+		var rates []float64
+		for _, smp := range samples[i] {
+			if smp.Rate > 0 {
+				rates = append(rates, smp.Rate)
+			}
+		}
+		f := Figure{Sync: syncName(sync), Name: s.name, Mode: s.mode, Unit: s.unit, Samples: samples[i]}
+		if s.path != nil {
+			f.Path = s.path.String()
+		}
+		f.Median, f.Min, f.Max = median(rates)
+		r.Throughput = append(r.Throughput, f)
+	}
+	// Efficiencies: per round, Tollgate over the raw turn of the same round
+	// and mode.
+	for _, p := range []path{fastPath, approvalPath} {
+		for i, s := range sc {
+			if s.name != "tollgate" || *s.path != p {
+				continue
+			}
+			rawIdx := slices.IndexFunc(sc, func(r scenario) bool { return r.name == "raw turn" && r.mode == s.mode && *r.path == p })
+			if rawIdx < 0 {
+				continue
+			}
+			var per []float64
+			for k := range samples[i] {
+				if raw := samples[rawIdx][k].Rate; raw > 0 && samples[i][k].Rate > 0 {
+					per = append(per, samples[i][k].Rate/raw)
+				}
+			}
+			ratio := Ratio{Sync: syncName(sync), Path: p.String(), Mode: s.mode}
+			tg := r.figure(syncName(sync), "tollgate", s.mode, p.String())
+			raw := r.figure(syncName(sync), "raw turn", s.mode, p.String())
+			if tg != nil && raw != nil && raw.Median > 0 {
+				ratio.Efficiency = tg.Median / raw.Median
+			}
+			ratio.RoundMedian, ratio.RoundMin, ratio.RoundMax = median(per)
+			r.Efficiency = append(r.Efficiency, ratio)
+		}
+	}
+}
+
+// latencies runs, for each mode and path, an open loop at the low rate and
+// at 80% of the measured peak (the median closed-loop rate; measured now
+// with one run if the throughput phase did not run).
+func (b *bencher) latencies(ctx context.Context, r *Report) {
+	modes := []string{modeAllInOne}
+	if b.cfg.Phases["procs"] {
+		modes = append(modes, modeProcesses)
+	}
+	for _, mode := range modes {
+		for _, p := range []path{fastPath, approvalPath} {
+			peak := 0.0
+			if f := r.figure("default", "tollgate", mode, p.String()); f != nil {
+				peak = f.Median
+			}
+			if peak <= 0 {
+				s, err := b.tollgate(mode, p, false, false)
+				if err != nil {
+					r.Errors = append(r.Errors, fmt.Sprintf("latency peak of %s %s: %v", mode, p, err))
+					continue
+				}
+				peak = s.Rate
+			}
+			for _, load := range []struct {
+				name string
+				rate float64
+			}{{"low", min(b.cfg.LowRate, peak/2)}, {"80% of peak", 0.8 * peak}} {
+				if ctx.Err() != nil {
+					return
+				}
+				ls, err := b.latency(mode, p, load.rate)
+				if err != nil {
+					r.Errors = append(r.Errors, fmt.Sprintf("latency %s %s %s: %v", mode, p, load.name, err))
+					continue
+				}
+				row := LatRow{Mode: mode, Path: p.String(), Load: load.name, Rate: load.rate, Achieved: ls.Achieved, Sent: ls.Sent, Timeouts: ls.Timeouts, Outcome: percentiles(ls.Outcome)}
+				if p == approvalPath {
+					d := percentiles(ls.Decision)
+					row.Decision = &d
+				}
+				r.Latency = append(r.Latency, row)
+				b.cfg.Logf("bench: latency %s %s at %s (%.0f/s): outcome p50 %.2f ms p99 %.2f ms", mode, p, load.name, load.rate, row.Outcome.P50, row.Outcome.P99)
+			}
+		}
+	}
+}
+
+// targets judges issue 5's targets.
+func (r *Report) targets(cfg Config) {
+	for _, e := range r.Efficiency {
+		if e.Sync != "default" {
+			continue
+		}
+		// Judged on the median of the per-round ratios: each pairs Tollgate
+		// with the raw turn measured just before it, so a shared machine's
+		// load drifting between rounds cancels out.
+		r.Targets = append(r.Targets, Target{
+			Name: fmt.Sprintf("efficiency, %s path, %s", e.Path, e.Mode), Want: ">= 0.70 (per-round median)",
+			Got:  fmt.Sprintf("%.2f (rounds %.2f-%.2f; median ÷ median %.2f)", e.RoundMedian, e.RoundMin, e.RoundMax, e.Efficiency),
+			Pass: e.RoundMedian >= 0.7,
+		})
+	}
+	for _, l := range r.Latency {
+		if l.Decision == nil || l.Load != "low" {
+			continue
+		}
+		r.Targets = append(r.Targets, Target{
+			Name: "decision -> approved call started p99, low load, " + l.Mode, Want: "<= 5 ms",
+			Got: fmt.Sprintf("%.2f ms (n=%d)", l.Decision.P99, l.Decision.N), Pass: l.Decision.N > 0 && l.Decision.P99 <= 5,
+		})
+	}
+	if f := r.Footprint; f != nil {
+		note := ""
+		if f.Pending < 100000 {
+			note = fmt.Sprintf("measured with %d pending, not 100,000: run make bench-footprint", f.Pending)
+		}
+		worst, who := int64(0), ""
+		for _, s := range stageNames {
+			if f.RSSPending[s] > worst {
+				worst, who = f.RSSPending[s], s
+			}
+		}
+		r.Targets = append(r.Targets, Target{
+			Name: "worker RSS with pending approvals (largest)", Want: "<= 100 MiB with 100k pending",
+			Got: fmt.Sprintf("%s (%s)", mib(worst), who), Pass: worst <= 100<<20, Note: note,
+		})
+		per := 0.0
+		if f.ApprovalMsgs > 0 {
+			per = float64(f.ApprovalBytes) / float64(f.ApprovalMsgs)
+		}
+		r.Targets = append(r.Targets, Target{
+			Name: "KV bytes per pending approval (approvals bucket)", Want: "<= 1024 B",
+			Got: fmt.Sprintf("%.0f B (all buckets: %.0f B per pending turn)", per, float64(f.AllKVBytes)/float64(max(f.Pending, 1))), Pass: per <= 1024, Note: note,
+		})
+	}
+}
+
+// notes explains how the figures were obtained.
+func (r *Report) notes(cfg Config) {
+	r.Notes = append(r.Notes,
+		"Every measured run starts a fresh embedded nats-server (JetStream, file storage in its own directory, 127.0.0.1) in this process; the Tollgate processes and the raw programs connect to it over loopback. Runs of all figures are interleaved round by round, so the per-round efficiency compares Tollgate and the raw turn under the same machine load.",
+		"Closed loop: each of the concurrency slots sends a turn and waits for its outcome before sending the next, cycling over 4 sessions of its own (each turn finds its session known and free). Counted: outcomes received in the window, after the warm-up.",
+		"Raw turn: rawStages runs the traced sequence (below) with the same consumers, pull size, ack mode and per-stage concurrency as Tollgate's runners, payloads of the traced sizes, no decoding, policy, seal, logging or tool; its approver holds the same KV watch on the approvals bucket as Tollgate's pending tracker. The driver and decider are the same for both. All-in-one: the four raw stages in this process on one connection; processes: one process (and connection) per raw stage, the reference for Tollgate's stage processes.",
+		"All-in-one: the four stages wired by stagecmd.Build (as `tollgate dev`), one NATS connection, in this process. Processes: the four stage binaries (built from this tree), one process each. Stage logs at level "+cfg.LogLevel+" go to files.",
+		"Allocations per turn are runtime.MemStats deltas over the window divided by completed turns, for the whole bench process (Tollgate stages, embedded nats-server, driver).",
+		"Deferred redrives per started: how often the redriver evaluated a batch before its approval was decided (the batch-awaiting notice usually arrives first; when the decision arrives first, the first evaluation finds the batch still running). The raw turn always does one deferred evaluation (the traced order).",
+	)
+	if cfg.Pending < 100000 {
+		r.Notes = append(r.Notes, fmt.Sprintf("Footprint measured with BENCH_PENDING=%d (make bench); `make bench-footprint` runs it with 100,000.", cfg.Pending))
+	}
+}

@@ -1,0 +1,129 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the bench start this test binary as a raw stage process.
+func TestMain(m *testing.M) {
+	MaybeRunRawStage()
+	os.Exit(m.Run())
+}
+
+// The raw stages, traced like Tollgate's, perform exactly the raw sequences
+// (so the raw turn measures what the report says it does).
+func TestRawStagesPerformTheRawSequences(t *testing.T) {
+	for _, c := range []struct {
+		p             path
+		decisionFirst bool
+	}{{fastPath, false}, {approvalPath, true}} {
+		e, err := startEnv(t.TempDir(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.close)
+		nc, js, err := e.connect("raw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		r, err := startRawStages(js, rawSequence(c.p), c.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps, err := traceOn(e, r, c.p, true, c.decisionFirst)
+		r.close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range steps {
+			steps[i].On = strings.Replace(steps[i].On, "/"+rawConsumer(""), "/", 1)
+		}
+		if ok, diff := sameShape(steps, rawSequence(c.p)); !ok {
+			t.Errorf("%s path: the raw stages do not perform the raw sequence: %s", c.p, diff)
+		}
+		if n := r.errs.Load(); n > 0 {
+			t.Errorf("%s path: %d raw stage errors, last %v", c.p, n, r.lastErr.Load())
+		}
+	}
+}
+
+// smokeConfig is a bench run with tiny counts.
+func smokeConfig(t *testing.T, phases ...string) Config {
+	c := Config{
+		Runs: 1, Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, Concurrency: 4,
+		ConsumeMsgs: 500, LowRate: 20, LatencyDuration: 300 * time.Millisecond, Pending: 20,
+		Phases: map[string]bool{}, LogLevel: "info", WorkDir: t.TempDir(), Logf: t.Logf,
+		BinDir: os.Getenv("BENCH_BIN"), // prebuilt stage binaries, or built into WorkDir
+	}
+	for _, p := range phases {
+		c.Phases[p] = true
+	}
+	return c
+}
+
+// runSmoke runs the harness and checks what every run must give: no
+// errors (a traced turn that no longer matches its raw sequence is one:
+// update rawseq.go), a rate for every figure, the three traces.
+func runSmoke(t *testing.T, cfg Config, figures int) *Report {
+	t.Helper()
+	r, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r.Errors {
+		t.Errorf("report error: %s", e)
+	}
+	if len(r.Sequences) != 3 {
+		t.Errorf("%d traced sequences, want 3", len(r.Sequences))
+	}
+	if len(r.Throughput) != figures {
+		t.Errorf("%d throughput figures, want %d", len(r.Throughput), figures)
+	}
+	for _, f := range r.Throughput {
+		if f.Median <= 0 {
+			t.Errorf("%s %s: no rate", f.Sync, f.label())
+		}
+	}
+	if len(r.Efficiency) == 0 || len(r.Targets) == 0 {
+		t.Errorf("efficiency %d, target %d rows", len(r.Efficiency), len(r.Targets))
+	}
+	return r
+}
+
+// TestBenchSmoke runs the harness's all-in-one phases with tiny counts, so
+// that it does not rot between `make bench` runs, and writes the report.
+// (The sync phase is the throughput phase on servers with SyncAlways.)
+func TestBenchSmoke(t *testing.T) {
+	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*2)
+	if len(r.Latency) != 4 {
+		t.Errorf("%d latency rows, want 4", len(r.Latency))
+	}
+	paths, err := r.WriteFiles(t.TempDir())
+	if err != nil || len(paths) != 4 {
+		t.Fatalf("write files: %v %v", paths, err)
+	}
+	md, _ := os.ReadFile(paths[1])
+	for _, s := range []string{"## Targets", "## Throughput", "## Efficiency", "## Latency", "cores", "raw turn's sequence matches"} {
+		if !strings.Contains(string(md), s) {
+			t.Errorf("markdown report has no %q", s)
+		}
+	}
+}
+
+// TestBenchSmokeProcesses runs the phases with the stage binaries as
+// separate processes (built from this tree unless BENCH_BIN names them):
+// throughput and the footprint, with tiny counts.
+func TestBenchSmokeProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the stage binaries")
+	}
+	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*4)
+	if f := r.Footprint; f == nil || f.Outcomes < 20 || f.RSSPending["approver"] == 0 || f.ApprovalMsgs == 0 {
+		t.Errorf("footprint: %+v", f)
+	}
+}

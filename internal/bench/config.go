@@ -1,0 +1,161 @@
+// Package bench is Tollgate's benchmark harness (`make bench`): it measures,
+// on fresh embedded nats-servers (file storage, loopback), raw JetStream
+// references and Tollgate's turns per second end to end through all four
+// stages, in one process and as separate stage processes, with latencies,
+// the memory and KV footprint of pending approvals, and recovery after a
+// redriver restart, and prints a report (also written as JSON and markdown).
+//
+// The main reference is the raw turn: a minimal program (rawStages) that
+// performs the same JetStream operations, in the same order and with
+// payloads of the same sizes, as one Tollgate turn (rawseq.go), traced from
+// the real stages at the start of every run (trace.go). Efficiency is
+// Tollgate's rate divided by the raw turn's, measured in the same run on
+// the same machine, which is what makes numbers from a noisy shared
+// machine comparable.
+package bench
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is one bench run's parameters; see FromEnv for the variables.
+type Config struct {
+	Runs        int           // runs per throughput figure (median, min-max)
+	Duration    time.Duration // measured window of a throughput run
+	Warmup      time.Duration // before the window
+	Concurrency int           // turns in flight (closed loop); also the raw turn's
+	// ConsumeMsgs is how many messages the pull-consume reference reads.
+	ConsumeMsgs int
+	// LowRate is the "low load" of the latency runs (turns/s); the other
+	// load is 80% of the measured peak.
+	LowRate         float64
+	LatencyDuration time.Duration
+	// Pending is how many approvals the footprint phase leaves pending
+	// (and then decides, for the recovery time).
+	Pending int
+	// Phases to run: throughput, latency, footprint, sync (the throughput
+	// figures again with sync_interval: always), procs (the separate
+	// stage processes in throughput and latency), profile (CPU and
+	// allocation profiles of the all-in-one runs into ProfileDir).
+	Phases   map[string]bool
+	BinDir   string // stage binaries; empty: built into WorkDir
+	OutDir   string // report files; empty: none
+	WorkDir  string // servers' stores, logs, binaries; must exist
+	LogLevel string // the stages' log level
+	// ProfileDir receives cpu-<path>.pprof and allocs-<path>.pprof of the
+	// all-in-one runs when the profile phase is on.
+	ProfileDir string
+	Logf       func(format string, args ...any)
+}
+
+// AllPhases is every phase but profile.
+var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync"}
+
+// Defaults are `make bench`'s parameters (about 10 minutes on 2 cores).
+func Defaults() Config {
+	c := Config{
+		Runs: 3, Duration: 4 * time.Second, Warmup: time.Second, Concurrency: 32,
+		ConsumeMsgs: 50000, LowRate: 50, LatencyDuration: 8 * time.Second, Pending: 10000,
+		Phases: map[string]bool{}, LogLevel: "info",
+	}
+	for _, p := range AllPhases {
+		c.Phases[p] = true
+	}
+	return c
+}
+
+// FromEnv overrides c with the BENCH_* variables that are set: RUNS,
+// DURATION, WARMUP, CONCURRENCY, CONSUME_MSGS, LOW_RATE, LAT_DURATION,
+// PENDING, PHASES (comma-separated), BIN, OUT, LOG_LEVEL, PROFILE (a
+// directory; adds the profile phase).
+func (c Config) FromEnv() (Config, error) {
+	var err error
+	get := func(name string) (string, bool) {
+		v, ok := os.LookupEnv("BENCH_" + name)
+		return v, ok && v != "" && err == nil
+	}
+	num := func(name string, v *int) {
+		if s, ok := get(name); ok {
+			if *v, err = strconv.Atoi(s); err != nil {
+				err = fmt.Errorf("BENCH_%s: %w", name, err)
+			}
+		}
+	}
+	dur := func(name string, v *time.Duration) {
+		if s, ok := get(name); ok {
+			if *v, err = time.ParseDuration(s); err != nil {
+				err = fmt.Errorf("BENCH_%s: %w", name, err)
+			}
+		}
+	}
+	num("RUNS", &c.Runs)
+	dur("DURATION", &c.Duration)
+	dur("WARMUP", &c.Warmup)
+	num("CONCURRENCY", &c.Concurrency)
+	num("CONSUME_MSGS", &c.ConsumeMsgs)
+	dur("LAT_DURATION", &c.LatencyDuration)
+	num("PENDING", &c.Pending)
+	if s, ok := get("LOW_RATE"); ok {
+		if c.LowRate, err = strconv.ParseFloat(s, 64); err != nil {
+			err = fmt.Errorf("BENCH_LOW_RATE: %w", err)
+		}
+	}
+	if s, ok := get("PHASES"); ok {
+		c.Phases = map[string]bool{}
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				c.Phases[p] = true
+			}
+		}
+	}
+	if s, ok := get("BIN"); ok {
+		c.BinDir = s
+	}
+	if s, ok := get("OUT"); ok {
+		c.OutDir = s
+	}
+	if s, ok := get("LOG_LEVEL"); ok {
+		c.LogLevel = s
+	}
+	if s, ok := get("PROFILE"); ok {
+		c.ProfileDir = s
+		c.Phases["profile"] = true
+	}
+	return c, err
+}
+
+// validate reports parameters the harness cannot run with.
+func (c Config) validate() error {
+	switch {
+	case c.Runs < 1 || c.Concurrency < 1 || c.ConsumeMsgs < 1 || c.Pending < 1:
+		return fmt.Errorf("bench: runs, concurrency, consume messages and pending must be positive")
+	case c.Duration <= 0 || c.Warmup < 0 || c.LatencyDuration <= 0 || c.LowRate <= 0:
+		return fmt.Errorf("bench: durations and the low rate must be positive")
+	case c.WorkDir == "":
+		return fmt.Errorf("bench: WorkDir is required")
+	case c.Phases["profile"] && c.ProfileDir == "":
+		return fmt.Errorf("bench: the profile phase needs a ProfileDir")
+	}
+	for p := range c.Phases {
+		if p != "profile" && !strings.Contains(","+strings.Join(AllPhases, ",")+",", ","+p+",") {
+			return fmt.Errorf("bench: unknown phase %q (want %s, profile)", p, strings.Join(AllPhases, ", "))
+		}
+	}
+	return nil
+}
+
+// Params is the one-line description of the parameters.
+func (c Config) Params() string {
+	var ph []string
+	for _, p := range append(AllPhases, "profile") {
+		if c.Phases[p] {
+			ph = append(ph, p)
+		}
+	}
+	return fmt.Sprintf("runs=%d duration=%v warmup=%v concurrency=%d consume_msgs=%d low_rate=%g/s lat_duration=%v pending=%d log_level=%s phases=%s",
+		c.Runs, c.Duration, c.Warmup, c.Concurrency, c.ConsumeMsgs, c.LowRate, c.LatencyDuration, c.Pending, c.LogLevel, strings.Join(ph, ","))
+}

@@ -1,0 +1,445 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// path is the kind of turn a driver sends.
+type path int
+
+const (
+	// fastPath: one echo call, which the built-in policy runs at once.
+	fastPath path = iota
+	// approvalPath: an echo call (runs at once) and a write_file call
+	// (needs approval), so every batch has one allowed and one approved
+	// call.
+	approvalPath
+	// pendingPath: one write_file call, left waiting (footprint).
+	pendingPath
+)
+
+func (p path) String() string {
+	return [...]string{"fast", "approval", "pending"}[p]
+}
+
+// approvalIndex is the index of the call that needs approval.
+func (p path) approvalIndex() int {
+	if p == approvalPath {
+		return 1
+	}
+	return 0
+}
+
+// Headers the driver adds for the raw stages only (they read ids from
+// headers instead of decoding the message). Tollgate's stages never see them.
+const (
+	hdrTurn    = "Bench-Turn"
+	hdrSession = "Bench-Session"
+)
+
+// driver plays the transport (publishes inbound messages and waits for each
+// turn's outcome) and, when decide is set, an automated decider that
+// approves each request as soon as its approval-requested event is
+// published. It observes outcomes and requests with core subscriptions on
+// its own connection, so what it measures is what a transport sees.
+type driver struct {
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	run  string // prefix of message and decision ids, unique per run
+	path path
+	raw  bool // add the raw stages' headers
+	// decide: approve requests as they are published.
+	decide bool
+
+	seq       atomic.Int64
+	mu        sync.Mutex
+	turns     map[string]*turn // turn id -> in flight
+	decisions chan string      // approval ids to decide
+	decWG     sync.WaitGroup
+	subs      []*nats.Subscription
+	pubErrs   atomic.Int64
+	requested atomic.Int64
+	outcomes  atomic.Int64
+
+	// latency sampling (nil: off)
+	lat *latencies
+}
+
+// turn is one turn in flight.
+type turn struct {
+	id      string
+	sent    time.Time
+	decided time.Time // decision published (approval path)
+	started bool      // approved call's claim seen
+	done    chan struct{}
+	doneAt  time.Time
+}
+
+// latencies collects the driver's latency samples of turns sent after from.
+type latencies struct {
+	mu       sync.Mutex
+	from     time.Time
+	outcome  []time.Duration // inbound published -> outcome
+	decision []time.Duration // decision published -> approved call's claim created
+}
+
+func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, decide bool) (*driver, error) {
+	d := &driver{nc: nc, js: js, run: run, path: p, raw: raw, decide: decide,
+		turns: map[string]*turn{}, decisions: make(chan string, 1<<16)}
+	sub := func(subj string, fn nats.MsgHandler) error {
+		s, err := nc.Subscribe(subj, fn)
+		if err != nil {
+			return err
+		}
+		// Never drop an event: a dropped outcome would look like a lost turn.
+		if err := s.SetPendingLimits(-1, -1); err != nil {
+			return err
+		}
+		d.subs = append(d.subs, s)
+		return nil
+	}
+	if err := sub(topology.SubjectTurnOutcome+"*", d.onOutcome); err != nil {
+		return nil, err
+	}
+	if err := sub(topology.SubjectApprovalRequested+"*", d.onRequested); err != nil {
+		return nil, err
+	}
+	if decide {
+		// A few publishers, so that a decision never waits behind another's
+		// encoding.
+		for range 2 {
+			d.decWG.Add(1)
+			go d.decider()
+		}
+	}
+	return d, nc.Flush()
+}
+
+// sampleLatency starts recording latencies of turns sent from now on. With
+// decisions, it also watches execution claims to time decision -> approved
+// call started.
+func (d *driver) sampleLatency() error {
+	d.mu.Lock()
+	d.lat = &latencies{from: time.Now()}
+	d.mu.Unlock()
+	if d.path != approvalPath {
+		return nil
+	}
+	s, err := d.nc.Subscribe("$KV."+topology.BucketClaims+".*", d.onClaim)
+	if err != nil {
+		return err
+	}
+	_ = s.SetPendingLimits(-1, -1)
+	d.subs = append(d.subs, s)
+	return d.nc.Flush()
+}
+
+func (d *driver) close() {
+	for _, s := range d.subs {
+		_ = s.Unsubscribe()
+	}
+	close(d.decisions)
+	d.decWG.Wait()
+}
+
+func lastToken(s string) string { return s[strings.LastIndexByte(s, '.')+1:] }
+
+func (d *driver) onOutcome(m *nats.Msg) {
+	id := lastToken(m.Subject)
+	now := time.Now()
+	d.mu.Lock()
+	t := d.turns[id]
+	if t != nil {
+		delete(d.turns, id)
+		t.doneAt = now
+		if l := d.lat; l != nil && !t.sent.Before(l.from) {
+			l.mu.Lock()
+			l.outcome = append(l.outcome, now.Sub(t.sent))
+			l.mu.Unlock()
+		}
+	}
+	d.mu.Unlock()
+	d.outcomes.Add(1)
+	if t != nil {
+		close(t.done)
+	}
+}
+
+func (d *driver) onRequested(m *nats.Msg) {
+	d.requested.Add(1)
+	if !d.decide {
+		return
+	}
+	turnID := lastToken(m.Subject)
+	d.decisions <- schemas.ApprovalID(turnID, d.path.approvalIndex())
+}
+
+// onClaim times decision -> approved call started: the execution claim
+// (a KV create) is written immediately before the tool runs.
+func (d *driver) onClaim(m *nats.Msg) {
+	if headerOf(m, jetstream.ExpectedLastSubjSeqHeader) != "0" {
+		return
+	}
+	callID := lastToken(m.Subject)
+	i := strings.LastIndexByte(callID, '-')
+	if i < 0 || callID[i+1:] != strconv.Itoa(d.path.approvalIndex()) {
+		return
+	}
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := d.turns[callID[:i]]
+	l := d.lat
+	if t == nil || l == nil || t.started || t.decided.IsZero() || t.sent.Before(l.from) {
+		return
+	}
+	t.started = true
+	l.mu.Lock()
+	l.decision = append(l.decision, now.Sub(t.decided))
+	l.mu.Unlock()
+}
+
+// decider publishes an approval for each approval id it receives.
+func (d *driver) decider() {
+	defer d.decWG.Done()
+	for id := range d.decisions {
+		d.publishDecision(id)
+	}
+}
+
+func (d *driver) publishDecision(approvalID string) {
+	dec := &schemas.Decision{
+		DecisionID: d.run + "-d-" + strconv.FormatInt(d.seq.Add(1), 10), ApprovalID: approvalID, Transport: "cli",
+		Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true},
+		Option:  schemas.OptionApprove, SentAt: time.Now().UTC(),
+	}
+	data, err := schemas.Encode(dec)
+	if err != nil {
+		d.pubErrs.Add(1)
+		return
+	}
+	turnID := schemas.TurnIDOfApproval(approvalID)
+	d.mu.Lock()
+	if t := d.turns[turnID]; t != nil {
+		t.decided = time.Now()
+	}
+	d.mu.Unlock()
+	d.publish(&nats.Msg{Subject: topology.DecisionSubject("cli", approvalID), Data: data, Header: nats.Header{}}, dec.DecisionID)
+}
+
+// publish publishes m asynchronously with message id msgID, waiting for
+// room in the window when it is full.
+func (d *driver) publish(m *nats.Msg, msgID string) {
+	for attempt := 0; ; attempt++ {
+		_, err := d.js.PublishMsgAsync(m, jetstream.WithMsgID(msgID))
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) || attempt > 100 {
+			d.pubErrs.Add(1)
+			return
+		}
+	}
+}
+
+// inbound builds the inbound message of a new turn in session.
+func (d *driver) inbound(session string) (msgID, turnID string, data []byte, err error) {
+	n := d.seq.Add(1)
+	messageID := d.run + "-m-" + strconv.FormatInt(n, 10)
+	calls := []schemas.ProposedCall{{Tool: "echo", Args: `{"text":"hi"}`}}
+	write := schemas.ProposedCall{Tool: "write_file", Args: fmt.Sprintf(`{"content":"x","path":"bench/%d.txt"}`, n%64)}
+	switch d.path {
+	case approvalPath:
+		calls = append(calls, write)
+	case pendingPath:
+		calls = []schemas.ProposedCall{write}
+	}
+	m := &schemas.InboundMessage{
+		Transport: "cli", MessageID: messageID, SessionID: session,
+		Sender:  schemas.Sender{ID: "alice", Display: "alice", Kind: schemas.SenderUser, Verified: true},
+		Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM},
+		Text:    "please", Calls: calls, SentAt: time.Now().UTC(),
+	}
+	data, err = schemas.Encode(m)
+	return "cli:" + messageID, schemas.TurnID("cli", messageID), data, err
+}
+
+// send publishes a new turn of session and returns it.
+func (d *driver) send(session string) (*turn, error) {
+	msgID, turnID, data, err := d.inbound(session)
+	if err != nil {
+		return nil, err
+	}
+	m := &nats.Msg{Subject: topology.InboundSubject("cli", session), Data: data, Header: nats.Header{}}
+	if d.raw {
+		m.Header.Set(hdrTurn, turnID)
+		m.Header.Set(hdrSession, schemas.SessionKey(session))
+	}
+	t := &turn{id: turnID, done: make(chan struct{})}
+	d.mu.Lock()
+	t.sent = time.Now()
+	d.turns[turnID] = t
+	d.mu.Unlock()
+	d.publish(m, msgID)
+	return t, nil
+}
+
+// turnTimeout is how long a closed-loop slot waits for one outcome before
+// it counts the turn as timed out and moves on.
+const turnTimeout = 30 * time.Second
+
+// loopResult is what a closed-loop run measured.
+type loopResult struct {
+	Completed int           // outcomes inside the window
+	Window    time.Duration // the measured window
+	Timeouts  int
+	Sent      int
+	// Achieved (open loop): sampled turns over the time from the first
+	// one's publish to the last one's outcome.
+	Achieved float64
+}
+
+func (r loopResult) rate() float64 {
+	if r.Window <= 0 {
+		return 0
+	}
+	return float64(r.Completed) / r.Window.Seconds()
+}
+
+// closedLoop runs conc slots, each sending one turn and waiting for its
+// outcome before sending the next, for warm+window. Each slot cycles over
+// sessionsPerSlot sessions of its own, so that a session is free again
+// (released by its previous turn) long before it is reused: every turn
+// takes the common path of a known, idle session. Outcomes inside the
+// window are counted. onWindow, if set, is called when the window opens
+// and when it closes.
+func (d *driver) closedLoop(ctx context.Context, conc, sessionsPerSlot int, warm, window time.Duration, onWindow func(open bool)) loopResult {
+	start := time.Now()
+	from, to := start.Add(warm), start.Add(warm+window)
+	var completed, timeouts, sent atomic.Int64
+	var wg sync.WaitGroup
+	for slot := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; ctx.Err() == nil && time.Now().Before(to); k++ {
+				session := fmt.Sprintf("%s-s%d-%d", d.run, slot, k%sessionsPerSlot)
+				t, err := d.send(session)
+				if err != nil {
+					d.pubErrs.Add(1)
+					return
+				}
+				sent.Add(1)
+				select {
+				case <-t.done:
+					if !t.doneAt.Before(from) && t.doneAt.Before(to) {
+						completed.Add(1)
+					}
+				case <-time.After(turnTimeout):
+					timeouts.Add(1)
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	if onWindow != nil {
+		time.Sleep(time.Until(from))
+		onWindow(true)
+		time.Sleep(time.Until(to))
+		onWindow(false)
+	}
+	wg.Wait()
+	return loopResult{Completed: int(completed.Load()), Window: window, Timeouts: int(timeouts.Load()), Sent: int(sent.Load())}
+}
+
+// openLoop sends turns at rate per second for warm+window, each in the
+// next session of a pool large enough that a session's previous turn has
+// long ended, then waits for the outstanding outcomes. Latencies are
+// sampled from turns sent after warm.
+func (d *driver) openLoop(ctx context.Context, rate float64, warm, window time.Duration) (loopResult, error) {
+	pool := max(256, int(rate*2))
+	start := time.Now()
+	end := start.Add(warm + window)
+	sampling := false
+	var all []*turn
+	for i := 0; ctx.Err() == nil; i++ {
+		due := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+		if !due.Before(end) {
+			break
+		}
+		time.Sleep(time.Until(due))
+		if !sampling && time.Since(start) >= warm {
+			sampling = true
+			if err := d.sampleLatency(); err != nil {
+				return loopResult{}, err
+			}
+		}
+		t, err := d.send(fmt.Sprintf("%s-o-%d", d.run, i%pool))
+		if err != nil {
+			return loopResult{}, err
+		}
+		all = append(all, t)
+	}
+	res := loopResult{Sent: len(all), Window: window}
+	deadline := time.After(turnTimeout)
+	var first, last time.Time
+	sampled := 0
+	for _, t := range all {
+		select {
+		case <-t.done:
+			res.Completed++
+			if t.sent.Sub(start) >= warm {
+				sampled++
+				if first.IsZero() {
+					first = t.sent
+				}
+				if t.doneAt.After(last) {
+					last = t.doneAt
+				}
+			}
+		case <-deadline:
+			res.Timeouts++
+		}
+	}
+	if sampled > 1 && last.After(first) {
+		res.Achieved = float64(sampled) / last.Sub(first).Seconds()
+	}
+	return res, nil
+}
+
+// latencySamples returns what sampleLatency recorded.
+func (d *driver) latencySamples() (outcome, decision []time.Duration) {
+	d.mu.Lock()
+	l := d.lat
+	d.mu.Unlock()
+	if l == nil {
+		return nil, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]time.Duration(nil), l.outcome...), append([]time.Duration(nil), l.decision...)
+}
+
+// waitAsync waits until every async publish of the driver is acknowledged.
+func (d *driver) waitAsync(timeout time.Duration) error {
+	select {
+	case <-d.js.PublishAsyncComplete():
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("%d async publishes unacknowledged after %v", d.js.PublishAsyncPending(), timeout)
+	}
+}

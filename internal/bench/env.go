@@ -1,0 +1,232 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/seal"
+)
+
+// env is one fresh embedded nats-server (file storage in its own
+// directory, loopback, a free port) with Tollgate's topology ensured. Every
+// measured run gets its own, so that no run inherits the streams, KV
+// history or consumers of another.
+type env struct {
+	ns   *server.Server
+	dir  string
+	url  string
+	sync bool
+}
+
+// startEnv starts a server in a new directory below parent.
+func startEnv(parent string, syncAlways bool) (*env, error) {
+	dir, err := os.MkdirTemp(parent, "run-*")
+	if err != nil {
+		return nil, err
+	}
+	ns, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(dir, "jetstream"), Port: -1, SyncAlways: syncAlways, ServerName: "tollgate-bench"})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	e := &env{ns: ns, dir: dir, url: ns.ClientURL(), sync: syncAlways}
+	nc, js, err := e.connect("tollgate-bench-setup")
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := topology.Ensure(ctx, js, topology.DefaultConfig()); err != nil {
+		e.close()
+		return nil, fmt.Errorf("ensure topology: %w", err)
+	}
+	return e, nil
+}
+
+// connect opens a client connection with a JetStream handle whose async
+// publish window is asyncWindow.
+func (e *env) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(e.url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect %s: %w", e.url, err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(asyncWindow))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// close shuts the server down and removes its directory.
+func (e *env) close() {
+	e.ns.Shutdown()
+	e.ns.WaitForShutdown()
+	os.RemoveAll(e.dir)
+}
+
+// asyncWindow bounds the unacknowledged async publishes of the driver and
+// the raw references: nats.go stalls (and then errors) an unbounded
+// publisher.
+const asyncWindow = 256
+
+// allInOne runs the four stages in this process on one connection, wired
+// exactly as `tollgate dev` wires them (stagecmd.Build), with the built-in
+// policy. Its registry holds the stages' metrics. A stage can be paused
+// (drained and stopped) and resumed, which the trace uses to order the
+// stages' work.
+type allInOne struct {
+	nc   *nats.Conn
+	reg  *prometheus.Registry
+	logf *os.File
+	runs map[string]func(context.Context) error
+
+	mu      sync.Mutex
+	running map[string]*stageRun
+}
+
+type stageRun struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startAllInOne(e *env, keys *seal.KeyRing, logLevel string) (*allInOne, error) {
+	logf, err := os.Create(filepath.Join(e.dir, "tollgate.log"))
+	if err != nil {
+		return nil, err
+	}
+	log := newLogger(logf, logLevel)
+	nc, js, err := stagecmd.Connect(e.url, "", "tollgate-bench-allinone", log)
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runs, err := stagecmd.Build(ctx, stagecmd.Deps{
+		JS: js, Policy: policy.Default(), Keys: keys, SandboxDir: filepath.Join(e.dir, "sandbox"),
+		Logger: log, Registry: reg, Instance: "bench", Topology: topology.DefaultConfig(),
+	}, stagecmd.AllStages...)
+	if err != nil {
+		nc.Close()
+		logf.Close()
+		return nil, err
+	}
+	a := &allInOne{nc: nc, reg: reg, logf: logf, runs: map[string]func(context.Context) error{}, running: map[string]*stageRun{}}
+	for i, s := range stagecmd.AllStages {
+		a.runs[s] = runs[i]
+	}
+	for _, s := range stagecmd.AllStages {
+		a.resume(s)
+	}
+	return a, nil
+}
+
+// resume runs stage if it is not running.
+func (a *allInOne) resume(stage string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.running[stage] != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &stageRun{cancel: cancel, done: make(chan error, 1)}
+	a.running[stage] = r
+	run := a.runs[stage]
+	go func() { r.done <- run(ctx) }()
+}
+
+// pause drains stage and waits until it has stopped.
+func (a *allInOne) pause(stage string) error {
+	a.mu.Lock()
+	r := a.running[stage]
+	delete(a.running, stage)
+	a.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("stage %s: %w", stage, err)
+		}
+		return nil
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("stage %s did not stop within 60s", stage)
+	}
+}
+
+func (a *allInOne) consumer(stage string) string { return stageConsumer[stage][1] }
+
+// stop drains the stages and closes the connection.
+func (a *allInOne) stop() error {
+	var errs []error
+	for _, s := range stagecmd.AllStages {
+		if err := a.pause(s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	a.nc.Close()
+	a.logf.Close()
+	return errors.Join(errs...)
+}
+
+// counter sums the counter name over the series whose labels include
+// labels.
+func (a *allInOne) counter(name string, labels map[string]string) float64 {
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || (lp.GetName() == k && lp.GetValue() == v)
+				}
+				if !found {
+					continue series
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				sum += c.GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// newLogger is the stages' logger: a text handler at level, as the
+// binaries log (stagecmd.Logger), writing to w.
+func newLogger(w *os.File, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}

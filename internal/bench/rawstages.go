@@ -1,0 +1,498 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// rawStages is the minimal program behind the raw-turn reference: four
+// "stages" that consume the same streams with the same consumer settings
+// and concurrency as Tollgate's runners (explicit ack, AckWait 30s,
+// MaxAckPending 1024, pulls of 256, messages of one subject key handled in
+// order) and, for each message, perform the operations of the raw
+// sequence's group for it, with payloads of the traced sizes. There is no
+// decoding (ids come from subjects, message-id headers and the driver's
+// Bench-* headers; a batch value starts with its session key), no policy,
+// no seal and no tool.
+type rawStages struct {
+	js   jetstream.JetStream
+	kv   map[string]jetstream.KeyValue
+	path path
+	plan map[string][]rawGroup
+
+	ctx     context.Context
+	stop    context.CancelFunc
+	watchWG sync.WaitGroup
+	mu      sync.Mutex
+	running map[string]*rawRun
+	streams map[string]jetstream.Stream
+
+	errs      atomic.Int64
+	conflicts atomic.Int64
+	lastErr   atomic.Value
+}
+
+// rawRun is one running raw stage.
+type rawRun struct {
+	cc    jetstream.ConsumeContext
+	chans []chan jetstream.Msg
+	wg    sync.WaitGroup
+}
+
+// rawConsumer is the durable name of a raw stage's consumer.
+func rawConsumer(stage string) string { return "raw-" + stage }
+
+// rawStageConfig mirrors the stage's runner configuration.
+type rawStageConfig struct {
+	stream      string
+	filters     []string
+	concurrency int
+}
+
+var rawStageConfigs = map[string]rawStageConfig{
+	"ingest":   {topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}, 4},
+	"executor": {topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}, 8},
+	"approver": {topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}, 8},
+	"redriver": {topology.StreamEvents, []string{topology.SubjectApprovalDecided + "*", topology.SubjectBatchAwaiting + "*"}, 8},
+}
+
+// rawGroup is the operations a stage performs for a message whose subject
+// starts with trigger.
+type rawGroup struct {
+	trigger string
+	ops     []step
+}
+
+// rawPlan splits a raw sequence into each stage's groups.
+func rawPlan(seq []step) map[string][]rawGroup {
+	plan := map[string][]rawGroup{}
+	var pending = map[string][]step{}
+	for _, s := range seq {
+		switch {
+		case s.Stage == "client":
+		case s.Op == "consume+ack":
+			plan[s.Stage] = append(plan[s.Stage], rawGroup{trigger: s.Trigger, ops: pending[s.Stage]})
+			pending[s.Stage] = nil
+		default:
+			pending[s.Stage] = append(pending[s.Stage], s)
+		}
+	}
+	return plan
+}
+
+var zeros = make([]byte, 1<<20)
+
+// startRawStages starts the raw stages (all four if none are named) on js
+// for the sequence seq of path p.
+func startRawStages(js jetstream.JetStream, seq []step, p path, stages ...string) (*rawStages, error) {
+	if len(stages) == 0 {
+		stages = stageNames
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &rawStages{js: js, kv: map[string]jetstream.KeyValue{}, path: p, plan: rawPlan(seq), ctx: ctx, stop: cancel, running: map[string]*rawRun{}}
+	for _, b := range []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims} {
+		kv, err := js.KeyValue(ctx, b)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		r.kv[b] = kv
+	}
+	for _, stage := range stages {
+		if err := r.start(stage); err != nil {
+			r.close()
+			return nil, err
+		}
+	}
+	if !slices.Contains(stages, "approver") {
+		return r, nil
+	}
+	// Tollgate's approver watches the approvals bucket; so does this one.
+	w, err := r.kv[topology.BucketApprovals].WatchAll(ctx)
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	r.watchWG.Add(1)
+	go func() {
+		defer r.watchWG.Done()
+		defer w.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+			}
+		}
+	}()
+	return r, nil
+}
+
+func (r *rawStages) consumer(stage string) string { return rawConsumer(stage) }
+
+// resume starts stage if it is not running (errors are counted).
+func (r *rawStages) resume(stage string) {
+	if err := r.start(stage); err != nil {
+		r.fail(err)
+	}
+}
+
+func (r *rawStages) start(stage string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running[stage] != nil {
+		return nil
+	}
+	c := rawStageConfigs[stage]
+	cc := jetstream.ConsumerConfig{
+		Durable: rawConsumer(stage), AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second,
+		MaxDeliver: -1, MaxAckPending: 1024,
+	}
+	if len(c.filters) == 1 {
+		cc.FilterSubject = c.filters[0]
+	} else {
+		cc.FilterSubjects = c.filters
+	}
+	cons, err := r.js.CreateOrUpdateConsumer(r.ctx, c.stream, cc)
+	if err != nil {
+		return fmt.Errorf("raw %s: %w", stage, err)
+	}
+	run := &rawRun{chans: make([]chan jetstream.Msg, c.concurrency)}
+	groups := r.plan[stage]
+	for i := range run.chans {
+		ch := make(chan jetstream.Msg, 1024)
+		run.chans[i] = ch
+		run.wg.Add(1)
+		go func() {
+			defer run.wg.Done()
+			for m := range ch {
+				r.handle(r.ctx, stage, groups, m)
+			}
+		}()
+	}
+	run.cc, err = cons.Consume(func(m jetstream.Msg) {
+		h := fnv.New32a()
+		h.Write([]byte(lastToken(m.Subject())))
+		run.chans[h.Sum32()%uint32(len(run.chans))] <- m
+	}, jetstream.PullMaxMessages(256))
+	if err != nil {
+		for _, ch := range run.chans {
+			close(ch)
+		}
+		return fmt.Errorf("raw %s: consume: %w", stage, err)
+	}
+	r.running[stage] = run
+	return nil
+}
+
+// pause drains stage: no more pulls, every message received is handled.
+func (r *rawStages) pause(stage string) error {
+	r.mu.Lock()
+	run := r.running[stage]
+	delete(r.running, stage)
+	r.mu.Unlock()
+	if run == nil {
+		return nil
+	}
+	run.cc.Drain()
+	select {
+	case <-run.cc.Closed():
+	case <-time.After(30 * time.Second):
+		run.cc.Stop()
+	}
+	for _, ch := range run.chans {
+		close(ch)
+	}
+	run.wg.Wait()
+	return nil
+}
+
+func (r *rawStages) close() {
+	for _, s := range stageNames {
+		_ = r.pause(s)
+	}
+	r.stop()
+	r.watchWG.Wait()
+}
+
+// stream is a handle on stream, looked up once.
+func (r *rawStages) stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.streams[name]; s != nil {
+		return s, nil
+	}
+	s, err := r.js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if r.streams == nil {
+		r.streams = map[string]jetstream.Stream{}
+	}
+	r.streams[name] = s
+	return s, nil
+}
+
+func (r *rawStages) fail(err error) {
+	r.errs.Add(1)
+	r.lastErr.Store(err.Error())
+}
+
+// rawIDs are the ids a raw stage substitutes for the placeholders.
+type rawIDs struct{ turn, session, approval string }
+
+func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
+	var id rawIDs
+	subj := m.Subject()
+	switch stage {
+	case "ingest":
+		id.turn, id.session = m.Headers().Get(hdrTurn), m.Headers().Get(hdrSession)
+	case "executor":
+		id.turn, id.session = m.Headers().Get(jetstream.MsgIDHeader), lastToken(subj)
+	case "approver":
+		id.approval = lastToken(subj)
+		id.turn = schemas.TurnIDOfApproval(id.approval)
+	case "redriver":
+		id.turn = lastToken(subj) // the session key is read from the batch value
+	}
+	if id.approval == "" && id.turn != "" {
+		id.approval = schemas.ApprovalID(id.turn, r.path.approvalIndex())
+	}
+	return id
+}
+
+func (id rawIDs) resolve(s string) string {
+	s = strings.ReplaceAll(s, "<approval>", id.approval)
+	s = strings.ReplaceAll(s, "<turn>", id.turn)
+	return strings.ReplaceAll(s, "<session>", id.session)
+}
+
+// sessionKeyLen is the length of schemas.SessionKey's keys.
+const sessionKeyLen = 2 + 32
+
+func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup, m jetstream.Msg) {
+	var g *rawGroup
+	for i := range groups {
+		if strings.HasPrefix(m.Subject(), groups[i].trigger) {
+			g = &groups[i]
+			break
+		}
+	}
+	if g == nil {
+		_ = m.Ack() // not part of this path's sequence
+		return
+	}
+	id := r.ids(stage, m)
+	revs := map[string]uint64{}
+	skip := "" // a session created instead of read: its update is skipped
+	for _, op := range g.ops {
+		target := id.resolve(op.On)
+		bucket, key, _ := strings.Cut(target, "/")
+		kv := r.kv[bucket]
+		payload := zeros[:op.Bytes]
+		if bucket == topology.BucketBatches && op.Bytes >= sessionKeyLen {
+			payload = make([]byte, op.Bytes)
+			copy(payload, id.session)
+		}
+		switch op.Op {
+		case "publish":
+			msgID := target
+			if strings.HasPrefix(target, topology.SubjectTurnAccepted) {
+				msgID = id.turn
+			}
+			var opts []jetstream.PublishOpt
+			if op.MsgID {
+				opts = append(opts, jetstream.WithMsgID(msgID))
+			}
+			if _, err := r.js.PublishMsg(ctx, &nats.Msg{Subject: target, Data: payload}, opts...); err != nil {
+				r.fail(err)
+			}
+		case "kv.create", opCreateExists:
+			rev, err := kv.Create(ctx, key, payload)
+			switch {
+			case err == nil:
+				revs[target] = rev
+				if op.Op == opCreateExists {
+					skip = target
+				}
+			case errors.Is(err, jetstream.ErrKeyExists) && op.Op == opCreateExists:
+			default:
+				r.fail(err)
+			}
+		case "kv.get":
+			e, err := kv.Get(ctx, key)
+			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketSessions {
+				// A session's first turn: Tollgate (Acquire) creates the
+				// record instead of updating it; so does the raw turn.
+				rev, cerr := kv.Create(ctx, key, zeros[:sessionRecordBytes])
+				switch {
+				case cerr == nil:
+					revs[target], skip = rev, target
+				case errors.Is(cerr, jetstream.ErrKeyExists):
+					r.conflicts.Add(1)
+				default:
+					r.fail(cerr)
+				}
+				continue
+			}
+			if err != nil {
+				r.fail(err)
+				continue
+			}
+			revs[target] = e.Revision()
+			if bucket == topology.BucketBatches && id.session == "" && len(e.Value()) >= sessionKeyLen {
+				id.session = string(e.Value()[:sessionKeyLen])
+			}
+		case "kv.update":
+			if target == skip {
+				skip = ""
+				continue
+			}
+			rev, err := kv.Update(ctx, key, payload, revs[target])
+			switch {
+			case err == nil:
+				revs[target] = rev
+			case errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+				// Another raw stage wrote the key in between (the two
+				// redriver triggers of a turn racing the executor): the
+				// round trip was made; Tollgate would re-read and retry.
+				r.conflicts.Add(1)
+			default:
+				r.fail(err)
+			}
+		case "stream.get":
+			// "<stream> last <subject>": the stream's last message on subject.
+			stream, subj, _ := strings.Cut(target, " last ")
+			st, err := r.stream(ctx, stream)
+			if err == nil {
+				_, err = st.GetLastMsgForSubject(ctx, subj)
+			}
+			// Not found is an answer too: the decided event can reach the
+			// redriver before the awaiting notice (Tollgate then defers).
+			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				r.fail(err)
+			}
+		default:
+			r.fail(fmt.Errorf("raw %s: unknown operation %q", stage, op.Op))
+		}
+	}
+	if err := m.Ack(); err != nil {
+		r.fail(err)
+	}
+}
+
+// A raw stage process is this program's own executable started with these
+// variables (see MaybeRunRawStage): the bench's reference for the stages
+// run as separate processes.
+const (
+	envRawStage = "BENCH_RAW_STAGE" // the stage to run
+	envRawURL   = "BENCH_RAW_URL"   // the NATS server
+	envRawSeq   = "BENCH_RAW_SEQ"   // a JSON rawSeqFile
+)
+
+// rawSeqFile is the sequence a raw stage process runs.
+type rawSeqFile struct {
+	Path  string `json:"path"`
+	Steps []step `json:"steps"`
+}
+
+// MaybeRunRawStage returns at once unless this process was started by the
+// bench as a raw stage process; then it runs that stage until SIGTERM and
+// exits. Call it first in the main (or TestMain) of a program that runs
+// the procs phase: the bench starts raw stage processes from its own
+// executable.
+func MaybeRunRawStage() {
+	stage := os.Getenv(envRawStage)
+	if stage == "" {
+		return
+	}
+	if err := runRawStage(stage, os.Getenv(envRawURL), os.Getenv(envRawSeq)); err != nil {
+		fmt.Fprintf(os.Stderr, "raw stage %s: %v\n", stage, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func runRawStage(stage, url, seqPath string) error {
+	b, err := os.ReadFile(seqPath)
+	if err != nil {
+		return err
+	}
+	var f rawSeqFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	p := fastPath
+	if f.Path == approvalPath.String() {
+		p = approvalPath
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer cancel()
+	nc, err := nats.Connect(url, nats.Name("bench-raw-"+stage), nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	r, err := startRawStages(js, f.Steps, p, stage)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	r.close()
+	last, _ := r.lastErr.Load().(string)
+	fmt.Fprintf(os.Stderr, "%s%d %d %q\n", rawResultPrefix, r.errs.Load(), r.conflicts.Load(), last)
+	return nil
+}
+
+// rawResultPrefix starts the line a raw stage process logs when it stops:
+// its error count, conflict count and last error.
+const rawResultPrefix = "raw stage result: "
+
+// rawResults sums the result lines in the raw stage processes' logs.
+func rawResults(logs []string) (errs, conflicts int64, last string) {
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			rest, ok := strings.CutPrefix(line, rawResultPrefix)
+			if !ok {
+				continue
+			}
+			var e, c int64
+			var msg string
+			if n, _ := fmt.Sscanf(rest, "%d %d %q", &e, &c, &msg); n >= 2 {
+				errs, conflicts = errs+e, conflicts+c
+				if msg != "" {
+					last = msg
+				}
+			}
+		}
+	}
+	return errs, conflicts, last
+}

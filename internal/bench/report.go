@@ -1,0 +1,382 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is one bench run's results.
+type Report struct {
+	Started    time.Time  `json:"started"`
+	Wall       string     `json:"wall"`
+	Machine    Machine    `json:"machine"`
+	Params     string     `json:"params"`
+	Sequences  []Sequence `json:"sequences"`
+	Throughput []Figure   `json:"throughput"`
+	Efficiency []Ratio    `json:"efficiency"`
+	Latency    []LatRow   `json:"latency"`
+	Footprint  *footprint `json:"footprint,omitempty"`
+	Targets    []Target   `json:"targets"`
+	Notes      []string   `json:"notes"`
+	Errors     []string   `json:"errors"`
+}
+
+// Sequence is the traced operation sequence of one path.
+type Sequence struct {
+	Path    string `json:"path"`
+	Steps   []step `json:"steps"`
+	Raw     bool   `json:"raw"` // the raw turn repeats this one
+	Matches bool   `json:"matches_raw_sequence"`
+	Diff    string `json:"diff,omitempty"`
+}
+
+// Figure is one throughput figure: the median of its runs, with min-max.
+type Figure struct {
+	Sync    string   `json:"sync"` // "default" (2 min flush) or "always"
+	Name    string   `json:"name"`
+	Mode    string   `json:"mode,omitempty"`
+	Path    string   `json:"path,omitempty"`
+	Unit    string   `json:"unit"`
+	Median  float64  `json:"median"`
+	Min     float64  `json:"min"`
+	Max     float64  `json:"max"`
+	Samples []sample `json:"samples"`
+}
+
+// Ratio is Tollgate's rate over the raw turn's for one path and mode.
+type Ratio struct {
+	Sync       string  `json:"sync"`
+	Path       string  `json:"path"`
+	Mode       string  `json:"mode"`
+	Efficiency float64 `json:"efficiency"` // median Tollgate / median raw turn
+	// Per-round ratios (Tollgate and raw turn measured back to back).
+	RoundMedian float64 `json:"round_median"`
+	RoundMin    float64 `json:"round_min"`
+	RoundMax    float64 `json:"round_max"`
+}
+
+// LatRow is one latency run's percentiles, in milliseconds.
+type LatRow struct {
+	Mode     string  `json:"mode"`
+	Path     string  `json:"path"`
+	Load     string  `json:"load"`
+	Rate     float64 `json:"rate"`
+	Achieved float64 `json:"achieved"`
+	Sent     int     `json:"sent"`
+	Timeouts int     `json:"timeouts"`
+	Outcome  Pcts    `json:"outcome_ms"`  // inbound published -> turn outcome
+	Decision *Pcts   `json:"decision_ms"` // decision published -> approved call started
+}
+
+// Pcts are latency percentiles in milliseconds over N samples.
+type Pcts struct {
+	N    int     `json:"n"`
+	P50  float64 `json:"p50"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p999"`
+	Max  float64 `json:"max"`
+}
+
+// Target is one of issue 5's targets.
+type Target struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	Pass bool   `json:"pass"`
+	Note string `json:"note,omitempty"`
+}
+
+func median(xs []float64) (med, lo, hi float64) {
+	if len(xs) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		med = s[n/2]
+	} else {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return med, s[0], s[n-1]
+}
+
+// percentiles uses the nearest rank.
+func percentiles(ds []time.Duration) Pcts {
+	if len(ds) == 0 {
+		return Pcts{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	at := func(q float64) float64 {
+		i := int(q*float64(len(s))+0.999999) - 1
+		i = min(max(i, 0), len(s)-1)
+		return float64(s[i]) / float64(time.Millisecond)
+	}
+	return Pcts{N: len(s), P50: at(0.50), P99: at(0.99), P999: at(0.999), Max: float64(s[len(s)-1]) / float64(time.Millisecond)}
+}
+
+// figure returns the figure named name, mode, path and sync, or nil.
+func (r *Report) figure(sync, name, mode, path string) *Figure {
+	for i := range r.Throughput {
+		f := &r.Throughput[i]
+		if f.Sync == sync && f.Name == name && f.Mode == mode && f.Path == path {
+			return f
+		}
+	}
+	return nil
+}
+
+// WriteFiles writes the report as JSON and markdown into dir, named by its
+// start time, and as latest.json and latest.md.
+func (r *Report) WriteFiles(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, err
+	}
+	j, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	var md strings.Builder
+	r.Markdown(&md)
+	stamp := r.Started.UTC().Format("20060102T150405Z")
+	var paths []string
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{
+		{"bench-" + stamp + ".json", j}, {"bench-" + stamp + ".md", []byte(md.String())},
+		{"latest.json", j}, {"latest.md", []byte(md.String())},
+	} {
+		p := filepath.Join(dir, f.name)
+		if err := os.WriteFile(p, f.data, 0o640); err != nil {
+			return paths, err
+		}
+		paths = append(paths, p)
+	}
+	return paths, nil
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func passMark(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "FAIL"
+}
+
+// Markdown writes the report as markdown.
+func (r *Report) Markdown(w io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	m := r.Machine
+	p("# Tollgate bench report")
+	p("")
+	p("Started %s, wall %s.", r.Started.UTC().Format(time.RFC3339), r.Wall)
+	p("")
+	p("Machine: %d cores (GOMAXPROCS %d), %s, %s/%s, CPU %q, load average %s at start, %s at end; nats-server %s (embedded, file storage, loopback), nats.go %s.",
+		m.Cores, m.GOMAXPROCS, m.GoVersion, m.OS, m.Arch, m.CPU, m.LoadStart, m.LoadEnd, m.NATSServer, m.NATSGo)
+	p("")
+	p("Parameters: `%s`", r.Params)
+	p("")
+	if len(r.Targets) > 0 {
+		p("## Targets")
+		p("")
+		p("| target | want | measured | result |")
+		p("|---|---|---|---|")
+		for _, t := range r.Targets {
+			note := ""
+			if t.Note != "" {
+				note = " (" + t.Note + ")"
+			}
+			p("| %s | %s | %s%s | %s |", t.Name, t.Want, t.Got, note, passMark(t.Pass))
+		}
+		p("")
+	}
+	if len(r.Throughput) > 0 {
+		p("## Throughput")
+		p("")
+		p("Median of the runs, [min-max]. Tollgate and raw turns: closed loop, %s turns in flight.", concurrencyOf(r.Params))
+		p("")
+		p("| sync_interval | figure | median | min-max | notes |")
+		p("|---|---|---|---|---|")
+		for _, f := range r.Throughput {
+			p("| %s | %s | %.0f %s | %.0f-%.0f | %s |", f.Sync, f.label(), f.Median, f.Unit, f.Min, f.Max, f.notes())
+		}
+		p("")
+	}
+	if len(r.Efficiency) > 0 {
+		p("## Efficiency (Tollgate turns/s ÷ raw turns/s, same run)")
+		p("")
+		p("| sync_interval | path | mode | median ÷ median | per-round median [min-max] |")
+		p("|---|---|---|---|---|")
+		for _, e := range r.Efficiency {
+			p("| %s | %s | %s | %.2f | %.2f [%.2f-%.2f] |", e.Sync, e.Path, e.Mode, e.Efficiency, e.RoundMedian, e.RoundMin, e.RoundMax)
+		}
+		p("")
+	}
+	if len(r.Latency) > 0 {
+		p("## Latency (ms)")
+		p("")
+		p("Open loop at a fixed rate (offered; achieved: the sampled turns over the time from the first one's publish to the last one's outcome, below offered when the load exceeded what the pipeline sustained at that moment, and queues grew); each turn in a session of its own at that moment. Outcome: inbound message published -> turn outcome received (approval path: includes the automated decision). Decision: decision published -> the approved call's execution claim written (the tool starts right after).")
+		p("")
+		p("| mode | path | load | offered/s | achieved/s | n | outcome p50 | p99 | p99.9 | max | decision n | decision p50 | p99 | p99.9 | max | timeouts |")
+		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, l := range r.Latency {
+			dec := "| - | - | - | - | -"
+			if l.Decision != nil {
+				d := l.Decision
+				dec = fmt.Sprintf("| %d | %.2f | %.2f | %.2f | %.2f", d.N, d.P50, d.P99, d.P999, d.Max)
+			}
+			o := l.Outcome
+			p("| %s | %s | %s | %.0f | %.0f | %d | %.2f | %.2f | %.2f | %.2f %s | %d |", l.Mode, l.Path, l.Load, l.Rate, l.Achieved, o.N, o.P50, o.P99, o.P999, o.Max, dec, l.Timeouts)
+		}
+		p("")
+	}
+	if f := r.Footprint; f != nil {
+		p("## Footprint (stages as separate processes, %d approvals pending)", f.Pending)
+		p("")
+		p("| worker | RSS idle | RSS with %d pending | peak (VmHWM) |", f.Pending)
+		p("|---|---|---|---|")
+		for _, s := range stageNames {
+			p("| %s | %s | %s | %s |", s, mib(f.RSSIdle[s]), mib(f.RSSPending[s]), mib(f.RSSPeak[s]))
+		}
+		p("| bench process (embedded nats-server + driver) | | %s | |", mib(f.BenchRSS))
+		p("")
+		per := 0.0
+		if f.ApprovalMsgs > 0 {
+			per = float64(f.ApprovalBytes) / float64(f.ApprovalMsgs)
+		}
+		p("- KV per pending approval: approvals bucket %d bytes / %d records = **%.0f B**; all four buckets %d bytes = %.0f B per pending turn (batch and session records included).",
+			f.ApprovalBytes, f.ApprovalMsgs, per, f.AllKVBytes, float64(f.AllKVBytes)/float64(max(f.Pending, 1)))
+		p("- Populate: %d turns to pending in %.1f s (%.0f/s). Decide: all approved by the approver (redriver stopped) in %.1f s.", f.Pending, f.PopulateSec, float64(f.Pending)/f.PopulateSec, f.DecideSec)
+		p("- **Recovery**: redriver restarted with %d decided-but-not-redriven batches: every outcome in **%.1f s** (%.0f batches/s), redriver RSS after %s, peak %s.",
+			f.Pending, f.RecoverySec, float64(f.Pending)/f.RecoverySec, mib(f.RedriverRSS), mib(f.RedriverPeak))
+		p("")
+	}
+	if len(r.Sequences) > 0 {
+		p("## What one turn does (traced; the raw turn repeats it)")
+		p("")
+		p("Each turn is the second of its session (the session record exists and is free), traced with the stages working one at a time. The executor's kv.get of the session is the session-order check's read, reused by the queuing compare-and-set. A stream.get is a JetStream API request for the last message on a subject. Not shown: the approver's KV watch on the approvals bucket receives every approval write.")
+		p("")
+		for _, s := range r.Sequences {
+			match := ""
+			switch {
+			case s.Raw && s.Matches:
+				match = "; the raw turn's sequence matches it"
+			case s.Raw:
+				match = "; DIFFERS from the raw turn's sequence: " + s.Diff
+			}
+			p("%s path, %d steps%s:", s.Path, len(s.Steps), match)
+			p("")
+			p("```")
+			for i, st := range s.Steps {
+				p("%2d %s", i+1, st)
+			}
+			p("```")
+			p("")
+		}
+	}
+	if len(r.Notes) > 0 {
+		p("## Notes")
+		p("")
+		for _, n := range r.Notes {
+			p("- %s", n)
+		}
+		p("")
+	}
+	if len(r.Errors) > 0 {
+		p("## Errors")
+		p("")
+		for _, e := range r.Errors {
+			p("- %s", e)
+		}
+		p("")
+	}
+}
+
+func (f Figure) label() string {
+	switch {
+	case f.Name == "tollgate":
+		return fmt.Sprintf("**Tollgate %s, %s**", f.Path, f.Mode)
+	case f.Path != "":
+		return fmt.Sprintf("%s %s, %s", f.Name, f.Path, f.Mode)
+	default:
+		return f.Name
+	}
+}
+
+func (f Figure) notes() string {
+	var allocs, bytes, deferred, cpu, stages []float64
+	timeouts, errs, conflicts, retries, dead := 0, int64(0), int64(0), 0.0, 0.0
+	for _, s := range f.Samples {
+		if s.AllocsPerTurn > 0 {
+			allocs = append(allocs, s.AllocsPerTurn)
+			bytes = append(bytes, s.BytesPerTurn)
+		}
+		if f.Name == "tollgate" && f.Mode == modeAllInOne && f.Path == approvalPath.String() && s.Rate > 0 {
+			deferred = append(deferred, s.DeferredPerTurn)
+		}
+		if s.CPUPerTurn > 0 {
+			cpu = append(cpu, s.CPUPerTurn)
+		}
+		if s.StagesCPUPerTurn > 0 {
+			stages = append(stages, s.StagesCPUPerTurn)
+		}
+		timeouts += s.Timeouts
+		errs += s.Errors
+		conflicts += s.Conflicts
+		retries += s.Retries
+		dead += s.DeadLetters
+	}
+	var n []string
+	if len(cpu) > 0 {
+		c, _, _ := median(cpu)
+		if len(stages) > 0 {
+			st, _, _ := median(stages)
+			n = append(n, fmt.Sprintf("CPU %.2f ms/turn in the stage processes + %.2f in the server and driver", st, c))
+		} else {
+			n = append(n, fmt.Sprintf("CPU %.2f ms/turn (whole process)", c))
+		}
+	}
+	if len(allocs) > 0 {
+		a, _, _ := median(allocs)
+		b, _, _ := median(bytes)
+		n = append(n, fmt.Sprintf("%.0f allocs, %.0f KiB per turn (whole process)", a, b/1024))
+	}
+	if len(deferred) > 0 {
+		d, _, _ := median(deferred)
+		n = append(n, fmt.Sprintf("%.2f deferred redrives per started", d))
+	}
+	if timeouts > 0 {
+		n = append(n, fmt.Sprintf("%d timed out", timeouts))
+	}
+	if errs > 0 {
+		n = append(n, fmt.Sprintf("%d errors", errs))
+	}
+	if retries > 0 {
+		n = append(n, fmt.Sprintf("%.0f NAKed for retry", retries))
+	}
+	if dead > 0 {
+		n = append(n, fmt.Sprintf("%.0f DEAD-LETTERED", dead))
+	}
+	if conflicts > 0 {
+		n = append(n, fmt.Sprintf("%d CAS conflicts", conflicts))
+	}
+	return strings.Join(n, "; ")
+}
+
+func concurrencyOf(params string) string {
+	for _, f := range strings.Fields(params) {
+		if v, ok := strings.CutPrefix(f, "concurrency="); ok {
+			return v
+		}
+	}
+	return "?"
+}

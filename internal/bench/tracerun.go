@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
+)
+
+// stageOfConsumer names the stage behind each durable consumer.
+var stageOfConsumer = map[string]string{
+	topology.ConsumerIngest: "ingest", topology.ConsumerExecutor: "executor",
+	topology.ConsumerApprover: "approver", topology.ConsumerRedriver: "redriver",
+	rawConsumer("ingest"): "ingest", rawConsumer("executor"): "executor",
+	rawConsumer("approver"): "approver", rawConsumer("redriver"): "redriver",
+}
+
+// stager runs stages that can be paused (drained and stopped) and resumed:
+// Tollgate's all-in-one stages, or the raw ones.
+type stager interface {
+	pause(stage string) error
+	resume(stage string)
+	consumer(stage string) string // the stage's durable consumer
+}
+
+// traceTurn runs turns of path p through the all-in-one pipeline with the
+// tracer listening, and returns the canonical steps of the second turn of
+// one session (the first makes the session known, as it is for every turn
+// after a session's first).
+func traceTurn(parent string, keys *seal.KeyRing, p path, decisionFirst bool) ([]step, error) {
+	e, err := startEnv(parent, false)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	a, err := startAllInOne(e, keys, "info")
+	if err != nil {
+		return nil, err
+	}
+	defer a.stop()
+	return traceOn(e, a, p, false, decisionFirst)
+}
+
+// traceSchedule is the order in which the trace lets the stages work on a
+// turn of p: "send" publishes the inbound message, "decide" the decision,
+// a stage name runs that stage until it has handled everything. With
+// decisionFirst the redriver sees the turn only after the approver has
+// applied the decision (the order that dominates under load: the decider
+// answers the request before the redriver gets to the batch-awaiting
+// notice); without it, the redriver first finds the approval pending (a
+// deferred evaluation), as at low load.
+func traceSchedule(p path, decisionFirst bool) []string {
+	switch {
+	case p != approvalPath:
+		return []string{"send", "ingest", "executor"}
+	case decisionFirst:
+		return []string{"send", "ingest", "executor", "decide", "approver", "redriver"}
+	default:
+		return []string{"send", "ingest", "executor", "redriver", "decide", "approver", "redriver"}
+	}
+}
+
+// traceOn traces a turn of path p on e, whose stages st (Tollgate's, or the
+// raw ones with raw) run one at a time, following traceSchedule, so that
+// each operation is attributed to the one stage working.
+func traceOn(e *env, st stager, p path, raw, decisionFirst bool) ([]step, error) {
+	nc, js, err := e.connect("tollgate-bench-trace")
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	d, err := newDriver(nc, js, "trace", p, raw, false)
+	if err != nil {
+		return nil, err
+	}
+	defer d.close()
+	tnc, _, err := e.connect("tollgate-bench-tracer")
+	if err != nil {
+		return nil, err
+	}
+	defer tnc.Close()
+	tr, err := startTracer(tnc)
+	if err != nil {
+		return nil, err
+	}
+	defer tr.stop()
+	for _, s := range stageNames {
+		if err := st.pause(s); err != nil {
+			return nil, err
+		}
+	}
+
+	one := func() (*turn, error) {
+		var t *turn
+		for _, s := range traceSchedule(p, decisionFirst) {
+			switch s {
+			case "send":
+				if t, err = d.send("trace-session"); err != nil {
+					return nil, err
+				}
+				if err := d.waitAsync(10 * time.Second); err != nil {
+					return nil, err
+				}
+			case "decide":
+				d.publishDecision(schemas.ApprovalID(t.id, p.approvalIndex()))
+				if err := d.waitAsync(10 * time.Second); err != nil {
+					return nil, err
+				}
+			default:
+				st.resume(s)
+				if err := waitIdle(js, stageConsumer[s][0], st.consumer(s), 10*time.Second); err != nil {
+					return nil, err
+				}
+				tr.quiesce()
+				if err := st.pause(s); err != nil {
+					return nil, err
+				}
+			}
+		}
+		select {
+		case <-t.done:
+		case <-time.After(10 * time.Second):
+			return nil, fmt.Errorf("trace: no outcome for turn %s", t.id)
+		}
+		return t, nil
+	}
+	if _, err := one(); err != nil {
+		return nil, err
+	}
+	tr.reset()
+	t, err := one()
+	if err != nil {
+		return nil, err
+	}
+	names := [][2]string{
+		{schemas.ApprovalID(t.id, p.approvalIndex()), "<approval>"},
+		{t.id, "<turn>"},
+		{schemas.SessionKey("trace-session"), "<session>"},
+	}
+	return canonical(tr.snapshot(), names, stageOfConsumer), nil
+}
+
+// quiesce waits until the tracer has seen nothing new for 150ms.
+func (t *tracer) quiesce() {
+	n, still := -1, time.Now()
+	for time.Since(still) < 150*time.Millisecond {
+		t.mu.Lock()
+		m := len(t.ops)
+		t.mu.Unlock()
+		if m != n {
+			n, still = m, time.Now()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitFor(d time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
