@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -122,14 +123,25 @@ func (s *sweeper) apply(e jetstream.KeyValueEntry) {
 		delete(s.open, key)
 		return
 	}
-	b, err := s.r.cfg.Store.Batches.DecodeValue(e.Value())
-	if err != nil || b.State.Terminal() {
+	var b batchHead
+	if err := msgpack.Unmarshal(e.Value(), &b); err != nil || b.V != schemas.BatchVersion || b.State.Terminal() {
 		// An undecodable record is never acted on by guesswork; the stage
 		// that reads it dead-letters its message with the code.
 		delete(s.open, key)
 		return
 	}
 	s.open[key] = &sweepEntry{state: b.State, session: b.SessionID, updated: b.UpdatedAt, next: b.UpdatedAt.Add(s.after)}
+}
+
+// batchHead is the part of a batch record the sweep tracks. Every batch
+// write reaches the watch, so it decodes only these fields and skips the
+// context and the calls; before it acts, the sweep reads the whole record
+// through the store, which decodes and validates it.
+type batchHead struct {
+	V         schemas.Version    `msgpack:"v"`
+	SessionID string             `msgpack:"session_id"`
+	State     schemas.BatchState `msgpack:"state"`
+	UpdatedAt time.Time          `msgpack:"updated_at"`
 }
 
 // sweep acts on every due entry.
