@@ -190,10 +190,10 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	if t.Context != nil {
 		rec.SessionID = t.Context.SessionID
 	}
-	_, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec)
+	rev, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec)
 	switch {
 	case err == nil:
-		return x.advance(ctx, rec) // rec is what is stored: no need to read it back
+		return x.advance(ctx, rec, rev) // rec is what is stored: no need to read it back
 	case errors.Is(err, store.ErrExists):
 		return x.Advance(ctx, t.TurnID) // a redelivery: go on from the stored state
 	default:
@@ -204,7 +204,7 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 // Advance moves the batch of turnID as far as it can go from its current
 // state. It is idempotent.
 func (x *Executor) Advance(ctx context.Context, turnID string) error {
-	b, _, err := x.cfg.Store.Batches.Get(ctx, turnID)
+	b, rev, err := x.cfg.Store.Batches.Get(ctx, turnID)
 	if err != nil {
 		if schemas.CodeOf(err) != "" {
 			return err // an undecodable record: dead-letter, never guess
@@ -214,11 +214,12 @@ func (x *Executor) Advance(ctx context.Context, turnID string) error {
 		}
 		return err
 	}
-	return x.advance(ctx, b)
+	return x.advance(ctx, b, rev)
 }
 
-// advance is Advance from the batch record b, as just read or written.
-func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord) error {
+// advance is Advance from the batch record b at revision rev, as just read
+// or written.
+func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint64) error {
 	turnID := b.TurnID
 	eng := x.cfg.Engine
 	switch b.State {
@@ -252,7 +253,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord) error {
 			return x.supersedeActive(ctx, b)
 		}
 		started := false
-		b, _, err = x.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
+		b, _, err = x.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
 			started = false
 			if b.State != schemas.BatchQueued {
 				return store.ErrSkip

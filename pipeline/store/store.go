@@ -149,5 +149,29 @@ func (b Bucket[T, P]) Mutate(ctx context.Context, key string, fn func(P) error) 
 	}
 }
 
+// MutateFrom is Mutate starting from cur at revision rev, the record as the
+// caller just read or wrote it, which saves the first read. fn is applied
+// to cur itself (the caller must not use cur afterwards, only the record
+// returned). If the compare-and-set finds a newer revision, it goes on as
+// Mutate does, from a fresh read. A nil cur or a zero rev is plain Mutate.
+func (b Bucket[T, P]) MutateFrom(ctx context.Context, key string, cur P, rev uint64, fn func(P) error) (P, uint64, error) {
+	if cur == nil || rev == 0 {
+		return b.Mutate(ctx, key, fn)
+	}
+	if err := fn(cur); errors.Is(err, ErrSkip) {
+		return cur, rev, nil
+	} else if err != nil {
+		return cur, rev, err
+	}
+	n, err := b.Update(ctx, key, cur, rev)
+	switch {
+	case errors.Is(err, ErrConflict):
+		return b.Mutate(ctx, key, fn)
+	case err != nil:
+		return nil, 0, err
+	}
+	return cur, n, nil
+}
+
 // ErrSkip, returned by a Mutate function, means "no change needed".
 var ErrSkip = errors.New("store: no change")

@@ -496,3 +496,47 @@ func TestMutateKeepsUnknownContextVersion(t *testing.T) {
 		t.Errorf("context check: %q, want SCHEMA_VERSION_UNSUPPORTED", code)
 	}
 }
+
+func TestMutateFromAKnownRevision(t *testing.T) {
+	s, ctx := newStore(t)
+	if _, err := s.Sessions.Create(ctx, "s-1", session("sess-1")); err != nil {
+		t.Fatal(err)
+	}
+	queue := func(turn string) func(r *schemas.SessionRecord) error {
+		return func(r *schemas.SessionRecord) error { r.Queue = append(r.Queue, turn); return nil }
+	}
+	tests := []struct {
+		name  string
+		stale bool
+	}{
+		{"the revision the caller holds is current: one write", false},
+		{"someone wrote since: it reads again and applies the change to the newer record", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cur, curRev, err := s.Sessions.Get(ctx, "s-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := append(append([]string(nil), cur.Queue...), "mine")
+			if tt.stale {
+				other, _, err := s.Sessions.Mutate(ctx, "s-1", queue("theirs"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = append(append([]string(nil), other.Queue...), "mine")
+			}
+			got, gotRev, err := s.Sessions.MutateFrom(ctx, "s-1", cur, curRev, queue("mine"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored, storedRev, err := s.Sessions.Get(ctx, "s-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(stored.Queue) != fmt.Sprint(want) || fmt.Sprint(got.Queue) != fmt.Sprint(want) || gotRev != storedRev {
+				t.Fatalf("stored %v at %d, returned %v at %d; want %v", stored.Queue, storedRev, got.Queue, gotRev, want)
+			}
+		})
+	}
+}
