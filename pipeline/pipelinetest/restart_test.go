@@ -62,7 +62,11 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 	t.Logf("%d turns: %d acknowledged before the restart (%d in flight); %d resent (%d of them already stored)",
 		total, ackedBefore, inFlight, len(failed), dups)
 
+	// Each look has its own deadline: the resend's context above may have
+	// run out long before the last redelivery (AckWait) is done.
 	outcomes := func() int {
+		ctx, cancel := h.Ctx()
+		defer cancel()
 		s, err := h.JS.Stream(ctx, topology.StreamEvents)
 		if err != nil {
 			return -1
