@@ -83,7 +83,6 @@ var rawApproval = []step{
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_batches/<turn>"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_batches/<turn>"},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1042},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.redrive.started.<turn>", MsgID: true, Bytes: 89},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_batches/<turn>"},

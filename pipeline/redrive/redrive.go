@@ -176,7 +176,7 @@ func (r *Redriver) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 // idempotent; trigger is recorded on the published outcome.
 func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	eng := r.cfg.Engine
-	b, _, err := r.cfg.Store.Batches.Get(ctx, turnID)
+	b, rev, err := r.cfg.Store.Batches.Get(ctx, turnID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveFailed,
@@ -214,7 +214,9 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveDeferred, Pending: v.Pending, Reason: v.Reason, Trigger: trigger})
 	}
 	approvals := v.Approvals
-	started, _, err := r.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
+	// The batch as read above is still current unless someone wrote since:
+	// compare-and-set at its revision, and re-read only on a conflict.
+	started, _, err := r.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
 		if b.State != schemas.BatchAwaiting {
 			return store.ErrSkip
 		}
