@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -96,7 +97,34 @@ func TestClusterConfig(t *testing.T) {
 	}
 	turn("s-1")
 	leader := c.Leader(t, ctx, topology.StreamTurns)
+	dead := c.Servers[leader].Name()
 	c.Servers[leader].Shutdown()
 	c.Servers[leader].WaitForShutdown()
+	// The next turn needs every stream and bucket the dead node led to have
+	// elected a new leader (a few seconds, longer on a loaded machine);
+	// asking before that only measures the election.
+	alive := c.JS[(leader+1)%len(c.JS)]
+	var groups []string
+	for _, sc := range cfg.Streams() {
+		groups = append(groups, sc.Name)
+	}
+	for _, kc := range cfg.Buckets() {
+		groups = append(groups, "KV_"+kc.Bucket)
+	}
+	jstest.Eventually(t, time.Minute, "every stream and bucket led by a live node", func() bool {
+		for _, g := range groups {
+			ictx, icancel := context.WithTimeout(ctx, 2*time.Second)
+			s, err := alive.Stream(ictx, g)
+			var info *jetstream.StreamInfo
+			if err == nil {
+				info, err = s.Info(ictx)
+			}
+			icancel()
+			if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || info.Cluster.Leader == dead {
+				return false
+			}
+		}
+		return true
+	})
 	turn("s-2")
 }
