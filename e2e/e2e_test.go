@@ -43,8 +43,8 @@ func TestEndToEnd(t *testing.T) {
 
 	// No worker crashed along the way (the redriver was restarted on purpose).
 	for _, s := range []string{"ingest", "executor", "approver", "redriver"} {
-		if p := c.stage(s); p.exited() {
-			t.Errorf("stage %s exited during the test: %v", s, p.err)
+		if p := c.stage(s); p.Exited() {
+			t.Errorf("stage %s exited during the test: %v", s, p.Err())
 		}
 	}
 	t.Logf("total %v", time.Since(start).Round(time.Millisecond))
@@ -388,7 +388,7 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 		return k >= 1, fmt.Sprintf("%d deferred events", k)
 	})
 	old := c.stage("redriver")
-	old.kill(t)
+	kill(t, old)
 
 	// The approver is up: the decision is applied while the redriver is down.
 	d := c.decide(t, "approve", a.ApprovalID, "alice", 0)
@@ -419,7 +419,7 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 	if k := c.toolRuns(a.CallID); k != 1 {
 		t.Errorf("write_file of %s ran %d times, want exactly 1", a.CallID, k)
 	}
-	if !strings.Contains(fresh.logText(), `msg="tool ran" call=`+a.CallID+" ") {
+	if !strings.Contains(fresh.LogText(), `msg="tool ran" call=`+a.CallID+" ") {
 		t.Errorf("the restarted redriver did not run %s", a.CallID)
 	}
 
@@ -427,7 +427,7 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 	// holds the one result.
 	claim := c.claim(t, a.CallID)
 	host, _ := os.Hostname()
-	wantWorker := "redriver@" + host + ":" + strconv.Itoa(fresh.cmd.Process.Pid)
+	wantWorker := "redriver@" + host + ":" + strconv.Itoa(fresh.Cmd.Process.Pid)
 	res, _ := claim["result"].(map[string]any)
 	worker, _ := claim["worker"].(string) // the engine adds "#<nonce>"
 	if !strings.HasPrefix(worker, wantWorker+"#") || claim["turn_id"] != turn || res == nil || res["status"] != "ok" || res["approval_id"] != a.ApprovalID {
@@ -583,7 +583,7 @@ func (c *cluster) testMalformedInbound(t *testing.T) {
 	}
 
 	// The worker kept running: a later turn still works.
-	if c.stage("ingest").exited() {
+	if c.stage("ingest").Exited() {
 		t.Fatal("ingest exited after the malformed message")
 	}
 	text := "after the poison " + nonce(t)

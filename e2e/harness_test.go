@@ -28,6 +28,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 )
 
 // binaries are the programs the test builds.
@@ -39,41 +41,12 @@ var binaries = []string{"tollgate", "ingest", "executor", "approver", "redriver"
 // fail the test).
 func buildBinaries(t *testing.T) string {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		if root := os.Getenv("GOROOT"); root != "" {
-			goBin = filepath.Join(root, "bin", "go")
-		} else {
-			t.Fatalf("the go command is needed to build the binaries: %v", err)
-		}
-	}
-	out, err := exec.Command(goBin, "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		t.Fatalf("go env GOMOD: not inside a module (%q)", gomod)
-	}
-	root := filepath.Dir(gomod)
 	dir := t.TempDir()
-
-	build := func(args ...string) {
-		t.Helper()
-		start := time.Now()
-		cmd := exec.Command(goBin, append([]string{"build"}, args...)...)
-		cmd.Dir = root
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", strings.Join(args, " "), err, b)
-		}
-		t.Logf("go build %s: %v", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+	start := time.Now()
+	if err := childproc.Build(context.Background(), dir, os.Getenv("TOLLGATE_E2E_RACE") == "1", "./cmd/..."); err != nil {
+		t.Fatalf("build the binaries: %v", err)
 	}
-	stageArgs := []string{"-o", dir + string(filepath.Separator)}
-	if os.Getenv("TOLLGATE_E2E_RACE") == "1" {
-		stageArgs = append(stageArgs, "-race")
-	}
-	build(append(stageArgs, "./cmd/...")...)
-	build("-o", filepath.Join(dir, "nats-server"), "github.com/nats-io/nats-server/v2")
+	t.Logf("go build ./cmd/... and nats-server: %v", time.Since(start).Round(time.Millisecond))
 	for _, b := range binaries {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			t.Fatalf("binary %s was not built: %v", b, err)
@@ -93,67 +66,14 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// childEnv is the test's environment without TOLLGATE_* variables, so that
-// nothing but the flags the test passes configures the processes.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "TOLLGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
+// proc is a running child process whose output goes to a log file.
+type proc = childproc.Proc
 
-// proc is a running child process whose stdout and stderr go to a log file.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{} // closed when the process has exited
-	err  error         // Wait's result, valid after done
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// logText returns what the process has logged so far.
-func (p *proc) logText() string {
-	b, _ := os.ReadFile(p.log)
-	return string(b)
-}
-
-// stop sends SIGTERM, then SIGKILL if the process has not exited by the
-// deadline.
-func (p *proc) stop(grace time.Duration) {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-// kill sends SIGKILL and waits for the process to be gone.
-func (p *proc) kill(t *testing.T) {
+// kill SIGKILLs p and waits for it to be gone.
+func kill(t *testing.T, p *proc) {
 	t.Helper()
-	if err := p.cmd.Process.Kill(); err != nil {
-		t.Fatalf("kill %s: %v", p.name, err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not exit after SIGKILL", p.name)
+	if err := p.Kill(10 * time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -199,7 +119,7 @@ func newCluster(t *testing.T, bin string) *cluster {
 	// even one restarted mid-test, so the stages can drain on SIGTERM.
 	t.Cleanup(func() {
 		if c.natsP != nil {
-			c.natsP.stop(10 * time.Second)
+			c.natsP.Stop(10 * time.Second)
 		}
 	})
 	c.startNATS(t)
@@ -216,29 +136,15 @@ func (c *cluster) startProc(t *testing.T, name string, args ...string) *proc {
 	c.seq[name]++
 	logPath := filepath.Join(c.logDir, fmt.Sprintf("%s-%d.log", name, c.seq[name]))
 	c.mu.Unlock()
-	f, err := os.Create(logPath)
+	p, err := childproc.Start(filepath.Join(c.bin, name), c.dir, logPath, childproc.Env(), args...)
 	if err != nil {
-		t.Fatalf("create log: %v", err)
+		t.Fatalf("%v", err)
 	}
-	cmd := exec.Command(filepath.Join(c.bin, name), args...)
-	cmd.Dir = c.dir
-	cmd.Env = childEnv()
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("start %s: %v", name, err)
-	}
-	p := &proc{name: filepath.Base(logPath), cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
 	c.mu.Lock()
 	c.procs = append(c.procs, p)
 	c.mu.Unlock()
 	if name != "nats-server" { // see newCluster
-		c.top.Cleanup(func() { p.stop(10 * time.Second) })
+		c.top.Cleanup(func() { p.Stop(10 * time.Second) })
 	}
 	return p
 }
@@ -254,7 +160,7 @@ func (c *cluster) startNATS(t *testing.T) {
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		ok := false
 		waitFor(t, 20*time.Second, "nats-server accepts connections on "+addr, func() (bool, string) {
-			if p.exited() {
+			if p.Exited() {
 				return true, "exited"
 			}
 			conn, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
@@ -270,9 +176,9 @@ func (c *cluster) startNATS(t *testing.T) {
 			break
 		}
 		if attempt == 3 {
-			t.Fatalf("nats-server exited at start (%v):\n%s", p.err, p.logText())
+			t.Fatalf("nats-server exited at start (%v):\n%s", p.Err(), p.LogText())
 		}
-		t.Logf("nats-server exited at start (%v); retrying on another port", p.err)
+		t.Logf("nats-server exited at start (%v); retrying on another port", p.Err())
 	}
 	nc, err := nats.Connect(c.url, nats.Name("tollgate-e2e"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
@@ -296,14 +202,14 @@ func (c *cluster) startNATS(t *testing.T) {
 // and store directory, then waits until JetStream answers again.
 func (c *cluster) restartNATS(t *testing.T) {
 	t.Helper()
-	c.natsP.kill(t)
+	kill(t, c.natsP)
 	addr := strings.TrimPrefix(c.url, "nats://")
 	_, port, _ := net.SplitHostPort(addr)
 	p := c.startProc(t, "nats-server", "-a", "127.0.0.1", "-p", port, "-js", "-sd", filepath.Join(c.dir, "jetstream"))
 	c.natsP = p
 	waitFor(t, 30*time.Second, "JetStream is back after the restart", func() (bool, string) {
-		if p.exited() {
-			t.Fatalf("restarted nats-server exited (%v):\n%s", p.err, p.logText())
+		if p.Exited() {
+			t.Fatalf("restarted nats-server exited (%v):\n%s", p.Err(), p.LogText())
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -321,10 +227,10 @@ func (c *cluster) startStage(t *testing.T, stage string) *proc {
 		p := c.startProc(t, stage, "--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "info", "--seal-keys", c.keys)
 		ready := false
 		waitFor(t, 30*time.Second, stage+" is consuming", func() (bool, string) {
-			if p.exited() {
+			if p.Exited() {
 				return true, ""
 			}
-			ready = strings.Contains(p.logText(), `msg="stage consuming"`)
+			ready = strings.Contains(p.LogText(), `msg="stage consuming"`)
 			return ready, "no 'stage consuming' line yet"
 		})
 		if ready {
@@ -333,9 +239,9 @@ func (c *cluster) startStage(t *testing.T, stage string) *proc {
 			c.mu.Unlock()
 			return p
 		}
-		text := p.logText()
+		text := p.LogText()
 		if attempt == 3 || !strings.Contains(text, "address already in use") {
-			t.Fatalf("%s exited at start (%v):\n%s", stage, p.err, text)
+			t.Fatalf("%s exited at start (%v):\n%s", stage, p.Err(), text)
 		}
 		t.Logf("%s: metrics port taken; retrying", stage)
 	}
@@ -354,9 +260,9 @@ func (c *cluster) dumpLogs() {
 	procs := append([]*proc(nil), c.procs...)
 	c.mu.Unlock()
 	for _, p := range procs {
-		text := p.logText()
+		text := p.LogText()
 		if strings.Contains(text, "WARNING: DATA RACE") || strings.Contains(text, "panic:") {
-			c.top.Errorf("%s reported a data race or panic", p.name)
+			c.top.Errorf("%s reported a data race or panic", p.Name)
 		}
 	}
 	if !c.top.Failed() {
@@ -364,10 +270,10 @@ func (c *cluster) dumpLogs() {
 	}
 	for _, p := range procs {
 		state := "running at the end of the test"
-		if p.exited() {
-			state = fmt.Sprintf("exited: %v", p.err)
+		if p.Exited() {
+			state = fmt.Sprintf("exited: %v", p.Err())
 		}
-		c.top.Logf("===== %s (%s) =====\n%s", p.name, state, tail(p.logText(), 300))
+		c.top.Logf("===== %s (%s) =====\n%s", p.Name, state, tail(p.LogText(), 300))
 	}
 }
 
@@ -386,7 +292,7 @@ func (c *cluster) allLogs() string {
 	c.mu.Unlock()
 	var b strings.Builder
 	for _, p := range procs {
-		b.WriteString(p.logText())
+		b.WriteString(p.LogText())
 	}
 	return b.String()
 }
@@ -415,7 +321,7 @@ func (c *cluster) runCLI(t *testing.T, args ...string) cliResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "tollgate"), args...)
-	cmd.Env = childEnv()
+	cmd.Env = childproc.Env()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -551,7 +457,7 @@ func (c *cluster) waitIdle(t *testing.T, stream, consumer string) {
 func (c *cluster) watchEvents(t *testing.T, turn string, n int) []map[string]any {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(c.bin, "tollgate"), "watch", "--all", "--json", "--turn", turn, "--nats", c.url)
-	cmd.Env = childEnv()
+	cmd.Env = childproc.Env()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/seal"
 )
@@ -250,7 +251,7 @@ func (b *bencher) rawTurnProcs(p path, sync bool) (sample, error) {
 	}
 	ps, err := launch(&procSet{e: e, consumer: rawConsumer, command: func(stage string) *exec.Cmd {
 		cmd := exec.Command(self)
-		cmd.Env = append(childEnv(), envRawStage+"="+stage, envRawURL+"="+e.url, envRawSeq+"="+seqFile)
+		cmd.Env = append(childproc.Env(), envRawStage+"="+stage, envRawURL+"="+e.url, envRawSeq+"="+seqFile)
 		return cmd
 	}})
 	if err != nil {

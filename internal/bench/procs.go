@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/internal/chaos"
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/seal"
 )
@@ -66,7 +67,7 @@ func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
 	}
 	return launch(&procSet{e: e, consumer: func(s string) string { return stageConsumer[s][1] }, command: func(stage string) *exec.Cmd {
 		cmd := exec.Command(filepath.Join(binDir, stage))
-		cmd.Env = append(childEnv(),
+		cmd.Env = append(childproc.Env(),
 			"TOLLGATE_NATS_URL="+e.url,
 			"TOLLGATE_SEAL_KEY_FILE="+keyFile,
 			"TOLLGATE_SANDBOX="+filepath.Join(e.dir, "sandbox"),
@@ -125,17 +126,6 @@ func (ps *procSet) start(stage string) error {
 	}()
 	ps.procs[stage] = p
 	return nil
-}
-
-// childEnv is this process's environment without TOLLGATE_* variables.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "TOLLGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 // waitReady waits until stage's consumer exists with a pull request waiting.

@@ -106,7 +106,7 @@ func (h *harness) tryBrokers(ctx context.Context) error {
 		err = waitTCP(wctx, nd.addr(), p)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("%s did not start: %w\n%s", nd.name, err, tail(p.logText(), 40))
+			return fmt.Errorf("%s did not start: %w\n%s", nd.name, err, tail(p.LogText(), 40))
 		}
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -36,7 +37,7 @@ type harness struct {
 	stages map[string][]*slot
 
 	mu           sync.Mutex
-	procs        []*proc
+	procs        []*childproc.Proc
 	faults       []string
 	lastFault    time.Time
 	kills        int
@@ -55,7 +56,7 @@ func (h *harness) debugf(format string, args ...any) {
 	}
 }
 
-func (h *harness) addProc(p *proc) {
+func (h *harness) addProc(p *childproc.Proc) {
 	h.mu.Lock()
 	h.procs = append(h.procs, p)
 	h.mu.Unlock()
@@ -210,7 +211,7 @@ func (h *harness) setUp(ctx context.Context) error {
 func (h *harness) startStages(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	var first []*proc
+	var first []*childproc.Proc
 	var all []*slot
 	for _, stage := range Stages {
 		for r := 1; r <= h.cfg.Replicas; r++ {
@@ -418,13 +419,13 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 		return nil, err
 	}
 	h.mu.Lock()
-	procs := append([]*proc(nil), h.procs...)
+	procs := append([]*childproc.Proc(nil), h.procs...)
 	h.mu.Unlock()
 	for _, p := range procs {
-		text := p.logText()
+		text := p.LogText()
 		for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:", `msg="handler panic"`, `msg="tool panic"`} {
 			if strings.Contains(text, bad) {
-				f.ProcessLogs = append(f.ProcessLogs, fmt.Sprintf("%s: %q in %s", p.name, bad, p.log))
+				f.ProcessLogs = append(f.ProcessLogs, fmt.Sprintf("%s: %q in %s", p.Name, bad, p.Log))
 			}
 		}
 	}

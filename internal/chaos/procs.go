@@ -9,69 +9,22 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 )
 
 // BuildBinaries builds the four stage binaries and nats-server into dir.
-// (e2e has its own builder in a _test.go file, which cannot be imported; this
-// one builds only what the harness runs.)
 func BuildBinaries(ctx context.Context, dir string, race bool) error {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	pkgs := make([]string, len(Stages))
+	for i, st := range Stages {
+		pkgs[i] = "./cmd/" + st
 	}
-	out, err := exec.CommandContext(ctx, goBin, "env", "GOMOD").Output()
-	if err != nil {
-		return fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return fmt.Errorf("not inside a module (GOMOD=%q)", gomod)
-	}
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	if race {
-		args = append(args, "-race")
-	}
-	for _, s := range Stages {
-		args = append(args, "./cmd/"+s)
-	}
-	for _, a := range [][]string{args, {"build", "-o", filepath.Join(dir, "nats-server"), "github.com/nats-io/nats-server/v2"}} {
-		cmd := exec.CommandContext(ctx, goBin, a...)
-		cmd.Dir = filepath.Dir(gomod)
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go %s: %w\n%s", strings.Join(a, " "), err, b)
-		}
-	}
-	return nil
-}
-
-// proc is one run of a child process, logging to its own file.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{} // closed once it has exited
-	err  error
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) logText() string {
-	b, _ := os.ReadFile(p.log)
-	return string(b)
+	return childproc.Build(ctx, dir, race, pkgs...)
 }
 
 // slot is one logical process (a stage replica or the broker) that is
@@ -84,7 +37,7 @@ type slot struct {
 	args func() []string
 
 	mu         sync.Mutex
-	cur        *proc
+	cur        *childproc.Proc
 	runs       int
 	killed     bool          // the current process was killed by the harness
 	down       time.Duration // downtime before the restart of a killed process
@@ -99,7 +52,7 @@ func newSlot(h *harness, name, bin string, args ...string) *slot {
 
 // start runs a new process of the slot and makes it the current one,
 // unless the slot is stopping.
-func (s *slot) start() (*proc, error) {
+func (s *slot) start() (*childproc.Proc, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping {
@@ -107,24 +60,10 @@ func (s *slot) start() (*proc, error) {
 	}
 	s.runs++
 	logPath := filepath.Join(s.h.logDir, fmt.Sprintf("%s.%d.log", s.name, s.runs))
-	f, err := os.Create(logPath)
+	p, err := childproc.Start(filepath.Join(s.h.binDir, s.bin), s.h.dir, logPath, s.h.procEnv(s.bin), s.args()...)
 	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(filepath.Join(s.h.binDir, s.bin), s.args()...)
-	cmd.Dir = s.h.dir
-	cmd.Env = s.h.procEnv(s.bin)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
 		return nil, fmt.Errorf("start %s: %w", s.name, err)
 	}
-	p := &proc{name: filepath.Base(logPath), cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
 	s.h.addProc(p)
 	s.cur = p
 	close(s.upCh)
@@ -136,15 +75,15 @@ var errStopping = errors.New("stopping")
 // supervise restarts the slot's process whenever it exits, until stop: a
 // process the harness killed after its planned downtime, one that exited by
 // itself (counted) after a short pause. p is the current process.
-func (s *slot) supervise(p *proc) {
+func (s *slot) supervise(p *childproc.Proc) {
 	for {
-		<-p.done
+		<-p.Done()
 		s.mu.Lock()
 		s.upCh = make(chan struct{})
 		stopping, killed, down := s.stopping, s.killed, s.down
 		s.killed = false
 		if !stopping && !killed {
-			s.unexpected = append(s.unexpected, fmt.Sprintf("%s exited by itself (%v)", p.name, p.err))
+			s.unexpected = append(s.unexpected, fmt.Sprintf("%s exited by itself (%v)", p.Name, p.Err()))
 			down = 250 * time.Millisecond
 		}
 		s.mu.Unlock()
@@ -152,7 +91,7 @@ func (s *slot) supervise(p *proc) {
 			return
 		}
 		if !killed {
-			s.h.logf("%s exited by itself (%v); restarting", p.name, p.err)
+			s.h.logf("%s exited by itself (%v); restarting", p.Name, p.Err())
 		}
 		time.Sleep(down)
 		for {
@@ -171,7 +110,7 @@ func (s *slot) supervise(p *proc) {
 }
 
 // waitUp waits until the slot has a running process.
-func (s *slot) waitUp(ctx context.Context) (*proc, error) {
+func (s *slot) waitUp(ctx context.Context) (*childproc.Proc, error) {
 	for {
 		s.mu.Lock()
 		ch := s.upCh
@@ -184,7 +123,7 @@ func (s *slot) waitUp(ctx context.Context) (*proc, error) {
 		s.mu.Lock()
 		p := s.cur
 		s.mu.Unlock()
-		if p != nil && !p.exited() {
+		if p != nil && !p.Exited() {
 			return p, nil
 		}
 		select { // exited; its supervisor is about to replace upCh
@@ -205,15 +144,7 @@ func (s *slot) kill(ctx context.Context, down time.Duration) error {
 	s.mu.Lock()
 	s.killed, s.down = true, down
 	s.mu.Unlock()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("kill %s: %w", p.name, err)
-	}
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s did not exit after SIGKILL", p.name)
-	}
+	return p.Kill(10 * time.Second)
 }
 
 // stop ends the slot: SIGTERM, then SIGKILL after grace.
@@ -222,15 +153,8 @@ func (s *slot) stop(grace time.Duration) {
 	s.stopping = true
 	p := s.cur
 	s.mu.Unlock()
-	if p == nil || p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = p.cmd.Process.Kill()
-		<-p.done
+	if p != nil {
+		p.Stop(grace)
 	}
 }
 
@@ -255,22 +179,10 @@ func writeSealKey(path string) error {
 	return os.WriteFile(path, b, 0o600)
 }
 
-// baseEnv is the harness's environment without TOLLGATE_* variables, so that
-// only what procEnv sets configures the children.
-func baseEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "TOLLGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
 // procEnv is the environment of a child process: the one place where the
 // stages' configuration is set (add new stage settings here).
 func (h *harness) procEnv(bin string) []string {
-	env := baseEnv()
+	env := childproc.Env()
 	if bin == "nats-server" {
 		return env
 	}
@@ -287,10 +199,10 @@ func (h *harness) procEnv(bin string) []string {
 }
 
 // waitTCP waits until addr accepts connections or p exits.
-func waitTCP(ctx context.Context, addr string, p *proc) error {
+func waitTCP(ctx context.Context, addr string, p *childproc.Proc) error {
 	for {
-		if p.exited() {
-			return fmt.Errorf("%s exited (%v)", p.name, p.err)
+		if p.Exited() {
+			return fmt.Errorf("%s exited (%v)", p.Name, p.Err())
 		}
 		conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
@@ -299,24 +211,24 @@ func waitTCP(ctx context.Context, addr string, p *proc) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s does not accept connections on %s: %w", p.name, addr, ctx.Err())
+			return fmt.Errorf("%s does not accept connections on %s: %w", p.Name, addr, ctx.Err())
 		case <-time.After(25 * time.Millisecond):
 		}
 	}
 }
 
 // waitLog waits until p's log contains s.
-func waitLog(ctx context.Context, p *proc, s string) error {
+func waitLog(ctx context.Context, p *childproc.Proc, s string) error {
 	for {
-		if strings.Contains(p.logText(), s) {
+		if strings.Contains(p.LogText(), s) {
 			return nil
 		}
-		if p.exited() {
-			return fmt.Errorf("%s exited (%v) before logging %q:\n%s", p.name, p.err, s, tail(p.logText(), 40))
+		if p.Exited() {
+			return fmt.Errorf("%s exited (%v) before logging %q:\n%s", p.Name, p.Err(), s, tail(p.LogText(), 40))
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s has not logged %q: %w", p.name, s, ctx.Err())
+			return fmt.Errorf("%s has not logged %q: %w", p.Name, s, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -285,6 +285,7 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 		log = log.With("stream_seq", meta.Sequence.Stream)
 	}
 
+	var waiting Waiting
 	switch code := schemas.CodeOf(err); {
 	case err == nil:
 		if aerr := m.Ack(); aerr != nil {
@@ -294,14 +295,12 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 		c.Metrics.Acked.WithLabelValues(c.Stage).Inc()
 	case code != "":
 		r.deadLetter(ctx, m, meta, code, err, log)
-	case errors.As(err, new(Waiting)):
+	case errors.As(err, &waiting):
 		// Not a failure: the message waits its turn behind another one
 		// (the handler bounds the wait itself), so it is retried after
 		// the delay it asks for and never counts toward MaxAttempts.
-		var w Waiting
-		errors.As(err, &w)
-		log.Debug("waiting; retrying", "reason", err, "delay", w.RetryAfter())
-		if nerr := m.NakWithDelay(w.RetryAfter()); nerr != nil {
+		log.Debug("waiting; retrying", "reason", err, "delay", waiting.RetryAfter())
+		if nerr := m.NakWithDelay(waiting.RetryAfter()); nerr != nil {
 			log.Warn("nak failed; message will be redelivered after AckWait", "err", nerr)
 		}
 		c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
