@@ -27,6 +27,10 @@ func TestSweepRedrivesABatchWhoseDecidedEventWasLost(t *testing.T) {
 	id := schemas.ApprovalID(turn, 0)
 	h.WaitPending(id)
 	h.WaitState(turn, schemas.BatchAwaiting)
+	// The redriver's answer to the awaiting notice must come first: had it
+	// read the approval after the edit below, the normal path would have
+	// run the call and the sweep would have had nothing to do.
+	h.WaitRedrives("deferred", turn, 1)
 
 	// The approver's compare-and-set happened, then it died before
 	// publishing the decided event: only KV knows.
@@ -86,6 +90,9 @@ func TestSweepAnnouncesAQueuedTurnWhoseReadyNoticeWasLost(t *testing.T) {
 	const session = "lost-release"
 	first := h.Send(h.Inbound(session, "alice", pt.Call("count", `{}`)))
 	h.WaitState(first, schemas.BatchAwaiting)
+	// The redriver has answered the first turn's awaiting notice, so the
+	// edits below are not seen by the normal path.
+	h.WaitRedrives("deferred", first, 1)
 	second := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"next"}`)))
 	h.WaitState(second, schemas.BatchQueued)
 	h.WaitBatch(second, "queued in its session", func(*schemas.BatchRecord) bool {
