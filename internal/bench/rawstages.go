@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -121,14 +122,26 @@ func startRawStages(js jetstream.JetStream, seq []step, p path, stages ...string
 			return nil, err
 		}
 	}
-	if !slices.Contains(stages, "approver") {
-		return r, nil
+	// Tollgate's approver watches the approvals bucket (its pending set and
+	// expiry) and its redriver the batches bucket (the recovery sweep); the
+	// raw stages run the same watches and discard what they receive.
+	for stage, bucket := range map[string]string{"approver": topology.BucketApprovals, "redriver": topology.BucketBatches} {
+		if !slices.Contains(stages, stage) {
+			continue
+		}
+		if err := r.watch(ctx, bucket); err != nil {
+			r.close()
+			return nil, err
+		}
 	}
-	// Tollgate's approver watches the approvals bucket; so does this one.
-	w, err := r.kv[topology.BucketApprovals].WatchAll(ctx)
+	return r, nil
+}
+
+// watch runs a KV watch of every key of bucket until ctx ends.
+func (r *rawStages) watch(ctx context.Context, bucket string) error {
+	w, err := r.kv[bucket].WatchAll(ctx)
 	if err != nil {
-		r.close()
-		return nil, err
+		return err
 	}
 	r.watchWG.Add(1)
 	go func() {
@@ -145,7 +158,7 @@ func startRawStages(js jetstream.JetStream, seq []step, p path, stages ...string
 			}
 		}
 	}()
-	return r, nil
+	return nil
 }
 
 func (r *rawStages) consumer(stage string) string { return rawConsumer(stage) }
@@ -258,8 +271,13 @@ func (r *rawStages) fail(err error) {
 	r.lastErr.Store(err.Error())
 }
 
-// rawIDs are the ids a raw stage substitutes for the placeholders.
-type rawIDs struct{ turn, session, approval string }
+// rawIDs are the ids a raw stage substitutes for the placeholders, and the
+// turn's inbound stream sequence (ingest writes it into the first bytes of
+// the accepted turn it publishes, where Tollgate's TurnContext carries it).
+type rawIDs struct {
+	turn, session, approval string
+	inboundSeq              uint64
+}
 
 func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
 	var id rawIDs
@@ -267,8 +285,14 @@ func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
 	switch stage {
 	case "ingest":
 		id.turn, id.session = m.Headers().Get(hdrTurn), m.Headers().Get(hdrSession)
+		if md, err := m.Metadata(); err == nil {
+			id.inboundSeq = md.Sequence.Stream
+		}
 	case "executor":
 		id.turn, id.session = m.Headers().Get(jetstream.MsgIDHeader), lastToken(subj)
+		if d := m.Data(); len(d) >= 8 {
+			id.inboundSeq = binary.BigEndian.Uint64(d)
+		}
 	case "approver":
 		id.approval = lastToken(subj)
 		id.turn = schemas.TurnIDOfApproval(id.approval)
@@ -310,9 +334,13 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 		bucket, key, _ := strings.Cut(target, "/")
 		kv := r.kv[bucket]
 		payload := zeros[:op.Bytes]
-		if bucket == topology.BucketBatches && op.Bytes >= sessionKeyLen {
+		switch {
+		case bucket == topology.BucketBatches && op.Bytes >= sessionKeyLen:
 			payload = make([]byte, op.Bytes)
 			copy(payload, id.session)
+		case op.Op == "publish" && strings.HasPrefix(target, topology.SubjectTurnAccepted) && op.Bytes >= 8:
+			payload = make([]byte, op.Bytes)
+			binary.BigEndian.PutUint64(payload, id.inboundSeq)
 		}
 		switch op.Op {
 		case "publish":
@@ -381,10 +409,21 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				r.fail(err)
 			}
 		case "stream.get":
-			// "<stream> last <subject>": the stream's last message on subject.
-			stream, subj, _ := strings.Cut(target, " last ")
+			// "<stream> last <subject>": the stream's last message on
+			// subject. "<stream> next <filter>": the first message on
+			// filter from the turn's inbound sequence on (the executor's
+			// session-order lookup; Tollgate starts at the session's
+			// watermark, and under load finds the turn's own message).
+			stream, subj, next := strings.Cut(target, " next ")
+			if !next {
+				stream, subj, _ = strings.Cut(target, " last ")
+			}
 			st, err := r.stream(ctx, stream)
-			if err == nil {
+			switch {
+			case err != nil:
+			case next:
+				_, err = st.GetMsg(ctx, max(id.inboundSeq, 1), jetstream.WithGetMsgSubject(subj))
+			default:
 				_, err = st.GetLastMsgForSubject(ctx, subj)
 			}
 			// Not found is an answer too: the decided event can reach the

@@ -129,17 +129,11 @@ func classify(m *nats.Msg) tracedOp {
 		if i := strings.Index(rest, ".$KV."); i >= 0 {
 			op.Kind, op.Target = "kv.get", strings.Replace(rest[i+len(".$KV."):], ".", "/", 1)
 		} else {
-			op.Kind, op.Target = "stream.get", rest
+			op.Kind, op.Target = "stream.get", rest+getQualifier(m.Data)
 		}
 		op.Bytes = 0
 	case strings.HasPrefix(s, "$JS.API.STREAM.MSG.GET."):
-		op.Kind, op.Target, op.Bytes = "stream.get", strings.TrimPrefix(s, "$JS.API.STREAM.MSG.GET."), 0
-		var req struct {
-			LastBySubject string `json:"last_by_subj"`
-		}
-		if json.Unmarshal(m.Data, &req) == nil && req.LastBySubject != "" {
-			op.Target += " last " + req.LastBySubject
-		}
+		op.Kind, op.Target, op.Bytes = "stream.get", strings.TrimPrefix(s, "$JS.API.STREAM.MSG.GET.")+getQualifier(m.Data), 0
 	case strings.HasPrefix(s, "$JS.API."):
 		return tracedOp{} // pull requests, infos, consumer creation: not per turn
 	case strings.HasPrefix(s, "$JS.ACK."):
@@ -165,6 +159,26 @@ func classify(m *nats.Msg) tracedOp {
 		op.Kind, op.Target = "publish", s
 	}
 	return op
+}
+
+// getQualifier names what a stream message get asks for: " last <subject>"
+// (the last message on a subject) or " next <filter>" (the first message
+// on a filter from a sequence on); "" for a plain get by sequence.
+func getQualifier(body []byte) string {
+	var req struct {
+		LastBySubject string `json:"last_by_subj"`
+		NextBySubject string `json:"next_by_subj"`
+	}
+	if json.Unmarshal(body, &req) != nil {
+		return ""
+	}
+	switch {
+	case req.LastBySubject != "":
+		return " last " + req.LastBySubject
+	case req.NextBySubject != "":
+		return " next " + req.NextBySubject
+	}
+	return ""
 }
 
 func headerOf(m *nats.Msg, k string) string {
