@@ -339,7 +339,7 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 			a.cfg.Logger.Info("approval vote counted", "approval", rec.ApprovalID, "principal", principal, "votes", len(rec.Votes), "quorum", quorum)
 			return result{label: "vote"}, nil
 		}
-		a.cfg.Logger.Info("decision applied", "approval", rec.ApprovalID, "turn", rec.TurnID, "status", rec.Status, "principal", principal)
+		a.cfg.Logger.Debug("decision applied", "approval", rec.ApprovalID, "turn", rec.TurnID, "status", rec.Status, "principal", principal)
 		return result{decided: rec, label: "applied"}, nil
 	}
 }

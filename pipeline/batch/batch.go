@@ -200,7 +200,7 @@ func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool t
 	case runErr != nil:
 		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, clip(runErr.Error(), MaxReasonBytes)
 	}
-	e.cfg.Logger.Info("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
+	e.cfg.Logger.Debug("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
 
 	// Record the result. The tool has run: try hard, on a context that the
 	// caller's cancellation does not cut short.

@@ -122,7 +122,7 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	if err := bus.Publish(ctx, in.cfg.JS, subj, t.TurnID, t); err != nil {
 		return err
 	}
-	in.cfg.Logger.Info("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID,
+	in.cfg.Logger.Debug("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID,
 		"principal", t.Context.Requester.Principal, "audience", t.Context.Audience, "calls", len(t.Calls))
 	return nil
 }

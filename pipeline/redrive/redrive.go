@@ -420,7 +420,7 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 	if err != nil {
 		return err
 	}
-	r.cfg.Logger.Info("batch redriven", "turn", b.TurnID, "state", end.State)
+	r.cfg.Logger.Debug("batch redriven", "turn", b.TurnID, "state", end.State)
 	return nil
 }
 
