@@ -224,7 +224,7 @@ func (c *cluster) startStage(t *testing.T, stage string) *proc {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		maddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
-		p := c.startProc(t, stage, "--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "info", "--seal-keys", c.keys)
+		p := c.startProc(t, stage, "--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "debug", "--seal-keys", c.keys)
 		ready := false
 		waitFor(t, 30*time.Second, stage+" is consuming", func() (bool, string) {
 			if p.Exited() {
@@ -297,7 +297,8 @@ func (c *cluster) allLogs() string {
 	return b.String()
 }
 
-// toolRuns counts the "tool ran" log lines of a call across every process:
+// toolRuns counts the "tool ran" log lines of a call across every process
+// (a debug line: the stages run at --log-level debug):
 // how many times the tool was actually invoked.
 func (c *cluster) toolRuns(callID string) int {
 	return strings.Count(c.allLogs(), `msg="tool ran" call=`+callID+" ")
