@@ -85,3 +85,18 @@ func SealedBytes(c *TurnContext) ([]byte, error) {
 	cp.Seal = nil
 	return msgpack.Marshal(&cp)
 }
+
+// WriteSealed writes SealedBytes(c) to w, encoding with a pooled encoder
+// (no copy of the bytes is allocated). An error is the encoder's or w's.
+func WriteSealed(w io.Writer, c *TurnContext) error {
+	cp := *c
+	cp.Seal = nil
+	e := encPool.Get().(*encoder)
+	defer encPool.Put(e)
+	e.buf.Reset()
+	if err := e.enc.Encode(&cp); err != nil {
+		return err
+	}
+	_, err := w.Write(e.buf.Bytes())
+	return err
+}

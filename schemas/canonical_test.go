@@ -1,6 +1,7 @@
 package schemas_test
 
 import (
+	"bytes"
 	"regexp"
 	"strings"
 	"testing"
@@ -210,4 +211,34 @@ func TestContextDigest(t *testing.T) {
 			t.Errorf("digest %s in another zone, want %s", d, base)
 		}
 	})
+}
+
+// WriteSealed (the seal's pooled path) writes exactly SealedBytes, for a
+// full context and for one whose optional fields are empty, and leaves the
+// caller's seal alone.
+func TestWriteSealedWritesSealedBytes(t *testing.T) {
+	full := exampleContext()
+	bare := exampleContext()
+	bare.Channel.Thread, bare.TrustBoundary, bare.LegacyRestored, bare.Seal = "", "", false, nil
+	for name, tc := range map[string]*schemas.TurnContext{"full context": full, "context without optional fields": bare} {
+		t.Run(name, func(t *testing.T) {
+			want, err := schemas.SealedBytes(tc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got bytes.Buffer
+			for range 2 { // the second time with a reused encoder
+				got.Reset()
+				if err := schemas.WriteSealed(&got, tc); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got.Bytes(), want) {
+					t.Fatalf("WriteSealed wrote %x, SealedBytes is %x", got.Bytes(), want)
+				}
+			}
+			if tc == full && tc.Seal == nil {
+				t.Fatal("WriteSealed cleared the caller's seal")
+			}
+		})
+	}
 }

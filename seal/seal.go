@@ -26,11 +26,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -45,6 +47,7 @@ const domain = "tollgate.turncontext.seal.v1\x00"
 type KeyRing struct {
 	current string
 	keys    map[string][]byte
+	macs    map[string]*sync.Pool // per key: reusable HMAC states
 }
 
 // New returns a key ring that seals with keys[current] and verifies with any
@@ -65,9 +68,11 @@ func New(current string, keys map[string][]byte) (*KeyRing, error) {
 	if _, ok := keys[current]; !ok {
 		return nil, fmt.Errorf("seal: current key %q is not among the keys", current)
 	}
-	r := &KeyRing{current: current, keys: make(map[string][]byte, len(keys))}
+	r := &KeyRing{current: current, keys: make(map[string][]byte, len(keys)), macs: make(map[string]*sync.Pool, len(keys))}
 	for id, k := range keys {
-		r.keys[id] = slices.Clone(k)
+		k := slices.Clone(k)
+		r.keys[id] = k
+		r.macs[id] = &sync.Pool{New: func() any { return hmac.New(sha256.New, k) }}
 	}
 	return r, nil
 }
@@ -139,15 +144,20 @@ func clipID(s string) string {
 	return s
 }
 
+// mac is the HMAC-SHA256 with key id of the domain string followed by
+// schemas.SealedBytes(tc). The HMAC states are pooled per key (hmac.New
+// allocates two SHA-256 states and derives the pads each time); the
+// context is encoded straight into the hash.
 func (r *KeyRing) mac(id string, tc *schemas.TurnContext) ([]byte, error) {
-	b, err := schemas.SealedBytes(tc)
-	if err != nil {
+	pool := r.macs[id]
+	h := pool.Get().(hash.Hash)
+	defer pool.Put(h)
+	h.Reset()
+	h.Write([]byte(domain))
+	if err := schemas.WriteSealed(h, tc); err != nil {
 		return nil, fmt.Errorf("seal: encode context: %w", err)
 	}
-	h := hmac.New(sha256.New, r.keys[id])
-	h.Write([]byte(domain))
-	h.Write(b)
-	return h.Sum(nil), nil
+	return h.Sum(make([]byte, 0, sha256.Size)), nil
 }
 
 // File is the JSON key file: the current key id and every key, base64

@@ -40,6 +40,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
@@ -182,6 +183,11 @@ type Runner struct {
 	cfg Config
 	now func() time.Time // the watchdog's clock; tests inject one
 
+	// The stage's metric children, looked up once (a label lookup per
+	// message is a hash and a lock).
+	received, acked prometheus.Counter
+	duration        prometheus.Observer
+
 	// For tests (export_test.go): the running loop, and whether the
 	// watchdog only checks when told to.
 	loop           atomic.Pointer[consumeLoop]
@@ -194,7 +200,12 @@ func New(cfg Config) (*Runner, error) {
 		return nil, err
 	}
 	cfg.defaults()
-	return &Runner{cfg: cfg, now: time.Now}, nil
+	return &Runner{
+		cfg: cfg, now: time.Now,
+		received: cfg.Metrics.Received.WithLabelValues(cfg.Stage),
+		acked:    cfg.Metrics.Acked.WithLabelValues(cfg.Stage),
+		duration: cfg.Metrics.Duration.WithLabelValues(cfg.Stage),
+	}, nil
 }
 
 // Run creates or updates the consumer and processes messages until ctx is
@@ -269,8 +280,8 @@ func (r *Runner) Run(ctx context.Context) error {
 func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 	c := r.cfg
 	start := time.Now()
-	c.Metrics.Received.WithLabelValues(c.Stage).Inc()
-	defer func() { c.Metrics.Duration.WithLabelValues(c.Stage).Observe(time.Since(start).Seconds()) }()
+	r.received.Inc()
+	defer func() { r.duration.Observe(time.Since(start).Seconds()) }()
 
 	err := r.invoke(ctx, m)
 	release()
@@ -280,19 +291,27 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 	if meta != nil {
 		deliveries = meta.NumDelivered
 	}
-	log := c.Logger.With("subject", m.Subject(), "delivery", deliveries)
-	if meta != nil {
-		log = log.With("stream_seq", meta.Sequence.Stream)
+	// The message's logger, built only off the success path (or when an
+	// ack fails): With clones the handler, a cost per message otherwise.
+	logger := func() *slog.Logger {
+		log := c.Logger.With("subject", m.Subject(), "delivery", deliveries)
+		if meta != nil {
+			log = log.With("stream_seq", meta.Sequence.Stream)
+		}
+		return log
 	}
 
-	var waiting Waiting
-	switch code := schemas.CodeOf(err); {
-	case err == nil:
+	if err == nil {
 		if aerr := m.Ack(); aerr != nil {
-			log.Warn("ack failed; message will be redelivered", "err", aerr)
+			logger().Warn("ack failed; message will be redelivered", "err", aerr)
 			return
 		}
-		c.Metrics.Acked.WithLabelValues(c.Stage).Inc()
+		r.acked.Inc()
+		return
+	}
+	log := logger()
+	var waiting Waiting
+	switch code := schemas.CodeOf(err); {
 	case code != "":
 		r.deadLetter(ctx, m, meta, code, err, log)
 	case errors.As(err, &waiting):
