@@ -379,15 +379,32 @@ func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tool
 // the record); otherwise it fails with code and every call without a result
 // gets a failed result with that code. Exactly one End wins for a batch.
 func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
-	b, _, err := e.end(ctx, turnID, results, code, reason)
+	b, _, err := e.end(ctx, turnID, Known{}, results, code, reason)
 	return b, err
 }
 
-// end is End, also reporting whether this call made the batch terminal.
-func (e *Engine) end(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, bool, error) {
+// Known is what a stage already holds of a turn's records, as it just read
+// or wrote them: the batch record at BatchRev, and the session record.
+// ConcludeFrom compare-and-sets from them instead of reading each first; a
+// record that changed since costs one conflict and a fresh read, so a stale
+// Known is never wrong, only slower. The engine takes ownership of the
+// records (it modifies them in place). The zero Known holds nothing.
+type Known struct {
+	Batch    *schemas.BatchRecord
+	BatchRev uint64
+	Session  *SessionSnapshot
+}
+
+// end is End from what k holds, also reporting whether this call made the
+// batch terminal.
+func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, bool, error) {
 	reason = clip(reason, MaxReasonBytes)
 	ended := false
-	b, _, err := e.cfg.Store.Batches.Mutate(ctx, turnID, func(b *schemas.BatchRecord) error {
+	cur, rev := k.Batch, k.BatchRev
+	if cur == nil || cur.TurnID != turnID {
+		cur, rev = nil, 0
+	}
+	b, _, err := e.cfg.Store.Batches.MutateFrom(ctx, turnID, cur, rev, func(b *schemas.BatchRecord) error {
 		ended = false
 		if b.State.Terminal() {
 			return store.ErrSkip
@@ -421,11 +438,18 @@ func (e *Engine) end(ctx context.Context, turnID string, results []*schemas.Tool
 // outcome: none can exist, and a concurrent publisher of the same outcome
 // is within the duplicate window, so the message id dedupes it.
 func (e *Engine) Conclude(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
-	b, ended, err := e.end(ctx, turnID, results, code, reason)
+	return e.ConcludeFrom(ctx, turnID, Known{}, results, code, reason)
+}
+
+// ConcludeFrom is Conclude starting from the records k holds (see Known):
+// on the normal path it saves the read of the batch before it ends, and of
+// the session before its release.
+func (e *Engine) ConcludeFrom(ctx context.Context, turnID string, k Known, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
+	b, ended, err := e.end(ctx, turnID, k, results, code, reason)
 	if err != nil {
 		return nil, err
 	}
-	return b, e.finish(ctx, b, !ended)
+	return b, e.finish(ctx, b, !ended, k.Session)
 }
 
 // Abort ends the batch of turnID failed with code, unless it is already
@@ -485,11 +509,12 @@ func TurnOf(data []byte) string {
 // identical decision sent again an hour later), which would otherwise tell
 // the transport the outcome a second time.
 func (e *Engine) Finish(ctx context.Context, b *schemas.BatchRecord) error {
-	return e.finish(ctx, b, true)
+	return e.finish(ctx, b, true, nil)
 }
 
-// finish is Finish; lookup says whether an earlier outcome may exist.
-func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool) error {
+// finish is Finish; lookup says whether an earlier outcome may exist, and
+// sess, if not nil, is the session record as the caller last saw it.
+func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool, sess *SessionSnapshot) error {
 	if !b.State.Terminal() {
 		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
 	}
@@ -511,7 +536,7 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 			return err
 		}
 	}
-	return e.Release(ctx, b.SessionID, b.TurnID)
+	return e.release(ctx, b.SessionID, b.TurnID, sess)
 }
 
 // abandonPending moves every approval of a failed batch that is still
@@ -638,9 +663,12 @@ func Outcome(b *schemas.BatchRecord) *schemas.TurnOutcome {
 // is raised to it in the same compare-and-set. The caller has checked that
 // every earlier inbound message of the session is settled (the executor's
 // order.go), so queue order is arrival order. snap, if not nil, is the
-// session record as the caller just read it, used instead of a first read.
+// session record as the caller just read it, used instead of a first read
+// (an empty snapshot: nothing read yet); Acquire leaves in it the session
+// record as it last read or wrote it, for ConcludeFrom's release.
 func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
 	key := schemas.SessionKey(sessionID)
+	out := snap
 	for {
 		cur, rev, err := snap.take()
 		snap = nil // a conflict means it is stale: read again
@@ -649,8 +677,10 @@ func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundS
 		}
 		if errors.Is(err, store.ErrNotFound) {
 			rec := &schemas.SessionRecord{SessionID: sessionID, Active: turnID, InboundSeq: inboundSeq, UpdatedAt: e.Now()}
-			_, err = e.cfg.Store.Sessions.Create(ctx, key, rec)
+			var n uint64
+			n, err = e.cfg.Store.Sessions.Create(ctx, key, rec)
 			if err == nil {
+				out.set(rec, n)
 				return true, nil
 			}
 			if errors.Is(err, store.ErrExists) {
@@ -662,15 +692,17 @@ func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundS
 		}
 		active, write := e.enqueue(cur, turnID, inboundSeq)
 		if !write {
+			out.set(cur, rev)
 			return active, nil
 		}
-		_, err = e.cfg.Store.Sessions.Update(ctx, key, cur, rev)
+		n, err := e.cfg.Store.Sessions.Update(ctx, key, cur, rev)
 		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
 		if err != nil {
 			return false, fmt.Errorf("acquire session %s: %w", key, err)
 		}
+		out.set(cur, n)
 		return active, nil
 	}
 }
@@ -683,6 +715,13 @@ type SessionSnapshot struct {
 	Rec      *schemas.SessionRecord
 	Rev      uint64
 	NotFound bool
+}
+
+// set makes s (if not nil) the record rec at revision rev.
+func (s *SessionSnapshot) set(rec *schemas.SessionRecord, rev uint64) {
+	if s != nil {
+		*s = SessionSnapshot{Rec: rec, Rev: rev}
+	}
 }
 
 // take returns the snapshot as Acquire's first read: the record, or
@@ -746,9 +785,24 @@ func (e *Engine) ClaimLease() time.Duration { return e.cfg.ClaimLease }
 // queued turn of a session that has none active, or re-announces the
 // active one, and changes nothing otherwise.
 func (e *Engine) Release(ctx context.Context, sessionID, turnID string) error {
+	return e.release(ctx, sessionID, turnID, nil)
+}
+
+// release is Release, starting from snap (if it holds the record) instead
+// of a first read.
+func (e *Engine) release(ctx context.Context, sessionID, turnID string, snap *SessionSnapshot) error {
 	key := schemas.SessionKey(sessionID)
 	for {
-		s, _, err := e.cfg.Store.Sessions.Mutate(ctx, key, func(s *schemas.SessionRecord) error {
+		var cur *schemas.SessionRecord
+		var rev uint64
+		// Only a snapshot in which turnID holds the session: the function
+		// below skips (writes nothing, checks nothing) when it does not,
+		// and a stale snapshot must only ever cost a conflict.
+		if snap != nil && snap.Rec != nil && snap.Rec.SessionID == sessionID && snap.Rec.Active == turnID && turnID != "" {
+			cur, rev = snap.Rec, snap.Rev
+		}
+		snap = nil
+		s, _, err := e.cfg.Store.Sessions.MutateFrom(ctx, key, cur, rev, func(s *schemas.SessionRecord) error {
 			if s.Active != turnID || (s.Active == "" && len(s.Queue) == 0) {
 				return store.ErrSkip
 			}

@@ -688,3 +688,69 @@ func TestAcquireFromAStaleSnapshotReadsAgain(t *testing.T) {
 		})
 	}
 }
+
+// ConcludeFrom compare-and-sets from the records the stage holds; records
+// that changed since must cost a re-read, never a lost write or a skipped
+// release.
+func TestConcludeFromStaleRecordsLosesNothing(t *testing.T) {
+	t.Run("a turn queued behind the session's holder after it took the session is promoted", func(t *testing.T) {
+		f := newFixture(t)
+		h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
+		const turn, next = "t-held", "t-next"
+		session := "sess-" + turn
+		c0 := call(turn, 0, "count", `{}`)
+		newBatch(t, f, turn, schemas.BatchRunning, c0)
+		newBatch(t, f, next, schemas.BatchQueued)
+		b, rev, err := f.st.Batches.Get(ctx(t), turn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap := &batch.SessionSnapshot{}
+		if active, err := f.eng.Acquire(ctx(t), session, turn, 0, snap); err != nil || !active {
+			t.Fatalf("acquire: %v %v", active, err)
+		}
+		if snap.Rec == nil || snap.Rec.Active != turn || snap.Rev == 0 {
+			t.Fatalf("Acquire left snapshot %+v, want the record it wrote", snap)
+		}
+		if active, err := f.eng.Acquire(ctx(t), session, next, 0, nil); err != nil || active {
+			t.Fatalf("acquire of the next turn: %v %v", active, err)
+		}
+		res := f.eng.Result(c0, schemas.ResultOK, "", "", "")
+		end, err := f.eng.ConcludeFrom(ctx(t), turn, batch.Known{Batch: b, BatchRev: rev, Session: snap}, []*schemas.ToolResult{res}, "", "")
+		if err != nil || end.State != schemas.BatchCompleted {
+			t.Fatalf("conclude: %+v %v", end, err)
+		}
+		s, _, _ := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+		if s.Active != next || len(s.Queue) != 0 {
+			t.Fatalf("session after the release: active %q queue %v, want %s and none (the stale snapshot was written over?)", s.Active, s.Queue, next)
+		}
+		notices := pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey(session))))
+		if len(notices) != 1 || notices[0].TurnID != next {
+			t.Fatalf("ready notices %+v, want one for %s", notices, next)
+		}
+	})
+	t.Run("a batch aborted after the stage read it stays failed", func(t *testing.T) {
+		f := newFixture(t)
+		const turn = "t-aborted"
+		c0 := call(turn, 0, "count", `{}`)
+		newBatch(t, f, turn, schemas.BatchStarted, c0)
+		b, rev, err := f.st.Batches.Get(ctx(t), turn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.eng.Abort(ctx(t), turn, schemas.CodeRetriesExhausted, "gave up"); err != nil {
+			t.Fatal(err)
+		}
+		res := f.eng.Result(c0, schemas.ResultOK, "", "", "")
+		end, err := f.eng.ConcludeFrom(ctx(t), turn, batch.Known{Batch: b, BatchRev: rev}, []*schemas.ToolResult{res}, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, _, _ := f.st.Batches.Get(ctx(t), turn)
+		for _, got := range []*schemas.BatchRecord{end, stored} {
+			if got.State != schemas.BatchFailed || got.Code != schemas.CodeRetriesExhausted || got.Results[0].Status == schemas.ResultOK {
+				t.Fatalf("batch %s %s result %+v: the stale record's completion overwrote the abort", got.State, got.Code, got.Results[0])
+			}
+		}
+	})
+}

@@ -239,10 +239,14 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 	// redelivery): approvals it created before must be reused, not
 	// re-evaluated under a policy that may have changed since.
 	resumed := b.State == schemas.BatchRunning
+	var known batch.Known // the records as last read or written, for run
 	if b.State == schemas.BatchQueued {
 		snap, err := x.inOrder(ctx, b)
 		if err != nil {
 			return err
+		}
+		if snap == nil {
+			snap = &batch.SessionSnapshot{}
 		}
 		active, err := eng.Acquire(ctx, b.SessionID, b.TurnID, arrivalSeq(b), snap)
 		if err != nil {
@@ -253,7 +257,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 			return x.supersedeActive(ctx, b)
 		}
 		started := false
-		b, _, err = x.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
+		b, rev, err = x.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
 			started = false
 			if b.State != schemas.BatchQueued {
 				return store.ErrSkip
@@ -271,12 +275,18 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 		if b.State != schemas.BatchRunning {
 			return x.Advance(ctx, turnID)
 		}
+		if started {
+			known.Session = snap
+		}
 	}
-	return x.run(ctx, b, resumed)
+	known.Batch, known.BatchRev = b, rev
+	return x.run(ctx, b, known, resumed)
 }
 
-// run evaluates and runs a batch in state running.
-func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, resumed bool) error {
+// run evaluates and runs a batch in state running. known holds b at its
+// revision (and the session record, when this call just took it): the
+// batch's next transition compare-and-sets from them. run owns b.
+func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.Known, resumed bool) error {
 	eng, tc := x.cfg.Engine, b.Context
 	results := slices.Clone(b.Results)
 	approvals := slices.Clone(b.Approvals)
@@ -340,10 +350,10 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, resumed bool
 	}
 
 	if waiting == 0 {
-		_, err := eng.Conclude(ctx, b.TurnID, results, "", "")
+		_, err := eng.ConcludeFrom(ctx, b.TurnID, known, results, "", "")
 		return err
 	}
-	b, _, err := x.cfg.Store.Batches.Mutate(ctx, b.TurnID, func(b *schemas.BatchRecord) error {
+	b, _, err := x.cfg.Store.Batches.MutateFrom(ctx, b.TurnID, known.Batch, known.BatchRev, func(b *schemas.BatchRecord) error {
 		if b.State != schemas.BatchRunning {
 			return store.ErrSkip
 		}

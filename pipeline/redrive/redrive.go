@@ -373,6 +373,10 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), "run")
 	}
 	results := make([]*schemas.ToolResult, len(b.Calls))
+	// The batch as last read, for the compare-and-set that completes it:
+	// no other stage writes a started batch on the normal path, so the
+	// read before the last approved call is normally still current.
+	var known batch.Known
 	for i, call := range b.Calls {
 		a := approvals[i]
 		if b.Results[i] != nil || a == nil {
@@ -382,13 +386,14 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			// The batch may have been ended meanwhile (aborted by a stage
 			// giving up on one of its messages): an approved call must not
 			// start after the turn's outcome said it would not.
-			cur, _, err := r.cfg.Store.Batches.Get(ctx, b.TurnID)
+			cur, rev, err := r.cfg.Store.Batches.Get(ctx, b.TurnID)
 			if err != nil {
 				return err
 			}
 			if cur.State.Terminal() {
 				return eng.Finish(ctx, cur)
 			}
+			known = batch.Known{Batch: cur, BatchRev: rev}
 		}
 		p := PlanCall(r.cfg.Policy, b.Context, call, a)
 		if p.Code == schemas.CodePolicyChanged {
@@ -416,7 +421,7 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			results[i] = eng.Result(call, p.Status, p.Code, p.Reason, a.ApprovalID)
 		}
 	}
-	end, err := eng.Conclude(ctx, b.TurnID, results, "", "")
+	end, err := eng.ConcludeFrom(ctx, b.TurnID, known, results, "", "")
 	if err != nil {
 		return err
 	}
