@@ -328,7 +328,8 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 	}
 	id := r.ids(stage, m)
 	revs := map[string]uint64{}
-	skip := "" // a session created instead of read: its update is skipped
+	var pending []jetstream.PubAckFuture // async publishes not yet settled
+	skip := ""                           // a session created instead of read: its update is skipped
 	for _, op := range g.ops {
 		target := id.resolve(op.On)
 		bucket, key, _ := strings.Cut(target, "/")
@@ -344,6 +345,8 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 		}
 		switch op.Op {
 		case "publish":
+			r.settle(pending)
+			pending = nil
 			msgID := target
 			if strings.HasPrefix(target, topology.SubjectTurnAccepted) {
 				msgID = id.turn
@@ -352,7 +355,17 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			if op.MsgID {
 				opts = append(opts, jetstream.WithMsgID(msgID))
 			}
-			if _, err := r.js.PublishMsg(ctx, &nats.Msg{Subject: target, Data: payload}, opts...); err != nil {
+			msg := &nats.Msg{Subject: target, Data: payload}
+			if op.Async {
+				f, err := r.js.PublishMsgAsync(msg, opts...)
+				if err != nil {
+					r.fail(err)
+				} else {
+					pending = append(pending, f)
+				}
+				continue
+			}
+			if _, err := r.js.PublishMsg(ctx, msg, opts...); err != nil {
 				r.fail(err)
 			}
 		case "kv.create", opCreateExists:
@@ -435,8 +448,22 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			r.fail(fmt.Errorf("raw %s: unknown operation %q", stage, op.Op))
 		}
 	}
+	r.settle(pending)
 	if err := m.Ack(); err != nil {
 		r.fail(err)
+	}
+}
+
+// settle waits for the acknowledgements of async publishes.
+func (r *rawStages) settle(pending []jetstream.PubAckFuture) {
+	for _, f := range pending {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			r.fail(err)
+		case <-time.After(5 * time.Second):
+			r.fail(fmt.Errorf("raw: no acknowledgement for an async publish to %s", f.Msg().Subject))
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ package bus
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,4 +36,69 @@ func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID stri
 		return fmt.Errorf("publish %s (msg id %q): %w", subject, msgID, err)
 	}
 	return nil
+}
+
+// AckTimeout bounds how long Pending.Wait waits for a stream's
+// acknowledgement, as the JetStream API's default request timeout does
+// for a synchronous publish.
+const AckTimeout = 5 * time.Second
+
+// Pending is a publish sent without waiting for the stream's
+// acknowledgement (PublishAsync): the caller goes on with other work and
+// calls Wait before anything that must come after the message is stored.
+// A Pending is used by one goroutine.
+type Pending struct {
+	subject, msgID string
+	f              jetstream.PubAckFuture
+	done           bool
+	err            error
+}
+
+// PublishAsync encodes r and sends it on subject with Nats-Msg-Id msgID,
+// like Publish, but returns once it is sent; Wait reports whether it was
+// stored. It fails at once only if r does not encode or the message cannot
+// be sent.
+func PublishAsync(js jetstream.JetStream, subject, msgID string, r schemas.Record) (*Pending, error) {
+	data, err := schemas.Encode(r)
+	if err != nil {
+		return nil, fmt.Errorf("publish %s: %w", subject, err)
+	}
+	var opts []jetstream.PublishOpt
+	if msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(msgID))
+	}
+	f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data}, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("publish %s (msg id %q): %w", subject, msgID, err)
+	}
+	return &Pending{subject: subject, msgID: msgID, f: f}, nil
+}
+
+// Wait returns nil once the message is stored, or the error the stream
+// answered, or an error when no answer came within AckTimeout or ctx
+// ended. Called again, it returns the same answer without waiting. A nil
+// Pending has nothing to wait for.
+func (p *Pending) Wait(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	if p.done {
+		return p.err
+	}
+	t := time.NewTimer(AckTimeout)
+	defer t.Stop()
+	select {
+	case <-p.f.Ok():
+	case err := <-p.f.Err():
+		p.err = err
+	case <-t.C:
+		p.err = fmt.Errorf("no acknowledgement within %v", AckTimeout)
+	case <-ctx.Done():
+		return fmt.Errorf("publish %s (msg id %q): %w", p.subject, p.msgID, ctx.Err()) // not settled: may be waited for again
+	}
+	p.done = true
+	if p.err != nil {
+		p.err = fmt.Errorf("publish %s (msg id %q): %w", p.subject, p.msgID, p.err)
+	}
+	return p.err
 }

@@ -197,7 +197,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		if err := r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger}); err != nil {
 			return err
 		}
-		return r.run(ctx, b, nil)
+		return r.run(ctx, b, nil, batch.Known{}, nil)
 	}
 
 	// Queued or running (the executor has not finished writing approvals;
@@ -216,10 +216,13 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	approvals := v.Approvals
 	// The batch as read above is still current unless someone wrote since:
 	// compare-and-set at its revision, and re-read only on a conflict.
-	started, _, err := r.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
+	moved := false
+	started, startedRev, err := r.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
+		moved = false
 		if b.State != schemas.BatchAwaiting {
 			return store.ErrSkip
 		}
+		moved = true
 		b.State, b.UpdatedAt = schemas.BatchStarted, eng.Now()
 		return nil
 	})
@@ -230,12 +233,24 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		return r.Redrive(ctx, turnID, trigger) // another redriver moved it on
 	}
 	// Whether this attempt or a concurrent one made the move, "started" is
-	// published under one message id per turn.
-	if err := r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger}); err != nil {
+	// published under one message id per turn. Its acknowledgement is
+	// awaited before the outcome is published (so the stream holds started
+	// before the outcome), not before the first call starts: one round
+	// trip less between a decision and its call.
+	pub, err := r.publishAsync(&schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger})
+	if err != nil {
 		return err
 	}
+	var fresh batch.Known
+	if moved {
+		fresh = batch.Known{Batch: started, BatchRev: startedRev}
+	}
 	// Decided approvals never change again, so those just read are current.
-	return r.run(ctx, started, approvals)
+	err = r.run(ctx, started, approvals, fresh, pub)
+	if werr := r.settle(ctx, pub); err == nil {
+		err = werr
+	}
+	return err
 }
 
 // ApprovalSource reads approval record id. A missing record is an error
@@ -357,8 +372,12 @@ func loadApprovals(ctx context.Context, keys *seal.KeyRing, b *schemas.BatchReco
 // run executes a started batch: approved calls run, others get the result
 // their approval's status dictates, then the batch completes.
 // approvals are the batch's approval records as load returned them, or nil
-// to load them here (a batch found already started).
-func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord) error {
+// to load them here (a batch found already started). fresh, when it holds
+// the batch, is the record this attempt itself just moved to started: the
+// first approved call then starts without reading the batch again (see
+// below). pub, if not nil, is the started event, settled before the
+// outcome is published.
+func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord, fresh batch.Known, pub *redriveOutcomePub) error {
 	eng := r.cfg.Engine
 	if approvals == nil {
 		v, err := Evaluate(ctx, eng.Keys(), b, r.approval)
@@ -382,7 +401,16 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		if b.Results[i] != nil || a == nil {
 			continue
 		}
-		if a.Status == schemas.ApprovalApproved {
+		switch {
+		case a.Status != schemas.ApprovalApproved:
+		case fresh.Batch != nil:
+			// This attempt moved the batch to started a moment ago: the
+			// record it wrote is what a read would return, short of an
+			// abort in the last round trip, a race the read below only
+			// narrows (a read is never atomic with the claim) and that
+			// the read before each later call still covers.
+			known, fresh = fresh, batch.Known{}
+		default:
 			// The batch may have been ended meanwhile (aborted by a stage
 			// giving up on one of its messages): an approved call must not
 			// start after the turn's outcome said it would not.
@@ -420,6 +448,9 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		case p.Status != "":
 			results[i] = eng.Result(call, p.Status, p.Code, p.Reason, a.ApprovalID)
 		}
+	}
+	if err := r.settle(ctx, pub); err != nil {
+		return err
 	}
 	end, err := eng.ConcludeFrom(ctx, b.TurnID, known, results, "", "")
 	if err != nil {
@@ -539,15 +570,51 @@ func (r *Redriver) fail(ctx context.Context, b *schemas.BatchRecord, code schema
 // publish sends a redrive outcome. Started and failed are published once
 // per turn (message id); every deferred attempt is published.
 func (r *Redriver) publish(ctx context.Context, o *schemas.RedriveOutcome) error {
-	o.At = r.cfg.Engine.Now()
-	msgID := ""
-	if o.Kind != schemas.RedriveDeferred {
-		msgID = "redrive:" + string(o.Kind) + ":" + o.TurnID
-	}
-	subj := topology.EventSubject(topology.SubjectRedrive+string(o.Kind)+".", o.TurnID)
+	subj, msgID := r.outcomeSubject(o)
 	if err := bus.Publish(ctx, r.cfg.JS, subj, msgID, o); err != nil {
 		return err
 	}
 	r.outcomes.WithLabelValues(string(o.Kind)).Inc()
 	return nil
+}
+
+// publishAsync sends a redrive outcome like publish without waiting for it
+// to be stored; settle waits (and counts it).
+func (r *Redriver) publishAsync(o *schemas.RedriveOutcome) (*redriveOutcomePub, error) {
+	subj, msgID := r.outcomeSubject(o)
+	p, err := bus.PublishAsync(r.cfg.JS, subj, msgID, o)
+	if err != nil {
+		return nil, err
+	}
+	return &redriveOutcomePub{Pending: p, kind: o.Kind}, nil
+}
+
+// redriveOutcomePub is a redrive outcome sent by publishAsync.
+type redriveOutcomePub struct {
+	*bus.Pending
+	kind    schemas.RedriveKind
+	counted bool
+}
+
+// settle waits until p (if any) is stored, and counts it once.
+func (r *Redriver) settle(ctx context.Context, p *redriveOutcomePub) error {
+	if p == nil {
+		return nil
+	}
+	if err := p.Wait(ctx); err != nil {
+		return err
+	}
+	if !p.counted {
+		p.counted = true
+		r.outcomes.WithLabelValues(string(p.kind)).Inc()
+	}
+	return nil
+}
+
+func (r *Redriver) outcomeSubject(o *schemas.RedriveOutcome) (subject, msgID string) {
+	o.At = r.cfg.Engine.Now()
+	if o.Kind != schemas.RedriveDeferred {
+		msgID = "redrive:" + string(o.Kind) + ":" + o.TurnID
+	}
+	return topology.EventSubject(topology.SubjectRedrive+string(o.Kind)+".", o.TurnID), msgID
 }

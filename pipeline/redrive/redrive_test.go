@@ -82,6 +82,13 @@ func TestBatchBarrierDefersUntilEverySiblingIsDecided(t *testing.T) {
 			if n := len(h.Redrives("started", turn)); n != 1 {
 				t.Fatalf("%d started outcomes, want exactly 1", n)
 			}
+			// The started event is published without waiting, but settled
+			// before the outcome: the stream holds them in that order.
+			st := h.Events(topology.SubjectRedrive + "started." + turn)
+			oc := h.Events(topology.EventSubject(topology.SubjectTurnOutcome, turn))
+			if len(st) != 1 || len(oc) != 1 || st[0].Seq > oc[0].Seq {
+				t.Fatalf("started event %v, outcome %v: want one each, started first", st, oc)
+			}
 			if n := len(h.Redrives("failed", turn)); n != 0 {
 				t.Fatalf("%d failed outcomes", n)
 			}
