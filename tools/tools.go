@@ -13,9 +13,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -124,8 +126,15 @@ func (Echo) Run(_ context.Context, c Call) (string, error) {
 
 // WriteFile writes "content" to the relative "path" inside Dir. Paths that
 // would leave Dir (absolute, "..", symlinks out) are refused by os.Root.
+// The sandbox directory is opened once, on first use, and the handle kept
+// (os.Root is safe for concurrent use); should the directory be replaced
+// later, a write that finds nothing under the old handle opens it again.
+// A missing parent directory of path is created.
 type WriteFile struct {
 	Dir string
+
+	mu   sync.Mutex
+	root *os.Root
 }
 
 func (*WriteFile) Name() string { return "write_file" }
@@ -141,26 +150,61 @@ func (w *WriteFile) Run(_ context.Context, c Call) (string, error) {
 	if a.Path == "" {
 		return "", errors.New("write_file: path is required")
 	}
-	root, err := os.OpenRoot(w.Dir)
+	root, err := w.sandbox(nil)
 	if err != nil {
 		return "", fmt.Errorf("write_file: open sandbox: %w", err)
 	}
-	defer root.Close()
-	if dir := filepath.Dir(a.Path); dir != "." {
-		if err := root.MkdirAll(dir, 0o750); err != nil {
-			return "", fmt.Errorf("write_file: %w", err)
+	err = writeIn(root, a.Path, a.Content)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The sandbox directory may have been replaced since it was
+		// opened: once more, under a fresh handle.
+		if root, rerr := w.sandbox(root); rerr == nil {
+			err = writeIn(root, a.Path, a.Content)
 		}
 	}
-	f, err := root.OpenFile(a.Path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
 	if err != nil {
 		return "", fmt.Errorf("write_file: %w", err)
 	}
-	if _, err := f.WriteString(a.Content); err != nil {
-		f.Close()
-		return "", fmt.Errorf("write_file: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return "", fmt.Errorf("write_file: %w", err)
-	}
 	return fmt.Sprintf("wrote %d bytes to %s", len(a.Content), a.Path), nil
+}
+
+// sandbox returns the handle on Dir, opening it if there is none yet or
+// if the current one is stale (the handle a write just failed under).
+func (w *WriteFile) sandbox(stale *os.Root) (*os.Root, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.root != nil && w.root != stale {
+		return w.root, nil
+	}
+	root, err := os.OpenRoot(w.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if w.root != nil {
+		_ = w.root.Close() // writes still using it fail and retry
+	}
+	w.root = root
+	return root, nil
+}
+
+// writeIn writes content to path in root, creating path's directory if it
+// is missing.
+func writeIn(root *os.Root, path, content string) error {
+	f, err := root.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if errors.Is(err, fs.ErrNotExist) {
+		if dir := filepath.Dir(path); dir != "." {
+			if err := root.MkdirAll(dir, 0o750); err != nil {
+				return err
+			}
+			f, err = root.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -218,3 +218,27 @@ func BenchmarkWriteFile(b *testing.B) {
 		}
 	}
 }
+
+// The sandbox handle is kept between calls; a sandbox directory replaced
+// meanwhile (deleted and made again) is opened afresh, and the write lands
+// in the new one.
+func TestWriteFileFollowsAReplacedSandbox(t *testing.T) {
+	w, dir, _ := sandbox(t)
+	if _, err := run(t, w, `{"path":"first.txt","content":"1"}`); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"second.txt", "sub/third.txt"} {
+		if _, err := run(t, w, `{"path":"`+p+`","content":"2"}`); err != nil {
+			t.Fatalf("write %s after the sandbox was replaced: %v", p, err)
+		}
+		if got, err := os.ReadFile(filepath.Join(dir, p)); err != nil || string(got) != "2" {
+			t.Fatalf("%s in the new sandbox = %q %v", p, got, err)
+		}
+	}
+}
