@@ -263,7 +263,7 @@ func (r *Report) Markdown(w io.Writer) {
 	if len(r.Sequences) > 0 {
 		p("## What one turn does (traced; the raw turn repeats it)")
 		p("")
-		p("Each turn is the second of its session (the session record exists and is free), traced with the stages working one at a time. The executor's kv.get of the session is the session-order check's read, reused by the queuing compare-and-set. A stream.get is a JetStream API request for the last message on a subject. Not shown: the approver's KV watch on the approvals bucket receives every approval write.")
+		p("Each turn is the second of its session (the session record exists and is free), with another session's turn between the two, traced with the stages working one at a time. The executor's kv.get of the session is the session-order check's read, reused by the queuing compare-and-set (and, with the revision it writes, by the release). A stream.get is a JetStream API request for a stream message: `last` the last one on a subject, `next` the first one on a filter from a sequence on (the session-order check). Not shown: the approver's KV watch on the approvals bucket and the redriver's on the batches bucket receive every write; the raw stages hold the same watches.")
 		p("")
 		for _, s := range r.Sequences {
 			match := ""

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,7 +51,7 @@ type Config struct {
 	Logger      *slog.Logger
 	Metrics     *runner.Metrics
 	Registerer  prometheus.Registerer // may be nil
-	Concurrency int                   // default 8
+	Concurrency int                   // default 16 (see executor.Config.Concurrency)
 	// The recovery sweep (sweep.go): how often it looks (default
 	// DefaultSweepInterval; negative disables it) and how long a batch must
 	// be untouched before it acts (default DefaultSweepAfter).
@@ -71,6 +72,10 @@ type Redriver struct {
 	cfg      Config
 	outcomes *prometheus.CounterVec
 	sweep    *sweeper
+
+	// beforeStart, for tests (export_test.go), runs between a batch's
+	// evaluation and its move to started.
+	beforeStart atomic.Pointer[func(turnID string)]
 }
 
 // New returns a Redriver.
@@ -79,7 +84,7 @@ func New(cfg Config) (*Redriver, error) {
 		return nil, err
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 8
+		cfg.Concurrency = 16
 	}
 	if cfg.SweepInterval == 0 {
 		cfg.SweepInterval = DefaultSweepInterval
@@ -214,39 +219,35 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveDeferred, Pending: v.Pending, Reason: v.Reason, Trigger: trigger})
 	}
 	approvals := v.Approvals
-	// The batch as read above is still current unless someone wrote since:
-	// compare-and-set at its revision, and re-read only on a conflict.
-	moved := false
-	started, startedRev, err := r.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
-		moved = false
-		if b.State != schemas.BatchAwaiting {
-			return store.ErrSkip
-		}
-		moved = true
-		b.State, b.UpdatedAt = schemas.BatchStarted, eng.Now()
-		return nil
-	})
+	if f := r.beforeStart.Load(); f != nil {
+		(*f)(turnID)
+	}
+	// The batch moves to started by compare-and-set at the revision the
+	// barrier and its authority were evaluated on, and only then: a batch
+	// written since (by a concurrent redriver, or by anyone at all) is
+	// evaluated again from a fresh read, never moved on the strength of an
+	// evaluation of an older record.
+	b.State, b.UpdatedAt = schemas.BatchStarted, eng.Now()
+	startedRev, err := r.cfg.Store.Batches.Update(ctx, turnID, b, rev)
+	if errors.Is(err, store.ErrConflict) {
+		return r.Redrive(ctx, turnID, trigger)
+	}
 	if err != nil {
 		return err
 	}
-	if started.State != schemas.BatchStarted {
-		return r.Redrive(ctx, turnID, trigger) // another redriver moved it on
-	}
-	// Whether this attempt or a concurrent one made the move, "started" is
-	// published under one message id per turn. Its acknowledgement is
-	// awaited before the outcome is published (so the stream holds started
-	// before the outcome), not before the first call starts: one round
-	// trip less between a decision and its call.
+	started := b
+	// "started" is published under one message id per turn (a concurrent
+	// redriver that lost the race above publishes it too, from the started
+	// branch). Its acknowledgement is awaited before the outcome is
+	// published (so the stream holds started before the outcome), not
+	// before the first call starts: one round trip less between a decision
+	// and its call.
 	pub, err := r.publishAsync(&schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger})
 	if err != nil {
 		return err
 	}
-	var fresh batch.Known
-	if moved {
-		fresh = batch.Known{Batch: started, BatchRev: startedRev}
-	}
 	// Decided approvals never change again, so those just read are current.
-	err = r.run(ctx, started, approvals, fresh, pub)
+	err = r.run(ctx, started, approvals, batch.Known{Batch: started, BatchRev: startedRev}, pub)
 	if werr := r.settle(ctx, pub); err == nil {
 		err = werr
 	}

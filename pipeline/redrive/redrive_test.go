@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/pipeline/redrive"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -635,5 +636,37 @@ func TestRedriveStopsWhenItsBatchWasEndedUnderIt(t *testing.T) {
 	}
 	if n := len(h.Outcomes(turn)); n != 1 {
 		t.Fatalf("%d outcomes, want 1", n)
+	}
+}
+
+// A batch evaluated as ready to start, then written by someone else before
+// the redriver's compare-and-set (here: its TurnContext tampered with in
+// that window), is evaluated again from a fresh read; it is never moved to
+// started on the strength of the older evaluation.
+func TestABatchWrittenAfterItsEvaluationIsEvaluatedAgain(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: countPolicy})
+	turn := h.Send(h.Inbound("late-tamper", "alice", write("late.txt")))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitPending(id)
+	var once sync.Once
+	redrive.SetBeforeStart(h.Redriver, func(got string) {
+		if got != turn {
+			return
+		}
+		once.Do(func() {
+			h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Context.Requester.Principal = "cli:mallory" })
+		})
+	})
+	h.Decide(id, schemas.OptionApprove, "alice")
+	b, out := h.WaitTerminal(turn)
+	if b.State != schemas.BatchFailed || b.Code != schemas.CodeTurnContextTampered || out.Code != schemas.CodeTurnContextTampered {
+		t.Fatalf("batch %s %s, outcome %s %s; want failed %s", b.State, b.Code, out.State, out.Code, schemas.CodeTurnContextTampered)
+	}
+	if files := h.SandboxFiles(); len(files) != 0 {
+		t.Fatalf("tool ran under tampered authority: %v", files)
+	}
+	h.WaitIdle(pt.Redriver)
+	if n := len(h.Redrives("started", turn)); n != 0 {
+		t.Fatalf("%d started outcomes: the batch was moved to started on an evaluation of the record before the tampering", n)
 	}
 }
