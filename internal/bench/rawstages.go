@@ -69,9 +69,9 @@ type rawStageConfig struct {
 
 var rawStageConfigs = map[string]rawStageConfig{
 	"ingest":   {topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}, 4},
-	"executor": {topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}, 8},
+	"executor": {topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}, 16},
 	"approver": {topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}, 8},
-	"redriver": {topology.StreamEvents, []string{topology.SubjectApprovalDecided + "*", topology.SubjectBatchAwaiting + "*"}, 8},
+	"redriver": {topology.StreamEvents, []string{topology.SubjectApprovalDecided + "*", topology.SubjectBatchAwaiting + "*"}, 16},
 }
 
 // rawGroup is the operations a stage performs for a message whose subject
