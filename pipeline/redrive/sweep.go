@@ -3,7 +3,9 @@ package redrive
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -55,6 +57,11 @@ const (
 	DefaultSweepAfter = time.Minute
 	// maxSweepBackoff caps the per-batch back-off between looks.
 	maxSweepBackoff = 30 * time.Minute
+	// maxSweepLooks caps the batches one pass looks at (the longest-due
+	// first); the rest wait for the next pass. A restarted redriver with
+	// 100,000 batches waiting for people then spreads its reads over
+	// minutes instead of issuing them all at once.
+	maxSweepLooks = 2000
 
 	actionWaiting = "waiting"
 )
@@ -76,19 +83,27 @@ type sweeper struct {
 
 	mu   sync.Mutex
 	open map[string]*sweepEntry
+
+	maxLooks  atomic.Int64 // per pass; maxSweepLooks (tests lower it)
+	mostLooks atomic.Int64 // the most batches one pass looked at (tests)
 }
 
 func newSweeper(r *Redriver) *sweeper {
-	return &sweeper{
+	s := &sweeper{
 		r: r, every: r.cfg.SweepInterval, after: r.cfg.SweepAfter, open: map[string]*sweepEntry{},
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_sweep_actions_total",
 			Help: "Recovery-sweep actions on batches whose driving message was lost (redrive, release, announce), and failed attempts (error).",
 		}, []string{"action"}),
 	}
+	s.maxLooks.Store(maxSweepLooks)
+	return s
 }
 
-// run watches the batches bucket and sweeps until ctx is cancelled.
+// run watches the batches bucket and sweeps until ctx is cancelled. The
+// passes run beside the watch, one at a time, so that a long pass never
+// stops the watch from being read (unread watch messages pile up in the
+// client's buffer, and past its limit the watch has to start over).
 func (s *sweeper) run(ctx context.Context) error {
 	w, err := s.r.cfg.Store.Batches.KV.WatchAll(ctx)
 	if err != nil {
@@ -97,6 +112,9 @@ func (s *sweeper) run(ctx context.Context) error {
 	defer w.Stop()
 	tick := time.NewTicker(s.every)
 	defer tick.Stop()
+	var passes sync.WaitGroup
+	defer passes.Wait()
+	busy := make(chan struct{}, 1)
 	for {
 		select {
 		case <-ctx.Done():
@@ -109,7 +127,17 @@ func (s *sweeper) run(ctx context.Context) error {
 				s.apply(e)
 			}
 		case <-tick.C:
-			s.sweep(ctx)
+			select {
+			case busy <- struct{}{}:
+			default:
+				continue // the last pass is still going
+			}
+			passes.Add(1)
+			go func() {
+				defer passes.Done()
+				defer func() { <-busy }()
+				s.sweep(ctx)
+			}()
 		}
 	}
 }
@@ -154,12 +182,21 @@ func (s *sweeper) sweep(ctx context.Context) {
 	var work []due
 	s.mu.Lock()
 	for turn, e := range s.open {
-		if now.Before(e.next) {
-			continue
+		if !now.Before(e.next) {
+			work = append(work, due{turn, *e})
 		}
+	}
+	// The longest-due first, at most maxSweepLooks of them; the others stay
+	// due for the next pass.
+	slices.SortFunc(work, func(a, b due) int { return a.e.next.Compare(b.e.next) })
+	work = work[:min(len(work), int(s.maxLooks.Load()))]
+	if n := int64(len(work)); n > s.mostLooks.Load() {
+		s.mostLooks.Store(n) // one pass at a time: no race between passes
+	}
+	for _, d := range work {
+		e := s.open[d.turn]
 		e.backoff = min(max(2*e.backoff, s.after), maxSweepBackoff)
 		e.next = now.Add(e.backoff)
-		work = append(work, due{turn, *e})
 	}
 	s.mu.Unlock()
 	for _, d := range work {

@@ -1,11 +1,13 @@
 package redrive_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/pipeline/redrive"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -114,5 +116,39 @@ func TestSweepAnnouncesAQueuedTurnWhoseReadyNoticeWasLost(t *testing.T) {
 	}
 	if sweepActions(h, "release") < 1 {
 		t.Fatal("the queued turn ran, but not through the sweep")
+	}
+}
+
+// A pass looks at no more batches than its cap, longest-due first; the
+// others wait for later passes and none is starved.
+func TestSweepPassesAreCappedAndStillReachEveryBatch(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, sweepOptions(count))
+	redrive.SetSweepMaxLooks(h.Redriver, 1)
+	var turns []string
+	for i := range 3 {
+		turn := h.Send(h.Inbound(fmt.Sprintf("capped-%d", i), "alice", pt.Call("count", `{}`)))
+		h.WaitState(turn, schemas.BatchAwaiting)
+		h.WaitRedrives("deferred", turn, 1)
+		turns = append(turns, turn)
+	}
+	// Every decided event is lost: only the sweep can finish them.
+	for i, turn := range turns {
+		h.MutateApproval(schemas.ApprovalID(turn, 0), func(a *schemas.ApprovalRecord) {
+			a.Status = schemas.ApprovalApproved
+			a.Decision = &schemas.DecisionInfo{DecisionID: fmt.Sprintf("d-capped-%d", i), Principal: "cli:alice", Option: schemas.OptionApprove,
+				DecidedAt: time.Now().UTC(), Assurance: schemas.AssuranceVerified}
+		})
+	}
+	for _, turn := range turns {
+		if b, _ := h.WaitTerminal(turn); b.State != schemas.BatchCompleted {
+			t.Fatalf("batch %s ended %s", turn, b.State)
+		}
+	}
+	if n := sweepActions(h, "redrive"); n < 3 {
+		t.Fatalf("%v sweep redrives, want one per batch", n)
+	}
+	if n := redrive.SweepMostLooks(h.Redriver); n != 1 {
+		t.Fatalf("a pass looked at %d batches, cap 1", n)
 	}
 }
