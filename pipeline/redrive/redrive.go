@@ -450,6 +450,9 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			results[i] = eng.Result(call, p.Status, p.Code, p.Reason, a.ApprovalID)
 		}
 	}
+	if known.Batch == nil {
+		known = fresh // no approved call: the started record is still the latest
+	}
 	if err := r.settle(ctx, pub); err != nil {
 		return err
 	}
