@@ -394,8 +394,23 @@ func TestAdversarial(t *testing.T) {
 // ----- driving -----
 
 // pending sends alice's turn (in her DM) with one call of tool and waits
-// for its approval to be pending.
+// for its approval to be pending, and for the redriver's answer to the
+// batch's awaiting notice (deferred: the approval is pending), so that an
+// attack made after this returns reaches the pipeline through the decision
+// alone. Without that
+// wait, a batch tampered with in KV could be failed on the awaiting notice
+// first, and the decision then rejected as already decided (its approval
+// abandoned): just as safe, but not the row's expected outcome.
 func pending(h *pt.H, session, tool string) (turn, approvalID string) {
+	h.T.Helper()
+	turn, approvalID = requested(h, session, tool)
+	h.WaitRedrives("deferred", turn, 1)
+	return turn, approvalID
+}
+
+// requested is pending for a pipeline without a redriver: the approval is
+// pending in KV.
+func requested(h *pt.H, session, tool string) (turn, approvalID string) {
 	h.T.Helper()
 	turn = h.Send(h.Inbound(session, "alice", pt.Call(tool, fmt.Sprintf(`{"session":%q}`, session))))
 	approvalID = schemas.ApprovalID(turn, 0)
@@ -428,7 +443,7 @@ func approvedWithoutRedriver(t *testing.T, session string, count *pt.Counter) (h
 	t.Helper()
 	h = pt.Start(t, pt.Options{Policy: policyWith("required"), Tools: []tools.Tool{count},
 		Stages: []string{pt.Ingest, pt.Executor, pt.Approver}})
-	turn, approvalID = pending(h, session, "guarded")
+	turn, approvalID = requested(h, session, "guarded")
 	rejected = decide(h, h.Decision(approvalID, schemas.OptionApprove, "cli", "alice"))
 	h.WaitApproval(approvalID, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
 	if n := len(h.Decided(turn)); n != 1 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -192,6 +193,22 @@ func TestReplicatedBucketReadsItsWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 		rev, err = w.Update(ctx, key, []byte("v2"), rev)
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			// Under heavy load (two test runs on two cores) the stream's
+			// leader can change between the create and the update, and a
+			// new leader may refuse the compare-and-set until it has
+			// applied the create. The stages re-read and retry on this
+			// error (store.Mutate); so does the test, through the writer.
+			t.Logf("round %d: update after create: %v; retrying from a fresh read", i, err)
+			jstest.Eventually(t, 10*time.Second, "the update after the create", func() bool {
+				e, gerr := w.Get(ctx, key)
+				if gerr != nil {
+					return false
+				}
+				rev, err = w.Update(ctx, key, []byte("v2"), e.Revision())
+				return err == nil
+			})
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
