@@ -509,9 +509,29 @@ type Stored struct {
 }
 
 // Messages returns every message stored in stream on subjects matching
-// filter, in stream order.
+// filter, in stream order. A read that fails part-way (on a cluster, a
+// consumer placed or led by a node that has just gone away answers "no
+// responders" until the cluster notices) is started again, for up to Wait.
 func (h *H) Messages(stream, filter string) []Stored {
 	h.T.Helper()
+	var out []Stored
+	var err error
+	deadline := time.Now().Add(Wait)
+	for {
+		if out, err = h.readAll(stream, filter); err == nil {
+			return out
+		}
+		if time.Now().After(deadline) {
+			h.T.Fatalf("pipelinetest: read %s %s: %v", stream, filter, err)
+		}
+		h.T.Logf("pipelinetest: read %s %s: %v; reading again", stream, filter, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// readAll reads every message stored in stream on subjects matching filter
+// through an ephemeral consumer.
+func (h *H) readAll(stream, filter string) ([]Stored, error) {
 	ctx, cancel := h.Ctx()
 	defer cancel()
 	cons, err := h.JS.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
@@ -519,7 +539,7 @@ func (h *H) Messages(stream, filter string) []Stored {
 		DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: 30 * time.Second,
 	})
 	if err != nil {
-		h.T.Fatalf("pipelinetest: consumer on %s %s: %v", stream, filter, err)
+		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	defer func() { _ = h.JS.DeleteConsumer(context.WithoutCancel(ctx), stream, cons.CachedInfo().Name) }()
 	n := int(cons.CachedInfo().NumPending)
@@ -527,25 +547,25 @@ func (h *H) Messages(stream, filter string) []Stored {
 	for len(out) < n {
 		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			h.T.Fatalf("pipelinetest: fetch %s %s: %v", stream, filter, err)
+			return nil, fmt.Errorf("fetch: %w", err)
 		}
 		got := 0
 		for m := range batch.Messages() {
 			got++
 			meta, err := m.Metadata()
 			if err != nil {
-				h.T.Fatalf("pipelinetest: metadata: %v", err)
+				return nil, fmt.Errorf("metadata: %w", err)
 			}
 			out = append(out, Stored{Subject: m.Subject(), Seq: meta.Sequence.Stream, Data: m.Data(), Header: m.Headers()})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			h.T.Fatalf("pipelinetest: fetch %s %s: %v", stream, filter, err)
+			return nil, fmt.Errorf("fetch: %w", err)
 		}
 		if got == 0 {
-			h.T.Fatalf("pipelinetest: %s %s: fetched %d of %d messages", stream, filter, len(out), n)
+			return nil, fmt.Errorf("fetched %d of %d messages", len(out), n)
 		}
 	}
-	return out
+	return out, nil
 }
 
 // Events returns the events stored on subjects matching filter.
