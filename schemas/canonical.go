@@ -81,13 +81,16 @@ func ContextDigest(c *TurnContext) string {
 // re-encodes to the same bytes; a field this version does not know is
 // dropped on decode, so a context carrying one never verifies (fail closed).
 func SealedBytes(c *TurnContext) ([]byte, error) {
-	cp := *c
-	cp.Seal = nil
-	return msgpack.Marshal(&cp)
+	var b bytes.Buffer
+	if err := WriteSealed(&b, c); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // WriteSealed writes SealedBytes(c) to w, encoding with a pooled encoder
-// (no copy of the bytes is allocated). An error is the encoder's or w's.
+// (no copy of the bytes is allocated): the one encoding of what a seal
+// covers. An error is the encoder's or w's.
 func WriteSealed(w io.Writer, c *TurnContext) error {
 	cp := *c
 	cp.Seal = nil

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -213,18 +215,24 @@ func TestContextDigest(t *testing.T) {
 	})
 }
 
-// WriteSealed (the seal's pooled path) writes exactly SealedBytes, for a
-// full context and for one whose optional fields are empty, and leaves the
-// caller's seal alone.
+// WriteSealed (the seal's pooled path, behind SealedBytes too) writes the
+// plain msgpack encoding of the context without its seal, for a full
+// context and for one whose optional fields are empty, also with a reused
+// encoder, and leaves the caller's seal alone.
 func TestWriteSealedWritesSealedBytes(t *testing.T) {
 	full := exampleContext()
 	bare := exampleContext()
 	bare.Channel.Thread, bare.TrustBoundary, bare.LegacyRestored, bare.Seal = "", "", false, nil
 	for name, tc := range map[string]*schemas.TurnContext{"full context": full, "context without optional fields": bare} {
 		t.Run(name, func(t *testing.T) {
-			want, err := schemas.SealedBytes(tc)
+			unsealed := *tc
+			unsealed.Seal = nil
+			want, err := msgpack.Marshal(&unsealed)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if got, err := schemas.SealedBytes(tc); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("SealedBytes = %x %v, want %x", got, err, want)
 			}
 			var got bytes.Buffer
 			for range 2 { // the second time with a reused encoder
@@ -233,7 +241,7 @@ func TestWriteSealedWritesSealedBytes(t *testing.T) {
 					t.Fatal(err)
 				}
 				if !bytes.Equal(got.Bytes(), want) {
-					t.Fatalf("WriteSealed wrote %x, SealedBytes is %x", got.Bytes(), want)
+					t.Fatalf("WriteSealed wrote %x, want %x", got.Bytes(), want)
 				}
 			}
 			if tc == full && tc.Seal == nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -454,14 +455,15 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 	}
 }
 
-// settle waits for the acknowledgements of async publishes.
+// settle waits for the acknowledgements of async publishes, each for at
+// most bus.AckTimeout, as Tollgate's Pending.Wait does.
 func (r *rawStages) settle(pending []jetstream.PubAckFuture) {
 	for _, f := range pending {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
 			r.fail(err)
-		case <-time.After(5 * time.Second):
+		case <-time.After(bus.AckTimeout):
 			r.fail(fmt.Errorf("raw: no acknowledgement for an async publish to %s", f.Msg().Subject))
 		}
 	}
