@@ -507,7 +507,7 @@ func (c *cluster) testNATSKilled(t *testing.T) {
 	// No waitIdle here: an ack sent while the broker was down is lost, and
 	// that message comes back only after AckWait (30 s). Its redelivery
 	// finds the batch terminal; at-most-once is the claims' job, tested
-	// with concurrent and redelivered triggers in pipeline/redrive.
+	// with concurrent and redelivered triggers in pipeline/redriver.
 	if k := c.toolRuns(a.CallID); k != 1 {
 		t.Errorf("write_file of %s ran %d times across the broker restart, want 1", a.CallID, k)
 	}

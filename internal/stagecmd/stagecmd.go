@@ -30,7 +30,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/pipeline/legacy"
-	"github.com/tollgate-dev/tollgate/pipeline/redrive"
+	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -211,7 +211,7 @@ const (
 	StageIngest   = ingest.Stage
 	StageExecutor = executor.Stage
 	StageApprover = approver.Stage
-	StageRedriver = redrive.Stage
+	StageRedriver = redriver.Stage
 )
 
 // AllStages in pipeline order.
@@ -299,7 +299,7 @@ func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Contex
 			if err != nil {
 				return nil, err
 			}
-			r, err := redrive.New(redrive.Config{JS: d.JS, Store: st, Engine: e, Policy: d.Policy, Logger: log, Metrics: metrics, Registerer: d.Registry})
+			r, err := redriver.New(redriver.Config{JS: d.JS, Store: st, Engine: e, Policy: d.Policy, Logger: log, Metrics: metrics, Registerer: d.Registry})
 			if err != nil {
 				return nil, err
 			}

@@ -35,7 +35,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/pipeline/legacy"
-	"github.com/tollgate-dev/tollgate/pipeline/redrive"
+	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -54,7 +54,7 @@ const (
 	Ingest   = ingest.Stage
 	Executor = executor.Stage
 	Approver = approver.Stage
-	Redriver = redrive.Stage
+	Redriver = redriver.Stage
 )
 
 // AllStages in pipeline order.
@@ -77,7 +77,7 @@ type Options struct {
 	// Env reuses a running server (e.g. to restart stages); nil starts one.
 	Env *jstest.Env
 	// SweepInterval and SweepAfter tune the redriver's recovery sweep
-	// (default: the redrive package's defaults).
+	// (default: the redriver package's defaults).
 	SweepInterval, SweepAfter time.Duration
 	// OrderWait is the executor's session-order wait (default
 	// executor.DefaultOrderWait).
@@ -130,7 +130,7 @@ type Pipeline struct {
 	Ingest   *ingest.Ingest
 	Executor *executor.Executor
 	Approver *approver.Approver
-	Redriver *redrive.Redriver
+	Redriver *redriver.Redriver
 	// ExecEngine and RedriveEngine are the batch engines of the executor
 	// and the redriver.
 	ExecEngine    *batch.Engine
@@ -218,7 +218,7 @@ func Start(t testing.TB, o Options) *H {
 	if h.Approver, err = approver.New(approver.Config{JS: h.JS, Store: h.Store, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
 		t.Fatalf("pipelinetest: approver: %v", err)
 	}
-	if h.Redriver, err = redrive.New(redrive.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry,
+	if h.Redriver, err = redriver.New(redriver.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry,
 		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter}); err != nil {
 		t.Fatalf("pipelinetest: redriver: %v", err)
 	}

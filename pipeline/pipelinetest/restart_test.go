@@ -31,7 +31,7 @@ import (
 func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 	// A session release whose KV write or ready notice fails during the
 	// restart leaves the turns queued behind it to the redriver's recovery
-	// sweep (pipeline/redrive/sweep.go), made quick here. Before the sweep
+	// sweep (pipeline/redriver/sweep.go), made quick here. Before the sweep
 	// this failed about one run in three.
 	env := jstest.StartWith(t, jstest.Options{SyncAlways: true})
 	h := pt.Start(t, pt.Options{Env: env, SweepInterval: 250 * time.Millisecond, SweepAfter: 3 * time.Second})

@@ -15,7 +15,7 @@
 //     batch (started, deferred or failed, and why; and for a started batch
 //     what each approved call would do) on the records a rebuild would
 //     leave, using the redriver's own decision functions
-//     (redrive.Evaluate, redrive.PlanCall). It never writes KV, never
+//     (redriver.Evaluate, redriver.PlanCall). It never writes KV, never
 //     publishes and never runs a tool.
 //
 // The rebuild rule: a record is only ever created where its key is missing

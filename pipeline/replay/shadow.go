@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pipeline/legacy"
-	"github.com/tollgate-dev/tollgate/pipeline/redrive"
+	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // Shadow is what the redriver would do with a batch now: the verdict of
-// redrive.Evaluate and, for a batch it would start, what each call waiting
-// on an approval would get (redrive.PlanCall and the call's execution
+// redriver.Evaluate and, for a batch it would start, what each call waiting
+// on an approval would get (redriver.PlanCall and the call's execution
 // claim).
 type Shadow struct {
 	// Kind is started, deferred or failed; "none" for a terminal batch
@@ -72,7 +72,7 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 			a, _, err := approvals.Get(ctx, id)
 			return a, err
 		}
-		v, err := redrive.Evaluate(ctx, o.Keys, tr.rec, source)
+		v, err := redriver.Evaluate(ctx, o.Keys, tr.rec, source)
 		if err != nil {
 			return fmt.Errorf("replay: shadow redrive of %s: %w", tr.TurnID, err)
 		}
@@ -99,12 +99,12 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 }
 
 // shadowCall is what the redriver would do with call, whose approval a is
-// decided: redrive.PlanCall, then, for a call it would run (or one the
+// decided: redriver.PlanCall, then, for a call it would run (or one the
 // policy no longer grants, which the redriver reports by its claim if it
 // has one), the call's execution claim.
 func shadowCall(ctx context.Context, o Options, claims store.Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim], tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) (ShadowCall, error) {
 	sc := ShadowCall{CallID: call.CallID, Tool: call.Tool, ApprovalID: a.ApprovalID}
-	p := redrive.PlanCall(o.Policy, tc, call, a)
+	p := redriver.PlanCall(o.Policy, tc, call, a)
 	if p.Run || p.Code == schemas.CodePolicyChanged {
 		var c *schemas.ExecutionClaim
 		var err error

@@ -1,4 +1,4 @@
-package redrive
+package redriver
 
 // SetBeforeStart makes r call f between a batch's evaluation and its move
 // to started (tests only).

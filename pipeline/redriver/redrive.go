@@ -15,7 +15,7 @@
 //   - failed: the persisted TurnContext is missing, invalid, or differs
 //     between the batch and an approval. Nothing runs; the batch fails with
 //     the reason code.
-package redrive
+package redriver
 
 import (
 	"context"

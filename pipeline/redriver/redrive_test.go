@@ -1,4 +1,4 @@
-package redrive_test
+package redriver_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
-	"github.com/tollgate-dev/tollgate/pipeline/redrive"
+	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -649,7 +649,7 @@ func TestABatchWrittenAfterItsEvaluationIsEvaluatedAgain(t *testing.T) {
 	id := schemas.ApprovalID(turn, 0)
 	h.WaitPending(id)
 	var once sync.Once
-	redrive.SetBeforeStart(h.Redriver, func(got string) {
+	redriver.SetBeforeStart(h.Redriver, func(got string) {
 		if got != turn {
 			return
 		}

@@ -1,4 +1,4 @@
-package adversarial_test
+package pipelinetest_test
 
 import (
 	"bytes"

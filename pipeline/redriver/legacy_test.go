@@ -1,4 +1,4 @@
-package redrive_test
+package redriver_test
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package redrive_test
+package redriver_test
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
-	"github.com/tollgate-dev/tollgate/pipeline/redrive"
+	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -124,7 +124,7 @@ func TestSweepAnnouncesAQueuedTurnWhoseReadyNoticeWasLost(t *testing.T) {
 func TestSweepPassesAreCappedAndStillReachEveryBatch(t *testing.T) {
 	count := &pt.Counter{}
 	h := pt.Start(t, sweepOptions(count))
-	redrive.SetSweepMaxLooks(h.Redriver, 1)
+	redriver.SetSweepMaxLooks(h.Redriver, 1)
 	var turns []string
 	for i := range 3 {
 		turn := h.Send(h.Inbound(fmt.Sprintf("capped-%d", i), "alice", pt.Call("count", `{}`)))
@@ -148,7 +148,7 @@ func TestSweepPassesAreCappedAndStillReachEveryBatch(t *testing.T) {
 	if n := sweepActions(h, "redrive"); n < 3 {
 		t.Fatalf("%v sweep redrives, want one per batch", n)
 	}
-	if n := redrive.SweepMostLooks(h.Redriver); n != 1 {
+	if n := redriver.SweepMostLooks(h.Redriver); n != 1 {
 		t.Fatalf("a pass looked at %d batches, cap 1", n)
 	}
 }
