@@ -19,8 +19,10 @@ build:
 test: vet
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
+## vet: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it)
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
 
 ## e2e: only the end-to-end test (builds and runs the real binaries)
 e2e:

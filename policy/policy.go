@@ -195,175 +195,239 @@ func Load(path string) (*Policy, error) {
 	return p, nil
 }
 
-// Parse parses and validates a policy. Unknown JSON fields are rejected so a
-// typo cannot silently weaken a rule.
+// Parse parses and validates a policy in three steps: decode the JSON
+// strictly (decodeFile), check each section (File.check), compile the
+// immutable Policy (compile). Unknown JSON fields are rejected so a typo
+// cannot silently weaken a rule. Every error starts with "parse policy: ".
 func Parse(b []byte) (*Policy, error) {
+	f, err := decodeFile(b)
+	if err == nil {
+		err = f.check()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("parse policy: %w", err)
+	}
+	return compile(f, b), nil
+}
+
+// decodeFile decodes exactly one JSON object into a File, rejecting unknown
+// fields and anything after the object.
+func decodeFile(b []byte) (File, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	var f File
 	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("parse policy: %w", err)
+		return File{}, err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("parse policy: trailing data after the policy object")
+		return File{}, errors.New("trailing data after the policy object")
 	}
-	if f.DefaultApproval == "" {
-		f.DefaultApproval = ModeRequired
+	return f, nil
+}
+
+// check validates every section of f, in file order, and returns the first
+// problem found.
+func (f *File) check() error {
+	if f.DefaultApproval != "" && !f.DefaultApproval.valid() {
+		return fmt.Errorf("default_approval %q: want never, required or deny", f.DefaultApproval)
 	}
-	if !f.DefaultApproval.valid() {
-		return nil, fmt.Errorf("parse policy: default_approval %q: want never, required or deny", f.DefaultApproval)
+	return firstErr(f.checkTools, f.checkGroups, f.checkDeciders, f.checkSessions, f.checkTransports)
+}
+
+func firstErr(checks ...func() error) error {
+	for _, c := range checks {
+		if err := c(); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// checkTools checks each tool's name, modes and options (its decider rules
+// are checkDeciders').
+func (f *File) checkTools() error {
 	for name, r := range f.Tools {
-		if !validName(name) {
-			return nil, fmt.Errorf("parse policy: tool name %q: only a-z 0-9 _ - . are allowed", name)
+		if !ValidToolName(name) {
+			return fmt.Errorf("tool name %q: only a-z 0-9 _ - . are allowed", name)
 		}
 		if !r.Approval.valid() {
-			return nil, fmt.Errorf("parse policy: tool %s: approval %q: want never, required or deny", name, r.Approval)
+			return fmt.Errorf("tool %s: approval %q: want never, required or deny", name, r.Approval)
 		}
 		for a, m := range r.Audiences {
 			if !m.valid() {
-				return nil, fmt.Errorf("parse policy: tool %s: audience %s: mode %q", name, a, m)
+				return fmt.Errorf("tool %s: audience %s: mode %q", name, a, m)
 			}
-			if a != schemas.AudiencePersonal && a != schemas.AudienceTeam && a != schemas.AudiencePublic {
-				return nil, fmt.Errorf("parse policy: tool %s: unknown audience %q", name, a)
+			if !validAudience(a) {
+				return fmt.Errorf("tool %s: unknown audience %q", name, a)
 			}
 		}
 		for _, o := range r.Options {
 			if o != schemas.OptionApprove && o != schemas.OptionDeny {
-				return nil, fmt.Errorf("parse policy: tool %s: unknown option %q", name, o)
+				return fmt.Errorf("tool %s: unknown option %q", name, o)
 			}
 		}
 	}
+	return nil
+}
+
+func (f *File) checkGroups() error {
 	for g, members := range f.Groups {
 		if len(members) == 0 {
-			return nil, fmt.Errorf("parse policy: group %s is empty", g)
+			return fmt.Errorf("group %s is empty", g)
 		}
 		for _, m := range members {
 			if err := checkPrincipal(m); err != nil {
-				return nil, fmt.Errorf("parse policy: group %s: %w", g, err)
+				return fmt.Errorf("group %s: %w", g, err)
 			}
 		}
 	}
-	checkRule := func(where string, r *DeciderRule) error {
-		if r == nil {
-			return fmt.Errorf("parse policy: %s: null decider rule", where)
-		}
-		for _, pr := range r.Principals {
-			if err := checkPrincipal(pr); err != nil {
-				return fmt.Errorf("parse policy: %s: %w", where, err)
-			}
-		}
-		for _, g := range r.Groups {
-			if _, ok := f.Groups[g]; !ok {
-				return fmt.Errorf("parse policy: %s: unknown group %q", where, g)
-			}
-		}
-		switch r.MinAssurance {
-		case "", "verified", "strong":
-		default:
-			return fmt.Errorf("parse policy: %s: min_assurance %q: want verified or strong", where, r.MinAssurance)
-		}
-		if r.Quorum < 0 || r.Quorum > 16 {
-			return fmt.Errorf("parse policy: %s: quorum %d: want 1 to 16", where, r.Quorum)
-		}
-		if r.Requester != nil && !*r.Requester && len(r.Principals) == 0 && len(r.Groups) == 0 {
-			return fmt.Errorf("parse policy: %s: nobody may decide (requester false, no principals or groups)", where)
-		}
-		// A quorum more people than could ever decide would send prompts
-		// that can never lead to the call running. The "approvers" lists
-		// count too (tool lists are not known here: counted generously).
-		if r.Quorum > 1 {
-			who := map[string]bool{}
-			for _, pr := range r.Principals {
-				who[pr] = true
-			}
-			for _, g := range r.Groups {
-				for _, m := range f.Groups[g] {
-					who[m] = true
-				}
-			}
-			for _, pr := range f.Approvers {
-				who[pr] = true
-			}
-			for _, t := range f.Tools {
-				for _, pr := range t.Approvers {
-					who[pr] = true
-				}
-			}
-			n := len(who)
-			if r.Requester == nil || *r.Requester {
-				n++ // the requester, who may also be one of them: generous
-			}
-			if r.Quorum > n {
-				return fmt.Errorf("parse policy: %s: quorum %d but at most %d people could decide", where, r.Quorum, n)
-			}
-		}
-		return nil
-	}
+	return nil
+}
+
+// checkDeciders checks every decider rule: the file's, each trust
+// boundary's, each tool's and each tool audience's.
+func (f *File) checkDeciders() error {
 	if f.Deciders != nil {
-		if err := checkRule("deciders", f.Deciders); err != nil {
-			return nil, err
+		if err := f.checkDeciderRule("deciders", f.Deciders); err != nil {
+			return err
 		}
 	}
 	for tb, r := range f.TrustBoundaryDeciders {
-		if err := checkRule("trust_boundary_deciders."+tb, r); err != nil {
-			return nil, err
+		if err := f.checkDeciderRule("trust_boundary_deciders."+tb, r); err != nil {
+			return err
 		}
 	}
 	for name, r := range f.Tools {
 		if r.Deciders != nil {
-			if err := checkRule("tool "+name+" deciders", r.Deciders); err != nil {
-				return nil, err
+			if err := f.checkDeciderRule("tool "+name+" deciders", r.Deciders); err != nil {
+				return err
 			}
 		}
 		for a, dr := range r.AudienceDeciders {
-			if a != schemas.AudiencePersonal && a != schemas.AudienceTeam && a != schemas.AudiencePublic {
-				return nil, fmt.Errorf("parse policy: tool %s: audience_deciders: unknown audience %q", name, a)
+			if !validAudience(a) {
+				return fmt.Errorf("tool %s: audience_deciders: unknown audience %q", name, a)
 			}
-			if err := checkRule("tool "+name+" audience_deciders."+string(a), dr); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if s := f.Sessions; s != nil {
-		if !validBusy(s.Busy) {
-			return nil, fmt.Errorf("parse policy: sessions.busy %q: want queue or supersede", s.Busy)
-		}
-		for tr, b := range s.Transports {
-			if !validBusy(b) || b == "" {
-				return nil, fmt.Errorf("parse policy: sessions.transports.%s %q: want queue or supersede", tr, b)
+			if err := f.checkDeciderRule("tool "+name+" audience_deciders."+string(a), dr); err != nil {
+				return err
 			}
 		}
 	}
+	return nil
+}
+
+// checkDeciderRule checks the decider rule r found at where: its
+// principals and groups exist, its assurance and quorum are in range, and
+// somebody could decide (enough people for its quorum).
+func (f *File) checkDeciderRule(where string, r *DeciderRule) error {
+	if r == nil {
+		return fmt.Errorf("%s: null decider rule", where)
+	}
+	for _, pr := range r.Principals {
+		if err := checkPrincipal(pr); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+	}
+	for _, g := range r.Groups {
+		if _, ok := f.Groups[g]; !ok {
+			return fmt.Errorf("%s: unknown group %q", where, g)
+		}
+	}
+	switch r.MinAssurance {
+	case "", "verified", "strong":
+	default:
+		return fmt.Errorf("%s: min_assurance %q: want verified or strong", where, r.MinAssurance)
+	}
+	if r.Quorum < 0 || r.Quorum > 16 {
+		return fmt.Errorf("%s: quorum %d: want 1 to 16", where, r.Quorum)
+	}
+	if r.Requester != nil && !*r.Requester && len(r.Principals) == 0 && len(r.Groups) == 0 {
+		return fmt.Errorf("%s: nobody may decide (requester false, no principals or groups)", where)
+	}
+	if n := f.mostDeciders(r); r.Quorum > 1 && r.Quorum > n {
+		return fmt.Errorf("%s: quorum %d but at most %d people could decide", where, r.Quorum, n)
+	}
+	return nil
+}
+
+// mostDeciders is the most people who could ever decide under r: a quorum
+// above it would send prompts that can never lead to the call running. It
+// counts generously: every "approvers" list (tool lists are not known where
+// r applies), and the requester apart from everyone else when r allows the
+// requester.
+func (f *File) mostDeciders(r *DeciderRule) int {
+	who := map[string]bool{}
+	for _, pr := range r.Principals {
+		who[pr] = true
+	}
+	for _, g := range r.Groups {
+		for _, m := range f.Groups[g] {
+			who[m] = true
+		}
+	}
+	for _, pr := range f.Approvers {
+		who[pr] = true
+	}
+	for _, t := range f.Tools {
+		for _, pr := range t.Approvers {
+			who[pr] = true
+		}
+	}
+	n := len(who)
+	if r.Requester == nil || *r.Requester {
+		n++
+	}
+	return n
+}
+
+func (f *File) checkSessions() error {
+	s := f.Sessions
+	if s == nil {
+		return nil
+	}
+	if !validBusy(s.Busy) {
+		return fmt.Errorf("sessions.busy %q: want queue or supersede", s.Busy)
+	}
+	for tr, b := range s.Transports {
+		if !validBusy(b) || b == "" {
+			return fmt.Errorf("sessions.transports.%s %q: want queue or supersede", tr, b)
+		}
+	}
+	return nil
+}
+
+func (f *File) checkTransports() error {
 	for name, t := range f.Transports {
 		if t.TrustBoundary == "" {
-			return nil, fmt.Errorf("parse policy: transport %s: trust_boundary is required", name)
+			return fmt.Errorf("transport %s: trust_boundary is required", name)
 		}
 	}
 	if f.DefaultTransport != nil && f.DefaultTransport.TrustBoundary == "" {
-		return nil, fmt.Errorf("parse policy: default_transport: trust_boundary is required")
+		return errors.New("default_transport: trust_boundary is required")
 	}
-	v := f.Version
-	if v == "" {
-		sum := sha256.Sum256(b)
-		v = "sha256:" + hex.EncodeToString(sum[:8])
-	}
-	return &Policy{f: f, version: v}, nil
+	return nil
 }
 
-// validName mirrors the tool-name rule of schemas: [a-z0-9_.-]{1,64}. A
-// policy entry that no call could ever match is a typo, not a rule.
-func validName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
+// compile returns the Policy of the checked file f, read from the bytes
+// raw: the default approval mode filled in, and the version named by the
+// file or else a digest of raw.
+func compile(f File, raw []byte) *Policy {
+	f.DefaultApproval = cmp.Or(f.DefaultApproval, ModeRequired)
+	v := f.Version
+	if v == "" {
+		sum := sha256.Sum256(raw)
+		v = "sha256:" + hex.EncodeToString(sum[:8])
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
+	return &Policy{f: f, version: v}
+}
+
+// ValidToolName reports whether s can name a tool: the rule schemas applies
+// to every call's tool (schemas.CheckToolName, [a-z0-9_.-]{1,64}). A policy
+// entry that no call could ever match is a typo, not a rule; a call that
+// names anything else is refused.
+func ValidToolName(s string) bool { return schemas.CheckToolName(s) == nil }
+
+func validAudience(a schemas.Audience) bool {
+	return a == schemas.AudiencePersonal || a == schemas.AudienceTeam || a == schemas.AudiencePublic
 }
 
 // Version identifies the policy: its "version" field, or a digest of the file.

@@ -279,3 +279,35 @@ func BenchmarkParse(b *testing.B) {
 		}
 	}
 }
+
+func TestValidToolName(t *testing.T) {
+	tests := []struct {
+		name string
+		tool string
+		want bool
+	}{
+		{"a lower-case word", "echo", true},
+		{"digits, dots, dashes and underscores", "mail.send-v2_0", true},
+		{"the longest name, 64 bytes", strings.Repeat("a", 64), true},
+		{"one byte too long", strings.Repeat("a", 65), false},
+		{"the empty name", "", false},
+		{"a space", "Bad Tool", false},
+		{"an upper-case letter", "Echo", false},
+		{"a path", "echo/../x", false},
+		{"a subject wildcard", "echo.>", false},
+		{"a non-ASCII letter", "écho", false},
+		{"a control character", "echo\n", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := policy.ValidToolName(tc.tool); got != tc.want {
+				t.Fatalf("ValidToolName(%q) = %v, want %v", tc.tool, got, tc.want)
+			}
+		})
+	}
+	t.Run("a policy naming a tool no call could match is refused", func(t *testing.T) {
+		if _, err := policy.Parse([]byte(`{"tools": {"echo/../x": {"approval": "never"}}}`)); err == nil || !strings.Contains(err.Error(), `tool name "echo/../x"`) {
+			t.Fatalf("Parse = %v, want a tool name error", err)
+		}
+	})
+}

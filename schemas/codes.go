@@ -104,3 +104,19 @@ func CodeOf(err error) Code {
 	}
 	return ""
 }
+
+// Permanent reports whether err is permanent: trying the same thing again
+// cannot change the answer, so the caller gives up on it (dead-letters the
+// message, fails the call or the batch closed, refuses the request) instead
+// of retrying. An error is permanent exactly when it carries a Code
+// (CodeOf(err) != ""): a Code is Tollgate's verdict on the input itself (it
+// does not decode, breaks a rule, is too large to store), and the same
+// input gets the same verdict every time.
+//
+// Every other error is transient: a broker, KV or network failure, a
+// timeout, a cancelled context, a lost compare-and-set race. Callers retry
+// those, with a bound. A failure that is permanent but does not come from
+// Tollgate's own rules (a stream refusing a message as too large) is given
+// a Code where it is detected (pipeline/bus), so that this one predicate
+// sees it.
+func Permanent(err error) bool { return CodeOf(err) != "" }

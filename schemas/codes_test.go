@@ -1,6 +1,7 @@
 package schemas_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -83,5 +84,29 @@ func TestDecodeErrorsAreSchemaErrors(t *testing.T) {
 	}
 	if se.Reason == "" {
 		t.Errorf("MALFORMED_PAYLOAD without a reason")
+	}
+}
+
+func TestPermanent(t *testing.T) {
+	cases := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"a plain error", errors.New("connection refused"), false},
+		{"a timeout", context.DeadlineExceeded, false},
+		{"a wrapped transient error", fmt.Errorf("load batch: %w", io.ErrUnexpectedEOF), false},
+		{"a code", schemas.Errorf(schemas.CodeMalformed, "not msgpack"), true},
+		{"a code wrapped twice", fmt.Errorf("a: %w", fmt.Errorf("b: %w", schemas.Errorf(schemas.CodePayloadTooLarge, "x"))), true},
+		{"a code joined with a transient error", errors.Join(io.EOF, schemas.Errorf(schemas.CodeFollowUpRejected, "x")), true},
+		{"a code's text without the code", errors.New(string(schemas.CodeMalformed) + ": not msgpack"), false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := schemas.Permanent(tc.err); got != tc.want {
+				t.Errorf("Permanent(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
 	}
 }

@@ -94,14 +94,15 @@ func exampleToolCalls() []schemas.ToolCall {
 
 func exampleAccepted() *schemas.AcceptedTurn {
 	return &schemas.AcceptedTurn{
-		V:          1,
-		TurnID:     exTurnID,
-		Context:    exampleContext(),
-		Text:       "Send the Q1 report to the CFO.\nThanks!",
-		Calls:      exampleToolCalls(),
-		AcceptedAt: t1,
-		Origin:     "t-0f1e2d3c4b5a69788796-0",
-		NotBefore:  t2,
+		V:             1,
+		TurnID:        exTurnID,
+		Context:       exampleContext(),
+		Text:          "Send the Q1 report to the CFO.\nThanks!",
+		Calls:         exampleToolCalls(),
+		AcceptedAt:    t1,
+		Origin:        "t-0f1e2d3c4b5a69788796-0",
+		NotBefore:     t2,
+		FollowUpDepth: 1,
 	}
 }
 
@@ -259,20 +260,21 @@ func exampleOutcome() *schemas.TurnOutcome {
 func exampleBatch() *schemas.BatchRecord {
 	r0, r1 := exampleResult(0), exampleResult(1)
 	return &schemas.BatchRecord{
-		V:         1,
-		TurnID:    exTurnID,
-		SessionID: exSession,
-		Context:   exampleContext(),
-		Text:      "Send the Q1 report to the CFO.\nThanks!",
-		Calls:     exampleToolCalls(),
-		State:     schemas.BatchFailed,
-		Approvals: []string{exApproval, schemas.ApprovalID(exTurnID, 1)},
-		Results:   []*schemas.ToolResult{&r0, &r1},
-		Code:      schemas.CodeToolNotFound,
-		Reason:    "one call failed",
-		CreatedAt: t1,
-		UpdatedAt: t3,
-		Origin:    "t-0f1e2d3c4b5a69788796-0",
+		V:             1,
+		TurnID:        exTurnID,
+		SessionID:     exSession,
+		Context:       exampleContext(),
+		Text:          "Send the Q1 report to the CFO.\nThanks!",
+		Calls:         exampleToolCalls(),
+		State:         schemas.BatchFailed,
+		Approvals:     []string{exApproval, schemas.ApprovalID(exTurnID, 1)},
+		Results:       []*schemas.ToolResult{&r0, &r1},
+		Code:          schemas.CodeToolNotFound,
+		Reason:        "one call failed",
+		CreatedAt:     t1,
+		UpdatedAt:     t3,
+		Origin:        "t-0f1e2d3c4b5a69788796-0",
+		FollowUpDepth: 1,
 	}
 }
 

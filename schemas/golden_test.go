@@ -253,6 +253,47 @@ func TestDecodeLegacyApprovalRecord(t *testing.T) {
 	}
 }
 
+// followup_depth was added to version 1 of the accepted turn and the batch
+// record as an optional key: a record written before it still decodes, as
+// depth 0, with every other field intact.
+func TestDecodeRecordsWrittenBeforeFollowUpDepth(t *testing.T) {
+	for _, golden := range []string{"accepted_turn.v1.msgpack", "batch_record.v1.msgpack"} {
+		t.Run(golden, func(t *testing.T) {
+			m := toMap(t, readGolden(t, golden))
+			if _, ok := m["followup_depth"]; !ok {
+				t.Fatal("the golden file has no followup_depth to remove")
+			}
+			delete(m, "followup_depth")
+			rec, err := decoderFor(t, golden)(fromMap(t, m))
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			var want schemas.Record
+			switch r := rec.(type) {
+			case *schemas.AcceptedTurn:
+				if r.FollowUpDepth != 0 {
+					t.Errorf("followup_depth %d, want 0", r.FollowUpDepth)
+				}
+				ex := exampleAccepted()
+				ex.FollowUpDepth = 0
+				want = ex
+			case *schemas.BatchRecord:
+				if r.FollowUpDepth != 0 {
+					t.Errorf("followup_depth %d, want 0", r.FollowUpDepth)
+				}
+				ex := exampleBatch()
+				ex.FollowUpDepth = 0
+				want = ex
+			default:
+				t.Fatalf("decoded a %T", rec)
+			}
+			if !reflect.DeepEqual(utc(rec), utc(want)) {
+				t.Errorf("decoded\n%#v\nwant\n%#v", rec, want)
+			}
+		})
+	}
+}
+
 func TestDecodeRejectsMalformedPayloads(t *testing.T) {
 	arrayOf := func(t *testing.T, golden string) []byte {
 		m := toMap(t, readGolden(t, golden))

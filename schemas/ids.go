@@ -40,6 +40,21 @@ func ApprovalID(turnID string, index int) string {
 	return "a-" + strings.TrimPrefix(turnID, "t-") + "-" + strconv.Itoa(index)
 }
 
+// TurnIDOfCall returns the turn id a call id was derived from (CallID), or
+// "" if callID is not of CallID's form.
+func TurnIDOfCall(callID string) string {
+	i := strings.LastIndexByte(callID, '-')
+	if i <= 0 || i == len(callID)-1 {
+		return ""
+	}
+	for _, c := range callID[i+1:] {
+		if c < '0' || c > '9' {
+			return ""
+		}
+	}
+	return callID[:i]
+}
+
 // TurnIDOfApproval returns the turn id an approval id was derived from, or ""
 // if id is not of ApprovalID's form.
 func TurnIDOfApproval(id string) string {
@@ -85,12 +100,10 @@ func ValidKey(s string) bool {
 func FollowUpTurnID(originCallID string) string { return originCallID + "-f" }
 
 // MaxFollowUpDepth bounds chains of follow-ups (a follow-up scheduling a
-// follow-up...), so a tool cannot make a turn live forever.
+// follow-up...), so a tool cannot make a turn live forever. A turn's depth
+// is carried explicitly (AcceptedTurn.FollowUpDepth), never counted from
+// its id: a turn id's hash may itself contain "f".
 const MaxFollowUpDepth = 4
-
-// FollowUpDepth is how many follow-ups deep turnID is (0 for a turn accepted
-// from an inbound message).
-func FollowUpDepth(turnID string) int { return strings.Count(turnID, "-f") }
 
 // IsFollowUpOf reports whether turnID is follow-up work descending from the
 // turn rootTurnID: rootTurnID "-<index>-f", repeated.

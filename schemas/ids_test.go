@@ -143,3 +143,28 @@ func TestValidKey(t *testing.T) {
 		}
 	}
 }
+
+func TestTurnIDOfCall(t *testing.T) {
+	turn := schemas.TurnID("cli", "m1")
+	followUp := schemas.FollowUpTurnID(schemas.CallID(turn, 3))
+	cases := []struct {
+		name, callID, want string
+	}{
+		{"call 0", schemas.CallID(turn, 0), turn},
+		{"call 31", schemas.CallID(turn, 31), turn},
+		{"a call of follow-up work", schemas.CallID(followUp, 0), followUp},
+		{"a turn id whose hash starts with f", "t-f0e1d2c3b4a596877869-2", "t-f0e1d2c3b4a596877869"},
+		{"empty", "", ""},
+		{"no index", turn, ""},
+		{"an empty index", turn + "-", ""},
+		{"a follow-up id, not a call id", followUp, ""},
+		{"no turn", "-0", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := schemas.TurnIDOfCall(tc.callID); got != tc.want {
+				t.Errorf("TurnIDOfCall(%q) = %q, want %q", tc.callID, got, tc.want)
+			}
+		})
+	}
+}

@@ -217,8 +217,15 @@ type AcceptedTurn struct {
 	// Origin is set on follow-up work: the call id of the tool call that
 	// scheduled it. Its Context is then that turn's context, unchanged
 	// (inherited authority), and TurnID is FollowUpTurnID(Origin).
-	Origin    string    `msgpack:"origin,omitempty"`
+	Origin string `msgpack:"origin,omitempty"`
+	// NotBefore is set on follow-up work: when it is due. The executor
+	// never starts the turn before it.
 	NotBefore time.Time `msgpack:"not_before,omitempty"`
+	// FollowUpDepth is how many follow-ups deep the turn is: 0 for a turn
+	// accepted from an inbound message, the scheduling turn's depth plus
+	// one for follow-up work (at most MaxFollowUpDepth). Omitted while 0;
+	// a record written before the field existed reads as 0.
+	FollowUpDepth int `msgpack:"followup_depth,omitempty"`
 }
 
 // Decision options a prompt can offer.
@@ -422,6 +429,8 @@ type BatchRecord struct {
 	UpdatedAt time.Time     `msgpack:"updated_at"`
 	// Origin: see AcceptedTurn.Origin.
 	Origin string `msgpack:"origin,omitempty"`
+	// FollowUpDepth: the accepted turn's (see AcceptedTurn.FollowUpDepth).
+	FollowUpDepth int `msgpack:"followup_depth,omitempty"`
 }
 
 // TurnState is the terminal state of a turn.

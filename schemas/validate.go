@@ -62,6 +62,11 @@ func checkName(field, s string) error {
 	return nil
 }
 
+// CheckToolName reports whether name is a valid tool name, by the rule every
+// proposed call and every policy entry follows: [a-z0-9_.-]{1,64}. It
+// returns an *Error with CodeInvalidInput.
+func CheckToolName(name string) error { return checkName("tool", name) }
+
 // checkTransport enforces a transport name: [a-z0-9_-]{1,64}. Unlike tool
 // names it may not contain '.', because it is one NATS subject token: with a
 // dot, a transport allowed tollgate.decision.submit.slack.> could publish as
@@ -210,6 +215,13 @@ func (t *AcceptedTurn) validate() error {
 	if len(t.Calls) > MaxCalls {
 		return Errorf(CodePayloadTooLarge, "%d calls, limit %d", len(t.Calls), MaxCalls)
 	}
+	return checkFollowUpDepth(t.FollowUpDepth)
+}
+
+func checkFollowUpDepth(d int) error {
+	if d < 0 || d > MaxFollowUpDepth {
+		return Errorf(CodeInvalidInput, "followup_depth %d: want 0 to %d", d, MaxFollowUpDepth)
+	}
 	return nil
 }
 
@@ -299,7 +311,10 @@ func (b *BatchRecord) validate() error {
 	if len(b.Approvals) != len(b.Calls) || len(b.Results) != len(b.Calls) {
 		return Errorf(CodeInvalidInput, "approvals (%d) and results (%d) must match calls (%d)", len(b.Approvals), len(b.Results), len(b.Calls))
 	}
-	return checkString("turn_id", b.TurnID, MaxIDBytes, true, false)
+	return firstErr(
+		checkString("turn_id", b.TurnID, MaxIDBytes, true, false),
+		checkFollowUpDepth(b.FollowUpDepth),
+	)
 }
 
 func (s *SessionRecord) validate() error {

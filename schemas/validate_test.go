@@ -248,6 +248,17 @@ func TestRecordValidation(t *testing.T) {
 			a.Calls = make([]schemas.ToolCall, schemas.MaxCalls+1)
 			return a
 		}(), schemas.CodePayloadTooLarge},
+		{"accepted turn deeper than the follow-up limit", func() schemas.Record {
+			a := exampleAccepted()
+			a.FollowUpDepth = schemas.MaxFollowUpDepth + 1
+			return a
+		}(), schemas.CodeInvalidInput},
+		{"accepted turn with a negative follow-up depth", func() schemas.Record { a := exampleAccepted(); a.FollowUpDepth = -1; return a }(), schemas.CodeInvalidInput},
+		{"batch deeper than the follow-up limit", func() schemas.Record {
+			b := exampleBatch()
+			b.FollowUpDepth = schemas.MaxFollowUpDepth + 1
+			return b
+		}(), schemas.CodeInvalidInput},
 		{"session without an id", func() schemas.Record { s := exampleSession(); s.SessionID = ""; return s }(), schemas.CodeInvalidInput},
 		{"claim without a call id", func() schemas.Record { c := exampleClaim(); c.CallID = ""; return c }(), schemas.CodeInvalidInput},
 		{"notice of an unknown kind", func() schemas.Record { n := exampleNotice(); n.Kind = "done"; return n }(), schemas.CodeInvalidInput},
@@ -290,5 +301,36 @@ func TestStatusPredicates(t *testing.T) {
 		if got := a.Offers(opt); got != offered {
 			t.Errorf("Offers(%q) = %v, want %v", opt, got, offered)
 		}
+	}
+}
+
+func TestCheckToolName(t *testing.T) {
+	cases := []struct {
+		name string
+		tool string
+		ok   bool
+	}{
+		{"a plain name", "echo", true},
+		{"dots, dashes, underscores and digits", "email.send_v2-beta", true},
+		{"64 bytes", strings.Repeat("a", 64), true},
+		{"empty", "", false},
+		{"65 bytes", strings.Repeat("a", 65), false},
+		{"a space", "Bad Tool", false},
+		{"upper case", "Echo", false},
+		{"a path", "echo/../x", false},
+		{"a subject wildcard", "echo.>", false},
+		{"non-ASCII", "écho", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := schemas.CheckToolName(tc.tool)
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("CheckToolName(%q): %v", tc.tool, err)
+				}
+				return
+			}
+			wantCode(t, err, schemas.CodeInvalidInput)
+		})
 	}
 }

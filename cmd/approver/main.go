@@ -6,9 +6,10 @@ package main
 import (
 	"os"
 
+	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
 func main() {
-	os.Exit(stagecmd.Main(stagecmd.StageApprover, "127.0.0.1:9463", os.Args[1:]))
+	os.Exit(stagecmd.Main(tollgate.StageApprover, "127.0.0.1:9463", os.Args[1:]))
 }

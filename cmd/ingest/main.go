@@ -6,9 +6,10 @@ package main
 import (
 	"os"
 
+	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
 func main() {
-	os.Exit(stagecmd.Main(stagecmd.StageIngest, "127.0.0.1:9461", os.Args[1:]))
+	os.Exit(stagecmd.Main(tollgate.StageIngest, "127.0.0.1:9461", os.Args[1:]))
 }

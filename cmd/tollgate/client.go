@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,8 +17,13 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/legacy"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/seal"
 )
+
+// defaultTimeout is how long a client command waits for the server.
+const defaultTimeout = 10 * time.Second
 
 // client holds the flags every client command shares and its connection.
 type client struct {
@@ -30,11 +36,12 @@ type client struct {
 	js jetstream.JetStream
 }
 
-func (c *client) register(fs *flag.FlagSet) {
+// register adds the shared flags to fs; timeout is the --timeout default.
+func (c *client) register(fs *flag.FlagSet, timeout time.Duration) {
 	fs.StringVar(&c.url, "nats", stagecmd.Env("TOLLGATE_NATS_URL", stagecmd.DefaultNATSURL), "NATS URL (env TOLLGATE_NATS_URL)")
 	fs.StringVar(&c.creds, "creds", stagecmd.Env("TOLLGATE_NATS_CREDS", ""), "NATS credentials file (env TOLLGATE_NATS_CREDS)")
 	fs.BoolVar(&c.json, "json", false, "machine-readable JSON output")
-	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long to wait for the server")
+	fs.DurationVar(&c.timeout, "timeout", timeout, "how long to wait for the server")
 }
 
 func (c *client) connect() error {
@@ -57,12 +64,51 @@ func (c *client) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), c.timeout)
 }
 
+// store opens the buckets. Approval records are read as the stages read
+// them: a version 1 record goes through the one compatibility path
+// (pipeline/legacy), which restores its TurnContext or refuses it with a
+// code, and logs it on stderr. The CLI never writes a record it read, so
+// the seal legacy puts on a restored context is made with a key of this
+// process alone.
 func (c *client) store(ctx context.Context) (*store.Store, error) {
 	b, err := topology.OpenBuckets(ctx, c.js)
 	if err != nil {
-		return nil, fmt.Errorf("%w (is Tollgate running? start it with 'make run')", err)
+		return nil, err
 	}
-	return store.New(b), nil
+	keys, err := seal.NewFile("cli").Ring()
+	if err != nil {
+		return nil, err
+	}
+	compat, err := legacy.New(keys, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
+	if err != nil {
+		return nil, err
+	}
+	st := store.New(b)
+	st.Approvals.Decode = compat.DecodeApproval
+	return st, nil
+}
+
+// fail reports err of command name on stderr, with a hint when one fits,
+// and returns exit status 1.
+func (c *client) fail(name string, err error) int {
+	fmt.Fprintf(os.Stderr, "tollgate %s: %v\n", name, err)
+	if h := hint(err, c.url); h != "" {
+		fmt.Fprintf(os.Stderr, "hint: %s\n", h)
+	}
+	return 1
+}
+
+// hint says what a user can do about err, a failure talking to the server
+// at url, or "" when there is nothing useful to add.
+func hint(err error, url string) string {
+	switch {
+	case errors.Is(err, nats.ErrNoServers):
+		return "is `tollgate dev` (make run) running? is --nats right?"
+	case errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrStreamNotFound),
+		errors.Is(err, jetstream.ErrNoStreamResponse):
+		return fmt.Sprintf("connected to %s but Tollgate's topology is missing: start the stages once (tollgate dev or the stage binaries), or check --nats points at the Tollgate server", url)
+	}
+	return ""
 }
 
 // printJSON writes v as indented JSON on stdout.
@@ -83,26 +129,27 @@ func asMap(b []byte) any {
 	return v
 }
 
+// recordMap is asMap of a decoded record: its wire field names, as decoded
+// (a legacy record as the compatibility path restored it).
+func recordMap(rec any) any {
+	b, err := msgpack.Marshal(rec)
+	if err != nil {
+		return map[string]any{"unencodable": err.Error()}
+	}
+	return asMap(b)
+}
+
+// fail reports a failure on stderr and returns exit status 1.
 func fail(format string, args ...any) int {
 	fmt.Fprintf(os.Stderr, "tollgate: "+format+"\n", args...)
 	return 1
 }
 
-// parseFlags parses args with fs allowing flags after positional arguments
-// (tollgate approve ID --as alice). It returns the positional arguments.
-func parseFlags(fs *flag.FlagSet, args []string) ([]string, bool) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, false
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, true
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
+	return s[:n-3] + "..."
 }
 
 func signalCtx() (context.Context, context.CancelFunc) { return stagecmd.SignalContext() }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -15,17 +16,29 @@ import (
 	"github.com/tollgate-dev/tollgate/seal"
 )
 
+var devCmd = &command{
+	name:    "dev",
+	summary: "run an embedded nats-server and all four stages in this process (the laptop default; make run)",
+	example: "tollgate dev --data ./.tollgate --listen 127.0.0.1:4222",
+	run:     cmdDev,
+}
+
 // cmdDev runs an embedded nats-server with JetStream (file storage under
-// --data) and all four stages in this process, until SIGINT/SIGTERM.
-func cmdDev(args []string) int {
-	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+// --data) and all four stages in this process, until SIGINT/SIGTERM. It
+// holds a lock on --data while it runs (see lockDataDir).
+func cmdDev(cmd *command, args []string) int {
+	fs := cmd.flags()
 	data := fs.String("data", stagecmd.Env("TOLLGATE_DATA", "./.tollgate"), "data directory: JetStream store and tool sandbox (env TOLLGATE_DATA)")
 	listen := fs.String("listen", stagecmd.Env("TOLLGATE_LISTEN", "127.0.0.1:4222"), "loopback address for the embedded nats-server (env TOLLGATE_LISTEN)")
 	syncAlways := fs.Bool("sync-always", false, "fsync every JetStream write (sync_interval: always); see docs/operations.md")
 	var c stagecmd.Common
 	c.Register(fs, "127.0.0.1:9460")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
+	}
+	if len(pos) > 0 {
+		return cmd.usageError("no arguments expected, got %q", pos)
 	}
 	log := stagecmd.Logger(c.LogLevel)
 	host, portStr, err := net.SplitHostPort(*listen)
@@ -51,6 +64,14 @@ func cmdDev(args []string) int {
 	if err := os.MkdirAll(*data, 0o750); err != nil {
 		log.Error("data dir", "err", err)
 		return 1
+	}
+	unlock, err := lockDataDir(*data, *listen)
+	if err != nil {
+		return fail("dev: %v", err)
+	}
+	defer unlock()
+	if err := checkListen(*listen); err != nil {
+		return fail("dev: %v", err)
 	}
 	keys, err := devKeys(c.SealKeys, *data)
 	if err != nil {
@@ -81,17 +102,22 @@ func cmdDev(args []string) int {
 	}
 	topo := topology.DefaultConfig()
 	topo.Replicas = c.Replicas
-	runs, err := stagecmd.Build(ctx, stagecmd.Deps{
-		JS: js, Policy: pol, Keys: keys, SandboxDir: sandbox, Logger: log, Registry: reg,
+	ts, err := stagecmd.Tools(sandbox)
+	if err != nil {
+		log.Error("tools", "err", err)
+		return 1
+	}
+	p, err := tollgate.New(ctx, tollgate.Config{
+		JS: js, Policy: pol, Keys: keys, Tools: ts, Logger: log, Registerer: reg,
 		Instance: stagecmd.Instance(), Topology: topo,
-	}, stagecmd.AllStages...)
+	})
 	if err != nil {
 		log.Error("build stages", "err", err)
 		return 1
 	}
 	log.Info("tollgate dev running: all four stages", "nats", ns.ClientURL(), "sandbox", sandbox, "policy", pol.Version())
 	fmt.Fprintf(os.Stderr, "\nTollgate is running. In another terminal:\n  tollgate send --session demo --sender alice --call 'write_file={\"path\":\"hello.txt\",\"content\":\"hi\"}'\n  tollgate pending\n\n")
-	if err := stagecmd.RunAll(ctx, runs); err != nil {
+	if err := p.Run(ctx); err != nil {
 		log.Error("stage failed", "err", err)
 		return 1
 	}

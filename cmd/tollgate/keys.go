@@ -1,12 +1,19 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"os"
 
 	"github.com/tollgate-dev/tollgate/seal"
 )
+
+var keysCmd = &command{
+	name:    "keys",
+	args:    "new|rotate|retire|list --file FILE [--id ID]",
+	summary: "manage the TurnContext seal key file: new, rotate, retire, list (key ids only, never the keys)",
+	example: "tollgate keys rotate --file ./.tollgate/seal-keys.json --id k2",
+	run:     cmdKeys,
+}
 
 // cmdKeys manages a TurnContext seal key file (see package seal and
 // docs/security.md):
@@ -15,26 +22,40 @@ import (
 //	tollgate keys rotate --file F --id k2     add key k2 and make it current
 //	tollgate keys retire --file F --id k1     remove a key that is no longer current
 //	tollgate keys list   --file F             list key ids (never the keys)
-func cmdKeys(args []string) int {
-	if len(args) < 1 {
-		fmt.Fprintln(os.Stderr, "usage: tollgate keys new|rotate|retire|list --file F [--id ID]")
-		return 2
+//
+// Each prints the file's current key id and key ids, with --json as a JSON
+// object.
+func cmdKeys(cmd *command, args []string) int {
+	sub := ""
+	if len(args) > 0 && (args[0] == "new" || args[0] == "rotate" || args[0] == "retire" || args[0] == "list") {
+		sub, args = args[0], args[1:]
 	}
-	sub := args[0]
-	fs := flag.NewFlagSet("keys "+sub, flag.ContinueOnError)
+	if len(args) > 0 && args[0] == "help" {
+		args = []string{"-h"}
+	}
+	fs := cmd.flags()
 	file := fs.String("file", "", "key file path (required)")
-	id := fs.String("id", "", "key id: 1-32 characters of a-z 0-9 _ -")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	id := fs.String("id", "", "key id: 1-32 characters of a-z 0-9 _ - (new: default k1)")
+	asJSON := fs.Bool("json", false, "machine-readable JSON output")
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
 	}
-	if *file == "" {
-		fmt.Fprintln(os.Stderr, "tollgate keys: --file is required")
-		return 2
+	switch {
+	case sub == "" && len(pos) > 0:
+		return cmd.usageError("unknown subcommand %q", pos[0])
+	case sub == "":
+		return cmd.usageError("a subcommand is required")
+	case len(pos) > 0:
+		return cmd.usageError("unexpected arguments %q", pos)
+	case *file == "":
+		return cmd.usageError("--file is required")
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(os.Stderr, "tollgate keys %s: %v\n", sub, err)
 		return 1
 	}
+	var f *seal.File
 	switch sub {
 	case "new":
 		if *id == "" {
@@ -43,16 +64,16 @@ func cmdKeys(args []string) int {
 		if _, err := os.Stat(*file); err == nil {
 			return fail(fmt.Errorf("%s exists; use rotate to add a key", *file))
 		}
-		if err := seal.NewFile(*id).Write(*file); err != nil {
+		f = seal.NewFile(*id)
+		if err := f.Write(*file); err != nil {
 			return fail(err)
 		}
-		fmt.Printf("created %s with current key %s\n", *file, *id)
 	case "rotate", "retire":
 		if *id == "" {
 			return fail(fmt.Errorf("--id is required"))
 		}
-		f, err := seal.ReadFile(*file)
-		if err != nil {
+		var err error
+		if f, err = seal.ReadFile(*file); err != nil {
 			return fail(err)
 		}
 		if sub == "rotate" {
@@ -66,28 +87,25 @@ func cmdKeys(args []string) int {
 		if err := f.Write(*file); err != nil {
 			return fail(err)
 		}
-		fmt.Printf("%s: current key %s, keys %v; restart every stage to pick it up\n", *file, f.Current, mustRing(f).IDs())
 	case "list":
-		f, err := seal.ReadFile(*file)
-		if err != nil {
+		var err error
+		if f, err = seal.ReadFile(*file); err != nil {
 			return fail(err)
 		}
-		r, err := f.Ring()
-		if err != nil {
-			return fail(err)
-		}
-		fmt.Printf("current %s\nkeys    %v\n", r.Current(), r.IDs())
-	default:
-		fmt.Fprintf(os.Stderr, "tollgate keys: unknown subcommand %q\n", sub)
-		return 2
 	}
-	return 0
-}
-
-func mustRing(f *seal.File) *seal.KeyRing {
 	r, err := f.Ring()
 	if err != nil {
-		panic(err) // Rotate and Retire validated it
+		return fail(err)
 	}
-	return r
+	switch {
+	case *asJSON:
+		printJSON(map[string]any{"file": *file, "current": r.Current(), "keys": r.IDs()})
+	case sub == "list":
+		fmt.Printf("current %s\nkeys    %v\n", r.Current(), r.IDs())
+	case sub == "new":
+		fmt.Printf("created %s with current key %s\n", *file, r.Current())
+	default:
+		fmt.Printf("%s: current key %s, keys %v; restart every stage to pick it up\n", *file, r.Current(), r.IDs())
+	}
+	return 0
 }

@@ -2,7 +2,7 @@ package main
 
 import (
 	"bytes"
-	"io"
+	"encoding/json"
 	"maps"
 	"os"
 	"path/filepath"
@@ -13,39 +13,11 @@ import (
 	"github.com/tollgate-dev/tollgate/seal"
 )
 
-// runKeys runs cmdKeys with args and returns its exit code and what it wrote
-// to stdout and stderr. It swaps the process's os.Stdout and os.Stderr, so
-// tests that use it must not run in parallel.
+// runKeys runs `tollgate keys args...` and returns its exit code and what
+// it wrote to stdout and stderr (see runCLI).
 func runKeys(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	capture := func(target **os.File) (restore func() string) {
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		saved := *target
-		*target = w
-		done := make(chan string)
-		go func() {
-			b, _ := io.ReadAll(r)
-			r.Close()
-			done <- string(b)
-		}()
-		return func() string {
-			*target = saved
-			w.Close()
-			return <-done
-		}
-	}
-	restoreOut := capture(&os.Stdout)
-	restoreErr := capture(&os.Stderr)
-	func() {
-		defer func() {
-			stdout, stderr = restoreOut(), restoreErr()
-		}()
-		code = cmdKeys(args)
-	}()
-	return code, stdout, stderr
+	return runCLI(t, append([]string{"keys"}, args...)...)
 }
 
 func readKeyFile(t *testing.T, path string) *seal.File {
@@ -169,6 +141,25 @@ func TestKeysLifecycle(t *testing.T) {
 		}
 		if !strings.Contains(out, "current k2") || !strings.Contains(out, "k1") {
 			t.Errorf("list printed %q, want the current id k2 and the ids k1 k2", out)
+		}
+		wantNoKeyMaterial(t, out+errOut, readKeyFile(t, path))
+	})
+
+	t.Run("list --json names the keys as one JSON object", func(t *testing.T) {
+		code, out, errOut := runKeys(t, "list", "--file", path, "--json")
+		if code != 0 {
+			t.Fatalf("exit %d, stderr %q", code, errOut)
+		}
+		var got struct {
+			File    string   `json:"file"`
+			Current string   `json:"current"`
+			Keys    []string `json:"keys"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("list --json printed %q: %v", out, err)
+		}
+		if got.File != path || got.Current != "k2" || !slices.Equal(got.Keys, []string{"k1", "k2"}) {
+			t.Fatalf("list --json = %+v, want file %s, current k2, keys k1 k2", got, path)
 		}
 		wantNoKeyMaterial(t, out+errOut, readKeyFile(t, path))
 	})

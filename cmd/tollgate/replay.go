@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,15 +19,22 @@ import (
 	"github.com/tollgate-dev/tollgate/seal"
 )
 
+var replayCmd = &command{
+	name:    "replay",
+	summary: "re-read the streams over a range of turns: report what KV lacks, --rebuild it, or --dry-run a redrive",
+	example: "tollgate replay --since 2h --dry-run",
+	run:     cmdReplay,
+}
+
 // cmdReplay re-reads the streams over a range of turns and reports, rebuilds
 // (--rebuild) or shadow-redrives (--dry-run) their KV records; see
 // pipeline/replay and docs/operations.md.
-func cmdReplay(args []string) int { return runReplay(args, os.Stdout) }
+func cmdReplay(cmd *command, args []string) int { return runReplay(cmd, args, os.Stdout) }
 
-func runReplay(args []string, out io.Writer) int {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+func runReplay(cmd *command, args []string, out io.Writer) int {
+	fs := cmd.flags()
 	var c client
-	c.register(fs)
+	c.register(fs, 10*time.Minute) // reading a month of history can take a while
 	var r replay.Range
 	since := fs.String("since", "", "only turns accepted at or after this time: RFC 3339, or a duration ago (2h)")
 	until := fs.String("until", "", "only turns accepted at or before this time: RFC 3339, or a duration ago")
@@ -40,8 +46,12 @@ func runReplay(args []string, out io.Writer) int {
 	sealKeys := fs.String("seal-keys", "", "TurnContext seal key file, for --dry-run (default: env TOLLGATE_SEAL_KEYS, TOLLGATE_SEAL_KEY_FILE, else the dev key in $TOLLGATE_DATA or ./.tollgate)")
 	replicas, _ := strconv.Atoi(stagecmd.Env("TOLLGATE_REPLICAS", "1"))
 	fs.IntVar(&replicas, "replicas", replicas, "replicas of a bucket --rebuild has to create (env TOLLGATE_REPLICAS)")
-	if _, ok := parseFlags(fs, args); !ok {
-		return 2
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
+	}
+	if len(pos) > 0 {
+		return cmd.usageError("no arguments expected, got %q", pos)
 	}
 	var err error
 	if r.Since, err = parseWhen(*since); err != nil {
@@ -52,9 +62,6 @@ func runReplay(args []string, out io.Writer) int {
 	}
 	if *rebuild && *dryRun {
 		return fail("replay: --rebuild and --dry-run exclude each other (a dry run writes nothing)")
-	}
-	if !flagSet(fs, "timeout") {
-		c.timeout = 10 * time.Minute // reading a month of history can take a while
 	}
 	o := replay.Options{Range: r, Rebuild: *rebuild, DryRun: *dryRun, Topology: topology.DefaultConfig()}
 	o.Topology.Replicas = replicas
@@ -67,14 +74,14 @@ func runReplay(args []string, out io.Writer) int {
 		}
 	}
 	if err := c.connect(); err != nil {
-		return fail("replay: %v", err)
+		return c.fail("replay", err)
 	}
 	defer c.close()
 	ctx, cancel := c.ctx()
 	defer cancel()
 	rep, err := replay.Run(ctx, c.js, o)
 	if err != nil {
-		return fail("%v", err)
+		return c.fail("replay", err)
 	}
 	if c.json {
 		enc := json.NewEncoder(out)

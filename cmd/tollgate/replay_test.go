@@ -51,7 +51,7 @@ func TestReplayCommand(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			if code := runReplay(tc.args, &out); code != tc.code {
+			if code := runReplay(replayCmd, tc.args, &out); code != tc.code {
 				t.Fatalf("exit %d, want %d; output:\n%s", code, tc.code, out.String())
 			}
 			if !strings.Contains(out.String(), tc.contains) {

@@ -3,15 +3,25 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
+
+var sendCmd = &command{
+	name:    "send",
+	args:    "--session ID --sender ID [--call TOOL[={JSON}]]...",
+	summary: "publish a chat message with proposed tool calls, as a transport would; prints the turn id",
+	example: `tollgate send --session demo --sender alice --call 'write_file={"path":"hello.txt","content":"hi"}'`,
+	run:     cmdSend,
+}
 
 type callFlags []schemas.ProposedCall
 
@@ -28,11 +38,13 @@ func (c *callFlags) Set(v string) error {
 }
 
 // cmdSend publishes an inbound message as a chat transport would and prints
-// the turn id it becomes.
-func cmdSend(args []string) int {
-	fs := flag.NewFlagSet("send", flag.ContinueOnError)
+// the turn id it becomes. The message is first checked by ingest's own
+// admission rule (ingest.Admit): one ingest would dead-letter is refused
+// with its reason code, and nothing is published.
+func cmdSend(cmd *command, args []string) int {
+	fs := cmd.flags()
 	var c client
-	c.register(fs)
+	c.register(fs, defaultTimeout)
 	var calls callFlags
 	session := fs.String("session", "", "session id (required)")
 	sender := fs.String("sender", "", "sender id on the transport (required)")
@@ -45,12 +57,18 @@ func cmdSend(args []string) int {
 	thread := fs.String("thread", "", "thread id")
 	text := fs.String("text", "", "message text")
 	msgID := fs.String("message-id", "", "transport message id (default: random); re-sending the same id is the same turn")
-	fs.Var(&calls, "call", "proposed tool call, tool or tool={json args}; repeatable")
-	if _, ok := parseFlags(fs, args); !ok {
-		return 2
+	policyPath := fs.String("policy", stagecmd.Env("TOLLGATE_POLICY", ""), "policy JSON the message is checked against, as ingest checks it; empty for the built-in policy (env TOLLGATE_POLICY)")
+	fs.Var(&calls, "call", "proposed tool call, TOOL or TOOL={json object of arguments}; repeatable")
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
 	}
-	if *session == "" || *sender == "" {
-		return fail("send: --session and --sender are required")
+	if len(pos) > 0 || *session == "" || *sender == "" {
+		return cmd.usageError("--session and --sender are required, and nothing else")
+	}
+	pol, err := policy.Load(*policyPath)
+	if err != nil {
+		return fail("send: %v", err)
 	}
 	if *msgID == "" {
 		b := make([]byte, 8)
@@ -66,18 +84,23 @@ func cmdSend(args []string) int {
 		Channel: schemas.Channel{ID: *chID, Kind: schemas.ChannelKind(*chKind), Thread: *thread},
 		Text:    *text, Calls: calls, SentAt: time.Now().UTC(),
 	}
-	if _, err := schemas.Encode(msg); err != nil {
-		return fail("send: %v", err)
+	subject := topology.InboundSubject(*transport, *session)
+	data, err := schemas.Encode(msg)
+	if err == nil {
+		_, err = ingest.Admit(subject, data, pol, schemas.Provenance{})
+	}
+	if err != nil {
+		return fail("send: refused, nothing was published: %v", err)
 	}
 	if err := c.connect(); err != nil {
-		return fail("send: %v", err)
+		return c.fail("send", err)
 	}
 	defer c.close()
 	ctx, cancel := c.ctx()
 	defer cancel()
 	// The message id is the dedupe key: a retried send is stored once.
-	if err := bus.Publish(ctx, c.js, topology.InboundSubject(*transport, *session), *transport+":"+*msgID, msg); err != nil {
-		return fail("send: %v", err)
+	if err := bus.PublishRaw(ctx, c.js, subject, topology.InboundMsgID(*transport, *msgID), data, nil); err != nil {
+		return c.fail("send", err)
 	}
 	turn := schemas.TurnID(*transport, *msgID)
 	if c.json {

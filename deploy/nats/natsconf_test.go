@@ -2,7 +2,7 @@
 // the real file, loaded as nats-server loads it, with only the listen
 // address and the store directory overridden. The admin user provisions the
 // topology; each stage then runs on its own connection as its own user
-// (built by stagecmd.Build, as the stage binaries are), a turn with an
+// (built by tollgate.New, as the stage binaries are), a turn with an
 // approval goes through them end to end, and every stage and the cli
 // transport are shown to be refused what their grants leave out, without
 // anything landing.
@@ -25,10 +25,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -195,40 +194,48 @@ func provision(t *testing.T, admin *client) {
 type stage struct {
 	*client
 	reg *prometheus.Registry
+	p   *tollgate.Pipeline // as the stage binary builds it, on the stage's connection
 }
 
-// runStages builds each stage with stagecmd.Build on its own connection as
+// runStages builds each stage with tollgate.New on its own connection as
 // its own user, and runs them until stop (or the end of the test).
 func runStages(t *testing.T, ns *server.Server, sandbox string) (stages map[string]*stage, stop func()) {
 	t.Helper()
+	builtins, err := tools.Builtins(sandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
 	stages = map[string]*stage{}
-	var runs []func(context.Context) error
-	for _, name := range stagecmd.AllStages {
+	for _, name := range tollgate.AllStages() {
 		s := &stage{client: dial(t, ns, name), reg: prometheus.NewRegistry()}
-		r, err := stagecmd.Build(ctx(t, wait), stagecmd.Deps{
-			JS: s.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), SandboxDir: sandbox, Logger: pipelinetest.Logger(),
-			Registry: s.reg, Instance: "natsconf-test", Topology: topology.DefaultConfig(),
-		}, name)
-		if err != nil {
+		if s.p, err = tollgate.New(ctx(t, wait), tollgate.Config{
+			JS: s.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), Tools: builtins, Logger: pipelinetest.Logger(),
+			Registerer: s.reg, Instance: "natsconf-test", Stages: []string{name},
+		}); err != nil {
 			t.Fatalf("build %s as user %s: %v (server said: %v)", name, name, err, s.reported())
 		}
-		runs = append(runs, r...)
 		stages[name] = s
 	}
 	c, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- stagecmd.RunAll(c, runs) }()
+	done := make(chan error, len(stages))
+	for _, s := range stages {
+		go func() { done <- s.p.Run(c) }()
+	}
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
 			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("stages: %v", err)
+			deadline := time.After(45 * time.Second)
+			for range stages {
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Errorf("stages: %v", err)
+					}
+				case <-deadline:
+					t.Error("stages did not stop within 45s")
+					return
 				}
-			case <-time.After(45 * time.Second):
-				t.Error("stages did not stop within 45s")
 			}
 		})
 	}
@@ -277,29 +284,6 @@ func send(t *testing.T, cli *client, messageID, session string, calls ...schemas
 	}
 	publish(t, cli, topology.InboundSubject("cli", session), "cli:"+messageID, msg)
 	return schemas.TurnID(msg.Transport, msg.MessageID)
-}
-
-// engineOf is the batch engine a stage builds, on that stage's own
-// connection: the failure paths below drive it directly.
-func engineOf(t *testing.T, c *client, sandbox string) *batch.Engine {
-	t.Helper()
-	b, err := topology.OpenBuckets(ctx(t, wait), c.js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	builtins, err := tools.Builtins(sandbox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := tools.NewRegistry(builtins...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := batch.New(batch.Config{JS: c.js, Store: store.New(b), Tools: reg, Keys: pipelinetest.Keys(t), Worker: c.user + "@natsconf-test", Logger: pipelinetest.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
 }
 
 // stored returns how many messages stream holds on subject.
@@ -493,7 +477,7 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 	for _, p := range []struct {
 		stage, session string
 	}{{"executor", "abandoned-by-executor"}, {"redriver", "abandoned-by-redriver"}} {
-		eng := engineOf(t, stages[p.stage].client, sandbox)
+		eng := stages[p.stage].p.Engine
 		waiting := send(t, cli, "m-"+p.session, p.session, schemas.ProposedCall{Tool: "write_file", Args: `{"path":"never.txt","content":"x"}`})
 		waitBatch(waiting, schemas.BatchAwaiting)
 		queued := send(t, cli, "m-"+p.session+"-next", p.session, echo)
@@ -548,12 +532,9 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 
 	// Let every stage finish what it has, then: the grants were enough,
 	// no stage was refused anything on the way.
-	for _, d := range []struct{ stream, durable string }{
-		{topology.StreamInbound, topology.ConsumerIngest}, {topology.StreamTurns, topology.ConsumerExecutor},
-		{topology.StreamDecisions, topology.ConsumerApprover}, {topology.StreamEvents, topology.ConsumerRedriver},
-	} {
-		eventually(t, d.durable+" idle", func(c context.Context) bool {
-			cons, err := admin.js.Consumer(c, d.stream, d.durable)
+	for _, d := range topology.Consumers() {
+		eventually(t, d.Config.Durable+" idle", func(c context.Context) bool {
+			cons, err := admin.js.Consumer(c, d.Stream, d.Config.Durable)
 			if err != nil {
 				return false
 			}
@@ -832,17 +813,17 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 	// A stage started against a drifted topology (here: another max age)
 	// does not rewrite the streams: it fails at start and they keep
 	// their configuration. Admin provisions; stages only read.
-	for _, name := range stagecmd.AllStages {
+	for _, name := range tollgate.AllStages() {
 		c := stages[name].client
 		cases = append(cases, refusal{"the " + name + " stage started on a drifted topology cannot reconfigure it", c,
 			"$JS.API.STREAM.UPDATE." + topology.StreamInbound,
 			func(ctx context.Context) error {
 				topo := topology.DefaultConfig()
 				topo.MaxAge = time.Hour
-				_, err := stagecmd.Build(ctx, stagecmd.Deps{
-					JS: c.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), SandboxDir: t.TempDir(), Logger: pipelinetest.Logger(),
-					Registry: prometheus.NewRegistry(), Instance: "drifted", Topology: topo,
-				}, name)
+				_, err := tollgate.New(ctx, tollgate.Config{
+					JS: c.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), Logger: pipelinetest.Logger(),
+					Instance: "drifted", Topology: topo, Stages: []string{name},
+				})
 				return err
 			},
 			func(t *testing.T) {

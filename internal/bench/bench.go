@@ -303,7 +303,9 @@ func (b *bencher) latencies(ctx context.Context, r *Report) {
 	}
 }
 
-// targets judges issue 5's targets.
+// targets judges the report against Tollgate's performance targets:
+// efficiency against the raw turn, decision-to-run latency, worker memory
+// and KV bytes per pending approval.
 func (r *Report) targets(cfg Config) {
 	for _, e := range r.Efficiency {
 		if e.Sync != "default" {
@@ -359,7 +361,7 @@ func (r *Report) notes(cfg Config) {
 		"Every measured run starts a fresh embedded nats-server (JetStream, file storage in its own directory, 127.0.0.1) in this process; the Tollgate processes and the raw programs connect to it over loopback. Runs of all figures are interleaved round by round, so the per-round efficiency compares Tollgate and the raw turn under the same machine load.",
 		"Closed loop: each of the concurrency slots sends a turn and waits for its outcome before sending the next, cycling over 4 sessions of its own (each turn finds its session known and free). Counted: outcomes received in the window, after the warm-up.",
 		"Raw turn: rawStages runs the traced sequence (below) with the same consumers, pull size, ack mode and per-stage concurrency as Tollgate's runners, payloads of the traced sizes, no decoding, policy, seal, logging or tool; its approver holds the same KV watch on the approvals bucket as Tollgate's pending tracker. The driver and decider are the same for both. All-in-one: the four raw stages in this process on one connection; processes: one process (and connection) per raw stage, the reference for Tollgate's stage processes.",
-		"All-in-one: the four stages wired by stagecmd.Build (as `tollgate dev`), one NATS connection, in this process. Processes: the four stage binaries (built from this tree), one process each. Stage logs at level "+cfg.LogLevel+" go to files.",
+		"All-in-one: the four stages wired by tollgate.New (as `tollgate dev`), one NATS connection, in this process. Processes: the four stage binaries (built from this tree), one process each. Stage logs at level "+cfg.LogLevel+" go to files.",
 		"Allocations per turn are runtime.MemStats deltas over the window divided by completed turns, for the whole bench process (Tollgate stages, embedded nats-server, driver).",
 		"Deferred redrives per started: how often the redriver evaluated a batch before its approval was decided (the batch-awaiting notice usually arrives first; when the decision arrives first, the first evaluation finds the batch still running). The raw turn always does one deferred evaluation (the traced order).",
 	)

@@ -274,7 +274,7 @@ func (d *driver) inbound(session string) (msgID, turnID string, data []byte, err
 		Text:    "please", Calls: calls, SentAt: time.Now().UTC(),
 	}
 	data, err = schemas.Encode(m)
-	return "cli:" + messageID, schemas.TurnID("cli", messageID), data, err
+	return topology.InboundMsgID("cli", messageID), schemas.TurnID("cli", messageID), data, err
 }
 
 // send publishes a new turn of session and returns it.

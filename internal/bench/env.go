@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -88,7 +89,7 @@ func (e *env) close() {
 const asyncWindow = 256
 
 // allInOne runs the four stages in this process on one connection, wired
-// exactly as `tollgate dev` wires them (stagecmd.Build), with the built-in
+// exactly as `tollgate dev` wires them (tollgate.New), with the built-in
 // policy. Its registry holds the stages' metrics. A stage can be paused
 // (drained and stopped) and resumed, which the trace uses to order the
 // stages' work.
@@ -96,7 +97,7 @@ type allInOne struct {
 	nc   *nats.Conn
 	reg  *prometheus.Registry
 	logf *os.File
-	runs map[string]func(context.Context) error
+	p    *tollgate.Pipeline
 
 	mu      sync.Mutex
 	running map[string]*stageRun
@@ -108,6 +109,10 @@ type stageRun struct {
 }
 
 func startAllInOne(e *env, keys *seal.KeyRing, logLevel string) (*allInOne, error) {
+	ts, err := stagecmd.Tools(filepath.Join(e.dir, "sandbox"))
+	if err != nil {
+		return nil, err
+	}
 	logf, err := os.Create(filepath.Join(e.dir, "tollgate.log"))
 	if err != nil {
 		return nil, err
@@ -121,20 +126,17 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string) (*allInOne, erro
 	reg := prometheus.NewRegistry()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	runs, err := stagecmd.Build(ctx, stagecmd.Deps{
-		JS: js, Policy: policy.Default(), Keys: keys, SandboxDir: filepath.Join(e.dir, "sandbox"),
-		Logger: log, Registry: reg, Instance: "bench", Topology: topology.DefaultConfig(),
-	}, stagecmd.AllStages...)
+	p, err := tollgate.New(ctx, tollgate.Config{
+		JS: js, Policy: policy.Default(), Keys: keys, Tools: ts,
+		Logger: log, Registerer: reg, Instance: "bench", Topology: topology.DefaultConfig(),
+	})
 	if err != nil {
 		nc.Close()
 		logf.Close()
 		return nil, err
 	}
-	a := &allInOne{nc: nc, reg: reg, logf: logf, runs: map[string]func(context.Context) error{}, running: map[string]*stageRun{}}
-	for i, s := range stagecmd.AllStages {
-		a.runs[s] = runs[i]
-	}
-	for _, s := range stagecmd.AllStages {
+	a := &allInOne{nc: nc, reg: reg, logf: logf, p: p, running: map[string]*stageRun{}}
+	for _, s := range tollgate.AllStages() {
 		a.resume(s)
 	}
 	return a, nil
@@ -150,8 +152,7 @@ func (a *allInOne) resume(stage string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &stageRun{cancel: cancel, done: make(chan error, 1)}
 	a.running[stage] = r
-	run := a.runs[stage]
-	go func() { r.done <- run(ctx) }()
+	go func() { r.done <- a.p.RunStages(ctx, stage) }()
 }
 
 // pause drains stage and waits until it has stopped.
@@ -167,7 +168,7 @@ func (a *allInOne) pause(stage string) error {
 	select {
 	case err := <-r.done:
 		if err != nil && !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("stage %s: %w", stage, err)
+			return err // names the stage
 		}
 		return nil
 	case <-time.After(60 * time.Second):
@@ -175,12 +176,12 @@ func (a *allInOne) pause(stage string) error {
 	}
 }
 
-func (a *allInOne) consumer(stage string) string { return stageConsumer[stage][1] }
+func (a *allInOne) consumer(stage string) string { return stageConsumer[stage].Config.Durable }
 
 // stop drains the stages and closes the connection.
 func (a *allInOne) stop() error {
 	var errs []error
-	for _, s := range stagecmd.AllStages {
+	for _, s := range tollgate.AllStages() {
 		if err := a.pause(s); err != nil {
 			errs = append(errs, err)
 		}

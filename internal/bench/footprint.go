@@ -86,7 +86,7 @@ func (b *bencher) footprintRun() (footprint, error) {
 	fp.PopulateSec = time.Since(t0).Seconds()
 	// Let the redriver finish the awaiting notices and every stage go idle.
 	for _, s := range stageNames {
-		if err := waitIdle(js, stageConsumer[s][0], stageConsumer[s][1], budget); err != nil {
+		if err := waitIdle(js, stageConsumer[s].Stream, stageConsumer[s].Config.Durable, budget); err != nil {
 			return fp, err
 		}
 	}

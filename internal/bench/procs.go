@@ -23,12 +23,12 @@ import (
 // stageNames in pipeline order; also the binaries' names.
 var stageNames = []string{"ingest", "executor", "approver", "redriver"}
 
-// stageConsumer is each stage's stream and durable consumer.
-var stageConsumer = map[string][2]string{
-	"ingest":   {topology.StreamInbound, topology.ConsumerIngest},
-	"executor": {topology.StreamTurns, topology.ConsumerExecutor},
-	"approver": {topology.StreamDecisions, topology.ConsumerApprover},
-	"redriver": {topology.StreamEvents, topology.ConsumerRedriver},
+// stageConsumer is each stage's durable consumer.
+var stageConsumer = map[string]topology.ConsumerSpec{
+	"ingest":   topology.IngestConsumer(),
+	"executor": topology.ExecutorConsumer(),
+	"approver": topology.ApproverConsumer(),
+	"redriver": topology.RedriverConsumer(),
 }
 
 // buildBinaries builds the stage binaries (and nats-server, which the
@@ -65,7 +65,7 @@ func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
 	if _, _, err := seal.EnsureFile(keyFile); err != nil {
 		return nil, err
 	}
-	return launch(&procSet{e: e, consumer: func(s string) string { return stageConsumer[s][1] }, command: func(stage string) *exec.Cmd {
+	return launch(&procSet{e: e, consumer: func(s string) string { return stageConsumer[s].Config.Durable }, command: func(stage string) *exec.Cmd {
 		cmd := exec.Command(filepath.Join(binDir, stage))
 		cmd.Env = append(childproc.Env(),
 			"TOLLGATE_NATS_URL="+e.url,
@@ -136,7 +136,7 @@ func (ps *procSet) waitReady(stage string, timeout time.Duration) error {
 	}
 	defer nc.Close()
 	p := ps.procs[stage]
-	stream, name := stageConsumer[stage][0], ps.consumer(stage)
+	stream, name := stageConsumer[stage].Stream, ps.consumer(stage)
 	deadline := time.Now().Add(timeout)
 	for {
 		select {

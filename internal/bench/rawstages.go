@@ -350,7 +350,7 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			pending = nil
 			msgID := target
 			if strings.HasPrefix(target, topology.SubjectTurnAccepted) {
-				msgID = id.turn
+				msgID = topology.AcceptedMsgID(id.turn)
 			}
 			var opts []jetstream.PublishOpt
 			if op.MsgID {

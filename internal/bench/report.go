@@ -83,7 +83,8 @@ type Pcts struct {
 	Max  float64 `json:"max"`
 }
 
-// Target is one of issue 5's targets.
+// Target is one performance target: what is wanted, what was measured,
+// and whether it passed.
 type Target struct {
 	Name string `json:"name"`
 	Want string `json:"want"`

@@ -110,7 +110,7 @@ func traceOn(e *env, st stager, p path, raw, decisionFirst bool) ([]step, error)
 				}
 			default:
 				st.resume(s)
-				if err := waitIdle(js, stageConsumer[s][0], st.consumer(s), 10*time.Second); err != nil {
+				if err := waitIdle(js, stageConsumer[s].Stream, st.consumer(s), 10*time.Second); err != nil {
 					return nil, err
 				}
 				tr.quiesce()

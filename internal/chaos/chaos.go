@@ -38,7 +38,6 @@ type harness struct {
 
 	mu           sync.Mutex
 	procs        []*childproc.Proc
-	faults       []string
 	lastFault    time.Time
 	kills        int
 	restarts     int

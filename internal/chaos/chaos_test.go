@@ -87,9 +87,9 @@ func runChaos(t *testing.T, cfg Config) {
 	t.Log("\n" + b.String())
 	n := r.Violations()
 	if os.Getenv("TOLLGATE_CHAOS_ALLOW") == "session-order" && r.SessionOrder > 0 {
-		// An explicit opt-out for work unrelated to issue 4 item 6, while
-		// session order with several executor replicas is broken; the
-		// violations are still printed above.
+		// An explicit opt-out, for work unrelated to session order, from
+		// failing on session-order violations; the violations are still
+		// printed above.
 		t.Logf("TOLLGATE_CHAOS_ALLOW=session-order: %d session-order violations do not fail this run", r.SessionOrder)
 		n -= r.SessionOrder
 	}
@@ -105,13 +105,14 @@ func runChaos(t *testing.T, cfg Config) {
 }
 
 // TestSessionOrderRepro is the minimal reproduction of the session-order
-// violation the chaos runs find (issue 4 item 6): no fault at all, two
-// replicas of each stage, and each session's turns published back to back.
-// Two executor processes take two accepted turns of one session from the
-// shared durable consumer at the same time, and the later one can acquire the
-// session first (see docs/protocol.md §11, "Ordering caveats"); with two
-// ingest processes the accepted turns can also be published out of arrival
-// order. It fails until that is fixed.
+// violation the chaos runs used to find: no fault at all, two replicas of
+// each stage, and each session's turns published back to back. Two executor
+// processes take two accepted turns of one session from the shared durable
+// consumer at the same time, and without the executor's arrival-order check
+// the later one could acquire the session first; with two ingest processes
+// the accepted turns can also be published out of arrival order. The check
+// (pipeline/executor/order.go, docs/protocol.md §11) prevents both; this
+// test fails if it stops doing so.
 func TestSessionOrderRepro(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test skipped with -short")

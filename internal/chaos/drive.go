@@ -18,7 +18,7 @@ import (
 )
 
 // expirySweep says whether Tollgate expires an approval nobody answers (the
-// approver's pending tracker does, issue 3 item 5), so for DecideLate the
+// approver's pending tracker does), so for DecideLate the
 // harness just waits. Set it to false to exercise the late-decision path
 // (APPROVAL_EXPIRED) instead.
 const expirySweep = true
@@ -135,7 +135,7 @@ func (d *driver) send(ctx context.Context, t *turnState) error {
 	if err != nil {
 		return err
 	}
-	ack, err := d.publish(ctx, topology.InboundSubject(transport, m.SessionID), transport+":"+t.msgID, data)
+	ack, err := d.publish(ctx, topology.InboundSubject(transport, m.SessionID), topology.InboundMsgID(transport, t.msgID), data)
 	if err != nil {
 		return err
 	}

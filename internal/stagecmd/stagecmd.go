@@ -1,7 +1,8 @@
-// Package stagecmd is the wiring shared by Tollgate's binaries: flags with
-// TOLLGATE_* environment defaults, the NATS connection, the topology, the
-// metrics endpoint, logging, and construction of the four stages. It keeps
-// every main package thin.
+// Package stagecmd is what Tollgate's binaries share around the stages:
+// flags with TOLLGATE_* environment defaults, the NATS connection, waiting
+// for the broker, the metrics endpoint, logging, and the tools a stage
+// process registers. The stages themselves are built by package tollgate.
+// It keeps every main package thin.
 package stagecmd
 
 import (
@@ -24,15 +25,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/approver"
-	"github.com/tollgate-dev/tollgate/pipeline/batch"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
-	"github.com/tollgate-dev/tollgate/pipeline/ingest"
-	"github.com/tollgate-dev/tollgate/pipeline/legacy"
-	"github.com/tollgate-dev/tollgate/pipeline/redriver"
-	"github.com/tollgate-dev/tollgate/pipeline/runner"
-	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -206,128 +200,16 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// Stage names accepted by Build.
-const (
-	StageIngest   = ingest.Stage
-	StageExecutor = executor.Stage
-	StageApprover = approver.Stage
-	StageRedriver = redriver.Stage
-)
-
-// AllStages in pipeline order.
-var AllStages = []string{StageIngest, StageExecutor, StageApprover, StageRedriver}
-
-// Deps is what Build needs.
-type Deps struct {
-	JS         jetstream.JetStream
-	Policy     *policy.Policy
-	Keys       *seal.KeyRing
-	SandboxDir string
-	Logger     *slog.Logger
-	Registry   prometheus.Registerer
-	Instance   string // e.g. "host:pid"
-	Topology   topology.Config
-	// ClaimLease overrides the execution-claim lease (default 2m).
-	ClaimLease time.Duration
-}
-
-// Build ensures the topology and returns one Run function per named stage,
-// sharing one set of runner metrics.
-func Build(ctx context.Context, d Deps, stages ...string) ([]func(context.Context) error, error) {
-	if err := topology.Ensure(ctx, d.JS, d.Topology); err != nil {
-		return nil, err
-	}
-	buckets, err := topology.OpenBuckets(ctx, d.JS)
+// Tools are the tools of a process that runs the executor or the
+// redriver: the built-in echo and write_file (writing inside sandboxDir,
+// created if missing) and, when TOLLGATE_LEDGER names a file, the test-only
+// ledger tools that internal/chaos counts executions with.
+func Tools(sandboxDir string) ([]tools.Tool, error) {
+	builtins, err := tools.Builtins(sandboxDir)
 	if err != nil {
 		return nil, err
 	}
-	st := store.New(buckets)
-	compat, err := legacy.New(d.Keys, d.Logger, d.Registry)
-	if err != nil {
-		return nil, err
-	}
-	st.Approvals.Decode = compat.DecodeApproval
-	metrics := runner.NewMetrics(d.Registry)
-	var eng *batch.Engine
-	engine := func(stage string) (*batch.Engine, error) {
-		if eng != nil {
-			return eng, nil
-		}
-		builtins, err := tools.Builtins(d.SandboxDir)
-		if err != nil {
-			return nil, err
-		}
-		// Test-only ledger tools (internal/chaos), off unless TOLLGATE_LEDGER names a file.
-		builtins = append(builtins, tools.Ledgers(os.Getenv("TOLLGATE_LEDGER"))...)
-		followUp := &tools.FollowUp{}
-		reg, err := tools.NewRegistry(append(builtins, followUp)...)
-		if err != nil {
-			return nil, err
-		}
-		eng, err = batch.New(batch.Config{JS: d.JS, Store: st, Tools: reg, Keys: d.Keys, Worker: stage + "@" + d.Instance, Logger: d.Logger, ClaimLease: d.ClaimLease})
-		followUp.Scheduler = eng
-		return eng, err
-	}
-	var runs []func(context.Context) error
-	for _, s := range stages {
-		log := d.Logger.With("stage", s)
-		switch s {
-		case StageIngest:
-			in, err := ingest.New(ingest.Config{JS: d.JS, Policy: d.Policy, Keys: d.Keys, Logger: log, Metrics: metrics, Instance: s + "@" + d.Instance})
-			if err != nil {
-				return nil, err
-			}
-			runs = append(runs, in.Run)
-		case StageExecutor:
-			e, err := engine(s)
-			if err != nil {
-				return nil, err
-			}
-			x, err := executor.New(executor.Config{JS: d.JS, Store: st, Engine: e, Policy: d.Policy, Logger: log, Metrics: metrics, Registerer: d.Registry})
-			if err != nil {
-				return nil, err
-			}
-			runs = append(runs, x.Run)
-		case StageApprover:
-			a, err := approver.New(approver.Config{JS: d.JS, Store: st, Policy: d.Policy, Keys: d.Keys, Logger: log, Metrics: metrics, Registerer: d.Registry})
-			if err != nil {
-				return nil, err
-			}
-			runs = append(runs, a.Run)
-		case StageRedriver:
-			e, err := engine(s)
-			if err != nil {
-				return nil, err
-			}
-			r, err := redriver.New(redriver.Config{JS: d.JS, Store: st, Engine: e, Policy: d.Policy, Logger: log, Metrics: metrics, Registerer: d.Registry})
-			if err != nil {
-				return nil, err
-			}
-			runs = append(runs, r.Run)
-		default:
-			return nil, fmt.Errorf("unknown stage %q", s)
-		}
-	}
-	return runs, nil
-}
-
-// RunAll runs every function until ctx is cancelled and all have returned;
-// the first error cancels the rest and is returned.
-func RunAll(ctx context.Context, runs []func(context.Context) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, len(runs))
-	for _, run := range runs {
-		go func() { errc <- run(ctx) }()
-	}
-	var first error
-	for range runs {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-			cancel()
-		}
-	}
-	return first
+	return append(builtins, tools.Ledgers(os.Getenv("TOLLGATE_LEDGER"))...), nil
 }
 
 // Instance is "hostname:pid".
@@ -346,16 +228,17 @@ func Main(stage, metricsDefault string, args []string) int {
 		return 2
 	}
 	log := Logger(c.LogLevel)
-	if err := runStage(stage, c, log); err != nil {
+	ctx, cancel := SignalContext()
+	defer cancel()
+	if err := runStage(ctx, stage, c, log); err != nil {
 		log.Error("exiting", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func runStage(stage string, c Common, log *slog.Logger) error {
-	ctx, cancel := SignalContext()
-	defer cancel()
+// runStage runs stage, configured by c, until ctx is cancelled.
+func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) error {
 	pol, err := policy.Load(c.PolicyPath)
 	if err != nil {
 		return err
@@ -378,10 +261,21 @@ func runStage(stage string, c Common, log *slog.Logger) error {
 	if err := awaitBroker(ctx, js, topo, log, StartupGrace); err != nil {
 		return err
 	}
-	runs, err := Build(ctx, Deps{JS: js, Policy: pol, Keys: keys, SandboxDir: c.SandboxDir, Logger: log, Registry: reg, Instance: Instance(), Topology: topo}, stage)
+	// Only the executor and the redriver run tools; the other stages need
+	// no sandbox directory.
+	var ts []tools.Tool
+	if stage == tollgate.StageExecutor || stage == tollgate.StageRedriver {
+		if ts, err = Tools(c.SandboxDir); err != nil {
+			return err
+		}
+	}
+	p, err := tollgate.New(ctx, tollgate.Config{
+		JS: js, Policy: pol, Keys: keys, Tools: ts, Logger: log, Registerer: reg,
+		Instance: Instance(), Topology: topo, Stages: []string{stage},
+	})
 	if err != nil {
 		return err
 	}
 	log.Info("stage started", "stage", stage, "nats", c.NATSURL, "policy", pol.Version(), "seal_key", keys.Current())
-	return RunAll(ctx, runs)
+	return p.Run(ctx)
 }

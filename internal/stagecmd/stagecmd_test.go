@@ -1,20 +1,14 @@
 package stagecmd_test
 
 import (
-	"context"
 	"flag"
-	"io"
-	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
-	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/tools"
 )
 
 func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
@@ -48,40 +42,32 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	}
 }
 
-func TestBuildWiresTheNamedStagesAndRefusesUnknownOnes(t *testing.T) {
-	env := jstest.Start(t)
-	deps := stagecmd.Deps{
-		JS: env.JS, Policy: policy.Default(), Keys: pipelinetest.Keys(t), SandboxDir: t.TempDir(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
-		Instance: "test:1", Topology: topology.DefaultConfig(),
-	}
-	runs, err := stagecmd.Build(context.Background(), deps, stagecmd.AllStages...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(runs) != len(stagecmd.AllStages) {
-		t.Fatalf("%d run functions for %d stages", len(runs), len(stagecmd.AllStages))
-	}
-	deps.Registry = prometheus.NewRegistry()
-	if _, err := stagecmd.Build(context.Background(), deps, "ingest", "janitor"); err == nil {
-		t.Fatal("Build accepted an unknown stage")
-	}
-
-	// Running them creates each stage's durable consumer; cancelling drains.
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- stagecmd.RunAll(ctx, runs) }()
-	for _, c := range []struct{ stream, name string }{
-		{topology.StreamInbound, topology.ConsumerIngest}, {topology.StreamTurns, topology.ConsumerExecutor},
-		{topology.StreamDecisions, topology.ConsumerApprover}, {topology.StreamEvents, topology.ConsumerRedriver},
+func TestToolsAreTheBuiltinsAndTheLedgersOnlyWhenAsked(t *testing.T) {
+	for _, tc := range []struct {
+		name, ledger string
+		want         []string
+	}{
+		{"without TOLLGATE_LEDGER", "", []string{"echo", "write_file"}},
+		{"with TOLLGATE_LEDGER naming a file", filepath.Join(t.TempDir(), "ledger.jsonl"),
+			append([]string{"echo", "write_file"}, tools.LedgerNames...)},
 	} {
-		jstest.Eventually(t, 10*time.Second, "consumer "+c.name, func() bool {
-			_, err := env.JS.Consumer(context.Background(), c.stream, c.name)
-			return err == nil
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("TOLLGATE_LEDGER", tc.ledger)
+			sandbox := filepath.Join(t.TempDir(), "sandbox")
+			ts, err := stagecmd.Tools(sandbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, tool := range ts {
+				names = append(names, tool.Name())
+			}
+			if !slices.Equal(names, tc.want) {
+				t.Fatalf("tools %v, want %v", names, tc.want)
+			}
+			if st, err := os.Stat(sandbox); err != nil || !st.IsDir() {
+				t.Fatalf("sandbox not created: %v", err)
+			}
 		})
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("RunAll after cancel: %v", err)
 	}
 }

@@ -153,7 +153,8 @@ func (c *Cluster) Leader(t testing.TB, ctx context.Context, stream string) int {
 // Env returns an Env on the cluster, for code written against one server
 // (such as pipelinetest.Start): a connection given every node's URL, and
 // the buckets bound through it. Server is the first node; Env.Restart does
-// not apply. The topology must have been ensured.
+// not apply. The topology must have been ensured with as many replicas as
+// the cluster has nodes (Env.Topology says so).
 func (c *Cluster) Env(t testing.TB) *Env {
 	t.Helper()
 	nc, js := dial(t, c.URLs())
@@ -163,7 +164,9 @@ func (c *Cluster) Env(t testing.TB) *Env {
 	if err != nil {
 		t.Fatalf("open buckets: %v", err)
 	}
-	return &Env{Server: c.Servers[0], NC: nc, JS: js, Buckets: b}
+	topo := topology.DefaultConfig()
+	topo.Replicas = len(c.Servers)
+	return &Env{Server: c.Servers[0], NC: nc, JS: js, Buckets: b, Topology: topo}
 }
 
 // dial connects to url (reconnecting forever) until the test ends.

@@ -24,6 +24,9 @@ type Env struct {
 	NC       *nats.Conn
 	JS       jetstream.JetStream
 	Buckets  topology.Buckets
+	// Topology is the configuration the topology was ensured with, for
+	// code that ensures it again (tollgate.New).
+	Topology topology.Config
 
 	opts embedded.Options // as started, with the port it got; for Restart
 }
@@ -100,14 +103,15 @@ func (e *Env) connect(t testing.TB) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := topology.Ensure(ctx, js, topology.DefaultConfig()); err != nil {
+	topo := topology.DefaultConfig()
+	if err := topology.Ensure(ctx, js, topo); err != nil {
 		t.Fatalf("ensure topology: %v", err)
 	}
 	b, err := topology.OpenBuckets(ctx, js)
 	if err != nil {
 		t.Fatalf("open buckets: %v", err)
 	}
-	e.NC, e.JS, e.Buckets = nc, js, b
+	e.NC, e.JS, e.Buckets, e.Topology = nc, js, b, topo
 }
 
 // URL is the server's client URL.

@@ -24,9 +24,11 @@ var retryWait = 250 * time.Millisecond
 // shows: while the nodes elect a meta leader JetStream answers "temporarily
 // unavailable" (10008), and when several processes start together and
 // create the same stream or durable at once, nats-server can leave all but
-// one of the requests unanswered (a timeout; nats-server issues 3677 and
-// 8350) or refuse one as "already in use" (10058). The next attempt finds
-// the stream or consumer there and converges on it. Note that a request
+// one of the requests unanswered (a timeout; nats-server issues #3677 and
+// #8350, github.com/nats-io/nats-server/issues/3677 and
+// github.com/nats-io/nats-server/issues/8350) or refuse one as "already in
+// use" (10058). The next attempt finds the stream or consumer there and
+// converges on it. Note that a request
 // refused by NATS permissions also shows as a timeout: it is tried again
 // too, and fails after about half a minute.
 func Retry(ctx context.Context, fn func() error) error {

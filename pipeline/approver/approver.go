@@ -5,7 +5,9 @@
 // (its TurnContext and exact call) and the current policy: the approval
 // exists, the decider is a verified user and authorized, the argument
 // digest (if the decision carries one) is the one the approval binds, the
-// option was offered, and the approval is still pending and not expired. The change is a
+// option was offered, and the approval is still pending and not expired.
+// These checks are one pure function, Authorize (its decider part is
+// MayDecide); the stage only reads, stores and publishes. The change is a
 // compare-and-set on the record's KV revision, so of two concurrent
 // decisions exactly one wins. A decision identical in effect to the one
 // already applied is an idempotent success; any other decision on a decided
@@ -20,7 +22,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -80,27 +82,23 @@ func New(cfg Config) (*Approver, error) {
 	a := &Approver{cfg: cfg, decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tollgate_decisions_total", Help: "Decisions processed by the approver, by result (applied, idempotent, or a rejection code).",
 	}, []string{"result"})}
-	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(a.decisions); err != nil {
-			return nil, fmt.Errorf("register metrics: %w", err)
-		}
+	if err := metrics.Register(cfg.Registerer, &a.decisions); err != nil {
+		return nil, err
 	}
 	var err error
 	if a.pending, err = NewPendingTracker(cfg.Store.Approvals.KV, cfg.Store.Approvals.DecodeValue, a.Expire, cfg.Now, cfg.Logger, cfg.Registerer); err != nil {
-		return nil, fmt.Errorf("register metrics: %w", err)
+		return nil, err
 	}
 	return a, nil
 }
 
 // Run consumes decisions until ctx is cancelled.
 func (a *Approver) Run(ctx context.Context) error {
+	consumer := topology.ApproverConsumer()
 	r, err := runner.New(runner.Config{
-		Stage:  Stage,
-		Stream: topology.StreamDecisions,
-		Consumer: jetstream.ConsumerConfig{
-			Durable:       topology.ConsumerApprover,
-			FilterSubject: topology.SubjectDecisionSubmit + ">",
-		},
+		Stage:       Stage,
+		Stream:      consumer.Stream,
+		Consumer:    consumer.Config,
 		Handler:     a.Handle,
 		JS:          a.cfg.JS,
 		Logger:      a.cfg.Logger,
@@ -160,7 +158,7 @@ func (a *Approver) Expire(ctx context.Context, id string) error {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil
-	case schemas.CodeOf(err) != "":
+	case schemas.Permanent(err):
 		a.cfg.Logger.Warn("cannot expire an unreadable approval record", "approval", id, "err", err)
 		return nil // a redrive of its batch fails closed on it
 	case err != nil:
@@ -189,7 +187,7 @@ func (a *Approver) publishDecided(ctx context.Context, rec *schemas.ApprovalReco
 		ev.At = rec.Decision.DecidedAt
 	}
 	subj := topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID)
-	return bus.Publish(ctx, a.cfg.JS, subj, "decided:"+rec.ApprovalID, ev)
+	return bus.Publish(ctx, a.cfg.JS, subj, topology.DecidedMsgID(rec.ApprovalID), ev)
 }
 
 // Apply applies d, publishing a decided event or a rejection. It returns an
@@ -208,7 +206,7 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 			Code:      res.rejected.Code, Reason: res.rejected.Reason, At: a.now(),
 		}
 		subj := topology.EventSubject(topology.SubjectDecisionRejected, tokenOr(d.ApprovalID))
-		if err := bus.Publish(ctx, a.cfg.JS, subj, "rejected:"+d.DecisionID, rej); err != nil {
+		if err := bus.Publish(ctx, a.cfg.JS, subj, topology.RejectedMsgID(d.DecisionID), rej); err != nil {
 			return err
 		}
 	}
@@ -235,120 +233,52 @@ func reject(code schemas.Code, format string, args ...any) (result, error) {
 
 func (a *Approver) now() time.Time { return a.cfg.Now().UTC() }
 
+// apply reads the approval d names, asks Authorize what d does, stores its
+// verdict by compare-and-set (on a conflict it reads again and asks again)
+// and returns what to publish. Its error is a transient one.
 func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, error) {
-	principal := schemas.Principal(d.Transport, d.Decider.ID)
 	for {
-		if !schemas.ValidKey(d.ApprovalID) {
-			return reject(schemas.CodeApprovalNotFound, "no approval %q", d.ApprovalID)
-		}
-		rec, rev, err := a.cfg.Store.Approvals.Get(ctx, d.ApprovalID)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return reject(schemas.CodeApprovalNotFound, "no approval %q", d.ApprovalID)
-		case schemas.CodeOf(err) != "":
-			return reject(schemas.CodeOf(err), "approval %s cannot be read: %v", d.ApprovalID, err)
-		case err != nil:
-			return result{}, err
-		}
-		// Who may decide is read from the persisted context: it must be
-		// the authentic one (sealed), or an edited record could name the
-		// attacker as requester.
-		if err := a.cfg.Keys.Verify(rec.Context); err != nil {
-			return reject(schemas.CodeOf(err), "approval %s has no authentic TurnContext to authorize against: %v", d.ApprovalID, err)
-		}
-		if err := rec.Context.CheckFor(rec.TurnID); err != nil {
-			return reject(schemas.CodeOf(err), "approval %s: %v", d.ApprovalID, err)
-		}
-		// Authority is a person the transport vouched for: an unverified
-		// sender could be anyone claiming the id, and bots and services
-		// cannot answer a prompt (schemas.SenderKind).
-		if d.Decider.Kind != schemas.SenderUser || !d.Decider.Verified {
-			return reject(schemas.CodeDeciderNotAuthorized, "%s is not a verified user (kind %q, verified %v)", principal, d.Decider.Kind, d.Decider.Verified)
-		}
-		// A decision made where more people can see it than the turn's
-		// audience (a public channel answering a personal turn) would
-		// leak the call; the turn's audience bounds where it is decided.
-		if d.Channel != nil {
-			where, err := schemas.AudienceOf(d.Channel.Kind)
-			if err != nil || where.Wider(rec.Context.Audience) {
-				return reject(schemas.CodeDeciderNotAuthorized, "decision posted in a %s channel for a %s turn", d.Channel.Kind, rec.Context.Audience)
-			}
-		}
-		if err := a.cfg.Policy.MayDecide(rec.Tool, rec.Context, principal, d.Decider.Assurance()); err != nil {
-			return reject(schemas.CodeDeciderNotAuthorized, "%v", err)
-		}
-		if d.ArgsDigest != "" && d.ArgsDigest != rec.ArgsDigest {
-			return reject(schemas.CodeArgsDigestMismatch, "decision is for arguments %s, approval binds %s", d.ArgsDigest, rec.ArgsDigest)
-		}
-		if !rec.Offers(d.Option) {
-			return reject(schemas.CodeOptionNotOffered, "option %q was not offered (offered: %v)", d.Option, rec.Options)
-		}
-		want := statusOf(d.Option)
-		if rec.Status.Decided() {
+		var rec *schemas.ApprovalRecord
+		var rev uint64
+		if schemas.ValidKey(d.ApprovalID) { // otherwise there is no such record
+			var err error
+			rec, rev, err = a.cfg.Store.Approvals.Get(ctx, d.ApprovalID)
 			switch {
-			case rec.Status == want:
-				return result{decided: rec, label: "idempotent"}, nil
-			case rec.Status == schemas.ApprovalExpired:
-				// Re-publish the decided event too: if the expiry was saved
-				// but its event was lost, this is how the batch learns of it.
-				r, _ := reject(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
-				r.decided = rec
-				return r, nil
-			default:
-				return reject(schemas.CodeApprovalAlreadyDecided, "approval %s is already %s", rec.ApprovalID, rec.Status)
+			case errors.Is(err, store.ErrNotFound):
+				rec = nil
+			case schemas.Permanent(err):
+				return reject(schemas.CodeOf(err), "approval %s cannot be read: %v", d.ApprovalID, err)
+			case err != nil:
+				return result{}, err
 			}
 		}
-		now := a.now()
-		expired := !rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt)
-		vote := schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now, Assurance: d.Decider.Assurance()}
-		rec.Decision = &vote
-		rec.Status = want
-		counted := false
-		// The quorum is the larger of the one recorded at the request and
-		// the current policy's: a deploy that raised it applies to pending
-		// approvals (the redriver would refuse a smaller one anyway).
-		quorum := max(rec.Quorum, a.cfg.Policy.Quorum(rec.Tool, rec.Context))
-		if want == schemas.ApprovalApproved && quorum > 1 && !expired {
-			// Multi-approver: count distinct principals; the approval
-			// stays pending until the quorum is reached.
-			if slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.Principal == principal }) {
-				return result{label: "idempotent"}, nil
+		v, rejected := Authorize(rec, d, a.cfg.Policy, a.cfg.Keys, a.now())
+		if v.Next != nil {
+			_, err := a.cfg.Store.Approvals.Update(ctx, v.Next.ApprovalID, v.Next, rev)
+			if errors.Is(err, store.ErrConflict) {
+				continue // someone else changed it: re-evaluate against the new state
 			}
-			rec.Votes = append(rec.Votes, vote)
-			if len(rec.Votes) < quorum {
-				rec.Status, rec.Decision, counted = schemas.ApprovalPending, nil, true
+			if err != nil {
+				return result{}, err
 			}
+			rec = v.Next
 		}
-		if expired {
-			rec.Status = schemas.ApprovalExpired
-			rec.Decision = &schemas.DecisionInfo{Principal: ExpiryPrincipal, DecidedAt: now}
+		res := result{label: string(v.Effect)}
+		if rejected != nil && !errors.As(rejected, &res.rejected) {
+			return result{}, fmt.Errorf("approver: rejection without a code: %w", rejected) // Authorize's are *schemas.Error
 		}
-		_, err = a.cfg.Store.Approvals.Update(ctx, rec.ApprovalID, rec, rev)
-		if errors.Is(err, store.ErrConflict) {
-			continue // someone else changed it: re-evaluate against the new state
+		if v.Announce {
+			res.decided = rec
 		}
-		if err != nil {
-			return result{}, err
+		switch {
+		case rejected != nil:
+		case v.Effect == Vote:
+			a.cfg.Logger.Info("approval vote counted", "approval", rec.ApprovalID, "principal", schemas.Principal(d.Transport, d.Decider.ID), "votes", len(rec.Votes), "quorum", v.Quorum)
+		case v.Effect == Applied:
+			a.cfg.Logger.Debug("decision applied", "approval", rec.ApprovalID, "turn", rec.TurnID, "status", rec.Status, "principal", schemas.Principal(d.Transport, d.Decider.ID))
 		}
-		if expired {
-			r, _ := reject(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
-			r.decided = rec
-			return r, nil
-		}
-		if counted {
-			a.cfg.Logger.Info("approval vote counted", "approval", rec.ApprovalID, "principal", principal, "votes", len(rec.Votes), "quorum", quorum)
-			return result{label: "vote"}, nil
-		}
-		a.cfg.Logger.Debug("decision applied", "approval", rec.ApprovalID, "turn", rec.TurnID, "status", rec.Status, "principal", principal)
-		return result{decided: rec, label: "applied"}, nil
+		return res, nil
 	}
-}
-
-func statusOf(option string) schemas.ApprovalStatus {
-	if option == schemas.OptionApprove {
-		return schemas.ApprovalApproved
-	}
-	return schemas.ApprovalDenied
 }
 
 func tokenOr(id string) string {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -41,16 +42,15 @@ type PendingTracker struct {
 }
 
 // NewPendingTracker registers tollgate_approvals_pending with reg (if not
-// nil). decode reads a stored record (nil: schemas.Decode); expire, if not
-// nil, is called for each pending approval whose expiry has passed.
+// nil; see metrics.Register). decode reads a stored record (nil:
+// schemas.Decode); expire, if not nil, is called for each pending approval
+// whose expiry has passed.
 func NewPendingTracker(kv jetstream.KeyValue, decode func([]byte) (*schemas.ApprovalRecord, error), expire func(context.Context, string) error, now func() time.Time, log *slog.Logger, reg prometheus.Registerer) (*PendingTracker, error) {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tollgate_approvals_pending", Help: "Approval records currently in status pending.",
 	})
-	if reg != nil {
-		if err := reg.Register(g); err != nil {
-			return nil, err
-		}
+	if err := metrics.Register(reg, &g); err != nil {
+		return nil, err
 	}
 	if decode == nil {
 		decode = func(b []byte) (*schemas.ApprovalRecord, error) { return schemas.Decode[schemas.ApprovalRecord](b) }

@@ -434,12 +434,63 @@ func TestFinishPublishesTheOutcomeOnceAndRefusesNonTerminal(t *testing.T) {
 	}
 }
 
-func TestOutcomeHasNoReplyTargetWithoutAContext(t *testing.T) {
-	b := &schemas.BatchRecord{TurnID: "t-1", State: schemas.BatchFailed, Code: schemas.CodeTurnContextMissing,
-		Results: []*schemas.ToolResult{{CallID: "t-1-0", Status: schemas.ResultFailed}, nil}}
-	o := batch.Outcome(b)
-	if o.State != schemas.TurnFailed || o.Reply != (schemas.ReplyTarget{}) || o.Audience != "" || len(o.Results) != 1 {
-		t.Fatalf("outcome %+v: no context must mean no reply target and no audience", o)
+// An outcome is addressed only by a context that verifies and belongs to
+// its turn; any other goes nowhere, carries only the failure code, and
+// none of the results (calls may have run for the real requester).
+func TestOutcomeIsAddressedOnlyByAVerifiedContextOfItsTurn(t *testing.T) {
+	const turn = "t-outcome"
+	dm := schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPrivate, Thread: "th"}}
+	edited := func(edit func(*schemas.TurnContext)) *schemas.TurnContext {
+		tc := turnContext(turn)
+		edit(tc)
+		return tc
+	}
+	type routed struct {
+		State    schemas.TurnState
+		Code     schemas.Code
+		Reply    schemas.ReplyTarget
+		Audience schemas.Audience
+		Results  int
+	}
+	tests := []struct {
+		name  string
+		state schemas.BatchState
+		code  schemas.Code
+		tc    *schemas.TurnContext
+		want  routed
+	}{
+		{"a completed batch with its turn's sealed context", schemas.BatchCompleted, "", turnContext(turn),
+			routed{State: schemas.TurnCompleted, Reply: dm, Audience: schemas.AudienceTeam, Results: 1}},
+		{"a failed batch with its turn's sealed context", schemas.BatchFailed, schemas.CodeArgsDigestMismatch, turnContext(turn),
+			routed{State: schemas.TurnFailed, Code: schemas.CodeArgsDigestMismatch, Reply: dm, Audience: schemas.AudienceTeam, Results: 1}},
+		{"no context", schemas.BatchFailed, schemas.CodeTurnContextMissing, nil,
+			routed{State: schemas.TurnFailed, Code: schemas.CodeTurnContextMissing}},
+		{"an unsealed context", schemas.BatchFailed, schemas.CodeTurnContextTampered, edited(func(tc *schemas.TurnContext) { tc.Seal = nil }),
+			routed{State: schemas.TurnFailed, Code: schemas.CodeTurnContextTampered}},
+		{"a context whose channel was re-pointed after sealing", schemas.BatchFailed, schemas.CodeTurnContextTampered,
+			edited(func(tc *schemas.TurnContext) {
+				tc.Channel = schemas.Channel{ID: "general", Kind: schemas.ChannelPublic}
+			}),
+			routed{State: schemas.TurnFailed, Code: schemas.CodeTurnContextTampered}},
+		{"a context whose seal names a key not in the ring", schemas.BatchFailed, schemas.CodeSealKeyUnknown,
+			edited(func(tc *schemas.TurnContext) { tc.Seal.KeyID = "renamed" }),
+			routed{State: schemas.TurnFailed, Code: schemas.CodeSealKeyUnknown}},
+		{"another turn's sealed context", schemas.BatchFailed, schemas.CodeTurnContextMismatch, turnContext("t-other"),
+			routed{State: schemas.TurnFailed, Code: schemas.CodeTurnContextMismatch}},
+		{"a completed batch whose context was edited since", schemas.BatchCompleted, "",
+			edited(func(tc *schemas.TurnContext) { tc.Audience = schemas.AudiencePublic }),
+			routed{State: schemas.TurnCompleted, Code: schemas.CodeTurnContextTampered}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &schemas.BatchRecord{TurnID: turn, Context: tc.tc, State: tc.state, Code: tc.code,
+				Results: []*schemas.ToolResult{{CallID: turn + "-0", Status: schemas.ResultOK, Output: "ran in the DM"}, nil}}
+			o := batch.Outcome(pt.Keys(t), b)
+			got := routed{State: o.State, Code: o.Code, Reply: o.Reply, Audience: o.Audience, Results: len(o.Results)}
+			if got != tc.want {
+				t.Fatalf("outcome\n  %+v\nwant\n  %+v", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -558,12 +609,12 @@ func BenchmarkExecuteClaimAndRecord(b *testing.B) {
 }
 
 func BenchmarkOutcome(b *testing.B) {
-	turn := schemas.TurnID("cli", "bench")
+	turn, keys := schemas.TurnID("cli", "bench"), pt.Keys(b)
 	rec := &schemas.BatchRecord{TurnID: turn, Context: turnContext(turn), State: schemas.BatchCompleted,
 		Results: []*schemas.ToolResult{{CallID: turn + "-0", Status: schemas.ResultOK}, {CallID: turn + "-1", Status: schemas.ResultDenied}}}
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = batch.Outcome(rec)
+		_ = batch.Outcome(keys, rec)
 	}
 }
 

@@ -5,6 +5,7 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,7 +26,12 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, msgID string,
 	return PublishRaw(ctx, js, subject, msgID, data, nil)
 }
 
-// PublishRaw publishes data with optional headers and message id.
+// PublishRaw publishes data with optional headers and message id. A
+// message that can never be stored because of its size (over the
+// connection's max payload, the stream's message size limit, or
+// JetStream's 64 KiB limit on a header block) fails with
+// CodePayloadTooLarge, so that schemas.Permanent tells it from a failure
+// that a retry may cure.
 func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte, hdr nats.Header) error {
 	m := &nats.Msg{Subject: subject, Data: data, Header: hdr}
 	var opts []jetstream.PublishOpt
@@ -33,9 +39,29 @@ func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID stri
 		opts = append(opts, jetstream.WithMsgID(msgID))
 	}
 	if _, err := js.PublishMsg(ctx, m, opts...); err != nil {
+		if tooLarge(err) {
+			return schemas.Errorf(schemas.CodePayloadTooLarge, "publish %s (msg id %q): %w", subject, msgID, err)
+		}
 		return fmt.Errorf("publish %s (msg id %q): %w", subject, msgID, err)
 	}
 	return nil
+}
+
+// jsErrCodeHeaderExceedsMaximum is nats-server's "header size exceeds
+// maximum allowed of 64k" (JSStreamHeaderExceedsMaximumErr), which nats.go
+// does not name.
+const jsErrCodeHeaderExceedsMaximum jetstream.ErrorCode = 10097
+
+// tooLarge reports whether err refuses a message for its size.
+func tooLarge(err error) bool {
+	if err == nil {
+		return false
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return api.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum || api.ErrorCode == jsErrCodeHeaderExceedsMaximum
+	}
+	return errors.Is(err, nats.ErrMaxPayload)
 }
 
 // AckTimeout bounds how long Pending.Wait waits for a stream's
@@ -75,7 +101,7 @@ func PublishAsync(js jetstream.JetStream, subject, msgID string, r schemas.Recor
 }
 
 // Wait returns nil once the message is stored, or the error the stream
-// answered, or an error when no answer came within AckTimeout or ctx
+// answered (CodePayloadTooLarge for a size refusal, as PublishRaw), or an error when no answer came within AckTimeout or ctx
 // ended. Called again, it returns the same answer without waiting. A nil
 // Pending has nothing to wait for.
 func (p *Pending) Wait(ctx context.Context) error {
@@ -97,7 +123,10 @@ func (p *Pending) Wait(ctx context.Context) error {
 		return fmt.Errorf("publish %s (msg id %q): %w", p.subject, p.msgID, ctx.Err()) // not settled: may be waited for again
 	}
 	p.done = true
-	if p.err != nil {
+	switch {
+	case tooLarge(p.err):
+		p.err = schemas.Errorf(schemas.CodePayloadTooLarge, "publish %s (msg id %q): %w", p.subject, p.msgID, p.err)
+	case p.err != nil:
 		p.err = fmt.Errorf("publish %s (msg id %q): %w", p.subject, p.msgID, p.err)
 	}
 	return p.err

@@ -3,9 +3,12 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
@@ -92,6 +95,57 @@ func TestPendingWaitReportsWhetherTheMessageWasStored(t *testing.T) {
 		var p *bus.Pending
 		if err := p.Wait(ctx); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// A message refused for its size can never be stored: PublishRaw and Wait
+// give it CodePayloadTooLarge, so that schemas.Permanent tells it from a
+// failure a retry may cure.
+func TestASizeRefusalIsPermanent(t *testing.T) {
+	env := jstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := env.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	bigHeaders := nats.Header{}
+	for i := range 17 {
+		bigHeaders.Set(fmt.Sprintf("X-Pad-%02d", i), strings.Repeat("h", 4000))
+	}
+	cases := []struct {
+		name      string
+		subject   string
+		data      []byte
+		hdr       nats.Header
+		permanent bool
+	}{
+		{"a header block over 64 KiB", "small.hdr", []byte("x"), bigHeaders, true},
+		{"a body over the stream's message size limit", "small.body", make([]byte, 2048), nil, true},
+		{"a body over the connection's max payload", "small.payload", make([]byte, env.NC.MaxPayload()+1), nil, true},
+		{"no stream for the subject", "nostream.x", []byte("x"), nil, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := bus.PublishRaw(ctx, env.JS, tc.subject, "", tc.data, tc.hdr)
+			if err == nil {
+				t.Fatal("published")
+			}
+			if got := schemas.Permanent(err); got != tc.permanent {
+				t.Fatalf("Permanent(%v) = %v, want %v", err, got, tc.permanent)
+			}
+			if tc.permanent && schemas.CodeOf(err) != schemas.CodePayloadTooLarge {
+				t.Fatalf("code %q (%v), want %s", schemas.CodeOf(err), err, schemas.CodePayloadTooLarge)
+			}
+		})
+	}
+	t.Run("the same refusal through PublishAsync", func(t *testing.T) {
+		p, err := bus.PublishAsync(env.JS, "small.async", "", &schemas.RedriveOutcome{TurnID: "t-big", Kind: schemas.RedriveStarted, At: time.Now().UTC(), Reason: strings.Repeat("r", 2048)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Wait(ctx); schemas.CodeOf(err) != schemas.CodePayloadTooLarge {
+			t.Fatalf("wait: %v, want %s", err, schemas.CodePayloadTooLarge)
 		}
 	})
 }

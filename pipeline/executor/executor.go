@@ -25,6 +25,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -95,34 +96,24 @@ func New(cfg Config) (*Executor, error) {
 			Help: "Earlier inbound messages of a session that a later turn stopped waiting for after OrderWait (see executor order.go).",
 		}),
 	}
-	if cfg.Registerer != nil {
-		if err := registerAll(cfg.Registerer, x.requested, x.calls, x.orderSkipped); err != nil {
+	for _, c := range []*prometheus.Counter{&x.requested, &x.orderSkipped} {
+		if err := metrics.Register(cfg.Registerer, c); err != nil {
 			return nil, err
 		}
+	}
+	if err := metrics.Register(cfg.Registerer, &x.calls); err != nil {
+		return nil, err
 	}
 	return x, nil
 }
 
-func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("register metrics: %w", err)
-		}
-	}
-	return nil
-}
-
 // Run consumes accepted turns and ready notices until ctx is cancelled.
 func (x *Executor) Run(ctx context.Context) error {
+	consumer := topology.ExecutorConsumer()
 	r, err := runner.New(runner.Config{
-		Stage:  Stage,
-		Stream: topology.StreamTurns,
-		Consumer: jetstream.ConsumerConfig{
-			Durable: topology.ConsumerExecutor,
-			// Not the schedule subject: a scheduled follow-up arrives on
-			// the accepted subject when it is due.
-			FilterSubjects: []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"},
-		},
+		Stage:        Stage,
+		Stream:       consumer.Stream,
+		Consumer:     consumer.Config,
 		Handler:      x.Handle,
 		OnDeadLetter: x.abort,
 		JS:           x.cfg.JS,
@@ -178,15 +169,19 @@ func arrivalSeq(b *schemas.BatchRecord) uint64 {
 	return b.Context.Provenance.StreamSeq
 }
 
-// Accept records the batch of an accepted turn (once) and advances it.
+// Accept records the batch of an accepted turn (once) and advances it. A
+// turn whose NotBefore is still ahead is not recorded yet (see due.go).
 func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	if !schemas.ValidKey(t.TurnID) {
 		return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", t.TurnID)
 	}
 	now := x.cfg.Engine.Now()
+	if err := notDue(t, now); err != nil {
+		return err
+	}
 	n := len(t.Calls)
 	rec := &schemas.BatchRecord{
-		TurnID: t.TurnID, Context: t.Context, Text: t.Text, Calls: t.Calls, Origin: t.Origin,
+		TurnID: t.TurnID, Context: t.Context, Text: t.Text, Calls: t.Calls, Origin: t.Origin, FollowUpDepth: t.FollowUpDepth,
 		State: schemas.BatchQueued, Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n),
 		CreatedAt: now, UpdatedAt: now,
 	}
@@ -209,7 +204,7 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 func (x *Executor) Advance(ctx context.Context, turnID string) error {
 	b, rev, err := x.cfg.Store.Batches.Get(ctx, turnID)
 	if err != nil {
-		if schemas.CodeOf(err) != "" {
+		if schemas.Permanent(err) {
 			return err // an undecodable record: dead-letter, never guess
 		}
 		if errors.Is(err, store.ErrNotFound) {
@@ -429,7 +424,7 @@ func (x *Executor) supersedeSelf(ctx context.Context, b *schemas.BatchRecord) er
 // possible (no record, or one that does not decode: its own batch's stages
 // fail closed on it), so they never fail the superseding turn.
 func ignoreNotFound(err error) error {
-	if errors.Is(err, store.ErrNotFound) || schemas.CodeOf(err) != "" {
+	if errors.Is(err, store.ErrNotFound) || schemas.Permanent(err) {
 		return nil
 	}
 	return err
@@ -478,7 +473,7 @@ func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) er
 		return nil
 	}
 	subj := topology.EventSubject(topology.SubjectApprovalRequested, rec.TurnID)
-	return bus.Publish(ctx, x.cfg.JS, subj, "requested:"+rec.ApprovalID, rec)
+	return bus.Publish(ctx, x.cfg.JS, subj, topology.RequestedMsgID(rec.ApprovalID), rec)
 }
 
 // announceAwaiting hands b to the redriver. The notice also carries b's
@@ -487,7 +482,7 @@ func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) er
 func (x *Executor) announceAwaiting(ctx context.Context, b *schemas.BatchRecord) error {
 	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: b.SessionID, Kind: schemas.NoticeAwaiting, At: x.cfg.Engine.Now(),
 		Approvals: b.Approvals, Results: b.Results}
-	return bus.Publish(ctx, x.cfg.JS, topology.EventSubject(topology.SubjectBatchAwaiting, b.TurnID), "awaiting:"+b.TurnID, n)
+	return bus.Publish(ctx, x.cfg.JS, topology.EventSubject(topology.SubjectBatchAwaiting, b.TurnID), topology.AwaitingMsgID(b.TurnID), n)
 }
 
 // fail ends a batch whose authority or calls are unusable: nothing runs.

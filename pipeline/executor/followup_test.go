@@ -1,12 +1,16 @@
 package executor_test
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
 )
 
 const followUpPolicy = `{
@@ -14,10 +18,50 @@ const followUpPolicy = `{
   "tools": {
     "schedule_followup": {"approval": "never"},
     "echo":              {"approval": "never"},
+    "stamp":             {"approval": "never"},
     "write_file":        {"approval": "required", "audiences": {"public": "deny"}}
   },
   "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
 }`
+
+// stamp is a tool that records when each of its calls started.
+type stamp struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func (*stamp) Name() string { return "stamp" }
+
+func (s *stamp) Run(_ context.Context, c tools.Call) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.at[c.CallID] = time.Now()
+	return "stamped", nil
+}
+
+func (s *stamp) startedAt(t *testing.T, callID string) time.Time {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.at[callID]
+	if !ok {
+		t.Fatalf("call %s did not run", callID)
+	}
+	return at
+}
+
+// acceptedTurn returns the follow-up turnID as the server published it on
+// session's accepted subject when its schedule was due.
+func acceptedTurn(t *testing.T, h *pt.H, session, turnID string) *schemas.AcceptedTurn {
+	t.Helper()
+	for _, at := range pt.DecodeAll[schemas.AcceptedTurn](t, h.Messages(topology.StreamTurns, topology.AcceptedSubject(schemas.SessionKey(session)))) {
+		if at.TurnID == turnID {
+			return at
+		}
+	}
+	t.Fatalf("no accepted turn %s", turnID)
+	return nil
+}
 
 // followUpOf waits for the follow-up scheduled by call 0 of turn and checks
 // that it carries turn's TurnContext unchanged and is addressed like it.
@@ -45,7 +89,8 @@ func followUpOf(t *testing.T, h *pt.H, turn string) (*schemas.BatchRecord, *sche
 }
 
 func TestFollowUpWorkInheritsTheTurnContext(t *testing.T) {
-	h := pt.Start(t, pt.Options{Policy: followUpPolicy})
+	clock := &stamp{at: map[string]time.Time{}}
+	h := pt.Start(t, pt.Options{Policy: followUpPolicy, Tools: []tools.Tool{clock}})
 
 	t.Run("a delayed follow-up runs later under the same context and reply target", func(t *testing.T) {
 		h := h.For(t)
@@ -57,9 +102,56 @@ func TestFollowUpWorkInheritsTheTurnContext(t *testing.T) {
 		if out.Audience != schemas.AudiencePersonal || out.Reply.Channel.Kind != schemas.ChannelDM {
 			t.Fatalf("a personal turn's follow-up is addressed to %+v (%s)", out.Reply, out.Audience)
 		}
-		// Schedules are due at whole seconds, so 2s may fire after 1s.
-		if gap := b.CreatedAt.Sub(h.Batch(turn).CreatedAt); gap < time.Second {
-			t.Fatalf("follow-up accepted %v after the turn: not delayed", gap)
+		if gap := b.CreatedAt.Sub(h.Batch(turn).CreatedAt); gap < 2*time.Second {
+			t.Fatalf("follow-up accepted %v after the turn, before its 2s delay", gap)
+		}
+		if b.FollowUpDepth != 1 {
+			t.Fatalf("follow-up depth %d, want 1", b.FollowUpDepth)
+		}
+	})
+
+	t.Run("a follow-up never starts before its not_before", func(t *testing.T) {
+		h := h.For(t)
+		turn := h.Send(h.Inbound("fu-5", "alice", pt.Call("schedule_followup", `{"tool":"stamp","delay":"1500ms"}`)))
+		b, _ := followUpOf(t, h, turn)
+		at := acceptedTurn(t, h, "fu-5", b.TurnID)
+		if started := clock.startedAt(t, schemas.CallID(b.TurnID, 0)); started.Before(at.NotBefore) {
+			t.Fatalf("the follow-up started at %v, before its not_before %v", started, at.NotBefore)
+		}
+	})
+
+	t.Run("a follow-up that arrives before its not_before waits for it", func(t *testing.T) {
+		h := h.For(t)
+		// Its message schedule fired early by the executor's clock: the
+		// accepted turn is published at once, due 1.5s later.
+		at := h.Accept(h.Inbound("fu-6", "alice", pt.Call("stamp", `{}`)))
+		origin := schemas.CallID(at.TurnID, 0)
+		at.TurnID, at.Origin, at.FollowUpDepth = schemas.FollowUpTurnID(origin), origin, 1
+		at.Calls[0].CallID = schemas.CallID(at.TurnID, 0)
+		at.NotBefore = time.Now().Add(1500 * time.Millisecond)
+		h.Publish(topology.AcceptedSubject(schemas.SessionKey("fu-6")), topology.AcceptedMsgID(at.TurnID), at)
+		if b, _ := h.WaitTerminal(at.TurnID); b.Results[0].Status != schemas.ResultOK {
+			t.Fatalf("follow-up %+v", b.Results[0])
+		}
+		if started := clock.startedAt(t, at.Calls[0].CallID); started.Before(at.NotBefore) {
+			t.Fatalf("the follow-up started at %v, %v before its not_before", started, at.NotBefore.Sub(started))
+		}
+	})
+
+	t.Run("a follow-up of an invalid tool name is refused and nothing is scheduled", func(t *testing.T) {
+		for _, c := range []struct{ name, tool string }{{"with a space", "Bad Tool"}, {"with a path", "echo/../x"}} {
+			t.Run(c.name, func(t *testing.T) {
+				h := h.For(t)
+				turn := h.Send(h.Inbound("fu-7", "alice", pt.Call("schedule_followup", `{"tool":"`+c.tool+`"}`)))
+				b, _ := h.WaitTerminal(turn)
+				if r := b.Results[0]; r.Status != schemas.ResultError || !strings.Contains(r.Reason, string(schemas.CodeFollowUpRejected)) {
+					t.Fatalf("%+v, want it refused with FOLLOWUP_REJECTED", r)
+				}
+				fid := schemas.FollowUpTurnID(schemas.CallID(turn, 0))
+				if m := h.Messages(topology.StreamTurns, topology.SubjectTurnSchedule+fid); len(m) != 0 {
+					t.Fatalf("%d schedules stored for a refused follow-up", len(m))
+				}
+			})
 		}
 	})
 

@@ -17,7 +17,7 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
-// Session order (issue 4 item 6).
+// Session order.
 //
 // The turns of one session must run in the order their inbound messages
 // arrived, that is in TOLLGATE_INBOUND stream-sequence order, one batch at a
@@ -38,9 +38,9 @@ import (
 //
 //   - its turn is the session's active turn or already queued, or its batch
 //     has left the queued state (running, waiting, finished); or
-//   - it can never become a turn: it does not decode, arrived on the wrong
-//     subject, or ingest rejects it with a code (ingest.Accept is
-//     deterministic for a given policy); or
+//   - it can never become a turn: ingest's admission rule, ingest.Admit,
+//     refuses it (it does not decode, arrived on the wrong subject, or its
+//     calls are invalid; Admit is deterministic for a given policy); or
 //   - it has waited longer than Config.OrderWait (a message ingest gave up
 //     on for a non-deterministic reason, such as a panic or retries
 //     exhausted, must not block its session forever). This is logged and
@@ -152,11 +152,13 @@ func (x *Executor) inOrder(ctx context.Context, b *schemas.BatchRecord) (*batch.
 // settled reports whether the earlier inbound message m of session sess
 // can no longer become a turn that should run before turn self.
 func (x *Executor) settled(ctx context.Context, self string, sess *schemas.SessionRecord, m *jetstream.RawStreamMsg) (bool, error) {
-	in, err := schemas.Decode[schemas.InboundMessage](m.Data)
-	if err != nil || m.Subject != topology.InboundSubject(in.Transport, in.SessionID) {
-		return true, nil // ingest dead-letters it: it never becomes a turn
+	// Admit is deterministic for a given policy: a message it refuses is
+	// dead-lettered by ingest and never becomes a turn.
+	t, err := ingest.Admit(m.Subject, m.Data, x.cfg.Policy, schemas.Provenance{StreamSeq: m.Sequence, ReceivedAt: m.Time})
+	if err != nil {
+		return true, nil
 	}
-	turn := schemas.TurnID(in.Transport, in.MessageID)
+	turn := t.TurnID
 	if turn == self {
 		// An earlier delivery of the same transport message (a transport
 		// retry under another Nats-Msg-Id): one turn, already this one.
@@ -172,16 +174,13 @@ func (x *Executor) settled(ctx context.Context, self string, sess *schemas.Sessi
 		// creating the batch and queuing it (or the record we read is
 		// older than its queuing). Either way it comes first.
 		return b.State != schemas.BatchQueued, nil
-	case schemas.CodeOf(err) != "":
+	case schemas.Permanent(err):
 		return true, nil // an undecodable batch is dead-lettered, never run
 	case !errors.Is(err, store.ErrNotFound):
 		return false, fmt.Errorf("session order: load batch %s: %w", turn, err)
 	}
 	// No batch yet: ingest has not accepted it, or the executor has not
-	// seen the accepted turn. Wait, unless it can never be a turn.
-	if _, err := ingest.Accept(in, x.cfg.Policy, schemas.Provenance{StreamSeq: m.Sequence, ReceivedAt: m.Time}); schemas.CodeOf(err) != "" {
-		return true, nil
-	}
+	// seen the accepted turn. Wait, for a while.
 	if age := x.cfg.Engine.Now().Sub(m.Time); age > x.cfg.OrderWait {
 		x.orderSkipped.Inc()
 		x.cfg.Logger.Warn("session order: an earlier inbound message never became a turn; letting later turns pass it",

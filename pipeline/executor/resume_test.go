@@ -31,7 +31,7 @@ func TestAResumedBatchKeepsTheApprovalsItAlreadyCreated(t *testing.T) {
 	if _, err := h.Store.Batches.Create(ctx, at.TurnID, b); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.ExecEngine.Acquire(ctx, b.SessionID, b.TurnID, 0, nil); err != nil {
+	if _, err := h.Engine.Acquire(ctx, b.SessionID, b.TurnID, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	id := schemas.ApprovalID(at.TurnID, 0)

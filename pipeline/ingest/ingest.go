@@ -23,6 +23,7 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -73,13 +74,11 @@ func New(cfg Config) (*Ingest, error) {
 
 // Run consumes inbound messages until ctx is cancelled.
 func (in *Ingest) Run(ctx context.Context) error {
+	consumer := topology.IngestConsumer()
 	r, err := runner.New(runner.Config{
-		Stage:  Stage,
-		Stream: topology.StreamInbound,
-		Consumer: jetstream.ConsumerConfig{
-			Durable:       topology.ConsumerIngest,
-			FilterSubject: topology.SubjectInboundPrefix + ">",
-		},
+		Stage:       Stage,
+		Stream:      consumer.Stream,
+		Consumer:    consumer.Config,
 		Handler:     in.Handle,
 		JS:          in.cfg.JS,
 		Logger:      in.cfg.Logger,
@@ -92,26 +91,17 @@ func (in *Ingest) Run(ctx context.Context) error {
 	return r.Run(ctx)
 }
 
-// Handle accepts one inbound message.
+// Handle accepts one inbound message: it applies Admit, seals the turn's
+// TurnContext and publishes the accepted turn. Admit's coded errors are
+// permanent (the runner dead-letters the message); sealing and publishing
+// errors are retried.
 func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
-	msg, err := schemas.Decode[schemas.InboundMessage](m.Data())
-	if err != nil {
-		return err
-	}
-	// The transport token is the publisher's identity (NATS permissions
-	// give each transport its own subjects); the body may not claim
-	// another. The session token must be the body's session key, or the
-	// executor's arrival-order check would look in the wrong place.
-	if want := topology.InboundSubject(msg.Transport, msg.SessionID); m.Subject() != want {
-		return schemas.Errorf(schemas.CodeInvalidInput, "message claims transport %q and session %q but arrived on %s (want %s)",
-			msg.Transport, msg.SessionID, m.Subject(), want)
-	}
 	var prov schemas.Provenance
 	if meta, err := m.Metadata(); err == nil {
 		prov.StreamSeq, prov.ReceivedAt = meta.Sequence.Stream, meta.Timestamp.UTC()
 	}
 	prov.IngestedBy = in.cfg.Instance
-	t, err := Accept(msg, in.cfg.Policy, prov)
+	t, err := Admit(m.Subject(), m.Data(), in.cfg.Policy, prov)
 	if err != nil {
 		return err
 	}
@@ -119,7 +109,7 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 		return err
 	}
 	subj := topology.AcceptedSubject(schemas.SessionKey(t.Context.SessionID))
-	if err := bus.Publish(ctx, in.cfg.JS, subj, t.TurnID, t); err != nil {
+	if err := bus.Publish(ctx, in.cfg.JS, subj, topology.AcceptedMsgID(t.TurnID), t); err != nil {
 		return err
 	}
 	in.cfg.Logger.Debug("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID,
@@ -127,12 +117,45 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	return nil
 }
 
-// Accept builds the accepted turn of msg under policy p, with its
-// TurnContext not yet sealed (the stage seals it with its key ring before
-// publishing; see package seal). prov supplies the
-// stream-derived provenance (sequence, receipt time, instance); its
-// Transport and MessageID are filled from msg. It fails with a coded error
-// (ARGS_INVALID_JSON, INVALID_INPUT) for input that cannot become a turn.
+// Admit is ingest's admission rule: whether the inbound message data,
+// stored on subject, becomes a turn under policy p, and which turn. It is
+// pure and deterministic (no I/O and no clock: the turn's times come from
+// prov and the message), so that the stage, the executor's session-order
+// check and `tollgate send` (before it publishes) all decide alike.
+//
+// The message must decode as a current InboundMessage within the input
+// limits (schemas.Decode), must have been published on its own subject,
+// tollgate.inbound.<transport>.<session key> (so a transport permitted to
+// publish only on its own subjects cannot borrow another transport's trust
+// rule or principals, and the executor finds a session's messages where it
+// looks for them), and must pass Accept. On success it returns the turn
+// Accept builds, its TurnContext not yet sealed. Every error is a
+// *schemas.Error: MALFORMED_PAYLOAD, PAYLOAD_TOO_LARGE,
+// SCHEMA_VERSION_UNSUPPORTED, INVALID_INPUT, ARGS_INVALID_JSON or
+// TURN_CONTEXT_INVALID; a message refused here can never become a turn.
+func Admit(subject string, data []byte, p *policy.Policy, prov schemas.Provenance) (*schemas.AcceptedTurn, error) {
+	msg, err := schemas.Decode[schemas.InboundMessage](data)
+	if err != nil {
+		return nil, err
+	}
+	// The transport token is the publisher's identity (NATS permissions
+	// give each transport its own subjects); the body may not claim
+	// another. The session token must be the body's session key, or the
+	// executor's arrival-order check would look in the wrong place.
+	if want := topology.InboundSubject(msg.Transport, msg.SessionID); subject != want {
+		return nil, schemas.Errorf(schemas.CodeInvalidInput, "message claims transport %q and session %q but arrived on %s (want %s)",
+			msg.Transport, msg.SessionID, subject, want)
+	}
+	return Accept(msg, p, prov)
+}
+
+// Accept is the part of Admit that follows decoding: it builds the accepted
+// turn of the decoded message msg under policy p, with its TurnContext not
+// yet sealed (the stage seals it with its key ring before publishing; see
+// package seal). prov supplies the stream-derived provenance (sequence,
+// receipt time, instance); its Transport and MessageID are filled from msg.
+// It fails with a *schemas.Error (ARGS_INVALID_JSON, PAYLOAD_TOO_LARGE,
+// INVALID_INPUT, TURN_CONTEXT_INVALID) for input that cannot become a turn.
 func Accept(msg *schemas.InboundMessage, p *policy.Policy, prov schemas.Provenance) (*schemas.AcceptedTurn, error) {
 	audience, err := AudienceOf(msg.Channel.Kind)
 	if err != nil {
@@ -168,11 +191,21 @@ func Accept(msg *schemas.InboundMessage, p *policy.Policy, prov schemas.Provenan
 	for i, c := range msg.Calls {
 		canon, digest, err := schemas.CanonicalArgs(c.Args)
 		if err != nil {
-			return nil, schemas.Errorf(schemas.CodeOf(err), "call %d (%s): %v", i, c.Tool, err)
+			return nil, callError(i, c.Tool, err)
 		}
 		calls[i] = schemas.ToolCall{CallID: schemas.CallID(turnID, i), Index: i, Tool: c.Tool, Args: canon, ArgsDigest: digest}
 	}
 	return &schemas.AcceptedTurn{TurnID: turnID, Context: tc, Text: msg.Text, Calls: calls, AcceptedAt: prov.ReceivedAt}, nil
+}
+
+// callError names call i in err, a coded error of schemas.CanonicalArgs,
+// keeping its code once (not repeated inside the reason).
+func callError(i int, tool string, err error) error {
+	var e *schemas.Error
+	if !errors.As(err, &e) {
+		e = &schemas.Error{Code: schemas.CodeArgsInvalidJSON, Reason: err.Error()}
+	}
+	return &schemas.Error{Code: e.Code, Reason: fmt.Sprintf("call %d (%s): %s", i, tool, e.Reason), Err: err}
 }
 
 // Interactive reports whether sender can answer an approval prompt: a user

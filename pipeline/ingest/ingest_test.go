@@ -2,6 +2,7 @@ package ingest_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -174,6 +175,63 @@ func TestAcceptRejectsInputThatCannotBecomeATurn(t *testing.T) {
 	}
 }
 
+func TestAdmitIsIngestsAdmissionRule(t *testing.T) {
+	p := mustPolicy(t)
+	own := topology.InboundSubject("cli", "sess")
+	encoded := func(mutate func(m *schemas.InboundMessage)) []byte {
+		m := inbound("cli", schemas.SenderUser, schemas.ChannelDM)
+		mutate(m)
+		b, err := msgpack.Marshal(m) // not schemas.Encode: that would refuse most rows
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	call := func(tool, args string) func(m *schemas.InboundMessage) {
+		return func(m *schemas.InboundMessage) { m.Calls = []schemas.ProposedCall{{Tool: tool, Args: args}} }
+	}
+	tests := []struct {
+		name    string
+		subject string
+		data    []byte
+		code    schemas.Code // "" is admitted
+	}{
+		{"a well-formed message on its own subject is admitted", own, encoded(func(*schemas.InboundMessage) {}), ""},
+		{"a call without arguments is admitted", own, encoded(call("echo", "")), ""},
+		{"bytes that are not msgpack", own, []byte("hello, tollgate"), schemas.CodeMalformed},
+		{"an empty payload", own, nil, schemas.CodeMalformed},
+		{"an unknown schema version", own, encoded(func(m *schemas.InboundMessage) { m.V = 2 }), schemas.CodeSchemaVersionUnsupported},
+		{"a tool name with a space", own, encoded(call("Bad Tool", `{}`)), schemas.CodeInvalidInput},
+		{"a tool name with a path in it", own, encoded(call("echo/../x", `{}`)), schemas.CodeInvalidInput},
+		{"arguments that are not JSON", own, encoded(call("echo", `{"text":`)), schemas.CodeArgsInvalidJSON},
+		{"arguments that are a JSON array", own, encoded(call("echo", `[1,2]`)), schemas.CodeArgsInvalidJSON},
+		{"arguments over the size limit", own, encoded(call("echo", `{"text":"`+strings.Repeat("x", schemas.MaxArgsBytes)+`"}`)), schemas.CodePayloadTooLarge},
+		{"a channel kind with no audience", own, encoded(func(m *schemas.InboundMessage) { m.Channel.Kind = "group" }), schemas.CodeInvalidInput},
+		{"a session that differs from the subject it arrived on", topology.InboundSubject("cli", "another"),
+			encoded(func(*schemas.InboundMessage) {}), schemas.CodeInvalidInput},
+		{"a transport that differs from the subject it arrived on", topology.InboundSubject("webhook", "sess"),
+			encoded(func(*schemas.InboundMessage) {}), schemas.CodeInvalidInput},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			at, err := ingest.Admit(tc.subject, tc.data, p, schemas.Provenance{StreamSeq: 3, ReceivedAt: receivedAt})
+			if tc.code == "" {
+				if err != nil || at.TurnID != schemas.TurnID("cli", "m-1") || at.Context.Provenance.StreamSeq != 3 {
+					t.Fatalf("Admit = %+v, %v; want turn %s", at, err, schemas.TurnID("cli", "m-1"))
+				}
+				return
+			}
+			var coded *schemas.Error
+			if at != nil || !errors.As(err, &coded) || coded.Code != tc.code {
+				t.Fatalf("Admit = %+v, %v; want a *schemas.Error with code %s", at, err, tc.code)
+			}
+			if strings.Count(err.Error(), string(tc.code)) != 1 {
+				t.Fatalf("error %q names its code more than once", err)
+			}
+		})
+	}
+}
+
 func TestSameTransportMessageIsOneTurn(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: ingestPolicy})
 	m := h.Inbound("dup", "alice", pt.Call("echo", `{"text":"once"}`))
@@ -302,12 +360,9 @@ func BenchmarkIngestDecodeAcceptEncode(b *testing.B) {
 	prov := schemas.Provenance{StreamSeq: 1, ReceivedAt: receivedAt, IngestedBy: "bench"}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(data)))
+	subject := topology.InboundSubject("slack", "sess")
 	for b.Loop() {
-		m, err := schemas.Decode[schemas.InboundMessage](data)
-		if err != nil {
-			b.Fatal(err)
-		}
-		at, err := ingest.Accept(m, p, prov)
+		at, err := ingest.Admit(subject, data, p, prov)
 		if err != nil {
 			b.Fatal(err)
 		}

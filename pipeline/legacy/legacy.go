@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
 )
@@ -44,14 +45,8 @@ func New(keys *seal.KeyRing, log *slog.Logger, reg prometheus.Registerer) (*Rest
 		Name: "tollgate_legacy_restored_total",
 		Help: "Version 1 approval records read through the compatibility path, by result (restored, incomplete).",
 	}, []string{"result"})}
-	if reg != nil {
-		if err := reg.Register(r.results); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, fmt.Errorf("legacy: register metrics: %w", err)
-			}
-			r.results = are.ExistingCollector.(*prometheus.CounterVec)
-		}
+	if err := metrics.Register(reg, &r.results); err != nil {
+		return nil, fmt.Errorf("legacy: %w", err)
 	}
 	return r, nil
 }

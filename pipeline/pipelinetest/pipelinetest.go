@@ -28,15 +28,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
-	"github.com/tollgate-dev/tollgate/pipeline/legacy"
 	"github.com/tollgate-dev/tollgate/pipeline/redriver"
-	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -51,14 +50,14 @@ const Wait = 20 * time.Second
 
 // Stage names, as accepted in Options.Stages.
 const (
-	Ingest   = ingest.Stage
-	Executor = executor.Stage
-	Approver = approver.Stage
-	Redriver = redriver.Stage
+	Ingest   = tollgate.StageIngest
+	Executor = tollgate.StageExecutor
+	Approver = tollgate.StageApprover
+	Redriver = tollgate.StageRedriver
 )
 
 // AllStages in pipeline order.
-var AllStages = []string{Ingest, Executor, Approver, Redriver}
+var AllStages = tollgate.AllStages()
 
 // Options configures Start.
 type Options struct {
@@ -70,7 +69,7 @@ type Options struct {
 	Stages []string
 	// Tools are registered next to the built-in echo and write_file.
 	Tools []tools.Tool
-	// ClaimLease and ToolTimeout for the batch engines (default: the
+	// ClaimLease and ToolTimeout for the batch engine (default: the
 	// engine's defaults; a ClaimLease below a minute needs a ToolTimeout).
 	ClaimLease  time.Duration
 	ToolTimeout time.Duration
@@ -127,19 +126,17 @@ type Pipeline struct {
 	Registry *prometheus.Registry
 	Tools    *tools.Registry
 
+	// What tollgate.New built: the stages, and the one batch engine of
+	// the executor and the redriver.
 	Ingest   *ingest.Ingest
 	Executor *executor.Executor
 	Approver *approver.Approver
 	Redriver *redriver.Redriver
-	// ExecEngine and RedriveEngine are the batch engines of the executor
-	// and the redriver.
-	ExecEngine    *batch.Engine
-	RedriveEngine *batch.Engine
+	Engine   *batch.Engine
 
 	owner   testing.TB
 	cancel  context.CancelFunc
 	done    chan error
-	running int
 	stopped atomic.Bool
 }
 
@@ -158,9 +155,9 @@ func Logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// Start constructs the four stages on a fresh (or the given) embedded
-// server, runs the selected ones until the test ends, and returns the
-// harness.
+// Start builds the pipeline with tollgate.New (every stage constructed,
+// with instance "test", on a fresh or the given embedded server), runs the
+// selected stages until the test ends, and returns the harness.
 func Start(t testing.TB, o Options) *H {
 	t.Helper()
 	env := o.Env
@@ -180,74 +177,39 @@ func Start(t testing.TB, o Options) *H {
 	if err != nil {
 		t.Fatalf("pipelinetest: %v", err)
 	}
-	followUp := &tools.FollowUp{}
-	treg, err := tools.NewRegistry(append(append(builtins, followUp), o.Tools...)...)
-	if err != nil {
-		t.Fatalf("pipelinetest: %v", err)
-	}
 	keys := o.Keys
 	if keys == nil {
 		keys = Keys(t)
 	}
-	h := &H{T: t, Pipeline: &Pipeline{
-		Env: env, JS: env.JS, Store: store.New(env.Buckets), Policy: pol, Keys: keys,
-		Sandbox: sandbox, Registry: prometheus.NewRegistry(), Tools: treg, owner: t,
-	}}
-	log := Logger()
-	compat, err := legacy.New(keys, log, h.Registry)
+	reg := prometheus.NewRegistry()
+	ctx, cancel := context.WithTimeout(context.Background(), Wait)
+	defer cancel()
+	p, err := tollgate.New(ctx, tollgate.Config{
+		JS: env.JS, Policy: pol, Keys: keys, Tools: append(builtins, o.Tools...), Logger: Logger(), Registerer: reg,
+		Instance: "test", Topology: env.Topology,
+		ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout, OrderWait: o.OrderWait,
+		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter,
+	})
 	if err != nil {
-		t.Fatalf("pipelinetest: legacy: %v", err)
+		t.Fatalf("pipelinetest: %v", err)
 	}
-	h.Store.Approvals.Decode = compat.DecodeApproval
-	metrics := runner.NewMetrics(h.Registry)
-	newEngine := func(worker string) *batch.Engine {
-		e, err := batch.New(batch.Config{JS: h.JS, Store: h.Store, Tools: treg, Keys: keys, Worker: worker, Logger: log, ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout})
-		if err != nil {
-			t.Fatalf("pipelinetest: engine: %v", err)
-		}
-		return e
-	}
-	h.ExecEngine, h.RedriveEngine = newEngine("executor@test"), newEngine("redriver@test")
-	followUp.Scheduler = h.ExecEngine
-	if h.Ingest, err = ingest.New(ingest.Config{JS: h.JS, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Instance: "ingest@test"}); err != nil {
-		t.Fatalf("pipelinetest: ingest: %v", err)
-	}
-	if h.Executor, err = executor.New(executor.Config{JS: h.JS, Store: h.Store, Engine: h.ExecEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry, OrderWait: o.OrderWait}); err != nil {
-		t.Fatalf("pipelinetest: executor: %v", err)
-	}
-	if h.Approver, err = approver.New(approver.Config{JS: h.JS, Store: h.Store, Policy: pol, Keys: keys, Logger: log, Metrics: metrics, Registerer: h.Registry}); err != nil {
-		t.Fatalf("pipelinetest: approver: %v", err)
-	}
-	if h.Redriver, err = redriver.New(redriver.Config{JS: h.JS, Store: h.Store, Engine: h.RedriveEngine, Policy: pol, Logger: log, Metrics: metrics, Registerer: h.Registry,
-		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter}); err != nil {
-		t.Fatalf("pipelinetest: redriver: %v", err)
-	}
-
 	stages := o.Stages
 	if stages == nil {
 		stages = AllStages
 	}
-	runs := map[string]func(context.Context) error{
-		Ingest: h.Ingest.Run, Executor: h.Executor.Run, Approver: h.Approver.Run, Redriver: h.Redriver.Run,
-	}
 	for _, s := range stages {
-		if runs[s] == nil {
+		if !slices.Contains(AllStages, s) {
 			t.Fatalf("pipelinetest: unknown stage %q", s)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel, h.done, h.running = cancel, make(chan error, len(stages)), len(stages)
+	runCtx, stop := context.WithCancel(context.Background())
+	h := &H{T: t, Pipeline: &Pipeline{
+		Env: env, JS: env.JS, Store: p.Store, Policy: pol, Keys: keys, Sandbox: sandbox, Registry: reg, Tools: p.Tools,
+		Ingest: p.Ingest, Executor: p.Executor, Approver: p.Approver, Redriver: p.Redriver, Engine: p.Engine,
+		owner: t, cancel: stop, done: make(chan error, 1),
+	}}
 	t.Cleanup(h.Stop)
-	for _, s := range stages {
-		run := runs[s]
-		go func() {
-			err := run(ctx)
-			if err != nil {
-				err = fmt.Errorf("stage %s: %w", s, err)
-			}
-			h.done <- err
-		}()
-	}
+	go func() { h.done <- p.RunStages(runCtx, stages...) }()
 	return h
 }
 
@@ -258,17 +220,13 @@ func (h *Pipeline) Stop() {
 		return
 	}
 	h.cancel()
-	deadline := time.After(45 * time.Second)
-	for range h.running {
-		select {
-		case err := <-h.done:
-			if err != nil {
-				h.owner.Errorf("pipelinetest: %v", err)
-			}
-		case <-deadline:
-			h.owner.Errorf("pipelinetest: stages did not stop within 45s")
-			return
+	select {
+	case err := <-h.done:
+		if err != nil {
+			h.owner.Errorf("pipelinetest: %v", err)
 		}
+	case <-time.After(45 * time.Second):
+		h.owner.Errorf("pipelinetest: stages did not stop within 45s")
 	}
 }
 
@@ -304,7 +262,7 @@ func (h *Pipeline) Inbound(session, sender string, calls ...schemas.ProposedCall
 // (message id "transport:message_id") and returns the turn id it becomes.
 func (h *H) Send(m *schemas.InboundMessage) string {
 	h.T.Helper()
-	h.Publish(topology.InboundSubject(m.Transport, m.SessionID), m.Transport+":"+m.MessageID, m)
+	h.Publish(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), m)
 	return schemas.TurnID(m.Transport, m.MessageID)
 }
 
@@ -348,7 +306,7 @@ func (h *Pipeline) Decision(approvalID, option, transport, sender string) *schem
 // decision id) and returns its stream sequence.
 func (h *H) Submit(d *schemas.Decision) uint64 {
 	h.T.Helper()
-	return h.Publish(topology.DecisionSubject(d.Transport, d.ApprovalID), d.DecisionID, d)
+	return h.Publish(topology.DecisionSubject(d.Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d)
 }
 
 // Decide submits option on approvalID as sender on transport "cli" and
@@ -683,12 +641,12 @@ func (h *H) WaitDLQ(stage string, n int) []Stored {
 	return got
 }
 
-// Consumer names the durable consumer of each stage and its stream.
-var consumers = map[string][2]string{
-	Ingest:   {topology.StreamInbound, topology.ConsumerIngest},
-	Executor: {topology.StreamTurns, topology.ConsumerExecutor},
-	Approver: {topology.StreamDecisions, topology.ConsumerApprover},
-	Redriver: {topology.StreamEvents, topology.ConsumerRedriver},
+// consumers are the durable consumers of the stages.
+var consumers = map[string]topology.ConsumerSpec{
+	Ingest:   topology.IngestConsumer(),
+	Executor: topology.ExecutorConsumer(),
+	Approver: topology.ApproverConsumer(),
+	Redriver: topology.RedriverConsumer(),
 }
 
 // WaitConsumed waits until stage has acknowledged (or terminated) every
@@ -703,7 +661,7 @@ func (h *H) WaitConsumed(stage string, seq uint64) {
 	jstest.Eventually(h.T, Wait, fmt.Sprintf("%s consumed up to seq %d", stage, seq), func() bool {
 		ctx, cancel := h.Ctx()
 		defer cancel()
-		c, err := h.JS.Consumer(ctx, sc[0], sc[1])
+		c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
 		if err != nil {
 			return false
 		}
@@ -724,7 +682,7 @@ func (h *H) WaitIdle(stages ...string) {
 		jstest.Eventually(h.T, Wait, stage+" idle", func() bool {
 			ctx, cancel := h.Ctx()
 			defer cancel()
-			c, err := h.JS.Consumer(ctx, sc[0], sc[1])
+			c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
 			if err != nil {
 				return false
 			}

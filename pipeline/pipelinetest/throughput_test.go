@@ -17,7 +17,7 @@ import (
 // These benchmarks run the four stages in one process on an embedded
 // server (file storage) and report whole turns per second, next to raw
 // JetStream async publish measured on the same server in the same run. They
-// are indicative only; `make bench` (issue 5) is the full report.
+// are indicative only; `make bench` (docs/bench.md) is the full report.
 
 // BenchmarkFastPathTurns: b.N turns of one echo call each, over 64
 // sessions, published asynchronously; the clock stops when the last turn's

@@ -32,6 +32,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -96,11 +97,9 @@ func New(cfg Config) (*Redriver, error) {
 		Name: "tollgate_redrive_outcomes_total", Help: "Redrive attempts by outcome kind (started, deferred, failed).",
 	}, []string{"kind"})}
 	r.sweep = newSweeper(r)
-	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{r.outcomes, r.sweep.actions} {
-			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("register metrics: %w", err)
-			}
+	for _, c := range []**prometheus.CounterVec{&r.outcomes, &r.sweep.actions} {
+		if err := metrics.Register(cfg.Registerer, c); err != nil {
+			return nil, err
 		}
 	}
 	return r, nil
@@ -108,13 +107,11 @@ func New(cfg Config) (*Redriver, error) {
 
 // Run consumes decided events and awaiting notices until ctx is cancelled.
 func (r *Redriver) Run(ctx context.Context) error {
+	consumer := topology.RedriverConsumer()
 	rn, err := runner.New(runner.Config{
-		Stage:  Stage,
-		Stream: topology.StreamEvents,
-		Consumer: jetstream.ConsumerConfig{
-			Durable:        topology.ConsumerRedriver,
-			FilterSubjects: []string{topology.SubjectApprovalDecided + "*", topology.SubjectBatchAwaiting + "*"},
-		},
+		Stage:        Stage,
+		Stream:       consumer.Stream,
+		Consumer:     consumer.Config,
 		Handler:      r.Handle,
 		OnDeadLetter: r.abort,
 		JS:           r.cfg.JS,
@@ -186,7 +183,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	case errors.Is(err, store.ErrNotFound):
 		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveFailed,
 			Code: schemas.CodeBatchRecordMissing, Reason: "no batch record: nothing to redrive", Trigger: trigger})
-	case schemas.CodeOf(err) != "":
+	case schemas.Permanent(err):
 		return err // undecodable record: dead-letter the trigger, never guess
 	case err != nil:
 		return err
@@ -302,8 +299,8 @@ func Evaluate(ctx context.Context, keys *seal.KeyRing, b *schemas.BatchRecord, g
 		return Verdict{Kind: schemas.RedriveDeferred, Reason: "batch is " + string(b.State)}, nil
 	}
 	failed := func(err error) (Verdict, error) {
-		if code := schemas.CodeOf(err); code != "" {
-			return Verdict{Kind: schemas.RedriveFailed, Code: code, Reason: err.Error()}, nil
+		if schemas.Permanent(err) {
+			return Verdict{Kind: schemas.RedriveFailed, Code: schemas.CodeOf(err), Reason: err.Error()}, nil
 		}
 		return Verdict{}, err
 	}
@@ -471,7 +468,7 @@ func (r *Redriver) claimed(ctx context.Context, callID string) (bool, error) {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return false, nil
-	case err == nil || schemas.CodeOf(err) != "":
+	case err == nil || schemas.Permanent(err):
 		return true, nil
 	default:
 		return false, err
@@ -618,7 +615,7 @@ func (r *Redriver) settle(ctx context.Context, p *redriveOutcomePub) error {
 func (r *Redriver) outcomeSubject(o *schemas.RedriveOutcome) (subject, msgID string) {
 	o.At = r.cfg.Engine.Now()
 	if o.Kind != schemas.RedriveDeferred {
-		msgID = "redrive:" + string(o.Kind) + ":" + o.TurnID
+		msgID = topology.RedriveMsgID(o.Kind, o.TurnID)
 	}
 	return topology.EventSubject(topology.SubjectRedrive+string(o.Kind)+".", o.TurnID), msgID
 }

@@ -557,6 +557,7 @@ func TestRepeatedDecisionAfterTheDedupeWindowDoesNotRepeatTheOutcome(t *testing.
 	if err := topology.Ensure(jstest.Ctx(t), env.JS, cfg); err != nil {
 		t.Fatal(err)
 	}
+	env.Topology = cfg // what the pipeline ensures again
 	h := pt.Start(t, pt.Options{Env: env, Policy: countPolicy, Tools: []tools.Tool{count}})
 	ctx, cancel := h.Ctx()
 	defer cancel()
@@ -611,7 +612,7 @@ func TestRedriveStopsWhenItsBatchWasEndedUnderIt(t *testing.T) {
 	count := &pt.Counter{}
 	var h *pt.H
 	aborts := abortingTool{abort: func(turn string) {
-		if err := h.ExecEngine.Abort(context.Background(), turn, schemas.CodeRetriesExhausted, "gave up"); err != nil {
+		if err := h.Engine.Abort(context.Background(), turn, schemas.CodeRetriesExhausted, "gave up"); err != nil {
 			t.Errorf("abort: %v", err)
 		}
 	}}

@@ -15,7 +15,7 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
-// Recovery sweep (issue 4 item 2).
+// Recovery sweep.
 //
 // Every step of a turn is driven by a message that is acknowledged only
 // after its work is done, so a worker that dies mid-step leaves its message

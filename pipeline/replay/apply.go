@@ -338,7 +338,7 @@ func (a *applier) nudge(ctx context.Context, sessionCreated map[string]bool) err
 			}
 			n.Kind, subject = schemas.NoticeReady, topology.ReadySubject(schemas.SessionKey(tr.SessionID))
 		}
-		if err := bus.Publish(ctx, a.js, subject, NoticePrefix+a.run+":"+tr.TurnID, n); err != nil {
+		if err := bus.Publish(ctx, a.js, subject, topology.ReplayNoticeMsgID(a.run, tr.TurnID), n); err != nil {
 			return fmt.Errorf("replay: nudge %s: %w", tr.TurnID, err)
 		}
 		tr.Notice = subject
@@ -346,7 +346,3 @@ func (a *applier) nudge(ctx context.Context, sessionCreated map[string]bool) err
 	}
 	return nil
 }
-
-// NoticePrefix starts the Nats-Msg-Id of every notice a rebuild
-// publishes. Read ignores such notices: they say nothing about the batch.
-const NoticePrefix = "replay:"

@@ -161,7 +161,7 @@ func Read(ctx context.Context, js jetstream.JetStream, r Range) (*History, error
 		if t == nil {
 			return true, nil // another turn's
 		}
-		if strings.HasPrefix(m.Headers().Get(jetstream.MsgIDHeader), NoticePrefix) {
+		if strings.HasPrefix(m.Headers().Get(jetstream.MsgIDHeader), topology.ReplayNoticePrefix) {
 			return true, nil // a rebuild's nudge: it says nothing about the batch
 		}
 		if err := t.add(subj, m.Data()); err != nil {
@@ -261,7 +261,7 @@ func (t *Turn) project() {
 	n := len(at.Calls)
 	b := &schemas.BatchRecord{
 		V: schemas.BatchVersion, TurnID: at.TurnID, SessionID: t.SessionID, Context: at.Context, Text: at.Text,
-		Calls: at.Calls, Origin: at.Origin, State: schemas.BatchQueued,
+		Calls: at.Calls, Origin: at.Origin, FollowUpDepth: at.FollowUpDepth, State: schemas.BatchQueued,
 		Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n),
 		CreatedAt: t.Accepted, UpdatedAt: t.Accepted,
 	}

@@ -179,7 +179,6 @@ func Run(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error
 // (every key reads as absent).
 type buckets struct {
 	approvals, batches, sessions, claims jetstream.KeyValue
-	decodeApproval                       func([]byte) (*schemas.ApprovalRecord, error)
 }
 
 // openBuckets binds the buckets. On Rebuild it creates a missing

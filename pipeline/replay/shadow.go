@@ -114,7 +114,7 @@ func shadowCall(ctx context.Context, o Options, claims store.Bucket[schemas.Exec
 		switch {
 		case claims.KV == nil || errors.Is(err, store.ErrNotFound):
 			// no claim: p stands
-		case schemas.CodeOf(err) != "":
+		case schemas.Permanent(err):
 			sc.Would, sc.Code, sc.Reason = WouldNotRunAgain, schemas.CodeOf(err), "its execution claim does not decode: "+err.Error()
 			return sc, nil
 		case err != nil:

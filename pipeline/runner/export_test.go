@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // Test hooks for the consume-loop watchdog.
@@ -37,7 +39,7 @@ func CheckStall(ctx context.Context, r *Runner) (bool, error) {
 
 // StallConsume ends r's consume context behind its back and waits until it
 // is closed: the runner still believes it is consuming, but nothing pulls,
-// as after nats.go issue 2063.
+// as after nats.go issue #2063 (github.com/nats-io/nats.go/issues/2063).
 func StallConsume(r *Runner) error {
 	l := r.loop.Load()
 	if l == nil {
@@ -54,4 +56,9 @@ func StallConsume(r *Runner) error {
 	case <-time.After(10 * time.Second):
 		return errors.New("consume context did not close")
 	}
+}
+
+// FitDeadLetter exposes fitDeadLetter for its table test.
+func FitDeadLetter(own, copied nats.Header, msgID string, data []byte, maxPayload int64) (nats.Header, []byte) {
+	return fitDeadLetter(own, copied, msgID, data, maxPayload)
 }

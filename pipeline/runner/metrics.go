@@ -1,10 +1,13 @@
 package runner
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
 
-// Metrics are the per-stage message counters and timings. Create one per
-// registry and share it between the runners of one process; the stage is a
-// label.
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
+)
+
+// Metrics are the per-stage message counters and timings, shared by the
+// runners of one process; the stage is a label.
 type Metrics struct {
 	Received     *prometheus.CounterVec
 	Acked        *prometheus.CounterVec
@@ -16,7 +19,11 @@ type Metrics struct {
 	Duration        *prometheus.HistogramVec
 }
 
-// NewMetrics registers the runner metrics with reg (nil: not registered).
+// NewMetrics registers the runner metrics with reg (nil: not registered)
+// through metrics.Register: where reg already holds them (another stage's
+// or an earlier call's), the returned Metrics count into those. It panics,
+// like prometheus.MustRegister, if reg refuses one (another metric of the
+// same name): a wiring mistake, not a condition to handle.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Received: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -43,8 +50,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
 		}, []string{"stage"}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.Received, m.Acked, m.Retried, m.DeadLettered, m.Panics, m.ConsumeRestarts, m.Duration)
+	for _, c := range []**prometheus.CounterVec{&m.Received, &m.Acked, &m.Retried, &m.DeadLettered, &m.Panics, &m.ConsumeRestarts} {
+		must(metrics.Register(reg, c))
 	}
+	must(metrics.Register(reg, &m.Duration))
 	return m
+}
+
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
 }

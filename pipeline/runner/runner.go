@@ -2,18 +2,25 @@
 // message to a Handler and turns the result into an explicit outcome.
 //
 //   - nil: Ack.
-//   - an error carrying a schemas.Code (a *schemas.Error): the message can
-//     never succeed; it is copied to the dead-letter stream with its original
-//     bytes and the code, then terminated with TermWithReason.
+//   - a permanent error (schemas.Permanent: it carries a schemas.Code): the
+//     message can never succeed; it is copied to the dead-letter stream with
+//     its original bytes and the code, then terminated with TermWithReason.
 //   - a Waiting error: NakWithDelay(RetryAfter()), not counted as a failure.
 //   - any other error: transient; NakWithDelay with a growing delay, until
 //     MaxAttempts deliveries, then dead-lettered with RETRIES_EXHAUSTED.
 //   - a panic: recovered, counted, dead-lettered with HANDLER_PANIC.
 //
-// Nothing is dropped: if the dead-letter publish itself fails, the message is
-// NAKed and tried again later. While a message is held (running, or queued
-// behind its key), the runner signals InProgress so that work longer than
-// AckWait is not redelivered under it.
+// A dead letter always fits the dead-letter stream: the original's headers
+// and body are cut to JetStream's header and message size limits where they
+// must be, and the cut is marked (HeaderHeadersTruncated, HeaderTruncated).
+// If the dead letter cannot be stored (the stream is unreachable), the
+// message is NAKed with a growing delay and tried again on later
+// deliveries, a bounded number of times (see Config.OnDeadLetter and
+// DeadLetterTries); past the bound, or at once when the stream refuses the
+// dead letter for good, the message is given up: an error is logged with
+// its stream and sequence, where it stays, and it is terminated. While a
+// message is held (running, or queued behind its key), the runner signals
+// InProgress so that work longer than AckWait is not redelivered under it.
 //
 // Messages with the same shard key (by default the subject's last token:
 // the session key, turn id or approval id that Tollgate subjects end in, so
@@ -24,15 +31,19 @@
 // one worker; its later messages wait in its own queue).
 //
 // A watchdog (watchdog.go) restarts the consume loop when deliveries stall
-// while the consumer has work and no pull request (nats.go issue 2063).
+// while the consumer has work and no pull request (nats.go issue #2063,
+// github.com/nats-io/nats.go/issues/2063).
 package runner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -65,6 +76,13 @@ const (
 	// headers; the body is then its longest prefix that fits. The whole
 	// original stays in its stream at Tollgate-Original-Stream/-Seq.
 	HeaderTruncated = "Tollgate-Truncated"
+	// HeaderHeadersTruncated is set when some of the original's headers
+	// did not fit JetStream's limit on a message's header block (64 KiB)
+	// next to the dead-letter headers. Its value, "<n> keys, <b> bytes",
+	// says how many header keys were left out and how many bytes they
+	// took. The original's smallest headers are kept first, whole (a
+	// header is never cut part-way).
+	HeaderHeadersTruncated = "Tollgate-Headers-Truncated"
 )
 
 // Config wires a runner.
@@ -84,12 +102,22 @@ type Config struct {
 	// OnDeadLetter, if set, runs before a message is dead-lettered, so the
 	// stage can close out the work the message was driving (for a turn:
 	// fail its batch closed, so it still reaches a terminal outcome and its
-	// session moves on). It must be idempotent. If it fails (or panics),
-	// the message is not dead-lettered but NAKed with a delay, and the hook
-	// runs again on its next delivery: the work is never left half closed.
+	// session moves on). It must be idempotent; its context ends after
+	// Consumer.AckWait. If it fails (or panics), the message is not
+	// dead-lettered yet but NAKed with a growing delay, and the hook runs
+	// again on its next delivery. That is bounded: once the message has
+	// been delivered DeadLetterTries times, a failing hook is logged as an
+	// error and the message is dead-lettered anyway (the redriver's
+	// recovery sweep picks up, from KV, a batch whose driving message was
+	// dead-lettered).
 	OnDeadLetter func(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error
 	BaseDelay    time.Duration // first NAK delay (default 250ms), doubled per attempt, capped at MaxDelay
 	MaxDelay     time.Duration // default 30s
+	// DeadLetterTries bounds the deliveries of a message whose dead letter
+	// cannot be completed (see OnDeadLetter and the package doc); default
+	// 2*MaxAttempts, at least 25 minutes of failures at the default delays.
+	// Like MaxAttempts it counts every delivery, Waiting ones included.
+	DeadLetterTries int
 	// The consume-loop watchdog (see watchdog.go) restarts consuming when
 	// nothing has been delivered for StallWindow while the consumer has
 	// work and no pull request. It looks every StallCheck.
@@ -125,6 +153,9 @@ func (c *Config) defaults() {
 	// Giving up early would leave a batch half done.
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 50
+	}
+	if c.DeadLetterTries <= 0 {
+		c.DeadLetterTries = 2 * c.MaxAttempts
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 1
@@ -311,31 +342,40 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 	}
 	log := logger()
 	var waiting Waiting
-	switch code := schemas.CodeOf(err); {
-	case code != "":
-		r.deadLetter(ctx, m, meta, code, err, log)
+	switch {
+	case schemas.Permanent(err):
+		r.deadLetter(ctx, m, meta, schemas.CodeOf(err), err, log)
 	case errors.As(err, &waiting):
 		// Not a failure: the message waits its turn behind another one
 		// (the handler bounds the wait itself), so it is retried after
 		// the delay it asks for and never counts toward MaxAttempts.
 		log.Debug("waiting; retrying", "reason", err, "delay", waiting.RetryAfter())
-		if nerr := m.NakWithDelay(waiting.RetryAfter()); nerr != nil {
-			log.Warn("nak failed; message will be redelivered after AckWait", "err", nerr)
-		}
-		c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
+		r.retry(m, waiting.RetryAfter(), log)
 	case deliveries >= uint64(c.MaxAttempts):
 		r.deadLetter(ctx, m, meta, schemas.CodeRetriesExhausted, err, log)
 	default:
-		delay := c.BaseDelay << min(deliveries-1, 16)
-		if delay > c.MaxDelay || delay <= 0 {
-			delay = c.MaxDelay
-		}
+		delay := r.backoff(deliveries)
 		log.Warn("transient failure; retrying", "err", err, "delay", delay)
-		if nerr := m.NakWithDelay(delay); nerr != nil {
-			log.Warn("nak failed; message will be redelivered after AckWait", "err", nerr)
-		}
-		c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
+		r.retry(m, delay, log)
 	}
+}
+
+// backoff is the delay before the next attempt at a message delivered
+// deliveries times: BaseDelay, doubled per delivery, capped at MaxDelay.
+func (r *Runner) backoff(deliveries uint64) time.Duration {
+	delay := r.cfg.BaseDelay << min(max(deliveries, 1)-1, 16)
+	if delay > r.cfg.MaxDelay || delay <= 0 {
+		delay = r.cfg.MaxDelay
+	}
+	return delay
+}
+
+// retry NAKs m for redelivery after delay and counts the retry.
+func (r *Runner) retry(m jetstream.Msg, delay time.Duration, log *slog.Logger) {
+	if nerr := m.NakWithDelay(delay); nerr != nil {
+		log.Warn("nak failed; message will be redelivered after AckWait", "err", nerr)
+	}
+	r.cfg.Metrics.Retried.WithLabelValues(r.cfg.Stage).Inc()
 }
 
 // invoke calls the handler, turning a panic into a HANDLER_PANIC error.
@@ -351,9 +391,21 @@ func (r *Runner) invoke(ctx context.Context, m jetstream.Msg) (err error) {
 }
 
 // deadLetter copies m to the dead-letter stream with its reason, then
-// terminates it. If the copy fails, m is NAKed so that nothing is lost.
+// terminates it. If the work of m cannot be closed out (OnDeadLetter) or
+// the copy cannot be stored, m is NAKed with a growing delay and tried
+// again on its next delivery, until it has been delivered DeadLetterTries
+// times. Past that bound a failing OnDeadLetter is logged and the dead
+// letter written anyway; a dead letter that cannot be stored past the
+// bound, or that the stream refuses for good (schemas.Permanent), gives m
+// up: an error is logged naming its stream and sequence, where it stays,
+// and m is terminated, so that no message is retried forever.
 func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, code schemas.Code, cause error, log *slog.Logger) {
 	c := r.cfg
+	deliveries := uint64(1)
+	if meta != nil {
+		deliveries = meta.NumDelivered
+	}
+	lastTry := deliveries >= uint64(c.DeadLetterTries)
 	if c.OnDeadLetter != nil {
 		err := func() (err error) {
 			defer func() {
@@ -361,46 +413,61 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 					err = fmt.Errorf("OnDeadLetter panic: %v", p)
 				}
 			}()
-			return c.OnDeadLetter(ctx, m, code, cause)
+			hctx, cancel := context.WithTimeout(ctx, c.Consumer.AckWait)
+			defer cancel()
+			return c.OnDeadLetter(hctx, m, code, cause)
 		}()
-		if err != nil {
-			log.Error("could not close out the work of a message before dead-lettering it; will retry", "code", code, "err", err)
-			_ = m.NakWithDelay(c.MaxDelay)
-			c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
+		switch {
+		case err != nil && !lastTry:
+			delay := r.backoff(deliveries)
+			log.Error("could not close out the work of a message before dead-lettering it; will retry", "code", code, "err", err, "delay", delay)
+			r.retry(m, delay, log)
 			return
+		case err != nil:
+			log.Error("could not close out the work of a message; dead-lettering it anyway after the last try", "code", code, "err", err, "tries", c.DeadLetterTries)
 		}
 	}
-	hdr := nats.Header{}
+	own := nats.Header{}
+	own.Set(HeaderStage, c.Stage)
+	own.Set(HeaderCode, string(code))
+	own.Set(HeaderReason, truncate(cause.Error(), 1024))
+	own.Set(HeaderOriginalSubject, m.Subject())
+	msgID := ""
+	if meta != nil {
+		own.Set(HeaderOriginalStream, meta.Stream)
+		own.Set(HeaderOriginalSeq, strconv.FormatUint(meta.Sequence.Stream, 10))
+		own.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
+		// The stage is part of the id: stages consuming the same stream
+		// each dead-letter their own copy.
+		msgID = topology.DeadLetterMsgID(c.Stage, meta.Stream, meta.Sequence.Stream)
+	}
+	copied := nats.Header{}
 	for k, v := range m.Headers() {
 		// Nats-* headers (message id, expected stream or sequence, TTL,
 		// rollup...) are directives for the original publish; the server
 		// would apply them to the dead letter too, and an expectation
 		// about another stream would make it fail on every retry.
-		if strings.HasPrefix(strings.ToLower(k), "nats-") {
-			continue
+		if !strings.HasPrefix(strings.ToLower(k), "nats-") {
+			copied[k] = v
 		}
-		hdr[k] = v
 	}
-	hdr.Set(HeaderStage, c.Stage)
-	hdr.Set(HeaderCode, string(code))
-	hdr.Set(HeaderReason, truncate(cause.Error(), 1024))
-	hdr.Set(HeaderOriginalSubject, m.Subject())
-	msgID := ""
-	if meta != nil {
-		hdr.Set(HeaderOriginalStream, meta.Stream)
-		hdr.Set(HeaderOriginalSeq, strconv.FormatUint(meta.Sequence.Stream, 10))
-		hdr.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
-		// The stage is part of the id: stages consuming the same stream
-		// each dead-letter their own copy.
-		msgID = fmt.Sprintf("dlq:%s:%s:%d", c.Stage, meta.Stream, meta.Sequence.Stream)
-	}
-	body := fitDeadLetter(m.Data(), hdr, msgID, c.JS.Conn().MaxPayload())
+	hdr, body := fitDeadLetter(own, copied, msgID, m.Data(), c.JS.Conn().MaxPayload())
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := bus.PublishRaw(pctx, c.JS, topology.DLQSubject(c.Stage), msgID, body, hdr); err != nil {
-		log.Error("dead-letter publish failed; will retry", "code", code, "err", err)
-		_ = m.NakWithDelay(c.BaseDelay)
-		c.Metrics.Retried.WithLabelValues(c.Stage).Inc()
+	err := bus.PublishRaw(pctx, c.JS, topology.DLQSubject(c.Stage), msgID, body, hdr)
+	switch {
+	case err == nil:
+	case !schemas.Permanent(err) && !lastTry:
+		delay := r.backoff(deliveries)
+		log.Error("dead-letter publish failed; will retry", "code", code, "err", err, "delay", delay)
+		r.retry(m, delay, log)
+		return
+	default:
+		log.Error("dead letter could not be stored; giving the message up: it stays in its stream, and is not retried",
+			"stream", c.Stream, "code", code, "cause", cause, "err", err, "tries", c.DeadLetterTries)
+		if terr := m.TermWithReason(string(code) + ": dead letter not stored"); terr != nil {
+			log.Warn("term failed; the message will be redelivered", "err", terr)
+		}
 		return
 	}
 	log.Warn("dead-lettered", "code", code, "err", cause)
@@ -410,35 +477,90 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	}
 }
 
-// fitDeadLetter returns data, or its longest prefix (with HeaderTruncated
-// set in hdr) such that a dead letter with hdr and msgID fits both the
-// connection's max payload and the dead-letter stream's message size limit
-// (schemas.MaxPayloadBytes, as in topology). Without this, a message near the
-// limit could never be dead-lettered and would be retried forever.
-func fitDeadLetter(data []byte, hdr nats.Header, msgID string, maxPayload int64) []byte {
+// JetStream's limits on one stored message, and the room fitDeadLetter
+// keeps for its own marks.
+const (
+	// maxHeaderBytes: JetStream stores a message's header length in 16
+	// bits and refuses a longer header block.
+	maxHeaderBytes = math.MaxUint16
+	// markBytes is room for HeaderHeadersTruncated and HeaderTruncated.
+	markBytes = 128
+	// bodyMargin: the encoded header block's own framing may vary slightly.
+	bodyMargin = 64
+)
+
+// fitDeadLetter returns the headers and body of a dead letter: the
+// runner's own headers own (always kept, and winning over an original
+// header of the same name), the original's headers copied, the message id
+// msgID and the original body data, cut so that it fits both JetStream's
+// limit on a header block (maxHeaderBytes) and the payload limit (the
+// connection's maxPayload, and the dead-letter stream's message size limit
+// schemas.MaxPayloadBytes, as in topology). Without this a message near
+// either limit could never be dead-lettered.
+//
+// What does not fit is cut and marked: copied headers are kept smallest
+// first, whole, while the header block fits, and the rest are counted in
+// HeaderHeadersTruncated; then, if the body does not fit next to the
+// headers, it is cut to its longest prefix that does and HeaderTruncated
+// is set to its original size. Neither mark is set when nothing was cut.
+func fitDeadLetter(own, copied nats.Header, msgID string, data []byte, maxPayload int64) (nats.Header, []byte) {
+	hdr := nats.Header{}
+	size := int64(len("NATS/1.0\r\n\r\n"))
+	if msgID != "" {
+		size += headerBytes(jetstream.MsgIDHeader, []string{msgID})
+	}
+	for k, vs := range own {
+		hdr[k] = vs
+		size += headerBytes(k, vs)
+	}
+	keys := make([]string, 0, len(copied))
+	for k := range copied {
+		if _, ours := own[k]; !ours {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		return cmp.Or(cmp.Compare(headerBytes(a, copied[a]), headerBytes(b, copied[b])), strings.Compare(a, b))
+	})
+	var droppedKeys, droppedBytes int64
+	for _, k := range keys {
+		n := headerBytes(k, copied[k])
+		if size+n > maxHeaderBytes-markBytes {
+			droppedKeys++
+			droppedBytes += n
+			continue
+		}
+		hdr[k] = copied[k]
+		size += n
+	}
+	if droppedKeys > 0 {
+		v := fmt.Sprintf("%d keys, %d bytes", droppedKeys, droppedBytes)
+		hdr.Set(HeaderHeadersTruncated, v)
+		size += headerBytes(HeaderHeadersTruncated, []string{v})
+	}
+
 	limit := int64(schemas.MaxPayloadBytes)
 	if maxPayload > 0 && maxPayload < limit {
 		limit = maxPayload
 	}
-	headerBytes := func() int64 {
-		n := int64(len("NATS/1.0\r\n\r\n"))
-		for k, vs := range hdr {
-			for _, v := range vs {
-				n += int64(len(k) + len(": ") + len(v) + len("\r\n"))
-			}
-		}
-		if msgID != "" {
-			n += int64(len(jetstream.MsgIDHeader) + len(": ") + len(msgID) + len("\r\n"))
-		}
-		return n
+	if size+int64(len(data)) <= limit {
+		return hdr, data
 	}
-	if headerBytes()+int64(len(data)) <= limit {
-		return data
+	v := strconv.Itoa(len(data))
+	hdr.Set(HeaderTruncated, v)
+	size += headerBytes(HeaderTruncated, []string{v})
+	keep := max(0, min(limit-size-bodyMargin, int64(len(data))))
+	return hdr, data[:keep]
+}
+
+// headerBytes is the size of header k with values vs in a NATS header
+// block ("k: v\r\n" per value), at least what nats.go writes.
+func headerBytes(k string, vs []string) int64 {
+	n := 0
+	for _, v := range vs {
+		n += len(k) + len(": ") + len(v) + len("\r\n")
 	}
-	hdr.Set(HeaderTruncated, strconv.Itoa(len(data)))
-	const margin = 64 // the encoded header block's own framing may vary slightly
-	keep := max(0, min(limit-headerBytes()-margin, int64(len(data))))
-	return data[:keep]
+	return int64(n)
 }
 
 func truncate(s string, n int) string {

@@ -17,7 +17,8 @@ import (
 // subscription look healthy: after a consumer leader change (a 409
 // "Leadership Change" status) it may send no new pull request, and the
 // consumer stalls with messages pending until the process restarts
-// (nats.go issue 2063, open for v1.55). A Consume that ends on a terminal
+// (nats.go issue #2063, github.com/nats-io/nats.go/issues/2063, open for
+// v1.55). A Consume that ends on a terminal
 // error (consumer deleted, bad request) also leaves the runner waiting for
 // deliveries that never come.
 //
@@ -122,7 +123,7 @@ func (l *consumeLoop) start() error {
 			case errors.Is(err, jetstream.ErrNoHeartbeat):
 				c.Logger.Warn("consume heartbeat missed", "err", err)
 			case errors.Is(err, jetstream.ErrConsumerLeadershipChanged):
-				// nats.go may not pull again after this (issue 2063);
+				// nats.go may not pull again after this (issue #2063);
 				// the watchdog restarts consuming if deliveries stall.
 				c.Logger.Warn("consumer leadership changed", "err", err)
 			default:

@@ -14,7 +14,8 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 )
 
-// The consume-loop watchdog (nats.go issue 2063). The stall is provoked
+// The consume-loop watchdog (nats.go issue #2063,
+// github.com/nats-io/nats.go/issues/2063). The stall is provoked
 // with runner.StallConsume, which ends the runner's consume context behind
 // its back: the runner believes it is consuming, the server holds no pull
 // request for it, and nothing is delivered.

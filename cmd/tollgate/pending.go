@@ -1,0 +1,120 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+var pendingCmd = &command{
+	name:    "pending",
+	summary: "list pending approvals, oldest first (tollgate show APPROVAL for one in full)",
+	example: "tollgate pending --session demo",
+	run:     cmdPending,
+}
+
+// cmdPending lists approval records in status pending, oldest first. It
+// reads every record version the stages read (see client.store).
+func cmdPending(cmd *command, args []string) int {
+	fs := cmd.flags()
+	var c client
+	c.register(fs, defaultTimeout)
+	session := fs.String("session", "", "only this session")
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
+	}
+	if len(pos) > 0 {
+		return cmd.usageError("no arguments expected, got %q", pos)
+	}
+	if err := c.connect(); err != nil {
+		return c.fail("pending", err)
+	}
+	defer c.close()
+	ctx, cancel := c.ctx()
+	defer cancel()
+	st, err := c.store(ctx)
+	if err != nil {
+		return c.fail("pending", err)
+	}
+	// One watcher streams the latest value of every key (a snapshot), instead
+	// of a Get round trip per key.
+	w, err := st.Approvals.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return c.fail("pending", err)
+	}
+	defer w.Stop()
+	var recs []*schemas.ApprovalRecord
+snapshot:
+	for {
+		select {
+		case <-ctx.Done():
+			return fail("pending: listing approvals: %v", ctx.Err())
+		case e := <-w.Updates():
+			if e == nil {
+				break snapshot // every current value has been delivered
+			}
+			rec, err := st.Approvals.DecodeValue(e.Value())
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "tollgate: skipping %s: %v\n", e.Key(), err)
+				continue
+			}
+			if rec.Status != schemas.ApprovalPending || (*session != "" && rec.SessionID != *session) {
+				continue
+			}
+			recs = append(recs, rec)
+		}
+	}
+	sort.SliceStable(recs, func(a, b int) bool { return recs[a].RequestedAt.Before(recs[b].RequestedAt) })
+	if c.json {
+		out := make([]any, 0, len(recs))
+		for _, r := range recs {
+			out = append(out, recordMap(r))
+		}
+		printJSON(out)
+		return 0
+	}
+	if len(recs) == 0 {
+		fmt.Println("no pending approvals")
+		return 0
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "APPROVAL\tSESSION\tREQUESTER\tTOOL\tARGS\tOPTIONS\tAGE\tEXPIRES")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ApprovalID, r.SessionID, requester(r.Context), r.Tool,
+			clip(r.Args, 60), strings.Join(r.Options, ","), time.Since(r.RequestedAt).Round(time.Second), expiry(r.ExpiresAt, time.Now()))
+	}
+	_ = tw.Flush()
+	fmt.Println("\n'tollgate show APPROVAL' shows one in full.")
+	return 0
+}
+
+// requester names the requester of tc, marking a context restored from a
+// legacy record.
+func requester(tc *schemas.TurnContext) string {
+	switch {
+	case tc == nil:
+		return "?"
+	case tc.LegacyRestored:
+		return tc.Requester.Principal + " (legacy)"
+	}
+	return tc.Requester.Principal
+}
+
+// expiry is when an approval expires, relative to now.
+func expiry(at, now time.Time) string {
+	switch {
+	case at.IsZero():
+		return "never"
+	case !at.After(now):
+		return "expired " + now.Sub(at).Round(time.Second).String() + " ago"
+	}
+	return "in " + at.Sub(now).Round(time.Second).String()
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+func TestSendRefusesWhatIngestWouldDeadLetter(t *testing.T) {
+	env := jstest.Start(t)
+	send := func(extra ...string) []string {
+		return append([]string{"send", "--nats", env.URL(), "--session", "s-send", "--sender", "alice"}, extra...)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code schemas.Code
+	}{
+		{"arguments that are not JSON", send("--call", `echo={"text":`), schemas.CodeArgsInvalidJSON},
+		{"arguments that are a JSON array", send("--call", `echo=[1,2]`), schemas.CodeArgsInvalidJSON},
+		{"a valid call next to an invalid one", send("--call", `echo={}`, "--call", `write_file={path:"a"}`), schemas.CodeArgsInvalidJSON},
+		{"a tool name with a space", send("--call", `Bad Tool={}`), schemas.CodeInvalidInput},
+		{"a tool name with a path in it", send("--call", `echo/../x={}`), schemas.CodeInvalidInput},
+		{"a channel kind that does not exist", send("--channel-kind", "broadcast"), schemas.CodeInvalidInput},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, tc.args...)
+			if code != 1 || out != "" {
+				t.Fatalf("exit %d, stdout %q; want exit 1 and no turn id", code, out)
+			}
+			if !strings.Contains(errOut, "refused") || strings.Count(errOut, string(tc.code)) != 1 {
+				t.Fatalf("stderr %q does not refuse with %s (named once)", errOut, tc.code)
+			}
+		})
+	}
+	// A valid send after the refused ones is published; it is the only
+	// message in the stream, so none of the refused ones was.
+	code, out, errOut := runCLI(t, send("--message-id", "m-ok", "--call", `echo={"text":"hi"}`)...)
+	if code != 0 || strings.TrimSpace(out) != schemas.TurnID("cli", "m-ok") {
+		t.Fatalf("valid send: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	s, err := env.JS.Stream(jstest.Ctx(t), topology.StreamInbound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("%s holds %d messages, want only the valid one", topology.StreamInbound, n)
+	}
+	m, err := s.GetLastMsgForSubject(jstest.Ctx(t), topology.InboundSubject("cli", "s-send"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := schemas.Decode[schemas.InboundMessage](m.Data)
+	if err != nil || in.MessageID != "m-ok" {
+		t.Fatalf("stored message %+v (%v), want m-ok", in, err)
+	}
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+var showCmd = &command{
+	name:    "show",
+	args:    "APPROVAL_ID",
+	summary: "show everything a decider needs about one approval: the whole call, requester, channel, options, expiry, votes",
+	example: "tollgate show a-0123456789abcdef0123-0",
+	run:     cmdShow,
+}
+
+// cmdShow prints one approval record in full, read as the stages read it
+// (a legacy record through the compatibility path).
+func cmdShow(cmd *command, args []string) int {
+	fs := cmd.flags()
+	var c client
+	c.register(fs, defaultTimeout)
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
+	}
+	if len(pos) != 1 {
+		return cmd.usageError("want one approval id")
+	}
+	id := pos[0]
+	if !schemas.ValidKey(id) {
+		return fail("show: %q is not an approval id", id)
+	}
+	if err := c.connect(); err != nil {
+		return c.fail("show", err)
+	}
+	defer c.close()
+	ctx, cancel := c.ctx()
+	defer cancel()
+	st, err := c.store(ctx)
+	if err != nil {
+		return c.fail("show", err)
+	}
+	a, _, err := st.Approvals.Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return fail("show: no approval %s (see 'tollgate pending')", id)
+	}
+	if err != nil {
+		return c.fail("show", err)
+	}
+	if c.json {
+		printJSON(recordMap(a))
+		return 0
+	}
+	printApproval(os.Stdout, a, time.Now())
+	return 0
+}
+
+// printApproval writes a in full: nothing is clipped.
+func printApproval(w io.Writer, a *schemas.ApprovalRecord, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row("approval", "%s (%s)", a.ApprovalID, a.Status)
+	row("turn", "%s  call %s  session %s", a.TurnID, a.CallID, a.SessionID)
+	row("tool", "%s", a.Tool)
+	row("digest", "%s", a.ArgsDigest)
+	if tc := a.Context; tc != nil {
+		r := tc.Requester
+		verified := "not verified"
+		if r.Verified {
+			verified = "verified"
+		}
+		row("requester", "%s  display %q  %s, %s", requester(tc), r.Display, r.Kind, verified)
+		thread := ""
+		if tc.Channel.Thread != "" {
+			thread = "  thread " + tc.Channel.Thread
+		}
+		row("transport", "%s  trust boundary %s  interactive %v", tc.Transport, tc.TrustBoundary, tc.Interactive)
+		row("channel", "%s %s%s  audience %s", tc.Channel.Kind, tc.Channel.ID, thread, tc.Audience)
+	} else {
+		row("requester", "? (no TurnContext: the stages refuse this record)")
+	}
+	row("options", "%s", strings.Join(a.Options, ", "))
+	row("policy", "%s", a.PolicyVersion)
+	row("requested", "%s (%s ago)", a.RequestedAt.UTC().Format(time.RFC3339), now.Sub(a.RequestedAt).Round(time.Second))
+	if a.ExpiresAt.IsZero() {
+		row("expires", "never")
+	} else {
+		row("expires", "%s (%s)", a.ExpiresAt.UTC().Format(time.RFC3339), expiry(a.ExpiresAt, now))
+	}
+	if a.Quorum > 1 || len(a.Votes) > 0 {
+		row("quorum", "%d distinct approvals, %d so far", max(a.Quorum, 1), len(a.Votes))
+	}
+	for _, v := range a.Votes {
+		row("vote", "%s %s at %s (decision %s)", v.Principal, v.Option, v.DecidedAt.UTC().Format(time.RFC3339), v.DecisionID)
+	}
+	if d := a.Decision; d != nil {
+		row("decision", "%s by %s at %s (decision %s)", d.Option, d.Principal, d.DecidedAt.UTC().Format(time.RFC3339), d.DecisionID)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "arguments:\n%s\n", prettyArgs(a.Args))
+}
+
+// prettyArgs indents JSON arguments for reading; anything else is returned
+// as it is.
+func prettyArgs(args string) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(args), "  ", "  "); err != nil {
+		return "  " + args
+	}
+	return "  " + b.String()
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+var watchCmd = &command{
+	name:    "watch",
+	summary: "follow events as they are stored: approvals requested and decided, rejections, redrives, outcomes",
+	example: "tollgate watch --turn t-0123456789abcdef0123 --json",
+	run:     cmdWatch,
+}
+
+// cmdWatch prints events until SIGINT or SIGTERM.
+func cmdWatch(cmd *command, args []string) int {
+	sig, stop := signalCtx()
+	defer stop()
+	return runWatch(sig, cmd, args, os.Stdout)
+}
+
+// runWatch prints events on out until ctx is done: one line per event, or
+// with --json one JSON object per line (JSON Lines).
+func runWatch(ctx context.Context, cmd *command, args []string, out io.Writer) int {
+	fs := cmd.flags()
+	var c client
+	c.register(fs, defaultTimeout)
+	turn := fs.String("turn", "", "only events of this turn")
+	all := fs.Bool("all", false, "start from the oldest stored event instead of now")
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
+	}
+	if len(pos) > 0 {
+		return cmd.usageError("no arguments expected, got %q", pos)
+	}
+	if err := c.connect(); err != nil {
+		return c.fail("watch", err)
+	}
+	defer c.close()
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy}
+	if *all {
+		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	}
+	if *turn != "" {
+		// Events of a turn end in its id; rejections end in an approval id,
+		// so name each approval id the turn can have.
+		cfg.FilterSubjects = []string{"tollgate.event.*.*." + *turn}
+		for i := 0; i < schemas.MaxCalls; i++ {
+			cfg.FilterSubjects = append(cfg.FilterSubjects, topology.EventSubject(topology.SubjectDecisionRejected, schemas.ApprovalID(*turn, i)))
+		}
+	}
+	cctx, cancel := c.ctx()
+	cons, err := c.js.OrderedConsumer(cctx, topology.StreamEvents, cfg)
+	cancel()
+	if err != nil {
+		return c.fail("watch", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return c.fail("watch", err)
+	}
+	go func() { <-ctx.Done(); it.Stop() }()
+	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false)
+	for {
+		m, err := it.Next()
+		if err != nil {
+			return 0
+		}
+		meta, _ := m.Metadata()
+		ts := time.Now()
+		if meta != nil {
+			ts = meta.Timestamp
+		}
+		if c.json {
+			_ = enc.Encode(map[string]any{"subject": m.Subject(), "time": ts.UTC(), "event": asMap(m.Data())})
+			continue
+		}
+		fmt.Fprintf(out, "%s  %-48s %s\n", ts.Format("15:04:05.000"), m.Subject(), summary(m.Subject(), m.Data()))
+	}
+}
+
+func summary(subject string, data []byte) string {
+	switch {
+	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
+		if a, err := schemas.Decode[schemas.ApprovalRecord](data); err == nil {
+			return fmt.Sprintf("approval %s: %s %s, options %v", a.ApprovalID, a.Tool, clip(a.Args, 50), a.Options)
+		}
+	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
+		if e, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
+			by := ""
+			if e.Decision != nil {
+				by = " by " + e.Decision.Principal
+			}
+			return fmt.Sprintf("approval %s %s%s", e.ApprovalID, e.Status, by)
+		}
+	case strings.HasPrefix(subject, topology.SubjectDecisionRejected):
+		if r, err := schemas.Decode[schemas.DecisionRejected](data); err == nil {
+			return fmt.Sprintf("decision %s rejected: %s: %s", r.DecisionID, r.Code, r.Reason)
+		}
+	case strings.HasPrefix(subject, topology.SubjectRedrive):
+		if o, err := schemas.Decode[schemas.RedriveOutcome](data); err == nil {
+			return fmt.Sprintf("redrive %s %s %s", o.Kind, o.Code, o.Reason)
+		}
+	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
+		if o, err := schemas.Decode[schemas.TurnOutcome](data); err == nil {
+			return fmt.Sprintf("turn %s %s (%d results) -> %s %s/%s", o.TurnID, o.State, len(o.Results), o.Reply.Transport, o.Reply.Channel.Kind, o.Reply.Channel.ID)
+		}
+	case strings.HasPrefix(subject, topology.SubjectBatchAwaiting):
+		return "batch awaiting approvals"
+	}
+	return fmt.Sprintf("%d bytes", len(data))
+}

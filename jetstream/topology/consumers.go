@@ -1,0 +1,54 @@
+package topology
+
+import "github.com/nats-io/nats.go/jetstream"
+
+// ConsumerSpec is a stage's durable consumer as the topology defines it:
+// the stream it reads, and a consumer configuration holding the durable
+// name and the filter subject(s). How the stage consumes (ack wait, max
+// deliver, max ack pending) is the stage's runner's to add (see
+// pipeline/runner); the stream, name and filters are decided only here.
+type ConsumerSpec struct {
+	Stream string
+	Config jetstream.ConsumerConfig
+}
+
+// IngestConsumer reads every inbound message of every transport.
+func IngestConsumer() ConsumerSpec {
+	return ConsumerSpec{Stream: StreamInbound, Config: jetstream.ConsumerConfig{
+		Durable:       ConsumerIngest,
+		FilterSubject: SubjectInboundPrefix + ">",
+	}}
+}
+
+// ExecutorConsumer reads accepted turns and session-ready notices. Not the
+// schedule subject: a scheduled follow-up arrives on the accepted subject
+// when it is due.
+func ExecutorConsumer() ConsumerSpec {
+	return ConsumerSpec{Stream: StreamTurns, Config: jetstream.ConsumerConfig{
+		Durable:        ConsumerExecutor,
+		FilterSubjects: []string{SubjectTurnAccepted + "*", SubjectTurnReady + "*"},
+	}}
+}
+
+// ApproverConsumer reads the decisions every transport submits.
+func ApproverConsumer() ConsumerSpec {
+	return ConsumerSpec{Stream: StreamDecisions, Config: jetstream.ConsumerConfig{
+		Durable:       ConsumerApprover,
+		FilterSubject: SubjectDecisionSubmit + ">",
+	}}
+}
+
+// RedriverConsumer reads approval-decided events and batch-awaiting
+// notices.
+func RedriverConsumer() ConsumerSpec {
+	return ConsumerSpec{Stream: StreamEvents, Config: jetstream.ConsumerConfig{
+		Durable:        ConsumerRedriver,
+		FilterSubjects: []string{SubjectApprovalDecided + "*", SubjectBatchAwaiting + "*"},
+	}}
+}
+
+// Consumers returns the four stages' consumers in pipeline order: ingest,
+// executor, approver, redriver.
+func Consumers() []ConsumerSpec {
+	return []ConsumerSpec{IngestConsumer(), ExecutorConsumer(), ApproverConsumer(), RedriverConsumer()}
+}

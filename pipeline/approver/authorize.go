@@ -1,0 +1,186 @@
+package approver
+
+import (
+	"slices"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
+)
+
+// Effect is what an accepted decision does to its approval; it is the
+// result label of tollgate_decisions_total.
+type Effect string
+
+const (
+	// Applied: the decision moves the approval out of pending.
+	Applied Effect = "applied"
+	// Vote: an approve counted towards a quorum not yet reached; the
+	// approval stays pending.
+	Vote Effect = "vote"
+	// Idempotent: the decision repeats what the record already holds (the
+	// same outcome, or the same principal's counted vote); nothing changes.
+	Idempotent Effect = "idempotent"
+)
+
+// Verdict is what a decision does to the approval it names, as Authorize
+// decides it.
+type Verdict struct {
+	// Effect of an accepted decision; "" when the decision is rejected.
+	Effect Effect
+	// Next is the record to store, by compare-and-set on the revision the
+	// record given to Authorize was read at; nil: nothing is stored. It is
+	// a copy: the record given to Authorize is never changed.
+	Next *schemas.ApprovalRecord
+	// Announce: publish the approval's decided event (of Next when set,
+	// otherwise of the record as given), so the redriver and the
+	// transports learn the approval left pending. It is set for an applied
+	// decision and, so that an announcement lost after its record was
+	// stored is made again, for an idempotent repeat of the outcome and a
+	// decision on an expired approval.
+	Announce bool
+	// Quorum is the number of distinct approvals the approval needs: the
+	// larger of the one recorded at the request and the policy's now (a
+	// deploy that raised it applies to pending approvals; the redriver
+	// would refuse a smaller one anyway).
+	Quorum int
+}
+
+// Authorize decides, without I/O, what decision d does to rec, the approval
+// record d names as read from the store (nil: there is none), under policy
+// pol, the seal keys and the time now. It is the approver's whole rule: the
+// approver reads the record, calls Authorize, stores Verdict.Next by
+// compare-and-set (on a conflict it reads again and calls Authorize again)
+// and publishes what the verdict says. rec is never changed.
+//
+// A nil error accepts d. Otherwise the error is a *schemas.Error whose code
+// the decider is told, and nothing is stored but a Verdict.Next that moves
+// an approval past its expiry to expired. The checks, in this order:
+//
+//   - APPROVAL_NOT_FOUND: rec is nil, or is the record of another approval
+//     than d names; INVALID_INPUT: d is nil, or rec's status is none of
+//     schemas' approval statuses;
+//   - MayDecide, with its codes: rec's TurnContext is authentic and its
+//     turn's, and d's decider may decide it (DECIDER_NOT_AUTHORIZED);
+//   - ARGS_DIGEST_MISMATCH: d carries an argument digest other than the one
+//     rec binds (a decision without one is for the call rec binds: the
+//     approval id names it; the tool, arguments and policy version it was
+//     requested under are rec's, and the redriver checks them against the
+//     batch's call before the call runs);
+//   - OPTION_NOT_OFFERED: d's option is not among rec's options;
+//   - on a decided approval: a decision with the outcome already recorded
+//     is Idempotent (announced again); on an expired one APPROVAL_EXPIRED
+//     (announced again); otherwise APPROVAL_ALREADY_DECIDED;
+//   - APPROVAL_EXPIRED: rec's expiry is at or before now; Next is rec moved
+//     to expired by ExpiryPrincipal, to be stored and announced;
+//   - accepted: an approve where Quorum is above one counts distinct
+//     principals: the same principal's second approve is Idempotent; one
+//     that leaves the count below Quorum is a Vote (Next records it, still
+//     pending, not announced); the one that reaches it is Applied. Any
+//     other approve or deny is Applied at once: Next is rec decided by d,
+//     announced.
+func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Policy, keys *seal.KeyRing, now time.Time) (Verdict, error) {
+	switch {
+	case d == nil:
+		return Verdict{}, schemas.Errorf(schemas.CodeInvalidInput, "no decision")
+	case rec == nil:
+		return Verdict{}, schemas.Errorf(schemas.CodeApprovalNotFound, "no approval %q", d.ApprovalID)
+	case rec.ApprovalID != d.ApprovalID:
+		return Verdict{}, schemas.Errorf(schemas.CodeApprovalNotFound, "no approval %q (the record read is approval %q)", d.ApprovalID, rec.ApprovalID)
+	case rec.Status != schemas.ApprovalPending && !rec.Status.Decided():
+		return Verdict{}, schemas.Errorf(schemas.CodeInvalidInput, "approval %s has status %q", rec.ApprovalID, rec.Status)
+	}
+	if err := MayDecide(rec, d.Transport, d.Decider, d.Channel, pol, keys); err != nil {
+		return Verdict{}, err
+	}
+	if d.ArgsDigest != "" && d.ArgsDigest != rec.ArgsDigest {
+		return Verdict{}, schemas.Errorf(schemas.CodeArgsDigestMismatch, "decision is for arguments %s, approval binds %s", d.ArgsDigest, rec.ArgsDigest)
+	}
+	if !rec.Offers(d.Option) {
+		return Verdict{}, schemas.Errorf(schemas.CodeOptionNotOffered, "option %q was not offered (offered: %v)", d.Option, rec.Options)
+	}
+	quorum := max(rec.Quorum, pol.Quorum(rec.Tool, rec.Context))
+	want := statusOf(d.Option)
+	if rec.Status.Decided() {
+		switch rec.Status {
+		case want:
+			return Verdict{Effect: Idempotent, Announce: true, Quorum: quorum}, nil
+		case schemas.ApprovalExpired:
+			return Verdict{Announce: true, Quorum: quorum}, expiredError(rec)
+		default:
+			return Verdict{Quorum: quorum}, schemas.Errorf(schemas.CodeApprovalAlreadyDecided, "approval %s is already %s", rec.ApprovalID, rec.Status)
+		}
+	}
+	next := *rec
+	if !rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt) {
+		next.Status = schemas.ApprovalExpired
+		next.Decision = &schemas.DecisionInfo{Principal: ExpiryPrincipal, DecidedAt: now}
+		return Verdict{Next: &next, Announce: true, Quorum: quorum}, expiredError(rec)
+	}
+	principal := schemas.Principal(d.Transport, d.Decider.ID)
+	vote := schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now, Assurance: d.Decider.Assurance()}
+	if want == schemas.ApprovalApproved && quorum > 1 {
+		if slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.Principal == principal }) {
+			return Verdict{Effect: Idempotent, Quorum: quorum}, nil
+		}
+		next.Votes = append(slices.Clip(rec.Votes), vote) // a new array: rec's is never written
+		if len(next.Votes) < quorum {
+			return Verdict{Effect: Vote, Next: &next, Quorum: quorum}, nil
+		}
+	}
+	next.Status, next.Decision = want, &vote
+	return Verdict{Effect: Applied, Next: &next, Announce: true, Quorum: quorum}, nil
+}
+
+// MayDecide reports, with nil, whether the sender decider, as transport
+// vouches for them and posting in channel (nil: not said), may decide the
+// approval rec; otherwise a *schemas.Error saying why not. It is the decider
+// part of Authorize, so a list of who may decide (the buttons an inbox
+// shows) is computed by the same rule that accepts their decision. It
+// consults only rec's persisted TurnContext, the policy and the keys, never
+// anything else a decision claims:
+//
+//   - the TurnContext must be authentic (keys.Verify: TURN_CONTEXT_MISSING,
+//     TURN_CONTEXT_INVALID, TURN_CONTEXT_TAMPERED, SEAL_KEY_UNKNOWN,
+//     SCHEMA_VERSION_UNSUPPORTED) and be the authority of rec's turn
+//     (TURN_CONTEXT_MISMATCH), or an edited record could name anyone as
+//     requester;
+//   - DECIDER_NOT_AUTHORIZED: the decider is not a person the transport
+//     verified (an unverified id could be anyone's; bots and services
+//     cannot answer a prompt); or channel reaches more people than the
+//     turn's audience (deciding there would show the call to them); or
+//     pol.MayDecide refuses the principal at the decider's assurance.
+func MayDecide(rec *schemas.ApprovalRecord, transport string, decider schemas.Sender, channel *schemas.Channel, pol *policy.Policy, keys *seal.KeyRing) error {
+	if err := keys.Verify(rec.Context); err != nil {
+		return schemas.Errorf(schemas.CodeOf(err), "approval %s has no authentic TurnContext to authorize against: %v", rec.ApprovalID, err)
+	}
+	if err := rec.Context.CheckFor(rec.TurnID); err != nil {
+		return schemas.Errorf(schemas.CodeOf(err), "approval %s: %v", rec.ApprovalID, err)
+	}
+	principal := schemas.Principal(transport, decider.ID)
+	if decider.Kind != schemas.SenderUser || !decider.Verified {
+		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "%s is not a verified user (kind %q, verified %v)", principal, decider.Kind, decider.Verified)
+	}
+	if channel != nil {
+		where, err := schemas.AudienceOf(channel.Kind)
+		if err != nil || where.Wider(rec.Context.Audience) {
+			return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "decision posted in a %s channel for a %s turn", channel.Kind, rec.Context.Audience)
+		}
+	}
+	if err := pol.MayDecide(rec.Tool, rec.Context, principal, decider.Assurance()); err != nil {
+		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "%v", err)
+	}
+	return nil
+}
+
+func expiredError(rec *schemas.ApprovalRecord) error {
+	return schemas.Errorf(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
+}
+
+func statusOf(option string) schemas.ApprovalStatus {
+	if option == schemas.OptionApprove {
+		return schemas.ApprovalApproved
+	}
+	return schemas.ApprovalDenied
+}

@@ -1,0 +1,252 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// ErrClaimHeld means another worker claimed the call recently and has not
+// recorded a result yet. It is transient: retry later.
+var ErrClaimHeld = errors.New("batch: execution claim held by another worker")
+
+// Execute runs call under tc at most once and returns its result.
+//
+// Before the tool starts, a claim is created in KV (create-only, so one
+// worker wins); the result is written into the claim. A later Execute of the
+// same call returns the recorded result without running the tool. If a claim
+// exists without a result, Execute returns ErrClaimHeld while the claim is
+// younger than ClaimLease, and afterwards a needs_attention result with
+// EXECUTION_UNCERTAIN: the tool may have run, so it is not run again.
+//
+// Callers check tc first (Authorize) and fail the whole batch on a bad
+// context; Execute verifies the seal again as the last line of defence and
+// returns a failed result, without running the tool, if it does not hold.
+// It also fails closed on a call whose arguments do not match their digest.
+func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
+	if err := e.cfg.Keys.Verify(tc); err != nil {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), err.Error(), approvalID), nil
+	}
+	if !hasTurnPrefix(call.CallID, tc.TurnID) {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeTurnContextMismatch, "call does not belong to the turn's context", approvalID), nil
+	}
+	if schemas.ArgsDigest(call.Args) != call.ArgsDigest {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeArgsDigestMismatch, "arguments do not match their digest", approvalID), nil
+	}
+	tool, ok := e.cfg.Tools.Get(call.Tool)
+	if !ok {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeToolNotFound, fmt.Sprintf("no tool named %q", call.Tool), approvalID), nil
+	}
+	if _, busy := e.inflight.LoadOrStore(call.CallID, struct{}{}); busy {
+		return nil, fmt.Errorf("call %s is being executed by this engine: %w", call.CallID, ErrClaimHeld)
+	}
+	defer e.inflight.Delete(call.CallID)
+	claim := &schemas.ExecutionClaim{
+		CallID: call.CallID, TurnID: tc.TurnID, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
+		Worker: e.worker, ClaimedAt: e.Now(),
+	}
+	rev, err := e.cfg.Store.Claims.Create(ctx, call.CallID, claim)
+	if errors.Is(err, store.ErrExists) {
+		return e.claimed(ctx, tc, tool, call, approvalID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", call.CallID, err)
+	}
+	return e.runClaimed(ctx, tc, tool, call, approvalID, claim, rev)
+}
+
+// runClaimed runs call under the claim this engine holds (at revision rev)
+// and records the result in it.
+func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, call schemas.ToolCall, approvalID string, claim *schemas.ExecutionClaim, rev uint64) (*schemas.ToolResult, error) {
+	e.started.Store(call.CallID, struct{}{})
+	out, runErr := e.run(ctx, tool, tc, call)
+	res := e.Result(call, schemas.ResultOK, "", "", approvalID)
+	res.Output = clip(out, MaxOutputBytes)
+	switch {
+	case errors.Is(runErr, errToolHung):
+		res.Status, res.Code, res.Reason = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain, runErr.Error()
+	case runErr != nil:
+		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, clip(runErr.Error(), MaxReasonBytes)
+	}
+	e.cfg.Logger.Debug("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
+
+	// Record the result. The tool has run: try hard, on a context that the
+	// caller's cancellation does not cut short.
+	claim.Result = res
+	return e.recordResult(ctx, call.CallID, claim, rev)
+}
+
+// recordResult writes res into the claim this engine holds at revision rev.
+// The tool has run, so it tries hard: each attempt is short (a write to a
+// leader that just died must not use up the budget), on a context the
+// caller's cancellation does not cut short, for up to a minute. A conflict
+// is not taken at its word: on a replicated bucket the server can report
+// one for a write that follows the holder's own acknowledged write, and a
+// write whose acknowledgement was lost has already happened. So the claim
+// is read again: a recorded result is the answer (ours, or that of a
+// worker that took the claim over), a claim still ours without one is
+// written again at its new revision.
+func (e *Engine) recordResult(ctx context.Context, callID string, claim *schemas.ExecutionClaim, rev uint64) (*schemas.ToolResult, error) {
+	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer wcancel()
+	var werr error
+	for attempt := 0; wctx.Err() == nil; attempt++ {
+		actx, cancel := context.WithTimeout(wctx, 5*time.Second)
+		_, werr = e.cfg.Store.Claims.Update(actx, callID, claim, rev)
+		if werr == nil {
+			cancel()
+			return claim.Result, nil
+		}
+		if errors.Is(werr, store.ErrConflict) {
+			cur, crev, gerr := e.cfg.Store.Claims.Get(actx, callID)
+			switch {
+			case gerr != nil:
+				werr = fmt.Errorf("%w; reading it back: %v", werr, gerr)
+			case cur.Result != nil:
+				cancel()
+				return cur.Result, nil
+			case cur.Worker == e.worker:
+				rev = crev // still ours, no result: write again
+				cancel()
+				continue
+			default:
+				cancel()
+				return nil, fmt.Errorf("record result of %s: claim taken over by %s: %w", callID, cur.Worker, werr)
+			}
+		}
+		cancel()
+		select {
+		case <-wctx.Done():
+		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second)):
+		}
+	}
+	return nil, fmt.Errorf("record result of %s: %w", callID, werr)
+}
+
+// Bounds on what a tool's result may add to the batch record, the claim and
+// the turn outcome, so that a chatty tool can never make a record too large
+// to store (32 calls * (16 KiB args + 8 KiB output + 1 KiB reason) stays
+// well under the 1 MiB payload limit).
+const (
+	MaxOutputBytes = 8 << 10
+	MaxReasonBytes = 1 << 10
+)
+
+// run calls the tool with a timeout, a copy of the context (a tool cannot
+// alter the authority later calls run under) and a recover: a panicking tool
+// is a failed call, not a crashed batch.
+//
+// A tool that ignores its context and outlives ToolTimeout (plus a grace of
+// a tenth of it) is left running and reported as errToolHung: the worker
+// moves on, and the call is recorded as one whose effect is unknown.
+func (e *Engine) run(ctx context.Context, tool tools.Tool, tc *schemas.TurnContext, call schemas.ToolCall) (string, error) {
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.ToolTimeout)
+	defer cancel()
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	own := *tc
+	go func() {
+		var r result
+		defer func() {
+			if p := recover(); p != nil {
+				r = result{"", fmt.Errorf("tool %s panicked: %v", call.Tool, p)}
+				e.cfg.Logger.Error("tool panic", "call", call.CallID, "tool", call.Tool, "panic", p)
+			}
+			done <- r
+		}()
+		r.out, r.err = tool.Run(rctx, tools.Call{Context: &own, CallID: call.CallID, Args: call.Args})
+	}()
+	hung := time.NewTimer(e.cfg.ToolTimeout + e.cfg.ToolTimeout/10)
+	defer hung.Stop()
+	select {
+	case r := <-done:
+		return r.out, r.err
+	case <-hung.C:
+		e.cfg.Logger.Error("tool did not return after its timeout; abandoning it", "call", call.CallID, "tool", call.Tool, "timeout", e.cfg.ToolTimeout)
+		return "", errToolHung
+	}
+}
+
+// errToolHung: the tool ignored its context's deadline.
+var errToolHung = errors.New("the tool did not return within its timeout and may still complete")
+
+// clip shortens s to at most n bytes (on a rune boundary), marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…[truncated]"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
+func hasTurnPrefix(callID, turnID string) bool {
+	return len(callID) > len(turnID)+1 && callID[:len(turnID)] == turnID && callID[len(turnID)] == '-'
+}
+
+// claimed handles a call whose claim already exists.
+//
+// A claim this engine created without starting the tool (its create was
+// stored but the reply was lost, e.g. across a broker restart) is its own
+// to use: the tool certainly did not run, so it runs now instead of
+// waiting out the lease and being reported uncertain.
+func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
+	for {
+		c, rev, err := e.cfg.Store.Claims.Get(ctx, call.CallID)
+		if err != nil {
+			return nil, fmt.Errorf("load claim %s: %w", call.CallID, err)
+		}
+		if c.Result != nil {
+			return c.Result, nil
+		}
+		if _, ran := e.started.Load(call.CallID); c.Worker == e.worker && !ran {
+			e.cfg.Logger.Info("resuming own claim whose create reply was lost", "call", call.CallID)
+			return e.runClaimed(ctx, tc, tool, call, approvalID, c, rev)
+		}
+		if age := e.Now().Sub(c.ClaimedAt); age < e.cfg.ClaimLease {
+			return nil, fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, age.Round(time.Millisecond), ErrClaimHeld)
+		}
+		if tools.RetrySafe(tool) {
+			// Safe to run again (tools.Retryable): take the claim over by
+			// compare-and-set, so exactly one worker re-runs it.
+			prev := c.Worker
+			c.Worker, c.ClaimedAt = e.worker, e.Now()
+			rev, err = e.cfg.Store.Claims.Update(ctx, call.CallID, c, rev)
+			if errors.Is(err, store.ErrConflict) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("take over claim %s: %w", call.CallID, err)
+			}
+			e.cfg.Logger.Warn("re-running a retry-safe call whose worker left no result", "call", call.CallID, "tool", call.Tool, "previous_worker", prev)
+			return e.runClaimed(ctx, tc, tool, call, approvalID, c, rev)
+		}
+		c.Result = e.Result(call, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
+			fmt.Sprintf("claimed by %s at %s and no result was recorded; the tool may have run, so it is not run again", c.Worker, c.ClaimedAt.Format(time.RFC3339)), approvalID)
+		_, err = e.cfg.Store.Claims.Update(ctx, call.CallID, c, rev)
+		if errors.Is(err, store.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("mark claim %s uncertain: %w", call.CallID, err)
+		}
+		e.cfg.Logger.Warn("execution uncertain", "call", call.CallID, "worker", c.Worker)
+		return c.Result, nil
+	}
+}
+
+// ClaimLease is how long an execution claim without a result is honoured
+// before the call is reported uncertain.
+func (e *Engine) ClaimLease() time.Duration { return e.cfg.ClaimLease }

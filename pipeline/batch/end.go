@@ -1,0 +1,311 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
+)
+
+// End moves the batch of turnID to a terminal state, unless it already is
+// in one, and returns the terminal record. With code == "" the batch
+// completes with results (nil entries of results are left as they are in
+// the record); otherwise it fails with code and every call without a result
+// gets a failed result with that code. Exactly one End wins for a batch.
+func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
+	b, _, err := e.end(ctx, turnID, Known{}, results, code, reason)
+	return b, err
+}
+
+// Known is what a stage already holds of a turn's records, as it just read
+// or wrote them: the batch record at BatchRev, and the session record.
+// ConcludeFrom compare-and-sets from them instead of reading each first; a
+// record that changed since costs one conflict and a fresh read, so a stale
+// Known is never wrong, only slower. The engine takes ownership of the
+// records (it modifies them in place). The zero Known holds nothing.
+type Known struct {
+	Batch    *schemas.BatchRecord
+	BatchRev uint64
+	Session  *SessionSnapshot
+}
+
+// end is End from what k holds, also reporting whether this call made the
+// batch terminal.
+func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, bool, error) {
+	reason = clip(reason, MaxReasonBytes)
+	ended := false
+	cur, rev := k.Batch, k.BatchRev
+	if cur == nil || cur.TurnID != turnID {
+		cur, rev = nil, 0
+	}
+	b, _, err := e.cfg.Store.Batches.MutateFrom(ctx, turnID, cur, rev, func(b *schemas.BatchRecord) error {
+		ended = false
+		if b.State.Terminal() {
+			return store.ErrSkip
+		}
+		ended = true
+		for i := range b.Results {
+			if i < len(results) && results[i] != nil {
+				b.Results[i] = results[i]
+			}
+		}
+		b.State = schemas.BatchCompleted
+		if code != "" {
+			b.State, b.Code, b.Reason = schemas.BatchFailed, code, reason
+			for i, r := range b.Results {
+				if r == nil {
+					b.Results[i] = e.Result(b.Calls[i], schemas.ResultFailed, code, reason, b.Approvals[i])
+				}
+			}
+		}
+		b.UpdatedAt = e.Now()
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("end batch %s: %w", turnID, err)
+	}
+	return b, ended, nil
+}
+
+// Conclude is End followed by Finish, for the stages. When this call is the
+// one that made the batch terminal, Finish skips its look-up of an earlier
+// outcome: none can exist, and a concurrent publisher of the same outcome
+// is within the duplicate window, so the message id dedupes it.
+func (e *Engine) Conclude(ctx context.Context, turnID string, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
+	return e.ConcludeFrom(ctx, turnID, Known{}, results, code, reason)
+}
+
+// ConcludeFrom is Conclude starting from the records k holds (see Known):
+// on the normal path it saves the read of the batch before it ends, and of
+// the session before its release.
+func (e *Engine) ConcludeFrom(ctx context.Context, turnID string, k Known, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
+	b, ended, err := e.end(ctx, turnID, k, results, code, reason)
+	if err != nil {
+		return nil, err
+	}
+	return b, e.finish(ctx, b, !ended, k.Session)
+}
+
+// Abort ends the batch of turnID failed with code, unless it is already
+// terminal, and finishes it (outcome published, session released). Stages
+// call it when they give up on a message that was driving the batch (it is
+// about to be dead-lettered), so that every accepted turn still reaches one
+// terminal outcome and its session is not held forever. A missing batch is
+// not an error: there is nothing to end; nor is a batch that can never be
+// ended (a record that does not decode). Any other error is transient, and
+// the caller should retry the abort rather than give the message up.
+func (e *Engine) Abort(ctx context.Context, turnID string, code schemas.Code, reason string) error {
+	if !schemas.ValidKey(turnID) {
+		return nil
+	}
+	end, err := e.Conclude(ctx, turnID, nil, code, reason)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if schemas.Permanent(err) {
+		// The batch cannot be closed at all (e.g. its record does not
+		// decode): retrying would not help. Say so; the message is
+		// dead-lettered with its own reason.
+		e.cfg.Logger.Error("batch cannot be aborted", "turn", turnID, "code", code, "abort_error", schemas.CodeOf(err), "err", err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	e.cfg.Logger.Warn("batch aborted", "turn", turnID, "code", code, "state", end.State)
+	return nil
+}
+
+// TurnOf returns the turn id that a pipeline message names (an accepted
+// turn, a turn notice or a decided event), or "" if it names none or does
+// not decode. Stages use it to find the batch a message they give up on was
+// driving.
+func TurnOf(data []byte) string {
+	id := ""
+	if t, err := schemas.Decode[schemas.AcceptedTurn](data); err == nil {
+		id = t.TurnID
+	} else if n, err := schemas.Decode[schemas.TurnNotice](data); err == nil {
+		id = n.TurnID
+	} else if ev, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
+		id = ev.TurnID
+	}
+	if !schemas.ValidKey(id) {
+		return "" // not a turn id Tollgate could have made
+	}
+	return id
+}
+
+// Finish publishes the outcome of a terminal batch and releases its session.
+// It is safe to call any number of times: the outcome is published only if
+// the events stream does not hold one for the turn yet. The message id
+// covers concurrent calls within the duplicate window; the lookup covers a
+// repeat after it (a redelivered or re-published trigger, such as an
+// identical decision sent again an hour later), which would otherwise tell
+// the transport the outcome a second time.
+func (e *Engine) Finish(ctx context.Context, b *schemas.BatchRecord) error {
+	return e.finish(ctx, b, true, nil)
+}
+
+// finish is Finish; lookup says whether an earlier outcome may exist, and
+// sess, if not nil, is the session record as the caller last saw it.
+func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool, sess *SessionSnapshot) error {
+	if !b.State.Terminal() {
+		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
+	}
+	if b.State == schemas.BatchFailed {
+		if err := e.abandonPending(ctx, b); err != nil {
+			return err
+		}
+	}
+	subj := topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID)
+	stored := false
+	if lookup {
+		var err error
+		if stored, err = e.outcomeStored(ctx, subj); err != nil {
+			return err
+		}
+	}
+	if !stored {
+		if err := bus.Publish(ctx, e.cfg.JS, subj, topology.OutcomeMsgID(b.TurnID), Outcome(e.cfg.Keys, b)); err != nil {
+			return err
+		}
+	}
+	return e.release(ctx, b.SessionID, b.TurnID, sess)
+}
+
+// abandonPending moves every approval of a failed batch that is still
+// pending to abandoned (pending -> abandoned, by compare-and-set) and
+// announces it with a decided event, so that no prompt stays open for a
+// call that can no longer run and a transport can disable its buttons. The
+// event is published by the call that made the change (a crash between the
+// two loses only the announcement: the record says abandoned, and the turn's
+// failed outcome is still published). An approval record that cannot be
+// read is left alone (the approver rejects decisions on it too).
+func (e *Engine) abandonPending(ctx context.Context, b *schemas.BatchRecord) error {
+	return e.abandon(ctx, b, "tollgate:batch-failed", true)
+}
+
+// SupersededPrefix starts the principal recorded on approvals abandoned
+// because a newer turn of the session superseded their batch; the
+// superseding turn's id follows.
+const SupersededPrefix = "tollgate:superseded-by:"
+
+// Supersede abandons the still-pending approvals of b, a batch waiting on
+// approvals, because turn newTurnID of the same session superseded it. Each
+// is a compare-and-set (pending -> abandoned) announced by a decided event,
+// so the redriver completes b with results that say so and the session
+// moves on. Approvals already decided are untouched: a batch whose barrier
+// is already met runs as approved.
+func (e *Engine) Supersede(ctx context.Context, b *schemas.BatchRecord, newTurnID string) error {
+	return e.abandon(ctx, b, SupersededPrefix+newTurnID, false)
+}
+
+// abandon moves b's pending approvals to abandoned under principal. With
+// unrecorded, it also looks for approvals the batch never recorded.
+func (e *Engine) abandon(ctx context.Context, b *schemas.BatchRecord, principal string, unrecorded bool) error {
+	for i, id := range b.Approvals {
+		if id == "" && !unrecorded {
+			continue
+		}
+		if id == "" {
+			// The batch may have failed before it recorded an approval the
+			// executor had already created (and announced): look by the id
+			// the call's approval would have (this is the failure path only).
+			id = schemas.ApprovalID(b.TurnID, i)
+		}
+		changed := false
+		rec, _, err := e.cfg.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error {
+			changed = false
+			if a.Status != schemas.ApprovalPending {
+				return store.ErrSkip
+			}
+			changed = true
+			a.Status = schemas.ApprovalAbandoned
+			a.Decision = &schemas.DecisionInfo{Principal: principal, DecidedAt: e.Now()}
+			return nil
+		})
+		switch {
+		case errors.Is(err, store.ErrNotFound) || schemas.Permanent(err):
+			continue
+		case err != nil:
+			return fmt.Errorf("abandon %s: %w", id, err)
+		}
+		if !changed {
+			continue // already decided; or abandoned and announced by an earlier finish
+		}
+		e.cfg.Logger.Info("approval abandoned", "approval", id, "turn", b.TurnID, "by", principal)
+		ev := &schemas.DecidedEvent{ApprovalID: id, TurnID: rec.TurnID, SessionID: rec.SessionID, Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt, Votes: rec.Votes}
+		if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectApprovalDecided, b.TurnID), topology.DecidedMsgID(id), ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// outcomeStored reports whether the events stream holds a message on subject.
+func (e *Engine) outcomeStored(ctx context.Context, subject string) (bool, error) {
+	e.mu.Lock()
+	s := e.events
+	e.mu.Unlock()
+	if s == nil {
+		var err error
+		if s, err = e.cfg.JS.Stream(ctx, topology.StreamEvents); err != nil {
+			return false, fmt.Errorf("look up %s: %w", subject, err)
+		}
+		e.mu.Lock()
+		e.events = s
+		e.mu.Unlock()
+	}
+	_, err := s.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("look up %s: %w", subject, err)
+	}
+}
+
+// Outcome is the turn outcome of a terminal batch, and the only builder of
+// one: every outcome the stages publish comes from here (through Finish).
+//
+// Its reply target and audience come only from a TurnContext that Authorize
+// accepts with keys: sealed by a key of the ring and captured for b's turn
+// (or for the turn that scheduled b as follow-up work). A batch whose
+// context is missing, unsealed, edited, sealed with an unknown key or
+// another turn's gets an outcome that goes nowhere: no reply target,
+// audience "", and no results (they may be results of calls that ran for the
+// real requester, which an edited context would otherwise send elsewhere).
+// It carries the batch's failure code, or, for a batch that completed and
+// whose context was edited since, the code of the context's failure.
+func Outcome(keys *seal.KeyRing, b *schemas.BatchRecord) *schemas.TurnOutcome {
+	o := &schemas.TurnOutcome{
+		TurnID: b.TurnID, SessionID: b.SessionID, State: schemas.TurnCompleted,
+		Code: b.Code, Reason: b.Reason, FinishedAt: b.UpdatedAt,
+	}
+	if b.State == schemas.BatchFailed {
+		o.State = schemas.TurnFailed
+	}
+	if err := Authorize(keys, b); err != nil {
+		if o.Code == "" {
+			o.Code, o.Reason = schemas.CodeOf(err), clip(err.Error(), MaxReasonBytes) // Authorize's errors are all coded
+		}
+		return o
+	}
+	for _, r := range b.Results {
+		if r != nil {
+			o.Results = append(o.Results, *r)
+		}
+	}
+	o.Reply = schemas.ReplyTarget{Transport: b.Context.Transport, Channel: b.Context.Channel}
+	o.Audience = b.Context.Audience
+	return o
+}

@@ -1,0 +1,199 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Acquire makes turnID the active turn of its session if the session is
+// free, or queues it behind the active one (once). It reports whether
+// turnID is now active. inboundSeq, if not zero, is the turn's inbound
+// stream sequence: the session's arrival watermark (SessionRecord.InboundSeq)
+// is raised to it in the same compare-and-set. The caller has checked that
+// every earlier inbound message of the session is settled (the executor's
+// order.go), so queue order is arrival order. snap, if not nil, is the
+// session record as the caller just read it, used instead of a first read
+// (an empty snapshot: nothing read yet); Acquire leaves in it the session
+// record as it last read or wrote it, for ConcludeFrom's release.
+func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
+	key := schemas.SessionKey(sessionID)
+	out := snap
+	for {
+		cur, rev, err := snap.take()
+		snap = nil // a conflict means it is stale: read again
+		if cur == nil && err == nil {
+			cur, rev, err = e.cfg.Store.Sessions.Get(ctx, key)
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			rec := &schemas.SessionRecord{SessionID: sessionID, Active: turnID, InboundSeq: inboundSeq, UpdatedAt: e.Now()}
+			var n uint64
+			n, err = e.cfg.Store.Sessions.Create(ctx, key, rec)
+			if err == nil {
+				out.set(rec, n)
+				return true, nil
+			}
+			if errors.Is(err, store.ErrExists) {
+				continue // created meanwhile: read it
+			}
+		}
+		if err != nil {
+			return false, fmt.Errorf("acquire session %s: %w", key, err)
+		}
+		active, write := e.enqueue(cur, turnID, inboundSeq)
+		if !write {
+			out.set(cur, rev)
+			return active, nil
+		}
+		n, err := e.cfg.Store.Sessions.Update(ctx, key, cur, rev)
+		if errors.Is(err, store.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("acquire session %s: %w", key, err)
+		}
+		out.set(cur, n)
+		return active, nil
+	}
+}
+
+// SessionSnapshot is a session record as its caller just read it, handed
+// to Acquire so that it does not read it again: Rec at revision Rev, or
+// NotFound when the key did not exist. A stale snapshot costs one
+// compare-and-set conflict and a fresh read.
+type SessionSnapshot struct {
+	Rec      *schemas.SessionRecord
+	Rev      uint64
+	NotFound bool
+}
+
+// set makes s (if not nil) the record rec at revision rev.
+func (s *SessionSnapshot) set(rec *schemas.SessionRecord, rev uint64) {
+	if s != nil {
+		*s = SessionSnapshot{Rec: rec, Rev: rev}
+	}
+}
+
+// take returns the snapshot as Acquire's first read: the record, or
+// store.ErrNotFound, or nothing (nil, 0, nil) for a nil snapshot.
+func (s *SessionSnapshot) take() (*schemas.SessionRecord, uint64, error) {
+	switch {
+	case s == nil:
+		return nil, 0, nil
+	case s.NotFound:
+		return nil, 0, store.ErrNotFound
+	}
+	return s.Rec, s.Rev, nil
+}
+
+// enqueue applies Acquire's change to session record s: turnID becomes
+// active if the session is free, or joins the queue once; the arrival
+// watermark rises to inboundSeq. It reports whether turnID is active and
+// whether s changed (must be written).
+func (e *Engine) enqueue(s *schemas.SessionRecord, turnID string, inboundSeq uint64) (active, write bool) {
+	raise := inboundSeq > s.InboundSeq
+	if raise {
+		s.InboundSeq = inboundSeq
+	}
+	write = true
+	switch {
+	case s.Active == turnID:
+		active, write = true, raise
+	case s.Active == "":
+		active = true
+		s.Active = turnID
+		s.Queue = slices.DeleteFunc(s.Queue, func(t string) bool { return t == turnID })
+	case slices.Contains(s.Queue, turnID):
+		write = raise
+	default:
+		s.Queue = append(s.Queue, turnID)
+	}
+	if write {
+		s.UpdatedAt = e.Now()
+	}
+	return active, write
+}
+
+// Announce publishes the ready notice of turnID (message id
+// topology.ReadyMsgID), on which an executor advances its batch: a queued
+// turn that is now its session's active one, or (from the recovery sweep) a
+// running batch whose executor died.
+func (e *Engine) Announce(ctx context.Context, sessionID, turnID string) error {
+	n := &schemas.TurnNotice{TurnID: turnID, SessionID: sessionID, Kind: schemas.NoticeReady, At: e.Now()}
+	return bus.Publish(ctx, e.cfg.JS, topology.ReadySubject(schemas.SessionKey(sessionID)), topology.ReadyMsgID(turnID), n)
+}
+
+// Release ends turnID's hold on its session: the next queued turn becomes
+// active and is announced on the ready subject. If turnID no longer holds the
+// session (a repeated Release), the currently active turn is announced again
+// if it is still queued, so a crash between the two steps loses nothing.
+// Release with turnID "" is the recovery sweep's: it promotes the first
+// queued turn of a session that has none active, or re-announces the
+// active one, and changes nothing otherwise.
+func (e *Engine) Release(ctx context.Context, sessionID, turnID string) error {
+	return e.release(ctx, sessionID, turnID, nil)
+}
+
+// release is Release, starting from snap (if it holds the record) instead
+// of a first read.
+func (e *Engine) release(ctx context.Context, sessionID, turnID string, snap *SessionSnapshot) error {
+	key := schemas.SessionKey(sessionID)
+	for {
+		var cur *schemas.SessionRecord
+		var rev uint64
+		// Only a snapshot in which turnID holds the session: the function
+		// below skips (writes nothing, checks nothing) when it does not,
+		// and a stale snapshot must only ever cost a conflict.
+		if snap != nil && snap.Rec != nil && snap.Rec.SessionID == sessionID && snap.Rec.Active == turnID && turnID != "" {
+			cur, rev = snap.Rec, snap.Rev
+		}
+		snap = nil
+		s, _, err := e.cfg.Store.Sessions.MutateFrom(ctx, key, cur, rev, func(s *schemas.SessionRecord) error {
+			if s.Active != turnID || (s.Active == "" && len(s.Queue) == 0) {
+				return store.ErrSkip
+			}
+			s.Active = ""
+			if len(s.Queue) > 0 {
+				s.Active, s.Queue = s.Queue[0], s.Queue[1:]
+			}
+			s.UpdatedAt = e.Now()
+			return nil
+		})
+		if errors.Is(err, store.ErrNotFound) {
+			return nil // the turn never held the session
+		}
+		if err != nil {
+			return fmt.Errorf("release session %s: %w", key, err)
+		}
+		next := s.Active
+		if next == "" || next == turnID {
+			return nil
+		}
+		nb, _, err := e.cfg.Store.Batches.Get(ctx, next)
+		if errors.Is(err, store.ErrNotFound) {
+			// Queued by an executor that has not written it yet cannot happen
+			// (the batch is created before it is queued); a missing record
+			// means it was removed: skip it.
+			turnID = next
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("release session %s: load next %s: %w", key, next, err)
+		}
+		switch {
+		case nb.State.Terminal():
+			turnID = next // it ended while queued: pass the session on
+			continue
+		case nb.State == schemas.BatchQueued:
+			return e.Announce(ctx, sessionID, next)
+		default:
+			return nil // already running
+		}
+	}
+}

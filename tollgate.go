@@ -1,0 +1,355 @@
+// Package tollgate builds Tollgate's four pipeline stages (ingest,
+// executor, approver, redriver) from a Config in which every dependency is
+// passed in: the JetStream handle, the policy, the seal keys, the tools,
+// the logger, the metrics registerer and the clock. It is the one place
+// that wires the stages: the stage binaries, `tollgate dev`, the tests and
+// the benchmarks all go through New, and a program of its own can too, to
+// run the stages with its own tools without forking Tollgate (see
+// examples/customtool).
+//
+// What New builds, for one process:
+//
+//   - the topology, ensured (created or converged) with Config.Topology;
+//   - one store over the KV buckets, reading older approval records through
+//     the one compatibility path (pipeline/legacy);
+//   - one tool registry: Config.Tools plus schedule_followup, which is part
+//     of the pipeline and is always added, wired to the engine;
+//   - one batch engine, shared by the executor and the redriver. Its
+//     in-flight set is what keeps two goroutines of one process from both
+//     taking the process's own execution claim for the same call (the
+//     claim in KV keeps processes apart; the engine keeps the stages of one
+//     process apart), so a process never has two;
+//   - one set of runner metrics, shared by the stages;
+//   - all four stages, whichever are selected (Config.Stages), so that a
+//     test can call Handle, Apply or Redrive on a stage that does not run.
+//     Only the selected stages register their own metrics: a process
+//     exposes the metrics of what it runs.
+//
+// Nothing is changed after New returns: the pipeline is wired completely
+// before any stage can run. Run runs the selected stages until its context
+// is cancelled.
+//
+// Failures: New fails with ErrInvalidConfig (see Config.Validate) before it
+// touches the broker; with the broker's error when the topology cannot be
+// ensured or the buckets opened (New does not wait for a broker that is
+// still starting: internal/stagecmd does that first); and with a stage's
+// error when a stage cannot be constructed (e.g. ToolTimeout not below
+// ClaimLease). Logs go to Config.Logger; nothing is printed.
+package tollgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	"github.com/tollgate-dev/tollgate/pipeline/executor"
+	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/pipeline/legacy"
+	"github.com/tollgate-dev/tollgate/pipeline/redriver"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/seal"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// Stage names, as accepted in Config.Stages.
+const (
+	StageIngest   = ingest.Stage
+	StageExecutor = executor.Stage
+	StageApprover = approver.Stage
+	StageRedriver = redriver.Stage
+)
+
+// AllStages returns the four stage names in pipeline order.
+func AllStages() []string {
+	return []string{StageIngest, StageExecutor, StageApprover, StageRedriver}
+}
+
+// ErrInvalidConfig is wrapped by every error of Config.Validate.
+var ErrInvalidConfig = errors.New("tollgate: invalid config")
+
+// Config is everything New needs. JS, Policy, Keys and Instance are
+// required; every other field has a default.
+type Config struct {
+	// JS is the JetStream handle every stage uses (one connection per
+	// process is enough).
+	JS jetstream.JetStream
+	// Policy decides, per call, whether it runs, waits for an approval or
+	// is denied.
+	Policy *policy.Policy
+	// Keys seal the TurnContext of every turn ingest accepts, and verify it
+	// wherever it is used.
+	Keys *seal.KeyRing
+	// Tools are the tools turns may call (tools.Builtins has echo and
+	// write_file), besides schedule_followup, which New always adds. Names
+	// must be unique.
+	Tools []tools.Tool
+	// Logger receives every stage's log; nil discards it.
+	Logger *slog.Logger
+	// Registerer receives every metric; nil registers them with a private
+	// registry (never prometheus.DefaultRegisterer). One Registerer serves
+	// one Pipeline.
+	Registerer prometheus.Registerer
+	// Clock stamps records and judges claim leases and approval expiry
+	// (batch.Config.Now, approver.Config.Now); nil is time.Now.
+	Clock func() time.Time
+	// Instance names this process in worker ids (stage + "@" + Instance),
+	// e.g. "host:pid".
+	Instance string
+	// Topology is what New ensures; the zero value is
+	// topology.DefaultConfig().
+	Topology topology.Config
+	// Stages are the stages Run runs and whose metrics are registered; nil
+	// is AllStages(). All four are constructed either way.
+	Stages []string
+
+	// Tuning, for tests; zero is the owning package's default.
+	ClaimLease    time.Duration // batch.Config.ClaimLease
+	ToolTimeout   time.Duration // batch.Config.ToolTimeout
+	OrderWait     time.Duration // executor.Config.OrderWait
+	SweepInterval time.Duration // redriver.Config.SweepInterval (negative: no sweep)
+	SweepAfter    time.Duration // redriver.Config.SweepAfter
+}
+
+// Validate reports every problem with the wiring, joined, each wrapping
+// ErrInvalidConfig: a missing dependency, an invalid topology, an unknown or
+// repeated stage, a nil, unnamed or repeated tool, or a tool named like the
+// built-in schedule_followup. It does not change c.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, a...)))
+	}
+	if c.JS == nil {
+		bad("JS is required")
+	}
+	if c.Policy == nil {
+		bad("Policy is required")
+	}
+	if c.Keys == nil {
+		bad("Keys is required")
+	}
+	if c.Instance == "" {
+		bad("Instance is required")
+	}
+	if c.Topology != (topology.Config{}) {
+		if err := c.Topology.Validate(); err != nil {
+			bad("%v", err)
+		}
+	}
+	for i, s := range c.Stages {
+		switch {
+		case !slices.Contains(AllStages(), s):
+			bad("unknown stage %q (want one of %v)", s, AllStages())
+		case slices.Contains(c.Stages[:i], s):
+			bad("stage %q named twice", s)
+		}
+	}
+	followUp := new(tools.FollowUp).Name()
+	names := map[string]bool{}
+	for i, t := range c.Tools {
+		switch {
+		case t == nil:
+			bad("Tools[%d] is nil", i)
+		case t.Name() == "":
+			bad("Tools[%d] (%T) has no name", i, t)
+		case t.Name() == followUp:
+			bad("Tools[%d]: %s is built in and always registered", i, followUp)
+		case names[t.Name()]:
+			bad("tool %s registered twice", t.Name())
+		default:
+			names[t.Name()] = true
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Pipeline is the wired stages of one process. Its fields are set by New
+// and must not be changed.
+type Pipeline struct {
+	Store  *store.Store
+	Tools  *tools.Registry
+	Engine *batch.Engine // the one engine of the executor and the redriver
+
+	Ingest   *ingest.Ingest
+	Executor *executor.Executor
+	Approver *approver.Approver
+	Redriver *redriver.Redriver
+
+	stages []string
+}
+
+// New validates cfg, ensures the topology and builds the pipeline. See the
+// package doc for what it builds and how it fails.
+func New(ctx context.Context, cfg Config) (*Pipeline, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	now := cfg.Clock
+	if now == nil {
+		now = time.Now
+	}
+	topo := cfg.Topology
+	if topo == (topology.Config{}) {
+		topo = topology.DefaultConfig()
+	}
+	p := &Pipeline{stages: cfg.Stages}
+	if p.stages == nil {
+		p.stages = AllStages()
+	}
+	// A stage that does not run in this process is constructed without
+	// its own metrics, so that a process exposes only what it runs.
+	regOf := func(stage string) prometheus.Registerer {
+		if slices.Contains(p.stages, stage) {
+			return reg
+		}
+		return nil
+	}
+
+	if err := topology.Ensure(ctx, cfg.JS, topo); err != nil {
+		return nil, err
+	}
+	buckets, err := topology.OpenBuckets(ctx, cfg.JS)
+	if err != nil {
+		return nil, err
+	}
+	compat, err := legacy.New(cfg.Keys, log, reg)
+	if err != nil {
+		return nil, err
+	}
+	p.Store = store.New(buckets)
+	p.Store.Approvals.Decode = compat.DecodeApproval
+
+	// schedule_followup needs the engine, and the engine the registry
+	// that holds schedule_followup: the tool gets a scheduler that forwards
+	// to the engine, set below before anything can run.
+	sched := &engineScheduler{}
+	if p.Tools, err = tools.NewRegistry(append(slices.Clone(cfg.Tools), &tools.FollowUp{Scheduler: sched})...); err != nil {
+		return nil, err
+	}
+	// The engine's claims name the stage that executes in this process:
+	// the executor where it runs, else the redriver.
+	worker := StageExecutor
+	if !slices.Contains(p.stages, StageExecutor) && slices.Contains(p.stages, StageRedriver) {
+		worker = StageRedriver
+	}
+	if p.Engine, err = batch.New(batch.Config{
+		JS: cfg.JS, Store: p.Store, Tools: p.Tools, Keys: cfg.Keys, Worker: worker + "@" + cfg.Instance, Logger: log,
+		ClaimLease: cfg.ClaimLease, ToolTimeout: cfg.ToolTimeout, Now: now,
+	}); err != nil {
+		return nil, err
+	}
+	sched.engine = p.Engine
+
+	metrics := runner.NewMetrics(reg)
+	stageLog := func(s string) *slog.Logger { return log.With("stage", s) }
+	if p.Ingest, err = ingest.New(ingest.Config{
+		JS: cfg.JS, Policy: cfg.Policy, Keys: cfg.Keys, Logger: stageLog(StageIngest), Metrics: metrics,
+		Instance: StageIngest + "@" + cfg.Instance,
+	}); err != nil {
+		return nil, err
+	}
+	if p.Executor, err = executor.New(executor.Config{
+		JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy, Logger: stageLog(StageExecutor), Metrics: metrics,
+		Registerer: regOf(StageExecutor), OrderWait: cfg.OrderWait,
+	}); err != nil {
+		return nil, err
+	}
+	if p.Approver, err = approver.New(approver.Config{
+		JS: cfg.JS, Store: p.Store, Policy: cfg.Policy, Keys: cfg.Keys, Logger: stageLog(StageApprover), Metrics: metrics,
+		Registerer: regOf(StageApprover), Now: now,
+	}); err != nil {
+		return nil, err
+	}
+	if p.Redriver, err = redriver.New(redriver.Config{
+		JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy, Logger: stageLog(StageRedriver), Metrics: metrics,
+		Registerer: regOf(StageRedriver), SweepInterval: cfg.SweepInterval, SweepAfter: cfg.SweepAfter,
+	}); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// engineScheduler is schedule_followup's tools.Scheduler: the pipeline's
+// engine, which New sets before any stage can run.
+type engineScheduler struct{ engine *batch.Engine }
+
+func (s *engineScheduler) ScheduleFollowUp(ctx context.Context, from tools.Call, tool, args string, delay time.Duration) (string, error) {
+	return s.engine.ScheduleFollowUp(ctx, from, tool, args, delay)
+}
+
+// Stages returns the stages Run runs (Config.Stages, or all four).
+func (p *Pipeline) Stages() []string { return slices.Clone(p.stages) }
+
+// Run runs the selected stages until ctx is cancelled and every one has
+// returned (each drains what it holds first). The first stage to fail
+// cancels the others; its error, naming the stage, is returned. A stage
+// stopped by the cancellation (even one still starting, whose error is
+// then context.Canceled) has not failed: Run returns nil.
+func (p *Pipeline) Run(ctx context.Context) error { return p.RunStages(ctx, p.stages...) }
+
+// RunStages is Run for some of the selected stages, e.g. to stop and start
+// one stage while the others keep running. A stage that was not selected
+// (Config.Stages) is refused, since its metrics are not registered.
+func (p *Pipeline) RunStages(ctx context.Context, stages ...string) error {
+	runs := make([]func(context.Context) error, 0, len(stages))
+	for _, s := range stages {
+		if !slices.Contains(p.stages, s) {
+			return fmt.Errorf("tollgate: stage %q is not one of this pipeline's stages %v", s, p.stages)
+		}
+		runs = append(runs, p.run(s))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(runs))
+	for i, run := range runs {
+		go func() {
+			err := run(ctx)
+			if err != nil && !(ctx.Err() != nil && errors.Is(err, context.Canceled)) {
+				errc <- fmt.Errorf("stage %s: %w", stages[i], err)
+				return
+			}
+			errc <- nil
+		}()
+	}
+	var first error
+	for range runs {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
+
+// run is the Run method of stage s.
+func (p *Pipeline) run(s string) func(context.Context) error {
+	switch s {
+	case StageIngest:
+		return p.Ingest.Run
+	case StageExecutor:
+		return p.Executor.Run
+	case StageApprover:
+		return p.Approver.Run
+	default:
+		return p.Redriver.Run
+	}
+}
