@@ -188,3 +188,27 @@ func TestPendingReadsLegacyRecords(t *testing.T) {
 		t.Fatalf("exit %d; pending does not list the legacy approval as such:\n%s", code, out)
 	}
 }
+
+func TestWatchSaysWhereAnOutcomeGoes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    schemas.TurnOutcome
+		want string
+	}{
+		{"a verified context's reply target", schemas.TurnOutcome{TurnID: "t-1", State: schemas.TurnCompleted, Audience: schemas.AudiencePersonal,
+			Reply: schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM}}},
+			"turn t-1 completed (0 results) -> cli dm/dm-alice"},
+		{"no verified context: nowhere, with the code", schemas.TurnOutcome{TurnID: "t-2", State: schemas.TurnFailed, Code: schemas.CodeTurnContextTampered},
+			"turn t-2 failed (0 results) -> nowhere (TURN_CONTEXT_TAMPERED)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data, err := schemas.Encode(&tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := summary(topology.SubjectTurnOutcome+"x", data); got != tc.want {
+				t.Fatalf("summary = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -115,7 +115,12 @@ func summary(subject string, data []byte) string {
 		}
 	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
 		if o, err := schemas.Decode[schemas.TurnOutcome](data); err == nil {
-			return fmt.Sprintf("turn %s %s (%d results) -> %s %s/%s", o.TurnID, o.State, len(o.Results), o.Reply.Transport, o.Reply.Channel.Kind, o.Reply.Channel.ID)
+			to := fmt.Sprintf("-> %s %s/%s", o.Reply.Transport, o.Reply.Channel.Kind, o.Reply.Channel.ID)
+			if o.Audience == "" {
+				// protocol §6: no verified context of the turn, so no reply target.
+				to = "-> nowhere (" + string(o.Code) + ")"
+			}
+			return fmt.Sprintf("turn %s %s (%d results) %s", o.TurnID, o.State, len(o.Results), to)
 		}
 	case strings.HasPrefix(subject, topology.SubjectBatchAwaiting):
 		return "batch awaiting approvals"

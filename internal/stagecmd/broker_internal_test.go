@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -74,5 +75,29 @@ func TestAStageGivesUpAtOnceWhenTheBrokerRefusesItsTopology(t *testing.T) {
 	}
 	if waited := time.Since(start); waited > 20*time.Second {
 		t.Fatalf("waited %v on a refusal that waiting cannot change", waited)
+	}
+}
+
+func TestRefusedIsWhatWaitingCannotChange(t *testing.T) {
+	api := func(code jetstream.ErrorCode) error {
+		return fmt.Errorf("ensure topology: %w", &jetstream.APIError{Code: 503, ErrorCode: code})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"a cluster still electing its meta leader is waited for", api(10008), false},
+		{"JetStream not enabled yet is waited for", api(jetstream.JSErrCodeJetStreamNotEnabled), false},
+		{"JetStream not enabled for the account yet is waited for", api(jetstream.JSErrCodeJetStreamNotEnabledForAccount), false},
+		{"a timeout is waited for", context.DeadlineExceeded, false},
+		{"too many replicas for the cluster is a refusal", api(10074), true},
+		{"a stream with another configuration is a refusal", api(jetstream.JSErrCodeStreamNameInUse), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := refused(tc.err); got != tc.want {
+				t.Fatalf("refused(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
 	}
 }

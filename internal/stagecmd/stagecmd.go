@@ -156,14 +156,28 @@ func awaitBroker(ctx context.Context, js jetstream.JetStream, topo topology.Conf
 }
 
 // refused reports whether the server answered err with a definite refusal
-// (a JetStream API error other than JetStream not being enabled yet), which
-// waiting does not change: a stream that exists with another configuration,
-// more replicas than the cluster has, a permission the user lacks.
+// (a JetStream API error other than JetStream not being enabled yet, or
+// not being available yet while a cluster elects its meta leader), which
+// waiting does not change: a stream that exists with another
+// configuration, more replicas than the cluster has, a permission the user
+// lacks.
 func refused(err error) bool {
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabled &&
-		apiErr.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabledForAccount
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount,
+		jsErrCodeTemporarilyUnavailable:
+		return false
+	}
+	return true
 }
+
+// jsErrCodeTemporarilyUnavailable is nats-server's "JetStream system
+// temporarily unavailable" (no meta leader yet); nats.go has no constant
+// for it. topology.Retry waits on it too.
+const jsErrCodeTemporarilyUnavailable jetstream.ErrorCode = 10008
 
 // ServeMetrics serves reg on addr/metrics until ctx is cancelled. An empty
 // addr serves nothing.
