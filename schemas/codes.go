@@ -57,6 +57,16 @@ const (
 	CodeToolNotFound       Code = "TOOL_NOT_FOUND"
 	CodeToolFailed         Code = "TOOL_FAILED"
 	CodeExecutionUncertain Code = "EXECUTION_UNCERTAIN"
+	// CodeArgsInvalid: the arguments do not match the tool's JSON Schema;
+	// the reason names the schema path. Found before anyone is asked.
+	CodeArgsInvalid Code = "ARGS_INVALID"
+	// CodeToolUnavailable: the tool certainly did not run (no tool service
+	// answered, its MCP server was down before the call was sent).
+	CodeToolUnavailable Code = "TOOL_UNAVAILABLE"
+	// CodeToolReplyInvalid: a remote tool's reply could not be trusted as
+	// the answer to this call (another call's id, malformed, over the size
+	// limit). The tool may have acted: the result needs attention.
+	CodeToolReplyInvalid   Code = "TOOL_REPLY_INVALID"
 	CodeBatchRecordMissing Code = "BATCH_RECORD_MISSING"
 	CodeBatchStateInvalid  Code = "BATCH_STATE_INVALID"
 	CodeHandlerPanic       Code = "HANDLER_PANIC"

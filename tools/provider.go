@@ -1,0 +1,99 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+)
+
+// Spec describes a tool: what `tollgate tools` shows, what a planner offers
+// a model, and what a call's arguments are validated against before anyone
+// is asked to approve it.
+type Spec struct {
+	// Name is the tool's name in calls and in the policy
+	// (schemas.CheckToolName: [a-z0-9_.-]{1,64}). Tools from a provider are
+	// named "<prefix>.<tool>", so a policy can name them by pattern
+	// ("github.*").
+	Name string `json:"name"`
+	// Description is the tool's own one-paragraph description.
+	Description string `json:"description,omitempty"`
+	// Source says where the tool comes from: "builtin", "go" (a Go tool
+	// passed in by the embedding program), "nats:<service>" (a NATS tool
+	// service) or "mcp:<server>" (a tool of an MCP server).
+	Source string `json:"source"`
+	// InputSchema is the JSON Schema of the arguments object; empty means
+	// any JSON object.
+	InputSchema json.RawMessage `json:"input_schema,omitempty"`
+	// RetrySafe: running the call again has the same effect as running it
+	// once (see Retryable).
+	RetrySafe bool `json:"retry_safe"`
+	// Hints are the tool's own claims about its effects (MCP annotations).
+	// They may make the policy's default stricter, never looser, and never
+	// change a rule the policy states for the tool.
+	Hints Hints `json:"hints,omitzero"`
+}
+
+// Hints are a tool's claims about its effects. Nil means not stated.
+type Hints struct {
+	ReadOnly    *bool `json:"read_only,omitempty"`
+	Destructive *bool `json:"destructive,omitempty"`
+}
+
+// Describer is implemented by a tool that describes itself. A tool that
+// does not is described by SpecOf from its name and Retryable.
+type Describer interface {
+	Spec() Spec
+}
+
+// SpecOf returns t's Spec: t.Spec() when t is a Describer (with Name and
+// RetrySafe taken from t itself), else a Spec with source "go".
+func SpecOf(t Tool) Spec {
+	var s Spec
+	if d, ok := t.(Describer); ok {
+		s = d.Spec()
+	}
+	s.Name = t.Name()
+	s.RetrySafe = RetrySafe(t)
+	if s.Source == "" {
+		s.Source = "go"
+	}
+	return s
+}
+
+// Provider supplies tools that live outside this process and may come and
+// go while Tollgate runs (NATS tool services, MCP servers). The pipeline
+// asks it for its tools whenever it resolves a call's tool by name, so a
+// tool that appears needs no restart and one that disappears is no longer
+// found.
+type Provider interface {
+	// Name names the provider in logs, errors and `tollgate tools`
+	// (e.g. "nats", "mcp:github").
+	Name() string
+	// Tools returns the provider's current tools. It must be cheap (served
+	// from a cache the provider refreshes) and bounded in time: a dead
+	// remote makes it return what it last knew, or an error, never block
+	// past ctx.
+	Tools(ctx context.Context) ([]Tool, error)
+}
+
+// Service is implemented by a Provider that needs a loop of its own (a
+// supervisor of MCP server processes, a discovery refresher). The pipeline
+// runs it beside the stages; it returns when ctx is cancelled, after
+// stopping what it started.
+type Service interface {
+	Run(ctx context.Context) error
+}
+
+// ErrUncertain is wrapped by a tool's Run error when the tool may or may not
+// have acted: the request went out and no reply came back in time, or the
+// reply was lost. The pipeline reports such a call needs_attention with
+// EXECUTION_UNCERTAIN (or, for a RetrySafe tool, runs it again under the
+// same claim rules as a worker that died mid-call); it never reports it as
+// an ordinary error result, which would tell the requester it did not run.
+var ErrUncertain = errors.New("tool outcome uncertain")
+
+// ErrUnavailable is wrapped by a tool's Run error when the tool certainly
+// did not act: nothing was listening for the request (NATS "no
+// responders"), or the server could not be reached before anything was
+// sent. The call's result is failed with TOOL_UNAVAILABLE.
+var ErrUnavailable = errors.New("tool unavailable")
