@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build test vet unit e2e fuzz bench bench-footprint bench-profile microbench soak clean chaos cluster cluster-test
+.PHONY: run build test test-deps vet unit e2e fuzz bench bench-footprint bench-profile microbench soak clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -16,10 +16,20 @@ build:
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 ## test: go vet, then every test (unit, integration on an embedded server, end-to-end with real processes) under -race
-test: vet
+test: vet test-deps
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 ## vet: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it)
+## test-deps: the npm packages that tests run as real third-party programs (the Node tool service example, the MCP
+## filesystem server), installed once from their lock files; without npm those tests skip, and fail under CI=true
+NPM_DIRS := examples/toolservice-node tools/mcptool/testdata/npm
+test-deps:
+	@for d in $(NPM_DIRS); do \
+		[ -d $$d/node_modules ] && continue; \
+		if command -v npm >/dev/null 2>&1; then npm ci --prefix $$d --no-audit --no-fund || exit 1; \
+		else echo "npm not found: the tests that run $$d skip (and fail under CI=true)"; fi; \
+	done
+
 vet:
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
@@ -87,9 +97,11 @@ soak:
 ## (async publish, pull consume + ack, the raw turn: the same JetStream operations as a Tollgate turn),
 ## Tollgate fast-path and approval-path turns/s all-in-one and as separate stage processes, efficiency,
 ## latencies, footprint with BENCH_PENDING approvals pending and recovery, the throughput again with
-## sync_interval: always. Printed, and written as JSON and markdown to results/bench/. Parameters:
+## sync_interval: always, the approval path with its approved call behind a NATS tool service next to the
+## built-in one. Printed, and written as JSON and markdown to results/bench/. Parameters:
 ## BENCH_RUNS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONCURRENCY, BENCH_CONSUME_MSGS, BENCH_LOW_RATE,
-## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync), BENCH_LOG_LEVEL
+## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync,toolservice),
+## BENCH_LOG_LEVEL
 BENCH_PENDING ?= 10000
 BENCH_OUT     ?= $(CURDIR)/results/bench
 export BENCH_RUNS BENCH_DURATION BENCH_WARMUP BENCH_CONCURRENCY BENCH_CONSUME_MSGS BENCH_LOW_RATE \

@@ -12,8 +12,12 @@
 //   - the topology, ensured (created or converged) with Config.Topology;
 //   - one store over the KV buckets, reading older approval records through
 //     the one compatibility path (pipeline/legacy);
-//   - one tool registry: Config.Tools plus schedule_followup, which is part
-//     of the pipeline and is always added, wired to the engine;
+//   - one tool catalog (tools.Catalog): Config.Tools plus
+//     schedule_followup, which is part of the pipeline and is always added,
+//     wired to the engine, and the tools of Config.Providers, resolved by
+//     name whenever a call needs its tool. New lists each provider once, as
+//     it is before its service runs, and refuses a name collision it finds
+//     then (see tools.NewCatalog);
 //   - one batch engine, shared by the executor and the redriver. Its
 //     in-flight set is what keeps two goroutines of one process from both
 //     taking the process's own execution claim for the same call (the
@@ -27,12 +31,16 @@
 //
 // Nothing is changed after New returns: the pipeline is wired completely
 // before any stage can run. Run runs the selected stages until its context
-// is cancelled.
+// is cancelled, and beside them every provider that is a tools.Service
+// (NATS tool discovery, MCP server supervision); at the end the stages
+// drain first, then the providers stop, so that no call in flight loses
+// the provider it runs through.
 //
 // Failures: New fails with ErrInvalidConfig (see Config.Validate) before it
 // touches the broker; with the broker's error when the topology cannot be
 // ensured or the buckets opened (New does not wait for a broker that is
-// still starting: internal/stagecmd does that first); and with a stage's
+// still starting: internal/stagecmd does that first); with the catalog's
+// error when the tools collide (tools.NewCatalog); and with a stage's
 // error when a stage cannot be constructed (e.g. ToolTimeout not below
 // ClaimLease). Logs go to Config.Logger; nothing is printed.
 package tollgate
@@ -43,6 +51,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -94,6 +103,10 @@ type Config struct {
 	// write_file), besides schedule_followup, which New always adds. Names
 	// must be unique.
 	Tools []tools.Tool
+	// Providers supply tools that live outside this process (NATS tool
+	// services, MCP servers), resolved by name whenever a call needs its
+	// tool. A provider that is a tools.Service is run beside the stages.
+	Providers []tools.Provider
 	// Logger receives every stage's log; nil discards it.
 	Logger *slog.Logger
 	// Registerer receives every metric; nil registers them with a private
@@ -124,7 +137,7 @@ type Config struct {
 // Validate reports every problem with the wiring, joined, each wrapping
 // ErrInvalidConfig: a missing dependency, an invalid topology, an unknown or
 // repeated stage, a nil, unnamed or repeated tool, or a tool named like the
-// built-in schedule_followup. It does not change c.
+// built-in schedule_followup, or a nil provider. It does not change c.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) {
@@ -171,6 +184,11 @@ func (c *Config) Validate() error {
 			names[t.Name()] = true
 		}
 	}
+	for i, p := range c.Providers {
+		if p == nil {
+			bad("Providers[%d] is nil", i)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -178,7 +196,7 @@ func (c *Config) Validate() error {
 // and must not be changed.
 type Pipeline struct {
 	Store  *store.Store
-	Tools  *tools.Registry
+	Tools  *tools.Catalog
 	Engine *batch.Engine // the one engine of the executor and the redriver
 
 	Ingest   *ingest.Ingest
@@ -186,7 +204,8 @@ type Pipeline struct {
 	Approver *approver.Approver
 	Redriver *redriver.Redriver
 
-	stages []string
+	stages   []string
+	services services
 }
 
 // New validates cfg, ensures the topology and builds the pipeline. See the
@@ -238,12 +257,20 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	p.Store = store.New(buckets)
 	p.Store.Approvals.Decode = compat.DecodeApproval
 
-	// schedule_followup needs the engine, and the engine the registry
+	// schedule_followup needs the engine, and the engine the catalog
 	// that holds schedule_followup: the tool gets a scheduler that forwards
 	// to the engine, set below before anything can run.
 	sched := &engineScheduler{}
-	if p.Tools, err = tools.NewRegistry(append(slices.Clone(cfg.Tools), &tools.FollowUp{Scheduler: sched})...); err != nil {
+	static := append(slices.Clone(cfg.Tools), &tools.FollowUp{Scheduler: sched})
+	if p.Tools, err = tools.NewCatalog(ctx, static, cfg.Providers, log.With("component", "tools")); err != nil {
 		return nil, err
+	}
+	p.services.log = log.With("component", "tools")
+	for _, pr := range cfg.Providers {
+		if svc, ok := pr.(tools.Service); ok {
+			p.services.run = append(p.services.run, svc)
+			p.services.names = append(p.services.names, pr.Name())
+		}
 	}
 	// The engine's claims name the stage that executes in this process:
 	// the executor where it runs, else the redriver.
@@ -304,17 +331,32 @@ func (p *Pipeline) Stages() []string { return slices.Clone(p.stages) }
 // cancels the others; its error, naming the stage, is returned. A stage
 // stopped by the cancellation (even one still starting, whose error is
 // then context.Canceled) has not failed: Run returns nil.
+//
+// The providers that are a tools.Service run while any Run or RunStages of
+// the pipeline runs: started by the first, stopped after the stages of the
+// last have drained. A provider whose service returns early is logged as
+// an error and not restarted; the stages go on (a call through it then
+// fails closed with a code, as for any tool that cannot be reached).
 func (p *Pipeline) Run(ctx context.Context) error { return p.RunStages(ctx, p.stages...) }
 
 // RunStages is Run for some of the selected stages, e.g. to stop and start
 // one stage while the others keep running. A stage that was not selected
 // (Config.Stages) is refused, since its metrics are not registered.
 func (p *Pipeline) RunStages(ctx context.Context, stages ...string) error {
-	runs := make([]func(context.Context) error, 0, len(stages))
 	for _, s := range stages {
 		if !slices.Contains(p.stages, s) {
 			return fmt.Errorf("tollgate: stage %q is not one of this pipeline's stages %v", s, p.stages)
 		}
+	}
+	p.services.acquire()
+	defer p.services.release()
+	return p.runStages(ctx, stages)
+}
+
+// runStages runs stages (all selected) until ctx is cancelled.
+func (p *Pipeline) runStages(ctx context.Context, stages []string) error {
+	runs := make([]func(context.Context) error, 0, len(stages))
+	for _, s := range stages {
 		runs = append(runs, p.run(s))
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -352,4 +394,56 @@ func (p *Pipeline) run(s string) func(context.Context) error {
 	default:
 		return p.Redriver.Run
 	}
+}
+
+// services runs the providers' services while at least one RunStages of
+// the pipeline runs (see Run), on a context of their own, so that each
+// runs once however many stage groups run.
+type services struct {
+	run   []tools.Service
+	names []string
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	users  int
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// acquire starts the services if no RunStages runs them yet.
+func (s *services) acquire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.users++
+	if s.users > 1 || len(s.run) == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel, s.done = cancel, make(chan struct{})
+	var wg sync.WaitGroup
+	for i, svc := range s.run {
+		wg.Go(func() {
+			err := svc.Run(ctx)
+			if ctx.Err() == nil {
+				s.log.Error("tool provider stopped before the pipeline; its tools are no longer refreshed", "provider", s.names[i], "err", err)
+			} else if err != nil && !errors.Is(err, context.Canceled) {
+				s.log.Warn("tool provider stopped with an error", "provider", s.names[i], "err", err)
+			}
+		})
+	}
+	go func(done chan struct{}) { wg.Wait(); close(done) }(s.done)
+}
+
+// release stops the services, and waits for them, when the last
+// RunStages that runs them has returned (its stages have drained).
+func (s *services) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.users--
+	if s.users > 0 || s.cancel == nil {
+		return
+	}
+	s.cancel()
+	<-s.done
+	s.cancel, s.done = nil, nil
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,6 +71,7 @@ func TestValidateNamesWhatIsWrong(t *testing.T) {
 		{"two tools of one name", func(c *tollgate.Config) { c.Tools = []tools.Tool{shout{"echo"}, tools.Echo{}} }, []string{"tool echo registered twice"}},
 		{"a tool in place of schedule_followup", func(c *tollgate.Config) { c.Tools = []tools.Tool{shout{"schedule_followup"}} },
 			[]string{"schedule_followup is built in"}},
+		{"a nil provider", func(c *tollgate.Config) { c.Providers = []tools.Provider{&pipelinetest.Provider{}, nil} }, []string{"Providers[1] is nil"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -125,8 +128,13 @@ func TestATurnRunsThroughAPipelineBuiltByNew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := p.Tools.Names(), []string{"schedule_followup", "shout", "shout_later"}; strings.Join(got, ",") != strings.Join(want, ",") {
-		t.Fatalf("tools %v, want %v", got, want)
+	specs, err := p.Tools.List(context.Background())
+	var names []string
+	for _, s := range specs {
+		names = append(names, s.Name)
+	}
+	if want := []string{"schedule_followup", "shout", "shout_later"}; err != nil || strings.Join(names, ",") != strings.Join(want, ",") {
+		t.Fatalf("tools %v %v, want %v", names, err, want)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -290,4 +298,186 @@ func series(t *testing.T, g prometheus.Gatherer) map[string]int {
 		n[mf.GetName()] = len(mf.GetMetric())
 	}
 	return n
+}
+
+// A provider tool named like a static tool, or two providers' tools of one
+// name, found when New lists the providers, is refused with an error that
+// names the tool and both sides.
+func TestNewRefusesToolNamesThatCollide(t *testing.T) {
+	env := jstest.Start(t)
+	provider := func(name string, tools ...tools.Tool) *pipelinetest.Provider {
+		p := &pipelinetest.Provider{ProviderName: name}
+		p.Set(tools...)
+		return p
+	}
+	tests := []struct {
+		name      string
+		tools     []tools.Tool
+		providers []tools.Provider
+		wants     []string
+	}{
+		{"a provider tool named like a Go tool", []tools.Tool{shout{"shout"}},
+			[]tools.Provider{provider("mcp:fs", shout{"shout"})}, []string{"mcp:fs offers shout", "go tool"}},
+		{"a provider tool named like schedule_followup", nil,
+			[]tools.Provider{provider("nats", shout{"schedule_followup"})}, []string{"nats offers schedule_followup", "builtin tool"}},
+		{"two providers with one tool name", nil,
+			[]tools.Provider{provider("nats", shout{"fs.read"}), provider("mcp:fs", shout{"fs.read"})}, []string{"mcp:fs offers fs.read, which provider nats already offers"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config(t, env)
+			cfg.Tools, cfg.Providers = tc.tools, tc.providers
+			_, err := tollgate.New(context.Background(), cfg)
+			if err == nil {
+				t.Fatal("New accepted colliding tool names")
+			}
+			for _, w := range append(tc.wants, "name collisions") {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("New: %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// service is a provider that is a tools.Service: it counts its runs and
+// keeps the context of the one running.
+type service struct {
+	pipelinetest.Provider
+	fail  error // returned at once by Run, if set
+	mu    sync.Mutex
+	runs  int
+	ctx   context.Context
+	ended bool
+}
+
+func (s *service) Run(ctx context.Context) error {
+	s.mu.Lock()
+	s.runs++
+	s.ctx, s.ended = ctx, false
+	s.mu.Unlock()
+	if s.fail != nil {
+		return s.fail
+	}
+	<-ctx.Done()
+	s.mu.Lock()
+	s.ended = true
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+// state is how many times the service ran, whether one is running now and
+// whether the last one has returned.
+func (s *service) state() (runs int, running, ended bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runs, s.ctx != nil && s.ctx.Err() == nil, s.ended
+}
+
+// A provider that is a tools.Service runs once while the stages run, however
+// many groups of stages run, and stops only after the stages have drained:
+// a call in flight through it when the pipeline is stopped still finds it
+// running.
+func TestProviderServicesRunBesideTheStages(t *testing.T) {
+	env := jstest.Start(t)
+	pol, err := policy.Parse([]byte(`{"tools": {"svc.*": {"approval": "never"}}, "transports": {"cli": {"trust_boundary": "local", "interactive": true}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &service{Provider: pipelinetest.Provider{ProviderName: "nats"}}
+	started, release := make(chan struct{}), make(chan struct{})
+	var sawRunning atomic.Bool
+	slow := &pipelinetest.Remote{Counter: pipelinetest.Counter{ToolName: "svc.slow"}, Fail: func(tools.Call) error {
+		close(started)
+		<-release
+		_, running, _ := svc.state()
+		sawRunning.Store(running)
+		return nil
+	}}
+	svc.Set(slow)
+	cfg := config(t, env)
+	cfg.Policy, cfg.Providers = pol, []tools.Provider{svc}
+	p, err := tollgate.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs, _, _ := svc.state(); runs != 0 {
+		t.Fatalf("the service ran %d times before Run", runs)
+	}
+
+	// Two groups of stages: the service runs once for both, and goes on
+	// running when one group stops.
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done1, done2 := make(chan error, 1), make(chan error, 1)
+	go func() {
+		done1 <- p.RunStages(ctx1, tollgate.StageIngest, tollgate.StageApprover, tollgate.StageRedriver)
+	}()
+	go func() { done2 <- p.RunStages(ctx2, tollgate.StageExecutor) }()
+	jstest.Eventually(t, pipelinetest.Wait, "the service running", func() bool { _, running, _ := svc.state(); return running })
+	cancel1()
+	if err := <-done1; err != nil {
+		t.Fatal(err)
+	}
+	if runs, running, _ := svc.state(); runs != 1 || !running {
+		t.Fatalf("after one group stopped: %d runs, running %v; want 1 run, still running", runs, running)
+	}
+
+	// A call through the provider is in flight when the last group stops.
+	h := pipelinetest.Start(t, pipelinetest.Options{Env: env, Stages: []string{}})
+	turn := h.Send(h.Inbound("svc-drain", "alice", pipelinetest.Call("svc.slow", `{}`)))
+	ctx3, cancel3 := context.WithCancel(context.Background())
+	go func() { done1 <- p.RunStages(ctx3, tollgate.StageIngest) }() // the turn needs ingest
+	<-started
+	cancel2()
+	close(release)
+	if err := <-done2; err != nil {
+		t.Fatal(err)
+	}
+	if !sawRunning.Load() {
+		t.Fatal("the service was stopped while a call through it was in flight")
+	}
+	if b := h.Batch(turn); b == nil || b.Results[0] == nil || b.Results[0].Status != schemas.ResultOK {
+		t.Fatalf("batch %+v, want the call's ok result recorded before the stages stopped", b)
+	}
+	if runs, running, _ := svc.state(); runs != 1 || !running {
+		t.Fatalf("the ingest group still runs: %d runs, running %v; want 1 run, running", runs, running)
+	}
+	// The last group stops: so does the service, before RunStages returns.
+	cancel3()
+	if err := <-done1; err != nil {
+		t.Fatal(err)
+	}
+	if runs, running, ended := svc.state(); runs != 1 || running || !ended {
+		t.Fatalf("after the last group stopped: %d runs, running %v, returned %v; want 1 run, stopped and returned", runs, running, ended)
+	}
+}
+
+// A provider service that returns before the pipeline stops is logged and
+// not restarted; the stages go on.
+func TestAProviderServiceThatStopsEarlyDoesNotStopTheStages(t *testing.T) {
+	env := jstest.Start(t)
+	svc := &service{Provider: pipelinetest.Provider{ProviderName: "nats"}, fail: errors.New("connection closed")}
+	cfg := config(t, env)
+	cfg.Providers = []tools.Provider{svc}
+	cfg.Tools = []tools.Tool{tools.Echo{}}
+	p, err := tollgate.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	h := pipelinetest.Start(t, pipelinetest.Options{Env: env, Stages: []string{}})
+	turn := h.Send(h.Inbound("svc-failed", "alice", pipelinetest.Call("echo", `{"text":"on"}`)))
+	if _, out := h.WaitTerminal(turn); out.Results[0].Output != "on" {
+		t.Fatalf("outcome %+v", out)
+	}
+	if runs, _, _ := svc.state(); runs != 1 {
+		t.Fatalf("the service ran %d times, want 1 (not restarted)", runs)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
 }

@@ -12,6 +12,23 @@
 // and is interactive. The requester of a turn may always decide its
 // approvals; the policy can name more approver principals, globally or per
 // tool.
+//
+// # Which rule applies to a tool
+//
+// A key of "tools" is a tool name ("write_file", "github.create_issue") or
+// a pattern "<prefix>.*" that names every tool whose name starts with
+// "<prefix>." ("github.*": the tools of the MCP server or NATS tool service
+// named github). A tool gets the rule that names it exactly, else the rule
+// of the longest pattern that matches it, else none: default_approval and
+// the file's settings. Everything a rule sets (mode, audiences, approvers,
+// options, expiry, deciders) comes from that one rule.
+//
+// A tool's own claims about its effects (tools.Hints) only ever make the
+// mode stricter, and only where no rule names the tool exactly: a tool
+// that declares itself destructive gets "required" where a pattern or
+// default_approval would let it run with "never". A rule that names the
+// tool is applied as written, and a claim of being read-only loosens
+// nothing.
 package policy
 
 import (
@@ -29,6 +46,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
 )
 
 // Mode is how a tool call is treated.
@@ -148,6 +166,15 @@ type SessionRule struct {
 type Policy struct {
 	f       File
 	version string
+	// patterns are the "<prefix>.*" rules, longest prefix first.
+	patterns []pattern
+}
+
+// pattern is a rule for every tool whose name starts with prefix (which
+// ends in ".").
+type pattern struct {
+	prefix string
+	rule   ToolRule
 }
 
 // DefaultExpiry applies when neither the tool nor the file sets one.
@@ -247,8 +274,8 @@ func firstErr(checks ...func() error) error {
 // are checkDeciders').
 func (f *File) checkTools() error {
 	for name, r := range f.Tools {
-		if !ValidToolName(name) {
-			return fmt.Errorf("tool name %q: only a-z 0-9 _ - . are allowed", name)
+		if _, isPattern := patternPrefix(name); !isPattern && !ValidToolName(name) {
+			return fmt.Errorf("tool name %q: only a-z 0-9 _ - . are allowed, or a pattern \"<prefix>.*\"", name)
 		}
 		if !r.Approval.valid() {
 			return fmt.Errorf("tool %s: approval %q: want never, required or deny", name, r.Approval)
@@ -417,7 +444,42 @@ func compile(f File, raw []byte) *Policy {
 		sum := sha256.Sum256(raw)
 		v = "sha256:" + hex.EncodeToString(sum[:8])
 	}
-	return &Policy{f: f, version: v}
+	p := &Policy{f: f, version: v}
+	for name, r := range f.Tools {
+		if prefix, ok := patternPrefix(name); ok {
+			p.patterns = append(p.patterns, pattern{prefix: prefix, rule: r})
+		}
+	}
+	slices.SortFunc(p.patterns, func(a, b pattern) int {
+		return cmp.Or(cmp.Compare(len(b.prefix), len(a.prefix)), cmp.Compare(a.prefix, b.prefix))
+	})
+	return p
+}
+
+// patternPrefix returns, for a "tools" key that is a pattern "<prefix>.*"
+// whose prefix is a valid tool name not ending in ".", the prefix with its
+// dot ("github."), and true.
+func patternPrefix(key string) (string, bool) {
+	prefix, ok := strings.CutSuffix(key, ".*")
+	if !ok || !ValidToolName(prefix) || strings.HasSuffix(prefix, ".") {
+		return "", false
+	}
+	return prefix + ".", true
+}
+
+// rule returns the rule that applies to tool (see the package doc): the
+// one naming it (exact), else the longest matching pattern's; ok is false
+// when none applies.
+func (p *Policy) rule(tool string) (r ToolRule, ok, exact bool) {
+	if r, ok := p.f.Tools[tool]; ok {
+		return r, true, true
+	}
+	for _, pt := range p.patterns {
+		if len(tool) > len(pt.prefix) && strings.HasPrefix(tool, pt.prefix) {
+			return pt.rule, true, false
+		}
+	}
+	return ToolRule{}, false, false
 }
 
 // ValidToolName reports whether s can name a tool: the rule schemas applies
@@ -433,21 +495,29 @@ func validAudience(a schemas.Audience) bool {
 // Version identifies the policy: its "version" field, or a digest of the file.
 func (p *Policy) Version() string { return p.version }
 
-// ModeFor returns how a call of tool is treated for audience.
-func (p *Policy) ModeFor(tool string, audience schemas.Audience) Mode {
-	r, ok := p.f.Tools[tool]
-	if !ok {
-		return p.f.DefaultApproval
+// ModeFor returns how a call of tool is treated for audience, given the
+// tool's claims about its effects (zero Hints: none). The rule that
+// applies (see the package doc) decides; only where no rule names the tool
+// exactly does a tool claiming to be destructive turn "never" into
+// "required".
+func (p *Policy) ModeFor(tool string, audience schemas.Audience, h tools.Hints) Mode {
+	r, ok, exact := p.rule(tool)
+	m := p.f.DefaultApproval
+	if ok {
+		m = r.Approval
+		if am, ok := r.Audiences[audience]; ok {
+			m = am
+		}
 	}
-	if m, ok := r.Audiences[audience]; ok {
-		return m
+	if m == ModeNever && !exact && h.Destructive != nil && *h.Destructive {
+		return ModeRequired
 	}
-	return r.Approval
+	return m
 }
 
 // Options returns the options a prompt for tool offers.
 func (p *Policy) Options(tool string) []string {
-	if r, ok := p.f.Tools[tool]; ok && len(r.Options) > 0 {
+	if r, ok, _ := p.rule(tool); ok && len(r.Options) > 0 {
 		return slices.Clone(r.Options)
 	}
 	return []string{schemas.OptionApprove, schemas.OptionDeny}
@@ -457,7 +527,7 @@ func (p *Policy) Options(tool string) []string {
 // means it never expires.
 func (p *Policy) ExpiresAfter(tool string) time.Duration {
 	d := p.f.ExpiresAfter
-	if r, ok := p.f.Tools[tool]; ok && r.ExpiresAfter != nil {
+	if r, ok, _ := p.rule(tool); ok && r.ExpiresAfter != nil {
 		d = r.ExpiresAfter
 	}
 	switch {
@@ -486,7 +556,7 @@ func checkPrincipal(s string) error {
 // rule, the trust boundary's rule, the file's rule, or the built-in one
 // (the requester alone). Rules replace each other; they do not merge.
 func (p *Policy) deciderRule(tool string, tc *schemas.TurnContext) DeciderRule {
-	r, ok := p.f.Tools[tool]
+	r, ok, _ := p.rule(tool)
 	switch {
 	case ok && r.AudienceDeciders[tc.Audience] != nil:
 		return *r.AudienceDeciders[tc.Audience]
@@ -533,7 +603,7 @@ func (p *Policy) MayDecide(tool string, tc *schemas.TurnContext, principal strin
 	if slices.Contains(rule.Principals, principal) || slices.Contains(p.f.Approvers, principal) {
 		return nil
 	}
-	if r, ok := p.f.Tools[tool]; ok && slices.Contains(r.Approvers, principal) {
+	if r, ok, _ := p.rule(tool); ok && slices.Contains(r.Approvers, principal) {
 		return nil
 	}
 	for _, g := range rule.Groups {

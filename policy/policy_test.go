@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
 )
 
 const full = `{
@@ -56,6 +57,12 @@ func TestParseRejectsPoliciesThatCouldSilentlyWeakenARule(t *testing.T) {
 		{"an unknown option", `{"tools": {"echo": {"approval": "required", "options": ["approve", "escalate"]}}}`, "option"},
 		{"an option with different case", `{"tools": {"echo": {"approval": "required", "options": ["Approve"]}}}`, "option"},
 		{"a tool name no call could match", `{"tools": {"Write_File": {"approval": "never"}}}`, "tool name"},
+		{"a pattern of every tool", `{"tools": {"*": {"approval": "never"}}}`, "tool name"},
+		{"a pattern with a wildcard inside a name", `{"tools": {"git*": {"approval": "never"}}}`, "tool name"},
+		{"a pattern with a wildcard before the dot", `{"tools": {"*.read": {"approval": "never"}}}`, "tool name"},
+		{"a pattern whose prefix ends in a dot", `{"tools": {"github..*": {"approval": "never"}}}`, "tool name"},
+		{"a pattern with a subject wildcard", `{"tools": {"github.>": {"approval": "never"}}}`, "tool name"},
+		{"a pattern with an upper-case prefix", `{"tools": {"GitHub.*": {"approval": "never"}}}`, "tool name"},
 		{"a transport without a trust boundary", `{"transports": {"cli": {"interactive": true}}}`, "trust_boundary"},
 		{"a default transport without a trust boundary", `{"default_transport": {"interactive": true}}`, "trust_boundary"},
 		{"a zero expiry", `{"expires_after": "0s"}`, "duration"},
@@ -100,7 +107,7 @@ func TestModeFor(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tc.p.ModeFor(tc.tool, tc.audience); got != tc.want {
+			if got := tc.p.ModeFor(tc.tool, tc.audience, tools.Hints{}); got != tc.want {
 				t.Fatalf("ModeFor(%s, %s) = %s, want %s", tc.tool, tc.audience, got, tc.want)
 			}
 		})
@@ -258,7 +265,7 @@ func BenchmarkModeFor(b *testing.B) {
 	p := mustParse(b, full)
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = p.ModeFor("write_file", schemas.AudienceTeam)
+		_ = p.ModeFor("write_file", schemas.AudienceTeam, tools.Hints{})
 	}
 }
 

@@ -3,6 +3,7 @@ package schemas
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Code is a stable, machine-readable reason code. Codes reach users (decision
@@ -103,6 +104,17 @@ func (e *Error) Unwrap() error { return e.Err }
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
 	return ok && t.Code == e.Code
+}
+
+// ReasonOf is err's message without its code: what a result or an outcome
+// carries as its reason next to the code, so that the code is not said
+// twice. An error with no code is its message.
+func ReasonOf(err error) string {
+	msg := err.Error()
+	if c := CodeOf(err); c != "" {
+		msg = strings.Replace(msg, string(c)+": ", "", 1)
+	}
+	return msg
 }
 
 // CodeOf returns the code of the first *Error in err's chain, or "" when err

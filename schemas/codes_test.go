@@ -110,3 +110,22 @@ func TestPermanent(t *testing.T) {
 		})
 	}
 }
+
+func TestReasonOfDoesNotRepeatTheCode(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"a coded error is its reason", schemas.Errorf(schemas.CodeToolNotFound, "no tool named %q", "x"), `no tool named "x"`},
+		{"a wrapped coded error keeps the wrapping", fmt.Errorf("call c-1: %w", schemas.Errorf(schemas.CodeArgsInvalid, "at /a: want string")), "call c-1: at /a: want string"},
+		{"an error with no code is its message", errors.New("connection reset"), "connection reset"},
+		{"a code with no reason is the code", &schemas.Error{Code: schemas.CodeToolFailed}, "TOOL_FAILED"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := schemas.ReasonOf(tc.err); got != tc.want {
+				t.Fatalf("ReasonOf = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -46,11 +46,22 @@ const MaxFollowUpDelay = 7 * 24 * time.Hour
 // it is the call's result (error, TOOL_FAILED, the code in its reason).
 type FollowUp struct {
 	// Scheduler is set once the pipeline's engine exists (the engine needs
-	// the tool registry first).
+	// the tool catalog first).
 	Scheduler Scheduler
 }
 
 func (*FollowUp) Name() string { return "schedule_followup" }
+
+// Spec implements tools.Describer. The schema checks the arguments' shape;
+// what it cannot say (a valid tool name, a delay in range) Run checks and
+// refuses with FOLLOWUP_REJECTED.
+func (*FollowUp) Spec() Spec {
+	return Spec{
+		Description: "Schedules a call of another tool as a new turn of the same session after a delay, under the same requester and audience; the policy applies to it as to any call.",
+		Source:      SourceBuiltin,
+		InputSchema: followUpSchema,
+	}
+}
 
 func (f *FollowUp) Run(ctx context.Context, c Call) (string, error) {
 	if f.Scheduler == nil {

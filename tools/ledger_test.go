@@ -19,7 +19,7 @@ func TestLedgersOnlyWithAPath(t *testing.T) {
 		t.Fatalf("Ledgers(\"\") = %v, want none", ts)
 	}
 	ts := tools.Ledgers(filepath.Join(t.TempDir(), "ledger.jsonl"))
-	if _, err := tools.NewRegistry(ts...); err != nil {
+	if _, err := tools.NewCatalog(context.Background(), ts, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if len(ts) != len(tools.LedgerNames) {

@@ -76,6 +76,16 @@ type Provider interface {
 	Tools(ctx context.Context) ([]Tool, error)
 }
 
+// Refresher is implemented by a Provider that can look for its tools again
+// at once (a discovery on the bus). The catalog calls Refresh when a call
+// names a tool that no one offers, then looks once more, so a tool that
+// appeared since the provider's last look is found without waiting for its
+// next one. Refresh bounds its own rate (a burst of calls of an unknown
+// tool must not become a burst of discoveries) and its time (ctx).
+type Refresher interface {
+	Refresh(ctx context.Context) error
+}
+
 // Service is implemented by a Provider that needs a loop of its own (a
 // supervisor of MCP server processes, a discovery refresher). The pipeline
 // runs it beside the stages; it returns when ctx is cancelled, after

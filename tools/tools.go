@@ -1,5 +1,7 @@
-// Package tools defines the Tool interface, a registry, and the built-in
-// tools.
+// Package tools defines the Tool interface, the Catalog that resolves a
+// call's tool by name (static tools and tools of Providers: NATS tool
+// services, MCP servers) and checks its arguments against the tool's JSON
+// Schema, and the built-in tools.
 //
 // A tool runs under the TurnContext of the turn that proposed it; it must
 // not derive authority from anywhere else. Tollgate guarantees a call is
@@ -16,7 +18,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -54,43 +55,31 @@ type Retryable interface {
 	RetrySafe() bool
 }
 
+// SourceBuiltin is the Spec.Source of the built-in tools.
+const SourceBuiltin = "builtin"
+
+// yes and no are the values the built-ins' Hints point to.
+var yes, no = true, false
+
+// The built-ins' input schemas, made once (a Spec shares them: read only).
+var (
+	echoSchema = json.RawMessage(`{"type":"object","properties":{"text":{"type":"string","description":"the text to return"}},` +
+		`"additionalProperties":false}`)
+	writeFileSchema = json.RawMessage(`{"type":"object","properties":{` +
+		`"path":{"type":"string","minLength":1,"description":"file path relative to the sandbox"},` +
+		`"content":{"type":"string","description":"the file's new content"}},` +
+		`"required":["path"],"additionalProperties":false}`)
+	followUpSchema = json.RawMessage(`{"type":"object","properties":{` +
+		`"tool":{"type":"string","description":"the tool to call"},` +
+		`"args":{"type":"object","description":"its arguments (default {})"},` +
+		`"delay":{"type":"string","description":"a Go duration from 0s to 168h (default 0s)"}},` +
+		`"required":["tool"],"additionalProperties":false}`)
+)
+
 // RetrySafe reports whether t declares itself safe to run again (Retryable).
 func RetrySafe(t Tool) bool {
 	r, ok := t.(Retryable)
 	return ok && r.RetrySafe()
-}
-
-// Registry maps names to tools. It is immutable after NewRegistry.
-type Registry struct {
-	byName map[string]Tool
-}
-
-// NewRegistry returns a registry of tools; a duplicate name is an error.
-func NewRegistry(ts ...Tool) (*Registry, error) {
-	r := &Registry{byName: make(map[string]Tool, len(ts))}
-	for _, t := range ts {
-		if _, dup := r.byName[t.Name()]; dup {
-			return nil, fmt.Errorf("tools: %s registered twice", t.Name())
-		}
-		r.byName[t.Name()] = t
-	}
-	return r, nil
-}
-
-// Get returns the tool called name.
-func (r *Registry) Get(name string) (Tool, bool) {
-	t, ok := r.byName[name]
-	return t, ok
-}
-
-// Names lists the registered tools, sorted.
-func (r *Registry) Names() []string {
-	names := make([]string, 0, len(r.byName))
-	for n := range r.byName {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
 }
 
 // Builtins returns the built-in tools. write_file writes inside sandboxDir,
@@ -110,6 +99,16 @@ func Builtins(sandboxDir string) ([]Tool, error) {
 type Echo struct{}
 
 func (Echo) Name() string { return "echo" }
+
+// Spec implements Describer.
+func (Echo) Spec() Spec {
+	return Spec{
+		Description: "Returns its text argument. No side effect.",
+		Source:      SourceBuiltin,
+		InputSchema: echoSchema,
+		Hints:       Hints{ReadOnly: &yes, Destructive: &no},
+	}
+}
 
 // RetrySafe implements Retryable: echo has no side effect.
 func (Echo) RetrySafe() bool { return true }
@@ -138,6 +137,16 @@ type WriteFile struct {
 }
 
 func (*WriteFile) Name() string { return "write_file" }
+
+// Spec implements Describer.
+func (*WriteFile) Spec() Spec {
+	return Spec{
+		Description: "Writes content to a file at a relative path inside the sandbox directory, replacing the file if it exists.",
+		Source:      SourceBuiltin,
+		InputSchema: writeFileSchema,
+		Hints:       Hints{ReadOnly: &no, Destructive: &yes},
+	}
+}
 
 func (w *WriteFile) Run(_ context.Context, c Call) (string, error) {
 	var a struct {

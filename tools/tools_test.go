@@ -168,38 +168,6 @@ func TestWriteFileRejectsBadArguments(t *testing.T) {
 	}
 }
 
-type named string
-
-func (n named) Name() string                                  { return string(n) }
-func (named) Run(context.Context, tools.Call) (string, error) { return "", nil }
-
-func TestRegistry(t *testing.T) {
-	r, err := tools.NewRegistry(named("b"), named("a"), tools.Echo{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := r.Names(); !slices.Equal(got, []string{"a", "b", "echo"}) {
-		t.Fatalf("Names = %v, want sorted", got)
-	}
-	if tool, ok := r.Get("echo"); !ok || tool.Name() != "echo" {
-		t.Fatalf("Get(echo) = %v %v", tool, ok)
-	}
-	if _, ok := r.Get("missing"); ok {
-		t.Fatal("Get(missing) found a tool")
-	}
-	if _, err := tools.NewRegistry(named("a"), named("a")); err == nil {
-		t.Fatal("a duplicate name was accepted")
-	}
-	builtins, err := tools.Builtins(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	br, err := tools.NewRegistry(builtins...)
-	if err != nil || !slices.Equal(br.Names(), []string{"echo", "write_file"}) {
-		t.Fatalf("builtins %v %v", br.Names(), err)
-	}
-}
-
 func BenchmarkEcho(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {

@@ -107,8 +107,13 @@ func cmdDev(cmd *command, args []string) int {
 		log.Error("tools", "err", err)
 		return 1
 	}
+	ps, err := stagecmd.Providers(nc, c, log, reg)
+	if err != nil {
+		log.Error("tools", "err", err)
+		return 1
+	}
 	p, err := tollgate.New(ctx, tollgate.Config{
-		JS: js, Policy: pol, Keys: keys, Tools: ts, Logger: log, Registerer: reg,
+		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
 		Instance: stagecmd.Instance(), Topology: topo,
 	})
 	if err != nil {

@@ -8,6 +8,7 @@
 //	tollgate outcome TURN             show a turn's state, deciders and tool results
 //	tollgate watch                    follow events as they happen
 //	tollgate dlq                      list dead letters
+//	tollgate tools                    list the tools an executor can call, with their policy modes
 //	tollgate replay [--rebuild|--dry-run]  re-read the streams; rebuild KV or shadow a redrive
 //	tollgate keys new|rotate|retire|list   manage the TurnContext seal key file
 //	tollgate version                  Tollgate's, nats-server's and Go's versions
@@ -43,7 +44,7 @@ type command struct {
 // commands is the dispatch table, in the order the usage lists them.
 var commands = []*command{
 	devCmd, sendCmd, pendingCmd, showCmd, approveCmd, denyCmd, outcomeCmd,
-	watchCmd, dlqCmd, replayCmd, keysCmd, versionCmd,
+	watchCmd, dlqCmd, toolsCmd, replayCmd, keysCmd, versionCmd,
 }
 
 func main() { os.Exit(run(os.Args[1:])) }

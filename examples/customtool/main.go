@@ -132,7 +132,12 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	log.Info("customtool running", "nats", url, "tools", p.Tools.Names())
+	specs, _ := p.Tools.List(ctx) // only static tools here: List cannot fail
+	var names []string
+	for _, s := range specs {
+		names = append(names, s.Name)
+	}
+	log.Info("customtool running", "nats", url, "tools", names)
 	return p.Run(ctx)
 }
 

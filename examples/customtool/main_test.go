@@ -35,7 +35,7 @@ func TestTheExampleRunsItsOwnToolThroughThePipeline(t *testing.T) {
 	}
 	env := jstest.Start(t)
 	h := pipelinetest.Start(t, pipelinetest.Options{Env: env, Keys: keys, Stages: []string{}})
-	if _, ok := h.Tools.Get("word_count"); ok {
+	if _, err := h.Tools.Get(context.Background(), "word_count"); err == nil {
 		t.Fatal("the harness has a word_count tool of its own")
 	}
 

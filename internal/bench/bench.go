@@ -158,6 +158,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Phases["sync"] {
 		b.throughput(ctx, r, true)
 	}
+	if cfg.Phases["toolservice"] {
+		b.toolService(ctx, r)
+	}
 	r.targets(cfg)
 	r.notes(cfg)
 	r.Machine.LoadEnd = loadAvg()
@@ -291,11 +294,7 @@ func (b *bencher) latencies(ctx context.Context, r *Report) {
 					r.Errors = append(r.Errors, fmt.Sprintf("latency %s %s %s: %v", mode, p, load.name, err))
 					continue
 				}
-				row := LatRow{Mode: mode, Path: p.String(), Load: load.name, Rate: load.rate, Achieved: ls.Achieved, Sent: ls.Sent, Timeouts: ls.Timeouts, Outcome: percentiles(ls.Outcome)}
-				if p == approvalPath {
-					d := percentiles(ls.Decision)
-					row.Decision = &d
-				}
+				row := ls.row(mode, p, load.name)
 				r.Latency = append(r.Latency, row)
 				b.cfg.Logf("bench: latency %s %s at %s (%.0f/s): outcome p50 %.2f ms p99 %.2f ms", mode, p, load.name, load.rate, row.Outcome.P50, row.Outcome.P99)
 			}
@@ -303,9 +302,82 @@ func (b *bencher) latencies(ctx context.Context, r *Report) {
 	}
 }
 
+// row is the latency row of ls, a run of p in mode at load.
+func (ls latSample) row(mode string, p path, load string) LatRow {
+	row := LatRow{Mode: mode, Path: p.String(), Load: load, Rate: ls.Rate, Achieved: ls.Achieved, Sent: ls.Sent, Timeouts: ls.Timeouts, Outcome: percentiles(ls.Outcome)}
+	if p.decided() {
+		d, f, c := percentiles(ls.Decision), percentiles(ls.Finished), percentiles(ls.Call)
+		row.Decision, row.Finished, row.Call = &d, &f, &c
+	}
+	return row
+}
+
+// toolService is the toolservice phase: the approval path with its
+// approved call built in and behind the bench's NATS tool service
+// (toolServicePath), all-in-one. Closed-loop turns/s, Runs rounds with the
+// two measured back to back in each; then an open loop of each at the low
+// rate, for the latencies, with bare request round trips to the tool
+// service measured during the tool service's run.
+func (b *bencher) toolService(ctx context.Context, r *Report) {
+	paths := []path{approvalPath, toolServicePath}
+	samples := make([][]sample, len(paths))
+	for round := 1; round <= b.cfg.Runs && ctx.Err() == nil; round++ {
+		for i, p := range paths {
+			s, err := b.tollgate(modeAllInOne, p, false, false)
+			if err != nil {
+				r.Errors = append(r.Errors, fmt.Sprintf("toolservice, %s path, round %d: %v", p, round, err))
+				s = sample{}
+			} else {
+				b.cfg.Logf("bench: toolservice round %d: %s: %.0f turns/s", round, p, s.Rate)
+			}
+			samples[i] = append(samples[i], s)
+		}
+	}
+	ts := &ToolService{}
+	var calls [2]*Pcts
+	for i, p := range paths {
+		row := ToolRow{Tool: "write_file (built in)", Throughput: Figure{Sync: "default", Name: "tollgate", Mode: modeAllInOne, Path: p.String(), Unit: "turns/s", Samples: samples[i]}}
+		if p == toolServicePath {
+			row.Tool = benchTool + " (NATS tool service)"
+		}
+		var rates []float64
+		for _, s := range samples[i] {
+			if s.Rate > 0 {
+				rates = append(rates, s.Rate)
+			}
+		}
+		row.Throughput.Median, row.Throughput.Min, row.Throughput.Max = median(rates)
+		if ctx.Err() == nil {
+			ls, err := b.latency(modeAllInOne, p, b.cfg.LowRate)
+			if err != nil {
+				r.Errors = append(r.Errors, fmt.Sprintf("toolservice, %s path, latency: %v", p, err))
+			} else {
+				row.Latency = ls.row(modeAllInOne, p, "low")
+				calls[i] = row.Latency.Call
+				if p == toolServicePath {
+					ts.RoundTrip = percentiles(ls.RoundTrips)
+				}
+				b.cfg.Logf("bench: toolservice latency %s at %.0f/s: call p50 %.3f ms", p, b.cfg.LowRate, row.Latency.Call.P50)
+			}
+		}
+		ts.Rows = append(ts.Rows, row)
+	}
+	var per []float64
+	for k := range samples[0] {
+		if in, remote := samples[0][k].Rate, samples[1][k].Rate; in > 0 && remote > 0 {
+			per = append(per, remote/in)
+		}
+	}
+	ts.RatioMedian, ts.RatioMin, ts.RatioMax = median(per)
+	if calls[0] != nil && calls[1] != nil {
+		ts.HopP50, ts.HopP99 = calls[1].P50-calls[0].P50, calls[1].P99-calls[0].P99
+	}
+	r.ToolService = ts
+}
+
 // targets judges the report against Tollgate's performance targets:
-// efficiency against the raw turn, decision-to-run latency, worker memory
-// and KV bytes per pending approval.
+// efficiency against the raw turn, decision-to-run latency, the NATS tool
+// service hop, worker memory and KV bytes per pending approval.
 func (r *Report) targets(cfg Config) {
 	for _, e := range r.Efficiency {
 		if e.Sync != "default" {
@@ -327,6 +399,16 @@ func (r *Report) targets(cfg Config) {
 		r.Targets = append(r.Targets, Target{
 			Name: "decision -> approved call started p99, low load, " + l.Mode, Want: "<= 5 ms",
 			Got: fmt.Sprintf("%.2f ms (n=%d)", l.Decision.P99, l.Decision.N), Pass: l.Decision.N > 0 && l.Decision.P99 <= 5,
+		})
+	}
+	if ts := r.ToolService; ts != nil && ts.RoundTrip.N > 0 && len(ts.Rows) == 2 && ts.Rows[0].Latency.Call != nil && ts.Rows[1].Latency.Call != nil {
+		// The remote hop should cost one request round trip: the hop is a
+		// difference of two medians, the round trip a median of its own,
+		// all from one run, so allow for noise.
+		r.Targets = append(r.Targets, Target{
+			Name: "NATS tool service hop: approved call time p50, tool service - built in, low load", Want: "<= 2 x a bare request round trip p50 (same run)",
+			Got:  fmt.Sprintf("%.3f ms (round trip p50 %.3f ms)", ts.HopP50, ts.RoundTrip.P50),
+			Pass: ts.HopP50 <= 2*ts.RoundTrip.P50,
 		})
 	}
 	if f := r.Footprint; f != nil {

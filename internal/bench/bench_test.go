@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // TestMain lets the bench start this test binary as a raw stage process.
@@ -125,5 +127,60 @@ func TestBenchSmokeProcesses(t *testing.T) {
 	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*4)
 	if f := r.Footprint; f == nil || f.Outcomes < 20 || f.RSSPending["approver"] == 0 || f.ApprovalMsgs == 0 {
 		t.Errorf("footprint: %+v", f)
+	}
+}
+
+// TestBenchSmokeToolService runs the toolservice phase with tiny counts:
+// both approved calls (built in, and behind the bench's NATS tool service)
+// measured, every outcome checked ok (an approved call the tool service
+// did not answer would be a report error), the hop and the round trip
+// reported.
+func TestBenchSmokeToolService(t *testing.T) {
+	r, err := Run(context.Background(), smokeConfig(t, "toolservice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r.Errors {
+		t.Errorf("report error: %s", e)
+	}
+	ts := r.ToolService
+	if ts == nil || len(ts.Rows) != 2 {
+		t.Fatalf("tool service comparison: %+v", ts)
+	}
+	for _, row := range ts.Rows {
+		if row.Throughput.Median <= 0 || row.Latency.Call == nil || row.Latency.Call.N == 0 || row.Latency.Finished.N == 0 {
+			t.Errorf("%s: no figures: %+v", row.Tool, row)
+		}
+	}
+	if !strings.Contains(ts.Rows[1].Tool, benchTool) || ts.RoundTrip.N == 0 || ts.RatioMedian <= 0 {
+		t.Errorf("tool service row %q, round trips %+v, ratio %.2f", ts.Rows[1].Tool, ts.RoundTrip, ts.RatioMedian)
+	}
+	var md strings.Builder
+	r.Markdown(&md)
+	if !strings.Contains(md.String(), "## Approved call behind a NATS tool service") {
+		t.Errorf("markdown report has no tool service section")
+	}
+}
+
+// An outcome counts only as a completed turn whose calls all returned ok.
+func TestNotOK(t *testing.T) {
+	ok := schemas.ToolResult{CallID: "t-1-0", Tool: "echo", Status: schemas.ResultOK}
+	for _, c := range []struct {
+		name string
+		o    schemas.TurnOutcome
+		bad  bool
+	}{
+		{"completed, every call ok", schemas.TurnOutcome{State: schemas.TurnCompleted, Results: []schemas.ToolResult{ok, ok}}, false},
+		{"failed turn", schemas.TurnOutcome{State: schemas.TurnFailed, Code: schemas.CodeToolNotFound}, true},
+		{"completed with a failed call", schemas.TurnOutcome{State: schemas.TurnCompleted, Results: []schemas.ToolResult{ok,
+			{CallID: "t-1-1", Tool: benchTool, Status: schemas.ResultFailed, Code: schemas.CodeToolNotFound}}}, true},
+		{"completed with a call needing attention", schemas.TurnOutcome{State: schemas.TurnCompleted, Results: []schemas.ToolResult{
+			{CallID: "t-1-1", Tool: benchTool, Status: schemas.ResultNeedsAttention, Code: schemas.CodeExecutionUncertain}}}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := notOK(&c.o); (got != "") != c.bad {
+				t.Errorf("notOK = %q, want bad=%v", got, c.bad)
+			}
+		})
 	}
 }

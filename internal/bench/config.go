@@ -2,8 +2,10 @@
 // on fresh embedded nats-servers (file storage, loopback), raw JetStream
 // references and Tollgate's turns per second end to end through all four
 // stages, in one process and as separate stage processes, with latencies,
-// the memory and KV footprint of pending approvals, and recovery after a
-// redriver restart, and prints a report (also written as JSON and markdown).
+// the memory and KV footprint of pending approvals, recovery after a
+// redriver restart, and an approval turn whose approved call is a NATS
+// tool service next to the built-in one, and prints a report (also written
+// as JSON and markdown).
 //
 // The main reference is the raw turn: a minimal program (rawStages) that
 // performs the same JetStream operations, in the same order and with
@@ -39,8 +41,10 @@ type Config struct {
 	Pending int
 	// Phases to run: throughput, latency, footprint, sync (the throughput
 	// figures again with sync_interval: always), procs (the separate
-	// stage processes in throughput and latency), profile (CPU and
-	// allocation profiles of the all-in-one runs into ProfileDir).
+	// stage processes in throughput and latency), toolservice (the
+	// approval path with its approved call built in and behind a NATS
+	// tool service, side by side), profile (CPU and allocation profiles
+	// of the all-in-one runs into ProfileDir).
 	Phases   map[string]bool
 	BinDir   string // stage binaries; empty: built into WorkDir
 	OutDir   string // report files; empty: none
@@ -53,7 +57,7 @@ type Config struct {
 }
 
 // AllPhases is every phase but profile.
-var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync"}
+var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice"}
 
 // Defaults are `make bench`'s parameters (about 10 minutes on 2 cores).
 func Defaults() Config {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,19 +30,27 @@ const (
 	approvalPath
 	// pendingPath: one write_file call, left waiting (footprint).
 	pendingPath
+	// toolServicePath: the approval path with the approved call's work
+	// (write_file's) done by a NATS tool service: an echo call and a
+	// benchTool call (needs approval, as any tool the policy does not
+	// name).
+	toolServicePath
 )
 
 func (p path) String() string {
-	return [...]string{"fast", "approval", "pending"}[p]
+	return [...]string{"fast", "approval", "pending", "approval via tool service"}[p]
 }
 
 // approvalIndex is the index of the call that needs approval.
 func (p path) approvalIndex() int {
-	if p == approvalPath {
+	if p.decided() {
 		return 1
 	}
 	return 0
 }
+
+// decided reports whether the driver approves p's approval requests.
+func (p path) decided() bool { return p == approvalPath || p == toolServicePath }
 
 // Headers the driver adds for the raw stages only (they read ids from
 // headers instead of decoding the message). Tollgate's stages never see them.
@@ -80,12 +89,13 @@ type driver struct {
 
 // turn is one turn in flight.
 type turn struct {
-	id      string
-	sent    time.Time
-	decided time.Time // decision published (approval path)
-	started bool      // approved call's claim seen
-	done    chan struct{}
-	doneAt  time.Time
+	id        string
+	sent      time.Time
+	decided   time.Time // decision published (approval path)
+	startedAt time.Time // approved call's claim seen created
+	finished  bool      // approved call's result seen written in its claim
+	done      chan struct{}
+	doneAt    time.Time
 }
 
 // latencies collects the driver's latency samples of turns sent after from.
@@ -94,6 +104,8 @@ type latencies struct {
 	from     time.Time
 	outcome  []time.Duration // inbound published -> outcome
 	decision []time.Duration // decision published -> approved call's claim created
+	finished []time.Duration // decision published -> approved call's result written in its claim
+	call     []time.Duration // approved call's claim created -> its result written
 }
 
 func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, decide bool) (*driver, error) {
@@ -130,12 +142,12 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 
 // sampleLatency starts recording latencies of turns sent from now on. With
 // decisions, it also watches execution claims to time decision -> approved
-// call started.
+// call started and finished.
 func (d *driver) sampleLatency() error {
 	d.mu.Lock()
 	d.lat = &latencies{from: time.Now()}
 	d.mu.Unlock()
-	if d.path != approvalPath {
+	if !d.path.decided() {
 		return nil
 	}
 	s, err := d.nc.Subscribe("$KV."+topology.BucketClaims+".*", d.onClaim)
@@ -187,12 +199,12 @@ func (d *driver) onRequested(m *nats.Msg) {
 	d.decisions <- schemas.ApprovalID(turnID, d.path.approvalIndex())
 }
 
-// onClaim times decision -> approved call started: the execution claim
-// (a KV create) is written immediately before the tool runs.
+// onClaim times decision -> approved call started and finished: the
+// execution claim (a KV create) is written immediately before the tool
+// runs, and updated with the result (its first update, a compare-and-set)
+// immediately after it returns.
 func (d *driver) onClaim(m *nats.Msg) {
-	if headerOf(m, jetstream.ExpectedLastSubjSeqHeader) != "0" {
-		return
-	}
+	created := headerOf(m, jetstream.ExpectedLastSubjSeqHeader) == "0"
 	callID := lastToken(m.Subject)
 	i := strings.LastIndexByte(callID, '-')
 	if i < 0 || callID[i+1:] != strconv.Itoa(d.path.approvalIndex()) {
@@ -203,13 +215,20 @@ func (d *driver) onClaim(m *nats.Msg) {
 	defer d.mu.Unlock()
 	t := d.turns[callID[:i]]
 	l := d.lat
-	if t == nil || l == nil || t.started || t.decided.IsZero() || t.sent.Before(l.from) {
+	if t == nil || l == nil || t.decided.IsZero() || t.sent.Before(l.from) {
 		return
 	}
-	t.started = true
 	l.mu.Lock()
-	l.decision = append(l.decision, now.Sub(t.decided))
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	switch {
+	case created && t.startedAt.IsZero():
+		t.startedAt = now
+		l.decision = append(l.decision, now.Sub(t.decided))
+	case !created && !t.startedAt.IsZero() && !t.finished:
+		t.finished = true
+		l.finished = append(l.finished, now.Sub(t.decided))
+		l.call = append(l.call, now.Sub(t.startedAt))
+	}
 }
 
 // decider publishes an approval for each approval id it receives.
@@ -266,6 +285,9 @@ func (d *driver) inbound(session string) (msgID, turnID string, data []byte, err
 		calls = append(calls, write)
 	case pendingPath:
 		calls = []schemas.ProposedCall{write}
+	case toolServicePath:
+		write.Tool = benchTool
+		calls = append(calls, write)
 	}
 	m := &schemas.InboundMessage{
 		Transport: "cli", MessageID: messageID, SessionID: session,
@@ -421,17 +443,19 @@ func (d *driver) openLoop(ctx context.Context, rate float64, warm, window time.D
 	return res, nil
 }
 
-// latencySamples returns what sampleLatency recorded.
-func (d *driver) latencySamples() (outcome, decision []time.Duration) {
+// latencySamples returns a copy of what sampleLatency recorded (empty if
+// it was not started).
+func (d *driver) latencySamples() *latencies {
 	d.mu.Lock()
 	l := d.lat
 	d.mu.Unlock()
 	if l == nil {
-		return nil, nil
+		return &latencies{}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]time.Duration(nil), l.outcome...), append([]time.Duration(nil), l.decision...)
+	return &latencies{from: l.from, outcome: slices.Clone(l.outcome), decision: slices.Clone(l.decision),
+		finished: slices.Clone(l.finished), call: slices.Clone(l.call)}
 }
 
 // waitAsync waits until every async publish of the driver is acknowledged.

@@ -89,8 +89,8 @@ func (e *env) close() {
 const asyncWindow = 256
 
 // allInOne runs the four stages in this process on one connection, wired
-// exactly as `tollgate dev` wires them (tollgate.New), with the built-in
-// policy. Its registry holds the stages' metrics. A stage can be paused
+// exactly as `tollgate dev` wires them (tollgate.New, NATS tool service
+// discovery on), with the built-in policy. Its registry holds the stages' metrics. A stage can be paused
 // (drained and stopped) and resumed, which the trace uses to order the
 // stages' work.
 type allInOne struct {
@@ -124,10 +124,18 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string) (*allInOne, erro
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
+	// NATS tool services are discovered, as by `tollgate dev` (on by
+	// default).
+	ps, err := stagecmd.Providers(nc, stagecmd.Common{ToolServices: true}, log, reg)
+	if err != nil {
+		nc.Close()
+		logf.Close()
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p, err := tollgate.New(ctx, tollgate.Config{
-		JS: js, Policy: policy.Default(), Keys: keys, Tools: ts,
+		JS: js, Policy: policy.Default(), Keys: keys, Tools: ts, Providers: ps,
 		Logger: log, Registerer: reg, Instance: "bench", Topology: topology.DefaultConfig(),
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -281,7 +282,7 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 		return sample{}, err
 	}
 	defer nc.Close()
-	d, err := newDriver(nc, js, b.runID(), p, raw, p == approvalPath)
+	d, err := newDriver(nc, js, b.runID(), p, raw, p.decided())
 	if err != nil {
 		return sample{}, err
 	}
@@ -340,9 +341,47 @@ func cpuOf(pids []int) time.Duration {
 	return total
 }
 
+// startTollgate starts Tollgate's stages in mode on e (and, for the tool
+// service path, the bench tool service first, so that the stages find it
+// at start). stop stops what it started.
+func (b *bencher) startTollgate(e *env, mode string, p path) (a *allInOne, pids []int, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range slices.Backward(stops) {
+			f()
+		}
+	}
+	if p == toolServicePath {
+		ts, err := startToolService(e)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		stops = append(stops, ts.stop)
+	}
+	switch mode {
+	case modeAllInOne:
+		if a, err = startAllInOne(e, b.keys, b.cfg.LogLevel); err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, func() { _ = a.stop() })
+	case modeProcesses:
+		ps, err := startProcs(e, b.cfg.BinDir, b.cfg.LogLevel)
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, ps.stop)
+		pids = ps.pids()
+	}
+	return a, pids, stop, nil
+}
+
 // tollgate measures Tollgate turns of p in mode, with its stages (built-in
-// policy) on a fresh server. With profile (all-in-one only), it writes CPU
-// and allocation profiles of the window into the profile directory.
+// policy) on a fresh server; every turn outcome of the run must be a
+// completed turn with every call ok (checkOutcomes). With profile
+// (all-in-one only), it writes CPU and allocation profiles of the window
+// into the profile directory.
 func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, error) {
 	e, err := startEnv(b.cfg.WorkDir, sync)
 	if err != nil {
@@ -350,22 +389,11 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 	}
 	defer e.close()
 	var onWindow func(bool)
-	var a *allInOne
-	var pids []int
-	switch mode {
-	case modeAllInOne:
-		if a, err = startAllInOne(e, b.keys, b.cfg.LogLevel); err != nil {
-			return sample{}, err
-		}
-		defer a.stop()
-	case modeProcesses:
-		ps, err := startProcs(e, b.cfg.BinDir, b.cfg.LogLevel)
-		if err != nil {
-			return sample{}, err
-		}
-		defer ps.stop()
-		pids = ps.pids()
+	a, pids, stop, err := b.startTollgate(e, mode, p)
+	if err != nil {
+		return sample{}, err
 	}
+	defer stop()
 	var m0, m1 runtime.MemStats
 	var d0, d1, n0, n1, r0, r1, x0, x1 float64
 	var profErr error
@@ -404,6 +432,9 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 		}
 	}
 	s, err := b.drive(e, p, false, pids, onWindow)
+	if err == nil {
+		err = e.checkOutcomes()
+	}
 	if err != nil {
 		return s, err
 	}
@@ -434,45 +465,58 @@ type latSample struct {
 	Sent     int             `json:"sent"`
 	Timeouts int             `json:"timeouts,omitempty"`
 	Outcome  []time.Duration `json:"-"`
-	Decision []time.Duration `json:"-"`
+	Decision []time.Duration `json:"-"` // decision -> approved call started
+	Finished []time.Duration `json:"-"` // decision -> approved call's result recorded
+	Call     []time.Duration `json:"-"` // approved call started -> its result recorded
+	// RoundTrips (tool service path): bare request round trips to the
+	// tool service, one per turn interval, during the run.
+	RoundTrips []time.Duration `json:"-"`
 }
 
 // latency runs an open loop of p at rate turns/s on Tollgate in mode and
-// returns the latencies of the turns sent after the warm-up.
+// returns the latencies of the turns sent after the warm-up; every turn
+// outcome of the run must be a completed turn with every call ok.
 func (b *bencher) latency(mode string, p path, rate float64) (latSample, error) {
 	e, err := startEnv(b.cfg.WorkDir, false)
 	if err != nil {
 		return latSample{}, err
 	}
 	defer e.close()
-	switch mode {
-	case modeAllInOne:
-		a, err := startAllInOne(e, b.keys, b.cfg.LogLevel)
-		if err != nil {
-			return latSample{}, err
-		}
-		defer a.stop()
-	case modeProcesses:
-		ps, err := startProcs(e, b.cfg.BinDir, b.cfg.LogLevel)
-		if err != nil {
-			return latSample{}, err
-		}
-		defer ps.stop()
+	_, _, stop, err := b.startTollgate(e, mode, p)
+	if err != nil {
+		return latSample{}, err
 	}
+	defer stop()
 	nc, js, err := e.connect("bench-driver")
 	if err != nil {
 		return latSample{}, err
 	}
 	defer nc.Close()
-	d, err := newDriver(nc, js, b.runID(), p, false, p == approvalPath)
+	d, err := newDriver(nc, js, b.runID(), p, false, p.decided())
 	if err != nil {
 		return latSample{}, err
 	}
 	defer d.close()
+	var stopPings func() ([]time.Duration, error)
+	if p == toolServicePath {
+		if stopPings, err = pinger(e.url, time.Duration(float64(time.Second)/rate)); err != nil {
+			return latSample{}, err
+		}
+	}
 	res, err := d.openLoop(context.Background(), rate, b.cfg.Warmup, b.cfg.LatencyDuration)
+	var rts []time.Duration
+	if stopPings != nil {
+		var perr error
+		rts, perr = stopPings()
+		err = errors.Join(err, perr)
+	}
+	if err == nil {
+		err = e.checkOutcomes()
+	}
 	if err != nil {
 		return latSample{}, err
 	}
-	out, dec := d.latencySamples()
-	return latSample{Rate: rate, Achieved: res.Achieved, Sent: res.Sent, Timeouts: res.Timeouts, Outcome: out, Decision: dec}, nil
+	l := d.latencySamples()
+	return latSample{Rate: rate, Achieved: res.Achieved, Sent: res.Sent, Timeouts: res.Timeouts,
+		Outcome: l.outcome, Decision: l.decision, Finished: l.finished, Call: l.call, RoundTrips: rts}, nil
 }

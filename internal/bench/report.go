@@ -22,9 +22,11 @@ type Report struct {
 	Efficiency []Ratio    `json:"efficiency"`
 	Latency    []LatRow   `json:"latency"`
 	Footprint  *footprint `json:"footprint,omitempty"`
-	Targets    []Target   `json:"targets"`
-	Notes      []string   `json:"notes"`
-	Errors     []string   `json:"errors"`
+	// ToolService is the toolservice phase's comparison.
+	ToolService *ToolService `json:"tool_service,omitempty"`
+	Targets     []Target     `json:"targets"`
+	Notes       []string     `json:"notes"`
+	Errors      []string     `json:"errors"`
 }
 
 // Sequence is the traced operation sequence of one path.
@@ -72,6 +74,40 @@ type LatRow struct {
 	Timeouts int     `json:"timeouts"`
 	Outcome  Pcts    `json:"outcome_ms"`  // inbound published -> turn outcome
 	Decision *Pcts   `json:"decision_ms"` // decision published -> approved call started
+	// Finished: decision published -> the approved call's result written
+	// in its claim (right after the tool returned); Call: the approved
+	// call's claim created -> its result written (the tool's run).
+	Finished *Pcts `json:"finished_ms,omitempty"`
+	Call     *Pcts `json:"call_ms,omitempty"`
+}
+
+// ToolService compares, in one run, the approval path's approved call
+// built in (write_file, run inside the stage) with the same work behind a
+// NATS tool service (benchTool), all-in-one.
+type ToolService struct {
+	// Rows: the built-in approved call, then the tool service's.
+	Rows []ToolRow `json:"rows"`
+	// Ratio*: tool service turns/s ÷ built-in turns/s, per round (the two
+	// measured back to back).
+	RatioMedian float64 `json:"ratio_round_median"`
+	RatioMin    float64 `json:"ratio_round_min"`
+	RatioMax    float64 `json:"ratio_round_max"`
+	// Hop*: the tool service row's call time (claim created -> result
+	// written) minus the built-in row's, at low load, in milliseconds:
+	// what the remote hop costs.
+	HopP50 float64 `json:"hop_p50_ms"`
+	HopP99 float64 `json:"hop_p99_ms"`
+	// RoundTrip: bare request round trips to the tool service (an endpoint
+	// that answers at once), one per turn interval during the tool
+	// service row's latency run, from a connection of their own.
+	RoundTrip Pcts `json:"round_trip_ms"`
+}
+
+// ToolRow is one approved call's figures in the ToolService comparison.
+type ToolRow struct {
+	Tool       string `json:"tool"`
+	Throughput Figure `json:"throughput"`
+	Latency    LatRow `json:"latency"`
 }
 
 // Pcts are latency percentiles in milliseconds over N samples.
@@ -240,6 +276,24 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 		p("")
 	}
+	if ts := r.ToolService; ts != nil {
+		p("## Approved call behind a NATS tool service (all-in-one, same run)")
+		p("")
+		p("The approval path (echo, then a call approved by the automated decider) with the approved call built in (`write_file`, run inside the stage) and with the same work behind a NATS tool service (`%s`: `tools.WriteFile` in a micro service on its own connection, found by discovery and called by request/reply). Turns/s: closed loop, median of the rounds [min-max]. Latencies: open loop at the low rate; started and finished: the approved call's claim created and its result written, seen by the driver.", benchTool)
+		p("")
+		p("| approved call | turns/s | min-max | low load n | outcome p50 | p99 | decision -> started p50 | p99 | decision -> finished p50 | p99 | call p50 | p99 |")
+		p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, row := range ts.Rows {
+			f, l := row.Throughput, row.Latency
+			p("| %s | %.0f | %.0f-%.0f | %d | %.2f | %.2f | %s | %s | %s |", row.Tool, f.Median, f.Min, f.Max, l.Outcome.N, l.Outcome.P50, l.Outcome.P99,
+				pctPair(l.Decision), pctPair(l.Finished), pctPair(l.Call))
+		}
+		p("")
+		p("- Turns/s, tool service ÷ built in, per round: %.2f [%.2f-%.2f].", ts.RatioMedian, ts.RatioMin, ts.RatioMax)
+		p("- The hop (call time, tool service − built in): p50 **%.3f ms**, p99 %.3f ms; a bare request round trip to the service during the same run: p50 **%.3f ms**, p99 %.3f ms (n=%d).",
+			ts.HopP50, ts.HopP99, ts.RoundTrip.P50, ts.RoundTrip.P99, ts.RoundTrip.N)
+		p("")
+	}
 	if f := r.Footprint; f != nil {
 		p("## Footprint (stages as separate processes, %d approvals pending)", f.Pending)
 		p("")
@@ -300,6 +354,14 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 		p("")
 	}
+}
+
+// pctPair is "p50 | p99" of p, or "- | -".
+func pctPair(p *Pcts) string {
+	if p == nil || p.N == 0 {
+		return "- | -"
+	}
+	return fmt.Sprintf("%.2f | %.2f", p.P50, p.P99)
 }
 
 func (f Figure) label() string {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -29,7 +30,7 @@ type harness struct {
 	cfg  Config
 	plan Plan
 
-	dir, logDir, binDir                 string
+	dir, logDir, binDir, toolBin        string
 	policyPath, ledgerPath, sealKeyPath string
 	url                                 string
 
@@ -40,6 +41,7 @@ type harness struct {
 	procs        []*childproc.Proc
 	lastFault    time.Time
 	kills        int
+	killsOf      map[string]int // kills by binary
 	restarts     int
 	skipped      int
 	clusterNotes []string
@@ -61,7 +63,8 @@ func (h *harness) addProc(p *childproc.Proc) {
 	h.mu.Unlock()
 }
 
-// Policy is the harness's tool policy: one tool per treatment.
+// Policy is the harness's tool policy: one tool per treatment, and the
+// remote tool service's two tools treated like ledger and ledger_guarded.
 func Policy(expiresAfter time.Duration) string {
 	return fmt.Sprintf(`{
   "version": "chaos-1",
@@ -70,11 +73,14 @@ func Policy(expiresAfter time.Duration) string {
     %q: {"approval": "never"},
     %q: {"approval": "required"},
     %q: {"approval": "required", "expires_after": %q},
-    %q: {"approval": "deny"}
+    %q: {"approval": "deny"},
+    %q: {"approval": "never"},
+    %q: {"approval": "required"}
   },
   "transports": {%q: {"trust_boundary": "local", "interactive": true}}
 }
-`, tools.LedgerTool, tools.LedgerGuardedTool, tools.LedgerExpiringTool, expiresAfter.String(), tools.LedgerDeniedTool, transport)
+`, tools.LedgerTool, tools.LedgerGuardedTool, tools.LedgerExpiringTool, expiresAfter.String(), tools.LedgerDeniedTool,
+		toolsvc.Ledger, toolsvc.LedgerGuarded, transport)
 }
 
 // Run performs one chaos run in cfg.WorkDir and returns its report. An error
@@ -86,7 +92,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.WorkDir == "" {
 		return nil, errors.New("chaos: WorkDir is required")
 	}
-	h := &harness{cfg: cfg, plan: NewPlan(cfg), dir: cfg.WorkDir, stages: map[string][]*slot{}}
+	h := &harness{cfg: cfg, plan: NewPlan(cfg), dir: cfg.WorkDir, stages: map[string][]*slot{}, killsOf: map[string]int{}}
 	h.logf("parameters: %s", cfg.Params())
 	h.logf("replay with: %s", cfg.Replay())
 	h.logf("work dir: %s", h.dir)
@@ -125,9 +131,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	go d.sweep(driveCtx)
 	faultsDone := make(chan struct{})
+	d.faultsDone = faultsDone
 	go func() {
 		defer close(faultsDone)
 		h.injectFaults(driveCtx, d)
+		for _, ss := range h.stages { // the last killed are restarted
+			for _, s := range ss {
+				_, _ = s.waitUp(driveCtx)
+			}
+		}
 	}()
 	go h.watchProgress(driveCtx, d, stopDrive)
 
@@ -152,6 +164,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.Params, r.Replay = cfg.Params(), cfg.Replay()
 	h.mu.Lock()
 	r.Kills, r.BrokerRestarts, r.FaultsSkipped, r.LastFault = h.kills, h.restarts, h.skipped, h.lastFault
+	r.KillsOf = maps.Clone(h.killsOf)
 	for _, n := range h.clusterNotes {
 		r.note("cluster", "%s", n)
 	}
@@ -166,6 +179,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				r.UnexpectedExits++
 				r.note("unexpected worker exit (restarted)", "%s", e)
 			}
+			r.ToolCrashes += s.plannedCrashes()
 		}
 	}
 	r.Wall = time.Since(start)
@@ -189,16 +203,26 @@ func (h *harness) setUp(ctx context.Context) error {
 		return err
 	}
 	h.binDir = h.cfg.BinDir
+	h.toolBin = filepath.Join(h.binDir, ToolService)
 	if h.binDir == "" {
 		h.binDir = filepath.Join(h.dir, "bin")
+		h.toolBin = filepath.Join(h.binDir, ToolService)
 		t0 := time.Now()
 		if err := BuildBinaries(ctx, h.binDir, h.cfg.RaceBinaries); err != nil {
 			return err
 		}
 		h.logf("built binaries in %v", time.Since(t0).Round(time.Millisecond))
+	} else if _, err := os.Stat(h.toolBin); err != nil {
+		// Prebuilt binaries (make chaos: ./bin) do not include the
+		// harness's own tool service.
+		dir := filepath.Join(h.dir, "bin")
+		if err := childproc.Build(ctx, dir, h.cfg.RaceBinaries, toolServicePkg); err != nil {
+			return err
+		}
+		h.toolBin = filepath.Join(dir, ToolService)
 	}
-	for _, b := range append([]string{"nats-server"}, Stages...) {
-		if _, err := os.Stat(filepath.Join(h.binDir, b)); err != nil {
+	for _, b := range append([]string{"nats-server", ToolService}, Stages...) {
+		if _, err := os.Stat(h.binPath(b)); err != nil {
 			return fmt.Errorf("binary %s: %w", b, err)
 		}
 	}
@@ -206,30 +230,39 @@ func (h *harness) setUp(ctx context.Context) error {
 	return h.startBrokers(ctx)
 }
 
-// startStages starts every replica and waits until each consumes.
+// startStages starts every replica of the tool service and waits until
+// each serves (so that the executors and redrivers find its tools at
+// start), then every stage replica and waits until each consumes.
 func (h *harness) startStages(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	var first []*childproc.Proc
-	var all []*slot
-	for _, stage := range Stages {
-		for r := 1; r <= h.cfg.Replicas; r++ {
-			s := newSlot(h, fmt.Sprintf("%s-%d", stage, r), stage)
-			p, err := s.start()
-			if err != nil {
+	n := 0
+	for _, group := range []struct {
+		bins  []string
+		ready string
+	}{{[]string{ToolService}, `msg="tool service serving"`}, {Stages, `msg="stage consuming"`}} {
+		var first []*childproc.Proc
+		var all []*slot
+		for _, bin := range group.bins {
+			for r := 1; r <= h.cfg.Replicas; r++ {
+				s := newSlot(h, fmt.Sprintf("%s-%d", bin, r), bin)
+				p, err := s.start()
+				if err != nil {
+					return err
+				}
+				h.stages[bin] = append(h.stages[bin], s)
+				all, first = append(all, s), append(first, p)
+			}
+		}
+		for i, p := range first {
+			if err := waitLog(wctx, p, group.ready); err != nil {
 				return err
 			}
-			h.stages[stage] = append(h.stages[stage], s)
-			all, first = append(all, s), append(first, p)
+			go all[i].supervise(p)
 		}
+		n += len(first)
 	}
-	for i, p := range first {
-		if err := waitLog(wctx, p, `msg="stage consuming"`); err != nil {
-			return err
-		}
-		go all[i].supervise(p)
-	}
-	h.logf("%d stage processes consuming (%d per stage)", len(first), h.cfg.Replicas)
+	h.logf("%d processes serving and consuming (%d per stage and of the tool service)", n, h.cfg.Replicas)
 	return nil
 }
 
@@ -329,27 +362,35 @@ func (h *harness) injectFaults(ctx context.Context, d *driver) {
 	}
 }
 
-// killWorker SIGKILLs a stage process; its supervisor restarts it after down.
+// killWorker SIGKILLs a stage or tool service process; its supervisor
+// restarts it after down.
 func (h *harness) killWorker(ctx context.Context, s *slot, down time.Duration) error {
 	if _, err := s.waitUp(ctx); err != nil {
 		return err
 	}
 	h.mu.Lock()
 	h.kills++
+	h.killsOf[s.bin]++
 	h.lastFault = time.Now()
 	h.mu.Unlock()
 	return s.kill(ctx, down)
 }
 
-// stopStages ends every stage process (SIGTERM: they drain).
+// stopStages ends every stage process (SIGTERM: they drain), then the tool
+// service, which the draining stages may still call.
 func (h *harness) stopStages() {
-	var wg sync.WaitGroup
-	for _, ss := range h.stages {
-		for _, s := range ss {
-			wg.Go(func() { s.stop(15 * time.Second) })
+	for _, toolService := range []bool{false, true} {
+		var wg sync.WaitGroup
+		for bin, ss := range h.stages {
+			if (bin == ToolService) != toolService {
+				continue
+			}
+			for _, s := range ss {
+				wg.Go(func() { s.stop(15 * time.Second) })
+			}
 		}
+		wg.Wait()
 	}
-	wg.Wait()
 }
 
 func (h *harness) stopAll() {
@@ -482,7 +523,7 @@ func scan(ctx context.Context, js jetstream.JetStream, stream, filter string, fn
 }
 
 // readLedger parses the ledger file (absent: no executions).
-func readLedger(path string) ([]tools.LedgerEntry, []string, error) {
+func readLedger(path string) ([]toolsvc.Execution, []string, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil, nil
@@ -490,12 +531,12 @@ func readLedger(path string) ([]tools.LedgerEntry, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var es []tools.LedgerEntry
+	var es []toolsvc.Execution
 	var bad []string
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		var e tools.LedgerEntry
+		var e toolsvc.Execution
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.CallID == "" {
 			bad = append(bad, sc.Text())
 			continue

@@ -11,11 +11,15 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/policy"
 )
 
 // TestChaosShort is the short form that runs in `make test`: a few hundred
-// turns, a few worker kills and one broker restart, with the stage binaries
+// turns, a worker kill of each kind (every stage and the remote tool
+// service), one broker restart and, after the faults, one tool service
+// crash between acting and replying (whose session waits out the 1-minute
+// tool timeout), with the stage binaries
 // built without -race (the harness itself runs under -race); set
 // TOLLGATE_CHAOS_RACE=1 to build them with it. TOLLGATE_CHAOS_* variables
 // override the parameters (TOLLGATE_CHAOS_SEED replays a run).
@@ -24,8 +28,8 @@ func TestChaosShort(t *testing.T) {
 		t.Skip("chaos run skipped with -short")
 	}
 	cfg := Config{
-		Turns: 150, Kills: 4, BrokerRestarts: 1, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
-		ExpiresAfter: time.Second, FaultFrom: 0.05, FaultTo: 0.6,
+		Turns: 150, Kills: len(Workers), BrokerRestarts: 1, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
+		ExpiresAfter: time.Second, ToolCrashes: 1, FaultFrom: 0.05, FaultTo: 0.6,
 		// A worker killed between claiming a call and recording its result
 		// holds the call for the 2-minute claim lease: allow for it.
 		StallTimeout: 3 * time.Minute, MaxDuration: 8 * time.Minute,
@@ -55,7 +59,9 @@ func TestChaosCluster(t *testing.T) {
 	}
 	runChaos(t, Config{
 		Turns: 400, Kills: 0, BrokerRestarts: 1, Replicas: 2, ClusterNodes: 3, Concurrency: 16, MaxSessionTurns: 4,
-		ExpiresAfter: time.Second, FaultFrom: 0.3, FaultTo: 0.6,
+		// No tool service crash call: it would hold its session for the
+		// 1-minute tool timeout (TestChaosShort has one).
+		ExpiresAfter: time.Second, ToolCrashes: -1, FaultFrom: 0.3, FaultTo: 0.6,
 		// No worker is killed, but a call whose tool ran just as the claims
 		// bucket lost its leader cannot have its result recorded, and waits
 		// out the 2-minute claim lease (then EXECUTION_UNCERTAIN).
@@ -102,6 +108,19 @@ func runChaos(t *testing.T, cfg Config) {
 	if r.Executions == 0 || r.ApprovalsBy["approved"] == 0 || r.ApprovalsBy["denied"] == 0 {
 		t.Errorf("the run exercised too little: %d executions, approvals %v", r.Executions, r.ApprovalsBy)
 	}
+	if r.RemoteExecutions == 0 {
+		t.Errorf("the remote tool service ran no call")
+	}
+	if cfg.ToolCrashes > 0 && (r.LostReplies == 0 || r.ToolCrashes == 0) {
+		t.Errorf("no remote call lost its reply: %d lost replies, %d tool service crashes", r.LostReplies, r.ToolCrashes)
+	}
+	if cfg.Kills >= len(Workers) {
+		for _, w := range Workers {
+			if r.KillsOf[w] == 0 {
+				t.Errorf("no %s process was killed (kills %v)", w, r.KillsOf)
+			}
+		}
+	}
 }
 
 // TestSessionOrderRepro is the minimal reproduction of the session-order
@@ -119,7 +138,7 @@ func TestSessionOrderRepro(t *testing.T) {
 	}
 	runChaos(t, Config{
 		Seed: 7, Turns: 120, Kills: 0, BrokerRestarts: 0, Replicas: 2, Concurrency: 16,
-		MaxSessionTurns: 4, BurstPercent: 100, ExpiresAfter: time.Second,
+		MaxSessionTurns: 4, BurstPercent: 100, ExpiresAfter: time.Second, ToolCrashes: -1,
 		StallTimeout: time.Minute, MaxDuration: 3 * time.Minute,
 	})
 }
@@ -128,6 +147,7 @@ func TestSessionOrderRepro(t *testing.T) {
 func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 	c := Defaults()
 	c.Seed, c.Turns = 42, 500
+	c0 := c
 	a, b := NewPlan(c), NewPlan(c)
 	if !reflect.DeepEqual(a, b) {
 		t.Fatal("two plans of one seed differ")
@@ -140,12 +160,41 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 		t.Fatalf("%d turns, %d faults", len(a.Turns), len(a.Faults))
 	}
 	kinds := map[string]int{}
+	tools, crashes := map[string]int{}, 0
 	for _, tp := range a.Turns {
 		kinds[tp.Kind]++
+		for _, c := range tp.Calls {
+			tools[c.Tool]++
+			if c.Crash {
+				crashes++
+				if c.Tool != toolsvc.Ledger || tp.Index < int(c0.FaultTo*float64(c0.Turns)) {
+					t.Errorf("crash call of %s in turn %d", c.Tool, tp.Index)
+				}
+			}
+		}
 	}
 	for _, k := range []string{"plain", "single", "multi", "dup", "conflict", "expiry"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s turn in 500", k)
+		}
+	}
+	for _, tool := range []string{toolsvc.Ledger, toolsvc.LedgerGuarded} {
+		if tools[tool] == 0 {
+			t.Errorf("no call of the remote %s in 500 turns", tool)
+		}
+	}
+	if crashes != c0.ToolCrashes {
+		t.Errorf("%d crash calls, want %d", crashes, c0.ToolCrashes)
+	}
+	killed := map[string]int{}
+	for _, f := range a.Faults {
+		if !f.Broker {
+			killed[f.Stage]++
+		}
+	}
+	for _, w := range Workers {
+		if killed[w] != c0.Kills/len(Workers) {
+			t.Errorf("%d kills of %s, want %d (kills go round the workers)", killed[w], w, c0.Kills/len(Workers))
 		}
 	}
 }

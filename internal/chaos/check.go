@@ -8,15 +8,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/tools/natstool"
 )
 
 // Facts is everything a run's verdict is computed from, gathered after the
 // workers have stopped.
 type Facts struct {
 	Turns       []TurnFact
-	Ledger      []tools.LedgerEntry
+	Ledger      []toolsvc.Execution               // in-process and remote
 	BadLedger   []string                          // lines that do not decode
 	Outcomes    map[string][]*schemas.TurnOutcome // every stored outcome message, by turn id
 	DeadLetters uint64
@@ -44,12 +46,15 @@ type Report struct {
 	Planned, Published, Accepted, Terminal, Lost, NotSent int
 
 	Executions          int // ledger lines
+	RemoteExecutions    int // ledger lines of the remote tool service
+	LostReplies         int // remote executions whose reply the service never sent (crash calls)
 	DuplicateExecutions int // executions beyond the first of a call
 	WithoutApproval     int // executions of calls whose approval was not approved by the requester (or that policy denies)
 	WrongContext        int // executions under a TurnContext other than their turn's (or of a call no turn made)
 	SessionOrder        int // turns that ran before an earlier turn of their session had ended
 	Unreported          int // executions whose outcome says the call did not run
 	OKWithoutExecution  int // ok results with no execution in the ledger
+	RemoteMisreported   int // remote calls that ran, reported other than ok or needs_attention EXECUTION_UNCERTAIN (a lost reply: only the latter)
 	ConflictingOutcomes int // turns with outcome messages that disagree
 	ExpiryNotEnforced   int // decisions sent after expiry that were applied
 	BadLedgerLines      int
@@ -66,7 +71,9 @@ type Report struct {
 	Rejections  map[string]int // rejected decisions by code
 
 	Kills, BrokerRestarts, UnexpectedExits int
-	ClusterNodes                           int // nats-server processes; in a cluster a broker restart kills the TOLLGATE_TURNS leader
+	KillsOf                                map[string]int // worker kills by binary
+	ToolCrashes                            int            // tool service replicas that exited after a crash call
+	ClusterNodes                           int            // nats-server processes; in a cluster a broker restart kills the TOLLGATE_TURNS leader
 	FaultsSkipped                          int
 	LastFault, AllTerminal                 time.Time
 	Wall                                   time.Duration
@@ -91,6 +98,7 @@ func (r *Report) violations() []violation {
 		{"session-order violations", r.SessionOrder},
 		{"executions the outcome denies", r.Unreported},
 		{"ok results without an execution", r.OKWithoutExecution},
+		{"remote executions misreported", r.RemoteMisreported},
 		{"conflicting outcomes", r.ConflictingOutcomes},
 		{"late decisions applied after expiry", r.ExpiryNotEnforced},
 		{"undecodable ledger lines", r.BadLedgerLines},
@@ -146,9 +154,15 @@ func Check(f *Facts) *Report {
 		byID[f.Turns[i].ID] = &f.Turns[i]
 	}
 	// Executions by call id.
-	execs := map[string][]tools.LedgerEntry{}
+	execs := map[string][]toolsvc.Execution{}
 	for _, e := range f.Ledger {
 		execs[e.CallID] = append(execs[e.CallID], e)
+		if e.Remote() {
+			r.RemoteExecutions++
+		}
+		if e.Crash {
+			r.LostReplies++
+		}
 	}
 	r.Executions = len(f.Ledger)
 
@@ -230,7 +244,7 @@ func sameOutcome(a, b *schemas.TurnOutcome) bool {
 }
 
 // checkTurn compares a terminal turn's outcome with the ledger.
-func checkTurn(r *Report, t *TurnFact, o *schemas.TurnOutcome, execs map[string][]tools.LedgerEntry) {
+func checkTurn(r *Report, t *TurnFact, o *schemas.TurnOutcome, execs map[string][]toolsvc.Execution) {
 	results := map[string]schemas.ToolResult{}
 	for _, res := range o.Results {
 		results[res.CallID] = res
@@ -258,6 +272,8 @@ func checkTurn(r *Report, t *TurnFact, o *schemas.TurnOutcome, execs map[string]
 		case ran && res.Status != schemas.ResultOK && res.Status != schemas.ResultError && res.Status != schemas.ResultNeedsAttention:
 			r.Unreported++
 			r.example("unreported execution", "call %s (%s) ran but its outcome says %s (%s: %s)", callID, c.Tool, status, res.Code, res.Reason)
+		case ran && c.Remote():
+			checkRemote(r, callID, c, res, execs[callID])
 		}
 		if a := approvalOf(t, i); a != nil {
 			r.ApprovalsBy[string(a.Status)]++
@@ -267,6 +283,24 @@ func checkTurn(r *Report, t *TurnFact, o *schemas.TurnOutcome, execs map[string]
 			}
 		}
 	}
+}
+
+// checkRemote checks the result of a remote call that ran: ok, or
+// needs_attention EXECUTION_UNCERTAIN (the reply was lost: a worker or a
+// tool service replica died, or the request timed out); only the latter if
+// the service journaled it without replying (a crash call).
+func checkRemote(r *Report, callID string, c CallPlan, res schemas.ToolResult, es []toolsvc.Execution) {
+	uncertain := res.Status == schemas.ResultNeedsAttention && res.Code == schemas.CodeExecutionUncertain
+	lost := slices.ContainsFunc(es, func(e toolsvc.Execution) bool { return e.Crash })
+	if uncertain || (res.Status == schemas.ResultOK && !lost) {
+		return
+	}
+	r.RemoteMisreported++
+	what := "ran"
+	if lost {
+		what = "ran and its reply was never sent"
+	}
+	r.example("remote execution misreported", "call %s (%s) %s, but its result is %s (%s: %s)", callID, c.Tool, what, res.Status, res.Code, res.Reason)
 }
 
 func approvalOf(t *TurnFact, i int) *schemas.ApprovalRecord {
@@ -283,8 +317,10 @@ func decidedAt(a *schemas.ApprovalRecord) string {
 	return a.Decision.DecidedAt.Format(time.RFC3339Nano)
 }
 
-// checkExecution checks one ledger line of call idx of t.
-func checkExecution(r *Report, t *TurnFact, idx int, e tools.LedgerEntry) {
+// checkExecution checks one ledger line of call idx of t. A remote line
+// has no stream sequence or digest: the view the tool service received
+// must be the view of the batch's sealed TurnContext.
+func checkExecution(r *Report, t *TurnFact, idx int, e toolsvc.Execution) {
 	c := t.Plan.Calls[idx]
 	var wrong []string
 	if e.Tool != c.Tool {
@@ -299,11 +335,18 @@ func checkExecution(r *Report, t *TurnFact, idx int, e tools.LedgerEntry) {
 	if e.CtxPrincipal != t.Principal {
 		wrong = append(wrong, "requester "+e.CtxPrincipal)
 	}
-	if e.CtxStreamSeq != t.Seq {
-		wrong = append(wrong, fmt.Sprintf("inbound seq %d, turn arrived at %d", e.CtxStreamSeq, t.Seq))
-	}
-	if t.Batch != nil && e.ContextDigest != schemas.ContextDigest(t.Batch.Context) {
-		wrong = append(wrong, "context digest differs from the batch's")
+	switch {
+	case e.Remote():
+		if t.Batch != nil && *e.View != natstool.View(t.Batch.Context) {
+			wrong = append(wrong, fmt.Sprintf("view %+v differs from the batch's", *e.View))
+		}
+	default:
+		if e.CtxStreamSeq != t.Seq {
+			wrong = append(wrong, fmt.Sprintf("inbound seq %d, turn arrived at %d", e.CtxStreamSeq, t.Seq))
+		}
+		if t.Batch != nil && e.ContextDigest != schemas.ContextDigest(t.Batch.Context) {
+			wrong = append(wrong, "context digest differs from the batch's")
+		}
 	}
 	if len(wrong) > 0 {
 		r.WrongContext++
@@ -340,7 +383,7 @@ func checkExecution(r *Report, t *TurnFact, idx int, e tools.LedgerEntry) {
 // (outcome finished_at), approval requested_at and ledger times all come
 // from the wall clock of processes on this machine; a later turn can only
 // start after the earlier one's release, which follows its end.
-func checkSessionOrder(r *Report, f *Facts, execs map[string][]tools.LedgerEntry) {
+func checkSessionOrder(r *Report, f *Facts, execs map[string][]toolsvc.Execution) {
 	sessions := map[string][]*TurnFact{}
 	for i := range f.Turns {
 		t := &f.Turns[i]
@@ -375,7 +418,7 @@ func checkSessionOrder(r *Report, f *Facts, execs map[string][]tools.LedgerEntry
 }
 
 // firstSign is the earliest evidence that t's batch was running.
-func firstSign(t *TurnFact, execs map[string][]tools.LedgerEntry) (time.Time, string) {
+func firstSign(t *TurnFact, execs map[string][]toolsvc.Execution) (time.Time, string) {
 	var at time.Time
 	what := ""
 	for i := range t.Plan.Calls {
@@ -403,9 +446,10 @@ func (r *Report) Print(w io.Writer) {
 	if r.ClusterNodes > 1 {
 		broker = fmt.Sprintf("kills of the TOLLGATE_TURNS leader node (of %d, restarted later)", r.ClusterNodes)
 	}
-	p("faults: %d worker kills, %d %s, %d unexpected worker exits, %d skipped", r.Kills, r.BrokerRestarts, broker, r.UnexpectedExits, r.FaultsSkipped)
+	p("faults: %d worker kills (%s), %d %s, %d tool service crash calls, %d unexpected worker exits, %d skipped",
+		r.Kills, counts(r.KillsOf), r.BrokerRestarts, broker, r.ToolCrashes, r.UnexpectedExits, r.FaultsSkipped)
 	p("turns: planned %d, published %d, accepted %d, terminal %d", r.Planned, r.Published, r.Accepted, r.Terminal)
-	p("executions (ledger lines): %d", r.Executions)
+	p("executions (ledger lines): %d, %d of them by the remote tool service (%d with the reply lost)", r.Executions, r.RemoteExecutions, r.LostReplies)
 	p("terminal states: %s", counts(r.States))
 	p("call results: %s", counts(r.Results))
 	p("approvals: %s", counts(r.ApprovalsBy))

@@ -5,12 +5,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/tools/natstool"
 )
 
-// synth builds the facts of a clean two-turn session: turn A (one plain
-// call) then turn B (one guarded call, approved), each executed once.
+// synth builds the facts of a clean three-turn session: turn A (one plain
+// call), turn B (one guarded call, approved), then turn C (one call of the
+// remote tool service), each executed once.
 func synth() *Facts {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	mk := func(idx int, seq uint64, calls []CallPlan, end time.Time) TurnFact {
@@ -24,18 +27,24 @@ func synth() *Facts {
 	b := mk(1, 2, []CallPlan{{Tool: tools.LedgerGuardedTool, Decision: DecideApprove}}, t0.Add(40*time.Millisecond))
 	b.Approvals[0] = &schemas.ApprovalRecord{ApprovalID: schemas.ApprovalID(b.ID, 0), Status: schemas.ApprovalApproved,
 		RequestedAt: t0.Add(20 * time.Millisecond), Decision: &schemas.DecisionInfo{Principal: "chaos:u1", DecidedAt: t0.Add(25 * time.Millisecond)}}
-	entry := func(t TurnFact, i int, at time.Time) tools.LedgerEntry {
-		return tools.LedgerEntry{CallID: schemas.CallID(t.ID, i), Tool: t.Plan.Calls[i].Tool, CtxTurnID: t.ID, CtxSessionID: "s1",
-			CtxPrincipal: "chaos:u1", CtxStreamSeq: t.Seq, ContextDigest: schemas.ContextDigest(t.Batch.Context), PID: 1, At: at.UnixNano()}
+	c := mk(2, 3, []CallPlan{{Tool: toolsvc.Ledger}}, t0.Add(70*time.Millisecond))
+	entry := func(t TurnFact, i int, at time.Time) toolsvc.Execution {
+		return toolsvc.Execution{LedgerEntry: tools.LedgerEntry{CallID: schemas.CallID(t.ID, i), Tool: t.Plan.Calls[i].Tool, CtxTurnID: t.ID, CtxSessionID: "s1",
+			CtxPrincipal: "chaos:u1", CtxStreamSeq: t.Seq, ContextDigest: schemas.ContextDigest(t.Batch.Context), PID: 1, At: at.UnixNano()}}
 	}
+	// What the tool service journals: no sequence or digest, the view.
+	remote := entry(c, 0, t0.Add(60*time.Millisecond))
+	remote.CtxStreamSeq, remote.ContextDigest = 0, ""
+	view := natstool.View(c.Batch.Context)
+	remote.View = &view
 	outcome := func(t TurnFact) *schemas.TurnOutcome {
 		return &schemas.TurnOutcome{TurnID: t.ID, State: schemas.TurnCompleted, FinishedAt: t.Batch.UpdatedAt,
 			Results: []schemas.ToolResult{{CallID: schemas.CallID(t.ID, 0), Status: schemas.ResultOK}}}
 	}
 	return &Facts{
-		Turns:    []TurnFact{a, b},
-		Ledger:   []tools.LedgerEntry{entry(a, 0, t0.Add(5*time.Millisecond)), entry(b, 0, t0.Add(30*time.Millisecond))},
-		Outcomes: map[string][]*schemas.TurnOutcome{a.ID: {outcome(a)}, b.ID: {outcome(b)}},
+		Turns:    []TurnFact{a, b, c},
+		Ledger:   []toolsvc.Execution{entry(a, 0, t0.Add(5*time.Millisecond)), entry(b, 0, t0.Add(30*time.Millisecond)), remote},
+		Outcomes: map[string][]*schemas.TurnOutcome{a.ID: {outcome(a)}, b.ID: {outcome(b)}, c.ID: {outcome(c)}},
 	}
 }
 
@@ -76,6 +85,18 @@ func TestCheckFindsEachViolation(t *testing.T) {
 			f.Outcomes[f.Turns[0].ID] = append(f.Outcomes[f.Turns[0].ID], &o)
 		}, func(r *Report) int { return r.ConflictingOutcomes }},
 		{"bad ledger line", func(f *Facts) { f.BadLedger = []string{"{"} }, func(r *Report) int { return r.BadLedgerLines }},
+		{"remote call sent twice", func(f *Facts) { f.Ledger = append(f.Ledger, f.Ledger[2]) }, func(r *Report) int { return r.DuplicateExecutions }},
+		{"remote call under another view", func(f *Facts) { f.Ledger[2].View.Requester.Principal = "chaos:mallory" }, func(r *Report) int { return r.WrongContext }},
+		{"remote call under another audience", func(f *Facts) { f.Ledger[2].View.Audience = "public" }, func(r *Report) int { return r.WrongContext }},
+		{"remote call with a lost reply reported ok", func(f *Facts) { f.Ledger[2].Crash = true }, func(r *Report) int { return r.RemoteMisreported }},
+		{"remote call reported as a tool error", func(f *Facts) {
+			res := &f.Outcomes[f.Turns[2].ID][0].Results[0]
+			res.Status, res.Code = schemas.ResultError, schemas.CodeToolFailed
+		}, func(r *Report) int { return r.RemoteMisreported }},
+		{"remote call reported as needing attention for another reason", func(f *Facts) {
+			res := &f.Outcomes[f.Turns[2].ID][0].Results[0]
+			res.Status, res.Code = schemas.ResultNeedsAttention, schemas.CodeToolReplyInvalid
+		}, func(r *Report) int { return r.RemoteMisreported }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -88,5 +109,20 @@ func TestCheckFindsEachViolation(t *testing.T) {
 				t.Fatalf("not detected\n%s", b.String())
 			}
 		})
+	}
+}
+
+// A remote call whose reply was lost, reported needs_attention
+// EXECUTION_UNCERTAIN, is no violation, and is counted as a lost reply.
+func TestCheckAcceptsALostReplyReportedUncertain(t *testing.T) {
+	f := synth()
+	f.Ledger[2].Crash = true
+	res := &f.Outcomes[f.Turns[2].ID][0].Results[0]
+	res.Status, res.Code = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain
+	r := Check(f)
+	if r.Violations() != 0 || r.LostReplies != 1 || r.RemoteExecutions != 1 || r.NeedsAttention != 1 {
+		var b strings.Builder
+		r.Print(&b)
+		t.Fatalf("%d violations, %d lost replies, %d remote executions\n%s", r.Violations(), r.LostReplies, r.RemoteExecutions, b.String())
 	}
 }

@@ -1,11 +1,15 @@
 // Package chaos is Tollgate's chaos harness: it runs the stage binaries as
 // separate processes (several replicas of each) against a real nats-server
-// process, drives a seeded mix of turns through the documented protocol,
-// SIGKILLs and restarts random workers and the broker while it runs, and
-// then checks, from a ledger of every tool execution, the KV records and the
-// event streams, that no accepted turn was lost, no call ran twice or
-// without its approval or under another turn's TurnContext, and that each
-// session ran its turns one batch at a time in arrival order.
+// process, with a remote tool service (internal/chaos/toolsvc, several
+// replicas in one queue group) among the tools, drives a seeded mix of
+// turns through the documented protocol, SIGKILLs and restarts random
+// workers (tool service replicas included) and the broker while it runs,
+// and then checks, from a ledger of every tool execution (in-process and
+// remote), the KV records and the event streams, that no accepted turn was
+// lost, no call ran twice or without its approval or under another turn's
+// TurnContext, a remote call whose reply was lost is reported uncertain,
+// and that each session ran its turns one batch at a time in arrival
+// order.
 //
 // Run it with `make chaos` (long form) or `go test ./internal/chaos` (short
 // form, part of `make test`). See Config for the parameters and their
@@ -24,9 +28,9 @@ import (
 type Config struct {
 	Seed            int64 // 0: derived from the clock (printed)
 	Turns           int   // turns to drive
-	Kills           int   // worker SIGKILLs
+	Kills           int   // worker SIGKILLs (stage processes and tool service replicas, in turn)
 	BrokerRestarts  int   // nats-server SIGKILL + restart (in a cluster: of the node leading TOLLGATE_TURNS)
-	Replicas        int   // processes per stage
+	Replicas        int   // processes per stage, and of the remote tool service
 	Concurrency     int   // sessions driven at once
 	MaxSessionTurns int   // a session has 1..MaxSessionTurns turns
 	// ClusterNodes is how many nats-server processes run: 1, or a
@@ -42,6 +46,15 @@ type Config struct {
 	BurstPercent int
 	// ExpiresAfter is the approval lifetime of the ledger_expiring tool.
 	ExpiresAfter time.Duration
+	// ToolCrashes is how many calls of the remote tool service make it
+	// exit after acting and before replying (CallPlan.Crash); negative for
+	// none. They are sent once every fault has been injected and every
+	// worker is up again (no broker restart can lose the request before
+	// the service acts, no executor kill can turn the wait into a 2-minute
+	// claim lease); each holds its session for the stages' tool timeout (1
+	// minute) before the call is reported EXECUTION_UNCERTAIN. Keep it
+	// below Concurrency.
+	ToolCrashes int
 	// Faults are spread over turns published in [FaultFrom, FaultTo) of Turns.
 	FaultFrom, FaultTo float64
 	// StallTimeout ends the drive when no turn is published or ends for
@@ -61,7 +74,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{
 		Turns: 5000, Kills: 50, BrokerRestarts: 2, Replicas: 2, Concurrency: 32,
-		MaxSessionTurns: 6, BurstPercent: 40, ExpiresAfter: 2 * time.Second,
+		MaxSessionTurns: 6, BurstPercent: 40, ExpiresAfter: 2 * time.Second, ToolCrashes: 5,
 		FaultFrom: 0.05, FaultTo: 0.9,
 		StallTimeout: 4 * time.Minute, MaxDuration: 60 * time.Minute,
 	}
@@ -93,6 +106,12 @@ func (c Config) withDefaults() Config {
 	case c.BurstPercent < 0: // no bursts
 		c.BurstPercent = 0
 	}
+	switch {
+	case c.ToolCrashes == 0:
+		c.ToolCrashes = d.ToolCrashes
+	case c.ToolCrashes < 0: // none
+		c.ToolCrashes = 0
+	}
 	if c.ExpiresAfter <= 0 {
 		c.ExpiresAfter = d.ExpiresAfter
 	}
@@ -116,9 +135,9 @@ func (c Config) withDefaults() Config {
 
 // Params is the one-line description of a run that replays it.
 func (c Config) Params() string {
-	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v",
+	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v",
 		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
-		c.ExpiresAfter, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries)
+		c.ExpiresAfter, c.ToolCrashes, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries)
 }
 
 // Clustered reports whether the run uses a nats-server cluster.
@@ -137,7 +156,7 @@ func (c Config) Replay() string {
 // FromEnv overrides c with the TOLLGATE_CHAOS_* variables that are set:
 // SEED, TURNS, KILLS, RESTARTS, REPLICAS, CLUSTER, STREAM_REPLICAS,
 // CONCURRENCY, MAX_SESSION_TURNS, BURST_PERCENT, EXPIRES_AFTER,
-// STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1).
+// TOOL_CRASHES, STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1).
 func (c Config) FromEnv() (Config, error) {
 	var err error
 	num := func(name string, v *int) {
@@ -170,6 +189,7 @@ func (c Config) FromEnv() (Config, error) {
 	num("CONCURRENCY", &c.Concurrency)
 	num("MAX_SESSION_TURNS", &c.MaxSessionTurns)
 	num("BURST_PERCENT", &c.BurstPercent)
+	num("TOOL_CRASHES", &c.ToolCrashes)
 	dur("EXPIRES_AFTER", &c.ExpiresAfter)
 	dur("STALL_TIMEOUT", &c.StallTimeout)
 	dur("MAX_DURATION", &c.MaxDuration)

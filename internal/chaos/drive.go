@@ -57,6 +57,10 @@ type driver struct {
 	st    *store.Store
 	turns []*turnState
 	byID  map[string]*turnState // read-only once built
+	// faultsDone is closed once every planned fault has been injected and
+	// every worker is up again (or the drive is over); set before the
+	// drive starts.
+	faultsDone <-chan struct{}
 
 	mu           sync.Mutex
 	handled      map[string]bool // approvals whose decisions have been started
@@ -123,7 +127,11 @@ func (d *driver) inbound(t *turnState) *schemas.InboundMessage {
 		SentAt:  time.Now().UTC(),
 	}
 	for i, c := range t.plan.Calls {
-		m.Calls = append(m.Calls, schemas.ProposedCall{Tool: c.Tool, Args: fmt.Sprintf(`{"turn":%d,"call":%d}`, t.plan.Index, i)})
+		args := fmt.Sprintf(`{"turn":%d,"call":%d}`, t.plan.Index, i)
+		if c.Crash {
+			args = fmt.Sprintf(`{"turn":%d,"call":%d,"crash":true}`, t.plan.Index, i)
+		}
+		m.Calls = append(m.Calls, schemas.ProposedCall{Tool: c.Tool, Args: args})
 	}
 	return m
 }
@@ -163,7 +171,9 @@ func (d *driver) markTerminal(t *turnState) {
 }
 
 // runSession publishes one session's turns in order: a burst turn right
-// after the previous one, any other once every earlier turn has ended.
+// after the previous one, any other once every earlier turn has ended. A
+// turn with a crash call waits until every fault has been injected and
+// every worker is up again.
 func (d *driver) runSession(ctx context.Context, turns []int) error {
 	var open []*turnState
 	for j, i := range turns {
@@ -173,6 +183,13 @@ func (d *driver) runSession(ctx context.Context, turns []int) error {
 				return err
 			}
 			open = open[:0]
+		}
+		if t.plan.crashes() {
+			select {
+			case <-d.faultsDone:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		if err := d.send(ctx, t); err != nil {
 			return err

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
@@ -26,12 +27,24 @@ const (
 type CallPlan struct {
 	Tool     string
 	Decision DecisionPlan
+	// Crash (a call of the remote tool service): the service journals the
+	// call and exits without replying, so the reply is lost after the tool
+	// acted.
+	Crash bool
 }
 
 // NeedsApproval reports whether the harness policy makes the call wait for
 // an approval.
 func (c CallPlan) NeedsApproval() bool {
-	return c.Tool == tools.LedgerGuardedTool || c.Tool == tools.LedgerExpiringTool
+	return c.Tool == tools.LedgerGuardedTool || c.Tool == tools.LedgerExpiringTool || c.Tool == toolsvc.LedgerGuarded
+}
+
+// Remote reports whether the call's tool is the remote tool service's.
+func (c CallPlan) Remote() bool { return c.Tool == toolsvc.Ledger || c.Tool == toolsvc.LedgerGuarded }
+
+// crashes reports whether one of t's calls is a crash call.
+func (t TurnPlan) crashes() bool {
+	return slices.ContainsFunc(t.Calls, func(c CallPlan) bool { return c.Crash })
 }
 
 // TurnPlan is one turn (one inbound message).
@@ -78,6 +91,15 @@ type Plan struct {
 // Stages in pipeline order (the binaries' names).
 var Stages = []string{"ingest", "executor", "approver", "redriver"}
 
+// ToolService is the remote tool service's binary (internal/chaos/chaostool,
+// serving internal/chaos/toolsvc), run as Replicas processes in one queue
+// group.
+const ToolService = "chaostool"
+
+// Workers are the processes worker kills pick from: the stages and the
+// tool service.
+var Workers = append(slices.Clone(Stages), ToolService)
+
 // turn kinds and their weights (percent).
 var kinds = []struct {
 	name   string
@@ -109,10 +131,14 @@ func NewPlan(c Config) Plan {
 	}
 
 	from, to := int(c.FaultFrom*float64(c.Turns)), max(int(c.FaultTo*float64(c.Turns)), int(c.FaultFrom*float64(c.Turns))+1)
-	for range c.Kills {
+	planCrashes(rng, &p, c.ToolCrashes, to)
+	// Kills go round the workers from a random one, so that Kills >=
+	// len(Workers) kills every kind of worker.
+	first := rng.IntN(len(Workers))
+	for k := range c.Kills {
 		p.Faults = append(p.Faults, Fault{
 			AtTurn: from + rng.IntN(to-from), Jitter: jitter(rng, 500*time.Millisecond),
-			Stage: Stages[rng.IntN(len(Stages))], Replica: 1 + rng.IntN(c.Replicas),
+			Stage: Workers[(first+k)%len(Workers)], Replica: 1 + rng.IntN(c.Replicas),
 			Down: 50*time.Millisecond + jitter(rng, 1500*time.Millisecond),
 		})
 	}
@@ -134,6 +160,32 @@ func NewPlan(c Config) Plan {
 	}
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return a.AtTurn - b.AtTurn })
 	return p
+}
+
+// planCrashes marks n calls of the remote tool that runs at once
+// (toolsvc.Ledger) as crash calls, taken at random among those of the
+// turns after the fault window (from turn to on), and among earlier turns
+// only if there are too few. The driver sends a turn with a crash call
+// only once every planned fault has been injected (driver.runSession).
+func planCrashes(rng *rand.Rand, p *Plan, n, to int) {
+	type ref struct{ turn, call int }
+	var late, early []ref
+	for i := range p.Turns {
+		for j, c := range p.Turns[i].Calls {
+			switch {
+			case c.Tool != toolsvc.Ledger:
+			case i >= to:
+				late = append(late, ref{i, j})
+			default:
+				early = append(early, ref{i, j})
+			}
+		}
+	}
+	rng.Shuffle(len(late), func(i, j int) { late[i], late[j] = late[j], late[i] })
+	rng.Shuffle(len(early), func(i, j int) { early[i], early[j] = early[j], early[i] })
+	for _, r := range append(late, early...)[:min(n, len(late)+len(early))] {
+		p.Turns[r.turn].Calls[r.call].Crash = true
+	}
 }
 
 func jitter(rng *rand.Rand, d time.Duration) time.Duration {
@@ -158,10 +210,18 @@ func turnMix(rng *rand.Rand) (string, []CallPlan) {
 		cs := make([]CallPlan, n)
 		for i := range cs {
 			cs[i] = CallPlan{Tool: tools.LedgerTool}
+			if rng.IntN(3) == 0 {
+				cs[i].Tool = toolsvc.Ledger
+			}
 		}
 		return cs
 	}
-	guarded := func(d DecisionPlan) CallPlan { return CallPlan{Tool: tools.LedgerGuardedTool, Decision: d} }
+	guarded := func(d DecisionPlan) CallPlan {
+		if rng.IntN(3) == 0 {
+			return CallPlan{Tool: toolsvc.LedgerGuarded, Decision: d}
+		}
+		return CallPlan{Tool: tools.LedgerGuardedTool, Decision: d}
+	}
 	var calls []CallPlan
 	switch kind {
 	case "plain":

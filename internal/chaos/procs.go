@@ -15,16 +15,21 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 )
 
-// BuildBinaries builds the four stage binaries and nats-server into dir.
+// toolServicePkg is the package of the ToolService binary.
+const toolServicePkg = "./internal/chaos/" + ToolService
+
+// BuildBinaries builds the four stage binaries, the tool service and
+// nats-server into dir.
 func BuildBinaries(ctx context.Context, dir string, race bool) error {
 	pkgs := make([]string, len(Stages))
 	for i, st := range Stages {
 		pkgs[i] = "./cmd/" + st
 	}
-	return childproc.Build(ctx, dir, race, pkgs...)
+	return childproc.Build(ctx, dir, race, append(pkgs, toolServicePkg)...)
 }
 
 // slot is one logical process (a stage replica or the broker) that is
@@ -39,6 +44,7 @@ type slot struct {
 	mu         sync.Mutex
 	cur        *childproc.Proc
 	runs       int
+	crashes    int           // planned crashes (toolsvc.CrashExit) of a tool service replica
 	killed     bool          // the current process was killed by the harness
 	down       time.Duration // downtime before the restart of a killed process
 	stopping   bool
@@ -60,7 +66,7 @@ func (s *slot) start() (*childproc.Proc, error) {
 	}
 	s.runs++
 	logPath := filepath.Join(s.h.logDir, fmt.Sprintf("%s.%d.log", s.name, s.runs))
-	p, err := childproc.Start(filepath.Join(s.h.binDir, s.bin), s.h.dir, logPath, s.h.procEnv(s.bin), s.args()...)
+	p, err := childproc.Start(s.h.binPath(s.bin), s.h.dir, logPath, s.h.procEnv(s.bin), s.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.name, err)
 	}
@@ -73,24 +79,33 @@ func (s *slot) start() (*childproc.Proc, error) {
 var errStopping = errors.New("stopping")
 
 // supervise restarts the slot's process whenever it exits, until stop: a
-// process the harness killed after its planned downtime, one that exited by
-// itself (counted) after a short pause. p is the current process.
+// process the harness killed after its planned downtime, a tool service
+// replica's planned crash (a crash call) and one that exited by itself
+// (counted) after a short pause. p is the current process.
 func (s *slot) supervise(p *childproc.Proc) {
 	for {
 		<-p.Done()
+		crashed := s.bin == ToolService && p.Cmd.ProcessState.ExitCode() == toolsvc.CrashExit
 		s.mu.Lock()
 		s.upCh = make(chan struct{})
 		stopping, killed, down := s.stopping, s.killed, s.down
 		s.killed = false
-		if !stopping && !killed {
+		switch {
+		case stopping || killed:
+		case crashed:
+			s.crashes++
+			down = 250 * time.Millisecond
+		default:
 			s.unexpected = append(s.unexpected, fmt.Sprintf("%s exited by itself (%v)", p.Name, p.Err()))
 			down = 250 * time.Millisecond
 		}
 		s.mu.Unlock()
-		if stopping {
+		switch {
+		case stopping:
 			return
-		}
-		if !killed {
+		case crashed:
+			s.h.logf("%s exited after a crash call, as planned; restarting", p.Name)
+		case !killed:
 			s.h.logf("%s exited by itself (%v); restarting", p.Name, p.Err())
 		}
 		time.Sleep(down)
@@ -158,6 +173,12 @@ func (s *slot) stop(grace time.Duration) {
 	}
 }
 
+func (s *slot) plannedCrashes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.crashes
+}
+
 func (s *slot) unexpectedExits() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -179,8 +200,17 @@ func writeSealKey(path string) error {
 	return os.WriteFile(path, b, 0o600)
 }
 
+// binPath is the path of the binary bin.
+func (h *harness) binPath(bin string) string {
+	if bin == ToolService {
+		return h.toolBin
+	}
+	return filepath.Join(h.binDir, bin)
+}
+
 // procEnv is the environment of a child process: the one place where the
-// stages' configuration is set (add new stage settings here).
+// stages' configuration is set (add new stage settings here). The tool
+// service reads TOLLGATE_NATS_URL and TOLLGATE_LEDGER.
 func (h *harness) procEnv(bin string) []string {
 	env := childproc.Env()
 	if bin == "nats-server" {

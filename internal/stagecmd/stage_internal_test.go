@@ -26,7 +26,7 @@ func TestAStageProcessRunsItsStageOnly(t *testing.T) {
 	consumers := topology.Consumers() // in the order of tollgate.AllStages
 	for i, stage := range tollgate.AllStages() {
 		sandbox := filepath.Join(t.TempDir(), "sandbox")
-		c := Common{NATSURL: env.URL(), LogLevel: "info", Replicas: 1, SandboxDir: sandbox, SealKeys: keyFile}
+		c := Common{NATSURL: env.URL(), LogLevel: "info", Replicas: 1, SandboxDir: sandbox, SealKeys: keyFile, ToolServices: true}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- runStage(ctx, stage, c, pipelinetest.Logger()) }()

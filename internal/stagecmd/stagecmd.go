@@ -30,6 +30,8 @@ import (
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/tools/mcptool"
+	"github.com/tollgate-dev/tollgate/tools/natstool"
 )
 
 // DefaultNATSURL is where `tollgate dev` listens.
@@ -55,6 +57,12 @@ type Common struct {
 	// SealKeys is the key file path; empty means TOLLGATE_SEAL_KEYS
 	// (inline JSON) or TOLLGATE_SEAL_KEY_FILE (see seal.FromEnv).
 	SealKeys string
+	// ToolServices: discover NATS tool services on the bus and offer their
+	// tools (tools/natstool). On by default.
+	ToolServices bool
+	// ToolsFile is a tools file naming MCP servers whose tools to offer
+	// (tools/mcptool); empty for none.
+	ToolsFile string
 }
 
 // Register adds the common flags to fs with defaults from TOLLGATE_*
@@ -69,6 +77,13 @@ func (c *Common) Register(fs *flag.FlagSet, metricsDefault string) {
 	fs.StringVar(&c.PolicyPath, "policy", Env("TOLLGATE_POLICY", ""), "policy JSON file; empty for the built-in policy (env TOLLGATE_POLICY)")
 	fs.StringVar(&c.SealKeys, "seal-keys", "", "TurnContext seal key file (default: env TOLLGATE_SEAL_KEYS inline JSON, else env TOLLGATE_SEAL_KEY_FILE)")
 	fs.StringVar(&c.SandboxDir, "sandbox", Env("TOLLGATE_SANDBOX", "./.tollgate/sandbox"), "directory write_file writes into (env TOLLGATE_SANDBOX)")
+	services, err := strconv.ParseBool(Env("TOLLGATE_TOOL_SERVICES", "true"))
+	if err != nil {
+		services = true
+	}
+	fs.BoolVar(&c.ToolServices, "tool-services", services,
+		"discover NATS tool services on the bus and offer their tools; --tool-services=false turns it off (env TOLLGATE_TOOL_SERVICES)")
+	fs.StringVar(&c.ToolsFile, "tools", Env("TOLLGATE_TOOLS", ""), "tools file naming MCP servers whose tools to offer (docs/tools.md); empty for none (env TOLLGATE_TOOLS)")
 }
 
 // Logger returns a text logger on stderr at level.
@@ -226,6 +241,26 @@ func Tools(sandboxDir string) ([]tools.Tool, error) {
 	return append(builtins, tools.Ledgers(os.Getenv("TOLLGATE_LEDGER"))...), nil
 }
 
+// Providers are the tool providers of a process that runs the executor or
+// the redriver, as c asks: NATS tool service discovery on nc (unless
+// c.ToolServices is false) and the MCP servers of c.ToolsFile (if set; a
+// file that does not load is an error). Their services run with the
+// pipeline (tollgate.Pipeline.Run).
+func Providers(nc *nats.Conn, c Common, log *slog.Logger, reg prometheus.Registerer) ([]tools.Provider, error) {
+	var ps []tools.Provider
+	if c.ToolServices {
+		ps = append(ps, natstool.New(nc, natstool.Options{Logger: log, Registerer: reg}))
+	}
+	if c.ToolsFile != "" {
+		cfg, err := mcptool.LoadConfig(c.ToolsFile)
+		if err != nil {
+			return nil, err
+		}
+		ps = append(ps, mcptool.New(cfg, mcptool.Options{Logger: log}))
+	}
+	return ps, nil
+}
+
 // Instance is "hostname:pid".
 func Instance() string {
 	h, _ := os.Hostname()
@@ -276,15 +311,19 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 		return err
 	}
 	// Only the executor and the redriver run tools; the other stages need
-	// no sandbox directory.
+	// no sandbox directory and no tool providers.
 	var ts []tools.Tool
+	var ps []tools.Provider
 	if stage == tollgate.StageExecutor || stage == tollgate.StageRedriver {
 		if ts, err = Tools(c.SandboxDir); err != nil {
 			return err
 		}
+		if ps, err = Providers(nc, c, log, reg); err != nil {
+			return err
+		}
 	}
 	p, err := tollgate.New(ctx, tollgate.Config{
-		JS: js, Policy: pol, Keys: keys, Tools: ts, Logger: log, Registerer: reg,
+		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
 		Instance: Instance(), Topology: topo, Stages: []string{stage},
 	})
 	if err != nil {

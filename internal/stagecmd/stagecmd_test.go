@@ -5,9 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
@@ -19,6 +22,8 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	t.Setenv("TOLLGATE_SANDBOX", "/var/lib/tollgate/sandbox")
 	t.Setenv("TOLLGATE_REPLICAS", "3")
 	t.Setenv("TOLLGATE_LOG_LEVEL", "debug")
+	t.Setenv("TOLLGATE_TOOL_SERVICES", "false")
+	t.Setenv("TOLLGATE_TOOLS", "/etc/tollgate/tools.json")
 	var c stagecmd.Common
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	c.Register(fs, "127.0.0.1:1")
@@ -26,7 +31,8 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := stagecmd.Common{NATSURL: "nats://127.0.0.1:5222", Creds: "/etc/tollgate/executor.creds", MetricsAddr: "127.0.0.1:9999",
-		LogLevel: "debug", Replicas: 3, PolicyPath: "/etc/tollgate/policy.json", SandboxDir: "/var/lib/tollgate/sandbox"}
+		LogLevel: "debug", Replicas: 3, PolicyPath: "/etc/tollgate/policy.json", SandboxDir: "/var/lib/tollgate/sandbox",
+		ToolServices: false, ToolsFile: "/etc/tollgate/tools.json"}
 	if c != want {
 		t.Fatalf("from the environment: %+v, want %+v", c, want)
 	}
@@ -34,11 +40,59 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	// A flag beats the environment.
 	fs = flag.NewFlagSet("y", flag.ContinueOnError)
 	c.Register(fs, "127.0.0.1:1")
-	if err := fs.Parse([]string{"--nats", "nats://127.0.0.1:6222", "--metrics", ""}); err != nil {
+	if err := fs.Parse([]string{"--nats", "nats://127.0.0.1:6222", "--metrics", "", "--tool-services", "--tools", ""}); err != nil {
 		t.Fatal(err)
 	}
-	if c.NATSURL != "nats://127.0.0.1:6222" || c.MetricsAddr != "" {
+	if c.NATSURL != "nats://127.0.0.1:6222" || c.MetricsAddr != "" || !c.ToolServices || c.ToolsFile != "" {
 		t.Fatalf("flags did not override the environment: %+v", c)
+	}
+}
+
+// Tool service discovery is on unless turned off; MCP servers come from a
+// tools file, and a tools file that does not load stops the process.
+func TestProvidersAreWhatTheFlagsAskFor(t *testing.T) {
+	t.Setenv("TOLLGATE_TOOL_SERVICES", "")
+	t.Setenv("TOLLGATE_TOOLS", "")
+	env := jstest.Start(t)
+	file := filepath.Join(t.TempDir(), "tools.json")
+	if err := os.WriteFile(file, []byte(`{"mcp_servers": {"files": {"command": "sh"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want []string // provider names; nil with err
+		err  string
+	}{
+		{"by default, NATS tool services", nil, []string{"nats"}, ""},
+		{"discovery turned off", []string{"--tool-services=false"}, nil, ""},
+		{"a tools file", []string{"--tools", file}, []string{"nats", "mcp"}, ""},
+		{"a tools file without discovery", []string{"--tools", file, "--tool-services=false"}, []string{"mcp"}, ""},
+		{"a tools file that is missing", []string{"--tools", file + ".missing"}, nil, "tools.json.missing"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var c stagecmd.Common
+			fs := flag.NewFlagSet("p", flag.ContinueOnError)
+			c.Register(fs, "")
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			ps, err := stagecmd.Providers(env.NC, c, pipelinetest.Logger(), nil)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Providers: %v, want an error naming %s", err, tc.err)
+				}
+				return
+			}
+			var names []string
+			for _, p := range ps {
+				names = append(names, p.Name())
+			}
+			if err != nil || !slices.Equal(names, tc.want) {
+				t.Fatalf("Providers = %v, %v; want %v", names, err, tc.want)
+			}
+		})
 	}
 }
 

@@ -47,6 +47,11 @@ const (
 	SubjectDLQPrefix         = "tollgate.dlq."                      // + stage
 )
 
+// SubjectToolsList is a core NATS request subject, in no stream: the
+// executor answers it with every tool it can call and the policy mode of
+// each per audience (pipeline/executor ToolList; `tollgate tools`).
+const SubjectToolsList = "tollgate.tools.list"
+
 // InboundSubject is where a transport publishes a message of session
 // sessionID: tollgate.inbound.<transport>.<session key>. The transport token
 // is the publisher's identity (ingest binds the body's transport to it); the

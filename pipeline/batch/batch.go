@@ -56,7 +56,7 @@ import (
 type Config struct {
 	JS     jetstream.JetStream
 	Store  *store.Store
-	Tools  *tools.Registry
+	Tools  *tools.Catalog
 	Keys   *seal.KeyRing // verifies the seal of every context a call runs under
 	Worker string        // recorded on claims, e.g. "executor@host:pid"
 	Logger *slog.Logger
@@ -122,11 +122,8 @@ func New(cfg Config) (*Engine, error) {
 	return &Engine{cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce)}, nil
 }
 
-// HasTool reports whether a tool called name is registered.
-func (e *Engine) HasTool(name string) bool {
-	_, ok := e.cfg.Tools.Get(name)
-	return ok
-}
+// Tools is the engine's tool catalog.
+func (e *Engine) Tools() *tools.Catalog { return e.cfg.Tools }
 
 // Authorize reports whether b's persisted TurnContext is an authentic,
 // usable authority for b: sealed by a key of the ring (seal.KeyRing.Verify)
@@ -155,7 +152,8 @@ func (e *Engine) Keys() *seal.KeyRing { return e.cfg.Keys }
 // Now is the engine's clock.
 func (e *Engine) Now() time.Time { return e.cfg.Now().UTC() }
 
-// Result builds a result for a call that did not run.
+// Result builds a result for a call that did not run (its reason cut to
+// MaxReasonBytes).
 func (e *Engine) Result(call schemas.ToolCall, status schemas.ResultStatus, code schemas.Code, reason, approvalID string) *schemas.ToolResult {
-	return &schemas.ToolResult{CallID: call.CallID, Tool: call.Tool, Status: status, Code: code, Reason: reason, ApprovalID: approvalID, FinishedAt: e.Now()}
+	return &schemas.ToolResult{CallID: call.CallID, Tool: call.Tool, Status: status, Code: code, Reason: clip(reason, MaxReasonBytes), ApprovalID: approvalID, FinishedAt: e.Now()}
 }

@@ -62,7 +62,7 @@ func newFixture(t testing.TB) *fixture {
 	f := &fixture{env: jstest.Start(t), clock: &clock{}, count: &pt.Counter{}, fail: &failing{}, safe: &retrySafe{pt.Counter{ToolName: "idempotent"}}}
 	f.clock.Set(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	f.st = store.New(f.env.Buckets)
-	reg, err := tools.NewRegistry(f.count, f.fail, f.safe)
+	reg, err := tools.NewCatalog(context.Background(), []tools.Tool{f.count, f.fail, f.safe}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,8 +304,6 @@ func TestExecuteFailsClosedWithoutClaiming(t *testing.T) {
 			func() schemas.ToolCall { c := good; c.CallID = turn + "0"; return c }, schemas.CodeTurnContextMismatch},
 		{"arguments that do not match their digest", func() *schemas.TurnContext { return turnContext(turn) },
 			func() schemas.ToolCall { c := good; c.Args = `{"k":"w"}`; return c }, schemas.CodeArgsDigestMismatch},
-		{"a tool that does not exist", func() *schemas.TurnContext { return turnContext(turn) },
-			func() schemas.ToolCall { c := good; c.Tool = "rm_rf"; return c }, schemas.CodeToolNotFound},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -570,7 +568,7 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	f := newFixture(t)
-	reg, _ := tools.NewRegistry()
+	reg, _ := tools.NewCatalog(context.Background(), nil, nil, nil)
 	base := batch.Config{JS: f.env.JS, Store: f.st, Tools: reg, Keys: pt.Keys(t), Worker: "w", Logger: pt.Logger()}
 	tests := []struct {
 		name   string
@@ -677,7 +675,7 @@ func (b *bumper) Run(ctx context.Context, c tools.Call) (string, error) {
 func TestAResultIsRecordedDespiteAConflictOnItsOwnClaim(t *testing.T) {
 	f := newFixture(t)
 	bump := &bumper{st: f.st}
-	reg, err := tools.NewRegistry(bump)
+	reg, err := tools.NewCatalog(context.Background(), []tools.Tool{bump}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,9 +29,26 @@ var ErrClaimHeld = errors.New("batch: execution claim held by another worker")
 // context; Execute verifies the seal again as the last line of defence and
 // returns a failed result, without running the tool, if it does not hold.
 // It also fails closed on a call whose arguments do not match their digest.
+//
+// The tool is resolved and its arguments checked against its schema
+// (tools.Catalog.Check) just before the claim. A call whose tool cannot be
+// run (TOOL_NOT_FOUND: it disappeared since the call was approved;
+// TOOL_UNAVAILABLE; ARGS_INVALID: its schema changed) gets a failed result
+// with that code, recorded in the claim like any result, so that every
+// later Execute reports the same; a call whose claim already holds a
+// result gets that result, whatever the catalog says now.
+//
+// How the tool's error becomes the result (see tools.ErrUncertain,
+// tools.ErrUnavailable): ErrUnavailable is failed TOOL_UNAVAILABLE;
+// ErrUncertain is needs_attention EXECUTION_UNCERTAIN (TOOL_REPLY_INVALID
+// when the error carries that code), except for a RetrySafe tool, whose
+// claim is left without a result, as if its worker had died mid-call:
+// Execute returns ErrClaimHeld, and once the lease has passed the call is
+// run again under a claim taken over by compare-and-set. Any other error
+// is an error result, TOOL_FAILED.
 func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
 	if err := e.cfg.Keys.Verify(tc); err != nil {
-		return e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), err.Error(), approvalID), nil
+		return e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), schemas.ReasonOf(err), approvalID), nil
 	}
 	if !hasTurnPrefix(call.CallID, tc.TurnID) {
 		return e.Result(call, schemas.ResultFailed, schemas.CodeTurnContextMismatch, "call does not belong to the turn's context", approvalID), nil
@@ -39,9 +56,14 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 	if schemas.ArgsDigest(call.Args) != call.ArgsDigest {
 		return e.Result(call, schemas.ResultFailed, schemas.CodeArgsDigestMismatch, "arguments do not match their digest", approvalID), nil
 	}
-	tool, ok := e.cfg.Tools.Get(call.Tool)
-	if !ok {
-		return e.Result(call, schemas.ResultFailed, schemas.CodeToolNotFound, fmt.Sprintf("no tool named %q", call.Tool), approvalID), nil
+	// refused, when set, is the result of a call whose tool cannot run.
+	var refused *schemas.ToolResult
+	tool, _, err := e.cfg.Tools.Check(ctx, call.Tool, call.Args)
+	if err != nil {
+		if !schemas.Permanent(err) {
+			return nil, err
+		}
+		tool, refused = nil, e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), schemas.ReasonOf(err), approvalID)
 	}
 	if _, busy := e.inflight.LoadOrStore(call.CallID, struct{}{}); busy {
 		return nil, fmt.Errorf("call %s is being executed by this engine: %w", call.CallID, ErrClaimHeld)
@@ -49,14 +71,17 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 	defer e.inflight.Delete(call.CallID)
 	claim := &schemas.ExecutionClaim{
 		CallID: call.CallID, TurnID: tc.TurnID, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
-		Worker: e.worker, ClaimedAt: e.Now(),
+		Worker: e.worker, ClaimedAt: e.Now(), Result: refused,
 	}
 	rev, err := e.cfg.Store.Claims.Create(ctx, call.CallID, claim)
-	if errors.Is(err, store.ErrExists) {
-		return e.claimed(ctx, tc, tool, call, approvalID)
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrExists):
+		return e.claimed(ctx, tc, tool, refused, call, approvalID)
+	case err != nil:
 		return nil, fmt.Errorf("claim %s: %w", call.CallID, err)
+	case refused != nil:
+		e.cfg.Logger.Warn("call refused before it ran", "call", call.CallID, "tool", call.Tool, "code", refused.Code, "reason", refused.Reason)
+		return refused, nil
 	}
 	return e.runClaimed(ctx, tc, tool, call, approvalID, claim, rev)
 }
@@ -68,11 +93,32 @@ func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool t
 	out, runErr := e.run(ctx, tool, tc, call)
 	res := e.Result(call, schemas.ResultOK, "", "", approvalID)
 	res.Output = clip(out, MaxOutputBytes)
+	reason := ""
+	if runErr != nil {
+		reason = runErr.Error()
+		if c := schemas.CodeOf(runErr); c == schemas.CodeToolReplyInvalid || c == schemas.CodeToolUnavailable || c == schemas.CodeExecutionUncertain {
+			reason = schemas.ReasonOf(runErr) // the result carries that code: say it once
+		}
+		reason = clip(reason, MaxReasonBytes)
+	}
 	switch {
 	case errors.Is(runErr, errToolHung):
-		res.Status, res.Code, res.Reason = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain, runErr.Error()
+		res.Status, res.Code, res.Reason = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain, reason
+	case errors.Is(runErr, tools.ErrUncertain) && tools.RetrySafe(tool):
+		// Left as a worker that died mid-call leaves it: claimed, with no
+		// result, to be run again once the lease has passed.
+		e.cfg.Logger.Warn("retry-safe call's outcome uncertain; it runs again after its claim lease", "call", call.CallID, "tool", call.Tool, "err", runErr)
+		return nil, fmt.Errorf("call %s: %v; run again once its claim lease has passed: %w", call.CallID, runErr, ErrClaimHeld)
+	case errors.Is(runErr, tools.ErrUncertain):
+		code := schemas.CodeExecutionUncertain
+		if schemas.CodeOf(runErr) == schemas.CodeToolReplyInvalid {
+			code = schemas.CodeToolReplyInvalid
+		}
+		res.Status, res.Code, res.Reason = schemas.ResultNeedsAttention, code, reason
+	case errors.Is(runErr, tools.ErrUnavailable):
+		res.Status, res.Code, res.Reason = schemas.ResultFailed, schemas.CodeToolUnavailable, reason
 	case runErr != nil:
-		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, clip(runErr.Error(), MaxReasonBytes)
+		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, reason
 	}
 	e.cfg.Logger.Debug("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
 
@@ -196,13 +242,14 @@ func hasTurnPrefix(callID, turnID string) bool {
 	return len(callID) > len(turnID)+1 && callID[:len(turnID)] == turnID && callID[len(turnID)] == '-'
 }
 
-// claimed handles a call whose claim already exists.
+// claimed handles a call whose claim already exists. tool is nil when the
+// call cannot run now, refused then being its result.
 //
 // A claim this engine created without starting the tool (its create was
 // stored but the reply was lost, e.g. across a broker restart) is its own
-// to use: the tool certainly did not run, so it runs now instead of
-// waiting out the lease and being reported uncertain.
-func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
+// to use: the tool certainly did not run, so it runs now (or gets refused
+// recorded) instead of waiting out the lease and being reported uncertain.
+func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, refused *schemas.ToolResult, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
 	for {
 		c, rev, err := e.cfg.Store.Claims.Get(ctx, call.CallID)
 		if err != nil {
@@ -213,12 +260,16 @@ func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tool
 		}
 		if _, ran := e.started.Load(call.CallID); c.Worker == e.worker && !ran {
 			e.cfg.Logger.Info("resuming own claim whose create reply was lost", "call", call.CallID)
+			if refused != nil {
+				c.Result = refused
+				return e.recordResult(ctx, call.CallID, c, rev)
+			}
 			return e.runClaimed(ctx, tc, tool, call, approvalID, c, rev)
 		}
 		if age := e.Now().Sub(c.ClaimedAt); age < e.cfg.ClaimLease {
 			return nil, fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, age.Round(time.Millisecond), ErrClaimHeld)
 		}
-		if tools.RetrySafe(tool) {
+		if tool != nil && tools.RetrySafe(tool) {
 			// Safe to run again (tools.Retryable): take the claim over by
 			// compare-and-set, so exactly one worker re-runs it.
 			prev := c.Worker

@@ -296,7 +296,7 @@ func Outcome(keys *seal.KeyRing, b *schemas.BatchRecord) *schemas.TurnOutcome {
 	}
 	if err := Authorize(keys, b); err != nil {
 		if o.Code == "" {
-			o.Code, o.Reason = schemas.CodeOf(err), clip(err.Error(), MaxReasonBytes) // Authorize's errors are all coded
+			o.Code, o.Reason = schemas.CodeOf(err), clip(schemas.ReasonOf(err), MaxReasonBytes) // Authorize's errors are all coded
 		}
 		return o
 	}

@@ -46,7 +46,7 @@ func TestMisbehavingToolsCannotBreakTheBatch(t *testing.T) {
 		<-stop // ignores its context entirely
 		return "too late", nil
 	}}
-	reg, err := tools.NewRegistry(panics, chatty, widens, hangs)
+	reg, err := tools.NewCatalog(context.Background(), []tools.Tool{panics, chatty, widens, hangs}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,15 @@
 // Package executor is the stage that turns an accepted turn into a batch:
-// it evaluates the tool policy for each call, runs allowed calls at once,
-// records denied ones, and writes a pending approval record (with the turn's
-// persisted TurnContext and the exact call) for each call that needs a
-// person. A batch with no approvals completes at once; one with approvals is
-// handed to the redriver by a batch-awaiting notice.
+// it resolves each call's tool and checks its arguments against the tool's
+// schema (a call that cannot run fails with TOOL_NOT_FOUND, ARGS_INVALID
+// or TOOL_UNAVAILABLE, and nobody is asked), evaluates the tool policy for
+// each call, runs allowed calls at once, records denied ones, and writes a
+// pending approval record (with the turn's persisted TurnContext and the
+// exact call) for each call that needs a person. A batch with no approvals
+// completes at once; one with approvals is handed to the redriver by a
+// batch-awaiting notice.
+//
+// While it runs, the executor also answers topology.SubjectToolsList with
+// its tools and their policy modes (toolslist.go; `tollgate tools`).
 //
 // A session runs one batch at a time: a turn whose session is busy is
 // queued (pipeline/batch) and runs when a ready notice says its turn has
@@ -107,8 +113,14 @@ func New(cfg Config) (*Executor, error) {
 	return x, nil
 }
 
-// Run consumes accepted turns and ready notices until ctx is cancelled.
+// Run consumes accepted turns and ready notices until ctx is cancelled,
+// and meanwhile answers topology.SubjectToolsList (ListTools).
 func (x *Executor) Run(ctx context.Context) error {
+	svc, err := x.serveTools()
+	if err != nil {
+		return err
+	}
+	defer svc.Stop()
 	consumer := topology.ExecutorConsumer()
 	r, err := runner.New(runner.Config{
 		Stage:        Stage,
@@ -314,12 +326,17 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 				return err
 			}
 		}
-		mode := x.cfg.Policy.ModeFor(call.Tool, tc.Audience)
+		// The tool is resolved and the arguments checked against its
+		// schema before anyone is asked: a call that can only end in
+		// TOOL_NOT_FOUND or ARGS_INVALID fails now, with no prompt.
+		_, spec, unrunnable := eng.Tools().Check(ctx, call.Tool, call.Args)
+		if unrunnable != nil && !schemas.Permanent(unrunnable) {
+			return unrunnable
+		}
+		mode := x.cfg.Policy.ModeFor(call.Tool, tc.Audience, spec.Hints)
 		x.calls.WithLabelValues(string(mode)).Inc()
-		if mode != policy.ModeDeny && !eng.HasTool(call.Tool) {
-			// Fail now rather than ask someone to approve a call that can
-			// only end in TOOL_NOT_FOUND.
-			results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodeToolNotFound, fmt.Sprintf("no tool named %q", call.Tool), "")
+		if mode != policy.ModeDeny && unrunnable != nil {
+			results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodeOf(unrunnable), unrunnable.Error(), "")
 			continue
 		}
 		switch mode {

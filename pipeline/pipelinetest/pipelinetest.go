@@ -69,6 +69,9 @@ type Options struct {
 	Stages []string
 	// Tools are registered next to the built-in echo and write_file.
 	Tools []tools.Tool
+	// Providers supply tools from outside the process (tollgate.Config.
+	// Providers); a provider that is a tools.Service runs with the stages.
+	Providers []tools.Provider
 	// ClaimLease and ToolTimeout for the batch engine (default: the
 	// engine's defaults; a ClaimLease below a minute needs a ToolTimeout).
 	ClaimLease  time.Duration
@@ -124,7 +127,7 @@ type Pipeline struct {
 	Keys     *seal.KeyRing
 	Sandbox  string
 	Registry *prometheus.Registry
-	Tools    *tools.Registry
+	Tools    *tools.Catalog
 
 	// What tollgate.New built: the stages, and the one batch engine of
 	// the executor and the redriver.
@@ -185,7 +188,7 @@ func Start(t testing.TB, o Options) *H {
 	ctx, cancel := context.WithTimeout(context.Background(), Wait)
 	defer cancel()
 	p, err := tollgate.New(ctx, tollgate.Config{
-		JS: env.JS, Policy: pol, Keys: keys, Tools: append(builtins, o.Tools...), Logger: Logger(), Registerer: reg,
+		JS: env.JS, Policy: pol, Keys: keys, Tools: append(builtins, o.Tools...), Providers: o.Providers, Logger: Logger(), Registerer: reg,
 		Instance: "test", Topology: env.Topology,
 		ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout, OrderWait: o.OrderWait,
 		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter,
@@ -785,6 +788,74 @@ func (c *Counter) Calls() []tools.Call {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.calls)
+}
+
+// Remote is a test tool that describes itself like a provider's tool (its
+// Spec is Desc, with Name and RetrySafe taken from the tool), counts its
+// runs like Counter, and then returns Fail's error for the call, if Fail is
+// set and returns one.
+type Remote struct {
+	Counter
+	Desc tools.Spec
+	Safe bool
+	Fail func(tools.Call) error
+}
+
+// Spec implements tools.Describer.
+func (r *Remote) Spec() tools.Spec { return r.Desc }
+
+// RetrySafe implements tools.Retryable.
+func (r *Remote) RetrySafe() bool { return r.Safe }
+
+// Run implements tools.Tool.
+func (r *Remote) Run(ctx context.Context, call tools.Call) (string, error) {
+	out, _ := r.Counter.Run(ctx, call)
+	if r.Fail != nil {
+		if err := r.Fail(call); err != nil {
+			return "", err
+		}
+	}
+	return out, nil
+}
+
+// Provider is a tools.Provider whose tools a test sets, and changes while
+// the pipeline runs (a tool service that appears, a tool that disappears
+// after its call was approved), or makes fail to list them.
+type Provider struct {
+	ProviderName string // default "test"
+
+	mu    sync.Mutex
+	tools []tools.Tool
+	err   error
+}
+
+// Name implements tools.Provider.
+func (p *Provider) Name() string {
+	if p.ProviderName == "" {
+		return "test"
+	}
+	return p.ProviderName
+}
+
+// Tools implements tools.Provider.
+func (p *Provider) Tools(context.Context) ([]tools.Tool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.tools), p.err
+}
+
+// Set replaces the provider's tools.
+func (p *Provider) Set(ts ...tools.Tool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tools = ts
+}
+
+// Fail makes Tools fail with err (nil: list them again).
+func (p *Provider) Fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.err = err
 }
 
 // ----- metrics -----

@@ -38,6 +38,7 @@ import (
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
+	"github.com/tollgate-dev/tollgate/tools"
 )
 
 // Stage is the redriver's stage name.
@@ -421,7 +422,14 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			}
 			known = batch.Known{Batch: cur, BatchRev: rev}
 		}
-		p := PlanCall(r.cfg.Policy, b.Context, call, a)
+		var hints tools.Hints
+		if a.Status == schemas.ApprovalApproved {
+			var err error
+			if hints, err = r.hintsOf(ctx, call.Tool); err != nil {
+				return err
+			}
+		}
+		p := PlanCall(r.cfg.Policy, b.Context, call, hints, a)
 		if p.Code == schemas.CodePolicyChanged {
 			// Unless it was claimed already: a call that has run (or may
 			// have) is reported by its claim, through Execute, not by
@@ -461,6 +469,23 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 	return nil
 }
 
+// hintsOf returns the current claims of tool about its effects, for the
+// policy re-check. A tool that cannot be resolved now has none: the re-check
+// goes on without them, and Execute then fails the call closed with the
+// catalog's code (TOOL_NOT_FOUND for a tool that disappeared since the
+// approval), unless its claim already holds a result.
+func (r *Redriver) hintsOf(ctx context.Context, tool string) (tools.Hints, error) {
+	t, err := r.cfg.Engine.Tools().Get(ctx, tool)
+	switch {
+	case err == nil:
+		return tools.SpecOf(t).Hints, nil
+	case schemas.Permanent(err):
+		return tools.Hints{}, nil
+	default:
+		return tools.Hints{}, err
+	}
+}
+
 // claimed reports whether call id has an execution claim. A claim that
 // does not decode counts as claimed: Execute then fails it closed.
 func (r *Redriver) claimed(ctx context.Context, callID string) (bool, error) {
@@ -475,14 +500,15 @@ func (r *Redriver) claimed(ctx context.Context, callID string) (bool, error) {
 	}
 }
 
-// stillGranted re-checks an approved call against the current policy: the
-// tool must not have become denied for the turn's audience, and the
-// approval's deciders must still qualify in the number the rule now needs.
-// A call whose tool no longer needs approval runs. Decisions recorded
-// without an assurance level predate it; the approver has always required
-// a verified decider, so they count as verified.
-func stillGranted(pol *policy.Policy, tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) error {
-	switch pol.ModeFor(call.Tool, tc.Audience) {
+// stillGranted re-checks an approved call against the current policy and
+// the tool's current hints: the tool must not have become denied for the
+// turn's audience, and the approval's deciders must still qualify in the
+// number the rule now needs. A call whose tool no longer needs approval
+// runs. Decisions recorded without an assurance level predate it; the
+// approver has always required a verified decider, so they count as
+// verified.
+func stillGranted(pol *policy.Policy, tc *schemas.TurnContext, call schemas.ToolCall, hints tools.Hints, a *schemas.ApprovalRecord) error {
+	switch pol.ModeFor(call.Tool, tc.Audience, hints) {
 	case policy.ModeDeny:
 		return fmt.Errorf("policy %s now denies %s for a %s audience (approval was requested under %s)", pol.Version(), call.Tool, tc.Audience, a.PolicyVersion)
 	case policy.ModeNever:
@@ -520,17 +546,18 @@ type CallPlan struct {
 }
 
 // PlanCall is the redriver's decision for call of a started batch whose
-// context is tc, given its decided approval a and pol, the current policy:
+// context is tc, given its decided approval a, pol, the current policy, and
+// hints, the tool's current claims about its effects (policy.ModeFor):
 // an approved call runs unless the policy re-check fails (failed,
 // POLICY_CHANGED); a denied, expired or abandoned one gets that result. It
 // has no side effects. A call that is already claimed is reported by its
 // claim even when the re-check fails: the redriver looks the claim up on
 // POLICY_CHANGED and then runs it through Execute, which returns the
 // recorded result instead of running the tool again.
-func PlanCall(pol *policy.Policy, tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) CallPlan {
+func PlanCall(pol *policy.Policy, tc *schemas.TurnContext, call schemas.ToolCall, hints tools.Hints, a *schemas.ApprovalRecord) CallPlan {
 	switch a.Status {
 	case schemas.ApprovalApproved:
-		if err := stillGranted(pol, tc, call, a); err != nil {
+		if err := stillGranted(pol, tc, call, hints, a); err != nil {
 			return CallPlan{Status: schemas.ResultFailed, Code: schemas.CodePolicyChanged, Reason: err.Error()}
 		}
 		return CallPlan{Run: true}

@@ -10,6 +10,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
 )
 
 // Shadow is what the redriver would do with a batch now: the verdict of
@@ -104,7 +105,9 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 // has one), the call's execution claim.
 func shadowCall(ctx context.Context, o Options, claims store.Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim], tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) (ShadowCall, error) {
 	sc := ShadowCall{CallID: call.CallID, Tool: call.Tool, ApprovalID: a.ApprovalID}
-	p := redriver.PlanCall(o.Policy, tc, call, a)
+	// The shadow has no tool catalog: it judges without the tools' hints,
+	// which can only make the redriver stricter than it shows.
+	p := redriver.PlanCall(o.Policy, tc, call, tools.Hints{}, a)
 	if p.Run || p.Code == schemas.CodePolicyChanged {
 		var c *schemas.ExecutionClaim
 		var err error

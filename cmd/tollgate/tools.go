@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/executor"
+)
+
+var toolsCmd = &command{
+	name:    "tools",
+	summary: "list every tool an executor can call: source, description, argument schema, whether a re-run is safe, policy mode per audience",
+	example: "tollgate tools --json",
+	run:     cmdTools,
+}
+
+// cmdTools asks an executor for its tools (a request on
+// tollgate.tools.list) and prints them: one block per tool, or the
+// executor's answer as JSON with --json.
+func cmdTools(cmd *command, args []string) int {
+	fs := cmd.flags()
+	var c client
+	c.register(fs, defaultTimeout)
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
+	}
+	if len(pos) > 0 {
+		return cmd.usageError("no arguments expected, got %q", pos)
+	}
+	if err := c.connect(); err != nil {
+		return c.fail("tools", err)
+	}
+	defer c.close()
+	msg, err := c.nc.Request(topology.SubjectToolsList, nil, c.timeout)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fail("tools: no executor answered on %s: is one running (tollgate dev, or the executor binary)?", topology.SubjectToolsList)
+	}
+	if err != nil {
+		return c.fail("tools", err)
+	}
+	var l executor.ToolList
+	if err := json.Unmarshal(msg.Data, &l); err != nil {
+		return fail("tools: the executor's answer does not decode: %v", err)
+	}
+	for _, e := range l.Errors {
+		fmt.Fprintf(os.Stderr, "tollgate tools: warning: %s\n", e)
+	}
+	if c.json {
+		printJSON(l)
+		return 0
+	}
+	fmt.Printf("policy %s, %d tools\n", l.PolicyVersion, len(l.Tools))
+	for _, t := range l.Tools {
+		safe := "not safe to re-run"
+		if t.RetrySafe {
+			safe = "safe to re-run"
+		}
+		fmt.Printf("\n%s  (%s, %s)\n", t.Name, t.Source, safe)
+		if t.Description != "" {
+			fmt.Printf("  %s\n", t.Description)
+		}
+		var modes []string
+		for _, a := range executor.Audiences {
+			modes = append(modes, fmt.Sprintf("%s %s", a, t.Modes[a]))
+		}
+		fmt.Printf("  policy: %s\n", strings.Join(modes, ", "))
+		if h := hintsText(t.Hints.ReadOnly, t.Hints.Destructive); h != "" {
+			fmt.Printf("  claims: %s\n", h)
+		}
+		schema := "any JSON object"
+		if len(t.InputSchema) > 0 {
+			var b bytes.Buffer
+			if json.Compact(&b, t.InputSchema) == nil {
+				schema = b.String()
+			} else {
+				schema = string(t.InputSchema)
+			}
+		}
+		fmt.Printf("  arguments: %s\n", schema)
+	}
+	return 0
+}
+
+// hintsText says what a tool claims about its effects, or "" if nothing.
+func hintsText(readOnly, destructive *bool) string {
+	var s []string
+	if readOnly != nil {
+		s = append(s, fmt.Sprintf("read-only %v", *readOnly))
+	}
+	if destructive != nil {
+		s = append(s, fmt.Sprintf("destructive %v", *destructive))
+	}
+	return strings.Join(s, ", ")
+}

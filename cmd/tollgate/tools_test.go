@@ -1,0 +1,83 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/pipeline/executor"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// `tollgate tools` asks a running executor, on a real server, for every
+// tool it can call: built-ins and a provider's, each with its source,
+// schema, retry safety and policy mode per audience.
+func TestToolsListsEveryToolWithItsPolicyModes(t *testing.T) {
+	yes := true
+	prov := &pt.Provider{ProviderName: "nats"}
+	prov.Set(&pt.Remote{Counter: pt.Counter{ToolName: "deploys.rollback"}, Safe: true, Desc: tools.Spec{
+		Source: "nats:deploys", Description: "Rolls a service back to its previous release.",
+		InputSchema: json.RawMessage(`{"type": "object", "properties": {"service": {"type": "string"}}}`),
+		Hints:       tools.Hints{Destructive: &yes},
+	}})
+	h := pt.Start(t, pt.Options{Stages: []string{pt.Executor}, Providers: []tools.Provider{prov}, Policy: `{
+	  "version": "tools-cli",
+	  "tools": {"echo": {"approval": "never"}, "deploys.*": {"approval": "never", "audiences": {"public": "deny"}}},
+	  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
+	}`})
+	url := "--nats=" + h.Env.URL()
+
+	t.Run("--json is the executor's answer", func(t *testing.T) {
+		code, out, errOut := runCLI(t, "tools", url, "--json")
+		var l executor.ToolList
+		if err := json.Unmarshal([]byte(out), &l); code != 0 || err != nil {
+			t.Fatalf("exit %d, %v, stderr %q:\n%s", code, err, errOut, out)
+		}
+		var names []string
+		for _, tool := range l.Tools {
+			names = append(names, tool.Name)
+		}
+		if got := strings.Join(names, " "); l.PolicyVersion != "tools-cli" || got != "deploys.rollback echo schedule_followup write_file" {
+			t.Fatalf("policy %s, tools %s", l.PolicyVersion, got)
+		}
+		d := l.Tools[0]
+		want := map[schemas.Audience]policy.Mode{schemas.AudiencePersonal: policy.ModeRequired, schemas.AudienceTeam: policy.ModeRequired, schemas.AudiencePublic: policy.ModeDeny}
+		if d.Source != "nats:deploys" || !d.RetrySafe || !strings.Contains(string(d.InputSchema), `"service"`) || len(d.Modes) != 3 {
+			t.Fatalf("deploys.rollback listed as %+v", d)
+		}
+		for a, m := range want {
+			if d.Modes[a] != m {
+				t.Fatalf("deploys.rollback for %s: %s, want %s (destructive under a free pattern)", a, d.Modes[a], m)
+			}
+		}
+	})
+
+	t.Run("the text lists the same", func(t *testing.T) {
+		code, out, errOut := runCLI(t, "tools", url)
+		if code != 0 {
+			t.Fatalf("exit %d, stderr %q", code, errOut)
+		}
+		for _, want := range []string{
+			"policy tools-cli, 4 tools",
+			"deploys.rollback  (nats:deploys, safe to re-run)", "Rolls a service back", "policy: personal required, team required, public deny",
+			"claims: destructive true", `arguments: {"type":"object","properties":{"service":{"type":"string"}}}`,
+			"echo  (builtin, safe to re-run)", "policy: personal never, team never, public never",
+			"write_file  (builtin, not safe to re-run)", `"required":["path"]`,
+		} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("tools does not say %q:\n%s", want, out)
+			}
+		}
+	})
+}
+
+func TestToolsWithoutAnExecutorSaysSo(t *testing.T) {
+	h := pt.Start(t, pt.Options{Stages: []string{}})
+	code, _, errOut := runCLI(t, "tools", "--nats="+h.Env.URL())
+	if code != 1 || !strings.Contains(errOut, "no executor answered") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+}

@@ -1,0 +1,507 @@
+// Package natstool makes NATS tool services Tollgate tools: services
+// written in any language with a NATS service framework (nats.go's micro,
+// @nats-io/services, or any client that speaks the NATS service protocol),
+// found on the bus while Tollgate runs.
+//
+// # Discovery
+//
+// A Provider asks the bus which services run (a request on $SRV.INFO, the
+// service protocol's discovery subject, see micro.ControlSubject) and
+// collects the answers for at most Options.DiscoveryWait, from at most
+// Options.MaxServices service instances. Every endpoint of an answer whose
+// metadata has a key starting with "tollgate." is a tool:
+//
+//   - "tollgate.description": the tool's description;
+//   - "tollgate.schema": the JSON Schema of its arguments (a JSON object);
+//   - "tollgate.retry_safe": "true" when running a call again has the same
+//     effect as running it once (tools.Retryable), "false" or absent if not;
+//   - "tollgate.name": its name; absent, it is "<service>.<endpoint>".
+//
+// The name is lower-cased and must pass schemas.CheckToolName. The
+// endpoint's subject must be a literal subject "tollgate.tool.<prefix>.…"
+// and the name must start with "<prefix>.": a tool service's NATS user may
+// answer only under its own prefix (deploy/nats/least-privilege.conf), so
+// a policy rule for "<prefix>.*" covers exactly the tools that user can
+// serve. An endpoint that breaks a rule (a bad name or subject, an unknown
+// "tollgate." key, a schema that is not a JSON object, a retry_safe other
+// than "true" or "false") is not a tool.
+//
+// Discovery answers are not authenticated (any client that can answer
+// $SRV.INFO can describe any endpoint), so a conflict is never resolved in
+// anyone's favour: a tool name whose offers disagree (another subject,
+// description, schema, retry_safe or service), a subject that backs two
+// tool names, and a tool served by several instances not all in one queue
+// group (each would run every call) are refused until the conflict is
+// gone. A problem is logged when it first appears and counted in the
+// tollgate_tool_service_discovery_problems gauge.
+//
+// The tools found are cached: Run refreshes them every
+// Options.RefreshInterval, so a service that appears is offered, and one
+// that is gone is no longer found, without a restart. Tools answers from
+// the cache and never waits on the network, except for the very first
+// discovery when Run has not done one yet (bounded by DiscoveryWait and
+// its context). A refresh that fails keeps the tools last found.
+//
+// # The call
+//
+// A tool's Run sends one request (Request, JSON, with header
+// Tollgate-Call-Id) to the endpoint's subject and takes the first reply;
+// it never sends a call twice. See Tool.Run for how each outcome maps to
+// an error (tools.ErrUncertain, tools.ErrUnavailable, a plain error when
+// the service answered with a service error).
+package natstool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// SubjectPrefix is where every tool endpoint's subject must live.
+const SubjectPrefix = "tollgate.tool."
+
+// Endpoint metadata keys that make an endpoint a tool.
+const (
+	MetaPrefix      = "tollgate."
+	MetaName        = MetaPrefix + "name"
+	MetaDescription = MetaPrefix + "description"
+	MetaSchema      = MetaPrefix + "schema"
+	MetaRetrySafe   = MetaPrefix + "retry_safe"
+)
+
+// Defaults of Options.
+const (
+	DefaultRefreshInterval = 10 * time.Second
+	DefaultDiscoveryWait   = 500 * time.Millisecond
+	DefaultMinRefreshGap   = time.Second
+	DefaultMaxServices     = 256
+	DefaultMaxTools        = 1024
+	DefaultMaxReplyBytes   = 1 << 20
+	DefaultCallTimeout     = time.Minute
+)
+
+// Options configures a Provider; zero values take the defaults above.
+type Options struct {
+	// Logger receives the tools found and gone and the discovery's
+	// problems; nil discards.
+	Logger *slog.Logger
+	// Registerer receives the provider's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// RefreshInterval is how often Run discovers the services again.
+	RefreshInterval time.Duration
+	// DiscoveryWait is how long one discovery collects answers.
+	DiscoveryWait time.Duration
+	// MinRefreshGap is the least time between two discoveries that Refresh
+	// (a name the catalog did not find) starts: a burst of calls of an
+	// unknown tool costs at most one discovery per gap.
+	MinRefreshGap time.Duration
+	// MaxServices bounds the service instances one discovery reads; later
+	// answers are dropped (logged).
+	MaxServices int
+	// MaxTools bounds the tools offered; the rest are ignored (logged).
+	MaxTools int
+	// MaxReplyBytes bounds a tool's reply body; a longer reply is
+	// TOOL_REPLY_INVALID (the tool may have acted).
+	MaxReplyBytes int
+	// CallTimeout bounds a call whose context has no deadline (the
+	// pipeline always gives one: its tool timeout).
+	CallTimeout time.Duration
+}
+
+func (o *Options) defaults() {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.RefreshInterval <= 0 {
+		o.RefreshInterval = DefaultRefreshInterval
+	}
+	if o.DiscoveryWait <= 0 {
+		o.DiscoveryWait = DefaultDiscoveryWait
+	}
+	if o.MinRefreshGap <= 0 {
+		o.MinRefreshGap = DefaultMinRefreshGap
+	}
+	if o.MaxServices <= 0 {
+		o.MaxServices = DefaultMaxServices
+	}
+	if o.MaxTools <= 0 {
+		o.MaxTools = DefaultMaxTools
+	}
+	if o.MaxReplyBytes <= 0 {
+		o.MaxReplyBytes = DefaultMaxReplyBytes
+	}
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = DefaultCallTimeout
+	}
+}
+
+// Provider is the tools.Provider (and tools.Service) of the NATS tool
+// services on one connection. It is safe for concurrent use.
+type Provider struct {
+	nc  *nats.Conn
+	o   Options
+	log *slog.Logger
+
+	// refreshing holds one token: whoever holds it discovers. It is a
+	// channel, not a mutex, so that waiting for it respects a context.
+	refreshing chan struct{}
+	cache      atomic.Pointer[snapshot]
+	// started is when the last completed discovery started (unix nanos).
+	started atomic.Int64
+	seen    map[string]bool // what the last discovery logged; guarded by refreshing
+
+	toolsGauge    prometheus.Gauge
+	problemsGauge prometheus.Gauge
+	calls         *prometheus.CounterVec
+}
+
+// snapshot is what one discovery found.
+type snapshot struct {
+	tools  []tools.Tool // sorted by name
+	byName map[string]*Tool
+}
+
+// New returns the provider of the tool services reachable on nc. It does
+// not touch the network: discovery starts with Run or the first Tools. A
+// metric that cannot be registered is logged and left unexported.
+func New(nc *nats.Conn, o Options) *Provider {
+	o.defaults()
+	p := &Provider{
+		nc: nc, o: o, log: o.Logger.With("provider", "nats"),
+		refreshing: make(chan struct{}, 1),
+		toolsGauge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tollgate_tool_service_tools", Help: "Tools offered by NATS tool services at the last discovery.",
+		}),
+		problemsGauge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tollgate_tool_service_discovery_problems",
+			Help: "Problems the last discovery of NATS tool services logged: endpoints or tools ignored, instances that disagree.",
+		}),
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_tool_service_calls_total",
+			Help: "Calls of NATS tool services, by outcome (ok, error, uncertain, unavailable, reply_invalid).",
+		}, []string{"outcome"}),
+	}
+	for _, err := range []error{
+		metrics.Register(o.Registerer, &p.toolsGauge),
+		metrics.Register(o.Registerer, &p.problemsGauge),
+		metrics.Register(o.Registerer, &p.calls),
+	} {
+		if err != nil {
+			p.log.Error("natstool: metrics not exported", "err", err)
+		}
+	}
+	return p
+}
+
+// Name implements tools.Provider.
+func (p *Provider) Name() string { return "nats" }
+
+// Tools implements tools.Provider: the tools of the last discovery, sorted
+// by name. Before any discovery has completed it runs one, bounded by
+// DiscoveryWait and ctx, and returns its error if it fails.
+func (p *Provider) Tools(ctx context.Context) ([]tools.Tool, error) {
+	if s := p.cache.Load(); s != nil {
+		return slices.Clone(s.tools), nil
+	}
+	if err := p.refresh(ctx, true, time.Time{}); err != nil {
+		return nil, err
+	}
+	return slices.Clone(p.cache.Load().tools), nil
+}
+
+// Refresh implements tools.Refresher: the catalog calls it when a call
+// names a tool it does not know, so a service that started since the last
+// discovery is found at once instead of after RefreshInterval. It
+// discovers now unless a discovery started less than MinRefreshGap ago or
+// one started while this call waited for its turn (concurrent misses share
+// one), bounded by DiscoveryWait and ctx.
+func (p *Provider) Refresh(ctx context.Context) error {
+	asked := time.Now()
+	if asked.Sub(time.Unix(0, p.started.Load())) < p.o.MinRefreshGap {
+		return nil
+	}
+	return p.refresh(ctx, false, asked)
+}
+
+// Run implements tools.Service: it discovers the tool services at once and
+// then every RefreshInterval until ctx is cancelled, and returns nil then.
+// A failed discovery is logged; the tools last found stay.
+func (p *Provider) Run(ctx context.Context) error {
+	t := time.NewTicker(p.o.RefreshInterval)
+	defer t.Stop()
+	for {
+		if err := p.refresh(ctx, false, time.Time{}); err != nil && ctx.Err() == nil {
+			p.log.Warn("natstool: discovery failed; keeping the tools last found", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// refresh runs one discovery and caches what it finds. With ifNone it
+// does nothing if a discovery has completed while it waited for its turn;
+// with a non-zero after, if the last completed discovery started after it.
+func (p *Provider) refresh(ctx context.Context, ifNone bool, after time.Time) error {
+	select {
+	case p.refreshing <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("natstool: discovery: %w", ctx.Err())
+	}
+	defer func() { <-p.refreshing }()
+	if ifNone && p.cache.Load() != nil || !after.IsZero() && p.started.Load() > after.UnixNano() {
+		return nil
+	}
+	start := time.Now()
+	infos, full, err := p.discover(ctx)
+	if err != nil {
+		return err
+	}
+	p.cache.Store(p.resolve(infos, full, p.cache.Load()))
+	p.started.Store(start.UnixNano())
+	return nil
+}
+
+// discover asks every service on the bus for its info and collects the
+// answers for DiscoveryWait, or until MaxServices answered (full). It
+// fails if ctx ends first.
+func (p *Provider) discover(ctx context.Context) (infos []micro.Info, full bool, err error) {
+	subject, err := micro.ControlSubject(micro.InfoVerb, "", "")
+	if err != nil {
+		return nil, false, err
+	}
+	wait, cancel := context.WithTimeout(ctx, p.o.DiscoveryWait)
+	defer cancel()
+	inbox := p.nc.NewInbox()
+	sub, err := p.nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, false, fmt.Errorf("natstool: discovery: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := p.nc.PublishRequest(subject, inbox, nil); err != nil {
+		return nil, false, fmt.Errorf("natstool: discovery: %w", err)
+	}
+	for len(infos) < p.o.MaxServices {
+		m, err := sub.NextMsgWithContext(wait)
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return nil, false, fmt.Errorf("natstool: discovery: %w", ctx.Err())
+		case wait.Err() != nil && !errors.Is(err, nats.ErrConnectionClosed):
+			return infos, false, nil // the wait is over
+		case errors.Is(err, nats.ErrNoResponders):
+			return nil, false, nil // no service runs
+		default:
+			return nil, false, fmt.Errorf("natstool: discovery: %w", err)
+		}
+		var info micro.Info
+		if err := json.Unmarshal(m.Data, &info); err != nil || info.Type != micro.InfoResponseType {
+			p.log.Debug("natstool: not a service info answer", "bytes", len(m.Data), "err", err)
+			continue
+		}
+		infos = append(infos, info)
+	}
+	return infos, true, nil
+}
+
+// candidate is one endpoint of one service instance offered as a tool.
+type candidate struct {
+	spec       tools.Spec
+	subject    string
+	queueGroup string
+	service    string
+	instance   string
+}
+
+// resolve turns discovered service infos into tools, applying the rules of
+// the package doc; prev is the previous snapshot (nil at first), to log
+// what appeared and what is gone; full says the discovery stopped at
+// MaxServices. Each problem is logged when it first appears.
+func (p *Provider) resolve(infos []micro.Info, full bool, prev *snapshot) *snapshot {
+	slices.SortFunc(infos, func(a, b micro.Info) int {
+		return strings.Compare(a.Name+"\x00"+a.ID, b.Name+"\x00"+b.ID)
+	})
+	notes := map[string]bool{}
+	note := func(msg string, args ...any) {
+		key := fmt.Sprint(append([]any{msg}, args...)...)
+		if !notes[key] && !p.seen[key] {
+			p.log.Warn("natstool: "+msg, args...)
+		}
+		notes[key] = true
+	}
+	if full {
+		note("discovery read the most service instances it may; others are not offered", "max_services", p.o.MaxServices)
+	}
+
+	byName := map[string][]candidate{}
+	namesOf := map[string][]string{} // subject -> tool names offered on it
+	for _, info := range infos {
+		for _, ep := range info.Endpoints {
+			c, ok, err := toCandidate(info, ep)
+			if !ok {
+				continue
+			}
+			if err != nil {
+				note("endpoint ignored", "service", info.Name, "endpoint", ep.Name, "subject", ep.Subject, "reason", err.Error())
+				continue
+			}
+			if !slices.Contains(namesOf[c.subject], c.spec.Name) {
+				namesOf[c.subject] = append(namesOf[c.subject], c.spec.Name)
+			}
+			byName[c.spec.Name] = append(byName[c.spec.Name], c)
+		}
+	}
+
+	s := &snapshot{byName: map[string]*Tool{}}
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		cands := byName[name]
+		if reason := conflict(cands, namesOf); reason != "" {
+			note("tool ignored", "tool", name, "reason", reason)
+			continue
+		}
+		if len(s.tools) == p.o.MaxTools {
+			note("tool ignored: too many tools", "tool", name, "max_tools", p.o.MaxTools)
+			continue
+		}
+		t := &Tool{p: p, spec: cands[0].spec, subject: cands[0].subject}
+		s.tools = append(s.tools, t)
+		s.byName[name] = t
+		if prev.get(name) == nil {
+			p.log.Info("natstool: tool found", "tool", name, "source", t.spec.Source, "subject", t.subject, "retry_safe", t.spec.RetrySafe)
+		}
+	}
+	if prev != nil {
+		for name, t := range prev.byName {
+			if s.byName[name] == nil {
+				p.log.Info("natstool: tool gone", "tool", name, "source", t.spec.Source)
+			}
+		}
+	}
+	p.seen = notes
+	p.toolsGauge.Set(float64(len(s.tools)))
+	p.problemsGauge.Set(float64(len(notes)))
+	return s
+}
+
+func (s *snapshot) get(name string) *Tool {
+	if s == nil {
+		return nil
+	}
+	return s.byName[name]
+}
+
+// conflict explains why the instances offering one tool name cannot be
+// trusted with it ("" if they can): they disagree on what it is, its
+// subject also backs another tool name, or they would each receive every
+// call (several instances, not all in one queue group).
+func conflict(cs []candidate, namesOf map[string][]string) string {
+	first := cs[0]
+	for _, c := range cs[1:] {
+		if c.subject != first.subject || c.spec.Source != first.spec.Source || c.spec.Description != first.spec.Description ||
+			string(c.spec.InputSchema) != string(first.spec.InputSchema) || c.spec.RetrySafe != first.spec.RetrySafe {
+			return fmt.Sprintf("instances disagree on what it is (%s/%s on %s, %s/%s on %s)",
+				first.service, first.instance, first.subject, c.service, c.instance, c.subject)
+		}
+	}
+	if names := namesOf[first.subject]; len(names) > 1 {
+		return fmt.Sprintf("its subject %s also backs %v", first.subject, names)
+	}
+	if len(cs) > 1 {
+		for _, c := range cs {
+			if c.queueGroup == "" || c.queueGroup != first.queueGroup {
+				return fmt.Sprintf("served by %d instances outside one queue group: each would run every call", len(cs))
+			}
+		}
+	}
+	return ""
+}
+
+// toCandidate reads one endpoint: ok is false when it is not a tool (no
+// tollgate metadata), err says why a would-be tool is refused.
+func toCandidate(info micro.Info, ep micro.EndpointInfo) (c candidate, ok bool, err error) {
+	tollgate := false
+	for k := range ep.Metadata {
+		if strings.HasPrefix(k, MetaPrefix) {
+			tollgate = true
+			if k != MetaName && k != MetaDescription && k != MetaSchema && k != MetaRetrySafe {
+				err = errors.Join(err, fmt.Errorf("unknown metadata key %q", k))
+			}
+		}
+	}
+	if !tollgate {
+		return c, false, nil
+	}
+	name := ep.Metadata[MetaName]
+	if name == "" {
+		name = info.Name + "." + ep.Name
+	}
+	name = strings.ToLower(name)
+	if nerr := schemas.CheckToolName(name); nerr != nil {
+		err = errors.Join(err, nerr)
+	}
+	if prefix, serr := prefixOf(ep.Subject); serr != nil {
+		err = errors.Join(err, serr)
+	} else if !strings.HasPrefix(name, prefix+".") {
+		err = errors.Join(err, fmt.Errorf("tool name %q does not start with %q, the token after %s of its subject", name, prefix+".", SubjectPrefix))
+	}
+	var retrySafe bool
+	switch v := ep.Metadata[MetaRetrySafe]; v {
+	case "", "false":
+	case "true":
+		retrySafe = true
+	default:
+		err = errors.Join(err, fmt.Errorf("%s is %q, want \"true\" or \"false\"", MetaRetrySafe, v))
+	}
+	var schema json.RawMessage
+	if raw := strings.TrimSpace(ep.Metadata[MetaSchema]); raw != "" {
+		var obj map[string]json.RawMessage
+		if jerr := json.Unmarshal([]byte(raw), &obj); jerr != nil || obj == nil {
+			err = errors.Join(err, fmt.Errorf("%s is not a JSON object", MetaSchema))
+		}
+		schema = json.RawMessage(raw)
+	}
+	return candidate{
+		spec: tools.Spec{
+			Name: name, Description: ep.Metadata[MetaDescription], Source: "nats:" + info.Name,
+			InputSchema: schema, RetrySafe: retrySafe,
+		},
+		subject: ep.Subject, queueGroup: ep.QueueGroup, service: info.Name, instance: info.ID,
+	}, true, err
+}
+
+// prefixOf returns the service token of a tool subject: a literal subject
+// (no wildcards, no empty tokens, no white space)
+// "tollgate.tool.<token>.<...>", with at least one token after <token>.
+func prefixOf(subject string) (string, error) {
+	rest, ok := strings.CutPrefix(subject, SubjectPrefix)
+	if !ok {
+		return "", fmt.Errorf("subject %q is not under %s", subject, SubjectPrefix)
+	}
+	for tok := range strings.SplitSeq(subject, ".") {
+		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n") {
+			return "", fmt.Errorf("subject %q is not a literal subject", subject)
+		}
+	}
+	prefix, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", fmt.Errorf("subject %q has no token after %s<service>", subject, SubjectPrefix)
+	}
+	return prefix, nil
+}
