@@ -280,7 +280,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	if p.Engine, err = batch.New(batch.Config{
 		JS: cfg.JS, Store: p.Store, Tools: p.Tools, Keys: cfg.Keys, Worker: worker + "@" + cfg.Instance, Logger: log,
-		ClaimLease: cfg.ClaimLease, ToolTimeout: cfg.ToolTimeout, Now: now,
+		ClaimLease: cfg.ClaimLease, ToolTimeout: cfg.ToolTimeout, Now: now, Registerer: regOf(worker),
 	}); err != nil {
 		return nil, err
 	}

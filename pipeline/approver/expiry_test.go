@@ -3,6 +3,7 @@ package approver_test
 import (
 	"context"
 	"errors"
+	"github.com/prometheus/client_golang/prometheus"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,7 +105,12 @@ func TestAnExpiryWhoseAnnouncementFailedIsTriedAgain(t *testing.T) {
 	h.WaitPending(id)
 
 	var calls atomic.Int32
+	reg := prometheus.NewRegistry()
+	var overdueAtRetry atomic.Int64 // the gauge's value when the retry came, +1 (0: no retry yet)
 	expire := func(ctx context.Context, id string) error {
+		if calls.Load() == 1 {
+			overdueAtRetry.Store(int64(gaugeValue(t, reg, "tollgate_approvals_overdue")) + 1)
+		}
 		if calls.Add(1) == 1 {
 			h.MutateApproval(id, func(a *schemas.ApprovalRecord) {
 				a.Status = schemas.ApprovalExpired
@@ -114,7 +120,7 @@ func TestAnExpiryWhoseAnnouncementFailedIsTriedAgain(t *testing.T) {
 		}
 		return h.Approver.Expire(ctx, id)
 	}
-	tr, err := approver.NewPendingTracker(h.Store.Approvals.KV, nil, expire, nil, pt.Logger(), nil)
+	tr, err := approver.NewPendingTracker(h.Store.Approvals.KV, nil, expire, nil, pt.Logger(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,6 +130,14 @@ func TestAnExpiryWhoseAnnouncementFailedIsTriedAgain(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	b, _ := h.WaitTerminal(turn)
+	if v := overdueAtRetry.Load() - 1; v != 1 {
+		t.Fatalf("tollgate_approvals_overdue while the failed expiry waited for its retry = %v, want 1", v)
+	}
+	cancel()
+	<-done
+	if v := gaugeValue(t, reg, "tollgate_approvals_overdue"); v != 0 {
+		t.Fatalf("tollgate_approvals_overdue after the retry succeeded = %v, want 0", v)
+	}
 	if r := b.Results[0]; r.Status != schemas.ResultExpired {
 		t.Fatalf("result %+v, want expired", r)
 	}
@@ -133,4 +147,20 @@ func TestAnExpiryWhoseAnnouncementFailedIsTriedAgain(t *testing.T) {
 	if evs := h.Decided(turn); len(evs) != 1 || evs[0].Status != schemas.ApprovalExpired {
 		t.Fatalf("decided events %+v, want one announcing the expiry", evs)
 	}
+}
+
+// gaugeValue reads the gauge called name from reg.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s in %d families", name, len(mfs))
+	return 0
 }

@@ -29,8 +29,12 @@ type PendingTracker struct {
 	decode func([]byte) (*schemas.ApprovalRecord, error)
 	log    *slog.Logger
 	gauge  prometheus.Gauge
-	expire func(ctx context.Context, id string) error // nil: gauge only
-	now    func() time.Time
+	// overdue is how many approvals are past their expiry and still not
+	// expired (their expiry failed and is being retried): an approver that
+	// cannot expire them leaves their batches waiting.
+	overdue prometheus.Gauge
+	expire  func(ctx context.Context, id string) error // nil: gauge only
+	now     func() time.Time
 
 	pending map[string]time.Time // pending approval id -> expiry (zero: none)
 	due     dueHeap
@@ -41,7 +45,8 @@ type PendingTracker struct {
 	retry map[string]time.Time
 }
 
-// NewPendingTracker registers tollgate_approvals_pending with reg (if not
+// NewPendingTracker registers tollgate_approvals_pending and
+// tollgate_approvals_overdue with reg (if not
 // nil; see metrics.Register). decode reads a stored record (nil:
 // schemas.Decode); expire, if not nil, is called for each pending approval
 // whose expiry has passed.
@@ -52,13 +57,19 @@ func NewPendingTracker(kv jetstream.KeyValue, decode func([]byte) (*schemas.Appr
 	if err := metrics.Register(reg, &g); err != nil {
 		return nil, err
 	}
+	overdue := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tollgate_approvals_overdue", Help: "Approvals past their expiry whose expiry failed and is being retried.",
+	})
+	if err := metrics.Register(reg, &overdue); err != nil {
+		return nil, err
+	}
 	if decode == nil {
 		decode = func(b []byte) (*schemas.ApprovalRecord, error) { return schemas.Decode[schemas.ApprovalRecord](b) }
 	}
 	if now == nil {
 		now = time.Now
 	}
-	return &PendingTracker{kv: kv, decode: decode, log: log, gauge: g, expire: expire, now: now, pending: map[string]time.Time{}, retry: map[string]time.Time{}}, nil
+	return &PendingTracker{kv: kv, decode: decode, log: log, gauge: g, overdue: overdue, expire: expire, now: now, pending: map[string]time.Time{}, retry: map[string]time.Time{}}, nil
 }
 
 // expiryRetry is how long a failed expiry waits before it is tried again.
@@ -116,6 +127,7 @@ func (p *PendingTracker) arm(timer *time.Timer) {
 // approval that was decided meanwhile leaves the map through the watch.
 func (p *PendingTracker) fire(ctx context.Context) {
 	now := p.now()
+	defer func() { p.overdue.Set(float64(len(p.retry))) }()
 	for p.due.Len() > 0 && !p.due[0].at.After(now) {
 		d := heap.Pop(&p.due).(dueEntry)
 		at, pending := p.pending[d.id]

@@ -45,7 +45,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -69,6 +71,9 @@ type Config struct {
 	ToolTimeout time.Duration
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// Registerer receives the engine's metrics (turns ended, call results);
+	// nil registers none.
+	Registerer prometheus.Registerer
 }
 
 // Validate reports missing wiring.
@@ -110,6 +115,12 @@ type Engine struct {
 	worker   string
 	started  sync.Map
 	inflight sync.Map
+
+	// ended counts batches this engine made terminal, by state; results
+	// their calls' results, by status and code. Each batch is counted
+	// once, by the engine whose compare-and-set ended it.
+	ended   *prometheus.CounterVec
+	results *prometheus.CounterVec
 }
 
 // New validates cfg and returns an Engine.
@@ -119,7 +130,24 @@ func New(cfg Config) (*Engine, error) {
 	}
 	nonce := make([]byte, 4)
 	rand.Read(nonce)
-	return &Engine{cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce)}, nil
+	e := &Engine{
+		cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_turns_ended_total",
+			Help: "Turns made terminal, by batch state (completed, failed).",
+		}, []string{"state"}),
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_call_results_total",
+			Help: "Results of the calls of turns made terminal, by status (ok, error, denied, failed, needs_attention) and code.",
+		}, []string{"status", "code"}),
+	}
+	if err := metrics.Register(cfg.Registerer, &e.ended); err != nil {
+		return nil, err
+	}
+	if err := metrics.Register(cfg.Registerer, &e.results); err != nil {
+		return nil, err
+	}
+	return e, nil
 }
 
 // Tools is the engine's tool catalog.

@@ -71,6 +71,14 @@ func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*sch
 	if err != nil {
 		return nil, false, fmt.Errorf("end batch %s: %w", turnID, err)
 	}
+	if ended {
+		e.ended.WithLabelValues(string(b.State)).Inc()
+		for _, r := range b.Results {
+			if r != nil {
+				e.results.WithLabelValues(string(r.Status), string(r.Code)).Inc()
+			}
+		}
+	}
 	return b, ended, nil
 }
 
