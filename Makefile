@@ -22,7 +22,7 @@ test: vet test-deps
 ## vet: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it)
 ## test-deps: the npm packages that tests run as real third-party programs (the Node tool service example, the MCP
 ## filesystem server), installed once from their lock files; without npm those tests skip, and fail under CI=true
-NPM_DIRS := examples/toolservice-node tools/mcptool/testdata/npm
+NPM_DIRS := examples/toolservice-node tools/mcptool/testdata/npm transport/gateway/testdata/npm
 test-deps:
 	@for d in $(NPM_DIRS); do \
 		[ -d $$d/node_modules ] && continue; \
@@ -98,9 +98,10 @@ soak:
 ## Tollgate fast-path and approval-path turns/s all-in-one and as separate stage processes, efficiency,
 ## latencies, footprint with BENCH_PENDING approvals pending and recovery, the throughput again with
 ## sync_interval: always, the approval path with its approved call behind a NATS tool service next to the
-## built-in one. Printed, and written as JSON and markdown to results/bench/. Parameters:
+## built-in one, the approval turn submitted and decided over the HTTP gateway next to NATS. Printed, and
+## written as JSON and markdown to results/bench/. Parameters:
 ## BENCH_RUNS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONCURRENCY, BENCH_CONSUME_MSGS, BENCH_LOW_RATE,
-## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync,toolservice),
+## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync,toolservice,gateway),
 ## BENCH_LOG_LEVEL
 BENCH_PENDING ?= 10000
 BENCH_OUT     ?= $(CURDIR)/results/bench

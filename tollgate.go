@@ -9,7 +9,9 @@
 //
 // What New builds, for one process:
 //
-//   - the topology, ensured (created or converged) with Config.Topology;
+//   - the topology, ensured (created or converged) with Config.Topology,
+//     or with Config.CheckOnly only checked, with the consumers of the
+//     selected stages (StageConsumers);
 //   - one store over the KV buckets, reading older approval records through
 //     the one compatibility path (pipeline/legacy);
 //   - one tool catalog (tools.Catalog): Config.Tools plus
@@ -36,9 +38,14 @@
 // drain first, then the providers stop, so that no call in flight loses
 // the provider it runs through.
 //
+// Readiness: Checks are the pipeline's health checks (package health), for
+// /readyz and the gauge tollgate_ready{stage}.
+//
 // Failures: New fails with ErrInvalidConfig (see Config.Validate) before it
 // touches the broker; with the broker's error when the topology cannot be
-// ensured or the buckets opened (New does not wait for a broker that is
+// ensured or the buckets opened; with an error wrapping
+// topology.ErrNotProvisioned, naming what is missing or different, when
+// Config.CheckOnly finds the topology not provisioned (New does not wait for a broker that is
 // still starting: internal/stagecmd does that first); with the catalog's
 // error when the tools collide (tools.NewCatalog); and with a stage's
 // error when a stage cannot be constructed (e.g. ToolTimeout not below
@@ -57,6 +64,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/health"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -122,6 +130,12 @@ type Config struct {
 	// Topology is what New ensures; the zero value is
 	// topology.DefaultConfig().
 	Topology topology.Config
+	// CheckOnly: New does not create or update the topology (streams,
+	// buckets, the selected stages' consumers: `tollgate provision` does
+	// that, as an admin user) but only checks that it exists and is
+	// compatible (topology.Check), and fails if not. The stage binaries'
+	// --no-provision; false (ensure it) is the laptop default.
+	CheckOnly bool
 	// Stages are the stages Run runs and whose metrics are registered; nil
 	// is AllStages(). All four are constructed either way.
 	Stages []string
@@ -206,6 +220,12 @@ type Pipeline struct {
 
 	stages   []string
 	services services
+
+	// For Checks.
+	js      jetstream.JetStream
+	topo    topology.Config
+	metrics *runner.Metrics
+	sweeps  bool // the redriver's recovery sweep is on
 }
 
 // New validates cfg, ensures the topology and builds the pipeline. See the
@@ -230,7 +250,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if topo == (topology.Config{}) {
 		topo = topology.DefaultConfig()
 	}
-	p := &Pipeline{stages: cfg.Stages}
+	p := &Pipeline{stages: cfg.Stages, js: cfg.JS, topo: topo, sweeps: cfg.SweepInterval >= 0}
 	if p.stages == nil {
 		p.stages = AllStages()
 	}
@@ -243,7 +263,11 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil
 	}
 
-	if err := topology.Ensure(ctx, cfg.JS, topo); err != nil {
+	if cfg.CheckOnly {
+		if err := topology.Check(ctx, cfg.JS, topo, StageConsumers(p.stages...)); err != nil {
+			return nil, err
+		}
+	} else if err := topology.Ensure(ctx, cfg.JS, topo); err != nil {
 		return nil, err
 	}
 	buckets, err := topology.OpenBuckets(ctx, cfg.JS)
@@ -287,6 +311,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	sched.engine = p.Engine
 
 	metrics := runner.NewMetrics(reg)
+	p.metrics = metrics
 	stageLog := func(s string) *slog.Logger { return log.With("stage", s) }
 	if p.Ingest, err = ingest.New(ingest.Config{
 		JS: cfg.JS, Policy: cfg.Policy, Keys: cfg.Keys, Logger: stageLog(StageIngest), Metrics: metrics,
@@ -325,6 +350,96 @@ func (s *engineScheduler) ScheduleFollowUp(ctx context.Context, from tools.Call,
 
 // Stages returns the stages Run runs (Config.Stages, or all four).
 func (p *Pipeline) Stages() []string { return slices.Clone(p.stages) }
+
+// StageConsumers returns the durable consumers of stages (all four when
+// none are named) as their runners create them: the topology's consumer
+// (topology.Consumers) with the runner's settings (runner.ConsumerConfig).
+// It is what `tollgate provision` creates and what CheckOnly checks for.
+func StageConsumers(stages ...string) []topology.ConsumerSpec {
+	if len(stages) == 0 {
+		stages = AllStages()
+	}
+	var out []topology.ConsumerSpec
+	for i, spec := range topology.Consumers() { // in the order of AllStages
+		if slices.Contains(stages, AllStages()[i]) {
+			spec.Config = runner.ConsumerConfig(spec.Config)
+			out = append(out, spec)
+		}
+	}
+	return out
+}
+
+// Checks are the pipeline's readiness checks (package health), which hold
+// while Run runs its stages and they work:
+//
+//   - "nats": the connection of Config.JS is connected;
+//   - "topology": the streams and buckets exist and are compatible
+//     (topology.Check; asked of the server at most every
+//     topologyCheckEvery);
+//   - "<stage>/consumer", for each selected stage: its runner has bound its
+//     consumer and is consuming, and is not draining (runner.Runner.Ready);
+//   - "approver/pending-tracker" where the approver runs: its watch of the
+//     approvals bucket runs (the approvals' expiry);
+//   - "redriver/sweep" where the redriver runs with its sweep on: the
+//     recovery sweep's watch of the batches bucket runs.
+//
+// A check is labelled with its stage, or none ("nats", "topology").
+func (p *Pipeline) Checks() []health.Check {
+	topo := &cachedCheck{every: topologyCheckEvery, check: func(ctx context.Context) error {
+		return topology.Check(ctx, p.js, p.topo, nil)
+	}}
+	checks := []health.Check{health.NATS(p.js.Conn()), {Name: "topology", Check: func(ctx context.Context) error {
+		if !p.js.Conn().IsConnected() {
+			return errors.New("not checked: nats not connected")
+		}
+		return topo.run(ctx)
+	}}}
+	for _, s := range p.stages {
+		checks = append(checks, health.Check{Name: s + "/consumer", Stage: s, Check: func(context.Context) error {
+			return p.metrics.Consuming(s)
+		}})
+		switch {
+		case s == StageApprover:
+			checks = append(checks, health.Check{Name: s + "/pending-tracker", Stage: s, Check: func(context.Context) error {
+				return p.Approver.Watching()
+			}})
+		case s == StageRedriver && p.sweeps:
+			checks = append(checks, health.Check{Name: s + "/sweep", Stage: s, Check: func(context.Context) error {
+				return p.Redriver.Sweeping()
+			}})
+		}
+	}
+	return checks
+}
+
+// topologyCheckEvery is how often the "topology" check asks the server
+// (nine stream lookups); in between it answers with its last result.
+const topologyCheckEvery = 10 * time.Second
+
+// cachedCheck runs check at most every every, answering with the last
+// result in between. A check cut short by its caller's context is not
+// kept.
+type cachedCheck struct {
+	every time.Duration
+	check func(context.Context) error
+
+	mu   sync.Mutex
+	at   time.Time
+	last error
+}
+
+func (c *cachedCheck) run(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < c.every {
+		return c.last
+	}
+	err := c.check(ctx)
+	if ctx.Err() == nil {
+		c.at, c.last = time.Now(), err
+	}
+	return err
+}
 
 // Run runs the selected stages until ctx is cancelled and every one has
 // returned (each drains what it holds first). The first stage to fail

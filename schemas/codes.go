@@ -73,6 +73,13 @@ const (
 	CodeHandlerPanic       Code = "HANDLER_PANIC"
 	CodeRetriesExhausted   Code = "RETRIES_EXHAUSTED"
 	CodeUnknownMessage     Code = "UNKNOWN_MESSAGE"
+
+	// Outgoing webhooks.
+
+	// CodeWebhookUndeliverable: a webhook subscriber did not accept an event
+	// (no 2xx answer) by the last attempt of its retry schedule, or answered
+	// 410 Gone; the event is dead-lettered for that subscriber.
+	CodeWebhookUndeliverable Code = "WEBHOOK_UNDELIVERABLE"
 )
 
 // Error is a failure with a stable Code. It is how every stage reports a

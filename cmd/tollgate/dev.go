@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/health"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -31,6 +32,7 @@ func cmdDev(cmd *command, args []string) int {
 	data := fs.String("data", stagecmd.Env("TOLLGATE_DATA", "./.tollgate"), "data directory: JetStream store and tool sandbox (env TOLLGATE_DATA)")
 	listen := fs.String("listen", stagecmd.Env("TOLLGATE_LISTEN", "127.0.0.1:4222"), "loopback address for the embedded nats-server (env TOLLGATE_LISTEN)")
 	syncAlways := fs.Bool("sync-always", false, "fsync every JetStream write (sync_interval: always); see docs/operations.md")
+	httpAddr := fs.String("http", stagecmd.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "address of the HTTP gateway (docs/api.md), empty to disable (env TOLLGATE_HTTP)")
 	var c stagecmd.Common
 	c.Register(fs, "127.0.0.1:9460")
 	pos, exit, ok := cmd.parse(fs, args)
@@ -96,7 +98,12 @@ func cmdDev(cmd *command, args []string) int {
 	}
 	defer nc.Drain()
 	reg := stagecmd.NewRegistry()
-	if err := stagecmd.ServeMetrics(ctx, c.MetricsAddr, reg, log); err != nil {
+	ready, err := health.New(reg, tollgate.AllStages()...)
+	if err != nil {
+		log.Error("metrics", "err", err)
+		return 1
+	}
+	if err := stagecmd.ServeMetrics(ctx, c.MetricsAddr, reg, ready, log); err != nil {
 		log.Error("metrics", "err", err)
 		return 1
 	}
@@ -119,6 +126,13 @@ func cmdDev(cmd *command, args []string) int {
 	if err != nil {
 		log.Error("build stages", "err", err)
 		return 1
+	}
+	ready.Add(p.Checks()...)
+	if *httpAddr != "" {
+		if err := runDevGateway(ctx, js, pol, *data, *httpAddr, log, cancel); err != nil {
+			log.Error("gateway", "err", err)
+			return 1
+		}
 	}
 	log.Info("tollgate dev running: all four stages", "nats", ns.ClientURL(), "sandbox", sandbox, "policy", pol.Version())
 	fmt.Fprintf(os.Stderr, "\nTollgate is running. In another terminal:\n  tollgate send --session demo --sender alice --call 'write_file={\"path\":\"hello.txt\",\"content\":\"hi\"}'\n  tollgate pending\n\n")

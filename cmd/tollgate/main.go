@@ -7,10 +7,12 @@
 //	tollgate approve|deny ID --as P   decide an approval
 //	tollgate outcome TURN             show a turn's state, deciders and tool results
 //	tollgate watch                    follow events as they happen
+//	tollgate audit                    timeline of decisions and executions, from the streams
 //	tollgate dlq                      list dead letters
 //	tollgate tools                    list the tools an executor can call, with their policy modes
 //	tollgate replay [--rebuild|--dry-run]  re-read the streams; rebuild KV or shadow a redrive
 //	tollgate keys new|rotate|retire|list   manage the TurnContext seal key file
+//	tollgate provision [--dry-run]    create or update streams, buckets and consumers (admin)
 //	tollgate version                  Tollgate's, nats-server's and Go's versions
 //
 // Every client command takes --nats (default: the dev server) and --json.
@@ -44,7 +46,7 @@ type command struct {
 // commands is the dispatch table, in the order the usage lists them.
 var commands = []*command{
 	devCmd, sendCmd, pendingCmd, showCmd, approveCmd, denyCmd, outcomeCmd,
-	watchCmd, dlqCmd, toolsCmd, replayCmd, keysCmd, versionCmd,
+	watchCmd, auditCmd, dlqCmd, toolsCmd, replayCmd, keysCmd, provisionCmd, versionCmd,
 }
 
 func main() { os.Exit(run(os.Args[1:])) }

@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -29,6 +32,12 @@ func TestToolsListsEveryToolWithItsPolicyModes(t *testing.T) {
 	  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
 	}`})
 	url := "--nats=" + h.Env.URL()
+	// The executor serves the list once it has started: wait for its first
+	// answer, so the command is not asked before anyone listens.
+	jstest.Eventually(t, pt.Wait, "the executor answers "+topology.SubjectToolsList, func() bool {
+		_, err := h.Env.NC.Request(topology.SubjectToolsList, nil, time.Second)
+		return err == nil
+	})
 
 	t.Run("--json is the executor's answer", func(t *testing.T) {
 		code, out, errOut := runCLI(t, "tools", url, "--json")

@@ -49,7 +49,7 @@ const (
 var users = map[string]string{
 	"admin": "TOLLGATE_PW_ADMIN", "ingest": "TOLLGATE_PW_INGEST", "executor": "TOLLGATE_PW_EXECUTOR",
 	"approver": "TOLLGATE_PW_APPROVER", "redriver": "TOLLGATE_PW_REDRIVER", "cli": "TOLLGATE_PW_CLI",
-	"toolsvc": "TOLLGATE_PW_TOOLSVC",
+	"toolsvc": "TOLLGATE_PW_TOOLSVC", "gateway": "TOLLGATE_PW_GATEWAY",
 }
 
 func password(user string) string { return "test-password-of-" + user }

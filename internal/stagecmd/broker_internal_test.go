@@ -25,6 +25,11 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// ensure is what awaitBroker retries for a stage that provisions.
+func ensure(js jetstream.JetStream, topo topology.Config) func(context.Context) error {
+	return func(ctx context.Context) error { return topology.Ensure(ctx, js, topo) }
+}
+
 func TestAStageStartedBeforeItsBrokerWaitsForIt(t *testing.T) {
 	port := freePort(t)
 	nc, js, err := Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), "", "early-stage", pipelinetest.Logger(), nats.RetryOnFailedConnect(true))
@@ -35,7 +40,9 @@ func TestAStageStartedBeforeItsBrokerWaitsForIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- awaitBroker(ctx, js, topology.DefaultConfig(), pipelinetest.Logger(), 30*time.Second) }()
+	go func() {
+		done <- awaitBroker(ctx, ensure(js, topology.DefaultConfig()), pipelinetest.Logger(), 30*time.Second)
+	}()
 
 	select {
 	case err := <-done:
@@ -69,7 +76,7 @@ func TestAStageGivesUpAtOnceWhenTheBrokerRefusesItsTopology(t *testing.T) {
 	topo := topology.DefaultConfig()
 	topo.Replicas = 3 // a single server cannot hold three replicas
 	start := time.Now()
-	err = awaitBroker(context.Background(), js, topo, pipelinetest.Logger(), time.Minute)
+	err = awaitBroker(context.Background(), ensure(js, topo), pipelinetest.Logger(), time.Minute)
 	if err == nil || !refused(err) {
 		t.Fatalf("got %v, want the server's refusal", err)
 	}
@@ -93,6 +100,7 @@ func TestRefusedIsWhatWaitingCannotChange(t *testing.T) {
 		{"a timeout is waited for", context.DeadlineExceeded, false},
 		{"too many replicas for the cluster is a refusal", api(10074), true},
 		{"a stream with another configuration is a refusal", api(jetstream.JSErrCodeStreamNameInUse), true},
+		{"a topology not provisioned is not waited for", fmt.Errorf("check: %w", topology.ErrNotProvisioned), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := refused(tc.err); got != tc.want {

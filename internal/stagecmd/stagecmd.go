@@ -1,6 +1,7 @@
 // Package stagecmd is what Tollgate's binaries share around the stages:
 // flags with TOLLGATE_* environment defaults, the NATS connection, waiting
-// for the broker, the metrics endpoint, logging, and the tools a stage
+// for the broker, the metrics and health endpoints (/metrics, /healthz,
+// /readyz), logging, and the tools a stage
 // process registers. The stages themselves are built by package tollgate.
 // It keeps every main package thin.
 package stagecmd
@@ -26,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/health"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -63,6 +65,11 @@ type Common struct {
 	// ToolsFile is a tools file naming MCP servers whose tools to offer
 	// (tools/mcptool); empty for none.
 	ToolsFile string
+	// NoProvision: a stage binary only checks that the topology exists and
+	// is compatible (tollgate.Config.CheckOnly) and exits with an error
+	// naming what is missing or different, instead of creating or updating
+	// it. Off by default (the laptop default); the Helm chart turns it on.
+	NoProvision bool
 }
 
 // Register adds the common flags to fs with defaults from TOLLGATE_*
@@ -146,14 +153,15 @@ func Connect(url, creds, name string, log *slog.Logger, extra ...nats.Option) (*
 // broker can be started in any order.
 const StartupGrace = 2 * time.Minute
 
-// awaitBroker retries creating or checking the topology until it succeeds,
-// ctx is cancelled, or grace has passed; the last error is returned. A
-// definite refusal from the server (see refused) is returned at once.
-func awaitBroker(ctx context.Context, js jetstream.JetStream, topo topology.Config, log *slog.Logger, grace time.Duration) error {
+// awaitBroker retries prepare (ensuring or checking the topology) until it
+// succeeds, ctx is cancelled, or grace has passed; the last error is
+// returned. A definite refusal from the server, or a topology that is not
+// provisioned (see refused), is returned at once.
+func awaitBroker(ctx context.Context, prepare func(context.Context) error, log *slog.Logger, grace time.Duration) error {
 	deadline := time.Now().Add(grace)
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := topology.Ensure(actx, js, topo)
+		err := prepare(actx)
 		cancel()
 		if err == nil || ctx.Err() != nil || refused(err) {
 			return err
@@ -175,8 +183,12 @@ func awaitBroker(ctx context.Context, js jetstream.JetStream, topo topology.Conf
 // not being available yet while a cluster elects its meta leader), which
 // waiting does not change: a stream that exists with another
 // configuration, more replicas than the cluster has, a permission the user
-// lacks.
+// lacks; or whether the topology is not provisioned
+// (topology.ErrNotProvisioned), which waiting does not change either.
 func refused(err error) bool {
+	if errors.Is(err, topology.ErrNotProvisioned) {
+		return true
+	}
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) {
 		return false
@@ -194,9 +206,11 @@ func refused(err error) bool {
 // for it. topology.Retry waits on it too.
 const jsErrCodeTemporarilyUnavailable jetstream.ErrorCode = 10008
 
-// ServeMetrics serves reg on addr/metrics until ctx is cancelled. An empty
+// ServeMetrics serves, on addr until ctx is cancelled: reg on /metrics;
+// /healthz, 200 while the process runs; and /readyz, ready's Report as
+// JSON, 200 when ready and 503 when not (see package health). An empty
 // addr serves nothing.
-func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready *health.Registry, log *slog.Logger) error {
 	if addr == "" {
 		return nil
 	}
@@ -206,6 +220,8 @@ func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", health.Alive)
+	mux.Handle("/readyz", ready)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -267,12 +283,23 @@ func Instance() string {
 	return fmt.Sprintf("%s:%d", h, os.Getpid())
 }
 
+// StageFlags is the flag set of a single-stage binary, filling c: the
+// common flags (Common.Register) and --no-provision (env
+// TOLLGATE_NO_PROVISION).
+func StageFlags(stage, metricsDefault string, c *Common) *flag.FlagSet {
+	fs := flag.NewFlagSet(stage, flag.ContinueOnError)
+	c.Register(fs, metricsDefault)
+	noProvision, _ := strconv.ParseBool(Env("TOLLGATE_NO_PROVISION", "false"))
+	fs.BoolVar(&c.NoProvision, "no-provision", noProvision,
+		"do not create or update streams, buckets or this stage's consumer: only check that they exist and are compatible, and exit naming what is missing (`tollgate provision` creates them; env TOLLGATE_NO_PROVISION)")
+	return fs
+}
+
 // Main runs a single-stage binary: parse flags, connect, build, run until
 // SIGINT/SIGTERM, drain. It returns the process exit code.
 func Main(stage, metricsDefault string, args []string) int {
-	fs := flag.NewFlagSet(stage, flag.ContinueOnError)
 	var c Common
-	c.Register(fs, metricsDefault)
+	fs := StageFlags(stage, metricsDefault, &c)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -302,12 +329,22 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 	}
 	defer nc.Drain()
 	reg := NewRegistry()
-	if err := ServeMetrics(ctx, c.MetricsAddr, reg, log); err != nil {
+	ready, err := health.New(reg, stage)
+	if err != nil {
+		return err
+	}
+	if err := ServeMetrics(ctx, c.MetricsAddr, reg, ready, log); err != nil {
 		return err
 	}
 	topo := topology.DefaultConfig()
 	topo.Replicas = c.Replicas
-	if err := awaitBroker(ctx, js, topo, log, StartupGrace); err != nil {
+	prepare := func(ctx context.Context) error { return topology.Ensure(ctx, js, topo) }
+	if c.NoProvision {
+		prepare = func(ctx context.Context) error {
+			return topology.Check(ctx, js, topo, tollgate.StageConsumers(stage))
+		}
+	}
+	if err := awaitBroker(ctx, prepare, log, StartupGrace); err != nil {
 		return err
 	}
 	// Only the executor and the redriver run tools; the other stages need
@@ -324,11 +361,12 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 	}
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
-		Instance: Instance(), Topology: topo, Stages: []string{stage},
+		Instance: Instance(), Topology: topo, Stages: []string{stage}, CheckOnly: c.NoProvision,
 	})
 	if err != nil {
 		return err
 	}
+	ready.Add(p.Checks()...)
 	log.Info("stage started", "stage", stage, "nats", c.NATSURL, "policy", pol.Version(), "seal_key", keys.Current())
 	return p.Run(ctx)
 }

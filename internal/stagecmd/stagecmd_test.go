@@ -2,6 +2,7 @@ package stagecmd_test
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -45,6 +46,32 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	}
 	if c.NATSURL != "nats://127.0.0.1:6222" || c.MetricsAddr != "" || !c.ToolServices || c.ToolsFile != "" {
 		t.Fatalf("flags did not override the environment: %+v", c)
+	}
+}
+
+// A stage binary's --no-provision defaults from TOLLGATE_NO_PROVISION and
+// is off without it.
+func TestNoProvisionDefaultsFromTheEnvironment(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want bool
+	}{
+		{"", nil, false},
+		{"true", nil, true},
+		{"true", []string{"--no-provision=false"}, false},
+		{"", []string{"--no-provision"}, true},
+	} {
+		t.Run(fmt.Sprintf("env %q, flags %v", tc.env, tc.args), func(t *testing.T) {
+			t.Setenv("TOLLGATE_NO_PROVISION", tc.env)
+			var c stagecmd.Common
+			if err := stagecmd.StageFlags("executor", "", &c).Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if c.NoProvision != tc.want {
+				t.Fatalf("NoProvision %v, want %v", c.NoProvision, tc.want)
+			}
+		})
 	}
 }
 

@@ -6,7 +6,9 @@ import "github.com/nats-io/nats.go/jetstream"
 // the stream it reads, and a consumer configuration holding the durable
 // name and the filter subject(s). How the stage consumes (ack wait, max
 // deliver, max ack pending) is the stage's runner's to add (see
-// pipeline/runner); the stream, name and filters are decided only here.
+// pipeline/runner and tollgate.StageConsumers, which provisioning and the
+// --no-provision check use); the stream, name and filters are decided only
+// here.
 type ConsumerSpec struct {
 	Stream string
 	Config jetstream.ConsumerConfig

@@ -1,8 +1,11 @@
 // Package topology names Tollgate's JetStream streams, subjects, consumers
 // and KV buckets, and creates or updates them idempotently.
 //
-// Every stage calls Ensure at start, so the first process to run creates the
-// topology and later ones converge it to the same configuration. The table in
+// `tollgate provision` (an admin user) calls Ensure and EnsureConsumer for
+// every stage; a stage calls Ensure at start too unless it runs with
+// --no-provision, when it only calls Check (see check.go). So the first
+// process to run creates the topology and later ones converge it to the
+// same configuration, or refuse to start when it is missing or differs. The table in
 // docs/protocol.md is the public description of what this package creates;
 // keep the two in step.
 package topology
@@ -11,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -245,7 +247,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 
 func ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 	for _, sc := range c.Streams() {
-		if s, err := js.Stream(ctx, sc.Name); err == nil && streamMatches(s.CachedInfo().Config, sc) {
+		if s, err := js.Stream(ctx, sc.Name); err == nil && len(streamDiff(s.CachedInfo().Config, sc)) == 0 {
 			continue
 		}
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
@@ -253,7 +255,7 @@ func ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 		}
 	}
 	for _, sc := range c.BucketStreams() {
-		if s, err := js.Stream(ctx, sc.Name); err == nil && bucketMatches(s.CachedInfo().Config, sc) {
+		if s, err := js.Stream(ctx, sc.Name); err == nil && len(bucketDiff(s.CachedInfo().Config, sc)) == 0 {
 			continue
 		}
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
@@ -261,34 +263,6 @@ func ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 		}
 	}
 	return nil
-}
-
-// streamMatches reports whether an existing stream has every setting Ensure
-// controls, including the limits it leaves unset (-1: none), so that a
-// stream someone capped by hand (dropping queued turns under DiscardOld) is
-// converged back.
-func streamMatches(have, want jetstream.StreamConfig) bool {
-	return slices.Equal(have.Subjects, want.Subjects) && have.Description == want.Description &&
-		have.Retention == want.Retention && have.MaxAge == want.MaxAge && have.Storage == want.Storage &&
-		have.Replicas == want.Replicas && have.Duplicates == want.Duplicates &&
-		have.MaxMsgSize == want.MaxMsgSize && have.Discard == want.Discard &&
-		have.AllowMsgSchedules == want.AllowMsgSchedules && have.AllowRollup == want.AllowRollup &&
-		have.MaxMsgs == -1 && have.MaxBytes == -1 && have.MaxMsgsPerSubject == -1 &&
-		!have.DenyDelete && !have.DenyPurge && !have.Sealed
-}
-
-// bucketMatches reports whether a bucket's backing stream has every setting
-// Ensure controls. In particular no TTL (MaxAge) and no size caps: an
-// expiring claim or approval would let a call run twice or vanish.
-// AllowDirect is part of it: a replicated bucket that allows direct gets
-// can serve stale reads (see DirectGets).
-func bucketMatches(have, want jetstream.StreamConfig) bool {
-	return slices.Equal(have.Subjects, want.Subjects) && have.Description == want.Description &&
-		have.MaxMsgsPerSubject == want.MaxMsgsPerSubject &&
-		have.Storage == want.Storage && have.Replicas == want.Replicas && have.MaxMsgSize == want.MaxMsgSize &&
-		have.AllowDirect == want.AllowDirect && have.AllowRollup && have.DenyDelete &&
-		have.MaxAge == 0 && have.Discard == jetstream.DiscardNew && have.MaxMsgs == -1 && have.MaxBytes == -1 &&
-		!have.Sealed
 }
 
 // Buckets is the set of KV handles every stage uses.

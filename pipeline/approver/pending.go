@@ -3,8 +3,10 @@ package approver
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,7 +45,26 @@ type PendingTracker struct {
 	// they are tried again even after the watch reports them decided, or
 	// their batch would wait for an announcement that never comes.
 	retry map[string]time.Time
+
+	// watching is set while Run's watch runs and has delivered every
+	// record present when it started (Watching).
+	watching atomic.Bool
 }
+
+// Watching is nil while Run's watch of the approvals bucket runs and has
+// caught up with the records present when it started; otherwise it says
+// that the tracker is not watching (not started, catching up, or between
+// a watch that ended and its restart).
+func (p *PendingTracker) Watching() error {
+	if !p.watching.Load() {
+		return errors.New("pending-approvals tracker: not watching the approvals bucket")
+	}
+	return nil
+}
+
+// Watching is the pending-approvals tracker's (PendingTracker.Watching):
+// the approver's expiry runs only while it is nil.
+func (a *Approver) Watching() error { return a.pending.Watching() }
 
 // NewPendingTracker registers tollgate_approvals_pending and
 // tollgate_approvals_overdue with reg (if not
@@ -83,6 +104,7 @@ func (p *PendingTracker) Run(ctx context.Context) error {
 		return fmt.Errorf("watch approvals: %w", err)
 	}
 	defer w.Stop()
+	defer p.watching.Store(false)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -95,6 +117,7 @@ func (p *PendingTracker) Run(ctx context.Context) error {
 				return nil
 			}
 			if e == nil { // initial values delivered
+				p.watching.Store(true)
 				continue
 			}
 			p.apply(e)

@@ -2,6 +2,7 @@ package redriver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -86,6 +87,22 @@ type sweeper struct {
 
 	maxLooks  atomic.Int64 // per pass; maxSweepLooks (tests lower it)
 	mostLooks atomic.Int64 // the most batches one pass looked at (tests)
+
+	// watching is set while run's watch runs and has delivered every
+	// batch present when it started (Sweeping).
+	watching atomic.Bool
+}
+
+// Sweeping is nil while the recovery sweep runs: its watch of the batches
+// bucket runs and has caught up with the batches present when it started.
+// Otherwise it says that the sweep is not running (not started, catching
+// up, or between a watch that ended and its restart). It is nil when the
+// sweep is off (Config.SweepInterval negative).
+func (r *Redriver) Sweeping() error {
+	if r.cfg.SweepInterval < 0 || r.sweep.watching.Load() {
+		return nil
+	}
+	return errors.New("recovery sweep: not watching the batches bucket")
 }
 
 func newSweeper(r *Redriver) *sweeper {
@@ -110,6 +127,7 @@ func (s *sweeper) run(ctx context.Context) error {
 		return fmt.Errorf("sweep: watch batches: %w", err)
 	}
 	defer w.Stop()
+	defer s.watching.Store(false)
 	tick := time.NewTicker(s.every)
 	defer tick.Stop()
 	var passes sync.WaitGroup
@@ -123,9 +141,11 @@ func (s *sweeper) run(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			if e != nil {
-				s.apply(e)
+			if e == nil { // every current batch delivered
+				s.watching.Store(true)
+				continue
 			}
+			s.apply(e)
 		case <-tick.C:
 			select {
 			case busy <- struct{}{}:

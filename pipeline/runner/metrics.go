@@ -1,13 +1,18 @@
 package runner
 
 import (
+	"errors"
+	"fmt"
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 )
 
 // Metrics are the per-stage message counters and timings, shared by the
-// runners of one process; the stage is a label.
+// runners of one process; the stage is a label. They also know which
+// runners run, for readiness (Consuming).
 type Metrics struct {
 	Received     *prometheus.CounterVec
 	Acked        *prometheus.CounterVec
@@ -17,6 +22,47 @@ type Metrics struct {
 	// ConsumeRestarts counts consume loops the watchdog restarted.
 	ConsumeRestarts *prometheus.CounterVec
 	Duration        *prometheus.HistogramVec
+
+	mu      sync.Mutex
+	running map[*Runner]struct{} // runners whose Run is running
+}
+
+// Consuming is nil when some runner of stage that counts into m is
+// consuming (Runner.Ready); otherwise it is the reason none is (every
+// running one's, joined), or that none runs.
+func (m *Metrics) Consuming(stage string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errs []error
+	for r := range m.running {
+		if r.cfg.Stage != stage {
+			continue
+		}
+		err := r.Ready()
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return fmt.Errorf("stage %s is not running", stage)
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Metrics) track(r *Runner) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.running == nil {
+		m.running = map[*Runner]struct{}{}
+	}
+	m.running[r] = struct{}{}
+}
+
+func (m *Metrics) untrack(r *Runner) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.running, r)
 }
 
 // NewMetrics registers the runner metrics with reg (nil: not registered)

@@ -33,6 +33,12 @@
 // A watchdog (watchdog.go) restarts the consume loop when deliveries stall
 // while the consumer has work and no pull request (nats.go issue #2063,
 // github.com/nats-io/nats.go/issues/2063).
+//
+// Run binds to its durable consumer when it exists with the runner's
+// configuration (ConsumerConfig; provisioned by `tollgate provision`) and
+// creates or updates it otherwise. Readiness: a runner is ready
+// (Runner.Ready, Metrics.Consuming) only while it consumes: not while it
+// binds its consumer, and not once its context is cancelled and it drains.
 package runner
 
 import (
@@ -178,18 +184,27 @@ func (c *Config) defaults() {
 	if c.StallWindow > 0 && c.StallCheck > c.StallWindow {
 		c.StallCheck = c.StallWindow
 	}
-	if c.Consumer.AckPolicy == jetstream.AckNonePolicy {
-		c.Consumer.AckPolicy = jetstream.AckExplicitPolicy
+	c.Consumer = ConsumerConfig(c.Consumer)
+}
+
+// ConsumerConfig is cc as a runner creates it: explicit acks, AckWait 30s
+// and MaxAckPending 1024 where cc leaves them zero, and no MaxDeliver. It
+// is the configuration that provisioning creates for a stage and that a
+// stage started without provisioning checks for (tollgate.StageConsumers).
+func ConsumerConfig(cc jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+	if cc.AckPolicy == jetstream.AckNonePolicy {
+		cc.AckPolicy = jetstream.AckExplicitPolicy
 	}
-	if c.Consumer.AckWait == 0 {
-		c.Consumer.AckWait = 30 * time.Second
+	if cc.AckWait == 0 {
+		cc.AckWait = 30 * time.Second
 	}
 	// The runner, not the server, decides when to give up, so that a message
 	// is dead-lettered rather than silently parked at MaxDeliver.
-	c.Consumer.MaxDeliver = -1
-	if c.Consumer.MaxAckPending == 0 {
-		c.Consumer.MaxAckPending = 1024
+	cc.MaxDeliver = -1
+	if cc.MaxAckPending == 0 {
+		cc.MaxAckPending = 1024
 	}
+	return cc
 }
 
 // Waiting is an error a handler returns when its message cannot be handled
@@ -219,10 +234,43 @@ type Runner struct {
 	received, acked prometheus.Counter
 	duration        prometheus.Observer
 
+	// state is where Run is (stateIdle...stateDraining), for readiness
+	// (Ready, Metrics.Consuming).
+	state atomic.Int32
+
 	// For tests (export_test.go): the running loop, and whether the
 	// watchdog only checks when told to.
 	loop           atomic.Pointer[consumeLoop]
 	manualWatchdog bool
+}
+
+// Run's states, for readiness.
+const (
+	stateIdle      int32 = iota // Run not running
+	stateBinding                // creating or binding the consumer, starting the loop
+	stateConsuming              // consuming
+	stateDraining               // ctx cancelled: finishing what it holds
+)
+
+// Ready is nil while Run is consuming: the consumer is bound and a consume
+// loop pulls from it. Otherwise it says why not: Run is not running, is
+// still binding its consumer, is draining after its context was
+// cancelled, or its watchdog's restart of the consume loop failed (it
+// tries again).
+func (r *Runner) Ready() error {
+	name := r.cfg.Stream + "/" + r.cfg.Consumer.Durable
+	switch r.state.Load() {
+	case stateIdle:
+		return fmt.Errorf("consumer %s: not running", name)
+	case stateBinding:
+		return fmt.Errorf("consumer %s: binding", name)
+	case stateDraining:
+		return fmt.Errorf("consumer %s: draining", name)
+	}
+	if l := r.loop.Load(); l == nil || l.current() == nil {
+		return fmt.Errorf("consumer %s: consume loop stopped; restarting it", name)
+	}
+	return nil
 }
 
 // New validates cfg and returns a runner. Nothing touches the server until Run.
@@ -245,13 +293,14 @@ func New(cfg Config) (*Runner, error) {
 // cannot be created or the consume loop cannot start.
 func (r *Runner) Run(ctx context.Context) error {
 	c := r.cfg
+	r.state.Store(stateBinding)
+	c.Metrics.track(r)
+	defer func() { r.state.Store(stateIdle); c.Metrics.untrack(r) }()
+	// A consumer that already matches (provisioned) is only bound.
 	// Several replicas starting together create-or-update the same durable
-	// at once; on a cluster some of those requests can go unanswered.
-	var cons jetstream.Consumer
-	err := topology.Retry(ctx, func() (err error) {
-		cons, err = c.JS.CreateOrUpdateConsumer(ctx, c.Stream, c.Consumer)
-		return err
-	})
+	// at once; on a cluster some of those requests can go unanswered
+	// (EnsureConsumer retries them).
+	cons, err := topology.EnsureConsumer(ctx, c.JS, topology.ConsumerSpec{Stream: c.Stream, Config: c.Consumer})
 	if err != nil {
 		return fmt.Errorf("%s: create consumer %s/%s: %w", c.Stage, c.Stream, c.Consumer.Durable, err)
 	}
@@ -273,6 +322,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.loop.Store(l)
 	defer r.loop.Store(nil)
+	r.state.Store(stateConsuming)
 	c.Logger.Info("stage consuming", "stream", c.Stream, "consumer", c.Consumer.Durable)
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -280,6 +330,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer close(watching); l.watch(watchCtx) }()
 
 	<-ctx.Done()
+	r.state.Store(stateDraining)
 	// No restart may race the drain: stop the watchdog first.
 	stopWatch()
 	<-watching

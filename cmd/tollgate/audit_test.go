@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// TestAudit drives three turns through a real pipeline: bob's, which ends
+// before the others start; alice's, whose approval mallory is refused and
+// alice grants; and carol's, which runs while alice's waits. audit must
+// tell each one's story from the streams, and only what its filters ask.
+func TestAudit(t *testing.T) {
+	h := pt.Start(t, pt.Options{})
+	url := "--nats=" + h.Env.URL()
+
+	early := h.Send(h.Inbound("s-audit-bob", "bob", pt.Call("echo", `{"text":"early"}`)))
+	h.WaitTerminal(early)
+	cut := storedAt(t, h, h.Events(topology.EventSubject(topology.SubjectTurnOutcome, early))[0].Seq)
+
+	turn := h.Send(h.Inbound("s-audit-alice", "alice", pt.Call("echo", `{"text":"hi"}`), pt.Call("write_file", `{"path":"audit.txt","content":"x"}`)))
+	id := schemas.ApprovalID(turn, 1)
+	a := h.WaitPending(id)
+	h.WaitRedrives(string(schemas.RedriveDeferred), turn, 1)
+	other := h.Send(h.Inbound("s-audit-carol", "carol", pt.Call("echo", `{"text":"meanwhile"}`)))
+	h.WaitTerminal(other)
+	if rej := h.WaitRejection(h.Decide(id, schemas.OptionApprove, "mallory")); rej.Code != schemas.CodeDeciderNotAuthorized {
+		t.Fatalf("mallory's decision was rejected %s, want %s", rej.Code, schemas.CodeDeciderNotAuthorized)
+	}
+	h.Decide(id, schemas.OptionApprove, "alice")
+	h.WaitTerminal(turn)
+
+	// Alice's turn, in the order it happened: kind|approval|call|principal|status|code|decided by.
+	story := []string{
+		"accepted||||||",
+		"requested|" + id + "|" + turn + "-1||||",
+		"redrive||||deferred||",
+		"rejected|" + id + "||cli:mallory||DECIDER_NOT_AUTHORIZED|",
+		"decided|" + id + "||cli:alice|approved||",
+		"redrive||||started||",
+		"result||" + turn + "-0||ok||",
+		"result|" + id + "|" + turn + "-1||ok||cli:alice",
+		"outcome||||completed||",
+	}
+
+	t.Run("a turn's timeline is exactly its events, in order", func(t *testing.T) {
+		got := auditJSON(t, url, "--turn", turn)
+		if rows := rowsOf(got); !slices.Equal(rows, story) {
+			t.Fatalf("audit --turn:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(story, "\n"))
+		}
+		for i, e := range got {
+			if e.TurnID != turn || e.Requester != "cli:alice" || i > 0 && e.Time.Before(got[i-1].Time) {
+				t.Fatalf("event %d %+v: want turn %s of cli:alice, no earlier than the one before", i, e, turn)
+			}
+		}
+		acc, req, dec := got[0], got[1], got[4]
+		if acc.Transport != "cli" || acc.Channel != "dm/dm-alice" || acc.Audience != string(schemas.AudiencePersonal) || acc.Calls != 2 || acc.Stream != topology.StreamTurns {
+			t.Fatalf("accepted = %+v, want cli dm/dm-alice, audience personal, 2 calls, from %s", acc, topology.StreamTurns)
+		}
+		if req.Tool != "write_file" || req.ArgsDigest != a.ArgsDigest || !slices.Equal(req.Options, a.Options) || req.ExpiresAt == nil || !req.ExpiresAt.Equal(a.ExpiresAt) {
+			t.Fatalf("requested = %+v, want the approval's tool, digest %s, options %v, expiry %s", req, a.ArgsDigest, a.Options, a.ExpiresAt)
+		}
+		if dec.Option != schemas.OptionApprove || dec.Assurance != int(schemas.AssuranceVerified) {
+			t.Fatalf("decided = %+v, want option approve with assurance verified", dec)
+		}
+	})
+
+	t.Run("the table shows the same timeline, one line per event", func(t *testing.T) {
+		var out bytes.Buffer
+		if code := runAudit(auditCmd, []string{url, "--turn", turn}, &out); code != 0 {
+			t.Fatalf("exit %d:\n%s", code, out.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		var kinds []string
+		for _, l := range lines[1:] {
+			kinds = append(kinds, strings.Fields(l)[1])
+		}
+		if want := kindsOf(story); !strings.HasPrefix(lines[0], "TIME") || !slices.Equal(kinds, want) {
+			t.Fatalf("table events %v, want %v:\n%s", kinds, want, out.String())
+		}
+		for _, say := range []string{"cli:mallory", "refused DECIDER_NOT_AUTHORIZED", "approved (approve, assurance 1)", "write_file ok, approval approved", a.ArgsDigest} {
+			if !strings.Contains(out.String(), say) {
+				t.Fatalf("table does not say %q:\n%s", say, out.String())
+			}
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"a refused decider's principal finds the rejection alone", []string{"--principal", "cli:mallory"}, story[3:4]},
+		{"a requester's principal finds her turn and nobody else's", []string{"--principal", "cli:alice"}, story},
+		{"an approval's events are its request, decisions, rejections and its call's result", []string{"--approval", id},
+			[]string{story[1], story[3], story[4], story[7]}},
+		{"a turn nobody sent has no events", []string{"--turn", "t-00000000000000000000"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if rows := rowsOf(auditJSON(t, append([]string{url}, tc.args...)...)); !slices.Equal(rows, tc.want) {
+				t.Fatalf("audit %v:\n%s\nwant:\n%s", tc.args, strings.Join(rows, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+
+	t.Run("since and until bound the events by stream time", func(t *testing.T) {
+		after := turnsOf(auditJSON(t, url, "--since", cut.Add(time.Nanosecond).Format(time.RFC3339Nano)))
+		if want := []string{turn, other}; !slices.Equal(after, want) {
+			t.Fatalf("--since after bob's turn: turns %v, want %v", after, want)
+		}
+		before := auditJSON(t, url, "--until", cut.Format(time.RFC3339Nano))
+		if turns := turnsOf(before); !slices.Equal(turns, []string{early}) || last(kindsOf(rowsOf(before))) != auditOutcome {
+			t.Fatalf("--until bob's outcome: %v, want bob's turn up to its outcome", rowsOf(before))
+		}
+		if all := turnsOf(auditJSON(t, url)); !slices.Equal(all, []string{early, turn, other}) {
+			t.Fatalf("the default (last 24h): turns %v, want all three", all)
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"a turn id that is not a key is a usage error", []string{"--turn", "t 1"}, 2},
+		{"an approval id that names no turn is a usage error", []string{"--approval", turn}, 2},
+		{"an approval of another turn than --turn is a usage error", []string{"--turn", early, "--approval", id}, 2},
+		{"a time that is neither RFC 3339 nor a duration is refused", []string{"--since", "yesterday"}, 1},
+		{"an until before since is refused", []string{"--since", "1h", "--until", "2h"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if code := runAudit(auditCmd, append([]string{url}, tc.args...), &bytes.Buffer{}); code != tc.code {
+				t.Fatalf("exit %d, want %d", code, tc.code)
+			}
+		})
+	}
+}
+
+// auditJSON runs audit --json with args and decodes its output, which must
+// be JSON Lines: one event object per line.
+func auditJSON(t *testing.T, args ...string) []auditEvent {
+	t.Helper()
+	var out bytes.Buffer
+	if code := runAudit(auditCmd, append(args, "--json"), &out); code != 0 {
+		t.Fatalf("audit %v: exit %d:\n%s", args, code, out.String())
+	}
+	var events []auditEvent
+	for line := range strings.Lines(out.String()) {
+		var e auditEvent
+		if err := json.Unmarshal([]byte(line), &e); err != nil || e.Kind == "" {
+			t.Fatalf("audit %v: line %q is not one event object: %v", args, line, err)
+		}
+		events = append(events, e)
+	}
+	return events
+}
+
+// rowsOf is each event as kind|approval|call|principal|status|code|decided by.
+func rowsOf(events []auditEvent) []string {
+	var rows []string
+	for _, e := range events {
+		rows = append(rows, fmt.Sprintf("%s|%s|%s|%s|%s|%s|%s", e.Kind, e.ApprovalID, e.CallID, e.Principal, e.Status, e.Code, strings.Join(e.DecidedBy, ",")))
+	}
+	return rows
+}
+
+func kindsOf(rows []string) []string {
+	var kinds []string
+	for _, r := range rows {
+		kinds = append(kinds, strings.SplitN(r, "|", 2)[0])
+	}
+	return kinds
+}
+
+// turnsOf is the turns events belong to, in the order they first appear.
+func turnsOf(events []auditEvent) []string {
+	var turns []string
+	for _, e := range events {
+		if !slices.Contains(turns, e.TurnID) {
+			turns = append(turns, e.TurnID)
+		}
+	}
+	return turns
+}
+
+// storedAt is the stream time of message seq of TOLLGATE_EVENTS.
+func storedAt(t *testing.T, h *pt.H, seq uint64) time.Time {
+	t.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	s, err := h.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Time
+}

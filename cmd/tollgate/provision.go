@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+)
+
+var provisionCmd = &command{
+	name:    "provision",
+	summary: "create or update every stream, bucket and stage consumer (as an admin user); --dry-run shows the differences",
+	example: "tollgate provision --creds admin.creds --replicas 3 --dry-run",
+	run:     cmdProvision,
+}
+
+// provisionResult is what provision prints with --json.
+type provisionResult struct {
+	DryRun  bool              `json:"dry_run"`
+	Changes []provisionChange `json:"changes"`
+}
+
+type provisionChange struct {
+	Action string               `json:"action"` // "create" or "update"
+	Kind   string               `json:"kind"`
+	Name   string               `json:"name"`
+	Fields []topology.FieldDiff `json:"fields,omitempty"`
+}
+
+// cmdProvision compares the topology (topology.Plan: the streams and
+// buckets of topology.Config, the four stages' consumers as their runners
+// create them) with the server, prints each difference, and unless
+// --dry-run makes them: topology.Ensure, then topology.EnsureConsumer for
+// each consumer. It then checks that nothing differs any more. Stages
+// started with --no-provision need this to have run.
+func cmdProvision(cmd *command, args []string) int {
+	fs := cmd.flags()
+	var c client
+	c.register(fs, time.Minute)
+	replicas, _ := strconv.Atoi(stagecmd.Env("TOLLGATE_REPLICAS", "1"))
+	fs.IntVar(&replicas, "replicas", replicas, "replicas for streams and buckets, as the stages run with (env TOLLGATE_REPLICAS)")
+	dryRun := fs.Bool("dry-run", false, "print what would be created and what differs, field by field; change nothing")
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit
+	}
+	if len(pos) > 0 {
+		return cmd.usageError("no arguments expected, got %q", pos)
+	}
+	topo := topology.DefaultConfig()
+	topo.Replicas = replicas
+	if err := topo.Validate(); err != nil {
+		return cmd.usageError("%v", err)
+	}
+	if err := c.connect(); err != nil {
+		return c.fail("provision", err)
+	}
+	defer c.close()
+	ctx, cancel := c.ctx()
+	defer cancel()
+	consumers := tollgate.StageConsumers()
+	changes, err := topology.Plan(ctx, c.js, topo, consumers)
+	if err != nil {
+		return c.fail("provision", err)
+	}
+	res := provisionResult{DryRun: *dryRun, Changes: []provisionChange{}}
+	for _, ch := range changes {
+		pc := provisionChange{Action: "update", Kind: ch.Kind, Name: ch.Name, Fields: ch.Fields}
+		if ch.Missing {
+			pc.Action = "create"
+		}
+		res.Changes = append(res.Changes, pc)
+	}
+	if !*dryRun && len(changes) > 0 {
+		if err := topology.Ensure(ctx, c.js, topo); err != nil {
+			return c.fail("provision", err)
+		}
+		for _, spec := range consumers {
+			if _, err := topology.EnsureConsumer(ctx, c.js, spec); err != nil {
+				return c.fail("provision", fmt.Errorf("consumer %s/%s: %w", spec.Stream, spec.Config.Durable, err))
+			}
+		}
+		if err := topology.Check(ctx, c.js, topo, consumers); err != nil {
+			return c.fail("provision", err)
+		}
+	}
+	if c.json {
+		printJSON(res)
+		return 0
+	}
+	for _, ch := range res.Changes {
+		fmt.Printf("%s %s %s\n", ch.Action, ch.Kind, ch.Name)
+		for _, f := range ch.Fields {
+			fmt.Printf("    %s: %s -> %s\n", f.Field, f.Have, f.Want)
+		}
+	}
+	switch {
+	case len(changes) == 0:
+		fmt.Println("topology up to date: nothing to change")
+	case *dryRun:
+		fmt.Printf("dry run: %d to change, nothing changed\n", len(changes))
+	default:
+		fmt.Printf("provisioned: %d changed\n", len(changes))
+	}
+	return 0
+}

@@ -1,0 +1,198 @@
+package natsconf_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/gateway"
+	"github.com/tollgate-dev/tollgate/transport/webhook"
+)
+
+// TestGatewayUserServesTheAPI runs the HTTP gateway as the gateway user of
+// least-privilege.conf in front of the stages, each as its own user: a
+// gated turn is submitted, streamed, decided and long-polled to its
+// result, and a retried submit is recognised, with no permission refused
+// on the way, while the gateway runs outgoing webhooks (a delivery, a
+// dead letter). Then the user is shown to be refused another transport's
+// subjects, KV writes and the durables on the events stream.
+func TestGatewayUserServesTheAPI(t *testing.T) {
+	ns := startServer(t)
+	admin := dial(t, ns, "admin")
+	provision(t, admin)
+	runStages(t, ns, t.TempDir())
+	gw := dial(t, ns, "gateway")
+	token, key := gateway.NewKey("gateway", []gateway.Scope{gateway.ScopeSubmit, gateway.ScopeRead, gateway.ScopeDecide}, true)
+	// Webhooks run by the gateway: one receiver takes the outcomes, one
+	// answers 410 Gone (its events are dead-lettered at once).
+	outcomes := make(chan []byte, 16)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		outcomes <- b
+	}))
+	t.Cleanup(receiver.Close)
+	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusGone) }))
+	t.Cleanup(gone.Close)
+	secret := "whsec_" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	hooks, err := webhook.New(gw.js, webhook.Config{Logger: pipelinetest.Logger(), Subscribers: []webhook.Subscriber{
+		{ID: "rx", URL: receiver.URL, Secret: secret, Transports: []string{"gateway"}, Events: []webhook.Event{webhook.EventOutcome}},
+		{ID: "gone", URL: gone.URL, Secret: secret, Transports: []string{"gateway"}, Events: []webhook.Event{webhook.EventApprovalRequested}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gateway.New(gateway.Config{JS: gw.js, Policy: policy.Default(), Keys: []gateway.Key{key}, Logger: pipelinetest.Logger(),
+		SubmitWait: 10 * time.Second, Webhooks: hooks})
+	if err != nil {
+		t.Fatalf("gateway as user gateway: %v (server said %v)", err, gw.reported())
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopGateway := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(runCtx, ln) }()
+	t.Cleanup(func() {
+		stopGateway()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	srv := struct{ URL string }{"http://" + ln.Addr().String()}
+	do := func(method, path string, body any, out any, hdr ...string) int {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest(method, srv.URL+path, bytes.NewReader(b))
+		req.Header.Set("Authorization", "Bearer "+token)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			t.Fatalf("%s %s: %d: %v", method, path, resp.StatusCode, err)
+		}
+		return resp.StatusCode
+	}
+
+	sub := gateway.SubmitRequest{SessionID: "s-gw", Sender: gateway.SenderIn{ID: "alice"},
+		Calls: []gateway.CallIn{{Tool: "write_file", Args: json.RawMessage(`{"path":"g.txt","content":"g"}`)}}}
+	var res gateway.SubmitResponse
+	if code := do("POST", "/v1/turns", sub, &res, "Idempotency-Key", "lp-1"); code != http.StatusAccepted || len(res.Calls) != 1 || res.Calls[0].Disposition != gateway.DispositionPending {
+		t.Fatalf("submit: %d %+v (server said %v)", code, res, gw.reported())
+	}
+	c := res.Calls[0]
+
+	// The turn's events, from its first, while it is decided.
+	req, _ := http.NewRequest("GET", srv.URL+"/v1/turns/"+res.TurnID+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("events: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	kinds := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if k, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+				kinds <- k
+			}
+		}
+		close(kinds)
+	}()
+
+	var list gateway.ApprovalList
+	if code := do("GET", "/v1/approvals", nil, &list); code != http.StatusOK || len(list.Approvals) != 1 {
+		t.Fatalf("approvals: %d %+v", code, list)
+	}
+	var d gateway.DecisionResponse
+	if code := do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", gateway.DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: gateway.SenderIn{ID: "alice"}}, &d); code != http.StatusOK || d.Status != "approved" {
+		t.Fatalf("decide: %d %+v (server said %v)", code, d, gw.reported())
+	}
+	var v gateway.TurnView
+	if code := do("GET", "/v1/turns/"+res.TurnID+"?wait=20s", nil, &v); code != http.StatusOK || v.State != schemas.BatchCompleted || v.Calls[0].Result.Status != schemas.ResultOK {
+		t.Fatalf("turn: %d %+v", code, v)
+	}
+	timeout := time.After(wait)
+	for done := false; !done; {
+		select {
+		case k, ok := <-kinds:
+			if !ok {
+				t.Fatal("event stream ended")
+			}
+			done = k == "turn.outcome"
+		case <-timeout:
+			t.Fatal("no turn.outcome event")
+		}
+	}
+	select {
+	case b := <-outcomes:
+		if !bytes.Contains(b, []byte(res.TurnID)) || !bytes.Contains(b, []byte(`"type":"outcome"`)) {
+			t.Fatalf("webhook delivery %s, want the outcome of %s", b, res.TurnID)
+		}
+	case <-time.After(wait):
+		t.Fatalf("no webhook delivery (server said %v)", gw.reported())
+	}
+	eventually(t, "the refused webhook event is dead-lettered", func(c context.Context) bool {
+		return stored(t, admin, topology.StreamDLQ, "tollgate.dlq.webhook.gone") == 1
+	})
+	var again gateway.SubmitResponse
+	if code := do("POST", "/v1/turns", sub, &again, "Idempotency-Key", "lp-1"); code != http.StatusAccepted || !again.Duplicate || again.TurnID != res.TurnID {
+		t.Fatalf("retry: %d %+v", code, again)
+	}
+	if errs := gw.reported(); len(errs) != 0 {
+		t.Fatalf("the gateway user was refused: %v", errs)
+	}
+
+	t.Run("refused what its grants leave out", func(t *testing.T) {
+		other := topology.InboundSubject("cli", "s-gw")
+		done := make(chan error, 4) // the attempts' own outcomes; the refusals are what is checked
+		go func() { done <- gw.nc.Publish(other, []byte("x")) }()
+		gw.waitDenied(t, other, make(chan error))
+		kvKey := "$KV." + topology.BucketApprovals + "." + c.ApprovalID
+		if err := gw.nc.Publish(kvKey, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		gw.waitDenied(t, kvKey, make(chan error))
+		delRedriver := "$JS.API.CONSUMER.DELETE." + topology.StreamEvents + ".redriver"
+		go func() { _, err := gw.nc.Request(delRedriver, nil, 2*time.Second); done <- err }()
+		gw.waitDenied(t, delRedriver, make(chan error))
+		pull := "$JS.API.CONSUMER.MSG.NEXT." + topology.StreamEvents + ".redriver"
+		go func() { _, err := gw.nc.Request(pull, []byte(`{"batch":1}`), 2*time.Second); done <- err }()
+		gw.waitDenied(t, pull, make(chan error))
+		ack := "$JS.ACK." + topology.StreamEvents + ".redriver.1.1.1.1.0"
+		if err := gw.nc.Publish(ack, []byte("+ACK")); err != nil {
+			t.Fatal(err)
+		}
+		gw.waitDenied(t, ack, make(chan error))
+		if _, err := admin.js.Consumer(ctx(t, wait), topology.StreamEvents, "redriver"); err != nil {
+			t.Fatalf("the redriver's durable: %v", err)
+		}
+		if a, err := admin.js.KeyValue(ctx(t, wait), topology.BucketApprovals); err != nil {
+			t.Fatal(err)
+		} else if e, err := a.Get(ctx(t, wait), c.ApprovalID); err != nil || string(e.Value()) == "x" {
+			t.Fatalf("approval record: %v", err)
+		}
+		if n := stored(t, admin, topology.StreamInbound, other); n != 0 {
+			t.Fatalf("%d messages on %s", n, other)
+		}
+	})
+}

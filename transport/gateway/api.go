@@ -1,0 +1,527 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/time/rate"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+//go:embed openapi.json
+var openAPI []byte
+
+// route is one route of the API: its ServeMux pattern, the scope a key
+// needs (none: open to all) and its handler.
+type route struct {
+	pattern string
+	scope   Scope
+	h       handler
+}
+
+// handler serves a request of key (nil on open routes); an error it
+// returns is written as problem+json.
+type handler func(w http.ResponseWriter, r *http.Request, key *Key) error
+
+// routeHooks are added to by other files of the package (from init) to
+// register further routes, such as /mcp, on a new Server's mux.
+var routeHooks []func(s *Server, mux *http.ServeMux)
+
+// apiRoutes is every route of the HTTP API; openapi.json documents each.
+func (s *Server) apiRoutes() []route {
+	return []route{
+		{"GET /healthz", "", s.health},
+		{"GET /v1/openapi.json", "", s.openapi},
+		{"POST /v1/turns", ScopeSubmit, s.postTurn},
+		{"GET /v1/turns/{id}", ScopeRead, s.getTurn},
+		{"GET /v1/turns/{id}/events", ScopeRead, s.turnEvents},
+		{"GET /v1/events", ScopeRead, s.sessionEvents},
+		{"GET /v1/approvals", ScopeRead, s.listApprovals},
+		{"GET /v1/approvals/{id}", ScopeRead, s.getApproval},
+		{"POST /v1/approvals/{id}/decisions", ScopeDecide, s.postDecision},
+	}
+}
+
+// routes registers every route on s.mux.
+func (s *Server) routes() {
+	for _, rt := range s.apiRoutes() {
+		s.mux.HandleFunc(rt.pattern, s.counted(rt.pattern, s.with(rt.scope, rt.h)))
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, http.StatusNotFound, CodeNotFound, "no route "+r.Method+" "+r.URL.Path)
+	})
+	for _, add := range routeHooks {
+		add(s, s.mux)
+	}
+}
+
+// with authenticates the request for scope (none: open route), applies
+// the key's rate limit and the body size limit, runs h and writes its
+// error as problem+json.
+func (s *Server) with(scope Scope, h handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var key *Key
+		if scope != "" {
+			k, err := s.authenticate(r, scope)
+			if err != nil {
+				s.fail(w, r, err)
+				return
+			}
+			if !s.limiter(k).Allow() {
+				w.Header().Set("Retry-After", "1")
+				writeProblem(w, http.StatusTooManyRequests, CodeRateLimited, "API key "+k.ID+" is over its request rate")
+				return
+			}
+			key = k
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+		if err := h(w, r, key); err != nil {
+			s.fail(w, r, err)
+		}
+	}
+}
+
+// counted counts h's responses by route pattern and status in
+// tollgate_gateway_requests_total.
+func (s *Server) counted(pattern string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		h(sw, r)
+		if sw.status == 0 {
+			sw.status = http.StatusOK
+		}
+		s.requests.WithLabelValues(pattern, strconv.Itoa(sw.status)).Inc()
+	}
+}
+
+// statusWriter keeps the status of a response; it flushes (for SSE) and
+// unwraps (for http.ResponseController) like the writer it wraps.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Authenticate checks the request's API key for scope, as every /v1 route
+// does; on failure it has written the problem response and returns nil.
+// For routes registered through routeHooks.
+func (s *Server) Authenticate(w http.ResponseWriter, r *http.Request, scope Scope) *Key {
+	k, err := s.authenticate(r, scope)
+	if err == nil && !s.limiter(k).Allow() {
+		w.Header().Set("Retry-After", "1")
+		err = errorf(http.StatusTooManyRequests, CodeRateLimited, "API key %s is over its request rate", k.ID)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return nil
+	}
+	return k
+}
+
+// limiter is key's rate limiter.
+func (s *Server) limiter(k *Key) *rate.Limiter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.limiters[k.ID]
+	if l == nil {
+		l = rate.NewLimiter(s.cfg.Rate, s.cfg.Burst)
+		s.limiters[k.ID] = l
+	}
+	return l
+}
+
+// fail writes err as problem+json.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		writeProblem(w, ae.Status, ae.Code, ae.Detail)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable, "timed out")
+	default:
+		s.cfg.Logger.Error("gateway request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeProblem(w, http.StatusInternalServerError, CodeUnavailable, "internal error")
+	}
+}
+
+// decodeBody decodes the request's JSON body into v: one object, no
+// unknown fields, nothing after it, within the size limit.
+func decodeBody(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, err2 := dec.Token(); err2 != io.EOF {
+			return errorf(http.StatusBadRequest, schemas.CodeMalformed, "data after the JSON object")
+		}
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &tooBig):
+		return errorf(http.StatusRequestEntityTooLarge, schemas.CodePayloadTooLarge, "request body over %d bytes", tooBig.Limit)
+	case errors.Is(err, io.EOF):
+		return errorf(http.StatusBadRequest, schemas.CodeMalformed, "empty body: want a JSON object")
+	}
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	if errors.As(err, &syn) || errors.As(err, &typ) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return errorf(http.StatusBadRequest, schemas.CodeMalformed, "malformed JSON: %v", err)
+	}
+	return errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "%v", err)
+}
+
+// idempotencyKey reads the Idempotency-Key header: "" or a printable id
+// of at most schemas.MaxIDBytes bytes.
+func idempotencyKey(r *http.Request) (string, error) {
+	k := r.Header.Get("Idempotency-Key")
+	if len(k) > schemas.MaxIDBytes || !utf8.ValidString(k) || strings.ContainsFunc(k, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		return "", errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "Idempotency-Key: at most %d bytes of printable UTF-8", schemas.MaxIDBytes)
+	}
+	return k, nil
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request, _ *Key) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request, _ *Key) error {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(openAPI)
+	return nil
+}
+
+// SubmitResponse is the body of POST /v1/turns: the turn and, as far as
+// known after Config.SubmitWait, its state and each call's disposition.
+type SubmitResponse struct {
+	SubmitResult
+	// State is the batch state, or "submitted" while no batch exists yet.
+	State string     `json:"state"`
+	Calls []CallView `json:"calls"`
+}
+
+// settled reports whether every call of v has its first disposition:
+// the executor has evaluated the batch.
+func settled(v *TurnView) bool {
+	return v.State != schemas.BatchQueued && v.State != schemas.BatchRunning
+}
+
+func (s *Server) postTurn(w http.ResponseWriter, r *http.Request, key *Key) error {
+	var req SubmitRequest
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	id, err := idempotencyKey(r)
+	if err != nil {
+		return err
+	}
+	req.MessageID = id
+	res, err := s.submit(r.Context(), key, req)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.SubmitWait)
+	defer cancel()
+	out := SubmitResponse{SubmitResult: res, State: "submitted", Calls: []CallView{}}
+	if v, _ := s.watchTurn(ctx, res.TurnID, settled); v != nil {
+		out.State, out.Calls = string(v.State), v.Calls
+	}
+	w.Header().Set("Location", "/v1/turns/"+res.TurnID)
+	writeJSON(w, http.StatusAccepted, out)
+	return nil
+}
+
+// waitParam reads ?wait= (a Go duration such as 30s, or seconds), capped
+// at Config.MaxWait.
+func (s *Server) waitParam(r *http.Request) (time.Duration, error) {
+	q := r.URL.Query().Get("wait")
+	if q == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(q)
+	if err != nil {
+		n, err2 := strconv.Atoi(q)
+		d, err = time.Duration(n)*time.Second, err2
+	}
+	if err != nil || d < 0 {
+		return 0, errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "wait: want a duration such as 30s")
+	}
+	return min(d, s.cfg.MaxWait), nil
+}
+
+// ownTurn reads turnID's view for key: errUnknown (as 404) if it does not
+// exist or belongs to another transport.
+func ownTurn(v *TurnView, err error, key *Key) (*TurnView, error) {
+	if errors.Is(err, errUnknown) || (err == nil && v.Transport != key.Transport) {
+		return nil, notFound(CodeTurnNotFound, "such turn")
+	}
+	return v, err
+}
+
+func (s *Server) getTurn(w http.ResponseWriter, r *http.Request, key *Key) error {
+	wait, err := s.waitParam(r)
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	var v *TurnView
+	if wait > 0 {
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		defer cancel()
+		// Another transport's turn is answered at once (as unknown).
+		v, err = s.watchTurn(ctx, id, func(v *TurnView) bool { return v.Terminal || v.Transport != key.Transport })
+		if v == nil && err != nil && ctx.Err() != nil {
+			err = errUnknown
+		}
+		if v != nil && ctx.Err() != nil && r.Context().Err() == nil {
+			err = nil // the wait ran out: answer the current state
+		}
+	} else {
+		v, err = s.turn(r.Context(), id)
+	}
+	if v, err = ownTurn(v, err, key); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+// ownApproval reads approval id for key: 404 APPROVAL_NOT_FOUND if it
+// does not exist, does not decode, or belongs to another transport.
+func (s *Server) ownApproval(ctx context.Context, id string, key *Key) (*schemas.ApprovalRecord, error) {
+	if !schemas.ValidKey(id) {
+		return nil, notFound(schemas.CodeApprovalNotFound, "such approval")
+	}
+	a, _, err := s.store.Approvals.Get(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound) || schemas.CodeOf(err) != "":
+		return nil, notFound(schemas.CodeApprovalNotFound, "such approval")
+	case err != nil:
+		return nil, unavailable(err)
+	case a.Context == nil || a.Context.Transport != key.Transport:
+		return nil, notFound(schemas.CodeApprovalNotFound, "such approval")
+	}
+	return a, nil
+}
+
+func (s *Server) getApproval(w http.ResponseWriter, r *http.Request, key *Key) error {
+	a, err := s.ownApproval(r.Context(), r.PathValue("id"), key)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, approvalView(a))
+	return nil
+}
+
+// ApprovalList is the body of GET /v1/approvals.
+type ApprovalList struct {
+	Approvals []*ApprovalView `json:"approvals"`
+}
+
+// listApprovals lists the key's transport's approvals with ?status=
+// (pending by default; "all" for every status), optionally of one
+// ?session=.
+func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request, key *Key) error {
+	status := r.URL.Query().Get("status")
+	switch schemas.ApprovalStatus(status) {
+	case "":
+		status = string(schemas.ApprovalPending)
+	case "all", schemas.ApprovalPending, schemas.ApprovalApproved, schemas.ApprovalDenied, schemas.ApprovalExpired, schemas.ApprovalAbandoned:
+	default:
+		return errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "status: want pending, approved, denied, expired, abandoned or all")
+	}
+	session := r.URL.Query().Get("session")
+	out := ApprovalList{Approvals: []*ApprovalView{}}
+	lister, err := s.store.Approvals.KV.ListKeys(r.Context())
+	if err != nil {
+		return unavailable(err)
+	}
+	defer func() { _ = lister.Stop() }()
+	for id := range lister.Keys() {
+		a, _, err := s.store.Approvals.Get(r.Context(), id)
+		if err != nil || a.Context == nil || a.Context.Transport != key.Transport {
+			continue
+		}
+		if (status != "all" && string(a.Status) != status) || (session != "" && a.SessionID != session) {
+			continue
+		}
+		out.Approvals = append(out.Approvals, approvalView(a))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// DecisionRequest is the body of POST /v1/approvals/{id}/decisions.
+type DecisionRequest struct {
+	// Option is approve or deny (one of the approval's options).
+	Option string `json:"option"`
+	// ArgsDigest is the args_digest the decider was shown: required.
+	ArgsDigest string     `json:"args_digest"`
+	Decider    SenderIn   `json:"decider"`
+	Channel    *ChannelIn `json:"channel,omitempty"`
+	Note       string     `json:"note,omitempty"`
+}
+
+// DecisionResponse is the approver's verdict on a decision, or (202)
+// "submitted" when it has not answered within Config.DecisionWait (the
+// decision is stored and will be applied; with a quorum above one, an
+// approve is a vote and the approval stays pending).
+type DecisionResponse struct {
+	DecisionID string        `json:"decision_id"`
+	ApprovalID string        `json:"approval_id"`
+	Status     string        `json:"status"`
+	Decision   *DecisionView `json:"decision,omitempty"`
+}
+
+// decisionStatus is the HTTP status of a rejection with code c.
+func decisionStatus(c schemas.Code) int {
+	switch c {
+	case schemas.CodeDeciderNotAuthorized:
+		return http.StatusForbidden
+	case schemas.CodeApprovalNotFound:
+		return http.StatusNotFound
+	case schemas.CodeArgsDigestMismatch, schemas.CodeApprovalAlreadyDecided, schemas.CodeApprovalExpired:
+		return http.StatusConflict
+	}
+	return http.StatusUnprocessableEntity
+}
+
+// postDecision publishes a Decision as a transport does (docs/protocol.md
+// §9.2) and answers the approver's verdict. Before publishing it checks
+// what it can without deciding: the approval exists for this key's
+// transport, the digest is the approval's, the option is offered; a
+// failure there is answered with its code and nothing is published.
+func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) error {
+	var req DecisionRequest
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	idem, err := idempotencyKey(r)
+	if err != nil {
+		return err
+	}
+	a, err := s.ownApproval(r.Context(), r.PathValue("id"), key)
+	if err != nil {
+		return err
+	}
+	switch {
+	case req.ArgsDigest == "":
+		return errorf(http.StatusUnprocessableEntity, schemas.CodeInvalidInput, "args_digest is required: the digest shown to the decider")
+	case req.ArgsDigest != a.ArgsDigest:
+		return errorf(http.StatusConflict, schemas.CodeArgsDigestMismatch, "args_digest differs from the approval's: the arguments are not the ones shown")
+	case !a.Offers(req.Option):
+		return errorf(http.StatusUnprocessableEntity, schemas.CodeOptionNotOffered, "option %q: want one of %s", req.Option, strings.Join(a.Options, ", "))
+	}
+	decider, err := sender(key, req.Decider)
+	if err != nil {
+		return err
+	}
+	d := &schemas.Decision{
+		DecisionID: decisionID(key, idem), ApprovalID: a.ApprovalID, Transport: key.Transport,
+		Decider: decider, Option: req.Option, ArgsDigest: req.ArgsDigest, Note: req.Note, SentAt: s.cfg.Now().UTC(),
+	}
+	if req.Channel != nil {
+		d.Channel = &schemas.Channel{ID: req.Channel.ID, Kind: schemas.ChannelKind(req.Channel.Kind), Thread: req.Channel.Thread}
+	}
+	if _, err := schemas.Encode(d); err != nil {
+		return codedInput(err)
+	}
+
+	// Subscribe before publishing, so that the answer cannot be missed.
+	nc := s.cfg.JS.Conn()
+	answers := make(chan *nats.Msg, 64)
+	for _, subj := range []string{
+		topology.EventSubject(topology.SubjectDecisionRejected, a.ApprovalID),
+		topology.EventSubject(topology.SubjectApprovalDecided, a.TurnID),
+	} {
+		sub, err := nc.ChanSubscribe(subj, answers)
+		if err != nil {
+			return unavailable(err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	fctx, fcancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer fcancel()
+	if err := nc.FlushWithContext(fctx); err != nil {
+		return unavailable(err)
+	}
+	if err := bus.Publish(r.Context(), s.cfg.JS, topology.DecisionSubject(key.Transport, a.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+		return unavailable(err)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.DecisionWait)
+	defer cancel()
+	for {
+		select {
+		case <-ctx.Done():
+			writeJSON(w, http.StatusAccepted, DecisionResponse{DecisionID: d.DecisionID, ApprovalID: a.ApprovalID, Status: "submitted"})
+			return nil
+		case m := <-answers:
+			if strings.HasPrefix(m.Subject, topology.SubjectDecisionRejected) {
+				rej, err := schemas.Decode[schemas.DecisionRejected](m.Data)
+				if err != nil || rej.DecisionID != d.DecisionID {
+					continue
+				}
+				return errorf(decisionStatus(rej.Code), rej.Code, "decision %s rejected: %s", d.DecisionID, rej.Reason)
+			}
+			ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
+			if err != nil || ev.ApprovalID != a.ApprovalID {
+				continue
+			}
+			out := DecisionResponse{DecisionID: d.DecisionID, ApprovalID: a.ApprovalID, Status: string(ev.Status)}
+			if ev.Decision != nil {
+				dv := decisionView(*ev.Decision)
+				out.Decision = &dv
+			}
+			writeJSON(w, http.StatusOK, out)
+			return nil
+		}
+	}
+}
+
+// decisionID is the id of a decision: derived from the key's transport
+// and the Idempotency-Key when one is given (a retry is stored once),
+// random otherwise.
+func decisionID(key *Key, idem string) string {
+	if idem == "" {
+		b := make([]byte, 12)
+		_, _ = rand.Read(b)
+		return "d-" + hex.EncodeToString(b)
+	}
+	h := sha256.Sum256([]byte(key.Transport + "\x00" + idem + "\x00"))
+	return "d-" + hex.EncodeToString(h[:12])
+}

@@ -1,0 +1,212 @@
+// Package gateway is Tollgate's HTTP gateway: a transport that lets agents
+// submit tool calls, read turns and approvals, stream events and decide
+// approvals over HTTP (/v1), authenticated by API keys.
+//
+// The gateway is a transport like any other: it talks to the pipeline only
+// through the subjects and buckets of docs/protocol.md, under its own NATS
+// user, and publishes as the transport each API key is bound to. Input is
+// checked with ingest's own admission rule before anything is published,
+// so a request the pipeline would dead-letter is answered 4xx with a reason
+// code and never reaches the bus.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Runner is a background task the gateway runs next to its HTTP server,
+// such as the outgoing webhook dispatcher.
+type Runner interface {
+	Run(ctx context.Context) error
+}
+
+// Config wires a Server.
+type Config struct {
+	// JS is the gateway's JetStream connection (its own NATS user).
+	JS jetstream.JetStream
+	// Policy is the policy ingest runs with: requests are admitted by
+	// ingest's rule against it before they are published.
+	Policy *policy.Policy
+	// Keys are the API keys that may use the gateway (see LoadKeys).
+	Keys []Key
+	// Addr is the listen address of Run, e.g. "127.0.0.1:8080".
+	Addr   string
+	Logger *slog.Logger
+	// Registerer receives the gateway's metrics; nil registers none.
+	Registerer prometheus.Registerer
+
+	// Webhooks, when set, is run by Run next to the HTTP server.
+	Webhooks Runner
+
+	// MaxBodyBytes bounds a request body (default 1 MiB); a larger one is
+	// refused 413 PAYLOAD_TOO_LARGE.
+	MaxBodyBytes int64
+	// Rate and Burst bound the requests of one API key (default 20/s,
+	// burst 40); more are refused 429 RATE_LIMITED.
+	Rate  rate.Limit
+	Burst int
+	// SubmitWait is how long POST /v1/turns waits for the executor's first
+	// facts about the calls (default 2s) before it answers without them.
+	SubmitWait time.Duration
+	// DecisionWait is how long POST /v1/approvals/{id}/decisions waits for
+	// the approver's verdict (default 10s) before it answers 202.
+	DecisionWait time.Duration
+	// MaxWait caps ?wait= of a long poll (default 60s).
+	MaxWait time.Duration
+	// Heartbeat is the interval of SSE heartbeat comments (default 15s).
+	Heartbeat time.Duration
+	// Now is the clock (default time.Now), for key expiry.
+	Now func() time.Time
+}
+
+// Validate reports missing wiring and invalid keys.
+func (c Config) Validate() error {
+	if c.JS == nil || c.Policy == nil || c.Logger == nil {
+		return errors.New("gateway: JS, Policy and Logger are required")
+	}
+	return ValidateKeys(c.Keys)
+}
+
+// Server is the gateway's HTTP server.
+type Server struct {
+	cfg     Config
+	store   *store.Store
+	events  jetstream.Stream
+	inbound jetstream.Stream
+	keys    map[string]*Key // by key id
+	mux     *http.ServeMux
+
+	requests *prometheus.CounterVec
+
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter // by key id
+}
+
+// New binds to the pipeline's streams and buckets (which must exist:
+// jetstream.ErrBucketNotFound / ErrStreamNotFound otherwise) and returns a
+// Server.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = schemas.MaxPayloadBytes
+	}
+	if cfg.Rate == 0 {
+		cfg.Rate, cfg.Burst = 20, 40
+	}
+	if cfg.Burst <= 0 {
+		cfg.Burst = 1
+	}
+	if cfg.SubmitWait <= 0 {
+		cfg.SubmitWait = 2 * time.Second
+	}
+	if cfg.DecisionWait <= 0 {
+		cfg.DecisionWait = 10 * time.Second
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 60 * time.Second
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 15 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := topology.OpenBuckets(ctx, cfg.JS)
+	if err != nil {
+		return nil, err
+	}
+	events, err := cfg.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: stream %s: %w", topology.StreamEvents, err)
+	}
+	inbound, err := cfg.JS.Stream(ctx, topology.StreamInbound)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: stream %s: %w", topology.StreamInbound, err)
+	}
+	s := &Server{
+		cfg: cfg, store: store.New(b), events: events, inbound: inbound,
+		keys: map[string]*Key{}, limiters: map[string]*rate.Limiter{},
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_gateway_requests_total",
+			Help: "HTTP requests the gateway answered, by route and status.",
+		}, []string{"route", "status"}),
+	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(s.requests); err != nil {
+			return nil, fmt.Errorf("gateway: metrics: %w", err)
+		}
+	}
+	for i := range cfg.Keys {
+		s.keys[cfg.Keys[i].ID] = &cfg.Keys[i]
+	}
+	s.mux = http.NewServeMux()
+	s.routes()
+	return s, nil
+}
+
+// Handler is the gateway's HTTP handler: every route of /v1, /healthz and
+// whatever other parts of the package register (routes).
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Run listens on Config.Addr and serves until ctx is cancelled, then shuts
+// down gracefully (open requests get 5 s). It also runs Config.Webhooks
+// when set; the first of them to fail stops both.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("gateway: listen %s: %w", s.cfg.Addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve is Run on a listener the caller opened.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- srv.Serve(ln) }()
+	if s.cfg.Webhooks != nil {
+		go func() { errs <- s.cfg.Webhooks.Run(ctx) }()
+	}
+	s.cfg.Logger.Info("gateway listening", "addr", ln.Addr().String())
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errs:
+		cancel()
+	}
+	shut, done := context.WithTimeout(context.Background(), 5*time.Second)
+	defer done()
+	if err := srv.Shutdown(shut); err != nil && first == nil {
+		first = err
+	}
+	if errors.Is(first, http.ErrServerClosed) || errors.Is(first, context.Canceled) {
+		first = nil
+	}
+	return first
+}

@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"encoding/json"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+)
+
+// TestTurnEventsResumeAfterADisconnect: a client reads a turn's first
+// events, disconnects, the approval is decided meanwhile, and it
+// reconnects with Last-Event-ID: together the two connections saw every
+// event the stream holds for the turn, in order, none twice.
+func TestTurnEventsResumeAfterADisconnect(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	sub, c := g.submitGated("a", "s-sse", "alice")
+
+	var seen []sseEvent
+	first := g.openSSE("/v1/turns/"+sub.TurnID+"/events", "a")
+	for {
+		ev := first.nextEvent(t, 10*time.Second)
+		seen = append(seen, ev)
+		if ev.kind == "approval.requested" {
+			break
+		}
+	}
+	first.close()
+
+	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+		DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+	want[DecisionResponse](t, resp, body, 200)
+	g.WaitOutcome(sub.TurnID)
+
+	again := g.openSSE("/v1/turns/"+sub.TurnID+"/events", "a", "Last-Event-ID", seen[len(seen)-1].id)
+	for {
+		ev := again.nextEvent(t, 10*time.Second)
+		seen = append(seen, ev)
+		if ev.kind == "turn.outcome" {
+			break
+		}
+	}
+	stored := g.Events("tollgate.event.*.*." + sub.TurnID)
+	var wantIDs, gotIDs []string
+	for _, m := range stored {
+		wantIDs = append(wantIDs, strconv.FormatUint(m.Seq, 10))
+	}
+	for _, ev := range seen {
+		gotIDs = append(gotIDs, ev.id)
+		var payload map[string]any
+		if err := json.Unmarshal([]byte(ev.data), &payload); err != nil || payload["turn_id"] != sub.TurnID {
+			t.Errorf("event %s %s: data %s", ev.id, ev.kind, ev.data)
+		}
+	}
+	if !slices.Equal(gotIDs, wantIDs) {
+		t.Fatalf("event ids seen %v, stored %v", gotIDs, wantIDs)
+	}
+	kinds := map[string]bool{}
+	for _, ev := range seen {
+		kinds[ev.kind] = true
+	}
+	for _, k := range []string{"approval.requested", "batch.awaiting", "approval.decided", "turn.outcome"} {
+		if !kinds[k] {
+			t.Errorf("no %s event among %v", k, seen)
+		}
+	}
+}
+
+// TestSessionEventsAndHeartbeats: /v1/events?session= streams the new
+// events of the session's turns of the key's transport only (another
+// transport's turn in a session of the same id is not shown), with
+// heartbeat comments.
+func TestSessionEventsAndHeartbeats(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Heartbeat = 100 * time.Millisecond })
+	stream := g.openSSE("/v1/events?session=s-shared", "a")
+	for ev := stream.next(t, 5*time.Second); ev.data != "heartbeat"; ev = stream.next(t, 5*time.Second) {
+	}
+	mine := g.submit("a", submitBody("s-shared", "alice", call("echo", `{"text":"1"}`)))
+	theirs := g.submit("b", submitBody("s-shared", "bob", call("echo", `{"text":"2"}`)))
+	g.WaitOutcome(theirs.TurnID)
+	last := g.submit("a", submitBody("s-shared", "alice", call("echo", `{"text":"3"}`)))
+	turns := map[string]bool{}
+	for {
+		ev := stream.nextEvent(t, 10*time.Second)
+		var p struct {
+			TurnID string `json:"turn_id"`
+		}
+		if err := json.Unmarshal([]byte(ev.data), &p); err != nil {
+			t.Fatal(err)
+		}
+		turns[p.TurnID] = true
+		if ev.kind == "turn.outcome" && p.TurnID == last.TurnID {
+			break
+		}
+	}
+	if !turns[mine.TurnID] || turns[theirs.TurnID] {
+		t.Fatalf("turns seen %v: want %s, not %s (transport other)", turns, mine.TurnID, theirs.TurnID)
+	}
+	if n := g.count(topology.StreamEvents, "tollgate.event.turn.outcome."+theirs.TurnID); n != 1 {
+		t.Fatalf("the other transport's turn has %d outcomes, want 1", n)
+	}
+}

@@ -1,0 +1,222 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// SubmitRequest is the body of POST /v1/turns: one inbound message.
+type SubmitRequest struct {
+	SessionID string `json:"session_id"`
+	// MessageID names the message on the key's transport; a request with
+	// the same message id is the same turn. Set from Idempotency-Key by
+	// the HTTP handler; random when empty.
+	MessageID string    `json:"-"`
+	Sender    SenderIn  `json:"sender"`
+	Channel   ChannelIn `json:"channel"`
+	Text      string    `json:"text"`
+	Calls     []CallIn  `json:"calls"`
+}
+
+// SenderIn is who sent the message (or, in a decision, who decided).
+type SenderIn struct {
+	ID      string `json:"id"`
+	Display string `json:"display,omitempty"`
+	// Kind is user (default), bot or service.
+	Kind string `json:"kind,omitempty"`
+	// Verified defaults to the key's vouch_verified; only a vouching key
+	// may set it true.
+	Verified *bool `json:"verified,omitempty"`
+	Strong   bool  `json:"strong,omitempty"`
+}
+
+// ChannelIn is where the message was sent; default a DM "dm-<sender id>".
+type ChannelIn struct {
+	ID     string `json:"id,omitempty"`
+	Kind   string `json:"kind,omitempty"` // dm (default), private or public
+	Thread string `json:"thread,omitempty"`
+}
+
+// CallIn is one proposed tool call; Args is a JSON object.
+type CallIn struct {
+	Tool string          `json:"tool"`
+	Args json.RawMessage `json:"args,omitempty"`
+}
+
+// SubmitResult is what submit did.
+type SubmitResult struct {
+	TurnID    string `json:"turn_id"`
+	MessageID string `json:"message_id"`
+	SessionID string `json:"session_id"`
+	Transport string `json:"transport"`
+	// Duplicate: an earlier identical request was already stored; nothing
+	// new was published.
+	Duplicate bool `json:"duplicate"`
+}
+
+// digestHeader carries the request digest on the stored inbound message,
+// so that a retry can be told from a different request with the same
+// message id.
+const digestHeader = "Tollgate-Request-Digest"
+
+// sender builds the wire sender of in under key.
+func sender(key *Key, in SenderIn) (schemas.Sender, error) {
+	verified := key.VouchVerified
+	if in.Verified != nil {
+		if *in.Verified && !key.VouchVerified {
+			return schemas.Sender{}, errorf(http.StatusForbidden, CodeScopeMissing, "API key %s may not vouch for senders as verified", key.ID)
+		}
+		verified = *in.Verified
+	}
+	kind := in.Kind
+	if kind == "" {
+		kind = string(schemas.SenderUser)
+	}
+	return schemas.Sender{ID: in.ID, Display: in.Display, Kind: schemas.SenderKind(kind), Verified: verified, Strong: verified && in.Strong}, nil
+}
+
+// inbound builds the InboundMessage of req under key.
+func inbound(key *Key, req SubmitRequest, now time.Time) (*schemas.InboundMessage, error) {
+	snd, err := sender(key, req.Sender)
+	if err != nil {
+		return nil, err
+	}
+	ch := schemas.Channel{ID: req.Channel.ID, Kind: schemas.ChannelKind(req.Channel.Kind), Thread: req.Channel.Thread}
+	if ch.Kind == "" {
+		ch.Kind = schemas.ChannelDM
+	}
+	if ch.ID == "" {
+		ch.ID = "dm-" + req.Sender.ID
+	}
+	calls := make([]schemas.ProposedCall, len(req.Calls))
+	for i, c := range req.Calls {
+		calls[i] = schemas.ProposedCall{Tool: c.Tool, Args: string(c.Args)}
+	}
+	return &schemas.InboundMessage{
+		Transport: key.Transport, MessageID: req.MessageID, SessionID: req.SessionID,
+		Sender: snd, Channel: ch, Text: req.Text, Calls: calls, SentAt: now.UTC(),
+	}, nil
+}
+
+// requestDigest is the digest of what a message asks for: every field but
+// its send time, with the calls' arguments canonical (admitted messages
+// have canonical arguments).
+func requestDigest(m *schemas.InboundMessage) string {
+	calls := make([][2]string, len(m.Calls))
+	for i, c := range m.Calls {
+		canon, _, _ := schemas.CanonicalArgs(c.Args)
+		calls[i] = [2]string{c.Tool, canon}
+	}
+	b, _ := json.Marshal([]any{m.Transport, m.MessageID, m.SessionID, m.Sender, m.Channel, m.Text, calls})
+	h := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(h[:])
+}
+
+// submit turns req into an InboundMessage of key's transport, checks it
+// with ingest's admission rule (ingest.Admit: a refusal is a 4xx *apiError
+// with its reason code and nothing is published), and publishes it with
+// msg id topology.InboundMsgID. The turn id is TurnID(transport, message
+// id). A request whose message id was already used answers the same turn
+// (Duplicate) if it asks for the same thing, and 409
+// IDEMPOTENCY_KEY_REUSED otherwise; the two are told apart by the request
+// digest stored with the first message, found through its batch's
+// provenance or the stream's duplicate acknowledgement.
+func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (SubmitResult, error) {
+	if req.MessageID == "" {
+		b := make([]byte, 12)
+		_, _ = rand.Read(b)
+		req.MessageID = "m-" + hex.EncodeToString(b)
+	}
+	msg, err := inbound(key, req, s.cfg.Now())
+	if err != nil {
+		return SubmitResult{}, err
+	}
+	subject := topology.InboundSubject(key.Transport, req.SessionID)
+	data, err := schemas.Encode(msg)
+	if err == nil {
+		_, err = ingest.Admit(subject, data, s.cfg.Policy, schemas.Provenance{})
+	}
+	if err != nil {
+		return SubmitResult{}, codedInput(err)
+	}
+	res := SubmitResult{TurnID: schemas.TurnID(key.Transport, req.MessageID), MessageID: req.MessageID, SessionID: req.SessionID, Transport: key.Transport}
+	digest := requestDigest(msg)
+
+	// A turn that exists already: compare with the message it came from.
+	b, _, err := s.store.Batches.Get(ctx, res.TurnID)
+	switch {
+	case err == nil:
+		if b.Context != nil && b.Context.Provenance.StreamSeq != 0 {
+			if err := s.sameRequest(ctx, b.Context.Provenance.StreamSeq, digest); err != nil {
+				return SubmitResult{}, err
+			}
+		}
+		res.Duplicate = true
+		return res, nil
+	case !errors.Is(err, store.ErrNotFound):
+		return SubmitResult{}, unavailable(err)
+	}
+
+	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{digestHeader: []string{digest}}}
+	ack, err := s.cfg.JS.PublishMsg(ctx, m, jetstream.WithMsgID(topology.InboundMsgID(key.Transport, req.MessageID)))
+	if err != nil {
+		return SubmitResult{}, unavailable(err)
+	}
+	if ack.Duplicate {
+		if err := s.sameRequest(ctx, ack.Sequence, digest); err != nil {
+			return SubmitResult{}, err
+		}
+		res.Duplicate = true
+	}
+	return res, nil
+}
+
+// sameRequest checks that the inbound message stored at seq carries
+// digest. A message without the header (published by another client with
+// the same id) is not the same request.
+func (s *Server) sameRequest(ctx context.Context, seq uint64, digest string) error {
+	stored, err := s.inbound.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil // aged out of the stream: nothing left to compare with
+	}
+	if err != nil {
+		return unavailable(err)
+	}
+	if stored.Header.Get(digestHeader) != digest {
+		return errorf(http.StatusConflict, CodeIdempotencyKeyReused, "this Idempotency-Key was used for a different request")
+	}
+	return nil
+}
+
+// codedInput maps a refusal of the input (a coded error) to 4xx.
+func codedInput(err error) error {
+	code := schemas.CodeOf(err)
+	if code == "" {
+		code = schemas.CodeInvalidInput
+	}
+	status := http.StatusUnprocessableEntity
+	if code == schemas.CodePayloadTooLarge {
+		status = http.StatusRequestEntityTooLarge
+	}
+	return &apiError{Status: status, Code: code, Detail: err.Error()}
+}
+
+// unavailable is a failure to talk to the bus.
+func unavailable(err error) error {
+	return &apiError{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Detail: fmt.Sprintf("the bus did not answer: %v", err)}
+}

@@ -1,0 +1,249 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// TurnView is a turn as the API shows it: its batch, each call's
+// disposition, approval (with who decided it) and result.
+type TurnView struct {
+	TurnID    string             `json:"turn_id"`
+	SessionID string             `json:"session_id"`
+	Transport string             `json:"transport"`
+	State     schemas.BatchState `json:"state"`
+	Terminal  bool               `json:"terminal"`
+	Code      schemas.Code       `json:"code,omitempty"`
+	Reason    string             `json:"reason,omitempty"`
+	Text      string             `json:"text,omitempty"`
+	Calls     []CallView         `json:"calls"`
+	CreatedAt time.Time          `json:"created_at"`
+	UpdatedAt time.Time          `json:"updated_at"`
+
+	batch *schemas.BatchRecord
+}
+
+// Dispositions of a call.
+const (
+	DispositionQueued  = "queued"  // not evaluated yet
+	DispositionPending = "pending" // waiting for a decision on its approval
+	DispositionRan     = "ran"     // the tool ran (result ok or error)
+	// Otherwise the disposition is the result's status: denied, failed,
+	// expired, abandoned, needs_attention.
+)
+
+// CallView is one call of a turn.
+type CallView struct {
+	CallID      string        `json:"call_id"`
+	Index       int           `json:"index"`
+	Tool        string        `json:"tool"`
+	Args        string        `json:"args"`
+	ArgsDigest  string        `json:"args_digest"`
+	Disposition string        `json:"disposition"`
+	ApprovalID  string        `json:"approval_id,omitempty"`
+	Approval    *ApprovalView `json:"approval,omitempty"`
+	Result      *ResultView   `json:"result,omitempty"`
+}
+
+// ResultView is a call's result.
+type ResultView struct {
+	Status     schemas.ResultStatus `json:"status"`
+	Output     string               `json:"output,omitempty"`
+	Code       schemas.Code         `json:"code,omitempty"`
+	Reason     string               `json:"reason,omitempty"`
+	FinishedAt time.Time            `json:"finished_at"`
+}
+
+// ApprovalView is an approval as the API shows it; ArgsDigest is what a
+// decision must carry.
+type ApprovalView struct {
+	ApprovalID  string                 `json:"approval_id"`
+	TurnID      string                 `json:"turn_id"`
+	CallID      string                 `json:"call_id"`
+	SessionID   string                 `json:"session_id"`
+	Transport   string                 `json:"transport"`
+	Requester   string                 `json:"requester"`
+	Tool        string                 `json:"tool"`
+	Args        string                 `json:"args"`
+	ArgsDigest  string                 `json:"args_digest"`
+	Options     []string               `json:"options"`
+	Status      schemas.ApprovalStatus `json:"status"`
+	RequestedAt time.Time              `json:"requested_at"`
+	ExpiresAt   *time.Time             `json:"expires_at,omitempty"`
+	Quorum      int                    `json:"quorum"`
+	Decision    *DecisionView          `json:"decision,omitempty"`
+	Votes       []DecisionView         `json:"votes"`
+}
+
+// DecisionView is who decided (or voted) and how.
+type DecisionView struct {
+	DecisionID string    `json:"decision_id"`
+	Principal  string    `json:"principal"`
+	Option     string    `json:"option"`
+	DecidedAt  time.Time `json:"decided_at"`
+}
+
+func resultView(r *schemas.ToolResult) *ResultView {
+	if r == nil {
+		return nil
+	}
+	return &ResultView{Status: r.Status, Output: r.Output, Code: r.Code, Reason: r.Reason, FinishedAt: r.FinishedAt}
+}
+
+func decisionView(d schemas.DecisionInfo) DecisionView {
+	return DecisionView{DecisionID: d.DecisionID, Principal: d.Principal, Option: d.Option, DecidedAt: d.DecidedAt}
+}
+
+func approvalView(a *schemas.ApprovalRecord) *ApprovalView {
+	v := &ApprovalView{
+		ApprovalID: a.ApprovalID, TurnID: a.TurnID, CallID: a.CallID, SessionID: a.SessionID,
+		Tool: a.Tool, Args: a.Args, ArgsDigest: a.ArgsDigest, Options: a.Options, Status: a.Status,
+		RequestedAt: a.RequestedAt, Quorum: max(a.Quorum, 1), Votes: []DecisionView{},
+	}
+	if a.Context != nil {
+		v.Transport, v.Requester = a.Context.Transport, a.Context.Requester.Principal
+	}
+	if !a.ExpiresAt.IsZero() {
+		t := a.ExpiresAt
+		v.ExpiresAt = &t
+	}
+	if a.Decision != nil {
+		d := decisionView(*a.Decision)
+		v.Decision = &d
+	}
+	for _, vote := range a.Votes {
+		v.Votes = append(v.Votes, decisionView(vote))
+	}
+	return v
+}
+
+// view builds the TurnView of b, reading the approvals of its calls.
+func (s *Server) view(ctx context.Context, b *schemas.BatchRecord) (*TurnView, error) {
+	v := &TurnView{
+		TurnID: b.TurnID, SessionID: b.SessionID, State: b.State, Terminal: b.State.Terminal(),
+		Code: b.Code, Reason: b.Reason, Text: b.Text, Calls: []CallView{},
+		CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt, batch: b,
+	}
+	if b.Context != nil {
+		v.Transport = b.Context.Transport
+	}
+	for i, c := range b.Calls {
+		cv := CallView{CallID: c.CallID, Index: c.Index, Tool: c.Tool, Args: c.Args, ArgsDigest: c.ArgsDigest, Disposition: DispositionQueued}
+		if i < len(b.Approvals) && b.Approvals[i] != "" {
+			cv.ApprovalID = b.Approvals[i]
+			a, _, err := s.store.Approvals.Get(ctx, cv.ApprovalID)
+			switch {
+			case err == nil:
+				cv.Approval = approvalView(a)
+			case !errors.Is(err, store.ErrNotFound) && schemas.CodeOf(err) == "":
+				return nil, unavailable(err)
+			}
+			cv.Disposition = DispositionPending
+		}
+		if i < len(b.Results) && b.Results[i] != nil {
+			cv.Result = resultView(b.Results[i])
+			switch b.Results[i].Status {
+			case schemas.ResultOK, schemas.ResultError:
+				cv.Disposition = DispositionRan
+			default:
+				cv.Disposition = string(b.Results[i].Status)
+			}
+		}
+		v.Calls = append(v.Calls, cv)
+	}
+	return v, nil
+}
+
+// turn reads turnID's view now; errUnknown if it has no batch.
+func (s *Server) turn(ctx context.Context, turnID string) (*TurnView, error) {
+	if !schemas.ValidKey(turnID) {
+		return nil, errUnknown
+	}
+	b, _, err := s.store.Batches.Get(ctx, turnID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errUnknown
+	}
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	return s.view(ctx, b)
+}
+
+// watchTurn follows turnID's batch record (a KV watch, so every write is
+// seen) until until(view) holds, and returns that view. When ctx ends
+// first it returns the latest view (nil if the turn has no batch yet) and
+// ctx's error.
+func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnView) bool) (*TurnView, error) {
+	if !schemas.ValidKey(turnID) {
+		return nil, errUnknown
+	}
+	w, err := s.store.Batches.KV.Watch(ctx, turnID, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	defer func() { _ = w.Stop() }()
+	var last *TurnView
+	for {
+		select {
+		case <-ctx.Done():
+			return last, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return last, ctx.Err()
+			}
+			if e == nil {
+				continue // end of the initial values
+			}
+			b, err := s.store.Batches.DecodeValue(e.Value())
+			if err != nil {
+				continue // an undecodable write: wait for the next
+			}
+			v, err := s.view(ctx, b)
+			if err != nil {
+				return last, err
+			}
+			last = v
+			if until(v) {
+				return v, nil
+			}
+		}
+	}
+}
+
+// waitCall waits until call callID (CallID form) has a result in its
+// turn's batch, and returns it. When ctx ends first it returns ctx's
+// error; a call id not of CallID's form is errUnknown.
+func (s *Server) waitCall(ctx context.Context, callID string) (*schemas.ToolResult, error) {
+	turnID := schemas.TurnIDOfCall(callID)
+	if turnID == "" {
+		return nil, errUnknown
+	}
+	idx, err := strconv.Atoi(callID[len(turnID)+1:])
+	if err != nil {
+		return nil, errUnknown
+	}
+	v, err := s.watchTurn(ctx, turnID, func(v *TurnView) bool {
+		return idx >= len(v.batch.Calls) || (idx < len(v.batch.Results) && v.batch.Results[idx] != nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if idx >= len(v.batch.Calls) {
+		return nil, fmt.Errorf("gateway: turn %s has no call %d: %w", turnID, idx, errUnknown)
+	}
+	return v.batch.Results[idx], nil
+}
+
+// notFound is the API's answer for errUnknown.
+func notFound(code schemas.Code, what string) error {
+	return errorf(http.StatusNotFound, code, "no %s for this API key's transport", what)
+}

@@ -1,0 +1,466 @@
+// Package webhook sends Tollgate's events to HTTP receivers: outgoing
+// webhooks, signed per the Standard Webhooks specification.
+//
+// Each subscriber (Config.Subscribers) has its own durable JetStream
+// consumer, webhook-<id>, on TOLLGATE_EVENTS, filtered to the events it
+// asked for, driven by the stages' runner (pipeline/runner): explicit acks,
+// NakWithDelay between attempts, dead letter then TermWithReason. So:
+//
+//   - Nothing is lost while the dispatcher is down: the consumer keeps its
+//     place in the stream (events are kept 30 days) and delivery resumes
+//     where it stopped. A new subscriber starts with the events stored
+//     after its consumer was first created; a consumer nobody has read for
+//     the stream's max age (30 days) is removed by the server.
+//   - Delivery is at least once. Receivers dedupe by the webhook-id header:
+//     the event's Nats-Msg-Id (requested:<approval>, decided:<approval>,
+//     outcome:<turn>), the same for every attempt and every subscriber.
+//   - Order: a subscriber's events are sent one at a time, in stream order
+//     (the consumer allows one unacknowledged message), so a turn's
+//     approval.requested, approval.decided and outcome arrive in the order
+//     they happened, across restarts and across several dispatchers
+//     sharing the consumer. The price is head-of-line blocking: while one
+//     event is being retried, that subscriber's later events wait (other
+//     subscribers are not held up).
+//   - A 2xx answer is delivered. 410 Gone is not retried: the event is
+//     dead-lettered at once (the receiver said it wants no more; remove the
+//     subscriber from the configuration). Any other answer, a 3xx
+//     (redirects are never followed), a timeout or a connection failure is
+//     retried on Config.Retry's schedule; after the last attempt the event
+//     is dead-lettered on tollgate.dlq.webhook.<id> with code
+//     WEBHOOK_UNDELIVERABLE (original bytes and headers, as every dead
+//     letter: docs/protocol.md §8) and terminated for that subscriber.
+//   - An event that does not decode is dead-lettered with its decoding
+//     code, never sent. An outcome that goes nowhere (empty audience: no
+//     verified context, docs/protocol.md §6 TurnOutcome) is sent to nobody.
+//
+// The request: POST, Content-Type application/json, headers webhook-id,
+// webhook-timestamp (Unix seconds of the attempt) and webhook-signature
+// ("v1," + base64 of HMAC-SHA256 over "<id>.<timestamp>.<body>" keyed with
+// the secret's decoded bytes), and the subscriber's own headers. The body
+// is {"type": <event>, "timestamp": <RFC 3339 time the event was stored>,
+// "data": <the event record with its wire keys, docs/protocol.md §6>}.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Stage is subscriber id's stage name in the runner: "webhook.<id>", its
+// dead-letter subject (tollgate.dlq.webhook.<id>, so that one NATS grant,
+// tollgate.dlq.webhook.>, covers every subscriber's), its Tollgate-Stage
+// header and its stage label in the runner's metrics.
+func Stage(id string) string { return "webhook." + id }
+
+// Durable is the name of subscriber id's durable consumer on
+// TOLLGATE_EVENTS: "webhook-<id>" (a consumer name has no '.').
+func Durable(id string) string { return "webhook-" + id }
+
+// Delivery results, the result label of tollgate_webhook_deliveries_total.
+const (
+	ResultDelivered     = "delivered"     // a 2xx answer
+	ResultFailed        = "failed"        // no 2xx; the event will be sent again
+	ResultUndeliverable = "undeliverable" // no 2xx on the last attempt, or 410 Gone: dead-lettered
+)
+
+// Dispatcher delivers events to the configured subscribers.
+type Dispatcher struct {
+	runners []*runner.Runner
+}
+
+// New validates cfg and builds a dispatcher on js. Nothing touches the
+// server until Run. The events and dead-letter streams must exist when Run
+// starts (topology.Ensure, which every stage runs).
+func New(js jetstream.JetStream, cfg Config) (*Dispatcher, error) {
+	if js == nil {
+		return nil, errors.New("webhook: a JetStream client is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_webhook_deliveries_total",
+		Help: "Webhook delivery attempts by subscriber and result (delivered, failed, undeliverable).",
+	}, []string{"subscriber", "result"})
+	if err := metrics.Register(cfg.Registerer, &deliveries); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	client := &http.Client{}
+	if cfg.Client != nil {
+		c := *cfg.Client
+		client = &c
+	}
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	approvals := &approvalBucket{js: js}
+	rm := runner.NewMetrics(cfg.Registerer)
+
+	d := &Dispatcher{}
+	for _, s := range cfg.Subscribers {
+		key, _ := secretKey(s.Secret) // checked by Validate
+		sub := &subscriber{
+			id: s.ID, url: s.URL, key: key, headers: http.Header{},
+			transports: set(s.Transports), sessions: set(s.Sessions),
+			client: client, timeout: cfg.Timeout, attempts: cfg.Retry.Attempts,
+			approvals: approvals, log: cfg.Logger,
+			delivered:     deliveries.WithLabelValues(s.ID, ResultDelivered),
+			failed:        deliveries.WithLabelValues(s.ID, ResultFailed),
+			undeliverable: deliveries.WithLabelValues(s.ID, ResultUndeliverable),
+		}
+		for k, v := range s.Headers {
+			sub.headers.Set(k, v)
+		}
+		stage := Stage(s.ID)
+		r, err := runner.New(runner.Config{
+			Stage: stage, Stream: topology.StreamEvents, Consumer: consumer(s),
+			Handler: sub.handle, JS: js, Logger: cfg.Logger.With("stage", stage), Metrics: rm,
+			MaxAttempts: cfg.Retry.Attempts, BaseDelay: cfg.Retry.Base, MaxDelay: cfg.Retry.Max,
+			Concurrency: 1,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("webhook: subscriber %q: %w", s.ID, err)
+		}
+		d.runners = append(d.runners, r)
+	}
+	return d, nil
+}
+
+// consumer is subscriber s's durable consumer on TOLLGATE_EVENTS.
+func consumer(s Subscriber) jetstream.ConsumerConfig {
+	events := s.Events
+	if len(events) == 0 {
+		events = AllEvents
+	}
+	var filters []string
+	for _, e := range events {
+		filters = append(filters, subjectPrefix[e]+"*")
+	}
+	slices.Sort(filters)
+	return jetstream.ConsumerConfig{
+		Durable:        Durable(s.ID),
+		Description:    "Tollgate outgoing webhooks of subscriber " + s.ID,
+		FilterSubjects: slices.Compact(filters),
+		// A new subscriber starts with the events stored from now on, not
+		// with the stream's whole history.
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+		// One event at a time: stream order per subscriber (package doc).
+		MaxAckPending: 1,
+		// A consumer left behind by a removed subscriber goes away once
+		// the events it could still deliver have expired.
+		InactiveThreshold: topology.DefaultConfig().MaxAge,
+	}
+}
+
+// subjectPrefix is where each event is published; the turn id follows.
+var subjectPrefix = map[Event]string{
+	EventOutcome:           topology.SubjectTurnOutcome,
+	EventApprovalRequested: topology.SubjectApprovalRequested,
+	EventApprovalDecided:   topology.SubjectApprovalDecided,
+}
+
+// Run creates or updates every subscriber's consumer and delivers events
+// until ctx is cancelled; then it finishes the deliveries under way and
+// returns nil. It returns an error when a consumer cannot be created (the
+// other subscribers are stopped too).
+func (d *Dispatcher) Run(ctx context.Context) error {
+	if len(d.runners) == 0 {
+		<-ctx.Done()
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(d.runners))
+	for _, r := range d.runners {
+		go func() {
+			err := r.Run(ctx)
+			if err != nil {
+				cancel()
+			}
+			errs <- err
+		}()
+	}
+	var all []error
+	for range d.runners {
+		if err := <-errs; err != nil {
+			all = append(all, err)
+		}
+	}
+	if len(all) > 0 {
+		return fmt.Errorf("webhook: %w", errors.Join(all...))
+	}
+	return nil
+}
+
+// subscriber is one subscriber's delivery state.
+type subscriber struct {
+	id, url                          string
+	key                              []byte
+	headers                          http.Header
+	transports                       map[string]bool
+	sessions                         map[string]bool
+	client                           *http.Client
+	timeout                          time.Duration
+	attempts                         int
+	approvals                        *approvalBucket
+	log                              *slog.Logger
+	delivered, failed, undeliverable prometheus.Counter
+}
+
+func set(xs []string) map[string]bool {
+	m := make(map[string]bool, len(xs))
+	for _, x := range xs {
+		m[x] = true
+	}
+	return m
+}
+
+// handle delivers one event to the subscriber, if it selects it. See the
+// package doc for what each answer leads to.
+func (s *subscriber) handle(ctx context.Context, m jetstream.Msg) error {
+	ev, err := decode(m)
+	if err != nil {
+		return err
+	}
+	ok, err := s.selects(ctx, ev)
+	if err != nil || !ok {
+		return err
+	}
+	body, err := ev.body()
+	if err != nil {
+		return err
+	}
+	status, err := s.post(ctx, ev.id, body)
+	attempt := 1
+	if meta, merr := m.Metadata(); merr == nil {
+		attempt = int(meta.NumDelivered)
+	}
+	switch {
+	case err == nil && status >= 200 && status < 300:
+		s.delivered.Inc()
+		return nil
+	case err == nil && status == http.StatusGone:
+		s.undeliverable.Inc()
+		s.log.Warn("webhook receiver answered 410 Gone: event dead-lettered; remove the subscriber from the configuration if it is gone for good",
+			"subscriber", s.id, "webhook_id", ev.id)
+		return schemas.Errorf(schemas.CodeWebhookUndeliverable, "subscriber %s: event %s: the receiver answered 410 Gone", s.id, ev.id)
+	case err == nil:
+		err = fmt.Errorf("answered %d %s", status, http.StatusText(status))
+	}
+	if attempt >= s.attempts {
+		s.undeliverable.Inc()
+		return schemas.Errorf(schemas.CodeWebhookUndeliverable, "subscriber %s: event %s: no 2xx answer after %d attempts, the last: %w", s.id, ev.id, attempt, err)
+	}
+	s.failed.Inc()
+	return fmt.Errorf("subscriber %s: event %s: attempt %d of %d: %w", s.id, ev.id, attempt, s.attempts, err)
+}
+
+// selects reports whether the subscriber receives ev: its session is one
+// of the subscriber's, or its transport is. An outcome that goes nowhere
+// is sent to nobody.
+func (s *subscriber) selects(ctx context.Context, ev *event) (bool, error) {
+	if ev.nowhere {
+		return false, nil
+	}
+	if s.sessions[ev.session] {
+		return true, nil
+	}
+	if len(s.transports) == 0 {
+		return false, nil
+	}
+	t := ev.transport
+	if ev.kind == EventApprovalDecided {
+		// A decided event does not name the transport: its approval does.
+		var err error
+		if t, err = s.approvals.transport(ctx, ev.approvalID); err != nil {
+			return false, err
+		}
+	}
+	return s.transports[t], nil
+}
+
+// post sends one signed attempt and returns the answer's status.
+func (s *subscriber) post(ctx context.Context, id string, body []byte) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header = s.headers.Clone()
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "tollgate-webhooks")
+	req.Header.Set("webhook-id", id)
+	req.Header.Set("webhook-timestamp", ts)
+	req.Header.Set("webhook-signature", sign(s.key, id, ts, body))
+	resp, err := s.client.Do(req)
+	if err != nil {
+		// Not the URL: it may carry a token in its query.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return 0, fmt.Errorf("POST: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
+	return resp.StatusCode, nil
+}
+
+// sign returns the Standard Webhooks signature header value of a
+// delivery: "v1," followed by the standard base64 of HMAC-SHA256, keyed
+// with key (the secret's decoded bytes), over "<id>.<timestamp>.<body>".
+func sign(key []byte, id, timestamp string, body []byte) string {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(id + "." + timestamp + "."))
+	h.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(h.Sum(nil))
+}
+
+// event is a decoded event message.
+type event struct {
+	kind       Event
+	id         string // webhook-id
+	session    string
+	transport  string // "" for a decided event: see selects
+	approvalID string // decided events
+	nowhere    bool   // an outcome with no verified reply target
+	record     any
+	stored     time.Time
+}
+
+// decode reads an event message. A message that does not decode (or is on
+// a subject the dispatcher does not send) is a permanent error: it is
+// dead-lettered with its code.
+func decode(m jetstream.Msg) (*event, error) {
+	ev := &event{id: m.Headers().Get(jetstream.MsgIDHeader), stored: time.Now()}
+	if meta, err := m.Metadata(); err == nil {
+		ev.stored = meta.Timestamp
+	}
+	subject := m.Subject()
+	var fallbackID string
+	switch {
+	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
+		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
+		if err != nil {
+			return nil, err
+		}
+		ev.kind, ev.record, ev.session, ev.transport = EventOutcome, o, o.SessionID, o.Reply.Transport
+		ev.nowhere = o.Audience == ""
+		fallbackID = topology.OutcomeMsgID(o.TurnID)
+	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
+		a, err := schemas.Decode[schemas.ApprovalRecord](m.Data())
+		if err != nil {
+			return nil, err
+		}
+		ev.kind, ev.record, ev.session = EventApprovalRequested, a, a.SessionID
+		if a.Context != nil {
+			ev.transport = a.Context.Transport
+		}
+		fallbackID = topology.RequestedMsgID(a.ApprovalID)
+	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
+		e, err := schemas.Decode[schemas.DecidedEvent](m.Data())
+		if err != nil {
+			return nil, err
+		}
+		ev.kind, ev.record, ev.session, ev.approvalID = EventApprovalDecided, e, e.SessionID, e.ApprovalID
+		fallbackID = topology.DecidedMsgID(e.ApprovalID)
+	default:
+		return nil, schemas.Errorf(schemas.CodeUnknownMessage, "subject %s is not a webhook event", subject)
+	}
+	if ev.id == "" {
+		ev.id = fallbackID
+	}
+	return ev, nil
+}
+
+// body is the JSON body of ev: its type, when it was stored, and the
+// record with its wire keys (as `tollgate watch --json` shows it).
+func (ev *event) body() ([]byte, error) {
+	b, err := msgpack.Marshal(ev.record)
+	if err != nil {
+		return nil, schemas.Errorf(schemas.CodeMalformed, "re-encode %s: %w", ev.kind, err)
+	}
+	var data any
+	if err := msgpack.Unmarshal(b, &data); err != nil {
+		return nil, schemas.Errorf(schemas.CodeMalformed, "re-decode %s: %w", ev.kind, err)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	err = enc.Encode(struct {
+		Type      Event     `json:"type"`
+		Timestamp time.Time `json:"timestamp"`
+		Data      any       `json:"data"`
+	}{ev.kind, ev.stored.UTC(), data})
+	if err != nil {
+		return nil, schemas.Errorf(schemas.CodeMalformed, "JSON of %s: %w", ev.kind, err)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// approvalBucket finds the transport of an approval in KV
+// tollgate_approvals, opened on first use.
+type approvalBucket struct {
+	js jetstream.JetStream
+	mu sync.Mutex
+	kv jetstream.KeyValue
+}
+
+// transport returns the transport of approval id's turn, or "" when the
+// record is missing or does not decode (its events then go to no
+// transport's subscribers). Other failures are transient.
+func (b *approvalBucket) transport(ctx context.Context, id string) (string, error) {
+	b.mu.Lock()
+	if b.kv == nil {
+		kv, err := b.js.KeyValue(ctx, topology.BucketApprovals)
+		if err != nil {
+			b.mu.Unlock()
+			return "", fmt.Errorf("open %s: %w", topology.BucketApprovals, err)
+		}
+		b.kv = kv
+	}
+	kv := b.kv
+	b.mu.Unlock()
+	e, err := kv.Get(ctx, id)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("read approval %s: %w", id, err)
+	}
+	rec, old, err := schemas.DecodeApproval(e.Value())
+	switch {
+	case err != nil:
+		return "", nil
+	case old != nil:
+		return old.Transport, nil
+	case rec.Context != nil:
+		return rec.Context.Transport, nil
+	}
+	return "", nil
+}
