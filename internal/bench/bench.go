@@ -161,6 +161,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Phases["toolservice"] {
 		b.toolService(ctx, r)
 	}
+	if cfg.Phases["gateway"] {
+		b.gateway(ctx, r)
+	}
 	r.targets(cfg)
 	r.notes(cfg)
 	r.Machine.LoadEnd = loadAvg()
@@ -320,33 +323,14 @@ func (ls latSample) row(mode string, p path, load string) LatRow {
 // service measured during the tool service's run.
 func (b *bencher) toolService(ctx context.Context, r *Report) {
 	paths := []path{approvalPath, toolServicePath}
-	samples := make([][]sample, len(paths))
-	for round := 1; round <= b.cfg.Runs && ctx.Err() == nil; round++ {
-		for i, p := range paths {
-			s, err := b.tollgate(modeAllInOne, p, false, false)
-			if err != nil {
-				r.Errors = append(r.Errors, fmt.Sprintf("toolservice, %s path, round %d: %v", p, round, err))
-				s = sample{}
-			} else {
-				b.cfg.Logf("bench: toolservice round %d: %s: %.0f turns/s", round, p, s.Rate)
-			}
-			samples[i] = append(samples[i], s)
-		}
-	}
+	samples := b.rounds(ctx, r, "toolservice", paths)
 	ts := &ToolService{}
 	var calls [2]*Pcts
 	for i, p := range paths {
-		row := ToolRow{Tool: "write_file (built in)", Throughput: Figure{Sync: "default", Name: "tollgate", Mode: modeAllInOne, Path: p.String(), Unit: "turns/s", Samples: samples[i]}}
+		row := ToolRow{Tool: "write_file (built in)", Throughput: allInOneFigure(p, samples[i])}
 		if p == toolServicePath {
 			row.Tool = benchTool + " (NATS tool service)"
 		}
-		var rates []float64
-		for _, s := range samples[i] {
-			if s.Rate > 0 {
-				rates = append(rates, s.Rate)
-			}
-		}
-		row.Throughput.Median, row.Throughput.Min, row.Throughput.Max = median(rates)
 		if ctx.Err() == nil {
 			ls, err := b.latency(modeAllInOne, p, b.cfg.LowRate)
 			if err != nil {
@@ -362,17 +346,94 @@ func (b *bencher) toolService(ctx context.Context, r *Report) {
 		}
 		ts.Rows = append(ts.Rows, row)
 	}
-	var per []float64
-	for k := range samples[0] {
-		if in, remote := samples[0][k].Rate, samples[1][k].Rate; in > 0 && remote > 0 {
-			per = append(per, remote/in)
-		}
-	}
-	ts.RatioMedian, ts.RatioMin, ts.RatioMax = median(per)
+	ts.RatioMedian, ts.RatioMin, ts.RatioMax = roundRatios(samples[1], samples[0])
 	if calls[0] != nil && calls[1] != nil {
 		ts.HopP50, ts.HopP99 = calls[1].P50-calls[0].P50, calls[1].P99-calls[0].P99
 	}
 	r.ToolService = ts
+}
+
+// rounds measures each of paths all-in-one in a closed loop, Runs rounds
+// with the paths back to back in each, and returns their samples (a
+// failed run is a report error and a zero sample).
+func (b *bencher) rounds(ctx context.Context, r *Report, phase string, paths []path) [][]sample {
+	samples := make([][]sample, len(paths))
+	for round := 1; round <= b.cfg.Runs && ctx.Err() == nil; round++ {
+		for i, p := range paths {
+			s, err := b.tollgate(modeAllInOne, p, false, false)
+			if err != nil {
+				r.Errors = append(r.Errors, fmt.Sprintf("%s, %s path, round %d: %v", phase, p, round, err))
+				s = sample{}
+			} else {
+				b.cfg.Logf("bench: %s round %d: %s: %.0f turns/s", phase, round, p, s.Rate)
+			}
+			samples[i] = append(samples[i], s)
+		}
+	}
+	return samples
+}
+
+// allInOneFigure is the throughput figure of p's all-in-one samples.
+func allInOneFigure(p path, samples []sample) Figure {
+	f := Figure{Sync: "default", Name: "tollgate", Mode: modeAllInOne, Path: p.String(), Unit: "turns/s", Samples: samples}
+	var rates []float64
+	for _, s := range samples {
+		if s.Rate > 0 {
+			rates = append(rates, s.Rate)
+		}
+	}
+	f.Median, f.Min, f.Max = median(rates)
+	return f
+}
+
+// roundRatios are the median, min and max over the rounds of a's rate ÷
+// b's (rounds where either failed left out).
+func roundRatios(a, b []sample) (med, lo, hi float64) {
+	var per []float64
+	for k := range min(len(a), len(b)) {
+		if a[k].Rate > 0 && b[k].Rate > 0 {
+			per = append(per, a[k].Rate/b[k].Rate)
+		}
+	}
+	return median(per)
+}
+
+// gateway is the gateway phase: the approval path's turn submitted and
+// decided over NATS (the driver and its decider) and over the HTTP
+// gateway (gatewayPath: each slot submits, decides with the digest shown,
+// and waits for the turn's end over the API), all-in-one, in a closed
+// loop at the configured concurrency, Runs rounds with the two back to
+// back in each. The latencies are the closed loops' turns inside the
+// windows, all rounds together.
+func (b *bencher) gateway(ctx context.Context, r *Report) {
+	paths := []path{approvalPath, gatewayPath}
+	samples := b.rounds(ctx, r, "gateway", paths)
+	g := &Gateway{}
+	for i, p := range paths {
+		row := GatewayRow{Transport: "NATS (driver and decider)", Throughput: allInOneFigure(p, samples[i])}
+		if p == gatewayPath {
+			row.Transport = "HTTP gateway (in process)"
+		}
+		var pending, completed, turn []time.Duration
+		for _, s := range samples[i] {
+			for _, t := range s.turns {
+				pending = append(pending, t.pending.Sub(t.sent))
+				completed = append(completed, t.done.Sub(t.decided))
+				turn = append(turn, t.done.Sub(t.sent))
+			}
+		}
+		row.Pending, row.Completed, row.Turn = percentiles(pending), percentiles(completed), percentiles(turn)
+		g.Rows = append(g.Rows, row)
+	}
+	g.RatioMedian, g.RatioMin, g.RatioMax = roundRatios(samples[1], samples[0])
+	added := func(of func(GatewayRow) Pcts) Added {
+		n, h := of(g.Rows[0]), of(g.Rows[1])
+		return Added{P50: h.P50 - n.P50, P99: h.P99 - n.P99}
+	}
+	g.AddedPending = added(func(r GatewayRow) Pcts { return r.Pending })
+	g.AddedCompleted = added(func(r GatewayRow) Pcts { return r.Completed })
+	g.AddedTurn = added(func(r GatewayRow) Pcts { return r.Turn })
+	r.Gateway = g
 }
 
 // targets judges the report against Tollgate's performance targets:
@@ -409,6 +470,13 @@ func (r *Report) targets(cfg Config) {
 			Name: "NATS tool service hop: approved call time p50, tool service - built in, low load", Want: "<= 2 x a bare request round trip p50 (same run)",
 			Got:  fmt.Sprintf("%.3f ms (round trip p50 %.3f ms)", ts.HopP50, ts.RoundTrip.P50),
 			Pass: ts.HopP50 <= 2*ts.RoundTrip.P50,
+		})
+	}
+	if g := r.Gateway; g != nil && g.RatioMedian > 0 {
+		r.Targets = append(r.Targets, Target{
+			Name: "HTTP gateway: turns/s over HTTP ÷ over NATS, approval turn, all-in-one", Want: ">= 0.80 (per-round median)",
+			Got:  fmt.Sprintf("%.2f (rounds %.2f-%.2f)", g.RatioMedian, g.RatioMin, g.RatioMax),
+			Pass: g.RatioMedian >= 0.8,
 		})
 	}
 	if f := r.Footprint; f != nil {

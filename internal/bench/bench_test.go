@@ -162,6 +162,46 @@ func TestBenchSmokeToolService(t *testing.T) {
 	}
 }
 
+// TestBenchSmokeGateway runs the gateway phase with tiny counts: the
+// approval turn over NATS and over the HTTP gateway both measured, every
+// turn of each run completed with every call ok (a turn that failed or
+// did not end over HTTP, or an outcome not ok, would be a report error),
+// the latencies of both reported, and the target judged.
+func TestBenchSmokeGateway(t *testing.T) {
+	r, err := Run(context.Background(), smokeConfig(t, "gateway"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r.Errors {
+		t.Errorf("report error: %s", e)
+	}
+	g := r.Gateway
+	if g == nil || len(g.Rows) != 2 {
+		t.Fatalf("gateway comparison: %+v", g)
+	}
+	for _, row := range g.Rows {
+		f := row.Throughput
+		if f.Median <= 0 || row.Pending.N == 0 || row.Completed.N == 0 || row.Turn.N != f.Samples[0].Count {
+			t.Errorf("%s: no figures: %+v", row.Transport, row)
+		}
+		for _, s := range f.Samples {
+			if s.Timeouts > 0 || s.Errors > 0 {
+				t.Errorf("%s: %d turns timed out, %d failed", row.Transport, s.Timeouts, s.Errors)
+			}
+		}
+	}
+	if g.Rows[1].Throughput.Path != gatewayPath.String() || g.RatioMedian <= 0 {
+		t.Errorf("HTTP row %q, ratio %.2f", g.Rows[1].Throughput.Path, g.RatioMedian)
+	}
+	var md strings.Builder
+	r.Markdown(&md)
+	for _, s := range []string{"## Approval turns over the HTTP gateway and over NATS", "| HTTP gateway (in process) |", "| NATS (driver and decider) |", "turns/s over HTTP ÷ over NATS"} {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("markdown report has no %q", s)
+		}
+	}
+}
+
 // An outcome counts only as a completed turn whose calls all returned ok.
 func TestNotOK(t *testing.T) {
 	ok := schemas.ToolResult{CallID: "t-1-0", Tool: "echo", Status: schemas.ResultOK}

@@ -3,9 +3,10 @@
 // references and Tollgate's turns per second end to end through all four
 // stages, in one process and as separate stage processes, with latencies,
 // the memory and KV footprint of pending approvals, recovery after a
-// redriver restart, and an approval turn whose approved call is a NATS
-// tool service next to the built-in one, and prints a report (also written
-// as JSON and markdown).
+// redriver restart, an approval turn whose approved call is a NATS tool
+// service next to the built-in one, and the approval turn submitted and
+// decided over the HTTP gateway next to NATS, and prints a report (also
+// written as JSON and markdown).
 //
 // The main reference is the raw turn: a minimal program (rawStages) that
 // performs the same JetStream operations, in the same order and with
@@ -44,7 +45,8 @@ type Config struct {
 	// stage processes in throughput and latency), toolservice (the
 	// approval path with its approved call built in and behind a NATS
 	// tool service, side by side), profile (CPU and allocation profiles
-	// of the all-in-one runs into ProfileDir).
+	// of the all-in-one runs into ProfileDir), gateway (the approval
+	// turn over NATS and over the HTTP gateway, side by side).
 	Phases   map[string]bool
 	BinDir   string // stage binaries; empty: built into WorkDir
 	OutDir   string // report files; empty: none
@@ -57,7 +59,7 @@ type Config struct {
 }
 
 // AllPhases is every phase but profile.
-var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice"}
+var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice", "gateway"}
 
 // Defaults are `make bench`'s parameters (about 10 minutes on 2 cores).
 func Defaults() Config {

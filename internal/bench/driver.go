@@ -35,18 +35,37 @@ const (
 	// benchTool call (needs approval, as any tool the policy does not
 	// name).
 	toolServicePath
+	// gatewayPath: the approval path's turn submitted and decided over
+	// the HTTP gateway (httpGateway) instead of NATS.
+	gatewayPath
 )
 
 func (p path) String() string {
-	return [...]string{"fast", "approval", "pending", "approval via tool service"}[p]
+	return [...]string{"fast", "approval", "pending", "approval via tool service", "approval over HTTP"}[p]
 }
 
 // approvalIndex is the index of the call that needs approval.
 func (p path) approvalIndex() int {
-	if p.decided() {
-		return 1
+	if p == pendingPath {
+		return 0
 	}
-	return 0
+	return 1
+}
+
+// calls are the proposed calls of p's n-th turn.
+func (p path) calls(n int64) []schemas.ProposedCall {
+	calls := []schemas.ProposedCall{{Tool: "echo", Args: `{"text":"hi"}`}}
+	write := schemas.ProposedCall{Tool: "write_file", Args: fmt.Sprintf(`{"content":"x","path":"bench/%d.txt"}`, n%64)}
+	switch p {
+	case approvalPath, gatewayPath:
+		calls = append(calls, write)
+	case pendingPath:
+		calls = []schemas.ProposedCall{write}
+	case toolServicePath:
+		write.Tool = benchTool
+		calls = append(calls, write)
+	}
+	return calls
 }
 
 // decided reports whether the driver approves p's approval requests.
@@ -91,6 +110,7 @@ type driver struct {
 type turn struct {
 	id        string
 	sent      time.Time
+	requested time.Time // approval-requested event seen (approval path)
 	decided   time.Time // decision published (approval path)
 	startedAt time.Time // approved call's claim seen created
 	finished  bool      // approved call's result seen written in its claim
@@ -196,6 +216,12 @@ func (d *driver) onRequested(m *nats.Msg) {
 		return
 	}
 	turnID := lastToken(m.Subject)
+	now := time.Now()
+	d.mu.Lock()
+	if t := d.turns[turnID]; t != nil {
+		t.requested = now
+	}
+	d.mu.Unlock()
 	d.decisions <- schemas.ApprovalID(turnID, d.path.approvalIndex())
 }
 
@@ -278,22 +304,11 @@ func (d *driver) publish(m *nats.Msg, msgID string) {
 func (d *driver) inbound(session string) (msgID, turnID string, data []byte, err error) {
 	n := d.seq.Add(1)
 	messageID := d.run + "-m-" + strconv.FormatInt(n, 10)
-	calls := []schemas.ProposedCall{{Tool: "echo", Args: `{"text":"hi"}`}}
-	write := schemas.ProposedCall{Tool: "write_file", Args: fmt.Sprintf(`{"content":"x","path":"bench/%d.txt"}`, n%64)}
-	switch d.path {
-	case approvalPath:
-		calls = append(calls, write)
-	case pendingPath:
-		calls = []schemas.ProposedCall{write}
-	case toolServicePath:
-		write.Tool = benchTool
-		calls = append(calls, write)
-	}
 	m := &schemas.InboundMessage{
 		Transport: "cli", MessageID: messageID, SessionID: session,
 		Sender:  schemas.Sender{ID: "alice", Display: "alice", Kind: schemas.SenderUser, Verified: true},
 		Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM},
-		Text:    "please", Calls: calls, SentAt: time.Now().UTC(),
+		Text:    "please", Calls: d.path.calls(n), SentAt: time.Now().UTC(),
 	}
 	data, err = schemas.Encode(m)
 	return topology.InboundMsgID("cli", messageID), schemas.TurnID("cli", messageID), data, err
@@ -323,6 +338,14 @@ func (d *driver) send(session string) (*turn, error) {
 // it counts the turn as timed out and moves on.
 const turnTimeout = 30 * time.Second
 
+// errTurnTimeout: a turn did not end within turnTimeout.
+var errTurnTimeout = errors.New("no outcome within the turn timeout")
+
+// turnTimes are the moments of one closed-loop turn, as its transport saw
+// them: sent, its approval seen requested (pending), the decision sent,
+// its outcome seen. Zero where the path has no such moment.
+type turnTimes struct{ sent, pending, decided, done time.Time }
+
 // loopResult is what a closed-loop run measured.
 type loopResult struct {
 	Completed int           // outcomes inside the window
@@ -332,6 +355,11 @@ type loopResult struct {
 	// Achieved (open loop): sampled turns over the time from the first
 	// one's publish to the last one's outcome.
 	Achieved float64
+	// Closed loop: the times of the turns that ended inside the window;
+	// the turns that failed (other than timing out), and the first error.
+	Turns  []turnTimes
+	Failed int
+	Err    error
 }
 
 func (r loopResult) rate() float64 {
@@ -341,38 +369,47 @@ func (r loopResult) rate() float64 {
 	return float64(r.Completed) / r.Window.Seconds()
 }
 
-// closedLoop runs conc slots, each sending one turn and waiting for its
-// outcome before sending the next, for warm+window. Each slot cycles over
-// sessionsPerSlot sessions of its own, so that a session is free again
-// (released by its previous turn) long before it is reused: every turn
-// takes the common path of a known, idle session. Outcomes inside the
-// window are counted. onWindow, if set, is called when the window opens
-// and when it closes.
-func (d *driver) closedLoop(ctx context.Context, conc, sessionsPerSlot int, warm, window time.Duration, onWindow func(open bool)) loopResult {
+// closedLoop runs conc slots, each running one turn at a time
+// (one(session), which returns when the turn ended) for warm+window. Each
+// slot cycles over sessionsPerSlot sessions of its own (named from run),
+// so that a session is free again (released by its previous turn) long
+// before it is reused: every turn takes the common path of a known, idle
+// session. Turns that ended inside the window are counted and their times
+// kept. A turn that timed out (errTurnTimeout) is counted and its slot
+// goes on; any other error stops its slot and is counted as failed.
+// onWindow, if set, is called when the window opens and when it closes.
+func closedLoop(ctx context.Context, run string, conc, sessionsPerSlot int, warm, window time.Duration, onWindow func(open bool), one func(ctx context.Context, session string) (turnTimes, error)) loopResult {
 	start := time.Now()
 	from, to := start.Add(warm), start.Add(warm+window)
-	var completed, timeouts, sent atomic.Int64
+	res := loopResult{Window: window}
+	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for slot := range conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for k := 0; ctx.Err() == nil && time.Now().Before(to); k++ {
-				session := fmt.Sprintf("%s-s%d-%d", d.run, slot, k%sessionsPerSlot)
-				t, err := d.send(session)
-				if err != nil {
-					d.pubErrs.Add(1)
-					return
-				}
-				sent.Add(1)
-				select {
-				case <-t.done:
-					if !t.doneAt.Before(from) && t.doneAt.Before(to) {
-						completed.Add(1)
+				tt, err := one(ctx, fmt.Sprintf("%s-s%d-%d", run, slot, k%sessionsPerSlot))
+				failed := err != nil && !errors.Is(err, errTurnTimeout)
+				mu.Lock()
+				switch {
+				case failed:
+					res.Failed++
+					if res.Err == nil {
+						res.Err = err
 					}
-				case <-time.After(turnTimeout):
-					timeouts.Add(1)
-				case <-ctx.Done():
+				case err != nil:
+					res.Sent++
+					res.Timeouts++
+				default:
+					res.Sent++
+					if !tt.done.Before(from) && tt.done.Before(to) {
+						res.Completed++
+						res.Turns = append(res.Turns, tt)
+					}
+				}
+				mu.Unlock()
+				if failed {
 					return
 				}
 			}
@@ -385,7 +422,24 @@ func (d *driver) closedLoop(ctx context.Context, conc, sessionsPerSlot int, warm
 		onWindow(false)
 	}
 	wg.Wait()
-	return loopResult{Completed: int(completed.Load()), Window: window, Timeouts: int(timeouts.Load()), Sent: int(sent.Load())}
+	return res
+}
+
+// turn sends a new turn of session and waits for its outcome, at most
+// turnTimeout (errTurnTimeout).
+func (d *driver) turn(ctx context.Context, session string) (turnTimes, error) {
+	t, err := d.send(session)
+	if err != nil {
+		return turnTimes{}, err
+	}
+	select {
+	case <-t.done:
+		return turnTimes{sent: t.sent, pending: t.requested, decided: t.decided, done: t.doneAt}, nil
+	case <-time.After(turnTimeout):
+		return turnTimes{}, errTurnTimeout
+	case <-ctx.Done():
+		return turnTimes{}, ctx.Err()
+	}
 }
 
 // openLoop sends turns at rate per second for warm+window, each in the

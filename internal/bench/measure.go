@@ -65,6 +65,8 @@ type sample struct {
 	// inside the window.
 	Retries     float64 `json:"retries,omitempty"`
 	DeadLetters float64 `json:"dead_letters,omitempty"`
+	// turns are the closed loop's turn times inside the window.
+	turns []turnTimes
 }
 
 // envConn starts a fresh server with a client connection on it; done
@@ -273,20 +275,37 @@ func (b *bencher) rawTurnProcs(p path, sync bool) (sample, error) {
 	return s, err
 }
 
-// drive runs the closed loop on e and returns its sample. onWindow is
-// passed to closedLoop. The CPU time this process (and the processes
-// pids, if any) used in the window is reported per completed turn.
+// drive runs the closed loop of p on e and returns its sample: turns
+// sent by the driver over NATS (decided by its decider where p needs it),
+// or for gatewayPath submitted and decided over the HTTP gateway, started
+// here on e. onWindow is passed to closedLoop. The CPU time this process
+// (and the processes pids, if any) used in the window is reported per
+// completed turn. A turn that failed (other than by timing out) fails the
+// sample.
 func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open bool)) (sample, error) {
-	nc, js, err := e.connect("bench-driver")
-	if err != nil {
-		return sample{}, err
+	run := b.runID()
+	var one func(ctx context.Context, session string) (turnTimes, error)
+	pubErrs := func() int64 { return 0 }
+	if p == gatewayPath {
+		g, err := startGateway(e, b.cfg.Concurrency, b.cfg.LogLevel)
+		if err != nil {
+			return sample{}, err
+		}
+		defer g.stop()
+		one = func(ctx context.Context, session string) (turnTimes, error) { return g.turn(ctx, run, session) }
+	} else {
+		nc, js, err := e.connect("bench-driver")
+		if err != nil {
+			return sample{}, err
+		}
+		defer nc.Close()
+		d, err := newDriver(nc, js, run, p, raw, p.decided())
+		if err != nil {
+			return sample{}, err
+		}
+		defer d.close()
+		one, pubErrs = d.turn, d.pubErrs.Load
 	}
-	defer nc.Close()
-	d, err := newDriver(nc, js, b.runID(), p, raw, p.decided())
-	if err != nil {
-		return sample{}, err
-	}
-	defer d.close()
 	var self0, self1, kids0, kids1 time.Duration
 	window := func(open bool) {
 		if open {
@@ -298,8 +317,11 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 			onWindow(open)
 		}
 	}
-	res := d.closedLoop(context.Background(), b.cfg.Concurrency, 4, b.cfg.Warmup, b.cfg.Duration, window)
-	s := sample{Rate: res.rate(), Count: res.Completed, Timeouts: res.Timeouts, Errors: d.pubErrs.Load()}
+	res := closedLoop(context.Background(), run, b.cfg.Concurrency, 4, b.cfg.Warmup, b.cfg.Duration, window, one)
+	s := sample{Rate: res.rate(), Count: res.Completed, Timeouts: res.Timeouts, Errors: pubErrs() + int64(res.Failed), turns: res.Turns}
+	if res.Err != nil {
+		return s, fmt.Errorf("%d turns failed, the first: %w", res.Failed, res.Err)
+	}
 	if res.Completed == 0 {
 		return s, fmt.Errorf("no turn completed in the window (%d sent, %d timed out)", res.Sent, res.Timeouts)
 	}

@@ -24,9 +24,11 @@ type Report struct {
 	Footprint  *footprint `json:"footprint,omitempty"`
 	// ToolService is the toolservice phase's comparison.
 	ToolService *ToolService `json:"tool_service,omitempty"`
-	Targets     []Target     `json:"targets"`
-	Notes       []string     `json:"notes"`
-	Errors      []string     `json:"errors"`
+	// Gateway is the gateway phase's comparison.
+	Gateway *Gateway `json:"gateway,omitempty"`
+	Targets []Target `json:"targets"`
+	Notes   []string `json:"notes"`
+	Errors  []string `json:"errors"`
 }
 
 // Sequence is the traced operation sequence of one path.
@@ -108,6 +110,44 @@ type ToolRow struct {
 	Tool       string `json:"tool"`
 	Throughput Figure `json:"throughput"`
 	Latency    LatRow `json:"latency"`
+}
+
+// Gateway compares, in one run, the approval path's turn submitted and
+// decided over NATS (the driver and its decider) and over the HTTP gateway
+// in this process, all-in-one, in closed loops at the same concurrency.
+type Gateway struct {
+	// Rows: NATS, then HTTP.
+	Rows []GatewayRow `json:"rows"`
+	// Ratio*: HTTP turns/s ÷ NATS turns/s, per round (the two measured
+	// back to back).
+	RatioMedian float64 `json:"ratio_round_median"`
+	RatioMin    float64 `json:"ratio_round_min"`
+	RatioMax    float64 `json:"ratio_round_max"`
+	// Added*: the HTTP row's latency minus the NATS row's.
+	AddedPending   Added `json:"added_submit_to_pending_ms"`
+	AddedCompleted Added `json:"added_decision_to_completed_ms"`
+	AddedTurn      Added `json:"added_turn_ms"`
+}
+
+// GatewayRow is one transport's figures in the Gateway comparison, its
+// latencies over the closed loops' turns inside the windows.
+type GatewayRow struct {
+	Transport  string `json:"transport"`
+	Throughput Figure `json:"throughput"`
+	// Pending: turn sent -> its approval seen pending (NATS: the
+	// approval-requested event; HTTP: the submit's answer). Completed:
+	// decision sent -> the turn seen ended (NATS: the outcome event; HTTP:
+	// the answer of GET ?wait, after the decision's answer). Turn: sent ->
+	// ended.
+	Pending   Pcts `json:"submit_to_pending_ms"`
+	Completed Pcts `json:"decision_to_completed_ms"`
+	Turn      Pcts `json:"turn_ms"`
+}
+
+// Added is a latency difference in milliseconds.
+type Added struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
 }
 
 // Pcts are latency percentiles in milliseconds over N samples.
@@ -292,6 +332,24 @@ func (r *Report) Markdown(w io.Writer) {
 		p("- Turns/s, tool service ÷ built in, per round: %.2f [%.2f-%.2f].", ts.RatioMedian, ts.RatioMin, ts.RatioMax)
 		p("- The hop (call time, tool service − built in): p50 **%.3f ms**, p99 %.3f ms; a bare request round trip to the service during the same run: p50 **%.3f ms**, p99 %.3f ms (n=%d).",
 			ts.HopP50, ts.HopP99, ts.RoundTrip.P50, ts.RoundTrip.P99, ts.RoundTrip.N)
+		p("")
+	}
+	if g := r.Gateway; g != nil {
+		p("## Approval turns over the HTTP gateway and over NATS (all-in-one, same run)")
+		p("")
+		p("The approval path's turn (echo, and write_file needing approval), closed loop at %s turns in flight: over NATS, the driver publishes the inbound message and its decider publishes the decision on the approval-requested event; over HTTP, each slot POSTs /v1/turns (answered with the pending approval and its digest), POSTs the decision with that digest, then GETs the turn with ?wait until it has ended, through the gateway in this process (one client, keep-alive). Turns/s: median of the rounds [min-max]. Latencies (ms) over the turns inside the windows of all rounds: pending = sent -> approval seen pending; completed = decision sent -> turn seen ended.", concurrencyOf(r.Params))
+		p("")
+		p("| transport | turns/s | min-max | n | pending p50 | p99 | completed p50 | p99 | turn p50 | p99 | notes |")
+		p("|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, row := range g.Rows {
+			f := row.Throughput
+			p("| %s | %.0f | %.0f-%.0f | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |", row.Transport, f.Median, f.Min, f.Max, row.Turn.N,
+				row.Pending.P50, row.Pending.P99, row.Completed.P50, row.Completed.P99, row.Turn.P50, row.Turn.P99, f.notes())
+		}
+		p("")
+		p("- Turns/s, HTTP ÷ NATS, per round: **%.2f** [%.2f-%.2f].", g.RatioMedian, g.RatioMin, g.RatioMax)
+		p("- Added by HTTP (HTTP − NATS): submit -> pending p50 %+.2f ms, p99 %+.2f ms; decision -> completed p50 %+.2f ms, p99 %+.2f ms; whole turn p50 %+.2f ms, p99 %+.2f ms.",
+			g.AddedPending.P50, g.AddedPending.P99, g.AddedCompleted.P50, g.AddedCompleted.P99, g.AddedTurn.P50, g.AddedTurn.P99)
 		p("")
 	}
 	if f := r.Footprint; f != nil {
