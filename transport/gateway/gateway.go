@@ -93,6 +93,7 @@ type Server struct {
 	mux     *http.ServeMux
 
 	requests *prometheus.CounterVec
+	feed     batchFeed // writes to the batches bucket, for waiting requests
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by key id

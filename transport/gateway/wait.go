@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -178,35 +180,45 @@ func (s *Server) turn(ctx context.Context, turnID string) (*TurnView, error) {
 	return s.view(ctx, b)
 }
 
-// watchTurn follows turnID's batch record (a KV watch, so every write is
-// seen) until until(view) holds, and returns that view. When ctx ends
-// first it returns the latest view (nil if the turn has no batch yet) and
-// ctx's error.
+// watchTurn follows turnID's batch record until until(view) holds, and
+// returns that view. When ctx ends first it returns the latest view (nil
+// if the turn has no batch yet) and ctx's error.
+//
+// It reads the record, then again each time the batches feed (see feed)
+// reports a write to the turn's key, and at least every feedFallback in
+// case a report was missed (a reconnect): one subscription serves every
+// waiting request, instead of a KV watch (an ordered consumer created and
+// deleted on the server) per request, which cost the gateway about half
+// its turn rate under load (make bench, gateway phase).
 func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnView) bool) (*TurnView, error) {
 	if !schemas.ValidKey(turnID) {
 		return nil, errUnknown
 	}
-	w, err := s.store.Batches.KV.Watch(ctx, turnID, jetstream.IgnoreDeletes())
+	w, stop, err := s.feed.wait(s.cfg.JS.Conn(), s.store.Batches.KV.Bucket(), turnID)
 	if err != nil {
 		return nil, unavailable(err)
 	}
-	defer func() { _ = w.Stop() }()
+	defer stop()
+	tick := time.NewTicker(feedFallback)
+	defer tick.Stop()
 	var last *TurnView
+	var b *schemas.BatchRecord
+	read := true // the first look, and each fallback, reads the record
 	for {
-		select {
-		case <-ctx.Done():
-			return last, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
+		if read {
+			got, _, err := s.store.Batches.Get(ctx, turnID)
+			switch {
+			case err == nil:
+				b = got
+			case errors.Is(err, store.ErrNotFound), schemas.Permanent(err):
+				b = nil // not written yet, or undecodable: wait for the next write
+			case ctx.Err() != nil:
 				return last, ctx.Err()
+			default:
+				return last, unavailable(err)
 			}
-			if e == nil {
-				continue // end of the initial values
-			}
-			b, err := s.store.Batches.DecodeValue(e.Value())
-			if err != nil {
-				continue // an undecodable write: wait for the next
-			}
+		}
+		if b != nil {
 			v, err := s.view(ctx, b)
 			if err != nil {
 				return last, err
@@ -215,6 +227,109 @@ func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnV
 			if until(v) {
 				return v, nil
 			}
+		}
+		select {
+		case <-ctx.Done():
+			return last, ctx.Err()
+		case <-w.ch:
+			// The write as published: a subscriber can hear of a write
+			// before the stream answers reads with it, so the body is
+			// used rather than a read.
+			read = false
+			if b, err = s.store.Batches.DecodeValue(w.take()); err != nil {
+				b = nil
+			}
+		case <-tick.C:
+			read = true
+		}
+	}
+}
+
+// feedFallback is how often a waiting request reads its turn again even
+// if the feed reported no write.
+const feedFallback = 2 * time.Second
+
+// batchFeed reports writes to the batches bucket to the requests waiting on
+// them, from one core NATS subscription on the bucket's subjects, made on
+// first use.
+type batchFeed struct {
+	once sync.Once
+	err  error
+	sub  *nats.Subscription
+
+	mu      sync.Mutex
+	waiters map[string]map[*feedWaiter]struct{} // by turn id
+}
+
+// feedWaiter is one waiting request: ch signals that latest holds a write
+// not yet taken.
+type feedWaiter struct {
+	ch     chan struct{}
+	mu     sync.Mutex
+	latest []byte
+}
+
+// take returns the latest write reported.
+func (w *feedWaiter) take() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.latest
+}
+
+// wait registers a waiter for writes to key and returns it with the
+// function that unregisters it. The subscription is in place before wait
+// returns, so a write after it is reported.
+func (f *batchFeed) wait(nc *nats.Conn, bucket, key string) (*feedWaiter, func(), error) {
+	f.once.Do(func() {
+		prefix := "$KV." + bucket + "."
+		f.sub, f.err = nc.Subscribe(prefix+">", func(m *nats.Msg) {
+			if m.Header.Get(kvOperation) == "" { // a put, not a delete or purge marker
+				f.wake(strings.TrimPrefix(m.Subject, prefix), m.Data)
+			}
+		})
+		if f.err == nil {
+			f.err = f.sub.SetPendingLimits(-1, -1)
+		}
+		if f.err == nil {
+			f.err = nc.Flush() // the server has the subscription
+		}
+	})
+	if f.err != nil {
+		return nil, nil, fmt.Errorf("gateway: follow the batches bucket: %w", f.err)
+	}
+	w := &feedWaiter{ch: make(chan struct{}, 1)}
+	f.mu.Lock()
+	if f.waiters == nil {
+		f.waiters = map[string]map[*feedWaiter]struct{}{}
+	}
+	if f.waiters[key] == nil {
+		f.waiters[key] = map[*feedWaiter]struct{}{}
+	}
+	f.waiters[key][w] = struct{}{}
+	f.mu.Unlock()
+	return w, func() {
+		f.mu.Lock()
+		delete(f.waiters[key], w)
+		if len(f.waiters[key]) == 0 {
+			delete(f.waiters, key)
+		}
+		f.mu.Unlock()
+	}, nil
+}
+
+// kvOperation is the header JetStream KV marks deletes and purges with.
+const kvOperation = "KV-Operation"
+
+func (f *batchFeed) wake(key string, data []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for w := range f.waiters[key] {
+		w.mu.Lock()
+		w.latest = data
+		w.mu.Unlock()
+		select {
+		case w.ch <- struct{}{}:
+		default: // a wake is already pending; it takes the latest
 		}
 	}
 }
