@@ -130,6 +130,27 @@ func approvalView(a *schemas.ApprovalRecord) *ApprovalView {
 
 // view builds the TurnView of b, reading the approvals of its calls.
 func (s *Server) view(ctx context.Context, b *schemas.BatchRecord) (*TurnView, error) {
+	v := outline(b)
+	for i := range v.Calls {
+		cv := &v.Calls[i]
+		if cv.ApprovalID == "" {
+			continue
+		}
+		a, _, err := s.store.Approvals.Get(ctx, cv.ApprovalID)
+		switch {
+		case err == nil:
+			cv.Approval = approvalView(a)
+		case !errors.Is(err, store.ErrNotFound) && schemas.CodeOf(err) == "":
+			return nil, unavailable(err)
+		}
+	}
+	return v, nil
+}
+
+// outline is the TurnView of b without its approval records: everything
+// the batch record alone says (states, dispositions, results), which is
+// what the waits judge.
+func outline(b *schemas.BatchRecord) *TurnView {
 	v := &TurnView{
 		TurnID: b.TurnID, SessionID: b.SessionID, State: b.State, Terminal: b.State.Terminal(),
 		Code: b.Code, Reason: b.Reason, Text: b.Text, Calls: []CallView{},
@@ -142,13 +163,6 @@ func (s *Server) view(ctx context.Context, b *schemas.BatchRecord) (*TurnView, e
 		cv := CallView{CallID: c.CallID, Index: c.Index, Tool: c.Tool, Args: c.Args, ArgsDigest: c.ArgsDigest, Disposition: DispositionQueued}
 		if i < len(b.Approvals) && b.Approvals[i] != "" {
 			cv.ApprovalID = b.Approvals[i]
-			a, _, err := s.store.Approvals.Get(ctx, cv.ApprovalID)
-			switch {
-			case err == nil:
-				cv.Approval = approvalView(a)
-			case !errors.Is(err, store.ErrNotFound) && schemas.CodeOf(err) == "":
-				return nil, unavailable(err)
-			}
 			cv.Disposition = DispositionPending
 		}
 		if i < len(b.Results) && b.Results[i] != nil {
@@ -162,7 +176,7 @@ func (s *Server) view(ctx context.Context, b *schemas.BatchRecord) (*TurnView, e
 		}
 		v.Calls = append(v.Calls, cv)
 	}
-	return v, nil
+	return v
 }
 
 // turn reads turnID's view now; errUnknown if it has no batch.
@@ -180,9 +194,10 @@ func (s *Server) turn(ctx context.Context, turnID string) (*TurnView, error) {
 	return s.view(ctx, b)
 }
 
-// watchTurn follows turnID's batch record until until(view) holds, and
-// returns that view. When ctx ends first it returns the latest view (nil
-// if the turn has no batch yet) and ctx's error.
+// watchTurn follows turnID's batch record until until(outline) holds, and
+// returns the record's full view (with its approvals, read once, then).
+// When ctx ends first it returns the latest full view (nil if the turn has
+// no batch yet) and ctx's error.
 //
 // It reads the record, then again each time the batches feed (see feed)
 // reports a write to the turn's key, and at least every feedFallback in
@@ -201,8 +216,25 @@ func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnV
 	defer stop()
 	tick := time.NewTicker(feedFallback)
 	defer tick.Stop()
-	var last *TurnView
-	var b *schemas.BatchRecord
+	var b, last *schemas.BatchRecord // the record judged now, and the last one seen
+	// full is the view of last with its approvals, for the caller; after
+	// ctx has ended, read on a short context of its own.
+	full := func(err error) (*TurnView, error) {
+		if last == nil {
+			return nil, err
+		}
+		rctx := ctx
+		if ctx.Err() != nil {
+			var cancel context.CancelFunc
+			rctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+		}
+		v, verr := s.view(rctx, last)
+		if verr != nil {
+			return nil, verr
+		}
+		return v, err
+	}
 	read := true // the first look, and each fallback, reads the record
 	for {
 		if read {
@@ -213,28 +245,26 @@ func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnV
 			case errors.Is(err, store.ErrNotFound), schemas.Permanent(err):
 				b = nil // not written yet, or undecodable: wait for the next write
 			case ctx.Err() != nil:
-				return last, ctx.Err()
+				return full(ctx.Err())
 			default:
-				return last, unavailable(err)
+				return full(unavailable(err))
 			}
 		}
-		if b != nil {
-			v, err := s.view(ctx, b)
-			if err != nil {
-				return last, err
-			}
-			last = v
-			if until(v) {
-				return v, nil
+		if b != nil && (last == nil || !b.UpdatedAt.Before(last.UpdatedAt)) {
+			last = b
+			if until(outline(b)) {
+				return full(nil)
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return last, ctx.Err()
+			return full(ctx.Err())
 		case <-w.ch:
 			// The write as published: a subscriber can hear of a write
 			// before the stream answers reads with it, so the body is
-			// used rather than a read.
+			// used rather than a read. A report older than the record
+			// already judged (it was in flight during the read) is passed
+			// over.
 			read = false
 			if b, err = s.store.Batches.DecodeValue(w.take()); err != nil {
 				b = nil
