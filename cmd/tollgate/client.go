@@ -90,6 +90,23 @@ func (c *client) store(ctx context.Context) (*store.Store, error) {
 
 // fail reports err of command name on stderr, with a hint when one fits,
 // and returns exit status 1.
+// startNoArgs parses args for cmd, a command that takes flags only, and
+// connects. When it reports false, the command returns exit (usage or
+// connection failure, already printed); otherwise it defers c.close().
+func (c *client) startNoArgs(cmd *command, fs *flag.FlagSet, args []string) (exit int, ok bool) {
+	pos, exit, ok := cmd.parse(fs, args)
+	if !ok {
+		return exit, false
+	}
+	if len(pos) > 0 {
+		return cmd.usageError("no arguments expected, got %q", pos), false
+	}
+	if err := c.connect(); err != nil {
+		return c.fail(cmd.name, err), false
+	}
+	return 0, true
+}
+
 func (c *client) fail(name string, err error) int {
 	fmt.Fprintf(os.Stderr, "tollgate %s: %v\n", name, err)
 	if h := hint(err, c.url); h != "" {

@@ -31,15 +31,8 @@ func cmdDLQ(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
 	c.register(fs, defaultTimeout)
-	pos, exit, ok := cmd.parse(fs, args)
-	if !ok {
+	if exit, ok := c.startNoArgs(cmd, fs, args); !ok {
 		return exit
-	}
-	if len(pos) > 0 {
-		return cmd.usageError("no arguments expected, got %q", pos)
-	}
-	if err := c.connect(); err != nil {
-		return c.fail("dlq", err)
 	}
 	defer c.close()
 	ctx, cancel := c.ctx()

@@ -27,15 +27,8 @@ func cmdPending(cmd *command, args []string) int {
 	var c client
 	c.register(fs, defaultTimeout)
 	session := fs.String("session", "", "only this session")
-	pos, exit, ok := cmd.parse(fs, args)
-	if !ok {
+	if exit, ok := c.startNoArgs(cmd, fs, args); !ok {
 		return exit
-	}
-	if len(pos) > 0 {
-		return cmd.usageError("no arguments expected, got %q", pos)
-	}
-	if err := c.connect(); err != nil {
-		return c.fail("pending", err)
 	}
 	defer c.close()
 	ctx, cancel := c.ctx()

@@ -28,15 +28,8 @@ func cmdTools(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
 	c.register(fs, defaultTimeout)
-	pos, exit, ok := cmd.parse(fs, args)
-	if !ok {
+	if exit, ok := c.startNoArgs(cmd, fs, args); !ok {
 		return exit
-	}
-	if len(pos) > 0 {
-		return cmd.usageError("no arguments expected, got %q", pos)
-	}
-	if err := c.connect(); err != nil {
-		return c.fail("tools", err)
 	}
 	defer c.close()
 	msg, err := c.nc.Request(topology.SubjectToolsList, nil, c.timeout)

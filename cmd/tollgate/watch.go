@@ -37,15 +37,8 @@ func runWatch(ctx context.Context, cmd *command, args []string, out io.Writer) i
 	c.register(fs, defaultTimeout)
 	turn := fs.String("turn", "", "only events of this turn")
 	all := fs.Bool("all", false, "start from the oldest stored event instead of now")
-	pos, exit, ok := cmd.parse(fs, args)
-	if !ok {
+	if exit, ok := c.startNoArgs(cmd, fs, args); !ok {
 		return exit
-	}
-	if len(pos) > 0 {
-		return cmd.usageError("no arguments expected, got %q", pos)
-	}
-	if err := c.connect(); err != nil {
-		return c.fail("watch", err)
 	}
 	defer c.close()
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy}

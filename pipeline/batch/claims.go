@@ -93,32 +93,30 @@ func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool t
 	out, runErr := e.run(ctx, tool, tc, call)
 	res := e.Result(call, schemas.ResultOK, "", "", approvalID)
 	res.Output = clip(out, MaxOutputBytes)
-	reason := ""
-	if runErr != nil {
-		reason = runErr.Error()
-		if c := schemas.CodeOf(runErr); c == schemas.CodeToolReplyInvalid || c == schemas.CodeToolUnavailable || c == schemas.CodeExecutionUncertain {
-			reason = schemas.ReasonOf(runErr) // the result carries that code: say it once
-		}
-		reason = clip(reason, MaxReasonBytes)
-	}
 	switch {
 	case errors.Is(runErr, errToolHung):
-		res.Status, res.Code, res.Reason = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain, reason
+		res.Status, res.Code = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain
 	case errors.Is(runErr, tools.ErrUncertain) && tools.RetrySafe(tool):
 		// Left as a worker that died mid-call leaves it: claimed, with no
 		// result, to be run again once the lease has passed.
 		e.cfg.Logger.Warn("retry-safe call's outcome uncertain; it runs again after its claim lease", "call", call.CallID, "tool", call.Tool, "err", runErr)
 		return nil, fmt.Errorf("call %s: %v; run again once its claim lease has passed: %w", call.CallID, runErr, ErrClaimHeld)
 	case errors.Is(runErr, tools.ErrUncertain):
-		code := schemas.CodeExecutionUncertain
+		res.Status, res.Code = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain
 		if schemas.CodeOf(runErr) == schemas.CodeToolReplyInvalid {
-			code = schemas.CodeToolReplyInvalid
+			res.Code = schemas.CodeToolReplyInvalid
 		}
-		res.Status, res.Code, res.Reason = schemas.ResultNeedsAttention, code, reason
 	case errors.Is(runErr, tools.ErrUnavailable):
-		res.Status, res.Code, res.Reason = schemas.ResultFailed, schemas.CodeToolUnavailable, reason
+		res.Status, res.Code = schemas.ResultFailed, schemas.CodeToolUnavailable
 	case runErr != nil:
-		res.Status, res.Code, res.Reason = schemas.ResultError, schemas.CodeToolFailed, reason
+		res.Status, res.Code = schemas.ResultError, schemas.CodeToolFailed
+	}
+	if runErr != nil {
+		res.Reason = runErr.Error()
+		if schemas.CodeOf(runErr) == res.Code {
+			res.Reason = schemas.ReasonOf(runErr) // the result carries that code: say it once
+		}
+		res.Reason = clip(res.Reason, MaxReasonBytes)
 	}
 	e.cfg.Logger.Debug("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
 
