@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build test test-deps vet unit e2e fuzz bench bench-footprint bench-profile microbench soak clean chaos cluster cluster-test
+.PHONY: run build test test-deps test-helm vet unit e2e fuzz bench bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -16,8 +16,13 @@ build:
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 ## test: go vet, then every test (unit, integration on an embedded server, end-to-end with real processes) under -race
-test: vet test-deps
+test: vet test-deps test-helm
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+## test-helm: the Helm chart's render test (deploy/helm: a module of its own, so that Helm's and
+## Kubernetes' dependencies stay out of go.mod)
+test-helm:
+	cd deploy/helm && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## vet: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it)
 ## test-deps: the npm packages that tests run as real third-party programs (the Node tool service example, the MCP
@@ -32,6 +37,7 @@ test-deps:
 
 vet:
 	$(GO) vet $(PKGS)
+	cd deploy/helm && $(GO) vet ./... && $(GO) tool staticcheck ./...
 	$(GO) tool staticcheck $(PKGS)
 
 ## e2e: only the end-to-end test (builds and runs the real binaries)
@@ -93,6 +99,16 @@ SOAK_COUNT ?= 5
 soak:
 	$(GO) test -race -count=$(SOAK_COUNT) -timeout 30m -run 'AcrossARestart' -v ./pipeline/pipelinetest
 
+## soak-retention: the retention soak (internal/soak): SOAK_TURNS turns (200,000; every 5th also needing an
+## approval, which a decider gives) through a pipeline whose ended records are kept SOAK_RETENTION (20s), with
+## the buckets' and streams' bytes sampled every 2s; fails on a safety violation or bytes that do not level
+## off. The curve and the checks are written as CSV and JSON to results/soak/
+SOAK_TURNS     ?= 200000
+SOAK_RETENTION ?= 20s
+soak-retention:
+	TOLLGATE_SOAK_TURNS=$(SOAK_TURNS) TOLLGATE_SOAK_RETENTION=$(SOAK_RETENTION) TOLLGATE_SOAK_OUT=$(CURDIR)/results/soak \
+		$(GO) test -count=1 -timeout 3h -run '^TestRetentionSoak$$' -v ./internal/soak
+
 ## bench: the benchmark report (internal/bench, about 10 minutes on 2 cores): raw JetStream references
 ## (async publish, pull consume + ack, the raw turn: the same JetStream operations as a Tollgate turn),
 ## Tollgate fast-path and approval-path turns/s all-in-one and as separate stage processes, efficiency,
@@ -115,12 +131,12 @@ FOOTPRINT_PENDING ?= 100000
 bench-footprint: build
 	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PHASES=footprint BENCH_PENDING=$(FOOTPRINT_PENDING) $(BIN)/tollgate-bench
 
-## bench-profile: CPU and allocation profiles of the all-in-one fast and approval paths (one run each)
+## bench-profile: CPU and allocation profiles of the all-in-one fast and approval paths and the approval path over the HTTP gateway (one run each)
 ## into results/profile, and their top functions
 PROFILE_DIR ?= $(CURDIR)/results/profile
 bench-profile: build
 	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(PROFILE_DIR) BENCH_PHASES=profile BENCH_PROFILE=$(PROFILE_DIR) $(BIN)/tollgate-bench > /dev/null
-	@for p in fast approval; do \
+	@for p in fast approval gateway; do \
 		echo "== $$p path: CPU"; $(GO) tool pprof -top -nodecount=35 $(BIN)/tollgate-bench $(PROFILE_DIR)/cpu-$$p.pprof 2>/dev/null | sed -n '1,45p'; \
 		echo "== $$p path: allocations (objects) in the window"; $(GO) tool pprof -top -nodecount=25 -sample_index=alloc_objects \
 			-diff_base $(PROFILE_DIR)/allocs-$$p-base.pprof $(BIN)/tollgate-bench $(PROFILE_DIR)/allocs-$$p.pprof 2>/dev/null | sed -n '1,35p'; \

@@ -13,7 +13,8 @@
 //     or with Config.CheckOnly only checked, with the consumers of the
 //     selected stages (StageConsumers);
 //   - one store over the KV buckets, reading older approval records through
-//     the one compatibility path (pipeline/legacy);
+//     the one compatibility path (pipeline/legacy), and removing the records
+//     of ended turns after Config.Retention (store.Store.Retain);
 //   - one tool catalog (tools.Catalog): Config.Tools plus
 //     schedule_followup, which is part of the pipeline and is always added,
 //     wired to the engine, and the tools of Config.Providers, resolved by
@@ -26,6 +27,10 @@
 //     claim in KV keeps processes apart; the engine keeps the stages of one
 //     process apart), so a process never has two;
 //   - one set of runner metrics, shared by the stages;
+//   - where Config.Planner is set, the planner (pipeline/planner), an
+//     optional fifth stage selected by default with the four, over the same
+//     store and engine; ingest then routes turns with text and no calls to
+//     it (also where only Config.PlanText is set);
 //   - all four stages, whichever are selected (Config.Stages), so that a
 //     test can call Handle, Apply or Redrive on a stage that does not run.
 //     Only the selected stages register their own metrics: a process
@@ -63,6 +68,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/health"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -71,6 +77,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/pipeline/legacy"
+	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -85,6 +92,9 @@ const (
 	StageExecutor = executor.Stage
 	StageApprover = approver.Stage
 	StageRedriver = redriver.Stage
+	// StagePlanner is the optional fifth stage (Config.Planner): not in
+	// AllStages, selected by default only where a planner is configured.
+	StagePlanner = planner.Stage
 )
 
 // AllStages returns the four stage names in pipeline order.
@@ -139,6 +149,19 @@ type Config struct {
 	// Stages are the stages Run runs and whose metrics are registered; nil
 	// is AllStages(). All four are constructed either way.
 	Stages []string
+	// TracerProvider receives the spans of every stage handler and tool
+	// call (package tracing; docs/operations.md, Traces); nil is otel's
+	// global provider, a no-op one unless the program set another: off.
+	TracerProvider trace.TracerProvider
+
+	// Planner, if set, builds the planner stage (pipeline/planner) with
+	// these settings, and ingest routes turns with text and no calls to
+	// it. Nil: no planner; such turns go to the executor as before.
+	Planner *planner.Options
+	// PlanText routes turns with text and no calls to the planner even
+	// where this process runs no planner (an ingest-only process of a
+	// deployment whose planner runs elsewhere: `ingest --plan`).
+	PlanText bool
 
 	// Tuning, for tests; zero is the owning package's default.
 	ClaimLease    time.Duration // batch.Config.ClaimLease
@@ -146,12 +169,35 @@ type Config struct {
 	OrderWait     time.Duration // executor.Config.OrderWait
 	SweepInterval time.Duration // redriver.Config.SweepInterval (negative: no sweep)
 	SweepAfter    time.Duration // redriver.Config.SweepAfter
+
+	// Retention is how long ended records stay in KV (store.Store.Retain):
+	// terminal batches, idle sessions, and the approvals and execution
+	// claims of a turn whose batch has ended. Zero is
+	// store.DefaultRetention; negative keeps every record. It must be at
+	// least the streams' max age (Topology.MaxAge): a message is
+	// redelivered for as long as its stream holds it (the consumers have no
+	// MaxDeliver, and a recreated consumer starts over), and a trigger of a
+	// turn whose records are gone would run it again (docs/operations.md,
+	// "Retention").
+	Retention time.Duration
+}
+
+// retention is c.Retention with its default applied; 0 keeps every record.
+func (c *Config) retention() time.Duration {
+	switch {
+	case c.Retention == 0:
+		return store.DefaultRetention
+	case c.Retention < 0:
+		return 0
+	}
+	return c.Retention
 }
 
 // Validate reports every problem with the wiring, joined, each wrapping
 // ErrInvalidConfig: a missing dependency, an invalid topology, an unknown or
 // repeated stage, a nil, unnamed or repeated tool, or a tool named like the
-// built-in schedule_followup, or a nil provider. It does not change c.
+// built-in schedule_followup, or a nil provider, or a retention below a
+// second or shorter than the streams' max age. It does not change c.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) {
@@ -174,9 +220,21 @@ func (c *Config) Validate() error {
 			bad("%v", err)
 		}
 	}
+	topo := c.Topology
+	if topo == (topology.Config{}) {
+		topo = topology.DefaultConfig()
+	}
+	switch r := c.retention(); {
+	case r > 0 && r < time.Second:
+		bad("retention %v: want at least 1s (or negative to keep every record)", r)
+	case r > 0 && r < topo.MaxAge:
+		bad("retention %v is shorter than the streams' max age %v: a message still in a stream could run its turn again once the turn's records are gone", r, topo.MaxAge)
+	}
 	for i, s := range c.Stages {
 		switch {
-		case !slices.Contains(AllStages(), s):
+		case s == StagePlanner && c.Planner == nil:
+			bad("stage %q needs Planner settings", s)
+		case s != StagePlanner && !slices.Contains(AllStages(), s):
 			bad("unknown stage %q (want one of %v)", s, AllStages())
 		case slices.Contains(c.Stages[:i], s):
 			bad("stage %q named twice", s)
@@ -217,6 +275,7 @@ type Pipeline struct {
 	Executor *executor.Executor
 	Approver *approver.Approver
 	Redriver *redriver.Redriver
+	Planner  *planner.Planner // nil without Config.Planner
 
 	stages   []string
 	services services
@@ -253,6 +312,9 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	p := &Pipeline{stages: cfg.Stages, js: cfg.JS, topo: topo, sweeps: cfg.SweepInterval >= 0}
 	if p.stages == nil {
 		p.stages = AllStages()
+		if cfg.Planner != nil {
+			p.stages = append(p.stages, StagePlanner)
+		}
 	}
 	// A stage that does not run in this process is constructed without
 	// its own metrics, so that a process exposes only what it runs.
@@ -280,6 +342,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	p.Store = store.New(buckets)
 	p.Store.Approvals.Decode = compat.DecodeApproval
+	p.Store.Retain(cfg.JS, cfg.retention())
 
 	// schedule_followup needs the engine, and the engine the catalog
 	// that holds schedule_followup: the tool gets a scheduler that forwards
@@ -315,27 +378,37 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	stageLog := func(s string) *slog.Logger { return log.With("stage", s) }
 	if p.Ingest, err = ingest.New(ingest.Config{
 		JS: cfg.JS, Policy: cfg.Policy, Keys: cfg.Keys, Logger: stageLog(StageIngest), Metrics: metrics,
-		Instance: StageIngest + "@" + cfg.Instance,
+		Instance: StageIngest + "@" + cfg.Instance, TracerProvider: cfg.TracerProvider, Plan: cfg.Planner != nil || cfg.PlanText,
 	}); err != nil {
 		return nil, err
 	}
 	if p.Executor, err = executor.New(executor.Config{
 		JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy, Logger: stageLog(StageExecutor), Metrics: metrics,
-		Registerer: regOf(StageExecutor), OrderWait: cfg.OrderWait,
+		Registerer: regOf(StageExecutor), OrderWait: cfg.OrderWait, TracerProvider: cfg.TracerProvider,
 	}); err != nil {
 		return nil, err
 	}
 	if p.Approver, err = approver.New(approver.Config{
 		JS: cfg.JS, Store: p.Store, Policy: cfg.Policy, Keys: cfg.Keys, Logger: stageLog(StageApprover), Metrics: metrics,
-		Registerer: regOf(StageApprover), Now: now,
+		Registerer: regOf(StageApprover), Now: now, TracerProvider: cfg.TracerProvider,
 	}); err != nil {
 		return nil, err
 	}
 	if p.Redriver, err = redriver.New(redriver.Config{
 		JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy, Logger: stageLog(StageRedriver), Metrics: metrics,
 		Registerer: regOf(StageRedriver), SweepInterval: cfg.SweepInterval, SweepAfter: cfg.SweepAfter,
+		TracerProvider: cfg.TracerProvider,
 	}); err != nil {
 		return nil, err
+	}
+	if cfg.Planner != nil {
+		if p.Planner, err = planner.New(ctx, planner.Config{
+			Options: *cfg.Planner, JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy,
+			Logger: stageLog(StagePlanner), Metrics: metrics, Registerer: regOf(StagePlanner),
+			Topology: topo, CheckOnly: cfg.CheckOnly,
+		}); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -362,6 +435,12 @@ func StageConsumers(stages ...string) []topology.ConsumerSpec {
 	var out []topology.ConsumerSpec
 	for i, spec := range topology.Consumers() { // in the order of AllStages
 		if slices.Contains(stages, AllStages()[i]) {
+			spec.Config = runner.ConsumerConfig(spec.Config)
+			out = append(out, spec)
+		}
+	}
+	if slices.Contains(stages, StagePlanner) {
+		for _, spec := range topology.PlannerConsumers() {
 			spec.Config = runner.ConsumerConfig(spec.Config)
 			out = append(out, spec)
 		}
@@ -506,6 +585,8 @@ func (p *Pipeline) run(s string) func(context.Context) error {
 		return p.Executor.Run
 	case StageApprover:
 		return p.Approver.Run
+	case StagePlanner:
+		return p.Planner.Run
 	default:
 		return p.Redriver.Run
 	}

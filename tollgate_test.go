@@ -72,6 +72,22 @@ func TestValidateNamesWhatIsWrong(t *testing.T) {
 		{"a tool in place of schedule_followup", func(c *tollgate.Config) { c.Tools = []tools.Tool{shout{"schedule_followup"}} },
 			[]string{"schedule_followup is built in"}},
 		{"a nil provider", func(c *tollgate.Config) { c.Providers = []tools.Provider{&pipelinetest.Provider{}, nil} }, []string{"Providers[1] is nil"}},
+		{"a retention as long as the streams keep messages", func(c *tollgate.Config) { c.Retention = 30 * 24 * time.Hour }, nil},
+		{"records kept for good", func(c *tollgate.Config) { c.Retention = -1 }, nil},
+		{"a short retention with streams as short", func(c *tollgate.Config) {
+			c.Topology = topology.DefaultConfig()
+			c.Topology.MaxAge, c.Topology.DuplicateWindow, c.Retention = 20*time.Second, 10*time.Second, 20*time.Second
+		}, nil},
+		{"a retention shorter than the streams keep messages", func(c *tollgate.Config) { c.Retention = 24 * time.Hour },
+			[]string{"retention 24h0m0s is shorter than the streams' max age 720h0m0s"}},
+		{"streams kept longer than the default retention", func(c *tollgate.Config) {
+			c.Topology = topology.DefaultConfig()
+			c.Topology.MaxAge = 60 * 24 * time.Hour
+		}, []string{"retention 720h0m0s is shorter than the streams' max age 1440h0m0s"}},
+		{"a retention below the TTL's resolution", func(c *tollgate.Config) {
+			c.Topology = topology.DefaultConfig()
+			c.Topology.MaxAge, c.Topology.DuplicateWindow, c.Retention = time.Second/2, time.Second/4, time.Second/2
+		}, []string{"retention 500ms: want at least 1s"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -220,11 +220,11 @@ func (c *cluster) restartNATS(t *testing.T) {
 
 // startStage starts one stage binary with its own metrics port and waits
 // until its consumer is running. A metrics port taken meanwhile is retried.
-func (c *cluster) startStage(t *testing.T, stage string) *proc {
+func (c *cluster) startStage(t *testing.T, stage string, extra ...string) *proc {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		maddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
-		p := c.startProc(t, stage, "--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "debug", "--seal-keys", c.keys)
+		p := c.startProc(t, stage, append([]string{"--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "debug", "--seal-keys", c.keys}, extra...)...)
 		ready := false
 		waitFor(t, 30*time.Second, stage+" is consuming", func() (bool, string) {
 			if p.Exited() {

@@ -32,6 +32,9 @@ type Ptr[T any] interface {
 var encPool = sync.Pool{New: func() any {
 	buf := new(bytes.Buffer)
 	enc := msgpack.NewEncoder(buf)
+	// Maps (an approval's trace context) encode in key order, so that a
+	// record has one encoding (golden vectors, equal records equal bytes).
+	enc.SetSortMapKeys(true)
 	return &encoder{buf: buf, enc: enc}
 }}
 

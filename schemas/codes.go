@@ -74,12 +74,29 @@ const (
 	CodeRetriesExhausted   Code = "RETRIES_EXHAUSTED"
 	CodeUnknownMessage     Code = "UNKNOWN_MESSAGE"
 
+	// The planner (the agent loop).
+
+	// CodeLLMUnavailable: the model endpoint could not be reached or kept
+	// failing (after the client's retries with back-off on 429 and 5xx).
+	CodeLLMUnavailable Code = "LLM_UNAVAILABLE"
+	// CodeLLMBadResponse: the model endpoint answered with something that
+	// is not a usable chat completion (not JSON, no choice, refused).
+	CodeLLMBadResponse Code = "LLM_BAD_RESPONSE"
+	// CodeBudgetExhausted: the agent loop ran out of steps, tokens or wall
+	// time before the model answered with text.
+	CodeBudgetExhausted Code = "BUDGET_EXHAUSTED"
+
 	// Outgoing webhooks.
 
 	// CodeWebhookUndeliverable: a webhook subscriber did not accept an event
 	// (no 2xx answer) by the last attempt of its retry schedule, or answered
 	// 410 Gone; the event is dead-lettered for that subscriber.
 	CodeWebhookUndeliverable Code = "WEBHOOK_UNDELIVERABLE"
+
+	// CodeChatUndeliverable: a chat platform refused a post or an update
+	// for good (a channel gone, the app removed from it); the event is
+	// dead-lettered for that chat transport.
+	CodeChatUndeliverable Code = "CHAT_UNDELIVERABLE"
 )
 
 // Error is a failure with a stable Code. It is how every stage reports a

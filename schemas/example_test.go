@@ -151,6 +151,7 @@ func exampleApproval() *schemas.ApprovalRecord {
 		Decision:      exampleDecisionInfo(),
 		Quorum:        2,
 		Votes:         []schemas.DecisionInfo{*exampleDecisionInfo(), *exampleDecisionInfo()},
+		Trace:         map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "vendor=value"},
 	}
 }
 

@@ -294,6 +294,26 @@ func TestDecodeRecordsWrittenBeforeFollowUpDepth(t *testing.T) {
 	}
 }
 
+// trace was added to version 2 of the approval record as an optional key:
+// a record written before it (or with tracing off) decodes with no trace
+// context, every other field intact.
+func TestDecodeAnApprovalWrittenBeforeTrace(t *testing.T) {
+	m := toMap(t, readGolden(t, "approval_record.v2.msgpack"))
+	if _, ok := m["trace"]; !ok {
+		t.Fatal("the golden file has no trace to remove")
+	}
+	delete(m, "trace")
+	rec, err := schemas.Decode[schemas.ApprovalRecord](fromMap(t, m))
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	want := exampleApproval()
+	want.Trace = nil
+	if !reflect.DeepEqual(utc(rec), utc(want)) {
+		t.Errorf("decoded\n%#v\nwant\n%#v", rec, want)
+	}
+}
+
 func TestDecodeRejectsMalformedPayloads(t *testing.T) {
 	arrayOf := func(t *testing.T, golden string) []byte {
 		m := toMap(t, readGolden(t, golden))

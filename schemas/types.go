@@ -309,6 +309,10 @@ type ApprovalRecord struct {
 	Quorum int `msgpack:"quorum,omitempty"`
 	// Votes are the approvals counted towards Quorum while pending.
 	Votes []DecisionInfo `msgpack:"votes,omitempty"`
+	// Trace is the W3C trace context (traceparent, tracestate) of the span
+	// that requested the approval, which the redrive after the decision
+	// links to (package tracing); absent when tracing was off.
+	Trace map[string]string `msgpack:"trace,omitempty"`
 }
 
 // Offers reports whether option is one of the options the prompt offered.

@@ -170,13 +170,14 @@ func (c *TurnContext) Check() error {
 }
 
 // CheckFor is Check plus a check that c is the authority of turnID: c was
-// captured for turnID, or turnID is follow-up work that a call of c's turn
-// scheduled (FollowUpTurnID), which inherits c unchanged.
+// captured for turnID, or turnID is work that inherits c unchanged: a
+// follow-up a call of c's turn scheduled (FollowUpTurnID) or a step batch of
+// c's turn's agent loop (PlannerStepTurnID), in any chain (DescendsFrom).
 func (c *TurnContext) CheckFor(turnID string) error {
 	if err := c.Check(); err != nil {
 		return err
 	}
-	if c.TurnID != turnID && !IsFollowUpOf(turnID, c.TurnID) {
+	if c.TurnID != turnID && !DescendsFrom(turnID, c.TurnID) {
 		return Errorf(CodeTurnContextMismatch, "TurnContext is for turn %q, not %q", c.TurnID, turnID)
 	}
 	return nil

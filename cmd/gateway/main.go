@@ -35,12 +35,18 @@ func serve(args []string) int {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	natsURL := fs.String("nats", stagecmd.Env("TOLLGATE_NATS_URL", stagecmd.DefaultNATSURL), "NATS URL (env TOLLGATE_NATS_URL)")
 	creds := fs.String("creds", stagecmd.Env("TOLLGATE_NATS_CREDS", ""), "NATS credentials file of the gateway user (env TOLLGATE_NATS_CREDS)")
+	var account stagecmd.Account // --inbox-prefix, --js-api-prefix: the gateway's own NATS account
+	account.Register(fs)
 	logLevel := fs.String("log-level", stagecmd.Env("TOLLGATE_LOG_LEVEL", "info"), "debug, info, warn or error (env TOLLGATE_LOG_LEVEL)")
 	policyPath := fs.String("policy", stagecmd.Env("TOLLGATE_POLICY", ""), "policy JSON file ingest runs with; empty for the built-in policy (env TOLLGATE_POLICY)")
 	addr := fs.String("http", stagecmd.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "HTTP listen address (env TOLLGATE_HTTP)")
 	webhooksPath := fs.String("webhooks", stagecmd.Env("TOLLGATE_WEBHOOKS", ""), "outgoing webhooks file, JSON; empty for none (env TOLLGATE_WEBHOOKS; see docs/api.md)")
 	metricsAddr := fs.String("metrics", stagecmd.Env("TOLLGATE_METRICS_ADDR", "127.0.0.1:9465"), "address for /metrics, /healthz and /readyz, empty to disable (env TOLLGATE_METRICS_ADDR)")
 	keysPath := fs.String("keys", stagecmd.Env("TOLLGATE_GATEWAY_KEYS", ""), "API keys file, JSON (required; env TOLLGATE_GATEWAY_KEYS; see docs/api.md)")
+	var inbox inboxFlags
+	inbox.register(fs)
+	var otlp string
+	stagecmd.OTLPFlag(fs, &otlp)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -59,7 +65,7 @@ func serve(args []string) int {
 		log.Error("policy", "err", err)
 		return 1
 	}
-	nc, js, err := stagecmd.Connect(*natsURL, *creds, "tollgate-gateway", log, nats.RetryOnFailedConnect(true))
+	nc, js, err := account.Connect(*natsURL, *creds, "tollgate-gateway", log, nats.RetryOnFailedConnect(true))
 	if err != nil {
 		log.Error("connect", "err", err)
 		return 1
@@ -67,6 +73,12 @@ func serve(args []string) int {
 	defer nc.Drain()
 	ctx, cancel := stagecmd.SignalContext()
 	defer cancel()
+	stopTracing, err := stagecmd.Tracing(ctx, otlp, "tollgate-gateway", log)
+	if err != nil {
+		log.Error("tracing", "err", err)
+		return 1
+	}
+	defer stagecmd.FlushTraces(stopTracing, log)
 	reg := stagecmd.NewRegistry()
 	ready, err := health.New(reg, "gateway")
 	if err != nil {
@@ -79,6 +91,10 @@ func serve(args []string) int {
 		return 1
 	}
 	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: *addr, Logger: log, Registerer: reg}
+	if cfg.Web, err = inbox.handler(js, pol, *addr, log); err != nil {
+		log.Error("web inbox", "err", err)
+		return 1
+	}
 	if *webhooksPath != "" {
 		wc, err := webhook.LoadConfig(*webhooksPath)
 		if err != nil {

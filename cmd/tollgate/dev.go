@@ -35,12 +35,21 @@ func cmdDev(cmd *command, args []string) int {
 	httpAddr := fs.String("http", stagecmd.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "address of the HTTP gateway (docs/api.md), empty to disable (env TOLLGATE_HTTP)")
 	var c stagecmd.Common
 	c.Register(fs, "127.0.0.1:9460")
+	c.Planner.Register(fs)
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit
 	}
 	if len(pos) > 0 {
 		return cmd.usageError("no arguments expected, got %q", pos)
+	}
+	plannerOpts, err := c.Planner.Options()
+	if err != nil {
+		return cmd.usageError("%v", err)
+	}
+	stages := tollgate.AllStages()
+	if plannerOpts != nil {
+		stages = append(stages, tollgate.StagePlanner)
 	}
 	log := stagecmd.Logger(c.LogLevel)
 	host, portStr, err := net.SplitHostPort(*listen)
@@ -91,6 +100,12 @@ func cmdDev(cmd *command, args []string) int {
 
 	ctx, cancel := stagecmd.SignalContext()
 	defer cancel()
+	stopTracing, err := stagecmd.Tracing(ctx, c.OTLP, "tollgate-dev", log)
+	if err != nil {
+		log.Error("tracing", "err", err)
+		return 1
+	}
+	defer stagecmd.FlushTraces(stopTracing, log)
 	nc, js, err := stagecmd.Connect(ns.ClientURL(), "", "tollgate-dev", log)
 	if err != nil {
 		log.Error("connect", "err", err)
@@ -98,7 +113,7 @@ func cmdDev(cmd *command, args []string) int {
 	}
 	defer nc.Drain()
 	reg := stagecmd.NewRegistry()
-	ready, err := health.New(reg, tollgate.AllStages()...)
+	ready, err := health.New(reg, stages...)
 	if err != nil {
 		log.Error("metrics", "err", err)
 		return 1
@@ -121,7 +136,7 @@ func cmdDev(cmd *command, args []string) int {
 	}
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
-		Instance: stagecmd.Instance(), Topology: topo,
+		Instance: stagecmd.Instance(), Topology: topo, Retention: c.Retention, Planner: plannerOpts,
 	})
 	if err != nil {
 		log.Error("build stages", "err", err)
@@ -129,13 +144,16 @@ func cmdDev(cmd *command, args []string) int {
 	}
 	ready.Add(p.Checks()...)
 	if *httpAddr != "" {
-		if err := runDevGateway(ctx, js, pol, *data, *httpAddr, log, cancel); err != nil {
+		if err := runDevGateway(ctx, js, pol, keys, *data, *httpAddr, log, cancel); err != nil {
 			log.Error("gateway", "err", err)
 			return 1
 		}
 	}
-	log.Info("tollgate dev running: all four stages", "nats", ns.ClientURL(), "sandbox", sandbox, "policy", pol.Version())
+	log.Info("tollgate dev running", "stages", stages, "nats", ns.ClientURL(), "sandbox", sandbox, "policy", pol.Version())
 	fmt.Fprintf(os.Stderr, "\nTollgate is running. In another terminal:\n  tollgate send --session demo --sender alice --call 'write_file={\"path\":\"hello.txt\",\"content\":\"hi\"}'\n  tollgate pending\n\n")
+	if plannerOpts != nil {
+		fmt.Fprintf(os.Stderr, "The planner asks %s at %s. Chat with it:\n  tollgate chat --session demo --sender alice \"save a note saying buy milk\"\n\n", plannerOpts.Model.Model, plannerOpts.Model.BaseURL)
+	}
 	if err := p.Run(ctx); err != nil {
 		log.Error("stage failed", "err", err)
 		return 1

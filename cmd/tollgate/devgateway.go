@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
+	"github.com/tollgate-dev/tollgate/transport/web"
 )
 
 // Files of the dev gateway's key in the data directory.
@@ -49,13 +51,19 @@ func devGatewayKeys(data string) (keys []gateway.Key, token string, err error) {
 }
 
 // runDevGateway listens on addr (failing at once if it cannot) and serves
-// the gateway there until ctx ends; stop is called if it fails.
-func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Policy, data, addr string, log *slog.Logger, stop func()) error {
+// the gateway there until ctx ends, with the web inbox at / and its dev
+// sign-in on (web.New refuses that unless addr is a loopback address);
+// stop is called if it fails.
+func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Policy, seals *seal.KeyRing, data, addr string, log *slog.Logger, stop func()) error {
 	keys, token, err := devGatewayKeys(data)
 	if err != nil {
 		return fmt.Errorf("gateway keys: %w", err)
 	}
-	s, err := gateway.New(gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: addr, Logger: log})
+	inbox, err := web.New(web.Config{JS: js, Policy: pol, Keys: seals, Logger: log, Addr: addr, DevSignIn: true})
+	if err != nil {
+		return fmt.Errorf("web inbox: %w", err)
+	}
+	s, err := gateway.New(gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: addr, Logger: log, Web: inbox})
 	if err != nil {
 		return err
 	}
@@ -67,6 +75,7 @@ func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Poli
 		fmt.Fprintf(os.Stderr, "created the gateway dev key (also in %s):\n  %s\n", filepath.Join(data, devTokenFile), token)
 	}
 	fmt.Fprintf(os.Stderr, "HTTP API on http://%s/v1 (key: %s)\n", addr, filepath.Join(data, devTokenFile))
+	fmt.Fprintf(os.Stderr, "approval inbox on http://%s/ (dev sign-in: pick who you are)\n", addr)
 	go func() {
 		if err := s.Serve(ctx, ln); err != nil {
 			log.Error("gateway failed", "err", err)

@@ -29,7 +29,7 @@ func TestDevGatewayServesWithItsDevKey(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := runDevGateway(ctx, h.JS, h.Policy, data, addr, pipelinetest.Logger(), cancel); err != nil {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, pipelinetest.Logger(), cancel); err != nil {
 		t.Fatal(err)
 	}
 	tokenFile := filepath.Join(data, devTokenFile)
@@ -61,7 +61,7 @@ func TestDevGatewayServesWithItsDevKey(t *testing.T) {
 	if code := get(""); code != http.StatusUnauthorized {
 		t.Errorf("without a key: %d, want 401", code)
 	}
-	if err := runDevGateway(ctx, h.JS, h.Policy, data, addr, pipelinetest.Logger(), cancel); err == nil || !strings.Contains(err.Error(), addr) {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, pipelinetest.Logger(), cancel); err == nil || !strings.Contains(err.Error(), addr) {
 		t.Errorf("a second gateway on %s: %v, want an error naming the address", addr, err)
 	}
 	again, tok, err := devGatewayKeys(data)

@@ -45,7 +45,7 @@ type command struct {
 
 // commands is the dispatch table, in the order the usage lists them.
 var commands = []*command{
-	devCmd, sendCmd, pendingCmd, showCmd, approveCmd, denyCmd, outcomeCmd,
+	devCmd, sendCmd, chatCmd, pendingCmd, showCmd, approveCmd, denyCmd, outcomeCmd,
 	watchCmd, auditCmd, dlqCmd, toolsCmd, replayCmd, keysCmd, provisionCmd, versionCmd,
 }
 

@@ -122,7 +122,9 @@ func TestProvisionDryRunShowsAChangedSetting(t *testing.T) {
 	if code, _, errOut := runCLI(t, "provision", "--nats", url); code != 0 {
 		t.Fatalf("provision: %s", errOut)
 	}
-	if _, err := js.UpdateKeyValue(provCtx(t), jetstream.KeyValueConfig{Bucket: topology.BucketSessions, History: 7, Storage: jetstream.FileStorage, MaxValueSize: 1 << 20, Description: "Tollgate: per-session batch queue"}); err != nil {
+	drifted := topology.DefaultConfig().BucketStreams()[2] // tollgate_sessions
+	drifted.MaxMsgsPerSubject = 7
+	if _, err := js.UpdateStream(provCtx(t), drifted); err != nil {
 		t.Fatal(err)
 	}
 	res := provisionJSON(t, "--nats", url, "--dry-run")

@@ -115,6 +115,10 @@ func summary(subject string, data []byte) string {
 			}
 			return fmt.Sprintf("turn %s %s (%d results) %s", o.TurnID, o.State, len(o.Results), to)
 		}
+	case strings.HasPrefix(subject, topology.SubjectTurnReply):
+		if r, err := schemas.Decode[schemas.ReplyEvent](data); err == nil {
+			return fmt.Sprintf("reply to %s %s/%s: %s", r.Reply.Transport, r.Reply.Channel.Kind, r.Reply.Channel.ID, clip(r.Text, 80))
+		}
 	case strings.HasPrefix(subject, topology.SubjectBatchAwaiting):
 		return "batch awaiting approvals"
 	}

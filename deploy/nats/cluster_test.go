@@ -17,8 +17,12 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
-// clusterFiles are the three nodes of deploy/nats/cluster-<n>.conf.
-var clusterFiles = []string{"cluster-1.conf", "cluster-2.conf", "cluster-3.conf"}
+// clusterFiles are the three nodes of deploy/nats/cluster-<n>.conf, and
+// lpClusterFiles those of its least-privilege variant cluster-lp-<n>.conf.
+var (
+	clusterFiles   = []string{"cluster-1.conf", "cluster-2.conf", "cluster-3.conf"}
+	lpClusterFiles = []string{"cluster-lp-1.conf", "cluster-lp-2.conf", "cluster-lp-3.conf"}
+)
 
 // The three cluster files describe one cluster on loopback: one cluster
 // name, distinct server names, ports and stores, every node routing to all
@@ -29,55 +33,12 @@ var clusterFiles = []string{"cluster-1.conf", "cluster-2.conf", "cluster-3.conf"
 // leading TOLLGATE_TURNS shuts down, and the next turn goes through on the
 // other two.
 func TestClusterConfig(t *testing.T) {
-	var opts []*server.Options
-	for _, f := range clusterFiles {
-		o, err := server.ProcessConfigFile(f)
-		if err != nil {
-			t.Fatalf("load %s: %v", f, err)
-		}
-		opts = append(opts, o)
-	}
-	var listens []string
-	seen := map[string]string{}
-	unique := func(f, what, v string) {
-		if other, dup := seen[what+"="+v]; dup {
-			t.Errorf("%s and %s share %s %s", other, f, what, v)
-		}
-		seen[what+"="+v] = f
-	}
-	for i, o := range opts {
-		f := clusterFiles[i]
-		if !o.JetStream || !o.SyncAlways || o.MaxPayload != 1<<20 {
-			t.Errorf("%s: jetstream %v, sync always %v, max payload %d; want JetStream with sync_interval: always and 1MB", f, o.JetStream, o.SyncAlways, o.MaxPayload)
-		}
-		if o.Host != "127.0.0.1" || o.HTTPHost != "127.0.0.1" || o.Cluster.Host != "127.0.0.1" {
-			t.Errorf("%s: listens on %s, http %s, cluster %s; want loopback only", f, o.Host, o.HTTPHost, o.Cluster.Host)
-		}
-		if o.Cluster.Name != "tollgate" {
-			t.Errorf("%s: cluster name %q, want tollgate", f, o.Cluster.Name)
-		}
-		unique(f, "server_name", o.ServerName)
-		unique(f, "client port", fmt.Sprint(o.Port))
-		unique(f, "http port", fmt.Sprint(o.HTTPPort))
-		unique(f, "cluster port", fmt.Sprint(o.Cluster.Port))
-		unique(f, "store_dir", o.StoreDir)
-		listens = append(listens, net.JoinHostPort(o.Cluster.Host, fmt.Sprint(o.Cluster.Port)))
-	}
-	for i, o := range opts {
-		var routes []string
-		for _, r := range o.Routes {
-			routes = append(routes, r.Host)
-		}
-		slices.Sort(routes)
-		if !slices.Equal(routes, slices.Sorted(slices.Values(listens))) {
-			t.Errorf("%s routes to %v, want every node's route listener %v", clusterFiles[i], routes, listens)
-		}
-	}
+	opts := loadCluster(t, clusterFiles)
 	if t.Failed() || testing.Short() {
 		return
 	}
-
 	c := jstest.StartClusterOf(t, opts)
+
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := topology.DefaultConfig()
@@ -127,4 +88,123 @@ func TestClusterConfig(t *testing.T) {
 		return true
 	})
 	turn("s-2")
+}
+
+// loadCluster loads the three node files as nats-server does and checks
+// that they describe one cluster on loopback: one cluster name, distinct
+// server names, ports and stores, every node routing to all three route
+// listeners, JetStream with sync_interval: always and a 1MB max payload.
+func loadCluster(t *testing.T, files []string) []*server.Options {
+	t.Helper()
+	var opts []*server.Options
+	var listens []string
+	seen := map[string]string{}
+	unique := func(f, what, v string) {
+		if other, dup := seen[what+"="+v]; dup {
+			t.Errorf("%s and %s share %s %s", other, f, what, v)
+		}
+		seen[what+"="+v] = f
+	}
+	for _, f := range files {
+		o, err := server.ProcessConfigFile(f)
+		if err != nil {
+			t.Fatalf("load %s: %v", f, err)
+		}
+		opts = append(opts, o)
+		if !o.JetStream || !o.SyncAlways || o.MaxPayload != 1<<20 {
+			t.Errorf("%s: jetstream %v, sync always %v, max payload %d; want JetStream with sync_interval: always and 1MB", f, o.JetStream, o.SyncAlways, o.MaxPayload)
+		}
+		if o.Host != "127.0.0.1" || o.HTTPHost != "127.0.0.1" || o.Cluster.Host != "127.0.0.1" {
+			t.Errorf("%s: listens on %s, http %s, cluster %s; want loopback only", f, o.Host, o.HTTPHost, o.Cluster.Host)
+		}
+		if o.Cluster.Name != "tollgate" {
+			t.Errorf("%s: cluster name %q, want tollgate", f, o.Cluster.Name)
+		}
+		unique(f, "server_name", o.ServerName)
+		unique(f, "client port", fmt.Sprint(o.Port))
+		unique(f, "http port", fmt.Sprint(o.HTTPPort))
+		unique(f, "cluster port", fmt.Sprint(o.Cluster.Port))
+		unique(f, "store_dir", o.StoreDir)
+		listens = append(listens, net.JoinHostPort(o.Cluster.Host, fmt.Sprint(o.Cluster.Port)))
+	}
+	for i, o := range opts {
+		var routes []string
+		for _, r := range o.Routes {
+			routes = append(routes, r.Host)
+		}
+		slices.Sort(routes)
+		if !slices.Equal(routes, slices.Sorted(slices.Values(listens))) {
+			t.Errorf("%s routes to %v, want every node's route listener %v", files[i], routes, listens)
+		}
+	}
+	return opts
+}
+
+// The least-privilege cluster files describe the same cluster as the plain
+// ones, with the accounts of least-privilege.conf on every node. On the
+// three nodes, with only their listen addresses and stores moved, admin
+// provisions the topology at three replicas, each stage runs in its own
+// account as its own user on all three URLs, and a turn with an approval
+// from the cli transport goes through with nothing refused; no stage, nor
+// the transport, can have an acknowledgement stored on a subject of
+// TOLLGATE by naming it as a reply.
+func TestClusterLeastPrivilegeConfig(t *testing.T) {
+	for user, env := range users {
+		t.Setenv(env, password(user))
+	}
+	opts := loadCluster(t, lpClusterFiles)
+	for i, o := range opts {
+		if len(o.Accounts) == 0 || len(o.Users) != len(users) {
+			t.Errorf("%s: %d accounts, %d users; want least-privilege.conf's %d users", lpClusterFiles[i], len(o.Accounts), len(o.Users), len(users))
+		}
+	}
+	if t.Failed() || testing.Short() {
+		return
+	}
+	// jstest dials the nodes without credentials: let it in as admin.
+	for _, o := range opts {
+		o.NoAuthUser = "admin"
+	}
+	c := jstest.StartClusterOf(t, opts)
+	topo := topology.DefaultConfig()
+	topo.Replicas = 3 // --replicas 3
+	admin := dialURL(t, c.URLs(), "admin")
+	provisionAs(t, admin, topo)
+	stages, _ := runStagesOn(t, c.URLs(), topo, t.TempDir())
+	cli := dialURL(t, c.URLs(), "cli")
+
+	turn := send(t, cli, "m-cluster", "s-cluster", schemas.ProposedCall{Tool: "echo", Args: `{"text":"hi"}`},
+		schemas.ProposedCall{Tool: "write_file", Args: `{"path":"c.txt","content":"1"}`})
+	req, err := schemas.Decode[schemas.ApprovalRecord](lastOn(t, admin, topology.EventSubject(topology.SubjectApprovalRequested, turn)))
+	if err != nil {
+		t.Fatalf("approval requested: %v", err)
+	}
+	d := &schemas.Decision{
+		DecisionID: "d-cluster", ApprovalID: req.ApprovalID, Transport: "cli",
+		Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true},
+		Option:  schemas.OptionApprove, ArgsDigest: req.ArgsDigest, SentAt: time.Now().UTC(),
+	}
+	publish(t, cli, topology.DecisionSubject("cli", req.ApprovalID), d.DecisionID, d)
+	out, err := schemas.Decode[schemas.TurnOutcome](lastOn(t, admin, topology.EventSubject(topology.SubjectTurnOutcome, turn)))
+	if err != nil || out.State != schemas.TurnCompleted || len(out.Results) != 2 || out.Results[1].Status != schemas.ResultOK {
+		t.Fatalf("outcome: %+v, %v", out, err)
+	}
+
+	adminKV, err := topology.OpenBuckets(ctx(t, wait), admin.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ingest", "executor", "approver", "redriver"} {
+		t.Run(name+" cannot aim a publish acknowledgement at a KV key or a stream subject", func(t *testing.T) {
+			noReplyInjection(t, admin, adminKV, stages[name].client, topology.DLQSubject(name))
+		})
+	}
+	for name, s := range stages {
+		if errs := s.reported(); len(errs) > 0 {
+			t.Errorf("stage %s was refused: %v", name, errs)
+		}
+	}
+	if errs := cli.reported(); len(errs) > 0 {
+		t.Errorf("transport cli was refused: %v", errs)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,8 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/tools/natstool"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
 	"github.com/tollgate-dev/tollgate/transport/webhook"
 )
@@ -172,10 +175,10 @@ func TestGatewayUserServesTheAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		gw.waitDenied(t, kvKey, make(chan error))
-		delRedriver := "$JS.API.CONSUMER.DELETE." + topology.StreamEvents + ".redriver"
+		delRedriver := apiOf(gw) + "CONSUMER.DELETE." + topology.StreamEvents + ".redriver"
 		go func() { _, err := gw.nc.Request(delRedriver, nil, 2*time.Second); done <- err }()
 		gw.waitDenied(t, delRedriver, make(chan error))
-		pull := "$JS.API.CONSUMER.MSG.NEXT." + topology.StreamEvents + ".redriver"
+		pull := apiOf(gw) + "CONSUMER.MSG.NEXT." + topology.StreamEvents + ".redriver"
 		go func() { _, err := gw.nc.Request(pull, []byte(`{"batch":1}`), 2*time.Second); done <- err }()
 		gw.waitDenied(t, pull, make(chan error))
 		ack := "$JS.ACK." + topology.StreamEvents + ".redriver.1.1.1.1.0"
@@ -194,5 +197,35 @@ func TestGatewayUserServesTheAPI(t *testing.T) {
 		if n := stored(t, admin, topology.StreamInbound, other); n != 0 {
 			t.Fatalf("%d messages on %s", n, other)
 		}
+	})
+	// The gate tools it serves reach the stages that run tools, from
+	// their own accounts: discovered and called as any tool service.
+	for _, user := range []string{"executor", "redriver"} {
+		t.Run(user+" discovers and calls the gateway's gate tools", func(t *testing.T) {
+			c := dial(t, ns, user)
+			ts, err := natstool.New(c.nc, natstool.Options{Logger: pipelinetest.Logger()}).Tools(ctx(t, wait))
+			if err != nil {
+				t.Fatalf("%s: discovery: %v", user, err)
+			}
+			i := slices.IndexFunc(ts, func(tl tools.Tool) bool { return tl.Name() == gateway.ClaudeGateService+".bash" })
+			if i < 0 {
+				t.Fatalf("%s: claude.bash not discovered (reported: %v)", user, c.reported())
+			}
+			tc := &schemas.TurnContext{TurnID: "claude:m-1", SessionID: "s-1", Transport: "gateway",
+				Requester: schemas.Requester{Principal: "gateway:alice", SenderID: "alice", Kind: schemas.SenderUser, Verified: true}}
+			if out, err := ts[i].Run(ctx(t, wait), tools.Call{Context: tc, CallID: "claude:m-1-" + user, Args: `{}`}); err != nil || out != "allowed" {
+				t.Fatalf("%s: claude.bash: %q, %v", user, out, err)
+			}
+			if r := c.reported(); len(r) != 0 {
+				t.Fatalf("%s was refused: %v", user, r)
+			}
+		})
+	}
+	t.Run("cannot aim a publish acknowledgement at a KV key or a stream subject", func(t *testing.T) {
+		adminKV, err := topology.OpenBuckets(ctx(t, wait), admin.js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		noReplyInjection(t, admin, adminKV, gw, topology.InboundSubject("gateway", "s-gw-reply"))
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
@@ -37,9 +39,9 @@ import (
 
 const (
 	confFile = "least-privilege.conf"
-	// cliAPIPrefix is where the CLI account imports TOLLGATE's JetStream
-	// API (see the CLI account in the config).
-	cliAPIPrefix = "JS.TOLLGATE.API"
+	// apiPrefix is where every account but TOLLGATE imports TOLLGATE's
+	// JetStream API (see the config's header).
+	apiPrefix = "JS.TOLLGATE.API"
 	// cliConsumer is the transport's durable on the events stream.
 	cliConsumer = "transport-cli"
 	wait        = 20 * time.Second
@@ -53,6 +55,29 @@ var users = map[string]string{
 }
 
 func password(user string) string { return "test-password-of-" + user }
+
+// accountOf is how each user connects from its account, as the binaries
+// do with --inbox-prefix and --js-api-prefix: the stages and the gateway
+// with inboxes of their own and TOLLGATE's API under apiPrefix; the cli
+// transport with that API; admin, in TOLLGATE, and toolsvc, which uses no
+// JetStream, with the defaults.
+func accountOf(user string) stagecmd.Account {
+	switch user {
+	case "admin", "toolsvc":
+		return stagecmd.Account{}
+	case "cli":
+		return stagecmd.Account{APIPrefix: apiPrefix}
+	}
+	return stagecmd.Account{InboxPrefix: "_INBOX_" + user, APIPrefix: apiPrefix}
+}
+
+// apiOf is the subject prefix of the JetStream API as c calls it.
+func apiOf(c *client) string {
+	if p := accountOf(c.user).APIPrefix; p != "" {
+		return p + "."
+	}
+	return jetstream.DefaultAPIPrefix
+}
 
 // startServer loads the config file as nats-server does and runs it
 // in-process on a random loopback port with a temporary store.
@@ -98,8 +123,16 @@ type client struct {
 
 func dial(t *testing.T, ns *server.Server, user string) *client {
 	t.Helper()
+	return dialURL(t, ns.ClientURL(), user)
+}
+
+// dialURL connects as user to url (a list, for a cluster) the way the
+// binaries do (stagecmd.Account.Connect), with user's account settings.
+func dialURL(t *testing.T, url, user string) *client {
+	t.Helper()
 	c := &client{user: user}
-	nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo(user, password(user)), nats.Name("natsconf-test-"+user),
+	nc, js, err := accountOf(user).Connect(url, "", "natsconf-test-"+user, pipelinetest.Logger(),
+		nats.UserInfo(user, password(user)),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
@@ -109,15 +142,7 @@ func dial(t *testing.T, ns *server.Server, user string) *client {
 		t.Fatalf("connect as %s: %v", user, err)
 	}
 	t.Cleanup(nc.Close)
-	c.nc = nc
-	if user == "cli" {
-		c.js, err = jetstream.NewWithAPIPrefix(nc, cliAPIPrefix)
-	} else {
-		c.js, err = jetstream.New(nc)
-	}
-	if err != nil {
-		t.Fatalf("jetstream for %s: %v", user, err)
-	}
+	c.nc, c.js = nc, js
 	return c
 }
 
@@ -171,8 +196,14 @@ func eventually(t *testing.T, what string, cond func(context.Context) bool) {
 // events stream, from the same JSON file `nats consumer add --config` reads.
 func provision(t *testing.T, admin *client) {
 	t.Helper()
+	provisionAs(t, admin, topology.DefaultConfig())
+}
+
+// provisionAs is provision with topo (e.g. three replicas).
+func provisionAs(t *testing.T, admin *client, topo topology.Config) {
+	t.Helper()
 	c := ctx(t, wait)
-	if err := topology.Ensure(c, admin.js, topology.DefaultConfig()); err != nil {
+	if err := topology.Ensure(c, admin.js, topo); err != nil {
 		t.Fatalf("admin: ensure topology: %v", err)
 	}
 	data, err := os.ReadFile(cliConsumer + ".consumer.json")
@@ -202,16 +233,22 @@ type stage struct {
 // its own user, and runs them until stop (or the end of the test).
 func runStages(t *testing.T, ns *server.Server, sandbox string) (stages map[string]*stage, stop func()) {
 	t.Helper()
+	return runStagesOn(t, ns.ClientURL(), topology.DefaultConfig(), sandbox)
+}
+
+// runStagesOn is runStages on the server(s) at url, with topo provisioned.
+func runStagesOn(t *testing.T, url string, topo topology.Config, sandbox string) (stages map[string]*stage, stop func()) {
+	t.Helper()
 	builtins, err := tools.Builtins(sandbox)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stages = map[string]*stage{}
 	for _, name := range tollgate.AllStages() {
-		s := &stage{client: dial(t, ns, name), reg: prometheus.NewRegistry()}
+		s := &stage{client: dialURL(t, url, name), reg: prometheus.NewRegistry()}
 		if s.p, err = tollgate.New(ctx(t, wait), tollgate.Config{
 			JS: s.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), Tools: builtins, Logger: pipelinetest.Logger(),
-			Registerer: s.reg, Instance: "natsconf-test", Stages: []string{name},
+			Registerer: s.reg, Instance: "natsconf-test", Topology: topo, Stages: []string{name},
 		}); err != nil {
 			t.Fatalf("build %s as user %s: %v (server said: %v)", name, name, err, s.reported())
 		}
@@ -564,23 +601,23 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 		seen[s.client] = len(s.reported())
 	}
 
-	t.Run("a transport cannot aim a publish acknowledgement at a KV key", func(t *testing.T) {
-		// Reply subjects are not covered by publish permissions: inside
-		// one account, the stream's acknowledgement of this publish would
-		// be written to the KV key. The CLI account's import brings it
-		// back into the CLI account instead.
-		victim := "t-ack-target"
-		if err := cli.nc.PublishRequest(topology.InboundSubject("cli", "s1"), "$KV.tollgate_batches."+victim, []byte("x")); err != nil {
-			t.Fatal(err)
+	// Reply subjects are not covered by publish permissions, and
+	// JetStream answers in the account of the request: were a stage or
+	// the transport in TOLLGATE, the stream's acknowledgement of these
+	// publishes would be written to the KV key and the decision subject.
+	// Their accounts' imports bring it back into their own accounts.
+	for _, c := range []*client{stages["ingest"].client, stages["executor"].client, stages["approver"].client, stages["redriver"].client, cli} {
+		subject := topology.DLQSubject(c.user) // every stage may write its own dead letters
+		if c == cli {
+			subject = topology.InboundSubject("cli", "s1")
 		}
-		// The stream answers publishes in order: once a later publish is
-		// acknowledged, the first acknowledgement has been sent.
-		if _, err := cli.js.Publish(ctx(t, wait), topology.InboundSubject("cli", "s1"), []byte("y")); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := adminKV.Batches.Get(ctx(t, wait), victim); !errors.Is(err, jetstream.ErrKeyNotFound) {
-			t.Fatalf("batch %s: want not found, got %v", victim, err)
-		}
+		t.Run(c.user+" cannot aim a publish acknowledgement at a KV key or a stream subject", func(t *testing.T) {
+			noReplyInjection(t, admin, adminKV, c, subject)
+		})
+	}
+
+	t.Run("a KV watch grant cannot aim a consumer's deliveries at a KV key", func(t *testing.T) {
+		noDeliveryInjection(t, admin, stages["approver"].client, adminKV)
 	})
 
 	t.Run("the stages stop cleanly within their grants", func(t *testing.T) {
@@ -600,6 +637,107 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 			}
 		}
 	})
+}
+
+// noReplyInjection shows that c, publishing on subject (which it may, and
+// which a stream of TOLLGATE stores), cannot have the acknowledgement
+// stored elsewhere by naming another subject as the reply: a batches KV
+// key, that key as its own account's KV write import names it (when c's
+// account writes no batch), and the decision subject of a transport
+// nobody here is. The stream answers publishes in order, so once a later
+// publish on subject is acknowledged, the earlier acknowledgements have
+// been sent; only then is their absence asserted.
+func noReplyInjection(t *testing.T, admin *client, adminKV topology.Buckets, c *client, subject string) {
+	t.Helper()
+	victim := "t-ack-target-" + c.user
+	decision := topology.DecisionSubject("webhook", victim)
+	targets := []string{"$KV." + topology.BucketBatches + "." + victim, decision}
+	if !slices.Contains([]string{"executor", "redriver"}, c.user) && accountOf(c.user).APIPrefix != "" {
+		targets = append(targets, accountOf(c.user).APIPrefix+".$KV."+topology.BucketBatches+"."+victim)
+	}
+	before := len(c.reported())
+	for _, reply := range targets {
+		if err := c.nc.PublishRequest(subject, reply, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.js.Publish(ctx(t, wait), subject, []byte("y")); err != nil {
+		t.Fatalf("%s: publish %s: %v", c.user, subject, err)
+	}
+	if e, err := adminKV.Batches.Get(ctx(t, wait), victim); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("batch %s: want not found, got %v, %v", victim, e, err)
+	}
+	decisions, err := admin.js.Stream(ctx(t, wait), topology.StreamDecisions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := decisions.GetLastMsgForSubject(ctx(t, wait), decision); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("%s holds a message on %s (%v, %v)", topology.StreamDecisions, decision, m, err)
+	}
+	if errs := c.reported()[before:]; len(errs) > 0 {
+		t.Errorf("%s was refused its own publishes: %v", c.user, errs)
+	}
+}
+
+// noDeliveryInjection shows that c, whose KV watch grant lets it create
+// push consumers on the approvals bucket with any deliver subject (the
+// subject is in the request body, out of reach of permissions), cannot
+// have the bucket's records delivered onto a batches key: the server
+// delivers a push consumer's messages only to a subscriber, and a stream
+// is none. The later fact is a second consumer, created after the first
+// on the same stream with c's own inbox as deliver subject, having
+// delivered; the first has then delivered nothing and nothing is stored.
+func noDeliveryInjection(t *testing.T, admin, c *client, adminKV topology.Buckets) {
+	t.Helper()
+	victim := "t-delivered-" + c.user
+	create := func(name, deliver string) {
+		t.Helper()
+		body, err := json.Marshal(map[string]any{"stream_name": "KV_" + topology.BucketApprovals, "config": map[string]any{
+			"name": name, "deliver_subject": deliver, "filter_subject": "$KV." + topology.BucketApprovals + ".>",
+			"ack_policy": "none", "deliver_policy": "all", "inactive_threshold": int64(time.Minute)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subject := apiOf(c) + "CONSUMER.CREATE.KV_" + topology.BucketApprovals + "." + name + ".$KV." + topology.BucketApprovals + ".>"
+		m, err := c.nc.RequestWithContext(ctx(t, wait), subject, body)
+		if err != nil {
+			t.Fatalf("%s: create consumer %s: %v", c.user, name, err)
+		}
+		var resp struct {
+			Error *jetstream.APIError `json:"error"`
+		}
+		if err := json.Unmarshal(m.Data, &resp); err != nil || resp.Error != nil {
+			t.Fatalf("%s: create consumer %s: %s", c.user, name, m.Data)
+		}
+		t.Cleanup(func() {
+			if err := c.js.DeleteConsumer(context.Background(), "KV_"+topology.BucketApprovals, name); err != nil {
+				t.Errorf("%s: delete consumer %s: %v", c.user, name, err)
+			}
+		})
+	}
+	create("aimed-at-a-batch", "$KV."+topology.BucketBatches+"."+victim)
+	inbox := c.nc.NewInbox()
+	witness, err := c.nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer witness.Unsubscribe()
+	create("witness", inbox)
+	if _, err := witness.NextMsg(wait); err != nil {
+		t.Fatalf("%s: the witness consumer delivered nothing: %v", c.user, err)
+	}
+	// jetstream.Consumer binds pull consumers only: ask the API.
+	m, err := admin.nc.RequestWithContext(ctx(t, wait), "$JS.API.CONSUMER.INFO.KV_"+topology.BucketApprovals+".aimed-at-a-batch", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info jetstream.ConsumerInfo
+	if err := json.Unmarshal(m.Data, &info); err != nil || info.Delivered.Consumer != 0 || info.NumPending == 0 {
+		t.Errorf("consumer aimed at a batch key: %s, %v; want messages pending and none delivered", m.Data, err)
+	}
+	if e, err := adminKV.Batches.Get(ctx(t, wait), victim); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("batch %s: want not found, got %v, %v", victim, e, err)
+	}
 }
 
 // refusal is one attempt outside a user's grant.
@@ -682,8 +820,15 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 		}
 	}
 	kvSubj := func(bucket, key string) string { return "$KV." + bucket + "." + key }
-	directGet := func(bucket, key string) string {
-		return "$JS.API.DIRECT.GET.KV_" + bucket + "." + kvSubj(bucket, key)
+	// A KV put and get as c sends them (under its account's API prefix).
+	kvPut := func(c *client, bucket, key string) string {
+		if p := accountOf(c.user).APIPrefix; p != "" {
+			return p + "." + kvSubj(bucket, key)
+		}
+		return kvSubj(bucket, key)
+	}
+	directGet := func(c *client, bucket, key string) string {
+		return apiOf(c) + "DIRECT.GET.KV_" + bucket + "." + kvSubj(bucket, key)
 	}
 	const forged = "t-forged"
 	forgedAccepted := topology.AcceptedSubject("s-forged")
@@ -697,10 +842,10 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 		return refusal{name, c, subject, pub(c, subject), nothingOn(stream, subject)}
 	}
 	noPut := func(name string, c *client, bucket jetstream.KeyValue, key string) refusal {
-		return refusal{name, c, kvSubj(bucket.Bucket(), key), put(c, bucket.Bucket(), key), noKey(bucket, key)}
+		return refusal{name, c, kvPut(c, bucket.Bucket(), key), put(c, bucket.Bucket(), key), noKey(bucket, key)}
 	}
 	noGet := func(name string, c *client, bucket, key string) refusal {
-		return refusal{name, c, directGet(bucket, key), get(c, bucket, key), nothing}
+		return refusal{name, c, directGet(c, bucket, key), get(c, bucket, key), nothing}
 	}
 	forgedRejection := topology.EventSubject(topology.SubjectDecisionRejected, "a-forged-0")
 	forgedRequest := topology.EventSubject(topology.SubjectApprovalRequested, forged)
@@ -712,8 +857,8 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 		noPublish("ingest cannot submit a decision", ingest, topology.StreamDecisions, forgedDecision),
 		noPublish("ingest cannot publish an event", ingest, topology.StreamEvents, forgedOutcome),
 		noPublish("ingest cannot announce a ready turn", ingest, topology.StreamTurns, forgedReady),
-		{"ingest cannot pull from the executor's consumer", ingest, "$JS.API.CONSUMER.MSG.NEXT.TOLLGATE_TURNS.executor",
-			request(ingest, "$JS.API.CONSUMER.MSG.NEXT.TOLLGATE_TURNS.executor"), nothing},
+		{"ingest cannot pull from the executor's consumer", ingest, apiOf(ingest) + "CONSUMER.MSG.NEXT.TOLLGATE_TURNS.executor",
+			request(ingest, apiOf(ingest)+"CONSUMER.MSG.NEXT.TOLLGATE_TURNS.executor"), nothing},
 
 		noPublish("executor cannot publish an accepted turn", executor, topology.StreamTurns, forgedAccepted),
 		noPublish("executor cannot submit a decision", executor, topology.StreamDecisions, forgedDecision),
@@ -736,9 +881,9 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 		noPublish("cli cannot submit a decision as the webhook transport", cli, topology.StreamDecisions, topology.DecisionSubject("webhook", "x")),
 		noPublish("cli cannot publish an event", cli, topology.StreamEvents, forgedOutcome),
 		noPublish("cli cannot publish an accepted turn", cli, topology.StreamTurns, forgedAccepted),
-		{"cli cannot read an approval", cli, directGet(topology.BucketApprovals, approvalID),
-			request(cli, directGet(topology.BucketApprovals, approvalID)), nothing},
-		{"cli cannot create a consumer", cli, cliAPIPrefix + ".CONSUMER.CREATE.TOLLGATE_EVENTS.mine",
+		{"cli cannot read an approval", cli, directGet(cli, topology.BucketApprovals, approvalID),
+			request(cli, directGet(cli, topology.BucketApprovals, approvalID)), nothing},
+		{"cli cannot create a consumer", cli, apiOf(cli) + "CONSUMER.CREATE.TOLLGATE_EVENTS.mine",
 			func(ctx context.Context) error {
 				_, err := cli.js.CreateConsumer(ctx, topology.StreamEvents, jetstream.ConsumerConfig{Durable: "mine"})
 				return err
@@ -754,8 +899,8 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 	}{{adminKV.Approvals, approvalID}, {adminKV.Batches, turn}, {adminKV.Sessions, "s-forged"}, {adminKV.Claims, forged + "-0"}} {
 		bucket, key := b.kv.Bucket(), b.key
 		before := kvRevision(t, b.kv, key)
-		cases = append(cases, refusal{"cli cannot write the " + bucket + " bucket", cli, kvSubj(bucket, key),
-			pub(cli, kvSubj(bucket, key)), func(t *testing.T) {
+		cases = append(cases, refusal{"cli cannot write the " + bucket + " bucket", cli, kvPut(cli, bucket, key),
+			pub(cli, kvPut(cli, bucket, key)), func(t *testing.T) {
 				if after := kvRevision(t, b.kv, key); after != before {
 					t.Fatalf("%s/%s changed: revision %d -> %d", bucket, key, before, after)
 				}
@@ -764,12 +909,6 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 
 	// Nobody but admin may delete or reconfigure a stream, purge a
 	// bucket or delete a consumer.
-	apiOf := func(c *client) string {
-		if c == cli {
-			return cliAPIPrefix + "."
-		}
-		return "$JS.API."
-	}
 	eventsBefore := streamInfo(t, admin, topology.StreamEvents)
 	approvalsBefore := streamInfo(t, admin, "KV_"+topology.BucketApprovals)
 	for _, c := range []*client{ingest, executor, approver, redriver, cli} {
@@ -817,7 +956,7 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 	for _, name := range tollgate.AllStages() {
 		c := stages[name].client
 		cases = append(cases, refusal{"the " + name + " stage started on a drifted topology cannot reconfigure it", c,
-			"$JS.API.STREAM.UPDATE." + topology.StreamInbound,
+			apiOf(c) + "STREAM.UPDATE." + topology.StreamInbound,
 			func(ctx context.Context) error {
 				topo := topology.DefaultConfig()
 				topo.MaxAge = time.Hour
@@ -881,4 +1020,53 @@ func kvRevision(t *testing.T, kv jetstream.KeyValue, key string) uint64 {
 		t.Fatalf("%s/%s: %v", kv.Bucket(), key, err)
 	}
 	return e.Revision()
+}
+
+// Only admin shares an account with the streams: every other user of
+// least-privilege.conf is alone in an account without JetStream, so the
+// server's answers to its requests come back into that account and never
+// land on a subject of the streams' account (the reply-subject
+// injection). Each process's own inboxes are the only replies it may
+// subscribe to.
+func TestEveryUserButAdminHasAnAccountWithoutTheStreams(t *testing.T) {
+	ns := startServer(t)
+	opts, err := server.ProcessConfigFile(confFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accounts, holder := map[string]string{}, map[string]string{} // user -> account -> user
+	for _, u := range opts.Users {
+		if u.Account == nil {
+			t.Fatalf("user %s has no account", u.Username)
+		}
+		if other, ok := holder[u.Account.Name]; ok {
+			t.Errorf("users %s and %s share account %s", other, u.Username, u.Account.Name)
+		}
+		accounts[u.Username], holder[u.Account.Name] = u.Account.Name, u.Username
+		var inboxes []string
+		if u.Permissions != nil && u.Permissions.Subscribe != nil {
+			for _, s := range u.Permissions.Subscribe.Allow {
+				if strings.HasPrefix(s, "_INBOX") {
+					inboxes = append(inboxes, s)
+				}
+			}
+		}
+		if want := accountOf(u.Username).InboxPrefix; want != "" && !slices.Equal(inboxes, []string{want + ".>"}) {
+			t.Errorf("user %s may subscribe to the inboxes %v, want only %s.>", u.Username, inboxes, want)
+		}
+	}
+	for user := range users {
+		name, ok := accounts[user]
+		if !ok {
+			t.Errorf("no user %s", user)
+			continue
+		}
+		acc, err := ns.LookupAccount(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if js := acc.JetStreamEnabled(); js != (user == "admin") {
+			t.Errorf("user %s's account %s: JetStream %v", user, name, js)
+		}
+	}
 }

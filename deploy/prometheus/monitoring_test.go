@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/health"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -47,7 +48,7 @@ const (
 // prometheus-nats-exporter (github.com/nats-io/prometheus-nats-exporter,
 // collector/jsz.go) reads them from the nats-server monitoring port.
 var external = map[string]string{
-	"up":                                 "Prometheus itself, one series per scrape target: the not-ready signal",
+	"up":                                 "Prometheus itself, one series per scrape target: a target that cannot be scraped is not ready",
 	"jetstream_consumer_num_pending":     "prometheus-nats-exporter -jsz=consumers: messages a consumer has not yet delivered (lag)",
 	"jetstream_consumer_num_ack_pending": "prometheus-nats-exporter -jsz=consumers: messages delivered and not yet acknowledged",
 	"jetstream_stream_total_messages":    "prometheus-nats-exporter -jsz=streams: messages a stream holds (TOLLGATE_DLQ)",
@@ -272,7 +273,12 @@ func exportedMetrics(t *testing.T) map[string]map[string]bool {
 			names[name][l] = true
 		}
 	}
-	for _, g := range []prometheus.Gatherer{h.Registry, stagecmd.NewRegistry()} {
+	// Readiness, as every binary registers it next to its stages' metrics.
+	ready := prometheus.NewRegistry()
+	if _, err := health.New(ready, pt.Executor); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []prometheus.Gatherer{h.Registry, stagecmd.NewRegistry(), ready} {
 		mfs, err := g.Gather()
 		if err != nil {
 			t.Fatalf("gather: %v", err)

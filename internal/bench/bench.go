@@ -132,7 +132,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		b.throughput(ctx, r, false)
 	}
 	if cfg.Phases["profile"] {
-		for _, p := range []path{fastPath, approvalPath} {
+		for _, p := range []path{fastPath, approvalPath, gatewayPath} {
 			s, err := b.tollgate(modeAllInOne, p, false, true)
 			if err != nil {
 				r.Errors = append(r.Errors, fmt.Sprintf("profile of the %s path: %v", p, err))

@@ -44,6 +44,14 @@ func (p path) String() string {
 	return [...]string{"fast", "approval", "pending", "approval via tool service", "approval over HTTP"}[p]
 }
 
+// profileName names p's profile files in the profile phase.
+func (p path) profileName() string {
+	if p == gatewayPath {
+		return "gateway"
+	}
+	return p.String()
+}
+
 // approvalIndex is the index of the call that needs approval.
 func (p path) approvalIndex() int {
 	if p == pendingPath {

@@ -431,8 +431,8 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 			if open {
 				d0, n0, r0, x0 = counters()
 				if profile {
-					profErr = writeProfile(filepath.Join(b.cfg.ProfileDir, "allocs-"+p.String()+"-base.pprof"), "allocs")
-					if cpu, err = os.Create(filepath.Join(b.cfg.ProfileDir, "cpu-"+p.String()+".pprof")); err == nil {
+					profErr = writeProfile(filepath.Join(b.cfg.ProfileDir, "allocs-"+p.profileName()+"-base.pprof"), "allocs")
+					if cpu, err = os.Create(filepath.Join(b.cfg.ProfileDir, "cpu-"+p.profileName()+".pprof")); err == nil {
 						err = pprof.StartCPUProfile(cpu)
 					}
 					if err != nil {
@@ -447,7 +447,7 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 			if profile && cpu != nil {
 				pprof.StopCPUProfile()
 				cpu.Close()
-				if err := writeProfile(filepath.Join(b.cfg.ProfileDir, "allocs-"+p.String()+".pprof"), "allocs"); err != nil {
+				if err := writeProfile(filepath.Join(b.cfg.ProfileDir, "allocs-"+p.profileName()+".pprof"), "allocs"); err != nil {
 					profErr = err
 				}
 			}

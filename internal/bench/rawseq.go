@@ -28,6 +28,10 @@ import (
 // inbound message is its session's own skips it; the bench's sessions
 // rarely take that path.)
 //
+// Before the outcome, the stage that ends the batch starts the retention
+// of the turn's claims and approvals (batch.Engine's retire: each read,
+// then written again with a TTL, by compare-and-set).
+//
 // sessionRecordBytes is the size of a new session record.
 // Besides these, Tollgate's approver watches the approvals bucket and its
 // redriver the batches bucket (KV watches: ordered push consumers that
@@ -50,6 +54,8 @@ var rawFast = []step{
 	{Stage: "executor", Op: "kv.create", On: "tollgate_claims/<turn>-0", Bytes: 217},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 833},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_claims/<turn>-0"},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
 	{Stage: "executor", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 263},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 67},
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
@@ -94,6 +100,12 @@ var rawApproval = []step{
 	{Stage: "redriver", Op: "kv.create", On: "tollgate_claims/<turn>-1", Bytes: 223},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_claims/<turn>-1", Bytes: 385},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1198},
+	{Stage: "redriver", Op: "kv.get", On: "tollgate_claims/<turn>-0"},
+	{Stage: "redriver", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
+	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
+	{Stage: "redriver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 924},
+	{Stage: "redriver", Op: "kv.get", On: "tollgate_claims/<turn>-1"},
+	{Stage: "redriver", Op: "kv.update", On: "tollgate_claims/<turn>-1", Bytes: 385},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 67},

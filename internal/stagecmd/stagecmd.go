@@ -65,11 +65,24 @@ type Common struct {
 	// ToolsFile is a tools file naming MCP servers whose tools to offer
 	// (tools/mcptool); empty for none.
 	ToolsFile string
+	// OTLP is where traces are exported (--otlp; see Tracing); empty:
+	// only where the OTEL_EXPORTER_OTLP_* environment names an endpoint.
+	OTLP string
+	// Account is where the connection lives when the process has a NATS
+	// account of its own (deploy/nats/least-privilege.conf).
+	Account Account
 	// NoProvision: a stage binary only checks that the topology exists and
 	// is compatible (tollgate.Config.CheckOnly) and exits with an error
 	// naming what is missing or different, instead of creating or updating
 	// it. Off by default (the laptop default); the Helm chart turns it on.
 	NoProvision bool
+	// Planner: the planner stage's settings (only its binary has them);
+	// PlanText: ingest routes text-only turns to the planner (--plan).
+	Planner  PlannerFlags
+	PlanText bool
+	// Retention is how long ended records stay in KV
+	// (tollgate.Config.Retention); zero is the default, 30 days.
+	Retention time.Duration
 }
 
 // Register adds the common flags to fs with defaults from TOLLGATE_*
@@ -90,7 +103,12 @@ func (c *Common) Register(fs *flag.FlagSet, metricsDefault string) {
 	}
 	fs.BoolVar(&c.ToolServices, "tool-services", services,
 		"discover NATS tool services on the bus and offer their tools; --tool-services=false turns it off (env TOLLGATE_TOOL_SERVICES)")
+	c.Account.Register(fs)
+	retention, _ := time.ParseDuration(Env("TOLLGATE_RETENTION", "0s"))
+	fs.DurationVar(&c.Retention, "retention", retention,
+		"how long ended turns' records stay in KV, at least the streams' max age (720h); 0 for 720h, negative to keep them (env TOLLGATE_RETENTION)")
 	fs.StringVar(&c.ToolsFile, "tools", Env("TOLLGATE_TOOLS", ""), "tools file naming MCP servers whose tools to offer (docs/tools.md); empty for none (env TOLLGATE_TOOLS)")
+	OTLPFlag(fs, &c.OTLP)
 }
 
 // Logger returns a text logger on stderr at level.
@@ -105,6 +123,44 @@ func Logger(level string) *slog.Logger {
 // SignalContext is cancelled on SIGINT or SIGTERM.
 func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// Account is how a process reaches the bus from a NATS account of its own
+// that holds no streams (deploy/nats/least-privilege.conf): its reply
+// subjects start with InboxPrefix, which the account holding the streams
+// exports back to it alone (a KV watch's deliveries are published there),
+// and it reaches that account's JetStream API under APIPrefix, where its
+// own account imports it. The zero value is a process in the account that
+// holds the streams: _INBOX and $JS.API.
+type Account struct {
+	InboxPrefix string
+	APIPrefix   string
+}
+
+// Register adds --inbox-prefix and --js-api-prefix to fs, with defaults
+// from TOLLGATE_INBOX_PREFIX and TOLLGATE_JS_API_PREFIX.
+func (a *Account) Register(fs *flag.FlagSet) {
+	fs.StringVar(&a.InboxPrefix, "inbox-prefix", Env("TOLLGATE_INBOX_PREFIX", "_INBOX"),
+		"prefix of this connection's reply subjects, e.g. _INBOX_executor in its own NATS account (env TOLLGATE_INBOX_PREFIX)")
+	fs.StringVar(&a.APIPrefix, "js-api-prefix", Env("TOLLGATE_JS_API_PREFIX", "$JS.API"),
+		"where this account reaches the JetStream API, e.g. JS.TOLLGATE.API when it imports another account's (env TOLLGATE_JS_API_PREFIX)")
+}
+
+// Connect dials NATS as Connect does, with a's inbox prefix, and returns a
+// JetStream handle on a's API prefix.
+func (a Account) Connect(url, creds, name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	if a.InboxPrefix != "" {
+		extra = append(extra, nats.CustomInboxPrefix(a.InboxPrefix))
+	}
+	nc, js, err := Connect(url, creds, name, log, extra...)
+	if err != nil || a.APIPrefix == "" {
+		return nc, js, err
+	}
+	if js, err = jetstream.NewWithAPIPrefix(nc, a.APIPrefix); err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return nc, js, nil
 }
 
 // Connect dials NATS (reconnecting forever) and returns a JetStream handle.
@@ -292,6 +348,13 @@ func StageFlags(stage, metricsDefault string, c *Common) *flag.FlagSet {
 	noProvision, _ := strconv.ParseBool(Env("TOLLGATE_NO_PROVISION", "false"))
 	fs.BoolVar(&c.NoProvision, "no-provision", noProvision,
 		"do not create or update streams, buckets or this stage's consumer: only check that they exist and are compatible, and exit naming what is missing (`tollgate provision` creates them; env TOLLGATE_NO_PROVISION)")
+	switch stage {
+	case tollgate.StagePlanner:
+		c.Planner.Register(fs)
+	case tollgate.StageIngest:
+		plan, _ := strconv.ParseBool(Env("TOLLGATE_PLAN", "false"))
+		fs.BoolVar(&c.PlanText, "plan", plan, "route messages with text and no calls to the planner, which runs as its own process (env TOLLGATE_PLAN)")
+	}
 	return fs
 }
 
@@ -323,7 +386,12 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	nc, js, err := Connect(c.NATSURL, c.Creds, "tollgate-"+stage, log, nats.RetryOnFailedConnect(true))
+	stopTracing, err := Tracing(ctx, c.OTLP, "tollgate-"+stage, log)
+	if err != nil {
+		return err
+	}
+	defer FlushTraces(stopTracing, log)
+	nc, js, err := c.Account.Connect(c.NATSURL, c.Creds, "tollgate-"+stage, log, nats.RetryOnFailedConnect(true))
 	if err != nil {
 		return err
 	}
@@ -351,7 +419,7 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 	// no sandbox directory and no tool providers.
 	var ts []tools.Tool
 	var ps []tools.Provider
-	if stage == tollgate.StageExecutor || stage == tollgate.StageRedriver {
+	if stage == tollgate.StageExecutor || stage == tollgate.StageRedriver || stage == tollgate.StagePlanner {
 		if ts, err = Tools(c.SandboxDir); err != nil {
 			return err
 		}
@@ -359,9 +427,17 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 			return err
 		}
 	}
+	plannerOpts, err := c.Planner.Options()
+	if err != nil {
+		return err
+	}
+	if stage == tollgate.StagePlanner && plannerOpts == nil {
+		return errors.New("planner: --llm-url and --llm-model are required")
+	}
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
-		Instance: Instance(), Topology: topo, Stages: []string{stage}, CheckOnly: c.NoProvision,
+		Instance: Instance(), Topology: topo, Stages: []string{stage}, CheckOnly: c.NoProvision, Retention: c.Retention,
+		Planner: plannerOpts, PlanText: c.PlanText,
 	})
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
@@ -25,6 +26,9 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	t.Setenv("TOLLGATE_LOG_LEVEL", "debug")
 	t.Setenv("TOLLGATE_TOOL_SERVICES", "false")
 	t.Setenv("TOLLGATE_TOOLS", "/etc/tollgate/tools.json")
+	t.Setenv("TOLLGATE_INBOX_PREFIX", "_INBOX_executor")
+	t.Setenv("TOLLGATE_JS_API_PREFIX", "JS.TOLLGATE.API")
+	t.Setenv("TOLLGATE_RETENTION", "1440h")
 	var c stagecmd.Common
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	c.Register(fs, "127.0.0.1:1")
@@ -33,7 +37,8 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	}
 	want := stagecmd.Common{NATSURL: "nats://127.0.0.1:5222", Creds: "/etc/tollgate/executor.creds", MetricsAddr: "127.0.0.1:9999",
 		LogLevel: "debug", Replicas: 3, PolicyPath: "/etc/tollgate/policy.json", SandboxDir: "/var/lib/tollgate/sandbox",
-		ToolServices: false, ToolsFile: "/etc/tollgate/tools.json"}
+		ToolServices: false, ToolsFile: "/etc/tollgate/tools.json", Retention: 1440 * time.Hour,
+		Account: stagecmd.Account{InboxPrefix: "_INBOX_executor", APIPrefix: "JS.TOLLGATE.API"}}
 	if c != want {
 		t.Fatalf("from the environment: %+v, want %+v", c, want)
 	}
@@ -148,6 +153,37 @@ func TestToolsAreTheBuiltinsAndTheLedgersOnlyWhenAsked(t *testing.T) {
 			}
 			if st, err := os.Stat(sandbox); err != nil || !st.IsDir() {
 				t.Fatalf("sandbox not created: %v", err)
+			}
+		})
+	}
+}
+
+// Account.Connect gives the connection its account's inbox prefix and the
+// JetStream handle its API prefix; the zero Account keeps nats.go's
+// defaults, and so do the flags' defaults.
+func TestAccountConnectUsesItsPrefixes(t *testing.T) {
+	env := jstest.Start(t)
+	for _, tc := range []struct {
+		name       string
+		account    stagecmd.Account
+		inbox, api string
+	}{
+		{"zero", stagecmd.Account{}, "_INBOX.", ""},
+		{"the flags' defaults", stagecmd.Account{InboxPrefix: "_INBOX", APIPrefix: "$JS.API"}, "_INBOX.", "$JS.API"},
+		{"in an account of its own", stagecmd.Account{InboxPrefix: "_INBOX_executor", APIPrefix: "JS.TOLLGATE.API"},
+			"_INBOX_executor.", "JS.TOLLGATE.API"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc, js, err := tc.account.Connect(env.Server.ClientURL(), "", "stagecmd-test", pipelinetest.Logger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			if got := nc.NewInbox(); !strings.HasPrefix(got, tc.inbox) || strings.Count(got, ".") != 1 {
+				t.Errorf("inbox %s, want one under %s", got, tc.inbox)
+			}
+			if got := js.Options().APIPrefix; got != tc.api {
+				t.Errorf("API prefix %q, want %q", got, tc.api)
 			}
 		})
 	}

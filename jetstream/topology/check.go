@@ -182,8 +182,10 @@ func streamDiff(have, want jetstream.StreamConfig) []FieldDiff {
 }
 
 // bucketDiff lists the settings Ensure controls on which a bucket's backing
-// stream differs from want. In particular no TTL (MaxAge) and no size caps:
-// an expiring claim or approval would let a call run twice or vanish.
+// stream differs from want. In particular no bucket-wide TTL (MaxAge) and no
+// size caps: a live claim or approval that expired would let a call run
+// twice or vanish. Records leave only by the per-message TTL of their last
+// write (allow_msg_ttl), once they have ended.
 // AllowDirect is part of it: a replicated bucket that allows direct gets
 // can serve stale reads (see DirectGets).
 func bucketDiff(have, want jetstream.StreamConfig) []FieldDiff {
@@ -198,6 +200,7 @@ func bucketDiff(have, want jetstream.StreamConfig) []FieldDiff {
 	field(&d, "allow_rollup_hdrs", have.AllowRollup, true)
 	field(&d, "deny_delete", have.DenyDelete, true)
 	field(&d, "max_age", have.MaxAge, 0)
+	field(&d, "allow_msg_ttl", have.AllowMsgTTL, want.AllowMsgTTL)
 	field(&d, "discard", have.Discard, jetstream.DiscardNew)
 	field(&d, "max_msgs", have.MaxMsgs, -1)
 	field(&d, "max_bytes", have.MaxBytes, -1)

@@ -85,7 +85,9 @@ func TestPlanShowsWhatDiffersFieldByField(t *testing.T) {
 		t.Fatalf("Check after provisioning: %v", err)
 	}
 
-	if _, err := js.UpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: topology.BucketSessions, History: 7, Storage: jetstream.FileStorage, MaxValueSize: 1 << 20, Description: "Tollgate: per-session batch queue"}); err != nil {
+	drifted := bucketStream(t, cfg, topology.BucketSessions)
+	drifted.MaxMsgsPerSubject = 7
+	if _, err := js.UpdateStream(ctx, drifted); err != nil {
 		t.Fatal(err)
 	}
 	executor := consumers()[1]

@@ -13,7 +13,9 @@ import (
 
 // The streams Ensure writes for the buckets are what nats.go's
 // CreateKeyValue makes of the same KeyValueConfig (so the buckets are
-// ordinary KV buckets to every client and tool), with one replica.
+// ordinary KV buckets to every client and tool), with one replica, except
+// that they allow per-message TTLs (which a KeyValueConfig turns on only
+// together with limit markers), and so need that API level of the server.
 func TestBucketStreamsAreWhatNATSMakesOfTheBuckets(t *testing.T) {
 	_, js, ctx := bare(t)
 	_, other, _ := bare(t)
@@ -33,7 +35,12 @@ func TestBucketStreamsAreWhatNATSMakesOfTheBuckets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a, b := ours.CachedInfo().Config, theirs.CachedInfo().Config; !reflect.DeepEqual(a, b) {
+		a, b := ours.CachedInfo().Config, theirs.CachedInfo().Config
+		if !a.AllowMsgTTL {
+			t.Errorf("bucket %s does not allow per-message TTLs", kc.Bucket)
+		}
+		b.AllowMsgTTL, b.Metadata["_nats.req.level"] = true, a.Metadata["_nats.req.level"]
+		if !reflect.DeepEqual(a, b) {
 			t.Errorf("bucket %s\nEnsure:         %+v\nCreateKeyValue: %+v", kc.Bucket, a, b)
 		}
 	}

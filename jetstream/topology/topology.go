@@ -204,7 +204,13 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 
 // BucketStreams returns the configurations of the streams that back the
 // buckets: what nats.go's CreateKeyValue makes of Buckets(), except that
-// AllowDirect follows DirectGets. Ensure writes these (and not the
+// AllowDirect follows DirectGets, and that per-message TTLs are allowed
+// (AllowMsgTTL, nats-server 2.11+): an ended record is written with a TTL
+// and leaves the bucket when it runs out (pipeline/store, Store.Retain).
+// The buckets themselves have no MaxAge and no size limits: a record that
+// has not ended never expires. No subject delete markers either: nothing
+// watches for a retired record's removal. (A server lets AllowMsgTTL be
+// turned on for an existing stream, never off.) Ensure writes these (and not the
 // KeyValueConfig, from which nats.go always makes AllowDirect true), so a
 // replicated bucket never allows direct gets, not even for a moment.
 func (c Config) BucketStreams() []jetstream.StreamConfig {
@@ -226,6 +232,7 @@ func (c Config) BucketStreams() []jetstream.StreamConfig {
 			MaxConsumers:      -1,
 			AllowDirect:       c.DirectGets(),
 			Discard:           jetstream.DiscardNew,
+			AllowMsgTTL:       true,
 		})
 	}
 	return out

@@ -428,7 +428,9 @@ wait:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.UpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: topology.BucketSessions, History: 7, Storage: jetstream.FileStorage}); err != nil {
+	drifted := bucketStream(t, cfg, topology.BucketSessions)
+	drifted.MaxMsgsPerSubject = 7
+	if _, err := js.UpdateStream(ctx, drifted); err != nil {
 		t.Fatal(err)
 	}
 	if err := topology.Ensure(ctx, js, cfg); err != nil {
@@ -461,7 +463,9 @@ func TestEnsureResetsLimitsItDoesNotSet(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, capped); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.UpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: topology.BucketClaims, History: 1, TTL: time.Hour, Storage: jetstream.FileStorage, MaxValueSize: 1 << 20, Description: "Tollgate: tool execution claims by call id"}); err != nil {
+	aged := bucketStream(t, cfg, topology.BucketClaims)
+	aged.MaxAge = time.Hour
+	if _, err := js.UpdateStream(ctx, aged); err != nil {
 		t.Fatal(err)
 	}
 	if err := topology.Ensure(ctx, js, cfg); err != nil {
@@ -485,4 +489,16 @@ func TestEnsureResetsLimitsItDoesNotSet(t *testing.T) {
 	if st.TTL() != 0 {
 		t.Fatalf("claims bucket still has a TTL of %v", st.TTL())
 	}
+}
+
+// bucketStream is the configuration of bucket's stream in cfg.
+func bucketStream(t *testing.T, cfg topology.Config, bucket string) jetstream.StreamConfig {
+	t.Helper()
+	for _, sc := range cfg.BucketStreams() {
+		if sc.Name == "KV_"+bucket {
+			return sc
+		}
+	}
+	t.Fatalf("no bucket %s", bucket)
+	return jetstream.StreamConfig{}
 }

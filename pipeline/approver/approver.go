@@ -26,6 +26,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
@@ -51,6 +52,9 @@ type Config struct {
 	Registerer  prometheus.Registerer // may be nil
 	Concurrency int                   // default 8
 	Now         func() time.Time      // default time.Now
+	// TracerProvider traces each message the stage handles
+	// (runner.Config.TracerProvider); nil is otel's global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Validate reports missing wiring.
@@ -96,14 +100,15 @@ func New(cfg Config) (*Approver, error) {
 func (a *Approver) Run(ctx context.Context) error {
 	consumer := topology.ApproverConsumer()
 	r, err := runner.New(runner.Config{
-		Stage:       Stage,
-		Stream:      consumer.Stream,
-		Consumer:    consumer.Config,
-		Handler:     a.Handle,
-		JS:          a.cfg.JS,
-		Logger:      a.cfg.Logger,
-		Metrics:     a.cfg.Metrics,
-		Concurrency: a.cfg.Concurrency,
+		Stage:          Stage,
+		Stream:         consumer.Stream,
+		Consumer:       consumer.Config,
+		Handler:        a.Handle,
+		JS:             a.cfg.JS,
+		Logger:         a.cfg.Logger,
+		Metrics:        a.cfg.Metrics,
+		Concurrency:    a.cfg.Concurrency,
+		TracerProvider: a.cfg.TracerProvider,
 	})
 	if err != nil {
 		return err

@@ -47,6 +47,13 @@ type Verdict struct {
 	Quorum int
 }
 
+// NotFoundMeaning is what an APPROVAL_NOT_FOUND for a missing record tells
+// the decider. A decided approval leaves KV a retention period after its
+// turn's batch ended (tollgate.Config.Retention); until then a late
+// decision gets APPROVAL_ALREADY_DECIDED (or its idempotent success), after
+// it this. Either way nothing runs.
+const NotFoundMeaning = "it is unknown, or its turn ended longer ago than the retention period and its record was removed; nothing was decided and nothing runs"
+
 // Authorize decides, without I/O, what decision d does to rec, the approval
 // record d names as read from the store (nil: there is none), under policy
 // pol, the seal keys and the time now. It is the approver's whole rule: the
@@ -58,9 +65,10 @@ type Verdict struct {
 // the decider is told, and nothing is stored but a Verdict.Next that moves
 // an approval past its expiry to expired. The checks, in this order:
 //
-//   - APPROVAL_NOT_FOUND: rec is nil, or is the record of another approval
-//     than d names; INVALID_INPUT: d is nil, or rec's status is none of
-//     schemas' approval statuses;
+//   - APPROVAL_NOT_FOUND: rec is nil (its reason says what that means:
+//     NotFoundMeaning), or is the record of another approval than d names;
+//     INVALID_INPUT: d is nil, or rec's status is none of schemas'
+//     approval statuses;
 //   - MayDecide, with its codes: rec's TurnContext is authentic and its
 //     turn's, and d's decider may decide it (DECIDER_NOT_AUTHORIZED);
 //   - ARGS_DIGEST_MISMATCH: d carries an argument digest other than the one
@@ -85,7 +93,7 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 	case d == nil:
 		return Verdict{}, schemas.Errorf(schemas.CodeInvalidInput, "no decision")
 	case rec == nil:
-		return Verdict{}, schemas.Errorf(schemas.CodeApprovalNotFound, "no approval %q", d.ApprovalID)
+		return Verdict{}, schemas.Errorf(schemas.CodeApprovalNotFound, "no approval %q: %s", d.ApprovalID, NotFoundMeaning)
 	case rec.ApprovalID != d.ApprovalID:
 		return Verdict{}, schemas.Errorf(schemas.CodeApprovalNotFound, "no approval %q (the record read is approval %q)", d.ApprovalID, rec.ApprovalID)
 	case rec.Status != schemas.ApprovalPending && !rec.Status.Decided():

@@ -7,9 +7,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // ErrClaimHeld means another worker claimed the call recently and has not
@@ -189,7 +192,14 @@ const (
 // A tool that ignores its context and outlives ToolTimeout (plus a grace of
 // a tenth of it) is left running and reported as errToolHung: the worker
 // moves on, and the call is recorded as one whose effect is unknown.
-func (e *Engine) run(ctx context.Context, tool tools.Tool, tc *schemas.TurnContext, call schemas.ToolCall) (string, error) {
+//
+// The call is a span ("tool <name>", package tracing), a child of the
+// handler's span; a tool that calls out (a NATS tool service, an MCP
+// server) passes its trace context on.
+func (e *Engine) run(ctx context.Context, tool tools.Tool, tc *schemas.TurnContext, call schemas.ToolCall) (out string, err error) {
+	ctx, span := tracing.Start(ctx, "tool "+call.Tool, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(tracing.AttrTool.String(call.Tool), tracing.AttrCallID.String(call.CallID), tracing.AttrTurnID.String(tc.TurnID)))
+	defer func() { tracing.End(span, err) }()
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.ToolTimeout)
 	defer cancel()
 	type result struct {

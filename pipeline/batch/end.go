@@ -181,11 +181,43 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 		}
 	}
 	if !stored {
+		if err := e.retire(ctx, b); err != nil {
+			return err
+		}
 		if err := bus.Publish(ctx, e.cfg.JS, subj, topology.OutcomeMsgID(b.TurnID), Outcome(e.cfg.Keys, b)); err != nil {
 			return err
 		}
 	}
 	return e.release(ctx, b.SessionID, b.TurnID, sess)
+}
+
+// retire starts the retention of the approvals and execution claims of b,
+// a terminal batch (store.Bucket.Retire; nothing when the store keeps
+// every record). Until now a redrive of the batch could still need them
+// (an approval decided long before its siblings, the claim of a call that
+// ran before the batch waited); from now on the terminal batch record
+// answers every trigger of the turn, and it leaves KV no later than they
+// do (it was written terminal, with the same TTL, before this). A failed
+// batch's approvals include those it never recorded, as abandonPending
+// finds them. It runs before the outcome is published, so that a crash in
+// between is made good by the Finish of a redelivered trigger, which finds
+// no outcome yet; a Finish after the outcome does not write them again.
+func (e *Engine) retire(ctx context.Context, b *schemas.BatchRecord) error {
+	for i, call := range b.Calls {
+		id := b.Approvals[i]
+		if id == "" && b.State == schemas.BatchFailed {
+			id = schemas.ApprovalID(b.TurnID, i)
+		}
+		if id != "" {
+			if err := e.cfg.Store.Approvals.Retire(ctx, id); err != nil {
+				return err
+			}
+		}
+		if err := e.cfg.Store.Claims.Retire(ctx, call.CallID); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // abandonPending moves every approval of a failed batch that is still

@@ -1,6 +1,11 @@
 // Package bus publishes Tollgate records to JetStream streams with message
 // ids, so that a retried publish inside the stream's duplicate window is
 // stored once.
+//
+// Every message it publishes carries the trace context of the span in the
+// publish's context (W3C traceparent and tracestate headers, package
+// tracing), so that the stage that handles it continues the trace. A
+// context without a span adds no header.
 package bus
 
 import (
@@ -13,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // Publish encodes r and publishes it on subject with Nats-Msg-Id msgID,
@@ -26,14 +32,15 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, msgID string,
 	return PublishRaw(ctx, js, subject, msgID, data, nil)
 }
 
-// PublishRaw publishes data with optional headers and message id. A
+// PublishRaw publishes data with optional headers and message id, adding
+// the trace context of ctx's span to a copy of hdr (see the package doc). A
 // message that can never be stored because of its size (over the
 // connection's max payload, the stream's message size limit, or
 // JetStream's 64 KiB limit on a header block) fails with
 // CodePayloadTooLarge, so that schemas.Permanent tells it from a failure
 // that a retry may cure.
 func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte, hdr nats.Header) error {
-	m := &nats.Msg{Subject: subject, Data: data, Header: hdr}
+	m := &nats.Msg{Subject: subject, Data: data, Header: tracing.Inject(ctx, hdr)}
 	var opts []jetstream.PublishOpt
 	if msgID != "" {
 		opts = append(opts, jetstream.WithMsgID(msgID))
@@ -80,11 +87,11 @@ type Pending struct {
 	err            error
 }
 
-// PublishAsync encodes r and sends it on subject with Nats-Msg-Id msgID,
-// like Publish, but returns once it is sent; Wait reports whether it was
-// stored. It fails at once only if r does not encode or the message cannot
-// be sent.
-func PublishAsync(js jetstream.JetStream, subject, msgID string, r schemas.Record) (*Pending, error) {
+// PublishAsync encodes r and sends it on subject with Nats-Msg-Id msgID
+// and the trace context of ctx's span, like Publish, but returns once it
+// is sent; Wait reports whether it was stored. It fails at once only if r
+// does not encode or the message cannot be sent.
+func PublishAsync(ctx context.Context, js jetstream.JetStream, subject, msgID string, r schemas.Record) (*Pending, error) {
 	data, err := schemas.Encode(r)
 	if err != nil {
 		return nil, fmt.Errorf("publish %s: %w", subject, err)
@@ -93,7 +100,7 @@ func PublishAsync(js jetstream.JetStream, subject, msgID string, r schemas.Recor
 	if msgID != "" {
 		opts = append(opts, jetstream.WithMsgID(msgID))
 	}
-	f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data}, opts...)
+	f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data, Header: tracing.Inject(ctx, nil)}, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("publish %s (msg id %q): %w", subject, msgID, err)
 	}

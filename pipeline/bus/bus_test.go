@@ -33,7 +33,7 @@ func TestPendingWaitReportsWhetherTheMessageWasStored(t *testing.T) {
 
 	t.Run("a message its stream takes is stored, and asking again gives the same answer", func(t *testing.T) {
 		subj, o := started("t-stored")
-		p, err := bus.PublishAsync(env.JS, subj, "redrive:started:t-stored", o)
+		p, err := bus.PublishAsync(ctx, env.JS, subj, "redrive:started:t-stored", o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +52,7 @@ func TestPendingWaitReportsWhetherTheMessageWasStored(t *testing.T) {
 	})
 	t.Run("a message no stream takes is an error", func(t *testing.T) {
 		_, o := started("t-lost")
-		p, err := bus.PublishAsync(env.JS, "nostream.t-lost", "", o)
+		p, err := bus.PublishAsync(ctx, env.JS, "nostream.t-lost", "", o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +67,7 @@ func TestPendingWaitReportsWhetherTheMessageWasStored(t *testing.T) {
 	t.Run("a record that does not encode is refused before sending", func(t *testing.T) {
 		subj, o := started("t-bad")
 		o.Kind = "maybe"
-		if _, err := bus.PublishAsync(env.JS, subj, "", o); schemas.CodeOf(err) != schemas.CodeInvalidInput {
+		if _, err := bus.PublishAsync(ctx, env.JS, subj, "", o); schemas.CodeOf(err) != schemas.CodeInvalidInput {
 			t.Fatalf("publish: %v, want %s", err, schemas.CodeInvalidInput)
 		}
 		if _, err := events.GetLastMsgForSubject(ctx, subj); !errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -76,7 +76,7 @@ func TestPendingWaitReportsWhetherTheMessageWasStored(t *testing.T) {
 	})
 	t.Run("a wait cut short by its context can be waited for again", func(t *testing.T) {
 		subj, o := started("t-later")
-		p, err := bus.PublishAsync(env.JS, subj, "", o)
+		p, err := bus.PublishAsync(ctx, env.JS, subj, "", o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +140,7 @@ func TestASizeRefusalIsPermanent(t *testing.T) {
 		})
 	}
 	t.Run("the same refusal through PublishAsync", func(t *testing.T) {
-		p, err := bus.PublishAsync(env.JS, "small.async", "", &schemas.RedriveOutcome{TurnID: "t-big", Kind: schemas.RedriveStarted, At: time.Now().UTC(), Reason: strings.Repeat("r", 2048)})
+		p, err := bus.PublishAsync(ctx, env.JS, "small.async", "", &schemas.RedriveOutcome{TurnID: "t-big", Kind: schemas.RedriveStarted, At: time.Now().UTC(), Reason: strings.Repeat("r", 2048)})
 		if err != nil {
 			t.Fatal(err)
 		}

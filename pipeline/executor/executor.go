@@ -27,6 +27,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -36,6 +37,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // Stage is the executor's stage name (metrics label, dead-letter subject).
@@ -55,6 +57,9 @@ type Config struct {
 	// more workers than cores pay; on 2 cores `make bench` measured 20-25%
 	// more turns/s with 16 than with 8, for the raw reference too).
 	Concurrency int
+	// TracerProvider traces each message the stage handles
+	// (runner.Config.TracerProvider); nil is otel's global provider.
+	TracerProvider trace.TracerProvider
 	// OrderWait bounds how long a turn waits for an earlier inbound message
 	// of its session to become a turn (default DefaultOrderWait; see
 	// order.go).
@@ -123,15 +128,16 @@ func (x *Executor) Run(ctx context.Context) error {
 	defer svc.Stop()
 	consumer := topology.ExecutorConsumer()
 	r, err := runner.New(runner.Config{
-		Stage:        Stage,
-		Stream:       consumer.Stream,
-		Consumer:     consumer.Config,
-		Handler:      x.Handle,
-		OnDeadLetter: x.abort,
-		JS:           x.cfg.JS,
-		Logger:       x.cfg.Logger,
-		Metrics:      x.cfg.Metrics,
-		Concurrency:  x.cfg.Concurrency,
+		Stage:          Stage,
+		Stream:         consumer.Stream,
+		Consumer:       consumer.Config,
+		Handler:        x.Handle,
+		OnDeadLetter:   x.abort,
+		JS:             x.cfg.JS,
+		Logger:         x.cfg.Logger,
+		Metrics:        x.cfg.Metrics,
+		Concurrency:    x.cfg.Concurrency,
+		TracerProvider: x.cfg.TracerProvider,
 	})
 	if err != nil {
 		return err
@@ -460,7 +466,7 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 		Context: b.Context, Tool: call.Tool, Args: call.Args, ArgsDigest: call.ArgsDigest,
 		PolicyVersion: x.cfg.Policy.Version(), Options: x.cfg.Policy.Options(call.Tool),
 		Quorum: x.cfg.Policy.Quorum(call.Tool, b.Context),
-		Status: schemas.ApprovalPending, RequestedAt: now,
+		Status: schemas.ApprovalPending, RequestedAt: now, Trace: tracing.Context(ctx),
 	}
 	if d := x.cfg.Policy.ExpiresAfter(call.Tool); d > 0 {
 		rec.ExpiresAt = now.Add(d)

@@ -27,6 +27,7 @@ import (
 	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
@@ -48,6 +49,13 @@ type Config struct {
 	Metrics     *runner.Metrics
 	Instance    string // recorded in provenance, e.g. "ingest@host"
 	Concurrency int    // default 4
+	// Plan routes turns with text and no calls to the planner
+	// (topology.PlanSubject) instead of the executor; a turn with calls
+	// always goes to the executor. Set where a planner runs.
+	Plan bool
+	// TracerProvider traces each message the stage handles
+	// (runner.Config.TracerProvider); nil is otel's global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Validate reports missing wiring.
@@ -76,14 +84,15 @@ func New(cfg Config) (*Ingest, error) {
 func (in *Ingest) Run(ctx context.Context) error {
 	consumer := topology.IngestConsumer()
 	r, err := runner.New(runner.Config{
-		Stage:       Stage,
-		Stream:      consumer.Stream,
-		Consumer:    consumer.Config,
-		Handler:     in.Handle,
-		JS:          in.cfg.JS,
-		Logger:      in.cfg.Logger,
-		Metrics:     in.cfg.Metrics,
-		Concurrency: in.cfg.Concurrency,
+		Stage:          Stage,
+		Stream:         consumer.Stream,
+		Consumer:       consumer.Config,
+		Handler:        in.Handle,
+		JS:             in.cfg.JS,
+		Logger:         in.cfg.Logger,
+		Metrics:        in.cfg.Metrics,
+		Concurrency:    in.cfg.Concurrency,
+		TracerProvider: in.cfg.TracerProvider,
 	})
 	if err != nil {
 		return err
@@ -92,7 +101,8 @@ func (in *Ingest) Run(ctx context.Context) error {
 }
 
 // Handle accepts one inbound message: it applies Admit, seals the turn's
-// TurnContext and publishes the accepted turn. Admit's coded errors are
+// TurnContext and publishes the accepted turn (to the planner when
+// Config.Plan is set and the turn has text and no calls). Admit's coded errors are
 // permanent (the runner dead-letters the message); sealing and publishing
 // errors are retried.
 func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
@@ -108,8 +118,12 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	if err := in.cfg.Keys.Seal(t.Context); err != nil {
 		return err
 	}
-	subj := topology.AcceptedSubject(schemas.SessionKey(t.Context.SessionID))
-	if err := bus.Publish(ctx, in.cfg.JS, subj, topology.AcceptedMsgID(t.TurnID), t); err != nil {
+	key := schemas.SessionKey(t.Context.SessionID)
+	subj, msgID := topology.AcceptedSubject(key), topology.AcceptedMsgID(t.TurnID)
+	if in.cfg.Plan && len(t.Calls) == 0 && t.Text != "" {
+		subj, msgID = topology.PlanSubject(key), topology.PlanMsgID(t.TurnID)
+	}
+	if err := bus.Publish(ctx, in.cfg.JS, subj, msgID, t); err != nil {
 		return err
 	}
 	in.cfg.Logger.Debug("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID,

@@ -35,6 +35,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -84,9 +85,15 @@ type Options struct {
 	// OrderWait is the executor's session-order wait (default
 	// executor.DefaultOrderWait).
 	OrderWait time.Duration
+	// Planner, if set, builds the planner stage (tollgate.Config.Planner);
+	// name tollgate.StagePlanner in Stages to run it.
+	Planner *planner.Options
 	// Keys seal and verify TurnContexts; nil is Keys(t), a fresh ring.
 	// Pass the previous pipeline's ring when restarting on the same server.
 	Keys *seal.KeyRing
+	// Retention, when set, is tollgate.Config.Retention, and the streams'
+	// max age (which it may not be shorter than) is cut to it.
+	Retention time.Duration
 }
 
 // Keys returns the test binary's key ring: one random key, "k1", made once
@@ -136,6 +143,7 @@ type Pipeline struct {
 	Approver *approver.Approver
 	Redriver *redriver.Redriver
 	Engine   *batch.Engine
+	Planner  *planner.Planner // nil without Options.Planner
 
 	owner   testing.TB
 	cancel  context.CancelFunc
@@ -187,11 +195,15 @@ func Start(t testing.TB, o Options) *H {
 	reg := prometheus.NewRegistry()
 	ctx, cancel := context.WithTimeout(context.Background(), Wait)
 	defer cancel()
+	topo := env.Topology
+	if o.Retention > 0 {
+		topo.MaxAge, topo.DuplicateWindow = o.Retention, min(topo.DuplicateWindow, o.Retention)
+	}
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: env.JS, Policy: pol, Keys: keys, Tools: append(builtins, o.Tools...), Providers: o.Providers, Logger: Logger(), Registerer: reg,
-		Instance: "test", Topology: env.Topology,
+		Instance: "test", Topology: topo, Retention: o.Retention,
 		ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout, OrderWait: o.OrderWait,
-		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter,
+		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter, Planner: o.Planner,
 	})
 	if err != nil {
 		t.Fatalf("pipelinetest: %v", err)
@@ -201,14 +213,14 @@ func Start(t testing.TB, o Options) *H {
 		stages = AllStages
 	}
 	for _, s := range stages {
-		if !slices.Contains(AllStages, s) {
+		if !slices.Contains(AllStages, s) && s != tollgate.StagePlanner {
 			t.Fatalf("pipelinetest: unknown stage %q", s)
 		}
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	h := &H{T: t, Pipeline: &Pipeline{
 		Env: env, JS: env.JS, Store: p.Store, Policy: pol, Keys: keys, Sandbox: sandbox, Registry: reg, Tools: p.Tools,
-		Ingest: p.Ingest, Executor: p.Executor, Approver: p.Approver, Redriver: p.Redriver, Engine: p.Engine,
+		Ingest: p.Ingest, Executor: p.Executor, Approver: p.Approver, Redriver: p.Redriver, Engine: p.Engine, Planner: p.Planner,
 		owner: t, cancel: stop, done: make(chan error, 1),
 	}}
 	t.Cleanup(h.Stop)

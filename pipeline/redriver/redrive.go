@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -39,6 +40,7 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // Stage is the redriver's stage name.
@@ -54,6 +56,9 @@ type Config struct {
 	Metrics     *runner.Metrics
 	Registerer  prometheus.Registerer // may be nil
 	Concurrency int                   // default 16 (see executor.Config.Concurrency)
+	// TracerProvider traces each event the stage handles
+	// (runner.Config.TracerProvider); nil is otel's global provider.
+	TracerProvider trace.TracerProvider
 	// The recovery sweep (sweep.go): how often it looks (default
 	// DefaultSweepInterval; negative disables it) and how long a batch must
 	// be untouched before it acts (default DefaultSweepAfter).
@@ -110,15 +115,16 @@ func New(cfg Config) (*Redriver, error) {
 func (r *Redriver) Run(ctx context.Context) error {
 	consumer := topology.RedriverConsumer()
 	rn, err := runner.New(runner.Config{
-		Stage:        Stage,
-		Stream:       consumer.Stream,
-		Consumer:     consumer.Config,
-		Handler:      r.Handle,
-		OnDeadLetter: r.abort,
-		JS:           r.cfg.JS,
-		Logger:       r.cfg.Logger,
-		Metrics:      r.cfg.Metrics,
-		Concurrency:  r.cfg.Concurrency,
+		Stage:          Stage,
+		Stream:         consumer.Stream,
+		Consumer:       consumer.Config,
+		Handler:        r.Handle,
+		OnDeadLetter:   r.abort,
+		JS:             r.cfg.JS,
+		Logger:         r.cfg.Logger,
+		Metrics:        r.cfg.Metrics,
+		Concurrency:    r.cfg.Concurrency,
+		TracerProvider: r.cfg.TracerProvider,
 	})
 	if err != nil {
 		return err
@@ -217,6 +223,13 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveDeferred, Pending: v.Pending, Reason: v.Reason, Trigger: trigger})
 	}
 	approvals := v.Approvals
+	// The wait for the deciders is a link from this span to the span that
+	// requested each approval, not one span open across the wait.
+	for _, a := range approvals {
+		if a != nil {
+			tracing.Link(ctx, a.Trace, tracing.AttrApprovalID.String(a.ApprovalID))
+		}
+	}
 	if f := r.beforeStart.Load(); f != nil {
 		(*f)(turnID)
 	}
@@ -240,7 +253,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	// published (so the stream holds started before the outcome), not
 	// before the first call starts: one round trip less between a decision
 	// and its call.
-	pub, err := r.publishAsync(&schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger})
+	pub, err := r.publishAsync(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger})
 	if err != nil {
 		return err
 	}
@@ -608,9 +621,9 @@ func (r *Redriver) publish(ctx context.Context, o *schemas.RedriveOutcome) error
 
 // publishAsync sends a redrive outcome like publish without waiting for it
 // to be stored; settle waits (and counts it).
-func (r *Redriver) publishAsync(o *schemas.RedriveOutcome) (*redriveOutcomePub, error) {
+func (r *Redriver) publishAsync(ctx context.Context, o *schemas.RedriveOutcome) (*redriveOutcomePub, error) {
 	subj, msgID := r.outcomeSubject(o)
-	p, err := bus.PublishAsync(r.cfg.JS, subj, msgID, o)
+	p, err := bus.PublishAsync(ctx, r.cfg.JS, subj, msgID, o)
 	if err != nil {
 		return nil, err
 	}

@@ -45,6 +45,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -181,6 +182,12 @@ type buckets struct {
 	approvals, batches, sessions, claims jetstream.KeyValue
 }
 
+// bucketStream is the configuration of bucket's stream in c.
+func bucketStream(c topology.Config, bucket string) jetstream.StreamConfig {
+	i := slices.IndexFunc(c.BucketStreams(), func(sc jetstream.StreamConfig) bool { return sc.Name == "KV_"+bucket })
+	return c.BucketStreams()[i]
+}
+
 // openBuckets binds the buckets. On Rebuild it creates a missing
 // approvals, batches or sessions bucket (create only: an existing one is
 // never reconfigured) and refuses to go on without tollgate_claims.
@@ -195,11 +202,14 @@ func openBuckets(ctx context.Context, js jetstream.JetStream, o Options, rep *Re
 			case kc.Bucket == topology.BucketClaims:
 				rep.Warnings = append(rep.Warnings, fmt.Sprintf("bucket %s is missing: no call shows as already run, and a rebuild would refuse to run", kc.Bucket))
 			case o.Rebuild:
-				kv, err = js.CreateKeyValue(ctx, kc)
-				if errors.Is(err, jetstream.ErrBucketExists) { // created meanwhile by a starting stage
-					kv, err = js.KeyValue(ctx, kc.Bucket)
-				} else if err == nil {
+				// Created as topology.Ensure would create it (its stream
+				// allows the TTLs ended records are written with).
+				_, err = js.CreateStream(ctx, bucketStream(o.Topology, kc.Bucket))
+				if err == nil {
 					rep.Warnings = append(rep.Warnings, fmt.Sprintf("bucket %s was missing: created", kc.Bucket))
+				}
+				if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // or created meanwhile by a starting stage
+					kv, err = js.KeyValue(ctx, kc.Bucket)
 				}
 			default:
 				rep.Warnings = append(rep.Warnings, fmt.Sprintf("bucket %s is missing: every record in it reads as absent", kc.Bucket))

@@ -34,6 +34,14 @@
 // while the consumer has work and no pull request (nats.go issue #2063,
 // github.com/nats-io/nats.go/issues/2063).
 //
+// Traces: each delivery is handled in a span of Config.TracerProvider (a
+// consumer span named after the stage), the child of the trace context the
+// message's headers carry (package tracing). Its attributes name the
+// stage, the subject, the turn id, approval id or session key the subject
+// ends in, and the outcome (tollgate.outcome: ack, nak, dead_letter or
+// term). The handler's context holds the span, so that what it publishes
+// (package bus) and the tools it calls continue the trace.
+//
 // Run binds to its durable consumer when it exists with the runner's
 // configuration (ConsumerConfig; provisioned by `tollgate provision`) and
 // creates or updates it otherwise. Readiness: a runner is ready
@@ -58,10 +66,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // Handler processes one message. See the package doc for how its result is
@@ -129,6 +141,9 @@ type Config struct {
 	// work and no pull request. It looks every StallCheck.
 	StallWindow time.Duration // default 30s; negative disables the watchdog
 	StallCheck  time.Duration // default 5s, at most StallWindow
+	// TracerProvider traces each delivery (see the package doc); nil is
+	// otel's global provider, a no-op one unless the program set another.
+	TracerProvider trace.TracerProvider
 }
 
 // Validate reports missing wiring.
@@ -218,6 +233,21 @@ type Waiting interface {
 	RetryAfter() time.Duration
 }
 
+// subjectKey is the span attribute naming what subject's last token is:
+// the approval id of a decision, the turn id of an event, or else the
+// session key (inbound, accepted and ready subjects).
+func subjectKey(subject string) attribute.KeyValue {
+	last := subject[strings.LastIndexByte(subject, '.')+1:]
+	switch {
+	case strings.HasPrefix(subject, topology.SubjectDecisionSubmit), strings.HasPrefix(subject, topology.SubjectDecisionRejected):
+		return tracing.AttrApprovalID.String(last)
+	case strings.HasPrefix(subject, "tollgate.event."):
+		return tracing.AttrTurnID.String(last)
+	default:
+		return tracing.AttrSessionKey.String(last)
+	}
+}
+
 // LastToken returns the last token of m's subject.
 func LastToken(m jetstream.Msg) string {
 	s := m.Subject()
@@ -233,6 +263,7 @@ type Runner struct {
 	// message is a hash and a lock).
 	received, acked prometheus.Counter
 	duration        prometheus.Observer
+	tracer          trace.Tracer
 
 	// state is where Run is (stateIdle...stateDraining), for readiness
 	// (Ready, Metrics.Consuming).
@@ -284,6 +315,7 @@ func New(cfg Config) (*Runner, error) {
 		received: cfg.Metrics.Received.WithLabelValues(cfg.Stage),
 		acked:    cfg.Metrics.Acked.WithLabelValues(cfg.Stage),
 		duration: cfg.Metrics.Duration.WithLabelValues(cfg.Stage),
+		tracer:   tracing.Tracer(cfg.TracerProvider),
 	}, nil
 }
 
@@ -364,6 +396,12 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 	start := time.Now()
 	r.received.Inc()
 	defer func() { r.duration.Observe(time.Since(start).Seconds()) }()
+	ctx, span := r.tracer.Start(tracing.Extract(ctx, m.Headers()), c.Stage, trace.WithSpanKind(trace.SpanKindConsumer))
+	defer span.End()
+	if span.IsRecording() { // not built at all when tracing is off
+		span.SetAttributes(tracing.AttrStage.String(c.Stage), attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.destination.name", m.Subject()), subjectKey(m.Subject()))
+	}
 
 	err := r.invoke(ctx, m)
 	release()
@@ -384,6 +422,7 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 	}
 
 	if err == nil {
+		span.SetAttributes(tracing.AttrOutcome.String(tracing.OutcomeAck))
 		if aerr := m.Ack(); aerr != nil {
 			logger().Warn("ack failed; message will be redelivered", "err", aerr)
 			return
@@ -393,6 +432,9 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 	}
 	log := logger()
 	var waiting Waiting
+	if !errors.As(err, &waiting) {
+		span.RecordError(err)
+	}
 	switch {
 	case schemas.Permanent(err):
 		r.deadLetter(ctx, m, meta, schemas.CodeOf(err), err, log)
@@ -401,13 +443,13 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 		// (the handler bounds the wait itself), so it is retried after
 		// the delay it asks for and never counts toward MaxAttempts.
 		log.Debug("waiting; retrying", "reason", err, "delay", waiting.RetryAfter())
-		r.retry(m, waiting.RetryAfter(), log)
+		r.retry(ctx, m, waiting.RetryAfter(), log)
 	case deliveries >= uint64(c.MaxAttempts):
 		r.deadLetter(ctx, m, meta, schemas.CodeRetriesExhausted, err, log)
 	default:
 		delay := r.backoff(deliveries)
 		log.Warn("transient failure; retrying", "err", err, "delay", delay)
-		r.retry(m, delay, log)
+		r.retry(ctx, m, delay, log)
 	}
 }
 
@@ -422,7 +464,8 @@ func (r *Runner) backoff(deliveries uint64) time.Duration {
 }
 
 // retry NAKs m for redelivery after delay and counts the retry.
-func (r *Runner) retry(m jetstream.Msg, delay time.Duration, log *slog.Logger) {
+func (r *Runner) retry(ctx context.Context, m jetstream.Msg, delay time.Duration, log *slog.Logger) {
+	trace.SpanFromContext(ctx).SetAttributes(tracing.AttrOutcome.String(tracing.OutcomeNak))
 	if nerr := m.NakWithDelay(delay); nerr != nil {
 		log.Warn("nak failed; message will be redelivered after AckWait", "err", nerr)
 	}
@@ -457,6 +500,8 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 		deliveries = meta.NumDelivered
 	}
 	lastTry := deliveries >= uint64(c.DeadLetterTries)
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(tracing.AttrCode.String(string(code)))
 	if c.OnDeadLetter != nil {
 		err := func() (err error) {
 			defer func() {
@@ -472,13 +517,15 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 		case err != nil && !lastTry:
 			delay := r.backoff(deliveries)
 			log.Error("could not close out the work of a message before dead-lettering it; will retry", "code", code, "err", err, "delay", delay)
-			r.retry(m, delay, log)
+			r.retry(ctx, m, delay, log)
 			return
 		case err != nil:
 			log.Error("could not close out the work of a message; dead-lettering it anyway after the last try", "code", code, "err", err, "tries", c.DeadLetterTries)
 		}
 	}
-	own := nats.Header{}
+	// The dead letter continues the trace (a child of this span); written
+	// among the runner's own headers, it is never cut to fit.
+	own := tracing.Inject(ctx, nats.Header{})
 	own.Set(HeaderStage, c.Stage)
 	own.Set(HeaderCode, string(code))
 	own.Set(HeaderReason, truncate(cause.Error(), 1024))
@@ -511,9 +558,11 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	case !schemas.Permanent(err) && !lastTry:
 		delay := r.backoff(deliveries)
 		log.Error("dead-letter publish failed; will retry", "code", code, "err", err, "delay", delay)
-		r.retry(m, delay, log)
+		r.retry(ctx, m, delay, log)
 		return
 	default:
+		span.SetAttributes(tracing.AttrOutcome.String(tracing.OutcomeTerm))
+		span.SetStatus(codes.Error, "dead letter not stored")
 		log.Error("dead letter could not be stored; giving the message up: it stays in its stream, and is not retried",
 			"stream", c.Stream, "code", code, "cause", cause, "err", err, "tries", c.DeadLetterTries)
 		if terr := m.TermWithReason(string(code) + ": dead letter not stored"); terr != nil {
@@ -521,6 +570,8 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 		}
 		return
 	}
+	span.SetAttributes(tracing.AttrOutcome.String(tracing.OutcomeDeadLetter))
+	span.SetStatus(codes.Error, string(code))
 	log.Warn("dead-lettered", "code", code, "err", cause)
 	c.Metrics.DeadLettered.WithLabelValues(c.Stage, string(code)).Inc()
 	if err := m.TermWithReason(string(code)); err != nil {

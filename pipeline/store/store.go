@@ -10,13 +10,29 @@
 // chain, for logs and tests.) On a replicated bucket both shapes occur:
 // 10164 while the leader still has a write of the key in flight, 10071
 // otherwise.
+//
+// Retention: records that have ended leave their bucket a retention period
+// after they ended (Store.Retain), by JetStream's per-message TTL (the
+// buckets allow it: topology.Config.BucketStreams). A terminal batch and an
+// idle session are written with the TTL as they end (Bucket.Ended); the
+// approvals and execution claims of a turn are retired (Bucket.Retire) when
+// its batch ends, since until then a redrive may still need them. Every
+// write with a TTL also rolls the key's older revisions up, so that no
+// earlier revision (a pending approval) is left to reappear when the TTL'd
+// one expires. A write without a TTL (the record is live again: a session
+// acquired anew) keeps the key for good. docs/operations.md, "Retention",
+// states the rules that make this safe.
 package store
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -38,14 +54,37 @@ type Store struct {
 	Claims    Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]
 }
 
-// New returns a Store over b.
+// DefaultRetention is how long ended records stay in KV unless configured
+// otherwise (tollgate.Config.Retention): as long as the streams keep their
+// messages by default (topology.DefaultConfig().MaxAge).
+const DefaultRetention = 30 * 24 * time.Hour
+
+// New returns a Store over b that keeps every record (no retention; see
+// Retain).
 func New(b topology.Buckets) *Store {
 	return &Store{
 		Approvals: Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]{KV: b.Approvals},
-		Batches:   Bucket[schemas.BatchRecord, *schemas.BatchRecord]{KV: b.Batches},
-		Sessions:  Bucket[schemas.SessionRecord, *schemas.SessionRecord]{KV: b.Sessions},
-		Claims:    Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims},
+		Batches: Bucket[schemas.BatchRecord, *schemas.BatchRecord]{KV: b.Batches,
+			Ended: func(r *schemas.BatchRecord) bool { return r.State.Terminal() }},
+		Sessions: Bucket[schemas.SessionRecord, *schemas.SessionRecord]{KV: b.Sessions,
+			Ended: func(r *schemas.SessionRecord) bool { return r.Active == "" && len(r.Queue) == 0 }},
+		Claims: Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims},
 	}
+}
+
+// Retain makes ended records leave KV d after they ended: terminal batches
+// and idle sessions from their write, approvals and claims from their
+// Retire. The writes that carry a TTL are published through js (the
+// buckets' JetStream). d is rounded down to whole seconds (the TTL's
+// resolution); less than a second keeps every record. Call it before the
+// store is used: it is not safe to call concurrently with writes.
+func (s *Store) Retain(js jetstream.JetStream, d time.Duration) {
+	d = d.Truncate(time.Second)
+	if d < time.Second {
+		d = 0
+	}
+	s.Approvals.TTL, s.Batches.TTL, s.Sessions.TTL, s.Claims.TTL = d, d, d, d
+	s.Approvals.JS, s.Batches.JS, s.Sessions.JS, s.Claims.JS = js, js, js, js
 }
 
 // Bucket is a KV bucket holding records of type T.
@@ -55,6 +94,55 @@ type Bucket[T any, P schemas.Ptr[T]] struct {
 	// it to read older record versions through the one compatibility path
 	// (pipeline/legacy).
 	Decode func([]byte) (*T, error)
+	// TTL, when positive, is how long an ended record stays: a write by
+	// Create or Update of a record for which Ended is true, and Retire,
+	// carry it (see the package doc). Zero keeps every record.
+	TTL time.Duration
+	// JS publishes the writes that carry a TTL; required with TTL.
+	JS jetstream.JetStream
+	// Ended reports whether a record has ended, so that writing it starts
+	// its TTL; nil: records end only by Retire.
+	Ended func(*T) bool
+}
+
+// ttlFor is the TTL a write of rec carries: zero unless it has ended.
+func (b Bucket[T, P]) ttlFor(rec P) time.Duration {
+	if b.TTL > 0 && b.Ended != nil && b.Ended((*T)(rec)) {
+		return b.TTL
+	}
+	return 0
+}
+
+// isConflict reports whether err is a failed compare-and-set, in either of
+// its JetStream shapes (see the package doc).
+func isConflict(err error) bool {
+	var api *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) ||
+		(errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant))
+}
+
+// putTTL writes data at key, only if the key's latest revision is rev (0:
+// the key has no message), with the TTL ttl, rolling up (removing) the
+// key's earlier revisions. KeyValue.Update has no TTL option, so this is
+// the publish it makes, plus the Nats-TTL and Nats-Rollup headers.
+func (b Bucket[T, P]) putTTL(ctx context.Context, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	subject := "$KV." + b.KV.Bucket() + "." + key
+	// As nats.go's KV puts: under the JetStream API prefix, where the
+	// buckets are another account's (deploy/nats/least-privilege.conf).
+	if p := strings.TrimSuffix(b.JS.Options().APIPrefix, "."); p != "" && p+"." != jetstream.DefaultAPIPrefix {
+		subject = p + "." + subject
+	}
+	m := nats.NewMsg(subject)
+	m.Data = data
+	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	m.Header.Set(jetstream.MsgTTLHeader, ttl.String())
+	ack, err := b.JS.PublishMsg(ctx, m)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
 }
 
 // DecodeValue decodes a stored value as Get does (with Decode if set).
@@ -92,7 +180,11 @@ func (b Bucket[T, P]) Create(ctx context.Context, key string, rec P) (uint64, er
 	if err != nil {
 		return 0, err
 	}
-	rev, err := b.KV.Create(ctx, key, data)
+	var opts []jetstream.KVCreateOpt
+	if ttl := b.ttlFor(rec); ttl > 0 {
+		opts = append(opts, jetstream.KeyTTL(ttl))
+	}
+	rev, err := b.KV.Create(ctx, key, data, opts...)
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return 0, fmt.Errorf("create %s/%s: %w (%w)", b.KV.Bucket(), key, ErrExists, err)
 	}
@@ -109,8 +201,13 @@ func (b Bucket[T, P]) Update(ctx context.Context, key string, rec P, rev uint64)
 	if err != nil {
 		return 0, err
 	}
-	n, err := b.KV.Update(ctx, key, data, rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	var n uint64
+	if ttl := b.ttlFor(rec); ttl > 0 {
+		n, err = b.putTTL(ctx, key, data, rev, ttl)
+	} else {
+		n, err = b.KV.Update(ctx, key, data, rev)
+	}
+	if isConflict(err) {
 		return 0, fmt.Errorf("update %s/%s@%d: %w (%w)", b.KV.Bucket(), key, rev, ErrConflict, err)
 	}
 	if err != nil {
@@ -171,6 +268,35 @@ func (b Bucket[T, P]) MutateFrom(ctx context.Context, key string, cur P, rev uin
 		return nil, 0, err
 	}
 	return cur, n, nil
+}
+
+// Retire starts the TTL of the record at key: its latest value is written
+// again, as it is (it is not decoded), with the bucket's TTL, by
+// compare-and-set on the revision read, and read again on a conflict. The
+// key's earlier revisions are rolled up. A missing key, and a bucket
+// without a TTL, are left alone. Retiring again restarts the TTL.
+func (b Bucket[T, P]) Retire(ctx context.Context, key string) error {
+	if b.TTL <= 0 {
+		return nil
+	}
+	for {
+		e, err := b.KV.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("retire %s/%s: %w", b.KV.Bucket(), key, err)
+		}
+		_, err = b.putTTL(ctx, key, e.Value(), e.Revision(), b.TTL)
+		switch {
+		case err == nil:
+			return nil
+		case !isConflict(err):
+			return fmt.Errorf("retire %s/%s@%d: %w", b.KV.Bucket(), key, e.Revision(), err)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+	}
 }
 
 // ErrSkip, returned by a Mutate function, means "no change needed".

@@ -94,6 +94,9 @@ func toolsServer() *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "meta"}, func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
 		return textResult(fmt.Sprint(req.Params.Meta[mcptool.CallIDMeta])), nil, nil
 	})
+	mcp.AddTool(s, &mcp.Tool{Name: "traceparent"}, func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		return textResult(fmt.Sprint(req.Params.Meta["traceparent"])), nil, nil
+	})
 	mcp.AddTool(s, &mcp.Tool{Name: "media"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{
 			&mcp.TextContent{Text: "a"},

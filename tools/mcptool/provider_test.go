@@ -198,7 +198,7 @@ func TestStdioServerToolsAreNamedAndDescribed(t *testing.T) {
 	// "dup" and "DUP" are refused together, the 70-character name is too
 	// long, "Fetch URL" is sanitized, and the server's "echo" is "t.echo":
 	// it can never shadow the built-in echo.
-	want := []string{"t.echo", "t.env", "t.exit", "t.fail", "t.fetch_url", "t.hang", "t.media", "t.meta"}
+	want := []string{"t.echo", "t.env", "t.exit", "t.fail", "t.fetch_url", "t.hang", "t.media", "t.meta", "t.traceparent"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v, want %v", names, want)
 	}

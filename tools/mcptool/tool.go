@@ -14,10 +14,13 @@ import (
 
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // CallIDMeta is the _meta key of a tools/call request that carries the
-// call's id, for a server that deduplicates.
+// call's id, for a server that deduplicates. When the call is traced, the
+// request's _meta also carries its W3C trace context under the keys
+// "traceparent" and "tracestate" (package tracing).
 const CallIDMeta = "dev.tollgate/call_id"
 
 // codeRejected is the JSON-RPC code the SDK gives a request its own
@@ -69,9 +72,11 @@ func (t *tool) Run(ctx context.Context, c tools.Call) (string, error) {
 	if sess == nil {
 		return "", errUnavailable("mcp server %s is not connected", t.srv.name)
 	}
-	res, err := sess.CallTool(ctx, &mcp.CallToolParams{
-		Meta: mcp.Meta{CallIDMeta: c.CallID}, Name: t.remote, Arguments: args,
-	})
+	meta := mcp.Meta{CallIDMeta: c.CallID}
+	for k, v := range tracing.Context(ctx) { // the call's span, for a server that continues the trace
+		meta[k] = v
+	}
+	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Meta: meta, Name: t.remote, Arguments: args})
 	if err != nil {
 		return "", t.callError(ctx, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // HeaderCallID carries the call id on a request, and must carry it back,
@@ -121,6 +122,10 @@ func (t *Tool) Subject() string { return t.subject }
 //     subject (no responders), or it could not be sent (connection closed
 //     or draining, request over the server's payload limit).
 //
+// The request carries the trace context of ctx's span (the call's span)
+// in W3C traceparent and tracestate headers (package tracing), so that a
+// service in any language can continue the trace.
+//
 // It never sends the request twice.
 func (t *Tool) Run(ctx context.Context, c tools.Call) (string, error) {
 	if c.Context == nil {
@@ -139,7 +144,7 @@ func (t *Tool) Run(ctx context.Context, c tools.Call) (string, error) {
 	if t.p.nc.IsClosed() || t.p.nc.IsDraining() {
 		return "", t.p.outcome("unavailable", schemas.Errorf(schemas.CodeToolUnavailable, "tool %s: connection closed: %w", t.spec.Name, tools.ErrUnavailable))
 	}
-	msg := &nats.Msg{Subject: t.subject, Data: body, Header: nats.Header{HeaderCallID: []string{c.CallID}}}
+	msg := &nats.Msg{Subject: t.subject, Data: body, Header: tracing.Inject(ctx, nats.Header{HeaderCallID: []string{c.CallID}})}
 	reply, err := t.p.nc.RequestMsgWithContext(ctx, msg)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):

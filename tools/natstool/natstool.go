@@ -45,7 +45,8 @@
 // # The call
 //
 // A tool's Run sends one request (Request, JSON, with header
-// Tollgate-Call-Id) to the endpoint's subject and takes the first reply;
+// Tollgate-Call-Id, and W3C traceparent/tracestate headers when the call
+// is traced) to the endpoint's subject and takes the first reply;
 // it never sends a call twice. See Tool.Run for how each outcome maps to
 // an error (tools.ErrUncertain, tools.ErrUnavailable, a plain error when
 // the service answered with a service error).

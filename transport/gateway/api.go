@@ -15,13 +15,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/nats-io/nats.go"
 	"golang.org/x/time/rate"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 //go:embed openapi.json
@@ -107,6 +107,7 @@ func (s *Server) counted(pattern string, h http.HandlerFunc) http.HandlerFunc {
 			sw.status = http.StatusOK
 		}
 		s.requests.WithLabelValues(pattern, strconv.Itoa(sw.status)).Inc()
+		tracing.SetHTTPStatus(r.Context(), sw.status)
 	}
 }
 
@@ -251,6 +252,19 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request, key *Key) erro
 		return err
 	}
 	req.MessageID = id
+	if req.MessageID == "" {
+		req.MessageID = newMessageID()
+	}
+	// Follow the turn before submit looks for it, so that no write after
+	// that look is missed: a new turn's first writes then come from the
+	// feed, with no read that could only find nothing.
+	var tw *turnWatch
+	if turnID := schemas.TurnID(key.Transport, req.MessageID); schemas.ValidKey(turnID) {
+		if tw, err = s.follow(turnID); err != nil {
+			return err
+		}
+		defer tw.stop()
+	}
 	res, err := s.submit(r.Context(), key, req)
 	if err != nil {
 		return err
@@ -258,7 +272,13 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request, key *Key) erro
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.SubmitWait)
 	defer cancel()
 	out := SubmitResponse{SubmitResult: res, State: "submitted", Calls: []CallView{}}
-	if v, _ := s.watchTurn(ctx, res.TurnID, settled); v != nil {
+	var v *TurnView
+	if tw != nil {
+		v, _ = tw.until(ctx, settled, res.Duplicate)
+	} else {
+		v, _ = s.watchTurn(ctx, res.TurnID, settled)
+	}
+	if v != nil {
 		out.State, out.Calls = string(v.State), v.Calls
 	}
 	w.Header().Set("Location", "/v1/turns/"+res.TurnID)
@@ -337,6 +357,20 @@ func (s *Server) ownApproval(ctx context.Context, id string, key *Key) (*schemas
 		return nil, notFound(schemas.CodeApprovalNotFound, "such approval")
 	}
 	return a, nil
+}
+
+// decisionApproval is ownApproval for a decision, which checks only what
+// never changes in an approval record (its transport, turn, digest and
+// options; its status is the approver's to judge): a record this gateway
+// read a moment ago, for the view of its turn, serves as well as a read.
+func (s *Server) decisionApproval(ctx context.Context, id string, key *Key) (*schemas.ApprovalRecord, error) {
+	s.mu.Lock()
+	a, ok := s.approvals.get(id)
+	s.mu.Unlock()
+	if ok && a.Context != nil && a.Context.Transport == key.Transport {
+		return a, nil
+	}
+	return s.ownApproval(ctx, id, key)
 }
 
 func (s *Server) getApproval(w http.ResponseWriter, r *http.Request, key *Key) error {
@@ -435,7 +469,7 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 	if err != nil {
 		return err
 	}
-	a, err := s.ownApproval(r.Context(), r.PathValue("id"), key)
+	a, err := s.decisionApproval(r.Context(), r.PathValue("id"), key)
 	if err != nil {
 		return err
 	}
@@ -462,24 +496,14 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 		return codedInput(err)
 	}
 
-	// Subscribe before publishing, so that the answer cannot be missed.
-	nc := s.cfg.JS.Conn()
-	answers := make(chan *nats.Msg, 64)
-	for _, subj := range []string{
+	// Wait for the answer before publishing, so that it cannot be missed.
+	answers, stop, err := s.answers.wait(s.cfg.JS.Conn(), decisionAnswerPatterns,
 		topology.EventSubject(topology.SubjectDecisionRejected, a.ApprovalID),
-		topology.EventSubject(topology.SubjectApprovalDecided, a.TurnID),
-	} {
-		sub, err := nc.ChanSubscribe(subj, answers)
-		if err != nil {
-			return unavailable(err)
-		}
-		defer func() { _ = sub.Unsubscribe() }()
-	}
-	fctx, fcancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer fcancel()
-	if err := nc.FlushWithContext(fctx); err != nil {
+		topology.EventSubject(topology.SubjectApprovalDecided, a.TurnID))
+	if err != nil {
 		return unavailable(err)
 	}
+	defer stop()
 	if err := bus.Publish(r.Context(), s.cfg.JS, topology.DecisionSubject(key.Transport, a.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
 		return unavailable(err)
 	}
@@ -512,6 +536,10 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 		}
 	}
 }
+
+// decisionAnswerPatterns are the subjects of a decision's answers: its
+// rejection (by approval id) and its approval's decided event (by turn id).
+var decisionAnswerPatterns = []string{topology.SubjectDecisionRejected + "*", topology.SubjectApprovalDecided + "*"}
 
 // decisionID is the id of a decision: derived from the key's transport
 // and the Idempotency-Key when one is given (a retry is stored once),

@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 )
@@ -13,12 +16,12 @@ func TestTheBatchesFeedWakesOnlyTheTurnWritten(t *testing.T) {
 	env := jstest.Start(t)
 	kv := env.Buckets.Batches
 	var f batchFeed
-	mine, stopMine, err := f.wait(env.NC, kv.Bucket(), "t-mine")
+	mine, _, stopMine, err := f.wait(env.NC, kv.Bucket(), "t-mine")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stopMine()
-	other, stopOther, err := f.wait(env.NC, kv.Bucket(), "t-other")
+	other, _, stopOther, err := f.wait(env.NC, kv.Bucket(), "t-other")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +68,167 @@ func TestTheBatchesFeedWakesOnlyTheTurnWritten(t *testing.T) {
 	select {
 	case <-mine.ch:
 		t.Fatal("a stopped waiter was woken")
+	default:
+	}
+}
+
+// A request that starts waiting on a turn written a moment ago starts from
+// the write the feed kept, and hears every later one; a deleted key's write
+// is forgotten.
+func TestTheBatchesFeedKeepsTheLatestWriteOfARecentTurn(t *testing.T) {
+	env := jstest.Start(t)
+	kv := env.Buckets.Batches
+	ctx := jstest.Ctx(t)
+	var f batchFeed
+	// The first waiter starts the subscription; its turn has no write yet.
+	first, latest, stopFirst, err := f.wait(env.NC, kv.Bucket(), "t-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopFirst()
+	if latest != nil {
+		t.Fatalf("latest write of an unwritten turn = %q, want none", latest)
+	}
+	for _, v := range []string{"a", "b"} {
+		if _, err := kv.Put(ctx, "t-1", []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, first, "b")
+
+	_, latest, stop, err := f.wait(env.NC, kv.Bucket(), "t-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if string(latest) != "b" {
+		t.Fatalf("a new waiter starts from %q, want the latest write %q", latest, "b")
+	}
+
+	if err := kv.Delete(ctx, "t-1"); err != nil {
+		t.Fatal(err)
+	}
+	// The delete's report is handled before a later write's.
+	if _, err := kv.Put(ctx, "t-2", []byte("later")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		_, kept := f.latest.get("t-2")
+		f.mu.Unlock()
+		if kept {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the write to t-2 was never kept")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, latest, stop, err = f.wait(env.NC, kv.Bucket(), "t-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if latest != nil {
+		t.Fatalf("a deleted turn's write is still kept: %q", latest)
+	}
+}
+
+func waitFor(t *testing.T, w *feedWaiter, want string) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case <-w.ch:
+			if string(w.take()) == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the waiter never saw %q (latest %q)", want, w.take())
+		}
+	}
+}
+
+// recent keeps the values of the keys set last, and no more.
+func TestRecentKeepsTheKeysSetLast(t *testing.T) {
+	var r recent[int]
+	for i := range 5 {
+		r.set(fmt.Sprint("k", i), i, 3)
+	}
+	r.set("k4", 40, 3) // an update takes no new slot
+	for key, want := range map[string]int{"k2": 2, "k3": 3, "k4": 40} {
+		if v, ok := r.get(key); !ok || v != want {
+			t.Errorf("%s = %d, %v; want %d", key, v, ok, want)
+		}
+	}
+	for _, key := range []string{"k0", "k1"} {
+		if _, ok := r.get(key); ok {
+			t.Errorf("%s is kept past the limit", key)
+		}
+	}
+	r.drop("k3")
+	if _, ok := r.get("k3"); ok {
+		t.Error("a dropped key is kept")
+	}
+	if len(r.vals) > 3 {
+		t.Errorf("%d values kept, want at most 3", len(r.vals))
+	}
+}
+
+// The event feed hands each event to the requests waiting on its subject,
+// and only to them.
+func TestTheEventFeedHandsEventsToTheirWaiters(t *testing.T) {
+	env := jstest.Start(t)
+	var f eventFeed
+	patterns := []string{"test.a.*", "test.b.*"}
+	mine, stopMine, err := f.wait(env.NC, patterns, "test.a.1", "test.b.x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopMine()
+	other, stopOther, err := f.wait(env.NC, patterns, "test.a.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopOther()
+	for _, subj := range []string{"test.a.1", "test.b.x", "test.a.2"} {
+		if err := env.NC.Publish(subj, []byte(subj)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := func(ch <-chan *nats.Msg) string {
+		select {
+		case m := <-ch:
+			return m.Subject
+		case <-time.After(10 * time.Second):
+			return "nothing"
+		}
+	}
+	if a, b := got(mine), got(mine); a != "test.a.1" || b != "test.b.x" {
+		t.Fatalf("the waiter on two subjects got %s, %s; want test.a.1, test.b.x", a, b)
+	}
+	if s := got(other); s != "test.a.2" { // the last event published: the ones before it were handed over
+		t.Fatalf("the other waiter got %s, want test.a.2", s)
+	}
+	select {
+	case m := <-mine:
+		t.Fatalf("the waiter got another's event %s", m.Subject)
+	default:
+	}
+	stopOther()
+	if err := env.NC.Publish("test.a.2", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.NC.Publish("test.a.1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := got(mine); s != "test.a.1" {
+		t.Fatalf("got %s, want test.a.1", s)
+	}
+	select {
+	case m := <-other:
+		t.Fatalf("a stopped waiter got %s", m.Subject)
 	default:
 	}
 }

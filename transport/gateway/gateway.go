@@ -17,17 +17,20 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // Runner is a background task the gateway runs next to its HTTP server,
@@ -53,6 +56,10 @@ type Config struct {
 
 	// Webhooks, when set, is run by Run next to the HTTP server.
 	Webhooks Runner
+	// Web, when set, serves every path the gateway does not route (the
+	// web approval inbox, transport/web, at "/"); paths under /v1/ stay
+	// the API's.
+	Web http.Handler
 
 	// MaxBodyBytes bounds a request body (default 1 MiB); a larger one is
 	// refused 413 PAYLOAD_TOO_LARGE.
@@ -73,6 +80,11 @@ type Config struct {
 	Heartbeat time.Duration
 	// Now is the clock (default time.Now), for key expiry.
 	Now func() time.Time
+	// TracerProvider traces each request Serve serves (a server span, the
+	// child of the request's W3C traceparent if any), and what a request
+	// publishes carries its span (package tracing); nil is otel's global
+	// provider, a no-op one unless the program set another.
+	TracerProvider trace.TracerProvider
 }
 
 // Validate reports missing wiring and invalid keys.
@@ -94,9 +106,11 @@ type Server struct {
 
 	requests *prometheus.CounterVec
 	feed     batchFeed // writes to the batches bucket, for waiting requests
+	answers  eventFeed // decisions' answers, for the requests that published them
 
-	mu       sync.Mutex
-	limiters map[string]*rate.Limiter // by key id
+	mu        sync.Mutex
+	limiters  map[string]*rate.Limiter        // by key id
+	approvals recent[*schemas.ApprovalRecord] // read for views, by id (decisionApproval)
 }
 
 // New binds to the pipeline's streams and buckets (which must exist:
@@ -166,8 +180,20 @@ func New(cfg Config) (*Server, error) {
 }
 
 // Handler is the gateway's HTTP handler: every route of /v1, /healthz and
-// whatever other parts of the package register (routes).
-func (s *Server) Handler() http.Handler { return s.mux }
+// whatever other parts of the package register (routes), and Config.Web
+// for every other path.
+func (s *Server) Handler() http.Handler {
+	if s.cfg.Web == nil {
+		return s.mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := s.mux.Handler(r); pattern == "/" && !strings.HasPrefix(r.URL.Path, "/v1/") {
+			s.cfg.Web.ServeHTTP(w, r)
+			return
+		}
+		s.mux.ServeHTTP(w, r)
+	})
+}
 
 // Run listens on Config.Addr and serves until ctx is cancelled, then shuts
 // down gracefully (open requests get 5 s). It also runs Config.Webhooks
@@ -185,7 +211,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv := &http.Server{
-		Handler:           s.Handler(),
+		Handler:           tracing.HTTP(s.cfg.TracerProvider, s.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // SubmitRequest is the body of POST /v1/turns: one inbound message.
@@ -138,9 +139,7 @@ func requestDigest(m *schemas.InboundMessage) string {
 // provenance or the stream's duplicate acknowledgement.
 func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (SubmitResult, error) {
 	if req.MessageID == "" {
-		b := make([]byte, 12)
-		_, _ = rand.Read(b)
-		req.MessageID = "m-" + hex.EncodeToString(b)
+		req.MessageID = newMessageID()
 	}
 	msg, err := inbound(key, req, s.cfg.Now())
 	if err != nil {
@@ -172,7 +171,7 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 		return SubmitResult{}, unavailable(err)
 	}
 
-	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{digestHeader: []string{digest}}}
+	m := &nats.Msg{Subject: subject, Data: data, Header: tracing.Inject(ctx, nats.Header{digestHeader: []string{digest}})}
 	ack, err := s.cfg.JS.PublishMsg(ctx, m, jetstream.WithMsgID(topology.InboundMsgID(key.Transport, req.MessageID)))
 	if err != nil {
 		return SubmitResult{}, unavailable(err)
@@ -184,6 +183,14 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 		res.Duplicate = true
 	}
 	return res, nil
+}
+
+// newMessageID is a random message id, for a request without an
+// Idempotency-Key.
+func newMessageID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "m-" + hex.EncodeToString(b)
 }
 
 // sameRequest checks that the inbound message stored at seq carries

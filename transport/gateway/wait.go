@@ -140,6 +140,9 @@ func (s *Server) view(ctx context.Context, b *schemas.BatchRecord) (*TurnView, e
 		switch {
 		case err == nil:
 			cv.Approval = approvalView(a)
+			s.mu.Lock()
+			s.approvals.set(a.ApprovalID, a, recentWrites)
+			s.mu.Unlock()
 		case !errors.Is(err, store.ErrNotFound) && schemas.CodeOf(err) == "":
 			return nil, unavailable(err)
 		}
@@ -209,11 +212,45 @@ func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnV
 	if !schemas.ValidKey(turnID) {
 		return nil, errUnknown
 	}
-	w, stop, err := s.feed.wait(s.cfg.JS.Conn(), s.store.Batches.KV.Bucket(), turnID)
+	tw, err := s.follow(turnID)
+	if err != nil {
+		return nil, err
+	}
+	defer tw.stop()
+	return tw.until(ctx, until, true)
+}
+
+// turnWatch is a request's registration with the batches feed for one
+// turn: made by follow before the writes it must not miss, used by until,
+// ended by stop.
+type turnWatch struct {
+	s      *Server
+	turnID string
+	w      *feedWaiter
+	latest []byte // the feed's latest write of the turn when the watch was made; nil if none is kept
+	stop   func()
+}
+
+// follow registers a watch of turnID's batch record: every write to it
+// from now on is reported to the watch.
+func (s *Server) follow(turnID string) (*turnWatch, error) {
+	w, latest, stop, err := s.feed.wait(s.cfg.JS.Conn(), s.store.Batches.KV.Bucket(), turnID)
 	if err != nil {
 		return nil, unavailable(err)
 	}
-	defer stop()
+	return &turnWatch{s: s, turnID: turnID, w: w, latest: latest, stop: stop}, nil
+}
+
+// until is watchTurn on a watch made earlier. Its first look is the write
+// the feed kept for the turn when the watch was made, if it kept one (no
+// write the feed hears after it is missed, so waiting from it is as good
+// as waiting from a read); otherwise a read, unless readFirst is false:
+// then the first look is the feed's first report (or the fallback read),
+// for a caller that knows the record did not exist when the watch was
+// made, such as a submit that has just published its turn's first
+// message, so a read could only find nothing.
+func (tw *turnWatch) until(ctx context.Context, until func(*TurnView) bool, readFirst bool) (*TurnView, error) {
+	s := tw.s
 	tick := time.NewTicker(feedFallback)
 	defer tick.Stop()
 	var b, last *schemas.BatchRecord // the record judged now, and the last one seen
@@ -235,10 +272,15 @@ func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnV
 		}
 		return v, err
 	}
-	read := true // the first look, and each fallback, reads the record
+	read := readFirst // the first look, and each fallback, reads the record
+	if tw.latest != nil {
+		if got, err := s.store.Batches.DecodeValue(tw.latest); err == nil {
+			b, read = got, false
+		}
+	}
 	for {
 		if read {
-			got, _, err := s.store.Batches.Get(ctx, turnID)
+			got, _, err := s.store.Batches.Get(ctx, tw.turnID)
 			switch {
 			case err == nil:
 				b = got
@@ -259,14 +301,15 @@ func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnV
 		select {
 		case <-ctx.Done():
 			return full(ctx.Err())
-		case <-w.ch:
+		case <-tw.w.ch:
 			// The write as published: a subscriber can hear of a write
 			// before the stream answers reads with it, so the body is
 			// used rather than a read. A report older than the record
 			// already judged (it was in flight during the read) is passed
 			// over.
 			read = false
-			if b, err = s.store.Batches.DecodeValue(w.take()); err != nil {
+			var err error
+			if b, err = s.store.Batches.DecodeValue(tw.w.take()); err != nil {
 				b = nil
 			}
 		case <-tick.C:
@@ -281,7 +324,10 @@ const feedFallback = 2 * time.Second
 
 // batchFeed reports writes to the batches bucket to the requests waiting on
 // them, from one core NATS subscription on the bucket's subjects, made on
-// first use.
+// first use. It also keeps the latest write of the recentWrites keys
+// written last, so that a request that starts waiting on a turn written a
+// moment ago (the long poll after a decision) starts from that write
+// instead of a read.
 type batchFeed struct {
 	once sync.Once
 	err  error
@@ -289,7 +335,13 @@ type batchFeed struct {
 
 	mu      sync.Mutex
 	waiters map[string]map[*feedWaiter]struct{} // by turn id
+	latest  recent[[]byte]                      // by turn id
 }
+
+// recentWrites is how many turns' latest writes the feed keeps: at a few
+// hundred turns a second, the last several seconds, for about 1.5 KiB
+// each.
+const recentWrites = 4096
 
 // feedWaiter is one waiting request: ch signals that latest holds a write
 // not yet taken.
@@ -306,15 +358,20 @@ func (w *feedWaiter) take() []byte {
 	return w.latest
 }
 
-// wait registers a waiter for writes to key and returns it with the
-// function that unregisters it. The subscription is in place before wait
-// returns, so a write after it is reported.
-func (f *batchFeed) wait(nc *nats.Conn, bucket, key string) (*feedWaiter, func(), error) {
+// wait registers a waiter for writes to key and returns it with the latest
+// write to key the feed keeps (nil if none) and the function that
+// unregisters it. The subscription is in place before wait returns, and
+// the kept write and the registration are taken together, so every write
+// after the kept one (or, with none kept, after wait) is reported.
+func (f *batchFeed) wait(nc *nats.Conn, bucket, key string) (*feedWaiter, []byte, func(), error) {
 	f.once.Do(func() {
 		prefix := "$KV." + bucket + "."
 		f.sub, f.err = nc.Subscribe(prefix+">", func(m *nats.Msg) {
+			key := strings.TrimPrefix(m.Subject, prefix)
 			if m.Header.Get(kvOperation) == "" { // a put, not a delete or purge marker
-				f.wake(strings.TrimPrefix(m.Subject, prefix), m.Data)
+				f.wake(key, m.Data)
+			} else {
+				f.forget(key)
 			}
 		})
 		if f.err == nil {
@@ -325,7 +382,7 @@ func (f *batchFeed) wait(nc *nats.Conn, bucket, key string) (*feedWaiter, func()
 		}
 	})
 	if f.err != nil {
-		return nil, nil, fmt.Errorf("gateway: follow the batches bucket: %w", f.err)
+		return nil, nil, nil, fmt.Errorf("gateway: follow the batches bucket: %w", f.err)
 	}
 	w := &feedWaiter{ch: make(chan struct{}, 1)}
 	f.mu.Lock()
@@ -336,8 +393,9 @@ func (f *batchFeed) wait(nc *nats.Conn, bucket, key string) (*feedWaiter, func()
 		f.waiters[key] = map[*feedWaiter]struct{}{}
 	}
 	f.waiters[key][w] = struct{}{}
+	latest, _ := f.latest.get(key)
 	f.mu.Unlock()
-	return w, func() {
+	return w, latest, func() {
 		f.mu.Lock()
 		delete(f.waiters[key], w)
 		if len(f.waiters[key]) == 0 {
@@ -353,6 +411,7 @@ const kvOperation = "KV-Operation"
 func (f *batchFeed) wake(key string, data []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.latest.set(key, data, recentWrites)
 	for w := range f.waiters[key] {
 		w.mu.Lock()
 		w.latest = data
@@ -360,6 +419,119 @@ func (f *batchFeed) wake(key string, data []byte) {
 		select {
 		case w.ch <- struct{}{}:
 		default: // a wake is already pending; it takes the latest
+		}
+	}
+}
+
+// forget drops the write kept for key, deleted or purged.
+func (f *batchFeed) forget(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.latest.drop(key)
+}
+
+// recent keeps the values of the keys set last, up to a number; the
+// caller serialises its use.
+type recent[V any] struct {
+	vals map[string]V
+	ring []string // the keys in the order first set; the oldest at next
+	next int
+}
+
+// set makes v the value of key; when n keys are kept, it makes room by
+// dropping the key first set longest ago.
+func (r *recent[V]) set(key string, v V, n int) {
+	if r.vals == nil {
+		r.vals, r.ring = map[string]V{}, make([]string, n)
+	}
+	if _, ok := r.vals[key]; !ok {
+		if old := r.ring[r.next]; old != "" {
+			delete(r.vals, old)
+		}
+		r.ring[r.next] = key
+		r.next = (r.next + 1) % len(r.ring)
+	}
+	r.vals[key] = v
+}
+
+func (r *recent[V]) get(key string) (V, bool) {
+	v, ok := r.vals[key]
+	return v, ok
+}
+
+// drop forgets key. Its slot in the ring is reused in turn; should key be
+// set again before that, the reuse drops it early, which only costs a read.
+func (r *recent[V]) drop(key string) { delete(r.vals, key) }
+
+// eventFeed hands the events published on some subjects to the requests
+// waiting on them, from one core NATS subscription per subject pattern,
+// made on first use: a decision's answer (its rejection, or its
+// approval's decided event) reaches the request that published it without
+// a subscription, an unsubscription and a flush per request.
+type eventFeed struct {
+	once sync.Once
+	err  error
+
+	mu      sync.Mutex
+	waiters map[string]map[chan *nats.Msg]struct{} // by subject
+}
+
+// eventFeedBuffer is how many events a waiter holds before the feed drops
+// the next ones for it; a waiter's subjects carry the events of one
+// approval or turn, far fewer than this.
+const eventFeedBuffer = 64
+
+// wait registers a waiter for the events on subjects (each one a literal
+// subject under one of patterns) and returns its channel with the
+// function that unregisters it. The subscriptions are in place before
+// wait returns, so an event published after it is handed over.
+func (f *eventFeed) wait(nc *nats.Conn, patterns []string, subjects ...string) (<-chan *nats.Msg, func(), error) {
+	f.once.Do(func() {
+		for _, p := range patterns {
+			var sub *nats.Subscription
+			if sub, f.err = nc.Subscribe(p, f.hand); f.err != nil {
+				return
+			}
+			if f.err = sub.SetPendingLimits(-1, -1); f.err != nil {
+				return
+			}
+		}
+		f.err = nc.Flush() // the server has the subscriptions
+	})
+	if f.err != nil {
+		return nil, nil, fmt.Errorf("gateway: follow the decision events: %w", f.err)
+	}
+	ch := make(chan *nats.Msg, eventFeedBuffer)
+	f.mu.Lock()
+	if f.waiters == nil {
+		f.waiters = map[string]map[chan *nats.Msg]struct{}{}
+	}
+	for _, subj := range subjects {
+		if f.waiters[subj] == nil {
+			f.waiters[subj] = map[chan *nats.Msg]struct{}{}
+		}
+		f.waiters[subj][ch] = struct{}{}
+	}
+	f.mu.Unlock()
+	return ch, func() {
+		f.mu.Lock()
+		for _, subj := range subjects {
+			delete(f.waiters[subj], ch)
+			if len(f.waiters[subj]) == 0 {
+				delete(f.waiters, subj)
+			}
+		}
+		f.mu.Unlock()
+	}, nil
+}
+
+func (f *eventFeed) hand(m *nats.Msg) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for ch := range f.waiters[m.Subject] {
+		select {
+		case ch <- m:
+		default: // full: the waiter answers at its deadline with what it knows
 		}
 	}
 }

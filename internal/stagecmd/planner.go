@@ -1,0 +1,77 @@
+package stagecmd
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pipeline/planner"
+)
+
+// EnvLLMAPIKey holds the model endpoint's API key (or use --llm-key-file).
+const EnvLLMAPIKey = "TOLLGATE_LLM_API_KEY"
+
+// PlannerFlags are the planner's settings (docs/planner.md), each with a
+// TOLLGATE_* environment default. The API key is never a flag value: it
+// comes from EnvLLMAPIKey or from the file --llm-key-file names.
+type PlannerFlags struct {
+	URL, Model, KeyFile, PromptFile string
+	Timeout, MaxWall                time.Duration
+	MaxSteps                        int
+	MaxTokens                       int64
+}
+
+// Register adds the planner flags to fs.
+func (f *PlannerFlags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.URL, "llm-url", Env("TOLLGATE_LLM_URL", ""), "OpenAI-compatible chat-completions API root, e.g. http://127.0.0.1:11434/v1; with --llm-model it turns the planner on (env TOLLGATE_LLM_URL)")
+	fs.StringVar(&f.Model, "llm-model", Env("TOLLGATE_LLM_MODEL", ""), "model name, e.g. qwen2.5:7b (env TOLLGATE_LLM_MODEL)")
+	fs.StringVar(&f.KeyFile, "llm-key-file", Env("TOLLGATE_LLM_KEY_FILE", ""), "file holding the model API key (default: env "+EnvLLMAPIKey+")")
+	fs.StringVar(&f.PromptFile, "llm-system-prompt", Env("TOLLGATE_LLM_SYSTEM_PROMPT", ""), "file holding the system prompt; empty for the built-in one (env TOLLGATE_LLM_SYSTEM_PROMPT)")
+	timeout, _ := time.ParseDuration(Env("TOLLGATE_LLM_TIMEOUT", "2m"))
+	fs.DurationVar(&f.Timeout, "llm-timeout", timeout, "timeout of one model request attempt (env TOLLGATE_LLM_TIMEOUT)")
+	steps, _ := strconv.Atoi(Env("TOLLGATE_LLM_MAX_STEPS", "8"))
+	fs.IntVar(&f.MaxSteps, "llm-max-steps", steps, "model steps per turn (env TOLLGATE_LLM_MAX_STEPS)")
+	tokens, _ := strconv.ParseInt(Env("TOLLGATE_LLM_MAX_TOKENS", "100000"), 10, 64)
+	fs.Int64Var(&f.MaxTokens, "llm-max-tokens", tokens, "prompt plus completion tokens per turn (env TOLLGATE_LLM_MAX_TOKENS)")
+	wall, _ := time.ParseDuration(Env("TOLLGATE_LLM_MAX_WALL", "30m"))
+	fs.DurationVar(&f.MaxWall, "llm-max-wall", wall, "wall time per turn, waits for approvals included (env TOLLGATE_LLM_MAX_WALL)")
+}
+
+// Enabled reports whether a model endpoint is configured.
+func (f PlannerFlags) Enabled() bool { return f.URL != "" || f.Model != "" }
+
+// Options returns the planner options of the flags, or nil when no model
+// endpoint is configured. It fails when only one of --llm-url and
+// --llm-model is given, or a file cannot be read.
+func (f PlannerFlags) Options() (*planner.Options, error) {
+	if !f.Enabled() {
+		return nil, nil
+	}
+	if f.URL == "" || f.Model == "" {
+		return nil, errors.New("planner: --llm-url and --llm-model go together")
+	}
+	key := os.Getenv(EnvLLMAPIKey)
+	if f.KeyFile != "" {
+		b, err := os.ReadFile(f.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("planner: --llm-key-file: %w", err)
+		}
+		key = strings.TrimSpace(string(b))
+	}
+	o := &planner.Options{
+		Model:  planner.ModelConfig{BaseURL: f.URL, Model: f.Model, APIKey: key, Timeout: f.Timeout},
+		Budget: planner.Budget{MaxSteps: f.MaxSteps, MaxTokens: f.MaxTokens, MaxWall: f.MaxWall},
+	}
+	if f.PromptFile != "" {
+		b, err := os.ReadFile(f.PromptFile)
+		if err != nil {
+			return nil, fmt.Errorf("planner: --llm-system-prompt: %w", err)
+		}
+		o.SystemPrompt = string(b)
+	}
+	return o, nil
+}

@@ -1,0 +1,117 @@
+// Package planner is the stage that closes the agent loop: a chat message
+// with text and no tool calls becomes model steps, batches of tool calls,
+// results fed back to the model, and a reply, all under the turn's one
+// sealed TurnContext and durable step by step. docs/planner.md explains it
+// for operators; this is the contract.
+//
+// # Which turns
+//
+// Where a planner runs, ingest publishes an accepted turn with text and no
+// calls on topology.PlanSubject instead of the accepted subject
+// (ingest.Config.Plan). A turn with calls keeps its path to the executor,
+// unchanged. The planner keeps each such turn as a schemas.PlannerTurn in
+// bucket tollgate_planner, holding the TurnContext exactly as ingest sealed
+// it. That context must verify (seal.KeyRing.Verify, TurnContext.CheckFor):
+// a turn whose context does not is failed closed at once, with its code,
+// and no model is asked.
+//
+// # Session order
+//
+// The agent loops of a session run one at a time, in the order their turns
+// reach the planner: a schemas.PlannerQueue per session (Active, Queue)
+// changed only by compare-and-set. A later text message waits, queued,
+// until the running loop has ended; it is then announced on
+// topology.PlanReadySubject. Where the session policy says supersede
+// (policy sessions.busy), the queued turn supersedes the running loop
+// instead: that loop is marked (PlannerTurn.SupersededBy), takes no
+// further model step and fails TURN_SUPERSEDED, and if its step batch
+// waits on approvals they are abandoned (batch.Engine.Supersede), so the
+// model never acts on them. A later message with calls waits in the
+// executor's session-order check (pipeline/executor order.go) until the
+// loop's turn has its terminal batch record, for at most the executor's
+// OrderWait; the step batches of a loop take the executor's session queue
+// like any follow-up work, so no two batches of a session ever run at once.
+//
+// # One step
+//
+// Step n of turn T asks the model once. The request is: the system prompt
+// (Config.SystemPrompt); the session's durable conversation (Conversation,
+// below); T's text; then for each earlier step of T the model's message
+// (text and tool calls) and one tool message per call with its result. The
+// tools offered are the catalog's tools whose policy mode for T's audience
+// is not deny, as function definitions with their JSON Schemas (a tool name
+// with dots is offered with "__" in place of each dot, since function
+// names may not hold dots). Tools denied for the audience are never
+// offered.
+//
+// The answer is recorded as a schemas.PlannerStep under
+// schemas.PlannerStepKey(T, n) by KV create, before anything else happens.
+// A step found recorded is never asked again: a redelivery, a crash after
+// the answer or a second worker goes on from the recorded answer (a second
+// worker that asked too keeps the recorded one and drops its own).
+//
+// The model's tool calls are checked before anything runs: an unknown tool,
+// arguments that are not a JSON object, arguments that fail the tool's JSON
+// Schema, or more calls than a batch may hold are never executed; each goes
+// back to the model as an error result in the next step. The other calls,
+// in order, become the step's batch: an accepted turn with id
+// schemas.PlannerStepTurnID(T, n), Origin T, and T's TurnContext unchanged,
+// published as a message schedule due at once on topology.SubjectTurnSchedule
+// (the server publishes it on the session's accepted subject; stages never
+// publish accepted turns themselves), with message id
+// topology.ScheduleMsgID. The executor creates its batch by KV create, so a
+// step's batch exists at most once however often it is scheduled. From
+// there the batch goes through the checks of any batch: authority, schema,
+// policy (a tool the model was not offered, asked for anyway, is denied by
+// the policy, not by the planner) and approval. Nothing a model says or a
+// tool returns changes the TurnContext, the policy or who may decide.
+//
+// When the step batch's outcome arrives (topology.SubjectTurnOutcome,
+// consumer planner-outcomes), its results are stored on the step (Ended,
+// by compare-and-set) and the loop asks the model again. Every call gets a
+// result the model can read: the tool's output, or a JSON object with the
+// status (denied, failed, needs_attention, error) and the code and reason
+// (POLICY_DENIED, APPROVAL_DENIED, APPROVAL_EXPIRED, ...).
+//
+// # End of a loop
+//
+// The loop ends when the model answers with text and no tool calls
+// (completed), or fails: BUDGET_EXHAUSTED before a step that would exceed
+// Budget.MaxSteps, Budget.MaxTokens (prompt and completion tokens of all
+// steps) or Budget.MaxWall (since the loop started, waits for people
+// included); LLM_UNAVAILABLE when the endpoint cannot be reached or keeps
+// failing after the client's retries (back-off on 429 and 5xx);
+// LLM_BAD_RESPONSE when it answers with something that is not a usable
+// completion. A stopping planner (its context cancelled) fails nothing: the
+// turn goes on from its records when it is redelivered. A message the
+// planner gives up on (dead-lettered: a panic, retries exhausted) fails the
+// turn it was driving with the dead letter's code, so that the turn still
+// has its one outcome and its session's next loop runs.
+//
+// Ending is idempotent and in this order: the PlannerTurn's terminal state
+// (compare-and-set; the worker whose write ends it counts its metrics); T's
+// batch record, terminal, with no calls, made by KV create; the
+// reply event (completed only) on topology.SubjectTurnReply with message id
+// topology.ReplyMsgID, whose reply target and audience come only from the
+// verified TurnContext, exactly as batch.Outcome's do (no verified context,
+// no reply event); the conversation; batch.Engine.Finish of T's batch
+// record, which publishes T's one TurnOutcome through batch.Outcome; and the
+// session's loop queue, whose next turn is announced.
+//
+// # Conversation
+//
+// A session's conversation (schemas.Conversation) holds each completed
+// turn's user text and final reply, oldest first. Tool calls and results
+// of earlier turns are not kept. Truncation rule: when a turn is appended,
+// and again when a request is built, the oldest messages are dropped one
+// by one until at most History.MaxMessages remain and their text is at most
+// History.MaxBytes; the current turn's text, calls and results are never
+// dropped (the step budget bounds them).
+//
+// # Metrics
+//
+// tollgate_planner_tokens_total{direction="in"|"out"}, the model's
+// tollgate_planner_model_seconds, tollgate_planner_steps (per ended turn),
+// tollgate_planner_budget_exhausted_total and
+// tollgate_planner_model_errors_total{code}, on Config.Registerer.
+package planner

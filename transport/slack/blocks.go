@@ -1,0 +1,186 @@
+package slack
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/slack-go/slack"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// FoldArgs is how many bytes of a call's arguments a prompt shows inline;
+// longer arguments are folded, the full text one click away (a modal).
+const FoldArgs = 600
+
+// maxModalText is Slack's limit on a section's text.
+const maxModalText = 3000
+
+func mrkdwn(s string) *slack.TextBlockObject {
+	return slack.NewTextBlockObject(slack.MarkdownType, s, false, false)
+}
+func plain(s string) *slack.TextBlockObject {
+	return slack.NewTextBlockObject(slack.PlainTextType, s, false, false)
+}
+
+// escape makes user-controlled text inert in mrkdwn (no mentions, links).
+func escape(s string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace(s)
+}
+
+// code formats s as a code block (``` cannot be closed early by s).
+func code(s string) string {
+	return "```" + strings.ReplaceAll(escape(s), "```", "`\u200b``") + "```"
+}
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) (string, bool) {
+	if len(s) <= n {
+		return s, false
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n], true
+}
+
+func expiry(rec *schemas.ApprovalRecord) string {
+	if rec.ExpiresAt.IsZero() {
+		return "never"
+	}
+	return rec.ExpiresAt.UTC().Format(time.RFC3339)
+}
+
+// promptBlocks renders a pending approval: tool, arguments (folded when
+// long), digest, requester, expiry, and the buttons.
+func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
+	requester := ""
+	if rec.Context != nil {
+		requester = rec.Context.Requester.Principal
+	}
+	args, folded := truncate(rec.Args, FoldArgs)
+	if folded {
+		args += " …"
+	}
+	value := buttonValue(rec.ApprovalID, rec.ArgsDigest)
+	blocks := []slack.Block{
+		slack.NewSectionBlock(mrkdwn(fmt.Sprintf("*Approval needed:* `%s`\n%s", escape(rec.Tool), code(args))), nil, nil),
+		slack.NewContextBlock("", mrkdwn(fmt.Sprintf("digest `%s` · requested by %s · expires %s · %s",
+			escape(rec.ArgsDigest), escape(requester), expiry(rec), escape(rec.ApprovalID)))),
+	}
+	var buttons []slack.BlockElement
+	for _, o := range rec.Options {
+		switch o {
+		case schemas.OptionApprove:
+			buttons = append(buttons, slack.NewButtonBlockElement(ActionApprove, value, plain("Approve")).WithStyle(slack.StylePrimary))
+		case schemas.OptionDeny:
+			buttons = append(buttons, slack.NewButtonBlockElement(ActionDeny, value, plain("Deny…")).WithStyle(slack.StyleDanger))
+		}
+	}
+	if folded {
+		buttons = append(buttons, slack.NewButtonBlockElement(ActionArgs, value, plain("Show full arguments")))
+	}
+	return append(blocks, slack.NewActionBlock("tollgate_prompt", buttons...))
+}
+
+// promptText is a prompt's notification text.
+func promptText(rec *schemas.ApprovalRecord) string {
+	return "Approval needed: " + rec.Tool
+}
+
+// closedBlocks renders a prompt that can no longer be answered: no
+// buttons, its status, who decided and when.
+func closedBlocks(p *post, ev *schemas.DecidedEvent) []slack.Block {
+	who := "tollgate"
+	if ev.Decision != nil && ev.Decision.Principal != "" {
+		who = ev.Decision.Principal
+	}
+	at := ev.At
+	if ev.Decision != nil && !ev.Decision.DecidedAt.IsZero() {
+		at = ev.Decision.DecidedAt
+	}
+	return []slack.Block{
+		slack.NewSectionBlock(mrkdwn(fmt.Sprintf("*%s:* `%s`", statusWord(ev.Status), escape(p.Tool))), nil, nil),
+		slack.NewContextBlock("", mrkdwn(fmt.Sprintf("%s by %s at %s · digest `%s` · %s",
+			ev.Status, escape(who), at.UTC().Format(time.RFC3339), escape(p.Digest), escape(ev.ApprovalID)))),
+	}
+}
+
+func statusWord(s schemas.ApprovalStatus) string {
+	switch s {
+	case schemas.ApprovalApproved:
+		return "Approved"
+	case schemas.ApprovalDenied:
+		return "Denied"
+	case schemas.ApprovalExpired:
+		return "Expired"
+	case schemas.ApprovalAbandoned:
+		return "Abandoned"
+	}
+	return string(s)
+}
+
+// argsView is the modal with a call's full arguments.
+func argsView(rec *schemas.ApprovalRecord) slack.ModalViewRequest {
+	var blocks []slack.Block
+	rest := rec.Args
+	for rest != "" {
+		var part string
+		part, _ = truncate(rest, maxModalText-64)
+		rest = rest[len(part):]
+		blocks = append(blocks, slack.NewSectionBlock(mrkdwn(code(part)), nil, nil))
+	}
+	return slack.ModalViewRequest{
+		Type: slack.VTModal, Title: plain("Arguments"), Close: plain("Close"),
+		Blocks: slack.Blocks{BlockSet: append([]slack.Block{
+			slack.NewContextBlock("", mrkdwn(fmt.Sprintf("`%s` · digest `%s`", escape(rec.Tool), escape(rec.ArgsDigest)))),
+		}, blocks...)},
+	}
+}
+
+// denyView is the modal asking for a reason to deny; meta binds it to the
+// approval, its digest and its prompt.
+func denyView(rec *schemas.ApprovalRecord, meta string) slack.ModalViewRequest {
+	input := slack.NewPlainTextInputBlockElement(plain("Why?"), denyInput)
+	input.Multiline = true
+	reason := slack.NewInputBlock(denyBlock, plain("Reason"), nil, input)
+	reason.Optional = true
+	return slack.ModalViewRequest{
+		Type: slack.VTModal, Title: plain("Deny"), Submit: plain("Deny"), Close: plain("Cancel"),
+		CallbackID: ViewDeny, PrivateMetadata: meta,
+		Blocks: slack.Blocks{BlockSet: []slack.Block{
+			slack.NewSectionBlock(mrkdwn(fmt.Sprintf("Deny `%s`?", escape(rec.Tool))), nil, nil),
+			reason,
+		}},
+	}
+}
+
+// outcomeText renders a turn's results.
+func outcomeText(o *schemas.TurnOutcome) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*Turn %s %s*", o.TurnID, o.State)
+	if o.Code != "" {
+		fmt.Fprintf(&b, " (%s)", o.Code)
+	}
+	for _, r := range o.Results {
+		fmt.Fprintf(&b, "\n• `%s`: %s", escape(r.Tool), r.Status)
+		if r.Code != "" {
+			fmt.Fprintf(&b, " (%s)", r.Code)
+		}
+		out := r.Output
+		if out == "" {
+			out = r.Reason
+		}
+		if out != "" {
+			out, cut := truncate(out, 1000)
+			if cut {
+				out += " …"
+			}
+			b.WriteString(" " + code(out))
+		}
+	}
+	s, _ := truncate(b.String(), 39000)
+	return s
+}

@@ -1,0 +1,392 @@
+// Package audit reads the record of what Tollgate decided and did from its
+// streams, the system's record: turns accepted (TOLLGATE_TURNS), approvals
+// requested and decided, refused decisions, redrives, each call's result
+// and the turn outcomes (TOLLGATE_EVENTS), as one timeline. The web inbox's
+// turn and history pages and its JSON-lines export are read with it.
+package audit
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Kinds of Event.
+const (
+	Accepted  = "accepted"  // a turn accepted by ingest (TOLLGATE_TURNS)
+	Requested = "requested" // an approval requested
+	Decided   = "decided"   // an approval left pending: approved, denied, expired or abandoned
+	Rejected  = "rejected"  // a decision the approver refused
+	Redrive   = "redrive"   // a redrive attempt: started, deferred or failed
+	Result    = "result"    // one call's result, from its turn's outcome
+	Outcome   = "outcome"   // a turn's outcome
+)
+
+// Event is one line of the audit: a stored message, or one call's
+// result in a turn outcome (which shares its outcome's time and sequence).
+// Kind says which of the optional fields are set.
+type Event struct {
+	Time   time.Time `json:"time"` // stream time of the message
+	Stream string    `json:"stream"`
+	Seq    uint64    `json:"seq"`
+	Kind   string    `json:"kind"`
+
+	TurnID     string `json:"turn_id,omitempty"`
+	SessionID  string `json:"session_id,omitempty"`
+	ApprovalID string `json:"approval_id,omitempty"`
+	CallID     string `json:"call_id,omitempty"`
+	// Requester is whose turn it is, where the messages read say so.
+	Requester string `json:"requester,omitempty"`
+	// Principal is who acted: the decider (decided; tollgate:expiry and
+	// the like for expiry and abandon), the refused decider (rejected).
+	// The requester of an accepted turn is in Requester.
+	Principal string `json:"principal,omitempty"`
+
+	// accepted: where the turn came from and who it may answer.
+	Transport string `json:"transport,omitempty"`
+	Channel   string `json:"channel,omitempty"` // kind/id
+	Audience  string `json:"audience,omitempty"`
+	Calls     int    `json:"calls,omitempty"`
+	Origin    string `json:"origin,omitempty"` // follow-up work: the call that scheduled it
+
+	// requested: the call the approval binds and what it offers.
+	Tool       string     `json:"tool,omitempty"`
+	ArgsDigest string     `json:"args_digest,omitempty"`
+	Options    []string   `json:"options,omitempty"`
+	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
+	Quorum     int        `json:"quorum,omitempty"`
+
+	// Status is the approval's status (decided), the redrive's kind, the
+	// call's result status, or the turn's state (outcome).
+	Status     string   `json:"status,omitempty"`
+	Option     string   `json:"option,omitempty"`
+	Assurance  int      `json:"assurance,omitempty"`
+	Votes      []string `json:"votes,omitempty"` // decided: quorum votes, by principal
+	DecisionID string   `json:"decision_id,omitempty"`
+	Code       string   `json:"code,omitempty"`
+	Reason     string   `json:"reason,omitempty"`
+	Trigger    string   `json:"trigger,omitempty"` // redrive
+	Pending    int      `json:"pending,omitempty"` // redrive deferred
+	Results    int      `json:"results,omitempty"` // outcome
+
+	// result: how the call's approval was decided, and by whom (the
+	// decision's principal and the quorum votes), from its decided event.
+	ApprovalStatus string   `json:"approval_status,omitempty"`
+	DecidedBy      []string `json:"decided_by,omitempty"`
+
+	// Record is the approval as requested (requested events only): its
+	// TurnContext says who may see and decide it.
+	Record *schemas.ApprovalRecord `json:"-"`
+}
+
+// Query selects the events audit prints. Every filter given must hold.
+type Query struct {
+	Turn, Approval, Principal string
+	// Tool and Session select the events of approvals and calls of that
+	// tool, and of turns of that session.
+	Tool, Session string
+	Since, Until  time.Time
+}
+
+// Read reads the events q selects from TOLLGATE_EVENTS and (unless q
+// is about one approval) the accepted turns from TOLLGATE_TURNS, stored
+// within [q.Since, q.Until], up to each stream's last message when it
+// started. It returns them oldest first: each stream in its order, the two
+// merged by stream time. Messages it cannot decode are logged and left out.
+func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger) ([]Event, error) {
+	var events, turns []Event
+	sessions := map[string]string{} // turn id -> session id
+	err := readStream(ctx, js, topology.StreamEvents, filters(q), q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
+		at := Event{Time: meta.Timestamp.UTC(), Stream: topology.StreamEvents, Seq: meta.Sequence.Stream}
+		es, session, err := decodeEvent(at, m.Subject(), m.Data())
+		if err != nil {
+			log.Warn("audit: skipped an undecodable event", "subject", m.Subject(), "seq", meta.Sequence.Stream, "err", err)
+			return
+		}
+		if session != "" && len(es) > 0 {
+			sessions[es[0].TurnID] = session
+		}
+		events = append(events, es...)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if q.Approval == "" {
+		// The turns stream is keyed by session, not turn: a turn's own
+		// session narrows the read when one of its events named it.
+		filter := topology.SubjectTurnAccepted + "*"
+		if s := sessions[q.Turn]; q.Turn != "" && s != "" {
+			filter = topology.AcceptedSubject(schemas.SessionKey(s))
+		}
+		err = readStream(ctx, js, topology.StreamTurns, []string{filter}, q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
+			t, err := schemas.Decode[schemas.AcceptedTurn](m.Data())
+			if err != nil {
+				log.Warn("audit: skipped an undecodable event", "subject", m.Subject(), "seq", meta.Sequence.Stream, "err", err)
+				return
+			}
+			if q.Turn != "" && t.TurnID != q.Turn {
+				return
+			}
+			e := Event{Time: meta.Timestamp.UTC(), Stream: topology.StreamTurns, Seq: meta.Sequence.Stream,
+				Kind: Accepted, TurnID: t.TurnID, Calls: len(t.Calls), Origin: t.Origin}
+			if t.Context != nil {
+				e.SessionID = t.Context.SessionID
+			}
+			if tc := t.Context; tc != nil {
+				e.Requester, e.Transport, e.Audience = tc.Requester.Principal, tc.Transport, string(tc.Audience)
+				e.Channel = string(tc.Channel.Kind) + "/" + tc.Channel.ID
+			}
+			turns = append(turns, e)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	all := mergeByTime(turns, events)
+	annotate(all, sessions)
+	return slices.DeleteFunc(all, func(e Event) bool { return !q.Matches(e) }), nil
+}
+
+// filters are the TOLLGATE_EVENTS subjects q needs: the ids are in
+// the subjects, so a turn's or an approval's events are read alone.
+// Awaiting notices are control messages and not read.
+func filters(q Query) []string {
+	turn := q.Turn
+	if q.Approval != "" {
+		turn = schemas.TurnIDOfApproval(q.Approval)
+	}
+	if turn == "" {
+		return []string{
+			topology.SubjectApprovalRequested + "*", topology.SubjectApprovalDecided + "*",
+			topology.SubjectDecisionRejected + "*", topology.SubjectRedrive + "*.*", topology.SubjectTurnOutcome + "*",
+		}
+	}
+	f := []string{
+		topology.EventSubject(topology.SubjectApprovalRequested, turn), topology.EventSubject(topology.SubjectApprovalDecided, turn),
+		topology.EventSubject(topology.SubjectTurnOutcome, turn),
+	}
+	if q.Approval != "" {
+		return append(f, topology.EventSubject(topology.SubjectDecisionRejected, q.Approval))
+	}
+	f = append(f, topology.SubjectRedrive+"*."+turn)
+	for i := 0; i < schemas.MaxCalls; i++ { // rejections are keyed by approval id
+		f = append(f, topology.EventSubject(topology.SubjectDecisionRejected, schemas.ApprovalID(turn, i)))
+	}
+	return f
+}
+
+// decodeEvent turns the event stored on subject into audit events
+// stamped like at (a turn outcome becomes one per result, then itself) and
+// returns the session the event names, if any.
+func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error) {
+	switch {
+	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
+		a, err := schemas.Decode[schemas.ApprovalRecord](data)
+		if err != nil {
+			return nil, "", err
+		}
+		e := at
+		e.Kind, e.TurnID, e.ApprovalID, e.CallID, e.Record = Requested, a.TurnID, a.ApprovalID, a.CallID, a
+		e.Tool, e.ArgsDigest, e.Options, e.Quorum = a.Tool, a.ArgsDigest, a.Options, a.Quorum
+		if !a.ExpiresAt.IsZero() {
+			t := a.ExpiresAt.UTC()
+			e.ExpiresAt = &t
+		}
+		if a.Context != nil {
+			e.Requester = a.Context.Requester.Principal
+		}
+		return []Event{e}, a.SessionID, nil
+	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
+		d, err := schemas.Decode[schemas.DecidedEvent](data)
+		if err != nil {
+			return nil, "", err
+		}
+		e := at
+		e.Kind, e.TurnID, e.ApprovalID, e.Status = Decided, d.TurnID, d.ApprovalID, string(d.Status)
+		if d.Decision != nil {
+			e.Principal, e.Option, e.Assurance, e.DecisionID = d.Decision.Principal, d.Decision.Option, int(d.Decision.Assurance), d.Decision.DecisionID
+		}
+		for _, v := range d.Votes {
+			e.Votes = append(e.Votes, v.Principal)
+		}
+		return []Event{e}, d.SessionID, nil
+	case strings.HasPrefix(subject, topology.SubjectDecisionRejected):
+		r, err := schemas.Decode[schemas.DecisionRejected](data)
+		if err != nil {
+			return nil, "", err
+		}
+		e := at
+		e.Kind, e.TurnID, e.ApprovalID, e.Principal = Rejected, schemas.TurnIDOfApproval(r.ApprovalID), r.ApprovalID, r.Principal
+		e.DecisionID, e.Code, e.Reason = r.DecisionID, string(r.Code), r.Reason
+		return []Event{e}, "", nil
+	case strings.HasPrefix(subject, topology.SubjectRedrive):
+		o, err := schemas.Decode[schemas.RedriveOutcome](data)
+		if err != nil {
+			return nil, "", err
+		}
+		e := at
+		e.Kind, e.TurnID, e.Status, e.Code, e.Reason = Redrive, o.TurnID, string(o.Kind), string(o.Code), o.Reason
+		e.Trigger, e.Pending = o.Trigger, o.Pending
+		return []Event{e}, "", nil
+	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
+		o, err := schemas.Decode[schemas.TurnOutcome](data)
+		if err != nil {
+			return nil, "", err
+		}
+		var out []Event
+		for _, r := range o.Results {
+			e := at
+			e.Kind, e.TurnID, e.CallID, e.ApprovalID, e.Tool = Result, o.TurnID, r.CallID, r.ApprovalID, r.Tool
+			e.Status, e.Code, e.Reason = string(r.Status), string(r.Code), r.Reason
+			out = append(out, e)
+		}
+		e := at
+		e.Kind, e.TurnID, e.Status, e.Code, e.Reason, e.Results = Outcome, o.TurnID, string(o.State), string(o.Code), o.Reason, len(o.Results)
+		return append(out, e), o.SessionID, nil
+	}
+	return nil, "", fmt.Errorf("not an audited subject")
+}
+
+// mergeByTime merges a and b, each in its stream's order, by stream time,
+// keeping each one's order; on a tie a comes first.
+func mergeByTime(a, b []Event) []Event {
+	out := make([]Event, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if b[0].Time.Before(a[0].Time) {
+			out, b = append(out, b[0]), b[1:]
+		} else {
+			out, a = append(out, a[0]), a[1:]
+		}
+	}
+	return append(append(out, a...), b...)
+}
+
+// annotate fills in what one event says about another's: the requester
+// and session of every event of a turn whose accepted, requested, decided
+// or outcome event was read (sessions: turn id -> session, as the read
+// found them), the tool of every event of an approval whose requested
+// event was read, and on each result, how its approval was decided and by
+// whom.
+func annotate(events []Event, sessions map[string]string) {
+	requesters := map[string]string{}
+	tools := map[string]string{} // approval id -> tool
+	decided := map[string]Event{}
+	for _, e := range events {
+		if e.Requester != "" && requesters[e.TurnID] == "" {
+			requesters[e.TurnID] = e.Requester
+		}
+		if e.SessionID != "" && sessions[e.TurnID] == "" {
+			sessions[e.TurnID] = e.SessionID
+		}
+		if e.Kind == Requested {
+			tools[e.ApprovalID] = e.Tool
+		}
+		if _, seen := decided[e.ApprovalID]; e.Kind == Decided && !seen {
+			decided[e.ApprovalID] = e // the first is the decision (protocol §1.3)
+		}
+	}
+	for i := range events {
+		e := &events[i]
+		if e.Requester == "" {
+			e.Requester = requesters[e.TurnID]
+		}
+		if e.SessionID == "" {
+			e.SessionID = sessions[e.TurnID]
+		}
+		if e.Tool == "" {
+			e.Tool = tools[e.ApprovalID]
+		}
+		if d, ok := decided[e.ApprovalID]; e.Kind == Result && ok {
+			e.ApprovalStatus = d.Status
+			if d.Principal != "" {
+				e.DecidedBy = append(e.DecidedBy, d.Principal)
+			}
+			for _, v := range d.Votes {
+				if !slices.Contains(e.DecidedBy, v) {
+					e.DecidedBy = append(e.DecidedBy, v)
+				}
+			}
+		}
+	}
+}
+
+// Matches reports whether e passes q's filters.
+func (q Query) Matches(e Event) bool {
+	switch {
+	case q.Tool != "" && e.Tool != q.Tool:
+		return false
+	case q.Session != "" && e.SessionID != q.Session:
+		return false
+	case q.Turn != "" && e.TurnID != q.Turn:
+		return false
+	case q.Approval != "" && e.ApprovalID != q.Approval:
+		return false
+	case q.Principal != "":
+		return e.Requester == q.Principal || e.Principal == q.Principal ||
+			slices.Contains(e.Votes, q.Principal) || slices.Contains(e.DecidedBy, q.Principal)
+	}
+	return true
+}
+
+// readStream calls fn with each message of stream on filters stored within
+// [since, until] (a zero bound open), in stream order, through an ordered
+// consumer that it deletes afterwards. It stops at the stream's last
+// message when it started, so a busy stream cannot keep it reading.
+func readStream(ctx context.Context, js jetstream.JetStream, stream string, filters []string, since, until time.Time, fn func(jetstream.Msg, *jetstream.MsgMetadata)) error {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", stream, err)
+	}
+	last := s.CachedInfo().State.LastSeq
+	if last == 0 {
+		return nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if !since.IsZero() {
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	cons, err := s.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", stream, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", stream, err)
+	}
+	defer func() {
+		it.Stop()
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = js.DeleteConsumer(dctx, stream, info.Name)
+		}
+	}()
+	if info := cons.CachedInfo(); info == nil || info.NumPending == 0 {
+		return nil // nothing stored on filters since since
+	}
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return fmt.Errorf("read %s: %w", stream, err)
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", stream, err)
+		}
+		if meta.Sequence.Stream > last || !until.IsZero() && meta.Timestamp.After(until) {
+			return nil
+		}
+		fn(m, meta)
+		if meta.NumPending == 0 || meta.Sequence.Stream == last {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,268 @@
+package web
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Reason codes of the inbox's own refusals (the approver's are schemas').
+const (
+	CodeCSRFInvalid schemas.Code = "CSRF_INVALID" // the form's CSRF token is not the session's
+	CodeSignedOut   schemas.Code = "SIGNED_OUT"   // no live session: signed out, expired or a bad cookie
+	CodeRateLimited schemas.Code = "RATE_LIMITED" // the principal is over its decision rate
+	CodeUnavailable schemas.Code = "UNAVAILABLE"  // the bus or the store could not be reached
+)
+
+const (
+	// fragmentHeader is set by inbox.js: answer a decision with the card alone.
+	fragmentHeader = "Tollgate-Fragment"
+	maxNoteBytes   = 1000
+)
+
+// Verdict states.
+const (
+	VerdictApplied   = "applied"   // the decision moved the approval out of pending
+	VerdictVote      = "vote"      // an approve counted towards a quorum not yet reached
+	VerdictRejected  = "rejected"  // refused, with Code
+	VerdictSubmitted = "submitted" // stored; the approver did not answer within DecisionWait
+)
+
+// verdict is what became of a person's decision.
+type verdict struct {
+	State  string
+	Option string
+	Code   schemas.Code
+	Reason string
+}
+
+// decisionID is the id of the decision of principal choosing option on
+// approval id bound to digest: the same click, made twice, is one decision
+// (the bus drops the second publish within its duplicate window, and the
+// approver answers a repeat as idempotent after it).
+func decisionID(principal, id, option, digest string) string {
+	h := sha256.Sum256([]byte(Transport + "\x00" + principal + "\x00" + id + "\x00" + option + "\x00" + digest))
+	return "d-" + hex.EncodeToString(h[:12])
+}
+
+// decide publishes the signed-in person's decision on approval {id} and
+// shows the approver's verdict. Before publishing it refuses, with a code
+// and without publishing: no live session (401 SIGNED_OUT), a CSRF token
+// that is not the session's (403 CSRF_INVALID), the principal over its rate
+// (429 RATE_LIMITED), an unknown approval (404), a digest other than the
+// approval's (409 ARGS_DIGEST_MISMATCH), a person MayDecide refuses (403
+// DECIDER_NOT_AUTHORIZED) and an option not offered (422). The approver
+// checks everything again.
+func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	sess := s.sessions.get(r)
+	switch {
+	case !sess.SignedIn():
+		s.refuse(w, r, nil, http.StatusUnauthorized, CodeSignedOut, "You are signed out: sign in again to decide.")
+		return
+	case !validCSRF(sess, r):
+		s.refuse(w, r, nil, http.StatusForbidden, CodeCSRFInvalid, "The form's security token is not this session's: reload the page and try again.")
+		return
+	case !s.limiter(sess.Principal()).Allow():
+		w.Header().Set("Retry-After", "1")
+		s.refuse(w, r, nil, http.StatusTooManyRequests, CodeRateLimited, "Too many decisions: wait a moment and try again.")
+		return
+	}
+	id := r.PathValue("id")
+	var rec *schemas.ApprovalRecord
+	var err error
+	if schemas.ValidKey(id) {
+		rec, _, err = s.store.Approvals.Get(r.Context(), id)
+	}
+	switch {
+	case !schemas.ValidKey(id) || errors.Is(err, store.ErrNotFound) || schemas.CodeOf(err) != "":
+		s.refuse(w, r, nil, http.StatusNotFound, schemas.CodeApprovalNotFound, "There is no such approval.")
+		return
+	case err != nil:
+		s.refuse(w, r, nil, http.StatusServiceUnavailable, CodeUnavailable, "The approval cannot be read: try again.")
+		return
+	}
+	option, digest, note := r.PostFormValue("option"), r.PostFormValue("digest"), r.PostFormValue("note")
+	if err := s.mayDecide(rec, sess); err != nil {
+		s.refuse(w, r, nil, http.StatusForbidden, schemas.CodeDeciderNotAuthorized, "You may not decide this approval.")
+		return
+	}
+	c := newCard(rec, sess)
+	switch {
+	case digest != rec.ArgsDigest:
+		s.refuse(w, r, c, http.StatusConflict, schemas.CodeArgsDigestMismatch, "The arguments you were shown are not the ones this approval binds: nothing was decided.")
+		return
+	case !rec.Offers(option):
+		s.refuse(w, r, c, http.StatusUnprocessableEntity, schemas.CodeOptionNotOffered, fmt.Sprintf("%q is not one of the options offered.", option))
+		return
+	case len(note) > maxNoteBytes:
+		s.refuse(w, r, c, http.StatusRequestEntityTooLarge, schemas.CodePayloadTooLarge, fmt.Sprintf("The note is over %d bytes.", maxNoteBytes))
+		return
+	}
+	d := &schemas.Decision{
+		DecisionID: decisionID(sess.Principal(), id, option, digest), ApprovalID: id, Transport: Transport,
+		Decider: sess.decider(), Channel: sess.channel(), Option: option, ArgsDigest: digest, Note: note,
+		SentAt: s.cfg.Now().UTC(),
+	}
+	v, err := s.submit(r.Context(), rec, d)
+	if err != nil {
+		s.cfg.Logger.Error("web: decision", "approval", id, "err", err)
+		s.refuse(w, r, c, http.StatusServiceUnavailable, CodeUnavailable, "The decision could not be sent: try again.")
+		return
+	}
+	if now, _, err := s.store.Approvals.Get(r.Context(), id); err == nil {
+		c = newCard(now, sess)
+	}
+	c.Verdict = v
+	status := http.StatusOK
+	if v.State == VerdictRejected {
+		status = rejectionStatus(v.Code)
+	}
+	s.answer(w, r, status, c)
+}
+
+// submit publishes d and returns the approver's verdict: its rejection of
+// d, the decided event naming d, or (when neither comes within
+// DecisionWait, as for a quorum vote) what the stored record says of d.
+func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *schemas.Decision) (*verdict, error) {
+	v := &verdict{Option: d.Option}
+	// A decision the record already holds (a resubmit after the bus's
+	// duplicate window) is answered from the record.
+	if recorded(rec, d.DecisionID) {
+		v.State = VerdictApplied
+		if rec.Status == schemas.ApprovalPending {
+			v.State = VerdictVote
+		}
+		return v, nil
+	}
+	// Subscribe before publishing, so that the answer cannot be missed.
+	nc := s.cfg.JS.Conn()
+	answers := make(chan *nats.Msg, 64)
+	for _, subj := range []string{
+		topology.EventSubject(topology.SubjectDecisionRejected, d.ApprovalID),
+		topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID),
+	} {
+		sub, err := nc.ChanSubscribe(subj, answers)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer fcancel()
+	if err := nc.FlushWithContext(fctx); err != nil {
+		return nil, err
+	}
+	if err := bus.Publish(ctx, s.cfg.JS, topology.DecisionSubject(Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+		return nil, err
+	}
+	wait, cancel := context.WithTimeout(ctx, s.cfg.DecisionWait)
+	defer cancel()
+	poll := time.NewTicker(250 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case <-wait.Done():
+			v.State = VerdictSubmitted
+			return v, nil
+		case <-poll.C:
+			// A duplicate publish is answered by nobody: the record tells.
+			if now, _, err := s.store.Approvals.Get(ctx, d.ApprovalID); err == nil && recorded(now, d.DecisionID) {
+				v.State = VerdictApplied
+				if now.Status == schemas.ApprovalPending {
+					v.State = VerdictVote
+				}
+				return v, nil
+			}
+		case m := <-answers:
+			if strings.HasPrefix(m.Subject, topology.SubjectDecisionRejected) {
+				rej, err := schemas.Decode[schemas.DecisionRejected](m.Data)
+				if err != nil || rej.DecisionID != d.DecisionID {
+					continue
+				}
+				v.State, v.Code, v.Reason = VerdictRejected, rej.Code, rej.Reason
+				return v, nil
+			}
+			ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
+			if err != nil || ev.ApprovalID != d.ApprovalID || ev.Decision == nil {
+				continue
+			}
+			if ev.Decision.DecisionID == d.DecisionID || slices.ContainsFunc(ev.Votes, func(v schemas.DecisionInfo) bool { return v.DecisionID == d.DecisionID }) {
+				v.State = VerdictApplied
+				return v, nil
+			}
+		}
+	}
+}
+
+// recorded reports whether rec holds decision id, as its decision or a
+// counted vote.
+func recorded(rec *schemas.ApprovalRecord, id string) bool {
+	return (rec.Decision != nil && rec.Decision.DecisionID == id) ||
+		slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.DecisionID == id })
+}
+
+// rejectionStatus is the HTTP status of a rejection with code c.
+func rejectionStatus(c schemas.Code) int {
+	switch c {
+	case schemas.CodeDeciderNotAuthorized:
+		return http.StatusForbidden
+	case schemas.CodeApprovalNotFound:
+		return http.StatusNotFound
+	case schemas.CodeArgsDigestMismatch, schemas.CodeApprovalAlreadyDecided, schemas.CodeApprovalExpired:
+		return http.StatusConflict
+	}
+	return http.StatusUnprocessableEntity
+}
+
+// refuse answers a decision the inbox did not publish: with the card (when
+// the person may see it) carrying the refusal, or a message page.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, c *card, status int, code schemas.Code, msg string) {
+	if c == nil {
+		w.Header().Set("Tollgate-Code", string(code))
+		if r.Header.Get(fragmentHeader) != "" {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(status)
+			_, _ = fmt.Fprintf(w, "%s: %s", code, msg)
+			return
+		}
+		s.message(w, r, status, "Not decided", string(code), msg)
+		return
+	}
+	c.Verdict = &verdict{State: VerdictRejected, Code: code, Reason: msg}
+	s.answer(w, r, status, c)
+}
+
+// answer writes card c: alone for inbox.js, else in a page of its own.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, status int, c *card) {
+	if c.Verdict != nil && c.Verdict.Code != "" {
+		w.Header().Set("Tollgate-Code", string(c.Verdict.Code))
+	}
+	w.Header().Set("Tollgate-Verdict", c.Verdict.State)
+	if r.Header.Get(fragmentHeader) == "" {
+		s.render(w, r, status, "inbox", page{Title: "Decision", Cards: []*card{c}})
+		return
+	}
+	html, err := s.renderCard(c)
+	if err != nil {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(html))
+}

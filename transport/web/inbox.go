@@ -1,0 +1,210 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// foldAt is the length past which an argument value is folded (shown in a
+// <details> element, its start in the summary).
+const foldAt = 160
+
+// card is one approval as the inbox shows it.
+type card struct {
+	ID, TurnID, SessionID, CallID string
+	Tool, Digest, PolicyVersion   string
+	Args                          []arg
+	Requester, RequesterTransport string
+	ChannelID, ChannelKind        string
+	Audience                      string
+	Options                       []string
+	Quorum                        int
+	Votes                         []schemas.DecisionInfo
+	RequestedAt, ExpiresAt        time.Time
+	Status                        schemas.ApprovalStatus
+	// Why says why a card that is not pending is closed: who decided it
+	// and when, or that it expired or was abandoned.
+	Why string
+	// Verdict is the approver's answer to this person's decision, when
+	// the card is the answer to one.
+	Verdict *verdict
+	// Result is the call's result, once its turn has an outcome.
+	Result *schemas.ToolResult
+	CSRF   string
+}
+
+// arg is one top-level argument: its name and pretty JSON value; Short is
+// set (the value's start) when the value is folded.
+type arg struct {
+	Name, Value, Short string
+}
+
+// Open reports whether the card can still be decided.
+func (c *card) Open() bool { return c.Status == schemas.ApprovalPending }
+
+// newCard is the card of rec for the person of sess.
+func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
+	c := &card{
+		ID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID, CallID: rec.CallID,
+		Tool: rec.Tool, Digest: rec.ArgsDigest, PolicyVersion: rec.PolicyVersion, Args: foldArgs(rec.Args),
+		Options: rec.Options, Quorum: max(rec.Quorum, 1), Votes: rec.Votes,
+		RequestedAt: rec.RequestedAt, ExpiresAt: rec.ExpiresAt, Status: rec.Status,
+	}
+	if tc := rec.Context; tc != nil {
+		c.Requester, c.RequesterTransport = tc.Requester.Principal, tc.Transport
+		c.ChannelID, c.ChannelKind, c.Audience = tc.Channel.ID, string(tc.Channel.Kind), string(tc.Audience)
+	}
+	if sess != nil {
+		c.CSRF = sess.csrf
+	}
+	if d := rec.Decision; d != nil && rec.Status.Decided() {
+		c.Why = string(rec.Status) + " by " + d.Principal + " at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
+		if rec.Status == schemas.ApprovalExpired {
+			c.Why = "expired at " + rec.ExpiresAt.UTC().Format("15:04:05 UTC")
+		}
+	}
+	return c
+}
+
+// foldArgs splits a call's arguments (a JSON object) into its top-level
+// fields, each pretty-printed; a value longer than foldAt is folded. Args
+// that are not an object are one field named "(arguments)".
+func foldArgs(args string) []arg {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(args), &fields); err != nil {
+		return []arg{fold("(arguments)", json.RawMessage(args))}
+	}
+	names := make([]string, 0, len(fields))
+	for n := range fields {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	out := make([]arg, 0, len(names))
+	for _, n := range names {
+		out = append(out, fold(n, fields[n]))
+	}
+	return out
+}
+
+func fold(name string, v json.RawMessage) arg {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, v, "", "  "); err != nil {
+		buf.Reset()
+		buf.Write(v)
+	}
+	a := arg{Name: name, Value: buf.String()}
+	if len(a.Value) > foldAt || strings.Count(a.Value, "\n") > 8 {
+		short, _, _ := strings.Cut(a.Value, "\n")
+		a.Short = string([]rune(short)[:min(len([]rune(short)), 60)]) + "…"
+	}
+	return a
+}
+
+// mayDecide reports whether the person of sess may decide rec: the
+// approver's own decider rule, on the decision the inbox would publish.
+func (s *Server) mayDecide(rec *schemas.ApprovalRecord, sess *session) error {
+	if !sess.SignedIn() {
+		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "not signed in")
+	}
+	return approver.MayDecide(rec, Transport, sess.decider(), sess.channel(), s.cfg.Policy, s.cfg.Keys)
+}
+
+// pending lists the pending approvals the person of sess may decide,
+// oldest first.
+func (s *Server) pending(ctx context.Context, sess *session) ([]*card, error) {
+	lister, err := s.store.Approvals.KV.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = lister.Stop() }()
+	var out []*card
+	for id := range lister.Keys() {
+		rec, _, err := s.store.Approvals.Get(ctx, id)
+		if err != nil || rec.Status != schemas.ApprovalPending || s.mayDecide(rec, sess) != nil {
+			continue
+		}
+		out = append(out, newCard(rec, sess))
+	}
+	slices.SortFunc(out, func(a, b *card) int { return a.RequestedAt.Compare(b.RequestedAt) })
+	return out, nil
+}
+
+// inbox is the start page: the approvals waiting for the signed-in person,
+// live; nothing but a sign-in link when signed out.
+func (s *Server) inbox(w http.ResponseWriter, r *http.Request) {
+	sess := s.current(w, r)
+	p := page{Title: "Approvals", Session: sess, Dev: s.cfg.DevSignIn}
+	if sess.SignedIn() {
+		// The stream position is read before the list, so the live stream
+		// starts no later than the list: nothing falls between them.
+		info, err := s.events.Info(r.Context())
+		if err != nil {
+			s.message(w, r, http.StatusServiceUnavailable, "Unavailable", "", "The events stream cannot be read: try again.")
+			return
+		}
+		p.Live, p.LastSeq = true, info.State.LastSeq
+		if p.Cards, err = s.pending(r.Context(), sess); err != nil {
+			s.message(w, r, http.StatusServiceUnavailable, "Unavailable", "", "The approvals cannot be read: try again.")
+			return
+		}
+	}
+	s.render(w, r, http.StatusOK, "inbox", p)
+}
+
+// signInPage offers the sign-in methods that are on.
+func (s *Server) signInPage(w http.ResponseWriter, r *http.Request) {
+	s.render(w, r, http.StatusOK, "signin", page{Title: "Sign in", Session: s.current(w, r), Dev: s.cfg.DevSignIn, OIDC: s.oidc != nil})
+}
+
+// subjectPattern is what a dev sign-in subject may be.
+var subjectPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
+
+// devSignIn signs in as the subject the form names: only with dev sign-in
+// on, only for a request that arrived on a loopback address from one, and
+// only with the CSRF token of the browser's signed-out session.
+func (s *Server) devSignIn(w http.ResponseWriter, r *http.Request) {
+	if !s.cfg.DevSignIn || !loopbackRequest(r) {
+		s.message(w, r, http.StatusNotFound, "Not found", "", "Dev sign-in is off.")
+		return
+	}
+	sess := s.sessions.get(r)
+	if !validCSRF(sess, r) {
+		s.message(w, r, http.StatusForbidden, "Forbidden", string(CodeCSRFInvalid), "The form's security token is missing or stale: reload the page and try again.")
+		return
+	}
+	subject := strings.TrimSpace(r.PostFormValue("subject"))
+	if !subjectPattern.MatchString(subject) {
+		s.message(w, r, http.StatusBadRequest, "Sign in", string(schemas.CodeInvalidInput), "A subject is 1 to 64 letters, digits and . _ @ -, starting with a letter or digit.")
+		return
+	}
+	s.sessions.end(w, sess.id)
+	s.sessions.start(w, r, s.cfg.SecureCookies, subject, subject, r.PostFormValue("strong") == "on")
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// loopbackRequest reports whether r arrived on a loopback address from a
+// loopback address.
+func loopbackRequest(r *http.Request) bool {
+	local, _ := r.Context().Value(http.LocalAddrContextKey).(interface{ String() string })
+	return local != nil && LoopbackAddr(local.String()) && LoopbackAddr(r.RemoteAddr)
+}
+
+// signOut ends the session.
+func (s *Server) signOut(w http.ResponseWriter, r *http.Request) {
+	sess := s.sessions.get(r)
+	if !validCSRF(sess, r) {
+		s.message(w, r, http.StatusForbidden, "Forbidden", string(CodeCSRFInvalid), "The form's security token is missing or stale: reload the page and try again.")
+		return
+	}
+	s.sessions.end(w, sess.id)
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}

@@ -1,0 +1,211 @@
+package web
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// SSE event names of /events. Each carries one card as HTML (rendered by
+// the templates, like the page), with id = the stream sequence of the event
+// it comes from.
+const (
+	eventPrompt    = "prompt"    // a new approval the person may decide: insert it
+	eventUpdate    = "update"    // a card changed (decided, expired, abandoned, its call's result): replace it
+	eventSignedOut = "signedout" // the session ended: the stream stops
+)
+
+// startAfter is the stream sequence the live stream starts after: the
+// Last-Event-ID header (a reconnecting EventSource sends it), else ?after=
+// (the page's position when it was rendered).
+func startAfter(r *http.Request) (uint64, bool) {
+	v := r.Header.Get("Last-Event-ID")
+	if v == "" {
+		v = r.URL.Query().Get("after")
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	return n, err == nil
+}
+
+// live streams Server-Sent Events from the events stream, after the
+// position startAfter gives, to a signed-in person: a prompt for each new
+// approval they may decide, an update when one of those is decided,
+// expires or is abandoned, or its turn ends. Each event's id is its stream
+// sequence, so a client that reconnects with Last-Event-ID misses nothing.
+// The stream ends (after a signedout event) when the session does.
+func (s *Server) live(w http.ResponseWriter, r *http.Request) {
+	sess := s.sessions.get(r)
+	if !sess.SignedIn() {
+		http.Error(w, string(CodeSignedOut), http.StatusUnauthorized)
+		return
+	}
+	after, ok := startAfter(r)
+	if !ok {
+		http.Error(w, "want Last-Event-ID or ?after=<stream sequence>", http.StatusBadRequest)
+		return
+	}
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{topology.SubjectApprovalRequested + "*", topology.SubjectApprovalDecided + "*", topology.SubjectTurnOutcome + "*"},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: after + 1,
+	})
+	if err != nil {
+		http.Error(w, string(CodeUnavailable), http.StatusServiceUnavailable)
+		return
+	}
+	msgs := make(chan jetstream.Msg, 64)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+		}
+	})
+	if err != nil {
+		http.Error(w, string(CodeUnavailable), http.StatusServiceUnavailable)
+		return
+	}
+	defer func() { cancel(); cc.Stop() }()
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	_, _ = fmt.Fprint(w, ": tollgate inbox\n\n")
+	fl.Flush()
+	beat := time.NewTicker(s.cfg.Heartbeat)
+	defer beat.Stop()
+	mine := map[string]bool{} // approval id -> the person may decide it
+	for {
+		var name string
+		var cards []string
+		var seq uint64
+		select {
+		case <-ctx.Done():
+			return
+		case <-beat.C:
+			if s.sessions.get(r) == nil {
+				_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
+				fl.Flush()
+				return
+			}
+			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
+				return
+			}
+			fl.Flush()
+			continue
+		case m := <-msgs:
+			if s.sessions.get(r) == nil {
+				_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
+				fl.Flush()
+				return
+			}
+			meta, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			seq = meta.Sequence.Stream
+			name, cards = s.liveCards(ctx, m, sess, mine)
+		}
+		var b strings.Builder
+		for _, html := range cards {
+			fmt.Fprintf(&b, "id: %d\nevent: %s\n", seq, name)
+			for _, line := range strings.Split(html, "\n") {
+				fmt.Fprintf(&b, "data: %s\n", line)
+			}
+			b.WriteString("\n")
+		}
+		if b.Len() == 0 {
+			continue
+		}
+		if _, err := fmt.Fprint(w, b.String()); err != nil {
+			return
+		}
+		fl.Flush()
+	}
+}
+
+// liveCards are the SSE events (name and the cards' HTML) that stored
+// event m is for the person of sess; none when it concerns none of theirs.
+func (s *Server) liveCards(ctx context.Context, m jetstream.Msg, sess *session, mine map[string]bool) (name string, html []string) {
+	var cards []*card
+	switch subj := m.Subject(); {
+	case strings.HasPrefix(subj, topology.SubjectApprovalRequested):
+		rec, err := schemas.Decode[schemas.ApprovalRecord](m.Data())
+		if err != nil {
+			return "", nil
+		}
+		mine[rec.ApprovalID] = s.mayDecide(rec, sess) == nil
+		if !mine[rec.ApprovalID] {
+			return "", nil
+		}
+		name, cards = eventPrompt, []*card{newCard(rec, sess)}
+	case strings.HasPrefix(subj, topology.SubjectApprovalDecided):
+		ev, err := schemas.Decode[schemas.DecidedEvent](m.Data())
+		if err != nil {
+			return "", nil
+		}
+		name = eventUpdate
+		if c := s.currentCard(ctx, ev.ApprovalID, sess, mine); c != nil {
+			cards = append(cards, c)
+		}
+	case strings.HasPrefix(subj, topology.SubjectTurnOutcome):
+		out, err := schemas.Decode[schemas.TurnOutcome](m.Data())
+		if err != nil {
+			return "", nil
+		}
+		for i := range out.Results {
+			res := &out.Results[i]
+			if res.ApprovalID == "" {
+				continue
+			}
+			if c := s.currentCard(ctx, res.ApprovalID, sess, mine); c != nil {
+				c.Result = res
+				cards = append(cards, c)
+			}
+		}
+		name = eventUpdate
+	}
+	for _, c := range cards {
+		h, err := s.renderCard(c)
+		if err != nil {
+			s.cfg.Logger.Error("web: render card", "approval", c.ID, "err", err)
+			continue
+		}
+		html = append(html, h)
+	}
+	return name, html
+}
+
+// currentCard is the card of approval id as stored now, if the person of
+// sess may decide it (remembered in mine); nil otherwise.
+func (s *Server) currentCard(ctx context.Context, id string, sess *session, mine map[string]bool) *card {
+	if ok, seen := mine[id]; seen && !ok {
+		return nil
+	}
+	rec, _, err := s.store.Approvals.Get(ctx, id)
+	if err != nil {
+		return nil
+	}
+	if _, seen := mine[id]; !seen {
+		mine[id] = s.mayDecide(rec, sess) == nil
+	}
+	if !mine[id] {
+		return nil
+	}
+	return newCard(rec, sess)
+}

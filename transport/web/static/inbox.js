@@ -1,0 +1,121 @@
+// Tollgate inbox: decide without a reload, live updates over Server-Sent
+// Events, and the time left on each prompt. The pages work without it
+// (plain forms); it only ever inserts HTML the server rendered.
+(function () {
+  'use strict';
+
+  function parse(html) {
+    var t = document.createElement('template');
+    t.innerHTML = html.trim();
+    return t.content.firstElementChild;
+  }
+
+  function status(text) {
+    var s = document.getElementById('live-status');
+    if (s) { s.textContent = text; }
+  }
+
+  function refreshEmpty() {
+    var empty = document.getElementById('empty');
+    var cards = document.getElementById('cards');
+    if (empty && cards) { empty.hidden = cards.querySelector('article.card') !== null; }
+  }
+
+  // replace puts card in old's place. The decision's answer and the live
+  // updates can arrive in either order: what old shows that card does not
+  // (the verdict on this person's decision, the call's result) is kept.
+  // Focus stays on the card for keyboard users.
+  function replace(old, card) {
+    var form = card.querySelector('form.decide');
+    ['.verdict', '.result'].forEach(function (sel) {
+      var had = old.querySelector(sel);
+      if (had && !card.querySelector(sel)) { card.insertBefore(had, form); }
+    });
+    var focused = old.contains(document.activeElement);
+    old.replaceWith(card);
+    if (focused) { card.setAttribute('tabindex', '-1'); card.focus(); }
+  }
+
+  function pad(n) { return n < 10 ? '0' + n : String(n); }
+
+  function tick() {
+    var now = Date.now();
+    document.querySelectorAll('[data-left]').forEach(function (el) {
+      var card = el.closest('article.card');
+      if (!card || card.dataset.status !== 'pending') { return; }
+      var left = Math.floor((Date.parse(el.dataset.left) - now) / 1000);
+      if (left <= 0) {
+        el.textContent = 'expired';
+        card.classList.add('closed');
+        var fs = card.querySelector('fieldset');
+        if (fs) { fs.disabled = true; }
+        return;
+      }
+      var h = Math.floor(left / 3600), m = Math.floor(left % 3600 / 60), s = left % 60;
+      el.textContent = (h > 0 ? h + 'h ' : '') + pad(m) + 'm ' + pad(s) + 's left';
+    });
+  }
+
+  document.addEventListener('submit', function (e) {
+    var form = e.target;
+    if (!form.matches('form.decide')) { return; }
+    e.preventDefault();
+    var id = form.closest('article.card').id;
+    var fs = form.querySelector('fieldset');
+    if (fs.disabled) { return; } // a second click: the first is on its way
+    var data = new URLSearchParams(new FormData(form));
+    if (e.submitter && e.submitter.name) { data.set(e.submitter.name, e.submitter.value); }
+    fs.disabled = true;
+    status('Sending your decision…');
+    fetch(form.action, {
+      method: 'POST', body: data, credentials: 'same-origin',
+      headers: { 'Tollgate-Fragment': 'card' }
+    }).then(function (r) {
+      return r.text().then(function (body) {
+        var type = r.headers.get('Content-Type') || '';
+        if (type.indexOf('text/html') === 0) {
+          replace(document.getElementById(id), parse(body));
+          status('Decision answered: ' + (r.headers.get('Tollgate-Verdict') || r.status));
+        } else {
+          fs.disabled = false;
+          status(body);
+        }
+      });
+    }).catch(function () {
+      fs.disabled = false;
+      status('The decision could not be sent: try again.');
+    });
+  });
+
+  function live() {
+    if (!document.body.dataset.live || !window.EventSource) { return; }
+    // A reconnecting EventSource sends Last-Event-ID itself.
+    var es = new EventSource('/events?after=' + encodeURIComponent(document.body.dataset.after));
+    es.addEventListener('open', function () { document.body.dataset.connected = '1'; });
+    es.addEventListener('error', function () { document.body.dataset.connected = ''; });
+    es.addEventListener('prompt', function (e) {
+      var card = parse(e.data);
+      var old = document.getElementById(card.id);
+      if (old) { replace(old, card); } else { document.getElementById('cards').appendChild(card); }
+      refreshEmpty();
+      tick();
+    });
+    es.addEventListener('update', function (e) {
+      var card = parse(e.data);
+      var old = document.getElementById(card.id);
+      if (!old) { return; }
+      replace(old, card);
+      tick();
+    });
+    es.addEventListener('signedout', function () {
+      es.close();
+      window.location.reload();
+    });
+  }
+
+  document.addEventListener('DOMContentLoaded', function () {
+    tick();
+    window.setInterval(tick, 1000);
+    live();
+  });
+}());

@@ -1,0 +1,240 @@
+// Package web is Tollgate's web approval inbox: a transport, named "web",
+// through which a signed-in person sees the pending approvals they may
+// decide, with the exact call in front of them, and approves or denies
+// them. It is an http.Handler that the HTTP gateway mounts at "/"
+// (transport/gateway Config.Web).
+//
+// The inbox never widens what the approver allows. The list of approvals a
+// person sees is computed with approver.MayDecide, the decider rule the
+// approver itself applies, on the same inputs the approver will get (the
+// decision's transport "web", the decider web:<subject> at the assurance
+// the sign-in vouched for, and the inbox channel, a personal one); the
+// approver still checks every decision against the persisted record.
+//
+// Pages are server-rendered with html/template (which does all escaping);
+// the only script is static/inbox.js, served from this package. Every
+// response carries a Content-Security-Policy without inline script and
+// with frame-ancestors 'none'. Sessions are kept on the server (in memory:
+// a restart signs everyone out) and named by a signed, HttpOnly,
+// SameSite=Lax cookie (Secure under TLS); every state-changing request
+// carries the session's CSRF token.
+package web
+
+import (
+	"context"
+	"crypto/rand"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/seal"
+)
+
+// Transport is the transport name of the inbox: decisions are published on
+// tollgate.decision.submit.web.<approval id> with principal web:<subject>.
+const Transport = "web"
+
+// ErrDevSignInNotLoopback: dev sign-in (anyone picks any principal) was
+// asked for on an address that is not a loopback one.
+var ErrDevSignInNotLoopback = errors.New("web: dev sign-in is allowed only on a loopback address (127.0.0.1, ::1 or localhost)")
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// Config wires a Server.
+type Config struct {
+	// JS is the connection the inbox reads and publishes with.
+	JS jetstream.JetStream
+	// Policy and Keys are the approver's: the inbox lists an approval to a
+	// person only when approver.MayDecide accepts them under these.
+	Policy *policy.Policy
+	Keys   *seal.KeyRing
+	Logger *slog.Logger
+
+	// Addr is the address the server that mounts the inbox listens on. It
+	// must be a loopback address when DevSignIn is set.
+	Addr string
+	// DevSignIn enables the local sign-in form where anyone picks a
+	// principal: for `tollgate dev` only. New refuses it unless Addr is a
+	// loopback address, and the form itself answers only requests that
+	// arrived on a loopback address from one.
+	DevSignIn bool
+	// OIDC, when set, enables sign-in with an OpenID Connect provider.
+	OIDC *OIDCConfig
+	// SessionTTL is how long a sign-in lasts (default 8h); the server
+	// forgets the session then, whatever the cookie says.
+	SessionTTL time.Duration
+	// CookieKey signs session cookies (at least 32 bytes; default: random,
+	// so cookies do not outlive the process, like the sessions they name).
+	CookieKey []byte
+	// SecureCookies marks cookies Secure even on plain-HTTP requests (behind
+	// a TLS-terminating proxy). Requests that arrive over TLS always get
+	// Secure cookies.
+	SecureCookies bool
+
+	// DecisionRate and DecisionBurst bound the decisions of one principal
+	// (default 1/s, burst 5); more are refused 429 RATE_LIMITED.
+	DecisionRate  rate.Limit
+	DecisionBurst int
+	// DecisionWait is how long a decision waits for the approver's verdict
+	// (default 10s) before the page says it was submitted.
+	DecisionWait time.Duration
+	// Heartbeat is the interval of SSE heartbeat comments (default 15s);
+	// each also checks that the session still exists.
+	Heartbeat time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Server is the inbox's http.Handler.
+type Server struct {
+	cfg      Config
+	store    *store.Store
+	events   jetstream.Stream
+	sessions *sessions
+	pages    map[string]*template.Template
+	mux      *http.ServeMux
+	oidc     *oidcClient // nil: no OIDC sign-in
+
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter // by principal
+}
+
+// LoopbackAddr reports whether addr (host:port) names a loopback host:
+// a loopback IP or "localhost".
+func LoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// New checks cfg, binds to the pipeline's events stream and buckets (which
+// must exist) and returns the inbox. With DevSignIn on an Addr that is not
+// a loopback address it fails with ErrDevSignInNotLoopback.
+func New(cfg Config) (*Server, error) {
+	if cfg.JS == nil || cfg.Policy == nil || cfg.Keys == nil || cfg.Logger == nil {
+		return nil, errors.New("web: JS, Policy, Keys and Logger are required")
+	}
+	if cfg.DevSignIn && !LoopbackAddr(cfg.Addr) {
+		return nil, fmt.Errorf("%w: got %q", ErrDevSignInNotLoopback, cfg.Addr)
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = 8 * time.Hour
+	}
+	if cfg.CookieKey == nil {
+		cfg.CookieKey = make([]byte, 32)
+		_, _ = rand.Read(cfg.CookieKey)
+	}
+	if len(cfg.CookieKey) < 32 {
+		return nil, errors.New("web: CookieKey must have at least 32 bytes")
+	}
+	if cfg.DecisionRate == 0 {
+		cfg.DecisionRate, cfg.DecisionBurst = 1, 5
+	}
+	if cfg.DecisionBurst <= 0 {
+		cfg.DecisionBurst = 1
+	}
+	if cfg.DecisionWait <= 0 {
+		cfg.DecisionWait = 10 * time.Second
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 15 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := topology.OpenBuckets(ctx, cfg.JS)
+	if err != nil {
+		return nil, err
+	}
+	events, err := cfg.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		return nil, fmt.Errorf("web: stream %s: %w", topology.StreamEvents, err)
+	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, store: store.New(b), events: events, pages: pages,
+		sessions: newSessions(cfg.CookieKey, cfg.SessionTTL, cfg.Now),
+		limiters: map[string]*rate.Limiter{},
+	}
+	if cfg.OIDC != nil {
+		if s.oidc, err = newOIDC(ctx, *cfg.OIDC); err != nil {
+			return nil, err
+		}
+	}
+	s.mux = http.NewServeMux()
+	s.routes()
+	return s, nil
+}
+
+func (s *Server) routes() {
+	static, _ := fs.Sub(assets, "static")
+	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	s.mux.HandleFunc("GET /{$}", s.inbox)
+	s.mux.HandleFunc("GET /signin", s.signInPage)
+	s.mux.HandleFunc("POST /signin/dev", s.devSignIn)
+	s.mux.HandleFunc("POST /signout", s.signOut)
+	s.mux.HandleFunc("POST /approvals/{id}/decision", s.decide)
+	s.mux.HandleFunc("GET /events", s.live)
+	s.mux.HandleFunc("GET /turns/{id}", s.turn)
+	s.mux.HandleFunc("GET /history", s.history)
+	s.mux.HandleFunc("GET /history.jsonl", s.export)
+	if s.oidc != nil {
+		s.mux.HandleFunc("GET /signin/oidc", s.oidcStart)
+		s.mux.HandleFunc("GET /signin/oidc/callback", s.oidcCallback)
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.render(w, r, http.StatusNotFound, "message", page{Title: "Not found", Message: "There is no page " + r.URL.Path + "."})
+	})
+}
+
+// ServeHTTP sets the security headers and serves the inbox.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	h.Set("Cross-Origin-Resource-Policy", "same-origin")
+	if r.TLS != nil {
+		h.Set("Strict-Transport-Security", "max-age=31536000")
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// limiter is principal's decision rate limiter.
+func (s *Server) limiter(principal string) *rate.Limiter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.limiters[principal]
+	if l == nil {
+		l = rate.NewLimiter(s.cfg.DecisionRate, s.cfg.DecisionBurst)
+		s.limiters[principal] = l
+	}
+	return l
+}
