@@ -1,9 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
@@ -34,8 +37,9 @@ type provisionChange struct {
 // buckets of topology.Config, the four stages' consumers as their runners
 // create them) with the server, prints each difference, and unless
 // --dry-run makes them: topology.Ensure, then topology.EnsureConsumer for
-// each consumer. It then checks that nothing differs any more. Stages
-// started with --no-provision need this to have run.
+// each consumer. It then checks that nothing differs any more. With
+// --planner it also creates the planner's bucket (topology.EnsurePlannerBucket)
+// and consumers. Stages started with --no-provision need this to have run.
 func cmdProvision(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
@@ -43,6 +47,7 @@ func cmdProvision(cmd *command, args []string) int {
 	replicas, _ := strconv.Atoi(stagecmd.Env("TOLLGATE_REPLICAS", "1"))
 	fs.IntVar(&replicas, "replicas", replicas, "replicas for streams and buckets, as the stages run with (env TOLLGATE_REPLICAS)")
 	dryRun := fs.Bool("dry-run", false, "print what would be created and what differs, field by field; change nothing")
+	withPlanner := fs.Bool("planner", false, "also the planner's bucket and consumers (docs/planner.md), so that the planner's user needs no right to create them")
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit
@@ -61,10 +66,21 @@ func cmdProvision(cmd *command, args []string) int {
 	defer c.close()
 	ctx, cancel := c.ctx()
 	defer cancel()
-	consumers := tollgate.StageConsumers()
+	stages := tollgate.AllStages()
+	if *withPlanner {
+		stages = append(stages, tollgate.StagePlanner)
+	}
+	consumers := tollgate.StageConsumers(stages...)
 	changes, err := topology.Plan(ctx, c.js, topo, consumers)
 	if err != nil {
 		return c.fail("provision", err)
+	}
+	if *withPlanner {
+		if _, err := c.js.KeyValue(ctx, topology.BucketPlanner); errors.Is(err, jetstream.ErrBucketNotFound) {
+			changes = append(changes, topology.Change{Kind: topology.KindBucket, Name: topology.BucketPlanner, Missing: true})
+		} else if err != nil {
+			return c.fail("provision", err)
+		}
 	}
 	res := provisionResult{DryRun: *dryRun, Changes: []provisionChange{}}
 	for _, ch := range changes {
@@ -84,6 +100,11 @@ func cmdProvision(cmd *command, args []string) int {
 			}
 		}
 		if err := topology.Check(ctx, c.js, topo, consumers); err != nil {
+			return c.fail("provision", err)
+		}
+	}
+	if !*dryRun && *withPlanner {
+		if _, err := topology.EnsurePlannerBucket(ctx, c.js, topo); err != nil {
 			return c.fail("provision", err)
 		}
 	}

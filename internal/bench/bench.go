@@ -164,6 +164,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Phases["gateway"] {
 		b.gateway(ctx, r)
 	}
+	if cfg.Phases["planner"] {
+		b.planner(ctx, r)
+	}
 	r.targets(cfg)
 	r.notes(cfg)
 	r.Machine.LoadEnd = loadAvg()

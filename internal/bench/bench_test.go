@@ -202,6 +202,56 @@ func TestBenchSmokeGateway(t *testing.T) {
 	}
 }
 
+// TestBenchSmokePlanner runs the planner phase with tiny counts: the
+// planner turn (scripted model, echo then the answer) measured next to the
+// fast and approval turns, every outcome ok (a planner turn that failed,
+// or whose step batch failed, would be a report error), and for every
+// planner turn in the windows its publish for the planner, its step
+// batch's schedule and outcome seen, so that the overhead per step is
+// computed from each.
+func TestBenchSmokePlanner(t *testing.T) {
+	cfg := smokeConfig(t, "planner")
+	cfg.LatencyDuration = 800 * time.Millisecond // a planner turn takes about 250 ms
+	r, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r.Errors {
+		t.Errorf("report error: %s", e)
+	}
+	pl := r.Planner
+	if pl == nil || len(pl.Loaded.Rows) != 3 || len(pl.Single.Rows) != 2 {
+		t.Fatalf("planner comparison: %+v", pl)
+	}
+	for _, l := range []PlannerLoad{pl.Loaded, pl.Single} {
+		for _, row := range l.Rows {
+			f := row.Throughput
+			if f.Median <= 0 || row.Turn.N != f.Samples[0].Count {
+				t.Errorf("%s at %d in flight: no figures: %+v", row.Path, l.InFlight, row)
+			}
+			for _, s := range f.Samples {
+				if s.Timeouts > 0 || s.Errors > 0 {
+					t.Errorf("%s at %d in flight: %d turns timed out, %d failed", row.Path, l.InFlight, s.Timeouts, s.Errors)
+				}
+			}
+		}
+		planned := l.Rows[len(l.Rows)-1]
+		if planned.Path != plannerPath.String() || l.Overhead.N != planned.Turn.N || l.Batch.N != planned.Turn.N || l.ModelMsPerCall <= 0 {
+			t.Errorf("at %d in flight: %s row of %d turns, overhead over %d, batch over %d, model %.2f ms", l.InFlight, planned.Path, planned.Turn.N, l.Overhead.N, l.Batch.N, l.ModelMsPerCall)
+		}
+		if l.Overhead.P50 <= 0 || l.Overhead.P50 >= planned.Turn.P50 {
+			t.Errorf("at %d in flight: overhead per step p50 %.2f ms, turn p50 %.2f ms", l.InFlight, l.Overhead.P50, planned.Turn.P50)
+		}
+	}
+	var md strings.Builder
+	r.Markdown(&md)
+	for _, s := range []string{"## A planner turn next to the plain turns", "| planner (echo, then the answer) | 1 |", "Planner overhead per step"} {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("markdown report has no %q", s)
+		}
+	}
+}
+
 // An outcome counts only as a completed turn whose calls all returned ok.
 func TestNotOK(t *testing.T) {
 	ok := schemas.ToolResult{CallID: "t-1-0", Tool: "echo", Status: schemas.ResultOK}

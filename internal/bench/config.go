@@ -4,9 +4,10 @@
 // stages, in one process and as separate stage processes, with latencies,
 // the memory and KV footprint of pending approvals, recovery after a
 // redriver restart, an approval turn whose approved call is a NATS tool
-// service next to the built-in one, and the approval turn submitted and
-// decided over the HTTP gateway next to NATS, and prints a report (also
-// written as JSON and markdown).
+// service next to the built-in one, the approval turn submitted and
+// decided over the HTTP gateway next to NATS, and a planner turn (a
+// scripted model: one tool call, then the answer) next to the plain turns,
+// and prints a report (also written as JSON and markdown).
 //
 // The main reference is the raw turn: a minimal program (rawStages) that
 // performs the same JetStream operations, in the same order and with
@@ -46,7 +47,9 @@ type Config struct {
 	// approval path with its approved call built in and behind a NATS
 	// tool service, side by side), profile (CPU and allocation profiles
 	// of the all-in-one runs into ProfileDir), gateway (the approval
-	// turn over NATS and over the HTTP gateway, side by side).
+	// turn over NATS and over the HTTP gateway, side by side), planner (a
+	// planner turn against a scripted model next to the fast and approval
+	// turns).
 	Phases   map[string]bool
 	BinDir   string // stage binaries; empty: built into WorkDir
 	OutDir   string // report files; empty: none
@@ -59,7 +62,7 @@ type Config struct {
 }
 
 // AllPhases is every phase but profile.
-var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice", "gateway"}
+var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice", "gateway", "planner"}
 
 // Defaults are `make bench`'s parameters (about 10 minutes on 2 cores).
 func Defaults() Config {

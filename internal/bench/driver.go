@@ -38,16 +38,27 @@ const (
 	// gatewayPath: the approval path's turn submitted and decided over
 	// the HTTP gateway (httpGateway) instead of NATS.
 	gatewayPath
+	// plannerPath: a text-only turn (plannerText) that the planner stage
+	// drives against the bench's scripted model (benchModel): one echo
+	// call (the fast path's call, run at once), then the final answer.
+	plannerPath
 )
 
+// plannerText is the text of the planner path's turns, the conversation
+// the scripted model answers.
+const plannerText = "bench: echo something, then answer"
+
 func (p path) String() string {
-	return [...]string{"fast", "approval", "pending", "approval via tool service", "approval over HTTP"}[p]
+	return [...]string{"fast", "approval", "pending", "approval via tool service", "approval over HTTP", "planner (echo, then the answer)"}[p]
 }
 
 // profileName names p's profile files in the profile phase.
 func (p path) profileName() string {
-	if p == gatewayPath {
+	switch p {
+	case gatewayPath:
 		return "gateway"
+	case plannerPath:
+		return "planner"
 	}
 	return p.String()
 }
@@ -72,6 +83,8 @@ func (p path) calls(n int64) []schemas.ProposedCall {
 	case toolServicePath:
 		write.Tool = benchTool
 		calls = append(calls, write)
+	case plannerPath:
+		calls = nil // the model chooses them
 	}
 	return calls
 }
@@ -122,8 +135,11 @@ type turn struct {
 	decided   time.Time // decision published (approval path)
 	startedAt time.Time // approved call's claim seen created
 	finished  bool      // approved call's result seen written in its claim
-	done      chan struct{}
-	doneAt    time.Time
+	// Planner path: the turn seen published for the planner, its first
+	// step's batch seen scheduled, that batch's outcome seen.
+	planned, scheduled, stepDone time.Time
+	done                         chan struct{}
+	doneAt                       time.Time
 }
 
 // latencies collects the driver's latency samples of turns sent after from.
@@ -156,6 +172,14 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 	}
 	if err := sub(topology.SubjectApprovalRequested+"*", d.onRequested); err != nil {
 		return nil, err
+	}
+	if p == plannerPath {
+		if err := sub(topology.SubjectTurnPlan+">", d.onPlanned); err != nil {
+			return nil, err
+		}
+		if err := sub(topology.SubjectTurnSchedule+">", d.onScheduled); err != nil {
+			return nil, err
+		}
 	}
 	if decide {
 		// A few publishers, so that a decision never waits behind another's
@@ -200,6 +224,12 @@ func lastToken(s string) string { return s[strings.LastIndexByte(s, '.')+1:] }
 func (d *driver) onOutcome(m *nats.Msg) {
 	id := lastToken(m.Subject)
 	now := time.Now()
+	if root, step, ok := schemas.PlannerStepOf(id); ok && d.path == plannerPath {
+		if step == 0 {
+			d.mark(root, now, func(t *turn) *time.Time { return &t.stepDone })
+		}
+		return
+	}
 	d.mu.Lock()
 	t := d.turns[id]
 	if t != nil {
@@ -215,6 +245,32 @@ func (d *driver) onOutcome(m *nats.Msg) {
 	d.outcomes.Add(1)
 	if t != nil {
 		close(t.done)
+	}
+}
+
+// onPlanned times a planner turn's publish for the planner (its message
+// id is topology.PlanMsgID of the turn).
+func (d *driver) onPlanned(m *nats.Msg) {
+	if id, ok := strings.CutPrefix(headerOf(m, jetstream.MsgIDHeader), "plan:"); ok {
+		d.mark(id, time.Now(), func(t *turn) *time.Time { return &t.planned })
+	}
+}
+
+// onScheduled times the message schedule of a planner turn's first step
+// batch.
+func (d *driver) onScheduled(m *nats.Msg) {
+	if root, step, ok := schemas.PlannerStepOf(lastToken(m.Subject)); ok && step == 0 {
+		d.mark(root, time.Now(), func(t *turn) *time.Time { return &t.scheduled })
+	}
+}
+
+// mark sets the moment field(t) of turn id, if in flight, to at (the
+// first time only).
+func (d *driver) mark(id string, at time.Time, field func(*turn) *time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if t := d.turns[id]; t != nil && field(t).IsZero() {
+		*field(t) = at
 	}
 }
 
@@ -318,6 +374,9 @@ func (d *driver) inbound(session string) (msgID, turnID string, data []byte, err
 		Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM},
 		Text:    "please", Calls: d.path.calls(n), SentAt: time.Now().UTC(),
 	}
+	if d.path == plannerPath {
+		m.Text = plannerText
+	}
 	data, err = schemas.Encode(m)
 	return topology.InboundMsgID("cli", messageID), schemas.TurnID("cli", messageID), data, err
 }
@@ -352,7 +411,11 @@ var errTurnTimeout = errors.New("no outcome within the turn timeout")
 // turnTimes are the moments of one closed-loop turn, as its transport saw
 // them: sent, its approval seen requested (pending), the decision sent,
 // its outcome seen. Zero where the path has no such moment.
-type turnTimes struct{ sent, pending, decided, done time.Time }
+type turnTimes struct {
+	sent, pending, decided, done time.Time
+	// Planner path: see turn.
+	planned, scheduled, stepDone time.Time
+}
 
 // loopResult is what a closed-loop run measured.
 type loopResult struct {
@@ -442,7 +505,10 @@ func (d *driver) turn(ctx context.Context, session string) (turnTimes, error) {
 	}
 	select {
 	case <-t.done:
-		return turnTimes{sent: t.sent, pending: t.requested, decided: t.decided, done: t.doneAt}, nil
+		d.mu.Lock() // the planner path's moments are set under d.mu
+		tt := turnTimes{sent: t.sent, pending: t.requested, decided: t.decided, done: t.doneAt, planned: t.planned, scheduled: t.scheduled, stepDone: t.stepDone}
+		d.mu.Unlock()
+		return tt, nil
 	case <-time.After(turnTimeout):
 		return turnTimes{}, errTurnTimeout
 	case <-ctx.Done():

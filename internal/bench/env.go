@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
 )
@@ -108,7 +109,9 @@ type stageRun struct {
 	done   chan error
 }
 
-func startAllInOne(e *env, keys *seal.KeyRing, logLevel string) (*allInOne, error) {
+// startAllInOne starts the stages on e; with plan set, the planner stage
+// too (as `tollgate dev --llm-url`).
+func startAllInOne(e *env, keys *seal.KeyRing, logLevel string, plan *planner.Options) (*allInOne, error) {
 	ts, err := stagecmd.Tools(filepath.Join(e.dir, "sandbox"))
 	if err != nil {
 		return nil, err
@@ -136,7 +139,7 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string) (*allInOne, erro
 	defer cancel()
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: policy.Default(), Keys: keys, Tools: ts, Providers: ps,
-		Logger: log, Registerer: reg, Instance: "bench", Topology: topology.DefaultConfig(),
+		Logger: log, Registerer: reg, Instance: "bench", Topology: topology.DefaultConfig(), Planner: plan,
 	})
 	if err != nil {
 		nc.Close()
@@ -144,7 +147,7 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string) (*allInOne, erro
 		return nil, err
 	}
 	a := &allInOne{nc: nc, reg: reg, logf: logf, p: p, running: map[string]*stageRun{}}
-	for _, s := range tollgate.AllStages() {
+	for _, s := range p.Stages() {
 		a.resume(s)
 	}
 	return a, nil
@@ -189,7 +192,7 @@ func (a *allInOne) consumer(stage string) string { return stageConsumer[stage].C
 // stop drains the stages and closes the connection.
 func (a *allInOne) stop() error {
 	var errs []error
-	for _, s := range tollgate.AllStages() {
+	for _, s := range a.p.Stages() {
 		if err := a.pause(s); err != nil {
 			errs = append(errs, err)
 		}
@@ -228,6 +231,24 @@ func (a *allInOne) counter(name string, labels map[string]string) float64 {
 		}
 	}
 	return sum
+}
+
+// histogram is the sum and count of the histogram name (one series).
+func (a *allInOne) histogram(name string) (sum float64, count uint64) {
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		return 0, 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				if h := m.GetHistogram(); h != nil {
+					sum, count = sum+h.GetSampleSum(), count+h.GetSampleCount()
+				}
+			}
+		}
+	}
+	return sum, count
 }
 
 // newLogger is the stages' logger: a text handler at level, as the

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/seal"
 )
 
@@ -59,6 +60,9 @@ type sample struct {
 	// nats-server and the driver), and the stage processes together.
 	CPUPerTurn       float64 `json:"cpu_ms_per_turn"`
 	StagesCPUPerTurn float64 `json:"stages_cpu_ms_per_turn,omitempty"`
+	// Planner path, all-in-one: the mean time of one model request as the
+	// planner timed it (tollgate_planner_model_seconds), in the window.
+	ModelMsPerCall float64 `json:"model_ms_per_call,omitempty"`
 	// Raw turn: compare-and-set conflicts between raw stages.
 	Conflicts int64 `json:"conflicts,omitempty"`
 	// All-in-one: messages the stages NAKed for a retry, and dead letters,
@@ -380,9 +384,21 @@ func (b *bencher) startTollgate(e *env, mode string, p path) (a *allInOne, pids 
 		}
 		stops = append(stops, ts.stop)
 	}
+	var plan *planner.Options
+	if p == plannerPath {
+		if mode != modeAllInOne {
+			return nil, nil, nil, fmt.Errorf("the %s path runs all-in-one only", p)
+		}
+		m, err := startBenchModel()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		stops = append(stops, m.Close)
+		plan = &planner.Options{Model: planner.ModelConfig{BaseURL: m.URL, Model: "scripted"}}
+	}
 	switch mode {
 	case modeAllInOne:
-		if a, err = startAllInOne(e, b.keys, b.cfg.LogLevel); err != nil {
+		if a, err = startAllInOne(e, b.keys, b.cfg.LogLevel, plan); err != nil {
 			stop()
 			return nil, nil, nil, err
 		}
@@ -417,7 +433,8 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 	}
 	defer stop()
 	var m0, m1 runtime.MemStats
-	var d0, d1, n0, n1, r0, r1, x0, x1 float64
+	var d0, d1, n0, n1, r0, r1, x0, x1, ms0, ms1 float64
+	var mc0, mc1 uint64
 	var profErr error
 	var cpu *os.File
 	counters := func() (deferred, started, retried, dead float64) {
@@ -430,6 +447,7 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 		onWindow = func(open bool) {
 			if open {
 				d0, n0, r0, x0 = counters()
+				ms0, mc0 = a.histogram(modelSeconds)
 				if profile {
 					profErr = writeProfile(filepath.Join(b.cfg.ProfileDir, "allocs-"+p.profileName()+"-base.pprof"), "allocs")
 					if cpu, err = os.Create(filepath.Join(b.cfg.ProfileDir, "cpu-"+p.profileName()+".pprof")); err == nil {
@@ -444,6 +462,7 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 			}
 			runtime.ReadMemStats(&m1)
 			d1, n1, r1, x1 = counters()
+			ms1, mc1 = a.histogram(modelSeconds)
 			if profile && cpu != nil {
 				pprof.StopCPUProfile()
 				cpu.Close()
@@ -466,6 +485,9 @@ func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, err
 		s.Retries, s.DeadLetters = r1-r0, x1-x0
 		if p == approvalPath && n1 > n0 {
 			s.DeferredPerTurn = (d1 - d0) / (n1 - n0)
+		}
+		if mc1 > mc0 {
+			s.ModelMsPerCall = (ms1 - ms0) * 1000 / float64(mc1-mc0)
 		}
 	}
 	return s, profErr

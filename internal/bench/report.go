@@ -26,6 +26,8 @@ type Report struct {
 	ToolService *ToolService `json:"tool_service,omitempty"`
 	// Gateway is the gateway phase's comparison.
 	Gateway *Gateway `json:"gateway,omitempty"`
+	// Planner is the planner phase's comparison.
+	Planner *Planner `json:"planner,omitempty"`
 	Targets []Target `json:"targets"`
 	Notes   []string `json:"notes"`
 	Errors  []string `json:"errors"`
@@ -350,6 +352,32 @@ func (r *Report) Markdown(w io.Writer) {
 		p("- Turns/s, HTTP ÷ NATS, per round: **%.2f** [%.2f-%.2f].", g.RatioMedian, g.RatioMin, g.RatioMax)
 		p("- Added by HTTP (HTTP − NATS): submit -> pending p50 %+.2f ms, p99 %+.2f ms; decision -> completed p50 %+.2f ms, p99 %+.2f ms; whole turn p50 %+.2f ms, p99 %+.2f ms.",
 			g.AddedPending.P50, g.AddedPending.P99, g.AddedCompleted.P50, g.AddedCompleted.P99, g.AddedTurn.P50, g.AddedTurn.P99)
+		p("")
+	}
+	if pl := r.Planner; pl != nil {
+		p("## A planner turn next to the plain turns (all-in-one, same run)")
+		p("")
+		p("The planner turn is a text-only message that the planner stage drives against a scripted OpenAI-compatible model in this process (pipeline/planner/plannertest, answering at once): step 1 answers with one echo call (the fast path's call, run at once), step 2 with the final text; two model requests and one step batch. Closed loops: at %d turns in flight, rounds with the three turns back to back (turns/s: median of the rounds [min-max]); then with one turn in flight, one run each. Turn latency (ms): sent -> outcome over the turns inside the windows.", pl.Loaded.InFlight)
+		p("")
+		p("| turn | in flight | turns/s | min-max | n | turn p50 | p99 | notes |")
+		p("|---|---|---|---|---|---|---|---|")
+		for _, l := range []PlannerLoad{pl.Loaded, pl.Single} {
+			for _, row := range l.Rows {
+				f := row.Throughput
+				p("| %s | %d | %.0f | %.0f-%.0f | %d | %.2f | %.2f | %s |", row.Path, l.InFlight, f.Median, f.Min, f.Max, row.Turn.N, row.Turn.P50, row.Turn.P99, f.notes())
+			}
+		}
+		p("")
+		p("- Turns/s, planner ÷ fast, per round (%d in flight): %.2f [%.2f-%.2f].", pl.Loaded.InFlight, pl.RatioMedian, pl.RatioMin, pl.RatioMax)
+		p("- **Planner overhead per step**: the planner turn's time from its publish for the planner to its outcome, less the step batch (its schedule published -> its outcome) and the two model requests (as the planner timed them), over the two steps.")
+		p("")
+		p("| in flight | overhead per step p50 | p99 | n | model request (planner's timing) | step batch p50 | p99 | ingest p50 | p99 |")
+		p("|---|---|---|---|---|---|---|---|---|")
+		for _, l := range []PlannerLoad{pl.Single, pl.Loaded} {
+			p("| %d | **%.2f** | %.2f | %d | %.2f | %.2f | %.2f | %.2f | %.2f |", l.InFlight, l.Overhead.P50, l.Overhead.P99, l.Overhead.N, l.ModelMsPerCall, l.Batch.P50, l.Batch.P99, l.Ingest.P50, l.Ingest.P99)
+		}
+		p("")
+		p("- The step batch is published as a message schedule due at once, and nats-server fires message schedules from a timer set no sooner than 250 ms ahead (server/scheduler.go, resetTimer): a tool-running step waits up to 250 ms for its batch, 250 ms when no other schedule is pending. That wait, not the planner, bounds a planner turn: about in-flight ÷ 0.25 s turns/s.")
 		p("")
 	}
 	if f := r.Footprint; f != nil {

@@ -35,7 +35,7 @@ func traceTurn(parent string, keys *seal.KeyRing, p path, decisionFirst bool) ([
 		return nil, err
 	}
 	defer e.close()
-	a, err := startAllInOne(e, keys, "info")
+	a, err := startAllInOne(e, keys, "info", nil)
 	if err != nil {
 		return nil, err
 	}

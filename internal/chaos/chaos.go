@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -33,6 +34,9 @@ type harness struct {
 	dir, logDir, binDir, toolBin        string
 	policyPath, ledgerPath, sealKeyPath string
 	url                                 string
+	// model is the scripted model of the planner turns (planner mode).
+	model    *plannertest.Server
+	modelURL string
 
 	nodes  []*node // the nats-server, or the nodes of the cluster
 	stages map[string][]*slot
@@ -97,6 +101,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.logf("replay with: %s", cfg.Replay())
 	h.logf("work dir: %s", h.dir)
 	defer h.stopAll()
+	if cfg.Planner {
+		m, err := startModel(h.plan)
+		if err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		h.model, h.modelURL = m, m.URL
+	}
 	if err := h.setUp(ctx); err != nil {
 		return nil, err
 	}
@@ -221,7 +233,7 @@ func (h *harness) setUp(ctx context.Context) error {
 		}
 		h.toolBin = filepath.Join(dir, ToolService)
 	}
-	for _, b := range append([]string{"nats-server", ToolService}, Stages...) {
+	for _, b := range append([]string{"nats-server", ToolService}, h.cfg.stages()...) {
 		if _, err := os.Stat(h.binPath(b)); err != nil {
 			return fmt.Errorf("binary %s: %w", b, err)
 		}
@@ -240,7 +252,7 @@ func (h *harness) startStages(ctx context.Context) error {
 	for _, group := range []struct {
 		bins  []string
 		ready string
-	}{{[]string{ToolService}, `msg="tool service serving"`}, {Stages, `msg="stage consuming"`}} {
+	}{{[]string{ToolService}, `msg="tool service serving"`}, {h.cfg.stages(), `msg="stage consuming"`}} {
 		var first []*childproc.Proc
 		var all []*slot
 		for _, bin := range group.bins {

@@ -64,6 +64,14 @@ type Config struct {
 	// MaxDuration bounds the whole drive.
 	MaxDuration time.Duration
 
+	// Planner: PlannerPercent of the turns are text-only and go through
+	// replicated planner processes (cmd/planner, killed like the other
+	// workers) against a scripted model the harness serves
+	// (pipeline/planner/plannertest), whose scripts propose tool calls
+	// (gated ones included) and then a final answer.
+	Planner        bool
+	PlannerPercent int // default 30
+
 	BinDir       string // prebuilt binaries (ingest, executor, approver, redriver, nats-server); empty: build
 	RaceBinaries bool   // build the stage binaries with -race
 	WorkDir      string // logs, ledger, JetStream store; must exist
@@ -112,6 +120,9 @@ func (c Config) withDefaults() Config {
 	case c.ToolCrashes < 0: // none
 		c.ToolCrashes = 0
 	}
+	if c.PlannerPercent <= 0 {
+		c.PlannerPercent = 30
+	}
 	if c.ExpiresAfter <= 0 {
 		c.ExpiresAfter = d.ExpiresAfter
 	}
@@ -135,9 +146,13 @@ func (c Config) withDefaults() Config {
 
 // Params is the one-line description of a run that replays it.
 func (c Config) Params() string {
-	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v",
+	planner := "off"
+	if c.Planner {
+		planner = fmt.Sprintf("%d%%", c.PlannerPercent)
+	}
+	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
 		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
-		c.ExpiresAfter, c.ToolCrashes, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries)
+		c.ExpiresAfter, c.ToolCrashes, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries, planner)
 }
 
 // Clustered reports whether the run uses a nats-server cluster.
@@ -150,13 +165,17 @@ func (c Config) Replay() string {
 	if c.Clustered() {
 		s += fmt.Sprintf(" CHAOS_CLUSTER=%d CHAOS_STREAM_REPLICAS=%d", c.ClusterNodes, c.StreamReplicas)
 	}
+	if c.Planner {
+		s += fmt.Sprintf(" CHAOS_PLANNER=1 CHAOS_PLANNER_PERCENT=%d", c.PlannerPercent)
+	}
 	return s
 }
 
 // FromEnv overrides c with the TOLLGATE_CHAOS_* variables that are set:
 // SEED, TURNS, KILLS, RESTARTS, REPLICAS, CLUSTER, STREAM_REPLICAS,
 // CONCURRENCY, MAX_SESSION_TURNS, BURST_PERCENT, EXPIRES_AFTER,
-// TOOL_CRASHES, STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1).
+// TOOL_CRASHES, STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1), PLANNER (1),
+// PLANNER_PERCENT.
 func (c Config) FromEnv() (Config, error) {
 	var err error
 	num := func(name string, v *int) {
@@ -190,6 +209,7 @@ func (c Config) FromEnv() (Config, error) {
 	num("MAX_SESSION_TURNS", &c.MaxSessionTurns)
 	num("BURST_PERCENT", &c.BurstPercent)
 	num("TOOL_CRASHES", &c.ToolCrashes)
+	num("PLANNER_PERCENT", &c.PlannerPercent)
 	dur("EXPIRES_AFTER", &c.ExpiresAfter)
 	dur("STALL_TIMEOUT", &c.StallTimeout)
 	dur("MAX_DURATION", &c.MaxDuration)
@@ -198,6 +218,9 @@ func (c Config) FromEnv() (Config, error) {
 	}
 	if os.Getenv("TOLLGATE_CHAOS_RACE") == "1" {
 		c.RaceBinaries = true
+	}
+	if os.Getenv("TOLLGATE_CHAOS_PLANNER") == "1" {
+		c.Planner = true
 	}
 	return c, err
 }

@@ -123,7 +123,7 @@ func (d *driver) inbound(t *turnState) *schemas.InboundMessage {
 		Transport: transport, MessageID: t.msgID, SessionID: t.sessionID,
 		Sender:  schemas.Sender{ID: t.sender, Kind: schemas.SenderUser, Verified: true},
 		Channel: schemas.Channel{ID: "dm-" + t.sender, Kind: schemas.ChannelDM},
-		Text:    fmt.Sprintf("chaos turn %d (%s)", t.plan.Index, t.plan.Kind),
+		Text:    t.plan.Text(),
 		SentAt:  time.Now().UTC(),
 	}
 	for i, c := range t.plan.Calls {
@@ -250,6 +250,9 @@ func (d *driver) onEvent(ctx context.Context, m jetstream.Msg) {
 			d.h.logf("undecodable outcome on %s: %v", subj, err)
 			return
 		}
+		if _, _, step := schemas.PlannerStepOf(o.TurnID); step {
+			return // a planner turn's step batch: the turn ends with its own outcome
+		}
 		if t := d.turn(o.TurnID); t != nil {
 			d.markTerminal(t)
 		}
@@ -275,15 +278,31 @@ func (d *driver) turn(id string) *turnState {
 	return t
 }
 
+// batchOf returns the planned turn and calls of batch turnID: a turn's
+// own, or a planner turn's step batch (schemas.PlannerStepTurnID), with
+// key, the prefix of its calls' decision ids ("" or "p<step>-").
+func (d *driver) batchOf(turnID string) (t *turnState, calls []CallPlan, key string) {
+	if root, n, ok := schemas.PlannerStepOf(turnID); ok {
+		if t = d.turn(root); t == nil || n >= len(t.plan.Steps) {
+			return nil, nil, ""
+		}
+		return t, t.plan.Steps[n], fmt.Sprintf("p%d-", n)
+	}
+	if t = d.turn(turnID); t == nil {
+		return nil, nil, ""
+	}
+	return t, t.plan.Calls, ""
+}
+
 // onRequested starts the planned decisions of a pending approval, once.
 func (d *driver) onRequested(ctx context.Context, rec *schemas.ApprovalRecord) {
-	t := d.turn(rec.TurnID)
+	t, calls, key := d.batchOf(rec.TurnID)
 	if t == nil || rec.Status != schemas.ApprovalPending {
 		return
 	}
 	i, err := callIndex(rec.CallID)
-	if err != nil || i >= len(t.plan.Calls) || rec.ApprovalID != schemas.ApprovalID(t.id, i) {
-		d.h.logf("approval %s names call %q, which turn %s (plan %d) does not have", rec.ApprovalID, rec.CallID, t.id, t.plan.Index)
+	if err != nil || i >= len(calls) || rec.ApprovalID != schemas.ApprovalID(rec.TurnID, i) {
+		d.h.logf("approval %s names call %q, which batch %s (plan %d) does not have", rec.ApprovalID, rec.CallID, rec.TurnID, t.plan.Index)
 		return
 	}
 	d.mu.Lock()
@@ -297,7 +316,7 @@ func (d *driver) onRequested(ctx context.Context, rec *schemas.ApprovalRecord) {
 	d.decisions.Add(1)
 	go func() {
 		defer d.decisions.Done()
-		if err := d.decide(ctx, t, i, rec); err != nil && ctx.Err() == nil {
+		if err := d.decide(ctx, t, calls[i], key+strconv.Itoa(i), rec); err != nil && ctx.Err() == nil {
 			d.h.logf("decisions for %s: %v", rec.ApprovalID, err)
 		}
 	}()
@@ -307,10 +326,12 @@ func callIndex(callID string) (int, error) {
 	return strconv.Atoi(callID[strings.LastIndexByte(callID, '-')+1:])
 }
 
-// decide sends the decisions planned for call i of t. Decision ids are
-// derived from the plan, so sending them again is deduplicated.
-func (d *driver) decide(ctx context.Context, t *turnState, i int, rec *schemas.ApprovalRecord) error {
-	id := func(k string) string { return fmt.Sprintf("d-%d-%06d-%d-%s", d.h.cfg.Seed, t.plan.Index, i, k) }
+// decide sends the decisions planned for call c of t, whose key names it
+// in the decision ids ("<call index>", or "p<step>-<call index>" for a
+// planner turn's step batch). Decision ids are derived from the plan, so
+// sending them again is deduplicated.
+func (d *driver) decide(ctx context.Context, t *turnState, c CallPlan, key string, rec *schemas.ApprovalRecord) error {
+	id := func(k string) string { return fmt.Sprintf("d-%d-%06d-%s-%s", d.h.cfg.Seed, t.plan.Index, key, k) }
 	one := func(option, decisionID string) error {
 		dec := &schemas.Decision{
 			DecisionID: decisionID, ApprovalID: rec.ApprovalID, Transport: transport,
@@ -335,7 +356,7 @@ func (d *driver) decide(ctx context.Context, t *turnState, i int, rec *schemas.A
 		return errors.Join(errs...)
 	}
 	const approve, deny = schemas.OptionApprove, schemas.OptionDeny
-	switch p := t.plan.Calls[i].Decision; p {
+	switch p := c.Decision; p {
 	case DecideApprove:
 		return one(approve, id("a"))
 	case DecideDeny:
@@ -366,7 +387,7 @@ func (d *driver) decide(ctx context.Context, t *turnState, i int, rec *schemas.A
 		}
 		return one(approve, id("late"))
 	default:
-		return fmt.Errorf("call %d of turn %d needs no approval (plan %q) but one was requested", i, t.plan.Index, p)
+		return fmt.Errorf("call %s of turn %d needs no approval (plan %q) but one was requested", key, t.plan.Index, p)
 	}
 }
 
@@ -415,17 +436,23 @@ func (d *driver) check(ctx context.Context, t *turnState) error {
 		d.markTerminal(t)
 		return nil
 	}
-	for i, c := range t.plan.Calls {
-		if !c.NeedsApproval() {
-			continue
-		}
-		a, _, err := d.st.Approvals.Get(gctx, schemas.ApprovalID(t.id, i))
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-		case err != nil:
-			return err
-		case a.Status == schemas.ApprovalPending:
-			d.onRequested(ctx, a)
+	batches := map[string][]CallPlan{t.id: t.plan.Calls}
+	for n, calls := range t.plan.Steps {
+		batches[schemas.PlannerStepTurnID(t.id, n)] = calls
+	}
+	for id, calls := range batches {
+		for i, c := range calls {
+			if !c.NeedsApproval() {
+				continue
+			}
+			a, _, err := d.st.Approvals.Get(gctx, schemas.ApprovalID(id, i))
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+			case err != nil:
+				return err
+			case a.Status == schemas.ApprovalPending:
+				d.onRequested(ctx, a)
+			}
 		}
 	}
 	return nil

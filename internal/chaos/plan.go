@@ -56,6 +56,26 @@ type TurnPlan struct {
 	// waiting for it to end.
 	Burst bool
 	Calls []CallPlan
+	// Steps (a planner turn: text only, Calls empty) are the tool calls
+	// the scripted model proposes in its steps, one batch each; its last
+	// step (index len(Steps)) is the final answer, ReplyText.
+	Steps [][]CallPlan
+}
+
+// Planner reports whether t is a planner turn.
+func (t TurnPlan) Planner() bool { return t.Kind == plannerKind }
+
+// Text is the inbound message's text of t: for a planner turn, the
+// conversation the scripted model answers.
+func (t TurnPlan) Text() string { return fmt.Sprintf("chaos turn %d (%s)", t.Index, t.Kind) }
+
+// ReplyText is the final answer the scripted model gives planner turn t.
+func (t TurnPlan) ReplyText() string { return fmt.Sprintf("done with chaos turn %d", t.Index) }
+
+// StepArgs are the arguments the scripted model gives call i of step n of
+// planner turn t (unique per call: the ledger tools record them).
+func (t TurnPlan) StepArgs(n, i int) string {
+	return fmt.Sprintf(`{"turn":%d,"call":%d}`, t.Index, 100*(n+1)+i)
 }
 
 // Fault is one injected fault.
@@ -97,8 +117,25 @@ var Stages = []string{"ingest", "executor", "approver", "redriver"}
 const ToolService = "chaostool"
 
 // Workers are the processes worker kills pick from: the stages and the
-// tool service.
+// tool service (and the planner, in planner mode: Config.workers).
 var Workers = append(slices.Clone(Stages), ToolService)
+
+// PlannerStage is the planner's binary, run in planner mode.
+const PlannerStage = "planner"
+
+// stages are the stage binaries of a run of c.
+func (c Config) stages() []string {
+	if c.Planner {
+		return append(slices.Clone(Stages), PlannerStage)
+	}
+	return Stages
+}
+
+// workers are the processes worker kills of a run of c pick from.
+func (c Config) workers() []string { return append(c.stages(), ToolService) }
+
+// plannerKind is the kind of a planner turn.
+const plannerKind = "planner"
 
 // turn kinds and their weights (percent).
 var kinds = []struct {
@@ -123,7 +160,11 @@ func NewPlan(c Config) Plan {
 		var idx []int
 		for j := range n {
 			t := TurnPlan{Index: len(p.Turns), Session: s, Burst: j > 0 && rng.IntN(100) < c.BurstPercent}
-			t.Kind, t.Calls = turnMix(rng)
+			if c.Planner && rng.IntN(100) < c.PlannerPercent {
+				t.Kind, t.Steps = plannerKind, plannerMix(rng)
+			} else {
+				t.Kind, t.Calls = turnMix(rng)
+			}
 			idx = append(idx, t.Index)
 			p.Turns = append(p.Turns, t)
 		}
@@ -134,11 +175,12 @@ func NewPlan(c Config) Plan {
 	planCrashes(rng, &p, c.ToolCrashes, to)
 	// Kills go round the workers from a random one, so that Kills >=
 	// len(Workers) kills every kind of worker.
-	first := rng.IntN(len(Workers))
+	workers := c.workers()
+	first := rng.IntN(len(workers))
 	for k := range c.Kills {
 		p.Faults = append(p.Faults, Fault{
 			AtTurn: from + rng.IntN(to-from), Jitter: jitter(rng, 500*time.Millisecond),
-			Stage: Workers[(first+k)%len(Workers)], Replica: 1 + rng.IntN(c.Replicas),
+			Stage: workers[(first+k)%len(workers)], Replica: 1 + rng.IntN(c.Replicas),
 			Down: 50*time.Millisecond + jitter(rng, 1500*time.Millisecond),
 		})
 	}
@@ -201,6 +243,39 @@ func pick(rng *rand.Rand) string {
 		n -= k.weight
 	}
 	return kinds[0].name
+}
+
+// plannerMix draws the tool steps of a planner turn's script: none (a
+// direct answer) now and then, else one or two steps of one or two calls:
+// ledger tools that run at once (in process or remote), gated ones the
+// harness decides, and now and then one the policy denies (never offered
+// to the model, asked for anyway).
+func plannerMix(rng *rand.Rand) [][]CallPlan {
+	if rng.IntN(8) == 0 {
+		return nil
+	}
+	steps := make([][]CallPlan, 1+rng.IntN(2))
+	for n := range steps {
+		for range 1 + rng.IntN(2) {
+			var c CallPlan
+			switch k := rng.IntN(10); {
+			case k < 3:
+				c = CallPlan{Tool: tools.LedgerTool}
+			case k < 5:
+				c = CallPlan{Tool: toolsvc.Ledger}
+			case k < 9:
+				tool := tools.LedgerGuardedTool
+				if rng.IntN(3) == 0 {
+					tool = toolsvc.LedgerGuarded
+				}
+				c = CallPlan{Tool: tool, Decision: []DecisionPlan{DecideApprove, DecideApprove, DecideDeny, DecideApproveDup, DecideConflict}[rng.IntN(5)]}
+			default:
+				c = CallPlan{Tool: tools.LedgerDeniedTool}
+			}
+			steps[n] = append(steps[n], c)
+		}
+	}
+	return steps
 }
 
 // turnMix draws one turn's calls.

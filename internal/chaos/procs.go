@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,12 +23,12 @@ import (
 // toolServicePkg is the package of the ToolService binary.
 const toolServicePkg = "./internal/chaos/" + ToolService
 
-// BuildBinaries builds the four stage binaries, the tool service and
-// nats-server into dir.
+// BuildBinaries builds the four stage binaries, the planner, the tool
+// service and nats-server into dir.
 func BuildBinaries(ctx context.Context, dir string, race bool) error {
-	pkgs := make([]string, len(Stages))
-	for i, st := range Stages {
-		pkgs[i] = "./cmd/" + st
+	var pkgs []string
+	for _, st := range append(slices.Clone(Stages), PlannerStage) {
+		pkgs = append(pkgs, "./cmd/"+st)
 	}
 	return childproc.Build(ctx, dir, race, append(pkgs, toolServicePkg)...)
 }
@@ -213,8 +214,13 @@ func (h *harness) binPath(bin string) string {
 // service reads TOLLGATE_NATS_URL and TOLLGATE_LEDGER.
 func (h *harness) procEnv(bin string) []string {
 	env := childproc.Env()
-	if bin == "nats-server" {
+	switch bin {
+	case "nats-server":
 		return env
+	case "ingest":
+		env = append(env, "TOLLGATE_PLAN="+strconv.FormatBool(h.cfg.Planner))
+	case PlannerStage:
+		env = append(env, "TOLLGATE_LLM_URL="+h.modelURL, "TOLLGATE_LLM_MODEL=scripted")
 	}
 	return append(env,
 		"TOLLGATE_NATS_URL="+h.url, // every node's URL in a cluster

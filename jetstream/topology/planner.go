@@ -79,8 +79,14 @@ func (c Config) PlannerBucket() jetstream.KeyValueConfig {
 // EnsurePlannerBucket creates or updates the planner's bucket and returns
 // it. Like the other buckets (see DirectGets), a replicated planner bucket
 // does not allow direct gets: nats.go creates every bucket with them on, so
-// they are turned off before the bucket is bound.
+// they are turned off before the bucket is bound. A bucket whose settings
+// already match is only read, as Ensure does, so that a planner whose user
+// may not create or update streams binds to the bucket admin provisioned
+// (`tollgate provision --planner`).
 func EnsurePlannerBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	if s, err := js.Stream(ctx, "KV_"+BucketPlanner); err == nil && plannerBucketMatches(s.CachedInfo().Config, c) {
+		return js.KeyValue(ctx, BucketPlanner)
+	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, c.PlannerBucket()); err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketPlanner, err)
 	}
@@ -97,4 +103,13 @@ func EnsurePlannerBucket(ctx context.Context, js jetstream.JetStream, c Config) 
 		}
 	}
 	return js.KeyValue(ctx, BucketPlanner)
+}
+
+// plannerBucketMatches reports whether have, the planner bucket's stream,
+// has the settings EnsurePlannerBucket would give it.
+func plannerBucketMatches(have jetstream.StreamConfig, c Config) bool {
+	want := c.PlannerBucket()
+	return have.Description == want.Description && have.MaxMsgsPerSubject == int64(want.History) &&
+		have.Storage == want.Storage && have.Replicas == want.Replicas &&
+		have.MaxMsgSize == want.MaxValueSize && (c.DirectGets() || !have.AllowDirect)
 }

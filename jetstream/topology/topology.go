@@ -182,7 +182,15 @@ func (c Config) Streams() []jetstream.StreamConfig {
 // gets (nats.go's default for KV) stay on.
 func (c Config) DirectGets() bool { return c.Replicas == 1 }
 
-// Buckets returns the KV bucket configurations Ensure creates.
+// Buckets returns the KV bucket configurations Ensure creates. Each keeps
+// one revision per key (history 1): a record's past is in the streams, and
+// an older revision left behind could reappear as the record when an ended
+// one's TTL runs out. Removing such revisions explicitly (a rollup, a
+// purge) costs more than it seems: nats-server makes every consumer of
+// the bucket's stream recount its pending messages after any removal of
+// more than one message at once (stream.storeUpdates), which under load
+// took a third of the server's CPU; a write that replaces the one revision
+// is a single removal, which it accounts for cheaply.
 func (c Config) Buckets() []jetstream.KeyValueConfig {
 	mk := func(name, desc string, history uint8) jetstream.KeyValueConfig {
 		return jetstream.KeyValueConfig{
@@ -195,8 +203,8 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 		}
 	}
 	return []jetstream.KeyValueConfig{
-		mk(BucketApprovals, "Tollgate: approval records by approval id", 5),
-		mk(BucketBatches, "Tollgate: batch records by turn id", 5),
+		mk(BucketApprovals, "Tollgate: approval records by approval id", 1),
+		mk(BucketBatches, "Tollgate: batch records by turn id", 1),
 		mk(BucketSessions, "Tollgate: per-session batch queue", 1),
 		mk(BucketClaims, "Tollgate: tool execution claims by call id", 1),
 	}

@@ -16,8 +16,8 @@
 // buckets allow it: topology.Config.BucketStreams). A terminal batch and an
 // idle session are written with the TTL as they end (Bucket.Ended); the
 // approvals and execution claims of a turn are retired (Bucket.Retire) when
-// its batch ends, since until then a redrive may still need them. Every
-// write with a TTL also rolls the key's older revisions up, so that no
+// its batch ends, since until then a redrive may still need them. The
+// buckets keep one revision per key (topology.Config.Buckets), so no
 // earlier revision (a pending approval) is left to reappear when the TTL'd
 // one expires. A write without a TTL (the record is live again: a session
 // acquired anew) keeps the key for good. docs/operations.md, "Retention",
@@ -123,9 +123,10 @@ func isConflict(err error) bool {
 }
 
 // putTTL writes data at key, only if the key's latest revision is rev (0:
-// the key has no message), with the TTL ttl, rolling up (removing) the
-// key's earlier revisions. KeyValue.Update has no TTL option, so this is
-// the publish it makes, plus the Nats-TTL and Nats-Rollup headers.
+// the key has no message), with the TTL ttl; the bucket's one revision per
+// key (history 1) makes it replace the key's only earlier revision.
+// KeyValue.Update has no TTL option, so this is the publish it makes,
+// plus the Nats-TTL header.
 func (b Bucket[T, P]) putTTL(ctx context.Context, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
 	subject := "$KV." + b.KV.Bucket() + "." + key
 	// As nats.go's KV puts: under the JetStream API prefix, where the
@@ -135,7 +136,6 @@ func (b Bucket[T, P]) putTTL(ctx context.Context, key string, data []byte, rev u
 	}
 	m := nats.NewMsg(subject)
 	m.Data = data
-	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	m.Header.Set(jetstream.MsgTTLHeader, ttl.String())
 	ack, err := b.JS.PublishMsg(ctx, m)

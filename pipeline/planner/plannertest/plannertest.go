@@ -20,6 +20,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Call is a tool call in a scripted answer, or in a recorded request's
@@ -67,7 +68,8 @@ type Request struct {
 	Tools        []Tool
 	Conversation string // the current user text
 	Step         int
-	Status       int // what the server answered
+	Status       int       // what the server answered
+	At           time.Time // when the request arrived
 }
 
 // ToolNames returns the names of the offered functions.
@@ -95,6 +97,7 @@ func (r Request) ToolResults() []string {
 type Server struct {
 	URL string // the API root, for planner.ModelConfig.BaseURL
 
+	hs       *httptest.Server
 	mu       sync.Mutex
 	scripts  map[string][]Reply
 	attempts map[string]int // per conversation and step
@@ -106,18 +109,31 @@ type Server struct {
 // New starts a server that stops when the test ends.
 func New(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{scripts: map[string][]Reply{}, attempts: map[string]int{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	s, err := Start()
 	if err != nil {
 		t.Fatalf("plannertest: %v", err)
 	}
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
-	hs.Listener = ln
-	hs.Start()
-	t.Cleanup(hs.Close)
-	s.URL = hs.URL + "/v1"
+	t.Cleanup(s.Close)
 	return s
 }
+
+// Start starts a server outside a test (a benchmark or chaos harness);
+// Close stops it.
+func Start() (*Server, error) {
+	s := &Server{scripts: map[string][]Reply{}, attempts: map[string]int{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s.hs = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	s.hs.Listener = ln
+	s.hs.Start()
+	s.URL = s.hs.URL + "/v1"
+	return s, nil
+}
+
+// Close stops the server.
+func (s *Server) Close() { s.hs.Close() }
 
 // Script sets the answers of the conversation whose user text is text.
 func (s *Server) Script(text string, replies ...Reply) {
@@ -178,13 +194,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusNotFound, "no such endpoint "+r.URL.Path)
 		return
 	}
+	arrived := time.Now()
 	body, _ := io.ReadAll(r.Body)
 	var in wire
 	if err := json.Unmarshal(body, &in); err != nil {
 		httpError(w, http.StatusBadRequest, "request is not JSON: "+err.Error())
 		return
 	}
-	req := Request{Model: in.Model}
+	req := Request{Model: in.Model, At: arrived}
 	for _, m := range in.Messages {
 		msg := Message{Role: m.Role, ToolCallID: m.ToolCallID}
 		if err := json.Unmarshal(m.Content, &msg.Content); err != nil && len(m.Content) > 0 {

@@ -1,0 +1,399 @@
+package discord
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Interaction checks.
+const (
+	// SignatureWindow is how far an interaction's timestamp may be from
+	// the clock, either way.
+	SignatureWindow = 5 * time.Minute
+	// answerBudget bounds the work done before an interaction is
+	// answered: Discord wants an answer within 3 seconds.
+	answerBudget = 2500 * time.Millisecond
+	// ownDecisionWait is how long a click waits for its own decision to
+	// be taken, to answer UPDATE_MESSAGE, before it defers.
+	ownDecisionWait = 1500 * time.Millisecond
+	// tokenLife is how long an interaction token may be used.
+	tokenLife = 15 * time.Minute
+	maxBody   = 1 << 20
+)
+
+// Interaction and answer types.
+const (
+	typePing      = 1
+	typeCommand   = 2
+	typeComponent = 3
+
+	answerPong           = 1
+	answerMessage        = 4
+	answerDeferredUpdate = 6
+	answerUpdateMessage  = 7
+)
+
+// CommandAsk is the slash command that asks the agent.
+const CommandAsk = "ask"
+
+// Sign returns the X-Signature-Ed25519 of body at timestamp ts under key
+// (hex of the Ed25519 signature of ts + body), as Discord signs.
+func Sign(key ed25519.PrivateKey, ts string, body []byte) string {
+	return hex.EncodeToString(ed25519.Sign(key, append([]byte(ts), body...)))
+}
+
+// user is a Discord user in an interaction.
+type user struct {
+	ID  string `json:"id"`
+	Bot bool   `json:"bot"`
+}
+
+// interaction is the part of an interaction Tollgate reads.
+type interaction struct {
+	ID            string `json:"id"`
+	ApplicationID string `json:"application_id"`
+	Type          int    `json:"type"`
+	Token         string `json:"token"`
+	GuildID       string `json:"guild_id"`
+	ChannelID     string `json:"channel_id"`
+	Channel       *struct {
+		Type int `json:"type"`
+	} `json:"channel"`
+	Member *struct {
+		User user `json:"user"`
+	} `json:"member"`
+	User *user `json:"user"`
+	Data struct {
+		Name    string `json:"name"`
+		Options []struct {
+			Name  string          `json:"name"`
+			Value json.RawMessage `json:"value"`
+		} `json:"options"`
+		CustomID string `json:"custom_id"`
+	} `json:"data"`
+	Message *message `json:"message"`
+}
+
+// who is the interaction's user: member.user in a guild, user in a DM.
+func (in *interaction) who() user {
+	if in.Member != nil {
+		return in.Member.User
+	}
+	if in.User != nil {
+		return *in.User
+	}
+	return user{}
+}
+
+// reply is an interaction answer: {"type": …, "data": …}.
+type reply struct {
+	Type int       `json:"type"`
+	Data *outgoing `json:"data,omitempty"`
+}
+
+// verify reads and authenticates a request: a valid Ed25519 signature
+// (else 401 bad_signature) and a timestamp within SignatureWindow (else
+// 401 stale_timestamp).
+func (t *Transport) verify(r *http.Request) (body []byte, status int, reason string) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(body) > maxBody {
+		return nil, http.StatusBadRequest, t.refuse(ReasonMalformed)
+	}
+	ts := r.Header.Get("X-Signature-Timestamp")
+	sig, err := hex.DecodeString(r.Header.Get("X-Signature-Ed25519"))
+	if err != nil || len(sig) != ed25519.SignatureSize || ts == "" ||
+		!ed25519.Verify(t.cfg.PublicKey, append([]byte(ts), body...), sig) {
+		return nil, http.StatusUnauthorized, t.refuse(ReasonBadSignature)
+	}
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return nil, http.StatusUnauthorized, t.refuse(ReasonStaleTimestamp)
+	}
+	if d := t.cfg.Now().Sub(time.Unix(sec, 0)); d > SignatureWindow || d < -SignatureWindow {
+		return nil, http.StatusUnauthorized, t.refuse(ReasonStaleTimestamp)
+	}
+	return body, 0, ""
+}
+
+// serveInteraction is the interactions endpoint. An error while handling
+// is transient: nothing was published, and the interaction's replay record
+// is removed so that it can be sent again.
+func (t *Transport) serveInteraction(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), answerBudget)
+	defer cancel()
+	body, status, reason := t.verify(r)
+	if status != 0 {
+		http.Error(w, reason, status)
+		return
+	}
+	var in interaction
+	if json.Unmarshal(body, &in) != nil || in.Type == 0 {
+		http.Error(w, t.refuse(ReasonMalformed), http.StatusBadRequest)
+		return
+	}
+	if in.Type == typePing {
+		writeJSON(w, reply{Type: answerPong})
+		return
+	}
+	if in.ID == "" || !schemas.ValidKey(in.ID) || in.who().ID == "" || in.ChannelID == "" {
+		http.Error(w, t.refuse(ReasonMalformed), http.StatusBadRequest)
+		return
+	}
+	key := "ix." + in.ID
+	fresh, err := t.markSeen(ctx, key)
+	if err != nil {
+		t.log.Warn("discord: replay record", "err", err)
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	if !fresh {
+		http.Error(w, t.refuse(ReasonReplayed), http.StatusBadRequest)
+		return
+	}
+	var a answer
+	switch in.Type {
+	case typeCommand:
+		a, err = t.command(ctx, &in)
+	case typeComponent:
+		a, err = t.click(ctx, &in)
+	default:
+		a = answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}
+	}
+	if err != nil {
+		t.unmarkSeen(key)
+		t.log.Warn("discord: interaction failed", "err", err)
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	if a.status != 0 {
+		http.Error(w, a.reason, a.status)
+		return
+	}
+	writeJSON(w, a.reply)
+}
+
+// answer is the result of handling one interaction.
+type answer struct {
+	status int    // HTTP status of a refusal; 0 answers reply
+	reason string // refusal reason
+	reply  reply
+}
+
+func refusal(status int, reason string) answer { return answer{status: status, reason: reason} }
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// command publishes /ask <text> as an InboundMessage and answers with the
+// request echoed.
+func (t *Transport) command(ctx context.Context, in *interaction) (answer, error) {
+	if in.Data.Name != CommandAsk {
+		return refusal(http.StatusBadRequest, t.refuse(ReasonUnknownAction)), nil
+	}
+	u := in.who()
+	if u.Bot {
+		return refusal(http.StatusBadRequest, t.refuse(ReasonBotMessage)), nil
+	}
+	var askText string
+	for _, o := range in.Data.Options {
+		if o.Name == "text" {
+			_ = json.Unmarshal(o.Value, &askText)
+		}
+	}
+	askText = strings.TrimSpace(askText)
+	if askText == "" {
+		return refusal(http.StatusBadRequest, t.refuse(ReasonMalformed)), nil
+	}
+	channelType := -1
+	if in.Channel != nil {
+		channelType = in.Channel.Type
+	}
+	kind, err := t.kinds.kind(ctx, in.GuildID, in.ChannelID, channelType)
+	if err != nil {
+		return answer{}, err
+	}
+	m := &schemas.InboundMessage{
+		Transport: Name,
+		MessageID: in.ID,
+		SessionID: "discord:" + in.ChannelID,
+		Sender:    schemas.Sender{ID: u.ID, Kind: schemas.SenderUser, Verified: true},
+		Channel:   schemas.Channel{ID: in.ChannelID, Kind: kind},
+		Text:      askText,
+		SentAt:    snowflakeTime(in.ID),
+	}
+	if t.cfg.ProposeCalls != nil {
+		m.Calls = t.cfg.ProposeCalls(m.Text)
+	}
+	subject := topology.InboundSubject(Name, m.SessionID)
+	if err := bus.Publish(ctx, t.cfg.JS, subject, topology.InboundMsgID(Name, m.MessageID), m); err != nil {
+		if schemas.Permanent(err) {
+			t.log.Warn("discord: request not publishable", "code", schemas.CodeOf(err), "err", err)
+			return refusal(http.StatusBadRequest, t.refuse(ReasonMalformed)), nil
+		}
+		return answer{}, err
+	}
+	echo, cut := truncate(askText, 1500)
+	if cut {
+		echo += " …"
+	}
+	return answer{reply: reply{Type: answerMessage, Data: text("<@" + u.ID + "> asked: " + echo)}}, nil
+}
+
+// snowflakeTime is the creation time of a Discord id.
+func snowflakeTime(id string) time.Time {
+	n, err := strconv.ParseUint(id, 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.UnixMilli(int64(n>>22) + 1420070400000).UTC()
+}
+
+// target is a checked click: the approval and its prompt.
+type target struct {
+	rec    *schemas.ApprovalRecord
+	prompt *post
+}
+
+// check binds a click to an approval: the custom_id names it and the start
+// of its digest, and the clicked message is its prompt.
+func (t *Transport) check(ctx context.Context, approvalID, digest, channel, messageID string) (*target, string, error) {
+	p, _, err := t.getPost(ctx, promptKey(approvalID))
+	if err != nil {
+		return nil, "", err
+	}
+	if p == nil || p.Channel != channel || p.MessageID != messageID || !strings.HasPrefix(p.Digest, digest) {
+		return nil, ReasonActionMismatch, nil
+	}
+	rec, err := t.approval(ctx, approvalID)
+	if err != nil {
+		return nil, "", err
+	}
+	if rec == nil || rec.ArgsDigest != p.Digest {
+		return nil, ReasonActionMismatch, nil
+	}
+	return &target{rec: rec, prompt: p}, "", nil
+}
+
+// click handles a prompt button. Before anything is published it is
+// checked: a custom_id Tollgate sent (else 400 unknown_action), on the
+// approval's own prompt with the approval's digest (else 400
+// action_mismatch), an approval still pending and not expired (else an
+// ephemeral answer with the code, nothing published).
+func (t *Transport) click(ctx context.Context, in *interaction) (answer, error) {
+	verb, id, digest, ok := parseCustomID(in.Data.CustomID)
+	if !ok {
+		return refusal(http.StatusBadRequest, t.refuse(ReasonUnknownAction)), nil
+	}
+	if in.Message == nil {
+		return refusal(http.StatusBadRequest, t.refuse(ReasonActionMismatch)), nil
+	}
+	tg, reason, err := t.check(ctx, id, digest, in.ChannelID, in.Message.ID)
+	if err != nil {
+		return answer{}, err
+	}
+	if reason != "" {
+		return refusal(http.StatusBadRequest, t.refuse(reason)), nil
+	}
+	if verb == VerbArgs {
+		return answer{reply: reply{Type: answerMessage, Data: argsMessage(tg.rec)}}, nil
+	}
+	if code, closed := t.notPending(tg.rec); closed {
+		t.refuse(ReasonNotPending)
+		return answer{reply: reply{Type: answerMessage, Data: ephemeral(string(code) + ": this approval can no longer be decided (" + string(tg.rec.Status) + ").")}}, nil
+	}
+	option := schemas.OptionApprove
+	if verb == VerbDeny {
+		option = schemas.OptionDeny
+	}
+	u := in.who()
+	h := sha256.Sum256([]byte(u.ID + "\x00" + tg.rec.ApprovalID + "\x00" + option + "\x00" + in.ID))
+	d := &schemas.Decision{
+		DecisionID: DecisionPrefix + hex.EncodeToString(h[:12]),
+		ApprovalID: tg.rec.ApprovalID,
+		Transport:  Name,
+		Decider:    schemas.Sender{ID: u.ID, Kind: schemas.SenderUser, Verified: !u.Bot},
+		Channel:    &schemas.Channel{ID: tg.prompt.Channel, Kind: tg.prompt.Kind},
+		Option:     option,
+		ArgsDigest: tg.rec.ArgsDigest,
+		SentAt:     t.cfg.Now().UTC(),
+	}
+	// The click's token, for the approver's rejection to reach the clicker.
+	ck := &post{Channel: tg.prompt.Channel, MessageID: tg.prompt.MessageID, App: in.ApplicationID, Token: in.Token, At: t.cfg.Now().UTC()}
+	if err := t.putPost(ctx, clickKey(d.DecisionID), ck, 0); err != nil && !errors.Is(err, errWritten) {
+		return answer{}, err
+	}
+	if err := bus.Publish(ctx, t.cfg.JS, topology.DecisionSubject(Name, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+		return answer{}, err
+	}
+	if msg := t.awaitOwnDecision(ctx, tg.prompt, d.DecisionID); msg != nil {
+		return answer{reply: reply{Type: answerUpdateMessage, Data: msg}}, nil
+	}
+	return answer{reply: reply{Type: answerDeferredUpdate}}, nil
+}
+
+// DecisionPrefix starts the id of every decision the transport publishes.
+const DecisionPrefix = "d-discord-"
+
+func clickKey(decisionID string) string { return "click." + decisionID }
+
+// notPending reports the code of an approval that can no longer be decided.
+func (t *Transport) notPending(rec *schemas.ApprovalRecord) (schemas.Code, bool) {
+	switch {
+	case rec.Status == schemas.ApprovalExpired,
+		rec.Status == schemas.ApprovalPending && !rec.ExpiresAt.IsZero() && !t.cfg.Now().Before(rec.ExpiresAt):
+		return schemas.CodeApprovalExpired, true
+	case rec.Status != schemas.ApprovalPending:
+		return schemas.CodeApprovalAlreadyDecided, true
+	}
+	return "", false
+}
+
+// awaitOwnDecision waits briefly for the approval to be decided by
+// decisionID; then it marks the prompt closed and returns the closed
+// prompt (the click's UPDATE_MESSAGE). nil: not decided by it in time (a
+// rejection, another decision, or a slow approver); the approval.decided
+// event closes the prompt then.
+func (t *Transport) awaitOwnDecision(ctx context.Context, p *post, decisionID string) *outgoing {
+	deadline := time.Now().Add(ownDecisionWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		rec, err := t.approval(ctx, p.ApprovalID)
+		if err != nil {
+			return nil
+		}
+		if rec != nil && rec.Status != schemas.ApprovalPending {
+			if rec.Decision == nil || rec.Decision.DecisionID != decisionID {
+				return nil
+			}
+			cur, rev, err := t.getPost(ctx, promptKey(p.ApprovalID))
+			if err != nil || cur == nil || cur.Closed {
+				return nil
+			}
+			cur.Closed = true
+			if t.putPost(ctx, promptKey(p.ApprovalID), cur, rev) != nil {
+				return nil
+			}
+			t.delivered.WithLabelValues("close").Inc()
+			return closedMessage(cur, rec.Status, rec.Decision, rec.Decision.DecidedAt)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}

@@ -1,0 +1,206 @@
+package discord
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// FoldArgs is how many bytes of a call's arguments a prompt shows inline;
+// longer arguments are folded, the full text one click away (the Show
+// arguments button answers it ephemerally).
+const FoldArgs = 600
+
+// maxContent is Discord's limit on a message's content (characters; bytes
+// here, which is stricter).
+const maxContent = 2000
+
+// Button verbs, the first part of a prompt button's custom_id
+// "<verb>:<approval id>:<digest prefix>".
+const (
+	VerbApprove = "tg-approve"
+	VerbDeny    = "tg-deny"
+	VerbArgs    = "tg-args"
+)
+
+// digestPrefix is how much of the digest a custom_id carries: Discord
+// allows 100 characters, and the clicked message is checked as well.
+const digestPrefix = 40
+
+// customID is a prompt button's custom_id.
+func customID(verb string, rec *schemas.ApprovalRecord) string {
+	d, _ := truncate(rec.ArgsDigest, digestPrefix)
+	return verb + ":" + rec.ApprovalID + ":" + d
+}
+
+// parseCustomID splits a custom_id; ok is false for one Tollgate never sent.
+func parseCustomID(s string) (verb, approvalID, digest string, ok bool) {
+	parts := strings.SplitN(s, ":", 3)
+	if len(parts) != 3 {
+		return "", "", "", false
+	}
+	switch parts[0] {
+	case VerbApprove, VerbDeny, VerbArgs:
+	default:
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], schemas.ValidKey(parts[1]) && parts[2] != ""
+}
+
+// outgoing is a message Tollgate sends (POST, PATCH or an interaction
+// answer's data). Mentions never ping anyone.
+type outgoing struct {
+	Content         string          `json:"content"`
+	Components      []component     `json:"components"`
+	Flags           int             `json:"flags,omitempty"`
+	AllowedMentions allowedMentions `json:"allowed_mentions"`
+}
+
+type allowedMentions struct {
+	Parse []string `json:"parse"`
+}
+
+// component is an action row (type 1) or a button (type 2).
+type component struct {
+	Type       int         `json:"type"`
+	Style      int         `json:"style,omitempty"`
+	Label      string      `json:"label,omitempty"`
+	CustomID   string      `json:"custom_id,omitempty"`
+	Components []component `json:"components,omitempty"`
+}
+
+// flagEphemeral shows an interaction answer to its user alone.
+const flagEphemeral = 64
+
+func text(s string) *outgoing {
+	s, _ = truncate(s, maxContent)
+	return &outgoing{Content: s, Components: []component{}, AllowedMentions: allowedMentions{Parse: []string{}}}
+}
+
+func ephemeral(s string) *outgoing {
+	m := text(s)
+	m.Flags = flagEphemeral
+	return m
+}
+
+// code formats s as a code block (``` cannot be closed early by s).
+func code(s string) string {
+	return "```\n" + strings.ReplaceAll(s, "```", "`\u200b``") + "\n```"
+}
+
+// inline formats s as inline code.
+func inline(s string) string { return "`" + strings.ReplaceAll(s, "`", "'") + "`" }
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) (string, bool) {
+	if len(s) <= n {
+		return s, false
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n], true
+}
+
+func expiry(rec *schemas.ApprovalRecord) string {
+	if rec.ExpiresAt.IsZero() {
+		return "never"
+	}
+	return rec.ExpiresAt.UTC().Format(time.RFC3339)
+}
+
+// promptMessage renders a pending approval: tool, arguments (folded when
+// long), digest, requester, expiry, and the buttons.
+func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
+	requester := ""
+	if rec.Context != nil {
+		requester = rec.Context.Requester.Principal
+	}
+	args, folded := truncate(rec.Args, FoldArgs)
+	if folded {
+		args += " …"
+	}
+	m := text(fmt.Sprintf("**Approval needed:** %s\n%s\ndigest %s · requested by %s · expires %s · %s",
+		inline(rec.Tool), code(args), inline(rec.ArgsDigest), inline(requester), expiry(rec), inline(rec.ApprovalID)))
+	var buttons []component
+	for _, o := range rec.Options {
+		switch o {
+		case schemas.OptionApprove:
+			buttons = append(buttons, component{Type: 2, Style: 3, Label: "Approve", CustomID: customID(VerbApprove, rec)})
+		case schemas.OptionDeny:
+			buttons = append(buttons, component{Type: 2, Style: 4, Label: "Deny", CustomID: customID(VerbDeny, rec)})
+		}
+	}
+	if folded {
+		buttons = append(buttons, component{Type: 2, Style: 2, Label: "Show arguments", CustomID: customID(VerbArgs, rec)})
+	}
+	m.Components = []component{{Type: 1, Components: buttons}}
+	return m
+}
+
+// argsMessage is the full arguments of a call, shown to the clicker alone.
+func argsMessage(rec *schemas.ApprovalRecord) *outgoing {
+	args, cut := truncate(rec.Args, maxContent-200)
+	if cut {
+		args += " …"
+	}
+	return ephemeral(fmt.Sprintf("%s · digest %s\n%s", inline(rec.Tool), inline(rec.ArgsDigest), code(args)))
+}
+
+// closedMessage renders a prompt that can no longer be answered: no
+// buttons, its status, who decided and when.
+func closedMessage(p *post, status schemas.ApprovalStatus, d *schemas.DecisionInfo, at time.Time) *outgoing {
+	who := "tollgate"
+	if d != nil && d.Principal != "" {
+		who = d.Principal
+	}
+	if d != nil && !d.DecidedAt.IsZero() {
+		at = d.DecidedAt
+	}
+	return text(fmt.Sprintf("**%s:** %s\n%s by %s at %s · digest %s · %s", statusWord(status), inline(p.Tool),
+		status, inline(who), at.UTC().Format(time.RFC3339), inline(p.Digest), inline(p.ApprovalID)))
+}
+
+func statusWord(s schemas.ApprovalStatus) string {
+	switch s {
+	case schemas.ApprovalApproved:
+		return "Approved"
+	case schemas.ApprovalDenied:
+		return "Denied"
+	case schemas.ApprovalExpired:
+		return "Expired"
+	case schemas.ApprovalAbandoned:
+		return "Abandoned"
+	}
+	return string(s)
+}
+
+// outcomeText renders a turn's results.
+func outcomeText(o *schemas.TurnOutcome) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "**Turn %s %s**", o.TurnID, o.State)
+	if o.Code != "" {
+		fmt.Fprintf(&b, " (%s)", o.Code)
+	}
+	for _, r := range o.Results {
+		fmt.Fprintf(&b, "\n• %s: %s", inline(r.Tool), r.Status)
+		if r.Code != "" {
+			fmt.Fprintf(&b, " (%s)", r.Code)
+		}
+		out := r.Output
+		if out == "" {
+			out = r.Reason
+		}
+		if out != "" {
+			out, cut := truncate(out, 500)
+			if cut {
+				out += " …"
+			}
+			b.WriteString("\n" + code(out))
+		}
+	}
+	return b.String()
+}
