@@ -184,4 +184,3 @@ func (in *inbox) request(sender, tool, args string, team bool) *schemas.Approval
 func (in *inbox) webDecisions(id string) int {
 	return len(in.Messages(topology.StreamDecisions, topology.DecisionSubject(web.Transport, id)))
 }
-
