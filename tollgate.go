@@ -405,7 +405,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 		if p.Planner, err = planner.New(ctx, planner.Config{
 			Options: *cfg.Planner, JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy,
 			Logger: stageLog(StagePlanner), Metrics: metrics, Registerer: regOf(StagePlanner),
-			Topology: topo, CheckOnly: cfg.CheckOnly,
+			Topology: topo, CheckOnly: cfg.CheckOnly, TracerProvider: cfg.TracerProvider,
 		}); err != nil {
 			return nil, err
 		}

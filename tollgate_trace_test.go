@@ -17,6 +17,8 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/pipeline/planner"
+	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -281,4 +283,50 @@ func names(spans spanSet) []string {
 		out = append(out, s.Name()+" "+attr(s, "messaging.destination.name"))
 	}
 	return out
+}
+
+// A planner turn's model call is a span of the planner's handler, in the
+// trace of the message that asked.
+func TestAModelCallIsASpanOfThePlannersHandler(t *testing.T) {
+	env := jstest.Start(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sdktrace.NewSimpleSpanProcessor(exp)))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	model := plannertest.New(t)
+	model.Script("hello", plannertest.Reply{Text: "Hi."})
+	cfg := config(t, env)
+	cfg.TracerProvider = tp
+	cfg.Planner = &planner.Options{Model: planner.ModelConfig{BaseURL: model.URL, Model: "scripted", Timeout: 10 * time.Second}}
+	h := runPipeline(t, env, cfg)
+
+	tctx, transport := tracing.Tracer(tp).Start(context.Background(), "transport")
+	m := h.Inbound("s-1", "alice")
+	m.Text = "hello"
+	h.PublishRaw(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), encode(t, m), tracing.Inject(tctx, nil))
+	transport.End()
+	if out := h.WaitOutcome(schemas.TurnID(m.Transport, m.MessageID)); out.State != schemas.TurnCompleted {
+		t.Fatalf("outcome %+v, want completed", out)
+	}
+	var call sdktrace.ReadOnlySpan
+	jstest.Eventually(t, pipelinetest.Wait, "the model call's span", func() bool {
+		for _, s := range exp.GetSpans().Snapshots() {
+			if s.Name() == "model scripted" {
+				call = s
+				return true
+			}
+		}
+		return false
+	})
+	if call.SpanContext().TraceID() != transport.SpanContext().TraceID() || call.SpanKind() != trace.SpanKindClient {
+		t.Fatalf("model span in trace %v (kind %v), want the transport's %v, client", call.SpanContext().TraceID(), call.SpanKind(), transport.SpanContext().TraceID())
+	}
+	var parent sdktrace.ReadOnlySpan
+	for _, s := range exp.GetSpans().Snapshots() {
+		if s.SpanContext().SpanID() == call.Parent().SpanID() {
+			parent = s
+		}
+	}
+	if parent == nil || parent.Name() != "planner" {
+		t.Fatalf("model span's parent %v, want the planner stage's span (spans: %v)", parent, names(spanSet(exp.GetSpans().Snapshots())))
+	}
 }

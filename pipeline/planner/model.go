@@ -11,8 +11,11 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // ModelConfig is the OpenAI-compatible chat-completions endpoint the
@@ -89,7 +92,16 @@ type rawCall struct {
 // CodeLLMUnavailable error when the endpoint cannot be reached or answers
 // with an error status after the retries; a CodeLLMBadResponse error when
 // the answer is not a usable completion.
-func (m *model) ask(ctx context.Context, msgs []openai.ChatCompletionMessageParamUnion, tools []openai.ChatCompletionToolUnionParam) (*answer, error) {
+func (m *model) ask(ctx context.Context, msgs []openai.ChatCompletionMessageParamUnion, tools []openai.ChatCompletionToolUnionParam) (a *answer, err error) {
+	ctx, span := tracing.Start(ctx, "model "+m.cfg.Model, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("gen_ai.request.model", m.cfg.Model), attribute.Int("gen_ai.request.messages", len(msgs))))
+	defer func() {
+		if a != nil {
+			span.SetAttributes(attribute.Int64("gen_ai.usage.input_tokens", a.tokensIn), attribute.Int64("gen_ai.usage.output_tokens", a.tokensOut),
+				attribute.Int("tollgate.tool_calls", len(a.calls)))
+		}
+		tracing.End(span, err)
+	}()
 	params := openai.ChatCompletionNewParams{Model: m.cfg.Model, Messages: msgs, Tools: tools}
 	res, err := m.chat.New(ctx, params)
 	if err != nil {
@@ -111,7 +123,7 @@ func (m *model) ask(ctx context.Context, msgs []openai.ChatCompletionMessagePara
 		return nil, schemas.Errorf(schemas.CodeLLMBadResponse, "model answer has no choices")
 	}
 	msg := res.Choices[0].Message
-	a := &answer{text: msg.Content, tokensIn: res.Usage.PromptTokens, tokensOut: res.Usage.CompletionTokens}
+	a = &answer{text: msg.Content, tokensIn: res.Usage.PromptTokens, tokensOut: res.Usage.CompletionTokens}
 	for _, c := range msg.ToolCalls {
 		a.calls = append(a.calls, rawCall{id: c.ID, kind: c.Type, name: c.Function.Name, args: c.Function.Arguments})
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -67,6 +68,10 @@ type Config struct {
 	// CheckOnly: the planner's bucket must exist (`tollgate provision`);
 	// it is not created.
 	CheckOnly bool
+	// TracerProvider traces each message the stage handles
+	// (runner.Config.TracerProvider), and each model call is a span of
+	// its handler's; nil is otel's global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Planner is the planner stage.
@@ -183,6 +188,7 @@ func (p *Planner) Run(parent context.Context) error {
 		r, err := runner.New(runner.Config{
 			Stage: Stage, Stream: spec.Stream, Consumer: spec.Config, Handler: handlers[i], OnDeadLetter: p.abort,
 			JS: p.cfg.JS, Logger: p.cfg.Logger, Metrics: p.cfg.Metrics, Concurrency: p.cfg.Concurrency,
+			TracerProvider: p.cfg.TracerProvider,
 		})
 		if err != nil {
 			return err
