@@ -1,6 +1,7 @@
 # One image holding every Tollgate binary (cmd/*): the four stages (ingest,
-# executor, approver, redriver), the gateway, the operator CLI `tollgate`
-# (provision, pending, audit, ...) and tollgate-bench. Static (CGO off) on
+# executor, approver, redriver), the planner, the gateway (API and web
+# inbox), the Slack transport, the operator CLI `tollgate` (provision,
+# pending, audit, ...) and tollgate-bench. Static (CGO off) on
 # distroless, running as the nonroot user (65532). No ENTRYPOINT: a
 # container names its binary, e.g. `docker run IMAGE ingest --no-provision`
 # (deploy/compose/compose.yaml sets each service's command).

@@ -52,13 +52,14 @@ var users = map[string]string{
 	"admin": "TOLLGATE_PW_ADMIN", "ingest": "TOLLGATE_PW_INGEST", "executor": "TOLLGATE_PW_EXECUTOR",
 	"approver": "TOLLGATE_PW_APPROVER", "redriver": "TOLLGATE_PW_REDRIVER", "cli": "TOLLGATE_PW_CLI",
 	"toolsvc": "TOLLGATE_PW_TOOLSVC", "gateway": "TOLLGATE_PW_GATEWAY",
+	"planner": "TOLLGATE_PW_PLANNER", "slack": "TOLLGATE_PW_SLACK",
 }
 
 func password(user string) string { return "test-password-of-" + user }
 
 // accountOf is how each user connects from its account, as the binaries
-// do with --inbox-prefix and --js-api-prefix: the stages and the gateway
-// with inboxes of their own and TOLLGATE's API under apiPrefix; the cli
+// do with --inbox-prefix and --js-api-prefix: the stages, the gateway and
+// the Slack transport with inboxes of their own and TOLLGATE's API under apiPrefix; the cli
 // transport with that API; admin, in TOLLGATE, and toolsvc, which uses no
 // JetStream, with the defaults.
 func accountOf(user string) stagecmd.Account {
@@ -239,17 +240,28 @@ func runStages(t *testing.T, ns *server.Server, sandbox string) (stages map[stri
 // runStagesOn is runStages on the server(s) at url, with topo provisioned.
 func runStagesOn(t *testing.T, url string, topo topology.Config, sandbox string) (stages map[string]*stage, stop func()) {
 	t.Helper()
+	return runStageSet(t, url, topo, sandbox, tollgate.AllStages(), nil)
+}
+
+// runStageSet is runStagesOn for the stages named, each built with the
+// settings configure adds (if not nil) to its tollgate.Config.
+func runStageSet(t *testing.T, url string, topo topology.Config, sandbox string, names []string, configure func(name string, cfg *tollgate.Config)) (stages map[string]*stage, stop func()) {
+	t.Helper()
 	builtins, err := tools.Builtins(sandbox)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stages = map[string]*stage{}
-	for _, name := range tollgate.AllStages() {
+	for _, name := range names {
 		s := &stage{client: dialURL(t, url, name), reg: prometheus.NewRegistry()}
-		if s.p, err = tollgate.New(ctx(t, wait), tollgate.Config{
+		cfg := tollgate.Config{
 			JS: s.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), Tools: builtins, Logger: pipelinetest.Logger(),
 			Registerer: s.reg, Instance: "natsconf-test", Topology: topo, Stages: []string{name},
-		}); err != nil {
+		}
+		if configure != nil {
+			configure(name, &cfg)
+		}
+		if s.p, err = tollgate.New(ctx(t, wait), cfg); err != nil {
 			t.Fatalf("build %s as user %s: %v (server said: %v)", name, name, err, s.reported())
 		}
 		stages[name] = s
@@ -643,7 +655,8 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 // which a stream of TOLLGATE stores), cannot have the acknowledgement
 // stored elsewhere by naming another subject as the reply: a batches KV
 // key, that key as its own account's KV write import names it (when c's
-// account writes no batch), and the decision subject of a transport
+// account writes no batch: not the executor's, the redriver's or the
+// planner's), and the decision subject of a transport
 // nobody here is. The stream answers publishes in order, so once a later
 // publish on subject is acknowledged, the earlier acknowledgements have
 // been sent; only then is their absence asserted.
@@ -652,7 +665,7 @@ func noReplyInjection(t *testing.T, admin *client, adminKV topology.Buckets, c *
 	victim := "t-ack-target-" + c.user
 	decision := topology.DecisionSubject("webhook", victim)
 	targets := []string{"$KV." + topology.BucketBatches + "." + victim, decision}
-	if !slices.Contains([]string{"executor", "redriver"}, c.user) && accountOf(c.user).APIPrefix != "" {
+	if !slices.Contains([]string{"executor", "redriver", "planner"}, c.user) && accountOf(c.user).APIPrefix != "" {
 		targets = append(targets, accountOf(c.user).APIPrefix+".$KV."+topology.BucketBatches+"."+victim)
 	}
 	before := len(c.reported())
@@ -752,19 +765,7 @@ type refusal struct {
 func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages map[string]*stage, cli *client, turn, approvalID string) {
 	ingest, executor, approver, redriver := stages["ingest"].client, stages["executor"].client, stages["approver"].client, stages["redriver"].client
 
-	// nothingOn: no message was stored on subject (in any stream).
-	nothingOn := func(stream, subject string) func(*testing.T) {
-		return func(t *testing.T) {
-			t.Helper()
-			s, err := admin.js.Stream(ctx(t, wait), stream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if m, err := s.GetLastMsgForSubject(ctx(t, wait), subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
-				t.Fatalf("%s holds a message on %s (%v, %v)", stream, subject, m, err)
-			}
-		}
-	}
+	noPublish := refusals{admin}.noPublish
 	// unchanged: no message was added on subject (which has some).
 	unchanged := func(stream, subject string) func(*testing.T) {
 		before := stored(t, admin, stream, subject)
@@ -775,78 +776,10 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 			}
 		}
 	}
-	noKey := func(kv jetstream.KeyValue, key string) func(*testing.T) {
-		return func(t *testing.T) {
-			t.Helper()
-			if e, err := kv.Get(ctx(t, wait), key); !errors.Is(err, jetstream.ErrKeyNotFound) {
-				t.Fatalf("%s/%s exists (%v, %v)", kv.Bucket(), key, e, err)
-			}
-		}
-	}
-	nothing := func(*testing.T) {} // a refused read changes nothing
-	pub := func(c *client, subject string) func(context.Context) error {
-		return func(ctx context.Context) error {
-			_, err := c.js.Publish(ctx, subject, []byte("forged"))
-			return err
-		}
-	}
-	// onKV binds c's handle on bucket (a stream look-up every stage may
-	// do), then runs op with it.
-	onKV := func(c *client, bucket string, op func(context.Context, jetstream.KeyValue) error) func(context.Context) error {
-		return func(ctx context.Context) error {
-			kv, err := c.js.KeyValue(ctx, bucket)
-			if err != nil {
-				return err
-			}
-			return op(ctx, kv)
-		}
-	}
-	put := func(c *client, bucket, key string) func(context.Context) error {
-		return onKV(c, bucket, func(ctx context.Context, kv jetstream.KeyValue) error {
-			_, err := kv.Put(ctx, key, []byte("forged"))
-			return err
-		})
-	}
-	get := func(c *client, bucket, key string) func(context.Context) error {
-		return onKV(c, bucket, func(ctx context.Context, kv jetstream.KeyValue) error {
-			_, err := kv.Get(ctx, key)
-			return err
-		})
-	}
-	request := func(c *client, subject string) func(context.Context) error {
-		return func(ctx context.Context) error {
-			_, err := c.nc.RequestWithContext(ctx, subject, []byte("{}"))
-			return err
-		}
-	}
-	kvSubj := func(bucket, key string) string { return "$KV." + bucket + "." + key }
-	// A KV put and get as c sends them (under its account's API prefix).
-	kvPut := func(c *client, bucket, key string) string {
-		if p := accountOf(c.user).APIPrefix; p != "" {
-			return p + "." + kvSubj(bucket, key)
-		}
-		return kvSubj(bucket, key)
-	}
-	directGet := func(c *client, bucket, key string) string {
-		return apiOf(c) + "DIRECT.GET.KV_" + bucket + "." + kvSubj(bucket, key)
-	}
 	const forged = "t-forged"
 	forgedAccepted := topology.AcceptedSubject("s-forged")
 	forgedDecision := topology.DecisionSubject("cli", "a-forged-0")
 	forgedOutcome := topology.EventSubject(topology.SubjectTurnOutcome, forged)
-
-	// The common shapes: a publish that must not be stored, a KV write
-	// that must not land (bucket is admin's handle, for the check), a KV
-	// read that must not answer.
-	noPublish := func(name string, c *client, stream, subject string) refusal {
-		return refusal{name, c, subject, pub(c, subject), nothingOn(stream, subject)}
-	}
-	noPut := func(name string, c *client, bucket jetstream.KeyValue, key string) refusal {
-		return refusal{name, c, kvPut(c, bucket.Bucket(), key), put(c, bucket.Bucket(), key), noKey(bucket, key)}
-	}
-	noGet := func(name string, c *client, bucket, key string) refusal {
-		return refusal{name, c, directGet(c, bucket, key), get(c, bucket, key), nothing}
-	}
 	forgedRejection := topology.EventSubject(topology.SubjectDecisionRejected, "a-forged-0")
 	forgedRequest := topology.EventSubject(topology.SubjectApprovalRequested, forged)
 	forgedReady := topology.ReadySubject("s-forged")
@@ -973,6 +906,13 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 			}})
 	}
 
+	runRefusals(t, cases)
+}
+
+// runRefusals runs each attempt as a subtest: the server refuses it, it
+// gets no answer, and its check holds.
+func runRefusals(t *testing.T, cases []refusal) {
+	t.Helper()
 	for _, rc := range cases {
 		t.Run(rc.name, func(t *testing.T) {
 			// The server drops a refused publish and reports the refusal
@@ -994,6 +934,105 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 			rc.check(t)
 		})
 	}
+}
+
+// refusals builds refusal rows whose checks read with admin's handles.
+type refusals struct{ admin *client }
+
+// nothingOn: no message was stored on subject (in any stream).
+func (r refusals) nothingOn(stream, subject string) func(*testing.T) {
+	return func(t *testing.T) {
+		t.Helper()
+		s, err := r.admin.js.Stream(ctx(t, wait), stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, err := s.GetLastMsgForSubject(ctx(t, wait), subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatalf("%s holds a message on %s (%v, %v)", stream, subject, m, err)
+		}
+	}
+}
+
+// noPublish: a publish on subject that must not be stored.
+func (r refusals) noPublish(name string, c *client, stream, subject string) refusal {
+	return refusal{name, c, subject, pub(c, subject), r.nothingOn(stream, subject)}
+}
+
+// noPut: a KV write that must not land (bucket is admin's handle, for the
+// check).
+func noPut(name string, c *client, bucket jetstream.KeyValue, key string) refusal {
+	return refusal{name, c, kvPut(c, bucket.Bucket(), key), put(c, bucket.Bucket(), key), noKey(bucket, key)}
+}
+
+// noGet: a KV read that must not answer.
+func noGet(name string, c *client, bucket, key string) refusal {
+	return refusal{name, c, directGet(c, bucket, key), get(c, bucket, key), nothing}
+}
+
+func noKey(kv jetstream.KeyValue, key string) func(*testing.T) {
+	return func(t *testing.T) {
+		t.Helper()
+		if e, err := kv.Get(ctx(t, wait), key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("%s/%s exists (%v, %v)", kv.Bucket(), key, e, err)
+		}
+	}
+}
+
+func nothing(*testing.T) {} // a refused read changes nothing
+
+func pub(c *client, subject string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := c.js.Publish(ctx, subject, []byte("forged"))
+		return err
+	}
+}
+
+// onKV binds c's handle on bucket (a stream look-up), then runs op with it.
+func onKV(c *client, bucket string, op func(context.Context, jetstream.KeyValue) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		kv, err := c.js.KeyValue(ctx, bucket)
+		if err != nil {
+			return err
+		}
+		return op(ctx, kv)
+	}
+}
+
+func put(c *client, bucket, key string) func(context.Context) error {
+	return onKV(c, bucket, func(ctx context.Context, kv jetstream.KeyValue) error {
+		_, err := kv.Put(ctx, key, []byte("forged"))
+		return err
+	})
+}
+
+func get(c *client, bucket, key string) func(context.Context) error {
+	return onKV(c, bucket, func(ctx context.Context, kv jetstream.KeyValue) error {
+		_, err := kv.Get(ctx, key)
+		return err
+	})
+}
+
+func request(c *client, subject string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := c.nc.RequestWithContext(ctx, subject, []byte("{}"))
+		return err
+	}
+}
+
+func kvSubj(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+// kvPut is the subject of a KV put as c sends it (under its account's API
+// prefix).
+func kvPut(c *client, bucket, key string) string {
+	if p := accountOf(c.user).APIPrefix; p != "" {
+		return p + "." + kvSubj(bucket, key)
+	}
+	return kvSubj(bucket, key)
+}
+
+// directGet is the subject of a KV get as c sends it.
+func directGet(c *client, bucket, key string) string {
+	return apiOf(c) + "DIRECT.GET.KV_" + bucket + "." + kvSubj(bucket, key)
 }
 
 func streamInfo(t *testing.T, admin *client, name string) *jetstream.StreamInfo {

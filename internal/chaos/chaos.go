@@ -441,6 +441,11 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 		}
 		f.Turns = append(f.Turns, tf)
 	}
+	if h.cfg.Planner {
+		if err := h.gatherPlanner(ctx, js, d, f); err != nil {
+			return nil, err
+		}
+	}
 	// Reads are tried again on errors a cluster shows while it settles
 	// after a node's restart (topology.Retry).
 	err := topology.Retry(ctx, func() error {

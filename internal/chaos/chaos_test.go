@@ -37,6 +37,28 @@ func TestChaosShort(t *testing.T) {
 	runChaos(t, cfg)
 }
 
+// TestChaosPlanner is the short planner-mode run: a hundred turns, 40% of
+// them text-only, driven by two planner processes against the harness's
+// scripted model (tool calls in one or two steps, gated ones decided by
+// the harness, then the final answer), a kill of every kind of worker
+// (the planner included), no broker restart and no tool service crash
+// call (which holds its session for the 1-minute tool timeout). The
+// checks add the planner's: no model step asked again after its answer was
+// recorded, step batches made of their recorded steps, and every completed
+// planner turn's reply under its own context.
+func TestChaosPlanner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run skipped with -short")
+	}
+	cfg := Config{
+		Turns: 100, Planner: true, PlannerPercent: 40, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
+		ExpiresAfter: time.Second, ToolCrashes: -1, FaultFrom: 0.05, FaultTo: 0.6,
+		StallTimeout: 3 * time.Minute, MaxDuration: 8 * time.Minute,
+	}
+	cfg.Kills = len(cfg.workers())
+	runChaos(t, cfg)
+}
+
 // TestChaosLong is `make chaos`: the long form, with parameters from the
 // environment (see Config.FromEnv) and Defaults for the rest.
 func TestChaosLong(t *testing.T) {
@@ -114,8 +136,11 @@ func runChaos(t *testing.T, cfg Config) {
 	if cfg.ToolCrashes > 0 && (r.LostReplies == 0 || r.ToolCrashes == 0) {
 		t.Errorf("no remote call lost its reply: %d lost replies, %d tool service crashes", r.LostReplies, r.ToolCrashes)
 	}
-	if cfg.Kills >= len(Workers) {
-		for _, w := range Workers {
+	if cfg.Planner && (r.PlannerStates["completed"] == 0 || r.StepBatches == 0 || r.Replies == 0) {
+		t.Errorf("the planner turns exercised too little: planner turns %v, %d step batches, %d replies", r.PlannerStates, r.StepBatches, r.Replies)
+	}
+	if workers := cfg.workers(); cfg.Kills >= len(workers) {
+		for _, w := range workers {
 			if r.KillsOf[w] == 0 {
 				t.Errorf("no %s process was killed (kills %v)", w, r.KillsOf)
 			}

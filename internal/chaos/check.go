@@ -24,6 +24,10 @@ type Facts struct {
 	DeadLetters uint64
 	Rejections  map[schemas.Code]int
 	ProcessLogs []string // problems found in process logs (panic, data race)
+	// Planner mode: the step batches of the planner turns (one TurnFact
+	// each, StepOf set), and the planner's records and model requests.
+	Steps   []TurnFact
+	Planner *PlannerFacts
 }
 
 // TurnFact is one planned turn and what Tollgate stored for it.
@@ -36,6 +40,17 @@ type TurnFact struct {
 	Seq       uint64                    // arrival order: TOLLGATE_INBOUND sequence
 	Batch     *schemas.BatchRecord      // nil: none
 	Approvals []*schemas.ApprovalRecord // per call index; nil: none
+	// StepOf is the planner turn whose step batch this is (its calls run
+	// under that turn's TurnContext); "" for a turn.
+	StepOf string
+}
+
+// contextTurn is the turn whose TurnContext t's calls run under.
+func (t *TurnFact) contextTurn() string {
+	if t.StepOf != "" {
+		return t.StepOf
+	}
+	return t.ID
 }
 
 // Report is a run's figures. Violations() > 0 fails the run.
@@ -59,6 +74,16 @@ type Report struct {
 	ExpiryNotEnforced   int // decisions sent after expiry that were applied
 	BadLedgerLines      int
 	ProcessProblems     int // panics or data races in process logs
+	// Planner mode.
+	DuplicateModelSteps int // model requests for a step whose answer was recorded (more than modelGrace before)
+	StepBatchMismatch   int // step batches whose calls are not their recorded step's
+	WrongReplies        int // completed planner turns without a reply event, replies of other turns, replies not under the turn's context
+
+	PlannerStates         map[string]int // planner turn records' states (failed:<code>)
+	StepBatches           int            // step batches checked like turns
+	ModelRequests         int
+	RepeatedModelRequests int // answered requests of a step beyond its first, before its record (not a violation)
+	Replies               int // reply events of planner turns
 
 	RepeatedOutcomes int // identical outcome messages stored more than once (not a violation)
 	NeedsAttention   int
@@ -103,6 +128,9 @@ func (r *Report) violations() []violation {
 		{"late decisions applied after expiry", r.ExpiryNotEnforced},
 		{"undecodable ledger lines", r.BadLedgerLines},
 		{"process panics / data races", r.ProcessProblems},
+		{"duplicate model steps", r.DuplicateModelSteps},
+		{"step batches unlike their step", r.StepBatchMismatch},
+		{"replies missing or misaddressed", r.WrongReplies},
 	}
 }
 
@@ -150,8 +178,14 @@ func Check(f *Facts) *Report {
 	}
 
 	byID := map[string]*TurnFact{}
+	stepsOf := map[string][]*TurnFact{}
 	for i := range f.Turns {
 		byID[f.Turns[i].ID] = &f.Turns[i]
+	}
+	for i := range f.Steps {
+		s := &f.Steps[i]
+		byID[s.ID] = s
+		stepsOf[s.StepOf] = append(stepsOf[s.StepOf], s)
 	}
 	// Executions by call id.
 	execs := map[string][]toolsvc.Execution{}
@@ -177,31 +211,15 @@ func Check(f *Facts) *Report {
 		if t.Batch != nil {
 			r.Accepted++
 		}
-		outs := f.Outcomes[t.ID]
-		if t.Batch == nil || !t.Batch.State.Terminal() || len(outs) == 0 {
-			r.Lost++
-			state := "no batch"
-			if t.Batch != nil {
-				state = string(t.Batch.State)
-			}
-			r.example("lost turn", "turn %s (plan %d, %s, session %s): batch %s, %d outcome messages", t.ID, t.Plan.Index, t.Plan.Kind, t.SessionID, state, len(outs))
-			continue
+		if checkEnded(r, t, f.Outcomes[t.ID], execs) {
+			r.Terminal++
 		}
-		r.Terminal++
-		state := string(t.Batch.State)
-		if t.Batch.Code != "" {
-			state += ":" + string(t.Batch.Code)
-		}
-		r.States[state]++
-		for _, o := range outs[1:] {
-			if !sameOutcome(outs[0], o) {
-				r.ConflictingOutcomes++
-				r.example("conflicting outcomes", "turn %s: %s/%s vs %s/%s", t.ID, outs[0].State, outs[0].Code, o.State, o.Code)
-				break
-			}
-		}
-		r.RepeatedOutcomes += len(outs) - 1
-		checkTurn(r, t, outs[0], execs)
+	}
+	// A planner turn's step batches: each ended, with its outcome, like a
+	// turn's batch.
+	for i := range f.Steps {
+		r.StepBatches++
+		checkEnded(r, &f.Steps[i], f.Outcomes[f.Steps[i].ID], execs)
 	}
 
 	// Every execution: once, of a known call, under its own turn's context,
@@ -227,8 +245,41 @@ func Check(f *Facts) *Report {
 			checkExecution(r, t, idx, e)
 		}
 	}
-	checkSessionOrder(r, f, execs)
+	checkSessionOrder(r, f, execs, stepsOf)
+	checkPlanner(r, f, byID)
 	return r
+}
+
+// checkEnded checks that the batch of t (a turn, or a planner turn's step
+// batch) ended, with outs its outcome messages, and compares its outcome
+// with the ledger; it reports whether t ended (else it is lost).
+func checkEnded(r *Report, t *TurnFact, outs []*schemas.TurnOutcome, execs map[string][]toolsvc.Execution) bool {
+	if t.Batch == nil || !t.Batch.State.Terminal() || len(outs) == 0 {
+		r.Lost++
+		state := "no batch"
+		if t.Batch != nil {
+			state = string(t.Batch.State)
+		}
+		r.example("lost turn", "turn %s (plan %d, %s, session %s): batch %s, %d outcome messages", t.ID, t.Plan.Index, t.Plan.Kind, t.SessionID, state, len(outs))
+		return false
+	}
+	state := string(t.Batch.State)
+	if t.Batch.Code != "" {
+		state += ":" + string(t.Batch.Code)
+	}
+	if t.StepOf == "" {
+		r.States[state]++
+	}
+	for _, o := range outs[1:] {
+		if !sameOutcome(outs[0], o) {
+			r.ConflictingOutcomes++
+			r.example("conflicting outcomes", "turn %s: %s/%s vs %s/%s", t.ID, outs[0].State, outs[0].Code, o.State, o.Code)
+			break
+		}
+	}
+	r.RepeatedOutcomes += len(outs) - 1
+	checkTurn(r, t, outs[0], execs)
+	return true
 }
 
 func sameOutcome(a, b *schemas.TurnOutcome) bool {
@@ -326,7 +377,7 @@ func checkExecution(r *Report, t *TurnFact, idx int, e toolsvc.Execution) {
 	if e.Tool != c.Tool {
 		wrong = append(wrong, fmt.Sprintf("tool %s, call is %s", e.Tool, c.Tool))
 	}
-	if e.CtxTurnID != t.ID {
+	if e.CtxTurnID != t.contextTurn() {
 		wrong = append(wrong, "context of turn "+e.CtxTurnID)
 	}
 	if e.CtxSessionID != t.SessionID {
@@ -383,7 +434,11 @@ func checkExecution(r *Report, t *TurnFact, idx int, e toolsvc.Execution) {
 // (outcome finished_at), approval requested_at and ledger times all come
 // from the wall clock of processes on this machine; a later turn can only
 // start after the earlier one's release, which follows its end.
-func checkSessionOrder(r *Report, f *Facts, execs map[string][]toolsvc.Execution) {
+//
+// A planner turn's step batches run inside its loop, under its context: the
+// turn's first sign is the earliest of its step batches', and its end is
+// its own batch record's (made terminal when the loop ends).
+func checkSessionOrder(r *Report, f *Facts, execs map[string][]toolsvc.Execution, stepsOf map[string][]*TurnFact) {
 	sessions := map[string][]*TurnFact{}
 	for i := range f.Turns {
 		t := &f.Turns[i]
@@ -398,6 +453,11 @@ func checkSessionOrder(r *Report, f *Facts, execs map[string][]toolsvc.Execution
 		for _, t := range ts {
 			end := t.Batch.UpdatedAt
 			start, what := firstSign(t, execs)
+			for _, s := range stepsOf[t.ID] {
+				if at, w := firstSign(s, execs); !at.IsZero() && (start.IsZero() || at.Before(start)) {
+					start, what = at, w
+				}
+			}
 			bad := ""
 			switch {
 			case prev == nil:
@@ -454,6 +514,9 @@ func (r *Report) Print(w io.Writer) {
 	p("call results: %s", counts(r.Results))
 	p("approvals: %s", counts(r.ApprovalsBy))
 	p("decisions rejected: %s", counts(r.Rejections))
+	if r.PlannerStates != nil {
+		p("planner: turns %s; %d step batches; %d model requests (%d answered steps asked again before their answer was recorded); %d reply events", counts(r.PlannerStates), r.StepBatches, r.ModelRequests, r.RepeatedModelRequests, r.Replies)
+	}
 	p("repeated identical outcome messages: %d; needs_attention results: %d (%d of calls that never ran); dead letters: %d", r.RepeatedOutcomes, r.NeedsAttention, r.UncertainNotRun, r.DeadLetters)
 	drain := "n/a"
 	if !r.LastFault.IsZero() && !r.AllTerminal.IsZero() {

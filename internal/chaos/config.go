@@ -9,7 +9,12 @@
 // lost, no call ran twice or without its approval or under another turn's
 // TurnContext, a remote call whose reply was lost is reported uncertain,
 // and that each session ran its turns one batch at a time in arrival
-// order.
+// order. In planner mode (Config.Planner) part of the turns are text only
+// and go through replicated planner processes, killed like the other
+// workers, against a scripted model the harness serves; the checks then
+// cover their step batches too, and add that no model step was asked
+// again after its answer was recorded and that each completed planner
+// turn's reply went out under its own context.
 //
 // Run it with `make chaos` (long form) or `go test ./internal/chaos` (short
 // form, part of `make test`). See Config for the parameters and their

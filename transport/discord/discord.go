@@ -127,7 +127,7 @@ type Config struct {
 type Transport struct {
 	cfg       Config
 	log       *slog.Logger
-	seen      jetstream.KeyValue // tollgate_discord_seen: interaction ids
+	seen      jetstream.KeyValue // tollgate_discord_seen: interaction ids, clicks
 	records   jetstream.KeyValue // tollgate_discord: prompts, posts, clicks
 	approvals jetstream.KeyValue
 	api       *rest
@@ -136,8 +136,6 @@ type Transport struct {
 
 	refused   *prometheus.CounterVec
 	delivered *prometheus.CounterVec
-	bg        context.Context
-	stop      context.CancelFunc
 }
 
 // New binds to the pipeline's streams and bucket (they must exist), creates
@@ -188,7 +186,6 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("discord: %w", err)
 	}
-	t.bg, t.stop = context.WithCancel(context.Background())
 	return t, nil
 }
 
@@ -210,12 +207,8 @@ func consumerConfig() jetstream.ConsumerConfig {
 	}
 }
 
-// Run consumes events until ctx is cancelled; then the work started after
-// interaction answers is cancelled too.
-func (t *Transport) Run(ctx context.Context) error {
-	defer t.stop()
-	return t.runner.Run(ctx)
-}
+// Run consumes events until ctx is cancelled.
+func (t *Transport) Run(ctx context.Context) error { return t.runner.Run(ctx) }
 
 // Ready reports whether the consumer is running (health checks).
 func (t *Transport) Ready() error { return t.runner.Ready() }
@@ -226,9 +219,6 @@ func (t *Transport) Handler() http.Handler {
 	mux.HandleFunc("POST /discord/interactions", t.serveInteraction)
 	return mux
 }
-
-// later runs f after an interaction was answered.
-func (t *Transport) later(f func(context.Context)) { go f(t.bg) }
 
 // refuse counts a refusal and returns its reason.
 func (t *Transport) refuse(reason string) string {

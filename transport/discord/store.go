@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,11 +19,12 @@ import (
 const (
 	// BucketSeen holds replay records (ix.<interaction id>) for SeenTTL:
 	// longer than the 5-minute signature window, so an interaction is
-	// refused for as long as its signature could still verify.
+	// refused for as long as its signature could still verify. It also
+	// holds the clicks (click.<decision>: the interaction token for a
+	// follow-up), which are of no use after 15 minutes.
 	BucketSeen = "tollgate_discord_seen"
 	// BucketRecords holds what was posted (prompt.<approval>,
-	// outcome.<turn>, reply.<turn>, rejected.<hash>) and the clicks whose
-	// interaction may still get a follow-up (click.<decision>). No TTL.
+	// outcome.<turn>, reply.<turn>, rejected.<hash>). No TTL.
 	BucketRecords = "tollgate_discord"
 	// SeenTTL is BucketSeen's max age.
 	SeenTTL = time.Hour
@@ -121,10 +123,19 @@ type post struct {
 
 func promptKey(approvalID string) string { return "prompt." + approvalID }
 
+// bucket is where a record lives: clicks in the seen bucket (they expire
+// with it), everything else in the records bucket.
+func (t *Transport) bucket(key string) jetstream.KeyValue {
+	if strings.HasPrefix(key, "click.") {
+		return t.seen
+	}
+	return t.records
+}
+
 // getPost reads a record; nil without error when there is none. A record
 // of another version is an error (never guessed).
 func (t *Transport) getPost(ctx context.Context, key string) (*post, uint64, error) {
-	e, err := t.records.Get(ctx, key)
+	e, err := t.bucket(key).Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return nil, 0, nil
 	}
@@ -150,9 +161,9 @@ func (t *Transport) putPost(ctx context.Context, key string, p *post, rev uint64
 		return err
 	}
 	if rev == 0 {
-		_, err = t.records.Create(ctx, key, b)
+		_, err = t.bucket(key).Create(ctx, key, b)
 	} else {
-		_, err = t.records.Update(ctx, key, b, rev)
+		_, err = t.bucket(key).Update(ctx, key, b, rev)
 	}
 	var api *jetstream.APIError
 	switch {
