@@ -33,6 +33,7 @@ func cmdDev(cmd *command, args []string) int {
 	listen := fs.String("listen", stagecmd.Env("TOLLGATE_LISTEN", "127.0.0.1:4222"), "loopback address for the embedded nats-server (env TOLLGATE_LISTEN)")
 	syncAlways := fs.Bool("sync-always", false, "fsync every JetStream write (sync_interval: always); see docs/operations.md")
 	httpAddr := fs.String("http", stagecmd.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "address of the HTTP gateway (docs/api.md), empty to disable (env TOLLGATE_HTTP)")
+	webhooks := fs.String("webhooks", stagecmd.Env("TOLLGATE_WEBHOOKS", ""), "outgoing webhooks file the HTTP gateway delivers, JSON; empty for none (env TOLLGATE_WEBHOOKS; see docs/api.md)")
 	var c stagecmd.Common
 	c.Register(fs, "127.0.0.1:9460")
 	c.Planner.Register(fs)
@@ -144,7 +145,7 @@ func cmdDev(cmd *command, args []string) int {
 	}
 	ready.Add(p.Checks()...)
 	if *httpAddr != "" {
-		if err := runDevGateway(ctx, js, pol, keys, *data, *httpAddr, log, cancel); err != nil {
+		if err := runDevGateway(ctx, js, pol, keys, *data, *httpAddr, *webhooks, log, cancel); err != nil {
 			log.Error("gateway", "err", err)
 			return 1
 		}

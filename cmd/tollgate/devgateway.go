@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
 	"github.com/tollgate-dev/tollgate/transport/web"
+	"github.com/tollgate-dev/tollgate/transport/webhook"
 )
 
 // Files of the dev gateway's key in the data directory.
@@ -53,8 +54,9 @@ func devGatewayKeys(data string) (keys []gateway.Key, token string, err error) {
 // runDevGateway listens on addr (failing at once if it cannot) and serves
 // the gateway there until ctx ends, with the web inbox at / and its dev
 // sign-in on (web.New refuses that unless addr is a loopback address);
-// stop is called if it fails.
-func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Policy, seals *seal.KeyRing, data, addr string, log *slog.Logger, stop func()) error {
+// stop is called if it fails. With webhooksPath set, the gateway also
+// delivers the outgoing webhooks that file configures (docs/api.md).
+func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Policy, seals *seal.KeyRing, data, addr, webhooksPath string, log *slog.Logger, stop func()) error {
 	keys, token, err := devGatewayKeys(data)
 	if err != nil {
 		return fmt.Errorf("gateway keys: %w", err)
@@ -63,7 +65,18 @@ func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Poli
 	if err != nil {
 		return fmt.Errorf("web inbox: %w", err)
 	}
-	s, err := gateway.New(gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: addr, Logger: log, Web: inbox})
+	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: addr, Logger: log, Web: inbox}
+	if webhooksPath != "" {
+		wc, err := webhook.LoadConfig(webhooksPath)
+		if err != nil {
+			return fmt.Errorf("webhooks: %w", err)
+		}
+		wc.Logger = log
+		if cfg.Webhooks, err = webhook.New(js, wc); err != nil {
+			return fmt.Errorf("webhooks: %w", err)
+		}
+	}
+	s, err := gateway.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // TestDevGatewayServesWithItsDevKey: on first start `tollgate dev` creates
@@ -29,7 +33,7 @@ func TestDevGatewayServesWithItsDevKey(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, pipelinetest.Logger(), cancel); err != nil {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, "", pipelinetest.Logger(), cancel); err != nil {
 		t.Fatal(err)
 	}
 	tokenFile := filepath.Join(data, devTokenFile)
@@ -61,11 +65,54 @@ func TestDevGatewayServesWithItsDevKey(t *testing.T) {
 	if code := get(""); code != http.StatusUnauthorized {
 		t.Errorf("without a key: %d, want 401", code)
 	}
-	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, pipelinetest.Logger(), cancel); err == nil || !strings.Contains(err.Error(), addr) {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, "", pipelinetest.Logger(), cancel); err == nil || !strings.Contains(err.Error(), addr) {
 		t.Errorf("a second gateway on %s: %v, want an error naming the address", addr, err)
 	}
 	again, tok, err := devGatewayKeys(data)
 	if err != nil || tok != "" || len(again) != 1 || !strings.HasPrefix(token, "tg_"+again[0].ID+"_") {
 		t.Fatalf("second start: %v, token %q, keys %+v: want the first key kept", err, tok, again)
+	}
+}
+
+// TestDevGatewayDeliversWebhooks: with --webhooks, `tollgate dev`'s gateway
+// delivers the file's subscribers their events (here an approval
+// requested on the cli transport), signed.
+func TestDevGatewayDeliversWebhooks(t *testing.T) {
+	h := pipelinetest.Start(t, pipelinetest.Options{})
+	got := make(chan http.Header, 16)
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer recv.Close()
+	secret := "whsec_" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	file := filepath.Join(t.TempDir(), "webhooks.json")
+	conf := `{"subscribers":[{"id":"dev","url":"` + recv.URL + `","secret":"` + secret + `","transports":["cli"],"events":["approval.requested"]}]}`
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), addr, file, pipelinetest.Logger(), cancel); err != nil {
+		t.Fatal(err)
+	}
+	turn := h.Send(h.Inbound("hooks", "alice", pipelinetest.Call("write_file", `{"path":"hooks.txt","content":"x"}`)))
+	h.WaitPending(schemas.ApprovalID(turn, 0))
+	select {
+	case hdr := <-got:
+		if !strings.HasPrefix(hdr.Get("webhook-signature"), "v1,") || hdr.Get("webhook-id") == "" {
+			t.Fatalf("delivery headers %v, want a Standard Webhooks signature and id", hdr)
+		}
+	case <-time.After(pipelinetest.Wait):
+		t.Fatal("no webhook delivered for the approval requested")
+	}
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), "127.0.0.1:0", filepath.Join(t.TempDir(), "missing.json"), pipelinetest.Logger(), cancel); err == nil || !strings.Contains(err.Error(), "webhooks") {
+		t.Fatalf("a missing webhooks file: %v, want an error naming the webhooks", err)
 	}
 }
