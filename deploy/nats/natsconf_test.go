@@ -395,7 +395,7 @@ func nextEvent(t *testing.T, cons jetstream.Consumer, subject string) []byte {
 			return found
 		}
 	}
-	t.Fatalf("cli: no event on %s within %v", subject, wait)
+	t.Fatalf("no event on %s within %v", subject, wait)
 	return nil
 }
 

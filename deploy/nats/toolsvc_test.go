@@ -3,6 +3,7 @@ package natsconf_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -100,6 +101,25 @@ func TestToolServiceUserAnswersItsOwnCallsAndNothingElse(t *testing.T) {
 			}
 		})
 	}
+	// The planner lists the tools to offer them to the model; their calls
+	// run in the executor and the redriver, never in the planner.
+	t.Run("planner discovers the tool service and cannot call it", func(t *testing.T) {
+		c := dial(t, ns, "planner")
+		ts, err := natstool.New(c.nc, natstool.Options{Logger: pipelinetest.Logger()}).Tools(ctx(t, wait))
+		if err != nil {
+			t.Fatalf("planner: discovery: %v", err)
+		}
+		i := slices.IndexFunc(ts, func(tl tools.Tool) bool { return tl.Name() == "deploys.deploy" })
+		if i < 0 || len(c.reported()) != 0 {
+			t.Fatalf("planner: deploys.deploy discovered at %d; reported: %v", i, c.reported())
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := ts[i].Run(ctx(t, wait), tools.Call{Context: tc, CallID: "cli:m-1-planner", Args: `{}`})
+			done <- err
+		}()
+		c.waitDenied(t, natstool.SubjectPrefix+"deploys.deploy", done)
+	})
 	if r := svc.reported(); len(r) != 0 {
 		t.Fatalf("the tool service was refused what it needs: %v", r)
 	}
