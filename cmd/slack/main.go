@@ -22,7 +22,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,55 +33,6 @@ import (
 )
 
 func main() { os.Exit(serve(os.Args[1:])) }
-
-// Names of the secrets (environment variables; <name>_FILE names a file).
-const (
-	EnvBotToken      = "TOLLGATE_SLACK_BOT_TOKEN"
-	EnvAppToken      = "TOLLGATE_SLACK_APP_TOKEN"
-	EnvSigningSecret = "TOLLGATE_SLACK_SIGNING_SECRET"
-)
-
-// secret reads secret name: the file named by $<name>_FILE (trimmed), else
-// $<name>. Empty when neither is set.
-func secret(name string) (string, error) {
-	if f := os.Getenv(name + "_FILE"); f != "" {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return "", fmt.Errorf("%s_FILE: %w", name, err)
-		}
-		return strings.TrimSpace(string(b)), nil
-	}
-	return os.Getenv(name), nil
-}
-
-// config is what serve reads besides flags.
-type config struct {
-	bot, app, signing string
-}
-
-func loadSecrets(mode string) (config, error) {
-	var c config
-	var err error
-	if c.bot, err = secret(EnvBotToken); err != nil {
-		return c, err
-	}
-	if c.bot == "" {
-		return c, errors.New(EnvBotToken + " (or " + EnvBotToken + "_FILE) is required")
-	}
-	switch mode {
-	case "socket":
-		if c.app, err = secret(EnvAppToken); err == nil && c.app == "" {
-			err = errors.New(EnvAppToken + " (or " + EnvAppToken + "_FILE) is required in Socket Mode")
-		}
-	case "http":
-		if c.signing, err = secret(EnvSigningSecret); err == nil && c.signing == "" {
-			err = errors.New(EnvSigningSecret + " (or " + EnvSigningSecret + "_FILE) is required in HTTP mode")
-		}
-	default:
-		err = fmt.Errorf("--mode %q: want socket or http", mode)
-	}
-	return c, err
-}
 
 // serve runs the transport until SIGINT/SIGTERM.
 func serve(args []string) int {
@@ -104,7 +54,7 @@ func serve(args []string) int {
 		return 2
 	}
 	log := stagecmd.Logger(*logLevel)
-	sec, err := loadSecrets(*mode)
+	sec, err := tgslack.LoadSecrets(*mode)
 	if err != nil {
 		log.Error("secrets", "err", err)
 		return 2
@@ -128,12 +78,12 @@ func serve(args []string) int {
 		return 1
 	}
 	opts := []slack.Option{slack.OptionAPIURL(*apiURL)}
-	if sec.app != "" {
-		opts = append(opts, slack.OptionAppLevelToken(sec.app))
+	if sec.AppToken != "" {
+		opts = append(opts, slack.OptionAppLevelToken(sec.AppToken))
 	}
 	nctx, ncancel := context.WithTimeout(ctx, 30*time.Second)
 	tr, err := tgslack.New(nctx, tgslack.Config{
-		JS: js, API: slack.New(sec.bot, opts...), SigningSecret: sec.signing, Logger: log, Registerer: reg,
+		JS: js, API: slack.New(sec.BotToken, opts...), SigningSecret: sec.SigningSecret, Logger: log, Registerer: reg,
 	})
 	ncancel()
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
 
 // Secrets come from <NAME>_FILE first, then <NAME>; each mode requires its
@@ -17,19 +19,19 @@ func TestSecretsComeFromFilesOrTheEnvironment(t *testing.T) {
 	if err := os.WriteFile(file, []byte("xoxb-from-file\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(EnvBotToken, "xoxb-from-env")
-	t.Setenv(EnvBotToken+"_FILE", file)
-	t.Setenv(EnvAppToken, "xapp-env")
-	t.Setenv(EnvSigningSecret, "")
-	c, err := loadSecrets("socket")
-	if err != nil || c.bot != "xoxb-from-file" || c.app != "xapp-env" {
+	t.Setenv(tgslack.EnvBotToken, "xoxb-from-env")
+	t.Setenv(tgslack.EnvBotToken+"_FILE", file)
+	t.Setenv(tgslack.EnvAppToken, "xapp-env")
+	t.Setenv(tgslack.EnvSigningSecret, "")
+	c, err := tgslack.LoadSecrets("socket")
+	if err != nil || c.BotToken != "xoxb-from-file" || c.AppToken != "xapp-env" {
 		t.Fatalf("socket: %+v, %v", c, err)
 	}
-	if _, err := loadSecrets("http"); err == nil || !strings.Contains(err.Error(), EnvSigningSecret) {
+	if _, err := tgslack.LoadSecrets("http"); err == nil || !strings.Contains(err.Error(), tgslack.EnvSigningSecret) {
 		t.Errorf("http mode without a signing secret: %v", err)
 	}
-	t.Setenv(EnvBotToken+"_FILE", filepath.Join(t.TempDir(), "missing"))
-	if _, err := loadSecrets("socket"); err == nil {
+	t.Setenv(tgslack.EnvBotToken+"_FILE", filepath.Join(t.TempDir(), "missing"))
+	if _, err := tgslack.LoadSecrets("socket"); err == nil {
 		t.Error("an unreadable secret file was accepted")
 	}
 	for _, flag := range []string{"--bot-token", "--app-token", "--signing-secret", "--token"} {

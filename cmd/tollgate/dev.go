@@ -33,6 +33,7 @@ func cmdDev(cmd *command, args []string) int {
 	listen := fs.String("listen", stagecmd.Env("TOLLGATE_LISTEN", "127.0.0.1:4222"), "loopback address for the embedded nats-server (env TOLLGATE_LISTEN)")
 	syncAlways := fs.Bool("sync-always", false, "fsync every JetStream write (sync_interval: always); see docs/operations.md")
 	httpAddr := fs.String("http", stagecmd.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "address of the HTTP gateway (docs/api.md), empty to disable (env TOLLGATE_HTTP)")
+	discordAddr := fs.String("discord-http", stagecmd.Env("TOLLGATE_DISCORD_HTTP", "127.0.0.1:8091"), "address of the Discord interactions endpoint, when TOLLGATE_DISCORD_BOT_TOKEN is set (env TOLLGATE_DISCORD_HTTP; docs/discord.md)")
 	webhooks := fs.String("webhooks", stagecmd.Env("TOLLGATE_WEBHOOKS", ""), "outgoing webhooks file the HTTP gateway delivers, JSON; empty for none (env TOLLGATE_WEBHOOKS; see docs/api.md)")
 	var c stagecmd.Common
 	c.Register(fs, "127.0.0.1:9460")
@@ -149,6 +150,12 @@ func cmdDev(cmd *command, args []string) int {
 			log.Error("gateway", "err", err)
 			return 1
 		}
+	}
+	// The chat transports whose credentials are set (docs/slack.md,
+	// docs/discord.md).
+	if _, err := startDevChat(ctx, js, *discordAddr, log, cancel); err != nil {
+		log.Error("chat transports", "err", err)
+		return 1
 	}
 	log.Info("tollgate dev running", "stages", stages, "nats", ns.ClientURL(), "sandbox", sandbox, "policy", pol.Version())
 	fmt.Fprintf(os.Stderr, "\nTollgate is running. In another terminal:\n  tollgate send --session demo --sender alice --call 'write_file={\"path\":\"hello.txt\",\"content\":\"hi\"}'\n  tollgate pending\n\n")

@@ -22,8 +22,10 @@
 // tollgate.inbound.discord.<session key>:
 //
 //   - message id = the interaction id, Nats-Msg-Id discord:<interaction id>;
-//   - session id discord:<channel id> (a Discord thread is a channel of
-//     its own, so a thread is a session);
+//   - session id discord:<thread id> in a thread (a Discord thread is a
+//     channel of its own, and a thread is a session), else
+//     discord:<channel id>:<interaction id> (each /ask outside a thread
+//     starts its own session, as a message starting a thread would);
 //   - sender id <user id> (principal discord:<user id>), kind user,
 //     verified: the interaction is signed by Discord and names its user;
 //     an interaction by a bot user is never a turn;
@@ -32,8 +34,8 @@
 //     when its permission overwrites deny VIEW_CHANNEL to @everyone (the
 //     role whose id is the guild's) — for a public thread, the parent's
 //     overwrites — else public. A channel whose overwrites cannot be read
-//     counts as public, the widest audience, so nothing narrower is shown
-//     there.
+//     within a second counts as public, the widest audience, so nothing
+//     narrower is shown there (and is read again on the next request).
 //
 // The command is answered with a message echoing the request (type 4).
 //
@@ -177,7 +179,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("discord: %w", err)
 	}
 	t.api = newREST(cfg.APIURL, cfg.BotToken, cfg.HTTPClient, t.log)
-	t.kinds = kindCache{api: t.api, m: map[string]schemas.ChannelKind{}}
+	t.kinds = kindCache{api: t.api, log: t.log, m: map[string]schemas.ChannelKind{}}
 	t.runner, err = runner.New(runner.Config{
 		Stage: "discord", Stream: topology.StreamEvents, Consumer: consumerConfig(),
 		Handler: t.handleEvent, JS: cfg.JS, Logger: t.log.With("stage", "discord"),

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // handleEvent is the consumer's handler. Every branch is idempotent: a
@@ -76,7 +77,7 @@ func (t *Transport) prompt(ctx context.Context, rec *schemas.ApprovalRecord) err
 	}
 	t.delivered.WithLabelValues("prompt").Inc()
 	p := &post{Channel: channel, MessageID: id, ApprovalID: rec.ApprovalID, Tool: rec.Tool, Digest: rec.ArgsDigest, Kind: kind, At: t.cfg.Now().UTC()}
-	if err := t.putPost(ctx, promptKey(rec.ApprovalID), p, 0); err != nil && !errors.Is(err, errWritten) {
+	if err := t.putPost(ctx, promptKey(rec.ApprovalID), p, 0); err != nil && !errors.Is(err, chat.ErrWritten) {
 		return err
 	}
 	return nil
@@ -108,8 +109,8 @@ func (t *Transport) closePrompt(ctx context.Context, ev *schemas.DecidedEvent) e
 	}
 	t.delivered.WithLabelValues("close").Inc()
 	p.Closed = true
-	// errWritten: a concurrent close won; the message shows a decided state.
-	if err := t.putPost(ctx, promptKey(ev.ApprovalID), p, rev); err != nil && !errors.Is(err, errWritten) {
+	// chat.ErrWritten: a concurrent close won; the message shows a decided state.
+	if err := t.putPost(ctx, promptKey(ev.ApprovalID), p, rev); err != nil && !errors.Is(err, chat.ErrWritten) {
 		return err
 	}
 	return nil
@@ -165,7 +166,7 @@ func (t *Transport) once(ctx context.Context, key, kind string, ch schemas.Chann
 		return permanent("post "+key, err)
 	}
 	t.delivered.WithLabelValues(kind).Inc()
-	if err := t.putPost(ctx, key, &post{Channel: ch.ID, MessageID: id, At: t.cfg.Now().UTC()}, 0); err != nil && !errors.Is(err, errWritten) {
+	if err := t.putPost(ctx, key, &post{Channel: ch.ID, MessageID: id, At: t.cfg.Now().UTC()}, 0); err != nil && !errors.Is(err, chat.ErrWritten) {
 		return err
 	}
 	return nil
@@ -182,7 +183,7 @@ func (t *Transport) rejected(ctx context.Context, r *schemas.DecisionRejected) e
 	if err != nil || ck == nil {
 		return err
 	}
-	key := hashKey("rejected", r.DecisionID)
+	key := chat.HashKey("rejected", r.DecisionID)
 	if done, _, err := t.getPost(ctx, key); err != nil || done != nil {
 		return err
 	}
@@ -194,7 +195,7 @@ func (t *Transport) rejected(ctx context.Context, r *schemas.DecisionRejected) e
 		return permanent("ephemeral rejection", err)
 	}
 	t.delivered.WithLabelValues("rejection").Inc()
-	if err := t.putPost(ctx, key, &post{Channel: ck.Channel, At: t.cfg.Now().UTC()}, 0); err != nil && !errors.Is(err, errWritten) {
+	if err := t.putPost(ctx, key, &post{Channel: ck.Channel, At: t.cfg.Now().UTC()}, 0); err != nil && !errors.Is(err, chat.ErrWritten) {
 		return err
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // Interaction checks.
@@ -173,7 +174,7 @@ func (t *Transport) serveInteraction(w http.ResponseWriter, r *http.Request) {
 		a = answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}
 	}
 	if err != nil {
-		t.unmarkSeen(key)
+		chat.Unmark(t.seen, key)
 		t.log.Warn("discord: interaction failed", "err", err)
 		http.Error(w, "unavailable", http.StatusServiceUnavailable)
 		return
@@ -230,7 +231,7 @@ func (t *Transport) command(ctx context.Context, in *interaction) (answer, error
 	m := &schemas.InboundMessage{
 		Transport: Name,
 		MessageID: in.ID,
-		SessionID: "discord:" + in.ChannelID,
+		SessionID: sessionID(in.ChannelID, channelType, in.ID),
 		Sender:    schemas.Sender{ID: u.ID, Kind: schemas.SenderUser, Verified: true},
 		Channel:   schemas.Channel{ID: in.ChannelID, Kind: kind},
 		Text:      askText,
@@ -252,6 +253,17 @@ func (t *Transport) command(ctx context.Context, in *interaction) (answer, error
 		echo += " …"
 	}
 	return answer{reply: reply{Type: answerMessage, Data: text("<@" + u.ID + "> asked: " + echo)}}, nil
+}
+
+// sessionID is a request's session: a thread (a channel of its own in
+// Discord) is one session; elsewhere each /ask starts its own, as a
+// message that starts a thread would.
+func sessionID(channel string, channelType int, interactionID string) string {
+	switch channelType {
+	case chanNewsThread, chanPublicThread, chanPrivateThread:
+		return "discord:" + channel
+	}
+	return "discord:" + channel + ":" + interactionID
 }
 
 // snowflakeTime is the creation time of a Discord id.
@@ -334,7 +346,7 @@ func (t *Transport) click(ctx context.Context, in *interaction) (answer, error) 
 	}
 	// The click's token, for the approver's rejection to reach the clicker.
 	ck := &post{Channel: tg.prompt.Channel, MessageID: tg.prompt.MessageID, App: in.ApplicationID, Token: in.Token, At: t.cfg.Now().UTC()}
-	if err := t.putPost(ctx, clickKey(d.DecisionID), ck, 0); err != nil && !errors.Is(err, errWritten) {
+	if err := t.putPost(ctx, clickKey(d.DecisionID), ck, 0); err != nil && !errors.Is(err, chat.ErrWritten) {
 		return answer{}, err
 	}
 	if err := bus.Publish(ctx, t.cfg.JS, topology.DecisionSubject(Name, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
@@ -364,10 +376,12 @@ func (t *Transport) notPending(rec *schemas.ApprovalRecord) (schemas.Code, bool)
 }
 
 // awaitOwnDecision waits briefly for the approval to be decided by
-// decisionID; then it marks the prompt closed and returns the closed
-// prompt (the click's UPDATE_MESSAGE). nil: not decided by it in time (a
-// rejection, another decision, or a slow approver); the approval.decided
-// event closes the prompt then.
+// decisionID, and returns the closed prompt (the click's UPDATE_MESSAGE),
+// marking the prompt closed so that the approval.decided event does not
+// edit it again (when that event came first, it already did; the answer
+// shows the same). nil: not decided by it in time (a rejection, another
+// decision, or a slow approver); the approval.decided event closes the
+// prompt then.
 func (t *Transport) awaitOwnDecision(ctx context.Context, p *post, decisionID string) *outgoing {
 	deadline := time.Now().Add(ownDecisionWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -380,19 +394,21 @@ func (t *Transport) awaitOwnDecision(ctx context.Context, p *post, decisionID st
 				return nil
 			}
 			cur, rev, err := t.getPost(ctx, promptKey(p.ApprovalID))
-			if err != nil || cur == nil || cur.Closed {
+			if err != nil || cur == nil {
 				return nil
 			}
-			cur.Closed = true
-			if t.putPost(ctx, promptKey(p.ApprovalID), cur, rev) != nil {
-				return nil
+			if !cur.Closed {
+				cur.Closed = true
+				if t.putPost(ctx, promptKey(p.ApprovalID), cur, rev) != nil {
+					return nil
+				}
+				t.delivered.WithLabelValues("close").Inc()
 			}
-			t.delivered.WithLabelValues("close").Inc()
 			return closedMessage(cur, rec.Status, rec.Decision, rec.Decision.DecidedAt)
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	return nil

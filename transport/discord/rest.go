@@ -10,31 +10,30 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // rest calls Discord's REST API with the bot token, one request at a time
-// per channel, waiting out 429s for their Retry-After: a call answered 429
-// is sent again, in order, until it succeeds, fails otherwise, or ctx
-// ends. Other channels are not held up.
+// per channel, waiting out 429s for their Retry-After (chat.Queue).
 type rest struct {
 	base  string
 	token string // never logged
 	hc    *http.Client
-	log   *slog.Logger
-	mu    sync.Mutex
-	chs   map[string]*sync.Mutex
+	queue *chat.Queue
 }
 
 func newREST(base, token string, hc *http.Client, log *slog.Logger) *rest {
-	return &rest{base: base, token: token, hc: hc, log: log, chs: map[string]*sync.Mutex{}}
+	return &rest{base: base, token: token, hc: hc, queue: chat.NewQueue(log.With("transport", Name), func(err error) (time.Duration, bool) {
+		var rl *rateLimited
+		if errors.As(err, &rl) {
+			return rl.after, true
+		}
+		return 0, false
+	})}
 }
-
-// maxRetryAfter caps one wait, in case a server asks for hours.
-const maxRetryAfter = 2 * time.Minute
 
 // apiError is a REST answer other than 2xx and 429.
 type apiError struct {
@@ -56,31 +55,7 @@ func (e *rateLimited) Error() string { return "discord: rate limited for " + e.a
 // JSON-encoded, a JSON answer decoded into out (if not nil). bot adds the
 // bot token (interaction webhooks take none).
 func (r *rest) call(ctx context.Context, channel, method, path string, bot bool, body, out any) error {
-	if channel != "" {
-		r.mu.Lock()
-		m, ok := r.chs[channel]
-		if !ok {
-			m = &sync.Mutex{}
-			r.chs[channel] = m
-		}
-		r.mu.Unlock()
-		m.Lock()
-		defer m.Unlock()
-	}
-	for {
-		err := r.once(ctx, method, path, bot, body, out)
-		var rl *rateLimited
-		if !errors.As(err, &rl) {
-			return err
-		}
-		wait := min(max(rl.after, 100*time.Millisecond), maxRetryAfter)
-		r.log.Info("discord: rate limited; waiting", "channel", channel, "retry_after", wait)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-	}
+	return r.queue.Do(ctx, channel, func() error { return r.once(ctx, method, path, bot, body, out) })
 }
 
 func (r *rest) once(ctx context.Context, method, path string, bot bool, body, out any) error {

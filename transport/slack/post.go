@@ -4,51 +4,29 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/slack-go/slack"
+
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // poster serialises calls per channel and waits out rate limits: a call
 // answered 429 is retried after its Retry-After, in order, until it
-// succeeds, fails otherwise, or ctx ends. Other channels are not held up.
-type poster struct {
-	api *slack.Client
-	log *slog.Logger
-	mu  sync.Mutex
-	chs map[string]*sync.Mutex
-}
+// succeeds, fails otherwise, or ctx ends (chat.Queue). Other channels are
+// not held up.
+type poster struct{ q *chat.Queue }
 
-func newPoster(api *slack.Client, log *slog.Logger) *poster {
-	return &poster{api: api, log: log, chs: map[string]*sync.Mutex{}}
+func newPoster(log *slog.Logger) *poster {
+	return &poster{q: chat.NewQueue(log.With("transport", Name), func(err error) (time.Duration, bool) {
+		var rl *slack.RateLimitedError
+		if errors.As(err, &rl) {
+			return rl.RetryAfter, true
+		}
+		return 0, false
+	})}
 }
-
-// maxRetryAfter caps one wait, in case a server asks for hours.
-const maxRetryAfter = 2 * time.Minute
 
 func (p *poster) do(ctx context.Context, channel string, call func() error) error {
-	p.mu.Lock()
-	m, ok := p.chs[channel]
-	if !ok {
-		m = &sync.Mutex{}
-		p.chs[channel] = m
-	}
-	p.mu.Unlock()
-	m.Lock()
-	defer m.Unlock()
-	for {
-		err := call()
-		var rl *slack.RateLimitedError
-		if !errors.As(err, &rl) {
-			return err
-		}
-		wait := min(max(rl.RetryAfter, 100*time.Millisecond), maxRetryAfter)
-		p.log.Info("slack: rate limited; waiting", "channel", channel, "retry_after", wait)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-	}
+	return p.q.Do(ctx, channel, call)
 }

@@ -169,7 +169,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if err := metrics.Register(cfg.Registerer, &t.delivered); err != nil {
 		return nil, fmt.Errorf("slack: %w", err)
 	}
-	t.poster = newPoster(cfg.API, t.log)
+	t.poster = newPoster(t.log)
 	t.kinds = kindCache{api: cfg.API, m: map[string]schemas.ChannelKind{}}
 	t.runner, err = runner.New(runner.Config{
 		Stage: "slack", Stream: topology.StreamEvents, Consumer: consumerConfig(),

@@ -2,16 +2,13 @@ package slack
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // The transport's own KV buckets.
@@ -38,16 +35,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) (seen,
 		replicas = 1
 	}
 	open := func(cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-		kv, err := js.KeyValue(ctx, cfg.Bucket)
-		if err == nil {
-			return kv, nil
-		}
-		if !errors.Is(err, jetstream.ErrBucketNotFound) {
-			return nil, fmt.Errorf("slack: bucket %s: %w", cfg.Bucket, err)
-		}
-		kv, err = js.CreateKeyValue(ctx, cfg)
+		kv, err := chat.OpenBucket(ctx, js, cfg)
 		if err != nil {
-			return nil, fmt.Errorf("slack: create bucket %s: %w", cfg.Bucket, err)
+			return nil, fmt.Errorf("slack: %w", err)
 		}
 		return kv, nil
 	}
@@ -67,35 +57,17 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) (seen,
 }
 
 // hashKey is a KV-safe key for arbitrary parts.
-func hashKey(prefix string, parts ...string) string {
-	h := sha256.New()
-	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
-	}
-	return prefix + "." + hex.EncodeToString(h.Sum(nil))[:40]
-}
+func hashKey(prefix string, parts ...string) string { return chat.HashKey(prefix, parts...) }
 
 // markSeen creates key in the seen bucket; it reports false when the key
 // already exists (seen before).
 func (t *Transport) markSeen(ctx context.Context, key string) (bool, error) {
-	_, err := t.seen.Create(ctx, key, []byte{1})
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, jetstream.ErrKeyExists):
-		return false, nil
-	}
-	return false, fmt.Errorf("slack: record %s: %w", key, err)
+	return chat.MarkSeen(ctx, t.seen, key)
 }
 
 // unmarkSeen removes a seen record after the work it guarded failed before
 // it was answered, so that Slack's retry is not skipped.
-func (t *Transport) unmarkSeen(key string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = t.seen.Purge(ctx, key)
-}
+func (t *Transport) unmarkSeen(key string) { chat.Unmark(t.seen, key) }
 
 // recordVersion is the schema version of the transport's KV records.
 const recordVersion = 1
@@ -115,72 +87,29 @@ type post struct {
 	At         time.Time           `msgpack:"at"`
 }
 
+// RecordVersion is the version the record was written with.
+func (p *post) RecordVersion() int { return p.V }
+
 func promptKey(approvalID string) string { return "prompt." + approvalID }
 
 // getPost reads a record; nil without error when there is none. A record
 // of another version is an error (never guessed).
 func (t *Transport) getPost(ctx context.Context, key string) (*post, uint64, error) {
-	e, err := t.records.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return nil, 0, nil
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("slack: read %s: %w", key, err)
-	}
-	var p post
-	if err := msgpack.Unmarshal(e.Value(), &p); err != nil {
-		return nil, 0, schemas.Errorf(schemas.CodeMalformed, "slack: record %s: %w", key, err)
-	}
-	if p.V != recordVersion {
-		return nil, 0, schemas.Errorf(schemas.CodeSchemaVersionUnsupported, "slack: record %s has version %d", key, p.V)
-	}
-	return &p, e.Revision(), nil
+	return chat.Get[post](ctx, t.records, key, recordVersion)
 }
 
 // putPost creates (rev 0) or compare-and-sets a record; errWritten when
 // another write came first.
 func (t *Transport) putPost(ctx context.Context, key string, p *post, rev uint64) error {
 	p.V = recordVersion
-	b, err := msgpack.Marshal(p)
-	if err != nil {
-		return err
-	}
-	if rev == 0 {
-		_, err = t.records.Create(ctx, key, b)
-	} else {
-		_, err = t.records.Update(ctx, key, b, rev)
-	}
-	var api *jetstream.APIError
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch),
-		errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
-		return errWritten
-	}
-	return fmt.Errorf("slack: write %s: %w", key, err)
+	return chat.Put(ctx, t.records, key, p, rev)
 }
 
 // errWritten: a create found the key, or a compare-and-set lost: another
 // worker wrote the record first.
-var errWritten = errors.New("slack: record written by another worker")
+var errWritten = chat.ErrWritten
 
 // approval reads an approval record; nil without error when absent.
 func (t *Transport) approval(ctx context.Context, id string) (*schemas.ApprovalRecord, error) {
-	if !schemas.ValidKey(id) {
-		return nil, nil
-	}
-	e, err := t.approvals.Get(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("slack: read approval %s: %w", id, err)
-	}
-	rec, _, err := schemas.DecodeApproval(e.Value())
-	if err != nil || rec == nil {
-		return nil, nil
-	}
-	return rec, nil
+	return chat.Approval(ctx, t.approvals, id)
 }
