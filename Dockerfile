@@ -1,6 +1,6 @@
 # One image holding every Tollgate binary (cmd/*): the four stages (ingest,
 # executor, approver, redriver), the planner, the gateway (API and web
-# inbox), the Slack transport, the operator CLI `tollgate` (provision,
+# inbox), the Slack and Discord transports, the operator CLI `tollgate` (provision,
 # pending, audit, ...) and tollgate-bench. Static (CGO off) on
 # distroless, running as the nonroot user (65532). No ENTRYPOINT: a
 # container names its binary, e.g. `docker run IMAGE ingest --no-provision`
