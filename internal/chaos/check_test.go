@@ -126,3 +126,99 @@ func TestCheckAcceptsALostReplyReportedUncertain(t *testing.T) {
 		t.Fatalf("%d violations, %d lost replies, %d remote executions\n%s", r.Violations(), r.LostReplies, r.RemoteExecutions, b.String())
 	}
 }
+
+// synthPlanner is synth with a planner turn P after C in the session: its
+// model asked step 0 (one ledger call, run in step batch P-p0 under P's
+// context) and step 1 (the final answer), each once before its record was
+// made, and its reply published under its outcome's target.
+func synthPlanner() *Facts {
+	f := synth()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p := f.Turns[2]
+	p.ID = schemas.TurnID(transport, "m-p")
+	p.Seq, p.Plan = 4, TurnPlan{Index: 3, Session: 1, Kind: plannerKind, Steps: [][]CallPlan{{{Tool: tools.LedgerTool}}}}
+	ctx := &schemas.TurnContext{V: 1, TurnID: p.ID, SessionID: "s1", Requester: schemas.Requester{Principal: "chaos:u1"}, Provenance: schemas.Provenance{StreamSeq: 4}}
+	p.Batch = &schemas.BatchRecord{TurnID: p.ID, SessionID: "s1", Context: ctx, State: schemas.BatchCompleted, UpdatedAt: t0.Add(120 * time.Millisecond)}
+	p.Approvals = nil
+	stepID := schemas.PlannerStepTurnID(p.ID, 0)
+	step := TurnFact{Plan: TurnPlan{Index: 3, Session: 1, Kind: "planner step", Calls: p.Plan.Steps[0]}, ID: stepID, StepOf: p.ID, SessionID: "s1",
+		Principal: "chaos:u1", Published: true, Seq: 4, Approvals: make([]*schemas.ApprovalRecord, 1),
+		Batch: &schemas.BatchRecord{TurnID: stepID, SessionID: "s1", Context: ctx, State: schemas.BatchCompleted, Origin: p.ID,
+			Calls: []schemas.ToolCall{{CallID: schemas.CallID(stepID, 0), Tool: tools.LedgerTool}}, UpdatedAt: t0.Add(100 * time.Millisecond)}}
+	f.Turns = append(f.Turns, p)
+	f.Steps = []TurnFact{step}
+	f.Ledger = append(f.Ledger, toolsvc.Execution{LedgerEntry: tools.LedgerEntry{CallID: schemas.CallID(stepID, 0), Tool: tools.LedgerTool, CtxTurnID: p.ID,
+		CtxSessionID: "s1", CtxPrincipal: "chaos:u1", CtxStreamSeq: 4, ContextDigest: schemas.ContextDigest(ctx), PID: 1, At: t0.Add(90 * time.Millisecond).UnixNano()}})
+	target := schemas.ReplyTarget{Transport: transport, Channel: schemas.Channel{ID: "dm-u1", Kind: schemas.ChannelDM}}
+	f.Outcomes[stepID] = []*schemas.TurnOutcome{{TurnID: stepID, State: schemas.TurnCompleted, Reply: target, Audience: schemas.AudiencePersonal,
+		Results: []schemas.ToolResult{{CallID: schemas.CallID(stepID, 0), Status: schemas.ResultOK}}}}
+	f.Outcomes[p.ID] = []*schemas.TurnOutcome{{TurnID: p.ID, State: schemas.TurnCompleted, Reply: target, Audience: schemas.AudiencePersonal}}
+	f.Planner = &PlannerFacts{
+		Turns: map[string]*schemas.PlannerTurn{p.ID: {TurnID: p.ID, State: schemas.PlannerCompleted}},
+		Steps: map[string][]*schemas.PlannerStep{p.ID: {
+			{TurnID: p.ID, Index: 0, Calls: []schemas.PlannerCall{{Tool: tools.LedgerTool}}, Batch: stepID, CreatedAt: t0.Add(80 * time.Millisecond)},
+			{TurnID: p.ID, Index: 1, Text: p.Plan.ReplyText(), CreatedAt: t0.Add(110 * time.Millisecond)}}},
+		Replies:  map[string][]*schemas.ReplyEvent{p.ID: {{TurnID: p.ID, SessionID: "s1", Text: p.Plan.ReplyText(), Reply: target, Audience: schemas.AudiencePersonal}}},
+		Requests: []ModelRequest{{TurnID: p.ID, Step: 0, At: t0.Add(79 * time.Millisecond), Status: 200}, {TurnID: p.ID, Step: 1, At: t0.Add(109 * time.Millisecond), Status: 200}},
+	}
+	return f
+}
+
+// Each planner check finds the violation it is for, in a planner turn or
+// its step batch.
+func TestCheckFindsEachPlannerViolation(t *testing.T) {
+	if r := Check(synthPlanner()); r.Violations() != 0 || r.StepBatches != 1 || r.Replies != 1 || r.PlannerStates["completed"] != 1 {
+		var b strings.Builder
+		r.Print(&b)
+		t.Fatalf("clean planner facts: %d violations, %d step batches, %d replies\n%s", r.Violations(), r.StepBatches, r.Replies, b.String())
+	}
+	p := func(f *Facts) *TurnFact { return &f.Turns[3] }
+	cases := []struct {
+		name   string
+		break_ func(f *Facts)
+		field  func(r *Report) int
+	}{
+		{"model step asked again after its answer was recorded", func(f *Facts) {
+			f.Planner.Requests = append(f.Planner.Requests, ModelRequest{TurnID: p(f).ID, Step: 0, At: f.Planner.Steps[p(f).ID][0].CreatedAt.Add(modelGrace + time.Millisecond), Status: 200})
+		}, func(r *Report) int { return r.DuplicateModelSteps }},
+		{"step batch lost: no outcome", func(f *Facts) { delete(f.Outcomes, f.Steps[0].ID) }, func(r *Report) int { return r.Lost }},
+		{"step batch not its recorded step's calls", func(f *Facts) { f.Steps[0].Batch.Calls[0].Tool = tools.LedgerGuardedTool },
+			func(r *Report) int { return r.StepBatchMismatch }},
+		{"step call under the step batch's own id as context", func(f *Facts) { f.Ledger[3].CtxTurnID = f.Steps[0].ID }, func(r *Report) int { return r.WrongContext }},
+		{"step call ran before the session's earlier turn ended", func(f *Facts) {
+			f.Ledger[3].At = f.Turns[2].Batch.UpdatedAt.Add(-time.Millisecond).UnixNano()
+		}, func(r *Report) int { return r.SessionOrder }},
+		{"completed without a reply", func(f *Facts) { delete(f.Planner.Replies, p(f).ID) }, func(r *Report) int { return r.WrongReplies }},
+		{"reply to another target", func(f *Facts) { f.Planner.Replies[p(f).ID][0].Reply.Channel.ID = "general" }, func(r *Report) int { return r.WrongReplies }},
+		{"reply with a wider audience", func(f *Facts) { f.Planner.Replies[p(f).ID][0].Audience = schemas.AudiencePublic }, func(r *Report) int { return r.WrongReplies }},
+		{"reply for a turn that is no planner turn", func(f *Facts) {
+			f.Planner.Replies[f.Turns[0].ID] = []*schemas.ReplyEvent{{TurnID: f.Turns[0].ID, SessionID: "s1"}}
+		}, func(r *Report) int { return r.WrongReplies }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := synthPlanner()
+			c.break_(f)
+			r := Check(f)
+			if c.field(r) == 0 {
+				var b strings.Builder
+				r.Print(&b)
+				t.Fatalf("not detected\n%s", b.String())
+			}
+		})
+	}
+}
+
+// A model step asked again before its answer was recorded (a planner
+// killed between the model's answer and the step record) is no
+// violation: it is counted as a repeated request.
+func TestCheckAcceptsAModelStepRepeatedBeforeItsRecord(t *testing.T) {
+	f := synthPlanner()
+	id := f.Turns[3].ID
+	f.Planner.Requests = append(f.Planner.Requests, ModelRequest{TurnID: id, Step: 0, At: f.Planner.Steps[id][0].CreatedAt.Add(-time.Millisecond), Status: 200})
+	if r := Check(f); r.Violations() != 0 || r.RepeatedModelRequests != 1 {
+		var b strings.Builder
+		r.Print(&b)
+		t.Fatalf("%d violations, %d repeated model requests\n%s", r.Violations(), r.RepeatedModelRequests, b.String())
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -76,6 +77,9 @@ type Config struct {
 	// (gated ones included) and then a final answer.
 	Planner        bool
 	PlannerPercent int // default 30
+	// KillOnly, if set, are the workers (binary names) kills pick from,
+	// instead of every stage and the tool service.
+	KillOnly []string
 
 	BinDir       string // prebuilt binaries (ingest, executor, approver, redriver, nats-server); empty: build
 	RaceBinaries bool   // build the stage binaries with -race
@@ -154,6 +158,9 @@ func (c Config) Params() string {
 	planner := "off"
 	if c.Planner {
 		planner = fmt.Sprintf("%d%%", c.PlannerPercent)
+	}
+	if len(c.KillOnly) > 0 {
+		planner += " kill_only=" + strings.Join(c.KillOnly, ",")
 	}
 	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
 		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,

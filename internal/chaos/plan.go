@@ -132,7 +132,12 @@ func (c Config) stages() []string {
 }
 
 // workers are the processes worker kills of a run of c pick from.
-func (c Config) workers() []string { return append(c.stages(), ToolService) }
+func (c Config) workers() []string {
+	if len(c.KillOnly) > 0 {
+		return c.KillOnly
+	}
+	return append(slices.Clone(c.stages()), ToolService)
+}
 
 // plannerKind is the kind of a planner turn.
 const plannerKind = "planner"
