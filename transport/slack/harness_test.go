@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,8 +19,11 @@ import (
 	"github.com/slack-go/slack"
 	"github.com/slack-go/slack/slacktest"
 
+	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/pipeline/planner"
+	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
@@ -185,13 +189,16 @@ func buttonValue(t *testing.T, c call, actionID string) string {
 
 // rig is a pipeline, the fake Slack and a running transport in HTTP mode.
 type rig struct {
-	h     *pipelinetest.H
-	slack *fakeSlack
-	tr    *tgslack.Transport
-	reg   *prometheus.Registry
-	http  *httptest.Server
-	stop  context.CancelFunc
-	done  chan error
+	// propose maps messages to calls (proposeCalls); off, text-only
+	// messages go to the planner.
+	propose bool
+	h       *pipelinetest.H
+	slack   *fakeSlack
+	tr      *tgslack.Transport
+	reg     *prometheus.Registry
+	http    *httptest.Server
+	stop    context.CancelFunc
+	done    chan error
 }
 
 // testPolicy: write_file needs approval; echo too, and expires after a
@@ -215,6 +222,18 @@ func proposeCalls(text string) []schemas.ProposedCall {
 func startRig(t *testing.T) *rig {
 	t.Helper()
 	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy})
+	r := &rig{propose: true, h: h, slack: newFakeSlack(t)}
+	r.start(t)
+	return r
+}
+
+// startPlannerRig is startRig with the planner stage asking model, and
+// no mapping of messages to calls: a DM's text goes to the planner.
+func startPlannerRig(t *testing.T, model *plannertest.Server) *rig {
+	t.Helper()
+	opts := planner.Options{Model: planner.ModelConfig{BaseURL: model.URL, Model: "scripted", Timeout: 10 * time.Second}}
+	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy, Planner: &opts,
+		Stages: append(slices.Clone(tollgate.AllStages()), tollgate.StagePlanner)})
 	r := &rig{h: h, slack: newFakeSlack(t)}
 	r.start(t)
 	return r
@@ -226,10 +245,14 @@ func (r *rig) start(t *testing.T) {
 	r.reg = prometheus.NewRegistry()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	tr, err := tgslack.New(ctx, tgslack.Config{
+	cfg := tgslack.Config{
 		JS: r.h.JS, API: r.slack.api(), SigningSecret: secret, BotUserID: botUser,
-		Logger: pipelinetest.Logger(), Registerer: r.reg, ProposeCalls: proposeCalls,
-	})
+		Logger: pipelinetest.Logger(), Registerer: r.reg,
+	}
+	if r.propose {
+		cfg.ProposeCalls = proposeCalls
+	}
+	tr, err := tgslack.New(ctx, cfg)
 	if err != nil {
 		t.Fatalf("slack.New: %v", err)
 	}
