@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/audit"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -117,7 +118,7 @@ func TestAudit(t *testing.T) {
 			t.Fatalf("--since after bob's turn: turns %v, want %v", after, want)
 		}
 		before := auditJSON(t, url, "--until", cut.Format(time.RFC3339Nano))
-		if turns := turnsOf(before); !slices.Equal(turns, []string{early}) || last(kindsOf(rowsOf(before))) != auditOutcome {
+		if turns := turnsOf(before); !slices.Equal(turns, []string{early}) || last(kindsOf(rowsOf(before))) != audit.Outcome {
 			t.Fatalf("--until bob's outcome: %v, want bob's turn up to its outcome", rowsOf(before))
 		}
 		if all := turnsOf(auditJSON(t, url)); !slices.Equal(all, []string{early, turn, other}) {
@@ -146,15 +147,15 @@ func TestAudit(t *testing.T) {
 
 // auditJSON runs audit --json with args and decodes its output, which must
 // be JSON Lines: one event object per line.
-func auditJSON(t *testing.T, args ...string) []auditEvent {
+func auditJSON(t *testing.T, args ...string) []audit.Event {
 	t.Helper()
 	var out bytes.Buffer
 	if code := runAudit(auditCmd, append(args, "--json"), &out); code != 0 {
 		t.Fatalf("audit %v: exit %d:\n%s", args, code, out.String())
 	}
-	var events []auditEvent
+	var events []audit.Event
 	for line := range strings.Lines(out.String()) {
-		var e auditEvent
+		var e audit.Event
 		if err := json.Unmarshal([]byte(line), &e); err != nil || e.Kind == "" {
 			t.Fatalf("audit %v: line %q is not one event object: %v", args, line, err)
 		}
@@ -164,7 +165,7 @@ func auditJSON(t *testing.T, args ...string) []auditEvent {
 }
 
 // rowsOf is each event as kind|approval|call|principal|status|code|decided by.
-func rowsOf(events []auditEvent) []string {
+func rowsOf(events []audit.Event) []string {
 	var rows []string
 	for _, e := range events {
 		rows = append(rows, fmt.Sprintf("%s|%s|%s|%s|%s|%s|%s", e.Kind, e.ApprovalID, e.CallID, e.Principal, e.Status, e.Code, strings.Join(e.DecidedBy, ",")))
@@ -181,7 +182,7 @@ func kindsOf(rows []string) []string {
 }
 
 // turnsOf is the turns events belong to, in the order they first appear.
-func turnsOf(events []auditEvent) []string {
+func turnsOf(events []audit.Event) []string {
 	var turns []string
 	for _, e := range events {
 		if !slices.Contains(turns, e.TurnID) {

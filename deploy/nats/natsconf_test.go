@@ -52,14 +52,15 @@ var users = map[string]string{
 	"admin": "TOLLGATE_PW_ADMIN", "ingest": "TOLLGATE_PW_INGEST", "executor": "TOLLGATE_PW_EXECUTOR",
 	"approver": "TOLLGATE_PW_APPROVER", "redriver": "TOLLGATE_PW_REDRIVER", "cli": "TOLLGATE_PW_CLI",
 	"toolsvc": "TOLLGATE_PW_TOOLSVC", "gateway": "TOLLGATE_PW_GATEWAY",
-	"planner": "TOLLGATE_PW_PLANNER", "slack": "TOLLGATE_PW_SLACK",
+	"planner": "TOLLGATE_PW_PLANNER", "slack": "TOLLGATE_PW_SLACK", "discord": "TOLLGATE_PW_DISCORD",
 }
 
 func password(user string) string { return "test-password-of-" + user }
 
 // accountOf is how each user connects from its account, as the binaries
 // do with --inbox-prefix and --js-api-prefix: the stages, the gateway and
-// the Slack transport with inboxes of their own and TOLLGATE's API under apiPrefix; the cli
+// the Slack and Discord transports with inboxes of their own and TOLLGATE's
+// API under apiPrefix; the cli
 // transport with that API; admin, in TOLLGATE, and toolsvc, which uses no
 // JetStream, with the defaults.
 func accountOf(user string) stagecmd.Account {

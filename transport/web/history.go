@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/schemas"
-	"github.com/tollgate-dev/tollgate/transport/web/audit"
+	"github.com/tollgate-dev/tollgate/audit"
 )
 
 // historyWindow is how far back the history page reads when no since is

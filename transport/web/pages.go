@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/transport/web/audit"
+	"github.com/tollgate-dev/tollgate/audit"
 )
 
 // page is what every page template gets.

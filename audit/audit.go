@@ -1,8 +1,9 @@
 // Package audit reads the record of what Tollgate decided and did from its
 // streams, the system's record: turns accepted (TOLLGATE_TURNS), approvals
 // requested and decided, refused decisions, redrives, each call's result
-// and the turn outcomes (TOLLGATE_EVENTS), as one timeline. The web inbox's
-// turn and history pages and its JSON-lines export are read with it.
+// and the turn outcomes (TOLLGATE_EVENTS), as one timeline. `tollgate
+// audit`, and the web inbox's turn and history pages and its JSON-lines
+// export, are read with it.
 package audit
 
 import (
