@@ -37,10 +37,10 @@ func TestChaosShort(t *testing.T) {
 	runChaos(t, cfg)
 }
 
-// TestChaosPlanner is the short planner-mode run: a hundred turns, 40% of
+// TestChaosPlanner is the short planner-mode run: sixty turns, half of
 // them text-only, driven by two planner processes against the harness's
 // scripted model (tool calls in one or two steps, gated ones decided by
-// the harness, then the final answer), with six kills of the planner and
+// the harness, then the final answer), with four kills of the planner and
 // ingest processes (the executor and the tool service are left alone
 // here: a call whose executor dies holds its session for the 2-minute
 // claim lease, which TestChaosShort and `make chaos CHAOS_PLANNER=1`
@@ -60,8 +60,8 @@ func TestChaosPlanner(t *testing.T) {
 		t.Skip("chaos run skipped with -short")
 	}
 	runChaos(t, Config{
-		Turns: 100, Planner: true, PlannerPercent: 40, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4, BurstPercent: -1,
-		Kills: 6, KillOnly: []string{PlannerStage, "ingest"}, BrokerRestarts: -1,
+		Turns: 60, Planner: true, PlannerPercent: 50, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4, BurstPercent: -1,
+		Kills: 4, KillOnly: []string{PlannerStage, "ingest"}, BrokerRestarts: -1,
 		ExpiresAfter: time.Second, ToolCrashes: -1, FaultFrom: 0.05, FaultTo: 0.8,
 		StallTimeout: 3 * time.Minute, MaxDuration: 8 * time.Minute,
 	})
