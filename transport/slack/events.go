@@ -9,47 +9,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/slack-go/slack"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
-// handleEvent is the consumer's handler. Every branch is idempotent: a
-// redelivered or replayed event finds its KV record and posts nothing.
+// handleEvent is the consumer's handler (chat.HandleEvent). Every handler
+// is idempotent: a redelivered or replayed event finds its KV record and
+// posts nothing.
 func (t *Transport) handleEvent(ctx context.Context, m jetstream.Msg) error {
-	subject := m.Subject()
-	switch {
-	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
-		rec, err := schemas.Decode[schemas.ApprovalRecord](m.Data())
-		if err != nil {
-			return err
-		}
-		return t.prompt(ctx, rec)
-	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
-		ev, err := schemas.Decode[schemas.DecidedEvent](m.Data())
-		if err != nil {
-			return err
-		}
-		return t.closePrompt(ctx, ev)
-	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
-		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
-		if err != nil {
-			return err
-		}
-		return t.DeliverOutcome(ctx, o)
-	case strings.HasPrefix(subject, topology.SubjectTurnReply):
-		r, err := schemas.Decode[schemas.ReplyEvent](m.Data())
-		if err != nil {
-			return err
-		}
-		return t.DeliverReply(ctx, r)
-	case strings.HasPrefix(subject, topology.SubjectDecisionRejected):
-		r, err := schemas.Decode[schemas.DecisionRejected](m.Data())
-		if err != nil {
-			return err
-		}
-		return t.rejected(ctx, r)
-	}
-	return schemas.Errorf(schemas.CodeUnknownMessage, "slack: subject %s is not handled", subject)
+	return chat.HandleEvent(ctx, Name, chat.Handlers{
+		Prompt: t.prompt, ClosePrompt: t.closePrompt, Outcome: t.DeliverOutcome, Reply: t.DeliverReply, Rejected: t.rejected,
+	}, m)
 }
 
 // permanent turns a Slack API refusal (an error answer, not a transport

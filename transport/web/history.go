@@ -8,8 +8,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/audit"
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // historyWindow is how far back the history page reads when no since is
