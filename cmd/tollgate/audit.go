@@ -11,7 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-
 	"github.com/tollgate-dev/tollgate/audit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
