@@ -9,12 +9,8 @@
 package compose
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
-	"io"
 	"net/url"
 	"os"
 	"os/exec"
@@ -32,6 +28,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
+	"github.com/tollgate-dev/tollgate/internal/flagset"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
@@ -311,66 +308,20 @@ func isMain(t *testing.T, dir string) bool {
 	return false
 }
 
-// binaryFlags is what one Tollgate binary (or tollgate subcommand) takes:
-// its flag set and the TOLLGATE_* variables it reads.
-type binaryFlags struct {
-	fs  *flag.FlagSet
-	env map[string]bool
-}
-
-var envName = regexp.MustCompile(`TOLLGATE_[A-Z0-9_]+`)
-
 // stageFlags is the flag set a stage binary builds (stagecmd.StageFlags).
-func stageFlags(stage string) binaryFlags {
+func stageFlags(stage string) flagset.Binary {
 	var c stagecmd.Common
-	fs := stagecmd.StageFlags(stage, "", &c)
-	fs.SetOutput(io.Discard)
-	bf := binaryFlags{fs: fs, env: map[string]bool{}}
-	fs.VisitAll(func(f *flag.Flag) {
-		for _, v := range envName.FindAllString(f.Usage, -1) {
-			bf.env[v] = true
-		}
-	})
-	return bf
+	return flagset.Stage(stage, &c)
 }
 
-// helpFlags runs bin with args and -h and rebuilds the flag set from the
-// help it prints (the flag package's "  -name type" lines; a flag with no
-// type is a bool), with the TOLLGATE_* variables its help names.
-func helpFlags(t *testing.T, bin string, args ...string) binaryFlags {
+// helpFlags is bin's flags as its -h output shows them (flagset.Help).
+func helpFlags(t *testing.T, bin string, args ...string) flagset.Binary {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, append(args, "-h")...).CombinedOutput()
-	var exit *exec.ExitError
-	// tollgate prints help on stdout with status 0; the gateway's flag set
-	// prints it on stderr with status 2 (flag.ErrHelp).
-	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 2) {
-		t.Fatalf("%s %v -h: %v\n%s", filepath.Base(bin), args, err, out)
+	b, err := flagset.Help(bin, args...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	fs := flag.NewFlagSet(filepath.Base(bin), flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	bf := binaryFlags{fs: fs, env: map[string]bool{}}
-	line := regexp.MustCompile(`^  -([a-z][a-z0-9-]*)(?: (\S+))?$`)
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if m := line.FindStringSubmatch(sc.Text()); m != nil {
-			if m[2] == "" {
-				fs.Bool(m[1], false, "")
-			} else {
-				fs.String(m[1], "", "")
-			}
-		}
-		for _, v := range envName.FindAllString(sc.Text(), -1) {
-			bf.env[v] = true
-		}
-	}
-	n := 0
-	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n == 0 {
-		t.Fatalf("%s %v -h printed no flags:\n%s", filepath.Base(bin), args, out)
-	}
-	return bf
+	return b
 }
 
 // Every Tollgate service's command parses with its binary's flag set (no
@@ -391,7 +342,7 @@ func TestTollgateServicesUseOnlyFlagsAndVariablesTheirBinariesTake(t *testing.T)
 			if len(s.Command) == 0 {
 				t.Fatal("no command")
 			}
-			var bf binaryFlags
+			var bf flagset.Binary
 			args := s.Command[1:]
 			switch b := s.Command[0]; {
 			case slices.Contains(tollgate.AllStages(), b):
@@ -407,21 +358,21 @@ func TestTollgateServicesUseOnlyFlagsAndVariablesTheirBinariesTake(t *testing.T)
 			default:
 				t.Fatalf("binary %q: no flag set known for it", b)
 			}
-			if err := bf.fs.Parse(args); err != nil {
+			if err := bf.Flags.Parse(args); err != nil {
 				t.Errorf("command %q: %v", s.Command, err)
-			} else if bf.fs.NArg() > 0 {
-				t.Errorf("command %q: stray arguments %q", s.Command, bf.fs.Args())
+			} else if bf.Flags.NArg() > 0 {
+				t.Errorf("command %q: stray arguments %q", s.Command, bf.Flags.Args())
 			}
 			for v := range s.Environment {
-				if strings.HasPrefix(v, "TOLLGATE_") && !bf.env[v] && v != "TOLLGATE_SEAL_KEYS" {
-					t.Errorf("environment %s: %s does not read it (it reads %v)", v, s.Command[0], bf.env)
+				if strings.HasPrefix(v, "TOLLGATE_") && !bf.Env[v] && v != "TOLLGATE_SEAL_KEYS" {
+					t.Errorf("environment %s: %s does not read it (it reads %v)", v, s.Command[0], bf.Env)
 				}
 			}
 		})
 	}
 	// The seal keys are read by seal.FromEnv, not a flag: the stage flag
 	// set names the variable in --seal-keys' help.
-	if !stageFlags(tollgate.StageIngest).env["TOLLGATE_SEAL_KEYS"] {
+	if !stageFlags(tollgate.StageIngest).Env["TOLLGATE_SEAL_KEYS"] {
 		t.Error("the stages' flags no longer name TOLLGATE_SEAL_KEYS")
 	}
 }

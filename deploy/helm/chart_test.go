@@ -13,12 +13,8 @@
 package helm
 
 import (
-	"bufio"
 	"context"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -45,6 +41,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/internal/flagset"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
@@ -224,27 +221,8 @@ func (m manifests) str(t *testing.T, p string) string {
 	return s
 }
 
-// binaryFlags is what one binary (or tollgate subcommand) takes: its flag
-// set and the TOLLGATE_* variables it reads.
-type binaryFlags struct {
-	fs  *flag.FlagSet
-	env map[string]bool
-}
-
-var envName = regexp.MustCompile(`TOLLGATE_[A-Z0-9_]+`)
-
 // stageFlags is the flag set a stage binary builds, filling c.
-func stageFlags(stage string, c *stagecmd.Common) binaryFlags {
-	fs := stagecmd.StageFlags(stage, "", c)
-	fs.SetOutput(io.Discard)
-	bf := binaryFlags{fs: fs, env: map[string]bool{}}
-	fs.VisitAll(func(f *flag.Flag) {
-		for _, v := range envName.FindAllString(f.Usage, -1) {
-			bf.env[v] = true
-		}
-	})
-	return bf
-}
+func stageFlags(stage string, c *stagecmd.Common) flagset.Binary { return flagset.Stage(stage, c) }
 
 // buildBinaries builds the gateway and tollgate (package main, so not
 // importable) from the repository into a temporary directory.
@@ -261,49 +239,20 @@ func buildBinaries(t *testing.T) string {
 	return dir
 }
 
-// helpFlags runs bin with args and -h and rebuilds the flag set from the
-// help it prints (the flag package's "  -name type" lines; a flag with no
-// type is a bool), with the TOLLGATE_* variables its help names.
-func helpFlags(t *testing.T, bin string, args ...string) binaryFlags {
+// helpFlags is bin's flags as its -h output shows them (flagset.Help).
+func helpFlags(t *testing.T, bin string, args ...string) flagset.Binary {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, append(args, "-h")...).CombinedOutput()
-	var exit *exec.ExitError
-	// tollgate prints help on stdout with status 0; the gateway's flag set
-	// prints it on stderr with status 2 (flag.ErrHelp).
-	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 2) {
-		t.Fatalf("%s %v -h: %v\n%s", filepath.Base(bin), args, err, out)
+	b, err := flagset.Help(bin, args...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	fs := flag.NewFlagSet(filepath.Base(bin), flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	bf := binaryFlags{fs: fs, env: map[string]bool{}}
-	line := regexp.MustCompile(`^  -([a-z][a-z0-9-]*)(?: (\S+))?$`)
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if m := line.FindStringSubmatch(sc.Text()); m != nil {
-			if m[2] == "" {
-				fs.Bool(m[1], false, "")
-			} else {
-				fs.String(m[1], "", "")
-			}
-		}
-		for _, v := range envName.FindAllString(sc.Text(), -1) {
-			bf.env[v] = true
-		}
-	}
-	n := 0
-	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n == 0 {
-		t.Fatalf("%s %v -h printed no flags:\n%s", filepath.Base(bin), args, out)
-	}
-	return bf
+	return b
 }
 
 // parseContainer parses c's args with bf's flag set, after setting c's
 // literal environment (so that TOLLGATE_* defaults apply as in the pod),
 // and checks that every TOLLGATE_* variable c sets is one bf reads.
-func parseContainer(t *testing.T, c corev1.Container, bf func() binaryFlags) binaryFlags {
+func parseContainer(t *testing.T, c corev1.Container, bf func() flagset.Binary) flagset.Binary {
 	t.Helper()
 	for _, e := range c.Env {
 		if e.ValueFrom == nil && !strings.Contains(e.Value, "$(") {
@@ -311,14 +260,14 @@ func parseContainer(t *testing.T, c corev1.Container, bf func() binaryFlags) bin
 		}
 	}
 	f := bf()
-	if err := f.fs.Parse(c.Args); err != nil {
+	if err := f.Flags.Parse(c.Args); err != nil {
 		t.Errorf("%s %q: %v", c.Command, c.Args, err)
-	} else if f.fs.NArg() > 0 {
-		t.Errorf("%s %q: stray arguments %q", c.Command, c.Args, f.fs.Args())
+	} else if f.Flags.NArg() > 0 {
+		t.Errorf("%s %q: stray arguments %q", c.Command, c.Args, f.Flags.Args())
 	}
 	for _, e := range c.Env {
-		if strings.HasPrefix(e.Name, "TOLLGATE_") && !f.env[e.Name] {
-			t.Errorf("%s: environment %s is not read by %s (it reads %v)", c.Name, e.Name, c.Command, f.env)
+		if strings.HasPrefix(e.Name, "TOLLGATE_") && !f.Env[e.Name] {
+			t.Errorf("%s: environment %s is not read by %s (it reads %v)", c.Name, e.Name, c.Command, f.Env)
 		}
 	}
 	return f
@@ -339,9 +288,9 @@ func TestEveryContainerUsesOnlyFlagsAndVariablesItsBinaryTakes(t *testing.T) {
 				t.Run(component, func(t *testing.T) {
 					switch b := c.Command; {
 					case len(b) == 1 && slices.Contains(tollgate.AllStages(), b[0]):
-						parseContainer(t, c, func() binaryFlags { var common stagecmd.Common; return stageFlags(b[0], &common) })
+						parseContainer(t, c, func() flagset.Binary { var common stagecmd.Common; return stageFlags(b[0], &common) })
 					case slices.Equal(b, []string{"gateway"}):
-						parseContainer(t, c, func() binaryFlags { return helpFlags(t, filepath.Join(bin, "gateway")) })
+						parseContainer(t, c, func() flagset.Binary { return helpFlags(t, filepath.Join(bin, "gateway")) })
 					default:
 						t.Fatalf("command %q: not a stage or the gateway", b)
 					}
@@ -354,14 +303,14 @@ func TestEveryContainerUsesOnlyFlagsAndVariablesItsBinaryTakes(t *testing.T) {
 				}
 				sub := c.Args[0]
 				c.Args = c.Args[1:]
-				parseContainer(t, c, func() binaryFlags { return helpFlags(t, filepath.Join(bin, "tollgate"), sub) })
+				parseContainer(t, c, func() flagset.Binary { return helpFlags(t, filepath.Join(bin, "tollgate"), sub) })
 			}
 		})
 	}
 	// The seal keys are read by seal.FromEnv, not a flag: the stage flag
 	// set names the variable in --seal-keys' help.
 	var c stagecmd.Common
-	if !stageFlags(tollgate.StageIngest, &c).env["TOLLGATE_SEAL_KEYS"] {
+	if !stageFlags(tollgate.StageIngest, &c).Env["TOLLGATE_SEAL_KEYS"] {
 		t.Error("the stages' flags no longer name TOLLGATE_SEAL_KEYS")
 	}
 }
@@ -506,7 +455,7 @@ func TestStagesRunWithNoProvisionAfterTheProvisioningHook(t *testing.T) {
 				d := m.deployments[stage]
 				c := onlyContainer(t, d.Spec.Template.Spec)
 				var common stagecmd.Common
-				parseContainer(t, c, func() binaryFlags { return stageFlags(stage, &common) })
+				parseContainer(t, c, func() flagset.Binary { return stageFlags(stage, &common) })
 				if !common.NoProvision {
 					t.Errorf("%s runs without --no-provision", stage)
 				}
