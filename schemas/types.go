@@ -63,6 +63,17 @@ func AudienceOf(k ChannelKind) (Audience, error) {
 // check.
 func (a Audience) Wider(b Audience) bool { return a.rank() > b.rank() }
 
+// Admits reports whether what a turn of audience a says may be shown in a
+// channel of kind k: a is a known audience and k reaches no more people
+// than a (dm for personal; dm or private for team; any for public). It is
+// the containment rule of decisions (a decider must not answer where more
+// people see the call) and of deliveries (an outcome or reply goes nowhere
+// wider than its turn's audience, and nowhere at all with audience "").
+func (a Audience) Admits(k ChannelKind) bool {
+	where, err := AudienceOf(k)
+	return a.valid() && err == nil && !where.Wider(a)
+}
+
 func (a Audience) rank() int {
 	switch a {
 	case AudiencePersonal:

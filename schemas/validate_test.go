@@ -334,3 +334,30 @@ func TestCheckToolName(t *testing.T) {
 		})
 	}
 }
+
+// Admits is the containment rule of decisions and deliveries: a channel
+// may show a turn only if it reaches no more people than the turn's
+// audience, and nothing is shown for an unknown audience or channel kind.
+func TestAudienceAdmits(t *testing.T) {
+	tests := []struct {
+		audience schemas.Audience
+		kind     schemas.ChannelKind
+		want     bool
+	}{
+		{schemas.AudiencePersonal, schemas.ChannelDM, true},
+		{schemas.AudiencePersonal, schemas.ChannelPrivate, false},
+		{schemas.AudiencePersonal, schemas.ChannelPublic, false},
+		{schemas.AudienceTeam, schemas.ChannelDM, true},
+		{schemas.AudienceTeam, schemas.ChannelPrivate, true},
+		{schemas.AudienceTeam, schemas.ChannelPublic, false},
+		{schemas.AudiencePublic, schemas.ChannelPublic, true},
+		{"", schemas.ChannelDM, false},
+		{"everyone", schemas.ChannelDM, false},
+		{schemas.AudiencePublic, "forum", false},
+	}
+	for _, tc := range tests {
+		if got := tc.audience.Admits(tc.kind); got != tc.want {
+			t.Errorf("audience %q admits a %q channel: %v, want %v", tc.audience, tc.kind, got, tc.want)
+		}
+	}
+}

@@ -171,8 +171,7 @@ func MayDecide(rec *schemas.ApprovalRecord, transport string, decider schemas.Se
 		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "%s is not a verified user (kind %q, verified %v)", principal, decider.Kind, decider.Verified)
 	}
 	if channel != nil {
-		where, err := schemas.AudienceOf(channel.Kind)
-		if err != nil || where.Wider(rec.Context.Audience) {
+		if !rec.Context.Audience.Admits(channel.Kind) {
 			return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "decision posted in a %s channel for a %s turn", channel.Kind, rec.Context.Audience)
 		}
 	}

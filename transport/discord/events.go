@@ -85,16 +85,6 @@ func (t *Transport) closePrompt(ctx context.Context, ev *schemas.DecidedEvent) e
 	return nil
 }
 
-// deliverable reports whether a message of audience may be posted in a
-// channel of kind: never with no audience, never wider than the audience.
-func deliverable(kind schemas.ChannelKind, audience schemas.Audience) bool {
-	if audience == "" {
-		return false
-	}
-	a, err := schemas.AudienceOf(kind)
-	return err == nil && !a.Wider(audience)
-}
-
 // DeliverOutcome posts a turn's results into its reply target's channel,
 // once per turn (record outcome.<turn>): only for a discord reply target
 // whose channel is no wider than the outcome's audience, never for an
@@ -123,7 +113,7 @@ func (t *Transport) DeliverReply(ctx context.Context, r *schemas.ReplyEvent) err
 
 // once posts text into ch unless record key says it was posted.
 func (t *Transport) once(ctx context.Context, key, kind string, ch schemas.Channel, audience schemas.Audience, body string) error {
-	if !deliverable(ch.Kind, audience) || ch.ID == "" {
+	if !audience.Admits(ch.Kind) || ch.ID == "" {
 		t.refuse(ReasonNowhere)
 		return nil
 	}
