@@ -45,7 +45,7 @@ func serve(args []string) int {
 	mode := fs.String("mode", stagecmd.Env("TOLLGATE_SLACK_MODE", "socket"), "socket (Socket Mode, outbound websocket) or http (Events API endpoints) (env TOLLGATE_SLACK_MODE)")
 	addr := fs.String("http", stagecmd.Env("TOLLGATE_SLACK_HTTP", "127.0.0.1:8090"), "HTTP mode: listen address of /slack/events and /slack/interactivity (env TOLLGATE_SLACK_HTTP)")
 	apiURL := fs.String("slack-api-url", stagecmd.Env("TOLLGATE_SLACK_API_URL", slack.APIURL), "Slack Web API root (env TOLLGATE_SLACK_API_URL)")
-	metricsAddr := fs.String("metrics", stagecmd.Env("TOLLGATE_METRICS_ADDR", "127.0.0.1:9466"), "address for /metrics, /healthz and /readyz, empty to disable (env TOLLGATE_METRICS_ADDR)")
+	metricsAddr := fs.String("metrics", stagecmd.Env("TOLLGATE_METRICS_ADDR", "127.0.0.1:9468"), "address for /metrics, /healthz and /readyz, empty to disable (env TOLLGATE_METRICS_ADDR)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
