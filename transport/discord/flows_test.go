@@ -266,6 +266,9 @@ func TestPlannerReplyIsDeliveredOnce(t *testing.T) {
 	r.h.Publish(topology.SubjectTurnOutcome+step.TurnID, "", step)
 	r.h.Publish(topology.SubjectTurnReply+turn, "", reply)
 	r.h.Publish(topology.SubjectTurnReply+turn, "", reply)
+	// The reply is posted; once every event is consumed, it is still the
+	// only post.
+	r.discord.await(t, 1, http.MethodPost, "/channels/DM111/messages", nil)
 	r.awaitConsumed(t)
 	posts := r.discord.find(http.MethodPost, "/channels/DM111/messages", nil)
 	if len(posts) != 1 || posts[0].content() != reply.Text {

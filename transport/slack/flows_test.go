@@ -244,6 +244,9 @@ func TestPlannerReplyIsDeliveredOnceToTheThread(t *testing.T) {
 	r.h.Publish(topology.SubjectTurnOutcome+step.TurnID, "", step)
 	r.h.Publish(topology.SubjectTurnReply+turn, "", reply)
 	r.h.Publish(topology.SubjectTurnReply+turn, "", reply)
+	// The reply is posted; once every event is consumed, it is still the
+	// only post.
+	r.slack.await(t, 1, "chat.postMessage", func(c call) bool { return c.form.Get("text") == reply.Text })
 	r.awaitConsumed(t)
 	posts := r.slack.find("chat.postMessage", in("DU1"))
 	replies := r.slack.find("chat.postMessage", func(c call) bool { return c.form.Get("text") == reply.Text })
