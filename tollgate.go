@@ -166,7 +166,7 @@ type Config struct {
 	// Tuning, for tests; zero is the owning package's default.
 	ClaimLease    time.Duration // batch.Config.ClaimLease
 	ToolTimeout   time.Duration // batch.Config.ToolTimeout
-	OrderWait     time.Duration // executor.Config.OrderWait
+	OrderWait     time.Duration // executor.Config.OrderWait and planner.Config.OrderWait
 	SweepInterval time.Duration // redriver.Config.SweepInterval (negative: no sweep)
 	SweepAfter    time.Duration // redriver.Config.SweepAfter
 
@@ -405,7 +405,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 		if p.Planner, err = planner.New(ctx, planner.Config{
 			Options: *cfg.Planner, JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy,
 			Logger: stageLog(StagePlanner), Metrics: metrics, Registerer: regOf(StagePlanner),
-			Topology: topo, CheckOnly: cfg.CheckOnly, TracerProvider: cfg.TracerProvider,
+			Topology: topo, CheckOnly: cfg.CheckOnly, TracerProvider: cfg.TracerProvider, OrderWait: cfg.OrderWait,
 		}); err != nil {
 			return nil, err
 		}

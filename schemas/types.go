@@ -446,6 +446,20 @@ type BatchRecord struct {
 	Origin string `msgpack:"origin,omitempty"`
 	// FollowUpDepth: the accepted turn's (see AcceptedTurn.FollowUpDepth).
 	FollowUpDepth int `msgpack:"followup_depth,omitempty"`
+	// Plan marks the batch record of a planner turn (an agent loop): it has
+	// no calls of its own (they run in its step batches), the planner alone
+	// moves it (queued when the turn is recorded, running while the loop
+	// holds its session, terminal when the loop ends), and no executor ever
+	// runs it. See pipeline/planner.
+	Plan bool `msgpack:"plan,omitempty"`
+	// HeldBy is the planner turn whose hold on the session this batch (one
+	// of its steps) ran under, instead of taking the session queue itself;
+	// empty for a batch that took its session.
+	HeldBy string `msgpack:"held_by,omitempty"`
+	// SupersededBy, on a planner turn's batch record, is the newer turn of
+	// the session that superseded the loop (session policy "supersede"):
+	// the loop takes no further model step and fails TURN_SUPERSEDED.
+	SupersededBy string `msgpack:"superseded_by,omitempty"`
 }
 
 // TurnState is the terminal state of a turn.
@@ -491,7 +505,7 @@ type SessionRecord struct {
 	// of the session (TOLLGATE_INBOUND sequence) up to it has become a turn
 	// that is queued, running or finished, or never will be one. The
 	// executor admits turns to the queue in this order (see
-	// pipeline/executor/order.go). Zero for records written before it.
+	// pipeline/sessionorder). Zero for records written before it.
 	InboundSeq uint64 `msgpack:"inbound_seq,omitempty"`
 }
 

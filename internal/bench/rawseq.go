@@ -16,7 +16,7 @@ import (
 // trace has the same shape (see calibrate).
 //
 // The executor reads the session record (for the session-order check, see
-// pipeline/executor/order.go) and queues the turn by compare-and-set at
+// pipeline/sessionorder) and queues the turn by compare-and-set at
 // that revision. On a session's first turn the read finds nothing and the
 // record is created instead, in Tollgate (Acquire) as in the raw program.
 // Between the session record's read and its update, the executor looks up

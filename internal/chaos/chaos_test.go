@@ -47,20 +47,17 @@ func TestChaosShort(t *testing.T) {
 // cover), no broker restart and no tool service crash call. The checks
 // add the planner's: no model step asked again after its answer was
 // recorded, step batches made of their recorded steps, and every completed
-// planner turn's reply under its own context.
-//
-// No turn is a burst (published before the session's previous turn
-// ended): a planner turn published while an earlier turn with calls of
-// its session still runs does not wait for it (the planner orders a
-// session's loops among themselves only, and a step batch, a follow-up,
-// skips the executor's arrival-order check), which the session-order check
-// reports; `make chaos CHAOS_PLANNER=1` (bursts on) shows it.
+// planner turn's reply under its own context. Bursts are on: turns with
+// calls and text-only turns of one session published before the previous
+// one ended must still end in arrival order (package sessionorder: one
+// queue per session for both kinds, a loop holding its session until it
+// ends).
 func TestChaosPlanner(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos run skipped with -short")
 	}
 	runChaos(t, Config{
-		Turns: 60, Planner: true, PlannerPercent: 50, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4, BurstPercent: -1,
+		Turns: 60, Planner: true, PlannerPercent: 50, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
 		Kills: 4, KillOnly: []string{PlannerStage, "ingest"}, BrokerRestarts: -1,
 		ExpiresAfter: time.Second, ToolCrashes: -1, FaultFrom: 0.05, FaultTo: 0.8,
 		StallTimeout: 3 * time.Minute, MaxDuration: 8 * time.Minute,
@@ -163,7 +160,7 @@ func runChaos(t *testing.T, cfg Config) {
 // consumer at the same time, and without the executor's arrival-order check
 // the later one could acquire the session first; with two ingest processes
 // the accepted turns can also be published out of arrival order. The check
-// (pipeline/executor/order.go, docs/protocol.md §11) prevents both; this
+// (pipeline/sessionorder, docs/protocol.md §11) prevents both; this
 // test fails if it stops doing so.
 func TestSessionOrderRepro(t *testing.T) {
 	if testing.Short() {

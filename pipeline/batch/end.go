@@ -188,6 +188,11 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 			return err
 		}
 	}
+	if b.HeldBy != "" {
+		// A step of an agent loop ran inside its loop's hold on the session
+		// and never took the session itself: there is nothing to release.
+		return nil
+	}
 	return e.release(ctx, b.SessionID, b.TurnID, sess)
 }
 
@@ -245,6 +250,78 @@ const SupersededPrefix = "tollgate:superseded-by:"
 // is already met runs as approved.
 func (e *Engine) Supersede(ctx context.Context, b *schemas.BatchRecord, newTurnID string) error {
 	return e.abandon(ctx, b, SupersededPrefix+newTurnID, false)
+}
+
+// SupersedeActive applies the session policy "supersede" for newTurnID,
+// just queued in session sessionID: the session's active turn gives way.
+// A batch waiting on approvals has them abandoned (Supersede). A planner
+// turn's loop (BatchRecord.Plan) is marked superseded on its batch record
+// (SupersededBy, by compare-and-set: it takes no further model step and
+// fails TURN_SUPERSEDED), and the step batch it waits on, if that waits on
+// approvals, has them abandoned. Anything else (a running batch, an ended
+// one, no active turn) is left to end by itself: newTurnID runs after it.
+// Records that are gone or do not decode are not superseded (their own
+// stages fail closed on them).
+func (e *Engine) SupersedeActive(ctx context.Context, sessionID, newTurnID string) error {
+	s, _, err := e.cfg.Store.Sessions.Get(ctx, schemas.SessionKey(sessionID))
+	if err != nil || s.Active == "" || s.Active == newTurnID {
+		return ignoreGone(err)
+	}
+	old, _, err := e.cfg.Store.Batches.Get(ctx, s.Active)
+	if err != nil {
+		return ignoreGone(err)
+	}
+	if !old.Plan {
+		if old.State != schemas.BatchAwaiting {
+			return nil // not waiting on anyone: the new turn runs when it ends
+		}
+		e.cfg.Logger.Info("turn supersedes its session's waiting batch", "turn", newTurnID, "superseded", old.TurnID)
+		return e.Supersede(ctx, old, newTurnID)
+	}
+	return e.SupersedeLoop(ctx, old.TurnID, newTurnID)
+}
+
+// SupersedeLoop marks the agent loop of planner turn loopID superseded by
+// newTurnID (see SupersedeActive) and abandons the approvals its latest
+// step batch waits on. It is idempotent.
+func (e *Engine) SupersedeLoop(ctx context.Context, loopID, newTurnID string) error {
+	_, _, err := e.cfg.Store.Batches.Mutate(ctx, loopID, func(b *schemas.BatchRecord) error {
+		if !b.Plan || b.State.Terminal() || b.SupersededBy != "" {
+			return store.ErrSkip
+		}
+		b.SupersededBy, b.UpdatedAt = newTurnID, e.Now()
+		return nil
+	})
+	if err != nil {
+		return ignoreGone(err)
+	}
+	e.cfg.Logger.Info("turn supersedes its session's agent loop", "turn", newTurnID, "superseded", loopID)
+	// The loop's steps are loopID-p0, -p1, ...: the latest that exists is
+	// the one it may wait on (a loop takes at most its step budget of them).
+	var last *schemas.BatchRecord
+	for n := 0; ; n++ {
+		st, _, err := e.cfg.Store.Batches.Get(ctx, schemas.PlannerStepTurnID(loopID, n))
+		if errors.Is(err, store.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			return ignoreGone(err)
+		}
+		last = st
+	}
+	if last == nil || last.State != schemas.BatchAwaiting {
+		return nil // not made yet, or not waiting: the loop stops at its next step
+	}
+	return e.Supersede(ctx, last, newTurnID)
+}
+
+// ignoreGone drops the errors under which superseding is simply not
+// possible: no record, or one that does not decode.
+func ignoreGone(err error) error {
+	if errors.Is(err, store.ErrNotFound) || schemas.Permanent(err) {
+		return nil
+	}
+	return err
 }
 
 // abandon moves b's pending approvals to abandoned under principal. With

@@ -17,8 +17,8 @@ import (
 // turnID is now active. inboundSeq, if not zero, is the turn's inbound
 // stream sequence: the session's arrival watermark (SessionRecord.InboundSeq)
 // is raised to it in the same compare-and-set. The caller has checked that
-// every earlier inbound message of the session is settled (the executor's
-// order.go), so queue order is arrival order. snap, if not nil, is the
+// every earlier inbound message of the session is settled (package
+// sessionorder), so queue order is arrival order. snap, if not nil, is the
 // session record as the caller just read it, used instead of a first read
 // (an empty snapshot: nothing read yet); Acquire leaves in it the session
 // record as it last read or wrote it, for ConcludeFrom's release.
@@ -123,10 +123,23 @@ func (e *Engine) enqueue(s *schemas.SessionRecord, turnID string, inboundSeq uin
 // Announce publishes the ready notice of turnID (message id
 // topology.ReadyMsgID), on which an executor advances its batch: a queued
 // turn that is now its session's active one, or (from the recovery sweep) a
-// running batch whose executor died.
+// running batch whose executor died. It is for batches the executor runs;
+// AnnounceBatch picks the stage from the record.
 func (e *Engine) Announce(ctx context.Context, sessionID, turnID string) error {
 	n := &schemas.TurnNotice{TurnID: turnID, SessionID: sessionID, Kind: schemas.NoticeReady, At: e.Now()}
 	return bus.Publish(ctx, e.cfg.JS, topology.ReadySubject(schemas.SessionKey(sessionID)), topology.ReadyMsgID(turnID), n)
+}
+
+// AnnounceBatch announces that queued batch b may start now that its
+// session sessionID is free: the planner's loop-ready notice (topology.PlanReadySubject,
+// message id topology.PlanReadyMsgID) for a planner turn's record
+// (BatchRecord.Plan), the executor's ready notice (Announce) otherwise.
+func (e *Engine) AnnounceBatch(ctx context.Context, sessionID string, b *schemas.BatchRecord) error {
+	if !b.Plan {
+		return e.Announce(ctx, sessionID, b.TurnID)
+	}
+	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: sessionID, Kind: schemas.NoticeReady, At: e.Now()}
+	return bus.Publish(ctx, e.cfg.JS, topology.PlanReadySubject(schemas.SessionKey(sessionID)), topology.PlanReadyMsgID(b.TurnID), n)
 }
 
 // Release ends turnID's hold on its session: the next queued turn becomes
@@ -191,7 +204,7 @@ func (e *Engine) release(ctx context.Context, sessionID, turnID string, snap *Se
 			turnID = next // it ended while queued: pass the session on
 			continue
 		case nb.State == schemas.BatchQueued:
-			return e.Announce(ctx, sessionID, next)
+			return e.AnnounceBatch(ctx, sessionID, nb)
 		default:
 			return nil // already running
 		}

@@ -17,6 +17,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/sessionorder"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -62,7 +64,7 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// OrderWait bounds how long a turn waits for an earlier inbound message
 	// of its session to become a turn (default DefaultOrderWait; see
-	// order.go).
+	// package sessionorder).
 	OrderWait time.Duration
 }
 
@@ -76,12 +78,15 @@ func (c Config) Validate() error {
 
 // Executor is the executor stage.
 type Executor struct {
-	cfg          Config
-	requested    prometheus.Counter
-	calls        *prometheus.CounterVec
-	orderSkipped prometheus.Counter
-	orderState
+	cfg       Config
+	requested prometheus.Counter
+	calls     *prometheus.CounterVec
+	order     *sessionorder.Checker
 }
+
+// DefaultOrderWait bounds how long a turn waits for an earlier inbound
+// message of its session that ingest has not turned into a turn.
+const DefaultOrderWait = sessionorder.DefaultWait
 
 // New returns an Executor.
 func New(cfg Config) (*Executor, error) {
@@ -102,16 +107,18 @@ func New(cfg Config) (*Executor, error) {
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_executor_calls_total", Help: "Calls evaluated by the executor, by policy mode.",
 		}, []string{"mode"}),
-		orderSkipped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_session_order_skipped_total",
-			Help: "Earlier inbound messages of a session that a later turn stopped waiting for after OrderWait (see executor order.go).",
-		}),
 	}
-	for _, c := range []*prometheus.Counter{&x.requested, &x.orderSkipped} {
-		if err := metrics.Register(cfg.Registerer, c); err != nil {
-			return nil, err
-		}
+	if err := metrics.Register(cfg.Registerer, &x.requested); err != nil {
+		return nil, err
 	}
+	order, err := sessionorder.New(sessionorder.Config{
+		JS: cfg.JS, Store: cfg.Store, Policy: cfg.Policy, Now: cfg.Engine.Now, Logger: cfg.Logger,
+		Registerer: cfg.Registerer, Wait: cfg.OrderWait,
+	})
+	if err != nil {
+		return nil, err
+	}
+	x.order = order
 	if err := metrics.Register(cfg.Registerer, &x.calls); err != nil {
 		return nil, err
 	}
@@ -178,15 +185,6 @@ func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 	return x.cfg.Engine.Abort(ctx, turnID, code, cause.Error())
 }
 
-// arrivalSeq is the inbound sequence that orders b in its session, or 0
-// for a turn that is not arrival-ordered (a follow-up; see order.go).
-func arrivalSeq(b *schemas.BatchRecord) uint64 {
-	if b.Origin != "" || b.Context == nil {
-		return 0
-	}
-	return b.Context.Provenance.StreamSeq
-}
-
 // Accept records the batch of an accepted turn (once) and advances it. A
 // turn whose NotBefore is still ahead is not recorded yet (see due.go).
 func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
@@ -238,6 +236,18 @@ func (x *Executor) Advance(ctx context.Context, turnID string) error {
 func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint64) error {
 	turnID := b.TurnID
 	eng := x.cfg.Engine
+	if b.Plan {
+		// A planner turn's own record: the planner moves it, never an
+		// executor. A ready notice for it (a release from an older version,
+		// a repeated one) is passed on to the planner.
+		switch {
+		case b.State.Terminal():
+			return eng.Finish(ctx, b)
+		case b.State == schemas.BatchQueued:
+			return eng.AnnounceBatch(ctx, b.SessionID, b)
+		}
+		return nil
+	}
 	switch b.State {
 	case schemas.BatchCompleted, schemas.BatchFailed:
 		return eng.Finish(ctx, b)
@@ -257,20 +267,29 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 	resumed := b.State == schemas.BatchRunning
 	var known batch.Known // the records as last read or written, for run
 	if b.State == schemas.BatchQueued {
-		snap, err := x.inOrder(ctx, b)
+		held, snap, err := x.heldBy(ctx, b)
 		if err != nil {
 			return err
 		}
-		if snap == nil {
-			snap = &batch.SessionSnapshot{}
-		}
-		active, err := eng.Acquire(ctx, b.SessionID, b.TurnID, arrivalSeq(b), snap)
-		if err != nil {
-			return err
-		}
-		if !active {
-			x.cfg.Logger.Info("turn queued behind its session's batch", "turn", b.TurnID, "session", b.SessionID)
-			return x.supersedeActive(ctx, b)
+		if held == "" {
+			checked, err := x.order.Check(ctx, b)
+			if err != nil {
+				return err
+			}
+			if checked != nil {
+				snap = checked
+			}
+			if snap == nil {
+				snap = &batch.SessionSnapshot{}
+			}
+			active, err := eng.Acquire(ctx, b.SessionID, b.TurnID, sessionorder.ArrivalSeq(b), snap)
+			if err != nil {
+				return err
+			}
+			if !active {
+				x.cfg.Logger.Info("turn queued behind its session's batch", "turn", b.TurnID, "session", b.SessionID)
+				return x.supersedeActive(ctx, b)
+			}
 		}
 		started := false
 		b, rev, err = x.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
@@ -279,7 +298,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 				return store.ErrSkip
 			}
 			started = true
-			b.State, b.UpdatedAt = schemas.BatchRunning, eng.Now()
+			b.State, b.HeldBy, b.UpdatedAt = schemas.BatchRunning, held, eng.Now()
 			return nil
 		})
 		// Another worker may have started it meanwhile (a redelivered copy):
@@ -291,12 +310,37 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 		if b.State != schemas.BatchRunning {
 			return x.Advance(ctx, turnID)
 		}
-		if started {
+		if started && held == "" {
 			known.Session = snap
 		}
 	}
 	known.Batch, known.BatchRev = b, rev
 	return x.run(ctx, b, known, resumed)
+}
+
+// heldBy reports whether queued batch b is a step of an agent loop that
+// holds b's session now, and if so returns the loop's turn id: the step then
+// runs inside that hold instead of queuing behind it (which would deadlock:
+// the loop ends only after its step). Otherwise it returns "" and, for a
+// follow-up, the session record it read, for Acquire. A step whose loop does
+// not hold the session (a loop started by a version before loops held their
+// sessions) queues like any follow-up.
+func (x *Executor) heldBy(ctx context.Context, b *schemas.BatchRecord) (string, *batch.SessionSnapshot, error) {
+	if b.Origin == "" {
+		return "", nil, nil
+	}
+	key := schemas.SessionKey(b.SessionID)
+	sess, rev, err := x.cfg.Store.Sessions.Get(ctx, key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return "", &batch.SessionSnapshot{NotFound: true}, nil
+	case err != nil:
+		return "", nil, fmt.Errorf("load session %s: %w", key, err)
+	}
+	if root, _, ok := schemas.PlannerStepOf(b.TurnID); ok && root == b.Origin && sess.Active == root {
+		return root, nil, nil
+	}
+	return "", &batch.SessionSnapshot{Rec: sess, Rev: rev}, nil
 }
 
 // run evaluates and runs a batch in state running. known holds b at its
@@ -407,40 +451,36 @@ func (x *Executor) supersedes(b *schemas.BatchRecord) bool {
 }
 
 // supersedeActive applies the supersede session policy for b, which just
-// queued behind its session's active batch: if that batch waits on
-// approvals, they are abandoned so the session moves on to b.
+// queued behind its session's active turn: a batch waiting on approvals has
+// them abandoned, an agent loop is marked superseded
+// (batch.Engine.SupersedeActive), so the session moves on to b.
 func (x *Executor) supersedeActive(ctx context.Context, b *schemas.BatchRecord) error {
 	if !x.supersedes(b) {
 		return nil
 	}
-	s, _, err := x.cfg.Store.Sessions.Get(ctx, schemas.SessionKey(b.SessionID))
-	if err != nil || s.Active == "" || s.Active == b.TurnID {
-		return ignoreNotFound(err)
-	}
-	old, _, err := x.cfg.Store.Batches.Get(ctx, s.Active)
-	if err != nil {
-		return ignoreNotFound(err)
-	}
-	if old.State != schemas.BatchAwaiting {
-		return nil // not waiting on anyone: b runs when it ends
-	}
-	x.cfg.Logger.Info("turn supersedes its session's waiting batch", "turn", b.TurnID, "superseded", old.TurnID)
-	return x.cfg.Engine.Supersede(ctx, old, b.TurnID)
+	return x.cfg.Engine.SupersedeActive(ctx, b.SessionID, b.TurnID)
 }
 
 // supersedeSelf applies the supersede policy to b, which just started
-// waiting on approvals: if a newer turn of the session is already queued,
-// b's approvals are abandoned at once.
+// waiting on approvals: if a newer turn of the session is already queued
+// behind the turn that holds the session (b, or the agent loop b is a step
+// of), b's approvals are abandoned at once (and the loop is marked
+// superseded).
 func (x *Executor) supersedeSelf(ctx context.Context, b *schemas.BatchRecord) error {
 	if !x.supersedes(b) {
 		return nil
 	}
+	holder := cmp.Or(b.HeldBy, b.TurnID)
 	s, _, err := x.cfg.Store.Sessions.Get(ctx, schemas.SessionKey(b.SessionID))
-	if err != nil || s.Active != b.TurnID || len(s.Queue) == 0 {
+	if err != nil || s.Active != holder || len(s.Queue) == 0 {
 		return ignoreNotFound(err)
 	}
-	x.cfg.Logger.Info("waiting batch superseded by a queued turn", "turn", b.TurnID, "by", s.Queue[len(s.Queue)-1])
-	return x.cfg.Engine.Supersede(ctx, b, s.Queue[len(s.Queue)-1])
+	by := s.Queue[len(s.Queue)-1]
+	x.cfg.Logger.Info("waiting batch superseded by a queued turn", "turn", b.TurnID, "by", by)
+	if b.HeldBy != "" {
+		return x.cfg.Engine.SupersedeLoop(ctx, b.HeldBy, by)
+	}
+	return x.cfg.Engine.Supersede(ctx, b, by)
 }
 
 // ignoreNotFound drops the errors under which superseding is simply not

@@ -17,20 +17,41 @@
 //
 // # Session order
 //
-// The agent loops of a session run one at a time, in the order their turns
-// reach the planner: a schemas.PlannerQueue per session (Active, Queue)
-// changed only by compare-and-set. A later text message waits, queued,
-// until the running loop has ended; it is then announced on
-// topology.PlanReadySubject. Where the session policy says supersede
-// (policy sessions.busy), the queued turn supersedes the running loop
-// instead: that loop is marked (PlannerTurn.SupersededBy), takes no
-// further model step and fails TURN_SUPERSEDED, and if its step batch
-// waits on approvals they are abandoned (batch.Engine.Supersede), so the
-// model never acts on them. A later message with calls waits in the
-// executor's session-order check (pipeline/executor order.go) until the
-// loop's turn has its terminal batch record, for at most the executor's
-// OrderWait; the step batches of a loop take the executor's session queue
-// like any follow-up work, so no two batches of a session ever run at once.
+// A session has one queue, whichever stage runs its turns: the session
+// record (schemas.SessionRecord, batch.Engine.Acquire and Release), shared
+// with the executor. A planner turn T joins it like a turn with calls:
+//
+//   - T's batch record is created first, queued, with Plan set and no calls
+//     of its own (the executor never runs such a record; it is the
+//     planner's);
+//   - every earlier inbound message of the session must be settled (package
+//     sessionorder, the executor's arrival-order rule): otherwise T's
+//     message is NAKed and tried again shortly;
+//   - T then takes the session (Acquire, raising the arrival watermark) or
+//     is queued behind the session's active turn, a turn with calls or
+//     another loop, and is announced on topology.PlanReadySubject when the
+//     session is released to it (batch.Engine.AnnounceBatch).
+//
+// The loop holds the session from its first model step to its end. Its step
+// batches run inside that hold: the executor runs a step batch of T without
+// queuing it while T is the session's active turn (BatchRecord.HeldBy), so
+// no other batch of the session runs between or beside T's steps, and a
+// turn that arrives meanwhile, with calls or without, waits in the queue for
+// as long as the loop runs (a person may take days), not for the order
+// wait. T's end (batch.Engine.Finish of its terminal batch record) releases
+// the session to the next queued turn.
+//
+// Where the session policy says supersede (policy sessions.busy), a turn
+// queued behind the running loop supersedes it instead
+// (batch.Engine.SupersedeActive): the loop is marked on its batch record
+// (SupersededBy), takes no further model step and fails TURN_SUPERSEDED,
+// and if its step batch waits on approvals they are abandoned, so the model
+// never acts on them.
+//
+// Upgrade: a loop that an earlier version was running in the planner's own
+// loop queue (schemas.PlannerQueue) keeps its session until it ends: a new
+// turn of the session waits behind it in that queue, and the old loop's end
+// hands it on (legacyGate, legacyRelease in loop.go).
 //
 // # One step
 //

@@ -13,7 +13,9 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/sessionorder"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -73,12 +75,9 @@ func (p *Planner) Drive(ctx context.Context, turnID string) error {
 		case schemas.PlannerCompleted, schemas.PlannerFailed:
 			return p.finish(ctx, tr)
 		case schemas.PlannerQueued:
-			active, running, err := p.acquire(ctx, tr.SessionID, turnID)
-			if err != nil {
+			started, err := p.start(ctx, tr)
+			if err != nil || !started {
 				return err
-			}
-			if !active {
-				return p.supersede(ctx, tr, running)
 			}
 			if _, _, err := p.turns.MutateFrom(ctx, turnID, tr, rev, func(t *schemas.PlannerTurn) error {
 				if t.State != schemas.PlannerQueued {
@@ -95,8 +94,12 @@ func (p *Planner) Drive(ctx context.Context, turnID string) error {
 		st, _, err := p.steps.Get(ctx, schemas.PlannerStepKey(turnID, tr.Step))
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			if tr.SupersededBy != "" {
-				return p.end(ctx, turnID, schemas.PlannerFailed, schemas.CodeTurnSuperseded, "superseded by turn "+tr.SupersededBy, nil)
+			by, err := p.supersededBy(ctx, tr)
+			if err != nil {
+				return err
+			}
+			if by != "" {
+				return p.end(ctx, turnID, schemas.PlannerFailed, schemas.CodeTurnSuperseded, "superseded by turn "+by, nil)
 			}
 			if code, reason := p.overBudget(tr); code != "" {
 				return p.end(ctx, turnID, schemas.PlannerFailed, code, reason, nil)
@@ -491,10 +494,10 @@ func (p *Planner) finish(ctx context.Context, tr *schemas.PlannerTurn) error {
 			return err
 		}
 	}
-	if err := p.cfg.Engine.Finish(ctx, b); err != nil {
+	if err := p.cfg.Engine.Finish(ctx, b); err != nil { // releases the session
 		return err
 	}
-	return p.release(ctx, tr.SessionID, tr.TurnID)
+	return p.legacyRelease(ctx, tr.SessionID, tr.TurnID)
 }
 
 // reply publishes the reply event of completed turn tr, unless the events
@@ -565,53 +568,177 @@ func (p *Planner) endBatch(ctx context.Context, tr *schemas.PlannerTurn) error {
 	return p.cfg.Engine.Finish(ctx, b)
 }
 
-// terminalBatch writes the terminal batch record of planner turn tr (no
-// calls: its calls ran in its step batches) by KV create, and returns the
-// record as stored.
+// terminalBatch makes the batch record of planner turn tr terminal (no
+// calls: its calls ran in its step batches), once, and returns the record
+// as stored. The record normally exists (planBatch); a turn failed closed
+// before it was queued, or recorded by an earlier version, gets it by KV
+// create.
 func (p *Planner) terminalBatch(ctx context.Context, tr *schemas.PlannerTurn) (*schemas.BatchRecord, error) {
 	state := schemas.BatchCompleted
 	if tr.State == schemas.PlannerFailed {
 		state = schemas.BatchFailed
 	}
-	now := p.now()
-	rec := &schemas.BatchRecord{
-		TurnID: tr.TurnID, SessionID: tr.SessionID, Context: tr.Context, Text: tr.Text,
-		Calls: []schemas.ToolCall{}, Approvals: []string{}, Results: []*schemas.ToolResult{},
-		State: state, Code: tr.Code, Reason: tr.Reason, CreatedAt: now, UpdatedAt: now,
+	for {
+		b, rev, err := p.cfg.Store.Batches.Get(ctx, tr.TurnID)
+		if errors.Is(err, store.ErrNotFound) {
+			now := p.now()
+			rec := p.batchRecord(tr)
+			rec.State, rec.Code, rec.Reason, rec.CreatedAt, rec.UpdatedAt = state, tr.Code, tr.Reason, now, now
+			if _, err := p.cfg.Store.Batches.Create(ctx, tr.TurnID, rec); errors.Is(err, store.ErrExists) {
+				continue
+			} else if err != nil {
+				return nil, err
+			}
+			return rec, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if b.State.Terminal() {
+			return b, nil
+		}
+		b, _, err = p.cfg.Store.Batches.MutateFrom(ctx, tr.TurnID, b, rev, func(b *schemas.BatchRecord) error {
+			if b.State.Terminal() {
+				return store.ErrSkip
+			}
+			b.State, b.Code, b.Reason, b.UpdatedAt = state, tr.Code, tr.Reason, p.now()
+			return nil
+		})
+		return b, err
 	}
-	if _, err := p.cfg.Store.Batches.Create(ctx, tr.TurnID, rec); errors.Is(err, store.ErrExists) {
-		rec, _, err = p.cfg.Store.Batches.Get(ctx, tr.TurnID)
-		return rec, err
-	} else if err != nil {
-		return nil, err
-	}
-	return rec, nil
 }
 
-// acquire makes turnID the running loop of its session if none runs, or
-// queues it (once). It reports whether turnID runs, and which turn does.
-func (p *Planner) acquire(ctx context.Context, sessionID, turnID string) (active bool, running string, err error) {
+// batchRecord is the batch record of planner turn tr as planBatch creates
+// it: queued, no calls of its own, Plan set.
+func (p *Planner) batchRecord(tr *schemas.PlannerTurn) *schemas.BatchRecord {
+	now := p.now()
+	return &schemas.BatchRecord{
+		TurnID: tr.TurnID, SessionID: tr.SessionID, Context: tr.Context, Text: tr.Text,
+		Calls: []schemas.ToolCall{}, Approvals: []string{}, Results: []*schemas.ToolResult{},
+		State: schemas.BatchQueued, Plan: true, CreatedAt: now, UpdatedAt: now,
+	}
+}
+
+// start tries to start the loop of queued planner turn tr: its batch record
+// exists (planBatch), every earlier inbound message of its session is
+// settled (sessionorder: otherwise an *sessionorder.OutOfOrder, a waiting
+// error, is returned), and the turn holds its session's queue
+// (batch.Engine.Acquire). It reports whether the loop may run; if the turn
+// was queued behind the session's active turn instead, it applies the
+// session policy (supersede) and reports false: the release of the session
+// announces the turn on topology.PlanReadySubject.
+func (p *Planner) start(ctx context.Context, tr *schemas.PlannerTurn) (bool, error) {
+	b, rev, err := p.planBatch(ctx, tr)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case b.State.Terminal():
+		return false, fmt.Errorf("planner turn %s is queued but its batch is %s", tr.TurnID, b.State)
+	case b.State != schemas.BatchQueued:
+		return true, nil // started before a crash: the session is held
+	}
+	if pass, err := p.legacyGate(ctx, tr.SessionID, tr.TurnID); err != nil || !pass {
+		return false, err
+	}
+	snap, err := p.order.Check(ctx, b)
+	if err != nil {
+		return false, err
+	}
+	if snap == nil {
+		snap = &batch.SessionSnapshot{}
+	}
+	active, err := p.cfg.Engine.Acquire(ctx, tr.SessionID, tr.TurnID, sessionorder.ArrivalSeq(b), snap)
+	if err != nil {
+		return false, err
+	}
+	if !active {
+		p.cfg.Logger.Info("planner turn queued behind its session's turn", "turn", tr.TurnID, "session", tr.SessionID)
+		if tr.Context != nil && p.cfg.Policy.Busy(tr.Context.Transport) == policy.BusySupersede {
+			return false, p.cfg.Engine.SupersedeActive(ctx, tr.SessionID, tr.TurnID)
+		}
+		return false, nil
+	}
+	if _, _, err := p.cfg.Store.Batches.MutateFrom(ctx, tr.TurnID, b, rev, func(b *schemas.BatchRecord) error {
+		if b.State != schemas.BatchQueued {
+			return store.ErrSkip
+		}
+		b.State, b.UpdatedAt = schemas.BatchRunning, p.now()
+		return nil
+	}); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// planBatch returns the batch record of planner turn tr, creating it
+// (queued, Plan) by KV create if it does not exist yet. The record exists
+// before the turn joins its session's queue, as every queued turn's does
+// (package sessionorder relies on it).
+func (p *Planner) planBatch(ctx context.Context, tr *schemas.PlannerTurn) (*schemas.BatchRecord, uint64, error) {
+	b, rev, err := p.cfg.Store.Batches.Get(ctx, tr.TurnID)
+	if !errors.Is(err, store.ErrNotFound) {
+		return b, rev, err
+	}
+	rec := p.batchRecord(tr)
+	rev, err = p.cfg.Store.Batches.Create(ctx, tr.TurnID, rec)
+	if errors.Is(err, store.ErrExists) {
+		return p.cfg.Store.Batches.Get(ctx, tr.TurnID)
+	}
+	return rec, rev, err
+}
+
+// supersededBy returns the turn that superseded the loop of tr, if one did:
+// marked on the loop's batch record (batch.Engine.SupersedeLoop), or on the
+// planner turn by an earlier version.
+func (p *Planner) supersededBy(ctx context.Context, tr *schemas.PlannerTurn) (string, error) {
+	if tr.SupersededBy != "" {
+		return tr.SupersededBy, nil
+	}
+	b, _, err := p.cfg.Store.Batches.Get(ctx, tr.TurnID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return "", nil
+	case err != nil:
+		return "", err
+	}
+	return b.SupersededBy, nil
+}
+
+// Loop queues of an earlier version.
+//
+// Before loops held their sessions' queue (schemas.SessionRecord, shared
+// with the executor), the planner ordered a session's loops in a queue of
+// its own, schemas.PlannerQueue. A loop that was running or queued there
+// when the planner was upgraded still finishes through it: legacyGate keeps
+// a new turn of the session behind such a loop, and legacyRelease (after
+// every loop's end) hands that queue on as before. New loops never add to
+// it, so it drains and empties.
+
+// legacyGate reports whether turnID may go on to take its session's queue:
+// yes when no legacy loop queue holds the session, or turnID is its active
+// turn; otherwise turnID is queued in it (once), behind the loop that runs
+// there, and is announced by legacyRelease when that loop ends.
+func (p *Planner) legacyGate(ctx context.Context, sessionID, turnID string) (bool, error) {
 	key := schemas.PlannerQueueKey(schemas.SessionKey(sessionID))
 	for {
 		q, rev, err := p.queue.Get(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
-			_, err = p.queue.Create(ctx, key, &schemas.PlannerQueue{SessionID: sessionID, Active: turnID, UpdatedAt: p.now()})
-			if errors.Is(err, store.ErrExists) {
-				continue
-			}
-			return err == nil, turnID, err
+			return true, nil
 		}
 		if err != nil {
-			return false, "", err
+			return false, err
 		}
 		switch {
 		case q.Active == turnID:
-			return true, turnID, nil
+			return true, nil
+		case q.Active == "" && len(q.Queue) == 0:
+			return true, nil // drained
 		case q.Active == "":
 			q.Active = turnID
 			q.Queue = slices.DeleteFunc(q.Queue, func(t string) bool { return t == turnID })
 		case slices.Contains(q.Queue, turnID):
-			return false, q.Active, nil
+			return false, nil
 		default:
 			q.Queue = append(q.Queue, turnID)
 		}
@@ -619,57 +746,17 @@ func (p *Planner) acquire(ctx context.Context, sessionID, turnID string) (active
 		if _, err := p.queue.Update(ctx, key, q, rev); errors.Is(err, store.ErrConflict) {
 			continue
 		} else if err != nil {
-			return false, "", err
+			return false, err
 		}
-		return q.Active == turnID, q.Active, nil
+		return q.Active == turnID, nil
 	}
 }
 
-// supersede applies the session policy to tr, just queued behind the
-// session's running loop running: with busy supersede, that loop is
-// marked superseded (it takes no further step) and, if its step batch
-// waits on approvals, they are abandoned (batch.Engine.Supersede), so the
-// session moves on to tr.
-func (p *Planner) supersede(ctx context.Context, tr *schemas.PlannerTurn, running string) error {
-	if running == "" || tr.Context == nil || p.cfg.Policy.Busy(tr.Context.Transport) != policy.BusySupersede {
-		return nil
-	}
-	old, _, err := p.turns.Mutate(ctx, running, func(t *schemas.PlannerTurn) error {
-		if t.State.Terminal() || t.SupersededBy != "" {
-			return store.ErrSkip
-		}
-		t.SupersededBy, t.UpdatedAt = tr.TurnID, p.now()
-		return nil
-	})
-	if errors.Is(err, store.ErrNotFound) || schemas.Permanent(err) {
-		return nil
-	}
-	if err != nil || old.State.Terminal() || old.SupersededBy != tr.TurnID {
-		return err
-	}
-	p.cfg.Logger.Info("planner turn superseded", "turn", running, "by", tr.TurnID)
-	st, _, err := p.steps.Get(ctx, schemas.PlannerStepKey(running, old.Step))
-	if err != nil || st.Batch == "" || st.Ended {
-		if errors.Is(err, store.ErrNotFound) || schemas.Permanent(err) {
-			err = nil
-		}
-		return err
-	}
-	b, _, err := p.cfg.Store.Batches.Get(ctx, st.Batch)
-	if err != nil || b.State != schemas.BatchAwaiting {
-		if errors.Is(err, store.ErrNotFound) || schemas.Permanent(err) {
-			err = nil // not made yet, or unreadable: the loop stops at its next step
-		}
-		return err
-	}
-	return p.cfg.Engine.Supersede(ctx, b, tr.TurnID)
-}
-
-// release ends turnID's hold on its session's loop queue and announces the
-// next queued turn. If turnID no longer holds it (a repeated release), the
+// legacyRelease ends turnID's hold on its session's legacy loop queue, if it
+// has one, and announces the next queued turn. If turnID no longer holds it (a repeated release), the
 // active turn is announced again while it is still queued, so a crash
 // between the two steps loses nothing.
-func (p *Planner) release(ctx context.Context, sessionID, turnID string) error {
+func (p *Planner) legacyRelease(ctx context.Context, sessionID, turnID string) error {
 	key := schemas.PlannerQueueKey(schemas.SessionKey(sessionID))
 	q, _, err := p.queue.Mutate(ctx, key, func(q *schemas.PlannerQueue) error {
 		if q.Active != turnID {

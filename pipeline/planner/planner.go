@@ -16,6 +16,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/sessionorder"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -72,6 +73,9 @@ type Config struct {
 	// (runner.Config.TracerProvider), and each model call is a span of
 	// its handler's; nil is otel's global provider.
 	TracerProvider trace.TracerProvider
+	// OrderWait is the session-order wait (sessionorder.Config.Wait; the
+	// executor's OrderWait); zero is sessionorder.DefaultWait.
+	OrderWait time.Duration
 }
 
 // Planner is the planner stage.
@@ -82,7 +86,8 @@ type Planner struct {
 	turns store.Bucket[schemas.PlannerTurn, *schemas.PlannerTurn]
 	steps store.Bucket[schemas.PlannerStep, *schemas.PlannerStep]
 	convs store.Bucket[schemas.Conversation, *schemas.Conversation]
-	queue store.Bucket[schemas.PlannerQueue, *schemas.PlannerQueue]
+	queue store.Bucket[schemas.PlannerQueue, *schemas.PlannerQueue] // legacy: see legacyGate
+	order *sessionorder.Checker
 
 	tokens       *prometheus.CounterVec
 	latency      prometheus.Histogram
@@ -159,6 +164,12 @@ func New(ctx context.Context, cfg Config) (*Planner, error) {
 		modelErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_planner_model_errors_total", Help: "Model requests that failed a planner turn, by code.",
 		}, []string{"code"}),
+	}
+	if p.order, err = sessionorder.New(sessionorder.Config{
+		JS: cfg.JS, Store: cfg.Store, Policy: cfg.Policy, Now: cfg.Engine.Now, Logger: cfg.Logger,
+		Registerer: cfg.Registerer, Wait: cfg.OrderWait,
+	}); err != nil {
+		return nil, err
 	}
 	for _, c := range []*prometheus.Histogram{&p.latency, &p.stepsPerTurn} {
 		if err := metrics.Register(cfg.Registerer, c); err != nil {

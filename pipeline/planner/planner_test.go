@@ -531,22 +531,10 @@ func TestSessionRunsOneLoopAtATime(t *testing.T) {
 	t1 := f.say("order", first)
 	a := f.WaitPending(schemas.ApprovalID(schemas.PlannerStepTurnID(t1, 0), 0))
 	t2 := f.say("order", second)
-	// The second turn waits in the session's loop queue: wait for the fact
-	// that it is queued, then check the model was not asked.
-	jstest.Eventually(t, pipelinetest.Wait, "second turn queued", func() bool {
-		ctx, cancel := f.Ctx()
-		defer cancel()
-		e, err := f.JS.KeyValue(ctx, topology.BucketPlanner)
-		if err != nil {
-			return false
-		}
-		v, err := e.Get(ctx, schemas.PlannerQueueKey(schemas.SessionKey("order")))
-		if err != nil {
-			return false
-		}
-		q, err := schemas.Decode[schemas.PlannerQueue](v.Value())
-		return err == nil && slices.Contains(q.Queue, t2)
-	})
+	// The second turn waits in the session's queue behind the first loop:
+	// wait for the fact that it is queued, then check the model was not
+	// asked.
+	f.waitQueued("order", t1, t2)
 	if n := len(f.model.Requests(second)); n != 0 {
 		t.Fatalf("the second loop asked the model while the first ran (%d requests)", n)
 	}

@@ -45,6 +45,10 @@ import (
 //   - running, for longer than the claim lease: a ready notice for the
 //     turn, so an executor resumes it.
 //
+// A planner turn's record (BatchRecord.Plan) is swept only while queued:
+// a running loop is driven by the planner's own messages, and its step
+// batches are swept as batches of their own.
+//
 // Several redrivers may sweep the same bucket; every action is idempotent.
 // Actions are counted in tollgate_sweep_actions_total{action}, as are looks
 // at a batch that rightly waits for a person (action "waiting").
@@ -178,6 +182,12 @@ func (s *sweeper) apply(e jetstream.KeyValueEntry) {
 		delete(s.open, key)
 		return
 	}
+	if b.Plan && b.State != schemas.BatchQueued {
+		// A running agent loop waits on its model and its step batches (each
+		// swept as a batch of its own); the planner's own messages drive it.
+		delete(s.open, key)
+		return
+	}
 	s.open[key] = &sweepEntry{state: b.State, session: b.SessionID, updated: b.UpdatedAt, next: b.UpdatedAt.Add(s.after)}
 }
 
@@ -190,6 +200,7 @@ type batchHead struct {
 	SessionID string             `msgpack:"session_id"`
 	State     schemas.BatchState `msgpack:"state"`
 	UpdatedAt time.Time          `msgpack:"updated_at"`
+	Plan      bool               `msgpack:"plan"`
 }
 
 // sweep acts on every due entry.

@@ -1,0 +1,241 @@
+package planner_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/planner"
+	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// Session order between agent loops and turns with calls: one queue per
+// session (the session record), in arrival order, whichever stage runs the
+// turn. These rows are the defect the planner chaos mode found: a loop sent
+// right after a call turn overtook it, and a call turn sent during a long
+// loop ran beside it once the order wait had passed.
+
+// startOrder is start with a short order wait, so that a turn that would
+// pass an earlier one after the wait does so within the test.
+func startOrder(t *testing.T, policy string) *fixture {
+	t.Helper()
+	model := plannertest.New(t)
+	f := &fixture{model: model, danger: &pipelinetest.Counter{ToolName: "danger"}, opts: options(model, planner.Budget{})}
+	f.H = pipelinetest.Start(t, pipelinetest.Options{
+		Policy: policy, Tools: []tools.Tool{f.danger}, Planner: &f.opts, OrderWait: 300 * time.Millisecond,
+		Stages: append(slices.Clone(pipelinetest.AllStages), tollgate.StagePlanner),
+	})
+	return f
+}
+
+// waitQueued waits until session's record has active as its active turn and
+// queued in its queue.
+func (f *fixture) waitQueued(session, active, queued string) {
+	f.T.Helper()
+	jstest.Eventually(f.T, pipelinetest.Wait, queued+" queued behind "+active, func() bool {
+		s := f.Session(session)
+		return s != nil && s.Active == active && slices.Contains(s.Queue, queued)
+	})
+}
+
+// outcomeSeq returns the events-stream sequence of turnID's one outcome.
+func (f *fixture) outcomeSeq(turnID string) uint64 {
+	f.T.Helper()
+	f.WaitOutcome(turnID)
+	return f.Events(topology.EventSubject(topology.SubjectTurnOutcome, turnID))[0].Seq
+}
+
+// pastOrderWait waits until more than twice the order wait has passed since
+// since: a turn that would stop waiting for an earlier one has by then.
+func pastOrderWait(t *testing.T, since time.Time) {
+	t.Helper()
+	jstest.Eventually(t, pipelinetest.Wait, "the order wait passed", func() bool {
+		return time.Since(since) > 2*300*time.Millisecond
+	})
+}
+
+func TestACallTurnWaitsForTheLoopBeforeItEvenPastTheOrderWait(t *testing.T) {
+	f := startOrder(t, testPolicy)
+	text := "save it, then wait"
+	f.model.Script(text,
+		plannertest.Reply{Calls: []plannertest.Call{{Name: "write_file", Args: `{"path":"loop.txt","content":"1"}`}}},
+		plannertest.Reply{Text: "saved"})
+	loop := f.say("mixed", text)
+	a := f.WaitPending(schemas.ApprovalID(schemas.PlannerStepTurnID(loop, 0), 0))
+	sent := time.Now()
+	call := f.Send(f.Inbound("mixed", "alice", pipelinetest.Call("echo", `{"text":"after the loop"}`)))
+	f.waitQueued("mixed", loop, call)
+	pastOrderWait(t, sent)
+	if n := len(f.Outcomes(call)); n != 0 {
+		t.Fatal("the call turn ran while the loop before it waited for a person")
+	}
+	if b := f.Batch(call); b.State != schemas.BatchQueued {
+		t.Fatalf("call turn %s, want queued", b.State)
+	}
+
+	f.Decide(a.ApprovalID, schemas.OptionApprove, "alice")
+	if r := f.waitReply(loop); r.Text != "saved" {
+		t.Fatalf("reply %q", r.Text)
+	}
+	if l, c := f.outcomeSeq(loop), f.outcomeSeq(call); l > c {
+		t.Fatalf("the call turn ended (seq %d) before the loop before it (seq %d)", c, l)
+	}
+	if o := f.WaitOutcome(call); o.State != schemas.TurnCompleted || o.Results[0].Output != "after the loop" {
+		t.Fatalf("call outcome %+v", o)
+	}
+	if b := f.Batch(schemas.PlannerStepTurnID(loop, 0)); b.HeldBy != loop {
+		t.Fatalf("the step batch ran under %q, want its loop's hold %s", b.HeldBy, loop)
+	}
+}
+
+func TestALoopWaitsForTheCallTurnBeforeIt(t *testing.T) {
+	f := startOrder(t, testPolicy)
+	call := f.Send(f.Inbound("mixed", "alice", pipelinetest.Call("write_file", `{"path":"first.txt","content":"1"}`)))
+	a := f.WaitPending(schemas.ApprovalID(call, 0))
+	text := "what is in first.txt?"
+	f.model.Script(text, plannertest.Reply{Text: "it says 1"})
+	sent := time.Now()
+	loop := f.say("mixed", text)
+	f.waitQueued("mixed", call, loop)
+	pastOrderWait(t, sent)
+	if n := len(f.model.Requests(text)); n != 0 {
+		t.Fatalf("the loop asked the model %d times while the call turn before it waited", n)
+	}
+	if n := len(f.replies(loop)); n != 0 {
+		t.Fatal("the loop replied before the call turn before it ended")
+	}
+
+	f.Decide(a.ApprovalID, schemas.OptionApprove, "alice")
+	if r := f.waitReply(loop); r.Text != "it says 1" {
+		t.Fatalf("reply %q", r.Text)
+	}
+	if c, l := f.outcomeSeq(call), f.outcomeSeq(loop); c > l {
+		t.Fatalf("the loop ended (seq %d) before the call turn before it (seq %d)", l, c)
+	}
+	if content, ok := f.File("first.txt"); !ok || content != "1" {
+		t.Fatalf("first.txt %q %v", content, ok)
+	}
+}
+
+func TestLoopsAndCallTurnsOfASessionEndInArrivalOrder(t *testing.T) {
+	f := startOrder(t, testPolicy)
+	var turns []string
+	for i := range 6 {
+		if i%2 == 0 {
+			text := "loop " + string(rune('a'+i))
+			f.model.Script(text,
+				plannertest.Reply{Calls: []plannertest.Call{{Name: "echo", Args: `{"text":"step"}`}}},
+				plannertest.Reply{Text: "done " + text})
+			turns = append(turns, f.say("burst", text))
+			continue
+		}
+		turns = append(turns, f.Send(f.Inbound("burst", "alice", pipelinetest.Call("echo", `{"text":"call"}`))))
+	}
+	var last uint64
+	for _, turn := range turns {
+		seq := f.outcomeSeq(turn)
+		if seq < last {
+			t.Fatalf("turn %s ended out of arrival order (outcome seq %d after %d); turns %v", turn, seq, last, turns)
+		}
+		last = seq
+	}
+}
+
+func TestACallTurnSupersedesAWaitingLoop(t *testing.T) {
+	f := startOrder(t, strings.Replace(testPolicy, `"default_transport"`, `"sessions": {"busy": "supersede"}, "default_transport"`, 1))
+	text := "save it"
+	f.model.Script(text,
+		plannertest.Reply{Calls: []plannertest.Call{{Name: "write_file", Args: `{"path":"stale.txt","content":"x"}`}}},
+		plannertest.Reply{Text: "should not be asked"})
+	loop := f.say("sup", text)
+	id := schemas.ApprovalID(schemas.PlannerStepTurnID(loop, 0), 0)
+	f.WaitPending(id)
+	call := f.Send(f.Inbound("sup", "alice", pipelinetest.Call("echo", `{"text":"instead"}`)))
+
+	if o := f.WaitOutcome(call); o.State != schemas.TurnCompleted || o.Results[0].Output != "instead" {
+		t.Fatalf("call outcome %+v", o)
+	}
+	if o := f.WaitOutcome(loop); o.State != schemas.TurnFailed || o.Code != schemas.CodeTurnSuperseded {
+		t.Fatalf("loop outcome %+v, want failed %s", o, schemas.CodeTurnSuperseded)
+	}
+	if a := f.Approval(id); a.Status != schemas.ApprovalAbandoned {
+		t.Fatalf("approval %s, want abandoned", a.Status)
+	}
+	if _, ok := f.File("stale.txt"); ok {
+		t.Fatal("the superseded call ran")
+	}
+	if n := len(f.model.Requests(text)); n != 1 {
+		t.Fatalf("the superseded loop asked the model %d times, want 1", n)
+	}
+	if n := len(f.replies(loop)); n != 0 {
+		t.Fatal("the superseded loop replied")
+	}
+}
+
+// TestALoopOfAnEarlierVersionKeepsItsSessionUntilItEnds is the upgrade
+// story: a loop that was running in the planner's own queue (an earlier
+// version's schemas.PlannerQueue) when the planner was upgraded keeps the
+// session until it ends; the new turn waits in that queue, and runs when the
+// old loop's end hands the queue on.
+func TestALoopOfAnEarlierVersionKeepsItsSessionUntilItEnds(t *testing.T) {
+	f := startOrder(t, testPolicy)
+	old := f.Accept(f.Inbound("upgraded", "alice"))
+	ctx, cancel := f.Ctx()
+	defer cancel()
+	kv, err := f.JS.KeyValue(ctx, topology.BucketPlanner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the earlier version left them: the old loop running (its step
+	// waiting for a person, say), holding the planner's queue, with no
+	// batch record and nothing in the session record.
+	put := func(key string, r schemas.Record) {
+		data, err := schemas.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.PutRaw(kv, key, data)
+	}
+	now := time.Now().UTC()
+	put(old.TurnID, &schemas.PlannerTurn{TurnID: old.TurnID, SessionID: "upgraded", Context: old.Context, Text: "old",
+		State: schemas.PlannerRunning, StartedAt: now, UpdatedAt: now})
+	put(schemas.PlannerQueueKey(schemas.SessionKey("upgraded")), &schemas.PlannerQueue{SessionID: "upgraded", Active: old.TurnID, UpdatedAt: now})
+
+	text := "new message"
+	f.model.Script(text, plannertest.Reply{Text: "new reply"})
+	turn := f.say("upgraded", text)
+	jstest.Eventually(t, pipelinetest.Wait, "the new turn queued behind the old loop", func() bool {
+		e, err := kv.Get(ctx, schemas.PlannerQueueKey(schemas.SessionKey("upgraded")))
+		if err != nil {
+			return false
+		}
+		q, err := schemas.Decode[schemas.PlannerQueue](e.Value())
+		return err == nil && slices.Contains(q.Queue, turn)
+	})
+	if n := len(f.model.Requests(text)); n != 0 {
+		t.Fatal("the new turn ran beside the old loop")
+	}
+
+	// The old loop ends (as its step's outcome or a budget would end it).
+	put(old.TurnID, &schemas.PlannerTurn{TurnID: old.TurnID, SessionID: "upgraded", Context: old.Context, Text: "old",
+		State: schemas.PlannerFailed, Code: schemas.CodeBudgetExhausted, Reason: "test", StartedAt: now, UpdatedAt: now})
+	if err := f.Planner.Drive(ctx, old.TurnID); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.waitReply(turn); r.Text != "new reply" {
+		t.Fatalf("reply %q", r.Text)
+	}
+	if o, l := f.outcomeSeq(old.TurnID), f.outcomeSeq(turn); o > l {
+		t.Fatal("the new turn ended before the old loop")
+	}
+	if s := f.Session("upgraded"); s == nil || s.Active != "" {
+		t.Fatalf("session record %+v, want free", s)
+	}
+}
