@@ -96,9 +96,9 @@ func GrantEventSubject(kind schemas.GrantEventKind, grantID string) string {
 // event per grant, one used event per approval the grant decided.
 func GrantEventMsgID(kind schemas.GrantEventKind, grantID, approvalID string) string {
 	if kind == schemas.GrantUsed {
-		return "grant-used-" + approvalID
+		return "grant-used:" + approvalID
 	}
-	return "grant-" + string(kind) + "-" + grantID
+	return "grant-" + string(kind) + ":" + grantID
 }
 
 // EventSubject joins an event prefix and an id token.
