@@ -15,11 +15,12 @@ const grantDomain = "tollgate.grant.mac.v1\x00"
 // SealGrant sets g.MAC to an HMAC-SHA256, with the current key, over
 // schemas.GrantSealedBytes(g) (every field but MAC and Revoked). g's
 // TurnContext must verify first: a grant is never made from an
-// unauthenticated turn.
+// unauthenticated turn. It stamps g with the current grant version.
 func (r *KeyRing) SealGrant(g *schemas.Grant) error {
 	if err := r.Verify(g.Context); err != nil {
 		return err
 	}
+	g.V = schemas.GrantVersion // as it will be stored: the MAC covers the version
 	mac, err := r.grantMAC(r.current, g)
 	if err != nil {
 		return err
