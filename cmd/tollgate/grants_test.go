@@ -44,8 +44,17 @@ func TestGrantsCommand(t *testing.T) {
 		}
 	})
 
-	d := h.Decide(id1, "approve-day", "alice")
-	gid := schemas.GrantID(id1, d.DecisionID)
+	if code, _, _ := runCLI(t, "approve", id1, "--as", "alice", "--grant", "deny-day", url); code != 2 {
+		t.Fatalf("approve --grant deny-day: exit %d, want 2", code)
+	}
+	code, out, errOut := runCLI(t, "approve", id1, "--as", "alice", "--grant", "approve-day", url)
+	if code != 0 || !strings.Contains(out, "approved "+id1) || !strings.Contains(out, "grant g-") {
+		t.Fatalf("approve --grant: exit %d, stderr %q:\n%s", code, errOut, out)
+	}
+	gid := strings.Fields(out[strings.Index(out, "grant g-"):])[1]
+	if !schemas.IsGrantID(gid) {
+		t.Fatalf("grant id %q", gid)
+	}
 	h.WaitTerminal(turn1)
 	turn2 := h.Send(h.Inbound("s-cli-2", "alice", pt.Call("count", `{}`)))
 	id2 := schemas.ApprovalID(turn2, 0)
