@@ -96,6 +96,9 @@ type ToolRule struct {
 	// AudienceDeciders replaces them for turns of one audience.
 	Deciders         *DeciderRule                      `json:"deciders,omitempty"`
 	AudienceDeciders map[schemas.Audience]*DeciderRule `json:"audience_deciders,omitempty"`
+	// Grants are the grant options the tool's prompts offer beside its
+	// options (grants.go; docs/protocol.md, "Grants"). None by default.
+	Grants []GrantRule `json:"grants,omitempty"`
 }
 
 // DeciderRule says who may decide an approval and how many must agree.
@@ -290,8 +293,11 @@ func (f *File) checkTools() error {
 		}
 		for _, o := range r.Options {
 			if o != schemas.OptionApprove && o != schemas.OptionDeny {
-				return fmt.Errorf("tool %s: unknown option %q", name, o)
+				return fmt.Errorf("tool %s: unknown option %q (grant options go in \"grants\")", name, o)
 			}
+		}
+		if err := checkGrants(name, r); err != nil {
+			return err
 		}
 	}
 	return nil

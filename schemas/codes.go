@@ -52,6 +52,22 @@ const (
 	CodeDeciderNotAuthorized   Code = "DECIDER_NOT_AUTHORIZED"
 	CodeArgsDigestMismatch     Code = "ARGS_DIGEST_MISMATCH"
 
+	// Standing grants (docs/protocol.md, "Grants").
+
+	// CodeGrantRevoked: the grant that approved a call was revoked, or the
+	// policy no longer offers its option (or no longer lets its principal
+	// decide the tool), or its record is gone, before the call ran; the
+	// call does not run.
+	CodeGrantRevoked Code = "GRANT_REVOKED"
+	// CodeGrantExpired: the grant that approved a call expired before the
+	// call ran; the call does not run.
+	CodeGrantExpired Code = "GRANT_EXPIRED"
+	// CodeGrantInvalid: a grant record does not verify (its MAC or its
+	// TurnContext's seal does not match: forged or edited in storage), or
+	// does not cover the call it is said to have decided. It decides
+	// nothing.
+	CodeGrantInvalid Code = "GRANT_INVALID"
+
 	// Policy and tools.
 	CodePolicyDenied       Code = "POLICY_DENIED"
 	CodeApprovalDenied     Code = "APPROVAL_DENIED"

@@ -32,6 +32,7 @@ var (
 	exDigest   = schemas.ArgsDigest(exArgs)
 	exDigest2  = schemas.ArgsDigest(exArgs2)
 	exApproval = schemas.ApprovalID(exTurnID, 0)
+	exGrant    = schemas.GrantID(exApproval, "d-01HV8Z6Q3K")
 )
 
 func exampleChannel() schemas.Channel {
@@ -129,7 +130,16 @@ func exampleDecisionInfo() *schemas.DecisionInfo {
 		Option:     schemas.OptionApprove,
 		DecidedAt:  t2,
 		Assurance:  schemas.AssuranceStrong,
+		Grant:      exampleGrantUse(),
 	}
+}
+
+// legacyDecisionInfo is the decision of a version 1 record, which
+// predates grants.
+func legacyDecisionInfo() *schemas.DecisionInfo {
+	d := exampleDecisionInfo()
+	d.Grant = nil
+	return d
 }
 
 func exampleApproval() *schemas.ApprovalRecord {
@@ -152,6 +162,49 @@ func exampleApproval() *schemas.ApprovalRecord {
 		Quorum:        2,
 		Votes:         []schemas.DecisionInfo{*exampleDecisionInfo(), *exampleDecisionInfo()},
 		Trace:         map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "vendor=value"},
+		Grants:        []schemas.GrantOffer{exampleGrantOffer()},
+	}
+}
+
+func exampleGrantScope() schemas.GrantScope {
+	return schemas.GrantScope{Kind: schemas.GrantScopeSession, SessionID: exSession,
+		PathField: "attachment", PathPrefix: "reports/", ValueField: "to", Values: []string{"cfo@example.com"}}
+}
+
+func exampleGrantOffer() schemas.GrantOffer {
+	return schemas.GrantOffer{
+		Option: "approve-session-recipients", Effect: schemas.ApprovalApproved, Tool: "email.send",
+		Scope: exampleGrantScope(), For: 8 * time.Hour,
+		Summary: "approve email.send for slack:U02ABCDEF in this session where attachment is under reports/ and to is cfo@example.com, for 8h",
+	}
+}
+
+func exampleGrantUse() *schemas.GrantUse {
+	return &schemas.GrantUse{GrantID: exGrant, Scope: exampleGrantScope(), Summary: exampleGrantOffer().Summary}
+}
+
+func exampleGrant() *schemas.Grant {
+	return &schemas.Grant{
+		V: 1, GrantID: exGrant, Option: "approve-session-recipients", Effect: schemas.ApprovalApproved,
+		Tool: "email.send", Scope: exampleGrantScope(), Summary: exampleGrantOffer().Summary,
+		Principal: schemas.Principal(exTransport, "U09MANAGER"), Assurance: schemas.AssuranceVerified,
+		Context: exampleContext(), ApprovalID: exApproval, DecisionID: "d-01HV8Z6Q3K",
+		PolicyVersion: "policy-2026-03-01.3", CreatedAt: t2, ExpiresAt: t3,
+		MAC:     &schemas.Seal{KeyID: "k1", MAC: bytes.Repeat([]byte{0x5A}, 32)},
+		Revoked: &schemas.GrantRevocation{By: "admin", At: t3, Reason: "no longer needed"},
+	}
+}
+
+func exampleGrantIndex() *schemas.GrantIndex {
+	return &schemas.GrantIndex{V: 1, Tool: "email.send", Principal: schemas.Principal(exTransport, "U02ABCDEF"),
+		Grants: []string{exGrant}, UpdatedAt: t2}
+}
+
+func exampleGrantEvent() *schemas.GrantEvent {
+	return &schemas.GrantEvent{
+		V: 1, Kind: schemas.GrantRevoked, GrantID: exGrant, Tool: "email.send", Grant: exampleGrant(),
+		ApprovalID: exApproval, TurnID: exTurnID, CallID: schemas.CallID(exTurnID, 0), Status: schemas.ApprovalApproved,
+		By: "admin", Reason: "no longer needed", At: t3,
 	}
 }
 
@@ -173,7 +226,7 @@ func exampleApprovalV1() *schemas.ApprovalRecordV1 {
 		Status:        schemas.ApprovalPending,
 		RequestedAt:   t1,
 		ExpiresAt:     t3,
-		Decision:      exampleDecisionInfo(),
+		Decision:      legacyDecisionInfo(),
 		Transport:     exTransport,
 		Sender:        &schemas.Sender{ID: "U02ABCDEF", Display: "Ada Lovelace", Kind: schemas.SenderUser, Verified: true, Strong: true},
 		Channel:       &ch,
@@ -349,6 +402,9 @@ var recordTypes = []recordType{
 	{"session_record.v1.msgpack", 1, func() schemas.Record { return exampleSession() }, decodeAs[schemas.SessionRecord]},
 	{"execution_claim.v1.msgpack", 1, func() schemas.Record { return exampleClaim() }, decodeAs[schemas.ExecutionClaim]},
 	{"turn_notice.v1.msgpack", 1, func() schemas.Record { return exampleNotice() }, decodeAs[schemas.TurnNotice]},
+	{"grant.v1.msgpack", 1, func() schemas.Record { return exampleGrant() }, decodeAs[schemas.Grant]},
+	{"grant_index.v1.msgpack", 1, func() schemas.Record { return exampleGrantIndex() }, decodeAs[schemas.GrantIndex]},
+	{"grant_event.v1.msgpack", 1, func() schemas.Record { return exampleGrantEvent() }, decodeAs[schemas.GrantEvent]},
 }
 
 // utc returns v with every time.Time reachable from it (through pointers,

@@ -174,3 +174,15 @@ func FuzzDecodeApproval(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeGrant(f *testing.F) {
+	fuzzDecode[schemas.Grant](f, "grant.v1.msgpack")
+}
+
+func FuzzDecodeGrantIndex(f *testing.F) {
+	fuzzDecode[schemas.GrantIndex](f, "grant_index.v1.msgpack")
+}
+
+func FuzzDecodeGrantEvent(f *testing.F) {
+	fuzzDecode[schemas.GrantEvent](f, "grant_event.v1.msgpack")
+}

@@ -293,6 +293,10 @@ type DecisionInfo struct {
 	// Assurance the transport vouched for the decider with, kept so the
 	// redriver can re-check the grant against the current policy.
 	Assurance Assurance `msgpack:"assurance,omitempty"`
+	// Grant is set when a standing grant, not a person, made this
+	// decision (Principal is then the grant's principal, Option its
+	// option, DecisionID its grant id). Omitted otherwise.
+	Grant *GrantUse `msgpack:"grant,omitempty"`
 }
 
 // ApprovalRecord is the pending (or decided) approval of one tool call, kept
@@ -324,6 +328,20 @@ type ApprovalRecord struct {
 	// that requested the approval, which the redrive after the decision
 	// links to (package tracing); absent when tracing was off.
 	Trace map[string]string `msgpack:"trace,omitempty"`
+	// Grants describes each grant option among Options: what choosing it
+	// would cover and for how long (see GrantOffer). Omitted when none is
+	// offered.
+	Grants []GrantOffer `msgpack:"grants,omitempty"`
+}
+
+// Offer returns the grant offer of option, if the prompt made one.
+func (a *ApprovalRecord) Offer(option string) (GrantOffer, bool) {
+	for _, g := range a.Grants {
+		if g.Option == option {
+			return g, true
+		}
+	}
+	return GrantOffer{}, false
 }
 
 // Offers reports whether option is one of the options the prompt offered.

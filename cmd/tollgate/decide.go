@@ -46,12 +46,19 @@ func cmdDecide(cmd *command, args []string) int {
 	digest := fs.String("digest", "", "argument digest the decider was shown (sha256:...); rejected if it differs")
 	note := fs.String("note", "", "free-text note")
 	noWait := fs.Bool("no-wait", false, "publish and exit without waiting for the approver")
+	grant := fs.String("grant", "", "choose a grant option the prompt offers ("+option+"-<name>, see 'tollgate show'): decide and grant the same for later calls")
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit
 	}
 	if len(pos) != 1 || *as == "" {
 		return cmd.usageError("want one approval id and --as")
+	}
+	if *grant != "" {
+		if !strings.HasPrefix(*grant, option+"-") || !schemas.IsGrantOption(*grant) {
+			return cmd.usageError("--grant %q: want a grant option named %s-<name>", *grant, option)
+		}
+		option = *grant
 	}
 	id := pos[0]
 	b := make([]byte, 8)
@@ -123,7 +130,11 @@ func cmdDecide(cmd *command, args []string) int {
 			if err != nil || ev.ApprovalID != id {
 				continue
 			}
-			return report(c.json, asMap(m.Data), fmt.Sprintf("%s %s (turn %s)", ev.Status, id, ev.TurnID))
+			human := fmt.Sprintf("%s %s (turn %s)", ev.Status, id, ev.TurnID)
+			if schemas.IsGrantOption(option) && ev.Decision != nil && ev.Decision.DecisionID == d.DecisionID {
+				human += "; grant " + schemas.GrantID(id, d.DecisionID) + " made ('tollgate grants show' it)"
+			}
+			return report(c.json, asMap(m.Data), human)
 		}
 	}
 }

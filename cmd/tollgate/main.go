@@ -9,6 +9,7 @@
 //	tollgate watch                    follow events as they happen
 //	tollgate audit                    timeline of decisions and executions, from the streams
 //	tollgate dlq                      list dead letters
+//	tollgate grants list|show|revoke  standing grants: list, show with what each approved, revoke
 //	tollgate tools                    list the tools an executor can call, with their policy modes
 //	tollgate replay [--rebuild|--dry-run]  re-read the streams; rebuild KV or shadow a redrive
 //	tollgate keys new|rotate|retire|list   manage the TurnContext seal key file
@@ -46,7 +47,7 @@ type command struct {
 // commands is the dispatch table, in the order the usage lists them.
 var commands = []*command{
 	devCmd, sendCmd, chatCmd, pendingCmd, showCmd, approveCmd, denyCmd, outcomeCmd,
-	watchCmd, auditCmd, dlqCmd, toolsCmd, replayCmd, keysCmd, provisionCmd, versionCmd,
+	watchCmd, auditCmd, dlqCmd, grantsCmd, toolsCmd, replayCmd, keysCmd, provisionCmd, versionCmd,
 }
 
 func main() { os.Exit(run(os.Args[1:])) }

@@ -85,6 +85,13 @@ snapshot:
 			clip(r.Args, 60), strings.Join(r.Options, ","), time.Since(r.RequestedAt).Round(time.Second), expiry(r.ExpiresAt, time.Now()))
 	}
 	_ = tw.Flush()
+	// What each grant option would cover, and for how long: a decider must
+	// see it before choosing one.
+	for _, r := range recs {
+		for _, o := range r.Grants {
+			fmt.Printf("%s %s: %s\n", r.ApprovalID, o.Option, o.Summary)
+		}
+	}
 	fmt.Println("\n'tollgate show APPROVAL' shows one in full.")
 	return 0
 }

@@ -90,6 +90,9 @@ func printApproval(w io.Writer, a *schemas.ApprovalRecord, now time.Time) {
 		row("requester", "? (no TurnContext: the stages refuse this record)")
 	}
 	row("options", "%s", strings.Join(a.Options, ", "))
+	for _, o := range a.Grants {
+		row("  "+o.Option, "%s", o.Summary)
+	}
 	row("policy", "%s", a.PolicyVersion)
 	row("requested", "%s (%s ago)", a.RequestedAt.UTC().Format(time.RFC3339), now.Sub(a.RequestedAt).Round(time.Second))
 	if a.ExpiresAt.IsZero() {
@@ -105,6 +108,9 @@ func printApproval(w io.Writer, a *schemas.ApprovalRecord, now time.Time) {
 	}
 	if d := a.Decision; d != nil {
 		row("decision", "%s by %s at %s (decision %s)", d.Option, d.Principal, d.DecidedAt.UTC().Format(time.RFC3339), d.DecisionID)
+		if g := d.Grant; g != nil {
+			row("by grant", "%s: %s", g.GrantID, g.Summary)
+		}
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "arguments:\n%s\n", prettyArgs(a.Args))

@@ -46,6 +46,7 @@ const (
 	SubjectBatchAwaiting     = "tollgate.event.batch.awaiting."     // + turn id
 	SubjectRedrive           = "tollgate.event.redrive."            // + kind + "." + turn id
 	SubjectTurnOutcome       = "tollgate.event.turn.outcome."       // + turn id
+	SubjectGrantEvent        = "tollgate.event.grant."              // + kind + "." + grant id (GrantEventSubject)
 	SubjectDLQPrefix         = "tollgate.dlq."                      // + stage
 )
 
@@ -85,6 +86,21 @@ func DecisionSubject(transport, approvalID string) string {
 // DLQSubject is where stage dead-letters a message.
 func DLQSubject(stage string) string { return SubjectDLQPrefix + stage }
 
+// GrantEventSubject is where a grant event of kind on grant id is
+// published: tollgate.event.grant.<kind>.<grant id>.
+func GrantEventSubject(kind schemas.GrantEventKind, grantID string) string {
+	return SubjectGrantEvent + string(kind) + "." + grantID
+}
+
+// GrantEventMsgID deduplicates a grant event: one created and one revoked
+// event per grant, one used event per approval the grant decided.
+func GrantEventMsgID(kind schemas.GrantEventKind, grantID, approvalID string) string {
+	if kind == schemas.GrantUsed {
+		return "grant-used:" + approvalID
+	}
+	return "grant-" + string(kind) + ":" + grantID
+}
+
 // EventSubject joins an event prefix and an id token.
 func EventSubject(prefix, id string) string { return prefix + id }
 
@@ -94,6 +110,9 @@ const (
 	BucketBatches   = "tollgate_batches"
 	BucketSessions  = "tollgate_sessions"
 	BucketClaims    = "tollgate_claims"
+	// BucketGrants holds standing grants by grant id and their indexes by
+	// (tool, requester) (schemas.Grant, schemas.GrantIndex).
+	BucketGrants = "tollgate_grants"
 )
 
 // Durable consumer names, one per stage.
@@ -207,6 +226,7 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 		mk(BucketBatches, "Tollgate: batch records by turn id", 1),
 		mk(BucketSessions, "Tollgate: per-session batch queue", 1),
 		mk(BucketClaims, "Tollgate: tool execution claims by call id", 1),
+		mk(BucketGrants, "Tollgate: standing grants by grant id, and their index by tool and requester", 1),
 	}
 }
 
@@ -286,6 +306,7 @@ type Buckets struct {
 	Batches   jetstream.KeyValue
 	Sessions  jetstream.KeyValue
 	Claims    jetstream.KeyValue
+	Grants    jetstream.KeyValue
 }
 
 // OpenBuckets binds to the existing buckets. It fails with
@@ -295,7 +316,7 @@ func OpenBuckets(ctx context.Context, js jetstream.JetStream) (Buckets, error) {
 	for _, p := range []struct {
 		name string
 		kv   *jetstream.KeyValue
-	}{{BucketApprovals, &b.Approvals}, {BucketBatches, &b.Batches}, {BucketSessions, &b.Sessions}, {BucketClaims, &b.Claims}} {
+	}{{BucketApprovals, &b.Approvals}, {BucketBatches, &b.Batches}, {BucketSessions, &b.Sessions}, {BucketClaims, &b.Claims}, {BucketGrants, &b.Grants}} {
 		kv, err := js.KeyValue(ctx, p.name)
 		if err != nil {
 			return Buckets{}, fmt.Errorf("open bucket %s: %w", p.name, err)

@@ -275,6 +275,14 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		if v.Announce {
 			res.decided = rec
 		}
+		if rejected == nil && (v.Effect == Applied || v.Effect == Idempotent) {
+			// Made before the decided event is published, and again on a
+			// redelivery (the same grant: its id is the recorded
+			// decision's).
+			if err := a.makeGrant(ctx, rec); err != nil {
+				return result{}, err
+			}
+		}
 		switch {
 		case rejected != nil:
 		case v.Effect == Vote:
@@ -284,6 +292,15 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		}
 		return res, nil
 	}
+}
+
+// makeGrant makes the standing grant of rec's decision, when rec was
+// decided with a grant option (grants.go).
+func (a *Approver) makeGrant(ctx context.Context, rec *schemas.ApprovalRecord) error {
+	if !rec.Status.Decided() || rec.Decision == nil || rec.Decision.Grant != nil || !schemas.IsGrantOption(rec.Decision.Option) {
+		return nil
+	}
+	return a.saveGrant(ctx, rec)
 }
 
 func tokenOr(id string) string {

@@ -76,7 +76,8 @@ const NotFoundMeaning = "it is unknown, or its turn ended longer ago than the re
 //     approval id names it; the tool, arguments and policy version it was
 //     requested under are rec's, and the redriver checks them against the
 //     batch's call before the call runs);
-//   - OPTION_NOT_OFFERED: d's option is not among rec's options;
+//   - OPTION_NOT_OFFERED: d's option is not among rec's options, or is a
+//     grant option the policy no longer offers for rec's call;
 //   - on a decided approval: a decision with the outcome already recorded
 //     is Idempotent (announced again); on an expired one APPROVAL_EXPIRED
 //     (announced again); otherwise APPROVAL_ALREADY_DECIDED;
@@ -107,6 +108,14 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 	}
 	if !rec.Offers(d.Option) {
 		return Verdict{}, schemas.Errorf(schemas.CodeOptionNotOffered, "option %q was not offered (offered: %v)", d.Option, rec.Options)
+	}
+	if schemas.IsGrantOption(d.Option) {
+		// A grant option must still be one the policy offers for this call:
+		// the grant it makes is derived from the policy now, never from
+		// what the record says was offered.
+		if _, ok := pol.GrantOffer(rec.Tool, d.Option, rec.Context, rec.Args); !ok {
+			return Verdict{}, schemas.Errorf(schemas.CodeOptionNotOffered, "policy %s no longer offers grant option %q for this call", pol.Version(), d.Option)
+		}
 	}
 	quorum := max(rec.Quorum, pol.Quorum(rec.Tool, rec.Context))
 	want := statusOf(d.Option)
@@ -185,9 +194,6 @@ func expiredError(rec *schemas.ApprovalRecord) error {
 	return schemas.Errorf(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
 }
 
-func statusOf(option string) schemas.ApprovalStatus {
-	if option == schemas.OptionApprove {
-		return schemas.ApprovalApproved
-	}
-	return schemas.ApprovalDenied
-}
+// statusOf is the status option gives an approval: approve and grant
+// options named "approve-*" approve, anything else denies.
+func statusOf(option string) schemas.ApprovalStatus { return schemas.OptionEffect(option) }

@@ -511,6 +511,9 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 	if d := x.cfg.Policy.ExpiresAfter(call.Tool); d > 0 {
 		rec.ExpiresAt = now.Add(d)
 	}
+	if err := x.grantOrOffer(ctx, b, call, rec); err != nil {
+		return "", err
+	}
 	_, err := x.cfg.Store.Approvals.Create(ctx, id, rec)
 	switch {
 	case errors.Is(err, store.ErrExists):
@@ -532,6 +535,9 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 // stored) if it is still pending: a prompt is only ever announced for
 // something that can still be answered.
 func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) error {
+	if rec.Decision != nil && rec.Decision.Grant != nil {
+		return x.announceGranted(ctx, rec) // decided by a standing grant (grants.go)
+	}
 	if rec.Status != schemas.ApprovalPending {
 		return nil
 	}

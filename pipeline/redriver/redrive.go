@@ -443,7 +443,13 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			}
 		}
 		p := PlanCall(r.cfg.Policy, b.Context, call, hints, a)
-		if p.Code == schemas.CodePolicyChanged {
+		if p.Run {
+			var err error
+			if p, err = r.recheckGrant(ctx, b.Context, call, a, p); err != nil {
+				return err
+			}
+		}
+		if p.Code == schemas.CodePolicyChanged || isGrantCode(p.Code) {
 			// Unless it was claimed already: a call that has run (or may
 			// have) is reported by its claim, through Execute, not by
 			// today's policy. Only this rare path pays the lookup.
@@ -454,7 +460,7 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 			if claimed {
 				p = CallPlan{Run: true}
 			} else {
-				r.cfg.Logger.Warn("approved call not run: policy changed", "turn", b.TurnID, "call", call.CallID, "reason", p.Reason)
+				r.cfg.Logger.Warn("approved call not run", "turn", b.TurnID, "call", call.CallID, "code", p.Code, "reason", p.Reason)
 			}
 		}
 		switch {
@@ -540,7 +546,13 @@ func stillGranted(pol *policy.Policy, tc *schemas.TurnContext, call schemas.Tool
 		}
 		granted[v.Principal] = true
 	}
-	if need := pol.Quorum(call.Tool, tc); len(granted) < need {
+	need := pol.Quorum(call.Tool, tc)
+	if a.Decision != nil && a.Decision.Grant != nil {
+		// A standing grant stands in for the quorum only where the policy
+		// allows it; the redriver re-checks that (grants.Recheck).
+		need = 1
+	}
+	if len(granted) < need {
 		if last != nil {
 			return fmt.Errorf("policy %s no longer grants this approval: %v", pol.Version(), last)
 		}

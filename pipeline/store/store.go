@@ -46,12 +46,17 @@ var (
 	ErrConflict = errors.New("store: revision conflict")
 )
 
-// Store wraps the four buckets.
+// Store wraps the five buckets.
 type Store struct {
 	Approvals Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]
 	Batches   Bucket[schemas.BatchRecord, *schemas.BatchRecord]
 	Sessions  Bucket[schemas.SessionRecord, *schemas.SessionRecord]
 	Claims    Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]
+	// Grants and GrantIndexes share bucket tollgate_grants: grants under
+	// "g-" keys, their indexes under "gi-" keys (schemas.GrantIndexKey).
+	// Grants end by expiry or revocation and stay for audit (no TTL).
+	Grants       Bucket[schemas.Grant, *schemas.Grant]
+	GrantIndexes Bucket[schemas.GrantIndex, *schemas.GrantIndex]
 }
 
 // DefaultRetention is how long ended records stay in KV unless configured
@@ -68,7 +73,9 @@ func New(b topology.Buckets) *Store {
 			Ended: func(r *schemas.BatchRecord) bool { return r.State.Terminal() }},
 		Sessions: Bucket[schemas.SessionRecord, *schemas.SessionRecord]{KV: b.Sessions,
 			Ended: func(r *schemas.SessionRecord) bool { return r.Active == "" && len(r.Queue) == 0 }},
-		Claims: Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims},
+		Claims:       Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims},
+		Grants:       Bucket[schemas.Grant, *schemas.Grant]{KV: b.Grants},
+		GrantIndexes: Bucket[schemas.GrantIndex, *schemas.GrantIndex]{KV: b.Grants},
 	}
 }
 
