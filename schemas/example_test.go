@@ -329,6 +329,11 @@ func exampleBatch() *schemas.BatchRecord {
 		UpdatedAt:     t3,
 		Origin:        "t-0f1e2d3c4b5a69788796-0",
 		FollowUpDepth: 1,
+		// Plan, HeldBy and SupersededBy never all hold at once; the golden
+		// vector carries every key.
+		Plan:         true,
+		HeldBy:       "t-0f1e2d3c4b5a69788796",
+		SupersededBy: "t-1a2b3c4d5e6f70819203",
 	}
 }
 

@@ -686,3 +686,29 @@ func allocated() uint64 {
 	runtime.ReadMemStats(&ms)
 	return ms.TotalAlloc
 }
+
+// TestBatchRecordWithoutLoopKeysDecodes: a batch record written before
+// plan, held_by and superseded_by existed decodes with them false / empty
+// (the planner's upgrade story relies on it).
+func TestBatchRecordWithoutLoopKeysDecodes(t *testing.T) {
+	m := toMap(t, readGolden(t, "batch_record.v1.msgpack"))
+	for _, k := range []string{"plan", "held_by", "superseded_by"} {
+		if _, ok := m[k]; !ok {
+			t.Fatalf("the golden file has no %s to remove", k)
+		}
+		delete(m, k)
+	}
+	rec, err := decoderFor(t, "batch_record.v1.msgpack")(fromMap(t, m))
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	b := rec.(*schemas.BatchRecord)
+	if b.Plan || b.HeldBy != "" || b.SupersededBy != "" {
+		t.Fatalf("plan %v held_by %q superseded_by %q, want zero", b.Plan, b.HeldBy, b.SupersededBy)
+	}
+	ex := exampleBatch()
+	ex.Plan, ex.HeldBy, ex.SupersededBy = false, "", ""
+	if !reflect.DeepEqual(utc(rec), utc(ex)) {
+		t.Fatalf("decoded %+v\nwant %+v", b, ex)
+	}
+}
