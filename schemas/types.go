@@ -344,6 +344,21 @@ func (a *ApprovalRecord) Offer(option string) (GrantOffer, bool) {
 	return GrantOffer{}, false
 }
 
+// Decided returns a copy of a, a record as it was requested (or as last
+// read), with the outcome that decided event ev announces applied: its
+// status, decision and, when the event carries them, its votes. A decided
+// record changes no more, so this is the record as stored after the
+// decision (pipeline/replay rebuilds records this way; the gateway serves
+// them without reading them again). ev must be a's.
+func (a *ApprovalRecord) Decided(ev *DecidedEvent) *ApprovalRecord {
+	out := *a
+	out.Status, out.Decision = ev.Status, ev.Decision
+	if ev.Votes != nil {
+		out.Votes = ev.Votes
+	}
+	return &out
+}
+
 // Offers reports whether option is one of the options the prompt offered.
 func (a *ApprovalRecord) Offers(option string) bool {
 	for _, o := range a.Options {

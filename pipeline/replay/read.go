@@ -320,10 +320,7 @@ func (t *Turn) project() {
 			b.Approvals[i] = a.ApprovalID
 		}
 		if d := t.decided[a.ApprovalID]; d != nil {
-			a.Status, a.Decision = d.Status, d.Decision
-			if d.Votes != nil {
-				a.Votes = d.Votes
-			}
+			a = a.Decided(d)
 		}
 		t.Approvals = append(t.Approvals, a)
 	}

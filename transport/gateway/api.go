@@ -526,6 +526,10 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 			if err != nil || ev.ApprovalID != a.ApprovalID {
 				continue
 			}
+			// The record as decided, for the turn's next view (see view).
+			s.mu.Lock()
+			s.approvals.set(a.ApprovalID, a.Decided(ev), recentWrites)
+			s.mu.Unlock()
 			out := DecisionResponse{DecisionID: d.DecisionID, ApprovalID: a.ApprovalID, Status: string(ev.Status)}
 			if ev.Decision != nil {
 				dv := decisionView(*ev.Decision)

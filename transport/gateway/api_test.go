@@ -97,6 +97,15 @@ func TestApproveOverTheAPI(t *testing.T) {
 	if cv.Disposition != DispositionRan || cv.Result.Status != schemas.ResultOK || cv.Approval.Decision.Principal != "gateway:alice" || cv.Approval.Decision.Option != "approve" {
 		t.Fatalf("call %+v / %+v / %+v", cv, cv.Result, cv.Approval)
 	}
+	// The decided approval in the view (the gateway's copy, rebuilt from the
+	// decided event) is the record as stored.
+	stored, err := json.Marshal(approvalView(g.Approval(c.ApprovalID)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if served, _ := json.Marshal(cv.Approval); string(served) != string(stored) {
+		t.Fatalf("approval in the view\n%s\nas stored\n%s", served, stored)
+	}
 	resp, body = g.do("GET", "/v1/approvals?status=pending", "a", nil)
 	if l := want[ApprovalList](t, resp, body, http.StatusOK); len(l.Approvals) != 0 {
 		t.Errorf("still pending: %+v", l.Approvals)

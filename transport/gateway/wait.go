@@ -136,6 +136,17 @@ func (s *Server) view(ctx context.Context, b *schemas.BatchRecord) (*TurnView, e
 		if cv.ApprovalID == "" {
 			continue
 		}
+		// A decided record changes no more: one the gateway keeps (read
+		// before, or rebuilt from the decided event that answered a
+		// decision made through it) is served as it is. A pending one is
+		// read, since it may have been decided since.
+		s.mu.Lock()
+		a, ok := s.approvals.get(cv.ApprovalID)
+		s.mu.Unlock()
+		if ok && a.Status != schemas.ApprovalPending {
+			cv.Approval = approvalView(a)
+			continue
+		}
 		a, _, err := s.store.Approvals.Get(ctx, cv.ApprovalID)
 		switch {
 		case err == nil:
