@@ -211,7 +211,10 @@ func TestBenchSmokeGateway(t *testing.T) {
 // computed from each.
 func TestBenchSmokePlanner(t *testing.T) {
 	cfg := smokeConfig(t, "planner")
-	cfg.LatencyDuration = 800 * time.Millisecond // a planner turn takes about 250 ms
+	// A planner turn takes about 250 ms (the message schedule of its step);
+	// under the load of a parallel `make test` a 400 ms window could end
+	// before any turn of a round did.
+	cfg.Duration, cfg.LatencyDuration = time.Second, time.Second
 	r, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

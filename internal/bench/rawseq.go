@@ -33,6 +33,10 @@ import (
 // then written again with a TTL, by compare-and-set).
 //
 // sessionRecordBytes is the size of a new session record.
+// Before it creates an approval, the executor looks up the standing grants
+// of the call's tool and requester (one read of their grant index, which
+// finds none in the bench: pipeline/grants).
+//
 // Besides these, Tollgate's approver watches the approvals bucket and its
 // redriver the batches bucket (KV watches: ordered push consumers that
 // receive every write, for the pending set and expiry, and for the
@@ -83,6 +87,7 @@ var rawApproval = []step{
 	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 933},
 	{Stage: "executor", Op: "kv.create", On: "tollgate_claims/<turn>-0", Bytes: 217},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"}, // no standing grant covers it
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 822},
 	{Stage: "executor", Op: "publish", On: "tollgate.event.approval.requested.<turn>", MsgID: true, Bytes: 822},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1043},

@@ -109,7 +109,7 @@ func startRawStages(js jetstream.JetStream, seq []step, p path, stages ...string
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &rawStages{js: js, kv: map[string]jetstream.KeyValue{}, path: p, plan: rawPlan(seq), ctx: ctx, stop: cancel, running: map[string]*rawRun{}}
-	for _, b := range []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims} {
+	for _, b := range []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims, topology.BucketGrants} {
 		kv, err := js.KeyValue(ctx, b)
 		if err != nil {
 			cancel()
@@ -307,10 +307,15 @@ func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
 }
 
 func (id rawIDs) resolve(s string) string {
+	s = strings.ReplaceAll(s, "<grant-index>", benchGrantIndex)
 	s = strings.ReplaceAll(s, "<approval>", id.approval)
 	s = strings.ReplaceAll(s, "<turn>", id.turn)
 	return strings.ReplaceAll(s, "<session>", id.session)
 }
+
+// benchGrantIndex is the grant index the executor reads for the bench's
+// gated call: write_file, requested by cli:alice (driver.inbound).
+var benchGrantIndex = schemas.GrantIndexKey("write_file", "cli:alice")
 
 // sessionKeyLen is the length of schemas.SessionKey's keys.
 const sessionKeyLen = 2 + 32
@@ -383,6 +388,9 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			}
 		case "kv.get":
 			e, err := kv.Get(ctx, key)
+			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketGrants {
+				continue // no standing grant: the call asks a person, as in Tollgate
+			}
 			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketSessions {
 				// A session's first turn: Tollgate (Acquire) creates the
 				// record instead of updating it; so does the raw turn.

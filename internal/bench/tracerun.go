@@ -146,6 +146,7 @@ func traceOn(e *env, st stager, p path, raw, decisionFirst bool) ([]step, error)
 		{schemas.ApprovalID(t.id, p.approvalIndex()), "<approval>"},
 		{t.id, "<turn>"},
 		{schemas.SessionKey("trace-session"), "<session>"},
+		{benchGrantIndex, "<grant-index>"},
 	}
 	return canonical(tr.snapshot(), names, stageOfConsumer), nil
 }
