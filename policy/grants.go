@@ -66,7 +66,7 @@ func checkGrants(name string, r ToolRule) error {
 	for _, g := range r.Grants {
 		where := fmt.Sprintf("tool %s: grant option %q", name, g.Option)
 		if !schemas.IsGrantOption(g.Option) || schemas.CheckToolName(g.Option) != nil {
-			return fmt.Errorf("%s: want \"approve-<name>\" or \"deny-<name>\" of a-z 0-9 _ - .", where)
+			return fmt.Errorf("%s: want \"approve-<name>\" or \"deny-<name>\" (a-z, 0-9, _, - and . only)", where)
 		}
 		if seen[g.Option] {
 			return fmt.Errorf("%s: named twice", where)
