@@ -406,6 +406,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 			Options: *cfg.Planner, JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy,
 			Logger: stageLog(StagePlanner), Metrics: metrics, Registerer: regOf(StagePlanner),
 			Topology: topo, CheckOnly: cfg.CheckOnly, TracerProvider: cfg.TracerProvider, OrderWait: cfg.OrderWait,
+			Retention: cfg.retention(),
 		}); err != nil {
 			return nil, err
 		}

@@ -227,7 +227,7 @@ func testPlannerAndSlackRefusals(t *testing.T, url string, admin *client, adminK
 		noRequest("planner cannot call a tool", pl, "tollgate.tool.deploys.deploy"),
 		noRequest("planner cannot pull from the executor's consumer", pl, apiOf(pl)+"CONSUMER.MSG.NEXT.TOLLGATE_TURNS.executor"),
 		noRequest("planner cannot create a consumer but its own", pl, apiOf(pl)+"CONSUMER.CREATE.TOLLGATE_TURNS.mine"),
-		{"the planner cannot reconfigure its bucket", pl, apiOf(pl) + "INFO",
+		{"the planner cannot reconfigure its bucket", pl, apiOf(pl) + "STREAM.UPDATE.KV_" + topology.BucketPlanner,
 			func(ctx context.Context) error {
 				_, err := topology.EnsurePlannerBucket(ctx, pl.js, drifted)
 				return err

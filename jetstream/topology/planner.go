@@ -64,52 +64,56 @@ func PlannerConsumers() []ConsumerSpec {
 }
 
 // PlannerBucket returns the configuration of the planner's bucket, as
-// Buckets does for the others.
+// Buckets does for the others: one revision per key, like them, so that an
+// ended record written with a TTL replaces the key's only earlier revision
+// and the key is gone once the TTL runs out (pipeline/store, "Retention").
 func (c Config) PlannerBucket() jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket:       BucketPlanner,
 		Description:  "Tollgate: planner turns, model steps, conversations and loop queues",
-		History:      5,
+		History:      1,
 		Storage:      c.Storage,
 		Replicas:     c.Replicas,
 		MaxValueSize: 1 << 20,
 	}
 }
 
+// PlannerBucketStream is the stream that backs the planner's bucket, made
+// as BucketStreams makes the others' (per-message TTLs allowed, direct gets
+// only where DirectGets allows them).
+func (c Config) PlannerBucketStream() jetstream.StreamConfig {
+	return c.bucketStream(c.PlannerBucket())
+}
+
 // EnsurePlannerBucket creates or updates the planner's bucket and returns
-// it. Like the other buckets (see DirectGets), a replicated planner bucket
-// does not allow direct gets: nats.go creates every bucket with them on, so
-// they are turned off before the bucket is bound. A bucket whose settings
-// already match is only read, as Ensure does, so that a planner whose user
-// may not create or update streams binds to the bucket admin provisioned
-// (`tollgate provision --planner`).
+// it. A bucket whose stream already matches PlannerBucketStream is only
+// read, as Ensure does, so that a planner whose user may not create or
+// update streams binds to the bucket admin provisioned (`tollgate provision
+// --planner`). A bucket made by an earlier version (five revisions per key,
+// no per-message TTLs) is updated in place: its history shrinks to one and
+// TTLs are allowed.
 func EnsurePlannerBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
-	if s, err := js.Stream(ctx, "KV_"+BucketPlanner); err == nil && plannerBucketMatches(s.CachedInfo().Config, c) {
+	sc := c.PlannerBucketStream()
+	if s, err := js.Stream(ctx, sc.Name); err == nil && len(bucketDiff(s.CachedInfo().Config, sc)) == 0 {
 		return js.KeyValue(ctx, BucketPlanner)
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, c.PlannerBucket()); err != nil {
+	if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketPlanner, err)
-	}
-	if !c.DirectGets() {
-		s, err := js.Stream(ctx, "KV_"+BucketPlanner)
-		if err != nil {
-			return nil, fmt.Errorf("bucket %s: %w", BucketPlanner, err)
-		}
-		if sc := s.CachedInfo().Config; sc.AllowDirect {
-			sc.AllowDirect = false
-			if _, err := js.UpdateStream(ctx, sc); err != nil {
-				return nil, fmt.Errorf("bucket %s: %w", BucketPlanner, err)
-			}
-		}
 	}
 	return js.KeyValue(ctx, BucketPlanner)
 }
 
-// plannerBucketMatches reports whether have, the planner bucket's stream,
-// has the settings EnsurePlannerBucket would give it.
-func plannerBucketMatches(have jetstream.StreamConfig, c Config) bool {
-	want := c.PlannerBucket()
-	return have.Description == want.Description && have.MaxMsgsPerSubject == int64(want.History) &&
-		have.Storage == want.Storage && have.Replicas == want.Replicas &&
-		have.MaxMsgSize == want.MaxValueSize && (c.DirectGets() || !have.AllowDirect)
+// CheckPlannerBucket binds to the planner's bucket as admin provisioned it,
+// and fails, naming what differs, if its stream is not PlannerBucketStream
+// (for a planner that must not create or change streams).
+func CheckPlannerBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	sc := c.PlannerBucketStream()
+	s, err := js.Stream(ctx, sc.Name)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketPlanner, err)
+	}
+	if d := bucketDiff(s.CachedInfo().Config, sc); len(d) > 0 {
+		return nil, fmt.Errorf("bucket %s differs from what this version needs (%+v): run tollgate provision --planner", BucketPlanner, d)
+	}
+	return js.KeyValue(ctx, BucketPlanner)
 }

@@ -244,26 +244,31 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 func (c Config) BucketStreams() []jetstream.StreamConfig {
 	var out []jetstream.StreamConfig
 	for _, kc := range c.Buckets() {
-		out = append(out, jetstream.StreamConfig{
-			Name:              "KV_" + kc.Bucket,
-			Description:       kc.Description,
-			Subjects:          []string{"$KV." + kc.Bucket + ".>"},
-			MaxMsgsPerSubject: int64(kc.History),
-			MaxBytes:          -1,
-			MaxMsgSize:        kc.MaxValueSize,
-			Storage:           kc.Storage,
-			Replicas:          kc.Replicas,
-			AllowRollup:       true,
-			DenyDelete:        true,
-			Duplicates:        2 * time.Minute,
-			MaxMsgs:           -1,
-			MaxConsumers:      -1,
-			AllowDirect:       c.DirectGets(),
-			Discard:           jetstream.DiscardNew,
-			AllowMsgTTL:       true,
-		})
+		out = append(out, c.bucketStream(kc))
 	}
 	return out
+}
+
+// bucketStream is the stream that backs bucket kc (see BucketStreams).
+func (c Config) bucketStream(kc jetstream.KeyValueConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              "KV_" + kc.Bucket,
+		Description:       kc.Description,
+		Subjects:          []string{"$KV." + kc.Bucket + ".>"},
+		MaxMsgsPerSubject: int64(kc.History),
+		MaxBytes:          -1,
+		MaxMsgSize:        kc.MaxValueSize,
+		Storage:           kc.Storage,
+		Replicas:          kc.Replicas,
+		AllowRollup:       true,
+		DenyDelete:        true,
+		Duplicates:        2 * time.Minute,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		AllowDirect:       c.DirectGets(),
+		Discard:           jetstream.DiscardNew,
+		AllowMsgTTL:       true,
+	}
 }
 
 // Ensure creates or updates every stream and bucket. It is idempotent and

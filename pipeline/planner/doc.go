@@ -129,6 +129,17 @@
 // History.MaxBytes; the current turn's text, calls and results are never
 // dropped (the step budget bounds them).
 //
+// # Retention
+//
+// With Config.Retention (tollgate.Config.Retention), the planner's records
+// leave its bucket as the others leave theirs (pipeline/store): a planner
+// turn a retention period after the write that ended it, its steps from
+// when finish retires them (before the turn's outcome is published), and a
+// session's conversation a retention period after its last write (each
+// completed loop writes it again). A running loop's records never expire.
+// The bucket keeps one revision per key and allows per-message TTLs
+// (topology.PlannerBucketStream).
+//
 // # Metrics
 //
 // tollgate_planner_tokens_total{direction="in"|"out"}, the model's

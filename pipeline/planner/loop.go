@@ -494,6 +494,12 @@ func (p *Planner) finish(ctx context.Context, tr *schemas.PlannerTurn) error {
 			return err
 		}
 	}
+	// The steps leave with the turn (its terminal write carries the TTL).
+	for i := 0; i <= tr.Step; i++ {
+		if err := p.steps.Retire(ctx, schemas.PlannerStepKey(tr.TurnID, i)); err != nil {
+			return err
+		}
+	}
 	if err := p.cfg.Engine.Finish(ctx, b); err != nil { // releases the session
 		return err
 	}

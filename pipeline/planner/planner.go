@@ -76,6 +76,10 @@ type Config struct {
 	// OrderWait is the session-order wait (sessionorder.Config.Wait; the
 	// executor's OrderWait); zero is sessionorder.DefaultWait.
 	OrderWait time.Duration
+	// Retention is how long the planner's ended records stay in its bucket
+	// (tollgate.Config.Retention; see the package doc, "Retention"); under
+	// a second keeps every record.
+	Retention time.Duration
 }
 
 // Planner is the planner stage.
@@ -134,19 +138,26 @@ func New(ctx context.Context, cfg Config) (*Planner, error) {
 	}
 	var kv jetstream.KeyValue
 	if cfg.CheckOnly {
-		kv, err = cfg.JS.KeyValue(ctx, topology.BucketPlanner)
+		kv, err = topology.CheckPlannerBucket(ctx, cfg.JS, topo)
 	} else {
 		kv, err = topology.EnsurePlannerBucket(ctx, cfg.JS, topo)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("planner: bucket %s: %w", topology.BucketPlanner, err)
 	}
+	ttl := cfg.Retention.Truncate(time.Second)
+	if ttl < time.Second {
+		ttl = 0
+	}
 	p := &Planner{
 		cfg: cfg, model: m, kv: kv,
-		turns: store.Bucket[schemas.PlannerTurn, *schemas.PlannerTurn]{KV: kv},
-		steps: store.Bucket[schemas.PlannerStep, *schemas.PlannerStep]{KV: kv},
-		convs: store.Bucket[schemas.Conversation, *schemas.Conversation]{KV: kv},
-		queue: store.Bucket[schemas.PlannerQueue, *schemas.PlannerQueue]{KV: kv},
+		turns: store.Bucket[schemas.PlannerTurn, *schemas.PlannerTurn]{KV: kv, TTL: ttl, JS: cfg.JS,
+			Ended: func(t *schemas.PlannerTurn) bool { return t.State.Terminal() }},
+		steps: store.Bucket[schemas.PlannerStep, *schemas.PlannerStep]{KV: kv, TTL: ttl, JS: cfg.JS},
+		convs: store.Bucket[schemas.Conversation, *schemas.Conversation]{KV: kv, TTL: ttl, JS: cfg.JS,
+			Ended: func(*schemas.Conversation) bool { return true }},
+		queue: store.Bucket[schemas.PlannerQueue, *schemas.PlannerQueue]{KV: kv, TTL: ttl, JS: cfg.JS,
+			Ended: func(q *schemas.PlannerQueue) bool { return q.Active == "" && len(q.Queue) == 0 }},
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_planner_tokens_total", Help: "Model tokens used by the planner, by direction (in: prompt, out: completion).",
 		}, []string{"direction"}),
