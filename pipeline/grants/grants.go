@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -313,4 +314,61 @@ func Revoke(ctx context.Context, js jetstream.JetStream, st *store.Store, id, by
 // (topology.GrantEventMsgID).
 func Publish(ctx context.Context, js jetstream.JetStream, ev *schemas.GrantEvent) error {
 	return bus.Publish(ctx, js, topology.GrantEventSubject(ev.Kind, ev.GrantID), topology.GrantEventMsgID(ev.Kind, ev.GrantID, ev.ApprovalID), ev)
+}
+
+// List reads every grant record of the bucket with one watcher (index
+// records are skipped), oldest first. A record that does not decode is
+// reported through skipped (may be nil) and left out. It reads the whole
+// bucket: it is for listings (`tollgate grants list`, the web inbox's
+// Grants page), never on a call's path.
+func List(ctx context.Context, st *store.Store, skipped func(key string, err error)) ([]*schemas.Grant, error) {
+	w, err := st.Grants.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.Stop() }()
+	var out []*schemas.Grant
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				slices.SortStableFunc(out, func(a, b *schemas.Grant) int { return a.CreatedAt.Compare(b.CreatedAt) })
+				return out, nil
+			}
+			if !schemas.IsGrantID(e.Key()) || strings.HasPrefix(e.Key(), "gi-") { // an index record
+				continue
+			}
+			g, err := st.Grants.DecodeValue(e.Value())
+			if err != nil {
+				if skipped != nil {
+					skipped(e.Key(), err)
+				}
+				continue
+			}
+			out = append(out, g)
+		}
+	}
+}
+
+// UseCounts returns how many approvals each grant decided: the number of
+// its grant.used events still in the events stream, by grant id, read
+// with one stream-info request (the stream's per-subject counts), not by
+// reading the events.
+func UseCounts(ctx context.Context, js jetstream.JetStream) (map[string]uint64, error) {
+	s, err := js.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		return nil, err
+	}
+	prefix := topology.GrantEventSubject(schemas.GrantUsed, "")
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]uint64, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		out[strings.TrimPrefix(subj, prefix)] += n
+	}
+	return out, nil
 }
