@@ -203,6 +203,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /turns/{id}", s.turn)
 	s.mux.HandleFunc("GET /history", s.history)
 	s.mux.HandleFunc("GET /history.jsonl", s.export)
+	s.mux.HandleFunc("GET /grants", s.grantsPage)
+	s.mux.HandleFunc("POST /grants/{id}/revoke", s.revokeGrant)
 	if s.oidc != nil {
 		s.mux.HandleFunc("GET /signin/oidc", s.oidcStart)
 		s.mux.HandleFunc("GET /signin/oidc/callback", s.oidcCallback)
