@@ -32,12 +32,12 @@ type card struct {
 	// how long (the approval's GrantOffer summary), shown as buttons of
 	// their own. Every one posts through the same form: same digest and
 	// CSRF token.
-	Plain  []string
-	Offers []schemas.GrantOffer
-	Quorum                        int
-	Votes                         []schemas.DecisionInfo
-	RequestedAt, ExpiresAt        time.Time
-	Status                        schemas.ApprovalStatus
+	Plain                  []string
+	Offers                 []schemas.GrantOffer
+	Quorum                 int
+	Votes                  []schemas.DecisionInfo
+	RequestedAt, ExpiresAt time.Time
+	Status                 schemas.ApprovalStatus
 	// Why says why a card that is not pending is closed: who decided it
 	// and when, or that it expired or was abandoned.
 	Why string
