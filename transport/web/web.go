@@ -11,6 +11,17 @@
 // the sign-in vouched for, and the inbox channel, a personal one); the
 // approver still checks every decision against the persisted record.
 //
+// Standing grants (docs/protocol.md, "Grants"): a card shows each grant
+// option the approval offers as a button of its own, with the offer's
+// summary (what it would cover, for how long), in the same form as
+// approve and deny (same digest, same CSRF token, same decision path).
+// The Grants page lists the grants the signed-in person may revoke: those
+// they made, and those on a turn whose tool the approver's decider rule
+// lets them decide (whoever could have made a grant may end it; revoking
+// only narrows). Revoke goes through grants.Revoke, the path of `tollgate
+// grants revoke`: the record is marked revoked and grant.revoked is
+// published, naming web:<subject>.
+//
 // Pages are server-rendered with html/template (which does all escaping);
 // the only script is static/inbox.js, served from this package. Every
 // response carries a Content-Security-Policy without inline script and
