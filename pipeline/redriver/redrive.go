@@ -449,7 +449,7 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 				return err
 			}
 		}
-		if p.Code == schemas.CodePolicyChanged || isGrantCode(p.Code) {
+		if p.Code == schemas.CodePolicyChanged || IsGrantCode(p.Code) {
 			// Unless it was claimed already: a call that has run (or may
 			// have) is reported by its claim, through Execute, not by
 			// today's policy. Only this rare path pays the lookup.
