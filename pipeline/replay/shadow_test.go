@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/replay"
@@ -169,6 +170,12 @@ func TestDryRunRechecksTheGrant(t *testing.T) {
 	h.WaitState(made, schemas.BatchAwaiting)
 	d := h.Decide(schemas.ApprovalID(made, 0), "approve-day", "alice")
 	gid := schemas.GrantID(schemas.ApprovalID(made, 0), d.DecisionID)
+	jstest.Eventually(t, pt.Wait, "grant "+gid, func() bool { // made before the next call is planned
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		_, _, err := h.Store.Grants.Get(ctx, gid)
+		return err == nil
+	})
 	used := h.Send(h.Inbound("s-used", "alice", pt.Call("granted", `{"n":2}`)))
 	a := h.WaitApproval(schemas.ApprovalID(used, 0), "decided by the grant", func(a *schemas.ApprovalRecord) bool {
 		return a.Status == schemas.ApprovalApproved && a.Decision != nil && a.Decision.Grant != nil
