@@ -121,7 +121,7 @@ func cmdGrants(cmd *command, args []string) int {
 		printGrant(os.Stdout, g, uses, now)
 		return 0
 	default: // revoke
-		g, err := grants.Revoke(ctx, c.js, st, pos[0], *by, *reason, now)
+		g, _, err := grants.Revoke(ctx, c.js, st, pos[0], *by, *reason, now)
 		if errors.Is(err, store.ErrNotFound) {
 			return fail("grants revoke: no grant %s", pos[0])
 		}

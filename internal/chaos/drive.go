@@ -429,7 +429,7 @@ func (d *driver) revokeGrants(ctx context.Context, t *turnState) error {
 		for _, id := range ids {
 			for {
 				rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-				_, e := grants.Revoke(rctx, d.js, d.st, id, "chaos:harness", fmt.Sprintf("chaos turn %d", t.plan.Index), time.Now())
+				_, _, e := grants.Revoke(rctx, d.js, d.st, id, "chaos:harness", fmt.Sprintf("chaos turn %d", t.plan.Index), time.Now())
 				cancel()
 				if e == nil || errors.Is(e, store.ErrNotFound) {
 					break

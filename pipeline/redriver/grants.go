@@ -44,10 +44,15 @@ func RecheckGrant(ctx context.Context, st *store.Store, keys *seal.KeyRing, pol 
 }
 
 // recheckGrant is RecheckGrant with the redriver's store, keys, policy and
-// clock.
+// clock; a re-check that stops the call is counted by code
+// (tollgate_grant_rechecks_failed_total).
 func (r *Redriver) recheckGrant(ctx context.Context, tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord, p CallPlan) (CallPlan, error) {
 	eng := r.cfg.Engine
-	return RecheckGrant(ctx, r.cfg.Store, eng.Keys(), r.cfg.Policy, tc, call, a, p, eng.Now())
+	q, err := RecheckGrant(ctx, r.cfg.Store, eng.Keys(), r.cfg.Policy, tc, call, a, p, eng.Now())
+	if err == nil && p.Run && !q.Run {
+		r.grantRechecks.WithLabelValues(string(q.Code)).Inc()
+	}
+	return q, err
 }
 
 // IsGrantCode reports whether c is one of the grant re-check's codes.

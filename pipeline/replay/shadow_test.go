@@ -206,7 +206,7 @@ func TestDryRunRechecksTheGrant(t *testing.T) {
 	}
 	ctx, cancel := h.Ctx()
 	defer cancel()
-	if _, err := grants.Revoke(ctx, h.JS, h.Store, gid, "operator", "test", time.Now()); err != nil {
+	if _, _, err := grants.Revoke(ctx, h.JS, h.Store, gid, "operator", "test", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	rep := run(t, h, o)

@@ -182,10 +182,14 @@ func (s *Server) revokeGrant(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, nil, http.StatusRequestEntityTooLarge, schemas.CodePayloadTooLarge, fmt.Sprintf("The reason is over %d bytes.", maxReasonBytes))
 		return
 	}
-	if _, err := grants.Revoke(r.Context(), s.cfg.JS, s.store, id, sess.Principal(), cmp.Or(reason, "revoked in the web inbox"), s.cfg.Now()); err != nil {
+	_, revoked, err := grants.Revoke(r.Context(), s.cfg.JS, s.store, id, sess.Principal(), cmp.Or(reason, "revoked in the web inbox"), s.cfg.Now())
+	if err != nil {
 		s.cfg.Logger.Error("web: revoke", "grant", id, "err", err)
 		s.refuse(w, r, nil, http.StatusServiceUnavailable, CodeUnavailable, "The grant could not be revoked: try again.")
 		return
+	}
+	if revoked {
+		s.grantsRevoked.Inc()
 	}
 	s.cfg.Logger.Info("web: grant revoked", "grant", id, "by", sess.Principal())
 	http.Redirect(w, r, "/grants#"+id, http.StatusSeeOther)

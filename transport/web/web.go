@@ -46,9 +46,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -108,6 +110,9 @@ type Config struct {
 	Heartbeat time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Registerer, when set, gets tollgate_grants_revoked_total (grants
+	// revoked from the Grants page); nil: counted, not exported.
+	Registerer prometheus.Registerer
 }
 
 // Server is the inbox's http.Handler.
@@ -122,6 +127,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by principal
+
+	grantsRevoked prometheus.Counter
 }
 
 // LoopbackAddr reports whether addr (host:port) names a loopback host:
@@ -191,6 +198,12 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, store: store.New(b), events: events, pages: pages,
 		sessions: newSessions(cfg.CookieKey, cfg.SessionTTL, cfg.Now),
 		limiters: map[string]*rate.Limiter{},
+		grantsRevoked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_grants_revoked_total", Help: "Standing grants revoked (each once).",
+		}),
+	}
+	if err := metrics.Register(cfg.Registerer, &s.grantsRevoked); err != nil {
+		return nil, err
 	}
 	if cfg.OIDC != nil {
 		if s.oidc, err = newOIDC(ctx, *cfg.OIDC); err != nil {
