@@ -24,9 +24,9 @@ const (
 	// bound to the approval and digest by the button's value like
 	// Approve's.
 	ActionGrantPrefix = "tollgate_grant:"
-	ViewDeny      = "tollgate_deny_reason"
-	denyBlock     = "reason"
-	denyInput     = "reason_input"
+	ViewDeny          = "tollgate_deny_reason"
+	denyBlock         = "reason"
+	denyInput         = "reason_input"
 )
 
 // buttonValue is the value of a prompt's buttons: "<approval id> <digest>".
