@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -123,7 +121,7 @@ func cmdGrants(cmd *command, args []string) int {
 		printGrant(os.Stdout, g, uses, now)
 		return 0
 	default: // revoke
-		g, err := grants.Revoke(ctx, c.js, st, pos[0], *by, *reason, now)
+		g, _, err := grants.Revoke(ctx, c.js, st, pos[0], *by, *reason, now)
 		if errors.Is(err, store.ErrNotFound) {
 			return fail("grants revoke: no grant %s", pos[0])
 		}
@@ -139,35 +137,12 @@ func cmdGrants(cmd *command, args []string) int {
 	}
 }
 
-// listGrants reads every grant record (index records are skipped) with one
-// watcher over the bucket.
+// listGrants reads every grant record (grants.List), saying which it
+// skips.
 func listGrants(ctx context.Context, st *store.Store) ([]*schemas.Grant, error) {
-	w, err := st.Grants.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	defer w.Stop()
-	var out []*schemas.Grant
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e := <-w.Updates():
-			if e == nil {
-				sort.SliceStable(out, func(a, b int) bool { return out[a].CreatedAt.Before(out[b].CreatedAt) })
-				return out, nil
-			}
-			if !schemas.IsGrantID(e.Key()) || strings.HasPrefix(e.Key(), "gi-") { // an index record
-				continue
-			}
-			g, err := st.Grants.DecodeValue(e.Value())
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "tollgate: skipping %s: %v\n", e.Key(), err)
-				continue
-			}
-			out = append(out, g)
-		}
-	}
+	return grants.List(ctx, st, func(key string, err error) {
+		fmt.Fprintf(os.Stderr, "tollgate: skipping %s: %v\n", key, err)
+	})
 }
 
 func filterGrants(gs []*schemas.Grant, all bool, tool, requester string, now time.Time) []*schemas.Grant {

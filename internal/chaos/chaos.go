@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -69,13 +70,14 @@ func (h *harness) addProc(p *childproc.Proc) {
 
 // Policy is the harness's tool policy: one tool per treatment, and the
 // remote tool service's two tools treated like ledger and ledger_guarded.
+// ledger_guarded (in process) offers a session grant (GrantOption).
 func Policy(expiresAfter time.Duration) string {
 	return fmt.Sprintf(`{
   "version": "chaos-1",
   "default_approval": "deny",
   "tools": {
     %q: {"approval": "never"},
-    %q: {"approval": "required"},
+    %q: {"approval": "required", "grants": [{"option": %q, "scope": "session", "for": "30m"}]},
     %q: {"approval": "required", "expires_after": %q},
     %q: {"approval": "deny"},
     %q: {"approval": "never"},
@@ -83,7 +85,7 @@ func Policy(expiresAfter time.Duration) string {
   },
   "transports": {%q: {"trust_boundary": "local", "interactive": true}}
 }
-`, tools.LedgerTool, tools.LedgerGuardedTool, tools.LedgerExpiringTool, expiresAfter.String(), tools.LedgerDeniedTool,
+`, tools.LedgerTool, tools.LedgerGuardedTool, GrantOption, tools.LedgerExpiringTool, expiresAfter.String(), tools.LedgerDeniedTool,
 		toolsvc.Ledger, toolsvc.LedgerGuarded, transport)
 }
 
@@ -461,6 +463,17 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the outcomes: %w", err)
+	}
+	err = topology.Retry(ctx, func() error {
+		gs, err := grants.List(ctx, d.st, func(key string, err error) { h.logf("undecodable grant record %s: %v", key, err) })
+		f.Grants = map[string]*schemas.Grant{}
+		for _, g := range gs {
+			f.Grants[g.GrantID] = g
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the grants: %w", err)
 	}
 	err = topology.Retry(ctx, func() error {
 		s, err := js.Stream(ctx, topology.StreamDLQ)

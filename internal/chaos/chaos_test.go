@@ -135,6 +135,17 @@ func runChaos(t *testing.T, cfg Config) {
 	if r.Executions == 0 || r.ApprovalsBy["approved"] == 0 || r.ApprovalsBy["denied"] == 0 {
 		t.Errorf("the run exercised too little: %d executions, approvals %v", r.Executions, r.ApprovalsBy)
 	}
+	granted := 0
+	for _, tp := range NewPlan(cfg.withDefaults()).Turns {
+		for _, c := range tp.Calls {
+			if c.Decision == DecideGrant {
+				granted++
+			}
+		}
+	}
+	if granted > 0 && (r.GrantsMade == 0 || r.ApprovalsByGrant == 0) {
+		t.Errorf("%d grant decisions planned, but %d grants made and %d approvals decided by one", granted, r.GrantsMade, r.ApprovalsByGrant)
+	}
 	if r.RemoteExecutions == 0 {
 		t.Errorf("the remote tool service ran no call")
 	}
@@ -202,6 +213,20 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 				}
 			}
 		}
+	}
+	grantDecisions, revokes := 0, 0
+	for _, tp := range a.Turns {
+		if tp.Revoke {
+			revokes++
+		}
+		for _, c := range tp.Calls {
+			if c.Decision == DecideGrant {
+				grantDecisions++
+			}
+		}
+	}
+	if grantDecisions == 0 || revokes == 0 {
+		t.Errorf("%d grant decisions and %d turns that revoke in 500 turns", grantDecisions, revokes)
 	}
 	for _, k := range []string{"plain", "single", "multi", "dup", "conflict", "expiry"} {
 		if kinds[k] == 0 {

@@ -28,6 +28,8 @@ type Facts struct {
 	// each, StepOf set), and the planner's records and model requests.
 	Steps   []TurnFact
 	Planner *PlannerFacts
+	// Grants are the grant records in KV at the end, by id.
+	Grants map[string]*schemas.Grant
 }
 
 // TurnFact is one planned turn and what Tollgate stored for it.
@@ -78,6 +80,12 @@ type Report struct {
 	DuplicateModelSteps int // model requests for a step whose answer was recorded (more than modelGrace before)
 	StepBatchMismatch   int // step batches whose calls are not their recorded step's
 	WrongReplies        int // completed planner turns without a reply event, replies of other turns, replies not under the turn's context
+	RanAfterGrantEnded  int // executions of calls a grant approved that ran after the grant was revoked or expired
+
+	// Standing grants (not violations).
+	GrantsMade, GrantsRevoked int // grant records, and those revoked
+	ApprovalsByGrant          int // approvals a grant decided (no prompt)
+	GrantFailures             int // calls that failed at redrive with GRANT_REVOKED, GRANT_EXPIRED or GRANT_INVALID
 
 	PlannerStates         map[string]int // planner turn records' states (failed:<code>)
 	StepBatches           int            // step batches checked like turns
@@ -131,6 +139,7 @@ func (r *Report) violations() []violation {
 		{"duplicate model steps", r.DuplicateModelSteps},
 		{"step batches unlike their step", r.StepBatchMismatch},
 		{"replies missing or misaddressed", r.WrongReplies},
+		{"executions after their grant ended", r.RanAfterGrantEnded},
 	}
 }
 
@@ -199,6 +208,12 @@ func Check(f *Facts) *Report {
 		}
 	}
 	r.Executions = len(f.Ledger)
+	for _, g := range f.Grants {
+		r.GrantsMade++
+		if g.Revoked != nil {
+			r.GrantsRevoked++
+		}
+	}
 
 	r.Planned = len(f.Turns)
 	for i := range f.Turns {
@@ -242,7 +257,7 @@ func Check(f *Facts) *Report {
 			continue
 		}
 		for _, e := range es {
-			checkExecution(r, t, idx, e)
+			checkExecution(r, t, idx, e, f.Grants)
 		}
 	}
 	checkSessionOrder(r, f, execs, stepsOf)
@@ -308,6 +323,10 @@ func checkTurn(r *Report, t *TurnFact, o *schemas.TurnOutcome, execs map[string]
 			status = string(res.Status)
 		}
 		r.Results[status]++
+		switch res.Code {
+		case schemas.CodeGrantRevoked, schemas.CodeGrantExpired, schemas.CodeGrantInvalid:
+			r.GrantFailures++
+		}
 		if res.Status == schemas.ResultNeedsAttention {
 			r.NeedsAttention++
 			if len(execs[callID]) == 0 {
@@ -328,6 +347,9 @@ func checkTurn(r *Report, t *TurnFact, o *schemas.TurnOutcome, execs map[string]
 		}
 		if a := approvalOf(t, i); a != nil {
 			r.ApprovalsBy[string(a.Status)]++
+			if a.Decision != nil && a.Decision.Grant != nil {
+				r.ApprovalsByGrant++
+			}
 			if c.Decision == DecideLate && a.Status == schemas.ApprovalApproved {
 				r.ExpiryNotEnforced++
 				r.example("expiry not enforced", "approval %s expired at %s but was approved at %s", a.ApprovalID, a.ExpiresAt.Format(time.RFC3339Nano), decidedAt(a))
@@ -370,8 +392,15 @@ func decidedAt(a *schemas.ApprovalRecord) string {
 
 // checkExecution checks one ledger line of call idx of t. A remote line
 // has no stream sequence or digest: the view the tool service received
-// must be the view of the batch's sealed TurnContext.
-func checkExecution(r *Report, t *TurnFact, idx int, e toolsvc.Execution) {
+// must be the view of the batch's sealed TurnContext. A call a standing
+// grant approved (its approval's decision names the grant) counts as
+// approved when that grant, among grants, is an approve grant of the
+// call's tool made by the requester (on their own turn, in the call's
+// session) before the decision; it must not have been revoked or have
+// expired before the call ran (the harness revokes only while the
+// session's batch waits for its decision, so no redrive's re-check can
+// be under way then: docs/security.md's revocation race cannot occur).
+func checkExecution(r *Report, t *TurnFact, idx int, e toolsvc.Execution, grants map[string]*schemas.Grant) {
 	c := t.Plan.Calls[idx]
 	var wrong []string
 	if e.Tool != c.Tool {
@@ -423,7 +452,40 @@ func checkExecution(r *Report, t *TurnFact, idx int, e toolsvc.Execution) {
 		case a.Decision.DecidedAt.After(time.Unix(0, e.At)):
 			r.WithoutApproval++
 			r.example("without approval", "call %s ran at %s, before its approval was decided at %s", e.CallID, time.Unix(0, e.At).UTC().Format(time.RFC3339Nano), decidedAt(a))
+		case a.Decision.Grant != nil:
+			checkGrantUse(r, t, c, a, e, grants[a.Decision.Grant.GrantID])
 		}
+	}
+}
+
+// checkGrantUse checks execution e of call c of t, approved by the grant
+// g that approval a names (nil: no such record).
+func checkGrantUse(r *Report, t *TurnFact, c CallPlan, a *schemas.ApprovalRecord, e toolsvc.Execution, g *schemas.Grant) {
+	use := a.Decision.Grant.GrantID
+	ran := time.Unix(0, e.At)
+	var bad string
+	switch {
+	case g == nil:
+		bad = "which does not exist"
+	case g.Effect != schemas.ApprovalApproved || g.Tool != c.Tool || g.Principal != t.Principal:
+		bad = fmt.Sprintf("a %s grant of %s by %s", g.Effect, g.Tool, g.Principal)
+	case g.Context == nil || g.Context.Requester.Principal != t.Principal || g.Scope.Kind != schemas.GrantScopeSession || g.Scope.SessionID != t.SessionID:
+		bad = "made on another requester's turn or for another session"
+	case g.CreatedAt.After(a.Decision.DecidedAt):
+		bad = "made after the approval was decided at " + decidedAt(a)
+	}
+	if bad != "" {
+		r.WithoutApproval++
+		r.example("without approval", "call %s (%s) ran (pid %d), approved by grant %s, %s", e.CallID, c.Tool, e.PID, use, bad)
+		return
+	}
+	switch {
+	case g.Revoked != nil && g.Revoked.At.Before(ran):
+		r.RanAfterGrantEnded++
+		r.example("ran after its grant ended", "call %s ran at %s, approved by grant %s, which %s revoked at %s", e.CallID, stamp(ran), use, g.Revoked.By, stamp(g.Revoked.At))
+	case g.ExpiresAt.Before(ran):
+		r.RanAfterGrantEnded++
+		r.example("ran after its grant ended", "call %s ran at %s, approved by grant %s, which expired at %s", e.CallID, stamp(ran), use, stamp(g.ExpiresAt))
 	}
 }
 
@@ -513,6 +575,7 @@ func (r *Report) Print(w io.Writer) {
 	p("terminal states: %s", counts(r.States))
 	p("call results: %s", counts(r.Results))
 	p("approvals: %s", counts(r.ApprovalsBy))
+	p("grants: %d made, %d revoked; %d approvals decided by a grant; %d calls failed at redrive with a GRANT_* code", r.GrantsMade, r.GrantsRevoked, r.ApprovalsByGrant, r.GrantFailures)
 	p("decisions rejected: %s", counts(r.Rejections))
 	if r.PlannerStates != nil {
 		p("planner: turns %s; %d step batches; %d model requests (%d answered steps asked again before their answer was recorded); %d reply events", counts(r.PlannerStates), r.StepBatches, r.ModelRequests, r.RepeatedModelRequests, r.Replies)

@@ -48,6 +48,38 @@ func synth() *Facts {
 	}
 }
 
+// withGrant makes turn B's approval one a session grant decided (no
+// prompt): a grant made by the requester in the session 10 ms before.
+func withGrant(f *Facts) *schemas.Grant {
+	b := &f.Turns[1]
+	a := b.Approvals[0]
+	g := &schemas.Grant{GrantID: "g-0123456789abcdef0123456789abcdef", Option: GrantOption, Effect: schemas.ApprovalApproved,
+		Tool: tools.LedgerGuardedTool, Scope: schemas.GrantScope{Kind: schemas.GrantScopeSession, SessionID: b.SessionID},
+		Principal: b.Principal, Context: b.Batch.Context,
+		CreatedAt: a.Decision.DecidedAt.Add(-10 * time.Millisecond), ExpiresAt: a.Decision.DecidedAt.Add(time.Hour)}
+	a.Decision.Grant = &schemas.GrantUse{GrantID: g.GrantID, Scope: g.Scope}
+	f.Grants = map[string]*schemas.Grant{g.GrantID: g}
+	return g
+}
+
+// A call a live grant of the requester approved is no violation, and is
+// counted as decided by a grant.
+func TestCheckAcceptsAGrantDecidedApproval(t *testing.T) {
+	f := synth()
+	withGrant(f)
+	r := Check(f)
+	if r.Violations() != 0 || r.ApprovalsByGrant != 1 || r.GrantsMade != 1 {
+		var b strings.Builder
+		r.Print(&b)
+		t.Fatalf("%d violations, %d approvals by grant\n%s", r.Violations(), r.ApprovalsByGrant, b.String())
+	}
+	// Revoked after the call ran: still fine.
+	withGrant(f).Revoked = &schemas.GrantRevocation{By: "chaos:harness", At: time.Unix(0, f.Ledger[1].At+1)}
+	if r := Check(f); r.Violations() != 0 || r.GrantsRevoked != 1 {
+		t.Fatalf("a grant revoked after its call ran: %d violations", r.Violations())
+	}
+}
+
 // Each check finds the violation it is for, and only that one: the checks
 // are not vacuous.
 func TestCheckFindsEachViolation(t *testing.T) {
@@ -85,6 +117,19 @@ func TestCheckFindsEachViolation(t *testing.T) {
 			f.Outcomes[f.Turns[0].ID] = append(f.Outcomes[f.Turns[0].ID], &o)
 		}, func(r *Report) int { return r.ConflictingOutcomes }},
 		{"bad ledger line", func(f *Facts) { f.BadLedger = []string{"{"} }, func(r *Report) int { return r.BadLedgerLines }},
+		{"grant revoked before the call it approved ran", func(f *Facts) {
+			withGrant(f).Revoked = &schemas.GrantRevocation{By: "chaos:harness", At: time.Unix(0, f.Ledger[1].At-1)}
+		}, func(r *Report) int { return r.RanAfterGrantEnded }},
+		{"grant expired before the call it approved ran", func(f *Facts) {
+			withGrant(f).ExpiresAt = time.Unix(0, f.Ledger[1].At-1)
+		}, func(r *Report) int { return r.RanAfterGrantEnded }},
+		{"approved by a grant that does not exist", func(f *Facts) {
+			withGrant(f)
+			f.Grants = nil
+		}, func(r *Report) int { return r.WithoutApproval }},
+		{"approved by a grant of another session", func(f *Facts) { withGrant(f).Scope.SessionID = "s2" }, func(r *Report) int { return r.WithoutApproval }},
+		{"approved by a grant someone else made", func(f *Facts) { withGrant(f).Principal = "chaos:mallory" }, func(r *Report) int { return r.WithoutApproval }},
+		{"approved by a deny grant", func(f *Facts) { withGrant(f).Effect = schemas.ApprovalDenied }, func(r *Report) int { return r.WithoutApproval }},
 		{"remote call sent twice", func(f *Facts) { f.Ledger = append(f.Ledger, f.Ledger[2]) }, func(r *Report) int { return r.DuplicateExecutions }},
 		{"remote call under another view", func(f *Facts) { f.Ledger[2].View.Requester.Principal = "chaos:mallory" }, func(r *Report) int { return r.WrongContext }},
 		{"remote call under another audience", func(f *Facts) { f.Ledger[2].View.Audience = "public" }, func(r *Report) int { return r.WrongContext }},

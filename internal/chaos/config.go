@@ -14,7 +14,13 @@
 // workers, against a scripted model the harness serves; the checks then
 // cover their step batches too, and add that no model step was asked
 // again after its answer was recorded and that each completed planner
-// turn's reply went out under its own context.
+// turn's reply went out under its own context. Part of the approvals
+// choose a session grant (DecideGrant), so later calls of the granted tool
+// in that session are decided by the grant with no prompt, and some turns
+// revoke their session's grants before their decision (TurnPlan.Revoke):
+// a grant-decided call counts as approved only under an approve grant the
+// requester made in its session before the decision, and one that ran
+// after its grant was revoked or expired is a violation.
 //
 // Run it with `make chaos` (long form) or `go test ./internal/chaos` (short
 // form, part of `make test`). See Config for the parameters and their

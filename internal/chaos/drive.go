@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,7 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -71,11 +74,14 @@ type driver struct {
 	lastProgress time.Time
 	lastTerminal time.Time
 	decisions    sync.WaitGroup
+	grants       map[string][]string   // by session: the grants the harness's DecideGrant decisions make
+	revocations  map[string]*sync.Once // by turn: its revocation (TurnPlan.Revoke)
 }
 
 func newDriver(h *harness, js jetstream.JetStream, st *store.Store) *driver {
 	d := &driver{h: h, js: js, st: st, byID: map[string]*turnState{},
-		handled: map[string]bool{}, rejections: map[schemas.Code]int{}, lastProgress: time.Now()}
+		handled: map[string]bool{}, rejections: map[schemas.Code]int{}, lastProgress: time.Now(),
+		grants: map[string][]string{}, revocations: map[string]*sync.Once{}}
 	for i := range h.plan.Turns {
 		p := &h.plan.Turns[i]
 		t := &turnState{
@@ -355,8 +361,21 @@ func (d *driver) decide(ctx context.Context, t *turnState, c CallPlan, key strin
 		wg.Wait()
 		return errors.Join(errs...)
 	}
+	if t.plan.Revoke && c.Tool == toolsvc.LedgerGuarded {
+		if err := d.revokeGrants(ctx, t); err != nil {
+			return err
+		}
+	}
 	const approve, deny = schemas.OptionApprove, schemas.OptionDeny
 	switch p := c.Decision; p {
+	case DecideGrant:
+		gid := schemas.GrantID(rec.ApprovalID, id("g"))
+		d.mu.Lock()
+		if !slices.Contains(d.grants[t.sessionID], gid) {
+			d.grants[t.sessionID] = append(d.grants[t.sessionID], gid)
+		}
+		d.mu.Unlock()
+		return one(GrantOption, id("g"))
 	case DecideApprove:
 		return one(approve, id("a"))
 	case DecideDeny:
@@ -389,6 +408,42 @@ func (d *driver) decide(ctx context.Context, t *turnState, c CallPlan, key strin
 	default:
 		return fmt.Errorf("call %s of turn %d needs no approval (plan %q) but one was requested", key, t.plan.Index, p)
 	}
+}
+
+// revokeGrants revokes, once for turn t (the calls of t that wait for it
+// block until it is done), every grant t's session made so far, through
+// grants.Revoke (the path of `tollgate grants revoke`), retrying through
+// broker restarts. A grant not made (its decision lost a race) is
+// skipped.
+func (d *driver) revokeGrants(ctx context.Context, t *turnState) error {
+	d.mu.Lock()
+	once := d.revocations[t.id]
+	if once == nil {
+		once = &sync.Once{}
+		d.revocations[t.id] = once
+	}
+	ids := slices.Clone(d.grants[t.sessionID])
+	d.mu.Unlock()
+	var err error
+	once.Do(func() {
+		for _, id := range ids {
+			for {
+				rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				_, _, e := grants.Revoke(rctx, d.js, d.st, id, "chaos:harness", fmt.Sprintf("chaos turn %d", t.plan.Index), time.Now())
+				cancel()
+				if e == nil || errors.Is(e, store.ErrNotFound) {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					err = fmt.Errorf("revoke %s: %w", id, e)
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}
+	})
+	return err
 }
 
 // sweep is the fallback for events the harness missed: every second, each

@@ -21,7 +21,15 @@ const (
 	DecideDenyDup    DecisionPlan = "deny-dup"    // deny d1 twice and d2, concurrently
 	DecideConflict   DecisionPlan = "conflict"    // approve d1 and deny d2 concurrently, then approve d3
 	DecideLate       DecisionPlan = "late"        // approve after the approval expired
+	// DecideGrant chooses the grant option GrantOption: it approves the
+	// call and makes a session grant that decides the session's later
+	// calls of the granted tool (tools.LedgerGuardedTool) with no prompt.
+	DecideGrant DecisionPlan = "grant"
 )
+
+// GrantOption is the grant option the harness policy offers on
+// tools.LedgerGuardedTool: a session grant (docs/protocol.md, "Grants").
+const GrantOption = "approve-session"
 
 // CallPlan is one proposed call.
 type CallPlan struct {
@@ -60,6 +68,12 @@ type TurnPlan struct {
 	// the scripted model proposes in its steps, one batch each; its last
 	// step (index len(Steps)) is the final answer, ReplyText.
 	Steps [][]CallPlan
+	// Revoke: before it decides the turn's remote guarded call (which no
+	// grant covers), the harness revokes every grant its session made so
+	// far. The batch cannot be redriven before that decision, so the
+	// turn's calls those grants already approved must fail at redrive
+	// (GRANT_REVOKED) and not run.
+	Revoke bool
 }
 
 // Planner reports whether t is a planner turn.
@@ -176,6 +190,8 @@ func NewPlan(c Config) Plan {
 		p.Sessions = append(p.Sessions, idx)
 	}
 
+	planGrants(c, &p)
+
 	from, to := int(c.FaultFrom*float64(c.Turns)), max(int(c.FaultTo*float64(c.Turns)), int(c.FaultFrom*float64(c.Turns))+1)
 	planCrashes(rng, &p, c.ToolCrashes, to)
 	// Kills go round the workers from a random one, so that Kills >=
@@ -207,6 +223,31 @@ func NewPlan(c Config) Plan {
 	}
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return a.AtTurn - b.AtTurn })
 	return p
+}
+
+// planGrants turns about a third of the single approves of
+// tools.LedgerGuardedTool calls into DecideGrant, and marks Revoke each
+// later turn of such a session that has a remote guarded call (one no
+// grant covers, and that waits for the harness, which revokes first; an
+// expiring call could end its wait while the revocation is under way). It draws from a random source of its
+// own, so the turn mix and fault schedule of a seed are those it had
+// before grants.
+func planGrants(c Config, p *Plan) {
+	rng := rand.New(rand.NewPCG(uint64(c.Seed), 0x6a_27_5e_01))
+	for _, idx := range p.Sessions {
+		granted := false
+		for _, i := range idx {
+			t := &p.Turns[i]
+			if granted && slices.ContainsFunc(t.Calls, func(c CallPlan) bool { return c.Tool == toolsvc.LedgerGuarded }) {
+				t.Revoke = true
+			}
+			for j := range t.Calls {
+				if cp := &t.Calls[j]; cp.Tool == tools.LedgerGuardedTool && cp.Decision == DecideApprove && rng.IntN(3) == 0 {
+					cp.Decision, granted = DecideGrant, true
+				}
+			}
+		}
+	}
 }
 
 // planCrashes marks n calls of the remote tool that runs at once

@@ -70,6 +70,9 @@ type Approver struct {
 	cfg       Config
 	decisions *prometheus.CounterVec
 	pending   *PendingTracker
+	// grantsCreated counts the grants this approver's decisions made
+	// (once each, not again on a redelivery).
+	grantsCreated prometheus.Counter
 }
 
 // New returns an Approver.
@@ -85,8 +88,13 @@ func New(cfg Config) (*Approver, error) {
 	}
 	a := &Approver{cfg: cfg, decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tollgate_decisions_total", Help: "Decisions processed by the approver, by result (applied, idempotent, or a rejection code).",
-	}, []string{"result"})}
+	}, []string{"result"}), grantsCreated: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tollgate_grants_created_total", Help: "Standing grants made by the approver (a decision with a grant option).",
+	})}
 	if err := metrics.Register(cfg.Registerer, &a.decisions); err != nil {
+		return nil, err
+	}
+	if err := metrics.Register(cfg.Registerer, &a.grantsCreated); err != nil {
 		return nil, err
 	}
 	var err error

@@ -26,8 +26,12 @@ func (a *Approver) saveGrant(ctx context.Context, rec *schemas.ApprovalRecord) e
 	if err != nil {
 		return err
 	}
-	if err := grants.Save(ctx, a.cfg.JS, a.cfg.Store, g, a.now()); err != nil {
+	created, err := grants.Save(ctx, a.cfg.JS, a.cfg.Store, g, a.now())
+	if err != nil {
 		return err
+	}
+	if created {
+		a.grantsCreated.Inc()
 	}
 	a.cfg.Logger.Info("grant made", "grant", g.GrantID, "approval", rec.ApprovalID, "principal", g.Principal, "tool", g.Tool, "scope", g.Summary, "expires", g.ExpiresAt)
 	return nil

@@ -82,6 +82,9 @@ type Executor struct {
 	requested prometheus.Counter
 	calls     *prometheus.CounterVec
 	order     *sessionorder.Checker
+	// grantsUsed counts approvals written already decided by a standing
+	// grant, by effect (once each: on the approval record's creation).
+	grantsUsed *prometheus.CounterVec
 }
 
 // DefaultOrderWait bounds how long a turn waits for an earlier inbound
@@ -107,6 +110,9 @@ func New(cfg Config) (*Executor, error) {
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_executor_calls_total", Help: "Calls evaluated by the executor, by policy mode.",
 		}, []string{"mode"}),
+		grantsUsed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_grants_used_total", Help: "Approvals the executor decided by a standing grant (no prompt), by effect (approved, denied).",
+		}, []string{"effect"}),
 	}
 	if err := metrics.Register(cfg.Registerer, &x.requested); err != nil {
 		return nil, err
@@ -120,6 +126,9 @@ func New(cfg Config) (*Executor, error) {
 	}
 	x.order = order
 	if err := metrics.Register(cfg.Registerer, &x.calls); err != nil {
+		return nil, err
+	}
+	if err := metrics.Register(cfg.Registerer, &x.grantsUsed); err != nil {
 		return nil, err
 	}
 	return x, nil
@@ -524,6 +533,9 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 		return "", err
 	default:
 		x.requested.Inc()
+		if rec.Decision != nil && rec.Decision.Grant != nil {
+			x.grantsUsed.WithLabelValues(string(rec.Status)).Inc()
+		}
 	}
 	if err := x.announce(ctx, rec); err != nil {
 		return "", err

@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -134,17 +135,22 @@ func Make(rec *schemas.ApprovalRecord, d *schemas.DecisionInfo, pol *policy.Poli
 
 // Save stores g (KV create: a second Save of the same grant is a no-op),
 // adds it to its (tool, requester) index, and publishes its created event.
-// It is idempotent, so a redelivered decision can call it again.
-func Save(ctx context.Context, js jetstream.JetStream, st *store.Store, g *schemas.Grant, now time.Time) error {
-	if _, err := st.Grants.Create(ctx, g.GrantID, g); err != nil && !errors.Is(err, store.ErrExists) {
-		return err
+// It is idempotent, so a redelivered decision can call it again; created
+// says whether this call created the record (for counting grants once).
+func Save(ctx context.Context, js jetstream.JetStream, st *store.Store, g *schemas.Grant, now time.Time) (created bool, err error) {
+	_, err = st.Grants.Create(ctx, g.GrantID, g)
+	switch {
+	case err == nil:
+		created = true
+	case !errors.Is(err, store.ErrExists):
+		return false, err
 	}
 	if err := index(ctx, st, g, now); err != nil {
-		return err
+		return created, err
 	}
 	ev := &schemas.GrantEvent{Kind: schemas.GrantCreated, GrantID: g.GrantID, Tool: g.Tool, Grant: g,
 		ApprovalID: g.ApprovalID, TurnID: g.Context.TurnID, Status: g.Effect, At: g.CreatedAt}
-	return Publish(ctx, js, ev)
+	return created, Publish(ctx, js, ev)
 }
 
 // index adds g to its index record, dropping grants that ended (when it
@@ -292,25 +298,87 @@ func Recheck(ctx context.Context, st *store.Store, keys *seal.KeyRing, pol *poli
 
 // Revoke marks grant id revoked by by (compare-and-set; revoking again
 // changes nothing) and publishes its revoked event. It returns the grant
-// as stored. A grant is revoked even when it no longer verifies.
-func Revoke(ctx context.Context, js jetstream.JetStream, st *store.Store, id, by, reason string, now time.Time) (*schemas.Grant, error) {
+// as stored, and whether this call revoked it (false: it was revoked
+// already; for counting revocations once). A grant is revoked even when
+// it no longer verifies.
+func Revoke(ctx context.Context, js jetstream.JetStream, st *store.Store, id, by, reason string, now time.Time) (*schemas.Grant, bool, error) {
+	revoked := false
 	g, _, err := st.Grants.Mutate(ctx, id, func(g *schemas.Grant) error {
 		if g.Revoked != nil {
+			revoked = false
 			return store.ErrSkip
 		}
 		g.Revoked = &schemas.GrantRevocation{By: by, At: now.UTC(), Reason: reason}
+		revoked = true
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	ev := &schemas.GrantEvent{Kind: schemas.GrantRevoked, GrantID: g.GrantID, Tool: g.Tool, Grant: g,
 		By: g.Revoked.By, Reason: g.Revoked.Reason, At: g.Revoked.At}
-	return g, Publish(ctx, js, ev)
+	return g, revoked, Publish(ctx, js, ev)
 }
 
 // Publish sends a grant event on its subject, deduplicated by message id
 // (topology.GrantEventMsgID).
 func Publish(ctx context.Context, js jetstream.JetStream, ev *schemas.GrantEvent) error {
 	return bus.Publish(ctx, js, topology.GrantEventSubject(ev.Kind, ev.GrantID), topology.GrantEventMsgID(ev.Kind, ev.GrantID, ev.ApprovalID), ev)
+}
+
+// List reads every grant record of the bucket with one watcher (index
+// records are skipped), oldest first. A record that does not decode is
+// reported through skipped (may be nil) and left out. It reads the whole
+// bucket: it is for listings (`tollgate grants list`, the web inbox's
+// Grants page), never on a call's path.
+func List(ctx context.Context, st *store.Store, skipped func(key string, err error)) ([]*schemas.Grant, error) {
+	w, err := st.Grants.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.Stop() }()
+	var out []*schemas.Grant
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				slices.SortStableFunc(out, func(a, b *schemas.Grant) int { return a.CreatedAt.Compare(b.CreatedAt) })
+				return out, nil
+			}
+			if !schemas.IsGrantID(e.Key()) || strings.HasPrefix(e.Key(), "gi-") { // an index record
+				continue
+			}
+			g, err := st.Grants.DecodeValue(e.Value())
+			if err != nil {
+				if skipped != nil {
+					skipped(e.Key(), err)
+				}
+				continue
+			}
+			out = append(out, g)
+		}
+	}
+}
+
+// UseCounts returns how many approvals each grant decided: the number of
+// its grant.used events still in the events stream, by grant id, read
+// with one stream-info request (the stream's per-subject counts), not by
+// reading the events.
+func UseCounts(ctx context.Context, js jetstream.JetStream) (map[string]uint64, error) {
+	s, err := js.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		return nil, err
+	}
+	prefix := topology.GrantEventSubject(schemas.GrantUsed, "")
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]uint64, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		out[strings.TrimPrefix(subj, prefix)] += n
+	}
+	return out, nil
 }

@@ -405,13 +405,32 @@ func TestRevokedGrantFailsAtRedrive(t *testing.T) {
 	g, turn := f.grantedAwaiting("alice")
 	ctx, cancel := f.Ctx()
 	defer cancel()
-	rev, err := grants.Revoke(ctx, f.JS, f.Store, g.GrantID, "admin", "test", time.Now())
-	if err != nil || rev.Revoked == nil {
-		t.Fatalf("revoke: %+v %v", rev, err)
+	rev, first, err := grants.Revoke(ctx, f.JS, f.Store, g.GrantID, "admin", "test", time.Now())
+	if err != nil || rev.Revoked == nil || !first {
+		t.Fatalf("revoke: %+v %v %v", rev, first, err)
+	}
+	again, second, err := grants.Revoke(ctx, f.JS, f.Store, g.GrantID, "admin2", "again", time.Now())
+	if err != nil || second || again.Revoked.By != "admin" {
+		t.Fatalf("revoking again: %+v %v %v, want the first revocation kept", again.Revoked, second, err)
 	}
 	f.redriveFails(turn, schemas.CodeGrantRevoked)
 	if ev := f.grantEvents(schemas.GrantRevoked, g.GrantID); len(ev) != 1 || ev[0].By != "admin" {
 		t.Fatalf("revoked events %+v", ev)
+	}
+	// Each stage counts what it did, once: the approver the grant it made,
+	// the executor the approval the grant decided, the redriver the
+	// re-check that stopped the call.
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+	}{
+		{"tollgate_grants_created_total", nil},
+		{"tollgate_grants_used_total", map[string]string{"effect": "approved"}},
+		{"tollgate_grant_rechecks_failed_total", map[string]string{"code": string(schemas.CodeGrantRevoked)}},
+	} {
+		if got := f.Metric(c.name, c.labels); got != 1 {
+			t.Errorf("%s%v = %v, want 1", c.name, c.labels, got)
+		}
 	}
 	// And it decides nothing from now on.
 	_, id := f.send("s-alice-3", "alice", schemas.ChannelDM, callCount(3))

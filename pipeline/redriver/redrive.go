@@ -79,6 +79,9 @@ type Redriver struct {
 	cfg      Config
 	outcomes *prometheus.CounterVec
 	sweep    *sweeper
+	// grantRechecks counts the grant re-checks that stopped a call, by
+	// code (GRANT_REVOKED, GRANT_EXPIRED, GRANT_INVALID).
+	grantRechecks *prometheus.CounterVec
 
 	// beforeStart, for tests (export_test.go), runs between a batch's
 	// evaluation and its move to started.
@@ -101,9 +104,11 @@ func New(cfg Config) (*Redriver, error) {
 	}
 	r := &Redriver{cfg: cfg, outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tollgate_redrive_outcomes_total", Help: "Redrive attempts by outcome kind (started, deferred, failed).",
-	}, []string{"kind"})}
+	}, []string{"kind"}), grantRechecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_grant_rechecks_failed_total", Help: "Grant-approved calls the redriver's grant re-check stopped before they ran, by code.",
+	}, []string{"code"})}
 	r.sweep = newSweeper(r)
-	for _, c := range []**prometheus.CounterVec{&r.outcomes, &r.sweep.actions} {
+	for _, c := range []**prometheus.CounterVec{&r.outcomes, &r.sweep.actions, &r.grantRechecks} {
 		if err := metrics.Register(cfg.Registerer, c); err != nil {
 			return nil, err
 		}
@@ -449,7 +454,7 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 				return err
 			}
 		}
-		if p.Code == schemas.CodePolicyChanged || isGrantCode(p.Code) {
+		if p.Code == schemas.CodePolicyChanged || IsGrantCode(p.Code) {
 			// Unless it was claimed already: a call that has run (or may
 			// have) is reported by its claim, through Execute, not by
 			// today's policy. Only this rare path pays the lookup.

@@ -179,7 +179,7 @@ func Run(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error
 // buckets are the KV handles a run uses; a nil handle is a missing bucket
 // (every key reads as absent).
 type buckets struct {
-	approvals, batches, sessions, claims jetstream.KeyValue
+	approvals, batches, sessions, claims, grants jetstream.KeyValue
 }
 
 // bucketStream is the configuration of bucket's stream in c.
@@ -228,6 +228,8 @@ func openBuckets(ctx context.Context, js jetstream.JetStream, o Options, rep *Re
 			b.sessions = kv
 		case topology.BucketClaims:
 			b.claims = kv
+		case topology.BucketGrants:
+			b.grants = kv
 		}
 	}
 	return b, nil

@@ -25,7 +25,8 @@ const testPolicy = `{
     "forbidden": {"approval": "deny"},
     "count":     {"approval": "required"},
     "risky":     {"approval": "required"},
-    "quorum":    {"approval": "required", "deciders": {"requester": false, "principals": ["cli:bob", "cli:carol", "cli:dave"], "quorum": 2}}
+    "quorum":    {"approval": "required", "deciders": {"requester": false, "principals": ["cli:bob", "cli:carol", "cli:dave"], "quorum": 2}},
+    "granted":   {"approval": "required", "grants": [{"option": "approve-day", "scope": "requester", "for": "1h"}]}
   },
   "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
 }`

@@ -16,7 +16,8 @@ import (
 // Shadow is what the redriver would do with a batch now: the verdict of
 // redriver.Evaluate and, for a batch it would start, what each call waiting
 // on an approval would get (redriver.PlanCall and the call's execution
-// claim).
+// claim, after the same grant re-check as the redriver's for a call a
+// standing grant approved: redriver.RecheckGrant).
 type Shadow struct {
 	// Kind is started, deferred or failed; "none" for a terminal batch
 	// (the redriver only publishes its outcome again if missing and frees
@@ -31,7 +32,7 @@ type Shadow struct {
 // What a shadowed call would do.
 const (
 	WouldRun         = "run"           // the tool would run (it has no execution claim)
-	WouldNotRun      = "not run"       // a result without running: denied, expired, abandoned, POLICY_CHANGED
+	WouldNotRun      = "not run"       // a result without running: denied, expired, abandoned, POLICY_CHANGED, GRANT_*
 	WouldNotRunAgain = "not run again" // it has an execution claim: it ran, runs elsewhere, or may have run
 )
 
@@ -57,6 +58,8 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 	}
 	approvals := store.Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]{KV: b.approvals, Decode: compat.DecodeApproval}
 	claims := store.Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.claims}
+	// The grants bucket, for the grant re-check (only Grants is read).
+	gst := &store.Store{Grants: store.Bucket[schemas.Grant, *schemas.Grant]{KV: b.grants}}
 	for i := range rep.Turns {
 		tr := &rep.Turns[i]
 		if tr.rec == nil {
@@ -87,7 +90,7 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 				if a == nil || tr.rec.Results[i] != nil {
 					continue
 				}
-				sc, err := shadowCall(ctx, o, claims, tr.rec.Context, call, a)
+				sc, err := shadowCall(ctx, o, claims, gst, tr.rec.Context, call, a)
 				if err != nil {
 					return err
 				}
@@ -100,15 +103,22 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 }
 
 // shadowCall is what the redriver would do with call, whose approval a is
-// decided: redriver.PlanCall, then, for a call it would run (or one the
-// policy no longer grants, which the redriver reports by its claim if it
-// has one), the call's execution claim.
-func shadowCall(ctx context.Context, o Options, claims store.Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim], tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) (ShadowCall, error) {
+// decided: redriver.PlanCall and, for a call a standing grant approved,
+// redriver.RecheckGrant against the grants of gst at o.Now (a grant
+// revoked, expired, gone or no longer offered: not run, GRANT_*); then,
+// for a call it would run (or one the policy or the grant no longer
+// allows, which the redriver reports by its claim if it has one), the
+// call's execution claim.
+func shadowCall(ctx context.Context, o Options, claims store.Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim], gst *store.Store, tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) (ShadowCall, error) {
 	sc := ShadowCall{CallID: call.CallID, Tool: call.Tool, ApprovalID: a.ApprovalID}
 	// The shadow has no tool catalog: it judges without the tools' hints,
 	// which can only make the redriver stricter than it shows.
 	p := redriver.PlanCall(o.Policy, tc, call, tools.Hints{}, a)
-	if p.Run || p.Code == schemas.CodePolicyChanged {
+	p, err := redriver.RecheckGrant(ctx, gst, o.Keys, o.Policy, tc, call, a, p, o.Now())
+	if err != nil {
+		return sc, fmt.Errorf("replay: grant of %s: %w", call.CallID, err)
+	}
+	if p.Run || p.Code == schemas.CodePolicyChanged || redriver.IsGrantCode(p.Code) {
 		var c *schemas.ExecutionClaim
 		var err error
 		if claims.KV != nil {

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/replay"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -151,4 +153,70 @@ func TestDryRunReportsWhatEachBatchWouldDoAndDoesNothing(t *testing.T) {
 			t.Error("the dry run wrote the lost batch")
 		}
 	})
+}
+
+// TestDryRunRechecksTheGrant: the shadow redrive applies the redriver's
+// grant re-check (redriver.RecheckGrant) to a call a standing grant
+// approved: while the grant stands it would run; once the grant expired
+// (a clock past its expiry) or was revoked (grants.Revoke, as `tollgate
+// grants revoke` does) it would not run, failed GRANT_EXPIRED or
+// GRANT_REVOKED; the call the grant was made on (a person's decision) is
+// not re-checked. Nothing runs.
+func TestDryRunRechecksTheGrant(t *testing.T) {
+	granted := &pt.Counter{ToolName: "granted"}
+	// No redriver: decided batches stay awaiting.
+	h := start(t, nil, []string{pt.Ingest, pt.Executor, pt.Approver}, granted)
+	made := h.Send(h.Inbound("s-made", "alice", pt.Call("granted", `{"n":1}`)))
+	h.WaitState(made, schemas.BatchAwaiting)
+	d := h.Decide(schemas.ApprovalID(made, 0), "approve-day", "alice")
+	gid := schemas.GrantID(schemas.ApprovalID(made, 0), d.DecisionID)
+	jstest.Eventually(t, pt.Wait, "grant "+gid, func() bool { // made before the next call is planned
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		_, _, err := h.Store.Grants.Get(ctx, gid)
+		return err == nil
+	})
+	used := h.Send(h.Inbound("s-used", "alice", pt.Call("granted", `{"n":2}`)))
+	a := h.WaitApproval(schemas.ApprovalID(used, 0), "decided by the grant", func(a *schemas.ApprovalRecord) bool {
+		return a.Status == schemas.ApprovalApproved && a.Decision != nil && a.Decision.Grant != nil
+	})
+	if a.Decision.Grant.GrantID != gid {
+		t.Fatalf("decided by grant %s, want %s", a.Decision.Grant.GrantID, gid)
+	}
+	h.WaitState(used, schemas.BatchAwaiting)
+	h.WaitIdle(pt.Ingest, pt.Executor, pt.Approver)
+	h.Stop()
+
+	would := func(rep *replay.Report, turn string) replay.ShadowCall {
+		t.Helper()
+		s := turnReport(t, rep, turn).Shadow
+		if s == nil || s.Kind != "started" || len(s.Calls) != 1 {
+			t.Fatalf("turn %s: shadow %+v", turn, s)
+		}
+		return s.Calls[0]
+	}
+	o := replay.Options{DryRun: true, Keys: h.Keys, Policy: h.Policy}
+	if c := would(run(t, h, o), used); c.Would != replay.WouldRun {
+		t.Fatalf("while the grant stands: %+v", c)
+	}
+	later := o
+	later.Now = func() time.Time { return time.Now().Add(2 * time.Hour) }
+	if c := would(run(t, h, later), used); c.Would != replay.WouldNotRun || c.Status != schemas.ResultFailed || c.Code != schemas.CodeGrantExpired {
+		t.Fatalf("after the grant expired: %+v", c)
+	}
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, _, err := grants.Revoke(ctx, h.JS, h.Store, gid, "operator", "test", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	rep := run(t, h, o)
+	if c := would(rep, used); c.Would != replay.WouldNotRun || c.Status != schemas.ResultFailed || c.Code != schemas.CodeGrantRevoked {
+		t.Fatalf("after the grant was revoked: %+v", c)
+	}
+	if c := would(rep, made); c.Would != replay.WouldRun {
+		t.Fatalf("the call the grant was made on: %+v", c)
+	}
+	if granted.Total() != 0 {
+		t.Fatalf("%d calls ran", granted.Total())
+	}
 }

@@ -391,3 +391,73 @@ func TestAskIsAnsweredInTimeWhenDiscordIsSlow(t *testing.T) {
 		t.Errorf("inbound message: %+v, %v", m, err)
 	}
 }
+
+// A prompt shows each grant option's summary and a button of its own,
+// bound to the approval and digest like Approve (custom_id "tg-g<index
+// of the option>:<approval>:<digest prefix>"). A grant button whose index
+// is not a grant option (approve's) is refused 400 and publishes nothing;
+// the requester's click approves with the grant option and makes the
+// grant; the requester's next call (another /ask) is decided by the
+// grant, runs, and gets no prompt.
+func TestGrantButtonApprovesAndGrants(t *testing.T) {
+	r := startRig(t)
+	id := r.askOK(t, "131", dmOf("131"), "write g1.txt")
+	p := r.promptOf(t, id)
+	rec := r.h.WaitPending(id)
+	offer, ok := rec.Offer("approve-day")
+	if !ok || !strings.Contains(p.content(), offer.Summary) || !strings.Contains(p.content(), "1h0m0s") {
+		t.Fatalf("the prompt does not say what the grant covers (%+v):\n%s", offer, p.content())
+	}
+	grant := customID(t, p, "approve-day")
+	approveID := customID(t, p, "Approve")
+	if !strings.HasPrefix(grant, discord.VerbGrantPrefix) || strings.SplitN(grant, ":", 2)[1] != strings.SplitN(approveID, ":", 2)[1] {
+		t.Fatalf("grant button %q is not bound like approve's %q", grant, approveID)
+	}
+
+	before := r.msgs(t, topology.StreamDecisions)
+	forged := discord.VerbGrantPrefix + "0:" + strings.SplitN(approveID, ":", 2)[1] // index 0 is approve
+	if a := r.send(t, click("131", dmOf("131"), p.id, forged)); a.status != http.StatusBadRequest {
+		t.Fatalf("a grant button naming approve: %d", a.status)
+	}
+	if r.msgs(t, topology.StreamDecisions) != before {
+		t.Fatal("a refused grant click published a decision")
+	}
+
+	if a := r.send(t, click("131", dmOf("131"), p.id, grant)); a.status != 200 {
+		t.Fatalf("grant click: %d", a.status)
+	}
+	r.awaitStatus(t, id, schemas.ApprovalApproved)
+	a := r.h.Approval(id)
+	if a.Decision.Option != "approve-day" || a.Decision.Principal != "discord:131" {
+		t.Fatalf("decision %+v", a.Decision)
+	}
+	gid := schemas.GrantID(id, a.Decision.DecisionID)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := r.h.Ctx()
+		_, _, err := r.h.Store.Grants.Get(ctx, gid)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("grant %s: %v", gid, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	second := r.askOK(t, "131", dmOf("131"), "write g2.txt")
+	if out := r.h.WaitOutcome(schemas.TurnIDOfApproval(second)); out.State != schemas.TurnCompleted {
+		t.Fatalf("second turn %s", out.State)
+	}
+	if d := r.h.Approval(second).Decision; d == nil || d.Grant == nil || d.Grant.GrantID != gid {
+		t.Fatalf("second call decided by %+v, want grant %s", d, gid)
+	}
+	// Its result is posted (after its events were handled): no prompt.
+	r.discord.await(t, 2, http.MethodPost, "/channels/DM131/messages", func(c call) bool { return strings.Contains(c.content(), "completed") })
+	for _, c := range r.discord.find(http.MethodPost, "/channels/DM131/messages", nil) {
+		if strings.Contains(c.content(), second) {
+			t.Fatalf("the grant-decided call was prompted: %s", c.content())
+		}
+	}
+}

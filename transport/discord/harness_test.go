@@ -186,11 +186,12 @@ type rig struct {
 	done    chan error
 }
 
-// testPolicy: write_file needs approval; echo too, and expires after a
-// second (for the expiry rows).
+// testPolicy: write_file needs approval, and offers a grant for the
+// requester's calls for an hour; echo too, and expires after a second
+// (for the expiry rows).
 const testPolicy = `{"version": "t", "default_approval": "required", "tools": {
   "echo": {"approval": "required", "expires_after": "1s"},
-  "write_file": {"approval": "required"}}}`
+  "write_file": {"approval": "required", "grants": [{"option": "approve-day", "scope": "requester", "for": "1h"}]}}}`
 
 // proposeCalls maps test requests to calls: "write <path>" and "echo <text>".
 func proposeCalls(text string) []schemas.ProposedCall {

@@ -332,6 +332,15 @@ func (t *Transport) click(ctx context.Context, in *interaction) (answer, error) 
 	if verb == VerbDeny {
 		option = schemas.OptionDeny
 	}
+	if strings.HasPrefix(verb, VerbGrantPrefix) {
+		// A grant option's button: the option at that index of the
+		// approval's options, which must be a grant option the prompt
+		// offered (else nothing is published); the approver checks again.
+		var ok bool
+		if option, ok = GrantOptionOf(verb, tg.rec); !ok {
+			return refusal(http.StatusBadRequest, t.refuse(ReasonUnknownAction)), nil
+		}
+	}
 	u := in.who()
 	h := sha256.Sum256([]byte(u.ID + "\x00" + tg.rec.ApprovalID + "\x00" + option + "\x00" + in.ID))
 	d := &schemas.Decision{

@@ -2,6 +2,7 @@ package discord
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -24,7 +25,33 @@ const (
 	VerbApprove = "tg-approve"
 	VerbDeny    = "tg-deny"
 	VerbArgs    = "tg-args"
+	// VerbGrantPrefix + i is the verb of the button of the grant option
+	// at index i of the approval's Options ("tg-g2"): the index, not the
+	// option's name, keeps the custom_id within Discord's 100 characters.
+	VerbGrantPrefix = "tg-g"
 )
+
+// maxGrantButtons is how many grant options a prompt shows (one action
+// row).
+const maxGrantButtons = 5
+
+// grantVerb is the verb of the button of the option at index i.
+func grantVerb(i int) string { return VerbGrantPrefix + strconv.Itoa(i) }
+
+// GrantOptionOf returns the grant option a grant button's verb names on
+// rec: ok only for an index of rec.Options holding a grant option that
+// the prompt describes (rec.Grants).
+func GrantOptionOf(verb string, rec *schemas.ApprovalRecord) (string, bool) {
+	n, err := strconv.Atoi(strings.TrimPrefix(verb, VerbGrantPrefix))
+	if !strings.HasPrefix(verb, VerbGrantPrefix) || err != nil || n < 0 || n >= len(rec.Options) || grantVerb(n) != verb {
+		return "", false
+	}
+	o := rec.Options[n]
+	if _, ok := rec.Offer(o); !ok || !schemas.IsGrantOption(o) {
+		return "", false
+	}
+	return o, true
+}
 
 // digestPrefix is how much of the digest a custom_id carries: Discord
 // allows 100 characters, and the clicked message is checked as well.
@@ -42,8 +69,9 @@ func parseCustomID(s string) (verb, approvalID, digest string, ok bool) {
 	if len(parts) != 3 {
 		return "", "", "", false
 	}
-	switch parts[0] {
-	case VerbApprove, VerbDeny, VerbArgs:
+	switch n, err := strconv.Atoi(strings.TrimPrefix(parts[0], VerbGrantPrefix)); {
+	case parts[0] == VerbApprove, parts[0] == VerbDeny, parts[0] == VerbArgs:
+	case strings.HasPrefix(parts[0], VerbGrantPrefix) && err == nil && grantVerb(n) == parts[0]:
 	default:
 		return "", "", "", false
 	}
@@ -138,6 +166,27 @@ func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
 		buttons = append(buttons, component{Type: 2, Style: 2, Label: "Show arguments", CustomID: customID(VerbArgs, rec)})
 	}
 	m.Components = []component{{Type: 1, Components: buttons}}
+	// Each grant option: a line saying what it would cover and for how
+	// long (the offer's summary), and a button of its own.
+	var grants []component
+	var lines strings.Builder
+	for i, o := range rec.Options {
+		offer, ok := rec.Offer(o)
+		if !ok || !schemas.IsGrantOption(o) || len(grants) == maxGrantButtons {
+			continue
+		}
+		label, _ := truncate(o, 80)
+		style := 3
+		if offer.Effect == schemas.ApprovalDenied {
+			style = 4
+		}
+		grants = append(grants, component{Type: 2, Style: style, Label: label, CustomID: customID(grantVerb(i), rec)})
+		fmt.Fprintf(&lines, "\n%s: %s", inline(o), inline(offer.Summary))
+	}
+	if len(grants) > 0 {
+		m.Content, _ = truncate(m.Content+"\n**Or decide and grant:**"+lines.String(), maxContent)
+		m.Components = append(m.Components, component{Type: 1, Components: grants})
+	}
 	return m
 }
 

@@ -82,7 +82,23 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 	if folded {
 		buttons = append(buttons, slack.NewButtonBlockElement(ActionArgs, value, plain("Show full arguments")))
 	}
-	return append(blocks, slack.NewActionBlock("tollgate_prompt", buttons...))
+	blocks = append(blocks, slack.NewActionBlock("tollgate_prompt", buttons...))
+	// Each grant option: what it would cover and for how long (the
+	// offer's summary), with its own button (ActionGrantPrefix + option).
+	for _, o := range rec.Options {
+		offer, ok := rec.Offer(o)
+		if !ok || !schemas.IsGrantOption(o) {
+			continue
+		}
+		label, _ := truncate(o, 75)
+		b := slack.NewButtonBlockElement(ActionGrantPrefix+o, value, plain(label))
+		if offer.Effect == schemas.ApprovalDenied {
+			b = b.WithStyle(slack.StyleDanger)
+		}
+		text, _ := truncate(fmt.Sprintf("*%s*: %s", escape(o), escape(offer.Summary)), maxModalText)
+		blocks = append(blocks, slack.NewSectionBlock(mrkdwn(text), nil, slack.NewAccessory(b), slack.SectionBlockOptionBlockID("tollgate_grant_"+o)))
+	}
+	return blocks
 }
 
 // promptText is a prompt's notification text.

@@ -201,11 +201,11 @@ type rig struct {
 	done    chan error
 }
 
-// testPolicy: write_file needs approval; echo too, and expires after a
-// second (for the expiry rows).
+// testPolicy: write_file needs approval, and offers a session grant;
+// echo too, and expires after a second (for the expiry rows).
 const testPolicy = `{"version": "t", "default_approval": "required", "tools": {
   "echo": {"approval": "required", "expires_after": "1s"},
-  "write_file": {"approval": "required"}}}`
+  "write_file": {"approval": "required", "grants": [{"option": "approve-session", "scope": "session", "for": "1h"}]}}}`
 
 // proposeCalls maps test messages to calls: "write <path>" and "echo <text>".
 func proposeCalls(text string) []schemas.ProposedCall {

@@ -19,9 +19,14 @@ const (
 	ActionApprove = "tollgate_approve"
 	ActionDeny    = "tollgate_deny"
 	ActionArgs    = "tollgate_args"
-	ViewDeny      = "tollgate_deny_reason"
-	denyBlock     = "reason"
-	denyInput     = "reason_input"
+	// ActionGrantPrefix + a grant option ("approve-session") is the
+	// action id of that option's button: the option it decides with,
+	// bound to the approval and digest by the button's value like
+	// Approve's.
+	ActionGrantPrefix = "tollgate_grant:"
+	ViewDeny          = "tollgate_deny_reason"
+	denyBlock         = "reason"
+	denyInput         = "reason_input"
 )
 
 // buttonValue is the value of a prompt's buttons: "<approval id> <digest>".
@@ -87,8 +92,10 @@ func (t *Transport) blockAction(ctx context.Context, cb *slack.InteractionCallba
 		return answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}, nil
 	}
 	act := cb.ActionCallback.BlockActions[0]
-	switch act.ActionID {
-	case ActionApprove, ActionDeny, ActionArgs:
+	grant, isGrant := strings.CutPrefix(act.ActionID, ActionGrantPrefix)
+	switch {
+	case act.ActionID == ActionApprove, act.ActionID == ActionDeny, act.ActionID == ActionArgs:
+	case isGrant && schemas.IsGrantOption(grant):
 	default:
 		return answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}, nil
 	}
@@ -103,6 +110,11 @@ func (t *Transport) blockAction(ctx context.Context, cb *slack.InteractionCallba
 		trigger := cb.TriggerID
 		return answer{after: func(ctx context.Context) { t.openView(ctx, trigger, argsView(tg.rec)) }}, nil
 	}
+	if isGrant && !tg.rec.Offers(grant) {
+		// A grant option the prompt did not offer (the approver would
+		// refuse it too): nothing is published.
+		return answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}, nil
+	}
 	seen := hashKey("action", cb.Team.ID, cb.User.ID, act.ActionID, act.ActionTs, cb.Container.MessageTs)
 	fresh, err := t.markSeen(ctx, seen)
 	if err != nil {
@@ -113,6 +125,11 @@ func (t *Transport) blockAction(ctx context.Context, cb *slack.InteractionCallba
 	}
 	if a, closed := t.notPending(tg, cb.User.ID); closed {
 		return a, nil
+	}
+	if isGrant {
+		// A grant option decides like Approve (or, "deny-*", like Deny
+		// without a note), with that option.
+		return answer{}, t.decideOnce(ctx, seen, cb, tg, grant, act.ActionTs, "")
 	}
 	if act.ActionID == ActionDeny {
 		trigger := cb.TriggerID

@@ -1,12 +1,16 @@
 package slack_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
@@ -126,5 +130,101 @@ func TestDMTurnThroughThePlanner(t *testing.T) {
 	}
 	if reqs := model.Requests("save a note saying buy milk"); len(reqs) != 2 || len(reqs[1].ToolResults()) != 1 {
 		t.Errorf("model asked %d times (want 2, the second with the call's result)", len(reqs))
+	}
+}
+
+// grantButton is the action id and value of the grant option button of a
+// posted prompt (a section's accessory), and the section's text.
+func grantButton(t *testing.T, c call, option string) (actionID, value, text string) {
+	t.Helper()
+	var blocks []struct {
+		Text      struct{ Text string } `json:"text"`
+		Accessory struct {
+			ActionID string `json:"action_id"`
+			Value    string `json:"value"`
+		} `json:"accessory"`
+	}
+	if err := json.Unmarshal([]byte(c.form.Get("blocks")), &blocks); err != nil {
+		t.Fatalf("prompt blocks: %v", err)
+	}
+	for _, b := range blocks {
+		if b.Accessory.ActionID == tgslack.ActionGrantPrefix+option {
+			return b.Accessory.ActionID, b.Accessory.Value, b.Text.Text
+		}
+	}
+	t.Fatalf("prompt has no %s button: %s", option, c.form.Get("blocks"))
+	return "", "", ""
+}
+
+// A prompt shows each grant option's summary with its own button, bound
+// to the approval and digest like Approve. A click naming an option the
+// prompt did not offer is refused (400) and publishes nothing; the
+// requester's click on the grant button approves with that option and
+// makes the grant; the next call of the session (a reply in the DM's
+// thread) is decided by the grant, runs, and gets no prompt.
+func TestGrantButtonApprovesAndGrants(t *testing.T) {
+	r := startRig(t)
+	const ch, ts = "DU7", "1700000000.000700"
+	if resp := r.event(t, "EvG1", dm("U7", ch, ts, "write g1.txt")); resp.StatusCode != http.StatusOK {
+		t.Fatalf("event: %d", resp.StatusCode)
+	}
+	turn := turnOf(ch, ts)
+	approval := schemas.ApprovalID(turn, 0)
+	prompt := r.promptOf(t, approval)
+	rec := r.h.WaitPending(approval)
+	offer, ok := rec.Offer("approve-session")
+	if !ok {
+		t.Fatalf("no offer: %+v", rec.Grants)
+	}
+	action, value, text := grantButton(t, prompt, "approve-session")
+	if value != buttonValue(t, prompt, tgslack.ActionApprove) || !strings.Contains(text, "in this session") || !strings.Contains(text, "1h0m0s") || !strings.Contains(offer.Summary, "in this session") {
+		t.Fatalf("grant button %q %q: %q (offer %q)", action, value, text, offer.Summary)
+	}
+
+	if resp := r.click(t, clickBody("U7", ch, prompt.ts, tgslack.ActionGrantPrefix+"approve-forever", value, "7.1")); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a click on an option not offered: %d", resp.StatusCode)
+	}
+	if n := len(r.h.Messages(topology.StreamDecisions, topology.DecisionSubject(tgslack.Name, approval))); n != 0 {
+		t.Fatalf("%d decisions published for an option not offered", n)
+	}
+
+	if resp := r.click(t, clickBody("U7", ch, prompt.ts, action, value, "7.2")); resp.StatusCode != http.StatusOK {
+		t.Fatalf("grant click: %d", resp.StatusCode)
+	}
+	r.awaitStatus(t, approval, schemas.ApprovalApproved)
+	a := r.h.Approval(approval)
+	if a.Decision.Option != "approve-session" || a.Decision.Principal != "slack:T1:U7" {
+		t.Fatalf("decision %+v", a.Decision)
+	}
+	gid := schemas.GrantID(approval, a.Decision.DecisionID)
+	jstest.Eventually(t, 10*time.Second, "grant "+gid, func() bool {
+		ctx, cancel := r.h.Ctx()
+		defer cancel()
+		g, _, err := r.h.Store.Grants.Get(ctx, gid)
+		return err == nil && g.Principal == "slack:T1:U7"
+	})
+	r.h.WaitOutcome(turn)
+
+	reply := dm("U7", ch, "1700000000.000701", "write g2.txt")
+	reply["thread_ts"] = ts
+	if resp := r.event(t, "EvG2", reply); resp.StatusCode != http.StatusOK {
+		t.Fatalf("event: %d", resp.StatusCode)
+	}
+	second := turnOf(ch, "1700000000.000701")
+	if out := r.h.WaitOutcome(second); out.State != schemas.TurnCompleted {
+		t.Fatalf("second turn %s", out.State)
+	}
+	if d := r.h.Approval(schemas.ApprovalID(second, 0)).Decision; d == nil || d.Grant == nil || d.Grant.GrantID != gid {
+		t.Fatalf("second call decided by %+v, want grant %s", d, gid)
+	}
+	// Both results reach the thread; the events before the second's
+	// (its approval, decided) were handled by then.
+	r.slack.await(t, 2, "chat.postMessage", func(c call) bool {
+		return c.form.Get("thread_ts") == ts && !strings.HasPrefix(c.form.Get("text"), "Approval needed")
+	})
+	for _, c := range r.slack.find("chat.postMessage", nil) {
+		if strings.Contains(c.form.Get("blocks"), schemas.ApprovalID(second, 0)) {
+			t.Fatalf("the grant-decided call was prompted: %s", c.form.Get("blocks"))
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -229,3 +230,55 @@ func TestOIDCSignInInARealBrowser(t *testing.T) {
 		t.Fatalf("signed in as %q", got)
 	}
 }
+
+// TestGrantInARealBrowser: in headless chromium, alice chooses a card's
+// "approve-session" grant button (its summary shown); the next call of
+// the same session and requester is decided by the grant, with no prompt
+// in the open inbox; she revokes the grant on the Grants page, which then
+// shows it revoked; and a third call of the session prompts again.
+func TestGrantInARealBrowser(t *testing.T) {
+	exe := chromiumPath(t)
+	in := startInbox(t, nil)
+	alice := headless(t, exe)
+	in.signInAs(t, alice, "alice")
+
+	session := in.NextID("s")
+	a := in.WaitPending(schemas.ApprovalID(in.send(session, "carol", "files", `{"path":"notes/a.txt"}`, true), 0))
+	sel := cardSel(a.ApprovalID)
+	grant := sel + ` button.grant[value="approve-session"]`
+	do(t, alice, "the prompt appears live with its grant offers", chromedp.WaitVisible(chromedp.CSS(grant)))
+	offer, _ := a.Offer("approve-session")
+	if got := text(t, alice, grant+" .grant-summary"); got != offer.Summary {
+		t.Fatalf("the grant button says %q, want %q", got, offer.Summary)
+	}
+	screenshot(t, alice, "grant-offers.png")
+	do(t, alice, "choose the session grant",
+		chromedp.Click(chromedp.CSS(grant)),
+		chromedp.WaitVisible(chromedp.CSS(sel+` .verdict-applied`)))
+	gid := in.grantOf(a.ApprovalID)
+
+	second := in.send(session, "carol", "files", `{"path":"other/b.txt"}`, true)
+	in.decidedByGrant(t, second, gid)
+	do(t, alice, "no prompt for the call the grant decided",
+		until(`document.getElementById(`+jsString(schemas.ApprovalID(second, 0))+`) === null`))
+
+	row := `li.grant-row[data-grant="` + gid + `"]`
+	do(t, alice, "revoke it on the Grants page",
+		chromedp.Navigate(in.url+"/grants"),
+		chromedp.WaitVisible(chromedp.CSS(row+`[data-state=live]`)),
+		chromedp.SendKeys(chromedp.CSS(row+` input[name=reason]`), "done for today"),
+		chromedp.Click(chromedp.CSS(row+` form.revoke button`)),
+		chromedp.WaitVisible(chromedp.CSS(row+`[data-state=revoked]`)))
+	if g := in.grant(gid); g.Revoked == nil || g.Revoked.By != "web:alice" || g.Revoked.Reason != "done for today" {
+		t.Fatalf("revocation %+v", g.Revoked)
+	}
+	screenshot(t, alice, "grants.png")
+
+	third := in.WaitPending(schemas.ApprovalID(in.send(session, "carol", "files", `{"path":"other/c.txt"}`, true), 0))
+	do(t, alice, "a third call prompts again",
+		chromedp.Navigate(in.url+"/"),
+		chromedp.WaitVisible(chromedp.CSS(cardSel(third.ApprovalID)+` button[value=approve]`)))
+}
+
+// jsString quotes s as a JavaScript string literal.
+func jsString(s string) string { return strconv.Quote(s) }

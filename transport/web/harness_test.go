@@ -24,7 +24,9 @@ import (
 // team (private-channel) turns; web:mallory none. quick calls expire
 // after two seconds; web:alice and web:mallory decide them. vault calls
 // are decided by web:id2 (the OIDC test's user) signed in with a second
-// factor.
+// factor. files calls are decided like count calls and offer three grant
+// options: this session, the folder of the path (any session of the
+// requester) and a standing deny for the session.
 const testPolicy = `{
   "version": "web-test-1",
   "default_approval": "required",
@@ -32,7 +34,13 @@ const testPolicy = `{
     "count": {"approval": "required", "deciders": {"principals": ["web:alice", "web:bob"]},
               "audience_deciders": {"personal": {"principals": ["web:alice"]}}},
     "quick": {"approval": "required", "expires_after": "2s", "deciders": {"principals": ["web:alice", "web:mallory"]}},
-    "vault": {"approval": "required", "deciders": {"principals": ["web:id2"], "min_assurance": "strong"}}
+    "vault": {"approval": "required", "deciders": {"principals": ["web:id2"], "min_assurance": "strong"}},
+    "files": {"approval": "required", "deciders": {"principals": ["web:alice", "web:bob"]},
+              "audience_deciders": {"personal": {"principals": ["web:alice"]}}, "grants": [
+      {"option": "approve-session", "scope": "session", "for": "1h"},
+      {"option": "approve-folder", "scope": "requester", "for": "24h", "path_prefix": "path"},
+      {"option": "deny-session", "scope": "session", "for": "1h"}
+    ]}
   },
   "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
 }`
@@ -63,6 +71,7 @@ type inbox struct {
 	url   string
 	clock *clock
 	count *pipelinetest.Counter
+	files *pipelinetest.Counter
 }
 
 // startInbox starts the pipeline (every stage, testPolicy, the count and
@@ -70,8 +79,8 @@ type inbox struct {
 // inbox's Config.
 func startInbox(t *testing.T, cfg func(*web.Config)) *inbox {
 	t.Helper()
-	count := &pipelinetest.Counter{}
-	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy, Tools: []tools.Tool{count, &pipelinetest.Counter{ToolName: "quick"}, &pipelinetest.Counter{ToolName: "vault"}}})
+	count, files := &pipelinetest.Counter{}, &pipelinetest.Counter{ToolName: "files"}
+	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy, Tools: []tools.Tool{count, &pipelinetest.Counter{ToolName: "quick"}, &pipelinetest.Counter{ToolName: "vault"}, files}})
 	c := &clock{}
 	srv := httptest.NewUnstartedServer(nil)
 	wc := web.Config{JS: h.JS, Policy: h.Policy, Keys: h.Keys, Logger: pipelinetest.Logger(), Addr: srv.Listener.Addr().String(), DevSignIn: true,
@@ -90,7 +99,7 @@ func startInbox(t *testing.T, cfg func(*web.Config)) *inbox {
 	srv.Config.Handler = gw.Handler()
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return &inbox{H: h, t: t, url: srv.URL, clock: c, count: count}
+	return &inbox{H: h, t: t, url: srv.URL, clock: c, count: count, files: files}
 }
 
 // browser is one user agent: a cookie jar and what it last saw.
@@ -171,12 +180,18 @@ func (b *browser) decide(id, option, digest string) (*http.Response, string) {
 // with one call of tool and returns its pending approval.
 func (in *inbox) request(sender, tool, args string, team bool) *schemas.ApprovalRecord {
 	in.t.Helper()
-	m := in.Inbound(in.NextID("s"), sender, pipelinetest.Call(tool, args))
+	return in.WaitPending(schemas.ApprovalID(in.send(in.NextID("s"), sender, tool, args, team), 0))
+}
+
+// send sends a turn of sender in session (a DM, or a private channel when
+// team) with one call of tool and returns the turn id.
+func (in *inbox) send(session, sender, tool, args string, team bool) string {
+	in.t.Helper()
+	m := in.Inbound(session, sender, pipelinetest.Call(tool, args))
 	if team {
 		m.Channel = schemas.Channel{ID: "team-room", Kind: schemas.ChannelPrivate}
 	}
-	turn := in.Send(m)
-	return in.WaitPending(schemas.ApprovalID(turn, 0))
+	return in.Send(m)
 }
 
 // webDecisions are the decisions stored for approval id on the web

@@ -27,10 +27,17 @@ type card struct {
 	ChannelID, ChannelKind        string
 	Audience                      string
 	Options                       []string
-	Quorum                        int
-	Votes                         []schemas.DecisionInfo
-	RequestedAt, ExpiresAt        time.Time
-	Status                        schemas.ApprovalStatus
+	// Plain are the options that are not grant options (approve, deny);
+	// Offers are the grant options, each with what it would cover and for
+	// how long (the approval's GrantOffer summary), shown as buttons of
+	// their own. Every one posts through the same form: same digest and
+	// CSRF token.
+	Plain                  []string
+	Offers                 []schemas.GrantOffer
+	Quorum                 int
+	Votes                  []schemas.DecisionInfo
+	RequestedAt, ExpiresAt time.Time
+	Status                 schemas.ApprovalStatus
 	// Why says why a card that is not pending is closed: who decided it
 	// and when, or that it expired or was abandoned.
 	Why string
@@ -59,6 +66,17 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 		Options: rec.Options, Quorum: max(rec.Quorum, 1), Votes: rec.Votes,
 		RequestedAt: rec.RequestedAt, ExpiresAt: rec.ExpiresAt, Status: rec.Status,
 	}
+	for _, o := range rec.Options {
+		if g, ok := rec.Offer(o); ok && schemas.IsGrantOption(o) {
+			g.Option = o
+			if g.Summary == "" {
+				g.Summary = string(schemas.OptionEffect(o)) + " this call and grant " + o
+			}
+			c.Offers = append(c.Offers, g)
+			continue
+		}
+		c.Plain = append(c.Plain, o)
+	}
 	if tc := rec.Context; tc != nil {
 		c.Requester, c.RequesterTransport = tc.Requester.Principal, tc.Transport
 		c.ChannelID, c.ChannelKind, c.Audience = tc.Channel.ID, string(tc.Channel.Kind), string(tc.Audience)
@@ -68,6 +86,9 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 	}
 	if d := rec.Decision; d != nil && rec.Status.Decided() {
 		c.Why = string(rec.Status) + " by " + d.Principal + " at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
+		if d.Grant != nil {
+			c.Why = string(rec.Status) + " by grant " + d.Grant.GrantID + " (made by " + d.Principal + ") at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
+		}
 		if rec.Status == schemas.ApprovalExpired {
 			c.Why = "expired at " + rec.ExpiresAt.UTC().Format("15:04:05 UTC")
 		}

@@ -149,7 +149,9 @@ func (s *Server) liveCards(ctx context.Context, m jetstream.Msg, sess *session, 
 		if err != nil {
 			return "", nil
 		}
-		mine[rec.ApprovalID] = s.mayDecide(rec, sess) == nil
+		// An approval requested already decided (by a standing grant)
+		// prompts nobody: it is not shown, nor are its updates.
+		mine[rec.ApprovalID] = rec.Status == schemas.ApprovalPending && s.mayDecide(rec, sess) == nil
 		if !mine[rec.ApprovalID] {
 			return "", nil
 		}

@@ -29,11 +29,12 @@ type page struct {
 	Query   string        // the history page's query string, for its export link
 	Dev     bool          // the dev sign-in form is on
 	OIDC    bool          // OIDC sign-in is on
+	Grants  []*grantRow   // the Grants page's rows
 }
 
 // pageNames are the templates under templates/ that are whole pages; each
 // is parsed with layout.html and card.html.
-var pageNames = []string{"inbox", "signin", "message", "turn", "history"}
+var pageNames = []string{"inbox", "signin", "message", "turn", "history", "grants"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{

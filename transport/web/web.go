@@ -11,6 +11,17 @@
 // the sign-in vouched for, and the inbox channel, a personal one); the
 // approver still checks every decision against the persisted record.
 //
+// Standing grants (docs/protocol.md, "Grants"): a card shows each grant
+// option the approval offers as a button of its own, with the offer's
+// summary (what it would cover, for how long), in the same form as
+// approve and deny (same digest, same CSRF token, same decision path).
+// The Grants page lists the grants the signed-in person may revoke: those
+// they made, and those on a turn whose tool the approver's decider rule
+// lets them decide (whoever could have made a grant may end it; revoking
+// only narrows). Revoke goes through grants.Revoke, the path of `tollgate
+// grants revoke`: the record is marked revoked and grant.revoked is
+// published, naming web:<subject>.
+//
 // Pages are server-rendered with html/template (which does all escaping);
 // the only script is static/inbox.js, served from this package. Every
 // response carries a Content-Security-Policy without inline script and
@@ -35,9 +46,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -97,6 +110,9 @@ type Config struct {
 	Heartbeat time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Registerer, when set, gets tollgate_grants_revoked_total (grants
+	// revoked from the Grants page); nil: counted, not exported.
+	Registerer prometheus.Registerer
 }
 
 // Server is the inbox's http.Handler.
@@ -111,6 +127,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by principal
+
+	grantsRevoked prometheus.Counter
 }
 
 // LoopbackAddr reports whether addr (host:port) names a loopback host:
@@ -180,6 +198,12 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, store: store.New(b), events: events, pages: pages,
 		sessions: newSessions(cfg.CookieKey, cfg.SessionTTL, cfg.Now),
 		limiters: map[string]*rate.Limiter{},
+		grantsRevoked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_grants_revoked_total", Help: "Standing grants revoked (each once).",
+		}),
+	}
+	if err := metrics.Register(cfg.Registerer, &s.grantsRevoked); err != nil {
+		return nil, err
 	}
 	if cfg.OIDC != nil {
 		if s.oidc, err = newOIDC(ctx, *cfg.OIDC); err != nil {
@@ -203,6 +227,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /turns/{id}", s.turn)
 	s.mux.HandleFunc("GET /history", s.history)
 	s.mux.HandleFunc("GET /history.jsonl", s.export)
+	s.mux.HandleFunc("GET /grants", s.grantsPage)
+	s.mux.HandleFunc("POST /grants/{id}/revoke", s.revokeGrant)
 	if s.oidc != nil {
 		s.mux.HandleFunc("GET /signin/oidc", s.oidcStart)
 		s.mux.HandleFunc("GET /signin/oidc/callback", s.oidcCallback)
