@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"net/http"
 	"os"
@@ -30,7 +31,7 @@ func (f *inboxFlags) register(fs *flag.FlagSet) {
 }
 
 // handler builds the inbox, or returns nil when --oidc-issuer is not set.
-func (f *inboxFlags) handler(js jetstream.JetStream, pol *policy.Policy, addr string, log *slog.Logger) (http.Handler, error) {
+func (f *inboxFlags) handler(js jetstream.JetStream, pol *policy.Policy, addr string, log *slog.Logger, reg prometheus.Registerer) (http.Handler, error) {
 	if f.issuer == "" {
 		return nil, nil
 	}
@@ -39,7 +40,7 @@ func (f *inboxFlags) handler(js jetstream.JetStream, pol *policy.Policy, addr st
 		return nil, err
 	}
 	return web.New(web.Config{
-		JS: js, Policy: pol, Keys: keys, Logger: log, Addr: addr, SecureCookies: !f.insecureCookies,
+		JS: js, Policy: pol, Keys: keys, Logger: log, Registerer: reg, Addr: addr, SecureCookies: !f.insecureCookies,
 		OIDC: &web.OIDCConfig{Issuer: f.issuer, ClientID: f.clientID, ClientSecret: os.Getenv("TOLLGATE_OIDC_CLIENT_SECRET"), RedirectURL: f.redirect},
 	})
 }

@@ -91,7 +91,7 @@ func serve(args []string) int {
 		return 1
 	}
 	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: *addr, Logger: log, Registerer: reg}
-	if cfg.Web, err = inbox.handler(js, pol, *addr, log); err != nil {
+	if cfg.Web, err = inbox.handler(js, pol, *addr, log, reg); err != nil {
 		log.Error("web inbox", "err", err)
 		return 1
 	}

@@ -146,7 +146,7 @@ func cmdDev(cmd *command, args []string) int {
 	}
 	ready.Add(p.Checks()...)
 	if *httpAddr != "" {
-		if err := runDevGateway(ctx, js, pol, keys, *data, *httpAddr, *webhooks, log, cancel); err != nil {
+		if err := runDevGateway(ctx, js, pol, keys, *data, *httpAddr, *webhooks, log, reg, cancel); err != nil {
 			log.Error("gateway", "err", err)
 			return 1
 		}

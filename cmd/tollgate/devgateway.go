@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -56,16 +57,16 @@ func devGatewayKeys(data string) (keys []gateway.Key, token string, err error) {
 // sign-in on (web.New refuses that unless addr is a loopback address);
 // stop is called if it fails. With webhooksPath set, the gateway also
 // delivers the outgoing webhooks that file configures (docs/api.md).
-func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Policy, seals *seal.KeyRing, data, addr, webhooksPath string, log *slog.Logger, stop func()) error {
+func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Policy, seals *seal.KeyRing, data, addr, webhooksPath string, log *slog.Logger, reg prometheus.Registerer, stop func()) error {
 	keys, token, err := devGatewayKeys(data)
 	if err != nil {
 		return fmt.Errorf("gateway keys: %w", err)
 	}
-	inbox, err := web.New(web.Config{JS: js, Policy: pol, Keys: seals, Logger: log, Addr: addr, DevSignIn: true})
+	inbox, err := web.New(web.Config{JS: js, Policy: pol, Keys: seals, Logger: log, Registerer: reg, Addr: addr, DevSignIn: true})
 	if err != nil {
 		return fmt.Errorf("web inbox: %w", err)
 	}
-	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: addr, Logger: log, Web: inbox}
+	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: addr, Logger: log, Registerer: reg, Web: inbox}
 	if webhooksPath != "" {
 		wc, err := webhook.LoadConfig(webhooksPath)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"github.com/prometheus/client_golang/prometheus"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -33,7 +34,7 @@ func TestDevGatewayServesWithItsDevKey(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, "", pipelinetest.Logger(), cancel); err != nil {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, "", pipelinetest.Logger(), prometheus.NewRegistry(), cancel); err != nil {
 		t.Fatal(err)
 	}
 	tokenFile := filepath.Join(data, devTokenFile)
@@ -65,7 +66,7 @@ func TestDevGatewayServesWithItsDevKey(t *testing.T) {
 	if code := get(""); code != http.StatusUnauthorized {
 		t.Errorf("without a key: %d, want 401", code)
 	}
-	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, "", pipelinetest.Logger(), cancel); err == nil || !strings.Contains(err.Error(), addr) {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, data, addr, "", pipelinetest.Logger(), prometheus.NewRegistry(), cancel); err == nil || !strings.Contains(err.Error(), addr) {
 		t.Errorf("a second gateway on %s: %v, want an error naming the address", addr, err)
 	}
 	again, tok, err := devGatewayKeys(data)
@@ -99,7 +100,7 @@ func TestDevGatewayDeliversWebhooks(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), addr, file, pipelinetest.Logger(), cancel); err != nil {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), addr, file, pipelinetest.Logger(), prometheus.NewRegistry(), cancel); err != nil {
 		t.Fatal(err)
 	}
 	turn := h.Send(h.Inbound("hooks", "alice", pipelinetest.Call("write_file", `{"path":"hooks.txt","content":"x"}`)))
@@ -112,7 +113,7 @@ func TestDevGatewayDeliversWebhooks(t *testing.T) {
 	case <-time.After(pipelinetest.Wait):
 		t.Fatal("no webhook delivered for the approval requested")
 	}
-	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), "127.0.0.1:0", filepath.Join(t.TempDir(), "missing.json"), pipelinetest.Logger(), cancel); err == nil || !strings.Contains(err.Error(), "webhooks") {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), "127.0.0.1:0", filepath.Join(t.TempDir(), "missing.json"), pipelinetest.Logger(), prometheus.NewRegistry(), cancel); err == nil || !strings.Contains(err.Error(), "webhooks") {
 		t.Fatalf("a missing webhooks file: %v, want an error naming the webhooks", err)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"net"
 	"net/http"
@@ -28,7 +29,7 @@ func TestDevGatewayServesTheInbox(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), addr, "", pipelinetest.Logger(), cancel); err != nil {
+	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), addr, "", pipelinetest.Logger(), prometheus.NewRegistry(), cancel); err != nil {
 		t.Fatal(err)
 	}
 	var page string
@@ -46,7 +47,7 @@ func TestDevGatewayServesTheInbox(t *testing.T) {
 		t.Fatalf("no dev sign-in form:\n%s", page)
 	}
 
-	err = runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), "0.0.0.0:0", "", pipelinetest.Logger(), cancel)
+	err = runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), "0.0.0.0:0", "", pipelinetest.Logger(), prometheus.NewRegistry(), cancel)
 	if !errors.Is(err, web.ErrDevSignInNotLoopback) {
 		t.Fatalf("dev gateway on 0.0.0.0: %v, want ErrDevSignInNotLoopback", err)
 	}
