@@ -67,6 +67,9 @@ const (
 	// does not cover the call it is said to have decided. It decides
 	// nothing.
 	CodeGrantInvalid Code = "GRANT_INVALID"
+	// CodeGrantNotFound: a revocation names a grant that does not exist
+	// (or that the person may not see).
+	CodeGrantNotFound Code = "GRANT_NOT_FOUND"
 
 	// Policy and tools.
 	CodePolicyDenied       Code = "POLICY_DENIED"

@@ -243,6 +243,11 @@ type AcceptedTurn struct {
 const (
 	OptionApprove = "approve"
 	OptionDeny    = "deny"
+	// OptionRevoke, on a Decision whose approval_id is a grant id (g-...),
+	// asks the approver to revoke that standing grant (docs/protocol.md
+	// §15): the way a transport whose NATS user may not write the grants
+	// bucket revokes one.
+	OptionRevoke = "revoke"
 )
 
 // Decision is a human's answer to an approval prompt, published on

@@ -40,7 +40,7 @@ func (f *inboxFlags) handler(js jetstream.JetStream, pol *policy.Policy, addr st
 		return nil, err
 	}
 	return web.New(web.Config{
-		JS: js, Policy: pol, Keys: keys, Logger: log, Registerer: reg, Addr: addr, SecureCookies: !f.insecureCookies,
+		JS: js, Policy: pol, Keys: keys, Logger: log, Addr: addr, SecureCookies: !f.insecureCookies,
 		OIDC: &web.OIDCConfig{Issuer: f.issuer, ClientID: f.clientID, ClientSecret: os.Getenv("TOLLGATE_OIDC_CLIENT_SECRET"), RedirectURL: f.redirect},
 	})
 }

@@ -62,7 +62,7 @@ func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Poli
 	if err != nil {
 		return fmt.Errorf("gateway keys: %w", err)
 	}
-	inbox, err := web.New(web.Config{JS: js, Policy: pol, Keys: seals, Logger: log, Registerer: reg, Addr: addr, DevSignIn: true})
+	inbox, err := web.New(web.Config{JS: js, Policy: pol, Keys: seals, Logger: log, Addr: addr, DevSignIn: true})
 	if err != nil {
 		return fmt.Errorf("web inbox: %w", err)
 	}

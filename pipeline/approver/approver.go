@@ -73,6 +73,7 @@ type Approver struct {
 	// grantsCreated counts the grants this approver's decisions made
 	// (once each, not again on a redelivery).
 	grantsCreated prometheus.Counter
+	grantsRevoked prometheus.Counter
 }
 
 // New returns an Approver.
@@ -90,7 +91,12 @@ func New(cfg Config) (*Approver, error) {
 		Name: "tollgate_decisions_total", Help: "Decisions processed by the approver, by result (applied, idempotent, or a rejection code).",
 	}, []string{"result"}), grantsCreated: prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tollgate_grants_created_total", Help: "Standing grants made by the approver (a decision with a grant option).",
+	}), grantsRevoked: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tollgate_grants_revoked_total", Help: "Standing grants revoked (each once).",
 	})}
+	if err := metrics.Register(cfg.Registerer, &a.grantsRevoked); err != nil {
+		return nil, err
+	}
 	if err := metrics.Register(cfg.Registerer, &a.decisions); err != nil {
 		return nil, err
 	}
@@ -141,6 +147,9 @@ func (a *Approver) Handle(ctx context.Context, m jetstream.Msg) error {
 	}
 	if want := topology.DecisionSubject(d.Transport, d.ApprovalID); m.Subject() != want {
 		return schemas.Errorf(schemas.CodeInvalidInput, "decision for %s from transport %s arrived on %s, want %s", d.ApprovalID, d.Transport, m.Subject(), want)
+	}
+	if schemas.IsGrantID(d.ApprovalID) {
+		return a.RevokeGrant(ctx, d)
 	}
 	return a.Apply(ctx, d)
 }

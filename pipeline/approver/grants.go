@@ -1,7 +1,15 @@
 package approver
 
 import (
+	"cmp"
 	"context"
+	"errors"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/seal"
 
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -34,5 +42,67 @@ func (a *Approver) saveGrant(ctx context.Context, rec *schemas.ApprovalRecord) e
 		a.grantsCreated.Inc()
 	}
 	a.cfg.Logger.Info("grant made", "grant", g.GrantID, "approval", rec.ApprovalID, "principal", g.Principal, "tool", g.Tool, "scope", g.Summary, "expires", g.ExpiresAt)
+	return nil
+}
+
+// MayRevoke reports, with nil, whether decider, delivered by transport
+// (in channel, if set), may revoke grant g: the grant must be authentic
+// (its MAC and its sealed context verify), and the decider must be the
+// verified person who made it, or someone MayDecide lets decide g's tool on
+// the turn g was made on. Otherwise it returns a coded error (the seal's
+// code, or DECIDER_NOT_AUTHORIZED).
+func MayRevoke(g *schemas.Grant, transport string, decider schemas.Sender, channel *schemas.Channel, pol *policy.Policy, keys *seal.KeyRing) error {
+	if err := keys.VerifyGrant(g); err != nil {
+		return err
+	}
+	if decider.Kind == schemas.SenderUser && decider.Verified && schemas.Principal(transport, decider.ID) == g.Principal {
+		return nil
+	}
+	rec := &schemas.ApprovalRecord{ApprovalID: g.ApprovalID, TurnID: g.Context.TurnID, Tool: g.Tool, Context: g.Context}
+	return MayDecide(rec, transport, decider, channel, pol, keys)
+}
+
+// RevokeGrant carries out d, a revocation request (a Decision whose
+// approval id is the grant's id and whose option is schemas.OptionRevoke):
+// if MayRevoke lets its decider revoke the grant, the grant is revoked
+// (grants.Revoke: marked by compare-and-set, its grant.revoked event
+// published; a grant already revoked is left as it is and its event
+// published again, deduplicated), recording the decider's principal.
+// Otherwise a DecisionRejected with the code is published on the grant
+// id's rejection subject: OPTION_NOT_OFFERED for another option,
+// GRANT_NOT_FOUND, a seal code, DECIDER_NOT_AUTHORIZED. Its error is a
+// transient one.
+func (a *Approver) RevokeGrant(ctx context.Context, d *schemas.Decision) error {
+	principal := schemas.Principal(d.Transport, d.Decider.ID)
+	refuse := func(err error) error {
+		a.decisions.WithLabelValues(string(schemas.CodeOf(err))).Inc()
+		a.cfg.Logger.Info("grant revocation refused", "decision", d.DecisionID, "grant", d.ApprovalID, "principal", principal, "code", schemas.CodeOf(err), "err", err)
+		rej := &schemas.DecisionRejected{DecisionID: d.DecisionID, ApprovalID: d.ApprovalID, Principal: principal,
+			Code: schemas.CodeOf(err), Reason: schemas.ReasonOf(err), At: a.now()}
+		return bus.Publish(ctx, a.cfg.JS, topology.EventSubject(topology.SubjectDecisionRejected, d.ApprovalID), topology.RejectedMsgID(d.DecisionID), rej)
+	}
+	if d.Option != schemas.OptionRevoke {
+		return refuse(schemas.Errorf(schemas.CodeOptionNotOffered, "a decision on grant %s must be %q, not %q", d.ApprovalID, schemas.OptionRevoke, d.Option))
+	}
+	g, _, err := a.cfg.Store.Grants.Get(ctx, d.ApprovalID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return refuse(schemas.Errorf(schemas.CodeGrantNotFound, "no grant %s", d.ApprovalID))
+	case schemas.Permanent(err):
+		return refuse(err)
+	case err != nil:
+		return err
+	}
+	if err := MayRevoke(g, d.Transport, d.Decider, d.Channel, a.cfg.Policy, a.cfg.Keys); err != nil {
+		return refuse(err)
+	}
+	_, revoked, err := grants.Revoke(ctx, a.cfg.JS, a.cfg.Store, g.GrantID, principal, cmp.Or(d.Note, "revoked by "+principal), a.now())
+	if err != nil {
+		return err
+	}
+	if revoked {
+		a.grantsRevoked.Inc()
+		a.cfg.Logger.Info("grant revoked", "grant", g.GrantID, "by", principal)
+	}
 	return nil
 }

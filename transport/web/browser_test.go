@@ -65,15 +65,29 @@ func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action
 }
 
 // text returns the text of sel.
+//
+// A live page re-renders a card in place (the SSE update replaces its
+// HTML), so an element can be read in the moment it is empty: an empty
+// text is read again until the deadline (none of the texts read here is
+// meant to be empty).
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
 	c, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	s, err := chromedp.Run(c, chromedp.Text(chromedp.CSS(sel)))
-	if err != nil {
-		t.Fatalf("text of %s: %v", sel, err)
+	for {
+		s, err := chromedp.Run(c, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		if strings.TrimSpace(s) != "" {
+			return s
+		}
+		select {
+		case <-c.Done():
+			return s
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return s
 }
 
 // until waits for the JavaScript expression to be true.

@@ -148,27 +148,13 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 		}
 		return v, nil
 	}
-	// Subscribe before publishing, so that the answer cannot be missed.
-	nc := s.cfg.JS.Conn()
-	answers := make(chan *nats.Msg, 64)
-	for _, subj := range []string{
+	answers, stop, err := s.publishDecision(ctx, d,
 		topology.EventSubject(topology.SubjectDecisionRejected, d.ApprovalID),
-		topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID),
-	} {
-		sub, err := nc.ChanSubscribe(subj, answers)
-		if err != nil {
-			return nil, err
-		}
-		defer func() { _ = sub.Unsubscribe() }()
-	}
-	fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
-	defer fcancel()
-	if err := nc.FlushWithContext(fctx); err != nil {
+		topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID))
+	if err != nil {
 		return nil, err
 	}
-	if err := bus.Publish(ctx, s.cfg.JS, topology.DecisionSubject(Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
-		return nil, err
-	}
+	defer stop()
 	wait, cancel := context.WithTimeout(ctx, s.cfg.DecisionWait)
 	defer cancel()
 	poll := time.NewTicker(250 * time.Millisecond)
@@ -206,6 +192,40 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 			}
 		}
 	}
+}
+
+// publishDecision publishes d on its transport's decision subject, having
+// subscribed first (so that no answer can be missed) to the subjects its
+// answers come on, and returns the answers and the function that ends the
+// subscriptions.
+func (s *Server) publishDecision(ctx context.Context, d *schemas.Decision, answerSubjects ...string) (<-chan *nats.Msg, func(), error) {
+	nc := s.cfg.JS.Conn()
+	answers := make(chan *nats.Msg, 64)
+	var subs []*nats.Subscription
+	stop := func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}
+	for _, subj := range answerSubjects {
+		sub, err := nc.ChanSubscribe(subj, answers)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		subs = append(subs, sub)
+	}
+	fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer fcancel()
+	if err := nc.FlushWithContext(fctx); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	if err := bus.Publish(ctx, s.cfg.JS, topology.DecisionSubject(Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return answers, stop, nil
 }
 
 // recorded reports whether rec holds decision id, as its decision or a

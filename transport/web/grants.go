@@ -2,6 +2,7 @@ package web
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -16,8 +18,8 @@ import (
 )
 
 // CodeGrantNotFound: the grant a revocation names does not exist, or is
-// not one the person may see.
-const CodeGrantNotFound schemas.Code = "GRANT_NOT_FOUND"
+// not one the person may see (schemas.CodeGrantNotFound).
+const CodeGrantNotFound = schemas.CodeGrantNotFound
 
 // maxReasonBytes bounds a revocation's reason.
 const maxReasonBytes = 500
@@ -78,14 +80,7 @@ func (s *Server) mayRevoke(g *schemas.Grant, sess *session) error {
 	if !sess.SignedIn() {
 		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "not signed in")
 	}
-	if err := s.cfg.Keys.VerifyGrant(g); err != nil {
-		return err
-	}
-	if g.Principal == sess.Principal() {
-		return nil
-	}
-	rec := &schemas.ApprovalRecord{ApprovalID: g.ApprovalID, TurnID: g.Context.TurnID, Tool: g.Tool, Context: g.Context}
-	return approver.MayDecide(rec, Transport, sess.decider(), sess.channel(), s.cfg.Policy, s.cfg.Keys)
+	return approver.MayRevoke(g, Transport, sess.decider(), sess.channel(), s.cfg.Policy, s.cfg.Keys)
 }
 
 // grantsPage lists the grants the signed-in person may revoke (mayRevoke):
@@ -133,10 +128,11 @@ func (s *Server) grantsPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "grants", page{Title: "Grants", Session: sess, Grants: rows})
 }
 
-// revokeGrant revokes grant {id} for the signed-in person, through
-// grants.Revoke (the path of `tollgate grants revoke`: the record is
-// marked revoked by compare-and-set and its grant.revoked event is
-// published), recording web:<subject> as who revoked it. Refused, with a
+// revokeGrant revokes grant {id} for the signed-in person by a revocation
+// request the approver carries out (requestRevocation; the approver marks
+// the record by compare-and-set and publishes grant.revoked), recording
+// web:<subject> as who revoked it; a rejection by the approver is answered
+// with its code (as a decision's is). Refused before any request, with a
 // code and without touching the grant: no live session (401 SIGNED_OUT),
 // a CSRF token that is not the session's (403 CSRF_INVALID), the
 // principal over its rate (429 RATE_LIMITED), an unknown grant (404
@@ -182,15 +178,62 @@ func (s *Server) revokeGrant(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, nil, http.StatusRequestEntityTooLarge, schemas.CodePayloadTooLarge, fmt.Sprintf("The reason is over %d bytes.", maxReasonBytes))
 		return
 	}
-	_, revoked, err := grants.Revoke(r.Context(), s.cfg.JS, s.store, id, sess.Principal(), cmp.Or(reason, "revoked in the web inbox"), s.cfg.Now())
-	if err != nil {
+	d := &schemas.Decision{
+		DecisionID: decisionID(sess.Principal(), id, schemas.OptionRevoke, ""), ApprovalID: id, Transport: Transport,
+		Decider: sess.decider(), Channel: sess.channel(), Option: schemas.OptionRevoke,
+		Note: cmp.Or(reason, "revoked in the web inbox"), SentAt: s.cfg.Now().UTC(),
+	}
+	rej, err := s.requestRevocation(r.Context(), d)
+	switch {
+	case err != nil:
 		s.cfg.Logger.Error("web: revoke", "grant", id, "err", err)
 		s.refuse(w, r, nil, http.StatusServiceUnavailable, CodeUnavailable, "The grant could not be revoked: try again.")
 		return
-	}
-	if revoked {
-		s.grantsRevoked.Inc()
+	case rej != nil:
+		s.refuse(w, r, nil, rejectionStatus(rej.Code), rej.Code, rej.Reason)
+		return
 	}
 	s.cfg.Logger.Info("web: grant revoked", "grant", id, "by", sess.Principal())
 	http.Redirect(w, r, "/grants#"+id, http.StatusSeeOther)
+}
+
+// requestRevocation publishes d, a revocation request for grant
+// d.ApprovalID, for the approver to carry out (approver.RevokeGrant: the
+// approver, not the inbox, writes the grants bucket, so the inbox's NATS
+// user needs no write access to it), and waits, at most DecisionWait, until
+// the grant reads revoked (nil, nil), the approver rejected the request
+// (the rejection), or the wait is over (an error).
+func (s *Server) requestRevocation(ctx context.Context, d *schemas.Decision) (*schemas.DecisionRejected, error) {
+	answers, stop, err := s.publishDecision(ctx, d,
+		topology.EventSubject(topology.SubjectDecisionRejected, d.ApprovalID),
+		topology.GrantEventSubject(schemas.GrantRevoked, d.ApprovalID))
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	wait, cancel := context.WithTimeout(ctx, s.cfg.DecisionWait)
+	defer cancel()
+	poll := time.NewTicker(250 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case <-wait.Done():
+			return nil, fmt.Errorf("revocation of %s: no answer from the approver within %v", d.ApprovalID, s.cfg.DecisionWait)
+		case <-poll.C:
+			// A grant revoked before (its event is not published again)
+			// or a duplicate request (answered by nobody): the record tells.
+			if g, _, err := s.store.Grants.Get(ctx, d.ApprovalID); err == nil && g.Revoked != nil {
+				return nil, nil
+			}
+		case m := <-answers:
+			if strings.HasPrefix(m.Subject, topology.SubjectDecisionRejected) {
+				rej, err := schemas.Decode[schemas.DecisionRejected](m.Data)
+				if err == nil && rej.DecisionID == d.DecisionID {
+					return rej, nil
+				}
+				continue
+			}
+			return nil, nil // the grant's revoked event
+		}
+	}
 }

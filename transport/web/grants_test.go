@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
@@ -49,21 +47,6 @@ func (in *inbox) decidedByGrant(t *testing.T, turn, gid string) {
 	}
 }
 
-// revokedCount is tollgate_grants_revoked_total in reg.
-func revokedCount(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "tollgate_grants_revoked_total" {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
-}
-
 // revoke posts the revoke form of grant id with csrf.
 func (b *browser) revoke(id, csrf string) (*http.Response, string) {
 	b.in.t.Helper()
@@ -83,8 +66,7 @@ func (b *browser) revoke(id, csrf string) (*http.Response, string) {
 // web:<subject>), the page shows it revoked without a Revoke button, and
 // the next call of the session prompts again.
 func TestGrantOptionsAndTheGrantsPage(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	in := startInbox(t, func(c *web.Config) { c.SessionTTL, c.Registerer = time.Hour, reg })
+	in := startInbox(t, func(c *web.Config) { c.SessionTTL = time.Hour })
 	session := in.NextID("s")
 	a := in.WaitPending(schemas.ApprovalID(in.send(session, "carol", "files", `{"path":"notes/a.txt"}`, true), 0))
 	if len(a.Grants) != 3 {
@@ -266,11 +248,11 @@ func TestGrantOptionsAndTheGrantsPage(t *testing.T) {
 			t.Fatal("the second call ran again")
 		}
 		_, page = alice.do("GET", "/grants", nil)
-		if n := revokedCount(t, reg); n != 1 {
+		if n := in.Metric("tollgate_grants_revoked_total", nil); n != 1 {
 			t.Fatalf("tollgate_grants_revoked_total = %v, want 1", n)
 		}
-		if resp, _ := bob.revoke(gid, bob.token()); resp.StatusCode != http.StatusOK || revokedCount(t, reg) != 1 {
-			t.Fatalf("revoking again: %d, counted %v times", resp.StatusCode, revokedCount(t, reg))
+		if resp, _ := bob.revoke(gid, bob.token()); resp.StatusCode != http.StatusOK || in.Metric("tollgate_grants_revoked_total", nil) != 1 {
+			t.Fatalf("revoking again: %d, counted %v times", resp.StatusCode, in.Metric("tollgate_grants_revoked_total", nil))
 		}
 		if i, j := strings.Index(page, `data-grant="`+personal+`" data-state="live"`), strings.Index(page, `data-grant="`+gid+`" data-state="revoked"`); i < 0 || j < 0 || i > j {
 			t.Fatal("alice's page does not list the live grant before the revoked one")

@@ -18,9 +18,10 @@
 // The Grants page lists the grants the signed-in person may revoke: those
 // they made, and those on a turn whose tool the approver's decider rule
 // lets them decide (whoever could have made a grant may end it; revoking
-// only narrows). Revoke goes through grants.Revoke, the path of `tollgate
-// grants revoke`: the record is marked revoked and grant.revoked is
-// published, naming web:<subject>.
+// only narrows; approver.MayRevoke). Revoke publishes a revocation request
+// (a Decision on the grant, option "revoke") that the approver carries out
+// (approver.RevokeGrant: the record is marked revoked and grant.revoked is
+// published, naming web:<subject>): the inbox only reads the grants bucket.
 //
 // Pages are server-rendered with html/template (which does all escaping);
 // the only script is static/inbox.js, served from this package. Every
@@ -46,11 +47,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -110,9 +109,6 @@ type Config struct {
 	Heartbeat time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// Registerer, when set, gets tollgate_grants_revoked_total (grants
-	// revoked from the Grants page); nil: counted, not exported.
-	Registerer prometheus.Registerer
 }
 
 // Server is the inbox's http.Handler.
@@ -128,7 +124,6 @@ type Server struct {
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by principal
 
-	grantsRevoked prometheus.Counter
 }
 
 // LoopbackAddr reports whether addr (host:port) names a loopback host:
@@ -198,12 +193,6 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, store: store.New(b), events: events, pages: pages,
 		sessions: newSessions(cfg.CookieKey, cfg.SessionTTL, cfg.Now),
 		limiters: map[string]*rate.Limiter{},
-		grantsRevoked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_grants_revoked_total", Help: "Standing grants revoked (each once).",
-		}),
-	}
-	if err := metrics.Register(cfg.Registerer, &s.grantsRevoked); err != nil {
-		return nil, err
 	}
 	if cfg.OIDC != nil {
 		if s.oidc, err = newOIDC(ctx, *cfg.OIDC); err != nil {
