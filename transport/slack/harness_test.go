@@ -20,6 +20,7 @@ import (
 	"github.com/slack-go/slack/slacktest"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
@@ -399,9 +400,25 @@ func turnOf(channel, ts string) string {
 }
 
 // promptOf is the posted prompt of approval id.
+//
+// It returns once the transport has also stored its record of the post
+// (key "prompt.<approval id>" of tollgate_slack): Slack answers
+// chat.postMessage before that write, and a click on a prompt the transport
+// has no record of yet is refused (400), as it should be.
 func (r *rig) promptOf(t *testing.T, id string) call {
 	t.Helper()
-	return r.slack.await(t, 1, "chat.postMessage", func(c call) bool { return strings.Contains(c.form.Get("blocks"), id) })[0]
+	c := r.slack.await(t, 1, "chat.postMessage", func(c call) bool { return strings.Contains(c.form.Get("blocks"), id) })[0]
+	jstest.Eventually(t, pipelinetest.Wait, "the transport's record of the prompt for "+id, func() bool {
+		ctx, cancel := r.h.Ctx()
+		defer cancel()
+		kv, err := r.h.JS.KeyValue(ctx, tgslack.BucketRecords)
+		if err != nil {
+			return false
+		}
+		_, err = kv.Get(ctx, "prompt."+id)
+		return err == nil
+	})
+	return c
 }
 
 // replayAll publishes every stored event again (without message ids, as a

@@ -67,23 +67,28 @@ func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action
 // text returns the text of sel.
 //
 // A live page re-renders a card in place (the SSE update replaces its
-// HTML), so an element can be read in the moment it is empty: an empty
-// text is read again until the deadline (none of the texts read here is
-// meant to be empty).
+// HTML), so an element can be read in the moment it is empty or replaced:
+// an empty text or a failed read is tried again until the deadline (none
+// of the texts read here is meant to be empty).
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
 	c, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		s, err := chromedp.Run(c, chromedp.Text(chromedp.CSS(sel)))
-		if err != nil {
-			t.Fatalf("text of %s: %v", sel, err)
-		}
-		if strings.TrimSpace(s) != "" {
+		// Each read gets a short deadline of its own: a read of a node
+		// replaced meanwhile fails ("No node with given id"), and is
+		// tried again on the new one.
+		rc, rcancel := context.WithTimeout(c, 5*time.Second)
+		s, err := chromedp.Run(rc, chromedp.Text(chromedp.CSS(sel)))
+		rcancel()
+		if err == nil && strings.TrimSpace(s) != "" {
 			return s
 		}
 		select {
 		case <-c.Done():
+			if err != nil {
+				t.Fatalf("text of %s: %v", sel, err)
+			}
 			return s
 		case <-time.After(50 * time.Millisecond):
 		}
