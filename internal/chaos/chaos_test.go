@@ -18,8 +18,8 @@ import (
 // TestChaosShort is the short form that runs in `make test`: a few hundred
 // turns, a worker kill of each kind (every stage and the remote tool
 // service), one broker restart and, after the faults, one tool service
-// crash between acting and replying (whose session waits out the 1-minute
-// tool timeout), with the stage binaries
+// crash between acting and replying (whose session waits out the tool
+// timeout), with the stage binaries
 // built without -race (the harness itself runs under -race); set
 // TOLLGATE_CHAOS_RACE=1 to build them with it. TOLLGATE_CHAOS_* variables
 // override the parameters (TOLLGATE_CHAOS_SEED replays a run).
@@ -31,7 +31,11 @@ func TestChaosShort(t *testing.T) {
 		Turns: 150, Kills: len(Workers), BrokerRestarts: 1, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
 		ExpiresAfter: time.Second, ToolCrashes: 1, FaultFrom: 0.05, FaultTo: 0.6,
 		// A worker killed between claiming a call and recording its result
-		// holds the call for the 2-minute claim lease: allow for it.
+		// holds the call for the claim lease, and the crashed tool service's
+		// call holds its session for the tool timeout: both shortened from
+		// 2 minutes and 1 so that a run takes about a minute whatever its
+		// seed (`make chaos` keeps the defaults).
+		ClaimLease: 30 * time.Second, ToolTimeout: 15 * time.Second,
 		StallTimeout: 3 * time.Minute, MaxDuration: 8 * time.Minute,
 	}
 	runChaos(t, cfg)

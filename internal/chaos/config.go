@@ -67,6 +67,11 @@ type Config struct {
 	// minute) before the call is reported EXECUTION_UNCERTAIN. Keep it
 	// below Concurrency.
 	ToolCrashes int
+	// ClaimLease and ToolTimeout, when set, are the stages' (--claim-lease,
+	// --tool-timeout; the defaults are 2 minutes and 1 minute): a short
+	// run shortens the waits a killed worker's claim and a crashed tool
+	// service's call cause.
+	ClaimLease, ToolTimeout time.Duration
 	// Faults are spread over turns published in [FaultFrom, FaultTo) of Turns.
 	FaultFrom, FaultTo float64
 	// StallTimeout ends the drive when no turn is published or ends for

@@ -222,6 +222,12 @@ func (h *harness) procEnv(bin string) []string {
 	case PlannerStage:
 		env = append(env, "TOLLGATE_LLM_URL="+h.modelURL, "TOLLGATE_LLM_MODEL=scripted")
 	}
+	if h.cfg.ClaimLease > 0 {
+		env = append(env, "TOLLGATE_CLAIM_LEASE="+h.cfg.ClaimLease.String())
+	}
+	if h.cfg.ToolTimeout > 0 {
+		env = append(env, "TOLLGATE_TOOL_TIMEOUT="+h.cfg.ToolTimeout.String())
+	}
 	return append(env,
 		"TOLLGATE_NATS_URL="+h.url, // every node's URL in a cluster
 		"TOLLGATE_REPLICAS="+itoa(h.cfg.StreamReplicas),

@@ -83,6 +83,11 @@ type Common struct {
 	// Retention is how long ended records stay in KV
 	// (tollgate.Config.Retention); zero is the default, 30 days.
 	Retention time.Duration
+	// ClaimLease and ToolTimeout are batch.Config's (how long a claimed
+	// call without a result holds its call before it is reported
+	// uncertain; how long one tool run may take, below the lease); zero
+	// is the default (2m, 1m).
+	ClaimLease, ToolTimeout time.Duration
 }
 
 // Register adds the common flags to fs with defaults from TOLLGATE_*
@@ -107,6 +112,12 @@ func (c *Common) Register(fs *flag.FlagSet, metricsDefault string) {
 	retention, _ := time.ParseDuration(Env("TOLLGATE_RETENTION", "0s"))
 	fs.DurationVar(&c.Retention, "retention", retention,
 		"how long ended turns' records stay in KV, at least the streams' max age (720h); 0 for 720h, negative to keep them (env TOLLGATE_RETENTION)")
+	lease, _ := time.ParseDuration(Env("TOLLGATE_CLAIM_LEASE", "0s"))
+	fs.DurationVar(&c.ClaimLease, "claim-lease", lease,
+		"how long a claimed call with no recorded result is held before it is reported uncertain and never run again; 0 for 2m (env TOLLGATE_CLAIM_LEASE)")
+	toolTimeout, _ := time.ParseDuration(Env("TOLLGATE_TOOL_TIMEOUT", "0s"))
+	fs.DurationVar(&c.ToolTimeout, "tool-timeout", toolTimeout,
+		"how long one tool run may take, below the claim lease; 0 for 1m (env TOLLGATE_TOOL_TIMEOUT)")
 	fs.StringVar(&c.ToolsFile, "tools", Env("TOLLGATE_TOOLS", ""), "tools file naming MCP servers whose tools to offer (docs/tools.md); empty for none (env TOLLGATE_TOOLS)")
 	OTLPFlag(fs, &c.OTLP)
 }
@@ -437,6 +448,7 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
 		Instance: Instance(), Topology: topo, Stages: []string{stage}, CheckOnly: c.NoProvision, Retention: c.Retention,
+		ClaimLease: c.ClaimLease, ToolTimeout: c.ToolTimeout,
 		Planner: plannerOpts, PlanText: c.PlanText,
 	})
 	if err != nil {
