@@ -296,24 +296,36 @@ func (e *Engine) SupersedeLoop(ctx context.Context, loopID, newTurnID string) er
 		return ignoreGone(err)
 	}
 	e.cfg.Logger.Info("turn supersedes its session's agent loop", "turn", newTurnID, "superseded", loopID)
-	// The loop's steps are loopID-p0, -p1, ...: the latest that exists is
-	// the one it may wait on (a loop takes at most its step budget of them).
-	var last *schemas.BatchRecord
-	for n := 0; ; n++ {
+	// The loop's step batches are loopID-p0, -p1, ...; a step whose calls
+	// were all malformed has none, so there can be gaps. Only the latest
+	// step can still be running or waiting: the first batch found not
+	// terminal is it. The probe gives up after maxStepGap missing steps in
+	// a row. A step that starts waiting after the mark above abandons its
+	// own approvals (the executor's supersedeSelf), so a step this probe
+	// misses is one not waiting yet.
+	for n, missing := 0, 0; missing < maxStepGap; n++ {
 		st, _, err := e.cfg.Store.Batches.Get(ctx, schemas.PlannerStepTurnID(loopID, n))
-		if errors.Is(err, store.ErrNotFound) {
-			break
-		}
-		if err != nil {
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			missing++
+			continue
+		case err != nil:
 			return ignoreGone(err)
 		}
-		last = st
+		missing = 0
+		if !st.State.Terminal() {
+			if st.State != schemas.BatchAwaiting {
+				return nil // running: the loop stops at its next step
+			}
+			return e.Supersede(ctx, st, newTurnID)
+		}
 	}
-	if last == nil || last.State != schemas.BatchAwaiting {
-		return nil // not made yet, or not waiting: the loop stops at its next step
-	}
-	return e.Supersede(ctx, last, newTurnID)
+	return nil // between steps: the loop stops at its next step
 }
+
+// maxStepGap is how many missing step batches in a row end
+// SupersedeLoop's probe.
+const maxStepGap = 8
 
 // ignoreGone drops the errors under which superseding is simply not
 // possible: no record, or one that does not decode.

@@ -239,3 +239,35 @@ func TestALoopOfAnEarlierVersionKeepsItsSessionUntilItEnds(t *testing.T) {
 		t.Fatalf("session record %+v, want free", s)
 	}
 }
+
+// TestSupersedingFindsTheWaitingStepPastAStepWithNoBatch: the loop's first
+// step had only a malformed call (no step batch), its second waits on an
+// approval; a turn that supersedes the loop still finds that step and
+// abandons its approval.
+func TestSupersedingFindsTheWaitingStepPastAStepWithNoBatch(t *testing.T) {
+	f := startOrder(t, strings.Replace(testPolicy, `"default_transport"`, `"sessions": {"busy": "supersede"}, "default_transport"`, 1))
+	text := "try twice"
+	f.model.Script(text,
+		plannertest.Reply{Calls: []plannertest.Call{{Name: "no_such_tool", Args: `{}`}}},
+		plannertest.Reply{Calls: []plannertest.Call{{Name: "write_file", Args: `{"path":"gap.txt","content":"x"}`}}},
+		plannertest.Reply{Text: "should not be asked"})
+	loop := f.say("gap", text)
+	id := schemas.ApprovalID(schemas.PlannerStepTurnID(loop, 1), 0)
+	f.WaitPending(id)
+	if b := f.Batch(schemas.PlannerStepTurnID(loop, 0)); b != nil {
+		t.Fatalf("step 0 has a batch (%s): the test needs a gap", b.State)
+	}
+	call := f.Send(f.Inbound("gap", "alice", pipelinetest.Call("echo", `{"text":"instead"}`)))
+	if o := f.WaitOutcome(loop); o.Code != schemas.CodeTurnSuperseded {
+		t.Fatalf("loop outcome %+v, want %s", o, schemas.CodeTurnSuperseded)
+	}
+	if a := f.Approval(id); a.Status != schemas.ApprovalAbandoned {
+		t.Fatalf("the waiting step's approval is %s, want abandoned", a.Status)
+	}
+	if o := f.WaitOutcome(call); o.State != schemas.TurnCompleted {
+		t.Fatalf("call outcome %+v", o)
+	}
+	if _, ok := f.File("gap.txt"); ok {
+		t.Fatal("the superseded call ran")
+	}
+}
