@@ -147,8 +147,14 @@ func runChaos(t *testing.T, cfg Config) {
 			}
 		}
 	}
-	if granted > 0 && (r.GrantsMade == 0 || r.ApprovalsByGrant == 0) {
-		t.Errorf("%d grant decisions planned, but %d grants made and %d approvals decided by one", granted, r.GrantsMade, r.ApprovalsByGrant)
+	// A planned grant decision must make grants. Whether a later call of the
+	// same session then falls inside one depends on the seed (a short run,
+	// a planner turn's model choosing other tools), so approvals decided by
+	// a grant are reported, not required here; pipeline/grants tests that
+	// a grant decides a covered call, and `make chaos` runs long enough to
+	// show it (53 in the last note's run).
+	if granted > 0 && r.GrantsMade == 0 {
+		t.Errorf("%d grant decisions planned, but no grant was made", granted)
 	}
 	if r.RemoteExecutions == 0 {
 		t.Errorf("the remote tool service ran no call")

@@ -67,18 +67,8 @@ func decisionID(principal, id, option, digest string) string {
 // DECIDER_NOT_AUTHORIZED) and an option not offered (422). The approver
 // checks everything again.
 func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	sess := s.sessions.get(r)
-	switch {
-	case !sess.SignedIn():
-		s.refuse(w, r, nil, http.StatusUnauthorized, CodeSignedOut, "You are signed out: sign in again to decide.")
-		return
-	case !validCSRF(sess, r):
-		s.refuse(w, r, nil, http.StatusForbidden, CodeCSRFInvalid, "The form's security token is not this session's: reload the page and try again.")
-		return
-	case !s.limiter(sess.Principal()).Allow():
-		w.Header().Set("Retry-After", "1")
-		s.refuse(w, r, nil, http.StatusTooManyRequests, CodeRateLimited, "Too many decisions: wait a moment and try again.")
+	sess := s.formSession(w, r, "decide", "decisions")
+	if sess == nil {
 		return
 	}
 	id := r.PathValue("id")
@@ -192,6 +182,30 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 			}
 		}
 	}
+}
+
+// formSession admits a form post that changes something (a decision, a
+// revocation): its body bounded, a live session, the session's CSRF token,
+// the principal within its rate. Otherwise it refuses, with a code and
+// nothing changed (401 SIGNED_OUT, 403 CSRF_INVALID, 429 RATE_LIMITED with
+// Retry-After), and returns nil. action ("decide") and what ("decisions")
+// word the refusals.
+func (s *Server) formSession(w http.ResponseWriter, r *http.Request, action, what string) *session {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	sess := s.sessions.get(r)
+	switch {
+	case !sess.SignedIn():
+		s.refuse(w, r, nil, http.StatusUnauthorized, CodeSignedOut, "You are signed out: sign in again to "+action+".")
+		return nil
+	case !validCSRF(sess, r):
+		s.refuse(w, r, nil, http.StatusForbidden, CodeCSRFInvalid, "The form's security token is not this session's: reload the page and try again.")
+		return nil
+	case !s.limiter(sess.Principal()).Allow():
+		w.Header().Set("Retry-After", "1")
+		s.refuse(w, r, nil, http.StatusTooManyRequests, CodeRateLimited, "Too many "+what+": wait a moment and try again.")
+		return nil
+	}
+	return sess
 }
 
 // publishDecision publishes d on its transport's decision subject, having

@@ -141,24 +141,14 @@ func (s *Server) grantsPage(w http.ResponseWriter, r *http.Request) {
 // grant that already ended changes nothing. The answer is a redirect to
 // the Grants page.
 func (s *Server) revokeGrant(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	sess := s.sessions.get(r)
-	switch {
-	case !sess.SignedIn():
-		s.refuse(w, r, nil, http.StatusUnauthorized, CodeSignedOut, "You are signed out: sign in again to revoke.")
-		return
-	case !validCSRF(sess, r):
-		s.refuse(w, r, nil, http.StatusForbidden, CodeCSRFInvalid, "The form's security token is not this session's: reload the page and try again.")
-		return
-	case !s.limiter(sess.Principal()).Allow():
-		w.Header().Set("Retry-After", "1")
-		s.refuse(w, r, nil, http.StatusTooManyRequests, CodeRateLimited, "Too many requests: wait a moment and try again.")
+	sess := s.formSession(w, r, "revoke", "requests")
+	if sess == nil {
 		return
 	}
 	id := r.PathValue("id")
 	var g *schemas.Grant
 	err := store.ErrNotFound
-	if schemas.IsGrantID(id) && !strings.HasPrefix(id, "gi-") {
+	if schemas.IsGrantID(id) { // never an index key (gi-...)
 		g, _, err = s.store.Grants.Get(r.Context(), id)
 	}
 	switch {
