@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -29,17 +30,32 @@ const gatewayTransport = "gateway"
 // httpGateway is the HTTP gateway (transport/gateway) in this process, on
 // a NATS connection of its own and a loopback port (127.0.0.1:0), with one
 // API key (every scope, vouching for its senders, no rate limit), and the
-// one HTTP client (keep-alive, an idle connection per slot) the closed
-// loop's slots share.
+// slots' keep-alive HTTP/1.1 connections to it.
+//
+// The slots speak HTTP/1.1 on their connections themselves (requests
+// written whole, answers read with http.ReadResponse), as a load
+// generator such as wrk does, rather than through net/http's Client: the
+// client runs on the same two cores as the gateway, and the Client's
+// per-request goroutine hand-offs and header maps cost about a quarter of
+// what the HTTP path adds to a turn (profile of `make bench-profile`), CPU
+// that an agent spends on its own machine. What the gateway receives and
+// answers is the same.
 type httpGateway struct {
 	nc     *nats.Conn
 	logf   *os.File
-	url    string
+	addr   string
 	token  string
-	client *http.Client
+	conns  chan *httpConn // idle connections, one per slot at most
 	seq    atomic.Int64
 	cancel context.CancelFunc
 	done   chan error
+}
+
+// httpConn is one keep-alive connection to the gateway.
+type httpConn struct {
+	c   net.Conn
+	r   *bufio.Reader
+	buf []byte
 }
 
 // startGateway starts the gateway on e for conc concurrent clients; its
@@ -73,11 +89,8 @@ func startGateway(e *env, conc int, logLevel string) (*httpGateway, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &httpGateway{
-		nc: nc, logf: logf, url: "http://" + ln.Addr().String(), token: token, cancel: cancel, done: make(chan error, 1),
-		client: &http.Client{
-			Timeout:   turnTimeout + 10*time.Second,
-			Transport: &http.Transport{MaxIdleConns: conc, MaxIdleConnsPerHost: conc, IdleConnTimeout: time.Minute},
-		},
+		nc: nc, logf: logf, addr: ln.Addr().String(), token: token, cancel: cancel, done: make(chan error, 1),
+		conns: make(chan *httpConn, conc),
 	}
 	go func() { g.done <- s.Serve(ctx, ln) }()
 	return g, nil
@@ -87,7 +100,15 @@ func startGateway(e *env, conc int, logLevel string) (*httpGateway, error) {
 func (g *httpGateway) stop() {
 	g.cancel()
 	<-g.done
-	g.client.CloseIdleConnections()
+	for {
+		select {
+		case hc := <-g.conns:
+			hc.c.Close()
+			continue
+		default:
+		}
+		break
+	}
 	g.nc.Close()
 	g.logf.Close()
 }
@@ -105,10 +126,35 @@ func (g *httpGateway) turn(ctx context.Context, run, session string) (turnTimes,
 	for _, c := range gatewayPath.calls(n) {
 		req.Calls = append(req.Calls, gateway.CallIn{Tool: c.Tool, Args: json.RawMessage(c.Args)})
 	}
+	var hc *httpConn
+	select {
+	case hc = <-g.conns:
+	default:
+		c, err := net.DialTimeout("tcp", g.addr, 5*time.Second)
+		if err != nil {
+			return turnTimes{}, err
+		}
+		hc = &httpConn{c: c, r: bufio.NewReaderSize(c, 16<<10)}
+	}
+	tt, err := g.turnOn(ctx, hc, run, n, req)
+	if err != nil {
+		hc.c.Close() // its state is unknown: the next turn dials afresh
+		return tt, err
+	}
+	select {
+	case g.conns <- hc:
+	default:
+		hc.c.Close()
+	}
+	return tt, nil
+}
+
+// turnOn is turn's three requests on hc.
+func (g *httpGateway) turnOn(ctx context.Context, hc *httpConn, run string, n int64, req gateway.SubmitRequest) (turnTimes, error) {
 	var tt turnTimes
 	var sub submitAnswer
 	tt.sent = time.Now()
-	if err := g.do(ctx, "POST", "/v1/turns", run+"-m-"+strconv.FormatInt(n, 10), req, http.StatusAccepted, &sub); err != nil {
+	if err := g.do(ctx, hc, "POST", "/v1/turns", run+"-m-"+strconv.FormatInt(n, 10), req, http.StatusAccepted, &sub); err != nil {
 		return tt, err
 	}
 	tt.pending = time.Now()
@@ -121,7 +167,7 @@ func (g *httpGateway) turn(ctx context.Context, run, session string) (turnTimes,
 		Status string `json:"status"`
 	}
 	tt.decided = time.Now()
-	if err := g.do(ctx, "POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "",
+	if err := g.do(ctx, hc, "POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "",
 		gateway.DecisionRequest{Option: schemas.OptionApprove, ArgsDigest: c.ArgsDigest, Decider: gateway.SenderIn{ID: "alice"}}, http.StatusOK, &dec); err != nil {
 		return tt, err
 	}
@@ -131,7 +177,7 @@ func (g *httpGateway) turn(ctx context.Context, run, session string) (turnTimes,
 	var v struct {
 		Terminal bool `json:"terminal"`
 	}
-	if err := g.do(ctx, "GET", "/v1/turns/"+sub.TurnID+"?wait="+turnTimeout.String(), "", nil, http.StatusOK, &v); err != nil {
+	if err := g.do(ctx, hc, "GET", "/v1/turns/"+sub.TurnID+"?wait="+turnTimeout.String(), "", nil, http.StatusOK, &v); err != nil {
 		return tt, err
 	}
 	if !v.Terminal {
@@ -155,40 +201,58 @@ type submitAnswer struct {
 	} `json:"calls"`
 }
 
-// do sends a request with the key (body, if not nil, as JSON; idem, if
-// set, as Idempotency-Key), checks the answer's status and decodes its
-// body into out.
-func (g *httpGateway) do(ctx context.Context, method, path, idem string, body any, want int, out any) error {
-	var rd io.Reader
+// do sends a request on hc with the key (body, if not nil, as JSON;
+// idem, if set, as Idempotency-Key), reads the whole answer, checks its
+// status and decodes its body into out. The connection's deadline is
+// ctx's, or turnTimeout and a margin from now.
+func (g *httpGateway) do(ctx context.Context, hc *httpConn, method, path, idem string, body any, want int, out any) error {
+	var data []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if data, err = json.Marshal(body); err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, g.url+path, rd)
-	if err != nil {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(turnTimeout + 10*time.Second)
+	}
+	if err := hc.c.SetDeadline(dl); err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+g.token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
+	b := hc.buf[:0]
+	b = append(b, method...)
+	b = append(b, ' ')
+	b = append(b, path...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, g.addr...)
+	b = append(b, "\r\nAuthorization: Bearer "...)
+	b = append(b, g.token...)
 	if idem != "" {
-		req.Header.Set("Idempotency-Key", idem)
+		b = append(b, "\r\nIdempotency-Key: "...)
+		b = append(b, idem...)
 	}
-	resp, err := g.client.Do(req)
+	if body != nil {
+		b = append(b, "\r\nContent-Type: application/json\r\nContent-Length: "...)
+		b = strconv.AppendInt(b, int64(len(data)), 10)
+	}
+	b = append(b, "\r\n\r\n"...)
+	b = append(b, data...)
+	hc.buf = b
+	if _, err := hc.c.Write(b); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(hc.r, nil)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
+	rb, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return err
 	}
 	if resp.StatusCode != want {
-		return fmt.Errorf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, want, bytes.TrimSpace(data))
+		return fmt.Errorf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, want, bytes.TrimSpace(rb))
 	}
-	return json.Unmarshal(data, out)
+	return json.Unmarshal(rb, out)
 }

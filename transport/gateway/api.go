@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -181,12 +182,24 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // decodeBody decodes the request's JSON body into v: one object, no
 // unknown fields, nothing after it, within the size limit.
 func decodeBody(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	// The body (bounded by the route's MaxBytesReader) is read whole into
+	// a pooled buffer and decoded from there: less copying and garbage
+	// than a decoder refilling from the connection.
+	buf := jsonBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledJSON {
+			buf.Reset()
+			jsonBufs.Put(buf)
+		}
+	}()
+	_, err := buf.ReadFrom(r.Body)
 	if err == nil {
-		if _, err2 := dec.Token(); err2 != io.EOF {
-			return errorf(http.StatusBadRequest, schemas.CodeMalformed, "data after the JSON object")
+		dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
+		dec.DisallowUnknownFields()
+		if err = dec.Decode(v); err == nil {
+			if _, err2 := dec.Token(); err2 != io.EOF {
+				return errorf(http.StatusBadRequest, schemas.CodeMalformed, "data after the JSON object")
+			}
 		}
 	}
 	var tooBig *http.MaxBytesError

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -179,6 +180,26 @@ func TestIdempotencyKey(t *testing.T) {
 				t.Errorf("%d inbound messages stored, want 1", n)
 			}
 		})
+	}
+}
+
+// TestSubmitWithoutIdempotencyKey: a request without an Idempotency-Key
+// gets a fresh message id, so the same body sent twice is two turns, each
+// stored once; the answer carries its Content-Length.
+func TestSubmitWithoutIdempotencyKey(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{Stages: []string{}}, func(c *Config) { c.SubmitWait = 100 * time.Millisecond })
+	req := submitBody("s-nokey", "alice", call("echo", `{"text":"one"}`))
+	first := g.submit("a", req)
+	resp, body := g.do("POST", "/v1/turns", "a", req)
+	second := want[SubmitResponse](t, resp, body, http.StatusAccepted)
+	if first.TurnID == second.TurnID || first.Duplicate || second.Duplicate {
+		t.Fatalf("first %+v, second %+v: want two new turns", first, second)
+	}
+	if cl := resp.Header.Get("Content-Length"); cl != strconv.Itoa(len(body)) {
+		t.Errorf("Content-Length %q for a body of %d bytes", cl, len(body))
+	}
+	if n := g.count(topology.StreamInbound, "tollgate.inbound.>"); n != 2 {
+		t.Errorf("%d inbound messages stored, want 2", n)
 	}
 }
 

@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"sync"
 
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -44,12 +47,33 @@ func writeProblem(w http.ResponseWriter, status int, code schemas.Code, detail s
 	})
 }
 
-// writeJSON writes v as an application/json response.
+// writeJSON writes v as an application/json response, with its
+// Content-Length: the body is encoded into a pooled buffer first, so that
+// the response goes out in one write rather than chunked.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
+	buf := jsonBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledJSON {
+			buf.Reset()
+			jsonBufs.Put(buf)
+		}
+	}()
+	enc := json.NewEncoder(buf)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		writeProblem(w, http.StatusInternalServerError, CodeUnavailable, "encode the response: "+err.Error())
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
 }
+
+// jsonBufs pools writeJSON's buffers; one grown past maxPooledJSON (a
+// long approvals list) is left to the collector.
+var jsonBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledJSON = 64 << 10

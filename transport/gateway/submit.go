@@ -138,7 +138,10 @@ func requestDigest(m *schemas.InboundMessage) string {
 // digest stored with the first message, found through its batch's
 // provenance or the stream's duplicate acknowledgement.
 func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (SubmitResult, error) {
-	if req.MessageID == "" {
+	// A request without a message id gets a fresh random one, which no
+	// earlier turn can have: it needs no look for an existing turn.
+	fresh := req.MessageID == ""
+	if fresh {
 		req.MessageID = newMessageID()
 	}
 	msg, err := inbound(key, req, s.cfg.Now())
@@ -157,7 +160,11 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 	digest := requestDigest(msg)
 
 	// A turn that exists already: compare with the message it came from.
-	b, _, err := s.store.Batches.Get(ctx, res.TurnID)
+	var b *schemas.BatchRecord
+	err = store.ErrNotFound
+	if !fresh {
+		b, _, err = s.store.Batches.Get(ctx, res.TurnID)
+	}
 	switch {
 	case err == nil:
 		if b.Context != nil && b.Context.Provenance.StreamSeq != 0 {
