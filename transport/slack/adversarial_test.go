@@ -67,11 +67,15 @@ func TestAdversarialRequests(t *testing.T) {
 		{"a click on an expired prompt publishes nothing", func(t *testing.T) *http.Response {
 			return r.click(t, clickBody("U1", ch, pE.ts, tgslack.ActionApprove, valE, "1.6"))
 		}, 200, tgslack.ReasonNotPending, topology.StreamDecisions, 0},
+		// Both sent signed at now: the second is the first request byte
+		// for byte (signed at its own time.Now, it could fall in the next
+		// second and be a new request, which is refused as a duplicate
+		// action instead).
 		{"a click by a user who may not decide goes to the approver", func(t *testing.T) *http.Response {
-			return r.click(t, notAuthorized)
+			return r.send(t, "/slack/interactivity", form, notAuthorized, now, secret)
 		}, 200, "", topology.StreamDecisions, 1},
 		{"the same signed click again is a replay", func(t *testing.T) *http.Response {
-			return r.click(t, notAuthorized)
+			return r.send(t, "/slack/interactivity", form, notAuthorized, now, secret)
 		}, 400, tgslack.ReasonReplayed, topology.StreamDecisions, 0},
 		{"a bot's message is not a turn", func(t *testing.T) *http.Response {
 			return r.event(t, "EvBot", map[string]any{"type": "message", "channel_type": "im", "bot_id": "B1", "subtype": "bot_message", "channel": ch, "ts": "1700000005.000100", "text": "write evil.txt"})
