@@ -44,7 +44,12 @@ const (
 	apiPrefix = "JS.TOLLGATE.API"
 	// cliConsumer is the transport's durable on the events stream.
 	cliConsumer = "transport-cli"
-	wait        = 20 * time.Second
+	// wait bounds each poll. Alone, the three-node runs take 3-4 s; under
+	// make test's load (-race, two packages at a time on two cores) the
+	// cluster's first elections and the stages' first consumes took over
+	// 20 s twice, so the bound is generous: these tests check what the
+	// config permits, not how fast.
+	wait = 60 * time.Second
 )
 
 // users and the environment variable holding each one's password.

@@ -115,7 +115,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			continue
 		}
-		seq := Sequence{Path: tc.name, Steps: steps}
+		seq := Sequence{Path: tc.name, Steps: steps, Writes: countWrites(steps)}
 		if b.seqs[tc.p] == nil {
 			seq.Raw = true
 			seq.Matches, seq.Diff = sameShape(steps, raw)

@@ -277,3 +277,25 @@ func TestNotOK(t *testing.T) {
 		})
 	}
 }
+
+// TestDurableWritesPerTurn counts the raw sequences' durable writes (the
+// traced turns match them, TestRawStagesPerformTheRawSequences): every
+// stream publish and KV create or update, not reads, failed creates or
+// consumer acknowledgements.
+func TestDurableWritesPerTurn(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		want  Writes
+	}{
+		{"the fast turn", rawFast, Writes{Publishes: 3, KV: 8, Total: 11}},
+		{"the approval turn", rawApproval, Writes{Publishes: 8, KV: 16, Total: 24}},
+		{"a failed create is no write", []step{{Op: opCreateExists}, {Op: "kv.get"}, {Op: "stream.get"}, {Op: "consume+ack"}}, Writes{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := countWrites(tc.steps); got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}

@@ -40,6 +40,36 @@ type Sequence struct {
 	Raw     bool   `json:"raw"` // the raw turn repeats this one
 	Matches bool   `json:"matches_raw_sequence"`
 	Diff    string `json:"diff,omitempty"`
+	Writes  Writes `json:"durable_writes"`
+}
+
+// Writes counts a turn's durable writes: the stream publishes and KV
+// writes (create, update) whose acknowledgement says the write is stored.
+// Under sync_interval: always each is one fsync before its
+// acknowledgement on a single node (nats-server's filestore syncs every
+// message it stores), so their number bounds a turn's rate at full
+// durability. Client publishes (the inbound message, the decision) are
+// counted: the turn needs them. Consumer acknowledgements and reads are
+// not writes of the turn's facts and are not counted.
+type Writes struct {
+	Publishes int `json:"stream_publishes"`
+	KV        int `json:"kv_writes"`
+	Total     int `json:"total"`
+}
+
+// countWrites counts the durable writes among steps.
+func countWrites(steps []step) Writes {
+	var w Writes
+	for _, s := range steps {
+		switch s.Op {
+		case "publish":
+			w.Publishes++
+		case "kv.create", "kv.update":
+			w.KV++
+		}
+	}
+	w.Total = w.Publishes + w.KV
+	return w
 }
 
 // Figure is one throughput figure: the median of its runs, with min-max.
@@ -404,7 +434,7 @@ func (r *Report) Markdown(w io.Writer) {
 	if len(r.Sequences) > 0 {
 		p("## What one turn does (traced; the raw turn repeats it)")
 		p("")
-		p("Each turn is the second of its session (the session record exists and is free), with another session's turn between the two, traced with the stages working one at a time. The executor's kv.get of the session is the session-order check's read, reused by the queuing compare-and-set (and, with the revision it writes, by the release). A stream.get is a JetStream API request for a stream message: `last` the last one on a subject, `next` the first one on a filter from a sequence on (the session-order check). Not shown: the approver's KV watch on the approvals bucket and the redriver's on the batches bucket receive every write; the raw stages hold the same watches.")
+		p("Each turn is the second of its session (the session record exists and is free), with another session's turn between the two, traced with the stages working one at a time. The executor's kv.get of the session is the session-order check's read, reused by the queuing compare-and-set (and, with the revision it writes, by the release). A stream.get is a JetStream API request for a stream message: `last` the last one on a subject, `next` the first one on a filter from a sequence on (the session-order check). Not shown: the approver's KV watch on the approvals bucket and the redriver's on the batches bucket receive every write; the raw stages hold the same watches. Durable writes are the stream publishes and KV creates and updates (a failed create is not one): under sync_interval: always each is one fsync before its acknowledgement on a single node, so their count, not Tollgate's CPU, bounds the rate at full durability.")
 		p("")
 		for _, s := range r.Sequences {
 			match := ""
@@ -414,7 +444,7 @@ func (r *Report) Markdown(w io.Writer) {
 			case s.Raw:
 				match = "; DIFFERS from the raw turn's sequence: " + s.Diff
 			}
-			p("%s path, %d steps%s:", s.Path, len(s.Steps), match)
+			p("%s path, %d steps, %d durable writes (%d stream publishes, %d KV writes)%s:", s.Path, len(s.Steps), s.Writes.Total, s.Writes.Publishes, s.Writes.KV, match)
 			p("")
 			p("```")
 			for i, st := range s.Steps {

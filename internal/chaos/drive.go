@@ -488,7 +488,19 @@ func (d *driver) check(ctx context.Context, t *turnState) error {
 	case err != nil:
 		return err
 	case b.State.Terminal():
-		d.markTerminal(t)
+		// A terminal batch is a finished turn only once its outcome is
+		// stored: a stage killed between the batch's terminal write and
+		// the outcome's publish leaves it to the redelivery of its
+		// trigger, up to an AckWait later. Ending the drive before then
+		// would count the turn lost (it happened: TestChaosShort seed
+		// 544263131).
+		stored, err := d.outcomeStored(gctx, t.id)
+		if err != nil {
+			return err
+		}
+		if stored {
+			d.markTerminal(t)
+		}
 		return nil
 	}
 	batches := map[string][]CallPlan{t.id: t.plan.Calls}
@@ -511,4 +523,22 @@ func (d *driver) check(ctx context.Context, t *turnState) error {
 		}
 	}
 	return nil
+}
+
+// outcomeStored reports whether the events stream holds an outcome of
+// turnID.
+func (d *driver) outcomeStored(ctx context.Context, turnID string) (bool, error) {
+	s, err := d.js.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		return false, err
+	}
+	_, err = s.GetLastMsgForSubject(ctx, topology.EventSubject(topology.SubjectTurnOutcome, turnID))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	default:
+		return false, err
+	}
 }
