@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build test test-deps test-helm vet unit e2e fuzz bench bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
+.PHONY: run build test test-deps test-helm vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -130,6 +130,11 @@ export BENCH_RUNS BENCH_DURATION BENCH_WARMUP BENCH_CONCURRENCY BENCH_CONSUME_MS
 	BENCH_LAT_DURATION BENCH_PHASES BENCH_LOG_LEVEL
 bench: build
 	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PENDING=$(BENCH_PENDING) $(BIN)/tollgate-bench
+
+## bench-cluster: the single-node throughput figures (default and sync_interval: always) next to the same on a
+## three-node cluster on loopback with R3 streams and buckets (both sync settings), interleaved round by round
+bench-cluster: build
+	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PHASES=throughput,sync,cluster $(BIN)/tollgate-bench
 
 ## bench-footprint: only the footprint phase, with FOOTPRINT_PENDING (100,000) approvals pending
 FOOTPRINT_PENDING ?= 100000

@@ -129,11 +129,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	if cfg.Phases["throughput"] {
-		b.throughput(ctx, r, false)
+		b.throughput(ctx, r, single)
 	}
 	if cfg.Phases["profile"] {
 		for _, p := range []path{fastPath, approvalPath, gatewayPath} {
-			s, err := b.tollgate(modeAllInOne, p, false, true)
+			s, err := b.tollgate(modeAllInOne, p, single, true)
 			if err != nil {
 				r.Errors = append(r.Errors, fmt.Sprintf("profile of the %s path: %v", p, err))
 				continue
@@ -156,7 +156,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	if cfg.Phases["sync"] {
-		b.throughput(ctx, r, true)
+		b.throughput(ctx, r, singleSynced)
+	}
+	if cfg.Phases["cluster"] {
+		// The throughput figures on a three-node cluster, R3 streams and
+		// buckets, both sync settings: whether Raft's batching of the
+		// writes in flight into one appendEntry (one fsync per node each)
+		// gives group commit at full durability.
+		b.throughput(ctx, r, storage{Nodes: 3})
+		b.throughput(ctx, r, storage{Sync: true, Nodes: 3})
 	}
 	if cfg.Phases["toolservice"] {
 		b.toolService(ctx, r)
@@ -174,13 +182,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r, nil
 }
 
-func syncName(always bool) string {
-	if always {
-		return "always"
-	}
-	return "default"
-}
-
 // scenario is one throughput figure's measurement.
 type scenario struct {
 	name, mode, unit string
@@ -191,19 +192,19 @@ type scenario struct {
 // throughput measures every throughput figure Runs times, interleaved
 // (round after round of every scenario), so that the raw references and
 // Tollgate see the same machine load; then computes the efficiencies.
-func (b *bencher) throughput(ctx context.Context, r *Report, sync bool) {
+func (b *bencher) throughput(ctx context.Context, r *Report, st storage) {
 	fast, appr := fastPath, approvalPath
 	var sc []scenario
 	sc = append(sc,
-		scenario{name: "raw JetStream async publish", unit: "msgs/s", run: func() (sample, error) { return b.rawPublish(sync) }},
-		scenario{name: "raw pull consume + ack", unit: "msgs/s", run: func() (sample, error) { return b.rawConsume(sync) }},
+		scenario{name: "raw JetStream async publish", unit: "msgs/s", run: func() (sample, error) { return b.rawPublish(st) }},
+		scenario{name: "raw pull consume + ack", unit: "msgs/s", run: func() (sample, error) { return b.rawConsume(st) }},
 	)
 	for _, p := range []*path{&fast, &appr} {
-		sc = append(sc, scenario{name: "raw turn", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurn(*p, sync) }},
-			scenario{name: "tollgate", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeAllInOne, *p, sync, false) }})
-		if b.cfg.Phases["procs"] {
-			sc = append(sc, scenario{name: "raw turn", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurnProcs(*p, sync) }},
-				scenario{name: "tollgate", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeProcesses, *p, sync, false) }})
+		sc = append(sc, scenario{name: "raw turn", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurn(*p, st) }},
+			scenario{name: "tollgate", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeAllInOne, *p, st, false) }})
+		if b.cfg.Phases["procs"] && st.Nodes <= 1 {
+			sc = append(sc, scenario{name: "raw turn", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurnProcs(*p, st) }},
+				scenario{name: "tollgate", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeProcesses, *p, st, false) }})
 		}
 	}
 	samples := make([][]sample, len(sc))
@@ -215,12 +216,12 @@ func (b *bencher) throughput(ctx context.Context, r *Report, sync bool) {
 			}
 			smp, err := s.run()
 			if err != nil {
-				r.Errors = append(r.Errors, fmt.Sprintf("sync %s, %s %s %s, round %d: %v", syncName(sync), s.name, s.mode, ps, round, err))
+				r.Errors = append(r.Errors, fmt.Sprintf("sync %s, %s %s %s, round %d: %v", st.String(), s.name, s.mode, ps, round, err))
 				samples[i] = append(samples[i], sample{})
 				continue
 			}
 			samples[i] = append(samples[i], smp)
-			b.cfg.Logf("bench: sync %s round %d: %s %s %s: %.0f %s", syncName(sync), round, s.name, s.mode, ps, smp.Rate, s.unit)
+			b.cfg.Logf("bench: sync %s round %d: %s %s %s: %.0f %s", st.String(), round, s.name, s.mode, ps, smp.Rate, s.unit)
 		}
 	}
 	for i, s := range sc {
@@ -230,7 +231,7 @@ func (b *bencher) throughput(ctx context.Context, r *Report, sync bool) {
 				rates = append(rates, smp.Rate)
 			}
 		}
-		f := Figure{Sync: syncName(sync), Name: s.name, Mode: s.mode, Unit: s.unit, Samples: samples[i]}
+		f := Figure{Sync: st.String(), Name: s.name, Mode: s.mode, Unit: s.unit, Samples: samples[i]}
 		if s.path != nil {
 			f.Path = s.path.String()
 		}
@@ -254,9 +255,9 @@ func (b *bencher) throughput(ctx context.Context, r *Report, sync bool) {
 					per = append(per, samples[i][k].Rate/raw)
 				}
 			}
-			ratio := Ratio{Sync: syncName(sync), Path: p.String(), Mode: s.mode}
-			tg := r.figure(syncName(sync), "tollgate", s.mode, p.String())
-			raw := r.figure(syncName(sync), "raw turn", s.mode, p.String())
+			ratio := Ratio{Sync: st.String(), Path: p.String(), Mode: s.mode}
+			tg := r.figure(st.String(), "tollgate", s.mode, p.String())
+			raw := r.figure(st.String(), "raw turn", s.mode, p.String())
 			if tg != nil && raw != nil && raw.Median > 0 {
 				ratio.Efficiency = tg.Median / raw.Median
 			}
@@ -281,7 +282,7 @@ func (b *bencher) latencies(ctx context.Context, r *Report) {
 				peak = f.Median
 			}
 			if peak <= 0 {
-				s, err := b.tollgate(mode, p, false, false)
+				s, err := b.tollgate(mode, p, single, false)
 				if err != nil {
 					r.Errors = append(r.Errors, fmt.Sprintf("latency peak of %s %s: %v", mode, p, err))
 					continue
@@ -363,7 +364,7 @@ func (b *bencher) rounds(ctx context.Context, r *Report, phase string, paths []p
 	samples := make([][]sample, len(paths))
 	for round := 1; round <= b.cfg.Runs && ctx.Err() == nil; round++ {
 		for i, p := range paths {
-			s, err := b.tollgate(modeAllInOne, p, false, false)
+			s, err := b.tollgate(modeAllInOne, p, single, false)
 			if err != nil {
 				r.Errors = append(r.Errors, fmt.Sprintf("%s, %s path, round %d: %v", phase, p, round, err))
 				s = sample{}

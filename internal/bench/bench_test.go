@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -23,7 +24,7 @@ func TestRawStagesPerformTheRawSequences(t *testing.T) {
 		p             path
 		decisionFirst bool
 	}{{fastPath, false}, {approvalPath, true}} {
-		e, err := startEnv(t.TempDir(), false)
+		e, err := startEnv(t.TempDir(), single)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,5 +298,40 @@ func TestDurableWritesPerTurn(t *testing.T) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestClusterEnv: the cluster phase's servers form one JetStream cluster
+// whose streams and buckets have three replicas, each on a node of its
+// own, and a client given the URL list reaches it.
+func TestClusterEnv(t *testing.T) {
+	st := storage{Sync: true, Nodes: 3}
+	if st.String() != "always R3" || single.String() != "default" {
+		t.Fatalf("labels %q and %q", st.String(), single.String())
+	}
+	e, err := startEnv(t.TempDir(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.close)
+	nc, js, err := e.connect("cluster-check")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range []string{topology.StreamInbound, "KV_" + topology.BucketBatches} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+			t.Errorf("stream %s: %d replicas configured, cluster %+v; want 3 on 3 nodes", name, info.Config.Replicas, info.Cluster)
+		}
 	}
 }

@@ -49,7 +49,9 @@ type Config struct {
 	// of the all-in-one runs into ProfileDir), gateway (the approval
 	// turn over NATS and over the HTTP gateway, side by side), planner (a
 	// planner turn against a scripted model next to the fast and approval
-	// turns).
+	// turns), cluster (not in AllPhases: the throughput figures again on a
+	// three-node cluster on loopback with R3 streams and buckets, both
+	// sync settings; `make bench-cluster`).
 	Phases   map[string]bool
 	BinDir   string // stage binaries; empty: built into WorkDir
 	OutDir   string // report files; empty: none
@@ -150,8 +152,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: the profile phase needs a ProfileDir")
 	}
 	for p := range c.Phases {
-		if p != "profile" && !strings.Contains(","+strings.Join(AllPhases, ",")+",", ","+p+",") {
-			return fmt.Errorf("bench: unknown phase %q (want %s, profile)", p, strings.Join(AllPhases, ", "))
+		if p != "profile" && p != "cluster" && !strings.Contains(","+strings.Join(AllPhases, ",")+",", ","+p+",") {
+			return fmt.Errorf("bench: unknown phase %q (want %s, profile, cluster)", p, strings.Join(AllPhases, ", "))
 		}
 	}
 	return nil
@@ -160,7 +162,7 @@ func (c Config) validate() error {
 // Params is the one-line description of the parameters.
 func (c Config) Params() string {
 	var ph []string
-	for _, p := range append(AllPhases, "profile") {
+	for _, p := range append(AllPhases, "profile", "cluster") {
 		if c.Phases[p] {
 			ph = append(ph, p)
 		}

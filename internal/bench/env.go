@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,42 +25,171 @@ import (
 	"github.com/tollgate-dev/tollgate/seal"
 )
 
-// env is one fresh embedded nats-server (file storage in its own
-// directory, loopback, a free port) with Tollgate's topology ensured. Every
-// measured run gets its own, so that no run inherits the streams, KV
-// history or consumers of another.
-type env struct {
-	ns   *server.Server
-	dir  string
-	url  string
-	sync bool
+// storage is how a run's servers store what they acknowledge: Sync is
+// sync_interval: always (an fsync before every acknowledgement) instead of
+// nats-server's 2-minute flush, and Nodes is 1 (one server, R1) or the
+// size of a cluster on loopback whose streams and buckets have Nodes
+// replicas.
+type storage struct {
+	Sync  bool
+	Nodes int
 }
 
-// startEnv starts a server in a new directory below parent.
-func startEnv(parent string, syncAlways bool) (*env, error) {
+var (
+	single       = storage{Nodes: 1}
+	singleSynced = storage{Sync: true, Nodes: 1}
+)
+
+// String is the figures' sync label: "default" or "always", with " R<n>"
+// for a cluster.
+func (s storage) String() string {
+	name := "default"
+	if s.Sync {
+		name = "always"
+	}
+	if s.Nodes > 1 {
+		name += fmt.Sprintf(" R%d", s.Nodes)
+	}
+	return name
+}
+
+// topology is the topology a run ensures on st: the default, with Nodes
+// replicas.
+func (s storage) topology() topology.Config {
+	c := topology.DefaultConfig()
+	c.Replicas = max(s.Nodes, 1)
+	return c
+}
+
+// env is one fresh embedded nats-server (file storage in its own
+// directory, loopback, a free port), or a fresh cluster of them, with
+// Tollgate's topology ensured. Every measured run gets its own, so that no
+// run inherits the streams, KV history or consumers of another.
+type env struct {
+	nodes []*server.Server
+	dir   string
+	url   string // every node's client URL, comma-separated
+	st    storage
+}
+
+// startEnv starts a server, or st.Nodes servers as a cluster, in a new
+// directory below parent, and ensures st's topology.
+func startEnv(parent string, st storage) (*env, error) {
 	dir, err := os.MkdirTemp(parent, "run-*")
 	if err != nil {
 		return nil, err
 	}
-	ns, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(dir, "jetstream"), Port: -1, SyncAlways: syncAlways, ServerName: "tollgate-bench"})
-	if err != nil {
-		os.RemoveAll(dir)
+	e := &env{dir: dir, st: st}
+	if err := e.startNodes(); err != nil {
+		e.close()
 		return nil, err
 	}
-	e := &env{ns: ns, dir: dir, url: ns.ClientURL(), sync: syncAlways}
 	nc, js, err := e.connect("tollgate-bench-setup")
 	if err != nil {
 		e.close()
 		return nil, err
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := topology.Ensure(ctx, js, topology.DefaultConfig()); err != nil {
+	if st.Nodes > 1 {
+		// JetStream answers once the nodes have elected a meta leader.
+		for {
+			actx, acancel := context.WithTimeout(ctx, time.Second) // a request before the election may go unanswered
+			_, err = js.AccountInfo(actx)
+			acancel()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			e.close()
+			return nil, fmt.Errorf("the cluster elects no JetStream meta leader: %w", err)
+		}
+	}
+	if err := topology.Ensure(ctx, js, st.topology()); err != nil {
 		e.close()
 		return nil, fmt.Errorf("ensure topology: %w", err)
 	}
+	if st.Nodes > 1 {
+		if err := leadersElected(ctx, js); err != nil {
+			e.close()
+			return nil, err
+		}
+	}
 	return e, nil
+}
+
+// leadersElected waits until every stream (KV buckets included) has a
+// leader: a run that starts before would meet "no responders" on a stream
+// still electing.
+func leadersElected(ctx context.Context, js jetstream.JetStream) error {
+	names := js.StreamNames(ctx)
+	var all []string
+	for n := range names.Name() {
+		all = append(all, n)
+	}
+	if err := names.Err(); err != nil {
+		return fmt.Errorf("list streams: %w", err)
+	}
+	for _, n := range all {
+		for {
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			s, err := js.Stream(actx, n)
+			var info *jetstream.StreamInfo
+			if err == nil {
+				info, err = s.Info(actx)
+			}
+			cancel()
+			if err == nil && info.Cluster != nil && info.Cluster.Leader != "" {
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("stream %s elects no leader: %w", n, ctx.Err())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// startNodes starts e's servers: one, or a cluster of st.Nodes with routes
+// on loopback ports chosen up front.
+func (e *env) startNodes() error {
+	if e.st.Nodes <= 1 {
+		ns, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(e.dir, "jetstream"), Port: -1, SyncAlways: e.st.Sync, ServerName: "tollgate-bench"})
+		if err != nil {
+			return err
+		}
+		e.nodes, e.url = []*server.Server{ns}, ns.ClientURL()
+		return nil
+	}
+	var routes []string
+	ports := make([]int, e.st.Nodes)
+	for i := range ports {
+		port, err := embedded.FreePort()
+		if err != nil {
+			return err
+		}
+		ports[i] = port
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", port))
+	}
+	var urls []string
+	for i, port := range ports {
+		name := fmt.Sprintf("bench-n%d", i+1)
+		ns, err := embedded.Start(embedded.Options{
+			StoreDir: filepath.Join(e.dir, name), Port: -1, SyncAlways: e.st.Sync, ServerName: name,
+			Cluster: &embedded.Cluster{Name: "tollgate-bench", Port: port, Routes: routes},
+		})
+		if err != nil {
+			return fmt.Errorf("start node %s: %w", name, err)
+		}
+		e.nodes = append(e.nodes, ns)
+		urls = append(urls, ns.ClientURL())
+	}
+	e.url = strings.Join(urls, ",")
+	return nil
 }
 
 // connect opens a client connection with a JetStream handle whose async
@@ -79,8 +209,12 @@ func (e *env) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
 
 // close shuts the server down and removes its directory.
 func (e *env) close() {
-	e.ns.Shutdown()
-	e.ns.WaitForShutdown()
+	for _, ns := range e.nodes {
+		ns.Shutdown()
+	}
+	for _, ns := range e.nodes {
+		ns.WaitForShutdown()
+	}
 	os.RemoveAll(e.dir)
 }
 
@@ -139,7 +273,7 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string, plan *planner.Op
 	defer cancel()
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: policy.Default(), Keys: keys, Tools: ts, Providers: ps,
-		Logger: log, Registerer: reg, Instance: "bench", Topology: topology.DefaultConfig(), Planner: plan,
+		Logger: log, Registerer: reg, Instance: "bench", Topology: e.st.topology(), Planner: plan,
 	})
 	if err != nil {
 		nc.Close()

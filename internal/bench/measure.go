@@ -22,7 +22,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/seal"
 )
@@ -75,8 +74,8 @@ type sample struct {
 
 // envConn starts a fresh server with a client connection on it; done
 // closes both.
-func (b *bencher) envConn(sync bool, name string) (*env, jetstream.JetStream, func(), error) {
-	e, err := startEnv(b.cfg.WorkDir, sync)
+func (b *bencher) envConn(st storage, name string) (*env, jetstream.JetStream, func(), error) {
+	e, err := startEnv(b.cfg.WorkDir, st)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -88,9 +87,9 @@ func (b *bencher) envConn(sync bool, name string) (*env, jetstream.JetStream, fu
 	return e, js, func() { nc.Close(); e.close() }, nil
 }
 
-// rawStreamConfig is a stream configured like Tollgate's streams.
-func rawStreamConfig(name, subjects string) jetstream.StreamConfig {
-	sc := topology.DefaultConfig().Streams()[0]
+// rawStreamConfig is a stream configured like Tollgate's streams on st.
+func rawStreamConfig(st storage, name, subjects string) jetstream.StreamConfig {
+	sc := st.topology().Streams()[0]
 	sc.Name, sc.Subjects, sc.Description = name, []string{subjects}, "bench reference"
 	return sc
 }
@@ -100,14 +99,14 @@ func rawStreamConfig(name, subjects string) jetstream.StreamConfig {
 // publishes), into a file stream configured like Tollgate's, with a window
 // of asyncWindow unacknowledged publishes. The rate counts messages stored
 // during the window.
-func (b *bencher) rawPublish(sync bool) (sample, error) {
-	_, js, done, err := b.envConn(sync, "bench-raw-publish")
+func (b *bencher) rawPublish(st storage) (sample, error) {
+	_, js, done, err := b.envConn(st, "bench-raw-publish")
 	if err != nil {
 		return sample{}, err
 	}
 	defer done()
 	ctx := context.Background()
-	s, err := js.CreateStream(ctx, rawStreamConfig("BENCH_PUB", "bench.pub.>"))
+	s, err := js.CreateStream(ctx, rawStreamConfig(st, "BENCH_PUB", "bench.pub.>"))
 	if err != nil {
 		return sample{}, err
 	}
@@ -154,14 +153,14 @@ func (b *bencher) rawPublish(sync bool) (sample, error) {
 // (explicit ack, pulls of 256) reading a prefilled file stream and acking
 // each message. The stream is prefilled with up to ConsumeMsgs messages the
 // size of an approval-path accepted turn (at most 15s of publishing).
-func (b *bencher) rawConsume(sync bool) (sample, error) {
-	_, js, done, err := b.envConn(sync, "bench-raw-consume")
+func (b *bencher) rawConsume(st storage) (sample, error) {
+	_, js, done, err := b.envConn(st, "bench-raw-consume")
 	if err != nil {
 		return sample{}, err
 	}
 	defer done()
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, rawStreamConfig("BENCH_CON", "bench.con.>")); err != nil {
+	if _, err := js.CreateStream(ctx, rawStreamConfig(st, "BENCH_CON", "bench.con.>")); err != nil {
 		return sample{}, err
 	}
 	payload := make([]byte, b.seqs[approvalPath][1].Bytes)
@@ -215,8 +214,8 @@ func (b *bencher) rawConsume(sync bool) (sample, error) {
 
 // rawTurn measures the raw turn of p: the raw stages on one connection, the
 // driver on another, in a closed loop at the configured concurrency.
-func (b *bencher) rawTurn(p path, sync bool) (sample, error) {
-	e, js, done, err := b.envConn(sync, "bench-raw-stages")
+func (b *bencher) rawTurn(p path, st storage) (sample, error) {
+	e, js, done, err := b.envConn(st, "bench-raw-stages")
 	if err != nil {
 		return sample{}, err
 	}
@@ -238,8 +237,8 @@ func (b *bencher) rawTurn(p path, sync bool) (sample, error) {
 // rawTurnProcs measures the raw turn of p with each raw stage in a process
 // of its own (this program's executable, see MaybeRunRawStage): the
 // reference for Tollgate's stages as separate processes.
-func (b *bencher) rawTurnProcs(p path, sync bool) (sample, error) {
-	e, err := startEnv(b.cfg.WorkDir, sync)
+func (b *bencher) rawTurnProcs(p path, st storage) (sample, error) {
+	e, err := startEnv(b.cfg.WorkDir, st)
 	if err != nil {
 		return sample{}, err
 	}
@@ -420,8 +419,8 @@ func (b *bencher) startTollgate(e *env, mode string, p path) (a *allInOne, pids 
 // completed turn with every call ok (checkOutcomes). With profile
 // (all-in-one only), it writes CPU and allocation profiles of the window
 // into the profile directory.
-func (b *bencher) tollgate(mode string, p path, sync, profile bool) (sample, error) {
-	e, err := startEnv(b.cfg.WorkDir, sync)
+func (b *bencher) tollgate(mode string, p path, st storage, profile bool) (sample, error) {
+	e, err := startEnv(b.cfg.WorkDir, st)
 	if err != nil {
 		return sample{}, err
 	}
@@ -521,7 +520,7 @@ type latSample struct {
 // returns the latencies of the turns sent after the warm-up; every turn
 // outcome of the run must be a completed turn with every call ok.
 func (b *bencher) latency(mode string, p path, rate float64) (latSample, error) {
-	e, err := startEnv(b.cfg.WorkDir, false)
+	e, err := startEnv(b.cfg.WorkDir, single)
 	if err != nil {
 		return latSample{}, err
 	}

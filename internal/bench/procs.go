@@ -69,6 +69,7 @@ func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
 		cmd := exec.Command(filepath.Join(binDir, stage))
 		cmd.Env = append(childproc.Env(),
 			"TOLLGATE_NATS_URL="+e.url,
+			"TOLLGATE_REPLICAS="+strconv.Itoa(max(e.st.Nodes, 1)),
 			"TOLLGATE_SEAL_KEY_FILE="+keyFile,
 			"TOLLGATE_SANDBOX="+filepath.Join(e.dir, "sandbox"),
 			"TOLLGATE_METRICS_ADDR=",

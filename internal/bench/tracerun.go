@@ -30,7 +30,7 @@ type stager interface {
 // one session (the first makes the session known, as it is for every turn
 // after a session's first), with another session's turn between them.
 func traceTurn(parent string, keys *seal.KeyRing, p path, decisionFirst bool) ([]step, error) {
-	e, err := startEnv(parent, false)
+	e, err := startEnv(parent, single)
 	if err != nil {
 		return nil, err
 	}
