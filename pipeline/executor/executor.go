@@ -131,6 +131,11 @@ func New(cfg Config) (*Executor, error) {
 	if err := metrics.Register(cfg.Registerer, &x.grantsUsed); err != nil {
 		return nil, err
 	}
+	// Both effects exist from the start, at 0, so that a rate over them
+	// (the dashboard's) is 0 rather than absent before the first grant use.
+	for _, effect := range []schemas.ApprovalStatus{schemas.ApprovalApproved, schemas.ApprovalDenied} {
+		x.grantsUsed.WithLabelValues(string(effect))
+	}
 	return x, nil
 }
 

@@ -113,6 +113,11 @@ func New(cfg Config) (*Redriver, error) {
 			return nil, err
 		}
 	}
+	// Every code the grant re-check stops a call with exists from the
+	// start, at 0 (a rate over them is then 0, not absent).
+	for _, code := range []schemas.Code{schemas.CodeGrantRevoked, schemas.CodeGrantExpired, schemas.CodeGrantInvalid} {
+		r.grantRechecks.WithLabelValues(string(code))
+	}
 	return r, nil
 }
 
