@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,10 +101,48 @@ func TestChaosCluster(t *testing.T) {
 	})
 }
 
+// TestMain removes the binaries the package's runs shared.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.dir != "" {
+		os.RemoveAll(shared.dir)
+	}
+	os.Exit(code)
+}
+
+// shared holds the binaries built once for every run of this test binary
+// that builds its own (about 15 s each time otherwise).
+var shared struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// sharedBinaries builds the stage, tool service and nats-server binaries
+// (without -race) once per test binary and returns their directory.
+func sharedBinaries(t *testing.T) string {
+	t.Helper()
+	shared.once.Do(func() {
+		if shared.dir, shared.err = os.MkdirTemp("", "tollgate-chaos-bin-*"); shared.err != nil {
+			return
+		}
+		t0 := time.Now()
+		shared.err = BuildBinaries(context.Background(), shared.dir, false)
+		t.Logf("built the shared binaries in %v", time.Since(t0).Round(time.Millisecond))
+	})
+	if shared.err != nil {
+		t.Fatalf("build binaries: %v", shared.err)
+	}
+	return shared.dir
+}
+
 func runChaos(t *testing.T, cfg Config) {
 	cfg, err := cfg.FromEnv()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.BinDir == "" && !cfg.RaceBinaries {
+		cfg.BinDir = sharedBinaries(t)
 	}
 	cfg.WorkDir = t.TempDir()
 	if dir := os.Getenv("TOLLGATE_CHAOS_DIR"); dir != "" {
