@@ -15,6 +15,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -532,13 +533,5 @@ func (d *driver) outcomeStored(ctx context.Context, turnID string) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	_, err = s.GetLastMsgForSubject(ctx, topology.EventSubject(topology.SubjectTurnOutcome, turnID))
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, nil
-	default:
-		return false, err
-	}
+	return bus.Stored(ctx, s, topology.EventSubject(topology.SubjectTurnOutcome, turnID))
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
@@ -392,15 +391,7 @@ func (e *Engine) outcomeStored(ctx context.Context, subject string) (bool, error
 		e.events = s
 		e.mu.Unlock()
 	}
-	_, err := s.GetLastMsgForSubject(ctx, subject)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, nil
-	default:
-		return false, fmt.Errorf("look up %s: %w", subject, err)
-	}
+	return bus.Stored(ctx, s, subject)
 }
 
 // Outcome is the turn outcome of a terminal batch, and the only builder of

@@ -138,3 +138,18 @@ func (p *Pending) Wait(ctx context.Context) error {
 	}
 	return p.err
 }
+
+// Stored reports whether stream s holds a message on subject (its last
+// one, looked up by subject): the check before publishing a fact at most
+// once past the duplicate window. It fails only when the lookup does.
+func Stored(ctx context.Context, s jetstream.Stream, subject string) (bool, error) {
+	_, err := s.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("look up %s: %w", subject, err)
+	}
+}

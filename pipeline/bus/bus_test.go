@@ -149,3 +149,35 @@ func TestASizeRefusalIsPermanent(t *testing.T) {
 		}
 	})
 }
+
+// TestStored: false before anything is on the subject (another subject's
+// message does not count), true after, and an error, not false, when the
+// lookup itself fails (the stream is gone).
+func TestStored(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := jstest.Ctx(t)
+	s, err := env.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := topology.EventSubject(topology.SubjectTurnOutcome, "t-stored")
+	other := topology.EventSubject(topology.SubjectTurnOutcome, "t-other")
+	if err := bus.PublishRaw(ctx, env.JS, other, "", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if stored, err := bus.Stored(ctx, s, subj); err != nil || stored {
+		t.Fatalf("before: stored %v, err %v; want false, nil", stored, err)
+	}
+	if err := bus.PublishRaw(ctx, env.JS, subj, "", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if stored, err := bus.Stored(ctx, s, subj); err != nil || !stored {
+		t.Fatalf("after: stored %v, err %v; want true, nil", stored, err)
+	}
+	if err := env.JS.DeleteStream(ctx, topology.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	if stored, err := bus.Stored(ctx, s, subj); err == nil || stored {
+		t.Fatalf("stream gone: stored %v, err %v; want an error", stored, err)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -519,9 +518,7 @@ func (p *Planner) reply(ctx context.Context, tr *schemas.PlannerTurn) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.GetLastMsgForSubject(ctx, subj); err == nil {
-		return nil
-	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if stored, err := bus.Stored(ctx, s, subj); err != nil || stored {
 		return err
 	}
 	ev := &schemas.ReplyEvent{
