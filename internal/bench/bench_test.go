@@ -125,6 +125,11 @@ func TestBenchSmokeProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the stage binaries")
 	}
+	// The smoke tests marked parallel run beside each other: mostly
+	// builds, process starts and short fixed windows, each on servers and
+	// directories of its own; they check that every figure is produced,
+	// not how fast.
+	t.Parallel()
 	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*4)
 	if f := r.Footprint; f == nil || f.Outcomes < 20 || f.RSSPending["approver"] == 0 || f.ApprovalMsgs == 0 {
 		t.Errorf("footprint: %+v", f)
@@ -137,6 +142,7 @@ func TestBenchSmokeProcesses(t *testing.T) {
 // did not answer would be a report error), the hop and the round trip
 // reported.
 func TestBenchSmokeToolService(t *testing.T) {
+	t.Parallel() // see TestBenchSmokeProcesses
 	r, err := Run(context.Background(), smokeConfig(t, "toolservice"))
 	if err != nil {
 		t.Fatal(err)
@@ -169,6 +175,7 @@ func TestBenchSmokeToolService(t *testing.T) {
 // did not end over HTTP, or an outcome not ok, would be a report error),
 // the latencies of both reported, and the target judged.
 func TestBenchSmokeGateway(t *testing.T) {
+	t.Parallel() // see TestBenchSmokeProcesses
 	r, err := Run(context.Background(), smokeConfig(t, "gateway"))
 	if err != nil {
 		t.Fatal(err)
@@ -211,6 +218,7 @@ func TestBenchSmokeGateway(t *testing.T) {
 // batch's schedule and outcome seen, so that the overhead per step is
 // computed from each.
 func TestBenchSmokePlanner(t *testing.T) {
+	t.Parallel() // see TestBenchSmokeProcesses
 	cfg := smokeConfig(t, "planner")
 	// A planner turn takes about 250 ms (the message schedule of its step);
 	// under the load of a parallel `make test` a 400 ms window could end

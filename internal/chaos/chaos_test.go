@@ -28,6 +28,10 @@ func TestChaosShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos run skipped with -short")
 	}
+	// Beside TestChaosPlanner: each spends most of its wall time waiting
+	// (redeliveries after AckWait, the shortened leases), not on the CPU,
+	// and each has its own server, processes and directories.
+	t.Parallel()
 	cfg := Config{
 		Turns: 150, Kills: len(Workers), BrokerRestarts: 1, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
 		ExpiresAfter: time.Second, ToolCrashes: 1, FaultFrom: 0.05, FaultTo: 0.6,
@@ -61,6 +65,7 @@ func TestChaosPlanner(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos run skipped with -short")
 	}
+	t.Parallel() // beside TestChaosShort (see there)
 	runChaos(t, Config{
 		Turns: 60, Planner: true, PlannerPercent: 50, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
 		Kills: 4, KillOnly: []string{PlannerStage, "ingest"}, BrokerRestarts: -1,
