@@ -46,7 +46,7 @@ func TestClusterConfig(t *testing.T) {
 	if err := topology.Ensure(ctx, c.JS[0], cfg); err != nil {
 		t.Fatalf("ensure the topology at 3 replicas: %v", err)
 	}
-	h := pipelinetest.Start(t, pipelinetest.Options{Env: c.Env(t)})
+	h := pipelinetest.Start(t, pipelinetest.Options{Env: c.Env(t), Wait: wait}) // the package's longer wait (natsconf_test.go)
 	turn := func(session string) {
 		t.Helper()
 		id := h.Send(h.Inbound(session, "alice", pipelinetest.Call("echo", `{"text":"hi"}`), pipelinetest.Call("write_file", `{"path":"a.txt","content":"1"}`)))

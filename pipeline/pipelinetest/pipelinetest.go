@@ -10,6 +10,7 @@
 package pipelinetest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -85,6 +86,10 @@ type Options struct {
 	// OrderWait is the executor's session-order wait (default
 	// executor.DefaultOrderWait).
 	OrderWait time.Duration
+	// Wait is how long the helpers of this harness poll before failing the
+	// test (default Wait): longer for a three-node cluster whose elections
+	// a loaded machine slows down.
+	Wait time.Duration
 	// Planner, if set, builds the planner stage (tollgate.Config.Planner);
 	// name tollgate.StagePlanner in Stages to run it.
 	Planner *planner.Options
@@ -146,6 +151,7 @@ type Pipeline struct {
 	Planner  *planner.Planner // nil without Options.Planner
 
 	owner   testing.TB
+	wait    time.Duration // Options.Wait, or Wait
 	cancel  context.CancelFunc
 	done    chan error
 	stopped atomic.Bool
@@ -193,7 +199,7 @@ func Start(t testing.TB, o Options) *H {
 		keys = Keys(t)
 	}
 	reg := prometheus.NewRegistry()
-	ctx, cancel := context.WithTimeout(context.Background(), Wait)
+	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(o.Wait, Wait))
 	defer cancel()
 	topo := env.Topology
 	if o.Retention > 0 {
@@ -221,7 +227,7 @@ func Start(t testing.TB, o Options) *H {
 	h := &H{T: t, Pipeline: &Pipeline{
 		Env: env, JS: env.JS, Store: p.Store, Policy: pol, Keys: keys, Sandbox: sandbox, Registry: reg, Tools: p.Tools,
 		Ingest: p.Ingest, Executor: p.Executor, Approver: p.Approver, Redriver: p.Redriver, Engine: p.Engine, Planner: p.Planner,
-		owner: t, cancel: stop, done: make(chan error, 1),
+		owner: t, wait: cmp.Or(o.Wait, Wait), cancel: stop, done: make(chan error, 1),
 	}}
 	t.Cleanup(h.Stop)
 	go func() { h.done <- p.RunStages(runCtx, stages...) }()
@@ -419,7 +425,7 @@ func getOrNil[T any, P schemas.Ptr[T]](h *H, b store.Bucket[T, P], key string) *
 func (h *H) WaitBatch(turnID, what string, cond func(*schemas.BatchRecord) bool) *schemas.BatchRecord {
 	h.T.Helper()
 	var b *schemas.BatchRecord
-	jstest.Eventually(h.T, Wait, fmt.Sprintf("batch %s: %s", turnID, what), func() bool {
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("batch %s: %s", turnID, what), func() bool {
 		b = h.Batch(turnID)
 		return b != nil && cond(b)
 	})
@@ -445,7 +451,7 @@ func (h *H) WaitTerminal(turnID string) (*schemas.BatchRecord, *schemas.TurnOutc
 func (h *H) WaitApproval(id, what string, cond func(*schemas.ApprovalRecord) bool) *schemas.ApprovalRecord {
 	h.T.Helper()
 	var a *schemas.ApprovalRecord
-	jstest.Eventually(h.T, Wait, fmt.Sprintf("approval %s: %s", id, what), func() bool {
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("approval %s: %s", id, what), func() bool {
 		a = h.Approval(id)
 		return a != nil && cond(a)
 	})
@@ -484,12 +490,12 @@ type Stored struct {
 // Messages returns every message stored in stream on subjects matching
 // filter, in stream order. A read that fails part-way (on a cluster, a
 // consumer placed or led by a node that has just gone away answers "no
-// responders" until the cluster notices) is started again, for up to Wait.
+// responders" until the cluster notices) is started again, for up to the harness's wait.
 func (h *H) Messages(stream, filter string) []Stored {
 	h.T.Helper()
 	var out []Stored
 	var err error
-	deadline := time.Now().Add(Wait)
+	deadline := time.Now().Add(h.wait)
 	for {
 		if out, err = h.readAll(stream, filter); err == nil {
 			return out
@@ -572,7 +578,7 @@ func (h *H) Outcomes(turnID string) []*schemas.TurnOutcome {
 func (h *H) WaitOutcome(turnID string) *schemas.TurnOutcome {
 	h.T.Helper()
 	var outs []*schemas.TurnOutcome
-	jstest.Eventually(h.T, Wait, "outcome of "+turnID, func() bool {
+	jstest.Eventually(h.T, h.wait, "outcome of "+turnID, func() bool {
 		outs = h.Outcomes(turnID)
 		return len(outs) > 0
 	})
@@ -609,7 +615,7 @@ func (h *H) WaitRejection(d *schemas.Decision) *schemas.DecisionRejected {
 		token = "invalid"
 	}
 	var got *schemas.DecisionRejected
-	jstest.Eventually(h.T, Wait, "rejection of decision "+d.DecisionID, func() bool {
+	jstest.Eventually(h.T, h.wait, "rejection of decision "+d.DecisionID, func() bool {
 		for _, r := range h.Rejections(token) {
 			if r.DecisionID == d.DecisionID {
 				got = r
@@ -632,7 +638,7 @@ func (h *H) Redrives(kind, turnID string) []*schemas.RedriveOutcome {
 func (h *H) WaitRedrives(kind, turnID string, n int) []*schemas.RedriveOutcome {
 	h.T.Helper()
 	var got []*schemas.RedriveOutcome
-	jstest.Eventually(h.T, Wait, fmt.Sprintf("%d redrive %s outcome(s) of %s", n, kind, turnID), func() bool {
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("%d redrive %s outcome(s) of %s", n, kind, turnID), func() bool {
 		got = h.Redrives(kind, turnID)
 		return len(got) >= n
 	})
@@ -649,7 +655,7 @@ func (h *H) DLQ(stage string) []Stored {
 func (h *H) WaitDLQ(stage string, n int) []Stored {
 	h.T.Helper()
 	var got []Stored
-	jstest.Eventually(h.T, Wait, fmt.Sprintf("%d dead letter(s) of %s", n, stage), func() bool {
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("%d dead letter(s) of %s", n, stage), func() bool {
 		got = h.DLQ(stage)
 		return len(got) >= n
 	})
@@ -673,7 +679,7 @@ func (h *H) WaitConsumed(stage string, seq uint64) {
 	if !ok {
 		h.T.Fatalf("pipelinetest: unknown stage %q", stage)
 	}
-	jstest.Eventually(h.T, Wait, fmt.Sprintf("%s consumed up to seq %d", stage, seq), func() bool {
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("%s consumed up to seq %d", stage, seq), func() bool {
 		ctx, cancel := h.Ctx()
 		defer cancel()
 		c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
@@ -694,7 +700,7 @@ func (h *H) WaitIdle(stages ...string) {
 		if !ok {
 			h.T.Fatalf("pipelinetest: unknown stage %q", stage)
 		}
-		jstest.Eventually(h.T, Wait, stage+" idle", func() bool {
+		jstest.Eventually(h.T, h.wait, stage+" idle", func() bool {
 			ctx, cancel := h.Ctx()
 			defer cancel()
 			c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
@@ -912,7 +918,7 @@ func (h *H) Metric(name string, labels map[string]string) float64 {
 // WaitMetric polls Metric until it equals want.
 func (h *H) WaitMetric(name string, labels map[string]string, want float64) {
 	h.T.Helper()
-	jstest.Eventually(h.T, Wait, fmt.Sprintf("metric %s%v == %v", name, labels, want), func() bool {
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("metric %s%v == %v", name, labels, want), func() bool {
 		return h.Metric(name, labels) == want
 	})
 }
