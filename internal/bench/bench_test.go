@@ -297,8 +297,8 @@ func TestDurableWritesPerTurn(t *testing.T) {
 		steps []step
 		want  Writes
 	}{
-		{"the fast turn", rawFast, Writes{Publishes: 3, KV: 8, Total: 11}},
-		{"the approval turn", rawApproval, Writes{Publishes: 8, KV: 16, Total: 24}},
+		{"the fast turn", rawFast, Writes{Publishes: 3, KV: 7, Total: 10}},
+		{"the approval turn", rawApproval, Writes{Publishes: 8, KV: 14, Total: 22}},
 		{"a failed create is no write", []step{{Op: opCreateExists}, {Op: "kv.get"}, {Op: "stream.get"}, {Op: "consume+ack"}}, Writes{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -29,8 +29,10 @@ import (
 // rarely take that path.)
 //
 // Before the outcome, the stage that ends the batch starts the retention
-// of the turn's claims and approvals (batch.Engine's retire: each read,
-// then written again with a TTL, by compare-and-set).
+// of the turn's approvals (batch.Engine's retire: each read, then written
+// again with a TTL, by compare-and-set). A claim's retention started when
+// its result was written (with the TTL): retire reads it, sees the TTL and
+// leaves it.
 //
 // sessionRecordBytes is the size of a new session record.
 // Before it creates an approval, the executor looks up the standing grants
@@ -59,7 +61,6 @@ var rawFast = []step{
 	{Stage: "executor", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 833},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_claims/<turn>-0"},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
 	{Stage: "executor", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 263},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 67},
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
@@ -106,11 +107,9 @@ var rawApproval = []step{
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_claims/<turn>-1", Bytes: 385},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1198},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_claims/<turn>-0"},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 924},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_claims/<turn>-1"},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_claims/<turn>-1", Bytes: 385},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 67},

@@ -89,6 +89,37 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 	return e.runClaimed(ctx, tc, tool, call, approvalID, claim, rev)
 }
 
+// ExecuteResumed is Execute for a call of batch b that a stage resumes: b
+// is in state running (the executor) or started (the redriver), written by
+// an earlier attempt, which may have claimed the call before it stopped.
+//
+// A claim keeps its result for the retention period from the result's
+// write (store.Store.Retain), not until its batch ends: the batch record
+// takes the result over in the same step, so no later run of the batch
+// needs the claim. Only a run interrupted in between, and resumed a whole
+// retention period later, could find the claim gone and run the call
+// again. So when b's run began (b.UpdatedAt, the write of its state) a
+// retention period ago or more, a call with no claim is not run: it gets
+// needs_attention EXECUTION_UNCERTAIN. (The streams keep messages no
+// longer than the retention, so such a resumption can only come from the
+// redriver's sweep after an outage that long.) Otherwise, and with no
+// retention, it is Execute.
+func (e *Engine) ExecuteResumed(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
+	if ttl := e.cfg.Store.Claims.TTL; ttl > 0 && e.Now().Sub(b.UpdatedAt) >= ttl {
+		_, _, err := e.cfg.Store.Claims.Get(ctx, call.CallID)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			e.cfg.Logger.Warn("call of a run resumed after the claims' retention not run", "call", call.CallID, "run_began", b.UpdatedAt)
+			return e.Result(call, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
+				fmt.Sprintf("the batch's run began at %s, a retention period (%v) ago, and the call has no claim: it may have run and its claim expired, so it is not run again",
+					b.UpdatedAt.Format(time.RFC3339), ttl), approvalID), nil
+		case err != nil && !schemas.Permanent(err):
+			return nil, fmt.Errorf("load claim %s: %w", call.CallID, err)
+		}
+	}
+	return e.Execute(ctx, b.Context, call, approvalID)
+}
+
 // runClaimed runs call under the claim this engine holds (at revision rev)
 // and records the result in it.
 func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, call schemas.ToolCall, approvalID string, claim *schemas.ExecutionClaim, rev uint64) (*schemas.ToolResult, error) {

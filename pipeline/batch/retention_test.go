@@ -21,14 +21,14 @@ const retentionPolicy = `{
   "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
 }`
 
-// A claim outlives every message that could run its call again. The claim
-// of a call that ran while its batch waits for an approval stays however
-// long the wait (a redrive of the batch reads it), and only once the batch
-// has ended does its retention start; by the time it has run out, the
-// streams, which keep messages no longer than the retention
-// (tollgate.Config.Validate), no longer hold the turn's accepted message,
-// the only message that could create the batch, and so run the call,
-// again.
+// A claim's retention starts when its result is written: the batch record
+// takes the result over in the same step, so nothing that drives the
+// batch, however long it waits for an approval, needs the claim again. A
+// redelivered accepted message finds the batch record (it leaves KV a
+// retention after the batch ends, and the streams keep messages no longer
+// than that: tollgate.Config.Validate) and runs nothing; a run resumed
+// after the retention does not run a call with no claim
+// (TestAResumedRunAfterTheRetentionRunsNoClaimlessCall).
 func TestClaimsOutliveEveryMessageThatCouldRunTheirCall(t *testing.T) {
 	const retention = 3 * time.Second
 	auto, guarded := &pt.Counter{ToolName: "auto"}, &pt.Counter{ToolName: "guarded"}
@@ -43,34 +43,85 @@ func TestClaimsOutliveEveryMessageThatCouldRunTheirCall(t *testing.T) {
 	turn := h.Send(h.Inbound("waits", "alice", pt.Call("auto", `{}`), pt.Call("guarded", `{}`)))
 	h.WaitPending(schemas.ApprovalID(turn, 1))
 	ran := schemas.CallID(turn, 0)
-	if err := claim(ran); err != nil {
-		t.Fatalf("claim of the call that ran: %v", err)
+	if b := h.Batch(turn); b.State != schemas.BatchAwaiting || b.Results[0] == nil || b.Results[0].Status != schemas.ResultOK {
+		t.Fatalf("waiting batch %s, result of the call that ran %+v; want awaiting, holding the result", b.State, b.Results[0])
 	}
-	// A turn that ends after that claim was written: once its claim has
-	// left KV, a retention started when the waiting call's claim was
-	// written would have run out too.
-	other := h.Send(h.Inbound("ends", "alice", pt.Call("auto", `{}`)))
-	h.WaitTerminal(other)
-	jstest.Eventually(t, 30*time.Second, "claim of the ended turn removed", func() bool {
-		return errors.Is(claim(schemas.CallID(other, 0)), store.ErrNotFound)
+	accepted := h.Messages(topology.StreamTurns, topology.AcceptedSubject(schemas.SessionKey("waits")))
+	if len(accepted) != 1 {
+		t.Fatalf("%d accepted messages of the session, want 1", len(accepted))
+	}
+	jstest.Eventually(t, 30*time.Second, "claim of the call that ran removed while its batch waits", func() bool {
+		return errors.Is(claim(ran), store.ErrNotFound)
 	})
-	if err := claim(ran); err != nil {
-		t.Fatalf("claim of a call whose batch still waits: %v; want it kept until the batch ends", err)
+	// The accepted message again, as a redelivery would bring it: the
+	// executor goes on from the waiting batch and runs nothing.
+	seq := h.PublishRaw(accepted[0].Subject, "again-"+turn, accepted[0].Data, nil)
+	h.WaitConsumed("executor", seq)
+	if auto.Runs(ran) != 1 {
+		t.Fatalf("auto ran %d times after the accepted message came again, want 1", auto.Runs(ran))
 	}
 
 	h.Decide(schemas.ApprovalID(turn, 1), schemas.OptionApprove, "alice")
-	if b, _ := h.WaitTerminal(turn); b.State != schemas.BatchCompleted {
-		t.Fatalf("batch %s, want completed", b.State)
+	b, _ := h.WaitTerminal(turn)
+	if b.State != schemas.BatchCompleted || b.Results[0].Status != schemas.ResultOK || b.Results[1].Status != schemas.ResultOK {
+		t.Fatalf("batch %s, results %+v %+v; want completed, both ok", b.State, b.Results[0], b.Results[1])
 	}
-	for _, id := range []string{ran, schemas.CallID(turn, 1)} {
-		jstest.Eventually(t, 30*time.Second, "claim of "+id+" removed after its batch ended", func() bool {
-			return errors.Is(claim(id), store.ErrNotFound)
-		})
-	}
-	if got := h.Messages(topology.StreamTurns, topology.AcceptedSubject(schemas.SessionKey("waits"))); len(got) != 0 {
-		t.Fatalf("the turns stream still holds %d accepted messages of the session after its claims left KV", len(got))
-	}
+	jstest.Eventually(t, 30*time.Second, "claim of the approved call removed", func() bool {
+		return errors.Is(claim(schemas.CallID(turn, 1)), store.ErrNotFound)
+	})
 	if auto.Runs(ran) != 1 || guarded.Runs(schemas.CallID(turn, 1)) != 1 {
 		t.Fatalf("runs: auto %d, guarded %d; want 1 each", auto.Runs(ran), guarded.Runs(schemas.CallID(turn, 1)))
 	}
+}
+
+// A run resumed a retention period or more after it began may find the
+// claim of a call it interrupted gone (expired with its result): such a
+// call is not run again, it needs attention. A call that still has its
+// claim gets the claim's result, and a run that began less than a
+// retention period ago runs a call that has no claim.
+func TestAResumedRunAfterTheRetentionRunsNoClaimlessCall(t *testing.T) {
+	const retention = 3 * time.Second
+	tool := &pt.Counter{ToolName: "auto"}
+	h := pt.Start(t, pt.Options{Policy: retentionPolicy, Tools: []tools.Tool{tool}, Retention: retention, Stages: []string{}})
+	tc := h.Accept(h.Inbound("resumed", "alice", pt.Call("auto", `{}`), pt.Call("auto", `{}`), pt.Call("auto", `{}`)))
+	b := &schemas.BatchRecord{TurnID: tc.TurnID, Context: tc.Context, Calls: tc.Calls, State: schemas.BatchStarted}
+	ctx, cancel := h.Ctx()
+	defer cancel()
+
+	// Call 0 ran in the interrupted run and its claim holds the result.
+	first, err := h.Engine.Execute(ctx, tc.Context, tc.Calls[0], "")
+	if err != nil || first.Status != schemas.ResultOK {
+		t.Fatalf("first run of call 0: %+v, %v", first, err)
+	}
+
+	b.UpdatedAt = h.Engine.Now().Add(-retention - time.Second)
+	for _, tt := range []struct {
+		name   string
+		call   int
+		status schemas.ResultStatus
+		code   schemas.Code
+		runs   int
+	}{
+		{"a call whose claim holds its result gets that result", 0, schemas.ResultOK, "", 1},
+		{"a call with no claim is not run", 1, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tc.Calls[tt.call]
+			res, err := h.Engine.ExecuteResumed(ctx, b, c, "")
+			if err != nil || res.Status != tt.status || res.Code != tt.code {
+				t.Fatalf("result %+v, %v; want %s %s", res, err, tt.status, tt.code)
+			}
+			if got := tool.Runs(c.CallID); got != tt.runs {
+				t.Fatalf("tool ran %d times, want %d", got, tt.runs)
+			}
+		})
+	}
+	t.Run("a run that began within the retention runs a call with no claim", func(t *testing.T) {
+		b.UpdatedAt = h.Engine.Now()
+		c := tc.Calls[2]
+		res, err := h.Engine.ExecuteResumed(ctx, b, c, "")
+		if err != nil || res.Status != schemas.ResultOK || tool.Runs(c.CallID) != 1 {
+			t.Fatalf("result %+v, %v, runs %d; want ok, run once", res, err, tool.Runs(c.CallID))
+		}
+	})
 }

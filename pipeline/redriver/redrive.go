@@ -414,6 +414,9 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), "run")
 	}
 	results := make([]*schemas.ToolResult, len(b.Calls))
+	// A batch this attempt did not move to started itself is a resumption:
+	// an earlier attempt may have claimed its calls (ExecuteResumed).
+	resumed := fresh.Batch == nil
 	// The batch as last read, for the compare-and-set that completes it:
 	// no other stage writes a started batch on the normal path, so the
 	// read before the last approved call is normally still current.
@@ -475,7 +478,13 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		}
 		switch {
 		case p.Run:
-			res, err := eng.Execute(ctx, b.Context, call, a.ApprovalID)
+			var res *schemas.ToolResult
+			var err error
+			if resumed {
+				res, err = eng.ExecuteResumed(ctx, b, call, a.ApprovalID)
+			} else {
+				res, err = eng.Execute(ctx, b.Context, call, a.ApprovalID)
+			}
 			if err != nil {
 				return err
 			}

@@ -130,24 +130,21 @@ func TestEndedRecordsLeaveAfterTheRetentionAndLiveOnesStay(t *testing.T) {
 			endedKey: schemas.ApprovalID("t-00000000000000000004", 0),
 		},
 		{
-			name: "a claim: with a result stays until retired",
+			name: "a claim: without a result stays, with one goes",
 			live: func(t *testing.T) {
 				c := claim("t-00000000000000000005-0", "w1")
+				if _, err := s.Claims.Create(ctx, c.CallID, c); err != nil {
+					t.Fatal(err)
+				}
+			},
+			ended: func(t *testing.T) {
+				c := claim("t-00000000000000000006-0", "w1")
 				rev, err := s.Claims.Create(ctx, c.CallID, c)
 				if err != nil {
 					t.Fatal(err)
 				}
 				c.Result = &schemas.ToolResult{CallID: c.CallID, Status: schemas.ResultOK}
 				if _, err := s.Claims.Update(ctx, c.CallID, c, rev); err != nil {
-					t.Fatal(err)
-				}
-			},
-			ended: func(t *testing.T) {
-				c := claim("t-00000000000000000006-0", "w1")
-				if _, err := s.Claims.Create(ctx, c.CallID, c); err != nil {
-					t.Fatal(err)
-				}
-				if err := s.Claims.Retire(ctx, c.CallID); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -239,4 +236,77 @@ func TestAStoreWithoutRetentionKeepsEndedRecords(t *testing.T) {
 	if _, _, err := keep.Batches.Get(ctx, "t-00000000000000000001"); err != nil {
 		t.Fatalf("batch of the store without retention: %v", err)
 	}
+}
+
+// Retire writes a record again only if its latest revision has no TTL yet:
+// a claim whose result was written with the TTL is left as it is (a read,
+// no write), a decided approval is rewritten with the TTL.
+func TestRetireWritesOnlyRecordsWithoutATTL(t *testing.T) {
+	s, ctx := retainedStore(t)
+	c := claim("t-00000000000000000007-0", "w1")
+	rev, err := s.Claims.Create(ctx, c.CallID, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Result = &schemas.ToolResult{CallID: c.CallID, Status: schemas.ResultOK}
+	if rev, err = s.Claims.Update(ctx, c.CallID, c, rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Claims.Retire(ctx, c.CallID); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := s.Claims.Get(ctx, c.CallID); err != nil || got != rev {
+		t.Fatalf("claim after Retire: revision %d, %v; want %d (not written again)", got, err, rev)
+	}
+
+	a := approval("t-00000000000000000008")
+	arev, err := s.Approvals.Create(ctx, a.ApprovalID, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Status = schemas.ApprovalApproved
+	if arev, err = s.Approvals.Update(ctx, a.ApprovalID, a, arev); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Approvals.Retire(ctx, a.ApprovalID); err != nil {
+		t.Fatal(err)
+	}
+	_, retired, err := s.Approvals.Get(ctx, a.ApprovalID)
+	if err != nil || retired <= arev {
+		t.Fatalf("approval after Retire: revision %d, %v; want a write after %d", retired, err, arev)
+	}
+	if err := s.Approvals.Retire(ctx, a.ApprovalID); err != nil {
+		t.Fatal(err)
+	}
+	if _, again, err := s.Approvals.Get(ctx, a.ApprovalID); err != nil || again != retired {
+		t.Fatalf("approval retired twice: revision %d, %v; want %d (the second left it)", again, err, retired)
+	}
+	gone(t, "retired approval", func() error { _, _, err := s.Approvals.Get(ctx, a.ApprovalID); return err })
+}
+
+// A claim whose result an earlier version wrote without a TTL (it retired
+// claims when their batch ended) is retired so by this one: the read finds
+// no TTL, the rewrite adds it, and the claim leaves KV.
+func TestAClaimFromAnEarlierVersionIsRetiredAtItsBatchEnd(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := jstest.Ctx(t)
+	earlier := store.New(env.Buckets) // no retention: writes carry no TTL
+	now := store.New(env.Buckets)
+	now.Retain(env.JS, retention)
+	c := claim("t-00000000000000000009-0", "w1")
+	rev, err := earlier.Claims.Create(ctx, c.CallID, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Result = &schemas.ToolResult{CallID: c.CallID, Status: schemas.ResultOK}
+	if rev, err = earlier.Claims.Update(ctx, c.CallID, c, rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := now.Claims.Retire(ctx, c.CallID); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := now.Claims.Get(ctx, c.CallID); err != nil || got <= rev {
+		t.Fatalf("claim after Retire: revision %d, %v; want a rewrite after %d", got, err, rev)
+	}
+	gone(t, "claim of an earlier version, retired", func() error { _, _, err := now.Claims.Get(ctx, c.CallID); return err })
 }

@@ -14,9 +14,11 @@
 // Retention: records that have ended leave their bucket a retention period
 // after they ended (Store.Retain), by JetStream's per-message TTL (the
 // buckets allow it: topology.Config.BucketStreams). A terminal batch and an
-// idle session are written with the TTL as they end (Bucket.Ended); the
-// approvals and execution claims of a turn are retired (Bucket.Retire) when
-// its batch ends, since until then a redrive may still need them. The
+// idle session are written with the TTL as they end (Bucket.Ended), and so
+// is an execution claim as its result is recorded (its batch record takes
+// the result over in the same step; see batch.Engine.Execute for why that
+// is safe); the approvals of a turn are retired (Bucket.Retire) when its
+// batch ends, since until then a redrive may still need them. The
 // buckets keep one revision per key (topology.Config.Buckets), so no
 // earlier revision (a pending approval) is left to reappear when the TTL'd
 // one expires. A write without a TTL (the record is live again: a session
@@ -30,6 +32,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -73,15 +76,16 @@ func New(b topology.Buckets) *Store {
 			Ended: func(r *schemas.BatchRecord) bool { return r.State.Terminal() }},
 		Sessions: Bucket[schemas.SessionRecord, *schemas.SessionRecord]{KV: b.Sessions,
 			Ended: func(r *schemas.SessionRecord) bool { return r.Active == "" && len(r.Queue) == 0 }},
-		Claims:       Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims},
+		Claims: Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims,
+			Ended: func(c *schemas.ExecutionClaim) bool { return c.Result != nil }},
 		Grants:       Bucket[schemas.Grant, *schemas.Grant]{KV: b.Grants},
 		GrantIndexes: Bucket[schemas.GrantIndex, *schemas.GrantIndex]{KV: b.Grants},
 	}
 }
 
-// Retain makes ended records leave KV d after they ended: terminal batches
-// and idle sessions from their write, approvals and claims from their
-// Retire. The writes that carry a TTL are published through js (the
+// Retain makes ended records leave KV d after they ended: terminal batches,
+// idle sessions and claims with a result from their write, approvals from
+// their Retire. The writes that carry a TTL are published through js (the
 // buckets' JetStream). d is rounded down to whole seconds (the TTL's
 // resolution); less than a second keeps every record. Call it before the
 // store is used: it is not safe to call concurrently with writes.
@@ -92,6 +96,36 @@ func (s *Store) Retain(js jetstream.JetStream, d time.Duration) {
 	}
 	s.Approvals.TTL, s.Batches.TTL, s.Sessions.TTL, s.Claims.TTL = d, d, d, d
 	s.Approvals.JS, s.Batches.JS, s.Sessions.JS, s.Claims.JS = js, js, js, js
+	s.Approvals.raw = &rawReader{js: js, bucket: s.Approvals.KV.Bucket()}
+	s.Claims.raw = &rawReader{js: js, bucket: s.Claims.KV.Bucket()}
+}
+
+// rawReader reads a bucket's stored messages with their headers (which
+// KeyValue.Get does not return), through the bucket's stream, looked up
+// once.
+type rawReader struct {
+	js     jetstream.JetStream
+	bucket string
+	mu     sync.Mutex
+	stream jetstream.Stream
+}
+
+// last returns the message that holds key's latest revision, or
+// jetstream.ErrMsgNotFound.
+func (r *rawReader) last(ctx context.Context, key string) (*jetstream.RawStreamMsg, error) {
+	r.mu.Lock()
+	s := r.stream
+	r.mu.Unlock()
+	if s == nil {
+		var err error
+		if s, err = r.js.Stream(ctx, "KV_"+r.bucket); err != nil {
+			return nil, err
+		}
+		r.mu.Lock()
+		r.stream = s
+		r.mu.Unlock()
+	}
+	return s.GetLastMsgForSubject(ctx, "$KV."+r.bucket+"."+key)
 }
 
 // Bucket is a KV bucket holding records of type T.
@@ -110,6 +144,9 @@ type Bucket[T any, P schemas.Ptr[T]] struct {
 	// Ended reports whether a record has ended, so that writing it starts
 	// its TTL; nil: records end only by Retire.
 	Ended func(*T) bool
+	// raw, when set (Store.Retain), lets Retire see whether the latest
+	// revision already carries a TTL.
+	raw *rawReader
 }
 
 // ttlFor is the TTL a write of rec carries: zero unless it has ended.
@@ -281,30 +318,65 @@ func (b Bucket[T, P]) MutateFrom(ctx context.Context, key string, cur P, rev uin
 // again, as it is (it is not decoded), with the bucket's TTL, by
 // compare-and-set on the revision read, and read again on a conflict. The
 // key's earlier revisions are rolled up. A missing key, and a bucket
-// without a TTL, are left alone. Retiring again restarts the TTL.
+// without a TTL, are left alone; so is a latest revision that was written
+// with a TTL already (an ended record: a claim with its result, or one
+// retired before), whose TTL runs from that write: retiring costs a read,
+// not a write, then.
 func (b Bucket[T, P]) Retire(ctx context.Context, key string) error {
 	if b.TTL <= 0 {
 		return nil
 	}
 	for {
-		e, err := b.KV.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		data, rev, found, err := b.latest(ctx, key)
+		switch {
+		case err != nil:
+			return fmt.Errorf("retire %s/%s: %w", b.KV.Bucket(), key, err)
+		case !found:
 			return nil
 		}
-		if err != nil {
-			return fmt.Errorf("retire %s/%s: %w", b.KV.Bucket(), key, err)
-		}
-		_, err = b.putTTL(ctx, key, e.Value(), e.Revision(), b.TTL)
+		_, err = b.putTTL(ctx, key, data, rev, b.TTL)
 		switch {
 		case err == nil:
 			return nil
 		case !isConflict(err):
-			return fmt.Errorf("retire %s/%s@%d: %w", b.KV.Bucket(), key, e.Revision(), err)
+			return fmt.Errorf("retire %s/%s@%d: %w", b.KV.Bucket(), key, rev, err)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		}
 	}
 }
+
+// latest reads key's latest value and revision for Retire: found is false
+// for a missing or deleted key, and for one whose latest revision carries a
+// TTL already (seen only through raw; without it every value is found).
+func (b Bucket[T, P]) latest(ctx context.Context, key string) (data []byte, rev uint64, found bool, err error) {
+	if b.raw == nil {
+		e, err := b.KV.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return nil, 0, false, nil
+		}
+		if err != nil {
+			return nil, 0, false, err
+		}
+		return e.Value(), e.Revision(), true, nil
+	}
+	m, err := b.raw.last(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil, 0, false, nil
+	case err != nil:
+		return nil, 0, false, err
+	case m.Header.Get(kvOperationHeader) != "": // a delete or purge marker
+		return nil, 0, false, nil
+	case m.Header.Get(jetstream.MsgTTLHeader) != "":
+		return nil, 0, false, nil
+	}
+	return m.Data, m.Sequence, true, nil
+}
+
+// kvOperationHeader marks a KV delete or purge (nats.go's KV does not
+// export its name).
+const kvOperationHeader = "KV-Operation"
 
 // ErrSkip, returned by a Mutate function, means "no change needed".
 var ErrSkip = errors.New("store: no change")
