@@ -62,6 +62,11 @@ type sample struct {
 	// Planner path, all-in-one: the mean time of one model request as the
 	// planner timed it (tollgate_planner_model_seconds), in the window.
 	ModelMsPerCall float64 `json:"model_ms_per_call,omitempty"`
+	// DiskFlushesPerTurn is the flush requests completed by the disk that
+	// holds the server's store, per completed turn, inside the window
+	// (diskFlushes; 0 where the disk does not report them). Under
+	// sync_interval: always it is the turn's fsyncs as the disk saw them.
+	DiskFlushesPerTurn float64 `json:"disk_flushes_per_turn,omitempty"`
 	// Raw turn: compare-and-set conflicts between raw stages.
 	Conflicts int64 `json:"conflicts,omitempty"`
 	// All-in-one: messages the stages NAKed for a retry, and dead letters,
@@ -310,11 +315,19 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 		one, pubErrs = d.turn, d.pubErrs.Load
 	}
 	var self0, self1, kids0, kids1 time.Duration
+	var flush0, flush1 uint64
+	flushes := diskFlushes(e.dir)
 	window := func(open bool) {
 		if open {
 			self0, kids0 = cpuSelf(), cpuOf(pids)
+			if flushes != nil {
+				flush0, _ = flushes()
+			}
 		} else {
 			self1, kids1 = cpuSelf(), cpuOf(pids)
+			if flushes != nil {
+				flush1, _ = flushes()
+			}
 		}
 		if onWindow != nil {
 			onWindow(open)
@@ -330,6 +343,9 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 	}
 	perTurn := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(res.Completed) }
 	s.CPUPerTurn = perTurn(self1 - self0)
+	if flush1 > flush0 {
+		s.DiskFlushesPerTurn = float64(flush1-flush0) / float64(res.Completed)
+	}
 	if len(pids) > 0 {
 		s.StagesCPUPerTurn = perTurn(kids1 - kids0)
 	}

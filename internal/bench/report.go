@@ -492,7 +492,7 @@ func (f Figure) label() string {
 }
 
 func (f Figure) notes() string {
-	var allocs, bytes, deferred, cpu, stages []float64
+	var allocs, bytes, deferred, cpu, stages, flushes []float64
 	timeouts, errs, conflicts, retries, dead := 0, int64(0), int64(0), 0.0, 0.0
 	for _, s := range f.Samples {
 		if s.AllocsPerTurn > 0 {
@@ -507,6 +507,9 @@ func (f Figure) notes() string {
 		}
 		if s.StagesCPUPerTurn > 0 {
 			stages = append(stages, s.StagesCPUPerTurn)
+		}
+		if s.DiskFlushesPerTurn > 0 {
+			flushes = append(flushes, s.DiskFlushesPerTurn)
 		}
 		timeouts += s.Timeouts
 		errs += s.Errors
@@ -523,6 +526,12 @@ func (f Figure) notes() string {
 		} else {
 			n = append(n, fmt.Sprintf("CPU %.2f ms/turn (whole process)", c))
 		}
+	}
+	if len(flushes) > 0 && f.Sync == "always" {
+		// Only where every write is an fsync: in the default mode the
+		// count is the 2-minute flush's and the kernel's, not the turn's.
+		m, _, _ := median(flushes)
+		n = append(n, fmt.Sprintf("%.1f disk flushes/turn", m))
 	}
 	if len(allocs) > 0 {
 		a, _, _ := median(allocs)
