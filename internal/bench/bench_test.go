@@ -298,7 +298,7 @@ func TestDurableWritesPerTurn(t *testing.T) {
 		want  Writes
 	}{
 		{"the fast turn", rawFast, Writes{Publishes: 3, KV: 7, Total: 10}},
-		{"the approval turn", rawApproval, Writes{Publishes: 8, KV: 14, Total: 22}},
+		{"the approval turn", rawApproval, Writes{Publishes: 8, KV: 13, Total: 21}},
 		{"a failed create is no write", []step{{Op: opCreateExists}, {Op: "kv.get"}, {Op: "stream.get"}, {Op: "consume+ack"}}, Writes{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

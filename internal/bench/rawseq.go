@@ -28,11 +28,11 @@ import (
 // inbound message is its session's own skips it; the bench's sessions
 // rarely take that path.)
 //
-// Before the outcome, the stage that ends the batch starts the retention
-// of the turn's approvals (batch.Engine's retire: each read, then written
-// again with a TTL, by compare-and-set). A claim's retention started when
-// its result was written (with the TTL): retire reads it, sees the TTL and
-// leaves it.
+// Before the outcome, the stage that ends the batch retires the turn's
+// claims and approvals (batch.Engine's retire): each is read, and written
+// again with a TTL only if it has none. Today none needs it: a claim's
+// retention started when its result was written, an approval's when it
+// was decided (both with the TTL), so retire costs reads, not writes.
 //
 // sessionRecordBytes is the size of a new session record.
 // Before it creates an approval, the executor looks up the standing grants
@@ -108,7 +108,6 @@ var rawApproval = []step{
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1198},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_claims/<turn>-0"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 924},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_claims/<turn>-1"},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},

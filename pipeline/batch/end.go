@@ -194,17 +194,19 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 	return e.release(ctx, b.SessionID, b.TurnID, sess)
 }
 
-// retire starts the retention of the approvals and execution claims of b,
-// a terminal batch (store.Bucket.Retire; nothing when the store keeps
-// every record). Until now a redrive of the batch could still need them
-// (an approval decided long before its siblings, the claim of a call that
-// ran before the batch waited); from now on the terminal batch record
-// answers every trigger of the turn, and it leaves KV no later than they
-// do (it was written terminal, with the same TTL, before this). A failed
-// batch's approvals include those it never recorded, as abandonPending
-// finds them. It runs before the outcome is published, so that a crash in
+// retire makes sure the approvals and execution claims of b, a terminal
+// batch, have their retention started (store.Bucket.Retire; nothing when
+// the store keeps every record). Most already have it: a claim's starts
+// with its result's write, an approval's with its decision's, and for
+// those retire is a read. It writes the others: a claim left without a
+// result (its batch aborted), and records an earlier version ended
+// without a TTL. From now on the terminal batch record answers every
+// trigger of the turn, and it leaves KV no earlier than they do (it was
+// written terminal, with the same TTL, after them). A failed batch's
+// approvals include those it never recorded, as abandonPending finds
+// them. It runs before the outcome is published, so that a crash in
 // between is made good by the Finish of a redelivered trigger, which finds
-// no outcome yet; a Finish after the outcome does not write them again.
+// no outcome yet; a Finish after the outcome does not look at them again.
 func (e *Engine) retire(ctx context.Context, b *schemas.BatchRecord) error {
 	for i, call := range b.Calls {
 		id := b.Approvals[i]

@@ -125,3 +125,34 @@ func TestAResumedRunAfterTheRetentionRunsNoClaimlessCall(t *testing.T) {
 		}
 	})
 }
+
+// An approval's retention starts when it is decided. A batch that waits a
+// whole retention period after one approval's decision for a sibling's
+// finds the decided one gone when the last decision arrives: the barrier
+// cannot be evaluated on all of its approvals, so the batch fails closed
+// (APPROVAL_NOT_FOUND) and neither call runs.
+func TestABatchWhoseDecidedApprovalLeftFailsClosed(t *testing.T) {
+	const retention = 3 * time.Second
+	guarded := &pt.Counter{ToolName: "guarded"}
+	h := pt.Start(t, pt.Options{Policy: retentionPolicy, Tools: []tools.Tool{guarded}, Retention: retention})
+	turn := h.Send(h.Inbound("straddles", "alice", pt.Call("guarded", `{"n":0}`), pt.Call("guarded", `{"n":1}`)))
+	first, second := schemas.ApprovalID(turn, 0), schemas.ApprovalID(turn, 1)
+	h.WaitPending(second)
+	h.Decide(first, schemas.OptionApprove, "alice")
+	jstest.Eventually(t, 30*time.Second, "the decided approval removed while its sibling is pending", func() bool {
+		return h.Approval(first) == nil
+	})
+	if a := h.Approval(second); a == nil || a.Status != schemas.ApprovalPending {
+		t.Fatalf("the pending sibling: %+v; want it kept, pending", a)
+	}
+	h.Decide(second, schemas.OptionApprove, "alice")
+	b, _ := h.WaitTerminal(turn)
+	if b.State != schemas.BatchFailed || b.Code != schemas.CodeApprovalNotFound {
+		t.Fatalf("batch %s, %s (%s); want failed with %s", b.State, b.Code, b.Reason, schemas.CodeApprovalNotFound)
+	}
+	for i := range 2 {
+		if n := guarded.Runs(schemas.CallID(turn, i)); n != 0 {
+			t.Fatalf("call %d ran %d times, want 0", i, n)
+		}
+	}
+}

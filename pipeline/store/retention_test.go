@@ -99,15 +99,10 @@ func TestEndedRecordsLeaveAfterTheRetentionAndLiveOnesStay(t *testing.T) {
 			endedKey: "s2",
 		},
 		{
-			name: "an approval: decided stays until retired, then goes with its pending revision",
+			name: "an approval: pending stays, decided goes with its pending revision",
 			live: func(t *testing.T) {
 				a := approval("t-00000000000000000003")
-				rev, err := s.Approvals.Create(ctx, a.ApprovalID, a)
-				if err != nil {
-					t.Fatal(err)
-				}
-				a.Status = schemas.ApprovalApproved
-				if _, err := s.Approvals.Update(ctx, a.ApprovalID, a, rev); err != nil {
+				if _, err := s.Approvals.Create(ctx, a.ApprovalID, a); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -119,9 +114,6 @@ func TestEndedRecordsLeaveAfterTheRetentionAndLiveOnesStay(t *testing.T) {
 				}
 				a.Status = schemas.ApprovalApproved
 				if _, err := s.Approvals.Update(ctx, a.ApprovalID, a, rev); err != nil {
-					t.Fatal(err)
-				}
-				if err := s.Approvals.Retire(ctx, a.ApprovalID); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -240,7 +232,7 @@ func TestAStoreWithoutRetentionKeepsEndedRecords(t *testing.T) {
 
 // Retire writes a record again only if its latest revision has no TTL yet:
 // a claim whose result was written with the TTL is left as it is (a read,
-// no write), a decided approval is rewritten with the TTL.
+// no write); a record written without one gets it.
 func TestRetireWritesOnlyRecordsWithoutATTL(t *testing.T) {
 	s, ctx := retainedStore(t)
 	c := claim("t-00000000000000000007-0", "w1")
@@ -259,29 +251,27 @@ func TestRetireWritesOnlyRecordsWithoutATTL(t *testing.T) {
 		t.Fatalf("claim after Retire: revision %d, %v; want %d (not written again)", got, err, rev)
 	}
 
-	a := approval("t-00000000000000000008")
-	arev, err := s.Approvals.Create(ctx, a.ApprovalID, a)
+	// A record without a TTL (a batch: written live) is rewritten with one;
+	// retired again, it is left as it is.
+	id := "t-00000000000000000008"
+	brev, err := s.Batches.Create(ctx, id, batch(id, schemas.BatchAwaiting))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Status = schemas.ApprovalApproved
-	if arev, err = s.Approvals.Update(ctx, a.ApprovalID, a, arev); err != nil {
+	if err := s.Batches.Retire(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Approvals.Retire(ctx, a.ApprovalID); err != nil {
+	_, retired, err := s.Batches.Get(ctx, id)
+	if err != nil || retired <= brev {
+		t.Fatalf("batch after Retire: revision %d, %v; want a write after %d", retired, err, brev)
+	}
+	if err := s.Batches.Retire(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	_, retired, err := s.Approvals.Get(ctx, a.ApprovalID)
-	if err != nil || retired <= arev {
-		t.Fatalf("approval after Retire: revision %d, %v; want a write after %d", retired, err, arev)
+	if _, again, err := s.Batches.Get(ctx, id); err != nil || again != retired {
+		t.Fatalf("batch retired twice: revision %d, %v; want %d (the second left it)", again, err, retired)
 	}
-	if err := s.Approvals.Retire(ctx, a.ApprovalID); err != nil {
-		t.Fatal(err)
-	}
-	if _, again, err := s.Approvals.Get(ctx, a.ApprovalID); err != nil || again != retired {
-		t.Fatalf("approval retired twice: revision %d, %v; want %d (the second left it)", again, err, retired)
-	}
-	gone(t, "retired approval", func() error { _, _, err := s.Approvals.Get(ctx, a.ApprovalID); return err })
+	gone(t, "retired batch", func() error { _, _, err := s.Batches.Get(ctx, id); return err })
 }
 
 // A claim whose result an earlier version wrote without a TTL (it retired

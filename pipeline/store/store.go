@@ -15,10 +15,12 @@
 // after they ended (Store.Retain), by JetStream's per-message TTL (the
 // buckets allow it: topology.Config.BucketStreams). A terminal batch and an
 // idle session are written with the TTL as they end (Bucket.Ended), and so
-// is an execution claim as its result is recorded (its batch record takes
-// the result over in the same step; see batch.Engine.Execute for why that
-// is safe); the approvals of a turn are retired (Bucket.Retire) when its
-// batch ends, since until then a redrive may still need them. The
+// are an execution claim as its result is recorded (its batch record takes
+// the result over in the same step; see batch.Engine.ExecuteResumed for
+// why that is safe) and an approval as it is decided (docs/operations.md,
+// "Retention", says what that costs a batch that waits longer than the
+// retention for a sibling). Records that an earlier version wrote
+// without a TTL are retired (Bucket.Retire) when their batch ends. The
 // buckets keep one revision per key (topology.Config.Buckets), so no
 // earlier revision (a pending approval) is left to reappear when the TTL'd
 // one expires. A write without a TTL (the record is live again: a session
@@ -71,7 +73,8 @@ const DefaultRetention = 30 * 24 * time.Hour
 // Retain).
 func New(b topology.Buckets) *Store {
 	return &Store{
-		Approvals: Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]{KV: b.Approvals},
+		Approvals: Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]{KV: b.Approvals,
+			Ended: func(a *schemas.ApprovalRecord) bool { return a.Status != schemas.ApprovalPending }},
 		Batches: Bucket[schemas.BatchRecord, *schemas.BatchRecord]{KV: b.Batches,
 			Ended: func(r *schemas.BatchRecord) bool { return r.State.Terminal() }},
 		Sessions: Bucket[schemas.SessionRecord, *schemas.SessionRecord]{KV: b.Sessions,
@@ -84,8 +87,8 @@ func New(b topology.Buckets) *Store {
 }
 
 // Retain makes ended records leave KV d after they ended: terminal batches,
-// idle sessions and claims with a result from their write, approvals from
-// their Retire. The writes that carry a TTL are published through js (the
+// idle sessions, claims with a result and decided approvals from their
+// write; records without a TTL from their Retire. The writes that carry a TTL are published through js (the
 // buckets' JetStream). d is rounded down to whole seconds (the TTL's
 // resolution); less than a second keeps every record. Call it before the
 // store is used: it is not safe to call concurrently with writes.
@@ -97,6 +100,8 @@ func (s *Store) Retain(js jetstream.JetStream, d time.Duration) {
 	s.Approvals.TTL, s.Batches.TTL, s.Sessions.TTL, s.Claims.TTL = d, d, d, d
 	s.Approvals.JS, s.Batches.JS, s.Sessions.JS, s.Claims.JS = js, js, js, js
 	s.Approvals.raw = &rawReader{js: js, bucket: s.Approvals.KV.Bucket()}
+	s.Batches.raw = &rawReader{js: js, bucket: s.Batches.KV.Bucket()}
+	s.Sessions.raw = &rawReader{js: js, bucket: s.Sessions.KV.Bucket()}
 	s.Claims.raw = &rawReader{js: js, bucket: s.Claims.KV.Bucket()}
 }
 
