@@ -30,7 +30,10 @@ const retentionPolicy = `{
 // after the retention does not run a call with no claim
 // (TestAResumedRunAfterTheRetentionRunsNoClaimlessCall).
 func TestClaimsOutliveEveryMessageThatCouldRunTheirCall(t *testing.T) {
-	const retention = 3 * time.Second
+	// Long enough that the accepted message, kept no longer than the
+	// retention, is still there to be read after the approval is pending
+	// on a loaded machine.
+	const retention = 5 * time.Second
 	auto, guarded := &pt.Counter{ToolName: "auto"}, &pt.Counter{ToolName: "guarded"}
 	h := pt.Start(t, pt.Options{Policy: retentionPolicy, Tools: []tools.Tool{auto, guarded}, Retention: retention})
 	claim := func(callID string) error {
