@@ -89,23 +89,24 @@ func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call sche
 	return e.runClaimed(ctx, tc, tool, call, approvalID, claim, rev)
 }
 
-// ExecuteResumed is Execute for a call of batch b that a stage resumes: b
-// is in state running (the executor) or started (the redriver), written by
-// an earlier attempt, which may have claimed the call before it stopped.
+// ExecuteIn is Execute for a call of batch b, in state running (the
+// executor) or started (the redriver). resumed says that an earlier
+// attempt wrote that state, and may have claimed the call before it
+// stopped; a stage that has just written it itself passes false.
 //
 // A claim keeps its result for the retention period from the result's
 // write (store.Store.Retain), not until its batch ends: the batch record
 // takes the result over in the same step, so no later run of the batch
 // needs the claim. Only a run interrupted in between, and resumed a whole
 // retention period later, could find the claim gone and run the call
-// again. So when b's run began (b.UpdatedAt, the write of its state) a
-// retention period ago or more, a call with no claim is not run: it gets
-// needs_attention EXECUTION_UNCERTAIN. (The streams keep messages no
-// longer than the retention, so such a resumption can only come from the
-// redriver's sweep after an outage that long.) Otherwise, and with no
+// again. So in a resumed run that began (b.UpdatedAt, the write of its
+// state) a retention period ago or more, a call with no claim is not run:
+// it gets needs_attention EXECUTION_UNCERTAIN. (The streams keep messages
+// no longer than the retention, so such a resumption can only come from
+// the redriver's sweep after an outage that long.) Otherwise, and with no
 // retention, it is Execute.
-func (e *Engine) ExecuteResumed(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
-	if ttl := e.cfg.Store.Claims.TTL; ttl > 0 && e.Now().Sub(b.UpdatedAt) >= ttl {
+func (e *Engine) ExecuteIn(ctx context.Context, b *schemas.BatchRecord, resumed bool, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
+	if ttl := e.cfg.Store.Claims.TTL; resumed && ttl > 0 && e.Now().Sub(b.UpdatedAt) >= ttl {
 		_, _, err := e.cfg.Store.Claims.Get(ctx, call.CallID)
 		switch {
 		case errors.Is(err, store.ErrNotFound):

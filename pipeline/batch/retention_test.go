@@ -81,12 +81,13 @@ func TestClaimsOutliveEveryMessageThatCouldRunTheirCall(t *testing.T) {
 // claim of a call it interrupted gone (expired with its result): such a
 // call is not run again, it needs attention. A call that still has its
 // claim gets the claim's result, and a run that began less than a
-// retention period ago runs a call that has no claim.
+// retention period ago, or that the caller began itself, runs a call that
+// has no claim.
 func TestAResumedRunAfterTheRetentionRunsNoClaimlessCall(t *testing.T) {
 	const retention = 3 * time.Second
 	tool := &pt.Counter{ToolName: "auto"}
 	h := pt.Start(t, pt.Options{Policy: retentionPolicy, Tools: []tools.Tool{tool}, Retention: retention, Stages: []string{}})
-	tc := h.Accept(h.Inbound("resumed", "alice", pt.Call("auto", `{}`), pt.Call("auto", `{}`), pt.Call("auto", `{}`)))
+	tc := h.Accept(h.Inbound("resumed", "alice", pt.Call("auto", `{}`), pt.Call("auto", `{}`), pt.Call("auto", `{}`), pt.Call("auto", `{}`)))
 	b := &schemas.BatchRecord{TurnID: tc.TurnID, Context: tc.Context, Calls: tc.Calls, State: schemas.BatchStarted}
 	ctx, cancel := h.Ctx()
 	defer cancel()
@@ -110,7 +111,7 @@ func TestAResumedRunAfterTheRetentionRunsNoClaimlessCall(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := tc.Calls[tt.call]
-			res, err := h.Engine.ExecuteResumed(ctx, b, c, "")
+			res, err := h.Engine.ExecuteIn(ctx, b, true, c, "")
 			if err != nil || res.Status != tt.status || res.Code != tt.code {
 				t.Fatalf("result %+v, %v; want %s %s", res, err, tt.status, tt.code)
 			}
@@ -119,14 +120,24 @@ func TestAResumedRunAfterTheRetentionRunsNoClaimlessCall(t *testing.T) {
 			}
 		})
 	}
-	t.Run("a run that began within the retention runs a call with no claim", func(t *testing.T) {
-		b.UpdatedAt = h.Engine.Now()
-		c := tc.Calls[2]
-		res, err := h.Engine.ExecuteResumed(ctx, b, c, "")
-		if err != nil || res.Status != schemas.ResultOK || tool.Runs(c.CallID) != 1 {
-			t.Fatalf("result %+v, %v, runs %d; want ok, run once", res, err, tool.Runs(c.CallID))
-		}
-	})
+	for _, tt := range []struct {
+		name    string
+		call    int
+		began   time.Time
+		resumed bool
+	}{
+		{"a resumed run that began within the retention runs a call with no claim", 2, h.Engine.Now(), true},
+		{"a run this attempt began runs a call with no claim, however old its state", 3, h.Engine.Now().Add(-retention - time.Second), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b.UpdatedAt = tt.began
+			c := tc.Calls[tt.call]
+			res, err := h.Engine.ExecuteIn(ctx, b, tt.resumed, c, "")
+			if err != nil || res.Status != schemas.ResultOK || tool.Runs(c.CallID) != 1 {
+				t.Fatalf("result %+v, %v, runs %d; want ok, run once", res, err, tool.Runs(c.CallID))
+			}
+		})
+	}
 }
 
 // An approval's retention starts when it is decided. A batch that waits a

@@ -408,13 +408,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 			results[i] = eng.Result(call, schemas.ResultDenied, schemas.CodePolicyDenied,
 				fmt.Sprintf("policy %s denies %s for a %s audience", x.cfg.Policy.Version(), call.Tool, tc.Audience), "")
 		case policy.ModeNever:
-			execute := eng.Execute
-			if resumed {
-				execute = func(ctx context.Context, _ *schemas.TurnContext, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
-					return eng.ExecuteResumed(ctx, b, call, approvalID)
-				}
-			}
-			r, err := execute(ctx, tc, call, "")
+			r, err := eng.ExecuteIn(ctx, b, resumed, call, "")
 			if err != nil {
 				return err
 			}

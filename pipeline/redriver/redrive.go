@@ -415,7 +415,7 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 	}
 	results := make([]*schemas.ToolResult, len(b.Calls))
 	// A batch this attempt did not move to started itself is a resumption:
-	// an earlier attempt may have claimed its calls (ExecuteResumed).
+	// an earlier attempt may have claimed its calls (batch.Engine.ExecuteIn).
 	resumed := fresh.Batch == nil
 	// The batch as last read, for the compare-and-set that completes it:
 	// no other stage writes a started batch on the normal path, so the
@@ -478,13 +478,7 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		}
 		switch {
 		case p.Run:
-			var res *schemas.ToolResult
-			var err error
-			if resumed {
-				res, err = eng.ExecuteResumed(ctx, b, call, a.ApprovalID)
-			} else {
-				res, err = eng.Execute(ctx, b.Context, call, a.ApprovalID)
-			}
+			res, err := eng.ExecuteIn(ctx, b, resumed, call, a.ApprovalID)
 			if err != nil {
 				return err
 			}

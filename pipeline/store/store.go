@@ -16,7 +16,7 @@
 // buckets allow it: topology.Config.BucketStreams). A terminal batch and an
 // idle session are written with the TTL as they end (Bucket.Ended), and so
 // are an execution claim as its result is recorded (its batch record takes
-// the result over in the same step; see batch.Engine.ExecuteResumed for
+// the result over in the same step; see batch.Engine.ExecuteIn for
 // why that is safe) and an approval as it is decided (docs/operations.md,
 // "Retention", says what that costs a batch that waits longer than the
 // retention for a sibling). Records that an earlier version wrote
@@ -88,8 +88,9 @@ func New(b topology.Buckets) *Store {
 
 // Retain makes ended records leave KV d after they ended: terminal batches,
 // idle sessions, claims with a result and decided approvals from their
-// write; records without a TTL from their Retire. The writes that carry a TTL are published through js (the
-// buckets' JetStream). d is rounded down to whole seconds (the TTL's
+// write; records an earlier version ended without a TTL from their Retire.
+// The writes that carry a TTL are published through js (the buckets'
+// JetStream). d is rounded down to whole seconds (the TTL's
 // resolution); less than a second keeps every record. Call it before the
 // store is used: it is not safe to call concurrently with writes.
 func (s *Store) Retain(js jetstream.JetStream, d time.Duration) {
