@@ -146,6 +146,13 @@ func runChaos(t *testing.T, cfg Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.Seed == 0 {
+		// Drawn here, not by Run, so that the checks below read the plan
+		// the run drove: each withDefaults of a zero seed draws another
+		// from the clock, and the grant check once counted the planned
+		// grant decisions of a different plan.
+		cfg.Seed = cfg.withDefaults().Seed
+	}
 	if cfg.BinDir == "" && !cfg.RaceBinaries {
 		cfg.BinDir = sharedBinaries(t)
 	}
