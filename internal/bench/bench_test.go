@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -24,16 +26,7 @@ func TestRawStagesPerformTheRawSequences(t *testing.T) {
 		p             path
 		decisionFirst bool
 	}{{fastPath, false}, {approvalPath, true}} {
-		e, err := startEnv(t.TempDir(), single)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(e.close)
-		nc, js, err := e.connect("raw")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
+		e, js := connectedEnv(t, single, "raw")
 		r, err := startRawStages(js, rawSequence(c.p), c.p)
 		if err != nil {
 			t.Fatal(err)
@@ -317,16 +310,7 @@ func TestClusterEnv(t *testing.T) {
 	if st.String() != "always R3" || single.String() != "default" {
 		t.Fatalf("labels %q and %q", st.String(), single.String())
 	}
-	e, err := startEnv(t.TempDir(), st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.close)
-	nc, js, err := e.connect("cluster-check")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	_, js := connectedEnv(t, st, "cluster-check")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, name := range []string{topology.StreamInbound, "KV_" + topology.BucketBatches} {
@@ -342,4 +326,21 @@ func TestClusterEnv(t *testing.T) {
 			t.Errorf("stream %s: %d replicas configured, cluster %+v; want 3 on 3 nodes", name, info.Config.Replicas, info.Cluster)
 		}
 	}
+}
+
+// connectedEnv starts the bench's servers on st for t and connects a
+// client named name; both are closed when t ends.
+func connectedEnv(t *testing.T, st storage, name string) (*env, jetstream.JetStream) {
+	t.Helper()
+	e, err := startEnv(t.TempDir(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.close)
+	nc, js, err := e.connect(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return e, js
 }

@@ -5,7 +5,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // diskFlushes returns a reader of the count of flush requests the block
@@ -18,11 +19,10 @@ import (
 // counter is the whole device's: anything else writing to it in the window
 // is counted too.
 func diskFlushes(dir string) func() (uint64, bool) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(dir, &st); err != nil {
+	major, minor, err := deviceOf(dir)
+	if err != nil {
 		return nil
 	}
-	major, minor := (st.Dev>>8)&0xfff|(st.Dev>>32)&^0xfff, st.Dev&0xff|(st.Dev>>12)&^0xff
 	read := func() (uint64, bool) {
 		f, err := os.Open("/proc/diskstats")
 		if err != nil {
@@ -32,7 +32,7 @@ func diskFlushes(dir string) func() (uint64, bool) {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
 			fl := strings.Fields(sc.Text())
-			if len(fl) < 19 || fl[0] != strconv.FormatUint(major, 10) || fl[1] != strconv.FormatUint(minor, 10) {
+			if len(fl) < 19 || fl[0] != strconv.FormatUint(uint64(major), 10) || fl[1] != strconv.FormatUint(uint64(minor), 10) {
 				continue
 			}
 			n, err := strconv.ParseUint(fl[18], 10, 64)
@@ -44,4 +44,14 @@ func diskFlushes(dir string) func() (uint64, bool) {
 		return nil
 	}
 	return read
+}
+
+// deviceOf returns the major and minor number of the device that holds
+// dir.
+func deviceOf(dir string) (major, minor uint32, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return 0, 0, err
+	}
+	return unix.Major(st.Dev), unix.Minor(st.Dev), nil
 }

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -18,11 +17,10 @@ func TestDiskFlushesCountsAnFsync(t *testing.T) {
 	dir := t.TempDir()
 	read := diskFlushes(dir)
 	if read == nil {
-		var st syscall.Stat_t
-		if err := syscall.Stat(dir, &st); err != nil {
+		major, minor, err := deviceOf(dir)
+		if err != nil {
 			t.Fatal(err)
 		}
-		major, minor := (st.Dev>>8)&0xfff|(st.Dev>>32)&^0xfff, st.Dev&0xff|(st.Dev>>12)&^0xff
 		stats, err := os.ReadFile("/proc/diskstats")
 		if err == nil && strings.Contains(string(stats), fmt.Sprintf(" %d %d ", major, minor)) {
 			t.Fatalf("no flush counter for %s, but /proc/diskstats lists its device %d:%d", dir, major, minor)

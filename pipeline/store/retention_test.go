@@ -22,6 +22,23 @@ func retainedStore(t *testing.T) (*store.Store, context.Context) {
 	return s, jstest.Ctx(t)
 }
 
+// ranClaim writes the claim of callID through s as a call that ran leaves
+// it: created, then its result recorded. It returns the claim and the
+// result write's revision.
+func ranClaim(ctx context.Context, t *testing.T, s *store.Store, callID string) (*schemas.ExecutionClaim, uint64) {
+	t.Helper()
+	c := claim(callID, "w1")
+	rev, err := s.Claims.Create(ctx, c.CallID, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Result = &schemas.ToolResult{CallID: c.CallID, Status: schemas.ResultOK}
+	if rev, err = s.Claims.Update(ctx, c.CallID, c, rev); err != nil {
+		t.Fatal(err)
+	}
+	return c, rev
+}
+
 // gone waits until get reports the key missing, failing the test if it does
 // not within the deadline.
 func gone(t *testing.T, what string, get func() error) {
@@ -130,15 +147,7 @@ func TestEndedRecordsLeaveAfterTheRetentionAndLiveOnesStay(t *testing.T) {
 				}
 			},
 			ended: func(t *testing.T) {
-				c := claim("t-00000000000000000006-0", "w1")
-				rev, err := s.Claims.Create(ctx, c.CallID, c)
-				if err != nil {
-					t.Fatal(err)
-				}
-				c.Result = &schemas.ToolResult{CallID: c.CallID, Status: schemas.ResultOK}
-				if _, err := s.Claims.Update(ctx, c.CallID, c, rev); err != nil {
-					t.Fatal(err)
-				}
+				ranClaim(ctx, t, s, "t-00000000000000000006-0")
 			},
 			get:      func(k string) error { _, _, err := s.Claims.Get(ctx, k); return err },
 			liveKey:  "t-00000000000000000005-0",
@@ -235,15 +244,7 @@ func TestAStoreWithoutRetentionKeepsEndedRecords(t *testing.T) {
 // no write); a record written without one gets it.
 func TestRetireWritesOnlyRecordsWithoutATTL(t *testing.T) {
 	s, ctx := retainedStore(t)
-	c := claim("t-00000000000000000007-0", "w1")
-	rev, err := s.Claims.Create(ctx, c.CallID, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Result = &schemas.ToolResult{CallID: c.CallID, Status: schemas.ResultOK}
-	if rev, err = s.Claims.Update(ctx, c.CallID, c, rev); err != nil {
-		t.Fatal(err)
-	}
+	c, rev := ranClaim(ctx, t, s, "t-00000000000000000007-0")
 	if err := s.Claims.Retire(ctx, c.CallID); err != nil {
 		t.Fatal(err)
 	}
@@ -283,15 +284,7 @@ func TestAClaimFromAnEarlierVersionIsRetiredAtItsBatchEnd(t *testing.T) {
 	earlier := store.New(env.Buckets) // no retention: writes carry no TTL
 	now := store.New(env.Buckets)
 	now.Retain(env.JS, retention)
-	c := claim("t-00000000000000000009-0", "w1")
-	rev, err := earlier.Claims.Create(ctx, c.CallID, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Result = &schemas.ToolResult{CallID: c.CallID, Status: schemas.ResultOK}
-	if rev, err = earlier.Claims.Update(ctx, c.CallID, c, rev); err != nil {
-		t.Fatal(err)
-	}
+	c, rev := ranClaim(ctx, t, earlier, "t-00000000000000000009-0")
 	if err := now.Claims.Retire(ctx, c.CallID); err != nil {
 		t.Fatal(err)
 	}
