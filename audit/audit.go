@@ -105,6 +105,7 @@ type Query struct {
 func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger) ([]Event, error) {
 	var events, turns []Event
 	sessions := map[string]string{} // turn id -> session id
+	keys := map[string]string{}     // turn id -> session key, from a requested event's context
 	err := readStream(ctx, js, topology.StreamEvents, filters(q), q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
 		at := Event{Time: meta.Timestamp.UTC(), Stream: topology.StreamEvents, Seq: meta.Sequence.Stream}
 		es, session, err := decodeEvent(at, m.Subject(), m.Data())
@@ -114,6 +115,9 @@ func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger
 		}
 		if session != "" && len(es) > 0 {
 			sessions[es[0].TurnID] = session
+			if rec := es[0].Record; rec != nil && rec.Context != nil {
+				keys[es[0].TurnID] = schemas.SessionKeyOf(rec.Context)
+			}
 		}
 		events = append(events, es...)
 	})
@@ -122,10 +126,11 @@ func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger
 	}
 	if q.Approval == "" {
 		// The turns stream is keyed by session, not turn: a turn's own
-		// session narrows the read when one of its events named it.
+		// session key narrows the read when one of its requested events
+		// carried its context.
 		filter := topology.SubjectTurnAccepted + "*"
-		if s := sessions[q.Turn]; q.Turn != "" && s != "" {
-			filter = topology.AcceptedSubject(schemas.SessionKey(s))
+		if k := keys[q.Turn]; q.Turn != "" && k != "" {
+			filter = topology.AcceptedSubject(k)
 		}
 		err = readStream(ctx, js, topology.StreamTurns, []string{filter}, q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
 			t, err := schemas.Decode[schemas.AcceptedTurn](m.Data())

@@ -41,9 +41,10 @@ func exampleChannel() schemas.Channel {
 
 func exampleContext() *schemas.TurnContext {
 	return &schemas.TurnContext{
-		V:         1,
-		SessionID: exSession,
-		TurnID:    exTurnID,
+		V:          1,
+		SessionID:  exSession,
+		SessionKey: schemas.SessionKey(exTransport, exSession),
+		TurnID:     exTurnID,
 		Requester: schemas.Requester{
 			Principal: schemas.Principal(exTransport, "U02ABCDEF"),
 			SenderID:  "U02ABCDEF",

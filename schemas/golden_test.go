@@ -712,3 +712,36 @@ func TestBatchRecordWithoutLoopKeysDecodes(t *testing.T) {
 		t.Fatalf("decoded %+v\nwant %+v", b, ex)
 	}
 }
+
+// A context sealed by the previous version has no session_key: it still
+// decodes, to the example without it, and its session is the legacy one
+// (docs/protocol.md §3.1).
+func TestGoldenContextWithoutSessionKey(t *testing.T) {
+	golden := readGolden(t, "turn_context.v1-unscoped.msgpack")
+	tc, err := schemas.Decode[schemas.TurnContext](golden)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	want := exampleContext()
+	want.SessionKey = ""
+	if enc, err := schemas.Encode(want); err != nil || !bytes.Equal(enc, golden) {
+		t.Fatalf("the example without its session key encodes to other bytes than the previous version's vector (%v)", err)
+	}
+	if tc.SessionKey != "" || tc.SessionID != want.SessionID || tc.Transport != want.Transport {
+		t.Fatalf("decoded %+v, want the example without its session key", tc)
+	}
+	if got := schemas.SessionKeyOf(tc); got != schemas.LegacySessionKey(exSession) {
+		t.Fatalf("SessionKeyOf = %s, want the legacy key %s", got, schemas.LegacySessionKey(exSession))
+	}
+}
+
+// A context whose session key is not its own transport's and session's
+// is refused: a context cannot name another transport's session.
+func TestContextWithAnotherSessionKeyIsInvalid(t *testing.T) {
+	tc := exampleContext()
+	tc.SessionKey = schemas.SessionKey("gateway", exSession)
+	err := tc.Check()
+	if schemas.CodeOf(err) != schemas.CodeTurnContextInvalid || !strings.Contains(err.Error(), "session_key") {
+		t.Fatalf("Check = %v, want TURN_CONTEXT_INVALID naming session_key", err)
+	}
+}

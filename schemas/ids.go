@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // Identifiers are derived, not random, wherever a redelivery must land on the
@@ -69,11 +70,58 @@ func TurnIDOfApproval(id string) string {
 	return "t-" + rest[:i]
 }
 
-// SessionKey is the KV key of a session: a hash, since transport session ids
-// may hold characters that are not valid in a key.
-func SessionKey(sessionID string) string {
+// SessionKey is the key of the session sessionID of transport: the KV key
+// of its session record (tollgate_sessions), the token that ends its inbound,
+// accepted and ready subjects, and the root of its planner conversation and
+// loop queue keys. It hashes the transport with the id (transport session
+// ids may hold characters that are not valid in a key), so a session belongs
+// to one transport: a principal of another transport that sends the same
+// session id gets another session, and cannot read, join, block or
+// supersede this one (docs/security.md rule 12). The trust boundary is the
+// transport's (policy "transports"), so it is scoped too; it is not hashed
+// in, so that a policy change does not split a session's queue.
+//
+// Ingest computes it once and seals it into the TurnContext
+// (TurnContext.SessionKey); every later stage reads it from there
+// (SessionKeyOf), never from live transport state.
+func SessionKey(transport, sessionID string) string {
+	return "s-" + hashHex("session/transport", transport, sessionID)[:32]
+}
+
+// LegacySessionKey is the key the previous version gave a session: a hash
+// of the session id alone, shared by every transport. It is read only for
+// the turns whose TurnContext was sealed by that version (no SessionKey
+// field; see SessionKeyOf), so that their pending approvals and queued
+// turns finish in the session record they were queued in. It is never
+// given to a new turn.
+func LegacySessionKey(sessionID string) string {
 	return "s-" + hashHex("session", sessionID)[:32]
 }
+
+// legacySessionKeys counts SessionKeyOf's answers for contexts sealed by
+// the previous version (LegacySessionKeyUses).
+var legacySessionKeys atomic.Uint64
+
+// SessionKeyOf returns the session key of the turn tc is the context of:
+// tc.SessionKey, sealed at ingest. A context sealed by the previous
+// version has none; its turn stays in the session it was queued in, under
+// LegacySessionKey(tc.SessionID). That is the one compatibility path of
+// session keys; it is counted (LegacySessionKeyUses, exported as
+// tollgate_legacy_session_keys_total). A nil context has no session: "".
+func SessionKeyOf(tc *TurnContext) string {
+	switch {
+	case tc == nil:
+		return ""
+	case tc.SessionKey != "":
+		return tc.SessionKey
+	}
+	legacySessionKeys.Add(1)
+	return LegacySessionKey(tc.SessionID)
+}
+
+// LegacySessionKeyUses is how many times this process resolved a session
+// key by the compatibility path of SessionKeyOf.
+func LegacySessionKeyUses() uint64 { return legacySessionKeys.Load() }
 
 // Principal is the identity of a sender on a transport: "transport:sender".
 func Principal(transport, senderID string) string {

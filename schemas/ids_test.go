@@ -1,6 +1,8 @@
 package schemas_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"regexp"
 	"strings"
 	"testing"
@@ -79,18 +81,64 @@ func TestTurnIDOfApprovalRejectsOtherShapes(t *testing.T) {
 }
 
 func TestSessionKey(t *testing.T) {
-	a := schemas.SessionKey("T024BE7LD/C0123ABC/1710408400.000050")
+	const thread = "T024BE7LD/C0123ABC/1710408400.000050"
+	a := schemas.SessionKey("slack", thread)
 	if !regexp.MustCompile(`^s-[0-9a-f]{32}$`).MatchString(a) {
 		t.Fatalf("SessionKey = %q, want s- and 32 hex characters", a)
 	}
-	if a != schemas.SessionKey("T024BE7LD/C0123ABC/1710408400.000050") {
-		t.Errorf("SessionKey is not deterministic")
+	tests := []struct {
+		name      string
+		transport string
+		session   string
+		same      bool
+	}{
+		{"the same transport and session are one session", "slack", thread, true},
+		{"another session of the transport is another session", "slack", "T024BE7LD/C0123ABC/1710408400.000051", false},
+		{"the same session id on another transport is another session", "gateway", thread, false},
+		{"the same id split differently between transport and session is another session", "slackT024BE7LD", "/C0123ABC/1710408400.000050", false},
 	}
-	if a == schemas.SessionKey("T024BE7LD/C0123ABC/1710408400.000051") {
-		t.Errorf("different sessions share a key")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := schemas.SessionKey(tt.transport, tt.session) == a; got != tt.same {
+				t.Errorf("SessionKey(%q, %q) == SessionKey(slack, thread): %v, want %v", tt.transport, tt.session, got, tt.same)
+			}
+		})
 	}
-	if schemas.SessionKey("x") == schemas.TurnID("x", "") {
+	if a == schemas.LegacySessionKey(thread) {
+		t.Errorf("the scoped key is the legacy key")
+	}
+	if schemas.SessionKey("x", "") == schemas.TurnID("x", "") {
 		t.Errorf("session key and turn id share a hash domain")
+	}
+}
+
+// TestLegacySessionKey pins the previous version's key, which contexts
+// sealed before the upgrade still resolve to (their sessions' records are
+// stored under it).
+func TestLegacySessionKey(t *testing.T) {
+	if got, want := schemas.LegacySessionKey("demo"), "s-"+hexSHA256("session\x00demo\x00")[:32]; got != want {
+		t.Errorf("LegacySessionKey(demo) = %s, want %s", got, want)
+	}
+}
+
+func TestSessionKeyOf(t *testing.T) {
+	scoped := &schemas.TurnContext{SessionID: "demo", Transport: "cli", SessionKey: schemas.SessionKey("cli", "demo")}
+	legacy := &schemas.TurnContext{SessionID: "demo", Transport: "cli"}
+	before := schemas.LegacySessionKeyUses()
+	if got := schemas.SessionKeyOf(scoped); got != scoped.SessionKey {
+		t.Errorf("SessionKeyOf(scoped) = %s, want its sealed key %s", got, scoped.SessionKey)
+	}
+	if schemas.LegacySessionKeyUses() != before {
+		t.Errorf("a scoped context counted as a legacy use")
+	}
+	if got := schemas.SessionKeyOf(legacy); got != schemas.LegacySessionKey("demo") {
+		t.Errorf("SessionKeyOf(context sealed by the previous version) = %s, want the legacy key", got)
+	}
+	if schemas.LegacySessionKeyUses() != before+1 {
+		t.Errorf("the legacy path was not counted")
+	}
+	if got := schemas.SessionKeyOf(nil); got != "" {
+		t.Errorf("SessionKeyOf(nil) = %q", got)
 	}
 }
 
@@ -108,7 +156,7 @@ func TestGeneratedIDsAreValidKeys(t *testing.T) {
 	turn := schemas.TurnID("slack", "1710408413.000100")
 	ids := []string{turn, schemas.CallID(turn, 0), schemas.CallID(turn, 31), schemas.ApprovalID(turn, 0), schemas.ApprovalID(turn, 31)}
 	for _, s := range sessions {
-		ids = append(ids, schemas.SessionKey(s), schemas.TurnID("web", s))
+		ids = append(ids, schemas.SessionKey("web", s), schemas.LegacySessionKey(s), schemas.TurnID("web", s))
 	}
 	for _, id := range ids {
 		if !schemas.ValidKey(id) {
@@ -167,4 +215,9 @@ func TestTurnIDOfCall(t *testing.T) {
 			}
 		})
 	}
+}
+
+func hexSHA256(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
 }

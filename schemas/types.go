@@ -180,8 +180,13 @@ type Provenance struct {
 // stage reads it only from what was persisted with the turn, batch or
 // approval record.
 type TurnContext struct {
-	V             Version    `msgpack:"v"`
-	SessionID     string     `msgpack:"session_id"`
+	V         Version `msgpack:"v"`
+	SessionID string  `msgpack:"session_id"`
+	// SessionKey is SessionKey(Transport, SessionID), computed once at
+	// ingest: the session the turn belongs to (its record, order queue and
+	// planner conversation). Empty in contexts sealed by the previous
+	// version, whose turns keep their legacy session (SessionKeyOf).
+	SessionKey    string     `msgpack:"session_key,omitempty"`
 	TurnID        string     `msgpack:"turn_id"`
 	Requester     Requester  `msgpack:"requester"`
 	Transport     string     `msgpack:"transport"`

@@ -196,7 +196,18 @@ func (c *TurnContext) validate() error {
 		c.Channel.check("channel"),
 		checkString("trust_boundary", c.TrustBoundary, maxShortBytes, true, false),
 		c.Seal.check(),
+		c.checkSessionKey(),
 	)
+}
+
+// checkSessionKey: a context's session key, when it has one, is the one its
+// transport and session id give (SessionKey); a context may not name
+// another transport's session.
+func (c *TurnContext) checkSessionKey() error {
+	if c.SessionKey == "" || c.SessionKey == SessionKey(c.Transport, c.SessionID) {
+		return nil
+	}
+	return Errorf(CodeInvalidInput, "session_key %q is not the key of session %q of transport %q", c.SessionKey, c.SessionID, c.Transport)
 }
 
 func (s *Seal) check() error {

@@ -209,7 +209,7 @@ func testPlannerAndSlackRefusals(t *testing.T, url string, admin *client, adminK
 	}
 	const forged = "t-forged"
 	forgedSession := "s-forged"
-	conversation := schemas.ConversationKey(schemas.SessionKey("D-alice"))
+	conversation := schemas.ConversationKey(schemas.SessionKey(tgslack.Name, "D-alice"))
 	drifted := topology.DefaultConfig()
 	drifted.Storage = jetstream.MemoryStorage
 

@@ -390,7 +390,7 @@ func (d *driver) send(session string) (*turn, error) {
 	m := &nats.Msg{Subject: topology.InboundSubject("cli", session), Data: data, Header: nats.Header{}}
 	if d.raw {
 		m.Header.Set(hdrTurn, turnID)
-		m.Header.Set(hdrSession, schemas.SessionKey(session))
+		m.Header.Set(hdrSession, schemas.SessionKey("cli", session))
 	}
 	t := &turn{id: turnID, done: make(chan struct{})}
 	d.mu.Lock()

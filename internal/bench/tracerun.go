@@ -145,7 +145,7 @@ func traceOn(e *env, st stager, p path, raw, decisionFirst bool) ([]step, error)
 	names := [][2]string{
 		{schemas.ApprovalID(t.id, p.approvalIndex()), "<approval>"},
 		{t.id, "<turn>"},
-		{schemas.SessionKey("trace-session"), "<session>"},
+		{schemas.SessionKey("cli", "trace-session"), "<session>"},
 		{benchGrantIndex, "<grant-index>"},
 	}
 	return canonical(tr.snapshot(), names, stageOfConsumer), nil

@@ -62,11 +62,24 @@ const SubjectToolsList = "tollgate.tools.list"
 // arrival order (InboundSessionFilter), so that scaled ingest and executor
 // replicas still run a session's turns in the order they arrived.
 func InboundSubject(transport, sessionID string) string {
-	return SubjectInboundPrefix + transport + "." + schemas.SessionKey(sessionID)
+	return SubjectInboundPrefix + transport + "." + schemas.SessionKey(transport, sessionID)
 }
 
-// InboundSessionFilter matches the inbound messages of the session with key
-// sessionKey, from any transport.
+// LegacyInboundSubject is the subject a transport of the previous version
+// published a message of session sessionID on (its session token was
+// schemas.LegacySessionKey). Ingest still admits a message stored there, so
+// that nothing published before an upgrade, or by a transport not yet
+// upgraded, is lost; the turn it becomes belongs to the transport-scoped
+// session all the same (the key is computed from the body's transport,
+// which must be the subject's).
+func LegacyInboundSubject(transport, sessionID string) string {
+	return SubjectInboundPrefix + transport + "." + schemas.LegacySessionKey(sessionID)
+}
+
+// InboundSessionFilter matches the inbound messages stored under session
+// key sessionKey. A key names one transport's session (schemas.SessionKey);
+// the transport token is a wildcard only so that a message another
+// transport forged under it is found, and refused, by the order check.
 func InboundSessionFilter(sessionKey string) string { return SubjectInboundPrefix + "*." + sessionKey }
 
 // AcceptedSubject is where ingest publishes a turn of the session with key sessionKey.

@@ -16,6 +16,7 @@ func TestAbortEndsTheBatchOnceAndFreesItsSession(t *testing.T) {
 	h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
 	first, next := schemas.TurnID("cli", "abort-1"), schemas.TurnID("cli", "abort-2")
 	const session = "abort-session"
+	sess := batch.Session{ID: session, Key: schemas.SessionKey("cli", session)}
 	for i, turn := range []string{first, next} {
 		var calls []schemas.ToolCall
 		state := schemas.BatchQueued
@@ -23,14 +24,14 @@ func TestAbortEndsTheBatchOnceAndFreesItsSession(t *testing.T) {
 			calls, state = []schemas.ToolCall{call(first, 0, "count", `{}`)}, schemas.BatchRunning
 		}
 		rec := &schemas.BatchRecord{
-			TurnID: turn, SessionID: session, Context: turnContext(turn), Calls: calls, State: state,
+			TurnID: turn, SessionID: session, Context: turnContextIn(turn, session), Calls: calls, State: state,
 			Approvals: make([]string, len(calls)), Results: make([]*schemas.ToolResult, len(calls)),
 		}
 		if _, err := f.st.Batches.Create(ctx(t), turn, rec); err != nil {
 			t.Fatal(err)
 		}
 		// first becomes active, next queues behind it.
-		if active, err := f.eng.Acquire(ctx(t), session, turn, 0, nil); err != nil || active != (i == 0) {
+		if active, err := f.eng.Acquire(ctx(t), sess, turn, 0, nil); err != nil || active != (i == 0) {
 			t.Fatalf("acquire %s: %v %v", turn, active, err)
 		}
 	}
@@ -54,11 +55,11 @@ func TestAbortEndsTheBatchOnceAndFreesItsSession(t *testing.T) {
 	if len(outs) != 1 || outs[0].State != schemas.TurnFailed || outs[0].Code != schemas.CodeRetriesExhausted {
 		t.Fatalf("outcomes %+v, want one failed outcome", outs)
 	}
-	s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+	s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey("cli", session))
 	if err != nil || s.Active != next || len(s.Queue) != 0 {
 		t.Fatalf("session %+v %v, want %s active", s, err, next)
 	}
-	notices := pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey(session))))
+	notices := pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey("cli", session))))
 	if len(notices) != 1 || notices[0].TurnID != next {
 		t.Fatalf("ready notices %+v, want one for %s", notices, next)
 	}

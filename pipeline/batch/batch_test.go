@@ -77,8 +77,14 @@ func newFixture(t testing.TB) *fixture {
 // turnContext is a context for turn sealed with the test binary's keys
 // (pipelinetest.Keys), as ingest would have made it.
 func turnContext(turn string) *schemas.TurnContext {
+	return turnContextIn(turn, "sess-"+turn)
+}
+
+// turnContextIn is the sealed context of turn in session session of the
+// cli transport, as ingest would make it.
+func turnContextIn(turn, session string) *schemas.TurnContext {
 	tc := &schemas.TurnContext{
-		V: schemas.TurnContextVersion, SessionID: "sess-" + turn, TurnID: turn,
+		V: schemas.TurnContextVersion, SessionID: session, SessionKey: schemas.SessionKey("cli", session), TurnID: turn,
 		Requester: schemas.Requester{Principal: "cli:alice", SenderID: "alice", Kind: schemas.SenderUser, Verified: true},
 		Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPrivate, Thread: "th"},
 		Audience: schemas.AudienceTeam, TrustBoundary: "local", Interactive: true,
@@ -496,19 +502,20 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 	f := newFixture(t)
 	h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
 	const session = "queue"
+	sess := batch.Session{ID: session, Key: schemas.SessionKey("cli", session)}
 	turns := []string{"t-a", "t-b", "t-c", "t-d"}
 	for _, turn := range turns {
 		newBatch(t, f, turn, schemas.BatchQueued)
 	}
 	for i, turn := range turns {
 		for range 2 { // a redelivered Acquire queues once
-			active, err := f.eng.Acquire(ctx(t), session, turn, 0, nil)
+			active, err := f.eng.Acquire(ctx(t), sess, turn, 0, nil)
 			if err != nil || active != (i == 0) {
 				t.Fatalf("acquire %s: active=%v %v", turn, active, err)
 			}
 		}
 	}
-	s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+	s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey("cli", session))
 	if err != nil || s.Active != "t-a" || !slices.Equal(s.Queue, []string{"t-b", "t-c", "t-d"}) {
 		t.Fatalf("session %+v %v", s, err)
 	}
@@ -517,16 +524,16 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 	if _, err := f.eng.End(ctx(t), "t-b", nil, schemas.CodeTurnContextMissing, "x"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.eng.Release(ctx(t), session, "t-a"); err != nil {
+	if err := f.eng.Release(ctx(t), sess, "t-a"); err != nil {
 		t.Fatal(err)
 	}
-	s, _, _ = f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+	s, _, _ = f.st.Sessions.Get(ctx(t), schemas.SessionKey("cli", session))
 	if s.Active != "t-c" || !slices.Equal(s.Queue, []string{"t-d"}) {
 		t.Fatalf("after release: active %s queue %v, want t-c [t-d]", s.Active, s.Queue)
 	}
 	ready := func() []string {
 		var ids []string
-		for _, n := range pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey(session)))) {
+		for _, n := range pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey("cli", session)))) {
 			if n.Kind != schemas.NoticeReady || n.SessionID != session {
 				t.Fatalf("notice %+v", n)
 			}
@@ -539,21 +546,21 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 	}
 	// A repeated Release by the old holder changes nothing and announces
 	// nothing new (t-c is queued, its notice deduplicated).
-	if err := f.eng.Release(ctx(t), session, "t-a"); err != nil {
+	if err := f.eng.Release(ctx(t), sess, "t-a"); err != nil {
 		t.Fatal(err)
 	}
-	if s2, _, _ := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session)); !reflect.DeepEqual(s2.Queue, s.Queue) || s2.Active != s.Active {
+	if s2, _, _ := f.st.Sessions.Get(ctx(t), schemas.SessionKey("cli", session)); !reflect.DeepEqual(s2.Queue, s.Queue) || s2.Active != s.Active {
 		t.Fatalf("repeated release moved the session: %+v", s2)
 	}
 	if got := ready(); !slices.Equal(got, []string{"t-c"}) {
 		t.Fatalf("ready notices %v after a repeated release", got)
 	}
 	for _, turn := range []string{"t-c", "t-d"} {
-		if err := f.eng.Release(ctx(t), session, turn); err != nil {
+		if err := f.eng.Release(ctx(t), sess, turn); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s, _, _ = f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+	s, _, _ = f.st.Sessions.Get(ctx(t), schemas.SessionKey("cli", session))
 	if s.Active != "" || len(s.Queue) != 0 {
 		t.Fatalf("session not free: %+v", s)
 	}
@@ -561,7 +568,7 @@ func TestSessionQueueRunsTurnsInArrivalOrder(t *testing.T) {
 		t.Fatalf("ready notices %v, want [t-c t-d]", got)
 	}
 	// A free session is taken at once.
-	if active, err := f.eng.Acquire(ctx(t), session, "t-e", 0, nil); err != nil || !active {
+	if active, err := f.eng.Acquire(ctx(t), sess, "t-e", 0, nil); err != nil || !active {
 		t.Fatalf("acquire of a free session: %v %v", active, err)
 	}
 }
@@ -705,7 +712,7 @@ func TestAcquireFromAStaleSnapshotReadsAgain(t *testing.T) {
 		stale func(t *testing.T, session string) *batch.SessionSnapshot
 	}{
 		{"a snapshot taken before another turn queued", func(t *testing.T, session string) *batch.SessionSnapshot {
-			rec, rev, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+			rec, rev, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey("cli", session))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -717,17 +724,18 @@ func TestAcquireFromAStaleSnapshotReadsAgain(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			session := "stale-" + tt.name[:12]
-			if active, err := f.eng.Acquire(ctx(t), session, "t-1", 1, nil); err != nil || !active {
+			sess := batch.Session{ID: session, Key: schemas.SessionKey("cli", session)}
+			if active, err := f.eng.Acquire(ctx(t), sess, "t-1", 1, nil); err != nil || !active {
 				t.Fatalf("first turn: %v %v", active, err)
 			}
 			snap := tt.stale(t, session)
-			if active, err := f.eng.Acquire(ctx(t), session, "t-2", 2, nil); err != nil || active {
+			if active, err := f.eng.Acquire(ctx(t), sess, "t-2", 2, nil); err != nil || active {
 				t.Fatalf("second turn: %v %v", active, err)
 			}
-			if active, err := f.eng.Acquire(ctx(t), session, "t-3", 3, snap); err != nil || active {
+			if active, err := f.eng.Acquire(ctx(t), sess, "t-3", 3, snap); err != nil || active {
 				t.Fatalf("third turn from a stale snapshot: %v %v", active, err)
 			}
-			s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+			s, _, err := f.st.Sessions.Get(ctx(t), schemas.SessionKey("cli", session))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -747,6 +755,7 @@ func TestConcludeFromStaleRecordsLosesNothing(t *testing.T) {
 		h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
 		const turn, next = "t-held", "t-next"
 		session := "sess-" + turn
+		sess := batch.Session{ID: session, Key: schemas.SessionKey("cli", session)}
 		c0 := call(turn, 0, "count", `{}`)
 		newBatch(t, f, turn, schemas.BatchRunning, c0)
 		newBatch(t, f, next, schemas.BatchQueued)
@@ -755,13 +764,13 @@ func TestConcludeFromStaleRecordsLosesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		snap := &batch.SessionSnapshot{}
-		if active, err := f.eng.Acquire(ctx(t), session, turn, 0, snap); err != nil || !active {
+		if active, err := f.eng.Acquire(ctx(t), sess, turn, 0, snap); err != nil || !active {
 			t.Fatalf("acquire: %v %v", active, err)
 		}
 		if snap.Rec == nil || snap.Rec.Active != turn || snap.Rev == 0 {
 			t.Fatalf("Acquire left snapshot %+v, want the record it wrote", snap)
 		}
-		if active, err := f.eng.Acquire(ctx(t), session, next, 0, nil); err != nil || active {
+		if active, err := f.eng.Acquire(ctx(t), sess, next, 0, nil); err != nil || active {
 			t.Fatalf("acquire of the next turn: %v %v", active, err)
 		}
 		res := f.eng.Result(c0, schemas.ResultOK, "", "", "")
@@ -769,11 +778,11 @@ func TestConcludeFromStaleRecordsLosesNothing(t *testing.T) {
 		if err != nil || end.State != schemas.BatchCompleted {
 			t.Fatalf("conclude: %+v %v", end, err)
 		}
-		s, _, _ := f.st.Sessions.Get(ctx(t), schemas.SessionKey(session))
+		s, _, _ := f.st.Sessions.Get(ctx(t), schemas.SessionKey("cli", session))
 		if s.Active != next || len(s.Queue) != 0 {
 			t.Fatalf("session after the release: active %q queue %v, want %s and none (the stale snapshot was written over?)", s.Active, s.Queue, next)
 		}
-		notices := pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey(session))))
+		notices := pt.DecodeAll[schemas.TurnNotice](t, h.Messages(topology.StreamTurns, topology.ReadySubject(schemas.SessionKey("cli", session))))
 		if len(notices) != 1 || notices[0].TurnID != next {
 			t.Fatalf("ready notices %+v, want one for %s", notices, next)
 		}

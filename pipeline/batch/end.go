@@ -191,7 +191,7 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 		// and never took the session itself: there is nothing to release.
 		return nil
 	}
-	return e.release(ctx, b.SessionID, b.TurnID, sess)
+	return e.release(ctx, SessionOf(b.Context), b.TurnID, sess)
 }
 
 // retire makes sure the approvals and execution claims of b, a terminal
@@ -253,7 +253,7 @@ func (e *Engine) Supersede(ctx context.Context, b *schemas.BatchRecord, newTurnI
 }
 
 // SupersedeActive applies the session policy "supersede" for newTurnID,
-// just queued in session sessionID: the session's active turn gives way.
+// just queued in session sess: the session's active turn gives way.
 // A batch waiting on approvals has them abandoned (Supersede). A planner
 // turn's loop (BatchRecord.Plan) is marked superseded on its batch record
 // (SupersededBy, by compare-and-set: it takes no further model step and
@@ -262,8 +262,8 @@ func (e *Engine) Supersede(ctx context.Context, b *schemas.BatchRecord, newTurnI
 // one, no active turn) is left to end by itself: newTurnID runs after it.
 // Records that are gone or do not decode are not superseded (their own
 // stages fail closed on them).
-func (e *Engine) SupersedeActive(ctx context.Context, sessionID, newTurnID string) error {
-	s, _, err := e.cfg.Store.Sessions.Get(ctx, schemas.SessionKey(sessionID))
+func (e *Engine) SupersedeActive(ctx context.Context, sess Session, newTurnID string) error {
+	s, _, err := e.cfg.Store.Sessions.Get(ctx, sess.Key)
 	if err != nil || s.Active == "" || s.Active == newTurnID {
 		return ignoreGone(err)
 	}

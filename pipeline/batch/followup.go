@@ -84,7 +84,7 @@ func (e *Engine) ScheduleFollowUp(ctx context.Context, from tools.Call, tool, ar
 		Calls:      []schemas.ToolCall{{CallID: schemas.CallID(turnID, 0), Index: 0, Tool: tool, Args: canon, ArgsDigest: digest}},
 		AcceptedAt: now, Origin: from.CallID, NotBefore: now.Add(delay), FollowUpDepth: depth,
 	}
-	target := topology.AcceptedSubject(schemas.SessionKey(tc.SessionID))
+	target := topology.AcceptedSubject(schemas.SessionKeyOf(tc))
 	data, err := schemas.Encode(t)
 	if err != nil {
 		return reject("%v", err)

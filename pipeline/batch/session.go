@@ -12,6 +12,22 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
+// Session names the session a turn belongs to: its id (as the transport
+// gave it, kept in the session record) and its key (schemas.SessionKeyOf
+// of the turn's sealed TurnContext), under which its record and its ready
+// notices live.
+type Session struct {
+	ID, Key string
+}
+
+// SessionOf is the session of the turn whose sealed context is tc.
+func SessionOf(tc *schemas.TurnContext) Session {
+	if tc == nil {
+		return Session{}
+	}
+	return Session{ID: tc.SessionID, Key: schemas.SessionKeyOf(tc)}
+}
+
 // Acquire makes turnID the active turn of its session if the session is
 // free, or queues it behind the active one (once). It reports whether
 // turnID is now active. inboundSeq, if not zero, is the turn's inbound
@@ -22,8 +38,8 @@ import (
 // session record as the caller just read it, used instead of a first read
 // (an empty snapshot: nothing read yet); Acquire leaves in it the session
 // record as it last read or wrote it, for ConcludeFrom's release.
-func (e *Engine) Acquire(ctx context.Context, sessionID, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
-	key := schemas.SessionKey(sessionID)
+func (e *Engine) Acquire(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
+	key, sessionID := sess.Key, sess.ID
 	out := snap
 	for {
 		cur, rev, err := snap.take()
@@ -125,21 +141,21 @@ func (e *Engine) enqueue(s *schemas.SessionRecord, turnID string, inboundSeq uin
 // turn that is now its session's active one, or (from the recovery sweep) a
 // running batch whose executor died. It is for batches the executor runs;
 // AnnounceBatch picks the stage from the record.
-func (e *Engine) Announce(ctx context.Context, sessionID, turnID string) error {
-	n := &schemas.TurnNotice{TurnID: turnID, SessionID: sessionID, Kind: schemas.NoticeReady, At: e.Now()}
-	return bus.Publish(ctx, e.cfg.JS, topology.ReadySubject(schemas.SessionKey(sessionID)), topology.ReadyMsgID(turnID), n)
+func (e *Engine) Announce(ctx context.Context, sess Session, turnID string) error {
+	n := &schemas.TurnNotice{TurnID: turnID, SessionID: sess.ID, Kind: schemas.NoticeReady, At: e.Now()}
+	return bus.Publish(ctx, e.cfg.JS, topology.ReadySubject(sess.Key), topology.ReadyMsgID(turnID), n)
 }
 
 // AnnounceBatch announces that queued batch b may start now that its
-// session sessionID is free: the planner's loop-ready notice (topology.PlanReadySubject,
+// session sess is free: the planner's loop-ready notice (topology.PlanReadySubject,
 // message id topology.PlanReadyMsgID) for a planner turn's record
 // (BatchRecord.Plan), the executor's ready notice (Announce) otherwise.
-func (e *Engine) AnnounceBatch(ctx context.Context, sessionID string, b *schemas.BatchRecord) error {
+func (e *Engine) AnnounceBatch(ctx context.Context, sess Session, b *schemas.BatchRecord) error {
 	if !b.Plan {
-		return e.Announce(ctx, sessionID, b.TurnID)
+		return e.Announce(ctx, sess, b.TurnID)
 	}
-	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: sessionID, Kind: schemas.NoticeReady, At: e.Now()}
-	return bus.Publish(ctx, e.cfg.JS, topology.PlanReadySubject(schemas.SessionKey(sessionID)), topology.PlanReadyMsgID(b.TurnID), n)
+	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: sess.ID, Kind: schemas.NoticeReady, At: e.Now()}
+	return bus.Publish(ctx, e.cfg.JS, topology.PlanReadySubject(sess.Key), topology.PlanReadyMsgID(b.TurnID), n)
 }
 
 // Release ends turnID's hold on its session: the next queued turn becomes
@@ -149,14 +165,14 @@ func (e *Engine) AnnounceBatch(ctx context.Context, sessionID string, b *schemas
 // Release with turnID "" is the recovery sweep's: it promotes the first
 // queued turn of a session that has none active, or re-announces the
 // active one, and changes nothing otherwise.
-func (e *Engine) Release(ctx context.Context, sessionID, turnID string) error {
-	return e.release(ctx, sessionID, turnID, nil)
+func (e *Engine) Release(ctx context.Context, sess Session, turnID string) error {
+	return e.release(ctx, sess, turnID, nil)
 }
 
 // release is Release, starting from snap (if it holds the record) instead
 // of a first read.
-func (e *Engine) release(ctx context.Context, sessionID, turnID string, snap *SessionSnapshot) error {
-	key := schemas.SessionKey(sessionID)
+func (e *Engine) release(ctx context.Context, sess Session, turnID string, snap *SessionSnapshot) error {
+	key, sessionID := sess.Key, sess.ID
 	for {
 		var cur *schemas.SessionRecord
 		var rev uint64
@@ -204,7 +220,7 @@ func (e *Engine) release(ctx context.Context, sessionID, turnID string, snap *Se
 			turnID = next // it ended while queued: pass the session on
 			continue
 		case nb.State == schemas.BatchQueued:
-			return e.AnnounceBatch(ctx, sessionID, nb)
+			return e.AnnounceBatch(ctx, sess, nb)
 		default:
 			return nil // already running
 		}

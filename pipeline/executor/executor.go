@@ -258,7 +258,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 		case b.State.Terminal():
 			return eng.Finish(ctx, b)
 		case b.State == schemas.BatchQueued:
-			return eng.AnnounceBatch(ctx, b.SessionID, b)
+			return eng.AnnounceBatch(ctx, batch.SessionOf(b.Context), b)
 		}
 		return nil
 	}
@@ -296,7 +296,11 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 			if snap == nil {
 				snap = &batch.SessionSnapshot{}
 			}
-			active, err := eng.Acquire(ctx, b.SessionID, b.TurnID, sessionorder.ArrivalSeq(b), snap)
+			if b.Context != nil && b.Context.SessionKey == "" {
+				x.cfg.Logger.Info("turn sealed before sessions were scoped by transport: it runs in its legacy session",
+					"turn", b.TurnID, "session", b.SessionID, "transport", b.Context.Transport)
+			}
+			active, err := eng.Acquire(ctx, batch.SessionOf(b.Context), b.TurnID, sessionorder.ArrivalSeq(b), snap)
 			if err != nil {
 				return err
 			}
@@ -343,7 +347,7 @@ func (x *Executor) heldBy(ctx context.Context, b *schemas.BatchRecord) (string, 
 	if b.Origin == "" {
 		return "", nil, nil
 	}
-	key := schemas.SessionKey(b.SessionID)
+	key := schemas.SessionKeyOf(b.Context)
 	sess, rev, err := x.cfg.Store.Sessions.Get(ctx, key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -472,7 +476,7 @@ func (x *Executor) supersedeActive(ctx context.Context, b *schemas.BatchRecord) 
 	if !x.supersedes(b) {
 		return nil
 	}
-	return x.cfg.Engine.SupersedeActive(ctx, b.SessionID, b.TurnID)
+	return x.cfg.Engine.SupersedeActive(ctx, batch.SessionOf(b.Context), b.TurnID)
 }
 
 // supersedeSelf applies the supersede policy to b, which just started
@@ -485,7 +489,7 @@ func (x *Executor) supersedeSelf(ctx context.Context, b *schemas.BatchRecord) er
 		return nil
 	}
 	holder := cmp.Or(b.HeldBy, b.TurnID)
-	s, _, err := x.cfg.Store.Sessions.Get(ctx, schemas.SessionKey(b.SessionID))
+	s, _, err := x.cfg.Store.Sessions.Get(ctx, schemas.SessionKeyOf(b.Context))
 	if err != nil || s.Active != holder || len(s.Queue) == 0 {
 		return ignoreNotFound(err)
 	}

@@ -335,7 +335,7 @@ func TestExecutorFailsClosedOnAnUnusableTurnContext(t *testing.T) {
 				Calls: []schemas.ToolCall{{CallID: schemas.CallID(turn, 0), Index: 0, Tool: "free", Args: args, ArgsDigest: digest}},
 			}
 			tc.mangle(at)
-			h.Publish(topology.AcceptedSubject(schemas.SessionKey("fc")), at.TurnID, at)
+			h.Publish(topology.AcceptedSubject(schemas.SessionKey("cli", "fc")), at.TurnID, at)
 			b, out := h.WaitTerminal(turn)
 			if b.State != schemas.BatchFailed || b.Code != tc.code {
 				t.Fatalf("batch %s %s (%s), want failed %s", b.State, b.Code, b.Reason, tc.code)
@@ -520,7 +520,7 @@ func TestUnknownToolFailsWithoutAPrompt(t *testing.T) {
 
 func TestBadTurnsAreDeadLetteredAndTheExecutorKeepsGoing(t *testing.T) {
 	h := pt.Start(t, pt.Options{Stages: []string{pt.Executor}})
-	key := schemas.SessionKey("dlq")
+	key := schemas.SessionKey("cli", "dlq")
 	raw := func(v any) []byte {
 		b, err := msgpack.Marshal(v)
 		if err != nil {

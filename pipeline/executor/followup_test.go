@@ -54,7 +54,7 @@ func (s *stamp) startedAt(t *testing.T, callID string) time.Time {
 // session's accepted subject when its schedule was due.
 func acceptedTurn(t *testing.T, h *pt.H, session, turnID string) *schemas.AcceptedTurn {
 	t.Helper()
-	for _, at := range pt.DecodeAll[schemas.AcceptedTurn](t, h.Messages(topology.StreamTurns, topology.AcceptedSubject(schemas.SessionKey(session)))) {
+	for _, at := range pt.DecodeAll[schemas.AcceptedTurn](t, h.Messages(topology.StreamTurns, topology.AcceptedSubject(schemas.SessionKey("cli", session)))) {
 		if at.TurnID == turnID {
 			return at
 		}
@@ -129,7 +129,7 @@ func TestFollowUpWorkInheritsTheTurnContext(t *testing.T) {
 		at.TurnID, at.Origin, at.FollowUpDepth = schemas.FollowUpTurnID(origin), origin, 1
 		at.Calls[0].CallID = schemas.CallID(at.TurnID, 0)
 		at.NotBefore = time.Now().Add(1500 * time.Millisecond)
-		h.Publish(topology.AcceptedSubject(schemas.SessionKey("fu-6")), topology.AcceptedMsgID(at.TurnID), at)
+		h.Publish(topology.AcceptedSubject(schemas.SessionKey("cli", "fu-6")), topology.AcceptedMsgID(at.TurnID), at)
 		if b, _ := h.WaitTerminal(at.TurnID); b.Results[0].Status != schemas.ResultOK {
 			t.Fatalf("follow-up %+v", b.Results[0])
 		}

@@ -56,7 +56,7 @@ func (f *orderFixture) accept(m *schemas.InboundMessage, seq uint64) string {
 	if err := f.h.Keys.Seal(at.Context); err != nil {
 		f.h.T.Fatal(err)
 	}
-	f.h.Publish(topology.AcceptedSubject(schemas.SessionKey(m.SessionID)), at.TurnID, at)
+	f.h.Publish(topology.AcceptedSubject(schemas.SessionKey("cli", m.SessionID)), at.TurnID, at)
 	return at.TurnID
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -31,7 +32,7 @@ func TestAResumedBatchKeepsTheApprovalsItAlreadyCreated(t *testing.T) {
 	if _, err := h.Store.Batches.Create(ctx, at.TurnID, b); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.Engine.Acquire(ctx, b.SessionID, b.TurnID, 0, nil); err != nil {
+	if _, err := h.Engine.Acquire(ctx, batch.SessionOf(b.Context), b.TurnID, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	id := schemas.ApprovalID(at.TurnID, 0)

@@ -192,7 +192,7 @@ func TestAnUncertainRemoteCallIsReportedAndNotSentAgain(t *testing.T) {
 	prov.Set(tool)
 	h := pt.Start(t, pt.Options{Policy: toolsPolicy, Providers: []tools.Provider{prov}})
 	at := h.Accept(h.Inbound("uncertain", "alice", pt.Call("svc.transfer", `{"n":5}`)))
-	subj := topology.AcceptedSubject(schemas.SessionKey("uncertain"))
+	subj := topology.AcceptedSubject(schemas.SessionKey("cli", "uncertain"))
 	h.Publish(subj, "", at)
 	b, out := h.WaitTerminal(at.TurnID)
 	if r := out.Results[0]; r.Status != schemas.ResultNeedsAttention || r.Code != schemas.CodeExecutionUncertain {

@@ -118,7 +118,7 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	if err := in.cfg.Keys.Seal(t.Context); err != nil {
 		return err
 	}
-	key := schemas.SessionKey(t.Context.SessionID)
+	key := schemas.SessionKeyOf(t.Context)
 	subj, msgID := topology.AcceptedSubject(key), topology.AcceptedMsgID(t.TurnID)
 	if in.cfg.Plan && len(t.Calls) == 0 && t.Text != "" {
 		subj, msgID = topology.PlanSubject(key), topology.PlanMsgID(t.TurnID)
@@ -156,7 +156,9 @@ func Admit(subject string, data []byte, p *policy.Policy, prov schemas.Provenanc
 	// give each transport its own subjects); the body may not claim
 	// another. The session token must be the body's session key, or the
 	// executor's arrival-order check would look in the wrong place.
-	if want := topology.InboundSubject(msg.Transport, msg.SessionID); subject != want {
+	// A message of the previous version's subject (topology.LegacyInboundSubject)
+	// is admitted too: its turn still gets the transport-scoped session.
+	if want := topology.InboundSubject(msg.Transport, msg.SessionID); subject != want && subject != topology.LegacyInboundSubject(msg.Transport, msg.SessionID) {
 		return nil, schemas.Errorf(schemas.CodeInvalidInput, "message claims transport %q and session %q but arrived on %s (want %s)",
 			msg.Transport, msg.SessionID, subject, want)
 	}
@@ -182,9 +184,10 @@ func Accept(msg *schemas.InboundMessage, p *policy.Policy, prov schemas.Provenan
 		prov.ReceivedAt = msg.SentAt.UTC()
 	}
 	tc := &schemas.TurnContext{
-		V:         schemas.TurnContextVersion,
-		SessionID: msg.SessionID,
-		TurnID:    turnID,
+		V:          schemas.TurnContextVersion,
+		SessionID:  msg.SessionID,
+		SessionKey: schemas.SessionKey(msg.Transport, msg.SessionID),
+		TurnID:     turnID,
 		Requester: schemas.Requester{
 			Principal: schemas.Principal(msg.Transport, msg.Sender.ID),
 			SenderID:  msg.Sender.ID, Display: msg.Sender.Display,

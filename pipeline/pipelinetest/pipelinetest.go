@@ -377,13 +377,14 @@ func (h *H) MutateApproval(id string, fn func(*schemas.ApprovalRecord)) {
 	}
 }
 
-// MutateSession edits the session record of sessionID in KV like
-// MutateBatch (e.g. to play a worker that died between two steps).
+// MutateSession edits the session record of sessionID of transport "cli"
+// (Inbound's) in KV like MutateBatch (e.g. to play a worker that died
+// between two steps).
 func (h *H) MutateSession(sessionID string, fn func(*schemas.SessionRecord)) {
 	h.T.Helper()
 	ctx, cancel := h.Ctx()
 	defer cancel()
-	if _, _, err := h.Store.Sessions.Mutate(ctx, schemas.SessionKey(sessionID), func(s *schemas.SessionRecord) error { fn(s); return nil }); err != nil {
+	if _, _, err := h.Store.Sessions.Mutate(ctx, schemas.SessionKey("cli", sessionID), func(s *schemas.SessionRecord) error { fn(s); return nil }); err != nil {
 		h.T.Fatalf("pipelinetest: edit session %s: %v", sessionID, err)
 	}
 }
@@ -400,10 +401,17 @@ func (h *H) Approval(id string) *schemas.ApprovalRecord {
 	return getOrNil(h, h.Store.Approvals, id)
 }
 
-// Session returns the session record of sessionID, or nil.
+// Session returns the session record of sessionID of transport "cli"
+// (Inbound's), or nil.
 func (h *H) Session(sessionID string) *schemas.SessionRecord {
 	h.T.Helper()
-	return getOrNil(h, h.Store.Sessions, schemas.SessionKey(sessionID))
+	return h.SessionOn("cli", sessionID)
+}
+
+// SessionOn returns the session record of sessionID of transport, or nil.
+func (h *H) SessionOn(transport, sessionID string) *schemas.SessionRecord {
+	h.T.Helper()
+	return getOrNil(h, h.Store.Sessions, schemas.SessionKey(transport, sessionID))
 }
 
 // getOrNil reads key from b: nil if absent, a test failure on any other error.

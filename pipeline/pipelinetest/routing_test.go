@@ -101,7 +101,7 @@ func TestAdversarialOutcomeRouting(t *testing.T) {
 					},
 					Calls: []schemas.ToolCall{{CallID: schemas.CallID(turn, 0), Index: 0, Tool: "echo", Args: args, ArgsDigest: digest}},
 				}
-				h.Publish(topology.AcceptedSubject(schemas.SessionKey(s)), topology.AcceptedMsgID(turn), at)
+				h.Publish(topology.AcceptedSubject(schemas.SessionKey("cli", s)), topology.AcceptedMsgID(turn), at)
 				return turn
 			},
 			want: func(string) routed { return nowhere(schemas.CodeTurnContextTampered) },

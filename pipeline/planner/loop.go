@@ -327,7 +327,7 @@ func (p *Planner) offer(ctx context.Context, tc *schemas.TurnContext) ([]openai.
 // results.
 func (p *Planner) messages(ctx context.Context, tr *schemas.PlannerTurn, earlier []*schemas.PlannerStep) ([]openai.ChatCompletionMessageParamUnion, error) {
 	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(p.cfg.SystemPrompt)}
-	conv, _, err := p.convs.Get(ctx, schemas.ConversationKey(schemas.SessionKey(tr.SessionID)))
+	conv, _, err := p.convs.Get(ctx, schemas.ConversationKey(schemas.SessionKeyOf(tr.Context)))
 	switch {
 	case err == nil:
 		for _, m := range p.truncate(conv.Messages) {
@@ -432,7 +432,7 @@ func (p *Planner) schedule(ctx context.Context, tr *schemas.PlannerTurn, st *sch
 	}
 	hdr := nats.Header{}
 	hdr.Set("Nats-Schedule", "@at "+st.CreatedAt.UTC().Truncate(time.Second).Format(time.RFC3339))
-	hdr.Set("Nats-Schedule-Target", topology.AcceptedSubject(schemas.SessionKey(tr.SessionID)))
+	hdr.Set("Nats-Schedule-Target", topology.AcceptedSubject(schemas.SessionKeyOf(tr.Context)))
 	return bus.PublishRaw(ctx, p.cfg.JS, topology.SubjectTurnSchedule+st.Batch, topology.ScheduleMsgID(st.Batch), data, hdr)
 }
 
@@ -532,7 +532,7 @@ func (p *Planner) reply(ctx context.Context, tr *schemas.PlannerTurn) error {
 // remember appends tr's text and reply to its session's conversation, once,
 // cut by the truncation rule.
 func (p *Planner) remember(ctx context.Context, tr *schemas.PlannerTurn) error {
-	key := schemas.ConversationKey(schemas.SessionKey(tr.SessionID))
+	key := schemas.ConversationKey(schemas.SessionKeyOf(tr.Context))
 	for {
 		c, rev, err := p.convs.Get(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
@@ -641,8 +641,13 @@ func (p *Planner) start(ctx context.Context, tr *schemas.PlannerTurn) (bool, err
 	case b.State != schemas.BatchQueued:
 		return true, nil // started before a crash: the session is held
 	}
-	if pass, err := p.legacyGate(ctx, tr.SessionID, tr.TurnID); err != nil || !pass {
-		return false, err
+	// Only a turn of a legacy session (a context sealed before sessions
+	// were scoped by transport) can share a session with a legacy loop
+	// queue: a scoped session never existed when loops queued there.
+	if tr.Context == nil || tr.Context.SessionKey == "" {
+		if pass, err := p.legacyGate(ctx, tr.SessionID, tr.TurnID); err != nil || !pass {
+			return false, err
+		}
 	}
 	snap, err := p.order.Check(ctx, b)
 	if err != nil {
@@ -651,14 +656,14 @@ func (p *Planner) start(ctx context.Context, tr *schemas.PlannerTurn) (bool, err
 	if snap == nil {
 		snap = &batch.SessionSnapshot{}
 	}
-	active, err := p.cfg.Engine.Acquire(ctx, tr.SessionID, tr.TurnID, sessionorder.ArrivalSeq(b), snap)
+	active, err := p.cfg.Engine.Acquire(ctx, batch.SessionOf(tr.Context), tr.TurnID, sessionorder.ArrivalSeq(b), snap)
 	if err != nil {
 		return false, err
 	}
 	if !active {
 		p.cfg.Logger.Info("planner turn queued behind its session's turn", "turn", tr.TurnID, "session", tr.SessionID)
 		if tr.Context != nil && p.cfg.Policy.Busy(tr.Context.Transport) == policy.BusySupersede {
-			return false, p.cfg.Engine.SupersedeActive(ctx, tr.SessionID, tr.TurnID)
+			return false, p.cfg.Engine.SupersedeActive(ctx, batch.SessionOf(tr.Context), tr.TurnID)
 		}
 		return false, nil
 	}
@@ -723,7 +728,7 @@ func (p *Planner) supersededBy(ctx context.Context, tr *schemas.PlannerTurn) (st
 // turn; otherwise turnID is queued in it (once), behind the loop that runs
 // there, and is announced by legacyRelease when that loop ends.
 func (p *Planner) legacyGate(ctx context.Context, sessionID, turnID string) (bool, error) {
-	key := schemas.PlannerQueueKey(schemas.SessionKey(sessionID))
+	key := schemas.PlannerQueueKey(schemas.LegacySessionKey(sessionID))
 	for {
 		q, rev, err := p.queue.Get(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
@@ -760,7 +765,7 @@ func (p *Planner) legacyGate(ctx context.Context, sessionID, turnID string) (boo
 // active turn is announced again while it is still queued, so a crash
 // between the two steps loses nothing.
 func (p *Planner) legacyRelease(ctx context.Context, sessionID, turnID string) error {
-	key := schemas.PlannerQueueKey(schemas.SessionKey(sessionID))
+	key := schemas.PlannerQueueKey(schemas.LegacySessionKey(sessionID))
 	q, _, err := p.queue.Mutate(ctx, key, func(q *schemas.PlannerQueue) error {
 		if q.Active != turnID {
 			return store.ErrSkip
@@ -788,5 +793,5 @@ func (p *Planner) legacyRelease(ctx context.Context, sessionID, turnID string) e
 		return err
 	}
 	n := &schemas.TurnNotice{TurnID: next, SessionID: sessionID, Kind: schemas.NoticeReady, At: p.now()}
-	return bus.Publish(ctx, p.cfg.JS, topology.PlanReadySubject(schemas.SessionKey(sessionID)), topology.PlanReadyMsgID(next), n)
+	return bus.Publish(ctx, p.cfg.JS, topology.PlanReadySubject(schemas.LegacySessionKey(sessionID)), topology.PlanReadyMsgID(next), n)
 }

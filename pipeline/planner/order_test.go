@@ -183,10 +183,22 @@ func TestACallTurnSupersedesAWaitingLoop(t *testing.T) {
 // story: a loop that was running in the planner's own queue (an earlier
 // version's schemas.PlannerQueue) when the planner was upgraded keeps the
 // session until it ends; the new turn waits in that queue, and runs when the
-// old loop's end hands the queue on.
+// old loop's end hands the queue on. Both turns were accepted before
+// sessions were scoped by transport (contexts without a session key), as
+// every turn that can meet such a queue was: the queue is keyed by the
+// legacy session key, which a scoped turn never uses (docs/protocol.md
+// §3.1).
 func TestALoopOfAnEarlierVersionKeepsItsSessionUntilItEnds(t *testing.T) {
 	f := startOrder(t, testPolicy)
-	old := f.Accept(f.Inbound("upgraded", "alice"))
+	legacy := func(m *schemas.InboundMessage) *schemas.AcceptedTurn {
+		at := f.Accept(m)
+		at.Context.SessionKey, at.Context.Seal = "", nil
+		if err := f.Keys.Seal(at.Context); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	old := legacy(f.Inbound("upgraded", "alice"))
 	ctx, cancel := f.Ctx()
 	defer cancel()
 	kv, err := f.JS.KeyValue(ctx, topology.BucketPlanner)
@@ -206,13 +218,17 @@ func TestALoopOfAnEarlierVersionKeepsItsSessionUntilItEnds(t *testing.T) {
 	now := time.Now().UTC()
 	put(old.TurnID, &schemas.PlannerTurn{TurnID: old.TurnID, SessionID: "upgraded", Context: old.Context, Text: "old",
 		State: schemas.PlannerRunning, StartedAt: now, UpdatedAt: now})
-	put(schemas.PlannerQueueKey(schemas.SessionKey("upgraded")), &schemas.PlannerQueue{SessionID: "upgraded", Active: old.TurnID, UpdatedAt: now})
+	put(schemas.PlannerQueueKey(schemas.LegacySessionKey("upgraded")), &schemas.PlannerQueue{SessionID: "upgraded", Active: old.TurnID, UpdatedAt: now})
 
 	text := "new message"
 	f.model.Script(text, plannertest.Reply{Text: "new reply"})
-	turn := f.say("upgraded", text)
+	m := f.Inbound("upgraded", "alice")
+	m.Text, m.Calls = text, nil
+	next := legacy(m)
+	f.Publish(topology.PlanSubject(schemas.LegacySessionKey("upgraded")), topology.PlanMsgID(next.TurnID), next)
+	turn := next.TurnID
 	jstest.Eventually(t, pipelinetest.Wait, "the new turn queued behind the old loop", func() bool {
-		e, err := kv.Get(ctx, schemas.PlannerQueueKey(schemas.SessionKey("upgraded")))
+		e, err := kv.Get(ctx, schemas.PlannerQueueKey(schemas.LegacySessionKey("upgraded")))
 		if err != nil {
 			return false
 		}
@@ -235,8 +251,9 @@ func TestALoopOfAnEarlierVersionKeepsItsSessionUntilItEnds(t *testing.T) {
 	if o, l := f.outcomeSeq(old.TurnID), f.outcomeSeq(turn); o > l {
 		t.Fatal("the new turn ended before the old loop")
 	}
-	if s := f.Session("upgraded"); s == nil || s.Active != "" {
-		t.Fatalf("session record %+v, want free", s)
+	s, _, err := f.Store.Sessions.Get(ctx, schemas.LegacySessionKey("upgraded"))
+	if err != nil || s.Active != "" {
+		t.Fatalf("legacy session record %+v (%v), want free", s, err)
 	}
 }
 

@@ -444,6 +444,35 @@ func TestConversationIsOfferedToTheNextTurn(t *testing.T) {
 	}
 }
 
+// The planner's conversation belongs to the session's transport (security
+// rule 12): a principal of another transport that sends the same session
+// id neither reads the conversation nor writes into it.
+func TestConversationIsNotSharedAcrossTransports(t *testing.T) {
+	f := start(t, planner.Budget{}, false)
+	f.model.Script("my secret is 42", plannertest.Reply{Text: "Noted."})
+	f.model.Script("what did alice say?", plannertest.Reply{Text: "nothing I can see"})
+	f.model.Script("what is my secret?", plannertest.Reply{Text: "42"})
+	f.waitReply(f.say("thread-1", "my secret is 42"))
+
+	m := f.Inbound("thread-1", "mallory")
+	m.Transport, m.Text, m.Calls = "gateway", "what did alice say?", nil
+	f.waitReply(f.Send(m))
+	history := func(text string) []string {
+		var got []string
+		for _, m := range f.model.Requests(text)[0].Messages[1:] {
+			got = append(got, m.Role+":"+m.Content)
+		}
+		return got
+	}
+	if got, want := history("what did alice say?"), []string{"user:what did alice say?"}; !slices.Equal(got, want) {
+		t.Fatalf("the other transport's turn was offered history %q, want only its own text %q", got, want)
+	}
+	f.waitReply(f.say("thread-1", "what is my secret?"))
+	if got, want := history("what is my secret?"), []string{"user:my secret is 42", "assistant:Noted.", "user:what is my secret?"}; !slices.Equal(got, want) {
+		t.Fatalf("alice's next turn was offered history %q, want her own conversation only %q", got, want)
+	}
+}
+
 func TestPlannerKilledBetweenAnswerAndBatch(t *testing.T) {
 	f := start(t, planner.Budget{}, true)
 	text := "echo once"
@@ -478,7 +507,7 @@ func TestPlannerKilledBetweenAnswerAndBatch(t *testing.T) {
 	if n := len(f.Outcomes(step)); n != 1 {
 		t.Fatalf("step batch has %d outcomes, want 1", n)
 	}
-	if n := len(f.Messages(topology.StreamTurns, topology.AcceptedSubject(schemas.SessionKey("killed")))); n != 1 {
+	if n := len(f.Messages(topology.StreamTurns, topology.AcceptedSubject(schemas.SessionKey("cli", "killed")))); n != 1 {
 		t.Fatalf("%d accepted turns on the session, want exactly one (the step batch)", n)
 	}
 }
@@ -567,7 +596,7 @@ func TestRedeliveredStepAsksNothingAndMakesOneBatch(t *testing.T) {
 		plannertest.Reply{Calls: []plannertest.Call{{Name: "echo", Args: `{"text":"r"}`}}},
 		plannertest.Reply{Text: "echoed once"})
 	turn := f.say("redelivered", text)
-	accepted := topology.AcceptedSubject(schemas.SessionKey("redelivered"))
+	accepted := topology.AcceptedSubject(schemas.SessionKey("cli", "redelivered"))
 	jstest.Eventually(t, pipelinetest.Wait, "the step batch scheduled", func() bool {
 		return len(f.Messages(topology.StreamTurns, accepted)) == 1
 	})

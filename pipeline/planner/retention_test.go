@@ -57,7 +57,7 @@ func TestEndedLoopsLeaveThePlannersBucketAfterTheRetention(t *testing.T) {
 		}
 		return err == nil
 	}
-	gone := []string{ended, schemas.PlannerStepKey(ended, 0), schemas.ConversationKey(schemas.SessionKey("gone"))}
+	gone := []string{ended, schemas.PlannerStepKey(ended, 0), schemas.ConversationKey(schemas.SessionKey("cli", "gone"))}
 	for _, k := range gone {
 		if !exists(k) {
 			t.Fatalf("%s is gone at once; it must stay until the retention has passed", k)

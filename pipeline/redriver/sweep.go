@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -271,12 +272,20 @@ func (s *sweeper) act(ctx context.Context, turn string, e sweepEntry, now time.T
 	case schemas.BatchStarted:
 		return "redrive", r.Redrive(ctx, turn, "sweep")
 	case schemas.BatchQueued:
-		return "release", r.cfg.Engine.Release(ctx, e.session, "")
+		b, _, err := r.cfg.Store.Batches.Get(ctx, turn)
+		if err != nil {
+			return "", err
+		}
+		return "release", r.cfg.Engine.Release(ctx, batch.SessionOf(b.Context), "")
 	case schemas.BatchRunning:
 		if now.Sub(e.updated) < r.cfg.Engine.ClaimLease() {
 			return "", nil
 		}
-		return "announce", r.cfg.Engine.Announce(ctx, e.session, turn)
+		b, _, err := r.cfg.Store.Batches.Get(ctx, turn)
+		if err != nil {
+			return "", err
+		}
+		return "announce", r.cfg.Engine.Announce(ctx, batch.SessionOf(b.Context), turn)
 	}
 	return "", nil
 }

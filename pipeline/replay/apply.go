@@ -55,7 +55,7 @@ type applier struct {
 	rep *Report
 	run string // distinguishes this run's notice message ids
 
-	active map[string]string // session id -> its active turn, as KV (or this run) has it
+	active map[string]string // session key -> its active turn, as KV (or this run) has it
 }
 
 // maxAttempts bounds how often a key is judged again after a concurrent
@@ -272,20 +272,24 @@ func judgeApproval(raw []byte, want *schemas.ApprovalRecord) judgement[*schemas.
 func (a *applier) sessions(ctx context.Context) (map[string]bool, error) {
 	var order []string
 	turns := map[string][]string{}
+	ids := map[string]string{} // session key -> session id
 	for _, tr := range a.rep.Turns {
 		if tr.rec == nil || tr.rec.State.Terminal() || tr.SessionID == "" {
 			continue
 		}
-		if turns[tr.SessionID] == nil {
-			order = append(order, tr.SessionID)
+		// Grouped by session key (the turn's sealed context): two
+		// transports' sessions with one id are two sessions.
+		key := schemas.SessionKeyOf(tr.rec.Context)
+		if turns[key] == nil {
+			order = append(order, key)
+			ids[key] = tr.SessionID
 		}
-		turns[tr.SessionID] = append(turns[tr.SessionID], tr.TurnID)
+		turns[key] = append(turns[key], tr.TurnID)
 	}
 	a.active = map[string]string{}
 	created := map[string]bool{}
-	for _, id := range order {
-		want := &schemas.SessionRecord{V: schemas.SessionVersion, SessionID: id, Active: turns[id][0], Queue: turns[id][1:], UpdatedAt: a.o.Now().UTC()}
-		key := schemas.SessionKey(id)
+	for _, key := range order {
+		want := &schemas.SessionRecord{V: schemas.SessionVersion, SessionID: ids[key], Active: turns[key][0], Queue: turns[key][1:], UpdatedAt: a.o.Now().UTC()}
 		c, rec, err := converge(ctx, a, a.b.sessions, key, want, judgeSession)
 		if err != nil {
 			return nil, err
@@ -294,9 +298,9 @@ func (a *applier) sessions(ctx context.Context) (map[string]bool, error) {
 		a.count(c)
 		a.rep.Sessions = append(a.rep.Sessions, c)
 		if rec != nil {
-			a.active[id] = rec.Active
+			a.active[key] = rec.Active
 		}
-		created[id] = c.Action == Create
+		created[key] = c.Action == Create
 	}
 	return created, nil
 }
@@ -323,8 +327,12 @@ func judgeSession(raw []byte, _ *schemas.SessionRecord) judgement[*schemas.Sessi
 func (a *applier) nudge(ctx context.Context, sessionCreated map[string]bool) error {
 	for i := range a.rep.Turns {
 		tr := &a.rep.Turns[i]
-		wrote := tr.Batch.changes() || slices.ContainsFunc(tr.Approvals, Change.changes) || sessionCreated[tr.SessionID]
-		if !wrote || tr.rec == nil {
+		if tr.rec == nil {
+			continue
+		}
+		key := schemas.SessionKeyOf(tr.rec.Context)
+		wrote := tr.Batch.changes() || slices.ContainsFunc(tr.Approvals, Change.changes) || sessionCreated[key]
+		if !wrote {
 			continue
 		}
 		n := &schemas.TurnNotice{TurnID: tr.TurnID, SessionID: tr.SessionID, Kind: schemas.NoticeAwaiting, At: a.o.Now().UTC()}
@@ -333,10 +341,10 @@ func (a *applier) nudge(ctx context.Context, sessionCreated map[string]bool) err
 		case schemas.BatchRunning:
 			continue // the executor working on it finishes it
 		case schemas.BatchQueued:
-			if a.active[tr.SessionID] != tr.TurnID {
+			if a.active[key] != tr.TurnID {
 				continue // the turn before it hands the session on when it ends
 			}
-			n.Kind, subject = schemas.NoticeReady, topology.ReadySubject(schemas.SessionKey(tr.SessionID))
+			n.Kind, subject = schemas.NoticeReady, topology.ReadySubject(key)
 		}
 		if err := bus.Publish(ctx, a.js, subject, topology.ReplayNoticeMsgID(a.run, tr.TurnID), n); err != nil {
 			return fmt.Errorf("replay: nudge %s: %w", tr.TurnID, err)

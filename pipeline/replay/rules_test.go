@@ -279,7 +279,7 @@ func TestATurnTheExecutorNeverSawIsRebuiltQueuedAndNudgedReady(t *testing.T) {
 
 	rep := run(t, h, replay.Options{Rebuild: true})
 	tr := turnReport(t, rep, turn)
-	if tr.State != schemas.BatchQueued || tr.Batch.Action != replay.Create || tr.Notice != topology.ReadySubject(schemas.SessionKey("s-unseen")) {
+	if tr.State != schemas.BatchQueued || tr.Batch.Action != replay.Create || tr.Notice != topology.ReadySubject(schemas.SessionKey("cli", "s-unseen")) {
 		t.Fatalf("turn report %+v, want a queued batch created and a ready notice", tr)
 	}
 	h2 := start(t, h, nil, count)

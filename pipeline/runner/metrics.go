@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/pipeline/metrics"
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // Metrics are the per-stage message counters and timings, shared by the
@@ -100,6 +101,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		must(metrics.Register(reg, c))
 	}
 	must(metrics.Register(reg, &m.Duration))
+	legacyKeys := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_legacy_session_keys_total",
+		Help: "Session keys this process resolved by the compatibility path: turns sealed before sessions were scoped by transport (schemas.SessionKeyOf).",
+	}, func() float64 { return float64(schemas.LegacySessionKeyUses()) })
+	must(metrics.Register(reg, &legacyKeys))
 	return m
 }
 

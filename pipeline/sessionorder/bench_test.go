@@ -36,7 +36,7 @@ func BenchmarkNextInboundOfSession(b *testing.B) {
 			b.Fatal(err)
 		}
 		const session = "bench-session"
-		key := schemas.SessionKey(session)
+		key := schemas.SessionKey("cli", session)
 		first := publish(b, env.JS, topology.InboundSubject("cli", session))
 		for i := range between {
 			publish(b, env.JS, topology.InboundSubject("cli", fmt.Sprintf("other-%d", i)))

@@ -169,7 +169,7 @@ func (c *Checker) Check(ctx context.Context, b *schemas.BatchRecord) (*batch.Ses
 	if seq == 0 {
 		return nil, nil
 	}
-	key := schemas.SessionKey(b.SessionID)
+	key := schemas.SessionKeyOf(b.Context)
 	sess, rev, err := c.cfg.Store.Sessions.Get(ctx, key)
 	snap := &batch.SessionSnapshot{Rec: sess, Rev: rev}
 	switch {
