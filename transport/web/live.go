@@ -67,6 +67,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, eventfeed.ErrTooManyStreams):
 		w.Header().Set("Retry-After", "5")
+		w.Header().Set("Tollgate-Code", string(eventfeed.CodeTooManyStreams))
 		http.Error(w, string(eventfeed.CodeTooManyStreams), http.StatusTooManyRequests)
 		return
 	case schemas.CodeOf(err) == schemas.CodeInvalidInput:
