@@ -2,7 +2,6 @@ package main
 
 import (
 	"flag"
-	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"net/http"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 	"github.com/tollgate-dev/tollgate/transport/web"
 )
 
@@ -31,7 +31,7 @@ func (f *inboxFlags) register(fs *flag.FlagSet) {
 }
 
 // handler builds the inbox, or returns nil when --oidc-issuer is not set.
-func (f *inboxFlags) handler(js jetstream.JetStream, pol *policy.Policy, addr string, log *slog.Logger, reg prometheus.Registerer) (http.Handler, error) {
+func (f *inboxFlags) handler(js jetstream.JetStream, pol *policy.Policy, addr string, log *slog.Logger, events *eventfeed.Feed, maxStreams int) (http.Handler, error) {
 	if f.issuer == "" {
 		return nil, nil
 	}
@@ -41,6 +41,7 @@ func (f *inboxFlags) handler(js jetstream.JetStream, pol *policy.Policy, addr st
 	}
 	return web.New(web.Config{
 		JS: js, Policy: pol, Keys: keys, Logger: log, Addr: addr, SecureCookies: !f.insecureCookies,
+		Events: events, MaxStreams: maxStreams,
 		OIDC: &web.OIDCConfig{Issuer: f.issuer, ClientID: f.clientID, ClientSecret: os.Getenv("TOLLGATE_OIDC_CLIENT_SECRET"), RedirectURL: f.redirect},
 	})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate-dev/tollgate/health"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
 	"github.com/tollgate-dev/tollgate/transport/webhook"
 )
@@ -42,6 +43,7 @@ func serve(args []string) int {
 	addr := fs.String("http", stagecmd.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "HTTP listen address (env TOLLGATE_HTTP)")
 	webhooksPath := fs.String("webhooks", stagecmd.Env("TOLLGATE_WEBHOOKS", ""), "outgoing webhooks file, JSON; empty for none (env TOLLGATE_WEBHOOKS; see docs/api.md)")
 	metricsAddr := fs.String("metrics", stagecmd.Env("TOLLGATE_METRICS_ADDR", "127.0.0.1:9465"), "address for /metrics, /healthz and /readyz, empty to disable (env TOLLGATE_METRICS_ADDR)")
+	maxStreams := fs.Int("max-streams", 8, "event streams (SSE) one API key, or one person in the inbox, holds open at once")
 	keysPath := fs.String("keys", stagecmd.Env("TOLLGATE_GATEWAY_KEYS", ""), "API keys file, JSON (required; env TOLLGATE_GATEWAY_KEYS; see docs/api.md)")
 	var inbox inboxFlags
 	inbox.register(fs)
@@ -90,8 +92,12 @@ func serve(args []string) int {
 		log.Error("metrics", "err", err)
 		return 1
 	}
-	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: *addr, Logger: log, Registerer: reg}
-	if cfg.Web, err = inbox.handler(js, pol, *addr, log, reg); err != nil {
+	// One consumer of the events stream serves every live stream of the
+	// process: the API's and the inbox's.
+	events := eventfeed.New(js, log)
+	defer events.Close()
+	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: *addr, Logger: log, Registerer: reg, Events: events, MaxStreams: *maxStreams}
+	if cfg.Web, err = inbox.handler(js, pol, *addr, log, events, *maxStreams); err != nil {
 		log.Error("web inbox", "err", err)
 		return 1
 	}

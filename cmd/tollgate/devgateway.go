@@ -16,6 +16,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
 	"github.com/tollgate-dev/tollgate/transport/web"
 	"github.com/tollgate-dev/tollgate/transport/webhook"
@@ -62,11 +63,14 @@ func runDevGateway(ctx context.Context, js jetstream.JetStream, pol *policy.Poli
 	if err != nil {
 		return fmt.Errorf("gateway keys: %w", err)
 	}
-	inbox, err := web.New(web.Config{JS: js, Policy: pol, Keys: seals, Logger: log, Addr: addr, DevSignIn: true})
+	// One consumer of the events stream serves the API's and the inbox's
+	// live streams.
+	events := eventfeed.New(js, log)
+	inbox, err := web.New(web.Config{JS: js, Policy: pol, Keys: seals, Logger: log, Addr: addr, DevSignIn: true, Events: events})
 	if err != nil {
 		return fmt.Errorf("web inbox: %w", err)
 	}
-	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: addr, Logger: log, Registerer: reg, Web: inbox}
+	cfg := gateway.Config{JS: js, Policy: pol, Keys: keys, Addr: addr, Logger: log, Registerer: reg, Web: inbox, Events: events}
 	if webhooksPath != "" {
 		wc, err := webhook.LoadConfig(webhooksPath)
 		if err != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tracing"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
 
 // Runner is a background task the gateway runs next to its HTTP server,
@@ -78,6 +79,14 @@ type Config struct {
 	MaxWait time.Duration
 	// Heartbeat is the interval of SSE heartbeat comments (default 15s).
 	Heartbeat time.Duration
+	// MaxStreams caps the event streams (SSE) one API key holds open at
+	// once in this process (default 8); one more is refused 429
+	// TOO_MANY_STREAMS.
+	MaxStreams int
+	// Events is the process's event feed, which serves every event stream
+	// from one consumer of TOLLGATE_EVENTS; share it with Web's (nil: the
+	// server makes its own, stopped when Serve returns).
+	Events *eventfeed.Feed
 	// Now is the clock (default time.Now), for key expiry.
 	Now func() time.Time
 	// TracerProvider traces each request Serve serves (a server span, the
@@ -99,7 +108,8 @@ func (c Config) Validate() error {
 type Server struct {
 	cfg     Config
 	store   *store.Store
-	events  jetstream.Stream
+	events  *eventfeed.Feed
+	ownFeed bool // events was made by New, and is closed by Serve
 	inbound jetstream.Stream
 	keys    map[string]*Key // by key id
 	mux     *http.ServeMux
@@ -141,6 +151,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = 15 * time.Second
 	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = 8
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -150,16 +163,19 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	events, err := cfg.JS.Stream(ctx, topology.StreamEvents)
-	if err != nil {
+	if _, err := cfg.JS.Stream(ctx, topology.StreamEvents); err != nil {
 		return nil, fmt.Errorf("gateway: stream %s: %w", topology.StreamEvents, err)
+	}
+	events, ownFeed := cfg.Events, false
+	if events == nil {
+		events, ownFeed = eventfeed.New(cfg.JS, cfg.Logger), true
 	}
 	inbound, err := cfg.JS.Stream(ctx, topology.StreamInbound)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: stream %s: %w", topology.StreamInbound, err)
 	}
 	s := &Server{
-		cfg: cfg, store: store.New(b), events: events, inbound: inbound,
+		cfg: cfg, store: store.New(b), events: events, ownFeed: ownFeed, inbound: inbound,
 		keys: map[string]*Key{}, limiters: map[string]*rate.Limiter{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_gateway_requests_total",
@@ -210,6 +226,9 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if s.ownFeed {
+		defer s.events.Close()
+	}
 	srv := &http.Server{
 		Handler:           tracing.HTTP(s.cfg.TracerProvider, s.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -8,18 +8,20 @@ import (
 	"sync"
 
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
 
 // Reason codes of the HTTP API. They complete the pipeline's codes
 // (schemas.Code..., docs/protocol.md §7), which the API also returns.
 const (
-	CodeUnauthenticated      schemas.Code = "UNAUTHENTICATED"        // no key, or a key that is unknown or does not match
-	CodeKeyExpired           schemas.Code = "KEY_EXPIRED"            // the key is past its not_after
-	CodeScopeMissing         schemas.Code = "SCOPE_MISSING"          // the key may not do this (submit, read, decide)
-	CodeRateLimited          schemas.Code = "RATE_LIMITED"           // the key's request rate is exceeded
-	CodeIdempotencyKeyReused schemas.Code = "IDEMPOTENCY_KEY_REUSED" // same Idempotency-Key, different request
-	CodeTurnNotFound         schemas.Code = "TURN_NOT_FOUND"         // no such turn for this key's transport
-	CodeNotFound             schemas.Code = "NOT_FOUND"              // no such route
+	CodeUnauthenticated      schemas.Code = "UNAUTHENTICATED"            // no key, or a key that is unknown or does not match
+	CodeKeyExpired           schemas.Code = "KEY_EXPIRED"                // the key is past its not_after
+	CodeScopeMissing         schemas.Code = "SCOPE_MISSING"              // the key may not do this (submit, read, decide)
+	CodeRateLimited          schemas.Code = "RATE_LIMITED"               // the key's request rate is exceeded
+	CodeTooManyStreams                    = eventfeed.CodeTooManyStreams // the key holds its cap of event streams open
+	CodeIdempotencyKeyReused schemas.Code = "IDEMPOTENCY_KEY_REUSED"     // same Idempotency-Key, different request
+	CodeTurnNotFound         schemas.Code = "TURN_NOT_FOUND"             // no such turn for this key's transport
+	CodeNotFound             schemas.Code = "NOT_FOUND"                  // no such route
 	CodeMethodNotAllowed     schemas.Code = "METHOD_NOT_ALLOWED"
 	CodeUnavailable          schemas.Code = "UNAVAILABLE" // the bus did not answer
 )

@@ -8,12 +8,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
 
 // eventPrefix starts every subject of TOLLGATE_EVENTS.
@@ -32,7 +31,9 @@ type event struct {
 
 // lastEventID reads Last-Event-ID (header, or ?last_event_id= for clients
 // that cannot set headers): the stream sequence of the last event the
-// client has; 0 when absent.
+// client has; 0 when absent. A value that is not a decimal sequence is
+// INVALID_INPUT (one beyond the stream's last event is refused by the
+// feed, also INVALID_INPUT).
 func lastEventID(r *http.Request) (uint64, error) {
 	v := r.Header.Get("Last-Event-ID")
 	if v == "" {
@@ -48,13 +49,16 @@ func lastEventID(r *http.Request) (uint64, error) {
 	return n, nil
 }
 
-// streamEvents serves Server-Sent Events from TOLLGATE_EVENTS: the
-// messages on filter after Last-Event-ID (from the start of the stream
+// streamEvents serves Server-Sent Events from the process's event feed:
+// the events on filter after Last-Event-ID (from the start of the stream
 // when fromStart and no Last-Event-ID is given, else only new ones), those
 // keep accepts, each with id = stream sequence, so a client that
 // reconnects with Last-Event-ID misses nothing. A comment line is sent
-// every Config.Heartbeat. It returns when the client goes away.
-func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, filter string, fromStart bool, keep func(*event) bool) error {
+// after each Config.Heartbeat without an event. It returns when the client
+// goes away, or when the client falls behind the feed (the response ends;
+// the client resumes with Last-Event-ID). The key holds at most
+// Config.MaxStreams streams at once: one more is 429 TOO_MANY_STREAMS.
+func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, filter string, fromStart bool, keep func(*event) bool) error {
 	after, err := lastEventID(r)
 	if err != nil {
 		return err
@@ -63,31 +67,20 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, filter str
 	if !ok {
 		return errors.New("gateway: streaming unsupported by the response writer")
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverNewPolicy}
-	switch {
-	case after > 0:
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
-	case fromStart:
-		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
-	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	cons, err := s.events.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return unavailable(err)
-	}
-	msgs := make(chan jetstream.Msg, 64)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-		}
+	ctx := r.Context()
+	sub, err := s.events.Subscribe(ctx, eventfeed.Options{
+		Filters: []string{filter}, After: after, New: after == 0 && !fromStart,
+		Owner: "gateway:" + key.ID, Max: s.cfg.MaxStreams,
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, eventfeed.ErrTooManyStreams):
+		return errorf(http.StatusTooManyRequests, CodeTooManyStreams, "API key %s already holds %d event streams open (the most it may)", key.ID, s.cfg.MaxStreams)
+	case schemas.CodeOf(err) == schemas.CodeInvalidInput:
+		return errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "Last-Event-ID: %s", schemas.ReasonOf(err))
+	case err != nil:
 		return unavailable(err)
 	}
-	// Unblock a delivery waiting on msgs before stopping the consumer.
-	defer func() { cancel(); cc.Stop() }()
+	defer sub.Close()
 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -96,50 +89,67 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, filter str
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, ": tollgate events\n\n")
 	fl.Flush()
-	beat := time.NewTicker(s.cfg.Heartbeat)
-	defer beat.Stop()
 	for {
-		select {
-		case <-ctx.Done():
+		wait, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
+		m, err := sub.Next(wait)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
 			return nil
-		case <-beat.C:
+		case errors.Is(err, context.DeadlineExceeded):
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return nil
 			}
 			fl.Flush()
-		case m := <-msgs:
-			ev, ok := decodeEvent(m)
-			if !ok || !keep(ev) {
-				continue
-			}
-			data, err := json.Marshal(ev.payload)
-			if err != nil {
-				continue
-			}
-			if _, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", ev.seq, ev.kind, data); err != nil {
-				return nil
-			}
-			fl.Flush()
+			continue
+		case err != nil:
+			s.cfg.Logger.Debug("gateway: event stream ended", "key", key.ID, "err", err)
+			return nil
 		}
+		ev, ok := decodeEvent(m)
+		if !ok || !keep(ev) {
+			continue
+		}
+		data, err := json.Marshal(ev.payload)
+		if err != nil {
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", ev.seq, ev.kind, data); err != nil {
+			return nil
+		}
+		fl.Flush()
 	}
 }
 
 // decodeEvent reads a stored event; false for one that does not decode as
 // a msgpack map.
-func decodeEvent(m jetstream.Msg) (*event, bool) {
-	meta, err := m.Metadata()
-	if err != nil {
-		return nil, false
-	}
+func decodeEvent(m eventfeed.Event) (*event, bool) {
 	var payload map[string]any
-	if err := msgpack.Unmarshal(m.Data(), &payload); err != nil {
+	if err := msgpack.Unmarshal(m.Data, &payload); err != nil {
 		return nil, false
 	}
-	kind := strings.TrimPrefix(m.Subject(), eventPrefix)
+	kind := strings.TrimPrefix(m.Subject, eventPrefix)
 	if i := strings.LastIndexByte(kind, '.'); i > 0 {
 		kind = kind[:i]
 	}
-	return &event{seq: meta.Sequence.Stream, kind: kind, subject: m.Subject(), payload: payload}, true
+	return &event{seq: m.Seq, kind: kind, subject: m.Subject, payload: payload}, true
+}
+
+// turnOfEvent is the turn an event belongs to: the last token of its
+// subject, for the events of a turn (docs/protocol.md §5: approval,
+// batch, redrive and turn events); "" for the others (grants, decision
+// rejections), which belong to no turn. It is the one rule of both event
+// streams: a turn's stream has the events of that turn, a session's the
+// events of its turns.
+func turnOfEvent(subject string) string {
+	rest, ok := strings.CutPrefix(subject, eventPrefix)
+	if !ok || strings.HasPrefix(rest, "grant.") || strings.HasPrefix(rest, "decision.") {
+		return ""
+	}
+	if i := strings.LastIndexByte(rest, '.'); i > 0 {
+		return rest[i+1:]
+	}
+	return ""
 }
 
 // turnEvents streams the events of one turn of the key's transport, from
@@ -158,28 +168,31 @@ func (s *Server) turnEvents(w http.ResponseWriter, r *http.Request, key *Key) er
 	if _, err := ownTurn(v, err, key); err != nil {
 		return err
 	}
-	return s.streamEvents(w, r, eventPrefix+"*.*."+id, true, func(*event) bool { return true })
+	return s.streamEvents(w, r, key, eventPrefix+"*.*."+id, true, func(ev *event) bool { return turnOfEvent(ev.subject) == id })
 }
 
-// sessionEvents streams new events (or those after Last-Event-ID) of one
-// session (?session=, required) whose turns belong to the key's transport.
-// Events without a session (redrive outcomes, decision rejections) are
-// not included.
+// sessionEvents streams new events (or those after Last-Event-ID) of the
+// turns of one session (?session=, required) that belong to the key's
+// transport: the events each of those turns' streams has (turnOfEvent).
+// Events of no turn (grants, decision rejections) are not included.
 func (s *Server) sessionEvents(w http.ResponseWriter, r *http.Request, key *Key) error {
 	session := r.URL.Query().Get("session")
 	if session == "" {
 		return errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "session is required: /v1/events?session=<session id>")
 	}
 	mine := map[string]bool{} // turn id -> of the key's transport
-	return s.streamEvents(w, r, eventPrefix+">", false, func(ev *event) bool {
-		if sid, _ := ev.payload["session_id"].(string); sid != session {
+	return s.streamEvents(w, r, key, eventPrefix+">", false, func(ev *event) bool {
+		turn := turnOfEvent(ev.subject)
+		if turn == "" {
 			return false
 		}
-		turn, _ := ev.payload["turn_id"].(string)
 		ok, seen := mine[turn]
 		if !seen {
 			b, _, err := s.store.Batches.Get(r.Context(), turn)
-			ok = err == nil && b.Context != nil && b.Context.Transport == key.Transport
+			if err != nil {
+				return false // no batch (yet): asked again on the turn's next event
+			}
+			ok = b.SessionID == session && b.Context != nil && b.Context.Transport == key.Transport
 			mine[turn] = ok
 		}
 		return ok

@@ -2,16 +2,15 @@ package web
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
 
 // SSE event names of /events. Each carries one card as HTML (rendered by
@@ -35,12 +34,15 @@ func startAfter(r *http.Request) (uint64, bool) {
 	return n, err == nil
 }
 
-// live streams Server-Sent Events from the events stream, after the
-// position startAfter gives, to a signed-in person: a prompt for each new
-// approval they may decide, an update when one of those is decided,
+// live streams Server-Sent Events from the process's event feed, after
+// the position startAfter gives, to a signed-in person: a prompt for each
+// new approval they may decide, an update when one of those is decided,
 // expires or is abandoned, or its turn ends. Each event's id is its stream
 // sequence, so a client that reconnects with Last-Event-ID misses nothing.
-// The stream ends (after a signedout event) when the session does.
+// The stream ends (after a signedout event) when the session does, and
+// ends plainly when the browser falls behind the feed (it reconnects and
+// resumes). A person holds at most Config.MaxStreams streams open at once:
+// one more is 429 TOO_MANY_STREAMS.
 func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	sess := s.sessions.get(r)
 	if !sess.SignedIn() {
@@ -57,28 +59,25 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{topology.SubjectApprovalRequested + "*", topology.SubjectApprovalDecided + "*", topology.SubjectTurnOutcome + "*"},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: after + 1,
+	ctx := r.Context()
+	sub, err := s.feed.Subscribe(ctx, eventfeed.Options{
+		Filters: []string{topology.SubjectApprovalRequested + "*", topology.SubjectApprovalDecided + "*", topology.SubjectTurnOutcome + "*"},
+		After:   after, Owner: sess.Principal(), Max: s.cfg.MaxStreams,
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, eventfeed.ErrTooManyStreams):
+		w.Header().Set("Retry-After", "5")
+		w.Header().Set("Tollgate-Code", string(eventfeed.CodeTooManyStreams))
+		http.Error(w, string(eventfeed.CodeTooManyStreams), http.StatusTooManyRequests)
+		return
+	case schemas.CodeOf(err) == schemas.CodeInvalidInput:
+		http.Error(w, "want Last-Event-ID or ?after=<stream sequence>: "+schemas.ReasonOf(err), http.StatusBadRequest)
+		return
+	case err != nil:
 		http.Error(w, string(CodeUnavailable), http.StatusServiceUnavailable)
 		return
 	}
-	msgs := make(chan jetstream.Msg, 64)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-		}
-	})
-	if err != nil {
-		http.Error(w, string(CodeUnavailable), http.StatusServiceUnavailable)
-		return
-	}
-	defer func() { cancel(); cc.Stop() }()
+	defer sub.Close()
 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -87,43 +86,31 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, ": tollgate inbox\n\n")
 	fl.Flush()
-	beat := time.NewTicker(s.cfg.Heartbeat)
-	defer beat.Stop()
 	mine := map[string]bool{} // approval id -> the person may decide it
 	for {
-		var name string
-		var cards []string
-		var seq uint64
-		select {
-		case <-ctx.Done():
+		wait, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
+		m, err := sub.Next(wait)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
 			return
-		case <-beat.C:
-			if s.sessions.get(r) == nil {
-				_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
-				fl.Flush()
-				return
-			}
+		case s.sessions.get(r) == nil:
+			_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
+			fl.Flush()
+			return
+		case errors.Is(err, context.DeadlineExceeded):
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return
 			}
 			fl.Flush()
 			continue
-		case m := <-msgs:
-			if s.sessions.get(r) == nil {
-				_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
-				fl.Flush()
-				return
-			}
-			meta, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			seq = meta.Sequence.Stream
-			name, cards = s.liveCards(ctx, m, sess, mine)
+		case err != nil:
+			return // cut off: the browser reconnects with Last-Event-ID
 		}
+		name, cards := s.liveCards(ctx, m, sess, mine)
 		var b strings.Builder
 		for _, html := range cards {
-			fmt.Fprintf(&b, "id: %d\nevent: %s\n", seq, name)
+			fmt.Fprintf(&b, "id: %d\nevent: %s\n", m.Seq, name)
 			for _, line := range strings.Split(html, "\n") {
 				fmt.Fprintf(&b, "data: %s\n", line)
 			}
@@ -141,11 +128,11 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 
 // liveCards are the SSE events (name and the cards' HTML) that stored
 // event m is for the person of sess; none when it concerns none of theirs.
-func (s *Server) liveCards(ctx context.Context, m jetstream.Msg, sess *session, mine map[string]bool) (name string, html []string) {
+func (s *Server) liveCards(ctx context.Context, m eventfeed.Event, sess *session, mine map[string]bool) (name string, html []string) {
 	var cards []*card
-	switch subj := m.Subject(); {
+	switch subj := m.Subject; {
 	case strings.HasPrefix(subj, topology.SubjectApprovalRequested):
-		rec, err := schemas.Decode[schemas.ApprovalRecord](m.Data())
+		rec, err := schemas.Decode[schemas.ApprovalRecord](m.Data)
 		if err != nil {
 			return "", nil
 		}
@@ -157,7 +144,7 @@ func (s *Server) liveCards(ctx context.Context, m jetstream.Msg, sess *session, 
 		}
 		name, cards = eventPrompt, []*card{newCard(rec, sess)}
 	case strings.HasPrefix(subj, topology.SubjectApprovalDecided):
-		ev, err := schemas.Decode[schemas.DecidedEvent](m.Data())
+		ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
 		if err != nil {
 			return "", nil
 		}
@@ -166,7 +153,7 @@ func (s *Server) liveCards(ctx context.Context, m jetstream.Msg, sess *session, 
 			cards = append(cards, c)
 		}
 	case strings.HasPrefix(subj, topology.SubjectTurnOutcome):
-		out, err := schemas.Decode[schemas.TurnOutcome](m.Data())
+		out, err := schemas.Decode[schemas.TurnOutcome](m.Data)
 		if err != nil {
 			return "", nil
 		}

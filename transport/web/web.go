@@ -53,6 +53,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
 
 // Transport is the transport name of the inbox: decisions are published on
@@ -107,6 +108,14 @@ type Config struct {
 	// Heartbeat is the interval of SSE heartbeat comments (default 15s);
 	// each also checks that the session still exists.
 	Heartbeat time.Duration
+	// MaxStreams caps the live streams (/events) one person holds open at
+	// once in this process (default 8); one more is refused 429
+	// TOO_MANY_STREAMS.
+	MaxStreams int
+	// Events is the process's event feed, which serves every live stream
+	// from one consumer of TOLLGATE_EVENTS; share the gateway's (nil: the
+	// server makes its own).
+	Events *eventfeed.Feed
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -116,6 +125,7 @@ type Server struct {
 	cfg      Config
 	store    *store.Store
 	events   jetstream.Stream
+	feed     *eventfeed.Feed
 	sessions *sessions
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
@@ -172,6 +182,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = 15 * time.Second
 	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = 8
+	}
+	if cfg.Events == nil {
+		cfg.Events = eventfeed.New(cfg.JS, cfg.Logger)
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -190,7 +206,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, store: store.New(b), events: events, pages: pages,
+		cfg: cfg, store: store.New(b), events: events, feed: cfg.Events, pages: pages,
 		sessions: newSessions(cfg.CookieKey, cfg.SessionTTL, cfg.Now),
 		limiters: map[string]*rate.Limiter{},
 	}

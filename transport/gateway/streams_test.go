@@ -1,0 +1,229 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// tryOpen opens an event stream as key; a stream (200) is returned open,
+// any other answer with its body read. A stream the server never answers
+// fails t after 10 s.
+func (g *gw) tryOpen(path, key string, hdr ...string) (*http.Response, []byte) {
+	g.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "GET", g.url+path, nil)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+g.tokens[key])
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	timer := time.AfterFunc(10*time.Second, cancel)
+	defer timer.Stop()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		g.t.Fatalf("GET %s: %v", path, err)
+	}
+	g.t.Cleanup(func() { resp.Body.Close(); cancel() })
+	if resp.StatusCode == http.StatusOK {
+		return resp, nil
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, body
+}
+
+// keyID is the id of key name.
+func (g *gw) keyID(name string) string {
+	id, _, _ := strings.Cut(strings.TrimPrefix(g.tokens[name], "tg_"), "_")
+	return id
+}
+
+// consumers is how many consumers TOLLGATE_EVENTS has.
+func (g *gw) consumers() int {
+	g.t.Helper()
+	ctx := jstest.Ctx(g.t)
+	st, err := g.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return st.CachedInfo().State.Consumers
+}
+
+// One key holds at most MaxStreams event streams at once: one more is 429
+// TOO_MANY_STREAMS, while another key, even of the same transport, still
+// gets its stream; a stream closed frees its slot.
+func TestEventStreamsPerKeyAreCapped(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.MaxStreams = 3 })
+	sub := g.submit("a", submitBody("s-cap", "alice", call("echo", `{"text":"1"}`)))
+	var open []*http.Response
+	for i := range 3 {
+		path := "/v1/events?session=s-cap"
+		if i == 1 {
+			path = "/v1/turns/" + sub.TurnID + "/events"
+		}
+		resp, body := g.tryOpen(path, "a")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream %d: %d %s", i, resp.StatusCode, body)
+		}
+		open = append(open, resp)
+	}
+	for _, path := range []string{"/v1/events?session=s-cap", "/v1/turns/" + sub.TurnID + "/events"} {
+		resp, body := g.tryOpen(path, "a")
+		wantProblem(t, resp, body, http.StatusTooManyRequests, CodeTooManyStreams)
+	}
+	for _, key := range []string{"b", "a2"} {
+		if resp, body := g.tryOpen("/v1/events?session=s-cap", key); resp.StatusCode != http.StatusOK {
+			t.Fatalf("key %s, beside a key at its cap: %d %s", key, resp.StatusCode, body)
+		}
+	}
+	open[0].Body.Close()
+	jstest.Eventually(t, 10*time.Second, "a stream once one of the key's closed", func() bool {
+		resp, _ := g.tryOpen("/v1/events?session=s-cap", "a")
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// Streams opened and dropped (200 of them, turn streams read from the
+// stream, session streams resumed after an event, new-events streams)
+// leave TOLLGATE_EVENTS with the consumers it had plus the gateway's one:
+// a read-only key cannot use up the stream's consumers.
+func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Rate, c.Burst = 1000, 1000 })
+	sub := g.submit("a", submitBody("s-drop", "alice", call("echo", `{"text":"1"}`)))
+	g.WaitOutcome(sub.TurnID)
+	first := g.openSSE("/v1/turns/"+sub.TurnID+"/events", "readonly")
+	id := first.nextEvent(t, 10*time.Second).id
+	first.close()
+	jstest.Eventually(t, 10*time.Second, "the first stream's slot freed", func() bool { return g.s.events.Open("gateway:"+g.keyID("readonly")) == 0 })
+	before := g.consumers()
+	paths := [][]string{
+		{"/v1/turns/" + sub.TurnID + "/events"},
+		{"/v1/events?session=s-drop", "Last-Event-ID", id},
+		{"/v1/events?session=s-drop"},
+	}
+	for i := range 200 {
+		p := paths[i%len(paths)]
+		var resp *http.Response
+		jstest.Eventually(t, 10*time.Second, "a slot for stream "+strconv.Itoa(i), func() bool {
+			resp, _ = g.tryOpen(p[0], "readonly", p[1:]...)
+			return resp.StatusCode == http.StatusOK
+		})
+		resp.Body.Close()
+	}
+	// The feed's consumer, and none per stream: the replay consumers are
+	// deleted as their streams catch up or end.
+	jstest.Eventually(t, 10*time.Second, "the events stream's consumers back to one more than before", func() bool {
+		return g.consumers() <= before+1
+	})
+	if n := g.consumers(); n > before+1 {
+		t.Fatalf("%d consumers on %s after 200 streams, want at most %d", n, topology.StreamEvents, before+1)
+	}
+}
+
+// A session stream resumed with Last-Event-ID delivers exactly the events
+// of the session's turns stored after that id, in order, none twice: those
+// stored while the client was away and those stored after it came back.
+func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	var turns []string
+	for i := range 3 {
+		sub := g.submit("a", submitBody("s-resume", "alice", call("echo", `{"text":"`+strconv.Itoa(i)+`"}`)))
+		g.WaitOutcome(sub.TurnID)
+		turns = append(turns, sub.TurnID)
+	}
+	outcome := g.Events(topology.SubjectTurnOutcome + turns[0])
+	after := outcome[0].Seq
+	stream := g.openSSE("/v1/events?session=s-resume", "a", "Last-Event-ID", strconv.FormatUint(after, 10))
+	last := g.submit("a", submitBody("s-resume", "alice", call("echo", `{"text":"last"}`)))
+	turns = append(turns, last.TurnID)
+	var got []string
+	for {
+		ev := stream.nextEvent(t, 10*time.Second)
+		got = append(got, ev.id)
+		var p struct {
+			TurnID string `json:"turn_id"`
+		}
+		_ = json.Unmarshal([]byte(ev.data), &p)
+		if ev.kind == "turn.outcome" && p.TurnID == last.TurnID {
+			break
+		}
+	}
+	var wantIDs []string
+	for _, m := range g.Events("tollgate.event.>") {
+		if m.Seq > after && slices.Contains(turns, turnOfEvent(m.Subject)) {
+			wantIDs = append(wantIDs, strconv.FormatUint(m.Seq, 10))
+		}
+	}
+	if !slices.Equal(got, wantIDs) {
+		t.Fatalf("event ids after %d: got %v, want %v", after, got, wantIDs)
+	}
+}
+
+// The session stream has every event of its turns that the turn's own
+// stream has, redrive events included: both keep an event by one rule.
+func TestSessionStreamHasTheTurnStreamsEvents(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	session := g.openSSE("/v1/events?session=s-redrive", "a")
+	sub, c := g.submitGated("a", "s-redrive", "alice")
+	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+		DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+	want[DecisionResponse](t, resp, body, 200)
+	g.WaitOutcome(sub.TurnID)
+	read := func(s *sseReader) []string {
+		var seen []string
+		for {
+			ev := s.nextEvent(t, 10*time.Second)
+			seen = append(seen, ev.id+" "+ev.kind)
+			if ev.kind == "turn.outcome" {
+				return seen
+			}
+		}
+	}
+	inSession := read(session)
+	ofTurn := read(g.openSSE("/v1/turns/"+sub.TurnID+"/events", "a"))
+	if !slices.Equal(inSession, ofTurn) {
+		t.Fatalf("the session stream has %v, the turn's %v", inSession, ofTurn)
+	}
+	if !slices.ContainsFunc(ofTurn, func(s string) bool { return strings.Contains(s, " redrive.") }) {
+		t.Fatalf("no redrive event among %v", ofTurn)
+	}
+}
+
+// A Last-Event-ID that is no event's id (beyond the stream's last, past
+// uint64, negative, not a number) is 400 INVALID_INPUT on both streams.
+func TestLastEventIDOutOfRangeIsInvalidInput(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	sub := g.submit("a", submitBody("s-bad-id", "alice", call("echo", `{"text":"1"}`)))
+	g.WaitOutcome(sub.TurnID)
+	for _, path := range []string{"/v1/events?session=s-bad-id", "/v1/turns/" + sub.TurnID + "/events"} {
+		for _, id := range []string{"18446744073709551615", "18446744073709551616", "9223372036854775808", "99999999", "-1", "1e3", "x"} {
+			resp, body := g.tryOpen(path, "a", "Last-Event-ID", id)
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("%s with Last-Event-ID %s: %d %s", path, id, resp.StatusCode, body)
+				continue
+			}
+			wantProblem(t, resp, body, http.StatusBadRequest, schemas.CodeInvalidInput)
+		}
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		resp, body := g.tryOpen(path+sep+"last_event_id=18446744073709551615", "a")
+		wantProblem(t, resp, body, http.StatusBadRequest, schemas.CodeInvalidInput)
+	}
+}
