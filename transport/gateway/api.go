@@ -434,7 +434,8 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request, key *Key)
 
 // DecisionRequest is the body of POST /v1/approvals/{id}/decisions.
 type DecisionRequest struct {
-	// Option is approve or deny (one of the approval's options).
+	// Option is one of the approval's options: approve, deny, or a grant
+	// option it offers ("approve-<name>", "deny-<name>").
 	Option string `json:"option"`
 	// ArgsDigest is the args_digest the decider was shown: required.
 	ArgsDigest string     `json:"args_digest"`

@@ -153,3 +153,26 @@ func TestDecisionIdempotencyKeysAreScopedByKeyAndApproval(t *testing.T) {
 		t.Fatalf("%d decisions stored after the retries, want %d", n, published)
 	}
 }
+
+// TestAGrantOptionIsADocumentedDecision: a decision choosing a grant option
+// the approval offers is accepted (200, approved), and its request is one
+// the OpenAPI document allows (checkContract validates the request body of
+// every accepted request against DecisionRequest).
+func TestAGrantOptionIsADocumentedDecision(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{Policy: `{
+	  "version": "grant-option",
+	  "default_approval": "required",
+	  "tools": {"write_file": {"approval": "required", "grants": [{"option": "approve-session", "scope": "session", "for": "1h"}]}}
+	}`}, nil)
+	_, c := g.submitGated("a", "s-grant", "alice")
+	a := g.Approval(c.ApprovalID)
+	if !a.Offers("approve-session") {
+		t.Fatalf("options %v, want approve-session offered", a.Options)
+	}
+	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+		DecisionRequest{Option: "approve-session", ArgsDigest: a.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+	d := want[DecisionResponse](t, resp, body, http.StatusOK)
+	if d.Status != string(schemas.ApprovalApproved) || d.Decision == nil || d.Decision.Option != "approve-session" {
+		t.Fatalf("decision %+v, want approved with approve-session", d)
+	}
+}
