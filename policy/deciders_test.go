@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -403,5 +404,38 @@ func checkMayDecide(t *testing.T, p *policy.Policy, cases []decideCase) {
 				t.Fatalf("MayDecide(%s, %s, assurance %d) = %v, want allowed=%v", c.tool, c.principal, c.a, err, c.want)
 			}
 		})
+	}
+}
+
+func TestAutomationNeverDecidesItsOwnTurn(t *testing.T) {
+	p := mustParse(t, `{
+	  "approvers": ["cli:bot", "cli:alice"],
+	  "groups": {"robots": ["cli:bot"]},
+	  "tools": {
+	    "x": {"approval": "required", "approvers": ["cli:bot"]},
+	    "y": {"approval": "required", "deciders": {"requester": true, "principals": ["cli:bot"], "groups": ["robots"]}},
+	    "z": {"approval": "required"}
+	  }
+	}`)
+	of := func(kind schemas.SenderKind) *schemas.TurnContext {
+		tc := turn(schemas.AudiencePersonal, "local")
+		tc.Requester = schemas.Requester{Principal: "cli:bot", SenderID: "bot", Kind: kind, Verified: true}
+		return tc
+	}
+	var cases []decideCase
+	for _, kind := range []schemas.SenderKind{schemas.SenderService, schemas.SenderBot, ""} {
+		for _, tool := range []string{"x", "y", "z"} {
+			cases = append(cases, decideCase{fmt.Sprintf("a %q requester on %s", kind, tool), tool, of(kind), "cli:bot", schemas.AssuranceStrong, false})
+		}
+		cases = append(cases, decideCase{fmt.Sprintf("a person deciding a %q requester's turn", kind), "z", of(kind), "cli:alice", schemas.AssuranceVerified, true})
+	}
+	// The same principal as a person's requester is allowed by the same
+	// rules: only the requester's kind refuses it.
+	for _, tool := range []string{"x", "y", "z"} {
+		cases = append(cases, decideCase{"a user requester on " + tool, tool, of(schemas.SenderUser), "cli:bot", schemas.AssuranceVerified, true})
+	}
+	checkMayDecide(t, p, cases)
+	if err := p.MayDecide("y", of(schemas.SenderService), "cli:bot", schemas.AssuranceStrong); err == nil || !strings.Contains(err.Error(), "never decides its own turn") {
+		t.Fatalf("error %v, want one saying the requester never decides its own turn", err)
 	}
 }

@@ -591,9 +591,19 @@ func (p *Policy) Quorum(tool string, tc *schemas.TurnContext) int {
 // only the persisted context and the policy, never what a decision claims
 // beyond the principal and assurance it was delivered with. The "approvers"
 // lists (file and tool) add principals to whichever rule applies.
+//
+// A requester that is not a person (its recorded kind is anything but
+// user: a bot or a service) never decides its own turn's calls, whatever
+// the decider rule or the approvers lists say: automation that asks for a
+// call is never the one that lets it run (docs/security.md, "Automation
+// never approves itself"). Every surface that decides, or lists who may,
+// reaches this through approver.MayDecide.
 func (p *Policy) MayDecide(tool string, tc *schemas.TurnContext, principal string, assurance schemas.Assurance) error {
 	if tc == nil || principal == "" {
 		return errors.New("no context or no principal")
+	}
+	if principal == tc.Requester.Principal && tc.Requester.Kind != schemas.SenderUser {
+		return fmt.Errorf("%s is the requester of this turn and a %s, not a person: it never decides its own turn's calls", principal, cmp.Or(string(tc.Requester.Kind), "sender of unknown kind"))
 	}
 	rule := p.deciderRule(tool, tc)
 	min := schemas.AssuranceVerified

@@ -152,7 +152,7 @@ func TestOptionsAndExpiry(t *testing.T) {
 
 func TestMayDecide(t *testing.T) {
 	p := mustParse(t, full)
-	tc := &schemas.TurnContext{TurnID: "t-1", Requester: schemas.Requester{Principal: "slack:U-ADA", SenderID: "U-ADA"}}
+	tc := &schemas.TurnContext{TurnID: "t-1", Requester: schemas.Requester{Principal: "slack:U-ADA", SenderID: "U-ADA", Kind: schemas.SenderUser}}
 	tests := []struct {
 		name      string
 		tool      string

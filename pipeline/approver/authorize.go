@@ -164,10 +164,12 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 //     (TURN_CONTEXT_MISMATCH), or an edited record could name anyone as
 //     requester;
 //   - DECIDER_NOT_AUTHORIZED: the decider is not a person the transport
-//     verified (an unverified id could be anyone's; bots and services
-//     cannot answer a prompt); or channel reaches more people than the
-//     turn's audience (deciding there would show the call to them); or
-//     pol.MayDecide refuses the principal at the decider's assurance.
+//     verified (an unverified id could be anyone's; bots, services and
+//     API keys, which a transport sends as services, cannot answer a
+//     prompt); or channel reaches more people than the turn's audience
+//     (deciding there would show the call to them); or pol.MayDecide
+//     refuses the principal at the decider's assurance (among its reasons:
+//     a requester that is not a person never decides its own turn).
 func MayDecide(rec *schemas.ApprovalRecord, transport string, decider schemas.Sender, channel *schemas.Channel, pol *policy.Policy, keys *seal.KeyRing) error {
 	if err := keys.Verify(rec.Context); err != nil {
 		return schemas.Errorf(schemas.CodeOf(err), "approval %s has no authentic TurnContext to authorize against: %v", rec.ApprovalID, err)
@@ -177,7 +179,7 @@ func MayDecide(rec *schemas.ApprovalRecord, transport string, decider schemas.Se
 	}
 	principal := schemas.Principal(transport, decider.ID)
 	if decider.Kind != schemas.SenderUser || !decider.Verified {
-		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "%s is not a verified user (kind %q, verified %v)", principal, decider.Kind, decider.Verified)
+		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "%s is not a verified user (kind %q, verified %v): only a person decides", principal, decider.Kind, decider.Verified)
 	}
 	if channel != nil {
 		if !rec.Context.Audience.Admits(channel.Kind) {

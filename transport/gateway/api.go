@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
@@ -435,7 +434,8 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request, key *Key)
 
 // DecisionRequest is the body of POST /v1/approvals/{id}/decisions.
 type DecisionRequest struct {
-	// Option is approve or deny (one of the approval's options).
+	// Option is one of the approval's options: approve, deny, or a grant
+	// option it offers ("approve-<name>", "deny-<name>").
 	Option string `json:"option"`
 	// ArgsDigest is the args_digest the decider was shown: required.
 	ArgsDigest string     `json:"args_digest"`
@@ -494,12 +494,12 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 	case !a.Offers(req.Option):
 		return errorf(http.StatusUnprocessableEntity, schemas.CodeOptionNotOffered, "option %q: want one of %s", req.Option, strings.Join(a.Options, ", "))
 	}
-	decider, err := sender(key, req.Decider)
+	decider, err := s.decider(key, req.Decider)
 	if err != nil {
 		return err
 	}
 	d := &schemas.Decision{
-		DecisionID: decisionID(key, idem), ApprovalID: a.ApprovalID, Transport: key.Transport,
+		DecisionID: decisionID(key, a.ApprovalID, idem), ApprovalID: a.ApprovalID, Transport: key.Transport,
 		Decider: decider, Option: req.Option, ArgsDigest: req.ArgsDigest, Note: req.Note, SentAt: s.cfg.Now().UTC(),
 	}
 	if req.Channel != nil {
@@ -517,6 +517,15 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 		return unavailable(err)
 	}
 	defer stop()
+	// A retry of a decision the approver already took answers from the
+	// record, at once: its re-sent message would be deduplicated and
+	// answered by nothing. Read after subscribing, so that a verdict
+	// stored after this read is still heard.
+	if idem != "" {
+		if done, err := s.retriedDecision(w, r.Context(), d); done || err != nil {
+			return err
+		}
+	}
 	if err := bus.Publish(r.Context(), s.cfg.JS, topology.DecisionSubject(key.Transport, a.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
 		return unavailable(err)
 	}
@@ -558,15 +567,73 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 // rejection (by approval id) and its approval's decided event (by turn id).
 var decisionAnswerPatterns = []string{topology.SubjectDecisionRejected + "*", topology.SubjectApprovalDecided + "*"}
 
-// decisionID is the id of a decision: derived from the key's transport
-// and the Idempotency-Key when one is given (a retry is stored once),
-// random otherwise.
-func decisionID(key *Key, idem string) string {
+// retriedDecision answers d from its approval's record if the approver
+// already took a decision with d's id (a retry with the same
+// Idempotency-Key) and reports whether it did: 200 with the approval's
+// status and decision when the approval is decided, 202 submitted when d
+// is a counted vote of an approval still pending; 409
+// IDEMPOTENCY_KEY_REUSED when the decision recorded under that id chose
+// another option or came from another principal. It answers nothing (and
+// the decision is published) when the record holds no decision with d's
+// id.
+func (s *Server) retriedDecision(w http.ResponseWriter, ctx context.Context, d *schemas.Decision) (bool, error) {
+	rec, _, err := s.store.Approvals.Get(ctx, d.ApprovalID)
+	if err != nil {
+		return false, nil // judged by the approver, as a new decision
+	}
+	var taken *schemas.DecisionInfo
+	if rec.Decision != nil && rec.Decision.DecisionID == d.DecisionID {
+		taken = rec.Decision
+	}
+	for i := range rec.Votes {
+		if taken == nil && rec.Votes[i].DecisionID == d.DecisionID {
+			taken = &rec.Votes[i]
+		}
+	}
+	switch {
+	case taken == nil:
+		return false, nil
+	case taken.Option != d.Option || taken.Principal != schemas.Principal(d.Transport, d.Decider.ID):
+		return true, errorf(http.StatusConflict, CodeIdempotencyKeyReused, "this Idempotency-Key was used for a different decision on approval %s", d.ApprovalID)
+	case !rec.Status.Decided():
+		writeJSON(w, http.StatusAccepted, DecisionResponse{DecisionID: d.DecisionID, ApprovalID: d.ApprovalID, Status: "submitted"})
+		return true, nil
+	}
+	out := DecisionResponse{DecisionID: d.DecisionID, ApprovalID: d.ApprovalID, Status: string(rec.Status)}
+	if rec.Decision != nil {
+		dv := decisionView(*rec.Decision)
+		out.Decision = &dv
+	}
+	writeJSON(w, http.StatusOK, out)
+	return true, nil
+}
+
+// decider builds the wire decider of a decision posted with key. A
+// decider whose id is the id of an API key of key's transport is that key
+// (the requester of the key's MCP and hook turns is "<transport>:<key
+// id>"), and a key is not a person: it is published as kind service,
+// whatever the request says, and the approver refuses it with
+// DECIDER_NOT_AUTHORIZED (only verified users decide). So an agent's key
+// never approves its own gated calls (docs/security.md, "Automation never
+// approves itself").
+func (s *Server) decider(key *Key, in SenderIn) (schemas.Sender, error) {
+	d, err := sender(key, in)
+	if k, ok := s.keys[in.ID]; ok && k.Transport == key.Transport {
+		d.Kind = schemas.SenderService
+	}
+	return d, err
+}
+
+// decisionID is the id of a decision: derived, when an Idempotency-Key is
+// given, from the key's transport, the key's id, the approval and the
+// Idempotency-Key (a retry is stored once; the same Idempotency-Key from
+// another key or on another approval is another decision), random
+// otherwise.
+func decisionID(key *Key, approvalID, idem string) string {
 	if idem == "" {
 		b := make([]byte, 12)
 		_, _ = rand.Read(b)
 		return "d-" + hex.EncodeToString(b)
 	}
-	h := sha256.Sum256([]byte(key.Transport + "\x00" + idem + "\x00"))
-	return "d-" + hex.EncodeToString(h[:12])
+	return "d-" + hashParts(key.Transport, key.ID, approvalID, idem)[:24]
 }

@@ -1,0 +1,178 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// keyID is the id of the key whose token is tok (tg_<id>_<secret>).
+func keyID(t *testing.T, tok string) string {
+	t.Helper()
+	parts := strings.Split(tok, "_")
+	if len(parts) != 3 || parts[0] != "tg" {
+		t.Fatalf("token %q: want tg_<id>_<secret>", tok)
+	}
+	return parts[1]
+}
+
+// decide posts req on approval id with key name's token over HTTP and
+// returns the status and body.
+func (g *mcpGW) decide(key, id string, req DecisionRequest) (int, []byte) {
+	g.t.Helper()
+	b, _ := json.Marshal(req)
+	r, _ := http.NewRequest("POST", "http://"+g.addr+"/v1/approvals/"+id+"/decisions", bytes.NewReader(b))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Authorization", "Bearer "+g.tokens[key])
+	resp, err := g.tr.RoundTrip(r)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
+}
+
+// TestTheAgentsKeyNeverApprovesItsOwnCalls: under a policy that leaves the
+// requester among the deciders (hookPolicy: approvers cli:alice, the
+// requester by default), the agent's key, the requester of its hook
+// turns, posts a decision on its own gated call through the real decide
+// endpoint: as itself, as itself claiming kind user, and through another
+// key of its transport naming it. Each is refused DECIDER_NOT_AUTHORIZED
+// by the approver, nothing is approved, and the hook is not allowed: the
+// approval stays pending until alice denies it, and the hook then answers
+// her deny.
+func TestTheAgentsKeyNeverApprovesItsOwnCalls(t *testing.T) {
+	g := startHooks(t, nil, "claude.write")
+	self := keyID(t, g.tokens["a"])
+	input := `{"content":"x","file_path":"/work/self"}`
+	done := make(chan HookDecision, 1)
+	go func() { done <- g.hook("a", "", "s-self", "Write", input) }()
+	id := g.pendingFor("claude.write", input)
+	a := g.Approval(id)
+	if a.Context.Requester.Principal != "gateway:"+self {
+		t.Fatalf("requester %s, want the key gateway:%s", a.Context.Requester.Principal, self)
+	}
+	for _, tc := range []struct {
+		name, key string
+		decider   SenderIn
+	}{
+		{"the key as itself", "a", SenderIn{ID: self}},
+		{"the key as itself, claiming a user", "a", SenderIn{ID: self, Kind: "user"}},
+		{"another key of the transport naming it", "a2", SenderIn{ID: self}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := g.decide(tc.key, id, DecisionRequest{Option: "approve", ArgsDigest: a.ArgsDigest, Decider: tc.decider})
+			var p Problem
+			if err := json.Unmarshal(body, &p); err != nil || status != http.StatusForbidden || p.Code != schemas.CodeDeciderNotAuthorized {
+				t.Fatalf("%d %s, want 403 %s", status, body, schemas.CodeDeciderNotAuthorized)
+			}
+		})
+	}
+	if r := g.Approval(id); r.Status != schemas.ApprovalPending || len(r.Votes) != 0 {
+		t.Fatalf("approval %s with votes %v, want pending with none", r.Status, r.Votes)
+	}
+	rejected := 0
+	for _, m := range g.Events(topology.SubjectDecisionRejected + ">") {
+		if rej, err := schemas.Decode[schemas.DecisionRejected](m.Data); err == nil && rej.ApprovalID == id && rej.Code == schemas.CodeDeciderNotAuthorized {
+			rejected++
+		}
+	}
+	if rejected != 3 {
+		t.Fatalf("%d rejections of the key's decisions, want 3", rejected)
+	}
+	// A later fact: a person decides. Only then does the hook answer,
+	// and it answers her decision.
+	select {
+	case d := <-done:
+		t.Fatalf("the hook answered %+v before anyone allowed to decide did", d)
+	default:
+	}
+	g.For(t).Decide(id, "deny", "alice")
+	d := <-done
+	if d.PermissionDecision != "deny" || !strings.HasPrefix(d.PermissionDecisionReason, string(schemas.CodeApprovalDenied)) {
+		t.Fatalf("hook %+v, want deny %s", d, schemas.CodeApprovalDenied)
+	}
+	if r := g.Approval(id); r.Status != schemas.ApprovalDenied || r.Decision.Principal != "cli:alice" {
+		t.Fatalf("approval %s by %+v, want denied by cli:alice", r.Status, r.Decision)
+	}
+}
+
+// TestDecisionIdempotencyKeysAreScopedByKeyAndApproval: two keys of one
+// transport send the same Idempotency-Key on decisions of two approvals,
+// and one key sends it again on a third: each is its own decision and is
+// applied. A retry of an applied decision answers its verdict (200, the
+// approval's status and decision) rather than "submitted"; the same
+// Idempotency-Key with another option on that approval is 409
+// IDEMPOTENCY_KEY_REUSED. Nothing is published for either.
+func TestDecisionIdempotencyKeysAreScopedByKeyAndApproval(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	var ids []string
+	for _, s := range []string{"s-i1", "s-i2", "s-i3"} {
+		_, c := g.submitGated("a", s, "alice")
+		ids = append(ids, c.ApprovalID)
+	}
+	approve := func(key, id string) (*http.Response, []byte) {
+		return g.do("POST", "/v1/approvals/"+id+"/decisions", key,
+			DecisionRequest{Option: "approve", ArgsDigest: g.Approval(id).ArgsDigest, Decider: SenderIn{ID: "alice"}},
+			"Idempotency-Key", "same")
+	}
+	first := map[string]DecisionResponse{}
+	for i, key := range []string{"a", "a2", "a"} {
+		resp, body := approve(key, ids[i])
+		d := want[DecisionResponse](t, resp, body, http.StatusOK)
+		if d.Status != string(schemas.ApprovalApproved) || d.Decision == nil || d.Decision.DecisionID != d.DecisionID {
+			t.Fatalf("decision %d by key %s: %+v, want approved by it", i, key, d)
+		}
+		if a := g.Approval(ids[i]); a.Status != schemas.ApprovalApproved {
+			t.Fatalf("approval %d: %s, want approved", i, a.Status)
+		}
+		first[ids[i]] = d
+	}
+	if first[ids[0]].DecisionID == first[ids[1]].DecisionID || first[ids[0]].DecisionID == first[ids[2]].DecisionID {
+		t.Fatalf("decision ids %+v: want one per key and approval", first)
+	}
+	published := g.count(topology.StreamDecisions, ">")
+	resp, body := approve("a", ids[0])
+	d := want[DecisionResponse](t, resp, body, http.StatusOK)
+	if d.DecisionID != first[ids[0]].DecisionID || d.Status != string(schemas.ApprovalApproved) || d.Decision == nil || *d.Decision != *first[ids[0]].Decision {
+		t.Fatalf("retry answered %+v, want the applied verdict %+v", d, first[ids[0]])
+	}
+	resp, body = g.do("POST", "/v1/approvals/"+ids[0]+"/decisions", "a",
+		DecisionRequest{Option: "deny", ArgsDigest: g.Approval(ids[0]).ArgsDigest, Decider: SenderIn{ID: "alice"}},
+		"Idempotency-Key", "same")
+	wantProblem(t, resp, body, http.StatusConflict, CodeIdempotencyKeyReused)
+	if n := g.count(topology.StreamDecisions, ">"); n != published {
+		t.Fatalf("%d decisions stored after the retries, want %d", n, published)
+	}
+}
+
+// TestAGrantOptionIsADocumentedDecision: a decision choosing a grant option
+// the approval offers is accepted (200, approved), and its request is one
+// the OpenAPI document allows (checkContract validates the request body of
+// every accepted request against DecisionRequest).
+func TestAGrantOptionIsADocumentedDecision(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{Policy: `{
+	  "version": "grant-option",
+	  "default_approval": "required",
+	  "tools": {"write_file": {"approval": "required", "grants": [{"option": "approve-session", "scope": "session", "for": "1h"}]}}
+	}`}, nil)
+	_, c := g.submitGated("a", "s-grant", "alice")
+	a := g.Approval(c.ApprovalID)
+	if !a.Offers("approve-session") {
+		t.Fatalf("options %v, want approve-session offered", a.Options)
+	}
+	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+		DecisionRequest{Option: "approve-session", ArgsDigest: a.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+	d := want[DecisionResponse](t, resp, body, http.StatusOK)
+	if d.Status != string(schemas.ApprovalApproved) || d.Decision == nil || d.Decision.Option != "approve-session" {
+		t.Fatalf("decision %+v, want approved with approve-session", d)
+	}
+}
