@@ -1,9 +1,12 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -221,4 +224,54 @@ func TestMCPRetryAcrossReplicasAndRestarts(t *testing.T) {
 		t.Fatalf("after the pickup window the call returned before anyone decided: %+v %v", d.res, d.err)
 	default:
 	}
+}
+
+// The same with the official TypeScript client: a client process killed
+// while its gated call waits (a real dropped connection), the call
+// approved meanwhile, and the same call made by a new process in the same
+// Tollgate-Session gets the one result of the one run.
+func TestMCPRetryFromANewTypeScriptClientProcessRunsTheToolOnce(t *testing.T) {
+	node, script := tsClient(t)
+	tl := &counter{}
+	g := startMCP(t, tl)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*pipelinetest.Wait)
+	defer cancel()
+	args := []string{script, "http://" + g.addr + "/mcp", g.tokens["a"], "counter", `{"n":13}`, "ts-work"}
+
+	first := exec.CommandContext(ctx, node, args...)
+	first.Stderr = os.Stderr
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	id := g.pendingFor("counter", `{"n":13}`)
+	_ = first.Process.Kill()
+	_ = first.Wait()
+	g.Decide(id, "approve", "alice")
+	g.WaitTerminal(schemas.TurnIDOfApproval(id))
+
+	var out bytes.Buffer
+	again := exec.CommandContext(ctx, node, args...)
+	again.Stdout, again.Stderr = &out, os.Stderr
+	if err := again.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- again.Wait() }()
+	deadline := time.After(pipelinetest.Wait)
+	for waiting := true; waiting; {
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Fatalf("node: %v: %s", err, out.Bytes())
+			}
+			waiting = false
+		case <-deadline:
+			t.Fatal("the new process got no result")
+		case <-time.After(50 * time.Millisecond):
+			if n := g.requested("counter", `{"n":13}`); n > 1 {
+				t.Fatalf("the new process's call asked again: %d approvals requested", n)
+			}
+		}
+	}
+	ranOnce(t, tl, out.Bytes())
 }
