@@ -404,7 +404,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		mode := x.cfg.Policy.ModeFor(call.Tool, tc.Audience, spec.Hints)
 		x.calls.WithLabelValues(string(mode)).Inc()
 		if mode != policy.ModeDeny && unrunnable != nil {
-			results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodeOf(unrunnable), unrunnable.Error(), "")
+			results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodeOf(unrunnable), schemas.ReasonOf(unrunnable), "")
 			continue
 		}
 		switch mode {

@@ -23,9 +23,16 @@ import (
 // a turn of one call of the gate tool "claude.<tool_name lower-cased>"
 // (Bash -> claude.bash), with tool_input as its arguments, in session
 // "claude:<session_id>" (channel "claude-<key id>", kind dm), sent by the
-// key like an MCP call and mapped to its message id the same way (a hook
-// repeated for the same tool, input and session picks up the earlier
-// turn). The gate tools are a NATS tool service the gateway serves
+// key like an MCP call. Its message id is "hook-" + the first 32 hex
+// digits of H("hook", transport, key id, "claude:<session_id>",
+// tool_use_id): Claude Code's own id of the tool use names the call. The
+// same tool_use_id is the same call (one turn, one approval, its one
+// decision, also after a gateway restart or on another replica; the same
+// id with another tool or input is refused IDEMPOTENCY_KEY_REUSED); a
+// different tool_use_id is a new call that needs its own decision (or a
+// standing grant), however alike its tool and input. session_id,
+// tool_name and tool_use_id are required: a hook without one is denied
+// INVALID_INPUT and nothing is published. The gate tools are a NATS tool service the gateway serves
 // (ClaudeGateService, one endpoint per name of ClaudeTools): running one
 // does nothing but answer "allowed", so the policy mode of the gate tool
 // decides, and a required call waits for its approval like any other. A
@@ -49,9 +56,17 @@ var ClaudeTools = []string{
 const CodeDecisionPending schemas.Code = "DECISION_PENDING"
 
 const (
-	// hookWait is how long a hook waits for the decision by default, below
-	// the 60 s a hook is given by default.
-	hookWait = 55 * time.Second
+	// claudeHookTimeout is the shortest default timeout Claude Code gives
+	// a hook that may call the endpoint: 600 s for command and http hooks
+	// in its current hooks reference, 60 s in earlier versions. A hook
+	// that times out does not block the tool, so the default wait must
+	// end well inside it.
+	claudeHookTimeout = 60 * time.Second
+	// hookMargin is what the default wait leaves of claudeHookTimeout for
+	// the answer to reach Claude Code (curl, a proxy, a loaded machine).
+	hookMargin = 10 * time.Second
+	// hookWait is how long a hook waits for the decision by default.
+	hookWait = claudeHookTimeout - hookMargin
 	// hookMaxWait caps ?wait=.
 	hookMaxWait = time.Hour
 )
@@ -114,6 +129,11 @@ func preToolUse(w http.ResponseWriter, r *http.Request, key *Key, calls *oneCall
 	if in.HookEventName != "" && in.HookEventName != "PreToolUse" {
 		return deny(schemas.CodeInvalidInput, "hook_event_name "+in.HookEventName+", want PreToolUse")
 	}
+	for _, f := range [...]struct{ name, v string }{{"session_id", in.SessionID}, {"tool_name", in.ToolName}, {"tool_use_id", in.ToolUseID}} {
+		if f.v == "" {
+			return deny(schemas.CodeInvalidInput, f.name+" is missing: a PreToolUse hook input names its session, tool and tool use")
+		}
+	}
 	wait := hookWait
 	if q := r.URL.Query().Get("wait"); q != "" {
 		d, err := time.ParseDuration(q)
@@ -128,14 +148,14 @@ func preToolUse(w http.ResponseWriter, r *http.Request, key *Key, calls *oneCall
 	if args == "" || args == "null" {
 		args = "{}"
 	}
-	c := oneCall{kind: "hook", session: "claude:" + in.SessionID, channel: "claude-" + key.ID, tool: ClaudeGateService + "." + strings.ToLower(in.ToolName), args: args}
+	c := oneCall{kind: "hook", session: "claude:" + in.SessionID, channel: "claude-" + key.ID, tool: ClaudeGateService + "." + strings.ToLower(in.ToolName), args: args, useID: in.ToolUseID}
 	turnID, res, err := calls.run(ctx, key, c, nil)
 	var ae *apiError
 	switch {
 	case errors.As(err, &ae):
 		return deny(ae.Code, ae.Detail)
 	case errors.Is(err, context.DeadlineExceeded):
-		return deny(CodeDecisionPending, "no decision within "+wait.String()+"; the approval stays pending and the same call asked again picks it up")
+		return deny(CodeDecisionPending, "no decision within "+wait.String()+"; the approval stays pending for this tool use only (a new attempt is a new call)")
 	case err != nil:
 		return deny(CodeUnavailable, err.Error())
 	case res.Status != schemas.ResultOK:
@@ -143,6 +163,10 @@ func preToolUse(w http.ResponseWriter, r *http.Request, key *Key, calls *oneCall
 	}
 	return HookDecision{HookEventName: "PreToolUse", PermissionDecision: "allow", PermissionDecisionReason: "allowed by Tollgate (turn " + turnID + ")"}
 }
+
+// claudeGate reports whether name is one of the gate tools (claude.*),
+// which only the hook endpoint uses: MCP neither lists nor calls them.
+func claudeGate(name string) bool { return strings.HasPrefix(name, ClaudeGateService+".") }
 
 // serveClaudeGates starts the gate tools' NATS service: one endpoint per
 // ClaudeTools name on tollgate.tool.claude.<name>, in the default queue

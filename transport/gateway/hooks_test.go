@@ -65,10 +65,22 @@ func startHooks(t *testing.T, before func(env *jstest.Env), want string) *mcpGW 
 // returns the decision.
 func (g *mcpGW) hook(key, query, session, tool, input string) HookDecision {
 	g.t.Helper()
-	body, _ := json.Marshal(map[string]any{
+	return g.hookUse(key, query, session, tool, input, "toolu_"+g.NextID("u"))
+}
+
+// hookUse is hook for the tool use named useID.
+func (g *mcpGW) hookUse(key, query, session, tool, input, useID string) HookDecision {
+	g.t.Helper()
+	return g.postHook(key, query, map[string]any{
 		"session_id": session, "transcript_path": "/tmp/t.jsonl", "cwd": "/work", "permission_mode": "default",
-		"hook_event_name": "PreToolUse", "tool_name": tool, "tool_input": json.RawMessage(input), "tool_use_id": "toolu_" + g.NextID("u"),
+		"hook_event_name": "PreToolUse", "tool_name": tool, "tool_input": json.RawMessage(input), "tool_use_id": useID,
 	})
+}
+
+// postHook posts in as the hook input and returns the decision.
+func (g *mcpGW) postHook(key, query string, in map[string]any) HookDecision {
+	g.t.Helper()
+	body, _ := json.Marshal(in)
 	req, _ := http.NewRequest("POST", "http://"+g.addr+"/v1/hooks/pretooluse"+query, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+g.tokens[key])
@@ -151,16 +163,16 @@ func TestHookPreToolUseAnswersWhatPolicyAndPeopleDecide(t *testing.T) {
 			}
 		}
 	})
-	t.Run("no decision within the wait is a deny, and the hook asked again picks up the approval", func(t *testing.T) {
+	t.Run("no decision within the wait is a deny, and the same tool use asked again picks up the approval", func(t *testing.T) {
 		input := `{"content":"y","file_path":"/work/later"}`
-		d := g.hook("a", "?wait=300ms", "s-later", "Write", input)
+		d := g.hookUse("a", "?wait=300ms", "s-later", "Write", input, "toolu_later")
 		if d.PermissionDecision != "deny" || !strings.HasPrefix(d.PermissionDecisionReason, string(CodeDecisionPending)) {
 			t.Fatalf("decision %+v, want deny %s", d, CodeDecisionPending)
 		}
 		id := g.pendingFor("claude.write", input)
 		g.For(t).Decide(id, "approve", "alice")
 		g.WaitTerminal(schemas.TurnIDOfApproval(id))
-		if d := g.hook("a", "", "s-later", "Write", input); d.PermissionDecision != "allow" {
+		if d := g.hookUse("a", "", "s-later", "Write", input, "toolu_later"); d.PermissionDecision != "allow" {
 			t.Fatalf("decision %+v, want allow", d)
 		}
 		if n := g.requested("claude.write", input); n != 1 {

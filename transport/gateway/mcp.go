@@ -27,8 +27,11 @@ import (
 // it (a request of another key on it is refused 403).
 //
 //   - tools/list: the executor's tool list (topology.SubjectToolsList),
-//     without the tools whose policy mode for MCPAudience is deny, with
-//     their input schemas and hints.
+//     without the tools whose policy mode for MCPAudience is deny and
+//     without the gate tools of Claude Code's hooks (claude.*, hooks.go:
+//     they only gate a tool Claude Code runs itself, so MCP neither lists
+//     them nor calls them: a tools/call of one is TOOL_NOT_FOUND, with no
+//     turn), with their input schemas and hints.
 //   - tools/call: one call is one turn of the key's transport, sent by the
 //     key (sender id = key id, principal <transport>:<key id>, verified as
 //     the key vouches) in the DM channel "mcp-<key id>" (audience
@@ -40,26 +43,34 @@ import (
 //     the reason code. MCP tasks are not offered: go-sdk v1.8.0 does not
 //     implement them, so a gated call holds its request.
 //
-// Retries (oneCalls, shared with the hook endpoint). The message id of
-// a call is deterministic (callMessageID): "<kind>-" + the first 32 hex
-// digits of H(H(kind, transport, session, tool, args digest), n), where
-// kind is "mcp" (or "hook"), transport is the key's, the digest is that
-// of the canonical arguments (docs/protocol.md §2.4) and n is an
-// occurrence number. A call takes the lowest n whose turn is not
-// "delivered": it has no turn yet (a new turn is submitted), its turn is
-// still running or waiting for approval (the call waits on it: no second
-// approval is asked), or its turn ended and its result has not been
-// returned to a client yet (it is returned now). A turn is delivered once
-// this process returned its result, or when it ended more than
-// pickupWindow ago. So a client that gave up waiting (a timeout, a
-// dropped connection, a gateway restart) and calls again with the same
-// arguments in the same session gets the one result of the one run; a
-// later identical call after a result was returned is a new turn.
-// Identical calls made at the same time share one turn. Delivery is
-// remembered in memory, per process: after a gateway restart (or on
-// another replica), a result that ended within the window is returned
-// once more to the next identical call instead of running it again
-// (never the other way round).
+// Retries (oneCalls). MCP gives a call no identity of its own (a
+// JSON-RPC id is per connection), so a call is known by what it asks: the
+// message id of a call is deterministic (callMessageID): "mcp-" + the
+// first 32 hex digits of H(H("mcp", transport, session, tool, args
+// digest), n), where transport is the key's, the digest is that of the
+// canonical arguments (docs/protocol.md §2.4) and n is an occurrence
+// number. A call takes the lowest n whose turn an identical call made now
+// picks up (pickUp):
+//
+//   - a turn that does not exist yet: the call submits it;
+//   - a turn that has not ended (running, or waiting for a decision): the
+//     call waits on it, so no second approval is asked;
+//   - a turn that ended less than pickupWindow ago and whose call was
+//     decided (by a person or a standing grant) and then ran, was denied,
+//     or needs attention (its run's outcome is unknown): the call returns
+//     its result at once and the tool does not run again.
+//
+// A turn that ended otherwise (its call needed no decision; its approval
+// expired or was abandoned; it failed closed without running; it ended
+// pickupWindow ago) is
+// passed over for good, and the call is a new turn. Everything judged is
+// the turn's batch record in KV, so the rule holds across connections,
+// gateway restarts and replicas: a client that gave up waiting (a
+// timeout, a dropped connection, a crash) and calls again gets the one
+// result of the one run. The price is that a deliberate repeat of a
+// decided call within pickupWindow of its end also gets that result
+// instead of a new approval: one approval, one run. The occurrences passed
+// over are remembered per process only to start the next scan there.
 
 // MCPAudience is the audience of every MCP turn (channel kind dm).
 const MCPAudience = schemas.AudiencePersonal
@@ -72,8 +83,8 @@ const (
 	// mcpProgressEvery is the interval of progress notifications while a
 	// call waits for its result.
 	mcpProgressEvery = 2 * time.Second
-	// pickupWindow is how long an ended turn's result waits for the
-	// client that asked for it (see Retries above).
+	// pickupWindow is how long an identical call picks up the result of
+	// an ended, decided turn (see Retries above).
 	pickupWindow = 15 * time.Minute
 	// mcpListTimeout bounds the request for the tool list.
 	mcpListTimeout = 5 * time.Second
@@ -204,7 +215,7 @@ func (g *mcpGateway) listTools(ctx context.Context) (*mcp.ListToolsResult, error
 	}
 	res := &mcp.ListToolsResult{Tools: []*mcp.Tool{}}
 	for _, t := range l.Tools {
-		if t.Modes[MCPAudience] == "deny" || t.Source == "nats:"+ClaudeGateService {
+		if t.Modes[MCPAudience] == "deny" || claudeGate(t.Name) {
 			continue // denied, or a gate of Claude Code's hooks (hooks.go)
 		}
 		var schema any = map[string]any{"type": "object"}
@@ -243,6 +254,9 @@ func (g *mcpGateway) call(ctx context.Context, key *Key, req *mcp.CallToolReques
 		case <-ctx.Done():
 		}
 	}()
+	if claudeGate(req.Params.Name) {
+		return failedCall(schemas.CodeToolNotFound, "no tool named "+strconv.Quote(req.Params.Name)+" over MCP: the claude.* tools are the gates of Claude Code's hooks (POST /v1/hooks/pretooluse)"), nil
+	}
 	c := oneCall{
 		kind: "mcp", session: MCPSession(key, req.Extra.Header), channel: "mcp-" + key.ID,
 		tool: req.Params.Name, args: string(req.Params.Arguments),
@@ -264,9 +278,12 @@ func (g *mcpGateway) call(ctx context.Context, key *Key, req *mcp.CallToolReques
 
 // oneCall is a turn of one call sent for a client that waits for its
 // result (an MCP tools/call, a hook): kind names the client ("mcp",
-// "hook") in the message id.
+// "hook") in the message id. useID, when not empty, is the client's own id
+// of the call (a hook's tool_use_id): the call is that id's one turn,
+// whatever happened to it; without one, an identical call is matched by
+// occurrence (see Retries above).
 type oneCall struct {
-	kind, session, channel, tool, args string
+	kind, session, channel, tool, args, useID string
 }
 
 // oneCalls runs oneCall turns, mapping a retried call to its earlier turn
@@ -274,15 +291,13 @@ type oneCall struct {
 type oneCalls struct {
 	s  *Server
 	mu sync.Mutex
-	// delivered: turn id -> when this process returned its result.
-	delivered map[string]time.Time
 	// next: call base (callBase) -> the lowest occurrence not known to be
-	// delivered, so that a scan starts there.
+	// passed over for good, so that a scan starts there.
 	next map[string]int
 }
 
 func newOneCalls(s *Server) *oneCalls {
-	return &oneCalls{s: s, delivered: map[string]time.Time{}, next: map[string]int{}}
+	return &oneCalls{s: s, next: map[string]int{}}
 }
 
 // run submits c as key (sender id = key id, channel c.channel of kind dm)
@@ -299,13 +314,19 @@ func (o *oneCalls) run(ctx context.Context, key *Key, c oneCall, waiting func(tu
 	if err != nil {
 		return "", nil, codedInput(err)
 	}
-	base := callBase(c.kind, key.Transport, c.session, c.tool, digest)
-	n, err := o.occurrence(ctx, key.Transport, c.kind, base)
-	if err != nil {
-		return "", nil, err
+	var msgID string
+	if c.useID != "" {
+		msgID = c.kind + "-" + hashParts(c.kind, key.Transport, key.ID, c.session, c.useID)[:32]
+	} else {
+		base := callBase(c.kind, key.Transport, c.session, c.tool, digest)
+		n, err := o.occurrence(ctx, key.Transport, c.kind, base)
+		if err != nil {
+			return "", nil, err
+		}
+		msgID = callMessageID(c.kind, base, n)
 	}
 	sub, err := o.s.submit(ctx, key, SubmitRequest{
-		SessionID: c.session, MessageID: callMessageID(c.kind, base, n),
+		SessionID: c.session, MessageID: msgID,
 		Sender:  SenderIn{ID: key.ID},
 		Channel: ChannelIn{ID: c.channel, Kind: string(schemas.ChannelDM)},
 		Calls:   []CallIn{{Tool: c.tool, Args: json.RawMessage(c.args)}},
@@ -320,7 +341,6 @@ func (o *oneCalls) run(ctx context.Context, key *Key, c oneCall, waiting func(tu
 	if err != nil {
 		return "", nil, err
 	}
-	o.deliver(base, n, sub.TurnID)
 	return sub.TurnID, r, nil
 }
 
@@ -347,11 +367,13 @@ func hashParts(parts ...string) string {
 }
 
 // occurrence returns the lowest occurrence of the identical call base
-// whose turn is not delivered (see Retries above).
+// whose turn a call made now picks up, or that has no turn yet (see
+// Retries above).
 func (o *oneCalls) occurrence(ctx context.Context, transport, kind, base string) (int, error) {
 	o.mu.Lock()
 	n := o.next[base]
 	o.mu.Unlock()
+	now := o.s.cfg.Now()
 	for ; ; n++ {
 		turnID := schemas.TurnID(transport, callMessageID(kind, base, n))
 		b, _, err := o.s.store.Batches.Get(ctx, turnID)
@@ -361,37 +383,34 @@ func (o *oneCalls) occurrence(ctx context.Context, transport, kind, base string)
 		if err != nil {
 			return 0, unavailable(err)
 		}
-		if !b.State.Terminal() || !o.isDelivered(turnID, b.UpdatedAt) {
+		if pickUp(b, now) {
 			return n, nil
 		}
-	}
-}
-
-// isDelivered reports whether turnID, which ended at ended, counts as
-// delivered.
-func (o *oneCalls) isDelivered(turnID string, ended time.Time) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	_, ok := o.delivered[turnID]
-	return ok || time.Since(ended) > pickupWindow
-}
-
-// deliver records that occurrence n of base (turn turnID) was returned to
-// a client, and forgets deliveries older than the pickup window (their
-// turns count as delivered by age).
-func (o *oneCalls) deliver(base string, n int, turnID string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	now := time.Now()
-	for id, at := range o.delivered {
-		if now.Sub(at) > pickupWindow {
-			delete(o.delivered, id)
+		// Passed over for good: a turn that ended is never picked up
+		// later if it is not now.
+		o.mu.Lock()
+		if o.next[base] <= n {
+			o.next[base] = n + 1
 		}
+		o.mu.Unlock()
 	}
-	o.delivered[turnID] = now
-	if o.next[base] <= n {
-		o.next[base] = n + 1
+}
+
+// pickUp reports whether an identical call made at now takes the turn of
+// b (see Retries above): while it has not ended, and for pickupWindow
+// after it ended when its one call was decided.
+func pickUp(b *schemas.BatchRecord, now time.Time) bool {
+	if !b.State.Terminal() {
+		return true
 	}
+	if now.Sub(b.UpdatedAt) > pickupWindow || len(b.Approvals) == 0 || b.Approvals[0] == "" || len(b.Results) == 0 || b.Results[0] == nil {
+		return false
+	}
+	switch b.Results[0].Status {
+	case schemas.ResultOK, schemas.ResultError, schemas.ResultDenied, schemas.ResultNeedsAttention:
+		return true
+	}
+	return false // expired or abandoned (nobody decided), or failed closed (it did not run): a new call asks again
 }
 
 // progress sends a progress notification every mcpProgressEvery until ctx

@@ -456,6 +456,13 @@ func TestMCPGatedCallFromTheTypeScriptClient(t *testing.T) {
 	if err := <-exited; err != nil {
 		t.Fatalf("node: %v: %s", err, out.Bytes())
 	}
+	ranOnce(t, tl, out.Bytes())
+}
+
+// ranOnce checks that gated_call.mjs printed the result "ran 1" and that
+// the tool ran once.
+func ranOnce(t *testing.T, tl *counter, out []byte) {
+	t.Helper()
 	var got struct {
 		Result struct {
 			IsError bool `json:"isError"`
@@ -464,11 +471,11 @@ func TestMCPGatedCallFromTheTypeScriptClient(t *testing.T) {
 			} `json:"content"`
 		} `json:"result"`
 	}
-	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
-		t.Fatalf("%v: %s", err, out.Bytes())
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
 	}
 	if got.Result.IsError || len(got.Result.Content) != 1 || got.Result.Content[0].Text != "ran 1" {
-		t.Fatalf("result %s, want ran 1", out.Bytes())
+		t.Fatalf("result %s, want ran 1", out)
 	}
 	if n := tl.runs.Load(); n != 1 {
 		t.Fatalf("the tool ran %d times, want 1", n)

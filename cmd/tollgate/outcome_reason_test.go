@@ -1,0 +1,27 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// outcome says a call's code once before its reason: a call of a tool
+// that does not exist and one whose arguments do not fit the tool's
+// schema fail with TOOL_NOT_FOUND and ARGS_INVALID, each said once.
+func TestOutcomeSaysACodeOnce(t *testing.T) {
+	h := pt.Start(t, pt.Options{})
+	turn := h.Send(h.Inbound("s-codes", "alice", pt.Call("no_such_tool", `{}`), pt.Call("echo", `{"text":3}`)))
+	h.WaitTerminal(turn)
+	code, out, errOut := runCLI(t, "outcome", turn, "--nats="+h.Env.URL())
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	for _, c := range []schemas.Code{schemas.CodeToolNotFound, schemas.CodeArgsInvalid} {
+		if !strings.Contains(out, string(c)+": ") || strings.Contains(out, string(c)+": "+string(c)) {
+			t.Errorf("outcome does not say %s once:\n%s", c, out)
+		}
+	}
+}
