@@ -324,7 +324,7 @@ func Evaluate(ctx context.Context, keys *seal.KeyRing, b *schemas.BatchRecord, g
 	}
 	failed := func(err error) (Verdict, error) {
 		if schemas.Permanent(err) {
-			return Verdict{Kind: schemas.RedriveFailed, Code: schemas.CodeOf(err), Reason: err.Error()}, nil
+			return Verdict{Kind: schemas.RedriveFailed, Code: schemas.CodeOf(err), Reason: schemas.ReasonOf(err)}, nil
 		}
 		return Verdict{}, err
 	}

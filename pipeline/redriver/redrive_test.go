@@ -3,6 +3,7 @@ package redriver_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -223,6 +224,11 @@ func TestRedriveFailsClosedOnTamperedAuthority(t *testing.T) {
 			fails := h.WaitRedrives("failed", turn, 1)
 			if len(fails) != 1 || fails[0].Code != tc.failed {
 				t.Fatalf("failed redrive outcomes %+v, want one with %s", fails, tc.failed)
+			}
+			// The code is a field of its own; the reason says it no more
+			// (issue 25 row 16: "TURN_CONTEXT_TAMPERED: TURN_CONTEXT_TAMPERED: …").
+			if strings.Contains(fails[0].Reason, string(tc.failed)) {
+				t.Fatalf("failed redrive reason %q repeats its code %s", fails[0].Reason, tc.failed)
 			}
 			if n := len(h.Redrives("started", turn)); n != 0 {
 				t.Fatalf("%d started outcomes for a batch whose authority was tampered with", n)
