@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -282,6 +283,7 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request, key *Key) erro
 	if err != nil {
 		return err
 	}
+	httpserve.Hold(w, r, s.cfg.SubmitWait)
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.SubmitWait)
 	defer cancel()
 	out := SubmitResponse{SubmitResult: res, State: "submitted", Calls: []CallView{}}
@@ -334,6 +336,7 @@ func (s *Server) getTurn(w http.ResponseWriter, r *http.Request, key *Key) error
 	id := r.PathValue("id")
 	var v *TurnView
 	if wait > 0 {
+		httpserve.Hold(w, r, wait)
 		ctx, cancel := context.WithTimeout(r.Context(), wait)
 		defer cancel()
 		// Another transport's turn is answered at once (as unknown).
@@ -520,6 +523,7 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 	if err := bus.Publish(r.Context(), s.cfg.JS, topology.DecisionSubject(key.Transport, a.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
 		return unavailable(err)
 	}
+	httpserve.Hold(w, r, s.cfg.DecisionWait)
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.DecisionWait)
 	defer cancel()
 	for {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools/natstool"
 )
@@ -122,6 +123,7 @@ func preToolUse(w http.ResponseWriter, r *http.Request, key *Key, calls *oneCall
 		}
 		wait = min(d, hookMaxWait)
 	}
+	httpserve.Hold(w, r, wait)
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
 	args := string(in.ToolInput)

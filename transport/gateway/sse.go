@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -93,6 +94,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, filter str
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
+	httpserve.Hold(w, r, 0) // and before each write: a stream, no write timeout
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, ": tollgate events\n\n")
 	fl.Flush()
@@ -103,6 +105,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, filter str
 		case <-ctx.Done():
 			return nil
 		case <-beat.C:
+			httpserve.Hold(w, r, 0)
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return nil
 			}
@@ -116,6 +119,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, filter str
 			if err != nil {
 				continue
 			}
+			httpserve.Hold(w, r, 0)
 			if _, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", ev.seq, ev.kind, data); err != nil {
 				return nil
 			}

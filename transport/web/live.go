@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -84,6 +85,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
+	httpserve.Hold(w, r, 0) // and before each write: a stream, no write timeout
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, ": tollgate inbox\n\n")
 	fl.Flush()
@@ -98,6 +100,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-beat.C:
+			httpserve.Hold(w, r, 0)
 			if s.sessions.get(r) == nil {
 				_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
 				fl.Flush()
@@ -109,6 +112,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 			fl.Flush()
 			continue
 		case m := <-msgs:
+			httpserve.Hold(w, r, 0)
 			if s.sessions.get(r) == nil {
 				_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
 				fl.Flush()
