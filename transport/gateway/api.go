@@ -182,7 +182,15 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // decodeBody decodes the request's JSON body into v: one object, no
 // unknown fields, nothing after it, within the size limit.
-func decodeBody(r *http.Request, v any) error {
+func decodeBody(r *http.Request, v any) error { return decodeJSON(r.Body, v, false) }
+
+// decodeJSON is the one decoder of the gateway's request bodies (the API,
+// hooks): body into v, one JSON object and nothing after it, field names
+// matched exactly (exactKeys); a field v does not have is refused unless
+// allowUnknown (a hook's input, whose fields Claude Code may add to).
+// Errors are *apiError: PAYLOAD_TOO_LARGE, MALFORMED_PAYLOAD or
+// INVALID_INPUT naming the field.
+func decodeJSON(body io.Reader, v any, allowUnknown bool) error {
 	// The body (bounded by the route's MaxBytesReader) is read whole into
 	// a pooled buffer and decoded from there: less copying and garbage
 	// than a decoder refilling from the connection.
@@ -193,14 +201,17 @@ func decodeBody(r *http.Request, v any) error {
 			jsonBufs.Put(buf)
 		}
 	}()
-	_, err := buf.ReadFrom(r.Body)
+	_, err := buf.ReadFrom(body)
 	if err == nil {
 		dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
-		dec.DisallowUnknownFields()
+		if !allowUnknown {
+			dec.DisallowUnknownFields()
+		}
 		if err = dec.Decode(v); err == nil {
 			if _, err2 := dec.Token(); err2 != io.EOF {
 				return errorf(http.StatusBadRequest, schemas.CodeMalformed, "data after the JSON object")
 			}
+			return exactKeys(buf.Bytes(), v, allowUnknown)
 		}
 	}
 	var tooBig *http.MaxBytesError

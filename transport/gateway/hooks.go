@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -105,10 +104,10 @@ func preToolUse(w http.ResponseWriter, r *http.Request, key *Key, calls *oneCall
 		return HookDecision{HookEventName: "PreToolUse", PermissionDecision: "deny", PermissionDecisionReason: string(code) + ": " + detail}
 	}
 	var in PreToolUse
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit)).Decode(&in); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return deny(schemas.CodePayloadTooLarge, "the body is over "+strconv.FormatInt(limit, 10)+" bytes")
+	if err := decodeJSON(http.MaxBytesReader(w, r.Body, limit), &in, true); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return deny(ae.Code, ae.Detail)
 		}
 		return deny(schemas.CodeMalformed, "the body is not a PreToolUse hook input: "+err.Error())
 	}
