@@ -10,6 +10,7 @@ package httpserve
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -107,4 +108,33 @@ func Hold(w http.ResponseWriter, r *http.Request, d time.Duration) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(until)
 	_ = rc.SetWriteDeadline(until)
+}
+
+// HoldAfterBody is Hold once r's body has been read to its end (at once
+// when it has none), for a handler that hands the body to code it does
+// not control (the MCP SDK): a client that trickles its body is still cut
+// off by the read timeout. It sets r.Body and returns r.
+func HoldAfterBody(w http.ResponseWriter, r *http.Request, d time.Duration) *http.Request {
+	if r.Body == nil || r.Body == http.NoBody {
+		Hold(w, r, d)
+		return r
+	}
+	r.Body = &holdBody{ReadCloser: r.Body, hold: func() { Hold(w, r, d) }}
+	return r
+}
+
+// holdBody calls hold once, when its body reaches its end.
+type holdBody struct {
+	io.ReadCloser
+	hold func()
+	done bool
+}
+
+func (b *holdBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		b.hold()
+	}
+	return n, err
 }

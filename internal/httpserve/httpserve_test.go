@@ -49,28 +49,37 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	cut, took := trickle(t, c, 5*time.Second)
+	if !cut {
+		t.Fatal("a client trickling its body still connected after 5s (read timeout 500ms)")
+	}
+	if took < short.Read/2 {
+		t.Fatalf("cut off after %v, before the read timeout", took)
+	}
+}
+
+// trickle sends a request's headers on c announcing a long body, then one
+// byte of it every 50ms, and reports whether the server cut c off within
+// d, and after how long.
+func trickle(t *testing.T, c net.Conn, d time.Duration) (bool, time.Duration) {
+	t.Helper()
 	if _, err := io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	cut := make(chan time.Time, 1)
-	go func() { // the server's answer (or close) ends the read
-		_, _ = io.Copy(io.Discard, c)
-		cut <- time.Now()
-	}()
+	cut := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, c); close(cut) }()
 	start := time.Now()
-	deadline := start.Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	for {
 		select {
-		case at := <-cut:
-			if took := at.Sub(start); took < short.Read/2 {
-				t.Fatalf("cut off after %v, before the read timeout", took)
-			}
-			return
+		case <-cut:
+			return true, time.Since(start)
 		case <-time.After(50 * time.Millisecond):
-			_, _ = c.Write([]byte("x")) // one byte at a time, forever
+			if time.Since(start) > d {
+				return false, time.Since(start)
+			}
+			_, _ = c.Write([]byte("x"))
 		}
 	}
-	t.Fatal("a client trickling its body still connected after 5s (read timeout 500ms)")
 }
 
 // TestIdleKeepAliveIsClosed: a keep-alive connection that sends no next
@@ -147,5 +156,41 @@ func TestHoldKeepsALongPoll(t *testing.T) {
 		if !hold && got == nil && string(body) == "done" {
 			t.Fatal("without Hold the long poll outlived the timeouts; the test proves nothing")
 		}
+	}
+}
+
+// TestHoldAfterBody: a handler that holds its response once the body is
+// read still cuts off a client that trickles its body, and answers a
+// client that sent its body after a wait past the timeouts.
+func TestHoldAfterBody(t *testing.T) {
+	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = HoldAfterBody(w, r, -1)
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(1200 * time.Millisecond):
+		}
+		_, _ = io.WriteString(w, "done")
+	}), short)
+	resp, err := http.Post("http://"+addr+"/", "text/plain", strings.NewReader("a body"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "done" {
+		t.Fatalf("after the body: %q; want the held answer", body)
+	}
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if cut, _ := trickle(t, c, 5*time.Second); !cut {
+		t.Fatal("a client trickling its body to a held handler still connected after 5s (read timeout 500ms)")
 	}
 }

@@ -142,8 +142,9 @@ func (g *mcpGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if hs, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok {
 		g.watchShutdown(hs)
 	}
-	// A call waits for its decision and result, and GET holds a stream.
-	httpserve.Hold(w, r, -1)
+	// A call waits for its decision and result, and GET holds a stream:
+	// no deadline once the body is read.
+	r = httpserve.HoldAfterBody(w, r, -1)
 	g.handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mcpKeyCtx{}, key)))
 }
 
