@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Standing grants (docs/protocol.md, "Grants"). A grant option, offered on
@@ -79,9 +81,54 @@ type GrantOffer struct {
 	Effect ApprovalStatus `msgpack:"effect"` // approved or denied
 	Tool   string         `msgpack:"tool"`
 	Scope  GrantScope     `msgpack:"scope"`
-	// For is how long the grant lasts from the decision.
+	// For is how long the grant lasts from the decision, in nanoseconds on
+	// the wire, written in the smallest integer form like every other
+	// integer (docs/protocol.md §2.1; EncodeMsgpack). Records written with
+	// it as an int64 (0xd3) decode the same.
 	For     time.Duration `msgpack:"for"`
 	Summary string        `msgpack:"summary"`
+}
+
+// grantOfferFields is GrantOffer's fields without tags: EncodeMsgpack
+// converts to it, so that a field added to GrantOffer fails to compile
+// until EncodeMsgpack writes it.
+type grantOfferFields struct {
+	Option  string
+	Effect  ApprovalStatus
+	Tool    string
+	Scope   GrantScope
+	For     time.Duration
+	Summary string
+}
+
+// EncodeMsgpack writes o as the map its tags describe, in their order,
+// with For in the smallest integer form (msgpack's default writes a
+// time.Duration, an int64, always as 0xd3 and 8 bytes). Decoding needs
+// no counterpart: any integer form decodes into For.
+func (o GrantOffer) EncodeMsgpack(enc *msgpack.Encoder) error {
+	f := grantOfferFields(o)
+	if err := enc.EncodeMapLen(6); err != nil {
+		return err
+	}
+	for _, kv := range []struct {
+		key string
+		put func() error
+	}{
+		{"option", func() error { return enc.EncodeString(f.Option) }},
+		{"effect", func() error { return enc.Encode(f.Effect) }},
+		{"tool", func() error { return enc.EncodeString(f.Tool) }},
+		{"scope", func() error { return enc.Encode(&f.Scope) }},
+		{"for", func() error { return enc.EncodeInt(int64(f.For)) }},
+		{"summary", func() error { return enc.EncodeString(f.Summary) }},
+	} {
+		if err := enc.EncodeString(kv.key); err != nil {
+			return err
+		}
+		if err := kv.put(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // GrantRevocation records who revoked a grant, when and why.

@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/health"
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
@@ -91,7 +92,7 @@ func serve(args []string) int {
 		log.Error("listen", "err", err)
 		return 1
 	}
-	srv := &http.Server{Handler: tr.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New(tr.Handler(), httpserve.Limits{}, nil)
 	errs := make(chan error, 2)
 	go func() { errs <- tr.Run(ctx) }()
 	go func() { errs <- srv.Serve(ln) }()

@@ -28,6 +28,7 @@ import (
 	"github.com/slack-go/slack"
 
 	"github.com/tollgate-dev/tollgate/health"
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
@@ -104,7 +105,7 @@ func serve(args []string) int {
 			log.Error("listen", "err", err)
 			return 1
 		}
-		srv := &http.Server{Handler: tr.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		srv := httpserve.New(tr.Handler(), httpserve.Limits{}, nil)
 		go func() { errs <- srv.Serve(ln) }()
 		go func() {
 			<-ctx.Done()

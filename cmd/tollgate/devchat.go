@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/slack-go/slack"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
@@ -70,7 +71,7 @@ func startDevChat(ctx context.Context, js jetstream.JetStream, discordAddr strin
 			ln.Close()
 			return started, fmt.Errorf("discord: %w", err)
 		}
-		srv := &http.Server{Handler: tr.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		srv := httpserve.New(tr.Handler(), httpserve.Limits{}, nil)
 		go func() {
 			<-ctx.Done()
 			sctx, c := context.WithTimeout(context.Background(), 5*time.Second)

@@ -169,6 +169,11 @@ func printReplay(w io.Writer, rep *replay.Report) {
 		}
 	}
 	_ = tw.Flush()
+	for _, g := range rep.Grants {
+		if g.Action != replay.Unchanged {
+			fmt.Fprintf(w, "grant %s: %s (%s)\n", g.Key, change(g), g.Streams)
+		}
+	}
 	for _, s := range rep.Sessions {
 		if s.Action != replay.Unchanged {
 			fmt.Fprintf(w, "session %s: %s (%s)\n", s.Key, change(s), s.Streams)

@@ -153,6 +153,13 @@ func Save(ctx context.Context, js jetstream.JetStream, st *store.Store, g *schem
 	return created, Publish(ctx, js, ev)
 }
 
+// Reindex adds g to its (tool, requester) index record if it is not
+// listed there (create or compare-and-set, as Save does): for a rebuild
+// (pipeline/replay) of a grant whose index lost it.
+func Reindex(ctx context.Context, st *store.Store, g *schemas.Grant, now time.Time) error {
+	return index(ctx, st, g, now)
+}
+
 // index adds g to its index record, dropping grants that ended (when it
 // can read them) and, if still full, the oldest.
 func index(ctx context.Context, st *store.Store, g *schemas.Grant, now time.Time) error {

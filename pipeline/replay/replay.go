@@ -28,7 +28,9 @@
 // differ from the streams' (a conflict, reported) is left alone. So a
 // rebuild never overwrites a record newer than the streams, and a second
 // replay changes nothing. Missing session records of sessions with
-// unfinished turns are created (create-only); execution claims
+// unfinished turns are created (create-only), and so are the standing
+// grants made on the replayed turns, from their grant events (grants.go);
+// execution claims
 // (tollgate_claims) are never written or deleted: they are what keeps a
 // call from running twice: a rebuild refuses to run without the bucket, and
 // every run warns about a call the streams say ran that has no claim.
@@ -94,6 +96,9 @@ type Report struct {
 	// Sessions are the session records considered (sessions with an
 	// unfinished turn).
 	Sessions []Change `json:"sessions,omitempty"`
+	// Grants are the standing grants made on the range's turns, and the
+	// index records that list them (see grants.go).
+	Grants []Change `json:"grants,omitempty"`
 	// Changes counts KV keys created or updated (rebuild), or that a
 	// rebuild would create or update (report, dry-run). Zero means KV
 	// already holds everything the streams say.
@@ -166,6 +171,9 @@ func Run(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error
 	rep.Skipped = h.Skipped
 	a := &applier{js: js, b: b, o: o, rep: rep, run: strconv.FormatInt(o.Now().UnixNano(), 36)}
 	if err := a.apply(ctx, h); err != nil {
+		return nil, err
+	}
+	if err := a.grants(ctx, h); err != nil {
 		return nil, err
 	}
 	if o.DryRun {

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -180,7 +181,15 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // decodeBody decodes the request's JSON body into v: one object, no
 // unknown fields, nothing after it, within the size limit.
-func decodeBody(r *http.Request, v any) error {
+func decodeBody(r *http.Request, v any) error { return decodeJSON(r.Body, v, false) }
+
+// decodeJSON is the one decoder of the gateway's request bodies (the API,
+// hooks): body into v, one JSON object and nothing after it, field names
+// matched exactly (exactKeys); a field v does not have is refused unless
+// allowUnknown (a hook's input, whose fields Claude Code may add to).
+// Errors are *apiError: PAYLOAD_TOO_LARGE, MALFORMED_PAYLOAD or
+// INVALID_INPUT naming the field.
+func decodeJSON(body io.Reader, v any, allowUnknown bool) error {
 	// The body (bounded by the route's MaxBytesReader) is read whole into
 	// a pooled buffer and decoded from there: less copying and garbage
 	// than a decoder refilling from the connection.
@@ -191,14 +200,17 @@ func decodeBody(r *http.Request, v any) error {
 			jsonBufs.Put(buf)
 		}
 	}()
-	_, err := buf.ReadFrom(r.Body)
+	_, err := buf.ReadFrom(body)
 	if err == nil {
 		dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
-		dec.DisallowUnknownFields()
+		if !allowUnknown {
+			dec.DisallowUnknownFields()
+		}
 		if err = dec.Decode(v); err == nil {
 			if _, err2 := dec.Token(); err2 != io.EOF {
 				return errorf(http.StatusBadRequest, schemas.CodeMalformed, "data after the JSON object")
 			}
+			return exactKeys(buf.Bytes(), v, allowUnknown)
 		}
 	}
 	var tooBig *http.MaxBytesError
@@ -281,6 +293,7 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request, key *Key) erro
 	if err != nil {
 		return err
 	}
+	httpserve.Hold(w, r, s.cfg.SubmitWait)
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.SubmitWait)
 	defer cancel()
 	out := SubmitResponse{SubmitResult: res, State: "submitted", Calls: []CallView{}}
@@ -333,6 +346,7 @@ func (s *Server) getTurn(w http.ResponseWriter, r *http.Request, key *Key) error
 	id := r.PathValue("id")
 	var v *TurnView
 	if wait > 0 {
+		httpserve.Hold(w, r, wait)
 		ctx, cancel := context.WithTimeout(r.Context(), wait)
 		defer cancel()
 		// Another transport's turn is answered at once (as unknown).
@@ -529,6 +543,7 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 	if err := bus.Publish(r.Context(), s.cfg.JS, topology.DecisionSubject(key.Transport, a.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
 		return unavailable(err)
 	}
+	httpserve.Hold(w, r, s.cfg.DecisionWait)
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.DecisionWait)
 	defer cancel()
 	for {

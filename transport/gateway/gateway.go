@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -94,6 +95,10 @@ type Config struct {
 	// publishes carries its span (package tracing); nil is otel's global
 	// provider, a no-op one unless the program set another.
 	TracerProvider trace.TracerProvider
+	// HTTP are the timeouts and header limit of the server Serve starts
+	// (zero fields: httpserve.Defaults). Event streams, long polls and MCP
+	// calls hold their own responses open (httpserve.Hold).
+	HTTP httpserve.Limits
 }
 
 // Validate reports missing wiring and invalid keys.
@@ -229,11 +234,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.ownFeed {
 		defer s.events.Close()
 	}
-	srv := &http.Server{
-		Handler:           tracing.HTTP(s.cfg.TracerProvider, s.Handler()),
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-	}
+	srv := httpserve.New(tracing.HTTP(s.cfg.TracerProvider, s.Handler()), s.cfg.HTTP, ctx)
 	errs := make(chan error, 2)
 	go func() { errs <- srv.Serve(ln) }()
 	if s.cfg.Webhooks != nil {

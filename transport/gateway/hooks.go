@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools/natstool"
 )
@@ -119,10 +119,10 @@ func preToolUse(w http.ResponseWriter, r *http.Request, key *Key, calls *oneCall
 		return HookDecision{HookEventName: "PreToolUse", PermissionDecision: "deny", PermissionDecisionReason: string(code) + ": " + detail}
 	}
 	var in PreToolUse
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit)).Decode(&in); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return deny(schemas.CodePayloadTooLarge, "the body is over "+strconv.FormatInt(limit, 10)+" bytes")
+	if err := decodeJSON(http.MaxBytesReader(w, r.Body, limit), &in, true); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return deny(ae.Code, ae.Detail)
 		}
 		return deny(schemas.CodeMalformed, "the body is not a PreToolUse hook input: "+err.Error())
 	}
@@ -142,6 +142,7 @@ func preToolUse(w http.ResponseWriter, r *http.Request, key *Key, calls *oneCall
 		}
 		wait = min(d, hookMaxWait)
 	}
+	httpserve.Hold(w, r, wait)
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
 	args := string(in.ToolInput)

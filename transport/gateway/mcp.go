@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -152,6 +153,9 @@ func (g *mcpGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if hs, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok {
 		g.watchShutdown(hs)
 	}
+	// A call waits for its decision and result, and GET holds a stream:
+	// no deadline once the body is read.
+	r = httpserve.HoldAfterBody(w, r, -1)
 	g.handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mcpKeyCtx{}, key)))
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
@@ -86,6 +87,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
+	httpserve.Hold(w, r, 0) // and before each write: a stream, no write timeout
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, ": tollgate events\n\n")
 	fl.Flush()
@@ -97,6 +99,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, context.DeadlineExceeded):
+			httpserve.Hold(w, r, 0)
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return nil
 			}
@@ -114,6 +117,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 		if err != nil {
 			continue
 		}
+		httpserve.Hold(w, r, 0)
 		if _, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", ev.seq, ev.kind, data); err != nil {
 			return nil
 		}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/eventfeed"
@@ -83,6 +84,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
+	httpserve.Hold(w, r, 0) // and before each write: a stream, no write timeout
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, ": tollgate inbox\n\n")
 	fl.Flush()
@@ -99,6 +101,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 			fl.Flush()
 			return
 		case errors.Is(err, context.DeadlineExceeded):
+			httpserve.Hold(w, r, 0)
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return
 			}
@@ -107,6 +110,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			return // cut off: the browser reconnects with Last-Event-ID
 		}
+		httpserve.Hold(w, r, 0)
 		name, cards := s.liveCards(ctx, m, sess, mine)
 		var b strings.Builder
 		for _, html := range cards {

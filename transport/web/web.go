@@ -83,7 +83,9 @@ type Config struct {
 	// DevSignIn enables the local sign-in form where anyone picks a
 	// principal: for `tollgate dev` only. New refuses it unless Addr is a
 	// loopback address, and the form itself answers only requests that
-	// arrived on a loopback address from one.
+	// arrived on a loopback address from one. Every request must then name
+	// a loopback host, and a state-changing one carry no Origin but the
+	// inbox's own (devGuard: DNS rebinding).
 	DevSignIn bool
 	// OIDC, when set, enables sign-in with an OpenID Connect provider.
 	OIDC *OIDCConfig
@@ -243,17 +245,29 @@ func (s *Server) routes() {
 	})
 }
 
-// ServeHTTP sets the security headers and serves the inbox.
+// ServeHTTP sets the security headers and serves the inbox; with
+// DevSignIn it first refuses what devGuard refuses (403, the code in
+// Tollgate-Code), so that nothing is read, signed in or decided.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	// same-origin, not no-referrer: no referrer goes to another site, and
+	// the inbox's own posts carry its Origin (no-referrer makes a browser
+	// send "Origin: null"), which devGuard checks.
+	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	h.Set("Cross-Origin-Resource-Policy", "same-origin")
 	if r.TLS != nil {
 		h.Set("Strict-Transport-Security", "max-age=31536000")
+	}
+	if s.cfg.DevSignIn {
+		if code, msg := devGuard(r); code != "" {
+			h.Set("Tollgate-Code", string(code))
+			http.Error(w, string(code)+": "+msg, http.StatusForbidden)
+			return
+		}
 	}
 	s.mux.ServeHTTP(w, r)
 }

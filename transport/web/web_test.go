@@ -74,7 +74,7 @@ func TestDevSignInIsRefusedOffLoopback(t *testing.T) {
 			t.Fatal(err)
 		}
 		req := httptest.NewRequest("POST", "/signin/dev", strings.NewReader("subject=alice"))
-		req.RemoteAddr = "192.0.2.7:5555"
+		req.RemoteAddr, req.Host = "192.0.2.7:5555", "127.0.0.1:8080"
 		req = req.WithContext(context.WithValue(req.Context(), http.LocalAddrContextKey, fakeAddr("127.0.0.1:8080")))
 		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, req)
