@@ -1,5 +1,10 @@
 package reveal
 
+import (
+	"encoding/json"
+	"strings"
+)
+
 // Example is one hostile text and how String shows it.
 type Example struct {
 	Name  string
@@ -26,4 +31,26 @@ var HostileExamples = []Example{
 	{"escape sequence", "\x1b[2Jhi", `\u001B[2Jhi`},
 	{"private use", "\uE000", `\uE000`},
 	{"backslash next to a flagged rune", `C:\u202E` + "\u202E", `C:\\u202E\u202E`},
+}
+
+// InJSON is how JSON shows e.Text inside a JSON string (without the
+// quotes), as a call's canonical arguments hold it.
+func (e Example) InJSON() string {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(e.Text)
+	s, _ := JSON(strings.TrimSuffix(b.String(), "\n"))
+	return s[1 : len(s)-1]
+}
+
+// HostileArgs is the arguments of a write_file call (path and content)
+// that hold every example's text, for a surface's test to show.
+func HostileArgs() string {
+	texts := make([]string, len(HostileExamples))
+	for i, e := range HostileExamples {
+		texts[i] = e.Text
+	}
+	b, _ := json.Marshal(map[string]string{"path": strings.Join(texts, "/"), "content": strings.Join(texts, "\n")})
+	return string(b)
 }
