@@ -73,8 +73,8 @@ func TestChatMarkupIsInert(t *testing.T) {
 
 	out := &schemas.TurnOutcome{TurnID: turnOf("DU1", "1700000212.000100"), SessionID: "s", State: schemas.TurnCompleted,
 		Audience: schemas.AudiencePersonal, FinishedAt: time.Now().UTC(),
-		Reply:    schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "DU1", Kind: schemas.ChannelDM, Thread: "1700000212.000100"}},
-		Results:  []schemas.ToolResult{{CallID: "c0", Tool: "echo", Status: schemas.ResultOK, Output: "````\n<!here> *bold*\n`"}}}
+		Reply:   schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "DU1", Kind: schemas.ChannelDM, Thread: "1700000212.000100"}},
+		Results: []schemas.ToolResult{{CallID: "c0", Tool: "echo", Status: schemas.ResultOK, Output: "````\n<!here> *bold*\n`"}}}
 	r.h.Publish(topology.SubjectTurnOutcome+out.TurnID, "", out)
 	text := r.slack.await(t, 1, "chat.postMessage", func(c call) bool { return strings.Contains(c.form.Get("text"), out.TurnID) })[0].form.Get("text")
 	if n := strings.Count(text, "```"); n != 2 || strings.Contains(text, "<!here>") {
