@@ -44,7 +44,7 @@ func TestCLIShowsHostileCharactersEscaped(t *testing.T) {
 		if code != 0 && code != exitTimedOut {
 			t.Fatalf("%s: exit %d, stderr %q", args[0], code, errOut)
 		}
-		if reveal.Contains(out) || !strings.Contains(out, "Contains invisible") {
+		if reveal.Contains(out) || !strings.Contains(out, reveal.Warning) {
 			t.Errorf("%s holds a raw flagged character or no warning:\n%q", args[0], out)
 		}
 		if args[0] != "show" {
@@ -66,7 +66,7 @@ func TestCLIShowsHostileCharactersEscaped(t *testing.T) {
 	// A plain call has no warning.
 	plain := h.Send(h.Inbound("s-plain", "alice", pt.Call("write_file", `{"path":"p.txt","content":"p"}`)))
 	h.WaitPending(schemas.ApprovalID(plain, 0))
-	if _, out, _ := runCLI(t, "show", schemas.ApprovalID(plain, 0), url); strings.Contains(out, "Contains invisible") {
+	if _, out, _ := runCLI(t, "show", schemas.ApprovalID(plain, 0), url); strings.Contains(out, reveal.Warning) {
 		t.Errorf("show warns about a plain call:\n%s", out)
 	}
 }
@@ -109,7 +109,7 @@ func TestOutcomeAndChatNeutraliseTerminalEscapes(t *testing.T) {
 }
 
 // TestChatPromptShowsHostileCharactersEscaped: chat's approval prompt
-// shows a hostile call escaped, with the warning.
+// and watch's line show a hostile call escaped, with the warning.
 func TestChatPromptShowsHostileCharactersEscaped(t *testing.T) {
 	args, _, err := schemas.CanonicalArgs(reveal.HostileArgs())
 	if err != nil {
@@ -124,7 +124,10 @@ func TestChatPromptShowsHostileCharactersEscaped(t *testing.T) {
 	var out bytes.Buffer
 	v := &chatView{out: &out}
 	v.show(context.Background(), "t-1", topology.SubjectApprovalRequested+"a-1-0", data)
-	if reveal.Contains(out.String()) || !strings.Contains(out.String(), "Contains invisible") {
+	if reveal.Contains(out.String()) || !strings.Contains(out.String(), reveal.Warning) {
 		t.Errorf("chat's prompt holds a raw flagged character or no warning:\n%q", out.String())
+	}
+	if line := summary(topology.SubjectApprovalRequested+"a-1-0", data); reveal.Contains(line) || !strings.Contains(line, reveal.Warning) {
+		t.Errorf("watch's line holds a raw flagged character or no warning: %q", line)
 	}
 }
