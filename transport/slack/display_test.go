@@ -30,7 +30,22 @@ func TestPromptShowsHostileCharactersEscaped(t *testing.T) {
 			t.Errorf("%s: the prompt does not show %s", ex.Name, ex.InJSON())
 		}
 	}
-	// A plain call has no warning.
+	// Folded, the full arguments open in a modal: escaped, with the warning.
+	long := strings.Repeat("x", 2*tgslack.FoldArgs) + "\u202E.sh"
+	r.event(t, "EvL", dm("U1", ch, "1700000202.000100", "write "+long))
+	lp := r.promptOf(t, schemas.ApprovalID(turnOf(ch, "1700000202.000100"), 0))
+	if resp := r.click(t, clickBody("U1", ch, lp.ts, tgslack.ActionArgs, buttonValue(t, lp, tgslack.ActionArgs), "7.1")); resp.StatusCode != 200 {
+		t.Fatalf("click: %d", resp.StatusCode)
+	}
+	open, _ := json.Marshal(r.slack.await(t, 1, "views.open", nil)[0].json)
+	var view struct {
+		View json.RawMessage `json:"view"`
+	}
+	_ = json.Unmarshal(open, &view)
+	if modal := texts(t, string(view.View)); reveal.Contains(modal) || !strings.Contains(modal, reveal.Warning) || !strings.Contains(modal, `x\u202E.sh`) {
+		t.Errorf("the arguments modal holds a raw flagged character, no warning or not the escape: %q", modal)
+	}
+		// A plain call has no warning.
 	r.event(t, "EvP", dm("U1", ch, "1700000201.000100", "write plain.txt"))
 	if b := r.promptOf(t, schemas.ApprovalID(turnOf(ch, "1700000201.000100"), 0)).form.Get("blocks"); strings.Contains(b, reveal.Warning) {
 		t.Errorf("a plain call's prompt warns: %s", b)
