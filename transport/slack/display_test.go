@@ -45,7 +45,7 @@ func TestPromptShowsHostileCharactersEscaped(t *testing.T) {
 	if modal := texts(t, string(view.View)); reveal.Contains(modal) || !strings.Contains(modal, reveal.Warning) || !strings.Contains(modal, `x\u202E.sh`) {
 		t.Errorf("the arguments modal holds a raw flagged character, no warning or not the escape: %q", modal)
 	}
-		// A plain call has no warning.
+	// A plain call has no warning.
 	r.event(t, "EvP", dm("U1", ch, "1700000201.000100", "write plain.txt"))
 	if b := r.promptOf(t, schemas.ApprovalID(turnOf(ch, "1700000201.000100"), 0)).form.Get("blocks"); strings.Contains(b, reveal.Warning) {
 		t.Errorf("a plain call's prompt warns: %s", b)
