@@ -5,6 +5,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/tollgate-dev/tollgate/reveal"
 )
 
 // Input limits. They bound what a transport or decider can make a worker
@@ -40,6 +42,22 @@ func checkString(field, s string, limit int, required, multiline bool) error {
 	for _, r := range s {
 		if unicode.IsControl(r) && !(multiline && (r == '\n' || r == '\t' || r == '\r')) {
 			return Errorf(CodeInvalidInput, "%s contains control character %U", field, r)
+		}
+	}
+	return nil
+}
+
+// checkPrincipal is checkString for a principal id (a sender's id, a
+// decider's, a requester's principal): also no character a person cannot
+// see or that reorders text (reveal.Flagged), since an id with one reads as
+// another ("al\u200Bice" as "alice"). It returns CodeInvalidInput.
+func checkPrincipal(field, s string, limit int) error {
+	if err := checkString(field, s, limit, true, false); err != nil {
+		return err
+	}
+	for _, r := range s {
+		if reveal.Flagged(r) {
+			return Errorf(CodeInvalidInput, "%s contains invisible or direction-changing character %U", field, r)
 		}
 	}
 	return nil
@@ -117,7 +135,7 @@ func (s Sender) check(field string) error {
 		return Errorf(CodeInvalidInput, "%s.kind %q: want user, bot or service", field, s.Kind)
 	}
 	return firstErr(
-		checkString(field+".id", s.ID, MaxIDBytes, true, false),
+		checkPrincipal(field+".id", s.ID, MaxIDBytes),
 		checkString(field+".display", s.Display, maxShortBytes, false, false),
 	)
 }
@@ -190,8 +208,8 @@ func (c *TurnContext) validate() error {
 	return firstErr(
 		checkString("session_id", c.SessionID, MaxIDBytes, true, false),
 		checkString("turn_id", c.TurnID, MaxIDBytes, true, false),
-		checkString("requester.principal", c.Requester.Principal, 2*MaxIDBytes, true, false),
-		checkString("requester.sender_id", c.Requester.SenderID, MaxIDBytes, true, false),
+		checkPrincipal("requester.principal", c.Requester.Principal, 2*MaxIDBytes),
+		checkPrincipal("requester.sender_id", c.Requester.SenderID, MaxIDBytes),
 		checkTransport("transport", c.Transport),
 		c.Channel.check("channel"),
 		checkString("trust_boundary", c.TrustBoundary, maxShortBytes, true, false),

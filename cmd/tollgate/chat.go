@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -155,7 +156,11 @@ func (v *chatView) show(ctx context.Context, turn, subject string, data []byte) 
 		if err != nil {
 			return false, 0
 		}
-		fmt.Fprintf(v.out, "  ? approval needed: %s %s (options %v)\n", a.Tool, clip(a.Args, 200), a.Options)
+		args, flagged := reveal.JSON(a.Args)
+		fmt.Fprintf(v.out, "  ? approval needed: %s %s (options %v)\n", a.Tool, clip(args, 200), a.Options)
+		if flagged {
+			fmt.Fprintln(v.out, warnLine)
+		}
 		if v.lines == nil {
 			fmt.Fprintf(v.out, "    decide with: tollgate approve %s --as <decider>   (or deny)\n", a.ApprovalID)
 			return false, 0
@@ -168,7 +173,7 @@ func (v *chatView) show(ctx context.Context, turn, subject string, data []byte) 
 		}
 	case strings.HasPrefix(subject, topology.SubjectTurnReply):
 		if r, err := schemas.Decode[schemas.ReplyEvent](data); err == nil {
-			fmt.Fprintf(v.out, "assistant: %s\n", r.Text)
+			fmt.Fprintf(v.out, "assistant: %s\n", reveal.Controls(r.Text))
 		}
 	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
 		o, err := schemas.Decode[schemas.TurnOutcome](data)
@@ -177,9 +182,9 @@ func (v *chatView) show(ctx context.Context, turn, subject string, data []byte) 
 		}
 		if o.TurnID != turn {
 			for _, r := range o.Results {
-				detail := clip(r.Output, 200)
+				detail := clip(reveal.Controls(r.Output), 200)
 				if r.Status != schemas.ResultOK {
-					detail = string(r.Code) + " " + clip(r.Reason, 200)
+					detail = string(r.Code) + " " + clip(reveal.Controls(r.Reason), 200)
 				}
 				fmt.Fprintf(v.out, "  %s: %s %s\n", r.Tool, r.Status, detail)
 			}
@@ -188,7 +193,7 @@ func (v *chatView) show(ctx context.Context, turn, subject string, data []byte) 
 		if o.State == schemas.TurnCompleted {
 			return true, 0
 		}
-		fmt.Fprintf(v.out, "turn failed: %s %s\n", o.Code, o.Reason)
+		fmt.Fprintf(v.out, "turn failed: %s %s\n", o.Code, reveal.Controls(o.Reason))
 		return true, 1
 	}
 	return false, 0

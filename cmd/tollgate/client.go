@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,6 +20,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/legacy"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/seal"
 )
 
@@ -166,7 +168,15 @@ func clip(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return s[:n-3] + "..."
+	n -= 3
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
 }
+
+// warnLine is the line a human surface of this command prints under a
+// call that holds a character reveal escapes.
+const warnLine = "  ! " + reveal.Warning
 
 func signalCtx() (context.Context, context.CancelFunc) { return stagecmd.SignalContext() }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -146,25 +147,40 @@ func decidedBy(id string, ds map[string]approval) string {
 	case !ok || d.err != nil:
 		return "?"
 	case d.rec.Decision != nil:
-		return fmt.Sprintf("%s (%s)", d.rec.Decision.Principal, d.rec.Decision.Option)
+		return fmt.Sprintf("%s (%s)", reveal.Must(d.rec.Decision.Principal), d.rec.Decision.Option)
 	case len(d.rec.Votes) > 0:
 		var who []string
 		for _, v := range d.rec.Votes {
-			who = append(who, v.Principal)
+			who = append(who, reveal.Must(v.Principal))
 		}
 		return fmt.Sprintf("%s: votes of %s", d.rec.Status, strings.Join(who, ", "))
 	}
 	return string(d.rec.Status)
 }
 
+// printBatch writes b for a person: the call's fields through reveal
+// (a warning line when one holds a character it escapes), tool output and
+// reasons through reveal.Controls (no escape sequence reaches the
+// terminal).
 func printBatch(w io.Writer, b *schemas.BatchRecord, ds map[string]approval) {
-	fmt.Fprintf(w, "turn %s  session %s  state %s", b.TurnID, b.SessionID, b.State)
+	fmt.Fprintf(w, "turn %s  session %s  state %s", b.TurnID, reveal.Must(b.SessionID), b.State)
 	if b.Code != "" {
-		fmt.Fprintf(w, "  code %s: %s", b.Code, b.Reason)
+		fmt.Fprintf(w, "  code %s: %s", b.Code, reveal.Controls(b.Reason))
 	}
 	fmt.Fprintln(w)
+	flagged := false
 	if b.Context != nil {
-		fmt.Fprintf(w, "requester %s  audience %s  channel %s/%s\n", requester(b.Context), b.Context.Audience, b.Context.Channel.Kind, b.Context.Channel.ID)
+		var who string
+		who, flagged = reveal.String(requester(b.Context))
+		fmt.Fprintf(w, "requester %s  audience %s  channel %s/%s\n", who, b.Context.Audience, b.Context.Channel.Kind, reveal.Must(b.Context.Channel.ID))
+	}
+	for _, call := range b.Calls {
+		if _, f := reveal.JSON(call.Args); f {
+			flagged = true
+		}
+	}
+	if flagged {
+		fmt.Fprintln(w, warnLine)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CALL\tTOOL\tAPPROVAL\tDECIDED BY\tSTATUS\tOUTPUT / REASON")
@@ -181,7 +197,7 @@ func printBatch(w io.Writer, b *schemas.BatchRecord, ds map[string]approval) {
 		if shown == "" {
 			shown = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", call.CallID, call.Tool, shown, decidedBy(appr, ds), status, clip(strings.ReplaceAll(detail, "\n", " "), 80))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", call.CallID, call.Tool, shown, decidedBy(appr, ds), status, clip(reveal.Controls(strings.ReplaceAll(detail, "\n", " ")), 80))
 	}
 	_ = tw.Flush()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -80,16 +81,25 @@ snapshot:
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "APPROVAL\tSESSION\tREQUESTER\tTOOL\tARGS\tOPTIONS\tAGE\tEXPIRES")
+	var flagged []string
 	for _, r := range recs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ApprovalID, r.SessionID, requester(r.Context), r.Tool,
-			clip(r.Args, 60), strings.Join(r.Options, ","), time.Since(r.RequestedAt).Round(time.Second), expiry(r.ExpiresAt, time.Now()))
+		args, f := reveal.JSON(r.Args)
+		who, g := reveal.String(requester(r.Context))
+		if f || g {
+			flagged = append(flagged, r.ApprovalID)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ApprovalID, reveal.Must(r.SessionID), who, r.Tool,
+			clip(args, 60), strings.Join(r.Options, ","), time.Since(r.RequestedAt).Round(time.Second), expiry(r.ExpiresAt, time.Now()))
 	}
 	_ = tw.Flush()
+	for _, id := range flagged {
+		fmt.Printf("%s:\n%s\n", id, warnLine)
+	}
 	// What each grant option would cover, and for how long: a decider must
 	// see it before choosing one.
 	for _, r := range recs {
 		for _, o := range r.Grants {
-			fmt.Printf("%s %s: %s\n", r.ApprovalID, o.Option, o.Summary)
+			fmt.Printf("%s %s: %s\n", r.ApprovalID, o.Option, reveal.Must(o.Summary))
 		}
 	}
 	fmt.Println("\n'tollgate show APPROVAL' shows one in full.")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -70,28 +71,32 @@ func printApproval(w io.Writer, a *schemas.ApprovalRecord, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
 	row("approval", "%s (%s)", a.ApprovalID, a.Status)
-	row("turn", "%s  call %s  session %s", a.TurnID, a.CallID, a.SessionID)
+	row("turn", "%s  call %s  session %s", a.TurnID, a.CallID, reveal.Must(a.SessionID))
 	row("tool", "%s", a.Tool)
 	row("digest", "%s", a.ArgsDigest)
+	args, flagged := reveal.JSON(prettyArgs(a.Args))
 	if tc := a.Context; tc != nil {
 		r := tc.Requester
+		who, f := reveal.String(requester(tc))
+		display, g := reveal.String(r.Display)
+		flagged = flagged || f || g
 		verified := "not verified"
 		if r.Verified {
 			verified = "verified"
 		}
-		row("requester", "%s  display %q  %s, %s", requester(tc), r.Display, r.Kind, verified)
+		row("requester", "%s  display \"%s\"  %s, %s", who, display, r.Kind, verified)
 		thread := ""
 		if tc.Channel.Thread != "" {
-			thread = "  thread " + tc.Channel.Thread
+			thread = "  thread " + reveal.Must(tc.Channel.Thread)
 		}
 		row("transport", "%s  trust boundary %s  interactive %v", tc.Transport, tc.TrustBoundary, tc.Interactive)
-		row("channel", "%s %s%s  audience %s", tc.Channel.Kind, tc.Channel.ID, thread, tc.Audience)
+		row("channel", "%s %s%s  audience %s", tc.Channel.Kind, reveal.Must(tc.Channel.ID), thread, tc.Audience)
 	} else {
 		row("requester", "? (no TurnContext: the stages refuse this record)")
 	}
 	row("options", "%s", strings.Join(a.Options, ", "))
 	for _, o := range a.Grants {
-		row("  "+o.Option, "%s", o.Summary)
+		row("  "+o.Option, "%s", reveal.Must(o.Summary))
 	}
 	row("policy", "%s", a.PolicyVersion)
 	row("requested", "%s (%s ago)", a.RequestedAt.UTC().Format(time.RFC3339), now.Sub(a.RequestedAt).Round(time.Second))
@@ -104,16 +109,19 @@ func printApproval(w io.Writer, a *schemas.ApprovalRecord, now time.Time) {
 		row("quorum", "%d distinct approvals, %d so far", max(a.Quorum, 1), len(a.Votes))
 	}
 	for _, v := range a.Votes {
-		row("vote", "%s %s at %s (decision %s)", v.Principal, v.Option, v.DecidedAt.UTC().Format(time.RFC3339), v.DecisionID)
+		row("vote", "%s %s at %s (decision %s)", reveal.Must(v.Principal), v.Option, v.DecidedAt.UTC().Format(time.RFC3339), v.DecisionID)
 	}
 	if d := a.Decision; d != nil {
-		row("decision", "%s by %s at %s (decision %s)", d.Option, d.Principal, d.DecidedAt.UTC().Format(time.RFC3339), d.DecisionID)
+		row("decision", "%s by %s at %s (decision %s)", d.Option, reveal.Must(d.Principal), d.DecidedAt.UTC().Format(time.RFC3339), d.DecisionID)
 		if g := d.Grant; g != nil {
-			row("by grant", "%s: %s", g.GrantID, g.Summary)
+			row("by grant", "%s: %s", g.GrantID, reveal.Must(g.Summary))
 		}
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "arguments:\n%s\n", prettyArgs(a.Args))
+	if flagged {
+		fmt.Fprintln(w, warnLine)
+	}
+	fmt.Fprintf(w, "arguments:\n%s\n", args)
 }
 
 // prettyArgs indents JSON arguments for reading; anything else is returned

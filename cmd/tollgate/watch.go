@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -88,23 +89,28 @@ func summary(subject string, data []byte) string {
 	switch {
 	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
 		if a, err := schemas.Decode[schemas.ApprovalRecord](data); err == nil {
-			return fmt.Sprintf("approval %s: %s %s, options %v", a.ApprovalID, a.Tool, clip(a.Args, 50), a.Options)
+			args, flagged := reveal.JSON(a.Args)
+			line := fmt.Sprintf("approval %s: %s %s, options %v", a.ApprovalID, a.Tool, clip(args, 50), a.Options)
+			if flagged {
+				line += "  ! " + reveal.Warning
+			}
+			return line
 		}
 	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
 		if e, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
 			by := ""
 			if e.Decision != nil {
-				by = " by " + e.Decision.Principal
+				by = " by " + reveal.Must(e.Decision.Principal)
 			}
 			return fmt.Sprintf("approval %s %s%s", e.ApprovalID, e.Status, by)
 		}
 	case strings.HasPrefix(subject, topology.SubjectDecisionRejected):
 		if r, err := schemas.Decode[schemas.DecisionRejected](data); err == nil {
-			return fmt.Sprintf("decision %s rejected: %s: %s", r.DecisionID, r.Code, r.Reason)
+			return fmt.Sprintf("decision %s rejected: %s: %s", reveal.Must(r.DecisionID), r.Code, reveal.Controls(r.Reason))
 		}
 	case strings.HasPrefix(subject, topology.SubjectRedrive):
 		if o, err := schemas.Decode[schemas.RedriveOutcome](data); err == nil {
-			return fmt.Sprintf("redrive %s %s %s", o.Kind, o.Code, o.Reason)
+			return fmt.Sprintf("redrive %s %s %s", o.Kind, o.Code, reveal.Controls(o.Reason))
 		}
 	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
 		if o, err := schemas.Decode[schemas.TurnOutcome](data); err == nil {
@@ -117,7 +123,7 @@ func summary(subject string, data []byte) string {
 		}
 	case strings.HasPrefix(subject, topology.SubjectTurnReply):
 		if r, err := schemas.Decode[schemas.ReplyEvent](data); err == nil {
-			return fmt.Sprintf("reply to %s %s/%s: %s", r.Reply.Transport, r.Reply.Channel.Kind, r.Reply.Channel.ID, clip(r.Text, 80))
+			return fmt.Sprintf("reply to %s %s/%s: %s", r.Reply.Transport, r.Reply.Channel.Kind, r.Reply.Channel.ID, clip(reveal.Controls(r.Text), 80))
 		}
 	case strings.HasPrefix(subject, topology.SubjectBatchAwaiting):
 		return "batch awaiting approvals"

@@ -108,7 +108,7 @@ func (t *Transport) DeliverReply(ctx context.Context, r *schemas.ReplyEvent) err
 	if r.Reply.Transport != Name {
 		return nil
 	}
-	return t.once(ctx, "reply."+r.TurnID, "reply", r.Reply.Channel, r.Audience, r.Text)
+	return t.once(ctx, "reply."+r.TurnID, "reply", r.Reply.Channel, r.Audience, replyText(r.Text))
 }
 
 // once posts text into ch unless record key says it was posted.

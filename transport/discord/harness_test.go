@@ -21,6 +21,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
@@ -193,7 +194,8 @@ const testPolicy = `{"version": "t", "default_approval": "required", "tools": {
   "echo": {"approval": "required", "expires_after": "1s"},
   "write_file": {"approval": "required", "grants": [{"option": "approve-day", "scope": "requester", "for": "1h"}]}}}`
 
-// proposeCalls maps test requests to calls: "write <path>" and "echo <text>".
+// proposeCalls maps test requests to calls: "write <path>", "echo <text>"
+// and "hostile".
 func proposeCalls(text string) []schemas.ProposedCall {
 	verb, arg, _ := strings.Cut(text, " ")
 	switch verb {
@@ -201,6 +203,8 @@ func proposeCalls(text string) []schemas.ProposedCall {
 		return []schemas.ProposedCall{{Tool: "write_file", Args: fmt.Sprintf(`{"path": %q, "content": "from discord"}`, arg)}}
 	case "echo":
 		return []schemas.ProposedCall{{Tool: "echo", Args: fmt.Sprintf(`{"text": %q}`, arg)}}
+	case "hostile": // a call that holds every reveal.HostileExamples text
+		return []schemas.ProposedCall{{Tool: "write_file", Args: reveal.HostileArgs()}}
 	}
 	return nil
 }

@@ -7,7 +7,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // FoldArgs is how many bytes of a call's arguments a prompt shows inline;
@@ -114,10 +116,19 @@ func ephemeral(s string) *outgoing {
 	return m
 }
 
-// code formats s as a code block (``` cannot be closed early by s).
+// code formats s as a code block that s cannot close (chat.CodeBody).
 func code(s string) string {
-	return "```\n" + strings.ReplaceAll(s, "```", "`\u200b``") + "\n```"
+	return "```\n" + chat.CodeBody(s) + "\n```"
 }
+
+// warning is the line a message shows when its call contains a character
+// reveal escapes.
+const warning = "\n⚠ **" + reveal.Warning + "**"
+
+// replyText is the planner's reply as posted: a masked link [text](url)
+// cannot render (its "](" is broken by a backslash), so no link is
+// disguised; mentions are suppressed by allowed_mentions.
+func replyText(s string) string { return strings.ReplaceAll(s, "](", `]\(`) }
 
 // inline formats s as inline code.
 func inline(s string) string { return "`" + strings.ReplaceAll(s, "`", "'") + "`" }
@@ -147,12 +158,18 @@ func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
 	if rec.Context != nil {
 		requester = rec.Context.Requester.Principal
 	}
-	args, folded := truncate(rec.Args, FoldArgs)
+	all, flagged := reveal.JSON(rec.Args)
+	who, whoFlagged := reveal.String(requester)
+	args, folded := truncate(all, FoldArgs)
 	if folded {
 		args += " …"
 	}
-	m := text(fmt.Sprintf("**Approval needed:** %s\n%s\ndigest %s · requested by %s · expires %s · %s",
-		inline(rec.Tool), code(args), inline(rec.ArgsDigest), inline(requester), expiry(rec), inline(rec.ApprovalID)))
+	warn := ""
+	if flagged || whoFlagged {
+		warn = warning
+	}
+	m := text(fmt.Sprintf("**Approval needed:** %s%s\n%s\ndigest %s · requested by %s · expires %s · %s",
+		inline(rec.Tool), warn, code(args), inline(rec.ArgsDigest), inline(who), expiry(rec), inline(rec.ApprovalID)))
 	var buttons []component
 	for _, o := range rec.Options {
 		switch o {
@@ -181,7 +198,7 @@ func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
 			style = 4
 		}
 		grants = append(grants, component{Type: 2, Style: style, Label: label, CustomID: customID(grantVerb(i), rec)})
-		fmt.Fprintf(&lines, "\n%s: %s", inline(o), inline(offer.Summary))
+		fmt.Fprintf(&lines, "\n%s: %s", inline(o), inline(reveal.Must(offer.Summary)))
 	}
 	if len(grants) > 0 {
 		m.Content, _ = truncate(m.Content+"\n**Or decide and grant:**"+lines.String(), maxContent)
@@ -192,11 +209,16 @@ func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
 
 // argsMessage is the full arguments of a call, shown to the clicker alone.
 func argsMessage(rec *schemas.ApprovalRecord) *outgoing {
-	args, cut := truncate(rec.Args, maxContent-200)
+	all, flagged := reveal.JSON(rec.Args)
+	args, cut := truncate(all, maxContent-300)
 	if cut {
 		args += " …"
 	}
-	return ephemeral(fmt.Sprintf("%s · digest %s\n%s", inline(rec.Tool), inline(rec.ArgsDigest), code(args)))
+	warn := ""
+	if flagged {
+		warn = warning
+	}
+	return ephemeral(fmt.Sprintf("%s · digest %s%s\n%s", inline(rec.Tool), inline(rec.ArgsDigest), warn, code(args)))
 }
 
 // closedMessage renders a prompt that can no longer be answered: no
@@ -210,7 +232,7 @@ func closedMessage(p *post, status schemas.ApprovalStatus, d *schemas.DecisionIn
 		at = d.DecidedAt
 	}
 	return text(fmt.Sprintf("**%s:** %s\n%s by %s at %s · digest %s · %s", statusWord(status), inline(p.Tool),
-		status, inline(who), at.UTC().Format(time.RFC3339), inline(p.Digest), inline(p.ApprovalID)))
+		status, inline(reveal.Must(who)), at.UTC().Format(time.RFC3339), inline(p.Digest), inline(p.ApprovalID)))
 }
 
 func statusWord(s schemas.ApprovalStatus) string {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -68,15 +69,21 @@ type ResultView struct {
 // ApprovalView is an approval as the API shows it; ArgsDigest is what a
 // decision must carry.
 type ApprovalView struct {
-	ApprovalID  string                 `json:"approval_id"`
-	TurnID      string                 `json:"turn_id"`
-	CallID      string                 `json:"call_id"`
-	SessionID   string                 `json:"session_id"`
-	Transport   string                 `json:"transport"`
-	Requester   string                 `json:"requester"`
-	Tool        string                 `json:"tool"`
-	Args        string                 `json:"args"`
-	ArgsDigest  string                 `json:"args_digest"`
+	ApprovalID string `json:"approval_id"`
+	TurnID     string `json:"turn_id"`
+	CallID     string `json:"call_id"`
+	SessionID  string `json:"session_id"`
+	Transport  string `json:"transport"`
+	Requester  string `json:"requester"`
+	Tool       string `json:"tool"`
+	Args       string `json:"args"`
+	ArgsDigest string `json:"args_digest"`
+	// ArgsFlagged says that Args holds a character reveal escapes (a
+	// bidi control, a zero-width or other invisible or control
+	// character); ArgsVisible is Args as a person is shown it
+	// (reveal.JSON: the same value, each such character a \u escape).
+	ArgsFlagged bool                   `json:"args_flagged"`
+	ArgsVisible string                 `json:"args_visible"`
 	Options     []string               `json:"options"`
 	Status      schemas.ApprovalStatus `json:"status"`
 	RequestedAt time.Time              `json:"requested_at"`
@@ -111,6 +118,7 @@ func approvalView(a *schemas.ApprovalRecord) *ApprovalView {
 		Tool: a.Tool, Args: a.Args, ArgsDigest: a.ArgsDigest, Options: a.Options, Status: a.Status,
 		RequestedAt: a.RequestedAt, Quorum: max(a.Quorum, 1), Votes: []DecisionView{},
 	}
+	v.ArgsVisible, v.ArgsFlagged = reveal.JSON(a.Args)
 	if a.Context != nil {
 		v.Transport, v.Requester = a.Context.Transport, a.Context.Requester.Principal
 	}

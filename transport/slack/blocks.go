@@ -8,7 +8,9 @@ import (
 
 	"github.com/slack-go/slack"
 
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // FoldArgs is how many bytes of a call's arguments a prompt shows inline;
@@ -25,14 +27,25 @@ func plain(s string) *slack.TextBlockObject {
 	return slack.NewTextBlockObject(slack.PlainTextType, s, false, false)
 }
 
-// escape makes user-controlled text inert in mrkdwn (no mentions, links).
+// escape makes user-controlled text inert in mrkdwn (no mentions, links):
+// & < > as Slack's docs say (https://api.slack.com/reference/surfaces/formatting#escaping).
 func escape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace(s)
 }
 
-// code formats s as a code block (``` cannot be closed early by s).
+// shown is a call's plain-text field (a principal, a summary) as a
+// decider is shown it: reveal's rule, then escaped.
+func shown(s string) string { return escape(reveal.Must(s)) }
+
+// code formats s as a code block that s cannot close (chat.CodeBody).
 func code(s string) string {
-	return "```" + strings.ReplaceAll(escape(s), "```", "`\u200b``") + "```"
+	return "```" + chat.CodeBody(escape(s)) + "```"
+}
+
+// warningBlock is the line a prompt shows when its call contains a
+// character reveal escapes.
+func warningBlock() slack.Block {
+	return slack.NewContextBlock("tollgate_reveal", mrkdwn(":warning: *"+escape(reveal.Warning)+"*"))
 }
 
 // truncate cuts s to at most n bytes on a rune boundary.
@@ -60,7 +73,9 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 	if rec.Context != nil {
 		requester = rec.Context.Requester.Principal
 	}
-	args, folded := truncate(rec.Args, FoldArgs)
+	all, flagged := reveal.JSON(rec.Args)
+	_, requesterFlagged := reveal.String(requester)
+	args, folded := truncate(all, FoldArgs)
 	if folded {
 		args += " …"
 	}
@@ -68,7 +83,10 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 	blocks := []slack.Block{
 		slack.NewSectionBlock(mrkdwn(fmt.Sprintf("*Approval needed:* `%s`\n%s", escape(rec.Tool), code(args))), nil, nil),
 		slack.NewContextBlock("", mrkdwn(fmt.Sprintf("digest `%s` · requested by %s · expires %s · %s",
-			escape(rec.ArgsDigest), escape(requester), expiry(rec), escape(rec.ApprovalID)))),
+			escape(rec.ArgsDigest), shown(requester), expiry(rec), escape(rec.ApprovalID)))),
+	}
+	if flagged || requesterFlagged {
+		blocks = append(blocks, warningBlock())
 	}
 	var buttons []slack.BlockElement
 	for _, o := range rec.Options {
@@ -95,7 +113,7 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 		if offer.Effect == schemas.ApprovalDenied {
 			b = b.WithStyle(slack.StyleDanger)
 		}
-		text, _ := truncate(fmt.Sprintf("*%s*: %s", escape(o), escape(offer.Summary)), maxModalText)
+		text, _ := truncate(fmt.Sprintf("*%s*: %s", escape(o), shown(offer.Summary)), maxModalText)
 		blocks = append(blocks, slack.NewSectionBlock(mrkdwn(text), nil, slack.NewAccessory(b), slack.SectionBlockOptionBlockID("tollgate_grant_"+o)))
 	}
 	return blocks
@@ -120,7 +138,7 @@ func closedBlocks(p *post, ev *schemas.DecidedEvent) []slack.Block {
 	return []slack.Block{
 		slack.NewSectionBlock(mrkdwn(fmt.Sprintf("*%s:* `%s`", statusWord(ev.Status), escape(p.Tool))), nil, nil),
 		slack.NewContextBlock("", mrkdwn(fmt.Sprintf("%s by %s at %s · digest `%s` · %s",
-			ev.Status, escape(who), at.UTC().Format(time.RFC3339), escape(p.Digest), escape(ev.ApprovalID)))),
+			ev.Status, shown(who), at.UTC().Format(time.RFC3339), escape(p.Digest), escape(ev.ApprovalID)))),
 	}
 }
 
@@ -141,7 +159,10 @@ func statusWord(s schemas.ApprovalStatus) string {
 // argsView is the modal with a call's full arguments.
 func argsView(rec *schemas.ApprovalRecord) slack.ModalViewRequest {
 	var blocks []slack.Block
-	rest := rec.Args
+	rest, flagged := reveal.JSON(rec.Args)
+	if flagged {
+		blocks = append(blocks, warningBlock())
+	}
 	for rest != "" {
 		var part string
 		part, _ = truncate(rest, maxModalText-64)

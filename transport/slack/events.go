@@ -128,12 +128,16 @@ func (t *Transport) DeliverOutcome(ctx context.Context, o *schemas.TurnOutcome) 
 // DeliverReply posts the planner's reply to a turn into the reply
 // target's thread, once per turn (record reply.<turn>), under the same
 // rules as DeliverOutcome. It is what the transport does with a
-// ReplyEvent (tollgate.event.turn.reply.<turn>).
+// ReplyEvent (tollgate.event.turn.reply.<turn>). The text is posted with
+// & < > escaped (escape): no mention, no link markup.
 func (t *Transport) DeliverReply(ctx context.Context, r *schemas.ReplyEvent) error {
 	if r.Reply.Transport != Name {
 		return nil
 	}
-	text, _ := truncate(r.Text, 39000)
+	// The model's text is the model's, which a prompt injection may
+	// steer: escaped, it can neither mention (<!channel>) nor disguise a
+	// link (<http://evil|bank.com>).
+	text, _ := truncate(escape(r.Text), 39000)
 	return t.once(ctx, "reply."+r.TurnID, "reply", r.Reply.Channel, r.Audience, text)
 }
 

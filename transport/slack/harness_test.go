@@ -25,6 +25,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
@@ -208,7 +209,8 @@ const testPolicy = `{"version": "t", "default_approval": "required", "tools": {
   "echo": {"approval": "required", "expires_after": "1s"},
   "write_file": {"approval": "required", "grants": [{"option": "approve-session", "scope": "session", "for": "1h"}]}}}`
 
-// proposeCalls maps test messages to calls: "write <path>" and "echo <text>".
+// proposeCalls maps test messages to calls: "write <path>", "echo <text>"
+// and "hostile".
 func proposeCalls(text string) []schemas.ProposedCall {
 	verb, arg, _ := strings.Cut(text, " ")
 	switch verb {
@@ -216,6 +218,8 @@ func proposeCalls(text string) []schemas.ProposedCall {
 		return []schemas.ProposedCall{{Tool: "write_file", Args: fmt.Sprintf(`{"path": %q, "content": "from slack"}`, arg)}}
 	case "echo":
 		return []schemas.ProposedCall{{Tool: "echo", Args: fmt.Sprintf(`{"text": %q}`, arg)}}
+	case "hostile": // a call that holds every reveal.HostileExamples text
+		return []schemas.ProposedCall{{Tool: "write_file", Args: reveal.HostileArgs()}}
 	}
 	return nil
 }

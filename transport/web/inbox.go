@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -47,6 +48,10 @@ type card struct {
 	// Result is the call's result, once its turn has an outcome.
 	Result *schemas.ToolResult
 	CSRF   string
+	// Warning is reveal.Warning when the call (its arguments, its
+	// requester, a grant's summary) holds a character reveal escapes;
+	// every such field is shown through reveal.
+	Warning string
 }
 
 // arg is one top-level argument: its name and pretty JSON value; Short is
@@ -60,9 +65,10 @@ func (c *card) Open() bool { return c.Status == schemas.ApprovalPending }
 
 // newCard is the card of rec for the person of sess.
 func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
+	args, flagged := foldArgs(rec.Args)
 	c := &card{
-		ID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID, CallID: rec.CallID,
-		Tool: rec.Tool, Digest: rec.ArgsDigest, PolicyVersion: rec.PolicyVersion, Args: foldArgs(rec.Args),
+		ID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: reveal.Must(rec.SessionID), CallID: rec.CallID,
+		Tool: rec.Tool, Digest: rec.ArgsDigest, PolicyVersion: rec.PolicyVersion, Args: args,
 		Options: rec.Options, Quorum: max(rec.Quorum, 1), Votes: rec.Votes,
 		RequestedAt: rec.RequestedAt, ExpiresAt: rec.ExpiresAt, Status: rec.Status,
 	}
@@ -72,22 +78,30 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 			if g.Summary == "" {
 				g.Summary = string(schemas.OptionEffect(o)) + " this call and grant " + o
 			}
+			var f bool
+			g.Summary, f = reveal.String(g.Summary)
+			flagged = flagged || f
 			c.Offers = append(c.Offers, g)
 			continue
 		}
 		c.Plain = append(c.Plain, o)
 	}
 	if tc := rec.Context; tc != nil {
-		c.Requester, c.RequesterTransport = tc.Requester.Principal, tc.Transport
-		c.ChannelID, c.ChannelKind, c.Audience = tc.Channel.ID, string(tc.Channel.Kind), string(tc.Audience)
+		var f bool
+		c.Requester, f = reveal.String(tc.Requester.Principal)
+		c.RequesterTransport, flagged = tc.Transport, flagged || f
+		c.ChannelID, c.ChannelKind, c.Audience = reveal.Must(tc.Channel.ID), string(tc.Channel.Kind), string(tc.Audience)
+	}
+	if flagged {
+		c.Warning = reveal.Warning
 	}
 	if sess != nil {
 		c.CSRF = sess.csrf
 	}
 	if d := rec.Decision; d != nil && rec.Status.Decided() {
-		c.Why = string(rec.Status) + " by " + d.Principal + " at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
+		c.Why = string(rec.Status) + " by " + reveal.Must(d.Principal) + " at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
 		if d.Grant != nil {
-			c.Why = string(rec.Status) + " by grant " + d.Grant.GrantID + " (made by " + d.Principal + ") at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
+			c.Why = string(rec.Status) + " by grant " + d.Grant.GrantID + " (made by " + reveal.Must(d.Principal) + ") at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
 		}
 		if rec.Status == schemas.ApprovalExpired {
 			c.Why = "expired at " + rec.ExpiresAt.UTC().Format("15:04:05 UTC")
@@ -98,36 +112,42 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 
 // foldArgs splits a call's arguments (a JSON object) into its top-level
 // fields, each pretty-printed; a value longer than foldAt is folded. Args
-// that are not an object are one field named "(arguments)".
-func foldArgs(args string) []arg {
+// that are not an object are one field named "(arguments)". Names and
+// values are shown through reveal (reveal.String, reveal.JSON); flagged
+// reports whether one held a character it escapes.
+func foldArgs(args string) (out []arg, flagged bool) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(args), &fields); err != nil {
-		return []arg{fold("(arguments)", json.RawMessage(args))}
+		a, f := fold("(arguments)", json.RawMessage(args))
+		return []arg{a}, f
 	}
 	names := make([]string, 0, len(fields))
 	for n := range fields {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	out := make([]arg, 0, len(names))
+	out = make([]arg, 0, len(names))
 	for _, n := range names {
-		out = append(out, fold(n, fields[n]))
+		a, f := fold(n, fields[n])
+		out, flagged = append(out, a), flagged || f
 	}
-	return out
+	return out, flagged
 }
 
-func fold(name string, v json.RawMessage) arg {
+func fold(name string, v json.RawMessage) (arg, bool) {
 	var buf bytes.Buffer
 	if err := json.Indent(&buf, v, "", "  "); err != nil {
 		buf.Reset()
 		buf.Write(v)
 	}
-	a := arg{Name: name, Value: buf.String()}
+	shownName, nameFlagged := reveal.String(name)
+	value, valueFlagged := reveal.JSON(buf.String())
+	a := arg{Name: shownName, Value: value}
 	if len(a.Value) > foldAt || strings.Count(a.Value, "\n") > 8 {
 		short, _, _ := strings.Cut(a.Value, "\n")
 		a.Short = string([]rune(short)[:min(len([]rune(short)), 60)]) + "…"
 	}
-	return a
+	return a, nameFlagged || valueFlagged
 }
 
 // mayDecide reports whether the person of sess may decide rec: the
