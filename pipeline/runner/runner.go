@@ -7,7 +7,9 @@
 //     its original bytes and the code, then terminated with TermWithReason.
 //   - a Waiting error: NakWithDelay(RetryAfter()), not counted as a failure.
 //   - any other error: transient; NakWithDelay with a growing delay, until
-//     MaxAttempts deliveries, then dead-lettered with RETRIES_EXHAUSTED.
+//     MaxAttempts deliveries (and as long as that many failures take: the
+//     deliveries of Waiting NAKs are not failures), then dead-lettered with
+//     RETRIES_EXHAUSTED.
 //   - a panic: recovered, counted, dead-lettered with HANDLER_PANIC.
 //
 // A dead letter always fits the dead-letter stream: the original's headers
@@ -257,7 +259,7 @@ func LastToken(m jetstream.Msg) string {
 // Runner consumes one durable consumer.
 type Runner struct {
 	cfg Config
-	now func() time.Time // the watchdog's clock; tests inject one
+	now func() time.Time // the clock of the watchdog and the retry budget (exhausted); tests inject one
 
 	// The stage's metric children, looked up once (a label lookup per
 	// message is a hash and a lock).
@@ -444,13 +446,43 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 		// the delay it asks for and never counts toward MaxAttempts.
 		log.Debug("waiting; retrying", "reason", err, "delay", waiting.RetryAfter())
 		r.retry(ctx, m, waiting.RetryAfter(), log)
-	case deliveries >= uint64(c.MaxAttempts):
+	case r.exhausted(deliveries, meta):
 		r.deadLetter(ctx, m, meta, schemas.CodeRetriesExhausted, err, log)
 	default:
 		delay := r.backoff(deliveries)
 		log.Warn("transient failure; retrying", "err", err, "delay", delay)
 		r.retry(ctx, m, delay, log)
 	}
+}
+
+// exhausted reports whether a transient failure on a message delivered
+// deliveries times has used up its MaxAttempts. JetStream counts every
+// delivery, those a Waiting error NAKed too (a turn behind an earlier one of
+// its session can be delivered hundreds of times in its bounded wait), and
+// keeps no count of failures. So a message is given up only when it has
+// been delivered MaxAttempts times and has also been stored for at least
+// as long as MaxAttempts failures take at the backoff delays: the point at
+// which a message that failed on every delivery is given up, unchanged,
+// while one that waited first still gets its retries (bounded all the same:
+// by that span of time).
+func (r *Runner) exhausted(deliveries uint64, meta *jetstream.MsgMetadata) bool {
+	if deliveries < uint64(r.cfg.MaxAttempts) {
+		return false
+	}
+	if meta == nil || meta.Timestamp.IsZero() {
+		return true
+	}
+	return r.now().Sub(meta.Timestamp) >= r.failureSpan()
+}
+
+// failureSpan is the least time MaxAttempts deliveries that all fail take:
+// the sum of the backoff delays between them.
+func (r *Runner) failureSpan() time.Duration {
+	var span time.Duration
+	for d := uint64(1); d < uint64(r.cfg.MaxAttempts); d++ {
+		span += r.backoff(d)
+	}
+	return span
 }
 
 // backoff is the delay before the next attempt at a message delivered

@@ -826,3 +826,33 @@ func TestAWaitingMessageIsRetriedPastMaxAttemptsAndNeverDeadLettered(t *testing.
 	}
 	h.waitMetric(mAcked, 1)
 }
+
+// A message that waited past MaxAttempts deliveries (a turn behind an
+// earlier one of its session) and then fails transiently once, as when the
+// broker restarts, still gets its retries: its waits were no failures
+// (chaos seed 450231940 dead-lettered such a turn RETRIES_EXHAUSTED on its
+// first failure, and the session's later turn ended before an earlier one).
+func TestAFailureAfterWaitingIsRetriedNotExhausted(t *testing.T) {
+	h := newHarness(t, "waitfailtest")
+	h.cfg.MaxAttempts = 3
+	h.cfg.BaseDelay, h.cfg.MaxDelay = time.Second, 2*time.Second // MaxAttempts failures take 3s
+	seen := newCounter()
+	h.run(func(_ context.Context, m jetstream.Msg) error {
+		switch n := seen.see(m); {
+		case n <= 6:
+			return fmt.Errorf("turn t-2: %w", waitingErr{})
+		case n == 7:
+			return errors.New("kv: context deadline exceeded")
+		}
+		return nil
+	})
+	seq := h.publish(subject("s-1"), []byte("later turn"), nil)
+	h.waitSettled(seq)
+	if dl := h.deadLetters(); len(dl) != 0 {
+		t.Fatalf("%d dead letters (%s) for a message that waited, then failed once", len(dl), dl[0].Header.Get(runner.HeaderCode))
+	}
+	if got := seen.get("later turn"); got != 8 {
+		t.Fatalf("handled %d times, want 8 (6 waits, a failure, then done)", got)
+	}
+	h.waitMetric(mAcked, 1)
+}
