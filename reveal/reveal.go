@@ -77,12 +77,7 @@ func Flagged(r rune) bool {
 // Contains reports whether s holds a flagged character or a byte that is
 // not valid UTF-8.
 func Contains(s string) bool {
-	for _, r := range s { // a byte that is not UTF-8 ranges as U+FFFD, flagged
-		if Flagged(r) {
-			return true
-		}
-	}
-	return false
+	return strings.ContainsFunc(s, Flagged) // a byte that is not UTF-8 is U+FFFD, flagged
 }
 
 // String is s as a person is shown it, and whether it contains a flagged
@@ -91,22 +86,7 @@ func String(s string) (shown string, flagged bool) {
 	if !Contains(s) {
 		return s, false
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02X`, s[i])
-		case r == '\\':
-			b.WriteString(`\\`)
-		case Flagged(r):
-			writeEscape(&b, r)
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String(), true
+	return escape(s, Flagged, true), true
 }
 
 // Must is String without the flag, for a field shown next to one whose
@@ -116,12 +96,30 @@ func Must(s string) string {
 	return v
 }
 
-func writeEscape(b *strings.Builder, r rune) {
-	if r <= 0xFFFF {
-		fmt.Fprintf(b, `\u%04X`, r)
-		return
+// escape is s with each rune that esc reports written \uXXXX or
+// \UXXXXXXXX, each byte that is not valid UTF-8 written \xXX and, when
+// doubleBackslash, each backslash doubled.
+func escape(s string, esc func(rune) bool, doubleBackslash bool) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02X`, s[i])
+		case r == '\\' && doubleBackslash:
+			b.WriteString(`\\`)
+		case esc(r):
+			if r <= 0xFFFF {
+				fmt.Fprintf(&b, `\u%04X`, r)
+			} else {
+				fmt.Fprintf(&b, `\U%08X`, r)
+			}
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
 	}
-	fmt.Fprintf(b, `\U%08X`, r)
+	return b.String()
 }
 
 // JSON is the JSON text s as a person is shown it, and whether a string in
@@ -199,35 +197,10 @@ func utf16Split(r rune) (hi, lo rune) {
 // text) reaches the terminal. Bytes that are not valid UTF-8 are escaped
 // too. Backslashes are left alone.
 func Controls(s string) string {
-	clean := true
-	for i, r := range s {
-		if isControl(r) || r == utf8.RuneError && isInvalid(s, i) {
-			clean = false
-			break
-		}
-	}
-	if clean {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, isControl) {
 		return s
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02X`, s[i])
-		case isControl(r):
-			writeEscape(&b, r)
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String()
+	return escape(s, isControl, false)
 }
 
 func isControl(r rune) bool { return unicode.Is(unicode.Cc, r) && r != '\n' && r != '\t' }
-
-func isInvalid(s string, i int) bool {
-	_, n := utf8.DecodeRuneInString(s[i:])
-	return n == 1
-}

@@ -175,8 +175,8 @@ func printBatch(w io.Writer, b *schemas.BatchRecord, ds map[string]approval) {
 		fmt.Fprintf(w, "requester %s  audience %s  channel %s/%s\n", who, b.Context.Audience, b.Context.Channel.Kind, reveal.Must(b.Context.Channel.ID))
 	}
 	for _, call := range b.Calls {
-		if _, f := reveal.JSON(call.Args); f {
-			flagged = true
+		if !flagged {
+			_, flagged = reveal.JSON(call.Args)
 		}
 	}
 	if flagged {

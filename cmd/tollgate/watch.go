@@ -92,7 +92,7 @@ func summary(subject string, data []byte) string {
 			args, flagged := reveal.JSON(a.Args)
 			line := fmt.Sprintf("approval %s: %s %s, options %v", a.ApprovalID, a.Tool, clip(args, 50), a.Options)
 			if flagged {
-				line += "  ! " + reveal.Warning
+				line += warnLine
 			}
 			return line
 		}

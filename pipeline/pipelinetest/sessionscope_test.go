@@ -3,8 +3,8 @@ package pipelinetest_test
 import (
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -120,19 +120,12 @@ func TestLegacySessionsFinishAcrossTheUpgrade(t *testing.T) {
 	h.WaitPending(schemas.ApprovalID(first, 0))
 	second := legacy(pt.Call("echo", `{"text":"queued before the upgrade"}`))
 	h.WaitBatch(second, "queued in the legacy session", func(b *schemas.BatchRecord) bool { return b.State == schemas.BatchQueued })
-	deadline := time.Now().Add(pt.Wait)
-	for {
+	jstest.Eventually(t, pt.Wait, "the legacy session record holds the first turn and queues the second", func() bool {
 		ctx, cancel := h.Ctx()
+		defer cancel()
 		s, _, err := h.Store.Sessions.Get(ctx, schemas.LegacySessionKey(session))
-		cancel()
-		if err == nil && s.Active == first && len(s.Queue) == 1 && s.Queue[0] == second {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("legacy session record %+v (%v), want %s active and %s queued", s, err, first, second)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && s.Active == first && len(s.Queue) == 1 && s.Queue[0] == second
+	})
 	if h.Session(session) != nil {
 		t.Fatalf("a legacy turn created a record under the scoped key")
 	}

@@ -75,7 +75,6 @@ const (
 // sweepEntry is what the sweep knows of one non-terminal batch.
 type sweepEntry struct {
 	state   schemas.BatchState
-	session string
 	updated time.Time
 	next    time.Time     // earliest next look
 	backoff time.Duration // current back-off
@@ -189,7 +188,7 @@ func (s *sweeper) apply(e jetstream.KeyValueEntry) {
 		delete(s.open, key)
 		return
 	}
-	s.open[key] = &sweepEntry{state: b.State, session: b.SessionID, updated: b.UpdatedAt, next: b.UpdatedAt.Add(s.after)}
+	s.open[key] = &sweepEntry{state: b.State, updated: b.UpdatedAt, next: b.UpdatedAt.Add(s.after)}
 }
 
 // batchHead is the part of a batch record the sweep tracks. Every batch
@@ -198,7 +197,6 @@ func (s *sweeper) apply(e jetstream.KeyValueEntry) {
 // through the store, which decodes and validates it.
 type batchHead struct {
 	V         schemas.Version    `msgpack:"v"`
-	SessionID string             `msgpack:"session_id"`
 	State     schemas.BatchState `msgpack:"state"`
 	UpdatedAt time.Time          `msgpack:"updated_at"`
 	Plan      bool               `msgpack:"plan"`

@@ -74,7 +74,6 @@ func (a *applier) grants(ctx context.Context, h *History) error {
 	if err != nil {
 		return err
 	}
-	a.rep.Skipped = h.Skipped
 	st := &store.Store{
 		Grants:       store.Bucket[schemas.Grant, *schemas.Grant]{KV: a.b.grants},
 		GrantIndexes: store.Bucket[schemas.GrantIndex, *schemas.GrantIndex]{KV: a.b.grants},

@@ -168,7 +168,6 @@ func Run(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error
 	if err != nil {
 		return nil, err
 	}
-	rep.Skipped = h.Skipped
 	a := &applier{js: js, b: b, o: o, rep: rep, run: strconv.FormatInt(o.Now().UnixNano(), 36)}
 	if err := a.apply(ctx, h); err != nil {
 		return nil, err
@@ -176,6 +175,7 @@ func Run(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error
 	if err := a.grants(ctx, h); err != nil {
 		return nil, err
 	}
+	rep.Skipped = h.Skipped // after the grant scan, which skips too
 	if o.DryRun {
 		if err := shadowAll(ctx, b, o, rep); err != nil {
 			return nil, err

@@ -600,8 +600,8 @@ func (s *Server) retriedDecision(w http.ResponseWriter, ctx context.Context, d *
 	if rec.Decision != nil && rec.Decision.DecisionID == d.DecisionID {
 		taken = rec.Decision
 	}
-	for i := range rec.Votes {
-		if taken == nil && rec.Votes[i].DecisionID == d.DecisionID {
+	for i := 0; taken == nil && i < len(rec.Votes); i++ {
+		if rec.Votes[i].DecisionID == d.DecisionID {
 			taken = &rec.Votes[i]
 		}
 	}

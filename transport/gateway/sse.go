@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -91,8 +92,12 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, ": tollgate events\n\n")
 	fl.Flush()
+	// The next heartbeat is due Heartbeat after the last write, whatever
+	// events keep filters out in between: a busy feed none of whose events
+	// this stream wants must not starve it of heartbeats (nor of Hold).
+	beat := time.Now().Add(s.cfg.Heartbeat)
 	for {
-		wait, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
+		wait, cancel := context.WithDeadline(ctx, beat)
 		m, err := sub.Next(wait)
 		cancel()
 		switch {
@@ -104,6 +109,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 				return nil
 			}
 			fl.Flush()
+			beat = time.Now().Add(s.cfg.Heartbeat)
 			continue
 		case err != nil:
 			s.cfg.Logger.Debug("gateway: event stream ended", "key", key.ID, "err", err)
@@ -122,6 +128,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 			return nil
 		}
 		fl.Flush()
+		beat = time.Now().Add(s.cfg.Heartbeat)
 	}
 }
 

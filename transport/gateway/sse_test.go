@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"testing"
@@ -101,5 +103,34 @@ func TestSessionEventsAndHeartbeats(t *testing.T) {
 	}
 	if n := g.count(topology.StreamEvents, "tollgate.event.turn.outcome."+theirs.TurnID); n != 1 {
 		t.Fatalf("the other transport's turn has %d outcomes, want 1", n)
+	}
+}
+
+// A stream whose filter drops every event of a busy feed still gets its
+// heartbeats (and so keeps its connection deadlines held): the heartbeat
+// waits for the last write, not for the last event the feed delivered.
+func TestAFilteredStreamOfABusyFeedStillGetsHeartbeats(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Heartbeat = 300 * time.Millisecond })
+	stream := g.openSSE("/v1/events?session=quiet", "a")
+	for ev := stream.next(t, 5*time.Second); ev.data != "heartbeat"; ev = stream.next(t, 5*time.Second) {
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	defer func() { close(stop); <-done }()
+	go func() { // another session's events, every 30 ms: faster than the heartbeat
+		defer close(done)
+		tick := time.NewTicker(30 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				_, _ = g.JS.Publish(context.Background(), topology.EventSubject(topology.SubjectTurnOutcome, fmt.Sprintf("t-busy%d", i)), []byte("not for this stream"))
+			}
+		}
+	}()
+	if ev := stream.next(t, 3*time.Second); ev.kind != ":" || ev.data != "heartbeat" {
+		t.Fatalf("got %+v, want a heartbeat while every event is filtered out", ev)
 	}
 }

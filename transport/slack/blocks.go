@@ -74,7 +74,7 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 		requester = rec.Context.Requester.Principal
 	}
 	all, flagged := reveal.JSON(rec.Args)
-	_, requesterFlagged := reveal.String(requester)
+	requesterFlagged := reveal.Contains(requester)
 	args, folded := truncate(all, FoldArgs)
 	if folded {
 		args += " …"

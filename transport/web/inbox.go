@@ -89,7 +89,8 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 	if tc := rec.Context; tc != nil {
 		var f bool
 		c.Requester, f = reveal.String(tc.Requester.Principal)
-		c.RequesterTransport, flagged = tc.Transport, flagged || f
+		flagged = flagged || f
+		c.RequesterTransport = tc.Transport
 		c.ChannelID, c.ChannelKind, c.Audience = reveal.Must(tc.Channel.ID), string(tc.Channel.Kind), string(tc.Audience)
 	}
 	if flagged {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -89,8 +90,11 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	_, _ = fmt.Fprint(w, ": tollgate inbox\n\n")
 	fl.Flush()
 	mine := map[string]bool{} // approval id -> the person may decide it
+	// The next heartbeat is due Heartbeat after the last write, whatever
+	// events concern none of this person's approvals in between.
+	beat := time.Now().Add(s.cfg.Heartbeat)
 	for {
-		wait, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
+		wait, cancel := context.WithDeadline(ctx, beat)
 		m, err := sub.Next(wait)
 		cancel()
 		switch {
@@ -106,11 +110,11 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			fl.Flush()
+			beat = time.Now().Add(s.cfg.Heartbeat)
 			continue
 		case err != nil:
 			return // cut off: the browser reconnects with Last-Event-ID
 		}
-		httpserve.Hold(w, r, 0)
 		name, cards := s.liveCards(ctx, m, sess, mine)
 		var b strings.Builder
 		for _, html := range cards {
@@ -123,10 +127,12 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		if b.Len() == 0 {
 			continue
 		}
+		httpserve.Hold(w, r, 0)
 		if _, err := fmt.Fprint(w, b.String()); err != nil {
 			return
 		}
 		fl.Flush()
+		beat = time.Now().Add(s.cfg.Heartbeat)
 	}
 }
 
