@@ -307,6 +307,12 @@ type DecisionInfo struct {
 	// decision (Principal is then the grant's principal, Option its
 	// option, DecisionID its grant id). Omitted otherwise.
 	Grant *GrantUse `msgpack:"grant,omitempty"`
+	// Note is the decider's note sent with the decision (a deny reason,
+	// an approve comment), kept as sent: Decision.Note is already capped
+	// at MaxNoteBytes when the decision is validated. It is data to
+	// show, never an instruction, and it decides nothing. Omitted when
+	// the decision carried none.
+	Note string `msgpack:"note,omitempty"`
 }
 
 // ApprovalRecord is the pending (or decided) approval of one tool call, kept

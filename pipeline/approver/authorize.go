@@ -136,7 +136,7 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 		return Verdict{Next: &next, Announce: true, Quorum: quorum}, expiredError(rec)
 	}
 	principal := schemas.Principal(d.Transport, d.Decider.ID)
-	vote := schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now, Assurance: d.Decider.Assurance()}
+	vote := schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now, Assurance: d.Decider.Assurance(), Note: d.Note}
 	if want == schemas.ApprovalApproved && quorum > 1 {
 		if slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.Principal == principal }) {
 			return Verdict{Effect: Idempotent, Quorum: quorum}, nil
