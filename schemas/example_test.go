@@ -132,14 +132,15 @@ func exampleDecisionInfo() *schemas.DecisionInfo {
 		DecidedAt:  t2,
 		Assurance:  schemas.AssuranceStrong,
 		Grant:      exampleGrantUse(),
+		Note:       "Fine to send.\nCC me next time.",
 	}
 }
 
 // legacyDecisionInfo is the decision of a version 1 record, which
-// predates grants.
+// predates grants and notes kept with the decision.
 func legacyDecisionInfo() *schemas.DecisionInfo {
 	d := exampleDecisionInfo()
-	d.Grant = nil
+	d.Grant, d.Note = nil, ""
 	return d
 }
 
