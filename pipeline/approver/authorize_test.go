@@ -87,6 +87,7 @@ func verifiedDecision(approvalID, option, id string) *schemas.Decision {
 	return &schemas.Decision{
 		V: schemas.DecisionVersion, DecisionID: "d-" + id + "-" + option, ApprovalID: approvalID, Transport: "cli",
 		Decider: schemas.Sender{ID: id, Kind: schemas.SenderUser, Verified: true}, Option: option, SentAt: authNow,
+		Note: "checked the path first",
 	}
 }
 
@@ -349,7 +350,7 @@ func TestAuthorize(t *testing.T) {
 				t.Fatalf("a pending record carries decision %+v", n.Decision)
 			case tc.by != "" && (n.Decision == nil || n.Decision.Principal != tc.by || !n.Decision.DecidedAt.Equal(authNow)):
 				t.Fatalf("decision %+v, want by %s at %s", n.Decision, tc.by, authNow)
-			case tc.by != "" && tc.by != approver.ExpiryPrincipal && (n.Decision.DecisionID != d.DecisionID || n.Decision.Option != d.Option || n.Decision.Assurance != d.Decider.Assurance()):
+			case tc.by != "" && tc.by != approver.ExpiryPrincipal && (n.Decision.DecisionID != d.DecisionID || n.Decision.Option != d.Option || n.Decision.Assurance != d.Decider.Assurance() || n.Decision.Note != d.Note):
 				t.Fatalf("decision %+v does not record decision %+v", n.Decision, d)
 			}
 		})
