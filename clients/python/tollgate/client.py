@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from .errors import APIError, DecisionPending, NotApproved, TollgateError, UnavailableError
 from .types import Approval, Call, Decision, Event, Submitted, Turn, decode
@@ -152,16 +152,21 @@ class Client:
 
     def gate(self, tool: str, args: Mapping[str, Any], *, session_id: Optional[str] = None,
              sender: Optional[Who] = None, channel: Optional[Mapping[str, Any]] = None,
-             timeout: float = 3600.0, idempotency_key: Optional[str] = None) -> Call:
+             timeout: float = 3600.0, idempotency_key: Optional[str] = None,
+             on_submitted: Optional[Callable[[Submitted], None]] = None) -> Call:
         """Sends one call of ``tool`` with ``args`` through Tollgate and waits
         for its outcome. Returns the call when it has the approved outcome:
         Tollgate let it through (policy ``never``, a grant, or a person's
         approval) and ran ``tool``, with result ``ok``. Otherwise raises
         :class:`NotApproved` with the result's code (``APPROVAL_DENIED``,
         ``POLICY_DENIED``, ``APPROVAL_EXPIRED``, ``TOOL_NOT_FOUND``, ...), or
-        :class:`DecisionPending` when no outcome came within ``timeout``."""
+        :class:`DecisionPending` when no outcome came within ``timeout``.
+        ``on_submitted`` is called with the submit's answer before the wait
+        (to show the pending approval, say)."""
         sub = self.submit([(tool, args)], session_id=session_id, sender=sender, channel=channel,
                           idempotency_key=idempotency_key)
+        if on_submitted is not None:
+            on_submitted(sub)
         call = sub.calls[0] if sub.calls else None
         if call is None or call.result is None:
             turn = self.wait(sub.turn_id, timeout)

@@ -65,6 +65,8 @@ export interface SubmitOptions {
 }
 
 export interface GateOptions extends SubmitOptions {
+  /** Called with the submit's answer before the wait: e.g. to show the pending approval. */
+  onSubmitted?: (sub: SubmitResponse) => void;
   /** How long to wait for the outcome, ms (default one hour); then DecisionPending. */
   timeoutMs?: number;
   signal?: AbortSignal;

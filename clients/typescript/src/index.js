@@ -172,6 +172,7 @@ export class Client {
 
   async gate(tool, args, opts = {}) {
     const sub = await this.submit([[tool, args]], opts);
+    opts.onSubmitted?.(sub);
     let call = sub.calls[0];
     if (!call?.result) {
       const t = await this.wait(sub.turn_id, { timeoutMs: opts.timeoutMs ?? 3_600_000, signal: opts.signal });
