@@ -38,7 +38,7 @@ test-deps:
 ## test-clients: the Python and TypeScript clients' tests (clients/) and the two agent examples (examples/agent-python,
 ## examples/agent-openai), each against a real `tollgate dev` (bin/tollgate); without python3 or node they skip, and
 ## fail under CI=true
-test-clients:
+test-clients: test-deps
 	$(GO) build -o $(BIN)/tollgate ./cmd/tollgate
 	@export TOLLGATE_BIN=$(CURDIR)/$(BIN)/tollgate; \
 	if command -v python3 >/dev/null 2>&1; then \
