@@ -113,4 +113,4 @@ def eventually(what: str, cond, timeout: float = 15.0):
             return v
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(0.1)  # well under the key's rate (20 requests/s)

@@ -43,7 +43,7 @@ export async function eventually(what, cond, timeoutMs = 15_000) {
     const v = await cond();
     if (v) return v;
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
+    await new Promise((r) => setTimeout(r, 100)); // well under the key's rate (20 requests/s)
   }
 }
 
