@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build test test-deps test-helm vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
+.PHONY: run build test test-deps test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -16,7 +16,7 @@ build:
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 ## test: go vet, then every test (unit, integration on an embedded server, end-to-end with real processes) under -race
-test: vet test-deps test-helm
+test: vet test-deps test-helm test-clients
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 ## test-helm: the Helm chart's render test (deploy/helm: a module of its own, so that Helm's and
@@ -27,13 +27,30 @@ test-helm:
 ## vet: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it)
 ## test-deps: the npm packages that tests run as real third-party programs (the Node tool service example, the MCP
 ## filesystem server), installed once from their lock files; without npm those tests skip, and fail under CI=true
-NPM_DIRS := examples/toolservice-node tools/mcptool/testdata/npm transport/gateway/testdata/npm
+NPM_DIRS := examples/toolservice-node tools/mcptool/testdata/npm transport/gateway/testdata/npm clients/typescript examples/agent-openai
 test-deps:
 	@for d in $(NPM_DIRS); do \
 		[ -d $$d/node_modules ] && continue; \
 		if command -v npm >/dev/null 2>&1; then npm ci --prefix $$d --no-audit --no-fund || exit 1; \
 		else echo "npm not found: the tests that run $$d skip (and fail under CI=true)"; fi; \
 	done
+
+## test-clients: the Python and TypeScript clients' tests (clients/) and the two agent examples (examples/agent-python,
+## examples/agent-openai), each against a real `tollgate dev` (bin/tollgate); without python3 or node they skip, and
+## fail under CI=true
+test-clients: test-deps
+	$(GO) build -o $(BIN)/tollgate ./cmd/tollgate
+	@export TOLLGATE_BIN=$(CURDIR)/$(BIN)/tollgate; \
+	if command -v python3 >/dev/null 2>&1; then \
+		(cd clients/python && python3 -m unittest discover -s tests -t .) || exit 1; \
+		(cd examples/agent-python && python3 -m unittest discover -s . -p 'test_*.py') || exit 1; \
+	elif [ "$$CI" = true ]; then echo "python3 not found: the Python client's tests must run in CI" >&2; exit 1; \
+	else echo "python3 not found: the Python client's tests skip (and fail under CI=true)"; fi; \
+	if command -v node >/dev/null 2>&1; then \
+		(cd clients/typescript && node --test test/*.test.js) || exit 1; \
+		(cd examples/agent-openai && node --test test/*.test.js) || exit 1; \
+	elif [ "$$CI" = true ]; then echo "node not found: the TypeScript client's tests must run in CI" >&2; exit 1; \
+	else echo "node not found: the TypeScript client's tests skip (and fail under CI=true)"; fi
 
 vet:
 	$(GO) vet $(PKGS)

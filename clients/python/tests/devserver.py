@@ -1,0 +1,116 @@
+"""Starts a real `tollgate dev` for the tests: random loopback ports, a
+temporary data directory, the dev key read from it.
+
+The binary is $TOLLGATE_BIN (`make test` builds it), else it is built once
+per process with `go build ./cmd/tollgate` from this repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[3]
+_built: Optional[str] = None
+
+
+def tollgate_bin() -> str:
+    global _built
+    env = os.environ.get("TOLLGATE_BIN")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise RuntimeError(f"TOLLGATE_BIN={env} is not an executable")
+        return env
+    if _built is None:
+        out = os.path.join(tempfile.mkdtemp(prefix="tollgate-bin-"), "tollgate")
+        subprocess.run(["go", "build", "-o", out, "./cmd/tollgate"], cwd=ROOT, check=True)
+        _built = out
+    return _built
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DevServer:
+    """One `tollgate dev` process. ``url`` is its gateway, ``key`` the dev
+    key (transport ``gateway``, every scope, vouching), ``data`` its data
+    directory (the sandbox is ``data/sandbox``)."""
+
+    def __init__(self, policy: Optional[dict] = None, webhooks: Optional[dict] = None) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="tollgate-dev-")
+        self.data = Path(self.tmp.name) / "data"
+        http_port = free_port()
+        self.url = f"http://127.0.0.1:{http_port}"
+        args = [tollgate_bin(), "dev", "--data", str(self.data),
+                "--listen", f"127.0.0.1:{free_port()}", "--http", f"127.0.0.1:{http_port}",
+                "--metrics", f"127.0.0.1:{free_port()}", "--discord-http", "", "--log-level", "warn"]
+        if policy is not None:
+            p = Path(self.tmp.name) / "policy.json"
+            p.write_text(json.dumps(policy))
+            args += ["--policy", str(p)]
+        if webhooks is not None:
+            w = Path(self.tmp.name) / "webhooks.json"
+            w.write_text(json.dumps(webhooks))
+            args += ["--webhooks", str(w)]
+        # Only the flags above configure it: no TOLLGATE_* of the caller's environment.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
+        self.log = open(Path(self.tmp.name) / "dev.log", "wb")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        try:
+            self.key = self._ready(30.0)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ready(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        key_file = self.data / "gateway-dev-key"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tollgate dev exited {self.proc.returncode}:\n{self.output()}")
+            if key_file.exists():
+                try:
+                    with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                        if r.status == 200:
+                            return key_file.read_text().strip()
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"tollgate dev not ready in {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        return (Path(self.tmp.name) / "dev.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.tmp.cleanup()
+
+
+def eventually(what: str, cond, timeout: float = 15.0):
+    """Polls cond() until it returns a true value (returned), or fails
+    naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)  # well under the key's rate (20 requests/s)
