@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -134,22 +133,7 @@ func replyText(s string) string { return strings.ReplaceAll(s, "](", `]\(`) }
 func inline(s string) string { return "`" + strings.ReplaceAll(s, "`", "'") + "`" }
 
 // truncate cuts s to at most n bytes on a rune boundary.
-func truncate(s string, n int) (string, bool) {
-	if len(s) <= n {
-		return s, false
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n], true
-}
-
-func expiry(rec *schemas.ApprovalRecord) string {
-	if rec.ExpiresAt.IsZero() {
-		return "never"
-	}
-	return rec.ExpiresAt.UTC().Format(time.RFC3339)
-}
+func truncate(s string, n int) (string, bool) { return chat.Truncate(s, n) }
 
 // promptMessage renders a pending approval: tool, arguments (folded when
 // long), digest, requester, expiry, and the buttons.
@@ -169,7 +153,7 @@ func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
 		warn = warning
 	}
 	m := text(fmt.Sprintf("**Approval needed:** %s%s\n%s\ndigest %s · requested by %s · expires %s · %s",
-		inline(rec.Tool), warn, code(args), inline(rec.ArgsDigest), inline(who), expiry(rec), inline(rec.ApprovalID)))
+		inline(rec.Tool), warn, code(args), inline(rec.ArgsDigest), inline(who), chat.Expiry(rec), inline(rec.ApprovalID)))
 	var buttons []component
 	for _, o := range rec.Options {
 		switch o {
@@ -222,31 +206,16 @@ func argsMessage(rec *schemas.ApprovalRecord) *outgoing {
 }
 
 // closedMessage renders a prompt that can no longer be answered: no
-// buttons, its status, who decided and when.
-func closedMessage(p *post, status schemas.ApprovalStatus, d *schemas.DecisionInfo, at time.Time) *outgoing {
-	who := "tollgate"
-	if d != nil && d.Principal != "" {
-		who = d.Principal
+// buttons, its status, who decided and when, and the decider's note (in
+// a code block it cannot close; mentions never ping).
+func closedMessage(p *chat.Record, status schemas.ApprovalStatus, d *schemas.DecisionInfo, at time.Time) *outgoing {
+	who, at, note := chat.Decided(d, at)
+	s := fmt.Sprintf("**%s:** %s\n%s by %s at %s · digest %s · %s", chat.StatusWord(status), inline(p.Tool),
+		status, inline(reveal.Must(who)), at.UTC().Format(time.RFC3339), inline(p.Digest), inline(p.ApprovalID))
+	if note != "" {
+		s += "\n**Note:**\n" + code(chat.Fold(reveal.Must(note), maxContent-len(s)-64))
 	}
-	if d != nil && !d.DecidedAt.IsZero() {
-		at = d.DecidedAt
-	}
-	return text(fmt.Sprintf("**%s:** %s\n%s by %s at %s · digest %s · %s", statusWord(status), inline(p.Tool),
-		status, inline(reveal.Must(who)), at.UTC().Format(time.RFC3339), inline(p.Digest), inline(p.ApprovalID)))
-}
-
-func statusWord(s schemas.ApprovalStatus) string {
-	switch s {
-	case schemas.ApprovalApproved:
-		return "Approved"
-	case schemas.ApprovalDenied:
-		return "Denied"
-	case schemas.ApprovalExpired:
-		return "Expired"
-	case schemas.ApprovalAbandoned:
-		return "Abandoned"
-	}
-	return string(s)
+	return text(s)
 }
 
 // outcomeText renders a turn's results.
