@@ -118,13 +118,13 @@ func (f *fakeDiscord) serve(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(out)
 }
 
-// find returns the calls of method whose path starts with prefix and that match.
+// find returns the calls of method ("" for any) whose path starts with prefix and that match.
 func (f *fakeDiscord) find(method, prefix string, match func(call) bool) []call {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []call
 	for _, c := range f.calls {
-		if c.method == method && strings.HasPrefix(c.path, prefix) && (match == nil || match(c)) {
+		if (method == "" || c.method == method) && strings.HasPrefix(c.path, prefix) && (match == nil || match(c)) {
 			out = append(out, c)
 		}
 	}

@@ -125,13 +125,13 @@ func (f *fakeSlack) api() *slack.Client {
 	return slack.New("xoxb-test", slack.OptionAPIURL(f.srv.GetAPIURL()), slack.OptionAppLevelToken("xapp-test"))
 }
 
-// find returns the calls of method that match.
+// find returns the calls of method ("" for any) that match.
 func (f *fakeSlack) find(method string, match func(call) bool) []call {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []call
 	for _, c := range f.calls {
-		if c.method == method && (match == nil || match(c)) {
+		if (method == "" || c.method == method) && (match == nil || match(c)) {
 			out = append(out, c)
 		}
 	}
@@ -289,13 +289,19 @@ func (r *rig) shutdown() {
 // send posts body to path signed at time at (with the given secret).
 func (r *rig) send(t *testing.T, path, contentType string, body []byte, at time.Time, key string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, r.http.URL+path, strings.NewReader(string(body)))
+	return signedPost(t, r.http.URL+path, contentType, body, at, key)
+}
+
+// signedPost posts body to url signed at time at (with the given secret).
+func signedPost(t *testing.T, url, contentType string, body []byte, at time.Time, key string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
 	req.Header.Set("Content-Type", contentType)
 	req.Header.Set("X-Slack-Request-Timestamp", fmt.Sprint(at.Unix()))
 	req.Header.Set("X-Slack-Signature", tgslack.Sign(key, at.Unix(), body))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
+		t.Fatalf("POST %s: %v", url, err)
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
