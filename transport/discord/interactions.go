@@ -35,11 +35,13 @@ const (
 	typePing      = 1
 	typeCommand   = 2
 	typeComponent = 3
+	typeModal     = 5 // MODAL_SUBMIT
 
 	answerPong           = 1
 	answerMessage        = 4
 	answerDeferredUpdate = 6
 	answerUpdateMessage  = 7
+	answerModal          = 9
 )
 
 // CommandAsk is the slash command that asks the agent.
@@ -79,6 +81,13 @@ type interaction struct {
 			Value json.RawMessage `json:"value"`
 		} `json:"options"`
 		CustomID string `json:"custom_id"`
+		// Components of a modal submit: rows of text inputs.
+		Components []struct {
+			Components []struct {
+				CustomID string `json:"custom_id"`
+				Value    string `json:"value"`
+			} `json:"components"`
+		} `json:"components"`
 	} `json:"data"`
 	Message *message `json:"message"`
 }
@@ -94,10 +103,22 @@ func (in *interaction) who() user {
 	return user{}
 }
 
+// field is the value of a modal submit's text input customID.
+func (in *interaction) field(customID string) string {
+	for _, row := range in.Data.Components {
+		for _, c := range row.Components {
+			if c.CustomID == customID {
+				return c.Value
+			}
+		}
+	}
+	return ""
+}
+
 // reply is an interaction answer: {"type": …, "data": …}.
 type reply struct {
 	Type int       `json:"type"`
-	Data *outgoing `json:"data,omitempty"`
+	Data any  `json:"data,omitempty"` // *outgoing, or *modal
 }
 
 // verify reads and authenticates a request (chat.ReadSigned): a valid
@@ -152,7 +173,7 @@ func (t *Transport) serveInteraction(w http.ResponseWriter, r *http.Request) {
 	switch in.Type {
 	case typeCommand:
 		a, err = t.command(ctx, &in)
-	case typeComponent:
+	case typeComponent, typeModal:
 		a, err = t.click(ctx, &in)
 	default:
 		a = answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}
@@ -253,14 +274,17 @@ func snowflakeTime(id string) time.Time {
 	return time.UnixMilli(int64(n>>22) + 1420070400000).UTC()
 }
 
-// click handles a prompt button. Before anything is published it is
-// checked: a custom_id Tollgate sent (else 400 unknown_action), on the
-// approval's own prompt with the approval's digest (else 400
-// action_mismatch), an approval still pending and not expired (else an
-// ephemeral answer with the code, nothing published).
+// click handles a prompt button, or the submit of the deny-with-reason
+// modal one opened. Before anything is published it is checked: a
+// custom_id Tollgate sent (else 400 unknown_action; a modal submit only
+// of the deny-with-reason modal), on the approval's own prompt with the
+// approval's digest (else 400 action_mismatch), an approval still
+// pending and not expired (else an ephemeral answer with the code,
+// nothing published). Deny with reason answers with the modal (type 9);
+// its submit denies with the reason as the decision's note.
 func (t *Transport) click(ctx context.Context, in *interaction) (answer, error) {
 	verb, id, digest, ok := parseCustomID(in.Data.CustomID)
-	if !ok {
+	if !ok || in.Type == typeModal && verb != VerbDenyReason {
 		return refusal(http.StatusBadRequest, t.refuse(ReasonUnknownAction)), nil
 	}
 	if in.Message == nil {
@@ -279,9 +303,15 @@ func (t *Transport) click(ctx context.Context, in *interaction) (answer, error) 
 	if notice, closed := t.core.Undecidable(tg.Rec); closed {
 		return answer{reply: reply{Type: answerMessage, Data: ephemeral(notice)}}, nil
 	}
-	option := schemas.OptionApprove
-	if verb == VerbDeny {
+	if verb == VerbDenyReason && in.Type == typeComponent {
+		return answer{reply: reply{Type: answerModal, Data: denyModal(tg.Rec)}}, nil
+	}
+	option, note := schemas.OptionApprove, ""
+	switch verb {
+	case VerbDeny:
 		option = schemas.OptionDeny
+	case VerbDenyReason:
+		option, note = schemas.OptionDeny, in.field(modalReason)
 	}
 	if strings.HasPrefix(verb, VerbGrantPrefix) {
 		// A grant option's button: the option at that index of the
@@ -293,7 +323,7 @@ func (t *Transport) click(ctx context.Context, in *interaction) (answer, error) 
 		}
 	}
 	u := in.who()
-	d := t.core.NewDecision(tg, schemas.Sender{ID: u.ID, Kind: schemas.SenderUser, Verified: !u.Bot}, option, "",
+	d := t.core.NewDecision(tg, schemas.Sender{ID: u.ID, Kind: schemas.SenderUser, Verified: !u.Bot}, option, note,
 		u.ID, tg.Rec.ApprovalID, option, in.ID)
 	// The click's token, for the approver's rejection to reach the clicker.
 	ck := &chat.Record{Channel: tg.Prompt.Channel, MessageID: tg.Prompt.MessageID, App: in.ApplicationID, Token: in.Token, At: t.cfg.Now().UTC()}

@@ -26,6 +26,10 @@ const (
 	VerbApprove = "tg-approve"
 	VerbDeny    = "tg-deny"
 	VerbArgs    = "tg-args"
+	// VerbDenyReason opens a modal asking for a reason; its submit (the
+	// modal's custom_id carries the same verb) denies with the reason as
+	// the decision's note.
+	VerbDenyReason = "tg-denyr"
 	// VerbGrantPrefix + i is the verb of the button of the grant option
 	// at index i of the approval's Options ("tg-g2"): the index, not the
 	// option's name, keeps the custom_id within Discord's 100 characters.
@@ -71,7 +75,7 @@ func parseCustomID(s string) (verb, approvalID, digest string, ok bool) {
 		return "", "", "", false
 	}
 	switch n, err := strconv.Atoi(strings.TrimPrefix(parts[0], VerbGrantPrefix)); {
-	case parts[0] == VerbApprove, parts[0] == VerbDeny, parts[0] == VerbArgs:
+	case parts[0] == VerbApprove, parts[0] == VerbDeny, parts[0] == VerbDenyReason, parts[0] == VerbArgs:
 	case strings.HasPrefix(parts[0], VerbGrantPrefix) && err == nil && grantVerb(n) == parts[0]:
 	default:
 		return "", "", "", false
@@ -92,13 +96,38 @@ type allowedMentions struct {
 	Parse []string `json:"parse"`
 }
 
-// component is an action row (type 1) or a button (type 2).
+// component is an action row (type 1), a button (type 2) or a text
+// input (type 4, in a modal).
 type component struct {
 	Type       int         `json:"type"`
 	Style      int         `json:"style,omitempty"`
 	Label      string      `json:"label,omitempty"`
 	CustomID   string      `json:"custom_id,omitempty"`
 	Components []component `json:"components,omitempty"`
+	// Text inputs only.
+	Required  *bool `json:"required,omitempty"`
+	MaxLength int   `json:"max_length,omitempty"`
+}
+
+// modal is a modal answer's data (type 9): a title and text inputs.
+type modal struct {
+	CustomID   string      `json:"custom_id"`
+	Title      string      `json:"title"`
+	Components []component `json:"components"`
+}
+
+// modalReason is the custom_id of the deny modal's reason input.
+const modalReason = "reason"
+
+// denyModal asks for the reason to deny rec: an optional paragraph of at
+// most schemas.MaxNoteBytes characters (the note is cut to as many bytes
+// too). Its custom_id binds it to the approval and digest, as a button's.
+func denyModal(rec *schemas.ApprovalRecord) *modal {
+	title, _ := truncate("Deny "+rec.Tool, 45)
+	optional := false
+	return &modal{CustomID: customID(VerbDenyReason, rec), Title: title, Components: []component{{Type: 1, Components: []component{
+		{Type: 4, Style: 2, Label: "Reason", CustomID: modalReason, Required: &optional, MaxLength: min(schemas.MaxNoteBytes, 4000)},
+	}}}}
 }
 
 // flagEphemeral shows an interaction answer to its user alone.
@@ -160,7 +189,8 @@ func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
 		case schemas.OptionApprove:
 			buttons = append(buttons, component{Type: 2, Style: 3, Label: "Approve", CustomID: customID(VerbApprove, rec)})
 		case schemas.OptionDeny:
-			buttons = append(buttons, component{Type: 2, Style: 4, Label: "Deny", CustomID: customID(VerbDeny, rec)})
+			buttons = append(buttons, component{Type: 2, Style: 4, Label: "Deny", CustomID: customID(VerbDeny, rec)},
+				component{Type: 2, Style: 2, Label: "Deny with reason…", CustomID: customID(VerbDenyReason, rec)})
 		}
 	}
 	if folded {
