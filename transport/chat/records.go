@@ -94,7 +94,13 @@ func (t *Transport[M]) bucket(key string) jetstream.KeyValue {
 // Record reads record key; nil without error when there is none. A
 // record of another version is an error (never guessed).
 func (t *Transport[M]) Record(ctx context.Context, key string) (*Record, uint64, error) {
-	r, rev, err := Get[Record](ctx, t.bucket(key), key, RecordVersion)
+	return ReadRecord(ctx, t.bucket(key), key)
+}
+
+// ReadRecord reads Record key of kv (Get), its MessageID taken from TS
+// when only that is set (a record Slack wrote before message_id).
+func ReadRecord(ctx context.Context, kv jetstream.KeyValue, key string) (*Record, uint64, error) {
+	r, rev, err := Get[Record](ctx, kv, key, RecordVersion)
 	if r != nil && r.MessageID == "" {
 		r.MessageID = r.TS
 	}

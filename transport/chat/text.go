@@ -1,6 +1,8 @@
 package chat
 
 import (
+	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -66,4 +68,45 @@ func Decided(d *schemas.DecisionInfo, at time.Time) (who string, when time.Time,
 		note = d.Note
 	}
 	return who, when, note
+}
+
+// Markup is how a platform's renderer writes the parts of a message
+// (OutcomeText): each function makes its text inert in the platform's
+// markup.
+type Markup struct {
+	// Bold is a heading.
+	Bold func(string) string
+	// Name is a tool's name, inline.
+	Name func(string) string
+	// Block is a tool's output or reason, with what separates it from
+	// the line before (a code block).
+	Block func(string) string
+	// BlockMax is how many bytes of an output are shown (folded beyond).
+	BlockMax int
+}
+
+// OutcomeText renders a turn's results: a heading with the turn, its
+// state and code, then a line per result with its tool, status, code and
+// output (or reason), folded at m.BlockMax.
+func OutcomeText(o *schemas.TurnOutcome, m Markup) string {
+	var b strings.Builder
+	head := fmt.Sprintf("Turn %s %s", o.TurnID, o.State)
+	b.WriteString(m.Bold(head))
+	if o.Code != "" {
+		fmt.Fprintf(&b, " (%s)", o.Code)
+	}
+	for _, r := range o.Results {
+		fmt.Fprintf(&b, "\n• %s: %s", m.Name(r.Tool), r.Status)
+		if r.Code != "" {
+			fmt.Fprintf(&b, " (%s)", r.Code)
+		}
+		out := r.Output
+		if out == "" {
+			out = r.Reason
+		}
+		if out != "" {
+			b.WriteString(m.Block(Fold(out, m.BlockMax)))
+		}
+	}
+	return b.String()
 }

@@ -282,34 +282,6 @@ func TestRateLimitedBurstIsDelayedNotLost(t *testing.T) {
 	}
 }
 
-// An outcome with no audience, or a reply target wider than its audience,
-// or of another transport, is posted nowhere.
-func TestOutcomesRespectTheirAudience(t *testing.T) {
-	r := startRig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, o := range []*schemas.TurnOutcome{
-		{TurnID: "t-noaudience", Reply: schemas.ReplyTarget{Transport: discord.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelDM}}},
-		{TurnID: "t-personal", Audience: schemas.AudiencePersonal, Reply: schemas.ReplyTarget{Transport: discord.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-		{TurnID: "t-team", Audience: schemas.AudienceTeam, Reply: schemas.ReplyTarget{Transport: discord.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-		{TurnID: "t-cli", Audience: schemas.AudiencePublic, Reply: schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-	} {
-		if err := r.tr.DeliverOutcome(ctx, o); err != nil {
-			t.Fatalf("%s: %v", o.TurnID, err)
-		}
-	}
-	if err := r.tr.DeliverOutcome(ctx, &schemas.TurnOutcome{TurnID: "t-ok", Audience: schemas.AudienceTeam,
-		Reply: schemas.ReplyTarget{Transport: discord.Name, Channel: schemas.Channel{ID: "G1", Kind: schemas.ChannelPrivate}}}); err != nil {
-		t.Fatal(err)
-	}
-	if got := r.discord.find(http.MethodPost, "/channels/", nil); len(got) != 1 || got[0].channel() != "G1" {
-		t.Errorf("posts: %s, want only the team outcome in G1", r.discord.dump())
-	}
-	if r.refused(t, discord.ReasonNowhere) != 3 {
-		t.Errorf("nowhere = %v, want 3", r.refused(t, discord.ReasonNowhere))
-	}
-}
-
 // The planner's reply event is delivered into the turn's channel once,
 // however often it is stored; a planner step batch's outcome is not posted.
 func TestPlannerReplyIsDeliveredOnce(t *testing.T) {

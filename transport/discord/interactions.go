@@ -117,8 +117,8 @@ func (in *interaction) field(customID string) string {
 
 // reply is an interaction answer: {"type": …, "data": …}.
 type reply struct {
-	Type int       `json:"type"`
-	Data any  `json:"data,omitempty"` // *outgoing, or *modal
+	Type int `json:"type"`
+	Data any `json:"data,omitempty"` // *outgoing, or *modal
 }
 
 // verify reads and authenticates a request (chat.ReadSigned): a valid

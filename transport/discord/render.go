@@ -248,29 +248,13 @@ func closedMessage(p *chat.Record, status schemas.ApprovalStatus, d *schemas.Dec
 	return text(s)
 }
 
-// outcomeText renders a turn's results.
+// outcomeText renders a turn's results (chat.OutcomeText): outputs
+// folded at 500 bytes in code blocks.
 func outcomeText(o *schemas.TurnOutcome) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "**Turn %s %s**", o.TurnID, o.State)
-	if o.Code != "" {
-		fmt.Fprintf(&b, " (%s)", o.Code)
-	}
-	for _, r := range o.Results {
-		fmt.Fprintf(&b, "\n• %s: %s", inline(r.Tool), r.Status)
-		if r.Code != "" {
-			fmt.Fprintf(&b, " (%s)", r.Code)
-		}
-		out := r.Output
-		if out == "" {
-			out = r.Reason
-		}
-		if out != "" {
-			out, cut := truncate(out, 500)
-			if cut {
-				out += " …"
-			}
-			b.WriteString("\n" + code(out))
-		}
-	}
-	return b.String()
+	return chat.OutcomeText(o, chat.Markup{
+		Bold:     func(s string) string { return "**" + s + "**" },
+		Name:     inline,
+		Block:    func(s string) string { return "\n" + code(s) },
+		BlockMax: 500,
+	})
 }

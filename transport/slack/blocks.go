@@ -156,30 +156,14 @@ func denyView(rec *schemas.ApprovalRecord, meta string) slack.ModalViewRequest {
 	}
 }
 
-// outcomeText renders a turn's results.
+// outcomeText renders a turn's results (chat.OutcomeText): outputs
+// folded at 1000 bytes in code blocks, the whole within 39000 bytes.
 func outcomeText(o *schemas.TurnOutcome) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "*Turn %s %s*", o.TurnID, o.State)
-	if o.Code != "" {
-		fmt.Fprintf(&b, " (%s)", o.Code)
-	}
-	for _, r := range o.Results {
-		fmt.Fprintf(&b, "\n• `%s`: %s", escape(r.Tool), r.Status)
-		if r.Code != "" {
-			fmt.Fprintf(&b, " (%s)", r.Code)
-		}
-		out := r.Output
-		if out == "" {
-			out = r.Reason
-		}
-		if out != "" {
-			out, cut := chat.Truncate(out, 1000)
-			if cut {
-				out += " …"
-			}
-			b.WriteString(" " + code(out))
-		}
-	}
-	s, _ := chat.Truncate(b.String(), 39000)
+	s, _ := chat.Truncate(chat.OutcomeText(o, chat.Markup{
+		Bold:     func(s string) string { return "*" + s + "*" },
+		Name:     func(s string) string { return "`" + escape(s) + "`" },
+		Block:    func(s string) string { return " " + code(s) },
+		BlockMax: 1000,
+	}), 39000)
 	return s
 }

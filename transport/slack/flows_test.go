@@ -180,34 +180,6 @@ func TestRateLimitedBurstIsDelayedNotLost(t *testing.T) {
 	}
 }
 
-// An outcome with no audience, or a reply target wider than its audience,
-// is posted nowhere.
-func TestOutcomesRespectTheirAudience(t *testing.T) {
-	r := startRig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, o := range []*schemas.TurnOutcome{
-		{TurnID: "t-noaudience", Reply: schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelDM}}},
-		{TurnID: "t-personal", Audience: schemas.AudiencePersonal, Reply: schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-		{TurnID: "t-team", Audience: schemas.AudienceTeam, Reply: schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-		{TurnID: "t-cli", Audience: schemas.AudiencePublic, Reply: schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-	} {
-		if err := r.tr.DeliverOutcome(ctx, o); err != nil {
-			t.Fatalf("%s: %v", o.TurnID, err)
-		}
-	}
-	if err := r.tr.DeliverOutcome(ctx, &schemas.TurnOutcome{TurnID: "t-ok", Audience: schemas.AudienceTeam,
-		Reply: schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "G1", Kind: schemas.ChannelPrivate}}}); err != nil {
-		t.Fatal(err)
-	}
-	if got := r.slack.find("chat.postMessage", nil); len(got) != 1 || got[0].form.Get("channel") != "G1" {
-		t.Errorf("posts: %v, want only the team outcome in G1", r.slack.methods())
-	}
-	if r.refused(t, tgslack.ReasonNowhere) != 3 {
-		t.Errorf("nowhere = %v, want 3", r.refused(t, tgslack.ReasonNowhere))
-	}
-}
-
 // In a channel, a mention starts a served thread: a reply in it is a turn
 // of the same session without a mention; a channel message outside it,
 // or a reply in another thread, is not.

@@ -133,6 +133,7 @@ func (s *suite) promptLifecycle(t *testing.T) {
 	id := schemas.ApprovalID(turn, 0)
 	rec := h.WaitPending(id)
 	prompt := s.await(t, "the prompt", func() []Message { return s.posts(id) })
+	Prompted(t, h.JS, s.f.Name, id)
 	if prompt.Channel != s.f.DM {
 		t.Errorf("the prompt of a DM turn went to %q, want the requester's DM %q", prompt.Channel, s.f.DM)
 	}
@@ -202,7 +203,8 @@ func (s *suite) deliveries(t *testing.T) {
 	h := s.h.For(t)
 	dm := schemas.ReplyTarget{Transport: s.f.Name, Channel: schemas.Channel{ID: s.f.DM, Kind: schemas.ChannelDM}}
 	public := schemas.ReplyTarget{Transport: s.f.Name, Channel: schemas.Channel{ID: "chattest-public", Kind: schemas.ChannelPublic}}
-	other := schemas.ReplyTarget{Transport: "cli", Channel: dm.Channel}
+	private := schemas.ReplyTarget{Transport: s.f.Name, Channel: schemas.Channel{ID: "chattest-private", Kind: schemas.ChannelPrivate}}
+	other := schemas.ReplyTarget{Transport: "cli", Channel: public.Channel}
 	now := time.Now().UTC()
 	outcome := func(turn string, a schemas.Audience, to schemas.ReplyTarget) *schemas.TurnOutcome {
 		return &schemas.TurnOutcome{TurnID: turn, SessionID: "chattest-2", State: schemas.TurnCompleted, Audience: a, Reply: to, FinishedAt: now}
@@ -210,11 +212,12 @@ func (s *suite) deliveries(t *testing.T) {
 	nowhere := s.counter(t, "refused_total", "reason", chat.ReasonNowhere)
 	for _, o := range []*schemas.TurnOutcome{
 		outcome("t-chattest-none", "", dm),                                                     // no audience: nowhere
-		outcome("t-chattest-wide", schemas.AudiencePersonal, public),                           // wider than its audience: nowhere
-		outcome("t-chattest-other", schemas.AudiencePersonal, other),                           // another transport's: not ours
+		outcome("t-chattest-personal", schemas.AudiencePersonal, public),                       // wider than its audience: nowhere
+		outcome("t-chattest-team", schemas.AudienceTeam, public),                               // wider than its audience: nowhere
+		outcome("t-chattest-other", schemas.AudiencePublic, other),                             // another transport's: not ours
 		outcome(schemas.PlannerStepTurnID("t-chattest-plan", 0), schemas.AudiencePersonal, dm), // a planner step: the planner's
-		outcome("t-chattest-ok", schemas.AudiencePersonal, dm),
-		outcome("t-chattest-ok", schemas.AudiencePersonal, dm), // a replay
+		outcome("t-chattest-ok", schemas.AudienceTeam, private),
+		outcome("t-chattest-ok", schemas.AudienceTeam, private), // a replay
 	} {
 		h.Publish(topology.SubjectTurnOutcome+o.TurnID, "", o)
 	}
@@ -222,19 +225,19 @@ func (s *suite) deliveries(t *testing.T) {
 	h.Publish(topology.SubjectTurnReply+reply.TurnID, "", reply)
 	h.Publish(topology.SubjectTurnReply+reply.TurnID, "", reply)
 	s.consumed(t)
-	for _, turn := range []string{"t-chattest-none", "t-chattest-wide", "t-chattest-other", "t-chattest-plan"} {
+	for _, turn := range []string{"t-chattest-none", "t-chattest-personal", "t-chattest-team", "t-chattest-other", "t-chattest-plan"} {
 		if got := s.posts("Turn " + turn); len(got) != 0 {
 			t.Errorf("outcome of %s posted: %v", turn, got)
 		}
 	}
-	if got := s.posts("Turn t-chattest-ok"); len(got) != 1 || got[0].Channel != s.f.DM {
-		t.Errorf("the outcome t-chattest-ok: %v, want one post in %s", got, s.f.DM)
+	if got := s.posts("Turn t-chattest-ok"); len(got) != 1 || got[0].Channel != private.Channel.ID {
+		t.Errorf("the outcome t-chattest-ok: %v, want one post in %s", got, private.Channel.ID)
 	}
 	if got := s.posts("chattest reply"); len(got) != 1 || got[0].Channel != s.f.DM {
 		t.Errorf("the reply: %v, want one post in %s", got, s.f.DM)
 	}
-	if n := s.counter(t, "refused_total", "reason", chat.ReasonNowhere); n != nowhere+2 {
-		t.Errorf("refused_total{reason=nowhere} went from %v to %v, want +2", nowhere, n)
+	if n := s.counter(t, "refused_total", "reason", chat.ReasonNowhere); n != nowhere+3 {
+		t.Errorf("refused_total{reason=nowhere} went from %v to %v, want +3", nowhere, n)
 	}
 	s.add(chat.KindOutcome, chat.KindReply)
 }
@@ -295,6 +298,11 @@ func (s *suite) await(t *testing.T, what string, list func() []Message) Message 
 // the last state cond saw.
 func (s *suite) eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
+	eventually(t, what, cond)
+}
+
+func eventually(t testing.TB, what string, cond func() (bool, string)) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ok, state := cond()
@@ -310,12 +318,22 @@ func (s *suite) eventually(t *testing.T, what string, cond func() (bool, string)
 
 // consumed waits until the transport's consumer has handled every event
 // stored so far: the later fact after which an absence is asserted.
-func (s *suite) consumed(t *testing.T) {
+func (s *suite) consumed(t *testing.T) { Consumed(t, s.h.JS, s.f.Name) }
+
+// counter reads tollgate_<name>_<metric>{label=value}.
+func (s *suite) counter(t *testing.T, metric, label, value string) float64 {
+	return Counter(t, s.reg, "tollgate_"+s.f.Name+"_"+metric, label, value)
+}
+
+// Consumed waits (20 seconds at most) until chat transport name's
+// consumer on TOLLGATE_EVENTS has handled every event stored so far: the
+// later fact after which a test asserts that nothing more was posted.
+func Consumed(t testing.TB, js jetstream.JetStream, name string) {
 	t.Helper()
-	s.eventually(t, "the transport consumed every event", func() (bool, string) {
+	eventually(t, "consumer "+chat.Durable(name)+" caught up", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		c, err := s.h.JS.Consumer(ctx, topology.StreamEvents, chat.Durable(s.f.Name))
+		c, err := js.Consumer(ctx, topology.StreamEvents, chat.Durable(name))
 		if err != nil {
 			return false, err.Error()
 		}
@@ -327,15 +345,16 @@ func (s *suite) consumed(t *testing.T) {
 	})
 }
 
-// counter reads tollgate_<name>_<metric>{label=value}.
-func (s *suite) counter(t *testing.T, metric, label, value string) float64 {
+// Counter reads counter metric{label=value} from reg; 0 when it has no
+// such series.
+func Counter(t testing.TB, reg prometheus.Gatherer, metric, label, value string) float64 {
 	t.Helper()
-	mfs, err := s.reg.Gather()
+	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatalf("gather: %v", err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "tollgate_"+s.f.Name+"_"+metric {
+		if mf.GetName() != metric {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -347,4 +366,37 @@ func (s *suite) counter(t *testing.T, metric, label, value string) float64 {
 		}
 	}
 	return 0
+}
+
+// StreamMsgs is how many messages stream holds.
+func StreamMsgs(t testing.TB, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	return info.State.Msgs
+}
+
+// Prompted waits (20 seconds at most) until chat transport name has
+// recorded the prompt of approval id: after the platform received the
+// post, the record that binds the prompt's buttons is written a moment
+// later, and a click before it is (rightly) action_mismatch.
+func Prompted(t testing.TB, js jetstream.JetStream, name, id string) {
+	t.Helper()
+	eventually(t, "the record of the prompt of "+id, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		kv, err := js.KeyValue(ctx, chat.BucketRecords(name))
+		if err == nil {
+			_, err = kv.Get(ctx, chat.PromptKey(id))
+		}
+		return err == nil, fmt.Sprint(err)
+	})
 }
