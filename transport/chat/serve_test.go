@@ -54,7 +54,9 @@ func TestServeStopsEverythingOnTheFirstFailure(t *testing.T) {
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { done <- chat.Serve(ctx, nil, nil, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }) }()
+	go func() {
+		done <- chat.Serve(ctx, nil, nil, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	}()
 	cancel()
 	select {
 	case err := <-done:
