@@ -16,19 +16,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/health"
-	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
 
@@ -92,22 +90,9 @@ func serve(args []string) int {
 		log.Error("listen", "err", err)
 		return 1
 	}
-	srv := httpserve.New(tr.Handler(), httpserve.Limits{}, nil)
-	errs := make(chan error, 2)
-	go func() { errs <- tr.Run(ctx) }()
-	go func() { errs <- srv.Serve(ln) }()
 	log.Info("discord transport running", "addr", ln.Addr().String())
-	var first error
-	select {
-	case <-ctx.Done():
-	case first = <-errs:
-	}
-	cancel()
-	sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-	defer c()
-	_ = srv.Shutdown(sctx)
-	if first != nil && !errors.Is(first, http.ErrServerClosed) && !errors.Is(first, context.Canceled) {
-		log.Error("exiting", "err", first)
+	if err := chat.Serve(ctx, tr.Handler(), ln, tr.Run); err != nil {
+		log.Error("exiting", "err", err)
 		return 1
 	}
 	return 0

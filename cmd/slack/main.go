@@ -16,11 +16,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -28,8 +26,8 @@ import (
 	"github.com/slack-go/slack"
 
 	"github.com/tollgate-dev/tollgate/health"
-	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
 
@@ -93,36 +91,21 @@ func serve(args []string) int {
 	}
 	ready.Add(health.NATS(nc), health.Check{Name: "slack/consumer", Stage: "slack", Check: func(context.Context) error { return tr.Ready() }})
 
-	errs := make(chan error, 2)
-	go func() { errs <- tr.Run(ctx) }()
+	loops := []func(context.Context) error{tr.Run}
+	var ln net.Listener
 	switch *mode {
 	case "socket":
-		go func() { errs <- tr.RunSocketMode(ctx) }()
+		loops = append(loops, func(ctx context.Context) error { return tr.RunSocketMode(ctx) })
 		log.Info("slack transport running", "mode", "socket")
 	case "http":
-		ln, err := net.Listen("tcp", *addr)
-		if err != nil {
+		if ln, err = net.Listen("tcp", *addr); err != nil {
 			log.Error("listen", "err", err)
 			return 1
 		}
-		srv := httpserve.New(tr.Handler(), httpserve.Limits{}, nil)
-		go func() { errs <- srv.Serve(ln) }()
-		go func() {
-			<-ctx.Done()
-			sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-			defer c()
-			_ = srv.Shutdown(sctx)
-		}()
 		log.Info("slack transport running", "mode", "http", "addr", ln.Addr().String())
 	}
-	var first error
-	select {
-	case <-ctx.Done():
-	case first = <-errs:
-	}
-	cancel()
-	if first != nil && !errors.Is(first, http.ErrServerClosed) && !errors.Is(first, context.Canceled) {
-		log.Error("exiting", "err", first)
+	if err := chat.Serve(ctx, tr.Handler(), ln, loops...); err != nil {
+		log.Error("exiting", "err", err)
 		return 1
 	}
 	return 0

@@ -169,7 +169,8 @@ func (a *Approver) Expire(ctx context.Context, id string) error {
 	changed := false
 	rec, _, err := a.cfg.Store.Approvals.Mutate(ctx, id, func(r *schemas.ApprovalRecord) error {
 		changed = false
-		if r.Status != schemas.ApprovalPending || r.ExpiresAt.IsZero() || now.Before(r.ExpiresAt) {
+		// Only a pending approval that is no longer decidable is due.
+		if r.Status != schemas.ApprovalPending || r.Decidable(now) == nil {
 			return store.ErrSkip
 		}
 		changed = true

@@ -124,16 +124,17 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 		case want:
 			return Verdict{Effect: Idempotent, Announce: true, Quorum: quorum}, nil
 		case schemas.ApprovalExpired:
-			return Verdict{Announce: true, Quorum: quorum}, expiredError(rec)
+			return Verdict{Announce: true, Quorum: quorum}, rec.Decidable(now)
 		default:
-			return Verdict{Quorum: quorum}, schemas.Errorf(schemas.CodeApprovalAlreadyDecided, "approval %s is already %s", rec.ApprovalID, rec.Status)
+			return Verdict{Quorum: quorum}, rec.Decidable(now)
 		}
 	}
 	next := *rec
-	if !rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt) {
+	if err := rec.Decidable(now); err != nil {
+		// Pending, but its expiry has passed (schemas' one rule).
 		next.Status = schemas.ApprovalExpired
 		next.Decision = &schemas.DecisionInfo{Principal: ExpiryPrincipal, DecidedAt: now}
-		return Verdict{Next: &next, Announce: true, Quorum: quorum}, expiredError(rec)
+		return Verdict{Next: &next, Announce: true, Quorum: quorum}, err
 	}
 	principal := schemas.Principal(d.Transport, d.Decider.ID)
 	vote := schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now, Assurance: d.Decider.Assurance(), Note: d.Note}
@@ -190,10 +191,6 @@ func MayDecide(rec *schemas.ApprovalRecord, transport string, decider schemas.Se
 		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "%v", err)
 	}
 	return nil
-}
-
-func expiredError(rec *schemas.ApprovalRecord) error {
-	return schemas.Errorf(schemas.CodeApprovalExpired, "approval %s expired at %s", rec.ApprovalID, rec.ExpiresAt.Format(time.RFC3339))
 }
 
 // statusOf is the status option gives an approval: approve and grant

@@ -24,3 +24,13 @@ func Secret(name string) (string, error) {
 // Configured reports whether secret name is set, in the environment or by
 // file.
 func Configured(name string) bool { return os.Getenv(name) != "" || os.Getenv(name+"_FILE") != "" }
+
+// RequireSecret is Secret(name), refused with an error naming the
+// variable (and when, e.g. " in HTTP mode") when it is not set.
+func RequireSecret(name, when string) (string, error) {
+	s, err := Secret(name)
+	if err == nil && s == "" {
+		err = fmt.Errorf("%s (or %s_FILE) is required%s", name, name, when)
+	}
+	return s, err
+}

@@ -1,9 +1,28 @@
-// Package chat holds what Tollgate's chat transports (transport/slack,
-// transport/discord) share: their KV buckets of what they posted and of
-// the requests they saw, and reads of the approvals bucket. Each function
-// is safe for concurrent use; errors wrap the JetStream error, and a
-// record that cannot be read is a coded error (schemas.CodeMalformed,
-// schemas.CodeSchemaVersionUnsupported), never guessed.
+// Package chat is Tollgate's chat transport framework, as a router is to
+// its handlers: Transport owns what every chat platform (transport/slack,
+// transport/discord) does the same way, and a platform implements
+// Platform (its client and its renderer) on top.
+//
+// Transport owns the transport's KV buckets (tollgate_<name>_seen for
+// replay records and clicks, tollgate_<name> for what it posted), its
+// counters (tollgate_<name>_posts_total{kind}, one meaning per kind;
+// tollgate_<name>_refused_total{reason}), its durable consumer
+// transport-<name> on TOLLGATE_EVENTS (approval.requested,
+// approval.decided, turn.outcome, turn.reply, decision.rejected) and the
+// five handlers with their once records: a pending approval of its own
+// turns prompted once, the prompt closed once in place with the status,
+// the decider and their note, outcomes and the planner's replies posted
+// once where their audience admits the channel, an approver's rejection
+// shown to its decider. For the platform's inbound side it checks signed
+// requests (ReadSigned), binds clicks to prompts (Check), applies the
+// one "still decidable" rule (Undecidable, after
+// schemas.ApprovalRecord.Decidable), and builds and publishes decisions
+// and inbound messages. Serve runs a transport's process loops.
+//
+// Each function is safe for concurrent use; errors wrap the JetStream
+// error, and a record that cannot be read is a coded error
+// (schemas.CodeMalformed, schemas.CodeSchemaVersionUnsupported), never
+// guessed. Package chattest is the conformance suite a platform runs.
 package chat
 
 import (

@@ -73,3 +73,29 @@ func TestRecordsAndSeenMarks(t *testing.T) {
 		t.Errorf("after Unmark: %v, %v", fresh, err)
 	}
 }
+
+// A prompt record Slack wrote before records had message_id (its ts
+// under "ts") reads with that ts as its message id, so a click on a
+// prompt posted before an upgrade still binds to it.
+func TestRecordReadsSlacksEarlierTS(t *testing.T) {
+	env := jstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := chat.OpenBucket(ctx, env.JS, jetstream.KeyValueConfig{Bucket: "chat_ts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type earlier struct {
+		V       int    `msgpack:"v"`
+		Channel string `msgpack:"channel"`
+		TS      string `msgpack:"ts"`
+		Digest  string `msgpack:"digest"`
+	}
+	if err := chat.Put(ctx, kv, "prompt.a-1-0", &earlier{V: 1, Channel: "C1", TS: "1700000000.000100", Digest: "d"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := chat.ReadRecord(ctx, kv, "prompt.a-1-0")
+	if err != nil || r == nil || r.MessageID != "1700000000.000100" || r.Channel != "C1" || r.Digest != "d" {
+		t.Fatalf("earlier record: %+v, %v", r, err)
+	}
+}

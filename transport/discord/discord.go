@@ -2,7 +2,7 @@
 // with the /ask slash command in a DM or a guild channel; they answer
 // approval prompts with message buttons; they see prompts close and
 // results arrive in the channel. It speaks only docs/protocol.md (plus the
-// planner's reply event, through DeliverReply), under its own NATS user,
+// planner's reply event), under its own NATS user,
 // as transport "discord". It needs no gateway websocket: Discord calls the
 // interactions endpoint over HTTP, and Tollgate calls Discord's REST API
 // with the bot token.
@@ -41,7 +41,8 @@
 //
 // Prompts. A durable consumer, transport-discord, on TOLLGATE_EVENTS reads
 // approval.requested, approval.decided, turn.outcome, turn.reply and
-// decision.rejected. A pending approval of a discord turn is posted once
+// decision.rejected (the chat framework, transport/chat, runs it; this
+// package is its Discord client and renderer). A pending approval of a discord turn is posted once
 // (record prompt.<approval> in KV bucket tollgate_discord: channel,
 // message id, digest) with POST /channels/{id}/messages: a
 // personal-audience prompt always into the requester's DM (POST
@@ -72,7 +73,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -80,10 +80,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
-	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // Name is the transport name: the subject token, the decision transport
@@ -91,7 +89,7 @@ import (
 const Name = "discord"
 
 // Durable is the transport's consumer on TOLLGATE_EVENTS.
-const Durable = "transport-discord"
+const Durable = "transport-" + Name
 
 // DefaultAPIURL is the root of Discord's REST API.
 const DefaultAPIURL = "https://discord.com/api/v10"
@@ -125,19 +123,14 @@ type Config struct {
 	ProposeCalls func(text string) []schemas.ProposedCall
 }
 
-// Transport is a running Discord transport.
+// Transport is a running Discord transport: the chat framework
+// (chat.Transport) with Discord's client and renderer (platform).
 type Transport struct {
-	cfg       Config
-	log       *slog.Logger
-	seen      jetstream.KeyValue // tollgate_discord_seen: interaction ids, clicks
-	records   jetstream.KeyValue // tollgate_discord: prompts, posts, clicks
-	approvals jetstream.KeyValue
-	api       *rest
-	runner    *runner.Runner
-	kinds     kindCache
-
-	refused   *prometheus.CounterVec
-	delivered *prometheus.CounterVec
+	cfg   Config
+	log   *slog.Logger
+	core  *chat.Transport[*outgoing]
+	api   *rest
+	kinds kindCache
 }
 
 // New binds to the pipeline's streams and bucket (they must exist), creates
@@ -157,63 +150,23 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		cfg.HTTPClient = &http.Client{Timeout: 30 * time.Second}
 	}
 	t := &Transport{cfg: cfg, log: cfg.Logger}
-	var err error
-	if t.seen, t.records, err = Provision(ctx, cfg.JS, cfg.Replicas); err != nil {
-		return nil, err
-	}
-	if t.approvals, err = cfg.JS.KeyValue(ctx, topology.BucketApprovals); err != nil {
-		return nil, fmt.Errorf("discord: bucket %s: %w", topology.BucketApprovals, err)
-	}
-	t.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tollgate_discord_refused_total",
-		Help: "Discord interactions and events refused or dropped without publishing, by reason.",
-	}, []string{"reason"})
-	t.delivered = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tollgate_discord_posts_total",
-		Help: "Messages the Discord transport posted or updated, by kind (prompt, close, outcome, reply, rejection).",
-	}, []string{"kind"})
-	if err := metrics.Register(cfg.Registerer, &t.refused); err != nil {
-		return nil, fmt.Errorf("discord: %w", err)
-	}
-	if err := metrics.Register(cfg.Registerer, &t.delivered); err != nil {
-		return nil, fmt.Errorf("discord: %w", err)
-	}
 	t.api = newREST(cfg.APIURL, cfg.BotToken, cfg.HTTPClient, t.log)
 	t.kinds = kindCache{api: t.api, log: t.log, m: map[string]schemas.ChannelKind{}}
-	t.runner, err = runner.New(runner.Config{
-		Stage: "discord", Stream: topology.StreamEvents, Consumer: consumerConfig(),
-		Handler: t.handleEvent, JS: cfg.JS, Logger: t.log.With("stage", "discord"),
-		Metrics: runner.NewMetrics(cfg.Registerer), Concurrency: 8,
-	})
+	var err error
+	t.core, err = chat.New(ctx, chat.Config{
+		Name: Name, Title: "Discord", JS: cfg.JS, Replicas: cfg.Replicas, Logger: cfg.Logger, Registerer: cfg.Registerer, Now: cfg.Now,
+	}, (*platform)(t))
 	if err != nil {
-		return nil, fmt.Errorf("discord: %w", err)
+		return nil, err
 	}
 	return t, nil
 }
 
-// consumerConfig is the durable consumer of the events the transport acts on.
-func consumerConfig() jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable:     Durable,
-		Description: "Tollgate Discord transport: prompts, closes, outcomes, replies, rejections",
-		FilterSubjects: []string{
-			topology.SubjectApprovalDecided + "*",
-			topology.SubjectApprovalRequested + "*",
-			topology.SubjectDecisionRejected + "*",
-			topology.SubjectTurnOutcome + "*",
-			topology.SubjectTurnReply + "*",
-		},
-		// A new consumer starts with the events stored from now on; once
-		// created it keeps its place across restarts (catch-up).
-		DeliverPolicy: jetstream.DeliverNewPolicy,
-	}
-}
-
 // Run consumes events until ctx is cancelled.
-func (t *Transport) Run(ctx context.Context) error { return t.runner.Run(ctx) }
+func (t *Transport) Run(ctx context.Context) error { return t.core.Run(ctx) }
 
 // Ready reports whether the consumer is running (health checks).
-func (t *Transport) Ready() error { return t.runner.Ready() }
+func (t *Transport) Ready() error { return t.core.Ready() }
 
 // Handler serves Discord's interactions endpoint: POST /discord/interactions.
 func (t *Transport) Handler() http.Handler {
@@ -222,21 +175,32 @@ func (t *Transport) Handler() http.Handler {
 	return mux
 }
 
-// refuse counts a refusal and returns its reason.
-func (t *Transport) refuse(reason string) string {
-	t.refused.WithLabelValues(reason).Inc()
-	return reason
+// DeliverOutcome posts a turn's results into its reply target's channel,
+// once per turn (chat.Transport.DeliverOutcome): only for a discord reply
+// target whose channel is no wider than the outcome's audience.
+func (t *Transport) DeliverOutcome(ctx context.Context, o *schemas.TurnOutcome) error {
+	return t.core.DeliverOutcome(ctx, o)
 }
 
-// Refusal reasons, the reason label of tollgate_discord_refused_total.
+// DeliverReply posts the planner's reply to a turn into the reply
+// target's channel, once per turn (chat.Transport.DeliverReply).
+func (t *Transport) DeliverReply(ctx context.Context, r *schemas.ReplyEvent) error {
+	return t.core.DeliverReply(ctx, r)
+}
+
+// refuse counts a refusal and returns its reason.
+func (t *Transport) refuse(reason string) string { return t.core.Refuse(reason) }
+
+// Refusal reasons, the reason label of tollgate_discord_refused_total
+// (chat's reasons; see there).
 const (
-	ReasonBadSignature   = "bad_signature"   // missing or wrong Ed25519 signature: 401
-	ReasonStaleTimestamp = "stale_timestamp" // timestamp outside 5 minutes: 401
-	ReasonReplayed       = "replayed"        // an interaction id seen before: 400
-	ReasonMalformed      = "malformed"       // not an interaction Tollgate reads: 400
-	ReasonUnknownAction  = "unknown_action"  // a command or custom_id Tollgate never sent: 400
-	ReasonActionMismatch = "action_mismatch" // the button does not belong to the approval it names, or the digest differs: 400
-	ReasonNotPending     = "not_pending"     // a click on a decided or expired approval: ephemeral answer, nothing published
-	ReasonBotMessage     = "bot_message"     // an interaction by a bot user: not a turn
-	ReasonNowhere        = "nowhere"         // an outcome or reply with no deliverable target
+	ReasonBadSignature   = chat.ReasonBadSignature   // missing or wrong Ed25519 signature: 401
+	ReasonStaleTimestamp = chat.ReasonStaleTimestamp // timestamp outside 5 minutes: 401
+	ReasonReplayed       = chat.ReasonReplayed       // an interaction id seen before: 400
+	ReasonMalformed      = chat.ReasonMalformed      // not an interaction Tollgate reads: 400
+	ReasonUnknownAction  = chat.ReasonUnknownAction  // a command or custom_id Tollgate never sent: 400
+	ReasonActionMismatch = chat.ReasonActionMismatch // the button does not belong to the approval it names, or the digest differs: 400
+	ReasonNotPending     = chat.ReasonNotPending     // a click on a decided or expired approval: ephemeral answer, nothing published
+	ReasonBotMessage     = chat.ReasonBotMessage     // an interaction by a bot user: not a turn
+	ReasonNowhere        = chat.ReasonNowhere        // an outcome or reply with no deliverable target
 )

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
 
@@ -101,6 +102,62 @@ func TestDenyClosesThePrompt(t *testing.T) {
 		t.Errorf("result: %s", res.content())
 	}
 	if _, err := os.Stat(filepath.Join(r.h.Sandbox, "denied.txt")); err == nil {
+		t.Error("a denied call ran")
+	}
+}
+
+// Deny with reason answers a modal bound to the approval; its submit
+// denies with the reason as the decision's note, stored with the decision
+// and shown, inert, in the closed prompt. A modal submit of any other
+// custom_id publishes nothing.
+func TestDenyWithReasonModalSendsTheNote(t *testing.T) {
+	r := startRig(t)
+	id := r.askOK(t, "111", dmOf("111"), "write reasoned.txt")
+	p := r.promptOf(t, id)
+	custom := customID(t, p, "Deny with reason…")
+	a := r.send(t, click("111", dmOf("111"), p.id, custom))
+	if a.status != 200 || a.typ != 9 || a.data["custom_id"] != custom {
+		t.Fatalf("deny with reason: %+v, want a modal (type 9) with custom_id %s", a, custom)
+	}
+	rows, _ := a.data["components"].([]any)
+	if len(rows) != 1 || !strings.Contains(fmt.Sprint(rows), "reason") {
+		t.Fatalf("modal components: %v", rows)
+	}
+	if got := r.approvalStatus(t, id); got != schemas.ApprovalPending {
+		t.Fatalf("opening the modal decided: %s", got)
+	}
+	const reason = "too risky <@&1> @everyone [bank](http://evil.example) ```x```"
+	submit := func(customID string) answer {
+		m := base(nextID(), 5, "111", dmOf("111"))
+		m["data"] = map[string]any{"custom_id": customID, "components": []any{map[string]any{"type": 1,
+			"components": []any{map[string]any{"type": 4, "custom_id": "reason", "value": reason}}}}}
+		m["message"] = map[string]any{"id": p.id, "channel_id": "DM111"}
+		b, _ := json.Marshal(m)
+		return r.send(t, b)
+	}
+	if a := submit(customID(t, p, "Approve")); a.status != http.StatusBadRequest {
+		t.Errorf("a modal submit naming Approve: %d, want 400", a.status)
+	}
+	a = submit(custom)
+	if a.status != 200 || (a.typ != 6 && a.typ != 7) {
+		t.Fatalf("submit: %+v", a)
+	}
+	r.awaitStatus(t, id, schemas.ApprovalDenied)
+	if d := r.h.Approval(id).Decision; d == nil || d.Note != reason || d.Principal != "discord:111" {
+		t.Fatalf("decision: %+v, want discord:111's with the note", d)
+	}
+	closed := a.content()
+	if a.typ == 6 {
+		closed = r.discord.await(t, 1, http.MethodPatch, "/channels/DM111/messages/"+p.id, nil)[0].content()
+	}
+	if !strings.Contains(closed, "Denied") || !strings.Contains(closed, "too risky") {
+		t.Errorf("closed prompt: %q, want Denied and the note", closed)
+	}
+	// Inert: inside a code block the note cannot close, and mentions never ping.
+	if strings.Count(closed, "```") != 2 || !strings.Contains(closed, "```\n"+chat.CodeBody(reason)) {
+		t.Errorf("the note is not in one closed code block: %q", closed)
+	}
+	if _, err := os.Stat(filepath.Join(r.h.Sandbox, "reasoned.txt")); err == nil {
 		t.Error("a denied call ran")
 	}
 }
@@ -222,34 +279,6 @@ func TestRateLimitedBurstIsDelayedNotLost(t *testing.T) {
 	}
 	if el := time.Since(start); el < 2*time.Second {
 		t.Errorf("the burst took %v: the Retry-After of two 429s (1s each) was not waited out", el)
-	}
-}
-
-// An outcome with no audience, or a reply target wider than its audience,
-// or of another transport, is posted nowhere.
-func TestOutcomesRespectTheirAudience(t *testing.T) {
-	r := startRig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, o := range []*schemas.TurnOutcome{
-		{TurnID: "t-noaudience", Reply: schemas.ReplyTarget{Transport: discord.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelDM}}},
-		{TurnID: "t-personal", Audience: schemas.AudiencePersonal, Reply: schemas.ReplyTarget{Transport: discord.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-		{TurnID: "t-team", Audience: schemas.AudienceTeam, Reply: schemas.ReplyTarget{Transport: discord.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-		{TurnID: "t-cli", Audience: schemas.AudiencePublic, Reply: schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-	} {
-		if err := r.tr.DeliverOutcome(ctx, o); err != nil {
-			t.Fatalf("%s: %v", o.TurnID, err)
-		}
-	}
-	if err := r.tr.DeliverOutcome(ctx, &schemas.TurnOutcome{TurnID: "t-ok", Audience: schemas.AudienceTeam,
-		Reply: schemas.ReplyTarget{Transport: discord.Name, Channel: schemas.Channel{ID: "G1", Kind: schemas.ChannelPrivate}}}); err != nil {
-		t.Fatal(err)
-	}
-	if got := r.discord.find(http.MethodPost, "/channels/", nil); len(got) != 1 || got[0].channel() != "G1" {
-		t.Errorf("posts: %s, want only the team outcome in G1", r.discord.dump())
-	}
-	if r.refused(t, discord.ReasonNowhere) != 3 {
-		t.Errorf("nowhere = %v, want 3", r.refused(t, discord.ReasonNowhere))
 	}
 }
 

@@ -16,13 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat/chattest"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
 
@@ -118,13 +117,13 @@ func (f *fakeDiscord) serve(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(out)
 }
 
-// find returns the calls of method whose path starts with prefix and that match.
+// find returns the calls of method ("" for any) whose path starts with prefix and that match.
 func (f *fakeDiscord) find(method, prefix string, match func(call) bool) []call {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []call
 	for _, c := range f.calls {
-		if c.method == method && strings.HasPrefix(c.path, prefix) && (match == nil || match(c)) {
+		if (method == "" || c.method == method) && strings.HasPrefix(c.path, prefix) && (match == nil || match(c)) {
 			out = append(out, c)
 		}
 	}
@@ -361,91 +360,30 @@ func (r *rig) askOK(t *testing.T, user string, w where, text string) string {
 // promptOf is the posted prompt of approval id.
 func (r *rig) promptOf(t *testing.T, id string) call {
 	t.Helper()
-	return r.discord.await(t, 1, http.MethodPost, "/channels/", func(c call) bool { return strings.Contains(c.content(), id) })[0]
+	c := r.discord.await(t, 1, http.MethodPost, "/channels/", func(c call) bool { return strings.Contains(c.content(), id) })[0]
+	chattest.Prompted(t, r.h.JS, discord.Name, id)
+	return c
 }
 
 // msgs is how many messages stream holds.
-func (r *rig) msgs(t *testing.T, stream string) uint64 {
-	t.Helper()
-	ctx, cancel := r.h.Ctx()
-	defer cancel()
-	s, err := r.h.JS.Stream(ctx, stream)
-	if err != nil {
-		t.Fatalf("stream %s: %v", stream, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatalf("stream %s: %v", stream, err)
-	}
-	return info.State.Msgs
-}
+func (r *rig) msgs(t *testing.T, stream string) uint64 { return chattest.StreamMsgs(t, r.h.JS, stream) }
 
 // refused is tollgate_discord_refused_total{reason}.
 func (r *rig) refused(t *testing.T, reason string) float64 {
-	t.Helper()
-	mfs, err := r.reg.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "tollgate_discord_refused_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return chattest.Counter(t, r.reg, "tollgate_discord_refused_total", "reason", reason)
 }
 
 // approvalStatus reads an approval's status from KV.
 func (r *rig) approvalStatus(t *testing.T, id string) schemas.ApprovalStatus {
-	t.Helper()
-	ctx, cancel := r.h.Ctx()
-	defer cancel()
-	rec, _, err := r.h.Store.Approvals.Get(ctx, id)
-	if err != nil {
-		t.Fatalf("approval %s: %v", id, err)
-	}
-	return rec.Status
+	return r.h.For(t).Approval(id).Status
 }
 
 // awaitStatus polls an approval until it has status s.
 func (r *rig) awaitStatus(t *testing.T, id string, s schemas.ApprovalStatus) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for r.approvalStatus(t, id) != s {
-		if time.Now().After(deadline) {
-			t.Fatalf("approval %s: status %s, want %s", id, r.approvalStatus(t, id), s)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	r.h.For(t).WaitApproval(id, string(s), func(a *schemas.ApprovalRecord) bool { return a.Status == s })
 }
 
 // awaitConsumed waits until the transport's consumer has handled every
-// stored event: the later fact before asserting that something was not
-// posted.
-func (r *rig) awaitConsumed(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := r.h.Ctx()
-		c, err := r.h.JS.Consumer(ctx, topology.StreamEvents, discord.Durable)
-		var info *jetstream.ConsumerInfo
-		if err == nil {
-			info, err = c.Info(ctx)
-		}
-		cancel()
-		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("consumer %s did not catch up: %+v, %v", discord.Durable, info, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// event stored so far.
+func (r *rig) awaitConsumed(t *testing.T) { t.Helper(); chattest.Consumed(t, r.h.JS, discord.Name) }

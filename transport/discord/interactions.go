@@ -3,18 +3,14 @@ package discord
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/chat"
 )
@@ -23,16 +19,15 @@ import (
 const (
 	// SignatureWindow is how far an interaction's timestamp may be from
 	// the clock, either way.
-	SignatureWindow = 5 * time.Minute
+	SignatureWindow = chat.SignatureWindow
 	// answerBudget bounds the work done before an interaction is
 	// answered: Discord wants an answer within 3 seconds.
-	answerBudget = 2500 * time.Millisecond
+	answerBudget = chat.AnswerBudget
 	// ownDecisionWait is how long a click waits for its own decision to
 	// be taken, to answer UPDATE_MESSAGE, before it defers.
 	ownDecisionWait = 1500 * time.Millisecond
 	// tokenLife is how long an interaction token may be used.
 	tokenLife = 15 * time.Minute
-	maxBody   = 1 << 20
 )
 
 // Interaction and answer types.
@@ -40,11 +35,13 @@ const (
 	typePing      = 1
 	typeCommand   = 2
 	typeComponent = 3
+	typeModal     = 5 // MODAL_SUBMIT
 
 	answerPong           = 1
 	answerMessage        = 4
 	answerDeferredUpdate = 6
 	answerUpdateMessage  = 7
+	answerModal          = 9
 )
 
 // CommandAsk is the slash command that asks the agent.
@@ -84,6 +81,13 @@ type interaction struct {
 			Value json.RawMessage `json:"value"`
 		} `json:"options"`
 		CustomID string `json:"custom_id"`
+		// Components of a modal submit: rows of text inputs.
+		Components []struct {
+			Components []struct {
+				CustomID string `json:"custom_id"`
+				Value    string `json:"value"`
+			} `json:"components"`
+		} `json:"components"`
 	} `json:"data"`
 	Message *message `json:"message"`
 }
@@ -99,34 +103,35 @@ func (in *interaction) who() user {
 	return user{}
 }
 
-// reply is an interaction answer: {"type": …, "data": …}.
-type reply struct {
-	Type int       `json:"type"`
-	Data *outgoing `json:"data,omitempty"`
+// field is the value of a modal submit's text input customID.
+func (in *interaction) field(customID string) string {
+	for _, row := range in.Data.Components {
+		for _, c := range row.Components {
+			if c.CustomID == customID {
+				return c.Value
+			}
+		}
+	}
+	return ""
 }
 
-// verify reads and authenticates a request: a valid Ed25519 signature
-// (else 401 bad_signature) and a timestamp within SignatureWindow (else
-// 401 stale_timestamp).
+// reply is an interaction answer: {"type": …, "data": …}.
+type reply struct {
+	Type int `json:"type"`
+	Data any `json:"data,omitempty"` // *outgoing, or *modal
+}
+
+// verify reads and authenticates a request (chat.ReadSigned): a valid
+// Ed25519 signature over the timestamp and body (else 401
+// bad_signature) and a timestamp within SignatureWindow (else 401
+// stale_timestamp).
 func (t *Transport) verify(r *http.Request) (body []byte, status int, reason string) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(body) > maxBody {
-		return nil, http.StatusBadRequest, t.refuse(ReasonMalformed)
-	}
-	ts := r.Header.Get("X-Signature-Timestamp")
-	sig, err := hex.DecodeString(r.Header.Get("X-Signature-Ed25519"))
-	if err != nil || len(sig) != ed25519.SignatureSize || ts == "" ||
-		!ed25519.Verify(t.cfg.PublicKey, append([]byte(ts), body...), sig) {
-		return nil, http.StatusUnauthorized, t.refuse(ReasonBadSignature)
-	}
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return nil, http.StatusUnauthorized, t.refuse(ReasonStaleTimestamp)
-	}
-	if d := t.cfg.Now().Sub(time.Unix(sec, 0)); d > SignatureWindow || d < -SignatureWindow {
-		return nil, http.StatusUnauthorized, t.refuse(ReasonStaleTimestamp)
-	}
-	return body, 0, ""
+	return t.core.ReadSigned(r, func(body []byte) (string, bool) {
+		ts := r.Header.Get("X-Signature-Timestamp")
+		sig, err := hex.DecodeString(r.Header.Get("X-Signature-Ed25519"))
+		return ts, err == nil && len(sig) == ed25519.SignatureSize && ts != "" &&
+			ed25519.Verify(t.cfg.PublicKey, append([]byte(ts), body...), sig)
+	})
 }
 
 // serveInteraction is the interactions endpoint. An error while handling
@@ -154,7 +159,7 @@ func (t *Transport) serveInteraction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := "ix." + in.ID
-	fresh, err := t.markSeen(ctx, key)
+	fresh, err := t.core.MarkSeen(ctx, key)
 	if err != nil {
 		t.log.Warn("discord: replay record", "err", err)
 		http.Error(w, "unavailable", http.StatusServiceUnavailable)
@@ -168,13 +173,13 @@ func (t *Transport) serveInteraction(w http.ResponseWriter, r *http.Request) {
 	switch in.Type {
 	case typeCommand:
 		a, err = t.command(ctx, &in)
-	case typeComponent:
+	case typeComponent, typeModal:
 		a, err = t.click(ctx, &in)
 	default:
 		a = answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}
 	}
 	if err != nil {
-		chat.Unmark(t.seen, key)
+		t.core.Unmark(key)
 		t.log.Warn("discord: interaction failed", "err", err)
 		http.Error(w, "unavailable", http.StatusServiceUnavailable)
 		return
@@ -240,19 +245,13 @@ func (t *Transport) command(ctx context.Context, in *interaction) (answer, error
 	if t.cfg.ProposeCalls != nil {
 		m.Calls = t.cfg.ProposeCalls(m.Text)
 	}
-	subject := topology.InboundSubject(Name, m.SessionID)
-	if err := bus.Publish(ctx, t.cfg.JS, subject, topology.InboundMsgID(Name, m.MessageID), m); err != nil {
-		if schemas.Permanent(err) {
-			t.log.Warn("discord: request not publishable", "code", schemas.CodeOf(err), "err", err)
-			return refusal(http.StatusBadRequest, t.refuse(ReasonMalformed)), nil
+	if reason, err := t.core.PublishInbound(ctx, m); err != nil || reason != "" {
+		if err != nil {
+			return answer{}, err
 		}
-		return answer{}, err
+		return refusal(http.StatusBadRequest, t.refuse(reason)), nil
 	}
-	echo, cut := truncate(askText, 1500)
-	if cut {
-		echo += " …"
-	}
-	return answer{reply: reply{Type: answerMessage, Data: text("<@" + u.ID + "> asked: " + echo)}}, nil
+	return answer{reply: reply{Type: answerMessage, Data: text("<@" + u.ID + "> asked: " + chat.Fold(askText, 1500))}}, nil
 }
 
 // sessionID is a request's session: a thread (a channel of its own in
@@ -275,46 +274,23 @@ func snowflakeTime(id string) time.Time {
 	return time.UnixMilli(int64(n>>22) + 1420070400000).UTC()
 }
 
-// target is a checked click: the approval and its prompt.
-type target struct {
-	rec    *schemas.ApprovalRecord
-	prompt *post
-}
-
-// check binds a click to an approval: the custom_id names it and the start
-// of its digest, and the clicked message is its prompt.
-func (t *Transport) check(ctx context.Context, approvalID, digest, channel, messageID string) (*target, string, error) {
-	p, _, err := t.getPost(ctx, promptKey(approvalID))
-	if err != nil {
-		return nil, "", err
-	}
-	if p == nil || p.Channel != channel || p.MessageID != messageID || !strings.HasPrefix(p.Digest, digest) {
-		return nil, ReasonActionMismatch, nil
-	}
-	rec, err := t.approval(ctx, approvalID)
-	if err != nil {
-		return nil, "", err
-	}
-	if rec == nil || rec.ArgsDigest != p.Digest {
-		return nil, ReasonActionMismatch, nil
-	}
-	return &target{rec: rec, prompt: p}, "", nil
-}
-
-// click handles a prompt button. Before anything is published it is
-// checked: a custom_id Tollgate sent (else 400 unknown_action), on the
-// approval's own prompt with the approval's digest (else 400
-// action_mismatch), an approval still pending and not expired (else an
-// ephemeral answer with the code, nothing published).
+// click handles a prompt button, or the submit of the deny-with-reason
+// modal one opened. Before anything is published it is checked: a
+// custom_id Tollgate sent (else 400 unknown_action; a modal submit only
+// of the deny-with-reason modal), on the approval's own prompt with the
+// approval's digest (else 400 action_mismatch), an approval still
+// pending and not expired (else an ephemeral answer with the code,
+// nothing published). Deny with reason answers with the modal (type 9);
+// its submit denies with the reason as the decision's note.
 func (t *Transport) click(ctx context.Context, in *interaction) (answer, error) {
 	verb, id, digest, ok := parseCustomID(in.Data.CustomID)
-	if !ok {
+	if !ok || in.Type == typeModal && verb != VerbDenyReason {
 		return refusal(http.StatusBadRequest, t.refuse(ReasonUnknownAction)), nil
 	}
 	if in.Message == nil {
 		return refusal(http.StatusBadRequest, t.refuse(ReasonActionMismatch)), nil
 	}
-	tg, reason, err := t.check(ctx, id, digest, in.ChannelID, in.Message.ID)
+	tg, reason, err := t.core.Check(ctx, chat.Click{ApprovalID: id, Digest: digest, Channel: in.ChannelID, MessageID: in.Message.ID, DigestPrefix: true})
 	if err != nil {
 		return answer{}, err
 	}
@@ -322,67 +298,49 @@ func (t *Transport) click(ctx context.Context, in *interaction) (answer, error) 
 		return refusal(http.StatusBadRequest, t.refuse(reason)), nil
 	}
 	if verb == VerbArgs {
-		return answer{reply: reply{Type: answerMessage, Data: argsMessage(tg.rec)}}, nil
+		return answer{reply: reply{Type: answerMessage, Data: argsMessage(tg.Rec)}}, nil
 	}
-	if code, closed := t.notPending(tg.rec); closed {
-		t.refuse(ReasonNotPending)
-		return answer{reply: reply{Type: answerMessage, Data: ephemeral(string(code) + ": this approval can no longer be decided (" + string(tg.rec.Status) + ").")}}, nil
+	if notice, closed := t.core.Undecidable(tg.Rec); closed {
+		return answer{reply: reply{Type: answerMessage, Data: ephemeral(notice)}}, nil
 	}
-	option := schemas.OptionApprove
-	if verb == VerbDeny {
+	if verb == VerbDenyReason && in.Type == typeComponent {
+		return answer{reply: reply{Type: answerModal, Data: denyModal(tg.Rec)}}, nil
+	}
+	option, note := schemas.OptionApprove, ""
+	switch verb {
+	case VerbDeny:
 		option = schemas.OptionDeny
+	case VerbDenyReason:
+		option, note = schemas.OptionDeny, in.field(modalReason)
 	}
 	if strings.HasPrefix(verb, VerbGrantPrefix) {
 		// A grant option's button: the option at that index of the
 		// approval's options, which must be a grant option the prompt
 		// offered (else nothing is published); the approver checks again.
 		var ok bool
-		if option, ok = GrantOptionOf(verb, tg.rec); !ok {
+		if option, ok = GrantOptionOf(verb, tg.Rec); !ok {
 			return refusal(http.StatusBadRequest, t.refuse(ReasonUnknownAction)), nil
 		}
 	}
 	u := in.who()
-	h := sha256.Sum256([]byte(u.ID + "\x00" + tg.rec.ApprovalID + "\x00" + option + "\x00" + in.ID))
-	d := &schemas.Decision{
-		DecisionID: DecisionPrefix + hex.EncodeToString(h[:12]),
-		ApprovalID: tg.rec.ApprovalID,
-		Transport:  Name,
-		Decider:    schemas.Sender{ID: u.ID, Kind: schemas.SenderUser, Verified: !u.Bot},
-		Channel:    &schemas.Channel{ID: tg.prompt.Channel, Kind: tg.prompt.Kind},
-		Option:     option,
-		ArgsDigest: tg.rec.ArgsDigest,
-		SentAt:     t.cfg.Now().UTC(),
-	}
+	d := t.core.NewDecision(tg, schemas.Sender{ID: u.ID, Kind: schemas.SenderUser, Verified: !u.Bot}, option, note,
+		u.ID, tg.Rec.ApprovalID, option, in.ID)
 	// The click's token, for the approver's rejection to reach the clicker.
-	ck := &post{Channel: tg.prompt.Channel, MessageID: tg.prompt.MessageID, App: in.ApplicationID, Token: in.Token, At: t.cfg.Now().UTC()}
-	if err := t.putPost(ctx, clickKey(d.DecisionID), ck, 0); err != nil && !errors.Is(err, chat.ErrWritten) {
+	ck := &chat.Record{Channel: tg.Prompt.Channel, MessageID: tg.Prompt.MessageID, App: in.ApplicationID, Token: in.Token, At: t.cfg.Now().UTC()}
+	if err := t.core.PutRecord(ctx, clickKey(d.DecisionID), ck, 0); err != nil && !errors.Is(err, chat.ErrWritten) {
 		return answer{}, err
 	}
-	if err := bus.Publish(ctx, t.cfg.JS, topology.DecisionSubject(Name, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+	if err := t.core.Publish(ctx, d); err != nil {
 		return answer{}, err
 	}
-	if msg := t.awaitOwnDecision(ctx, tg.prompt, d.DecisionID); msg != nil {
+	if msg := t.awaitOwnDecision(ctx, tg.Prompt, d.DecisionID); msg != nil {
 		return answer{reply: reply{Type: answerUpdateMessage, Data: msg}}, nil
 	}
 	return answer{reply: reply{Type: answerDeferredUpdate}}, nil
 }
 
 // DecisionPrefix starts the id of every decision the transport publishes.
-const DecisionPrefix = "d-discord-"
-
-func clickKey(decisionID string) string { return "click." + decisionID }
-
-// notPending reports the code of an approval that can no longer be decided.
-func (t *Transport) notPending(rec *schemas.ApprovalRecord) (schemas.Code, bool) {
-	switch {
-	case rec.Status == schemas.ApprovalExpired,
-		rec.Status == schemas.ApprovalPending && !rec.ExpiresAt.IsZero() && !t.cfg.Now().Before(rec.ExpiresAt):
-		return schemas.CodeApprovalExpired, true
-	case rec.Status != schemas.ApprovalPending:
-		return schemas.CodeApprovalAlreadyDecided, true
-	}
-	return "", false
-}
+const DecisionPrefix = "d-" + Name + "-"
 
 // awaitOwnDecision waits briefly for the approval to be decided by
 // decisionID, and returns the closed prompt (the click's UPDATE_MESSAGE),
@@ -391,10 +349,10 @@ func (t *Transport) notPending(rec *schemas.ApprovalRecord) (schemas.Code, bool)
 // shows the same). nil: not decided by it in time (a rejection, another
 // decision, or a slow approver); the approval.decided event closes the
 // prompt then.
-func (t *Transport) awaitOwnDecision(ctx context.Context, p *post, decisionID string) *outgoing {
+func (t *Transport) awaitOwnDecision(ctx context.Context, p *chat.Record, decisionID string) *outgoing {
 	deadline := time.Now().Add(ownDecisionWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		rec, err := t.approval(ctx, p.ApprovalID)
+		rec, err := t.core.Approval(ctx, p.ApprovalID)
 		if err != nil {
 			return nil
 		}
@@ -402,16 +360,9 @@ func (t *Transport) awaitOwnDecision(ctx context.Context, p *post, decisionID st
 			if rec.Decision == nil || rec.Decision.DecisionID != decisionID {
 				return nil
 			}
-			cur, rev, err := t.getPost(ctx, promptKey(p.ApprovalID))
-			if err != nil || cur == nil {
+			cur := t.core.MarkClosed(ctx, p.ApprovalID)
+			if cur == nil {
 				return nil
-			}
-			if !cur.Closed {
-				cur.Closed = true
-				if t.putPost(ctx, promptKey(p.ApprovalID), cur, rev) != nil {
-					return nil
-				}
-				t.delivered.WithLabelValues("close").Inc()
 			}
 			return closedMessage(cur, rec.Status, rec.Decision, rec.Decision.DecidedAt)
 		}

@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -27,6 +26,10 @@ const (
 	VerbApprove = "tg-approve"
 	VerbDeny    = "tg-deny"
 	VerbArgs    = "tg-args"
+	// VerbDenyReason opens a modal asking for a reason; its submit (the
+	// modal's custom_id carries the same verb) denies with the reason as
+	// the decision's note.
+	VerbDenyReason = "tg-denyr"
 	// VerbGrantPrefix + i is the verb of the button of the grant option
 	// at index i of the approval's Options ("tg-g2"): the index, not the
 	// option's name, keeps the custom_id within Discord's 100 characters.
@@ -72,7 +75,7 @@ func parseCustomID(s string) (verb, approvalID, digest string, ok bool) {
 		return "", "", "", false
 	}
 	switch n, err := strconv.Atoi(strings.TrimPrefix(parts[0], VerbGrantPrefix)); {
-	case parts[0] == VerbApprove, parts[0] == VerbDeny, parts[0] == VerbArgs:
+	case parts[0] == VerbApprove, parts[0] == VerbDeny, parts[0] == VerbDenyReason, parts[0] == VerbArgs:
 	case strings.HasPrefix(parts[0], VerbGrantPrefix) && err == nil && grantVerb(n) == parts[0]:
 	default:
 		return "", "", "", false
@@ -93,13 +96,38 @@ type allowedMentions struct {
 	Parse []string `json:"parse"`
 }
 
-// component is an action row (type 1) or a button (type 2).
+// component is an action row (type 1), a button (type 2) or a text
+// input (type 4, in a modal).
 type component struct {
 	Type       int         `json:"type"`
 	Style      int         `json:"style,omitempty"`
 	Label      string      `json:"label,omitempty"`
 	CustomID   string      `json:"custom_id,omitempty"`
 	Components []component `json:"components,omitempty"`
+	// Text inputs only.
+	Required  *bool `json:"required,omitempty"`
+	MaxLength int   `json:"max_length,omitempty"`
+}
+
+// modal is a modal answer's data (type 9): a title and text inputs.
+type modal struct {
+	CustomID   string      `json:"custom_id"`
+	Title      string      `json:"title"`
+	Components []component `json:"components"`
+}
+
+// modalReason is the custom_id of the deny modal's reason input.
+const modalReason = "reason"
+
+// denyModal asks for the reason to deny rec: an optional paragraph of at
+// most schemas.MaxNoteBytes characters (the note is cut to as many bytes
+// too). Its custom_id binds it to the approval and digest, as a button's.
+func denyModal(rec *schemas.ApprovalRecord) *modal {
+	title, _ := truncate("Deny "+rec.Tool, 45)
+	optional := false
+	return &modal{CustomID: customID(VerbDenyReason, rec), Title: title, Components: []component{{Type: 1, Components: []component{
+		{Type: 4, Style: 2, Label: "Reason", CustomID: modalReason, Required: &optional, MaxLength: min(schemas.MaxNoteBytes, 4000)},
+	}}}}
 }
 
 // flagEphemeral shows an interaction answer to its user alone.
@@ -134,22 +162,7 @@ func replyText(s string) string { return strings.ReplaceAll(s, "](", `]\(`) }
 func inline(s string) string { return "`" + strings.ReplaceAll(s, "`", "'") + "`" }
 
 // truncate cuts s to at most n bytes on a rune boundary.
-func truncate(s string, n int) (string, bool) {
-	if len(s) <= n {
-		return s, false
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n], true
-}
-
-func expiry(rec *schemas.ApprovalRecord) string {
-	if rec.ExpiresAt.IsZero() {
-		return "never"
-	}
-	return rec.ExpiresAt.UTC().Format(time.RFC3339)
-}
+func truncate(s string, n int) (string, bool) { return chat.Truncate(s, n) }
 
 // promptMessage renders a pending approval: tool, arguments (folded when
 // long), digest, requester, expiry, and the buttons.
@@ -169,14 +182,15 @@ func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
 		warn = warning
 	}
 	m := text(fmt.Sprintf("**Approval needed:** %s%s\n%s\ndigest %s · requested by %s · expires %s · %s",
-		inline(rec.Tool), warn, code(args), inline(rec.ArgsDigest), inline(who), expiry(rec), inline(rec.ApprovalID)))
+		inline(rec.Tool), warn, code(args), inline(rec.ArgsDigest), inline(who), chat.Expiry(rec), inline(rec.ApprovalID)))
 	var buttons []component
 	for _, o := range rec.Options {
 		switch o {
 		case schemas.OptionApprove:
 			buttons = append(buttons, component{Type: 2, Style: 3, Label: "Approve", CustomID: customID(VerbApprove, rec)})
 		case schemas.OptionDeny:
-			buttons = append(buttons, component{Type: 2, Style: 4, Label: "Deny", CustomID: customID(VerbDeny, rec)})
+			buttons = append(buttons, component{Type: 2, Style: 4, Label: "Deny", CustomID: customID(VerbDeny, rec)},
+				component{Type: 2, Style: 2, Label: "Deny with reason…", CustomID: customID(VerbDenyReason, rec)})
 		}
 	}
 	if folded {
@@ -222,56 +236,25 @@ func argsMessage(rec *schemas.ApprovalRecord) *outgoing {
 }
 
 // closedMessage renders a prompt that can no longer be answered: no
-// buttons, its status, who decided and when.
-func closedMessage(p *post, status schemas.ApprovalStatus, d *schemas.DecisionInfo, at time.Time) *outgoing {
-	who := "tollgate"
-	if d != nil && d.Principal != "" {
-		who = d.Principal
+// buttons, its status, who decided and when, and the decider's note (in
+// a code block it cannot close; mentions never ping).
+func closedMessage(p *chat.Record, status schemas.ApprovalStatus, d *schemas.DecisionInfo, at time.Time) *outgoing {
+	who, at, note := chat.Decided(d, at)
+	s := fmt.Sprintf("**%s:** %s\n%s by %s at %s · digest %s · %s", chat.StatusWord(status), inline(p.Tool),
+		status, inline(reveal.Must(who)), at.UTC().Format(time.RFC3339), inline(p.Digest), inline(p.ApprovalID))
+	if note != "" {
+		s += "\n**Note:**\n" + code(chat.Fold(reveal.Must(note), maxContent-len(s)-64))
 	}
-	if d != nil && !d.DecidedAt.IsZero() {
-		at = d.DecidedAt
-	}
-	return text(fmt.Sprintf("**%s:** %s\n%s by %s at %s · digest %s · %s", statusWord(status), inline(p.Tool),
-		status, inline(reveal.Must(who)), at.UTC().Format(time.RFC3339), inline(p.Digest), inline(p.ApprovalID)))
+	return text(s)
 }
 
-func statusWord(s schemas.ApprovalStatus) string {
-	switch s {
-	case schemas.ApprovalApproved:
-		return "Approved"
-	case schemas.ApprovalDenied:
-		return "Denied"
-	case schemas.ApprovalExpired:
-		return "Expired"
-	case schemas.ApprovalAbandoned:
-		return "Abandoned"
-	}
-	return string(s)
-}
-
-// outcomeText renders a turn's results.
+// outcomeText renders a turn's results (chat.OutcomeText): outputs
+// folded at 500 bytes in code blocks.
 func outcomeText(o *schemas.TurnOutcome) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "**Turn %s %s**", o.TurnID, o.State)
-	if o.Code != "" {
-		fmt.Fprintf(&b, " (%s)", o.Code)
-	}
-	for _, r := range o.Results {
-		fmt.Fprintf(&b, "\n• %s: %s", inline(r.Tool), r.Status)
-		if r.Code != "" {
-			fmt.Fprintf(&b, " (%s)", r.Code)
-		}
-		out := r.Output
-		if out == "" {
-			out = r.Reason
-		}
-		if out != "" {
-			out, cut := truncate(out, 500)
-			if cut {
-				out += " …"
-			}
-			b.WriteString("\n" + code(out))
-		}
-	}
-	return b.String()
+	return chat.OutcomeText(o, chat.Markup{
+		Bold:     func(s string) string { return "**" + s + "**" },
+		Name:     inline,
+		Block:    func(s string) string { return "\n" + code(s) },
+		BlockMax: 500,
+	})
 }

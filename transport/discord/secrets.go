@@ -26,17 +26,14 @@ type Secrets struct {
 // file): whether Discord is meant to run at all.
 func Configured() bool { return chat.Configured(EnvBotToken) }
 
-// LoadSecrets reads the bot token and the public key (chat.Secret). It
+// LoadSecrets reads the bot token and the public key (chat.RequireSecret). It
 // fails naming the variable when one is missing, unreadable, or the key is
 // not 32 bytes of hex.
 func LoadSecrets() (Secrets, error) {
 	var s Secrets
 	var err error
-	if s.BotToken, err = chat.Secret(EnvBotToken); err != nil {
+	if s.BotToken, err = chat.RequireSecret(EnvBotToken, ""); err != nil {
 		return s, err
-	}
-	if s.BotToken == "" {
-		return s, errors.New(EnvBotToken + " (or " + EnvBotToken + "_FILE) is required")
 	}
 	k, err := chat.Secret(EnvPublicKey)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/slack-go/slack"
 
@@ -48,24 +47,6 @@ func warningBlock() slack.Block {
 	return slack.NewContextBlock("tollgate_reveal", mrkdwn(":warning: *"+escape(reveal.Warning)+"*"))
 }
 
-// truncate cuts s to at most n bytes on a rune boundary.
-func truncate(s string, n int) (string, bool) {
-	if len(s) <= n {
-		return s, false
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n], true
-}
-
-func expiry(rec *schemas.ApprovalRecord) string {
-	if rec.ExpiresAt.IsZero() {
-		return "never"
-	}
-	return rec.ExpiresAt.UTC().Format(time.RFC3339)
-}
-
 // promptBlocks renders a pending approval: tool, arguments (folded when
 // long), digest, requester, expiry, and the buttons.
 func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
@@ -75,7 +56,7 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 	}
 	all, flagged := reveal.JSON(rec.Args)
 	requesterFlagged := reveal.Contains(requester)
-	args, folded := truncate(all, FoldArgs)
+	args, folded := chat.Truncate(all, FoldArgs)
 	if folded {
 		args += " …"
 	}
@@ -83,7 +64,7 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 	blocks := []slack.Block{
 		slack.NewSectionBlock(mrkdwn(fmt.Sprintf("*Approval needed:* `%s`\n%s", escape(rec.Tool), code(args))), nil, nil),
 		slack.NewContextBlock("", mrkdwn(fmt.Sprintf("digest `%s` · requested by %s · expires %s · %s",
-			escape(rec.ArgsDigest), shown(requester), expiry(rec), escape(rec.ApprovalID)))),
+			escape(rec.ArgsDigest), shown(requester), chat.Expiry(rec), escape(rec.ApprovalID)))),
 	}
 	if flagged || requesterFlagged {
 		blocks = append(blocks, warningBlock())
@@ -108,52 +89,33 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 		if !ok || !schemas.IsGrantOption(o) {
 			continue
 		}
-		label, _ := truncate(o, 75)
+		label, _ := chat.Truncate(o, 75)
 		b := slack.NewButtonBlockElement(ActionGrantPrefix+o, value, plain(label))
 		if offer.Effect == schemas.ApprovalDenied {
 			b = b.WithStyle(slack.StyleDanger)
 		}
-		text, _ := truncate(fmt.Sprintf("*%s*: %s", escape(o), shown(offer.Summary)), maxModalText)
+		text, _ := chat.Truncate(fmt.Sprintf("*%s*: %s", escape(o), shown(offer.Summary)), maxModalText)
 		blocks = append(blocks, slack.NewSectionBlock(mrkdwn(text), nil, slack.NewAccessory(b), slack.SectionBlockOptionBlockID("tollgate_grant_"+o)))
 	}
 	return blocks
 }
 
-// promptText is a prompt's notification text.
-func promptText(rec *schemas.ApprovalRecord) string {
-	return "Approval needed: " + rec.Tool
-}
-
 // closedBlocks renders a prompt that can no longer be answered: no
-// buttons, its status, who decided and when.
-func closedBlocks(p *post, ev *schemas.DecidedEvent) []slack.Block {
-	who := "tollgate"
-	if ev.Decision != nil && ev.Decision.Principal != "" {
-		who = ev.Decision.Principal
-	}
-	at := ev.At
-	if ev.Decision != nil && !ev.Decision.DecidedAt.IsZero() {
-		at = ev.Decision.DecidedAt
-	}
-	return []slack.Block{
-		slack.NewSectionBlock(mrkdwn(fmt.Sprintf("*%s:* `%s`", statusWord(ev.Status), escape(p.Tool))), nil, nil),
+// buttons, its status, who decided and when, and the decider's note
+// (escaped, in a code block: inert).
+func closedBlocks(p *chat.Record, status schemas.ApprovalStatus, d *schemas.DecisionInfo, at time.Time) []slack.Block {
+	who, at, note := chat.Decided(d, at)
+	blocks := []slack.Block{
+		slack.NewSectionBlock(mrkdwn(fmt.Sprintf("*%s:* `%s`", chat.StatusWord(status), escape(p.Tool))), nil, nil),
 		slack.NewContextBlock("", mrkdwn(fmt.Sprintf("%s by %s at %s · digest `%s` · %s",
-			ev.Status, shown(who), at.UTC().Format(time.RFC3339), escape(p.Digest), escape(ev.ApprovalID)))),
+			status, shown(who), at.UTC().Format(time.RFC3339), escape(p.Digest), escape(p.ApprovalID)))),
 	}
-}
-
-func statusWord(s schemas.ApprovalStatus) string {
-	switch s {
-	case schemas.ApprovalApproved:
-		return "Approved"
-	case schemas.ApprovalDenied:
-		return "Denied"
-	case schemas.ApprovalExpired:
-		return "Expired"
-	case schemas.ApprovalAbandoned:
-		return "Abandoned"
+	if note != "" {
+		// Cut after escaping, so no entity or fence is left open.
+		body := chat.Fold(chat.CodeBody(escape(reveal.Must(note))), maxModalText-64)
+		blocks = append(blocks, slack.NewSectionBlock(mrkdwn("*Note:* ```"+body+"```"), nil, nil))
 	}
-	return string(s)
+	return blocks
 }
 
 // argsView is the modal with a call's full arguments.
@@ -165,7 +127,7 @@ func argsView(rec *schemas.ApprovalRecord) slack.ModalViewRequest {
 	}
 	for rest != "" {
 		var part string
-		part, _ = truncate(rest, maxModalText-64)
+		part, _ = chat.Truncate(rest, maxModalText-64)
 		rest = rest[len(part):]
 		blocks = append(blocks, slack.NewSectionBlock(mrkdwn(code(part)), nil, nil))
 	}
@@ -194,30 +156,14 @@ func denyView(rec *schemas.ApprovalRecord, meta string) slack.ModalViewRequest {
 	}
 }
 
-// outcomeText renders a turn's results.
+// outcomeText renders a turn's results (chat.OutcomeText): outputs
+// folded at 1000 bytes in code blocks, the whole within 39000 bytes.
 func outcomeText(o *schemas.TurnOutcome) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "*Turn %s %s*", o.TurnID, o.State)
-	if o.Code != "" {
-		fmt.Fprintf(&b, " (%s)", o.Code)
-	}
-	for _, r := range o.Results {
-		fmt.Fprintf(&b, "\n• `%s`: %s", escape(r.Tool), r.Status)
-		if r.Code != "" {
-			fmt.Fprintf(&b, " (%s)", r.Code)
-		}
-		out := r.Output
-		if out == "" {
-			out = r.Reason
-		}
-		if out != "" {
-			out, cut := truncate(out, 1000)
-			if cut {
-				out += " …"
-			}
-			b.WriteString(" " + code(out))
-		}
-	}
-	s, _ := truncate(b.String(), 39000)
+	s, _ := chat.Truncate(chat.OutcomeText(o, chat.Markup{
+		Bold:     func(s string) string { return "*" + s + "*" },
+		Name:     func(s string) string { return "`" + escape(s) + "`" },
+		Block:    func(s string) string { return " " + code(s) },
+		BlockMax: 1000,
+	}), 39000)
 	return s
 }

@@ -33,8 +33,8 @@ func view(c call) map[string]any {
 }
 
 // Deny opens a modal (views.open with the click's trigger id); submitting
-// it with a reason denies the call, which never runs, and closes the
-// prompt.
+// it with a reason denies the call, which never runs, with the reason as
+// the decision's note, and closes the prompt showing the note inert.
 func TestDenyOpensAModalAndItsReasonDenies(t *testing.T) {
 	r := startRig(t)
 	const ch, ts = "DU1", "1700000020.000100"
@@ -59,13 +59,25 @@ func TestDenyOpensAModalAndItsReasonDenies(t *testing.T) {
 	if resp := r.click(t, viewSubmission("U1", forged, "x")); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("forged modal metadata: %d, want 400", resp.StatusCode)
 	}
-	if resp := r.click(t, viewSubmission("U1", meta, "not today")); resp.StatusCode != 200 {
+	const reason = "not today <!channel> <http://evil.example|bank.com> ```x```"
+	if resp := r.click(t, viewSubmission("U1", meta, reason)); resp.StatusCode != 200 {
 		t.Fatalf("submit: %d", resp.StatusCode)
 	}
 	r.awaitStatus(t, id, schemas.ApprovalDenied)
+	if d := r.h.Approval(id).Decision; d == nil || d.Note != reason {
+		t.Errorf("decision: %+v, want the reason as its note", d)
+	}
 	up := r.slack.await(t, 1, "chat.update", func(c call) bool { return c.form.Get("ts") == p.ts })[0]
 	if !strings.Contains(up.form.Get("blocks"), "Denied") || strings.Contains(up.form.Get("blocks"), tgslack.ActionDeny) {
 		t.Errorf("closed prompt: %s", up.form.Get("blocks"))
+	}
+	var blocks []struct {
+		Text struct{ Text string } `json:"text"`
+	}
+	_ = json.Unmarshal([]byte(up.form.Get("blocks")), &blocks)
+	shown := fmt.Sprint(blocks)
+	if !strings.Contains(shown, "not today &lt;!channel&gt; &lt;http://evil.example|bank.com&gt;") || strings.Contains(shown, "<!channel>") {
+		t.Errorf("the closed prompt does not show the note escaped: %s", shown)
 	}
 	res := r.slack.await(t, 2, "chat.postMessage", in(ch))[1]
 	if !strings.Contains(res.form.Get("text"), "denied") {
@@ -165,34 +177,6 @@ func TestRateLimitedBurstIsDelayedNotLost(t *testing.T) {
 	}
 	if el := time.Since(start); el < 2*time.Second {
 		t.Errorf("the burst took %v: the Retry-After of two 429s (1s each) was not waited out", el)
-	}
-}
-
-// An outcome with no audience, or a reply target wider than its audience,
-// is posted nowhere.
-func TestOutcomesRespectTheirAudience(t *testing.T) {
-	r := startRig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, o := range []*schemas.TurnOutcome{
-		{TurnID: "t-noaudience", Reply: schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelDM}}},
-		{TurnID: "t-personal", Audience: schemas.AudiencePersonal, Reply: schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-		{TurnID: "t-team", Audience: schemas.AudienceTeam, Reply: schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-		{TurnID: "t-cli", Audience: schemas.AudiencePublic, Reply: schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "C1", Kind: schemas.ChannelPublic}}},
-	} {
-		if err := r.tr.DeliverOutcome(ctx, o); err != nil {
-			t.Fatalf("%s: %v", o.TurnID, err)
-		}
-	}
-	if err := r.tr.DeliverOutcome(ctx, &schemas.TurnOutcome{TurnID: "t-ok", Audience: schemas.AudienceTeam,
-		Reply: schemas.ReplyTarget{Transport: tgslack.Name, Channel: schemas.Channel{ID: "G1", Kind: schemas.ChannelPrivate}}}); err != nil {
-		t.Fatal(err)
-	}
-	if got := r.slack.find("chat.postMessage", nil); len(got) != 1 || got[0].form.Get("channel") != "G1" {
-		t.Errorf("posts: %v, want only the team outcome in G1", r.slack.methods())
-	}
-	if r.refused(t, tgslack.ReasonNowhere) != 3 {
-		t.Errorf("nowhere = %v, want 3", r.refused(t, tgslack.ReasonNowhere))
 	}
 }
 

@@ -20,13 +20,13 @@ import (
 	"github.com/slack-go/slack/slacktest"
 
 	"github.com/tollgate-dev/tollgate"
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat/chattest"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
 
@@ -125,13 +125,13 @@ func (f *fakeSlack) api() *slack.Client {
 	return slack.New("xoxb-test", slack.OptionAPIURL(f.srv.GetAPIURL()), slack.OptionAppLevelToken("xapp-test"))
 }
 
-// find returns the calls of method that match.
+// find returns the calls of method ("" for any) that match.
 func (f *fakeSlack) find(method string, match func(call) bool) []call {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []call
 	for _, c := range f.calls {
-		if c.method == method && (match == nil || match(c)) {
+		if (method == "" || c.method == method) && (match == nil || match(c)) {
 			out = append(out, c)
 		}
 	}
@@ -289,13 +289,19 @@ func (r *rig) shutdown() {
 // send posts body to path signed at time at (with the given secret).
 func (r *rig) send(t *testing.T, path, contentType string, body []byte, at time.Time, key string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, r.http.URL+path, strings.NewReader(string(body)))
+	return signedPost(t, r.http.URL+path, contentType, body, at, key)
+}
+
+// signedPost posts body to url signed at time at (with the given secret).
+func signedPost(t *testing.T, url, contentType string, body []byte, at time.Time, key string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
 	req.Header.Set("Content-Type", contentType)
 	req.Header.Set("X-Slack-Request-Timestamp", fmt.Sprint(at.Unix()))
 	req.Header.Set("X-Slack-Signature", tgslack.Sign(key, at.Unix(), body))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
+		t.Fatalf("POST %s: %v", url, err)
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
@@ -337,65 +343,22 @@ func (r *rig) click(t *testing.T, body []byte) *http.Response {
 }
 
 // msgs is how many messages stream holds.
-func (r *rig) msgs(t *testing.T, stream string) uint64 {
-	t.Helper()
-	ctx, cancel := r.h.Ctx()
-	defer cancel()
-	s, err := r.h.JS.Stream(ctx, stream)
-	if err != nil {
-		t.Fatalf("stream %s: %v", stream, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatalf("stream %s: %v", stream, err)
-	}
-	return info.State.Msgs
-}
+func (r *rig) msgs(t *testing.T, stream string) uint64 { return chattest.StreamMsgs(t, r.h.JS, stream) }
 
 // refused is tollgate_slack_refused_total{reason}.
 func (r *rig) refused(t *testing.T, reason string) float64 {
-	t.Helper()
-	mfs, err := r.reg.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "tollgate_slack_refused_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return chattest.Counter(t, r.reg, "tollgate_slack_refused_total", "reason", reason)
 }
 
 // approvalStatus reads an approval's status from KV.
 func (r *rig) approvalStatus(t *testing.T, id string) schemas.ApprovalStatus {
-	t.Helper()
-	ctx, cancel := r.h.Ctx()
-	defer cancel()
-	rec, _, err := r.h.Store.Approvals.Get(ctx, id)
-	if err != nil {
-		t.Fatalf("approval %s: %v", id, err)
-	}
-	return rec.Status
+	return r.h.For(t).Approval(id).Status
 }
 
 // awaitStatus polls an approval until it has status s.
 func (r *rig) awaitStatus(t *testing.T, id string, s schemas.ApprovalStatus) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for r.approvalStatus(t, id) != s {
-		if time.Now().After(deadline) {
-			t.Fatalf("approval %s: status %s, want %s", id, r.approvalStatus(t, id), s)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	r.h.For(t).WaitApproval(id, string(s), func(a *schemas.ApprovalRecord) bool { return a.Status == s })
 }
 
 // turnOf is the turn id of a Slack message.
@@ -412,16 +375,7 @@ func turnOf(channel, ts string) string {
 func (r *rig) promptOf(t *testing.T, id string) call {
 	t.Helper()
 	c := r.slack.await(t, 1, "chat.postMessage", func(c call) bool { return strings.Contains(c.form.Get("blocks"), id) })[0]
-	jstest.Eventually(t, pipelinetest.Wait, "the transport's record of the prompt for "+id, func() bool {
-		ctx, cancel := r.h.Ctx()
-		defer cancel()
-		kv, err := r.h.JS.KeyValue(ctx, tgslack.BucketRecords)
-		if err != nil {
-			return false
-		}
-		_, err = kv.Get(ctx, "prompt."+id)
-		return err == nil
-	})
+	chattest.Prompted(t, r.h.JS, tgslack.Name, id)
 	return c
 }
 
@@ -458,25 +412,5 @@ func (f *fakeSlack) dump() string {
 }
 
 // awaitConsumed waits until the transport's consumer has handled every
-// stored event (nothing pending, nothing unacknowledged): the later fact
-// before asserting that something was not posted.
-func (r *rig) awaitConsumed(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := r.h.Ctx()
-		c, err := r.h.JS.Consumer(ctx, topology.StreamEvents, tgslack.Durable)
-		var info *jetstream.ConsumerInfo
-		if err == nil {
-			info, err = c.Info(ctx)
-		}
-		cancel()
-		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("consumer %s did not catch up: %+v, %v", tgslack.Durable, info, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// event stored so far.
+func (r *rig) awaitConsumed(t *testing.T) { t.Helper(); chattest.Consumed(t, r.h.JS, tgslack.Name) }

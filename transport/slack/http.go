@@ -6,24 +6,23 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 
 	"github.com/slack-go/slack"
+
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
-// Request checks of HTTP mode.
+// Request checks of HTTP mode (chat.ReadSigned).
 const (
 	// SignatureWindow is how far a request's timestamp may be from the
 	// clock, either way.
-	SignatureWindow = 5 * time.Minute
+	SignatureWindow = chat.SignatureWindow
 	// answerBudget bounds the work done before a request is answered:
 	// Slack wants an answer within 3 seconds.
-	answerBudget = 2500 * time.Millisecond
-	maxBody      = 1 << 20
+	answerBudget = chat.AnswerBudget
 )
 
 // Sign returns the X-Slack-Signature of body at timestamp ts (Unix
@@ -35,25 +34,22 @@ func Sign(secret string, ts int64, body []byte) string {
 	return "v0=" + hex.EncodeToString(h.Sum(nil))
 }
 
-// verify reads and authenticates a request: a valid v0 signature (else
-// 401 bad_signature), a timestamp within SignatureWindow (else 401
-// stale_timestamp), not seen before (else 400 replayed). On success it
-// returns the body and the replay record's key.
+// verify reads and authenticates a request (chat.ReadSigned): a valid v0
+// signature (else 401 bad_signature), a timestamp within SignatureWindow
+// (else 401 stale_timestamp), not seen before (else 400 replayed). On
+// success it returns the body and the replay record's key.
 func (t *Transport) verify(ctx context.Context, r *http.Request) (body []byte, key string, status int, reason string) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(body) > maxBody {
-		return nil, "", http.StatusBadRequest, t.refuse(ReasonMalformed)
-	}
 	sig := r.Header.Get("X-Slack-Signature")
-	ts, err := strconv.ParseInt(r.Header.Get("X-Slack-Request-Timestamp"), 10, 64)
-	if err != nil || t.cfg.SigningSecret == "" || !hmac.Equal([]byte(sig), []byte(Sign(t.cfg.SigningSecret, ts, body))) {
-		return nil, "", http.StatusUnauthorized, t.refuse(ReasonBadSignature)
-	}
-	if d := t.cfg.Now().Sub(time.Unix(ts, 0)); d > SignatureWindow || d < -SignatureWindow {
-		return nil, "", http.StatusUnauthorized, t.refuse(ReasonStaleTimestamp)
+	body, status, reason = t.core.ReadSigned(r, func(body []byte) (string, bool) {
+		ts := r.Header.Get("X-Slack-Request-Timestamp")
+		sec, err := strconv.ParseInt(ts, 10, 64)
+		return ts, err == nil && t.cfg.SigningSecret != "" && hmac.Equal([]byte(sig), []byte(Sign(t.cfg.SigningSecret, sec, body)))
+	})
+	if status != 0 {
+		return nil, "", status, reason
 	}
 	key = hashKey("sig", sig)
-	fresh, err := t.markSeen(ctx, key)
+	fresh, err := t.core.MarkSeen(ctx, key)
 	if err != nil {
 		t.log.Warn("slack: replay record", "err", err)
 		return nil, "", http.StatusServiceUnavailable, "unavailable"
@@ -76,7 +72,7 @@ type answer struct {
 func (t *Transport) respond(w http.ResponseWriter, key string, a answer, err error) {
 	if err != nil {
 		// Transient: nothing was done, let Slack retry.
-		t.unmarkSeen(key)
+		t.core.Unmark(key)
 		t.log.Warn("slack: request failed; Slack will retry it", "err", err)
 		http.Error(w, "unavailable", http.StatusServiceUnavailable)
 		return

@@ -13,9 +13,8 @@ import (
 
 	"github.com/slack-go/slack"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // eventEnvelope is the outer Events API payload.
@@ -53,7 +52,7 @@ func (t *Transport) acceptEvent(ctx context.Context, raw []byte) (answer, error)
 		return answer{status: http.StatusBadRequest, reason: t.refuse(ReasonMalformed)}, nil
 	}
 	key := hashKey("event", env.TeamID, env.EventID)
-	fresh, err := t.markSeen(ctx, key)
+	fresh, err := t.core.MarkSeen(ctx, key)
 	if err != nil {
 		return answer{}, err
 	}
@@ -62,7 +61,7 @@ func (t *Transport) acceptEvent(ctx context.Context, raw []byte) (answer, error)
 	}
 	reason, err := t.inbound(ctx, env.TeamID, &ev)
 	if err != nil {
-		t.unmarkSeen(key)
+		t.core.Unmark(key)
 		return answer{}, err
 	}
 	if reason != "" {
@@ -99,7 +98,7 @@ func (t *Transport) inbound(ctx context.Context, team string, ev *messageEvent) 
 	case ev.ThreadTS != "":
 		// A reply in a channel thread: a turn only in a thread Tollgate
 		// serves (one that started with a mention).
-		p, _, err := t.getPost(ctx, threadKey)
+		p, _, err := t.core.Record(ctx, threadKey)
 		if err != nil {
 			return "", err
 		}
@@ -123,20 +122,12 @@ func (t *Transport) inbound(ctx context.Context, team string, ev *messageEvent) 
 		m.Calls = t.cfg.ProposeCalls(m.Text)
 	}
 	if kind != schemas.ChannelDM {
-		if err := t.putPost(ctx, threadKey, &post{Channel: ev.Channel, TS: thread, At: t.cfg.Now()}, 0); err != nil &&
-			!errors.Is(err, errWritten) {
+		if err := t.core.PutRecord(ctx, threadKey, &chat.Record{Channel: ev.Channel, MessageID: thread, At: t.cfg.Now()}, 0); err != nil &&
+			!errors.Is(err, chat.ErrWritten) {
 			return "", err
 		}
 	}
-	subject := topology.InboundSubject(Name, m.SessionID)
-	if err := bus.Publish(ctx, t.cfg.JS, subject, topology.InboundMsgID(Name, m.MessageID), m); err != nil {
-		if schemas.Permanent(err) {
-			t.log.Warn("slack: message not publishable", "code", schemas.CodeOf(err), "err", err)
-			return ReasonMalformed, nil
-		}
-		return "", err
-	}
-	return "", nil
+	return t.core.PublishInbound(ctx, m)
 }
 
 // userTeam is the workspace a user belongs to: their own (a Slack

@@ -2,16 +2,13 @@ package slack
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"net/http"
 	"strings"
 
 	"github.com/slack-go/slack"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // Action ids of a prompt's buttons and the callback id of the deny modal.
@@ -57,34 +54,15 @@ func (t *Transport) acceptInteraction(ctx context.Context, raw []byte) (answer, 
 	return answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}, nil
 }
 
-// target is a checked click: the approval and its prompt.
-type target struct {
-	rec    *schemas.ApprovalRecord
-	prompt *post
-}
-
-// check binds a click to an approval: value names it and its digest, and
-// the clicked message (channel, ts) is its prompt.
-func (t *Transport) check(ctx context.Context, value, channel, ts string) (*target, string, error) {
+// check binds a click to an approval (chat.Transport.Check): value names
+// it and its whole digest, and the clicked message (channel, ts) is its
+// prompt.
+func (t *Transport) check(ctx context.Context, value, channel, ts string) (*chat.Target, string, error) {
 	id, digest, ok := parseValue(value)
 	if !ok {
 		return nil, ReasonActionMismatch, nil
 	}
-	p, _, err := t.getPost(ctx, promptKey(id))
-	if err != nil {
-		return nil, "", err
-	}
-	if p == nil || p.Channel != channel || p.TS != ts || p.Digest != digest {
-		return nil, ReasonActionMismatch, nil
-	}
-	rec, err := t.approval(ctx, id)
-	if err != nil {
-		return nil, "", err
-	}
-	if rec == nil || rec.ArgsDigest != digest {
-		return nil, ReasonActionMismatch, nil
-	}
-	return &target{rec: rec, prompt: p}, "", nil
+	return t.core.Check(ctx, chat.Click{ApprovalID: id, Digest: digest, Channel: channel, MessageID: ts})
 }
 
 func (t *Transport) blockAction(ctx context.Context, cb *slack.InteractionCallback) (answer, error) {
@@ -108,15 +86,15 @@ func (t *Transport) blockAction(ctx context.Context, cb *slack.InteractionCallba
 	}
 	if act.ActionID == ActionArgs {
 		trigger := cb.TriggerID
-		return answer{after: func(ctx context.Context) { t.openView(ctx, trigger, argsView(tg.rec)) }}, nil
+		return answer{after: func(ctx context.Context) { t.openView(ctx, trigger, argsView(tg.Rec)) }}, nil
 	}
-	if isGrant && !tg.rec.Offers(grant) {
+	if isGrant && !tg.Rec.Offers(grant) {
 		// A grant option the prompt did not offer (the approver would
 		// refuse it too): nothing is published.
 		return answer{status: http.StatusBadRequest, reason: t.refuse(ReasonUnknownAction)}, nil
 	}
 	seen := hashKey("action", cb.Team.ID, cb.User.ID, act.ActionID, act.ActionTs, cb.Container.MessageTs)
-	fresh, err := t.markSeen(ctx, seen)
+	fresh, err := t.core.MarkSeen(ctx, seen)
 	if err != nil {
 		return answer{}, err
 	}
@@ -133,30 +111,23 @@ func (t *Transport) blockAction(ctx context.Context, cb *slack.InteractionCallba
 	}
 	if act.ActionID == ActionDeny {
 		trigger := cb.TriggerID
-		meta := buttonValue(tg.rec.ApprovalID, tg.rec.ArgsDigest) + " " + tg.prompt.Channel + " " + tg.prompt.TS
-		return answer{after: func(ctx context.Context) { t.openView(ctx, trigger, denyView(tg.rec, meta)) }}, nil
+		meta := buttonValue(tg.Rec.ApprovalID, tg.Rec.ArgsDigest) + " " + tg.Prompt.Channel + " " + tg.Prompt.MessageID
+		return answer{after: func(ctx context.Context) { t.openView(ctx, trigger, denyView(tg.Rec, meta)) }}, nil
 	}
 	return answer{}, t.decideOnce(ctx, seen, cb, tg, schemas.OptionApprove, act.ActionTs, "")
 }
 
 // notPending answers a click on an approval that can no longer be
-// decided: an ephemeral message with the code, nothing published.
-func (t *Transport) notPending(tg *target, user string) (answer, bool) {
-	code := schemas.Code("")
-	switch {
-	case tg.rec.Status == schemas.ApprovalExpired,
-		tg.rec.Status == schemas.ApprovalPending && !tg.rec.ExpiresAt.IsZero() && !t.cfg.Now().Before(tg.rec.ExpiresAt):
-		code = schemas.CodeApprovalExpired
-	case tg.rec.Status != schemas.ApprovalPending:
-		code = schemas.CodeApprovalAlreadyDecided
-	default:
+// decided (chat.Transport.Undecidable): an ephemeral message with the
+// code, nothing published.
+func (t *Transport) notPending(tg *chat.Target, user string) (answer, bool) {
+	notice, closed := t.core.Undecidable(tg.Rec)
+	if !closed {
 		return answer{}, false
 	}
-	t.refuse(ReasonNotPending)
-	channel := tg.prompt.Channel
+	channel := tg.Prompt.Channel
 	return answer{reason: ReasonNotPending, after: func(ctx context.Context) {
-		err := t.ephemeral(ctx, channel, user, string(code)+": this approval can no longer be decided ("+string(tg.rec.Status)+").")
-		if err != nil {
+		if err := t.ephemeral(ctx, channel, user, notice); err != nil {
 			t.log.Warn("slack: chat.postEphemeral failed", "err", err)
 		}
 	}}, true
@@ -178,7 +149,7 @@ func (t *Transport) viewSubmission(ctx context.Context, cb *slack.InteractionCal
 		return answer{status: http.StatusBadRequest, reason: t.refuse(reason)}, nil
 	}
 	seen := hashKey("view", cb.Team.ID, cb.User.ID, cb.View.ID, cb.View.Hash)
-	fresh, err := t.markSeen(ctx, seen)
+	fresh, err := t.core.MarkSeen(ctx, seen)
 	if err != nil {
 		return answer{}, err
 	}
@@ -188,22 +159,20 @@ func (t *Transport) viewSubmission(ctx context.Context, cb *slack.InteractionCal
 	if a, closed := t.notPending(tg, cb.User.ID); closed {
 		return a, nil
 	}
+	// The reason is the decision's note (capped by NewDecision).
 	note := ""
 	if cb.View.State != nil {
 		note = cb.View.State.Values[denyBlock][denyInput].Value
-	}
-	if len(note) > schemas.MaxNoteBytes {
-		note = note[:schemas.MaxNoteBytes]
 	}
 	return answer{}, t.decideOnce(ctx, seen, cb, tg, schemas.OptionDeny, cb.View.ID+cb.View.Hash, note)
 }
 
 // decideOnce is decide for an action recorded as seen: when the publish
 // fails, the record goes, so that Slack's retry of the action is handled.
-func (t *Transport) decideOnce(ctx context.Context, seen string, cb *slack.InteractionCallback, tg *target, option, nonce, note string) error {
+func (t *Transport) decideOnce(ctx context.Context, seen string, cb *slack.InteractionCallback, tg *chat.Target, option, nonce, note string) error {
 	err := t.decide(ctx, cb, tg, option, nonce, note)
 	if err != nil {
-		t.unmarkSeen(seen)
+		t.core.Unmark(seen)
 	}
 	return err
 }
@@ -211,24 +180,13 @@ func (t *Transport) decideOnce(ctx context.Context, seen string, cb *slack.Inter
 // decide publishes the clicking user's decision. The decider is the Slack
 // user Slack authenticated (verified), the channel the prompt's: the
 // approver checks who may decide.
-func (t *Transport) decide(ctx context.Context, cb *slack.InteractionCallback, tg *target, option, nonce, note string) error {
-	h := sha256.Sum256([]byte(cb.Team.ID + "\x00" + cb.User.ID + "\x00" + tg.rec.ApprovalID + "\x00" + option + "\x00" + nonce))
-	d := &schemas.Decision{
-		DecisionID: DecisionPrefix + hex.EncodeToString(h[:12]),
-		ApprovalID: tg.rec.ApprovalID,
-		Transport:  Name,
-		Decider:    schemas.Sender{ID: userTeam(cb.Team.ID, cb.User.TeamID) + ":" + cb.User.ID, Kind: schemas.SenderUser, Verified: true},
-		Channel:    &schemas.Channel{ID: tg.prompt.Channel, Kind: tg.prompt.Kind},
-		Option:     option,
-		ArgsDigest: tg.rec.ArgsDigest,
-		Note:       note,
-		SentAt:     t.cfg.Now().UTC(),
-	}
-	return bus.Publish(ctx, t.cfg.JS, topology.DecisionSubject(Name, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d)
+func (t *Transport) decide(ctx context.Context, cb *slack.InteractionCallback, tg *chat.Target, option, nonce, note string) error {
+	decider := schemas.Sender{ID: userTeam(cb.Team.ID, cb.User.TeamID) + ":" + cb.User.ID, Kind: schemas.SenderUser, Verified: true}
+	return t.core.Publish(ctx, t.core.NewDecision(tg, decider, option, note, cb.Team.ID, cb.User.ID, tg.Rec.ApprovalID, option, nonce))
 }
 
 // DecisionPrefix starts the id of every decision the transport publishes.
-const DecisionPrefix = "d-slack-"
+const DecisionPrefix = "d-" + Name + "-"
 
 // openView opens a modal; a failure is logged (the user can click again).
 func (t *Transport) openView(ctx context.Context, trigger string, v slack.ModalViewRequest) {
@@ -239,12 +197,8 @@ func (t *Transport) openView(ctx context.Context, trigger string, v slack.ModalV
 
 // ephemeral shows text to user alone in channel.
 func (t *Transport) ephemeral(ctx context.Context, channel, user, text string) error {
-	err := t.poster.do(ctx, channel, func() error {
+	return t.poster.do(ctx, channel, func() error {
 		_, err := t.cfg.API.PostEphemeralContext(ctx, channel, user, slack.MsgOptionText(text, false))
 		return err
 	})
-	if err == nil {
-		t.delivered.WithLabelValues("rejection").Inc()
-	}
-	return err
 }

@@ -1,7 +1,6 @@
 package slack
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/tollgate-dev/tollgate/transport/chat"
@@ -26,27 +25,20 @@ type Secrets struct {
 func Configured() bool { return chat.Configured(EnvBotToken) }
 
 // LoadSecrets reads the secrets mode ("socket" or "http") needs: each from
-// the file named by $<name>_FILE (trimmed), else from $<name>. It fails
-// naming the variable when a required one is missing or its file cannot
-// be read.
+// the file named by $<name>_FILE (trimmed), else from $<name>
+// (chat.RequireSecret). It fails naming the variable when a required one
+// is missing or its file cannot be read.
 func LoadSecrets(mode string) (Secrets, error) {
 	var s Secrets
 	var err error
-	if s.BotToken, err = chat.Secret(EnvBotToken); err != nil {
+	if s.BotToken, err = chat.RequireSecret(EnvBotToken, ""); err != nil {
 		return s, err
-	}
-	if s.BotToken == "" {
-		return s, errors.New(EnvBotToken + " (or " + EnvBotToken + "_FILE) is required")
 	}
 	switch mode {
 	case "socket":
-		if s.AppToken, err = chat.Secret(EnvAppToken); err == nil && s.AppToken == "" {
-			err = errors.New(EnvAppToken + " (or " + EnvAppToken + "_FILE) is required in Socket Mode")
-		}
+		s.AppToken, err = chat.RequireSecret(EnvAppToken, " in Socket Mode")
 	case "http":
-		if s.SigningSecret, err = chat.Secret(EnvSigningSecret); err == nil && s.SigningSecret == "" {
-			err = errors.New(EnvSigningSecret + " (or " + EnvSigningSecret + "_FILE) is required in HTTP mode")
-		}
+		s.SigningSecret, err = chat.RequireSecret(EnvSigningSecret, " in HTTP mode")
 	default:
 		err = fmt.Errorf("mode %q: want socket or http", mode)
 	}

@@ -1,8 +1,7 @@
 // Package slack is Tollgate's Slack transport: people ask the agent in a
 // DM, a channel mention or a thread reply; they answer approval prompts
 // with Block Kit buttons; they see prompts close and results arrive in the
-// thread. It speaks only docs/protocol.md (plus the planner's reply event,
-// through DeliverReply), under its own NATS user, as transport "slack".
+// thread. It speaks only docs/protocol.md (plus the planner's reply event), under its own NATS user, as transport "slack".
 //
 // Inbound. A Slack event (Events API over HTTP, or the same payload over a
 // Socket Mode websocket) becomes an InboundMessage on
@@ -37,24 +36,26 @@
 // calls to Slack's API (views, ephemeral messages) run afterwards.
 //
 // Prompts. A durable consumer, transport-slack, on TOLLGATE_EVENTS reads
-// approval.requested, approval.decided, turn.outcome and
-// decision.rejected. A pending approval of a slack turn is posted once
+// approval.requested, approval.decided, turn.outcome, turn.reply and
+// decision.rejected (the chat framework, transport/chat, runs it; this
+// package is its Slack client and renderer). A pending approval of a slack turn is posted once
 // (record prompt.<approval> in KV bucket tollgate_slack: channel, ts,
 // digest): a personal-audience prompt always into the requester's DM
 // (conversations.open), never a shared channel; a team or public one into
 // the turn's channel and thread. Approve publishes a Decision; Deny opens a
-// modal for a reason. A click is checked against the prompt record (the
+// modal for a reason, sent as the decision's note. A click is checked against the prompt record (the
 // clicked message must be the approval's prompt, the digest in the button
 // the approval's) and the approval record (still pending, not expired)
 // before anything is published. The approver decides who may decide: its
 // rejection reaches the clicker as an ephemeral message with the code, and
 // the prompt stays open. Every decided event, from whatever transport,
-// closes the prompt in place (chat.update: no buttons, who and when).
+// closes the prompt in place (chat.update: no buttons, who and when, and
+// the decider's note as inert text).
 //
-// Outcomes go to the reply target's channel and thread when the reply
-// target is slack and the channel is no wider than the outcome's audience;
+// Outcomes and the planner's replies go to the reply target's channel and
+// thread when the reply target is slack and the channel is no wider than the outcome's audience;
 // an outcome with audience "" goes nowhere. Each is posted once (record
-// outcome.<turn>). Posting runs one message at a time per channel and waits
+// outcome.<turn>, reply.<turn>); a reply is posted with & < > escaped. Posting runs one message at a time per channel and waits
 // out 429s for their Retry-After: a burst is delayed, never dropped.
 package slack
 
@@ -71,10 +72,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/slack-go/slack"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
-	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
 // Name is the transport name: the subject token, the decision
@@ -82,7 +81,7 @@ import (
 const Name = "slack"
 
 // Durable is the transport's consumer on TOLLGATE_EVENTS.
-const Durable = "transport-slack"
+const Durable = "transport-" + Name
 
 // Config wires a Transport.
 type Config struct {
@@ -111,19 +110,14 @@ type Config struct {
 	ProposeCalls func(text string) []schemas.ProposedCall
 }
 
-// Transport is a running Slack transport.
+// Transport is a running Slack transport: the chat framework
+// (chat.Transport) with Slack's client and renderer (platform).
 type Transport struct {
-	cfg       Config
-	log       *slog.Logger
-	seen      jetstream.KeyValue // tollgate_slack_seen: replay and retry records
-	records   jetstream.KeyValue // tollgate_slack: prompts, posts, threads
-	approvals jetstream.KeyValue
-	poster    *poster
-	runner    *runner.Runner
-	kinds     kindCache
-
-	refused   *prometheus.CounterVec
-	delivered *prometheus.CounterVec
+	cfg    Config
+	log    *slog.Logger
+	core   *chat.Transport[message]
+	poster *poster
+	kinds  kindCache
 	// bg is the context of what a request's answer does not wait for
 	// (answer.after); it ends with Run's context.
 	bg   context.Context
@@ -148,68 +142,28 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		cfg.BotUserID = who.UserID
 	}
 	t := &Transport{cfg: cfg, log: cfg.Logger}
-	var err error
-	if t.seen, t.records, err = Provision(ctx, cfg.JS, cfg.Replicas); err != nil {
-		return nil, err
-	}
-	if t.approvals, err = cfg.JS.KeyValue(ctx, topology.BucketApprovals); err != nil {
-		return nil, fmt.Errorf("slack: bucket %s: %w", topology.BucketApprovals, err)
-	}
-	t.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tollgate_slack_refused_total",
-		Help: "Slack requests and events refused or dropped without publishing, by reason.",
-	}, []string{"reason"})
-	t.delivered = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tollgate_slack_posts_total",
-		Help: "Messages the Slack transport posted or updated, by kind (prompt, close, outcome, reply, rejection).",
-	}, []string{"kind"})
-	if err := metrics.Register(cfg.Registerer, &t.refused); err != nil {
-		return nil, fmt.Errorf("slack: %w", err)
-	}
-	if err := metrics.Register(cfg.Registerer, &t.delivered); err != nil {
-		return nil, fmt.Errorf("slack: %w", err)
-	}
 	t.poster = newPoster(t.log)
 	t.kinds = kindCache{api: cfg.API, m: map[string]schemas.ChannelKind{}}
-	t.runner, err = runner.New(runner.Config{
-		Stage: "slack", Stream: topology.StreamEvents, Consumer: consumerConfig(),
-		Handler: t.handleEvent, JS: cfg.JS, Logger: t.log.With("stage", "slack"),
-		Metrics: runner.NewMetrics(cfg.Registerer), Concurrency: 8,
-	})
+	var err error
+	t.core, err = chat.New(ctx, chat.Config{
+		Name: Name, Title: "Slack", JS: cfg.JS, Replicas: cfg.Replicas, Logger: cfg.Logger, Registerer: cfg.Registerer, Now: cfg.Now,
+	}, (*platform)(t))
 	if err != nil {
-		return nil, fmt.Errorf("slack: %w", err)
+		return nil, err
 	}
 	t.bg, t.stop = context.WithCancel(context.Background())
 	return t, nil
-}
-
-// consumerConfig is the durable consumer of the events the transport acts on.
-func consumerConfig() jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable:     Durable,
-		Description: "Tollgate Slack transport: prompts, closes, outcomes, rejections",
-		FilterSubjects: []string{
-			topology.SubjectApprovalDecided + "*",
-			topology.SubjectApprovalRequested + "*",
-			topology.SubjectDecisionRejected + "*",
-			topology.SubjectTurnOutcome + "*",
-			topology.SubjectTurnReply + "*",
-		},
-		// A new consumer starts with the events stored from now on; once
-		// created it keeps its place across restarts (catch-up).
-		DeliverPolicy: jetstream.DeliverNewPolicy,
-	}
 }
 
 // Run consumes events until ctx is cancelled; then the work requests
 // started after their answers is cancelled too.
 func (t *Transport) Run(ctx context.Context) error {
 	defer t.stop()
-	return t.runner.Run(ctx)
+	return t.core.Run(ctx)
 }
 
 // Ready reports whether the consumer is running (health checks).
-func (t *Transport) Ready() error { return t.runner.Ready() }
+func (t *Transport) Ready() error { return t.core.Ready() }
 
 // Handler serves Slack's HTTP requests (HTTP mode): POST /slack/events
 // (Events API) and POST /slack/interactivity (interactivity).
@@ -224,28 +178,40 @@ func (t *Transport) Handler() http.Handler {
 func (t *Transport) later(f func(context.Context)) { go f(t.bg) }
 
 // refuse counts a refusal and returns its reason.
-func (t *Transport) refuse(reason string) string {
-	t.refused.WithLabelValues(reason).Inc()
-	return reason
-}
+func (t *Transport) refuse(reason string) string { return t.core.Refuse(reason) }
 
-// Refusal reasons, the reason label of tollgate_slack_refused_total.
+// Refusal reasons, the reason label of tollgate_slack_refused_total
+// (chat's reasons; see there).
 const (
-	ReasonBadSignature   = "bad_signature"   // missing or wrong v0 signature: 401
-	ReasonStaleTimestamp = "stale_timestamp" // timestamp outside 5 minutes: 401
-	ReasonReplayed       = "replayed"        // the same signed request again: 400
-	ReasonDuplicate      = "duplicate"       // an event id or action seen before (Slack's retry): 200, no work
-	ReasonMalformed      = "malformed"       // not a payload Tollgate reads: 400
-	ReasonUnknownAction  = "unknown_action"  // an action id or view Tollgate never sent: 400
-	ReasonActionMismatch = "action_mismatch" // the button does not belong to the approval it names, or the digest differs: 400
-	ReasonNotPending     = "not_pending"     // a click on a decided or expired approval: 200 + ephemeral, nothing published
-	ReasonBotMessage     = "bot_message"     // a message by a bot (Tollgate's own too): not a turn
-	ReasonIgnored        = "ignored"         // an event that is not a turn (edits, other subtypes, unknown threads)
-	ReasonNowhere        = "nowhere"         // an outcome or reply with no deliverable target
+	ReasonBadSignature   = chat.ReasonBadSignature   // missing or wrong v0 signature: 401
+	ReasonStaleTimestamp = chat.ReasonStaleTimestamp // timestamp outside 5 minutes: 401
+	ReasonReplayed       = chat.ReasonReplayed       // the same signed request again: 400
+	ReasonDuplicate      = chat.ReasonDuplicate      // an event id or action seen before (Slack's retry): 200, no work
+	ReasonMalformed      = chat.ReasonMalformed      // not a payload Tollgate reads: 400
+	ReasonUnknownAction  = chat.ReasonUnknownAction  // an action id or view Tollgate never sent: 400
+	ReasonActionMismatch = chat.ReasonActionMismatch // the button does not belong to the approval it names, or the digest differs: 400
+	ReasonNotPending     = chat.ReasonNotPending     // a click on a decided or expired approval: 200 + ephemeral, nothing published
+	ReasonBotMessage     = chat.ReasonBotMessage     // a message by a bot (Tollgate's own too): not a turn
+	ReasonIgnored        = chat.ReasonIgnored        // an event that is not a turn (edits, other subtypes, unknown threads)
+	ReasonNowhere        = chat.ReasonNowhere        // an outcome or reply with no deliverable target
 )
 
 // teamUser splits a sender id "<team>:<user>".
 func teamUser(senderID string) (team, user string) {
 	team, user, _ = strings.Cut(senderID, ":")
 	return team, user
+}
+
+// DeliverOutcome posts a turn's results into its reply target's thread,
+// once per turn (chat.Transport.DeliverOutcome): only for a slack reply
+// target whose channel is no wider than the outcome's audience.
+func (t *Transport) DeliverOutcome(ctx context.Context, o *schemas.TurnOutcome) error {
+	return t.core.DeliverOutcome(ctx, o)
+}
+
+// DeliverReply posts the planner's reply to a turn into the reply
+// target's thread, once per turn (chat.Transport.DeliverReply), with
+// & < > escaped: no mention, no link markup.
+func (t *Transport) DeliverReply(ctx context.Context, r *schemas.ReplyEvent) error {
+	return t.core.DeliverReply(ctx, r)
 }
