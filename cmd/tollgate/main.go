@@ -14,7 +14,7 @@
 //	tollgate replay [--rebuild|--dry-run]  re-read the streams; rebuild KV or shadow a redrive
 //	tollgate keys new|rotate|retire|list   manage the TurnContext seal key file
 //	tollgate provision [--dry-run]    create or update streams, buckets and consumers (admin)
-//	tollgate version                  Tollgate's, nats-server's and Go's versions
+//	tollgate version (or --version)   Tollgate's, nats-server's and Go's versions
 //
 // Every client command takes --nats (default: the dev server) and --json.
 // Each command is in its own file; this one holds the dispatch table and the
@@ -61,6 +61,8 @@ func run(args []string) int {
 	switch args[0] {
 	case "-h", "--help", "help":
 		return help(args[1:])
+	case "--version", "-version":
+		return versionCmd.run(versionCmd, args[1:])
 	}
 	cmd := lookup(args[0])
 	if cmd == nil {
