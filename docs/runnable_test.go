@@ -57,7 +57,11 @@ var fence = regexp.MustCompile("^(`{3,})\\s*(.*)$")
 // parseBlocks returns the runnable blocks of the markdown file path (named
 // rel in messages), in order. A block marked runnable in a language the
 // runner does not know is an error.
-func parseBlocks(rel string, data string) ([]block, error) {
+func parseBlocks(rel string, data string) ([]block, error) { return parseFenced(rel, data, false) }
+
+// parseFenced returns the fenced blocks of a markdown file: the runnable
+// ones, or with all every block (lang as written).
+func parseFenced(rel string, data string, all bool) ([]block, error) {
 	var out []block
 	var cur *block
 	var open string
@@ -78,6 +82,10 @@ func parseBlocks(rel string, data string) ([]block, error) {
 				case strings.HasPrefix(f, "policy="):
 					policy = strings.TrimPrefix(f, "policy=")
 				}
+			}
+			if all {
+				cur = &block{file: rel, line: n, lang: strings.Join(fields[:min(1, len(fields))], "")}
+				continue
 			}
 			if !runnable {
 				cur = nil
@@ -367,5 +375,39 @@ func TestTheNodeExampleRunsOnTheNodeTheREADMENames(t *testing.T) {
 		if v, _ := strconv.Atoi(string(e[1])); v > want {
 			t.Errorf("examples/toolservice-node/package-lock.json: a package needs Node.js >= %d, the README says %d+", v, want)
 		}
+	}
+}
+
+// Every documented command block that starts the stage binaries gives
+// them a seal key (they exit "seal: no keys configured" without one).
+func TestDocumentedStagesGetASealKey(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage := regexp.MustCompile(`(?m)^\s*bin/(ingest|executor|approver|redriver)\b`)
+	files := append(docFiles(t, root), filepath.Join("deploy", "README.md"))
+	n := 0
+	for _, rel := range files {
+		data, err := os.ReadFile(filepath.Join(root, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, err := parseFenced(rel, string(data), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range bs {
+			if !stage.MatchString(b.text) {
+				continue
+			}
+			n++
+			if !strings.Contains(b.text, "TOLLGATE_SEAL_KEY") && !strings.Contains(b.text, "--seal-keys") {
+				t.Errorf("%s: starts stages without a seal key (TOLLGATE_SEAL_KEY_FILE, TOLLGATE_SEAL_KEYS or --seal-keys):\n%s", b, b.text)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no documented block starts the stage binaries")
 	}
 }
