@@ -137,9 +137,11 @@ func checkCalls(c *client, calls []schemas.ProposedCall) error {
 		fmt.Fprintf(os.Stderr, "tollgate send: warning: calls not checked before sending (%s); `tollgate outcome` shows what the executor made of them\n", why)
 		return nil
 	}
-	msg, err := c.nc.Request(topology.SubjectToolsList, nil, c.timeout)
+	// Short: a user without the right to ask (least privilege gives it to
+	// admin) gets no answer at all, only the wait.
+	msg, err := c.nc.Request(topology.SubjectToolsList, nil, min(c.timeout, checkWait))
 	if err != nil {
-		return warn("no executor answered on " + topology.SubjectToolsList)
+		return warn("no executor answered on " + topology.SubjectToolsList + " within " + checkWait.String())
 	}
 	var l executor.ToolList
 	if err := json.Unmarshal(msg.Data, &l); err != nil {
@@ -172,6 +174,9 @@ func checkCalls(c *client, calls []schemas.ProposedCall) error {
 	}
 	return errors.Join(errs...)
 }
+
+// checkWait is how long send waits for an executor's tool list.
+const checkWait = 2 * time.Second
 
 // listedTool is a tool as the executor lists it: enough to check a call
 // against, never run.
