@@ -11,8 +11,10 @@ run: build
 	$(BIN)/tollgate dev
 
 ## build: the binaries (tollgate, the four stages, tollgate-bench) and a nats-server (for the multi-process setup) into ./bin
+## (tollgate version names the commit: the go command's VCS stamp, else REVISION linked in here)
+REVISION ?= $(shell git describe --always --dirty --exclude '*' 2>/dev/null)
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "-X main.buildRevision=$(REVISION)" -o $(BIN)/ ./cmd/...
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 ## test: go vet, then every test (unit, integration on an embedded server, end-to-end with real processes) under -race

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -36,7 +37,10 @@ var chatCmd = &command{
 // approval prompt is shown, and answered from stdin when --answer is on
 // (a line "a" approves, "d" denies, as the sender), the step results, and
 // the reply. It exits 0 when the turn completed, 1 when it failed or the
-// wait (--wait) ran out.
+// wait (--wait) ran out. Without a planner it exits 1 saying so: before
+// publishing when the planner's consumer does not exist, else when the
+// turn completes with no calls and no reply (ingest did not route it to a
+// planner).
 func cmdChat(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
@@ -81,10 +85,21 @@ func cmdChat(cmd *command, args []string) int {
 	}
 	defer c.close()
 	turn := schemas.TurnID(*transport, msgID)
+	// Without a planner a text-only message is a turn with no calls, which
+	// completes at once with nothing said: refuse before publishing when
+	// none was ever started here.
+	cctx, cancel := c.ctx()
+	_, err = c.js.Consumer(cctx, topology.StreamTurns, topology.ConsumerPlanner)
+	cancel()
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fail("chat: no planner is running, nothing was published: %s", noPlanner)
+	}
+	// Any other error (a NATS user without the right to look) leaves it
+	// to the outcome: a turn with no calls and no reply says the same.
 
 	// Follow the events from before the message is published, so that
 	// nothing of the turn is missed.
-	cctx, cancel := c.ctx()
+	cctx, cancel = c.ctx()
 	cons, err := c.js.OrderedConsumer(cctx, topology.StreamEvents, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
 	cancel()
 	if err != nil {
@@ -139,7 +154,12 @@ type chatView struct {
 	out       io.Writer
 	lines     chan string
 	enc       *json.Encoder // --json: each event as a JSON line instead of text
+	replied   bool          // a reply event was shown
 }
+
+// noPlanner says how to run a planner.
+const noPlanner = "Chat needs the planner stage: start tollgate dev with a model, e.g. " +
+	"tollgate dev --llm-url http://127.0.0.1:11434/v1 --llm-model qwen2.5:7b (or run the planner binary and ingest --plan; docs/planner.md)"
 
 // show prints one event of the turn; done reports that it was the turn's
 // outcome, with the exit code.
@@ -173,6 +193,7 @@ func (v *chatView) show(ctx context.Context, turn, subject string, data []byte) 
 		}
 	case strings.HasPrefix(subject, topology.SubjectTurnReply):
 		if r, err := schemas.Decode[schemas.ReplyEvent](data); err == nil {
+			v.replied = true
 			fmt.Fprintf(v.out, "assistant: %s\n", reveal.Controls(r.Text))
 		}
 	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
@@ -189,6 +210,12 @@ func (v *chatView) show(ctx context.Context, turn, subject string, data []byte) 
 				fmt.Fprintf(v.out, "  %s: %s %s\n", r.Tool, r.Status, detail)
 			}
 			return false, 0
+		}
+		if o.State == schemas.TurnCompleted && len(o.Results) == 0 && !v.replied {
+			// A planner turn ends with a reply; this one was taken as a
+			// turn with no calls: ingest routes nothing to a planner.
+			fmt.Fprintf(os.Stderr, "tollgate chat: no planner answered: the turn completed with no calls and no reply. %s\n", noPlanner)
+			return true, 1
 		}
 		if o.State == schemas.TurnCompleted {
 			return true, 0

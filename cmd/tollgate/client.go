@@ -111,10 +111,32 @@ func (c *client) startNoArgs(cmd *command, fs *flag.FlagSet, args []string) (exi
 
 func (c *client) fail(name string, err error) int {
 	fmt.Fprintf(os.Stderr, "tollgate %s: %v\n", name, err)
-	if h := hint(err, c.url); h != "" {
+	h := hint(err, c.url)
+	if errors.Is(err, jetstream.ErrBucketNotFound) && c.streamsExist() {
+		h = bucketLostHint
+	}
+	if h != "" {
 		fmt.Fprintf(os.Stderr, "hint: %s\n", h)
 	}
 	return 1
+}
+
+// bucketLostHint is the hint when a bucket is missing on a server that
+// has Tollgate's streams: the bucket was deleted or lost, and the streams
+// hold what it held.
+const bucketLostHint = "Tollgate's streams are there but a bucket is missing (deleted or lost): " +
+	"`tollgate replay` reports what the streams hold, `tollgate replay --rebuild` recreates the bucket and writes its records back (docs/operations.md, Replay)"
+
+// streamsExist reports whether the server c is connected to holds
+// Tollgate's turns stream (false when it cannot tell).
+func (c *client) streamsExist() bool {
+	if c.js == nil {
+		return false
+	}
+	ctx, cancel := c.ctx()
+	defer cancel()
+	_, err := c.js.Stream(ctx, topology.StreamTurns)
+	return err == nil
 }
 
 // hint says what a user can do about err, a failure talking to the server

@@ -11,6 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 )
 
 func TestHintFitsTheFailure(t *testing.T) {
@@ -68,5 +71,18 @@ func TestClientCommandsHintAtWhatIsMissing(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errOut, tc.says)
 			}
 		})
+	}
+}
+
+// After a bucket is deleted on a server whose streams are there, the hint
+// is replay --rebuild, not to start the stages.
+func TestADeletedBucketHintsAtReplayRebuild(t *testing.T) {
+	h := pt.Start(t, pt.Options{Stages: []string{}})
+	if err := h.JS.DeleteKeyValue(jstest.Ctx(t), topology.BucketApprovals); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCLI(t, "pending", "--nats", h.Env.URL())
+	if code != 1 || !strings.Contains(errOut, "hint: ") || !strings.Contains(errOut, "tollgate replay --rebuild") || strings.Contains(errOut, "start the stages") {
+		t.Fatalf("exit %d, stderr %q; want 1 and a hint at replay --rebuild", code, errOut)
 	}
 }

@@ -28,7 +28,7 @@ var grantsCmd = &command{
 // cmdGrants is the operator's view of standing grants (docs/protocol.md,
 // "Grants"):
 //
-//	tollgate grants list [--all] [--tool T] [--requester P]   live grants (--all: ended ones too)
+//	tollgate grants list [--all] [--tool T] [--requester P] [--ids]   live grants (--all: ended ones too; --ids: ids only)
 //	tollgate grants show ID                                   one grant in full, and the approvals it decided
 //	tollgate grants revoke ID [--reason R] [--by WHO]         revoke it: it decides nothing from now on,
 //	                                                          and calls it approved that have not run fail
@@ -48,6 +48,7 @@ func cmdGrants(cmd *command, args []string) int {
 	var c client
 	c.register(fs, defaultTimeout)
 	all := fs.Bool("all", false, "list: also grants that expired or were revoked")
+	ids := fs.Bool("ids", false, "list: print only the grant ids, one per line (for scripts)")
 	tool := fs.String("tool", "", "list: only grants of this tool")
 	requester := fs.String("requester", "", "list: only grants on this requester's turns (transport:sender_id)")
 	reason := fs.String("reason", "", "revoke: why (recorded on the grant and its revoked event)")
@@ -92,6 +93,12 @@ func cmdGrants(cmd *command, args []string) int {
 				out = append(out, grantJSON(g, now))
 			}
 			printJSON(out)
+			return 0
+		}
+		if *ids {
+			for _, g := range gs {
+				fmt.Println(g.GrantID)
+			}
 			return 0
 		}
 		printGrantList(os.Stdout, gs, now)

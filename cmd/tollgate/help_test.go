@@ -99,15 +99,24 @@ func TestVersionNamesTollgateNATSServerAndGo(t *testing.T) {
 			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: rev}, {Key: "vcs.modified", Value: "true"}}}, "devel 0123456789ab-dirty"},
 		{"a development build without VCS information", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, "devel"},
 		{"no build information", nil, "devel"},
+		{"a development build without VCS information, linked by make build", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, "devel 72fcad3-dirty"},
+		{"the build's own VCS stamp before the linked one", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"},
+			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: rev}}}, "devel 0123456789ab"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tollgateVersion(tc.bi); got != tc.want {
+			linked := ""
+			if strings.Contains(tc.name, "linked") {
+				linked = "72fcad3-dirty"
+			}
+			if got := tollgateVersion(tc.bi, linked); got != tc.want {
 				t.Fatalf("tollgateVersion = %q, want %q", got, tc.want)
 			}
 		})
 	}
-	code, out, errOut := runCLI(t, "version")
-	if code != 0 || !strings.Contains(out, "nats-server "+server.VERSION) || !strings.Contains(out, runtime.Version()) || !strings.HasPrefix(out, "tollgate ") {
-		t.Fatalf("version: exit %d, stdout %q, stderr %q", code, out, errOut)
+	for _, args := range [][]string{{"version"}, {"--version"}, {"-version"}} {
+		code, out, errOut := runCLI(t, args...)
+		if code != 0 || !strings.Contains(out, "nats-server "+server.VERSION) || !strings.Contains(out, runtime.Version()) || !strings.HasPrefix(out, "tollgate ") {
+			t.Fatalf("%v: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -111,7 +112,7 @@ func TestInspectingATurn(t *testing.T) {
 		defer cancel()
 		done := make(chan int, 1)
 		go func() {
-			done <- runWatch(ctx, watchCmd, []string{url, "--all", "--turn", turn, "--json"}, w)
+			done <- runWatch(ctx, watchCmd, []string{url, "--all", "--turn", turn, "--json"}, w, io.Discard)
 			w.Close()
 		}()
 		lines := bufio.NewScanner(r)
@@ -210,5 +211,28 @@ func TestWatchSaysWhereAnOutcomeGoes(t *testing.T) {
 				t.Fatalf("summary = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// watch says at once that it is waiting, on stderr, before any event.
+func TestWatchSaysItIsWaiting(t *testing.T) {
+	h := pt.Start(t, pt.Options{Stages: []string{}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out bytes.Buffer
+	errR, errW := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		done <- runWatch(ctx, watchCmd, []string{"--nats=" + h.Env.URL()}, &out, errW)
+		errW.Close()
+	}()
+	line, err := bufio.NewReader(errR).ReadString('\n')
+	if err != nil || !strings.Contains(line, "waiting for new events") || !strings.Contains(line, "Ctrl-C") {
+		t.Fatalf("watch said %q (%v), want that it waits for new events", line, err)
+	}
+	cancel()
+	go func() { _, _ = io.Copy(io.Discard, errR) }()
+	if code := <-done; code != 0 || out.Len() != 0 {
+		t.Fatalf("exit %d, stdout %q: want 0 and no event", code, out.String())
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/tollgate-dev/tollgate/seal"
 )
@@ -18,7 +19,7 @@ var keysCmd = &command{
 // cmdKeys manages a TurnContext seal key file (see package seal and
 // docs/security.md):
 //
-//	tollgate keys new    --file F [--id k1]   create a key file (mode 0600); refuses to overwrite
+//	tollgate keys new    --file F [--id k1]   create a key file (mode 0600, its directory 0700 if missing); refuses to overwrite
 //	tollgate keys rotate --file F --id k2     add key k2 and make it current
 //	tollgate keys retire --file F --id k1     remove a key that is no longer current
 //	tollgate keys list   --file F             list key ids (never the keys)
@@ -65,8 +66,16 @@ func cmdKeys(cmd *command, args []string) int {
 			return fail(fmt.Errorf("%s exists; use rotate to add a key", *file))
 		}
 		f = seal.NewFile(*id)
-		if err := f.Write(*file); err != nil {
+		if _, err := f.Ring(); err != nil {
 			return fail(err)
+		}
+		// The directory is made if missing, readable by the owner alone
+		// like the file (an existing one keeps its mode).
+		if err := os.MkdirAll(filepath.Dir(*file), 0o700); err != nil {
+			return fail(fmt.Errorf("cannot create the directory of %s: %w", *file, err))
+		}
+		if err := f.Write(*file); err != nil {
+			return fail(fmt.Errorf("cannot write %s: %w", *file, err))
 		}
 	case "rotate", "retire":
 		if *id == "" {

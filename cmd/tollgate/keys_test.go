@@ -218,7 +218,7 @@ func TestKeysUsageErrors(t *testing.T) {
 		{"retire without an id", []string{"retire", "--file", good}, 1},
 		{"rotate to an invalid id", []string{"rotate", "--file", good, "--id", "Bad Id"}, 1},
 		{"new with an invalid id", []string{"new", "--file", filepath.Join(dir, "bad-id.json"), "--id", "Bad Id"}, 1},
-		{"new in a directory that does not exist", []string{"new", "--file", filepath.Join(dir, "no", "such", "keys.json")}, 1},
+		{"new under a path that is a file", []string{"new", "--file", filepath.Join(good, "such", "keys.json")}, 1},
 		{"list of a missing file", []string{"list", "--file", filepath.Join(dir, "missing.json")}, 1},
 		{"list of a world-readable file", []string{"list", "--file", open}, 1},
 		{"rotate of a world-readable file", []string{"rotate", "--file", open, "--id", "k2"}, 1},
@@ -238,5 +238,29 @@ func TestKeysUsageErrors(t *testing.T) {
 	}
 	if bytes.Contains(f, []byte(`"k2"`)) {
 		t.Error("rotate wrote to a world-readable key file")
+	}
+}
+
+// keys new makes the key file's directory when it is missing (mode 0700),
+// as the README's `keys new --file /etc/tollgate/seal-keys.json` needs;
+// when it cannot, the error names the file asked for, not a temp file.
+func TestKeysNewMakesTheDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etc", "tollgate")
+	file := filepath.Join(dir, "seal-keys.json")
+	code, out, errOut := runKeys(t, "new", "--file", file)
+	if code != 0 || !strings.Contains(out, "created "+file) {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	wantPerm0600(t, file)
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("directory %s: %v, %v; want mode 0700", dir, st.Mode().Perm(), err)
+	}
+	readKeyFile(t, file)
+
+	// A path under a regular file cannot be made.
+	blocked := filepath.Join(file, "sub", "seal-keys.json")
+	code, _, errOut = runKeys(t, "new", "--file", blocked)
+	if code != 1 || !strings.Contains(errOut, blocked) || strings.Contains(errOut, ".seal-keys-") {
+		t.Fatalf("exit %d, stderr %q: want exit 1 naming %s and no temp file", code, errOut, blocked)
 	}
 }

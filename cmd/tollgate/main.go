@@ -14,7 +14,8 @@
 //	tollgate replay [--rebuild|--dry-run]  re-read the streams; rebuild KV or shadow a redrive
 //	tollgate keys new|rotate|retire|list   manage the TurnContext seal key file
 //	tollgate provision [--dry-run]    create or update streams, buckets and consumers (admin)
-//	tollgate version                  Tollgate's, nats-server's and Go's versions
+//	tollgate version (or --version)   Tollgate's, nats-server's and Go's versions
+//	tollgate hook [install]           Claude Code's PreToolUse command hook; install it in .claude/settings.json
 //
 // Every client command takes --nats (default: the dev server) and --json.
 // Each command is in its own file; this one holds the dispatch table and the
@@ -48,6 +49,7 @@ type command struct {
 var commands = []*command{
 	devCmd, sendCmd, chatCmd, pendingCmd, showCmd, approveCmd, denyCmd, outcomeCmd,
 	watchCmd, auditCmd, dlqCmd, grantsCmd, toolsCmd, replayCmd, keysCmd, provisionCmd, versionCmd,
+	hookCmd,
 }
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -61,6 +63,8 @@ func run(args []string) int {
 	switch args[0] {
 	case "-h", "--help", "help":
 		return help(args[1:])
+	case "--version", "-version":
+		return versionCmd.run(versionCmd, args[1:])
 	}
 	cmd := lookup(args[0])
 	if cmd == nil {

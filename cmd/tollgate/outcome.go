@@ -185,11 +185,13 @@ func printBatch(w io.Writer, b *schemas.BatchRecord, ds map[string]approval) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CALL\tTOOL\tAPPROVAL\tDECIDED BY\tSTATUS\tOUTPUT / REASON")
 	for i, call := range b.Calls {
-		status, detail := "waiting", ""
+		// A tool's output is clipped; a failure's reason is shown whole
+		// (up to maxReasonShown), so that it names what was wrong.
+		status, detail, width := "waiting", "", 80
 		if r := b.Results[i]; r != nil {
 			status, detail = string(r.Status), r.Output
 			if r.Code != "" {
-				detail = string(r.Code) + ": " + r.Reason
+				detail, width = string(r.Code)+": "+r.Reason, maxReasonShown
 			}
 		}
 		appr := b.Approvals[i]
@@ -197,7 +199,11 @@ func printBatch(w io.Writer, b *schemas.BatchRecord, ds map[string]approval) {
 		if shown == "" {
 			shown = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", call.CallID, call.Tool, shown, decidedBy(appr, ds), status, clip(reveal.Controls(strings.ReplaceAll(detail, "\n", " ")), 80))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", call.CallID, call.Tool, shown, decidedBy(appr, ds), status, clip(reveal.Controls(strings.ReplaceAll(detail, "\n", " ")), width))
 	}
 	_ = tw.Flush()
 }
+
+// maxReasonShown is how much of a failed call's code and reason the human
+// output of outcome shows.
+const maxReasonShown = 1000

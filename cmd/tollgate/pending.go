@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sort"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -22,49 +24,43 @@ var pendingCmd = &command{
 }
 
 // cmdPending lists approval records in status pending, oldest first. It
-// reads every record version the stages read (see client.store).
-func cmdPending(cmd *command, args []string) int {
+// reads every record version the stages read (see client.store). With
+// --wait it polls until at least one is pending, else says so on stderr
+// and exits 3 (after printing the empty list).
+func cmdPending(cmd *command, args []string) (code int) {
 	fs := cmd.flags()
 	var c client
 	c.register(fs, defaultTimeout)
 	session := fs.String("session", "", "only this session")
+	wait := fs.Duration("wait", 0, "wait up to this long for a pending approval to list (exit status 3 if none comes)")
+	ids := fs.Bool("ids", false, "print only the approval ids, one per line (for scripts: tollgate show $(tollgate pending --ids))")
 	if exit, ok := c.startNoArgs(cmd, fs, args); !ok {
 		return exit
 	}
 	defer c.close()
+	if *wait+5*time.Second > c.timeout {
+		c.timeout = *wait + 5*time.Second
+	}
 	ctx, cancel := c.ctx()
 	defer cancel()
 	st, err := c.store(ctx)
 	if err != nil {
 		return c.fail("pending", err)
 	}
-	// One watcher streams the latest value of every key (a snapshot), instead
-	// of a Get round trip per key.
-	w, err := st.Approvals.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return c.fail("pending", err)
-	}
-	defer w.Stop()
+	deadline := time.Now().Add(*wait)
 	var recs []*schemas.ApprovalRecord
-snapshot:
 	for {
-		select {
-		case <-ctx.Done():
-			return fail("pending: listing approvals: %v", ctx.Err())
-		case e := <-w.Updates():
-			if e == nil {
-				break snapshot // every current value has been delivered
-			}
-			rec, err := st.Approvals.DecodeValue(e.Value())
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "tollgate: skipping %s: %v\n", e.Key(), err)
-				continue
-			}
-			if rec.Status != schemas.ApprovalPending || (*session != "" && rec.SessionID != *session) {
-				continue
-			}
-			recs = append(recs, rec)
+		if recs, err = listPending(ctx, st, *session); err != nil {
+			return c.fail("pending", err)
 		}
+		if len(recs) > 0 || !time.Now().Before(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(recs) == 0 && *wait > 0 {
+		fmt.Fprintf(os.Stderr, "tollgate pending: timed out after %v: no pending approval\n", *wait)
+		defer func() { code = exitTimedOut }()
 	}
 	sort.SliceStable(recs, func(a, b int) bool { return recs[a].RequestedAt.Before(recs[b].RequestedAt) })
 	if c.json {
@@ -73,6 +69,12 @@ snapshot:
 			out = append(out, recordMap(r))
 		}
 		printJSON(out)
+		return 0
+	}
+	if *ids {
+		for _, r := range recs {
+			fmt.Println(r.ApprovalID)
+		}
 		return 0
 	}
 	if len(recs) == 0 {
@@ -127,4 +129,38 @@ func expiry(at, now time.Time) string {
 		return "expired " + now.Sub(at).Round(time.Second).String() + " ago"
 	}
 	return "in " + at.Sub(now).Round(time.Second).String()
+}
+
+// listPending returns the pending approvals (of session, when not ""), in
+// no particular order.
+func listPending(ctx context.Context, st *store.Store, session string) ([]*schemas.ApprovalRecord, error) {
+	var recs []*schemas.ApprovalRecord
+	// One watcher streams the latest value of every key (a snapshot), instead
+	// of a Get round trip per key.
+	w, err := st.Approvals.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+snapshot:
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				break snapshot // every current value has been delivered
+			}
+			rec, err := st.Approvals.DecodeValue(e.Value())
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "tollgate: skipping %s: %v\n", e.Key(), err)
+				continue
+			}
+			if rec.Status != schemas.ApprovalPending || (session != "" && rec.SessionID != session) {
+				continue
+			}
+			recs = append(recs, rec)
+		}
+	}
+	return recs, nil
 }

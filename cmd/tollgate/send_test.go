@@ -3,9 +3,11 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -56,5 +58,46 @@ func TestSendRefusesWhatIngestWouldDeadLetter(t *testing.T) {
 	in, err := schemas.Decode[schemas.InboundMessage](m.Data)
 	if err != nil || in.MessageID != "m-ok" {
 		t.Fatalf("stored message %+v (%v), want m-ok", in, err)
+	}
+}
+
+// With an executor running, send checks each call as the executor would:
+// a tool it does not have and arguments its schema refuses are refused
+// with their codes (the reason naming the property), and nothing is
+// published.
+func TestSendRefusesCallsTheExecutorWouldFail(t *testing.T) {
+	h := pt.Start(t, pt.Options{Stages: []string{pt.Executor}})
+	jstest.Eventually(t, pt.Wait, "the executor answers "+topology.SubjectToolsList, func() bool {
+		_, err := h.Env.NC.Request(topology.SubjectToolsList, nil, time.Second)
+		return err == nil
+	})
+	send := func(extra ...string) []string {
+		return append([]string{"send", "--nats", h.Env.URL(), "--session", "s-check", "--sender", "alice"}, extra...)
+	}
+	for _, tc := range []struct {
+		name, call string
+		code       schemas.Code
+		names      string
+	}{
+		{"a tool that does not exist", `nosuchtool={}`, schemas.CodeToolNotFound, "nosuchtool"},
+		{"arguments the schema refuses", `write_file={"path":"a","content":"b","no_such_property":1}`, schemas.CodeArgsInvalid, "no_such_property"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, send("--call", tc.call)...)
+			if code != 1 || out != "" || !strings.Contains(errOut, string(tc.code)) || !strings.Contains(errOut, tc.names) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 refusing with %s naming %s", code, out, errOut, tc.code, tc.names)
+			}
+		})
+	}
+	code, out, errOut := runCLI(t, send("--message-id", "m-checked", "--call", `echo={"text":"hi"}`)...)
+	if code != 0 || strings.TrimSpace(out) != schemas.TurnID("cli", "m-checked") || strings.Contains(errOut, "warning") {
+		t.Fatalf("valid send: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	s, err := h.Env.JS.Stream(jstest.Ctx(t), topology.StreamInbound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("%s holds %d messages, want only the valid one", topology.StreamInbound, n)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
+	"github.com/tollgate-dev/tollgate/transport/gateway"
 )
 
 var toolsCmd = &command{
@@ -23,11 +24,14 @@ var toolsCmd = &command{
 
 // cmdTools asks an executor for its tools (a request on
 // tollgate.tools.list) and prints them: one block per tool, or the
-// executor's answer as JSON with --json.
+// executor's answer as JSON with --json. The gateway's Claude Code gate
+// tools (claude.*, one per Claude Code tool) are one block for them all
+// unless --all is given; --json lists every tool.
 func cmdTools(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
 	c.register(fs, defaultTimeout)
+	all := fs.Bool("all", false, "list each of the gateway's Claude Code gate tools (claude.*) too, not one line for them all")
 	if exit, ok := c.startNoArgs(cmd, fs, args); !ok {
 		return exit
 	}
@@ -51,7 +55,12 @@ func cmdTools(cmd *command, args []string) int {
 		return 0
 	}
 	fmt.Printf("policy %s, %d tools\n", l.PolicyVersion, len(l.Tools))
+	var gates []executor.ToolInfo
 	for _, t := range l.Tools {
+		if !*all && t.Source == claudeGateSource {
+			gates = append(gates, t)
+			continue
+		}
 		safe := "not safe to re-run"
 		if t.RetrySafe {
 			safe = "safe to re-run"
@@ -79,7 +88,39 @@ func cmdTools(cmd *command, args []string) int {
 		}
 		fmt.Printf("  arguments: %s\n", schema)
 	}
+	printGates(gates)
 	return 0
+}
+
+// claudeGateSource is the source of the gate tools the HTTP gateway serves
+// for Claude Code's hooks (docs/api.md, "Claude Code hooks").
+const claudeGateSource = "nats:" + gateway.ClaudeGateService
+
+// printGates prints the Claude Code gate tools as one block: their names,
+// and their policy modes when they all share them.
+func printGates(gates []executor.ToolInfo) {
+	if len(gates) == 0 {
+		return
+	}
+	fmt.Printf("\n%s.*  (%s, %d gate tools for Claude Code's hooks; --all lists each)\n", gateway.ClaudeGateService, claudeGateSource, len(gates))
+	names := make([]string, len(gates))
+	modes := map[string]bool{}
+	for i, t := range gates {
+		names[i] = t.Name
+		var m []string
+		for _, a := range executor.Audiences {
+			m = append(m, fmt.Sprintf("%s %s", a, t.Modes[a]))
+		}
+		modes[strings.Join(m, ", ")] = true
+	}
+	fmt.Printf("  %s\n", strings.Join(names, " "))
+	if len(modes) == 1 {
+		for m := range modes {
+			fmt.Printf("  policy: %s\n", m)
+		}
+	} else {
+		fmt.Printf("  policy: differs between them (--all shows each)\n")
+	}
 }
 
 // hintsText says what a tool claims about its effects, or "" if nothing.

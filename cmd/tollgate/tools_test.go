@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
+	"github.com/tollgate-dev/tollgate/transport/gateway"
 )
 
 // `tollgate tools` asks a running executor, on a real server, for every
@@ -88,5 +89,40 @@ func TestToolsWithoutAnExecutorSaysSo(t *testing.T) {
 	code, _, errOut := runCLI(t, "tools", "--nats="+h.Env.URL())
 	if code != 1 || !strings.Contains(errOut, "no executor answered") {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+// The gateway's Claude Code gate tools (claude.*) are one block in the
+// text, not one each, unless --all is given; --json lists every one.
+func TestToolsGroupsTheClaudeGateTools(t *testing.T) {
+	prov := &pt.Provider{ProviderName: "nats"}
+	var gates []tools.Tool
+	for _, name := range gateway.ClaudeTools {
+		gates = append(gates, &pt.Remote{Counter: pt.Counter{ToolName: "claude." + name}, Safe: true, Desc: tools.Spec{
+			Source: claudeGateSource, Description: "Gate for Claude Code's " + name + " tool",
+		}})
+	}
+	prov.Set(gates...)
+	h := pt.Start(t, pt.Options{Stages: []string{pt.Executor}, Providers: []tools.Provider{prov}})
+	url := "--nats=" + h.Env.URL()
+	jstest.Eventually(t, pt.Wait, "the executor answers "+topology.SubjectToolsList, func() bool {
+		_, err := h.Env.NC.Request(topology.SubjectToolsList, nil, time.Second)
+		return err == nil
+	})
+	code, out, errOut := runCLI(t, "tools", url)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if n := strings.Count(out, "Gate for Claude Code"); n != 0 || !strings.Contains(out, "claude.*  (nats:claude, 14 gate tools") ||
+		!strings.Contains(out, "claude.bash claude.edit") || !strings.Contains(out, "echo  (builtin") {
+		t.Fatalf("tools does not group the gate tools in one block (%d described):\n%s", n, out)
+	}
+	code, out, _ = runCLI(t, "tools", url, "--all")
+	if n := strings.Count(out, "Gate for Claude Code"); code != 0 || n != len(gateway.ClaudeTools) {
+		t.Fatalf("tools --all: exit %d, %d gate tools described, want %d:\n%s", code, n, len(gateway.ClaudeTools), out)
+	}
+	code, out, _ = runCLI(t, "tools", url, "--json")
+	if n := strings.Count(out, `"name": "claude.`); code != 0 || n != len(gateway.ClaudeTools) {
+		t.Fatalf("tools --json: exit %d, %d gate tools listed, want %d", code, n, len(gateway.ClaudeTools))
 	}
 }

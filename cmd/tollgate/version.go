@@ -26,7 +26,7 @@ func cmdVersion(cmd *command, args []string) int {
 		return cmd.usageError("no arguments expected, got %q", pos)
 	}
 	bi, _ := debug.ReadBuildInfo()
-	v := tollgateVersion(bi)
+	v := tollgateVersion(bi, buildRevision)
 	if *asJSON {
 		printJSON(map[string]string{"tollgate": v, "nats_server": server.VERSION, "go": runtime.Version()})
 		return 0
@@ -35,13 +35,23 @@ func cmdVersion(cmd *command, args []string) int {
 	return 0
 }
 
+// buildRevision is the VCS revision `make build` links in
+// (-ldflags -X main.buildRevision=...), for builds where the go command
+// records none (-buildvcs=false, a git worktree): "" when not set.
+var buildRevision string
+
 // tollgateVersion is the main module's version in bi: its release or
 // pseudo-version when the build recorded one, else "devel", followed by the
 // VCS revision (with "-dirty" for a modified tree) when the build recorded
-// it. bi may be nil (a binary built without module support).
-func tollgateVersion(bi *debug.BuildInfo) string {
+// it, else by linked (the revision the Makefile links in) when set. bi may
+// be nil (a binary built without module support).
+func tollgateVersion(bi *debug.BuildInfo, linked string) string {
+	devel := "devel"
+	if linked != "" {
+		devel += " " + linked
+	}
 	if bi == nil {
-		return "devel"
+		return devel
 	}
 	if v := bi.Main.Version; v != "" && v != "(devel)" {
 		return v
@@ -56,7 +66,7 @@ func tollgateVersion(bi *debug.BuildInfo) string {
 		}
 	}
 	if rev == "" {
-		return "devel"
+		return devel
 	}
 	return "devel " + rev[:min(len(rev), 12)] + dirty
 }

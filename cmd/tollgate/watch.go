@@ -27,12 +27,14 @@ var watchCmd = &command{
 func cmdWatch(cmd *command, args []string) int {
 	sig, stop := signalCtx()
 	defer stop()
-	return runWatch(sig, cmd, args, os.Stdout)
+	return runWatch(sig, cmd, args, os.Stdout, os.Stderr)
 }
 
 // runWatch prints events on out until ctx is done: one line per event, or
-// with --json one JSON object per line (JSON Lines).
-func runWatch(ctx context.Context, cmd *command, args []string, out io.Writer) int {
+// with --json one JSON object per line (JSON Lines). Once it follows the
+// stream it says on errOut what it is waiting for, so that a quiet
+// terminal is not mistaken for a hung command.
+func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.Writer) int {
 	fs := cmd.flags()
 	var c client
 	c.register(fs, defaultTimeout)
@@ -65,6 +67,14 @@ func runWatch(ctx context.Context, cmd *command, args []string, out io.Writer) i
 		return c.fail("watch", err)
 	}
 	go func() { <-ctx.Done(); it.Stop() }()
+	from := "new events"
+	if *all {
+		from = "events, from the oldest stored,"
+	}
+	if *turn != "" {
+		from += " of turn " + *turn
+	}
+	fmt.Fprintf(errOut, "tollgate watch: waiting for %s on %s (%s); Ctrl-C stops\n", from, topology.StreamEvents, c.url)
 	enc := json.NewEncoder(out)
 	enc.SetEscapeHTML(false)
 	for {

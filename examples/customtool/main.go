@@ -17,6 +17,13 @@
 // Processes that run stages on one broker must share the seal keys (a
 // context sealed by one is verified by the others); `tollgate send` needs
 // none.
+//
+// Stages on one broker share their durable consumers: every executor there
+// takes a share of the calls. So with -nats it refuses to start when an
+// executor without word_count already runs on that broker (`tollgate dev`,
+// `make run`): that executor would take some word_count calls and fail them
+// TOOL_NOT_FOUND. Run it on its own embedded server (no -nats), as above,
+// or beside copies of itself; -share starts it anyway.
 package main
 
 import (
@@ -30,12 +37,14 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -89,6 +98,7 @@ func run(args []string) error {
 	natsURL := fs.String("nats", "", "NATS URL; empty starts an embedded nats-server on a free loopback port")
 	data := fs.String("data", "./.customtool", "data directory: the embedded server's store and the default key file")
 	keyFile := fs.String("seal-keys", "", "TurnContext seal key file; empty uses <data>/seal-keys.json, created if missing")
+	share := fs.Bool("share", false, "start even when an executor without word_count already runs on -nats (it would fail some word_count calls)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -122,6 +132,11 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if other := otherExecutor(nc); other != "" && !*share {
+		return fmt.Errorf("an executor without word_count already runs on %s (%s): the stages here would share its consumers, "+
+			"and it would take some word_count calls and fail them TOOL_NOT_FOUND. Run customtool without -nats (its own embedded server), "+
+			"stop the other executor, or give -share to start anyway", url, other)
+	}
 
 	host, _ := os.Hostname()
 	p, err := tollgate.New(ctx, tollgate.Config{
@@ -152,4 +167,32 @@ func loadKeys(path, data string) (*seal.KeyRing, error) {
 	}
 	keys, _, err := seal.EnsureFile(filepath.Join(data, "seal-keys.json"))
 	return keys, err
+}
+
+// otherExecutor asks the executors on nc's broker for their tools (the
+// request `tollgate tools` makes) and describes the first that answers
+// without word_count; "" when none answers or it has word_count (a copy of
+// this program).
+func otherExecutor(nc *nats.Conn) string {
+	msg, err := nc.Request(topology.SubjectToolsList, nil, 2*time.Second)
+	if err != nil {
+		return ""
+	}
+	var l struct {
+		PolicyVersion string `json:"policy_version"`
+		Tools         []struct {
+			Name string `json:"name"`
+		} `json:"tools"`
+	}
+	if json.Unmarshal(msg.Data, &l) != nil {
+		return ""
+	}
+	var names []string
+	for _, t := range l.Tools {
+		if t.Name == (WordCount{}).Name() {
+			return ""
+		}
+		names = append(names, t.Name)
+	}
+	return fmt.Sprintf("policy %s, tools %s", l.PolicyVersion, strings.Join(names, " "))
 }

@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -62,4 +64,44 @@ func TestTheExampleRunsItsOwnToolThroughThePipeline(t *testing.T) {
 	if proc.Exited() {
 		t.Fatalf("the example exited: %v", proc.Err())
 	}
+
+	// A copy of the example beside it (an executor with word_count) starts.
+	start := func(t *testing.T, url string) *childproc.Proc {
+		p, err := childproc.Start(filepath.Join(bin, "customtool"), t.TempDir(), filepath.Join(t.TempDir(), "customtool.log"),
+			childproc.Env(), "-nats", url, "-seal-keys", keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Stop(10 * time.Second) })
+		return p
+	}
+	t.Run("a copy of itself on the broker", func(t *testing.T) {
+		twin := start(t, env.URL())
+		jstest.Eventually(t, time.Minute, "the copy runs", func() bool {
+			return strings.Contains(twin.LogText(), "customtool running") || twin.Exited()
+		})
+		if twin.Exited() {
+			t.Fatalf("the copy exited: %v\n%s", twin.Err(), twin.LogText())
+		}
+	})
+
+	// Beside an executor without word_count (tollgate dev, make run), it
+	// refuses to start, saying why, instead of losing calls to it.
+	t.Run("beside an executor without word_count", func(t *testing.T) {
+		other := jstest.Start(t)
+		pipelinetest.Start(t, pipelinetest.Options{Env: other, Keys: keys, Stages: []string{pipelinetest.Executor}})
+		jstest.Eventually(t, time.Minute, "the executor answers", func() bool {
+			_, err := other.NC.Request(topology.SubjectToolsList, nil, time.Second)
+			return err == nil
+		})
+		p := start(t, other.URL())
+		select {
+		case <-p.Done():
+		case <-time.After(time.Minute):
+			t.Fatalf("the example runs beside another executor:\n%s", p.LogText())
+		}
+		if log := p.LogText(); p.Err() == nil || !strings.Contains(log, "TOOL_NOT_FOUND") || !strings.Contains(log, "-share") {
+			t.Fatalf("exit %v, log:\n%s\nwant a failure naming TOOL_NOT_FOUND and -share", p.Err(), log)
+		}
+	})
 }

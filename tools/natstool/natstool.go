@@ -371,6 +371,9 @@ func (p *Provider) resolve(infos []micro.Info, full bool, prev *snapshot) *snaps
 	}
 
 	s := &snapshot{byName: map[string]*Tool{}}
+	// New tools are logged one line per source (service), so that a
+	// service of many endpoints (the gateway's claude.* gates) is one line.
+	found := map[string][]string{}
 	for _, name := range slices.Sorted(maps.Keys(byName)) {
 		cands := byName[name]
 		if reason := conflict(cands, namesOf); reason != "" {
@@ -385,8 +388,11 @@ func (p *Provider) resolve(infos []micro.Info, full bool, prev *snapshot) *snaps
 		s.tools = append(s.tools, t)
 		s.byName[name] = t
 		if prev.get(name) == nil {
-			p.log.Info("natstool: tool found", "tool", name, "source", t.spec.Source, "subject", t.subject, "retry_safe", t.spec.RetrySafe)
+			found[t.spec.Source] = append(found[t.spec.Source], name)
 		}
+	}
+	for _, src := range slices.Sorted(maps.Keys(found)) {
+		p.log.Info("natstool: tools found", "source", src, "count", len(found[src]), "tools", strings.Join(found[src], " "))
 	}
 	if prev != nil {
 		for name, t := range prev.byName {

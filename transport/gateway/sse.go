@@ -60,7 +60,10 @@ func lastEventID(r *http.Request) (uint64, error) {
 // goes away, or when the client falls behind the feed (the response ends;
 // the client resumes with Last-Event-ID). The key holds at most
 // Config.MaxStreams streams at once: one more is 429 TOO_MANY_STREAMS.
-func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, filter string, fromStart bool, keep func(*event) bool) error {
+//
+// When last is not nil, the response ends after the first event that last
+// accepts (a turn's stream: its outcome).
+func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, filter string, fromStart bool, keep, last func(*event) bool) error {
 	after, err := lastEventID(r)
 	if err != nil {
 		return err
@@ -128,6 +131,9 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 			return nil
 		}
 		fl.Flush()
+		if last != nil && last(ev) {
+			return nil
+		}
 		beat = time.Now().Add(s.cfg.Heartbeat)
 	}
 }
@@ -165,7 +171,8 @@ func turnOfEvent(subject string) string {
 
 // turnEvents streams the events of one turn of the key's transport, from
 // its first (every event whose subject ends in the turn id:
-// docs/protocol.md §5).
+// docs/protocol.md §5), and ends the response after the turn's outcome,
+// its last event (a planner turn's reply comes before it).
 func (s *Server) turnEvents(w http.ResponseWriter, r *http.Request, key *Key) error {
 	id := r.PathValue("id")
 	// A client may subscribe right after submitting: give ingest and the
@@ -179,7 +186,9 @@ func (s *Server) turnEvents(w http.ResponseWriter, r *http.Request, key *Key) er
 	if _, err := ownTurn(v, err, key); err != nil {
 		return err
 	}
-	return s.streamEvents(w, r, key, eventPrefix+"*.*."+id, true, func(ev *event) bool { return turnOfEvent(ev.subject) == id })
+	return s.streamEvents(w, r, key, eventPrefix+"*.*."+id, true,
+		func(ev *event) bool { return turnOfEvent(ev.subject) == id },
+		func(ev *event) bool { return ev.kind == "turn.outcome" })
 }
 
 // sessionEvents streams new events (or those after Last-Event-ID) of the
@@ -207,5 +216,5 @@ func (s *Server) sessionEvents(w http.ResponseWriter, r *http.Request, key *Key)
 			mine[turn] = ok
 		}
 		return ok
-	})
+	}, nil)
 }

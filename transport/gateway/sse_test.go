@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,5 +133,32 @@ func TestAFilteredStreamOfABusyFeedStillGetsHeartbeats(t *testing.T) {
 	}()
 	if ev := stream.next(t, 3*time.Second); ev.kind != ":" || ev.data != "heartbeat" {
 		t.Fatalf("got %+v, want a heartbeat while every event is filtered out", ev)
+	}
+}
+
+// TestTurnEventsEndAfterTheOutcome: a turn's event stream ends after the
+// turn's outcome, also when opened after the turn finished (curl -N
+// returns), while a session's stream goes on.
+func TestTurnEventsEndAfterTheOutcome(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	sub, c := g.submitGated("a", "s-sse-end", "alice")
+	live := g.openSSE("/v1/turns/"+sub.TurnID+"/events", "a")
+	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+		DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+	want[DecisionResponse](t, resp, body, 200)
+	for _, stream := range []*sseReader{live, g.openSSE("/v1/turns/"+sub.TurnID+"/events", "a")} {
+		for ev := stream.nextEvent(t, 10*time.Second); ev.kind != "turn.outcome"; ev = stream.nextEvent(t, 10*time.Second) {
+		}
+		select {
+		case line, ok := <-stream.lines:
+			for ok {
+				if strings.HasPrefix(line, "event: ") {
+					t.Fatalf("an event after the outcome: %q", line)
+				}
+				line, ok = <-stream.lines
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the turn's stream did not end after its outcome")
+		}
 	}
 }

@@ -69,7 +69,9 @@ func (g *gw) consumers() int {
 // gets its stream; a stream closed frees its slot.
 func TestEventStreamsPerKeyAreCapped(t *testing.T) {
 	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.MaxStreams = 3 })
-	sub := g.submit("a", submitBody("s-cap", "alice", call("echo", `{"text":"1"}`)))
+	// A turn waiting for its approval: its stream stays open (a turn's
+	// stream ends after its outcome).
+	sub, _ := g.submitGated("a", "s-cap", "alice")
 	var open []*http.Response
 	for i := range 3 {
 		path := "/v1/events?session=s-cap"
