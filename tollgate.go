@@ -326,7 +326,11 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 
 	if cfg.CheckOnly {
-		if err := topology.Check(ctx, cfg.JS, topo, StageConsumers(p.stages...)); err != nil {
+		consumers := StageConsumers(p.stages...)
+		if slices.Contains(p.stages, StageIngest) && (cfg.Planner != nil || cfg.PlanText) {
+			consumers = append(consumers, IngestPlanConsumer())
+		}
+		if err := topology.Check(ctx, cfg.JS, topo, consumers); err != nil {
 			return nil, err
 		}
 	} else if err := topology.Ensure(ctx, cfg.JS, topo); err != nil {
@@ -447,6 +451,17 @@ func StageConsumers(stages ...string) []topology.ConsumerSpec {
 		}
 	}
 	return out
+}
+
+// IngestPlanConsumer is ingest's durable on the planner's step batches
+// (topology.IngestStepsConsumer) as its runner creates it. Ingest consumes
+// it where text-only turns go to a planner (Config.Planner or
+// Config.PlanText); `tollgate provision --planner` creates it, and ingest
+// with CheckOnly checks for it.
+func IngestPlanConsumer() topology.ConsumerSpec {
+	spec := topology.IngestStepsConsumer()
+	spec.Config = runner.ConsumerConfig(spec.Config)
+	return spec
 }
 
 // Checks are the pipeline's readiness checks (package health), which hold

@@ -148,16 +148,24 @@ func (*WriteFile) Spec() Spec {
 	}
 }
 
-func (w *WriteFile) Run(_ context.Context, c Call) (string, error) {
-	var a struct {
-		Path    string `json:"path"`
-		Content string `json:"content"`
-	}
-	if err := json.Unmarshal([]byte(c.Args), &a); err != nil {
-		return "", fmt.Errorf("write_file: args: %w", err)
+// writeFileArgs decodes write_file's arguments; path is required.
+func writeFileArgs(args string) (a struct {
+	Path    string `json:"path"`
+	Content string `json:"content"`
+}, err error) {
+	if err := json.Unmarshal([]byte(args), &a); err != nil {
+		return a, fmt.Errorf("write_file: args: %w", err)
 	}
 	if a.Path == "" {
-		return "", errors.New("write_file: path is required")
+		return a, errors.New("write_file: path is required")
+	}
+	return a, nil
+}
+
+func (w *WriteFile) Run(_ context.Context, c Call) (string, error) {
+	a, err := writeFileArgs(c.Args)
+	if err != nil {
+		return "", err
 	}
 	root, err := w.sandbox(nil)
 	if err != nil {

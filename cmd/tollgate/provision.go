@@ -39,7 +39,7 @@ type provisionChange struct {
 // --dry-run makes them: topology.Ensure, then topology.EnsureConsumer for
 // each consumer. It then checks that nothing differs any more. With
 // --planner it also creates the planner's bucket (topology.EnsurePlannerBucket)
-// and consumers. Stages started with --no-provision need this to have run.
+// and consumers, and ingest's consumer of the step batches. Stages started with --no-provision need this to have run.
 func cmdProvision(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
@@ -47,7 +47,7 @@ func cmdProvision(cmd *command, args []string) int {
 	replicas, _ := strconv.Atoi(stagecmd.Env("TOLLGATE_REPLICAS", "1"))
 	fs.IntVar(&replicas, "replicas", replicas, "replicas for streams and buckets, as the stages run with (env TOLLGATE_REPLICAS)")
 	dryRun := fs.Bool("dry-run", false, "print what would be created and what differs, field by field; change nothing")
-	withPlanner := fs.Bool("planner", false, "also the planner's bucket and consumers (docs/planner.md), so that the planner's user needs no right to create them")
+	withPlanner := fs.Bool("planner", false, "also the planner's bucket and consumers and ingest's consumer of its step batches (docs/planner.md), so that the planner's user needs no right to create them")
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit
@@ -71,6 +71,9 @@ func cmdProvision(cmd *command, args []string) int {
 		stages = append(stages, tollgate.StagePlanner)
 	}
 	consumers := tollgate.StageConsumers(stages...)
+	if *withPlanner {
+		consumers = append(consumers, tollgate.IngestPlanConsumer()) // ingest --plan's step batches
+	}
 	changes, err := topology.Plan(ctx, c.js, topo, consumers)
 	if err != nil {
 		return c.fail("provision", err)

@@ -29,7 +29,7 @@ func TestProvisionPlannerCreatesItsBucketAndConsumers(t *testing.T) {
 		t.Fatalf("provision --planner: exit %d, stderr %q", code, errOut)
 	}
 	want := []string{"create bucket " + topology.BucketPlanner}
-	for _, c := range topology.PlannerConsumers() {
+	for _, c := range append(topology.PlannerConsumers(), topology.IngestStepsConsumer()) {
 		want = append(want, "create consumer "+c.Stream+"/"+c.Config.Durable)
 	}
 	for _, w := range want {
@@ -41,7 +41,7 @@ func TestProvisionPlannerCreatesItsBucketAndConsumers(t *testing.T) {
 		t.Fatalf("bucket %s after provision --planner: %v", topology.BucketPlanner, err)
 	}
 	all := append(tollgate.AllStages(), tollgate.StagePlanner)
-	if err := topology.Check(provCtx(t), js, topology.DefaultConfig(), tollgate.StageConsumers(all...)); err != nil {
+	if err := topology.Check(provCtx(t), js, topology.DefaultConfig(), append(tollgate.StageConsumers(all...), tollgate.IngestPlanConsumer())); err != nil {
 		t.Fatalf("after provision --planner: %v", err)
 	}
 	if code, out, _ := runCLI(t, "provision", "--planner", "--nats", url); code != 0 || !strings.Contains(out, "up to date") {

@@ -124,7 +124,7 @@ func TestLeastPrivilegePlannerAndSlack(t *testing.T) {
 	}
 
 	// Every consumer drained, and nobody was refused on the way.
-	for _, d := range append(topology.Consumers(), topology.PlannerConsumers()...) {
+	for _, d := range append(topology.Consumers(), append(topology.PlannerConsumers(), topology.IngestStepsConsumer())...) {
 		eventually(t, d.Config.Durable+" idle", func(c context.Context) bool {
 			cons, err := admin.js.Consumer(c, d.Stream, d.Config.Durable)
 			if err != nil {
@@ -152,6 +152,9 @@ func TestLeastPrivilegePlannerAndSlack(t *testing.T) {
 	}
 	t.Run("refused", func(t *testing.T) {
 		testPlannerAndSlackRefusals(t, ns.ClientURL(), admin, adminKV, stages, sl, turn)
+	})
+	t.Run("a step batch the planner forges never becomes an accepted turn", func(t *testing.T) {
+		testForgedStepBatches(t, admin, stages["planner"].client, req.Context)
 	})
 	seenErrs := map[*client]int{}
 	for _, s := range stages {
@@ -216,6 +219,7 @@ func testPlannerAndSlackRefusals(t *testing.T, url string, admin *client, adminK
 	cases := []refusal{
 		r.noPublish("planner cannot publish an accepted turn", pl, topology.StreamTurns, topology.AcceptedSubject(forgedSession)),
 		r.noPublish("planner cannot publish a planner turn", pl, topology.StreamTurns, topology.PlanSubject(forgedSession)),
+		r.noPublish("planner cannot schedule a message", pl, topology.StreamTurns, topology.SubjectTurnSchedule+forged+"-p0"),
 		r.noPublish("planner cannot publish an inbound message", pl, topology.StreamInbound, topology.InboundSubject("cli", forgedSession)),
 		r.noPublish("planner cannot submit a decision", pl, topology.StreamDecisions, topology.DecisionSubject(tgslack.Name, "a-forged-0")),
 		r.noPublish("planner cannot request an approval", pl, topology.StreamEvents, topology.EventSubject(topology.SubjectApprovalRequested, forged)),
@@ -242,6 +246,7 @@ func testPlannerAndSlackRefusals(t *testing.T, url string, admin *client, adminK
 		r.noPublish("slack cannot decide as the cli transport", sl, topology.StreamDecisions, topology.DecisionSubject("cli", "a-forged-0")),
 		r.noPublish("slack cannot publish an accepted turn", sl, topology.StreamTurns, topology.AcceptedSubject(forgedSession)),
 		r.noPublish("slack cannot publish a planner turn", sl, topology.StreamTurns, topology.PlanSubject(forgedSession)),
+		r.noPublish("slack cannot publish a step batch", sl, topology.StreamTurns, topology.StepSubject(forged+"-p0")),
 		r.noPublish("slack cannot publish a reply", sl, topology.StreamEvents, topology.SubjectTurnReply+forged),
 		r.noPublish("slack cannot dead-letter as another stage", sl, topology.StreamDLQ, topology.DLQSubject("approver")),
 		noPut("slack cannot write an approval", sl, adminKV.Approvals, "a-forged-0"),
@@ -258,6 +263,8 @@ func testPlannerAndSlackRefusals(t *testing.T, url string, admin *client, adminK
 			}},
 
 		r.noPublish("ingest cannot announce a planner loop", ingest, topology.StreamTurns, topology.PlanReadySubject(forgedSession)),
+		r.noPublish("ingest cannot publish a step batch", ingest, topology.StreamTurns, topology.StepSubject(forged+"-p0")),
+		r.noPublish("the gateway cannot publish a step batch", gw, topology.StreamTurns, topology.StepSubject(forged+"-p0")),
 
 		noRequest("the gateway cannot pull from the planner's consumer", gw, apiOf(gw)+"CONSUMER.MSG.NEXT.TOLLGATE_EVENTS."+topology.ConsumerPlannerOutcomes),
 		noRequest("the gateway cannot pull from the Slack transport's consumer", gw, apiOf(gw)+"CONSUMER.MSG.NEXT.TOLLGATE_EVENTS."+tgslack.Durable),
@@ -269,4 +276,31 @@ func testPlannerAndSlackRefusals(t *testing.T, url string, admin *client, adminK
 			consumerKept(topology.StreamEvents, tgslack.Durable)},
 	}
 	runRefusals(t, cases)
+}
+
+// testForgedStepBatches: the planner may publish step batches, and only
+// ingest makes accepted turns of them. Step batches the planner user forges
+// (the planner turn's own sealed context under another turn's step id; the
+// same context with its audience widened) are dead-lettered by ingest, and
+// the session's accepted subject holds nothing new.
+func testForgedStepBatches(t *testing.T, admin, pl *client, tc *schemas.TurnContext) {
+	accepted := topology.AcceptedSubject(schemas.SessionKeyOf(tc))
+	before := stored(t, admin, topology.StreamTurns, accepted)
+	dead := stored(t, admin, topology.StreamDLQ, topology.DLQSubject("ingest"))
+	call := schemas.ToolCall{CallID: "c-forged", Tool: "write_file", Args: `{"content":"x","path":"forged.txt"}`}
+	_, call.ArgsDigest, _ = schemas.CanonicalArgs(call.Args)
+	widened := *tc
+	widened.Audience = schemas.AudiencePublic
+	for _, s := range []*schemas.AcceptedTurn{
+		{TurnID: "t-forged-p0", Origin: "t-forged", Context: tc, Calls: []schemas.ToolCall{call}, AcceptedAt: time.Now().UTC()},
+		{TurnID: tc.TurnID + "-p7", Origin: tc.TurnID, Context: &widened, Calls: []schemas.ToolCall{call}, AcceptedAt: time.Now().UTC()},
+	} {
+		publish(t, pl, topology.StepSubject(s.TurnID), topology.StepMsgID(s.TurnID), s)
+	}
+	eventually(t, "ingest dead-letters both", func(context.Context) bool {
+		return stored(t, admin, topology.StreamDLQ, topology.DLQSubject("ingest")) == dead+2
+	})
+	if n := stored(t, admin, topology.StreamTurns, accepted); n != before {
+		t.Fatalf("%d accepted turns on %s, want still %d", n, accepted, before)
+	}
 }

@@ -136,7 +136,8 @@ type turn struct {
 	startedAt time.Time // approved call's claim seen created
 	finished  bool      // approved call's result seen written in its claim
 	// Planner path: the turn seen published for the planner, its first
-	// step's batch seen scheduled, that batch's outcome seen.
+	// step's batch seen on the accepted subject (where the executor takes
+	// it), that batch's outcome seen.
 	planned, scheduled, stepDone time.Time
 	done                         chan struct{}
 	doneAt                       time.Time
@@ -177,7 +178,7 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 		if err := sub(topology.SubjectTurnPlan+">", d.onPlanned); err != nil {
 			return nil, err
 		}
-		if err := sub(topology.SubjectTurnSchedule+">", d.onScheduled); err != nil {
+		if err := sub(topology.SubjectTurnAccepted+">", d.onStepAccepted); err != nil {
 			return nil, err
 		}
 	}
@@ -256,10 +257,16 @@ func (d *driver) onPlanned(m *nats.Msg) {
 	}
 }
 
-// onScheduled times the message schedule of a planner turn's first step
-// batch.
-func (d *driver) onScheduled(m *nats.Msg) {
-	if root, step, ok := schemas.PlannerStepOf(lastToken(m.Subject)); ok && step == 0 {
+// onStepAccepted times a planner turn's first step batch as it reaches
+// the accepted subject, where the executor takes it: whoever put it there
+// (ingest, or the server firing a message schedule), the time it took is
+// the planner's side of the step, not the batch's.
+func (d *driver) onStepAccepted(m *nats.Msg) {
+	t, err := schemas.Decode[schemas.AcceptedTurn](m.Data)
+	if err != nil {
+		return
+	}
+	if root, step, ok := schemas.PlannerStepOf(t.TurnID); ok && step == 0 {
 		d.mark(root, time.Now(), func(t *turn) *time.Time { return &t.scheduled })
 	}
 }

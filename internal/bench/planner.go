@@ -51,8 +51,8 @@ type PlannerLoad struct {
 	// each window, median of the runs).
 	ModelMsPerCall float64 `json:"model_ms_per_call"`
 	// Over the planner turns inside the windows: Ingest, turn sent ->
-	// published for the planner; Batch, the first step's batch schedule
-	// published -> that batch's outcome; Overhead, the planner's own time
+	// published for the planner; Batch, the first step's batch seen on the
+	// accepted subject -> that batch's outcome; Overhead, the planner's own time
 	// per step (overheadPerStep).
 	Ingest   Pcts `json:"ingest_ms"`
 	Batch    Pcts `json:"step_batch_ms"`
@@ -116,11 +116,12 @@ func plannerLoad(inFlight int, paths []path, samples [][]sample) PlannerLoad {
 
 // overheadPerStep is the planner's own time per model step of planner
 // turn t: from the turn's publish for the planner to its outcome, less the
-// step batch (its schedule published -> its outcome) and the model
+// step batch (seen on the accepted subject -> its outcome) and the model
 // requests (modelMs each, as the planner timed them), over the steps. What
 // is left is the planner's work around each model request: taking the
-// message, building the request, recording the step, publishing the
-// batch's schedule, taking the batch's outcome, and ending the turn.
+// message, building the request, recording the step, getting the step
+// batch to the accepted subject (through ingest), taking the batch's
+// outcome, and ending the turn.
 func overheadPerStep(t turnTimes, modelMs float64) time.Duration {
 	own := t.done.Sub(t.planned) - t.stepDone.Sub(t.scheduled) - time.Duration(plannerSteps*modelMs*float64(time.Millisecond))
 	return own / plannerSteps

@@ -399,7 +399,7 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 		p("")
 		p("- Turns/s, planner ÷ fast, per round (%d in flight): %.2f [%.2f-%.2f].", pl.Loaded.InFlight, pl.RatioMedian, pl.RatioMin, pl.RatioMax)
-		p("- **Planner overhead per step**: the planner turn's time from its publish for the planner to its outcome, less the step batch (its schedule published -> its outcome) and the two model requests (as the planner timed them), over the two steps.")
+		p("- **Planner overhead per step**: the planner turn's time from its publish for the planner to its outcome, less the step batch (seen on the accepted subject -> its outcome) and the two model requests (as the planner timed them), over the two steps.")
 		p("")
 		p("| in flight | overhead per step p50 | p99 | n | model request (planner's timing) | step batch p50 | p99 | ingest p50 | p99 |")
 		p("|---|---|---|---|---|---|---|---|---|")
@@ -407,7 +407,7 @@ func (r *Report) Markdown(w io.Writer) {
 			p("| %d | **%.2f** | %.2f | %d | %.2f | %.2f | %.2f | %.2f | %.2f |", l.InFlight, l.Overhead.P50, l.Overhead.P99, l.Overhead.N, l.ModelMsPerCall, l.Batch.P50, l.Batch.P99, l.Ingest.P50, l.Ingest.P99)
 		}
 		p("")
-		p("- The step batch is published as a message schedule due at once, and nats-server fires message schedules from a timer set no sooner than 250 ms ahead (server/scheduler.go, resetTimer): a tool-running step waits up to 250 ms for its batch, 250 ms when no other schedule is pending. That wait, not the planner, bounds a planner turn: about in-flight ÷ 0.25 s turns/s.")
+		p("- The overhead includes the step batch's way to the accepted subject: the planner publishes it on tollgate.turn.step.<batch>, and ingest checks it and publishes it as the accepted turn (no message schedule, no timer).")
 		p("")
 	}
 	if f := r.Footprint; f != nil {

@@ -420,8 +420,12 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 	topo.Replicas = c.Replicas
 	prepare := func(ctx context.Context) error { return topology.Ensure(ctx, js, topo) }
 	if c.NoProvision {
+		consumers := tollgate.StageConsumers(stage)
+		if stage == tollgate.StageIngest && c.PlanText {
+			consumers = append(consumers, tollgate.IngestPlanConsumer())
+		}
 		prepare = func(ctx context.Context) error {
-			return topology.Check(ctx, js, topo, tollgate.StageConsumers(stage))
+			return topology.Check(ctx, js, topo, consumers)
 		}
 	}
 	if err := awaitBroker(ctx, prepare, log, StartupGrace); err != nil {

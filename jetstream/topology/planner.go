@@ -20,6 +20,11 @@ const (
 	SubjectPlanReady = "tollgate.turn.planready." // + session key
 	// SubjectTurnReply carries the planner's final answer, a ReplyEvent.
 	SubjectTurnReply = "tollgate.event.turn.reply." // + turn id
+	// SubjectTurnStep is where the planner publishes a step's batch of
+	// tool calls (in TOLLGATE_TURNS). Ingest, and only ingest, takes it
+	// from there to the session's accepted subject (ingest.HandleStep):
+	// no other stage publishes accepted turns.
+	SubjectTurnStep = "tollgate.turn.step." // + step batch turn id (schemas.PlannerStepTurnID)
 
 	// BucketPlanner holds planner turns, their steps, the sessions'
 	// conversations and loop queues.
@@ -30,6 +35,9 @@ const (
 	// of its step batches).
 	ConsumerPlanner         = "planner"
 	ConsumerPlannerOutcomes = "planner-outcomes"
+	// ConsumerIngestSteps is ingest's durable on the step batches
+	// (`ingest --plan`).
+	ConsumerIngestSteps = "ingest-steps"
 )
 
 // PlanSubject is where ingest publishes a text-only turn of the session
@@ -46,6 +54,14 @@ func PlanMsgID(turnID string) string { return "plan:" + turnID }
 // PlanReadyMsgID is the message id of the loop-ready notice of turnID.
 func PlanReadyMsgID(turnID string) string { return "planready:" + turnID }
 
+// StepSubject is where the planner publishes the step batch with turn id
+// batchID.
+func StepSubject(batchID string) string { return SubjectTurnStep + batchID }
+
+// StepMsgID is the message id of the step batch batchID on
+// SubjectTurnStep: "step:<batch>".
+func StepMsgID(batchID string) string { return "step:" + batchID }
+
 // ReplyMsgID is the message id of the reply event of turnID.
 func ReplyMsgID(turnID string) string { return "reply:" + turnID }
 
@@ -61,6 +77,16 @@ func PlannerConsumers() []ConsumerSpec {
 			FilterSubject: SubjectTurnOutcome + "*",
 		}},
 	}
+}
+
+// IngestStepsConsumer is ingest's durable on the planner's step batches
+// (SubjectTurnStep). It exists where a planner runs: ingest consumes it
+// with Plan set, and `tollgate provision --planner` creates it.
+func IngestStepsConsumer() ConsumerSpec {
+	return ConsumerSpec{Stream: StreamTurns, Config: jetstream.ConsumerConfig{
+		Durable:       ConsumerIngestSteps,
+		FilterSubject: SubjectTurnStep + "*",
+	}}
 }
 
 // PlannerBucket returns the configuration of the planner's bucket, as

@@ -51,7 +51,9 @@ type Config struct {
 	Concurrency int    // default 4
 	// Plan routes turns with text and no calls to the planner
 	// (topology.PlanSubject) instead of the executor; a turn with calls
-	// always goes to the executor. Set where a planner runs.
+	// always goes to the executor. With Plan, ingest also takes the
+	// planner's step batches to the accepted subject (HandleStep, on
+	// topology.IngestStepsConsumer). Set where a planner runs.
 	Plan bool
 	// TracerProvider traces each message the stage handles
 	// (runner.Config.TracerProvider); nil is otel's global provider.
@@ -80,24 +82,32 @@ func New(cfg Config) (*Ingest, error) {
 	return &Ingest{cfg: cfg}, nil
 }
 
-// Run consumes inbound messages until ctx is cancelled.
+// Run consumes inbound messages, and with Config.Plan the planner's step
+// batches (HandleStep), until ctx is cancelled.
 func (in *Ingest) Run(ctx context.Context) error {
-	consumer := topology.IngestConsumer()
-	r, err := runner.New(runner.Config{
-		Stage:          Stage,
-		Stream:         consumer.Stream,
-		Consumer:       consumer.Config,
-		Handler:        in.Handle,
-		JS:             in.cfg.JS,
-		Logger:         in.cfg.Logger,
-		Metrics:        in.cfg.Metrics,
-		Concurrency:    in.cfg.Concurrency,
-		TracerProvider: in.cfg.TracerProvider,
-	})
-	if err != nil {
-		return err
+	specs, handlers := []topology.ConsumerSpec{topology.IngestConsumer()}, []runner.Handler{in.Handle}
+	if in.cfg.Plan {
+		specs, handlers = append(specs, topology.IngestStepsConsumer()), append(handlers, in.HandleStep)
 	}
-	return r.Run(ctx)
+	rs := make([]*runner.Runner, len(specs))
+	for i, spec := range specs {
+		r, err := runner.New(runner.Config{
+			Stage:          Stage,
+			Stream:         spec.Stream,
+			Consumer:       spec.Config,
+			Handler:        handlers[i],
+			JS:             in.cfg.JS,
+			Logger:         in.cfg.Logger,
+			Metrics:        in.cfg.Metrics,
+			Concurrency:    in.cfg.Concurrency,
+			TracerProvider: in.cfg.TracerProvider,
+		})
+		if err != nil {
+			return err
+		}
+		rs[i] = r
+	}
+	return runner.RunAll(ctx, rs...)
 }
 
 // Handle accepts one inbound message: it applies Admit, seals the turn's

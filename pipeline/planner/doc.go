@@ -77,11 +77,14 @@
 // back to the model as an error result in the next step. The other calls,
 // in order, become the step's batch: an accepted turn with id
 // schemas.PlannerStepTurnID(T, n), Origin T, and T's TurnContext unchanged,
-// published as a message schedule due at once on topology.SubjectTurnSchedule
-// (the server publishes it on the session's accepted subject; stages never
-// publish accepted turns themselves), with message id
-// topology.ScheduleMsgID. The executor creates its batch by KV create, so a
-// step's batch exists at most once however often it is scheduled. From
+// published on topology.StepSubject with message id topology.StepMsgID.
+// Ingest, not the planner, publishes it on the session's accepted subject
+// (ingest.HandleStep), only as T's own work under T's verified context; no
+// timer stands between them. The executor creates its batch by KV create, so
+// a step's batch exists at most once however often it is published (a step
+// batch an earlier version stored as a message schedule on
+// topology.SubjectTurnSchedule still fires after an upgrade, and the loop
+// goes on from its outcome as from any other). From
 // there the batch goes through the checks of any batch: authority, schema,
 // policy (a tool the model was not offered, asked for anyway, is denied by
 // the policy, not by the planner) and approval. Nothing a model says or a

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -123,7 +122,7 @@ func (p *Planner) Drive(ctx context.Context, turnID string) error {
 		}
 		if !st.Ended {
 			if st.Batch != "" {
-				return p.schedule(ctx, tr, st) // the loop goes on when its outcome arrives
+				return p.submit(ctx, tr, st) // the loop goes on when its outcome arrives
 			}
 			// No call could run: the errors go back to the model at once.
 			if st, _, err = p.steps.Mutate(ctx, schemas.PlannerStepKey(turnID, st.Index), func(s *schemas.PlannerStep) error {
@@ -406,11 +405,11 @@ func (p *Planner) truncate(msgs []schemas.ConversationMessage) []schemas.Convers
 	return msgs
 }
 
-// schedule publishes the batch of step st as a message schedule due at
-// once, which the server publishes on the session's accepted subject. The
-// message id and the executor's KV create of the batch make it one batch
-// however often it is scheduled.
-func (p *Planner) schedule(ctx context.Context, tr *schemas.PlannerTurn, st *schemas.PlannerStep) error {
+// submit publishes the batch of step st on topology.StepSubject, from
+// where ingest (and only ingest) publishes it on the session's accepted
+// subject (ingest.HandleStep). The message ids and the executor's KV create
+// of the batch make it one batch however often it is submitted.
+func (p *Planner) submit(ctx context.Context, tr *schemas.PlannerTurn, st *schemas.PlannerStep) error {
 	var calls []schemas.ToolCall
 	for _, c := range st.Calls {
 		if c.BatchIndex < 0 {
@@ -426,14 +425,7 @@ func (p *Planner) schedule(ctx context.Context, tr *schemas.PlannerTurn, st *sch
 		TurnID: st.Batch, Context: tr.Context, Text: fmt.Sprintf("step %d of %s", st.Index, tr.TurnID),
 		Calls: calls, AcceptedAt: st.CreatedAt, Origin: tr.TurnID,
 	}
-	data, err := schemas.Encode(t)
-	if err != nil {
-		return err
-	}
-	hdr := nats.Header{}
-	hdr.Set("Nats-Schedule", "@at "+st.CreatedAt.UTC().Truncate(time.Second).Format(time.RFC3339))
-	hdr.Set("Nats-Schedule-Target", topology.AcceptedSubject(schemas.SessionKeyOf(tr.Context)))
-	return bus.PublishRaw(ctx, p.cfg.JS, topology.SubjectTurnSchedule+st.Batch, topology.ScheduleMsgID(st.Batch), data, hdr)
+	return bus.Publish(ctx, p.cfg.JS, topology.StepSubject(st.Batch), topology.StepMsgID(st.Batch), t)
 }
 
 // end ends the loop of turnID in state (completed with reply, or failed

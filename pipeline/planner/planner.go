@@ -200,12 +200,10 @@ func New(ctx context.Context, cfg Config) (*Planner, error) {
 
 // Run consumes planner turns, loop-ready notices and turn outcomes until
 // ctx is cancelled; stopped by ctx (even while starting), it returns nil.
-func (p *Planner) Run(parent context.Context) error {
+func (p *Planner) Run(ctx context.Context) error {
 	specs := topology.PlannerConsumers()
 	handlers := []runner.Handler{p.Handle, p.HandleOutcome}
-	ctx, cancel := context.WithCancel(parent)
-	defer cancel()
-	errc := make(chan error, len(specs))
+	rs := make([]*runner.Runner, len(specs))
 	for i, spec := range specs {
 		r, err := runner.New(runner.Config{
 			Stage: Stage, Stream: spec.Stream, Consumer: spec.Config, Handler: handlers[i], OnDeadLetter: p.abort,
@@ -215,20 +213,9 @@ func (p *Planner) Run(parent context.Context) error {
 		if err != nil {
 			return err
 		}
-		go func() { errc <- r.Run(ctx) }()
+		rs[i] = r
 	}
-	var first error
-	for range specs {
-		err := <-errc
-		if err != nil && parent.Err() != nil && errors.Is(err, context.Canceled) {
-			err = nil
-		}
-		if err != nil && first == nil {
-			first = err
-			cancel()
-		}
-	}
-	return first
+	return runner.RunAll(ctx, rs...)
 }
 
 // Handle processes one message of the planner's turns consumer: a planner
