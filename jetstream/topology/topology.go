@@ -126,6 +126,9 @@ const (
 	// BucketGrants holds standing grants by grant id and their indexes by
 	// (tool, requester) (schemas.Grant, schemas.GrantIndex).
 	BucketGrants = "tollgate_grants"
+	// BucketWebSessions holds the web inbox's sign-in sessions, by the
+	// SHA-256 of their id (transport/web), each written with a TTL.
+	BucketWebSessions = "tollgate_web_sessions"
 )
 
 // Durable consumer names, one per stage.
@@ -240,6 +243,7 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 		mk(BucketSessions, "Tollgate: per-session batch queue", 1),
 		mk(BucketClaims, "Tollgate: tool execution claims by call id", 1),
 		mk(BucketGrants, "Tollgate: standing grants by grant id, and their index by tool and requester", 1),
+		mk(BucketWebSessions, "Tollgate: web inbox sessions by hashed id, each with a TTL", 1),
 	}
 }
 

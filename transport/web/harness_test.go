@@ -69,6 +69,7 @@ type inbox struct {
 	*pipelinetest.H
 	t     *testing.T
 	url   string
+	srv   *httptest.Server // the gateway process url names, first
 	clock *clock
 	count *pipelinetest.Counter
 	files *pipelinetest.Counter
@@ -82,6 +83,22 @@ func startInbox(t *testing.T, cfg func(*web.Config)) *inbox {
 	count, files := &pipelinetest.Counter{}, &pipelinetest.Counter{ToolName: "files"}
 	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy, Tools: []tools.Tool{count, &pipelinetest.Counter{ToolName: "quick"}, &pipelinetest.Counter{ToolName: "vault"}, files}})
 	c := &clock{}
+	srv := startGateway(t, h, c, cfg)
+	return &inbox{H: h, t: t, url: srv.URL, srv: srv, clock: c, count: count, files: files}
+}
+
+// stopGateway stops the first gateway process, cutting its open
+// connections (a live stream included), as a restart does.
+func (in *inbox) stopGateway() {
+	in.srv.CloseClientConnections()
+	in.srv.Close()
+}
+
+// startGateway starts one gateway process's worth (a web.Server and the
+// gateway mounting it, on a loopback port) on h's pipeline; several are
+// replicas of one another, sharing only NATS.
+func startGateway(t *testing.T, h *pipelinetest.H, c *clock, cfg func(*web.Config)) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
 	wc := web.Config{JS: h.JS, Policy: h.Policy, Keys: h.Keys, Logger: pipelinetest.Logger(), Addr: srv.Listener.Addr().String(), DevSignIn: true,
 		DecisionRate: 50, DecisionBurst: 50, Heartbeat: 200 * time.Millisecond, Now: c.now}
@@ -98,8 +115,8 @@ func startInbox(t *testing.T, cfg func(*web.Config)) *inbox {
 	}
 	srv.Config.Handler = gw.Handler()
 	srv.Start()
-	t.Cleanup(srv.Close)
-	return &inbox{H: h, t: t, url: srv.URL, clock: c, count: count, files: files}
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	return srv
 }
 
 // browser is one user agent: a cookie jar and what it last saw.

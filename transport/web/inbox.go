@@ -228,8 +228,11 @@ func (s *Server) devSignIn(w http.ResponseWriter, r *http.Request) {
 		s.message(w, r, http.StatusBadRequest, "Sign in", string(schemas.CodeInvalidInput), "A subject is 1 to 64 letters, digits and . _ @ -, starting with a letter or digit.")
 		return
 	}
-	s.sessions.end(w, sess.id)
-	s.sessions.start(w, r, s.cfg.SecureCookies, subject, subject, r.PostFormValue("strong") == "on")
+	s.sessions.end(r.Context(), w, sess)
+	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, subject, subject, r.PostFormValue("strong") == "on", nil) == nil {
+		s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "The session could not be stored: try again.")
+		return
+	}
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
@@ -240,13 +243,35 @@ func loopbackRequest(r *http.Request) bool {
 	return local != nil && LoopbackAddr(local.String()) && LoopbackAddr(r.RemoteAddr)
 }
 
-// signOut ends the session.
+// signOut ends the session, in every process; with the form field
+// everywhere=1, every other session of the person too (all their
+// browsers).
 func (s *Server) signOut(w http.ResponseWriter, r *http.Request) {
 	sess := s.sessions.get(r)
 	if !validCSRF(sess, r) {
 		s.message(w, r, http.StatusForbidden, "Forbidden", string(CodeCSRFInvalid), "The form's security token is missing or stale: reload the page and try again.")
 		return
 	}
-	s.sessions.end(w, sess.id)
+	if r.PostFormValue("everywhere") == "1" && sess.SignedIn() {
+		if err := s.sessions.endEverywhere(r.Context(), sess.subject); err != nil {
+			s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "Your sessions could not be ended: try again.")
+			return
+		}
+	}
+	s.sessions.end(r.Context(), w, sess)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// sessionState answers whether the request's session is live: 204 when
+// signed in, else 401 with Tollgate-Code SIGNED_OUT. The open page asks it
+// when its live stream breaks, to tell a restart or another replica (it
+// reconnects) from a session that has ended (it says so).
+func (s *Server) sessionState(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	if !s.sessions.get(r).SignedIn() {
+		w.Header().Set("Tollgate-Code", string(CodeSignedOut))
+		http.Error(w, string(CodeSignedOut), http.StatusUnauthorized)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -87,20 +89,25 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no")
 	httpserve.Hold(w, r, 0) // and before each write: a stream, no write timeout
 	w.WriteHeader(http.StatusOK)
-	_, _ = fmt.Fprint(w, ": tollgate inbox\n\n")
+	// retry: a browser whose stream broke (a restart, another replica)
+	// reconnects after a second, with Last-Event-ID.
+	_, _ = fmt.Fprint(w, ": tollgate inbox\nretry: 1000\n\n")
 	fl.Flush()
+	// ended is cancelled the moment the session ends: signed out (here or
+	// in any process), signed out everywhere, or expired.
+	ended := s.watchSession(ctx, sess)
 	mine := map[string]bool{} // approval id -> the person may decide it
 	// The next heartbeat is due Heartbeat after the last write, whatever
 	// events concern none of this person's approvals in between.
 	beat := time.Now().Add(s.cfg.Heartbeat)
 	for {
-		wait, cancel := context.WithDeadline(ctx, beat)
+		wait, cancel := context.WithDeadline(ended, beat)
 		m, err := sub.Next(wait)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
-		case s.sessions.get(r) == nil:
+		case ended.Err() != nil || s.sessions.get(r) == nil:
 			_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
 			fl.Flush()
 			return
@@ -134,6 +141,45 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		fl.Flush()
 		beat = time.Now().Add(s.cfg.Heartbeat)
 	}
+}
+
+// watchSession returns a context that is cancelled when ctx is or when
+// the session sess ends: its record or its person's sign-out-everywhere
+// record changes in the sessions bucket (whichever process changed it)
+// and the session no longer loads, or its expiry passes.
+func (s *Server) watchSession(ctx context.Context, sess *session) context.Context {
+	ended, end := context.WithCancel(ctx)
+	w, err := s.sessions.kv.WatchFiltered(ended, []string{sess.key, revokedKey(sess.subject)}, jetstream.UpdatesOnly())
+	if err != nil {
+		s.cfg.Logger.Warn("web: cannot watch the session; the heartbeat checks it", "err", err)
+	}
+	go func() {
+		defer end()
+		expiry := time.NewTimer(sess.expires.Sub(s.cfg.Now()))
+		defer expiry.Stop()
+		var updates <-chan jetstream.KeyValueEntry
+		if w != nil {
+			updates = w.Updates()
+			defer func() { _ = w.Stop() }()
+		}
+		for {
+			select {
+			case <-ended.Done():
+				return
+			case <-expiry.C:
+				return
+			case _, ok := <-updates:
+				if !ok {
+					updates = nil // the heartbeat still checks
+					continue
+				}
+				if s.sessions.load(ended, sess.id) == nil && ended.Err() == nil {
+					return
+				}
+			}
+		}
+	}()
+	return ended
 }
 
 // liveCards are the SSE events (name and the cards' HTML) that stored

@@ -56,6 +56,31 @@
     });
   }
 
+  // signedOut says, at once, that the session has ended: the page stops
+  // updating, every decision form is disabled, and it offers to sign in
+  // again. It is shown only once the server says so (/session).
+  var es = null;
+  function signedOut() {
+    if (es) { es.close(); es = null; }
+    document.body.dataset.signedout = '1';
+    document.querySelectorAll('form.decide fieldset, form.revoke button, form.signout button').forEach(function (el) { el.disabled = true; });
+    var box = document.getElementById('signed-out');
+    if (box) {
+      box.hidden = false;
+      var link = document.getElementById('signin-again');
+      if (link) { link.focus(); }
+    }
+  }
+
+  // checkSession asks the server whether this page's session is live:
+  // signed out, the page says so; still live, then is called (a restart or
+  // another replica broke the stream: reconnect).
+  function checkSession(then) {
+    fetch('/session', { credentials: 'same-origin', cache: 'no-store' }).then(function (r) {
+      if (r.status === 401) { signedOut(); } else if (r.ok && then) { then(); }
+    }).catch(function () {});
+  }
+
   document.addEventListener('submit', function (e) {
     var form = e.target;
     if (!form.matches('form.decide')) { return; }
@@ -76,6 +101,8 @@
         if (type.indexOf('text/html') === 0) {
           replace(document.getElementById(id), parse(body));
           status('Decision answered: ' + (r.headers.get('Tollgate-Verdict') || r.status));
+        } else if (r.status === 401) {
+          signedOut();
         } else {
           fs.disabled = false;
           status(body);
@@ -87,13 +114,25 @@
     });
   });
 
+  // after is the last event this page has: where a new stream starts.
+  var after = null;
+  function seen(e) { if (e.lastEventId) { after = e.lastEventId; } }
+
   function live() {
-    if (!document.body.dataset.live || !window.EventSource) { return; }
+    if (!document.body.dataset.live || !window.EventSource || document.body.dataset.signedout) { return; }
+    if (after === null) { after = document.body.dataset.after; }
     // A reconnecting EventSource sends Last-Event-ID itself.
-    var es = new EventSource('/events?after=' + encodeURIComponent(document.body.dataset.after));
+    es = new EventSource('/events?after=' + encodeURIComponent(after));
     es.addEventListener('open', function () { document.body.dataset.connected = '1'; });
-    es.addEventListener('error', function () { document.body.dataset.connected = ''; });
+    es.addEventListener('error', function () {
+      document.body.dataset.connected = '';
+      // Refused (401 after a sign-out) or broken (a restart): ask.
+      var closed = es && es.readyState === EventSource.CLOSED;
+      if (closed) { es = null; }
+      checkSession(closed ? function () { window.setTimeout(live, 1000); } : null);
+    });
     es.addEventListener('prompt', function (e) {
+      seen(e);
       var card = parse(e.data);
       var old = document.getElementById(card.id);
       if (old) { replace(old, card); } else { document.getElementById('cards').appendChild(card); }
@@ -101,6 +140,7 @@
       tick();
     });
     es.addEventListener('update', function (e) {
+      seen(e);
       var card = parse(e.data);
       var old = document.getElementById(card.id);
       if (!old) { return; }
@@ -109,7 +149,8 @@
     });
     es.addEventListener('signedout', function () {
       es.close();
-      window.location.reload();
+      es = null;
+      checkSession(live);
     });
   }
 
