@@ -42,6 +42,9 @@ type card struct {
 	// Why says why a card that is not pending is closed: who decided it
 	// and when, or that it expired or was abandoned.
 	Why string
+	// Note is the decider's note kept with the decision (a deny reason,
+	// an approve comment), shown through reveal.
+	Note string
 	// Verdict is the approver's answer to this person's decision, when
 	// the card is the answer to one.
 	Verdict *verdict
@@ -93,9 +96,6 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 		c.RequesterTransport = tc.Transport
 		c.ChannelID, c.ChannelKind, c.Audience = reveal.Must(tc.Channel.ID), string(tc.Channel.Kind), string(tc.Audience)
 	}
-	if flagged {
-		c.Warning = reveal.Warning
-	}
 	if sess != nil {
 		c.CSRF = sess.csrf
 	}
@@ -104,9 +104,15 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 		if d.Grant != nil {
 			c.Why = string(rec.Status) + " by grant " + d.Grant.GrantID + " (made by " + reveal.Must(d.Principal) + ") at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
 		}
+		var f bool
+		c.Note, f = reveal.String(d.Note)
+		flagged = flagged || f
 		if rec.Status == schemas.ApprovalExpired {
 			c.Why = "expired at " + rec.ExpiresAt.UTC().Format("15:04:05 UTC")
 		}
+	}
+	if flagged {
+		c.Warning = reveal.Warning
 	}
 	return c
 }
