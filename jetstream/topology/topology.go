@@ -42,6 +42,7 @@ const (
 	SubjectDecisionSubmit    = "tollgate.decision.submit."          // + transport + "." + approval id
 	SubjectApprovalRequested = "tollgate.event.approval.requested." // + turn id
 	SubjectApprovalDecided   = "tollgate.event.approval.decided."   // + turn id
+	SubjectApprovalVoted     = "tollgate.event.approval.voted."     // + turn id: a quorum vote counted, more needed
 	SubjectDecisionRejected  = "tollgate.event.decision.rejected."  // + approval id (or "invalid")
 	SubjectBatchAwaiting     = "tollgate.event.batch.awaiting."     // + turn id
 	SubjectRedrive           = "tollgate.event.redrive."            // + kind + "." + turn id

@@ -33,10 +33,15 @@ type card struct {
 	// how long (the approval's GrantOffer summary), shown as buttons of
 	// their own. Every one posts through the same form: same digest and
 	// CSRF token.
-	Plain                  []string
-	Offers                 []schemas.GrantOffer
-	Quorum                 int
-	Votes                  []schemas.DecisionInfo
+	Plain  []string
+	Offers []schemas.GrantOffer
+	Quorum int
+	Votes  []schemas.DecisionInfo
+	// Missing is how many more approvals a quorum needs; StillNeeded who
+	// may still give one (the approver's decider rule over the principals
+	// the policy names, less those who voted).
+	Missing                int
+	StillNeeded            []string
 	RequestedAt, ExpiresAt time.Time
 	Status                 schemas.ApprovalStatus
 	// Why says why a card that is not pending is closed: who decided it
@@ -66,8 +71,24 @@ type arg struct {
 // Open reports whether the card can still be decided.
 func (c *card) Open() bool { return c.Status == schemas.ApprovalPending }
 
-// newCard is the card of rec for the person of sess.
-func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
+// newCard is the card of rec for the person of sess, with who a quorum
+// still needs.
+func (s *Server) newCard(rec *schemas.ApprovalRecord, sess *session) *card {
+	c := cardOf(rec, sess)
+	if c.Quorum > 1 && c.Open() && rec.Context != nil {
+		c.Missing = max(c.Quorum-len(rec.Votes), 0)
+		for _, p := range s.cfg.Policy.Candidates(rec.Tool, rec.Context, schemas.AssuranceStrong) {
+			if !slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.Principal == p }) {
+				c.StillNeeded = append(c.StillNeeded, reveal.Must(p))
+			}
+		}
+	}
+	return c
+}
+
+// cardOf is the card of rec for the person of sess, without what needs
+// the policy (Server.newCard adds it).
+func cardOf(rec *schemas.ApprovalRecord, sess *session) *card {
 	args, flagged := foldArgs(rec.Args)
 	c := &card{
 		ID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: reveal.Must(rec.SessionID), CallID: rec.CallID,
@@ -180,7 +201,7 @@ func (s *Server) pending(ctx context.Context, sess *session) ([]*card, error) {
 		if err != nil || rec.Status != schemas.ApprovalPending || s.mayDecide(rec, sess) != nil {
 			continue
 		}
-		out = append(out, newCard(rec, sess))
+		out = append(out, s.newCard(rec, sess))
 	}
 	slices.SortFunc(out, func(a, b *card) int { return a.RequestedAt.Compare(b.RequestedAt) })
 	return out, nil

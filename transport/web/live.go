@@ -22,7 +22,7 @@ import (
 // it comes from.
 const (
 	eventPrompt    = "prompt"    // a new approval the person may decide: insert it
-	eventUpdate    = "update"    // a card changed (decided, expired, abandoned, its call's result): replace it
+	eventUpdate    = "update"    // a card changed (a quorum vote, decided, expired, abandoned, its call's result): replace it
 	eventSignedOut = "signedout" // the session ended: the stream stops
 )
 
@@ -65,7 +65,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	sub, err := s.feed.Subscribe(ctx, eventfeed.Options{
-		Filters: []string{topology.SubjectApprovalRequested + "*", topology.SubjectApprovalDecided + "*", topology.SubjectTurnOutcome + "*"},
+		Filters: []string{topology.SubjectApprovalRequested + "*", topology.SubjectApprovalDecided + "*", topology.SubjectApprovalVoted + "*", topology.SubjectTurnOutcome + "*"},
 		After:   after, Owner: sess.Principal(), Max: s.cfg.MaxStreams,
 	})
 	switch {
@@ -198,9 +198,18 @@ func (s *Server) liveCards(ctx context.Context, m eventfeed.Event, sess *session
 		if !mine[rec.ApprovalID] {
 			return "", nil
 		}
-		name, cards = eventPrompt, []*card{newCard(rec, sess)}
+		name, cards = eventPrompt, []*card{s.newCard(rec, sess)}
 	case strings.HasPrefix(subj, topology.SubjectApprovalDecided):
 		ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
+		if err != nil {
+			return "", nil
+		}
+		name = eventUpdate
+		if c := s.currentCard(ctx, ev.ApprovalID, sess, mine); c != nil {
+			cards = append(cards, c)
+		}
+	case strings.HasPrefix(subj, topology.SubjectApprovalVoted):
+		ev, err := schemas.Decode[schemas.VotedEvent](m.Data)
 		if err != nil {
 			return "", nil
 		}
@@ -252,5 +261,5 @@ func (s *Server) currentCard(ctx context.Context, id string, sess *session, mine
 	if !mine[id] {
 		return nil
 	}
-	return newCard(rec, sess)
+	return s.newCard(rec, sess)
 }

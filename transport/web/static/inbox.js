@@ -27,12 +27,17 @@
   // Focus stays on the card for keyboard users.
   function replace(old, card) {
     var form = card.querySelector('form.decide');
+    // A note being typed survives an update of the card (a vote).
+    var note = old.querySelector('input[name=note]'), fresh = card.querySelector('input[name=note]');
+    var typing = note && document.activeElement === note;
+    if (note && fresh && note.value) { fresh.value = note.value; }
     ['.verdict', '.result'].forEach(function (sel) {
       var had = old.querySelector(sel);
       if (had && !card.querySelector(sel)) { card.insertBefore(had, form); }
     });
     var focused = old.contains(document.activeElement);
     old.replaceWith(card);
+    if (typing && fresh && !fresh.closest('fieldset').disabled) { fresh.focus(); return; }
     if (focused) { card.setAttribute('tabindex', '-1'); card.focus(); }
   }
 
