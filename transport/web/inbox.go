@@ -56,6 +56,10 @@ type card struct {
 	// Result is the call's result, once its turn has an outcome.
 	Result *schemas.ToolResult
 	CSRF   string
+	// Preview, when set, is rendered by the "preview" template next to
+	// the arguments (what the call would change); nil: nothing is shown.
+	// Empty slot: nothing sets it yet.
+	Preview any
 	// Warning is reveal.Warning when the call (its arguments, its
 	// requester, a grant's summary) holds a character reveal escapes;
 	// every such field is shown through reveal.

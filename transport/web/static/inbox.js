@@ -41,6 +41,23 @@
     if (focused) { card.setAttribute('tabindex', '-1'); card.focus(); }
   }
 
+  // moveOn puts focus, after a decision on card, on the next card still
+  // open (its heading), else on the first one before it, else leaves it
+  // on card: a keyboard user goes on deciding without hunting.
+  function moveOn(card) {
+    if (!card || card.dataset.status === 'pending') { return; }
+    var open = Array.prototype.slice.call(document.querySelectorAll('article.card[data-status=pending]'));
+    var next = open.filter(function (c) { return card.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING; })[0] || open[open.length - 1];
+    if (!next) { return; }
+    var h = next.querySelector('h2');
+    h.setAttribute('tabindex', '-1');
+    h.focus();
+  }
+
+  // say announces text in the polite live region (new prompts, decisions
+  // made elsewhere).
+  function say(text) { status(text.replace(/\s+/g, ' ').trim()); }
+
   function pad(n) { return n < 10 ? '0' + n : String(n); }
 
   function tick() {
@@ -104,8 +121,10 @@
       return r.text().then(function (body) {
         var type = r.headers.get('Content-Type') || '';
         if (type.indexOf('text/html') === 0) {
-          replace(document.getElementById(id), parse(body));
+          var answered = parse(body);
+          replace(document.getElementById(id), answered);
           status('Decision answered: ' + (r.headers.get('Tollgate-Verdict') || r.status));
+          moveOn(document.getElementById(id));
         } else if (r.status === 401) {
           signedOut();
         } else {
@@ -140,7 +159,11 @@
       seen(e);
       var card = parse(e.data);
       var old = document.getElementById(card.id);
-      if (old) { replace(old, card); } else { document.getElementById('cards').appendChild(card); }
+      if (old) { replace(old, card); } else {
+        document.getElementById('cards').appendChild(card);
+        var req = card.querySelector('.requester');
+        say('New approval waiting: ' + card.querySelector('h2 code').textContent + (req ? ' requested by ' + req.textContent : ''));
+      }
       refreshEmpty();
       tick();
     });
@@ -149,7 +172,14 @@
       var card = parse(e.data);
       var old = document.getElementById(card.id);
       if (!old) { return; }
+      var was = old.dataset.status;
       replace(old, card);
+      var why = card.querySelector('.why');
+      if (was === 'pending' && card.dataset.status !== 'pending' && why) {
+        say(card.querySelector('h2 code').textContent + ': ' + why.textContent);
+      } else if (card.dataset.status === 'pending' && card.querySelector('.vote-count')) {
+        say(card.querySelector('h2 code').textContent + ': ' + card.querySelector('.vote-count').textContent);
+      }
       tick();
     });
     es.addEventListener('signedout', function () {
