@@ -29,7 +29,7 @@ test-helm:
 ## vet: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it)
 ## test-deps: the npm packages that tests run as real third-party programs (the Node tool service example, the MCP
 ## filesystem server), installed once from their lock files; without npm those tests skip, and fail under CI=true
-NPM_DIRS := examples/toolservice-node tools/mcptool/testdata/npm transport/gateway/testdata/npm clients/typescript examples/agent-openai
+NPM_DIRS := examples/toolservice-node tools/mcptool/testdata/npm transport/gateway/testdata/npm transport/web/testdata/npm clients/typescript examples/agent-openai
 test-deps:
 	@for d in $(NPM_DIRS); do \
 		[ -d $$d/node_modules ] && continue; \

@@ -67,16 +67,20 @@ type Event struct {
 
 	// Status is the approval's status (decided), the redrive's kind, the
 	// call's result status, or the turn's state (outcome).
-	Status     string   `json:"status,omitempty"`
-	Option     string   `json:"option,omitempty"`
-	Assurance  int      `json:"assurance,omitempty"`
-	Votes      []string `json:"votes,omitempty"` // decided: quorum votes, by principal
-	DecisionID string   `json:"decision_id,omitempty"`
-	Code       string   `json:"code,omitempty"`
-	Reason     string   `json:"reason,omitempty"`
-	Trigger    string   `json:"trigger,omitempty"` // redrive
-	Pending    int      `json:"pending,omitempty"` // redrive deferred
-	Results    int      `json:"results,omitempty"` // outcome
+	Status    string   `json:"status,omitempty"`
+	Option    string   `json:"option,omitempty"`
+	Assurance int      `json:"assurance,omitempty"`
+	Votes     []string `json:"votes,omitempty"` // decided: quorum votes, by principal
+	// Note is the decider's note kept with the decision (decided: a deny
+	// reason, an approve comment; schemas.DecisionInfo.Note), as sent: data
+	// to show (escaped), never an instruction.
+	Note       string `json:"note,omitempty"`
+	DecisionID string `json:"decision_id,omitempty"`
+	Code       string `json:"code,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Trigger    string `json:"trigger,omitempty"` // redrive
+	Pending    int    `json:"pending,omitempty"` // redrive deferred
+	Results    int    `json:"results,omitempty"` // outcome
 
 	// result: how the call's approval was decided, and by whom (the
 	// decision's principal and the quorum votes), from its decided event.
@@ -219,6 +223,7 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 		e.Kind, e.TurnID, e.ApprovalID, e.Status = Decided, d.TurnID, d.ApprovalID, string(d.Status)
 		if d.Decision != nil {
 			e.Principal, e.Option, e.Assurance, e.DecisionID = d.Decision.Principal, d.Decision.Option, int(d.Decision.Assurance), d.Decision.DecisionID
+			e.Note = d.Decision.Note
 		}
 		for _, v := range d.Votes {
 			e.Votes = append(e.Votes, v.Principal)

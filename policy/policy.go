@@ -630,6 +630,41 @@ func (p *Policy) MayDecide(tool string, tc *schemas.TurnContext, principal strin
 	return fmt.Errorf("%s is not among the deciders of %s for %s's %s turn", principal, tool, tc.Requester.Principal, tc.Audience)
 }
 
+// Candidates lists who may decide an approval of tool on the turn of tc,
+// judged by MayDecide (the one decider rule) over every principal the
+// policy names and the turn's requester, sorted: for showing who a quorum
+// still needs. min is the assurance each is judged at (a rule that needs
+// a second factor lists its deciders at AssuranceStrong only).
+func (p *Policy) Candidates(tool string, tc *schemas.TurnContext, min schemas.Assurance) []string {
+	if tc == nil {
+		return nil
+	}
+	named := []string{tc.Requester.Principal}
+	named = append(named, p.f.Approvers...)
+	for _, members := range p.f.Groups {
+		named = append(named, members...)
+	}
+	add := func(r *DeciderRule) {
+		if r != nil {
+			named = append(named, r.Principals...)
+		}
+	}
+	add(p.f.Deciders)
+	for _, r := range p.f.TrustBoundaryDeciders {
+		add(r)
+	}
+	if r, ok, _ := p.rule(tool); ok {
+		named = append(named, r.Approvers...)
+		add(r.Deciders)
+		for _, ar := range r.AudienceDeciders {
+			add(ar)
+		}
+	}
+	slices.Sort(named)
+	named = slices.Compact(named)
+	return slices.DeleteFunc(named, func(pr string) bool { return p.MayDecide(tool, tc, pr, min) != nil })
+}
+
 // Busy returns the session policy for a turn arriving on transport while
 // its session waits on approvals: BusyQueue or BusySupersede.
 func (p *Policy) Busy(transport string) string {

@@ -152,6 +152,7 @@ func auditDetail(e audit.Event) string {
 		if len(e.Votes) > 0 {
 			fmt.Fprintf(&b, ", votes %s", strings.Join(e.Votes, ","))
 		}
+		b.WriteString(notePart(e.Note))
 	case audit.Rejected:
 		b.WriteString("refused")
 		coded()

@@ -137,7 +137,8 @@ func decisionsJSON(ds map[string]approval) map[string]any {
 	return out
 }
 
-// decidedBy says who decided approval id: "cli:alice (approve)", its status
+// decidedBy says who decided approval id: "cli:alice (approve)", with
+// its note ("web:bob (deny, note \"wrong file\")"), its status
 // while it has no decision, or "-" for a call that needed none.
 func decidedBy(id string, ds map[string]approval) string {
 	d, ok := ds[id]
@@ -147,7 +148,7 @@ func decidedBy(id string, ds map[string]approval) string {
 	case !ok || d.err != nil:
 		return "?"
 	case d.rec.Decision != nil:
-		return fmt.Sprintf("%s (%s)", reveal.Must(d.rec.Decision.Principal), d.rec.Decision.Option)
+		return fmt.Sprintf("%s (%s%s)", reveal.Must(d.rec.Decision.Principal), d.rec.Decision.Option, notePart(d.rec.Decision.Note))
 	case len(d.rec.Votes) > 0:
 		var who []string
 		for _, v := range d.rec.Votes {

@@ -66,6 +66,25 @@ func cmdShow(cmd *command, args []string) int {
 	return 0
 }
 
+// noteText is a decider's note for a terminal: its hidden and control
+// characters escaped (reveal.Must), line breaks as spaces, clipped to n
+// bytes when n > 0. A note is data, shown, never obeyed.
+func noteText(note string, n int) string {
+	s := reveal.Must(strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(note))
+	if n > 0 {
+		s = clip(s, n)
+	}
+	return s
+}
+
+// notePart is `, note "…"` for a note, "" for none.
+func notePart(note string) string {
+	if note == "" {
+		return ""
+	}
+	return `, note "` + noteText(note, 80) + `"`
+}
+
 // printApproval writes a in full: nothing is clipped.
 func printApproval(w io.Writer, a *schemas.ApprovalRecord, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -109,12 +128,15 @@ func printApproval(w io.Writer, a *schemas.ApprovalRecord, now time.Time) {
 		row("quorum", "%d distinct approvals, %d so far", max(a.Quorum, 1), len(a.Votes))
 	}
 	for _, v := range a.Votes {
-		row("vote", "%s %s at %s (decision %s)", reveal.Must(v.Principal), v.Option, v.DecidedAt.UTC().Format(time.RFC3339), v.DecisionID)
+		row("vote", "%s %s at %s (decision %s)%s", reveal.Must(v.Principal), v.Option, v.DecidedAt.UTC().Format(time.RFC3339), v.DecisionID, notePart(v.Note))
 	}
 	if d := a.Decision; d != nil {
 		row("decision", "%s by %s at %s (decision %s)", d.Option, reveal.Must(d.Principal), d.DecidedAt.UTC().Format(time.RFC3339), d.DecisionID)
 		if g := d.Grant; g != nil {
 			row("by grant", "%s: %s", g.GrantID, reveal.Must(g.Summary))
+		}
+		if d.Note != "" {
+			row("note", "%s", noteText(d.Note, 0))
 		}
 	}
 	_ = tw.Flush()

@@ -43,6 +43,12 @@ func RequestedMsgID(approvalID string) string { return "requested:" + approvalID
 // person, expired or abandoned): "decided:<approval>".
 func DecidedMsgID(approvalID string) string { return "decided:" + approvalID }
 
+// VotedMsgID is the id of the voted event of decision decisionID on
+// approvalID: "voted:<approval>:<decision id>".
+func VotedMsgID(approvalID, decisionID string) string {
+	return "voted:" + approvalID + ":" + decisionID
+}
+
 // RejectedMsgID is the id of the rejection of decision decisionID:
 // "rejected:<decision id>".
 func RejectedMsgID(decisionID string) string { return "rejected:" + decisionID }

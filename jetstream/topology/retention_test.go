@@ -47,7 +47,7 @@ func TestBucketsWithoutMessageTTLsAreConverged(t *testing.T) {
 		}
 		names = append(names, c.Name)
 	}
-	want := []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims, topology.BucketGrants}
+	want := []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims, topology.BucketGrants, topology.BucketWebSessions}
 	if !slices.Equal(names, want) {
 		t.Fatalf("Plan names %v, want %v", names, want)
 	}

@@ -42,6 +42,7 @@ const (
 	SubjectDecisionSubmit    = "tollgate.decision.submit."          // + transport + "." + approval id
 	SubjectApprovalRequested = "tollgate.event.approval.requested." // + turn id
 	SubjectApprovalDecided   = "tollgate.event.approval.decided."   // + turn id
+	SubjectApprovalVoted     = "tollgate.event.approval.voted."     // + turn id: a quorum vote counted, more needed
 	SubjectDecisionRejected  = "tollgate.event.decision.rejected."  // + approval id (or "invalid")
 	SubjectBatchAwaiting     = "tollgate.event.batch.awaiting."     // + turn id
 	SubjectRedrive           = "tollgate.event.redrive."            // + kind + "." + turn id
@@ -126,6 +127,9 @@ const (
 	// BucketGrants holds standing grants by grant id and their indexes by
 	// (tool, requester) (schemas.Grant, schemas.GrantIndex).
 	BucketGrants = "tollgate_grants"
+	// BucketWebSessions holds the web inbox's sign-in sessions, by the
+	// SHA-256 of their id (transport/web), each written with a TTL.
+	BucketWebSessions = "tollgate_web_sessions"
 )
 
 // Durable consumer names, one per stage.
@@ -240,6 +244,7 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 		mk(BucketSessions, "Tollgate: per-session batch queue", 1),
 		mk(BucketClaims, "Tollgate: tool execution claims by call id", 1),
 		mk(BucketGrants, "Tollgate: standing grants by grant id, and their index by tool and requester", 1),
+		mk(BucketWebSessions, "Tollgate: web inbox sessions by hashed id, each with a TTL", 1),
 	}
 }
 

@@ -188,7 +188,7 @@ func TestEnsureIsIdempotent(t *testing.T) {
 	}
 	want := []string{
 		"KV_" + topology.BucketApprovals, "KV_" + topology.BucketBatches, "KV_" + topology.BucketClaims, "KV_" + topology.BucketSessions,
-		"KV_" + topology.BucketGrants, topology.StreamDecisions, topology.StreamDLQ, topology.StreamEvents, topology.StreamInbound, topology.StreamTurns,
+		"KV_" + topology.BucketGrants, "KV_" + topology.BucketWebSessions, topology.StreamDecisions, topology.StreamDLQ, topology.StreamEvents, topology.StreamInbound, topology.StreamTurns,
 	}
 	sort.Strings(want)
 	if got := streamNames(t, ctx, js); !reflect.DeepEqual(got, want) {
@@ -256,8 +256,8 @@ func TestConcurrentEnsure(t *testing.T) {
 	if _, err := topology.OpenBuckets(ctx, js); err != nil {
 		t.Errorf("open buckets after concurrent Ensure: %v", err)
 	}
-	if got := len(streamNames(t, ctx, js)); got != 10 {
-		t.Errorf("%d streams after concurrent Ensure, want 5 streams and 5 buckets", got)
+	if got := len(streamNames(t, ctx, js)); got != 11 {
+		t.Errorf("%d streams after concurrent Ensure, want 5 streams and 6 buckets", got)
 	}
 }
 
@@ -377,8 +377,8 @@ func TestStreamsAndBucketsAreDistinct(t *testing.T) {
 		}
 		seen[name] = true
 	}
-	if len(seen) != 10 {
-		t.Errorf("%d streams and buckets, want 10", len(seen))
+	if len(seen) != 11 {
+		t.Errorf("%d streams and buckets, want 11", len(seen))
 	}
 }
 

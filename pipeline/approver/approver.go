@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -213,6 +214,22 @@ func (a *Approver) publishDecided(ctx context.Context, rec *schemas.ApprovalReco
 	return bus.Publish(ctx, a.cfg.JS, subj, topology.DecidedMsgID(rec.ApprovalID), ev)
 }
 
+// publishVoted announces the quorum vote of decision id that rec counts
+// (tollgate.event.approval.voted.<turn>): the vote and every vote so far.
+// Nothing when rec holds no vote of that decision.
+func (a *Approver) publishVoted(ctx context.Context, rec *schemas.ApprovalRecord, id string) error {
+	i := slices.IndexFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.DecisionID == id })
+	if i < 0 {
+		return nil
+	}
+	ev := &schemas.VotedEvent{
+		ApprovalID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID,
+		Vote: rec.Votes[i], Votes: rec.Votes, Quorum: max(rec.Quorum, 1), At: rec.Votes[i].DecidedAt,
+	}
+	subj := topology.EventSubject(topology.SubjectApprovalVoted, rec.TurnID)
+	return bus.Publish(ctx, a.cfg.JS, subj, topology.VotedMsgID(rec.ApprovalID, id), ev)
+}
+
 // Apply applies d, publishing a decided event or a rejection. It returns an
 // error only for transient failures (to be retried).
 func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
@@ -238,6 +255,11 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 			return err
 		}
 	}
+	if res.voted != nil {
+		if err := a.publishVoted(ctx, res.voted, d.DecisionID); err != nil {
+			return err
+		}
+	}
 	if res.rejected == nil && res.label != "" {
 		a.decisions.WithLabelValues(res.label).Inc()
 	}
@@ -247,6 +269,7 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 type result struct {
 	rejected *schemas.Error          // publish a rejection
 	decided  *schemas.ApprovalRecord // publish (or re-publish) its decided event
+	voted    *schemas.ApprovalRecord // publish (or re-publish) the voted event of the decision
 	label    string
 }
 
@@ -292,6 +315,11 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		}
 		if v.Announce {
 			res.decided = rec
+		}
+		if rejected == nil && rec != nil && rec.Status == schemas.ApprovalPending && (v.Effect == Vote || v.Effect == Idempotent) {
+			// A counted vote (or its redelivery: the event's message id
+			// makes a repeat one event) is announced.
+			res.voted = rec
 		}
 		if rejected == nil && (v.Effect == Applied || v.Effect == Idempotent) {
 			// Made before the decided event is published, and again on a

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -225,10 +226,18 @@ func TestMultiApproverQuorum(t *testing.T) {
 			t.Fatalf("vote metric %v, want %v", got, votesBefore+1)
 		}
 
+		// The vote is an event: who voted, the votes so far and the quorum.
+		voted := pt.DecodeAll[schemas.VotedEvent](h.T, h.Events(topology.EventSubject(topology.SubjectApprovalVoted, turn)))
+		if len(voted) != 1 || voted[0].ApprovalID != id || voted[0].Vote.Principal != "cli:olga" || voted[0].Quorum != 2 || len(voted[0].Votes) != 1 {
+			t.Fatalf("voted events %+v, want one: cli:olga's, 1 of 2", voted)
+		}
 		// The same member again: an idempotent success, not a second vote.
 		vote(h, id, schemas.OptionApprove, verified("olga"))
 		vote(h, id, schemas.OptionApprove, from(verified("olga"), schemas.ChannelDM))
 		stillPending(h, turn, id, "cli:olga")
+		if n := len(h.Events(topology.EventSubject(topology.SubjectApprovalVoted, turn))); n != 1 {
+			t.Fatalf("%d voted events after the repeats, want 1", n)
+		}
 
 		// Deciders who do not qualify do not add votes either.
 		unauthorized(h, id, schemas.OptionApprove, verified("alice"), verified("mallory"), verified("sam"), who{id: "oscar"})

@@ -176,3 +176,23 @@ func TestAGrantOptionIsADocumentedDecision(t *testing.T) {
 		t.Fatalf("decision %+v, want approved with approve-session", d)
 	}
 }
+
+// TestTheDecisionNoteIsInTheApprovalView: a deny sent with a note (its
+// reason) through the API keeps it with the decision: the decision's
+// answer and GET /v1/approvals/{id} show it as sent.
+func TestTheDecisionNoteIsInTheApprovalView(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	_, c := g.submitGated("a", "s-note", "alice")
+	const note = "wrong file: use notes/b.txt"
+	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+		DecisionRequest{Option: "deny", ArgsDigest: g.Approval(c.ApprovalID).ArgsDigest, Decider: SenderIn{ID: "alice"}, Note: note})
+	d := want[DecisionResponse](t, resp, body, http.StatusOK)
+	if d.Decision == nil || d.Decision.Note != note {
+		t.Fatalf("decision answered %+v, want the note %q", d.Decision, note)
+	}
+	resp, body = g.do("GET", "/v1/approvals/"+c.ApprovalID, "a", nil)
+	v := want[ApprovalView](t, resp, body, http.StatusOK)
+	if v.Decision == nil || v.Decision.Note != note || !strings.Contains(string(body), `"note":"`+note+`"`) {
+		t.Fatalf("approval view %s, want decision.note %q", body, note)
+	}
+}

@@ -99,6 +99,9 @@ type DecisionView struct {
 	Principal  string    `json:"principal"`
 	Option     string    `json:"option"`
 	DecidedAt  time.Time `json:"decided_at"`
+	// Note is the decider's note (a deny reason, an approve comment), as
+	// sent; omitted when there was none.
+	Note string `json:"note,omitempty"`
 }
 
 func resultView(r *schemas.ToolResult) *ResultView {
@@ -109,7 +112,7 @@ func resultView(r *schemas.ToolResult) *ResultView {
 }
 
 func decisionView(d schemas.DecisionInfo) DecisionView {
-	return DecisionView{DecisionID: d.DecisionID, Principal: d.Principal, Option: d.Option, DecidedAt: d.DecidedAt}
+	return DecisionView{DecisionID: d.DecisionID, Principal: d.Principal, Option: d.Option, DecidedAt: d.DecidedAt, Note: d.Note}
 }
 
 func approvalView(a *schemas.ApprovalRecord) *ApprovalView {

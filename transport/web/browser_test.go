@@ -216,6 +216,9 @@ func TestInboxInARealBrowser(t *testing.T) {
 	if rec := in.Approval(pending.ApprovalID); rec.Status != schemas.ApprovalDenied || rec.Decision.Principal != "web:alice" {
 		t.Fatalf("approval %s by %+v, want denied by web:alice", rec.Status, rec.Decision)
 	}
+	if got := text(t, alice, ps+" .decision-note"); !strings.Contains(got, "wrong file") {
+		t.Fatalf("the decided card shows the note %q, want the deny reason", got)
+	}
 
 	do(t, alice, "the turn's timeline",
 		chromedp.Navigate(in.url+"/turns/"+a.TurnID),

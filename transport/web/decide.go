@@ -90,7 +90,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, nil, http.StatusForbidden, schemas.CodeDeciderNotAuthorized, "You may not decide this approval.")
 		return
 	}
-	c := newCard(rec, sess)
+	c := s.newCard(rec, sess)
 	switch {
 	case digest != rec.ArgsDigest:
 		s.refuse(w, r, c, http.StatusConflict, schemas.CodeArgsDigestMismatch, "The arguments you were shown are not the ones this approval binds: nothing was decided.")
@@ -114,7 +114,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if now, _, err := s.store.Approvals.Get(r.Context(), id); err == nil {
-		c = newCard(now, sess)
+		c = s.newCard(now, sess)
 	}
 	c.Verdict = v
 	status := http.StatusOK

@@ -24,7 +24,7 @@ import (
 // team (private-channel) turns; web:mallory none. quick calls expire
 // after two seconds; web:alice and web:mallory decide them. vault calls
 // are decided by web:id2 (the OIDC test's user) signed in with a second
-// factor. files calls are decided like count calls and offer three grant
+// factor. pair calls need two of web:alice, web:bob and web:dave. files calls are decided like count calls and offer three grant
 // options: this session, the folder of the path (any session of the
 // requester) and a standing deny for the session.
 const testPolicy = `{
@@ -35,6 +35,7 @@ const testPolicy = `{
               "audience_deciders": {"personal": {"principals": ["web:alice"]}}},
     "quick": {"approval": "required", "expires_after": "2s", "deciders": {"principals": ["web:alice", "web:mallory"]}},
     "vault": {"approval": "required", "deciders": {"principals": ["web:id2"], "min_assurance": "strong"}},
+    "pair": {"approval": "required", "deciders": {"requester": false, "principals": ["web:alice", "web:bob", "web:dave"], "quorum": 2}},
     "files": {"approval": "required", "deciders": {"principals": ["web:alice", "web:bob"]},
               "audience_deciders": {"personal": {"principals": ["web:alice"]}}, "grants": [
       {"option": "approve-session", "scope": "session", "for": "1h"},
@@ -69,6 +70,7 @@ type inbox struct {
 	*pipelinetest.H
 	t     *testing.T
 	url   string
+	srv   *httptest.Server // the gateway process url names, first
 	clock *clock
 	count *pipelinetest.Counter
 	files *pipelinetest.Counter
@@ -80,8 +82,24 @@ type inbox struct {
 func startInbox(t *testing.T, cfg func(*web.Config)) *inbox {
 	t.Helper()
 	count, files := &pipelinetest.Counter{}, &pipelinetest.Counter{ToolName: "files"}
-	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy, Tools: []tools.Tool{count, &pipelinetest.Counter{ToolName: "quick"}, &pipelinetest.Counter{ToolName: "vault"}, files}})
+	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy, Tools: []tools.Tool{count, &pipelinetest.Counter{ToolName: "quick"}, &pipelinetest.Counter{ToolName: "vault"}, &pipelinetest.Counter{ToolName: "pair"}, files}})
 	c := &clock{}
+	srv := startGateway(t, h, c, cfg)
+	return &inbox{H: h, t: t, url: srv.URL, srv: srv, clock: c, count: count, files: files}
+}
+
+// stopGateway stops the first gateway process, cutting its open
+// connections (a live stream included), as a restart does.
+func (in *inbox) stopGateway() {
+	in.srv.CloseClientConnections()
+	in.srv.Close()
+}
+
+// startGateway starts one gateway process's worth (a web.Server and the
+// gateway mounting it, on a loopback port) on h's pipeline; several are
+// replicas of one another, sharing only NATS.
+func startGateway(t *testing.T, h *pipelinetest.H, c *clock, cfg func(*web.Config)) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
 	wc := web.Config{JS: h.JS, Policy: h.Policy, Keys: h.Keys, Logger: pipelinetest.Logger(), Addr: srv.Listener.Addr().String(), DevSignIn: true,
 		DecisionRate: 50, DecisionBurst: 50, Heartbeat: 200 * time.Millisecond, Now: c.now}
@@ -98,8 +116,8 @@ func startInbox(t *testing.T, cfg func(*web.Config)) *inbox {
 	}
 	srv.Config.Handler = gw.Handler()
 	srv.Start()
-	t.Cleanup(srv.Close)
-	return &inbox{H: h, t: t, url: srv.URL, clock: c, count: count, files: files}
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	return srv
 }
 
 // browser is one user agent: a cookie jar and what it last saw.

@@ -33,21 +33,33 @@ type card struct {
 	// how long (the approval's GrantOffer summary), shown as buttons of
 	// their own. Every one posts through the same form: same digest and
 	// CSRF token.
-	Plain                  []string
-	Offers                 []schemas.GrantOffer
-	Quorum                 int
-	Votes                  []schemas.DecisionInfo
+	Plain  []string
+	Offers []schemas.GrantOffer
+	Quorum int
+	Votes  []schemas.DecisionInfo
+	// Missing is how many more approvals a quorum needs; StillNeeded who
+	// may still give one (the approver's decider rule over the principals
+	// the policy names, less those who voted).
+	Missing                int
+	StillNeeded            []string
 	RequestedAt, ExpiresAt time.Time
 	Status                 schemas.ApprovalStatus
 	// Why says why a card that is not pending is closed: who decided it
 	// and when, or that it expired or was abandoned.
 	Why string
+	// Note is the decider's note kept with the decision (a deny reason,
+	// an approve comment), shown through reveal.
+	Note string
 	// Verdict is the approver's answer to this person's decision, when
 	// the card is the answer to one.
 	Verdict *verdict
 	// Result is the call's result, once its turn has an outcome.
 	Result *schemas.ToolResult
 	CSRF   string
+	// Preview, when set, is rendered by the "preview" template next to
+	// the arguments (what the call would change); nil: nothing is shown.
+	// Empty slot: nothing sets it yet.
+	Preview any
 	// Warning is reveal.Warning when the call (its arguments, its
 	// requester, a grant's summary) holds a character reveal escapes;
 	// every such field is shown through reveal.
@@ -63,8 +75,24 @@ type arg struct {
 // Open reports whether the card can still be decided.
 func (c *card) Open() bool { return c.Status == schemas.ApprovalPending }
 
-// newCard is the card of rec for the person of sess.
-func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
+// newCard is the card of rec for the person of sess, with who a quorum
+// still needs.
+func (s *Server) newCard(rec *schemas.ApprovalRecord, sess *session) *card {
+	c := cardOf(rec, sess)
+	if c.Quorum > 1 && c.Open() && rec.Context != nil {
+		c.Missing = max(c.Quorum-len(rec.Votes), 0)
+		for _, p := range s.cfg.Policy.Candidates(rec.Tool, rec.Context, schemas.AssuranceStrong) {
+			if !slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.Principal == p }) {
+				c.StillNeeded = append(c.StillNeeded, reveal.Must(p))
+			}
+		}
+	}
+	return c
+}
+
+// cardOf is the card of rec for the person of sess, without what needs
+// the policy (Server.newCard adds it).
+func cardOf(rec *schemas.ApprovalRecord, sess *session) *card {
 	args, flagged := foldArgs(rec.Args)
 	c := &card{
 		ID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: reveal.Must(rec.SessionID), CallID: rec.CallID,
@@ -93,9 +121,6 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 		c.RequesterTransport = tc.Transport
 		c.ChannelID, c.ChannelKind, c.Audience = reveal.Must(tc.Channel.ID), string(tc.Channel.Kind), string(tc.Audience)
 	}
-	if flagged {
-		c.Warning = reveal.Warning
-	}
 	if sess != nil {
 		c.CSRF = sess.csrf
 	}
@@ -104,9 +129,15 @@ func newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 		if d.Grant != nil {
 			c.Why = string(rec.Status) + " by grant " + d.Grant.GrantID + " (made by " + reveal.Must(d.Principal) + ") at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
 		}
+		var f bool
+		c.Note, f = reveal.String(d.Note)
+		flagged = flagged || f
 		if rec.Status == schemas.ApprovalExpired {
 			c.Why = "expired at " + rec.ExpiresAt.UTC().Format("15:04:05 UTC")
 		}
+	}
+	if flagged {
+		c.Warning = reveal.Warning
 	}
 	return c
 }
@@ -174,7 +205,7 @@ func (s *Server) pending(ctx context.Context, sess *session) ([]*card, error) {
 		if err != nil || rec.Status != schemas.ApprovalPending || s.mayDecide(rec, sess) != nil {
 			continue
 		}
-		out = append(out, newCard(rec, sess))
+		out = append(out, s.newCard(rec, sess))
 	}
 	slices.SortFunc(out, func(a, b *card) int { return a.RequestedAt.Compare(b.RequestedAt) })
 	return out, nil
@@ -228,8 +259,11 @@ func (s *Server) devSignIn(w http.ResponseWriter, r *http.Request) {
 		s.message(w, r, http.StatusBadRequest, "Sign in", string(schemas.CodeInvalidInput), "A subject is 1 to 64 letters, digits and . _ @ -, starting with a letter or digit.")
 		return
 	}
-	s.sessions.end(w, sess.id)
-	s.sessions.start(w, r, s.cfg.SecureCookies, subject, subject, r.PostFormValue("strong") == "on")
+	s.sessions.end(r.Context(), w, sess)
+	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, subject, subject, r.PostFormValue("strong") == "on", nil) == nil {
+		s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "The session could not be stored: try again.")
+		return
+	}
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
@@ -240,13 +274,35 @@ func loopbackRequest(r *http.Request) bool {
 	return local != nil && LoopbackAddr(local.String()) && LoopbackAddr(r.RemoteAddr)
 }
 
-// signOut ends the session.
+// signOut ends the session, in every process; with the form field
+// everywhere=1, every other session of the person too (all their
+// browsers).
 func (s *Server) signOut(w http.ResponseWriter, r *http.Request) {
 	sess := s.sessions.get(r)
 	if !validCSRF(sess, r) {
 		s.message(w, r, http.StatusForbidden, "Forbidden", string(CodeCSRFInvalid), "The form's security token is missing or stale: reload the page and try again.")
 		return
 	}
-	s.sessions.end(w, sess.id)
+	if r.PostFormValue("everywhere") == "1" && sess.SignedIn() {
+		if err := s.sessions.endEverywhere(r.Context(), sess.subject); err != nil {
+			s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "Your sessions could not be ended: try again.")
+			return
+		}
+	}
+	s.sessions.end(r.Context(), w, sess)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// sessionState answers whether the request's session is live: 204 when
+// signed in, else 401 with Tollgate-Code SIGNED_OUT. The open page asks it
+// when its live stream breaks, to tell a restart or another replica (it
+// reconnects) from a session that has ended (it says so).
+func (s *Server) sessionState(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	if !s.sessions.get(r).SignedIn() {
+		w.Header().Set("Tollgate-Code", string(CodeSignedOut))
+		http.Error(w, string(CodeSignedOut), http.StatusUnauthorized)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -20,7 +22,7 @@ import (
 // it comes from.
 const (
 	eventPrompt    = "prompt"    // a new approval the person may decide: insert it
-	eventUpdate    = "update"    // a card changed (decided, expired, abandoned, its call's result): replace it
+	eventUpdate    = "update"    // a card changed (a quorum vote, decided, expired, abandoned, its call's result): replace it
 	eventSignedOut = "signedout" // the session ended: the stream stops
 )
 
@@ -63,7 +65,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	sub, err := s.feed.Subscribe(ctx, eventfeed.Options{
-		Filters: []string{topology.SubjectApprovalRequested + "*", topology.SubjectApprovalDecided + "*", topology.SubjectTurnOutcome + "*"},
+		Filters: []string{topology.SubjectApprovalRequested + "*", topology.SubjectApprovalDecided + "*", topology.SubjectApprovalVoted + "*", topology.SubjectTurnOutcome + "*"},
 		After:   after, Owner: sess.Principal(), Max: s.cfg.MaxStreams,
 	})
 	switch {
@@ -87,20 +89,25 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no")
 	httpserve.Hold(w, r, 0) // and before each write: a stream, no write timeout
 	w.WriteHeader(http.StatusOK)
-	_, _ = fmt.Fprint(w, ": tollgate inbox\n\n")
+	// retry: a browser whose stream broke (a restart, another replica)
+	// reconnects after a second, with Last-Event-ID.
+	_, _ = fmt.Fprint(w, ": tollgate inbox\nretry: 1000\n\n")
 	fl.Flush()
+	// ended is cancelled the moment the session ends: signed out (here or
+	// in any process), signed out everywhere, or expired.
+	ended := s.watchSession(ctx, sess)
 	mine := map[string]bool{} // approval id -> the person may decide it
 	// The next heartbeat is due Heartbeat after the last write, whatever
 	// events concern none of this person's approvals in between.
 	beat := time.Now().Add(s.cfg.Heartbeat)
 	for {
-		wait, cancel := context.WithDeadline(ctx, beat)
+		wait, cancel := context.WithDeadline(ended, beat)
 		m, err := sub.Next(wait)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
-		case s.sessions.get(r) == nil:
+		case ended.Err() != nil || s.sessions.get(r) == nil:
 			_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
 			fl.Flush()
 			return
@@ -136,6 +143,45 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// watchSession returns a context that is cancelled when ctx is or when
+// the session sess ends: its record or its person's sign-out-everywhere
+// record changes in the sessions bucket (whichever process changed it)
+// and the session no longer loads, or its expiry passes.
+func (s *Server) watchSession(ctx context.Context, sess *session) context.Context {
+	ended, end := context.WithCancel(ctx)
+	w, err := s.sessions.kv.WatchFiltered(ended, []string{sess.key, revokedKey(sess.subject)}, jetstream.UpdatesOnly())
+	if err != nil {
+		s.cfg.Logger.Warn("web: cannot watch the session; the heartbeat checks it", "err", err)
+	}
+	go func() {
+		defer end()
+		expiry := time.NewTimer(sess.expires.Sub(s.cfg.Now()))
+		defer expiry.Stop()
+		var updates <-chan jetstream.KeyValueEntry
+		if w != nil {
+			updates = w.Updates()
+			defer func() { _ = w.Stop() }()
+		}
+		for {
+			select {
+			case <-ended.Done():
+				return
+			case <-expiry.C:
+				return
+			case _, ok := <-updates:
+				if !ok {
+					updates = nil // the heartbeat still checks
+					continue
+				}
+				if s.sessions.load(ended, sess.id) == nil && ended.Err() == nil {
+					return
+				}
+			}
+		}
+	}()
+	return ended
+}
+
 // liveCards are the SSE events (name and the cards' HTML) that stored
 // event m is for the person of sess; none when it concerns none of theirs.
 func (s *Server) liveCards(ctx context.Context, m eventfeed.Event, sess *session, mine map[string]bool) (name string, html []string) {
@@ -152,9 +198,18 @@ func (s *Server) liveCards(ctx context.Context, m eventfeed.Event, sess *session
 		if !mine[rec.ApprovalID] {
 			return "", nil
 		}
-		name, cards = eventPrompt, []*card{newCard(rec, sess)}
+		name, cards = eventPrompt, []*card{s.newCard(rec, sess)}
 	case strings.HasPrefix(subj, topology.SubjectApprovalDecided):
 		ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
+		if err != nil {
+			return "", nil
+		}
+		name = eventUpdate
+		if c := s.currentCard(ctx, ev.ApprovalID, sess, mine); c != nil {
+			cards = append(cards, c)
+		}
+	case strings.HasPrefix(subj, topology.SubjectApprovalVoted):
+		ev, err := schemas.Decode[schemas.VotedEvent](m.Data)
 		if err != nil {
 			return "", nil
 		}
@@ -206,5 +261,5 @@ func (s *Server) currentCard(ctx context.Context, id string, sess *session, mine
 	if !mine[id] {
 		return nil
 	}
-	return newCard(rec, sess)
+	return s.newCard(rec, sess)
 }

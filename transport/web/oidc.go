@@ -85,9 +85,12 @@ func newOIDC(ctx context.Context, c OIDCConfig) (*oidcClient, error) {
 // oidcStart sends the browser to the provider, with a fresh state, nonce
 // and PKCE challenge kept in its (signed-out) session.
 func (s *Server) oidcStart(w http.ResponseWriter, r *http.Request) {
-	sess := s.current(w, r)
 	ls := loginState{state: randomToken(), nonce: randomToken(), verifier: oauth2.GenerateVerifier()}
-	s.sessions.setLogin(sess.id, &ls)
+	s.sessions.end(r.Context(), w, s.sessions.get(r))
+	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, "", "", false, &ls) == nil {
+		s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "The sign-in could not be started: try again.")
+		return
+	}
 	http.Redirect(w, r, s.oidc.oauth.AuthCodeURL(ls.state, oidc.Nonce(ls.nonce), oauth2.S256ChallengeOption(ls.verifier)), http.StatusFound)
 }
 
@@ -106,10 +109,7 @@ const (
 // state is used at most once.
 func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	sess := s.sessions.get(r)
-	var ls *loginState
-	if sess != nil {
-		ls = s.sessions.takeLogin(sess.id)
-	}
+	ls := s.sessions.takeLogin(r.Context(), sess)
 	q := r.URL.Query()
 	if ls == nil || subtle.ConstantTimeCompare([]byte(q.Get("state")), []byte(ls.state)) != 1 {
 		s.message(w, r, http.StatusForbidden, "Sign-in failed", string(CodeOIDCState), "This sign-in was not started by this browser, or was already used: start again.")
@@ -146,7 +146,9 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	strong := slices.ContainsFunc(claims.AMR, func(m string) bool { return slices.Contains(s.oidc.strong, m) })
-	s.sessions.end(w, sess.id)
-	s.sessions.start(w, r, s.cfg.SecureCookies, id.Subject, claims.Name, strong)
+	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, id.Subject, claims.Name, strong, nil) == nil {
+		s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "The session could not be stored: try again.")
+		return
+	}
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }

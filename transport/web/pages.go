@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/audit"
+	"github.com/tollgate-dev/tollgate/reveal"
 )
 
 // page is what every page template gets.
@@ -41,6 +42,7 @@ func parsePages() (map[string]*template.Template, error) {
 		"rfc3339": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"clock":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
 		"join":    strings.Join,
+		"reveal":  reveal.Must,
 		"stamp":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000") },
 		"transport": func(principal string) string {
 			t, _, _ := strings.Cut(principal, ":")

@@ -1,15 +1,18 @@
 package web
 
 import (
-	"crypto/hmac"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"net/http"
-	"strings"
-	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -21,20 +24,47 @@ const cookieName = "tollgate_session"
 // token of the sign-in form) lives.
 const anonTTL = time.Hour
 
-// maxSessions bounds the sessions kept; past it, expired ones are dropped
-// and then the oldest signed-out ones.
-const maxSessions = 10000
+// sessionOpTimeout bounds one read or write of the sessions bucket.
+const sessionOpTimeout = 5 * time.Second
 
 // session is one browser's state on the server. Subject is "" while
 // signed out.
 type session struct {
-	id      string
+	id      string // the cookie's value; never stored
+	key     string // the bucket key: "s." + hex(SHA-256(id))
+	rev     uint64 // the record's revision
 	subject string
 	display string
 	strong  bool // the sign-in showed a second factor
 	csrf    string
+	created time.Time
 	expires time.Time
 	login   *loginState // an OIDC sign-in in progress
+}
+
+// sessionRecord is a session as stored in the sessions bucket.
+type sessionRecord struct {
+	Subject string       `json:"subject,omitempty"`
+	Display string       `json:"display,omitempty"`
+	Strong  bool         `json:"strong,omitempty"`
+	CSRF    string       `json:"csrf"`
+	Created time.Time    `json:"created"`
+	Expires time.Time    `json:"expires"`
+	Login   *loginRecord `json:"login,omitempty"`
+}
+
+// loginRecord is a loginState as stored.
+type loginRecord struct {
+	State    string `json:"state"`
+	Nonce    string `json:"nonce"`
+	Verifier string `json:"verifier"`
+}
+
+// revokedRecord is stored at "u." + hex(SHA-256(subject)) when a person
+// signs out everywhere: every session of theirs created before Before is
+// no session.
+type revokedRecord struct {
+	Before time.Time `json:"before"`
 }
 
 // SignedIn reports whether the session belongs to a person.
@@ -57,21 +87,27 @@ func (s *session) channel() *schemas.Channel {
 	return &schemas.Channel{ID: "inbox-" + s.subject, Kind: schemas.ChannelDM}
 }
 
-// sessions is the server-side session table. A cookie names a session by
-// id and an HMAC of the id: a cookie whose MAC does not verify, whose
-// session is unknown (signed out, forgotten at restart) or past its expiry
-// is no session.
+// sessions keeps the inbox's sessions in the JetStream KV bucket
+// tollgate_web_sessions, so that any process serving the inbox (a
+// restarted one, another replica) knows every session: nothing about a
+// session lives in one process's memory.
+//
+// A cookie carries a random 192-bit id; the bucket holds the session under
+// the SHA-256 of that id, so whoever reads the bucket learns no cookie. A
+// session is written with a per-message TTL (its lifetime), after which
+// the server removes it; a read also refuses a record past its expiry. A
+// cookie whose id names no record (unknown, signed out, expired, forged)
+// is no session. Signing out purges the record: every process refuses the
+// cookie from then on. Signing out everywhere also stores, for the
+// person, the time before which every session of theirs is no session.
 type sessions struct {
-	key []byte
+	kv  jetstream.KeyValue
 	ttl time.Duration
 	now func() time.Time
-
-	mu sync.Mutex
-	m  map[string]*session
 }
 
-func newSessions(key []byte, ttl time.Duration, now func() time.Time) *sessions {
-	return &sessions{key: key, ttl: ttl, now: now, m: map[string]*session{}}
+func newSessions(kv jetstream.KeyValue, ttl time.Duration, now func() time.Time) *sessions {
+	return &sessions{kv: kv, ttl: ttl, now: now}
 }
 
 func randomToken() string {
@@ -80,107 +116,148 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-func (ss *sessions) mac(id string) string {
-	m := hmac.New(sha256.New, ss.key)
-	m.Write([]byte(id))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+func hashKey(prefix, v string) string {
+	h := sha256.Sum256([]byte(v))
+	return prefix + hex.EncodeToString(h[:])
 }
 
-// get returns the request's live session, or nil.
+// sessionKey is the bucket key of the session whose cookie carries id.
+func sessionKey(id string) string { return hashKey("s.", id) }
+
+// revokedKey is the bucket key of subject's sign-out-everywhere time.
+func revokedKey(subject string) string { return hashKey("u.", subject) }
+
+// get returns the request's live session, or nil: no cookie, no record,
+// a record past its expiry, one created before its person signed out
+// everywhere, or the bucket unreachable.
 func (ss *sessions) get(r *http.Request) *session {
 	c, err := r.Cookie(cookieName)
+	if err != nil || c.Value == "" || len(c.Value) > 64 {
+		return nil
+	}
+	return ss.load(r.Context(), c.Value)
+}
+
+// load reads the session of cookie value id.
+func (ss *sessions) load(ctx context.Context, id string) *session {
+	ctx, cancel := context.WithTimeout(ctx, sessionOpTimeout)
+	defer cancel()
+	key := sessionKey(id)
+	e, err := ss.kv.Get(ctx, key)
 	if err != nil {
 		return nil
 	}
-	id, mac, ok := strings.Cut(c.Value, ".")
-	if !ok || !hmac.Equal([]byte(mac), []byte(ss.mac(id))) {
+	var rec sessionRecord
+	if json.Unmarshal(e.Value(), &rec) != nil || !ss.now().Before(rec.Expires) {
 		return nil
 	}
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	s := ss.m[id]
-	if s == nil {
-		return nil
+	s := &session{id: id, key: key, rev: e.Revision(), subject: rec.Subject, display: rec.Display, strong: rec.Strong,
+		csrf: rec.CSRF, created: rec.Created, expires: rec.Expires}
+	if l := rec.Login; l != nil {
+		s.login = &loginState{state: l.State, nonce: l.Nonce, verifier: l.Verifier}
 	}
-	if !ss.now().Before(s.expires) {
-		delete(ss.m, id)
-		return nil
+	if s.subject != "" {
+		if before, ok := ss.revokedBefore(ctx, s.subject); !ok || !s.created.After(before) {
+			return nil
+		}
 	}
-	cp := *s
-	return &cp
+	return s
+}
+
+// revokedBefore is the time before which subject's sessions are revoked
+// (zero when they never signed out everywhere); ok is false when it
+// cannot be read.
+func (ss *sessions) revokedBefore(ctx context.Context, subject string) (time.Time, bool) {
+	e, err := ss.kv.Get(ctx, revokedKey(subject))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return time.Time{}, true
+	case err != nil:
+		return time.Time{}, false
+	}
+	var rec revokedRecord
+	if json.Unmarshal(e.Value(), &rec) != nil {
+		return time.Time{}, false
+	}
+	return rec.Before, true
 }
 
 // start makes a new session for subject ("" for a signed-out one, to carry
-// a CSRF token) and sets its cookie on w. A sign-in always starts a new
-// session, so an id known before it is worth nothing after.
-func (ss *sessions) start(w http.ResponseWriter, r *http.Request, secure bool, subject, display string, strong bool) *session {
+// a CSRF token, and login, an OIDC sign-in in progress) and sets its
+// cookie on w. A sign-in always starts a new session, so an id known
+// before it is worth nothing after. It returns nil when the bucket cannot
+// be written.
+func (ss *sessions) start(ctx context.Context, w http.ResponseWriter, r *http.Request, secure bool, subject, display string, strong bool, login *loginState) *session {
 	ttl := ss.ttl
 	if subject == "" {
 		ttl = anonTTL
 	}
-	s := &session{id: randomToken(), subject: subject, display: display, strong: strong, csrf: randomToken(), expires: ss.now().Add(ttl)}
-	ss.mu.Lock()
-	if len(ss.m) >= maxSessions {
-		ss.prune()
+	now := ss.now()
+	s := &session{id: randomToken(), subject: subject, display: display, strong: strong, csrf: randomToken(),
+		created: now, expires: now.Add(ttl), login: login}
+	s.key = sessionKey(s.id)
+	rec := sessionRecord{Subject: subject, Display: display, Strong: strong, CSRF: s.csrf, Created: now.UTC(), Expires: s.expires.UTC()}
+	if login != nil {
+		rec.Login = &loginRecord{State: login.state, Nonce: login.nonce, Verifier: login.verifier}
 	}
-	ss.m[s.id] = s
-	ss.mu.Unlock()
+	data, _ := json.Marshal(rec)
+	ctx, cancel := context.WithTimeout(ctx, sessionOpTimeout)
+	defer cancel()
+	rev, err := ss.kv.Create(ctx, s.key, data, jetstream.KeyTTL(ttl))
+	if err != nil {
+		return nil
+	}
+	s.rev = rev
 	http.SetCookie(w, &http.Cookie{
-		Name: cookieName, Value: s.id + "." + ss.mac(s.id), Path: "/",
+		Name: cookieName, Value: s.id, Path: "/",
 		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: secure || r.TLS != nil,
 		Expires: s.expires,
 	})
-	cp := *s
-	return &cp
+	return s
 }
 
-// prune drops expired sessions and, if that is not enough, signed-out
-// ones; ss.mu is held.
-func (ss *sessions) prune() {
-	now := ss.now()
-	for id, s := range ss.m {
-		if !now.Before(s.expires) {
-			delete(ss.m, id)
-		}
+// end revokes session s (nil: none) in the bucket, for every process, and
+// clears the cookie.
+func (ss *sessions) end(ctx context.Context, w http.ResponseWriter, s *session) {
+	if s != nil {
+		ctx, cancel := context.WithTimeout(ctx, sessionOpTimeout)
+		defer cancel()
+		_ = ss.kv.Purge(ctx, s.key, jetstream.PurgeTTL(ss.ttl))
 	}
-	for id, s := range ss.m {
-		if len(ss.m) < maxSessions {
-			return
-		}
-		if s.subject == "" {
-			delete(ss.m, id)
-		}
-	}
-}
-
-// end forgets session id and clears the cookie.
-func (ss *sessions) end(w http.ResponseWriter, id string) {
-	ss.mu.Lock()
-	delete(ss.m, id)
-	ss.mu.Unlock()
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteLaxMode})
 }
 
-// setLogin keeps ls in session id, for the OIDC callback.
-func (ss *sessions) setLogin(id string, ls *loginState) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if s := ss.m[id]; s != nil {
-		s.login = ls
+// endEverywhere revokes every session of subject created up to now, in
+// every browser and every process.
+func (ss *sessions) endEverywhere(ctx context.Context, subject string) error {
+	ctx, cancel := context.WithTimeout(ctx, sessionOpTimeout)
+	defer cancel()
+	data, _ := json.Marshal(revokedRecord{Before: ss.now().UTC()})
+	key := revokedKey(subject)
+	// Sessions live at most ttl, so the record may go after that.
+	for range 3 {
+		_, err := ss.kv.Create(ctx, key, data, jetstream.KeyTTL(ss.ttl+time.Minute))
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return err
+		}
+		_ = ss.kv.Purge(ctx, key, jetstream.PurgeTTL(ss.ttl))
 	}
+	return errors.New("web: sign-out everywhere raced: try again")
 }
 
-// takeLogin returns and forgets the sign-in in progress of session id.
-func (ss *sessions) takeLogin(id string) *loginState {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	s := ss.m[id]
-	if s == nil {
+// takeLogin returns and forgets the sign-in in progress of s: at most
+// once, whichever process asks (the record is purged only if it is still
+// the revision read).
+func (ss *sessions) takeLogin(ctx context.Context, s *session) *loginState {
+	if s == nil || s.login == nil {
 		return nil
 	}
-	ls := s.login
-	s.login = nil
-	return ls
+	ctx, cancel := context.WithTimeout(ctx, sessionOpTimeout)
+	defer cancel()
+	if err := ss.kv.Purge(ctx, s.key, jetstream.LastRevision(s.rev), jetstream.PurgeTTL(ss.ttl)); err != nil {
+		return nil
+	}
+	return s.login
 }
 
 // validCSRF reports whether the request's csrf form value is s's token.
@@ -190,10 +267,11 @@ func validCSRF(s *session, r *http.Request) bool {
 }
 
 // current returns the request's session, starting a signed-out one (for
-// the CSRF token of forms) when there is none.
+// the CSRF token of forms) when there is none. It is nil only when the
+// sessions bucket cannot be written.
 func (s *Server) current(w http.ResponseWriter, r *http.Request) *session {
 	if sess := s.sessions.get(r); sess != nil {
 		return sess
 	}
-	return s.sessions.start(w, r, s.cfg.SecureCookies, "", "", false)
+	return s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, "", "", false, nil)
 }

@@ -26,15 +26,15 @@
 // Pages are server-rendered with html/template (which does all escaping);
 // the only script is static/inbox.js, served from this package. Every
 // response carries a Content-Security-Policy without inline script and
-// with frame-ancestors 'none'. Sessions are kept on the server (in memory:
-// a restart signs everyone out) and named by a signed, HttpOnly,
-// SameSite=Lax cookie (Secure under TLS); every state-changing request
-// carries the session's CSRF token.
+// with frame-ancestors 'none'. Sessions are kept in the KV bucket
+// tollgate_web_sessions (by the hash of their id, with a TTL), so a
+// restart keeps people signed in and any replica serves any request; a
+// random id in an HttpOnly, SameSite=Lax cookie (Secure under TLS) names
+// one; every state-changing request carries the session's CSRF token.
 package web
 
 import (
 	"context"
-	"crypto/rand"
 	"embed"
 	"errors"
 	"fmt"
@@ -90,11 +90,10 @@ type Config struct {
 	// OIDC, when set, enables sign-in with an OpenID Connect provider.
 	OIDC *OIDCConfig
 	// SessionTTL is how long a sign-in lasts (default 8h); the server
-	// forgets the session then, whatever the cookie says.
+	// forgets the session then, whatever the cookie says. Sessions live in
+	// the KV bucket tollgate_web_sessions (topology.BucketWebSessions),
+	// shared by every process that serves the inbox.
 	SessionTTL time.Duration
-	// CookieKey signs session cookies (at least 32 bytes; default: random,
-	// so cookies do not outlive the process, like the sessions they name).
-	CookieKey []byte
 	// SecureCookies marks cookies Secure even on plain-HTTP requests (behind
 	// a TLS-terminating proxy). Requests that arrive over TLS always get
 	// Secure cookies.
@@ -165,13 +164,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = 8 * time.Hour
 	}
-	if cfg.CookieKey == nil {
-		cfg.CookieKey = make([]byte, 32)
-		_, _ = rand.Read(cfg.CookieKey)
-	}
-	if len(cfg.CookieKey) < 32 {
-		return nil, errors.New("web: CookieKey must have at least 32 bytes")
-	}
 	if cfg.DecisionRate == 0 {
 		cfg.DecisionRate, cfg.DecisionBurst = 1, 5
 	}
@@ -199,6 +191,10 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	sessKV, err := cfg.JS.KeyValue(ctx, topology.BucketWebSessions)
+	if err != nil {
+		return nil, fmt.Errorf("web: bucket %s: %w", topology.BucketWebSessions, err)
+	}
 	events, err := cfg.JS.Stream(ctx, topology.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("web: stream %s: %w", topology.StreamEvents, err)
@@ -209,7 +205,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, store: store.New(b), events: events, feed: cfg.Events, pages: pages,
-		sessions: newSessions(cfg.CookieKey, cfg.SessionTTL, cfg.Now),
+		sessions: newSessions(sessKV, cfg.SessionTTL, cfg.Now),
 		limiters: map[string]*rate.Limiter{},
 	}
 	if cfg.OIDC != nil {
@@ -229,6 +225,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /signin", s.signInPage)
 	s.mux.HandleFunc("POST /signin/dev", s.devSignIn)
 	s.mux.HandleFunc("POST /signout", s.signOut)
+	s.mux.HandleFunc("GET /session", s.sessionState)
 	s.mux.HandleFunc("POST /approvals/{id}/decision", s.decide)
 	s.mux.HandleFunc("GET /events", s.live)
 	s.mux.HandleFunc("GET /turns/{id}", s.turn)
