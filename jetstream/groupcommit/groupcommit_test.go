@@ -363,3 +363,58 @@ func TestLoneWriteIsAPlainPublish(t *testing.T) {
 		t.Fatalf("%v batches, want one single write", n)
 	}
 }
+
+// The broker stops while a large atomic batch is being committed: after
+// it restarts, the batch's writes are all stored or none is, never some;
+// and writers that were acknowledged find their writes.
+func TestBrokerStopDuringALargeBatchIsAllOrNothing(t *testing.T) {
+	env := jstest.StartWith(t, jstest.Options{SyncAlways: true})
+	c, _ := newCommitter(t, env)
+	b := topology.BucketClaims
+	const n = DefaultMaxBatch
+	// Atomic batches on: a first batch finds the bucket allows them.
+	if r := commitBatch(t, c, kvMsg(b, "warm-1", "x", 0), kvMsg(b, "warm-2", "x", 0)); r[0].err != nil || c.Stats("KV_"+b).Batches != 1 {
+		t.Fatalf("warm-up batch: %v, %+v", r[0].err, c.Stats("KV_"+b))
+	}
+	for round := range 4 {
+		ms := make([]*nats.Msg, n)
+		for i := range ms {
+			ms[i] = kvMsg(b, fmt.Sprintf("r%d-k%d", round, i), strings.Repeat("x", 200), 0)
+		}
+		before := c.Stats("KV_" + b)
+		answered := make(chan []result, 1)
+		go func() { answered <- commitBatch(t, c, ms...) }()
+		// Stop the server somewhere in the batch: while it is staged or
+		// committed, at a different point each round.
+		time.Sleep(time.Duration(round*2) * time.Millisecond)
+		env.Restart(t)
+		res := <-answered
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		acked, stored := 0, 0
+		for i := range n {
+			_, err := env.Buckets.Claims.Get(ctx, fmt.Sprintf("r%d-k%d", round, i))
+			switch {
+			case err == nil:
+				stored++
+			case !errors.Is(err, jetstream.ErrKeyNotFound):
+				t.Fatalf("get: %v", err)
+			case res[i].err == nil:
+				t.Fatalf("round %d: write %d acknowledged, not stored", round, i)
+			}
+			if res[i].err == nil {
+				acked++
+			}
+		}
+		cancel()
+		// A batch the new server refused (its first messages went to the
+		// stopped one: "incomplete batch") stored nothing, and its writes
+		// went singly, each stored or not on its own. Otherwise the batch
+		// is whole or absent.
+		after := c.Stats("KV_" + b)
+		retried := after.Refused > before.Refused || after.SingleWrites > before.SingleWrites
+		t.Logf("round %d: %d of %d writes acknowledged, %d stored, retried singly %v (%+v)", round, acked, n, stored, retried, c.Stats("KV_"+b))
+		if !retried && stored != 0 && stored != n {
+			t.Fatalf("round %d: %d of %d stored after a broker stop, %d acknowledged: a partial batch", round, stored, n, acked)
+		}
+	}
+}
