@@ -418,3 +418,37 @@ func TestBrokerStopDuringALargeBatchIsAllOrNothing(t *testing.T) {
 		}
 	}
 }
+
+// On a three-node cluster (R3 buckets) a batch commits with each write's
+// own revision, and a refused one answers each write as alone.
+func TestBatchOnAReplicatedBucket(t *testing.T) {
+	cl := jstest.StartCluster(t, 3)
+	topo := topology.DefaultConfig()
+	topo.Replicas = 3
+	c, err := New(cl.JS[0], Config{Streams: topo.BucketStreams(), MinBatch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := topology.BucketApprovals
+	ctx := jstest.Ctx(t)
+	if _, err := cl.Buckets[0].Approvals.Create(ctx, "taken", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	res := commitBatch(t, c, kvMsg(b, "a", "A", 0), kvMsg(b, "c", "C", 0))
+	if res[0].err != nil || res[1].err != nil || res[1].ack.Sequence != res[0].ack.Sequence+1 {
+		t.Fatalf("good batch: %v, %v", res[0], res[1])
+	}
+	res = commitBatch(t, c, kvMsg(b, "d", "D", 0), kvMsg(b, "taken", "y", 0), kvMsg(b, "e", "E", 0))
+	if res[0].err != nil || res[2].err != nil || !errors.Is(res[1].err, jetstream.ErrKeyExists) {
+		t.Fatalf("mixed batch: %v, %v, %v", res[0].err, res[1].err, res[2].err)
+	}
+	for key, r := range map[string]result{"d": res[0], "e": res[2]} {
+		e, err := cl.Buckets[0].Approvals.Get(ctx, key)
+		if err != nil || e.Revision() != r.ack.Sequence {
+			t.Fatalf("%s: %v, %v", key, e, err)
+		}
+	}
+	if st := c.Stats("KV_" + b); st.Batches != 1 || st.Refused != 1 {
+		t.Fatalf("stats %+v, want one batch committed and one refused", st)
+	}
+}
