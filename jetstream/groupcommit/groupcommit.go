@@ -25,7 +25,9 @@
 // message too large, any refusal it answers), nothing of it was stored, and
 // the committer sends the batch's writes again one by one: each writer gets
 // the answer its own write gets alone (for example a wrong-last-sequence
-// APIError, or a PubAck with Duplicate set). A batch that gets no answer
+// APIError, or a PubAck with Duplicate set). Since a refusal costs the batch
+// and then every write singly, the commits after one go singly (1, 2, 4, …
+// up to 64 commits after refusals in a row) before batching again. A batch that gets no answer
 // (timeout, connection lost) may or may not have been stored, exactly as a
 // single publish that gets no answer: each of its writers gets that error.
 //
@@ -344,7 +346,15 @@ type stream struct {
 	atomic  int // 0 unchecked, 1 yes, -1 no
 	checked time.Time
 	said    string // the fallback reason last logged
+	// skip and backoff: after a refused batch (one bad write costs the
+	// batch and a single retry of every write in it), the next skip
+	// commits go singly; backoff doubles with each refusal in a row (up
+	// to maxBackoff) and resets once a batch commits.
+	skip, backoff int
 }
+
+// maxBackoff bounds the commits sent singly after refusals in a row.
+const maxBackoff = 64
 
 // commitNext takes the writes waiting (in order, up to the batch limits,
 // never two of one subject), commits them, and reports whether more
@@ -390,6 +400,9 @@ func (s *stream) commit(ctx context.Context, own *write, ws []*write) {
 		ack, err := s.c.js.PublishMsg(ctx, own.m)
 		own.done <- result{ack, err}
 	case len(ws) < s.c.cfg.MinBatch || !s.atomicOK():
+		s.singles(ws)
+	case s.skip > 0:
+		s.skip--
 		s.singles(ws)
 	default:
 		s.batch(ws)
@@ -491,6 +504,8 @@ func (s *stream) batch(ws []*write) {
 		}
 		s.refused.Add(1)
 		s.c.m.refused.WithLabelValues(s.name).Inc()
+		s.backoff = min(max(1, 2*s.backoff), maxBackoff)
+		s.skip = s.backoff
 		s.singles(ws)
 	case ack.Count != len(ws) || ack.BatchID != id || ack.Sequence < uint64(len(ws)):
 		// Not the answer to an atomic batch (a server that ignored the
@@ -501,6 +516,7 @@ func (s *stream) batch(ws []*write) {
 			w.done <- result{nil, fmt.Errorf("publish %s: unexpected answer to an atomic batch: %s", w.m.Subject, resp.Data)}
 		}
 	default:
+		s.backoff = 0
 		s.batches.Add(1)
 		s.batched.Add(int64(len(ws)))
 		s.c.m.batches.WithLabelValues(s.name).Inc()

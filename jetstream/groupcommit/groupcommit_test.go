@@ -130,6 +130,7 @@ func TestRefusedBatchGivesEachWriteItsOwnAnswer(t *testing.T) {
 		{"update at a stale revision", kvMsg(b, "taken", "stale", rev)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			c.streamOf("$KV."+b+".x").skip = 0 // no backoff from the subtest before
 			_, _, refused0 := counts(c, "KV_"+b)
 			p := strings.ReplaceAll(tc.name, " ", "-")
 			res := commitBatch(t, c, kvMsg(b, p+"-1", "g1", 0), tc.bad, kvMsg(b, p+"-2", "g2", 0))
@@ -450,5 +451,30 @@ func TestBatchOnAReplicatedBucket(t *testing.T) {
 	}
 	if st := c.Stats("KV_" + b); st.Batches != 1 || st.Refused != 1 {
 		t.Fatalf("stats %+v, want one batch committed and one refused", st)
+	}
+}
+
+// After a refused batch the next commit goes singly, then batching
+// resumes.
+func TestRefusalBacksOff(t *testing.T) {
+	env := jstest.Start(t)
+	c, _ := newCommitter(t, env)
+	b := topology.BucketClaims
+	if _, err := env.Buckets.Claims.Create(jstest.Ctx(t), "taken", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	commitBatch(t, c, kvMsg(b, "a", "A", 0), kvMsg(b, "taken", "y", 0))
+	if st := c.Stats("KV_" + b); st.Refused != 1 || st.SingleWrites != 2 {
+		t.Fatalf("after the refusal: %+v", st)
+	}
+	if r := commitBatch(t, c, kvMsg(b, "b", "B", 0), kvMsg(b, "c", "C", 0)); r[0].err != nil || r[1].err != nil {
+		t.Fatal(r[0].err, r[1].err)
+	}
+	if st := c.Stats("KV_" + b); st.Batches != 0 || st.SingleWrites != 4 {
+		t.Fatalf("the commit after a refusal: %+v, want it sent singly", st)
+	}
+	commitBatch(t, c, kvMsg(b, "d", "D", 0), kvMsg(b, "e", "E", 0))
+	if st := c.Stats("KV_" + b); st.Batches != 1 {
+		t.Fatalf("the commit after the backoff: %+v, want a batch", st)
 	}
 }
