@@ -130,7 +130,7 @@ func TestRefusedBatchGivesEachWriteItsOwnAnswer(t *testing.T) {
 		{"update at a stale revision", kvMsg(b, "taken", "stale", rev)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c.streamOf("$KV."+b+".x").skip = 0 // no backoff from the subtest before
+			c.streamOf("$KV." + b + ".x").skip = 0 // no backoff from the subtest before
 			_, _, refused0 := counts(c, "KV_"+b)
 			p := strings.ReplaceAll(tc.name, " ", "-")
 			res := commitBatch(t, c, kvMsg(b, p+"-1", "g1", 0), tc.bad, kvMsg(b, p+"-2", "g2", 0))
