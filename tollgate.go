@@ -71,6 +71,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/health"
+	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -180,6 +181,14 @@ type Config struct {
 	// turn whose records are gone would run it again (docs/operations.md,
 	// "Retention").
 	Retention time.Duration
+
+	// NoGroupCommit turns the group committer off: every stream publish
+	// and KV write of the stages is its own acknowledged write, as before
+	// it (--group-commit=false, TOLLGATE_GROUP_COMMIT=false). By default
+	// the writes that wait at the same time on one stream or bucket are
+	// committed as one atomic batch (jetstream/groupcommit;
+	// docs/protocol.md, "Group commit").
+	NoGroupCommit bool
 }
 
 // retention is c.Retention with its default applied; 0 keeps every record.
@@ -339,6 +348,15 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	buckets, err := topology.OpenBuckets(ctx, cfg.JS)
 	if err != nil {
 		return nil, err
+	}
+	if !cfg.NoGroupCommit {
+		gc, err := groupcommit.New(cfg.JS, groupcommit.Config{
+			Streams: append(topo.Streams(), topo.BucketStreams()...), Logger: log.With("component", "groupcommit"), Registerer: reg,
+		})
+		if err != nil {
+			return nil, err
+		}
+		cfg.JS = gc.JetStream() // every stage's writes, below
 	}
 	compat, err := legacy.New(cfg.Keys, log, reg)
 	if err != nil {

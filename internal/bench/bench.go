@@ -182,6 +182,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r, nil
 }
 
+// nameGroupCommitOff names the figures of Tollgate with its group
+// committer off (--group-commit=false), measured beside "tollgate" in the
+// same rounds.
+const nameGroupCommitOff = "tollgate, group commit off"
+
 // scenario is one throughput figure's measurement.
 type scenario struct {
 	name, mode, unit string
@@ -201,7 +206,12 @@ func (b *bencher) throughput(ctx context.Context, r *Report, st storage) {
 	)
 	for _, p := range []*path{&fast, &appr} {
 		sc = append(sc, scenario{name: "raw turn", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurn(*p, st) }},
-			scenario{name: "tollgate", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeAllInOne, *p, st, false) }})
+			scenario{name: "tollgate", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeAllInOne, *p, st, false) }},
+			scenario{name: nameGroupCommitOff, mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) {
+				off := st
+				off.NoGroupCommit = true
+				return b.tollgate(modeAllInOne, *p, off, false)
+			}})
 		if b.cfg.Phases["procs"] && st.Nodes <= 1 {
 			sc = append(sc, scenario{name: "raw turn", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurnProcs(*p, st) }},
 				scenario{name: "tollgate", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeProcesses, *p, st, false) }})

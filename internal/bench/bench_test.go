@@ -109,7 +109,7 @@ func runSmoke(t *testing.T, cfg Config, figures int) *Report {
 // that it does not rot between `make bench` runs, and writes the report.
 // (The sync phase is the throughput phase on servers with SyncAlways.)
 func TestBenchSmoke(t *testing.T) {
-	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*2)
+	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*3) // raw turn, tollgate and tollgate with group commit off, per path
 	if len(r.Latency) != 4 {
 		t.Errorf("%d latency rows, want 4", len(r.Latency))
 	}
@@ -137,7 +137,7 @@ func TestBenchSmokeProcesses(t *testing.T) {
 	// directories of its own; they check that every figure is produced,
 	// not how fast.
 	t.Parallel()
-	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*4)
+	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*5)
 	if f := r.Footprint; f == nil || f.Outcomes < 20 || f.RSSPending["approver"] == 0 || f.ApprovalMsgs == 0 {
 		t.Errorf("footprint: %+v", f)
 	}

@@ -33,6 +33,10 @@ import (
 type storage struct {
 	Sync  bool
 	Nodes int
+	// NoGroupCommit runs Tollgate with its group committer off
+	// (--group-commit=false), for the side-by-side; not in String: the
+	// figure's name says it.
+	NoGroupCommit bool
 }
 
 var (
@@ -207,6 +211,18 @@ func (e *env) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
 	return nc, js, nil
 }
 
+// storedWrites is the number of messages ever stored in every stream on
+// e (the sum of their last sequences): each stream publish and each KV
+// write is one.
+func (e *env) storedWrites(ctx context.Context, js jetstream.JetStream) (uint64, error) {
+	var n uint64
+	l := js.ListStreams(ctx)
+	for info := range l.Info() {
+		n += info.State.LastSeq
+	}
+	return n, l.Err()
+}
+
 // close shuts the server down and removes its directory.
 func (e *env) close() {
 	for _, ns := range e.nodes {
@@ -274,6 +290,7 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string, plan *planner.Op
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: policy.Default(), Keys: keys, Tools: ts, Providers: ps,
 		Logger: log, Registerer: reg, Instance: "bench", Topology: e.st.topology(), Planner: plan,
+		NoGroupCommit: e.st.NoGroupCommit,
 	})
 	if err != nil {
 		nc.Close()

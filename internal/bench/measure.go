@@ -67,6 +67,9 @@ type sample struct {
 	// (diskFlushes; 0 where the disk does not report them). Under
 	// sync_interval: always it is the turn's fsyncs as the disk saw them.
 	DiskFlushesPerTurn float64 `json:"disk_flushes_per_turn,omitempty"`
+	// WritesPerTurn is the messages stored in every stream (stream
+	// publishes and KV writes) per completed turn, inside the window.
+	WritesPerTurn float64 `json:"writes_per_turn,omitempty"`
 	// Raw turn: compare-and-set conflicts between raw stages.
 	Conflicts int64 `json:"conflicts,omitempty"`
 	// All-in-one: messages the stages NAKed for a retry, and dead letters,
@@ -315,19 +318,32 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 		one, pubErrs = d.turn, d.pubErrs.Load
 	}
 	var self0, self1, kids0, kids1 time.Duration
-	var flush0, flush1 uint64
+	var flush0, flush1, writes0, writes1 uint64
 	flushes := diskFlushes(e.dir)
+	snc, sjs, err := e.connect("bench-writes")
+	if err != nil {
+		return sample{}, err
+	}
+	defer snc.Close()
+	stored := func() uint64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n, _ := e.storedWrites(ctx, sjs)
+		return n
+	}
 	window := func(open bool) {
 		if open {
 			self0, kids0 = cpuSelf(), cpuOf(pids)
 			if flushes != nil {
 				flush0, _ = flushes()
 			}
+			writes0 = stored()
 		} else {
 			self1, kids1 = cpuSelf(), cpuOf(pids)
 			if flushes != nil {
 				flush1, _ = flushes()
 			}
+			writes1 = stored()
 		}
 		if onWindow != nil {
 			onWindow(open)
@@ -348,6 +364,9 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 	}
 	if len(pids) > 0 {
 		s.StagesCPUPerTurn = perTurn(kids1 - kids0)
+	}
+	if writes1 > writes0 {
+		s.WritesPerTurn = float64(writes1-writes0) / float64(res.Completed)
 	}
 	return s, nil
 }

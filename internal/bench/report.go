@@ -492,7 +492,7 @@ func (f Figure) label() string {
 }
 
 func (f Figure) notes() string {
-	var allocs, bytes, deferred, cpu, stages, flushes []float64
+	var allocs, bytes, deferred, cpu, stages, flushes, writes []float64
 	timeouts, errs, conflicts, retries, dead := 0, int64(0), int64(0), 0.0, 0.0
 	for _, s := range f.Samples {
 		if s.AllocsPerTurn > 0 {
@@ -510,6 +510,9 @@ func (f Figure) notes() string {
 		}
 		if s.DiskFlushesPerTurn > 0 {
 			flushes = append(flushes, s.DiskFlushesPerTurn)
+		}
+		if s.WritesPerTurn > 0 {
+			writes = append(writes, s.WritesPerTurn)
 		}
 		timeouts += s.Timeouts
 		errs += s.Errors
@@ -532,6 +535,10 @@ func (f Figure) notes() string {
 		// count is the 2-minute flush's and the kernel's, not the turn's.
 		m, _, _ := median(flushes)
 		n = append(n, fmt.Sprintf("%.1f disk flushes/turn", m))
+	}
+	if len(writes) > 0 {
+		w, _, _ := median(writes)
+		n = append(n, fmt.Sprintf("%.1f writes/turn", w))
 	}
 	if len(allocs) > 0 {
 		a, _, _ := median(allocs)

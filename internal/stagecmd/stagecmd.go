@@ -89,6 +89,10 @@ type Common struct {
 	// uncertain; how long one tool run may take, below the lease); zero
 	// is the default (2m, 1m).
 	ClaimLease, ToolTimeout time.Duration
+	// GroupCommit: the stages' writes that wait at the same time on one
+	// stream are committed as one atomic batch (tollgate.Config's
+	// NoGroupCommit is its negation). On by default.
+	GroupCommit bool
 }
 
 // Register adds the common flags to fs with defaults from TOLLGATE_*
@@ -119,6 +123,12 @@ func (c *Common) Register(fs *flag.FlagSet, metricsDefault string) {
 	toolTimeout, _ := time.ParseDuration(Env("TOLLGATE_TOOL_TIMEOUT", "0s"))
 	fs.DurationVar(&c.ToolTimeout, "tool-timeout", toolTimeout,
 		"how long one tool run may take, below the claim lease; 0 for 1m (env TOLLGATE_TOOL_TIMEOUT)")
+	groupCommit, err := strconv.ParseBool(Env("TOLLGATE_GROUP_COMMIT", "true"))
+	if err != nil {
+		groupCommit = true
+	}
+	fs.BoolVar(&c.GroupCommit, "group-commit", groupCommit,
+		"commit the writes that wait at the same time on one stream as one atomic batch; --group-commit=false writes each alone (env TOLLGATE_GROUP_COMMIT)")
 	fs.StringVar(&c.ToolsFile, "tools", Env("TOLLGATE_TOOLS", ""), "tools file naming MCP servers whose tools to offer (docs/tools.md); empty for none (env TOLLGATE_TOOLS)")
 	OTLPFlag(fs, &c.OTLP)
 }
@@ -453,7 +463,7 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
 		Instance: Instance(), Topology: topo, Stages: []string{stage}, CheckOnly: c.NoProvision, Retention: c.Retention,
-		ClaimLease: c.ClaimLease, ToolTimeout: c.ToolTimeout,
+		ClaimLease: c.ClaimLease, ToolTimeout: c.ToolTimeout, NoGroupCommit: !c.GroupCommit,
 		Planner: plannerOpts, PlanText: c.PlanText,
 	})
 	if err != nil {

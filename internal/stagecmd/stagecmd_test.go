@@ -29,6 +29,7 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	t.Setenv("TOLLGATE_INBOX_PREFIX", "_INBOX_executor")
 	t.Setenv("TOLLGATE_JS_API_PREFIX", "JS.TOLLGATE.API")
 	t.Setenv("TOLLGATE_RETENTION", "1440h")
+	t.Setenv("TOLLGATE_GROUP_COMMIT", "false")
 	var c stagecmd.Common
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	c.Register(fs, "127.0.0.1:1")
@@ -46,10 +47,10 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	// A flag beats the environment.
 	fs = flag.NewFlagSet("y", flag.ContinueOnError)
 	c.Register(fs, "127.0.0.1:1")
-	if err := fs.Parse([]string{"--nats", "nats://127.0.0.1:6222", "--metrics", "", "--tool-services", "--tools", ""}); err != nil {
+	if err := fs.Parse([]string{"--nats", "nats://127.0.0.1:6222", "--metrics", "", "--tool-services", "--tools", "", "--group-commit"}); err != nil {
 		t.Fatal(err)
 	}
-	if c.NATSURL != "nats://127.0.0.1:6222" || c.MetricsAddr != "" || !c.ToolServices || c.ToolsFile != "" {
+	if c.NATSURL != "nats://127.0.0.1:6222" || c.MetricsAddr != "" || !c.ToolServices || c.ToolsFile != "" || !c.GroupCommit {
 		t.Fatalf("flags did not override the environment: %+v", c)
 	}
 }
@@ -186,5 +187,31 @@ func TestAccountConnectUsesItsPrefixes(t *testing.T) {
 				t.Errorf("API prefix %q, want %q", got, tc.api)
 			}
 		})
+	}
+}
+
+// --group-commit is on unless TOLLGATE_GROUP_COMMIT or the flag turns it
+// off.
+func TestGroupCommitIsOnByDefault(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want bool
+	}{
+		{"", nil, true},
+		{"false", nil, false},
+		{"false", []string{"--group-commit"}, true},
+		{"", []string{"--group-commit=false"}, false},
+	} {
+		t.Setenv("TOLLGATE_GROUP_COMMIT", tc.env)
+		var c stagecmd.Common
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		c.Register(fs, "127.0.0.1:1")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if c.GroupCommit != tc.want {
+			t.Errorf("env %q, flags %v: group commit %v, want %v", tc.env, tc.args, c.GroupCommit, tc.want)
+		}
 	}
 }

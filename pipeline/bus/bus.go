@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,7 +24,11 @@ import (
 
 // Publish encodes r and publishes it on subject with Nats-Msg-Id msgID,
 // waiting for the stream's acknowledgement. An empty msgID publishes without
-// dedupe. It returns only once the message is stored (or fails).
+// dedupe. It returns only once the message is stored (or fails). With a
+// group committer's js (jetstream/groupcommit, the stages' default) the
+// message may be stored in one atomic batch with other writers' messages;
+// the answer is still this message's own (a duplicate msgID is
+// acknowledged as one, a refusal is its own refusal).
 func Publish(ctx context.Context, js jetstream.JetStream, subject, msgID string, r schemas.Record) error {
 	data, err := schemas.Encode(r)
 	if err != nil {
@@ -41,11 +46,16 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, msgID string,
 // that a retry may cure.
 func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte, hdr nats.Header) error {
 	m := &nats.Msg{Subject: subject, Data: data, Header: tracing.Inject(ctx, hdr)}
-	var opts []jetstream.PublishOpt
 	if msgID != "" {
-		opts = append(opts, jetstream.WithMsgID(msgID))
+		// As a header, not a publish option: a group committer's
+		// JetStream (jetstream/groupcommit) batches only publishes that
+		// carry everything in their headers.
+		h := make(nats.Header, len(m.Header)+1)
+		maps.Copy(h, m.Header)
+		h.Set(jetstream.MsgIDHeader, msgID)
+		m.Header = h
 	}
-	if _, err := js.PublishMsg(ctx, m, opts...); err != nil {
+	if _, err := js.PublishMsg(ctx, m); err != nil {
 		if tooLarge(err) {
 			return schemas.Errorf(schemas.CodePayloadTooLarge, "publish %s (msg id %q): %w", subject, msgID, err)
 		}

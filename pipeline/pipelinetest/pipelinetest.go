@@ -99,6 +99,9 @@ type Options struct {
 	// Retention, when set, is tollgate.Config.Retention, and the streams'
 	// max age (which it may not be shorter than) is cut to it.
 	Retention time.Duration
+	// NoGroupCommit runs the stages with the group committer off
+	// (tollgate.Config.NoGroupCommit), as versions before it wrote.
+	NoGroupCommit bool
 }
 
 // Keys returns the test binary's key ring: one random key, "k1", made once
@@ -209,7 +212,7 @@ func Start(t testing.TB, o Options) *H {
 		JS: env.JS, Policy: pol, Keys: keys, Tools: append(builtins, o.Tools...), Providers: o.Providers, Logger: Logger(), Registerer: reg,
 		Instance: "test", Topology: topo, Retention: o.Retention,
 		ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout, OrderWait: o.OrderWait,
-		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter, Planner: o.Planner,
+		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter, Planner: o.Planner, NoGroupCommit: o.NoGroupCommit,
 	})
 	if err != nil {
 		t.Fatalf("pipelinetest: %v", err)

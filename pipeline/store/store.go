@@ -89,8 +89,8 @@ func New(b topology.Buckets) *Store {
 // Retain makes ended records leave KV d after they ended: terminal batches,
 // idle sessions, claims with a result and decided approvals from their
 // write; records an earlier version ended without a TTL from their Retire.
-// The writes that carry a TTL are published through js (the buckets'
-// JetStream). d is rounded down to whole seconds (the TTL's
+// Every write of every bucket is published through js (the buckets'
+// JetStream, or a group committer's: Bucket.JS). d is rounded down to whole seconds (the TTL's
 // resolution); less than a second keeps every record. Call it before the
 // store is used: it is not safe to call concurrently with writes.
 func (s *Store) Retain(js jetstream.JetStream, d time.Duration) {
@@ -100,6 +100,7 @@ func (s *Store) Retain(js jetstream.JetStream, d time.Duration) {
 	}
 	s.Approvals.TTL, s.Batches.TTL, s.Sessions.TTL, s.Claims.TTL = d, d, d, d
 	s.Approvals.JS, s.Batches.JS, s.Sessions.JS, s.Claims.JS = js, js, js, js
+	s.Grants.JS, s.GrantIndexes.JS = js, js
 	s.Approvals.raw = &rawReader{js: js, bucket: s.Approvals.KV.Bucket()}
 	s.Batches.raw = &rawReader{js: js, bucket: s.Batches.KV.Bucket()}
 	s.Sessions.raw = &rawReader{js: js, bucket: s.Sessions.KV.Bucket()}
@@ -145,7 +146,10 @@ type Bucket[T any, P schemas.Ptr[T]] struct {
 	// Create or Update of a record for which Ended is true, and Retire,
 	// carry it (see the package doc). Zero keeps every record.
 	TTL time.Duration
-	// JS publishes the writes that carry a TTL; required with TTL.
+	// JS, when set, publishes Create's, Update's and Retire's writes
+	// (required with TTL): a group committer's JetStream
+	// (jetstream/groupcommit) commits the writes that wait at the same
+	// time in one atomic batch. Nil: they go through KV.
 	JS jetstream.JetStream
 	// Ended reports whether a record has ended, so that writing it starts
 	// its TTL; nil: records end only by Retire.
@@ -172,12 +176,15 @@ func isConflict(err error) bool {
 			api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant))
 }
 
-// putTTL writes data at key, only if the key's latest revision is rev (0:
-// the key has no message), with the TTL ttl; the bucket's one revision per
-// key (history 1) makes it replace the key's only earlier revision.
-// KeyValue.Update has no TTL option, so this is the publish it makes,
-// plus the Nats-TTL header.
-func (b Bucket[T, P]) putTTL(ctx context.Context, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
+// put writes data at key through b.JS, only if the key's latest revision
+// is rev (0: the key has no message), with the TTL ttl when positive; the
+// bucket's one revision per key (history 1) makes it replace the key's
+// only earlier revision. It is the publish nats.go's KeyValue.Update
+// makes, with the compare-and-set and the TTL as headers, so that a group
+// committer's JetStream (jetstream/groupcommit) can commit it in one
+// atomic batch with other writes to the bucket, each keeping its own
+// revision check.
+func (b Bucket[T, P]) put(ctx context.Context, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
 	subject := "$KV." + b.KV.Bucket() + "." + key
 	// As nats.go's KV puts: under the JetStream API prefix, where the
 	// buckets are another account's (deploy/nats/least-privilege.conf).
@@ -187,7 +194,9 @@ func (b Bucket[T, P]) putTTL(ctx context.Context, key string, data []byte, rev u
 	m := nats.NewMsg(subject)
 	m.Data = data
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
-	m.Header.Set(jetstream.MsgTTLHeader, ttl.String())
+	if ttl > 0 {
+		m.Header.Set(jetstream.MsgTTLHeader, ttl.String())
+	}
 	ack, err := b.JS.PublishMsg(ctx, m)
 	if err != nil {
 		return 0, err
@@ -230,8 +239,20 @@ func (b Bucket[T, P]) Create(ctx context.Context, key string, rec P) (uint64, er
 	if err != nil {
 		return 0, err
 	}
+	ttl := b.ttlFor(rec)
+	if b.JS != nil {
+		rev, err := b.put(ctx, key, data, 0, ttl)
+		switch {
+		case err == nil:
+			return rev, nil
+		case !isConflict(err):
+			return 0, fmt.Errorf("create %s/%s: %w", b.KV.Bucket(), key, err)
+		}
+		// The key has a message: a record (ErrExists below) or a delete
+		// marker, over which KeyValue.Create writes.
+	}
 	var opts []jetstream.KVCreateOpt
-	if ttl := b.ttlFor(rec); ttl > 0 {
+	if ttl > 0 {
 		opts = append(opts, jetstream.KeyTTL(ttl))
 	}
 	rev, err := b.KV.Create(ctx, key, data, opts...)
@@ -252,8 +273,8 @@ func (b Bucket[T, P]) Update(ctx context.Context, key string, rec P, rev uint64)
 		return 0, err
 	}
 	var n uint64
-	if ttl := b.ttlFor(rec); ttl > 0 {
-		n, err = b.putTTL(ctx, key, data, rev, ttl)
+	if b.JS != nil {
+		n, err = b.put(ctx, key, data, rev, b.ttlFor(rec))
 	} else {
 		n, err = b.KV.Update(ctx, key, data, rev)
 	}
@@ -340,7 +361,7 @@ func (b Bucket[T, P]) Retire(ctx context.Context, key string) error {
 		case !found:
 			return nil
 		}
-		_, err = b.putTTL(ctx, key, data, rev, b.TTL)
+		_, err = b.put(ctx, key, data, rev, b.TTL)
 		switch {
 		case err == nil:
 			return nil

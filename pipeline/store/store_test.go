@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -20,11 +21,24 @@ import (
 
 var now = time.Date(2026, 3, 14, 9, 26, 53, 0, time.UTC)
 
+// newStore is a store over a fresh server, writing through KV, or through
+// a group committer (as the stages do) while groupCommit is set (by
+// TestThroughGroupCommit).
 func newStore(t *testing.T) (*store.Store, context.Context) {
 	t.Helper()
 	env := jstest.Start(t)
-	return store.New(env.Buckets), jstest.Ctx(t)
+	s := store.New(env.Buckets)
+	if groupCommit {
+		gc, err := groupcommit.New(env.JS, groupcommit.Config{Streams: env.Topology.BucketStreams(), MinBatch: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Retain(gc.JetStream(), 0)
+	}
+	return s, jstest.Ctx(t)
 }
+
+var groupCommit bool
 
 func session(id string) *schemas.SessionRecord {
 	return &schemas.SessionRecord{SessionID: id, Active: "t-00000000000000000001", Queue: []string{}, UpdatedAt: now}

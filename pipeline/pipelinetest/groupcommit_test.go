@@ -1,0 +1,62 @@
+package pipelinetest_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// An upgrade to the group committer: the previous version (single writes,
+// streams and buckets without allow_atomic) leaves approvals pending,
+// batches waiting for them and turns queued behind them; the new version
+// starts on the same server, turns allow_atomic on, and finishes every
+// turn once the approvals are decided, each call run once.
+func TestUpgradeToGroupCommitWithPendingApprovals(t *testing.T) {
+	env := jstest.Start(t)
+	guarded := &pt.Counter{ToolName: "guarded"}
+	old := pt.Start(t, pt.Options{Env: env, Policy: scopePolicy, Tools: []tools.Tool{guarded}, NoGroupCommit: true})
+	ctx, cancel := old.Ctx()
+	defer cancel()
+	for _, sc := range append(env.Topology.Streams(), env.Topology.BucketStreams()...) {
+		sc.AllowAtomicPublish = false
+		if _, err := env.JS.UpdateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const sessions = 6
+	var waiting, queued []string
+	for i := range sessions {
+		s := fmt.Sprintf("upgrade-%d", i)
+		w := old.Send(old.Inbound(s, "alice", pt.Call("guarded", fmt.Sprintf(`{"n":%d}`, i))))
+		old.WaitPending(schemas.ApprovalID(w, 0))
+		old.WaitState(w, schemas.BatchAwaiting)
+		waiting = append(waiting, w)
+	}
+	old.Stop()
+
+	h := pt.Start(t, pt.Options{Env: env, Keys: old.Keys, Policy: scopePolicy, Tools: []tools.Tool{guarded}})
+	for _, sc := range append(env.Topology.Streams(), env.Topology.BucketStreams()...) {
+		if s, err := env.JS.Stream(ctx, sc.Name); err != nil || !s.CachedInfo().Config.AllowAtomicPublish {
+			t.Fatalf("%s after the new version started: %v, allow_atomic off", sc.Name, err)
+		}
+	}
+	for i := range sessions {
+		// A turn of the new version queued behind the old one's.
+		queued = append(queued, h.Send(h.Inbound(fmt.Sprintf("upgrade-%d", i), "alice", pt.Call("echo", `{"text":"after"}`))))
+	}
+	for _, w := range waiting {
+		h.Decide(schemas.ApprovalID(w, 0), schemas.OptionApprove, "alice")
+	}
+	for i, w := range waiting {
+		if o := h.WaitOutcome(w); o.State != schemas.TurnCompleted || guarded.Runs(schemas.CallID(w, 0)) != 1 {
+			t.Fatalf("turn %s ended %s (%s), its call ran %d times", w, o.State, o.Code, guarded.Runs(schemas.CallID(w, 0)))
+		}
+		if o := h.WaitOutcome(queued[i]); o.State != schemas.TurnCompleted {
+			t.Fatalf("queued turn %s ended %s (%s)", queued[i], o.State, o.Code)
+		}
+	}
+}
