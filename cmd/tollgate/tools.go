@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 var toolsCmd = &command{
@@ -39,7 +39,7 @@ func cmdTools(cmd *command, args []string) int {
 	if err != nil {
 		return c.fail("tools", err)
 	}
-	var l executor.ToolList
+	var l schemas.ToolList
 	if err := json.Unmarshal(msg.Data, &l); err != nil {
 		return fail("tools: the executor's answer does not decode: %v", err)
 	}
@@ -61,7 +61,7 @@ func cmdTools(cmd *command, args []string) int {
 			fmt.Printf("  %s\n", t.Description)
 		}
 		var modes []string
-		for _, a := range executor.Audiences {
+		for _, a := range schemas.ToolAudiences {
 			modes = append(modes, fmt.Sprintf("%s %s", a, t.Modes[a]))
 		}
 		fmt.Printf("  policy: %s\n", strings.Join(modes, ", "))

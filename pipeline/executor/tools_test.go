@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -216,7 +215,7 @@ func TestTheExecutorListsItsTools(t *testing.T) {
 	prov.Set(typed("svc.lookup", tools.Hints{}), typed("svc.wipe", tools.Hints{Destructive: &yes}))
 	h := pt.Start(t, pt.Options{Policy: toolsPolicy, Providers: []tools.Provider{prov}, Stages: []string{pt.Executor}})
 	nc := h.Env.NC
-	var l executor.ToolList
+	var l schemas.ToolList
 	deadline := time.Now().Add(pt.Wait)
 	for {
 		msg, err := nc.Request(topology.SubjectToolsList, nil, 2*time.Second)
