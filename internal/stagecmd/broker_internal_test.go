@@ -12,7 +12,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 )
 
 func freePort(t *testing.T) int {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/tools"
 )
 

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 )
 
 // collector is an OTLP/HTTP endpoint on loopback that counts the export

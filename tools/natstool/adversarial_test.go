@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tools/natstool"

@@ -15,7 +15,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tools/natstool"

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 )
 
 // runner is a background task for Serve: it reports that it started and

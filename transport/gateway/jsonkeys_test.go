@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 

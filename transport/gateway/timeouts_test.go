@@ -13,7 +13,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 )
 
 // serveGateway runs the test gateway's Serve (the server the product

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/tracing"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"

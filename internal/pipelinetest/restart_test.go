@@ -11,7 +11,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 

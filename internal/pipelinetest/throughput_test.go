@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
