@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -216,18 +219,14 @@ func TestTheExecutorListsItsTools(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: toolsPolicy, Providers: []tools.Provider{prov}, Stages: []string{pt.Executor}})
 	nc := h.Env.NC
 	var l schemas.ToolList
-	deadline := time.Now().Add(pt.Wait)
-	for {
-		msg, err := nc.Request(topology.SubjectToolsList, nil, 2*time.Second)
-		if err == nil {
-			if err := json.Unmarshal(msg.Data, &l); err != nil {
-				t.Fatalf("answer %s: %v", msg.Data, err)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no answer on %s: %v", topology.SubjectToolsList, err)
-		}
+	var msg *nats.Msg
+	jstest.EventuallyState(t, pt.Wait, "an answer on "+topology.SubjectToolsList, func() (bool, string) {
+		var err error
+		msg, err = nc.Request(topology.SubjectToolsList, nil, 2*time.Second)
+		return err == nil, fmt.Sprint(err)
+	})
+	if err := json.Unmarshal(msg.Data, &l); err != nil {
+		t.Fatalf("answer %s: %v", msg.Data, err)
 	}
 	if l.PolicyVersion != "tools-1" || len(l.Errors) != 0 {
 		t.Fatalf("list %+v", l)
