@@ -120,7 +120,7 @@ fuzz:
 ## soak: the broker-restart soak test, repeated (SOAK_COUNT, default 5)
 SOAK_COUNT ?= 5
 soak:
-	$(GO) test -race -count=$(SOAK_COUNT) -timeout 30m -run 'AcrossARestart' -v ./pipeline/pipelinetest
+	$(GO) test -race -count=$(SOAK_COUNT) -timeout 30m -run 'AcrossARestart' -v ./internal/pipelinetest
 
 ## soak-retention: the retention soak (internal/soak): SOAK_TURNS turns (200,000; every 5th also needing an
 ## approval, which a decider gives) through a pipeline whose ended records are kept SOAK_RETENTION (20s), with

@@ -2,6 +2,7 @@ package tollgate_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,9 +15,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -145,21 +146,14 @@ func TestOneApprovalTurnIsOneTrace(t *testing.T) {
 	// The stages end their spans once they have settled their messages,
 	// just after the facts the turn waited for: wait for the last ones.
 	var spans spanSet
-	deadline := time.Now().Add(pipelinetest.Wait)
-	for {
+	jstest.EventuallyState(t, pipelinetest.Wait, "the stages' spans", func() (bool, string) {
 		spans = nil
 		for _, s := range exp.GetSpans().Snapshots() {
 			spans = append(spans, s)
 		}
-		if len(spans.of("ingest", "")) > 0 && len(spans.of("approver", "")) > 0 &&
-			len(spans.of("redriver", topology.SubjectApprovalDecided)) > 0 && len(spans.of("tool shout", "")) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("spans after %v: %v", pipelinetest.Wait, names(spans))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(spans.of("ingest", "")) > 0 && len(spans.of("approver", "")) > 0 &&
+			len(spans.of("redriver", topology.SubjectApprovalDecided)) > 0 && len(spans.of("tool shout", "")) > 0, fmt.Sprint(names(spans))
+	})
 
 	traceID := transport.SpanContext().TraceID()
 	for _, s := range spans {

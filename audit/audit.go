@@ -8,10 +8,10 @@ package audit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -197,12 +197,16 @@ func filters(q Query) []string {
 // stamped like at (a turn outcome becomes one per result, then itself) and
 // returns the session the event names, if any.
 func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error) {
-	switch {
-	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
-		a, err := schemas.Decode[schemas.ApprovalRecord](data)
-		if err != nil {
-			return nil, "", err
-		}
+	_, rec, err := topology.Read(subject, data, topology.RouteApprovalRequested, topology.RouteApprovalDecided,
+		topology.RouteDecisionRejected, topology.RouteRedrive, topology.RouteTurnOutcome)
+	if errors.Is(err, topology.ErrUnrouted) {
+		return nil, "", fmt.Errorf("not an audited subject")
+	} else if err != nil {
+		return nil, "", err
+	}
+	switch rec := rec.(type) {
+	case *schemas.ApprovalRecord:
+		a := rec
 		e := at
 		e.Kind, e.TurnID, e.ApprovalID, e.CallID, e.Record = Requested, a.TurnID, a.ApprovalID, a.CallID, a
 		e.Tool, e.ArgsDigest, e.Options, e.Quorum = a.Tool, a.ArgsDigest, a.Options, a.Quorum
@@ -214,11 +218,8 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 			e.Requester = a.Context.Requester.Principal
 		}
 		return []Event{e}, a.SessionID, nil
-	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
-		d, err := schemas.Decode[schemas.DecidedEvent](data)
-		if err != nil {
-			return nil, "", err
-		}
+	case *schemas.DecidedEvent:
+		d := rec
 		e := at
 		e.Kind, e.TurnID, e.ApprovalID, e.Status = Decided, d.TurnID, d.ApprovalID, string(d.Status)
 		if d.Decision != nil {
@@ -229,29 +230,20 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 			e.Votes = append(e.Votes, v.Principal)
 		}
 		return []Event{e}, d.SessionID, nil
-	case strings.HasPrefix(subject, topology.SubjectDecisionRejected):
-		r, err := schemas.Decode[schemas.DecisionRejected](data)
-		if err != nil {
-			return nil, "", err
-		}
+	case *schemas.DecisionRejected:
+		r := rec
 		e := at
 		e.Kind, e.TurnID, e.ApprovalID, e.Principal = Rejected, schemas.TurnIDOfApproval(r.ApprovalID), r.ApprovalID, r.Principal
 		e.DecisionID, e.Code, e.Reason = r.DecisionID, string(r.Code), r.Reason
 		return []Event{e}, "", nil
-	case strings.HasPrefix(subject, topology.SubjectRedrive):
-		o, err := schemas.Decode[schemas.RedriveOutcome](data)
-		if err != nil {
-			return nil, "", err
-		}
+	case *schemas.RedriveOutcome:
+		o := rec
 		e := at
 		e.Kind, e.TurnID, e.Status, e.Code, e.Reason = Redrive, o.TurnID, string(o.Kind), string(o.Code), o.Reason
 		e.Trigger, e.Pending = o.Trigger, o.Pending
 		return []Event{e}, "", nil
-	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
-		o, err := schemas.Decode[schemas.TurnOutcome](data)
-		if err != nil {
-			return nil, "", err
-		}
+	case *schemas.TurnOutcome:
+		o := rec
 		var out []Event
 		for _, r := range o.Results {
 			e := at

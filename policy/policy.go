@@ -50,7 +50,9 @@ import (
 )
 
 // Mode is how a tool call is treated.
-type Mode string
+//
+// It is schemas.ToolMode, the type the tool list carries on the wire.
+type Mode = schemas.ToolMode
 
 const (
 	ModeNever    Mode = "never"    // runs without approval
@@ -58,7 +60,7 @@ const (
 	ModeDeny     Mode = "deny"     // never runs
 )
 
-func (m Mode) valid() bool { return m == ModeNever || m == ModeRequired || m == ModeDeny }
+func validMode(m Mode) bool { return m == ModeNever || m == ModeRequired || m == ModeDeny }
 
 // Duration is a time.Duration written as a Go duration string ("24h") or
 // "none" (no expiry) in JSON.
@@ -258,7 +260,7 @@ func decodeFile(b []byte) (File, error) {
 // check validates every section of f, in file order, and returns the first
 // problem found.
 func (f *File) check() error {
-	if f.DefaultApproval != "" && !f.DefaultApproval.valid() {
+	if f.DefaultApproval != "" && !validMode(f.DefaultApproval) {
 		return fmt.Errorf("default_approval %q: want never, required or deny", f.DefaultApproval)
 	}
 	return firstErr(f.checkTools, f.checkGroups, f.checkDeciders, f.checkSessions, f.checkTransports)
@@ -280,11 +282,11 @@ func (f *File) checkTools() error {
 		if _, isPattern := patternPrefix(name); !isPattern && !ValidToolName(name) {
 			return fmt.Errorf("tool name %q: only a-z 0-9 _ - . are allowed, or a pattern \"<prefix>.*\"", name)
 		}
-		if !r.Approval.valid() {
+		if !validMode(r.Approval) {
 			return fmt.Errorf("tool %s: approval %q: want never, required or deny", name, r.Approval)
 		}
 		for a, m := range r.Audiences {
-			if !m.valid() {
+			if !validMode(m) {
 				return fmt.Errorf("tool %s: audience %s: mode %q", name, a, m)
 			}
 			if !validAudience(a) {

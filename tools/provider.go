@@ -2,42 +2,19 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // Spec describes a tool: what `tollgate tools` shows, what a planner offers
 // a model, and what a call's arguments are validated against before anyone
-// is asked to approve it.
-type Spec struct {
-	// Name is the tool's name in calls and in the policy
-	// (schemas.CheckToolName: [a-z0-9_.-]{1,64}). Tools from a provider are
-	// named "<prefix>.<tool>", so a policy can name them by pattern
-	// ("github.*").
-	Name string `json:"name"`
-	// Description is the tool's own one-paragraph description.
-	Description string `json:"description,omitempty"`
-	// Source says where the tool comes from: "builtin", "go" (a Go tool
-	// passed in by the embedding program), "nats:<service>" (a NATS tool
-	// service) or "mcp:<server>" (a tool of an MCP server).
-	Source string `json:"source"`
-	// InputSchema is the JSON Schema of the arguments object; empty means
-	// any JSON object.
-	InputSchema json.RawMessage `json:"input_schema,omitempty"`
-	// RetrySafe: running the call again has the same effect as running it
-	// once (see Retryable).
-	RetrySafe bool `json:"retry_safe"`
-	// Hints are the tool's own claims about its effects (MCP annotations).
-	// They may make the policy's default stricter, never looser, and never
-	// change a rule the policy states for the tool.
-	Hints Hints `json:"hints,omitzero"`
-}
+// is asked to approve it. It is a wire type (the tool list's entries), so
+// it lives in schemas: see schemas.ToolSpec for its fields.
+type Spec = schemas.ToolSpec
 
-// Hints are a tool's claims about its effects. Nil means not stated.
-type Hints struct {
-	ReadOnly    *bool `json:"read_only,omitempty"`
-	Destructive *bool `json:"destructive,omitempty"`
-}
+// Hints are a tool's claims about its effects (schemas.ToolHints).
+type Hints = schemas.ToolHints
 
 // Describer is implemented by a tool that describes itself. A tool that
 // does not is described by SpecOf from its name and Retryable.

@@ -170,12 +170,11 @@ func (v *chatView) show(ctx context.Context, turn, subject string, data []byte) 
 		v.out = io.Discard
 		defer func() { v.out = out }()
 	}
-	switch {
-	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
-		a, err := schemas.Decode[schemas.ApprovalRecord](data)
-		if err != nil {
-			return false, 0
-		}
+	_, rec, _ := topology.Read(subject, data, topology.RouteApprovalRequested, topology.RouteApprovalDecided,
+		topology.RouteTurnReply, topology.RouteTurnOutcome)
+	switch rec := rec.(type) {
+	case *schemas.ApprovalRecord:
+		a := rec
 		args, flagged := reveal.JSON(a.Args)
 		fmt.Fprintf(v.out, "  ? approval needed: %s %s (options %v)\n", a.Tool, clip(args, 200), a.Options)
 		if flagged {
@@ -187,20 +186,13 @@ func (v *chatView) show(ctx context.Context, turn, subject string, data []byte) 
 		}
 		fmt.Fprintf(v.out, "    approve? [a]pprove / [d]eny: ")
 		v.decide(ctx, a)
-	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
-		if e, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
-			fmt.Fprintf(v.out, "  approval %s\n", e.Status)
-		}
-	case strings.HasPrefix(subject, topology.SubjectTurnReply):
-		if r, err := schemas.Decode[schemas.ReplyEvent](data); err == nil {
-			v.replied = true
-			fmt.Fprintf(v.out, "assistant: %s\n", reveal.Controls(r.Text))
-		}
-	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
-		o, err := schemas.Decode[schemas.TurnOutcome](data)
-		if err != nil {
-			return false, 0
-		}
+	case *schemas.DecidedEvent:
+		fmt.Fprintf(v.out, "  approval %s\n", rec.Status)
+	case *schemas.ReplyEvent:
+		v.replied = true
+		fmt.Fprintf(v.out, "assistant: %s\n", reveal.Controls(rec.Text))
+	case *schemas.TurnOutcome:
+		o := rec
 		if o.TurnID != turn {
 			for _, r := range o.Results {
 				detail := clip(reveal.Controls(r.Output), 200)

@@ -114,9 +114,9 @@ func cmdDecide(cmd *command, args []string) int {
 		case <-ctx.Done():
 			return fail("%s: no answer from the approver within %v (decision %s is stored and will be applied when it runs)", option, c.timeout, d.DecisionID)
 		case m := <-answers:
-			if strings.HasPrefix(m.Subject, topology.SubjectDecisionRejected) {
-				rej, err := schemas.Decode[schemas.DecisionRejected](m.Data)
-				if err != nil || rej.DecisionID != d.DecisionID {
+			_, rec, _ := topology.Read(m.Subject, m.Data, topology.RouteDecisionRejected, topology.RouteApprovalDecided)
+			if rej, ok := rec.(*schemas.DecisionRejected); ok {
+				if rej.DecisionID != d.DecisionID {
 					continue
 				}
 				if c.json {
@@ -126,8 +126,8 @@ func cmdDecide(cmd *command, args []string) int {
 				}
 				return 1
 			}
-			ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
-			if err != nil || ev.ApprovalID != id {
+			ev, ok := rec.(*schemas.DecidedEvent)
+			if !ok || ev.ApprovalID != id {
 				continue
 			}
 			human := fmt.Sprintf("%s %s (turn %s)", ev.Status, id, ev.TurnID)

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/reveal"

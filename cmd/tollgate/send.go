@@ -14,7 +14,6 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -143,7 +142,7 @@ func checkCalls(c *client, calls []schemas.ProposedCall) error {
 	if err != nil {
 		return warn("no executor answered on " + topology.SubjectToolsList + " within " + checkWait.String())
 	}
-	var l executor.ToolList
+	var l schemas.ToolList
 	if err := json.Unmarshal(msg.Data, &l); err != nil {
 		return warn("the executor's tool list does not decode")
 	}
@@ -154,7 +153,7 @@ func checkCalls(c *client, calls []schemas.ProposedCall) error {
 	}
 	listed := make([]tools.Tool, len(l.Tools))
 	for i, t := range l.Tools {
-		listed[i] = listedTool{t.Spec}
+		listed[i] = listedTool{t.ToolSpec}
 	}
 	ctx, cancel := c.ctx()
 	defer cancel()

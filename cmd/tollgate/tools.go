@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
+	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
 )
 
@@ -43,7 +43,7 @@ func cmdTools(cmd *command, args []string) int {
 	if err != nil {
 		return c.fail("tools", err)
 	}
-	var l executor.ToolList
+	var l schemas.ToolList
 	if err := json.Unmarshal(msg.Data, &l); err != nil {
 		return fail("tools: the executor's answer does not decode: %v", err)
 	}
@@ -55,7 +55,7 @@ func cmdTools(cmd *command, args []string) int {
 		return 0
 	}
 	fmt.Printf("policy %s, %d tools\n", l.PolicyVersion, len(l.Tools))
-	var gates []executor.ToolInfo
+	var gates []schemas.ToolInfo
 	for _, t := range l.Tools {
 		if !*all && t.Source == claudeGateSource {
 			gates = append(gates, t)
@@ -70,7 +70,7 @@ func cmdTools(cmd *command, args []string) int {
 			fmt.Printf("  %s\n", t.Description)
 		}
 		var modes []string
-		for _, a := range executor.Audiences {
+		for _, a := range schemas.ToolAudiences {
 			modes = append(modes, fmt.Sprintf("%s %s", a, t.Modes[a]))
 		}
 		fmt.Printf("  policy: %s\n", strings.Join(modes, ", "))
@@ -98,7 +98,7 @@ const claudeGateSource = "nats:" + gateway.ClaudeGateService
 
 // printGates prints the Claude Code gate tools as one block: their names,
 // and their policy modes when they all share them.
-func printGates(gates []executor.ToolInfo) {
+func printGates(gates []schemas.ToolInfo) {
 	if len(gates) == 0 {
 		return
 	}
@@ -108,7 +108,7 @@ func printGates(gates []executor.ToolInfo) {
 	for i, t := range gates {
 		names[i] = t.Name
 		var m []string
-		for _, a := range executor.Audiences {
+		for _, a := range schemas.ToolAudiences {
 			m = append(m, fmt.Sprintf("%s %s", a, t.Modes[a]))
 		}
 		modes[strings.Join(m, ", ")] = true

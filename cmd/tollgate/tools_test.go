@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -42,7 +41,7 @@ func TestToolsListsEveryToolWithItsPolicyModes(t *testing.T) {
 
 	t.Run("--json is the executor's answer", func(t *testing.T) {
 		code, out, errOut := runCLI(t, "tools", url, "--json")
-		var l executor.ToolList
+		var l schemas.ToolList
 		if err := json.Unmarshal([]byte(out), &l); code != 0 || err != nil {
 			t.Fatalf("exit %d, %v, stderr %q:\n%s", code, err, errOut, out)
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -96,47 +95,38 @@ func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.W
 }
 
 func summary(subject string, data []byte) string {
-	switch {
-	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
-		if a, err := schemas.Decode[schemas.ApprovalRecord](data); err == nil {
-			args, flagged := reveal.JSON(a.Args)
-			line := fmt.Sprintf("approval %s: %s %s, options %v", a.ApprovalID, a.Tool, clip(args, 50), a.Options)
-			if flagged {
-				line += warnLine
-			}
-			return line
-		}
-	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
-		if e, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
-			by := ""
-			if e.Decision != nil {
-				by = " by " + reveal.Must(e.Decision.Principal)
-			}
-			return fmt.Sprintf("approval %s %s%s", e.ApprovalID, e.Status, by)
-		}
-	case strings.HasPrefix(subject, topology.SubjectDecisionRejected):
-		if r, err := schemas.Decode[schemas.DecisionRejected](data); err == nil {
-			return fmt.Sprintf("decision %s rejected: %s: %s", reveal.Must(r.DecisionID), r.Code, reveal.Controls(r.Reason))
-		}
-	case strings.HasPrefix(subject, topology.SubjectRedrive):
-		if o, err := schemas.Decode[schemas.RedriveOutcome](data); err == nil {
-			return fmt.Sprintf("redrive %s %s %s", o.Kind, o.Code, reveal.Controls(o.Reason))
-		}
-	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
-		if o, err := schemas.Decode[schemas.TurnOutcome](data); err == nil {
-			to := fmt.Sprintf("-> %s %s/%s", o.Reply.Transport, o.Reply.Channel.Kind, o.Reply.Channel.ID)
-			if o.Audience == "" {
-				// protocol §6: no verified context of the turn, so no reply target.
-				to = "-> nowhere (" + string(o.Code) + ")"
-			}
-			return fmt.Sprintf("turn %s %s (%d results) %s", o.TurnID, o.State, len(o.Results), to)
-		}
-	case strings.HasPrefix(subject, topology.SubjectTurnReply):
-		if r, err := schemas.Decode[schemas.ReplyEvent](data); err == nil {
-			return fmt.Sprintf("reply to %s %s/%s: %s", r.Reply.Transport, r.Reply.Channel.Kind, r.Reply.Channel.ID, clip(reveal.Controls(r.Text), 80))
-		}
-	case strings.HasPrefix(subject, topology.SubjectBatchAwaiting):
+	if topology.RouteOf(subject) == topology.RouteBatchAwaiting {
 		return "batch awaiting approvals"
+	}
+	_, rec, _ := topology.Read(subject, data, topology.RouteApprovalRequested, topology.RouteApprovalDecided,
+		topology.RouteDecisionRejected, topology.RouteRedrive, topology.RouteTurnOutcome, topology.RouteTurnReply)
+	switch rec := rec.(type) {
+	case *schemas.ApprovalRecord:
+		args, flagged := reveal.JSON(rec.Args)
+		line := fmt.Sprintf("approval %s: %s %s, options %v", rec.ApprovalID, rec.Tool, clip(args, 50), rec.Options)
+		if flagged {
+			line += warnLine
+		}
+		return line
+	case *schemas.DecidedEvent:
+		by := ""
+		if rec.Decision != nil {
+			by = " by " + reveal.Must(rec.Decision.Principal)
+		}
+		return fmt.Sprintf("approval %s %s%s", rec.ApprovalID, rec.Status, by)
+	case *schemas.DecisionRejected:
+		return fmt.Sprintf("decision %s rejected: %s: %s", reveal.Must(rec.DecisionID), rec.Code, reveal.Controls(rec.Reason))
+	case *schemas.RedriveOutcome:
+		return fmt.Sprintf("redrive %s %s %s", rec.Kind, rec.Code, reveal.Controls(rec.Reason))
+	case *schemas.TurnOutcome:
+		to := fmt.Sprintf("-> %s %s/%s", rec.Reply.Transport, rec.Reply.Channel.Kind, rec.Reply.Channel.ID)
+		if rec.Audience == "" {
+			// protocol §6: no verified context of the turn, so no reply target.
+			to = "-> nowhere (" + string(rec.Code) + ")"
+		}
+		return fmt.Sprintf("turn %s %s (%d results) %s", rec.TurnID, rec.State, len(rec.Results), to)
+	case *schemas.ReplyEvent:
+		return fmt.Sprintf("reply to %s %s/%s: %s", rec.Reply.Transport, rec.Reply.Channel.Kind, rec.Reply.Channel.ID, clip(reveal.Controls(rec.Text), 80))
 	}
 	return fmt.Sprintf("%d bytes", len(data))
 }

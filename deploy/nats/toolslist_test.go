@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // The executor, under its own user, serves the tool list (as the NATS
@@ -19,7 +19,7 @@ func TestTheToolListIsServedByTheExecutorAndAskedByAdmin(t *testing.T) {
 	provision(t, admin)
 	stages, _ := runStages(t, ns, t.TempDir())
 
-	var l executor.ToolList
+	var l schemas.ToolList
 	eventually(t, "the tool list, asked by admin", func(c context.Context) bool {
 		msg, err := admin.nc.RequestWithContext(c, topology.SubjectToolsList, nil)
 		return err == nil && json.Unmarshal(msg.Data, &l) == nil

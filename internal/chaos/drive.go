@@ -243,34 +243,27 @@ func (d *driver) follow(ctx context.Context) (stop func(), err error) {
 }
 
 func (d *driver) onEvent(ctx context.Context, m jetstream.Msg) {
-	switch subj := m.Subject(); {
-	case strings.HasPrefix(subj, topology.SubjectApprovalRequested):
-		rec, err := schemas.Decode[schemas.ApprovalRecord](m.Data())
-		if err != nil {
-			d.h.logf("undecodable approval-requested event on %s: %v", subj, err)
-			return
+	route, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteApprovalRequested, topology.RouteTurnOutcome, topology.RouteDecisionRejected)
+	if err != nil {
+		if !errors.Is(err, topology.ErrUnrouted) {
+			d.h.logf("undecodable %s event on %s: %v", route, m.Subject(), err)
 		}
+		return
+	}
+	switch rec := rec.(type) {
+	case *schemas.ApprovalRecord:
 		d.onRequested(ctx, rec)
-	case strings.HasPrefix(subj, topology.SubjectTurnOutcome):
-		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
-		if err != nil {
-			d.h.logf("undecodable outcome on %s: %v", subj, err)
-			return
-		}
+	case *schemas.TurnOutcome:
+		o := rec
 		if _, _, step := schemas.PlannerStepOf(o.TurnID); step {
 			return // a planner turn's step batch: the turn ends with its own outcome
 		}
 		if t := d.turn(o.TurnID); t != nil {
 			d.markTerminal(t)
 		}
-	case strings.HasPrefix(subj, topology.SubjectDecisionRejected):
-		r, err := schemas.Decode[schemas.DecisionRejected](m.Data())
-		if err != nil {
-			d.h.logf("undecodable rejection on %s: %v", subj, err)
-			return
-		}
+	case *schemas.DecisionRejected:
 		d.mu.Lock()
-		d.rejections[r.Code]++
+		d.rejections[rec.Code]++
 		d.mu.Unlock()
 	}
 }

@@ -2,7 +2,7 @@
 //
 // The retention soak (TestRetentionSoak, `make soak-retention`) drives a
 // real pipeline (tollgate.New on an embedded nats-server, through
-// pipeline/pipelinetest) with a short retention, so that the records of
+// internal/pipelinetest) with a short retention, so that the records of
 // ended turns expire under load, and checks that the buckets' bytes reach a
 // plateau while no safety rule is broken. It skips unless
 // TOLLGATE_SOAK_TURNS is set. Parameters (environment):

@@ -11,8 +11,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 )
 
 // collector is an OTLP/HTTP endpoint on loopback that counts the export

@@ -5,7 +5,11 @@ package jstest
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"net"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -124,16 +128,50 @@ func Ctx(t testing.TB) context.Context {
 	return ctx
 }
 
-// Eventually polls cond every 10ms until it returns true or d passes, then
-// fails the test with msg.
+// ScaleEnv names the environment variable that stretches every test
+// deadline taken through Scale (Eventually, EventuallyState): a number of
+// at least 1, such as 3 on a loaded machine. Unset means 1.
+const ScaleEnv = "TOLLGATE_TEST_TIMEOUT_SCALE"
+
+// Scale is d multiplied by TOLLGATE_TEST_TIMEOUT_SCALE. A value that is
+// not a number of at least 1 panics, naming the variable: a typo must not
+// silently shorten or keep every deadline.
+func Scale(d time.Duration) time.Duration {
+	v := os.Getenv(ScaleEnv)
+	if v == "" {
+		return d
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 1 || math.IsInf(f, 0) || math.IsNaN(f) {
+		panic(fmt.Sprintf("jstest: %s=%q: want a number of at least 1", ScaleEnv, v))
+	}
+	return time.Duration(float64(d) * f)
+}
+
+// Eventually polls cond every 10ms until it returns true or Scale(d)
+// passes, then fails the test with msg.
 func Eventually(t testing.TB, d time.Duration, msg string, cond func() bool) {
 	t.Helper()
+	EventuallyState(t, d, msg, func() (bool, string) { return cond(), "" })
+}
+
+// EventuallyState polls cond every 10ms until it returns true or Scale(d)
+// passes, then fails the test with msg and the state cond reported last,
+// so that a timeout says what was there instead of only that the wait
+// ended ("timed out after 5s: outcome of t-1: last seen: state awaiting").
+func EventuallyState(t testing.TB, d time.Duration, msg string, cond func() (ok bool, state string)) {
+	t.Helper()
+	d = Scale(d)
 	deadline := time.Now().Add(d)
 	for {
-		if cond() {
+		ok, state := cond()
+		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
+			if state != "" {
+				t.Fatalf("timed out after %v: %s: last seen: %s", d, msg, state)
+			}
 			t.Fatalf("timed out after %v: %s", d, msg)
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -53,7 +53,7 @@ const (
 
 // SubjectToolsList is a core NATS request subject, in no stream: the
 // executor answers it with every tool it can call and the policy mode of
-// each per audience (pipeline/executor ToolList; `tollgate tools`).
+// each per audience (schemas.ToolList; `tollgate tools`).
 const SubjectToolsList = "tollgate.tools.list"
 
 // InboundSubject is where a transport publishes a message of session

@@ -30,8 +30,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"

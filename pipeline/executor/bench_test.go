@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 )
 
 // BenchmarkExecutorAcceptFastPath is the executor's hot path for a turn

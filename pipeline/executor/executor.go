@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,9 +30,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/sessionorder"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -168,25 +167,17 @@ func (x *Executor) Run(ctx context.Context) error {
 
 // Handle processes one message from TOLLGATE_TURNS.
 func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
-	switch subj := m.Subject(); {
-	case strings.HasPrefix(subj, topology.SubjectTurnAccepted):
-		t, err := schemas.Decode[schemas.AcceptedTurn](m.Data())
-		if err != nil {
-			return err
+	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteTurnAccepted, topology.RouteTurnReady)
+	switch rec := rec.(type) {
+	case *schemas.AcceptedTurn:
+		return x.Accept(ctx, rec)
+	case *schemas.TurnNotice:
+		if !schemas.ValidKey(rec.TurnID) {
+			return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", rec.TurnID)
 		}
-		return x.Accept(ctx, t)
-	case strings.HasPrefix(subj, topology.SubjectTurnReady):
-		n, err := schemas.Decode[schemas.TurnNotice](m.Data())
-		if err != nil {
-			return err
-		}
-		if !schemas.ValidKey(n.TurnID) {
-			return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", n.TurnID)
-		}
-		return x.Advance(ctx, n.TurnID)
-	default:
-		return schemas.Errorf(schemas.CodeUnknownMessage, "executor does not handle subject %s", subj)
+		return x.Advance(ctx, rec.TurnID)
 	}
+	return err
 }
 
 // abort fails the batch a dead-lettered message was driving, if the message

@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -216,19 +218,15 @@ func TestTheExecutorListsItsTools(t *testing.T) {
 	prov.Set(typed("svc.lookup", tools.Hints{}), typed("svc.wipe", tools.Hints{Destructive: &yes}))
 	h := pt.Start(t, pt.Options{Policy: toolsPolicy, Providers: []tools.Provider{prov}, Stages: []string{pt.Executor}})
 	nc := h.Env.NC
-	var l executor.ToolList
-	deadline := time.Now().Add(pt.Wait)
-	for {
-		msg, err := nc.Request(topology.SubjectToolsList, nil, 2*time.Second)
-		if err == nil {
-			if err := json.Unmarshal(msg.Data, &l); err != nil {
-				t.Fatalf("answer %s: %v", msg.Data, err)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no answer on %s: %v", topology.SubjectToolsList, err)
-		}
+	var l schemas.ToolList
+	var msg *nats.Msg
+	jstest.EventuallyState(t, pt.Wait, "an answer on "+topology.SubjectToolsList, func() (bool, string) {
+		var err error
+		msg, err = nc.Request(topology.SubjectToolsList, nil, 2*time.Second)
+		return err == nil, fmt.Sprint(err)
+	})
+	if err := json.Unmarshal(msg.Data, &l); err != nil {
+		t.Fatalf("answer %s: %v", msg.Data, err)
 	}
 	if l.PolicyVersion != "tools-1" || len(l.Errors) != 0 {
 		t.Fatalf("list %+v", l)

@@ -10,7 +10,6 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
-	"github.com/tollgate-dev/tollgate/tools"
 )
 
 // ToolsService is the name of the NATS service (nats.go micro) under which
@@ -18,38 +17,17 @@ import (
 // group: one executor answers each request.
 const ToolsService = "tollgate-tools"
 
-// ToolList is the answer on topology.SubjectToolsList (JSON): every tool
-// the executor can call now, as its catalog resolves each name, sorted by
-// name, with the policy's mode for each audience.
-type ToolList struct {
-	PolicyVersion string     `json:"policy_version"`
-	Tools         []ToolInfo `json:"tools"`
-	// Errors names each provider that could not list its tools (its tools
-	// are missing from Tools).
-	Errors []string `json:"errors,omitempty"`
-}
-
-// ToolInfo is one tool: its Spec, and how a call of it is treated for a
-// turn of each audience (policy.Policy.ModeFor, hints included).
-type ToolInfo struct {
-	tools.Spec
-	Modes map[schemas.Audience]policy.Mode `json:"modes"`
-}
-
-// Audiences are the audiences ToolInfo.Modes covers, narrowest first.
-var Audiences = []schemas.Audience{schemas.AudiencePersonal, schemas.AudienceTeam, schemas.AudiencePublic}
-
 // ListTools returns the tool list the executor serves. A provider that
 // cannot list its tools is named in Errors; the others are listed.
-func (x *Executor) ListTools(ctx context.Context) ToolList {
+func (x *Executor) ListTools(ctx context.Context) schemas.ToolList {
 	specs, err := x.cfg.Engine.Tools().List(ctx)
-	l := ToolList{PolicyVersion: x.cfg.Policy.Version(), Tools: make([]ToolInfo, 0, len(specs))}
+	l := schemas.ToolList{PolicyVersion: x.cfg.Policy.Version(), Tools: make([]schemas.ToolInfo, 0, len(specs))}
 	if err != nil {
 		l.Errors = []string{err.Error()}
 	}
 	for _, s := range specs {
-		info := ToolInfo{Spec: s, Modes: make(map[schemas.Audience]policy.Mode, len(Audiences))}
-		for _, a := range Audiences {
+		info := schemas.ToolInfo{ToolSpec: s, Modes: make(map[schemas.Audience]policy.Mode, len(schemas.ToolAudiences))}
+		for _, a := range schemas.ToolAudiences {
 			info.Modes[a] = x.cfg.Policy.ModeFor(s.Name, a, s.Hints)
 		}
 		l.Tools = append(l.Tools, info)

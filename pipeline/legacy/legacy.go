@@ -22,7 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
+	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
 )

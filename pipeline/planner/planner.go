@@ -13,8 +13,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/sessionorder"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -221,25 +221,17 @@ func (p *Planner) Run(ctx context.Context) error {
 // Handle processes one message of the planner's turns consumer: a planner
 // turn (Accept) or a loop-ready notice (Drive).
 func (p *Planner) Handle(ctx context.Context, m jetstream.Msg) error {
-	switch subj := m.Subject(); {
-	case strings.HasPrefix(subj, topology.SubjectTurnPlan):
-		t, err := schemas.Decode[schemas.AcceptedTurn](m.Data())
-		if err != nil {
-			return err
+	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteTurnPlan, topology.RoutePlanReady)
+	switch rec := rec.(type) {
+	case *schemas.AcceptedTurn:
+		return p.Accept(ctx, rec)
+	case *schemas.TurnNotice:
+		if !schemas.ValidKey(rec.TurnID) {
+			return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", rec.TurnID)
 		}
-		return p.Accept(ctx, t)
-	case strings.HasPrefix(subj, topology.SubjectPlanReady):
-		n, err := schemas.Decode[schemas.TurnNotice](m.Data())
-		if err != nil {
-			return err
-		}
-		if !schemas.ValidKey(n.TurnID) {
-			return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", n.TurnID)
-		}
-		return p.Drive(ctx, n.TurnID)
-	default:
-		return schemas.Errorf(schemas.CodeUnknownMessage, "planner does not handle subject %s", subj)
+		return p.Drive(ctx, rec.TurnID)
 	}
+	return err
 }
 
 // HandleOutcome processes one turn outcome: for a step batch of a planner
@@ -267,17 +259,15 @@ func (p *Planner) HandleOutcome(ctx context.Context, m jetstream.Msg) error {
 // session's next loop runs (the runner's OnDeadLetter hook).
 func (p *Planner) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error {
 	var turnID string
-	switch subj := m.Subject(); {
-	case strings.HasPrefix(subj, topology.SubjectTurnPlan):
-		if t, err := schemas.Decode[schemas.AcceptedTurn](m.Data()); err == nil {
-			turnID = t.TurnID
-		}
-	case strings.HasPrefix(subj, topology.SubjectPlanReady):
-		if n, err := schemas.Decode[schemas.TurnNotice](m.Data()); err == nil {
-			turnID = n.TurnID
-		}
+	switch route, rec, _ := topology.Read(m.Subject(), m.Data(), topology.RouteTurnPlan, topology.RoutePlanReady); rec := rec.(type) {
+	case *schemas.AcceptedTurn:
+		turnID = rec.TurnID
+	case *schemas.TurnNotice:
+		turnID = rec.TurnID
 	default:
-		turnID, _, _ = schemas.PlannerStepOf(strings.TrimPrefix(subj, topology.SubjectTurnOutcome))
+		if route != topology.RouteTurnPlan && route != topology.RoutePlanReady {
+			turnID, _, _ = schemas.PlannerStepOf(strings.TrimPrefix(m.Subject(), topology.SubjectTurnOutcome))
+		}
 	}
 	if !schemas.ValidKey(turnID) {
 		return nil

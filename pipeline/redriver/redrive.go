@@ -31,9 +31,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -155,21 +155,14 @@ func (r *Redriver) Run(ctx context.Context) error {
 // Handle processes one event: it names a turn whose barrier is evaluated.
 func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 	var turnID, trigger string
-	switch subj := m.Subject(); {
-	case strings.HasPrefix(subj, topology.SubjectApprovalDecided):
-		ev, err := schemas.Decode[schemas.DecidedEvent](m.Data())
-		if err != nil {
-			return err
-		}
-		turnID, trigger = ev.TurnID, "decided:"+ev.ApprovalID
-	case strings.HasPrefix(subj, topology.SubjectBatchAwaiting):
-		n, err := schemas.Decode[schemas.TurnNotice](m.Data())
-		if err != nil {
-			return err
-		}
-		turnID, trigger = n.TurnID, "awaiting"
+	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteApprovalDecided, topology.RouteBatchAwaiting)
+	switch rec := rec.(type) {
+	case *schemas.DecidedEvent:
+		turnID, trigger = rec.TurnID, "decided:"+rec.ApprovalID
+	case *schemas.TurnNotice:
+		turnID, trigger = rec.TurnID, "awaiting"
 	default:
-		return schemas.Errorf(schemas.CodeUnknownMessage, "redriver does not handle subject %s", subj)
+		return err
 	}
 	if !schemas.ValidKey(turnID) {
 		return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", turnID)

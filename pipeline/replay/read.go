@@ -192,21 +192,22 @@ func minTime(a, b time.Time) time.Time {
 // add records one event of t. The turn id in the payload must be the one
 // in the subject.
 func (t *Turn) add(subject string, data []byte) error {
-	switch {
-	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
-		a, err := schemas.Decode[schemas.ApprovalRecord](data)
-		if err != nil {
-			return err
-		}
+	_, rec, err := topology.Read(subject, data, topology.RouteApprovalRequested, topology.RouteApprovalDecided,
+		topology.RouteBatchAwaiting, topology.RouteRedrive, topology.RouteTurnOutcome)
+	if errors.Is(err, topology.ErrUnrouted) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	switch rec := rec.(type) {
+	case *schemas.ApprovalRecord:
+		a := rec
 		if a.TurnID != t.TurnID {
 			return fmt.Errorf("approval %s names turn %s", a.ApprovalID, a.TurnID)
 		}
 		t.requested = append(t.requested, a)
-	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
-		d, err := schemas.Decode[schemas.DecidedEvent](data)
-		if err != nil {
-			return err
-		}
+	case *schemas.DecidedEvent:
+		d := rec
 		if d.TurnID != t.TurnID {
 			return fmt.Errorf("decided event of %s names turn %s", d.ApprovalID, d.TurnID)
 		}
@@ -215,11 +216,8 @@ func (t *Turn) add(subject string, data []byte) error {
 		} else if first.Status != d.Status {
 			t.note("approval %s: a later decided event says %s, the first %s: the first is kept", d.ApprovalID, d.Status, first.Status)
 		}
-	case strings.HasPrefix(subject, topology.SubjectBatchAwaiting):
-		n, err := schemas.Decode[schemas.TurnNotice](data)
-		if err != nil {
-			return err
-		}
+	case *schemas.TurnNotice:
+		n := rec
 		if n.TurnID != t.TurnID || n.Kind != schemas.NoticeAwaiting {
 			return fmt.Errorf("notice %s for turn %s on an awaiting subject", n.Kind, n.TurnID)
 		}
@@ -229,22 +227,16 @@ func (t *Turn) add(subject string, data []byte) error {
 		if t.awaiting == nil && n.Approvals != nil {
 			t.awaiting = n
 		}
-	case strings.HasPrefix(subject, topology.SubjectRedrive):
-		o, err := schemas.Decode[schemas.RedriveOutcome](data)
-		if err != nil {
-			return err
-		}
+	case *schemas.RedriveOutcome:
+		o := rec
 		if o.TurnID != t.TurnID {
 			return fmt.Errorf("redrive outcome names turn %s", o.TurnID)
 		}
 		if t.started == nil && o.Kind == schemas.RedriveStarted {
 			t.started = o
 		}
-	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
-		o, err := schemas.Decode[schemas.TurnOutcome](data)
-		if err != nil {
-			return err
-		}
+	case *schemas.TurnOutcome:
+		o := rec
 		if o.TurnID != t.TurnID {
 			return fmt.Errorf("outcome names turn %s", o.TurnID)
 		}

@@ -235,15 +235,15 @@ type Waiting interface {
 	RetryAfter() time.Duration
 }
 
-// subjectKey is the span attribute naming what subject's last token is:
-// the approval id of a decision, the turn id of an event, or else the
-// session key (inbound, accepted and ready subjects).
+// subjectKey is the span attribute naming what subject's last token is
+// (topology.Route.Key): the approval id of a decision, the turn id of an
+// event, or else the session key (inbound, accepted and ready subjects).
 func subjectKey(subject string) attribute.KeyValue {
 	last := subject[strings.LastIndexByte(subject, '.')+1:]
-	switch {
-	case strings.HasPrefix(subject, topology.SubjectDecisionSubmit), strings.HasPrefix(subject, topology.SubjectDecisionRejected):
+	switch topology.RouteOf(subject).Key() {
+	case topology.KeyApproval:
 		return tracing.AttrApprovalID.String(last)
-	case strings.HasPrefix(subject, "tollgate.event."):
+	case topology.KeyTurn:
 		return tracing.AttrTurnID.String(last)
 	default:
 		return tracing.AttrSessionKey.String(last)

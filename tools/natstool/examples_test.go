@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tools/natstool"

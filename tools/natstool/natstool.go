@@ -68,7 +68,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
+	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )

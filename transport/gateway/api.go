@@ -469,19 +469,6 @@ type DecisionResponse struct {
 	Decision   *DecisionView `json:"decision,omitempty"`
 }
 
-// decisionStatus is the HTTP status of a rejection with code c.
-func decisionStatus(c schemas.Code) int {
-	switch c {
-	case schemas.CodeDeciderNotAuthorized:
-		return http.StatusForbidden
-	case schemas.CodeApprovalNotFound:
-		return http.StatusNotFound
-	case schemas.CodeArgsDigestMismatch, schemas.CodeApprovalAlreadyDecided, schemas.CodeApprovalExpired:
-		return http.StatusConflict
-	}
-	return http.StatusUnprocessableEntity
-}
-
 // postDecision publishes a Decision as a transport does (docs/protocol.md
 // §9.2) and answers the approver's verdict. Before publishing it checks
 // what it can without deciding: the approval exists for this key's
@@ -552,15 +539,15 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 			writeJSON(w, http.StatusAccepted, DecisionResponse{DecisionID: d.DecisionID, ApprovalID: a.ApprovalID, Status: "submitted"})
 			return nil
 		case m := <-answers:
-			if strings.HasPrefix(m.Subject, topology.SubjectDecisionRejected) {
-				rej, err := schemas.Decode[schemas.DecisionRejected](m.Data)
-				if err != nil || rej.DecisionID != d.DecisionID {
+			_, rec, _ := topology.Read(m.Subject, m.Data, topology.RouteDecisionRejected, topology.RouteApprovalDecided)
+			if rej, ok := rec.(*schemas.DecisionRejected); ok {
+				if rej.DecisionID != d.DecisionID {
 					continue
 				}
-				return errorf(decisionStatus(rej.Code), rej.Code, "decision %s rejected: %s", d.DecisionID, rej.Reason)
+				return errorf(httpserve.RejectionStatus(rej.Code), rej.Code, "decision %s rejected: %s", d.DecisionID, rej.Reason)
 			}
-			ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
-			if err != nil || ev.ApprovalID != a.ApprovalID {
+			ev, ok := rec.(*schemas.DecidedEvent)
+			if !ok || ev.ApprovalID != a.ApprovalID {
 				continue
 			}
 			// The record as decided, for the turn's next view (see view).

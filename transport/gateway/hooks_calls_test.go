@@ -2,14 +2,16 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -32,25 +34,20 @@ func (g *mcpGW) inboundCount() uint64 {
 // waitRequested waits until n approvals were requested for tool with args.
 func (g *mcpGW) waitRequested(tool, args string, n int) []string {
 	g.t.Helper()
-	deadline := time.Now().Add(pipelinetest.Wait)
-	for {
-		var ids []string
+	var ids []string
+	jstest.EventuallyState(g.t, pipelinetest.Wait, fmt.Sprintf("%d approvals requested for %s %s", n, tool, args), func() (bool, string) {
+		ids = nil
 		for _, m := range g.Events(topology.SubjectApprovalRequested + ">") {
 			if a, err := schemas.Decode[schemas.ApprovalRecord](m.Data); err == nil && a.Tool == tool && a.Args == args {
 				ids = append(ids, a.ApprovalID)
 			}
 		}
-		if len(ids) >= n {
-			if len(ids) > n {
-				g.t.Fatalf("%d approvals requested for %s %s, want %d", len(ids), tool, args, n)
-			}
-			return ids
-		}
-		if time.Now().After(deadline) {
-			g.t.Fatalf("%d approvals requested for %s %s, want %d", len(ids), tool, args, n)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return len(ids) >= n, fmt.Sprintf("%d requested", len(ids))
+	})
+	if len(ids) > n {
+		g.t.Fatalf("%d approvals requested for %s %s, want %d", len(ids), tool, args, n)
 	}
+	return ids
 }
 
 // Each allow is one run by Claude Code, so each tool use needs its own

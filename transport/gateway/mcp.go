@@ -17,7 +17,6 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -213,7 +212,7 @@ func (g *mcpGateway) listTools(ctx context.Context) (*mcp.ListToolsResult, error
 	if err != nil {
 		return nil, fmt.Errorf("tollgate: the tool list is unavailable (no executor answered %s): %w", topology.SubjectToolsList, err)
 	}
-	var l executor.ToolList
+	var l schemas.ToolList
 	if err := json.Unmarshal(msg.Data, &l); err != nil {
 		return nil, fmt.Errorf("tollgate: undecodable tool list: %w", err)
 	}

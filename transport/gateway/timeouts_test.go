@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 )
 
 // serveGateway runs the test gateway's Serve (the server the product

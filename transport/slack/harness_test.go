@@ -20,8 +20,8 @@ import (
 	"github.com/slack-go/slack/slacktest"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/reveal"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )

@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -119,7 +119,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	c.Verdict = v
 	status := http.StatusOK
 	if v.State == VerdictRejected {
-		status = rejectionStatus(v.Code)
+		status = httpserve.RejectionStatus(v.Code)
 	}
 	s.answer(w, r, status, c)
 }
@@ -164,16 +164,16 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 				return v, nil
 			}
 		case m := <-answers:
-			if strings.HasPrefix(m.Subject, topology.SubjectDecisionRejected) {
-				rej, err := schemas.Decode[schemas.DecisionRejected](m.Data)
-				if err != nil || rej.DecisionID != d.DecisionID {
+			_, rec, _ := topology.Read(m.Subject, m.Data, topology.RouteDecisionRejected, topology.RouteApprovalDecided)
+			if rej, ok := rec.(*schemas.DecisionRejected); ok {
+				if rej.DecisionID != d.DecisionID {
 					continue
 				}
 				v.State, v.Code, v.Reason = VerdictRejected, rej.Code, rej.Reason
 				return v, nil
 			}
-			ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
-			if err != nil || ev.ApprovalID != d.ApprovalID || ev.Decision == nil {
+			ev, ok := rec.(*schemas.DecidedEvent)
+			if !ok || ev.ApprovalID != d.ApprovalID || ev.Decision == nil {
 				continue
 			}
 			if ev.Decision.DecisionID == d.DecisionID || slices.ContainsFunc(ev.Votes, func(v schemas.DecisionInfo) bool { return v.DecisionID == d.DecisionID }) {
@@ -247,19 +247,6 @@ func (s *Server) publishDecision(ctx context.Context, d *schemas.Decision, answe
 func recorded(rec *schemas.ApprovalRecord, id string) bool {
 	return (rec.Decision != nil && rec.Decision.DecisionID == id) ||
 		slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.DecisionID == id })
-}
-
-// rejectionStatus is the HTTP status of a rejection with code c.
-func rejectionStatus(c schemas.Code) int {
-	switch c {
-	case schemas.CodeDeciderNotAuthorized:
-		return http.StatusForbidden
-	case schemas.CodeApprovalNotFound:
-		return http.StatusNotFound
-	case schemas.CodeArgsDigestMismatch, schemas.CodeApprovalAlreadyDecided, schemas.CodeApprovalExpired:
-		return http.StatusConflict
-	}
-	return http.StatusUnprocessableEntity
 }
 
 // refuse answers a decision the inbox did not publish: with the card (when

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
@@ -180,7 +181,7 @@ func (s *Server) revokeGrant(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, nil, http.StatusServiceUnavailable, CodeUnavailable, "The grant could not be revoked: try again.")
 		return
 	case rej != nil:
-		s.refuse(w, r, nil, rejectionStatus(rej.Code), rej.Code, rej.Reason)
+		s.refuse(w, r, nil, httpserve.RejectionStatus(rej.Code), rej.Code, rej.Reason)
 		return
 	}
 	s.cfg.Logger.Info("web: grant revoked", "grant", id, "by", sess.Principal())
@@ -216,9 +217,8 @@ func (s *Server) requestRevocation(ctx context.Context, d *schemas.Decision) (*s
 				return nil, nil
 			}
 		case m := <-answers:
-			if strings.HasPrefix(m.Subject, topology.SubjectDecisionRejected) {
-				rej, err := schemas.Decode[schemas.DecisionRejected](m.Data)
-				if err == nil && rej.DecisionID == d.DecisionID {
+			if route, rec, _ := topology.Read(m.Subject, m.Data, topology.RouteDecisionRejected); route == topology.RouteDecisionRejected {
+				if rej, ok := rec.(*schemas.DecisionRejected); ok && rej.DecisionID == d.DecisionID {
 					return rej, nil
 				}
 				continue

@@ -186,12 +186,9 @@ func (s *Server) watchSession(ctx context.Context, sess *session) context.Contex
 // event m is for the person of sess; none when it concerns none of theirs.
 func (s *Server) liveCards(ctx context.Context, m eventfeed.Event, sess *session, mine map[string]bool) (name string, html []string) {
 	var cards []*card
-	switch subj := m.Subject; {
-	case strings.HasPrefix(subj, topology.SubjectApprovalRequested):
-		rec, err := schemas.Decode[schemas.ApprovalRecord](m.Data)
-		if err != nil {
-			return "", nil
-		}
+	_, rec, _ := topology.Read(m.Subject, m.Data, topology.RouteApprovalRequested, topology.RouteApprovalDecided, topology.RouteApprovalVoted, topology.RouteTurnOutcome)
+	switch rec := rec.(type) {
+	case *schemas.ApprovalRecord:
 		// An approval requested already decided (by a standing grant)
 		// prompts nobody: it is not shown, nor are its updates.
 		mine[rec.ApprovalID] = rec.Status == schemas.ApprovalPending && s.mayDecide(rec, sess) == nil
@@ -199,31 +196,19 @@ func (s *Server) liveCards(ctx context.Context, m eventfeed.Event, sess *session
 			return "", nil
 		}
 		name, cards = eventPrompt, []*card{s.newCard(rec, sess)}
-	case strings.HasPrefix(subj, topology.SubjectApprovalDecided):
-		ev, err := schemas.Decode[schemas.DecidedEvent](m.Data)
-		if err != nil {
-			return "", nil
-		}
+	case *schemas.DecidedEvent:
 		name = eventUpdate
-		if c := s.currentCard(ctx, ev.ApprovalID, sess, mine); c != nil {
+		if c := s.currentCard(ctx, rec.ApprovalID, sess, mine); c != nil {
 			cards = append(cards, c)
 		}
-	case strings.HasPrefix(subj, topology.SubjectApprovalVoted):
-		ev, err := schemas.Decode[schemas.VotedEvent](m.Data)
-		if err != nil {
-			return "", nil
-		}
+	case *schemas.VotedEvent:
 		name = eventUpdate
-		if c := s.currentCard(ctx, ev.ApprovalID, sess, mine); c != nil {
+		if c := s.currentCard(ctx, rec.ApprovalID, sess, mine); c != nil {
 			cards = append(cards, c)
 		}
-	case strings.HasPrefix(subj, topology.SubjectTurnOutcome):
-		out, err := schemas.Decode[schemas.TurnOutcome](m.Data)
-		if err != nil {
-			return "", nil
-		}
-		for i := range out.Results {
-			res := &out.Results[i]
+	case *schemas.TurnOutcome:
+		for i := range rec.Results {
+			res := &rec.Results[i]
 			if res.ApprovalID == "" {
 				continue
 			}

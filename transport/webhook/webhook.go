@@ -56,7 +56,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -65,7 +64,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
+	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -363,34 +362,29 @@ func decode(m jetstream.Msg) (*event, error) {
 	}
 	subject := m.Subject()
 	var fallbackID string
-	switch {
-	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
-		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
-		if err != nil {
-			return nil, err
-		}
+	_, rec, err := topology.Read(subject, m.Data(), topology.RouteTurnOutcome, topology.RouteApprovalRequested, topology.RouteApprovalDecided)
+	if errors.Is(err, topology.ErrUnrouted) {
+		return nil, schemas.Errorf(schemas.CodeUnknownMessage, "subject %s is not a webhook event", subject)
+	} else if err != nil {
+		return nil, err
+	}
+	switch rec := rec.(type) {
+	case *schemas.TurnOutcome:
+		o := rec
 		ev.kind, ev.record, ev.session, ev.transport = EventOutcome, o, o.SessionID, o.Reply.Transport
 		ev.nowhere = o.Audience == ""
 		fallbackID = topology.OutcomeMsgID(o.TurnID)
-	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
-		a, err := schemas.Decode[schemas.ApprovalRecord](m.Data())
-		if err != nil {
-			return nil, err
-		}
+	case *schemas.ApprovalRecord:
+		a := rec
 		ev.kind, ev.record, ev.session = EventApprovalRequested, a, a.SessionID
 		if a.Context != nil {
 			ev.transport = a.Context.Transport
 		}
 		fallbackID = topology.RequestedMsgID(a.ApprovalID)
-	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
-		e, err := schemas.Decode[schemas.DecidedEvent](m.Data())
-		if err != nil {
-			return nil, err
-		}
+	case *schemas.DecidedEvent:
+		e := rec
 		ev.kind, ev.record, ev.session, ev.approvalID = EventApprovalDecided, e, e.SessionID, e.ApprovalID
 		fallbackID = topology.DecidedMsgID(e.ApprovalID)
-	default:
-		return nil, schemas.Errorf(schemas.CodeUnknownMessage, "subject %s is not a webhook event", subject)
 	}
 	if ev.id == "" {
 		ev.id = fallbackID

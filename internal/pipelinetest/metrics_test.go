@@ -3,7 +3,7 @@ package pipelinetest_test
 import (
 	"testing"
 
-	pt "github.com/tollgate-dev/tollgate/pipeline/pipelinetest"
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/pipeline/metrics"
+	"github.com/tollgate-dev/tollgate/metrics"
 )
 
 const name = "tollgate_test_total"
