@@ -4,27 +4,36 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build test test-deps test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
+.PHONY: run build build-all test test-deps test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
 	$(BIN)/tollgate dev
 
-## build: the binaries (tollgate, the four stages, tollgate-bench) and a nats-server (for the multi-process setup) into ./bin
-## (tollgate version names the commit: the go command's VCS stamp, else REVISION linked in here)
+## build: the one binary tollgate (the operator CLI, and every component as a subcommand: tollgate ingest,
+## executor, approver, redriver, planner, gateway, slack, discord), tollgate-bench and a nats-server (for the
+## multi-process setup) into ./bin (tollgate version names the commit: the go command's VCS stamp, else REVISION
+## linked in here)
 REVISION ?= $(shell git describe --always --dirty --exclude '*' 2>/dev/null)
+LDFLAGS  := -X main.buildRevision=$(REVISION)
 build:
-	$(GO) build -ldflags "-X main.buildRevision=$(REVISION)" -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/tollgate ./cmd/tollgate-bench
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
-## test: go vet, then every test (unit, integration on an embedded server, end-to-end with real processes) under -race
-test: vet test-deps test-helm test-clients
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+## build-all: also each component's own binary (bin/ingest, bin/gateway, ...: the same code as tollgate's subcommands)
+build-all: build
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+## test: go vet, then every test (unit, integration on an embedded server, end-to-end with real processes) under -race.
+## The binaries are built once (make build) and the tests that run them (e2e, chaos, bench, deploy, Slack,
+## Discord, cmd) take them from TOLLGATE_TEST_BIN; without it each builds its own
+test: vet test-deps build test-helm test-clients
+	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 ## test-helm: the Helm chart's render test (deploy/helm: a module of its own, so that Helm's and
 ## Kubernetes' dependencies stay out of go.mod)
-test-helm:
-	cd deploy/helm && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+test-helm: build
+	cd deploy/helm && TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## vet: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it)
 ## test-deps: the npm packages that tests run as real third-party programs (the Node tool service example, the MCP
@@ -59,9 +68,9 @@ vet:
 	cd deploy/helm && $(GO) vet ./... && $(GO) tool staticcheck ./...
 	$(GO) tool staticcheck $(PKGS)
 
-## e2e: only the end-to-end test (builds and runs the real binaries)
-e2e:
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run . ./e2e/...
+## e2e: only the end-to-end test (runs the real binaries, built once by make build)
+e2e: build
+	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run . ./e2e/...
 
 ## chaos: the long chaos run (internal/chaos): replicated stage processes against a real nats-server,
 ## SIGKILLs of workers and broker restarts under load, then the safety checks. Parameters:

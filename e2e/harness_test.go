@@ -1,5 +1,5 @@
 // Package e2e runs Tollgate as an operator would: one nats-server and the
-// four stage binaries as separate processes, driven only through the
+// four stages as separate processes (`tollgate ingest`, ...), driven only through the
 // tollgate CLI (plus raw NATS where a misbehaving transport is simulated and
 // where stored state is inspected).
 package e2e
@@ -32,21 +32,22 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 )
 
-// binaries are the programs the test builds.
-var binaries = []string{"tollgate", "ingest", "executor", "approver", "redriver", "nats-server"}
+// binaries are the programs the test runs: tollgate runs each stage
+// (`tollgate ingest`, ...).
+var binaries = []string{"tollgate", "nats-server"}
 
-// buildBinaries builds the five Tollgate binaries and nats-server into a
-// temporary directory. TOLLGATE_E2E_RACE=1 builds the Tollgate binaries
-// with -race (the processes then report data races in their logs, which
-// fail the test).
+// buildBinaries is the directory of tollgate and nats-server: make test's
+// (childproc.EnvBin), else built into a temporary directory.
+// TOLLGATE_E2E_RACE=1 always builds tollgate with -race (the processes
+// then report data races in their logs, which fail the test).
 func buildBinaries(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
 	start := time.Now()
-	if err := childproc.Build(context.Background(), dir, os.Getenv("TOLLGATE_E2E_RACE") == "1", "./cmd/..."); err != nil {
+	dir, err := childproc.Binaries(context.Background(), t.TempDir(), os.Getenv("TOLLGATE_E2E_RACE") == "1", binaries, "./cmd/tollgate")
+	if err != nil {
 		t.Fatalf("build the binaries: %v", err)
 	}
-	t.Logf("go build ./cmd/... and nats-server: %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("binaries in %s: %v", dir, time.Since(start).Round(time.Millisecond))
 	for _, b := range binaries {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			t.Fatalf("binary %s was not built: %v", b, err)
@@ -136,7 +137,13 @@ func (c *cluster) startProc(t *testing.T, name string, args ...string) *proc {
 	c.seq[name]++
 	logPath := filepath.Join(c.logDir, fmt.Sprintf("%s-%d.log", name, c.seq[name]))
 	c.mu.Unlock()
-	p, err := childproc.Start(filepath.Join(c.bin, name), c.dir, logPath, childproc.Env(), args...)
+	bin := filepath.Join(c.bin, "tollgate") // each component is a tollgate subcommand
+	if name == "nats-server" {
+		bin = filepath.Join(c.bin, name)
+	} else {
+		args = append([]string{name}, args...)
+	}
+	p, err := childproc.Start(bin, c.dir, logPath, childproc.Env(), args...)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}

@@ -1,6 +1,7 @@
 // Command approver runs Tollgate's approver stage against a NATS server with
 // JetStream. Configure it with flags or TOLLGATE_* environment variables
-// (run with -h for the list).
+// (run with -h for the list). It is
+// the same code as `tollgate approver`.
 package main
 
 import (
@@ -10,6 +11,4 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
-func main() {
-	os.Exit(stagecmd.Main(tollgate.StageApprover, "127.0.0.1:9463", os.Args[1:]))
-}
+func main() { os.Exit(stagecmd.Stage(tollgate.StageApprover).Run("approver", os.Args[1:])) }

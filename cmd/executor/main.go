@@ -1,6 +1,7 @@
 // Command executor runs Tollgate's executor stage against a NATS server with
 // JetStream. Configure it with flags or TOLLGATE_* environment variables
-// (run with -h for the list).
+// (run with -h for the list). It is
+// the same code as `tollgate executor`.
 package main
 
 import (
@@ -10,6 +11,4 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
-func main() {
-	os.Exit(stagecmd.Main(tollgate.StageExecutor, "127.0.0.1:9462", os.Args[1:]))
-}
+func main() { os.Exit(stagecmd.Stage(tollgate.StageExecutor).Run("executor", os.Args[1:])) }

@@ -3,7 +3,8 @@
 // endpoint (--llm-url, --llm-model; the API key from TOLLGATE_LLM_API_KEY or
 // --llm-key-file), and ingest must route text-only messages to it
 // (`ingest --plan`). Configure it with flags or TOLLGATE_* environment
-// variables (run with -h for the list).
+// variables (run with -h for the list). It is
+// the same code as `tollgate planner`.
 package main
 
 import (
@@ -13,6 +14,4 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
-func main() {
-	os.Exit(stagecmd.Main(tollgate.StagePlanner, "127.0.0.1:9466", os.Args[1:]))
-}
+func main() { os.Exit(stagecmd.Stage(tollgate.StagePlanner).Run("planner", os.Args[1:])) }

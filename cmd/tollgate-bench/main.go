@@ -33,7 +33,7 @@ func run() int {
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured window of a throughput run (env BENCH_DURATION)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "turns in flight (env BENCH_CONCURRENCY)")
 	fs.IntVar(&cfg.Pending, "pending", cfg.Pending, "approvals left pending in the footprint phase (env BENCH_PENDING)")
-	fs.StringVar(&cfg.BinDir, "bin", cfg.BinDir, "directory of the stage binaries; empty builds them (env BENCH_BIN)")
+	fs.StringVar(&cfg.BinDir, "bin", cfg.BinDir, "directory of the tollgate binary, which runs the stages; empty builds it (env BENCH_BIN)")
 	fs.StringVar(&cfg.OutDir, "out", cfg.OutDir, "directory for the report files (env BENCH_OUT)")
 	keep := fs.Bool("keep", false, "keep the work directory (servers' stores, stage logs)")
 	if err := fs.Parse(os.Args[1:]); err != nil {

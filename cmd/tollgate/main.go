@@ -16,6 +16,8 @@
 //	tollgate provision [--dry-run]    create or update streams, buckets and consumers (admin)
 //	tollgate version (or --version)   Tollgate's, nats-server's and Go's versions
 //	tollgate hook [install]           Claude Code's PreToolUse command hook; install it in .claude/settings.json
+//	tollgate ingest|executor|approver|redriver|planner|gateway|slack|discord
+//	                                  run one component as its own process (components.go)
 //
 // Every client command takes --nats (default: the dev server) and --json.
 // Each command is in its own file; this one holds the dispatch table and the
@@ -31,6 +33,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
 // command is one tollgate command: its help and its entry point.
@@ -124,8 +128,9 @@ func (c *command) flags() *flag.FlagSet {
 // parse parses args with fs, allowing flags after positional arguments
 // (tollgate approve ID --as alice), and returns the positional arguments.
 // When the command must stop instead, ok is false and exit is its status:
-// 0 after -h or --help printed the help on stdout, 2 after a flag error was
-// reported on stderr.
+// 0 after -h or --help printed the help on stdout, 2 after a flag error, or
+// a malformed TOLLGATE_* variable a flag defaults from (stagecmd.EnvErr),
+// was reported on stderr.
 func (c *command) parse(fs *flag.FlagSet, args []string) (pos []string, exit int, ok bool) {
 	for {
 		err := fs.Parse(args)
@@ -139,6 +144,10 @@ func (c *command) parse(fs *flag.FlagSet, args []string) (pos []string, exit int
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
+			if err := stagecmd.EnvErr(fs); err != nil {
+				fmt.Fprintf(os.Stderr, "tollgate %s: %v\n", c.name, err)
+				return nil, 2, false
+			}
 			return pos, 0, true
 		}
 		pos = append(pos, rest[0])
@@ -153,7 +162,7 @@ func (c *command) usageError(format string, args ...any) int {
 }
 
 func (c *command) synopsis() string {
-	return strings.TrimSpace("tollgate " + c.name + " " + c.args + " [flags]")
+	return strings.Join(strings.Fields("tollgate "+c.name+" "+c.args+" [flags]"), " ")
 }
 
 // printHelp writes the command's help to w: summary, usage, example, flags.

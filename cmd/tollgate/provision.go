@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,8 +43,8 @@ func cmdProvision(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
 	c.register(fs, time.Minute)
-	replicas, _ := strconv.Atoi(stagecmd.Env("TOLLGATE_REPLICAS", "1"))
-	fs.IntVar(&replicas, "replicas", replicas, "replicas for streams and buckets, as the stages run with (env TOLLGATE_REPLICAS)")
+	var replicas int
+	stagecmd.IntVar(fs, &replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas for streams and buckets, as the stages run with (env TOLLGATE_REPLICAS)")
 	dryRun := fs.Bool("dry-run", false, "print what would be created and what differs, field by field; change nothing")
 	withPlanner := fs.Bool("planner", false, "also the planner's bucket and consumers and ingest's consumer of its step batches (docs/planner.md), so that the planner's user needs no right to create them")
 	pos, exit, ok := cmd.parse(fs, args)

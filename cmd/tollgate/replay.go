@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -44,8 +43,8 @@ func runReplay(cmd *command, args []string, out io.Writer) int {
 	dryRun := fs.Bool("dry-run", false, "shadow redrive: report what each batch would do (started, deferred, failed) without running or publishing anything")
 	policyPath := fs.String("policy", stagecmd.Env("TOLLGATE_POLICY", ""), "policy JSON the redriver runs with, for --dry-run; empty for the built-in policy (env TOLLGATE_POLICY)")
 	sealKeys := fs.String("seal-keys", "", "TurnContext seal key file, for --dry-run (default: env TOLLGATE_SEAL_KEYS, TOLLGATE_SEAL_KEY_FILE, else the dev key in $TOLLGATE_DATA or ./.tollgate)")
-	replicas, _ := strconv.Atoi(stagecmd.Env("TOLLGATE_REPLICAS", "1"))
-	fs.IntVar(&replicas, "replicas", replicas, "replicas of a bucket --rebuild has to create (env TOLLGATE_REPLICAS)")
+	var replicas int
+	stagecmd.IntVar(fs, &replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas of a bucket --rebuild has to create (env TOLLGATE_REPLICAS)")
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit

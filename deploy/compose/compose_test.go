@@ -111,6 +111,20 @@ func (f composeFile) tollgateServices() map[string]service {
 	return out
 }
 
+// component is the Tollgate component a service runs and its arguments:
+// `tollgate NAME args...` (the one binary), or a component's own binary
+// `NAME args...`; for an operator command (`tollgate provision`) it is the
+// command's name.
+func (s service) component() (name string, args []string) {
+	switch {
+	case len(s.Command) == 0:
+		return "", nil
+	case s.Command[0] == "tollgate" && len(s.Command) > 1:
+		return s.Command[1], s.Command[2:]
+	}
+	return s.Command[0], s.Command[1:]
+}
+
 // natsNodes are the services that run nats-server, by name.
 func (f composeFile) natsNodes() map[string]service {
 	out := map[string]service{}
@@ -192,9 +206,9 @@ func natsLogins(t *testing.T, urls string) (users, pwVars, hosts []string) {
 	return users, pwVars, hosts
 }
 
-// The image: a multi-stage build of every binary in cmd/ (static, CGO off,
-// stripped) onto a distroless base as a non-root user, and every Tollgate
-// service of compose.yaml runs one of those binaries.
+// The image: a multi-stage build of the one binary, tollgate (static, CGO
+// off, stripped), onto a distroless base as a non-root user, and every
+// Tollgate service of compose.yaml runs it with a component.
 func TestEveryTollgateServiceRunsABinaryTheImageBuilds(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
 	if err != nil {
@@ -264,10 +278,8 @@ func TestEveryTollgateServiceRunsABinaryTheImageBuilds(t *testing.T) {
 		}
 		built[dir] = isMain(t, filepath.Join(repoRoot, "cmd", dir))
 	}
-	for _, want := range append(tollgate.AllStages(), "gateway", "tollgate") {
-		if !built[want] {
-			t.Errorf("the image does not build %s (built: %v)", want, built)
-		}
+	if !built["tollgate"] {
+		t.Errorf("the image does not build tollgate, the one binary (built: %v)", built)
 	}
 	for _, c := range cmds {
 		var args []string
@@ -281,8 +293,8 @@ func TestEveryTollgateServiceRunsABinaryTheImageBuilds(t *testing.T) {
 		t.Fatal("compose.yaml runs no Tollgate service")
 	}
 	for name, s := range services {
-		if len(s.Command) == 0 || !built[s.Command[0]] {
-			t.Errorf("service %s runs %q: not a binary the image builds", name, s.Command)
+		if len(s.Command) < 2 || s.Command[0] != "tollgate" || !built[s.Command[0]] {
+			t.Errorf("service %s runs %q: want the one binary the image builds, tollgate, and a component", name, s.Command)
 		}
 	}
 }
@@ -331,30 +343,24 @@ func helpFlags(t *testing.T, bin string, args ...string) flagset.Binary {
 // tollgate's subcommands are built and asked for their help.
 func TestTollgateServicesUseOnlyFlagsAndVariablesTheirBinariesTake(t *testing.T) {
 	services := loadCompose(t).tollgateServices()
-	bin := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := childproc.Build(ctx, bin, false, "./cmd/tollgate", "./cmd/gateway"); err != nil {
+	bin, err := childproc.Binaries(ctx, t.TempDir(), false, []string{"tollgate"}, "./cmd/tollgate")
+	if err != nil {
 		t.Fatal(err)
 	}
 	for name, s := range services {
 		t.Run(name, func(t *testing.T) {
-			if len(s.Command) == 0 {
+			b, args := s.component()
+			if b == "" {
 				t.Fatal("no command")
 			}
 			var bf flagset.Binary
-			args := s.Command[1:]
-			switch b := s.Command[0]; {
+			switch {
 			case slices.Contains(tollgate.AllStages(), b):
 				bf = stageFlags(b)
-			case b == "gateway":
-				bf = helpFlags(t, filepath.Join(bin, "gateway"))
-			case b == "tollgate":
-				if len(args) == 0 {
-					t.Fatal("tollgate with no command")
-				}
-				bf = helpFlags(t, filepath.Join(bin, "tollgate"), args[0])
-				args = args[1:]
+			case s.Command[0] == "tollgate":
+				bf = helpFlags(t, filepath.Join(bin, "tollgate"), b)
 			default:
 				t.Fatalf("binary %q: no flag set known for it", b)
 			}
@@ -365,7 +371,7 @@ func TestTollgateServicesUseOnlyFlagsAndVariablesTheirBinariesTake(t *testing.T)
 			}
 			for v := range s.Environment {
 				if strings.HasPrefix(v, "TOLLGATE_") && !bf.Env[v] && v != "TOLLGATE_SEAL_KEYS" {
-					t.Errorf("environment %s: %s does not read it (it reads %v)", v, s.Command[0], bf.Env)
+					t.Errorf("environment %s: %s does not read it (it reads %v)", v, b, bf.Env)
 				}
 			}
 		})
@@ -409,11 +415,12 @@ func TestStagesStartOnlyAfterAdminProvisionedTheTopology(t *testing.T) {
 		if got := s.DependsOn["provision"]; got != "service_completed_successfully" {
 			t.Errorf("%s depends on provision %q, want service_completed_successfully", name, got)
 		}
-		if len(s.Command) == 0 {
+		stage, args := s.component()
+		if stage == "" {
 			t.Errorf("%s: no command", name)
 			continue
 		}
-		switch stage := s.Command[0]; {
+		switch {
 		case slices.Contains(tollgate.AllStages(), stage):
 			var c stagecmd.Common
 			for k, v := range s.Environment {
@@ -421,7 +428,7 @@ func TestStagesStartOnlyAfterAdminProvisionedTheTopology(t *testing.T) {
 					t.Setenv(k, v)
 				}
 			}
-			if err := stagecmd.StageFlags(stage, "", &c).Parse(s.Command[1:]); err != nil {
+			if err := stagecmd.StageFlags(stage, "", &c).Parse(args); err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
 			if !c.NoProvision {

@@ -41,6 +41,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/internal/flagset"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -224,19 +225,38 @@ func (m manifests) str(t *testing.T, p string) string {
 // stageFlags is the flag set a stage binary builds, filling c.
 func stageFlags(stage string, c *stagecmd.Common) flagset.Binary { return flagset.Stage(stage, c) }
 
-// buildBinaries builds the gateway and tollgate (package main, so not
-// importable) from the repository into a temporary directory.
+// buildBinaries is the directory of the tollgate binary (package main, so
+// not importable): make test's, else built from the repository into a
+// temporary directory.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
+	if pre := os.Getenv(childproc.EnvBin); pre != "" {
+		if _, err := os.Stat(filepath.Join(pre, "tollgate")); err == nil {
+			return pre
+		}
+	}
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/gateway", "./cmd/tollgate")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/tollgate")
 	cmd.Dir = repoRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return dir
+}
+
+// componentOf is the component a container runs with the one binary
+// (command tollgate, the component's name first in args), and the
+// container with the rest of its arguments.
+func componentOf(t *testing.T, c corev1.Container) (string, corev1.Container) {
+	t.Helper()
+	if !slices.Equal(c.Command, []string{"tollgate"}) || len(c.Args) == 0 {
+		t.Fatalf("%s runs %q %q, want tollgate and a component", c.Name, c.Command, c.Args)
+	}
+	name := c.Args[0]
+	c.Args = c.Args[1:]
+	return name, c
 }
 
 // helpFlags is bin's flags as its -h output shows them (flagset.Help).
@@ -273,7 +293,8 @@ func parseContainer(t *testing.T, c corev1.Container, bf func() flagset.Binary) 
 	return f
 }
 
-// Every container's command is a binary of the image, and its arguments
+// Every container runs the image's one binary, tollgate, with a component
+// or a command first in its arguments; the rest of its arguments
 // and TOLLGATE_* variables parse with that binary's flag set (no unknown
 // flag, no stray argument, values of the right type): the stages' flag
 // sets built as the stage binaries build them, the gateway's and
@@ -283,14 +304,15 @@ func TestEveryContainerUsesOnlyFlagsAndVariablesItsBinaryTakes(t *testing.T) {
 	for _, vs := range valueSets {
 		t.Run(vs.name, func(t *testing.T) {
 			m := render(t, vs.file, nil)
-			for component, d := range m.deployments {
+			for deployment, d := range m.deployments {
 				c := onlyContainer(t, d.Spec.Template.Spec)
-				t.Run(component, func(t *testing.T) {
-					switch b := c.Command; {
-					case len(b) == 1 && slices.Contains(tollgate.AllStages(), b[0]):
-						parseContainer(t, c, func() flagset.Binary { var common stagecmd.Common; return stageFlags(b[0], &common) })
-					case slices.Equal(b, []string{"gateway"}):
-						parseContainer(t, c, func() flagset.Binary { return helpFlags(t, filepath.Join(bin, "gateway")) })
+				t.Run(deployment, func(t *testing.T) {
+					b, c := componentOf(t, c)
+					switch {
+					case slices.Contains(tollgate.AllStages(), b):
+						parseContainer(t, c, func() flagset.Binary { var common stagecmd.Common; return stageFlags(b, &common) })
+					case b == "gateway":
+						parseContainer(t, c, func() flagset.Binary { return helpFlags(t, filepath.Join(bin, "tollgate"), "gateway") })
 					default:
 						t.Fatalf("command %q: not a stage or the gateway", b)
 					}
@@ -453,7 +475,10 @@ func TestStagesRunWithNoProvisionAfterTheProvisioningHook(t *testing.T) {
 
 			for _, stage := range tollgate.AllStages() {
 				d := m.deployments[stage]
-				c := onlyContainer(t, d.Spec.Template.Spec)
+				name, c := componentOf(t, onlyContainer(t, d.Spec.Template.Spec))
+				if name != stage {
+					t.Errorf("deployment %s runs tollgate %s", stage, name)
+				}
 				var common stagecmd.Common
 				parseContainer(t, c, func() flagset.Binary { return stageFlags(stage, &common) })
 				if !common.NoProvision {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -54,7 +55,10 @@ func smokeConfig(t *testing.T, phases ...string) Config {
 		Runs: 1, Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, Concurrency: 4,
 		ConsumeMsgs: 500, LowRate: 20, LatencyDuration: 300 * time.Millisecond, Pending: 20,
 		Phases: map[string]bool{}, LogLevel: "info", WorkDir: t.TempDir(), Logf: t.Logf,
-		BinDir: os.Getenv("BENCH_BIN"), // prebuilt stage binaries, or built into WorkDir
+		BinDir: os.Getenv("BENCH_BIN"), // prebuilt binaries (tollgate runs the stages), or built into WorkDir
+	}
+	if c.BinDir == "" {
+		c.BinDir = os.Getenv(childproc.EnvBin) // make test's
 	}
 	for _, p := range phases {
 		c.Phases[p] = true

@@ -53,7 +53,7 @@ type Config struct {
 	// three-node cluster on loopback with R3 streams and buckets, both
 	// sync settings; `make bench-cluster`).
 	Phases   map[string]bool
-	BinDir   string // stage binaries; empty: built into WorkDir
+	BinDir   string // the tollgate binary, which runs each stage; empty: built into WorkDir
 	OutDir   string // report files; empty: none
 	WorkDir  string // servers' stores, logs, binaries; must exist
 	LogLevel string // the stages' log level

@@ -31,7 +31,7 @@ var stageConsumer = map[string]topology.ConsumerSpec{
 	"redriver": topology.RedriverConsumer(),
 }
 
-// buildBinaries builds the stage binaries (and nats-server, which the
+// buildBinaries builds tollgate, which runs the stages (and nats-server, which the
 // bench does not use) into dir, as internal/chaos does.
 func buildBinaries(ctx context.Context, dir string) error {
 	return chaos.BuildBinaries(ctx, dir, false)
@@ -57,7 +57,7 @@ type procSet struct {
 	procs    map[string]*stageProc
 }
 
-// startProcs writes a seal key file and starts the four stage binaries
+// startProcs writes a seal key file and starts the four stages (`tollgate <stage>`)
 // against e, each logging to its own file, and waits until each has a pull
 // request waiting on its consumer.
 func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
@@ -66,7 +66,7 @@ func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
 		return nil, err
 	}
 	return launch(&procSet{e: e, consumer: func(s string) string { return stageConsumer[s].Config.Durable }, command: func(stage string) *exec.Cmd {
-		cmd := exec.Command(filepath.Join(binDir, stage))
+		cmd := exec.Command(filepath.Join(binDir, "tollgate"), stage)
 		cmd.Env = append(childproc.Env(),
 			"TOLLGATE_NATS_URL="+e.url,
 			"TOLLGATE_REPLICAS="+strconv.Itoa(max(e.st.Nodes, 1)),

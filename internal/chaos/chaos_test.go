@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/policy"
 )
 
@@ -123,8 +124,10 @@ var shared struct {
 	err  error
 }
 
-// sharedBinaries builds the stage, tool service and nats-server binaries
-// (without -race) once per test binary and returns their directory.
+// sharedBinaries builds tollgate, the tool service and nats-server
+// (without -race) once per test binary and returns their directory; with
+// make test's prebuilt binaries (childproc.EnvBin) only the tool service
+// is built.
 func sharedBinaries(t *testing.T) string {
 	t.Helper()
 	shared.once.Do(func() {
@@ -132,7 +135,16 @@ func sharedBinaries(t *testing.T) string {
 			return
 		}
 		t0 := time.Now()
-		shared.err = BuildBinaries(context.Background(), shared.dir, false)
+		if pre := os.Getenv(childproc.EnvBin); pre != "" {
+			for _, b := range []string{"tollgate", "nats-server"} {
+				if shared.err = os.Symlink(filepath.Join(pre, b), filepath.Join(shared.dir, b)); shared.err != nil {
+					return
+				}
+			}
+			shared.err = childproc.Build(context.Background(), shared.dir, false, toolServicePkg)
+		} else {
+			shared.err = BuildBinaries(context.Background(), shared.dir, false)
+		}
 		t.Logf("built the shared binaries in %v", time.Since(t0).Round(time.Millisecond))
 	})
 	if shared.err != nil {

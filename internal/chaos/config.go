@@ -92,7 +92,7 @@ type Config struct {
 	// instead of every stage and the tool service.
 	KillOnly []string
 
-	BinDir       string // prebuilt binaries (ingest, executor, approver, redriver, nats-server); empty: build
+	BinDir       string // prebuilt binaries (tollgate, which runs every stage, and nats-server); empty: build
 	RaceBinaries bool   // build the stage binaries with -race
 	WorkDir      string // logs, ledger, JetStream store; must exist
 	Logf         func(format string, args ...any)

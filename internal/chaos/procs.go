@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,14 +22,10 @@ import (
 // toolServicePkg is the package of the ToolService binary.
 const toolServicePkg = "./internal/chaos/" + ToolService
 
-// BuildBinaries builds the four stage binaries, the planner, the tool
-// service and nats-server into dir.
+// BuildBinaries builds tollgate (which runs each stage and the planner as
+// `tollgate <stage>`), the tool service and nats-server into dir.
 func BuildBinaries(ctx context.Context, dir string, race bool) error {
-	var pkgs []string
-	for _, st := range append(slices.Clone(Stages), PlannerStage) {
-		pkgs = append(pkgs, "./cmd/"+st)
-	}
-	return childproc.Build(ctx, dir, race, append(pkgs, toolServicePkg)...)
+	return childproc.Build(ctx, dir, race, "./cmd/tollgate", toolServicePkg)
 }
 
 // slot is one logical process (a stage replica or the broker) that is
@@ -67,7 +62,7 @@ func (s *slot) start() (*childproc.Proc, error) {
 	}
 	s.runs++
 	logPath := filepath.Join(s.h.logDir, fmt.Sprintf("%s.%d.log", s.name, s.runs))
-	p, err := childproc.Start(s.h.binPath(s.bin), s.h.dir, logPath, s.h.procEnv(s.bin), s.args()...)
+	p, err := childproc.Start(s.h.binPath(s.bin), s.h.dir, logPath, s.h.procEnv(s.bin), append(s.h.binArgs(s.bin), s.args()...)...)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.name, err)
 	}
@@ -201,12 +196,24 @@ func writeSealKey(path string) error {
 	return os.WriteFile(path, b, 0o600)
 }
 
-// binPath is the path of the binary bin.
+// binPath is the path of the binary that runs bin: tollgate for a stage.
 func (h *harness) binPath(bin string) string {
-	if bin == ToolService {
+	switch bin {
+	case ToolService:
 		return h.toolBin
+	case "nats-server":
+		return filepath.Join(h.binDir, bin)
 	}
-	return filepath.Join(h.binDir, bin)
+	return filepath.Join(h.binDir, "tollgate")
+}
+
+// binArgs are the arguments before bin's own: the stage's name for
+// tollgate.
+func (h *harness) binArgs(bin string) []string {
+	if bin == ToolService || bin == "nats-server" {
+		return nil
+	}
+	return []string{bin}
 }
 
 // procEnv is the environment of a child process: the one place where the

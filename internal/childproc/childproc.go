@@ -142,3 +142,29 @@ func Build(ctx context.Context, dir string, race bool, pkgs ...string) error {
 	}
 	return nil
 }
+
+// EnvBin names a directory holding the binaries `make build` builds from
+// this tree (tollgate, tollgate-bench, nats-server): `make test` builds
+// them once and sets it, so that each harness does not build its own.
+const EnvBin = "TOLLGATE_TEST_BIN"
+
+// Binaries is the directory of the binaries a harness runs: $TOLLGATE_TEST_BIN
+// when it is set, holds every one of want and race is off; otherwise dir,
+// after building pkgs (and nats-server) into it with Build.
+func Binaries(ctx context.Context, dir string, race bool, want []string, pkgs ...string) (string, error) {
+	if pre := os.Getenv(EnvBin); pre != "" && !race {
+		ok := true
+		for _, b := range want {
+			if _, err := os.Stat(filepath.Join(pre, b)); err != nil {
+				ok = false
+			}
+		}
+		if ok {
+			return pre, nil
+		}
+	}
+	if err := Build(ctx, dir, race, pkgs...); err != nil {
+		return "", err
+	}
+	return dir, nil
+}

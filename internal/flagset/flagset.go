@@ -56,8 +56,9 @@ func Help(bin string, args ...string) (Binary, error) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, append(args, "-h")...).CombinedOutput()
 	var exit *exec.ExitError
-	// tollgate prints help on stdout with status 0; a plain flag set
-	// prints it on stderr with status 2 (flag.ErrHelp).
+	// Tollgate's binaries print help on stdout with status 0
+	// (stagecmd.Parse); a plain flag set prints it on stderr with
+	// status 2 (flag.ErrHelp).
 	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 2) {
 		return Binary{}, fmt.Errorf("%s %v -h: %w\n%s", filepath.Base(bin), args, err, out)
 	}

@@ -232,7 +232,7 @@ func TestMainTakesNoProvision(t *testing.T) {
 	c := p.common(false)
 	exit := make(chan int, 1)
 	go func() {
-		exit <- Main(tollgate.StageIngest, "", []string{"--nats", c.NATSURL, "--metrics", "", "--seal-keys", c.SealKeys, "--no-provision"})
+		exit <- Main(Prog{Name: "ingest"}, tollgate.StageIngest, []string{"--nats", c.NATSURL, "--metrics", "", "--seal-keys", c.SealKeys, "--no-provision"})
 	}()
 	select {
 	case code := <-exit:

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -27,18 +26,14 @@ type PlannerFlags struct {
 
 // Register adds the planner flags to fs.
 func (f *PlannerFlags) Register(fs *flag.FlagSet) {
-	fs.StringVar(&f.URL, "llm-url", Env("TOLLGATE_LLM_URL", ""), "OpenAI-compatible chat-completions API root, e.g. http://127.0.0.1:11434/v1; with --llm-model it turns the planner on (env TOLLGATE_LLM_URL)")
-	fs.StringVar(&f.Model, "llm-model", Env("TOLLGATE_LLM_MODEL", ""), "model name, e.g. qwen2.5:7b (env TOLLGATE_LLM_MODEL)")
-	fs.StringVar(&f.KeyFile, "llm-key-file", Env("TOLLGATE_LLM_KEY_FILE", ""), "file holding the model API key (default: env "+EnvLLMAPIKey+")")
-	fs.StringVar(&f.PromptFile, "llm-system-prompt", Env("TOLLGATE_LLM_SYSTEM_PROMPT", ""), "file holding the system prompt; empty for the built-in one (env TOLLGATE_LLM_SYSTEM_PROMPT)")
-	timeout, _ := time.ParseDuration(Env("TOLLGATE_LLM_TIMEOUT", "2m"))
-	fs.DurationVar(&f.Timeout, "llm-timeout", timeout, "timeout of one model request attempt (env TOLLGATE_LLM_TIMEOUT)")
-	steps, _ := strconv.Atoi(Env("TOLLGATE_LLM_MAX_STEPS", "8"))
-	fs.IntVar(&f.MaxSteps, "llm-max-steps", steps, "model steps per turn (env TOLLGATE_LLM_MAX_STEPS)")
-	tokens, _ := strconv.ParseInt(Env("TOLLGATE_LLM_MAX_TOKENS", "100000"), 10, 64)
-	fs.Int64Var(&f.MaxTokens, "llm-max-tokens", tokens, "prompt plus completion tokens per turn (env TOLLGATE_LLM_MAX_TOKENS)")
-	wall, _ := time.ParseDuration(Env("TOLLGATE_LLM_MAX_WALL", "30m"))
-	fs.DurationVar(&f.MaxWall, "llm-max-wall", wall, "wall time per turn, waits for approvals included (env TOLLGATE_LLM_MAX_WALL)")
+	StringVar(fs, &f.URL, "llm-url", "TOLLGATE_LLM_URL", "", "OpenAI-compatible chat-completions API root, e.g. http://127.0.0.1:11434/v1; with --llm-model it turns the planner on (env TOLLGATE_LLM_URL)")
+	StringVar(fs, &f.Model, "llm-model", "TOLLGATE_LLM_MODEL", "", "model name, e.g. qwen2.5:7b (env TOLLGATE_LLM_MODEL)")
+	StringVar(fs, &f.KeyFile, "llm-key-file", "TOLLGATE_LLM_KEY_FILE", "", "file holding the model API key (default: env "+EnvLLMAPIKey+")")
+	StringVar(fs, &f.PromptFile, "llm-system-prompt", "TOLLGATE_LLM_SYSTEM_PROMPT", "", "file holding the system prompt; empty for the built-in one (env TOLLGATE_LLM_SYSTEM_PROMPT)")
+	DurationVar(fs, &f.Timeout, "llm-timeout", "TOLLGATE_LLM_TIMEOUT", 2*time.Minute, "timeout of one model request attempt (env TOLLGATE_LLM_TIMEOUT)")
+	IntVar(fs, &f.MaxSteps, "llm-max-steps", "TOLLGATE_LLM_MAX_STEPS", 8, "model steps per turn (env TOLLGATE_LLM_MAX_STEPS)")
+	Int64Var(fs, &f.MaxTokens, "llm-max-tokens", "TOLLGATE_LLM_MAX_TOKENS", 100000, "prompt plus completion tokens per turn (env TOLLGATE_LLM_MAX_TOKENS)")
+	DurationVar(fs, &f.MaxWall, "llm-max-wall", "TOLLGATE_LLM_MAX_WALL", 30*time.Minute, "wall time per turn, waits for approvals included (env TOLLGATE_LLM_MAX_WALL)")
 }
 
 // Enabled reports whether a model endpoint is configured.

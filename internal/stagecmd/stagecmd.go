@@ -16,7 +16,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -96,41 +95,38 @@ type Common struct {
 }
 
 // Register adds the common flags to fs with defaults from TOLLGATE_*
-// variables; metricsDefault is the stage's default metrics address.
+// variables (a malformed one is refused by Parse: see EnvErr);
+// metricsDefault is the stage's default metrics address.
 func (c *Common) Register(fs *flag.FlagSet, metricsDefault string) {
-	fs.StringVar(&c.NATSURL, "nats", Env("TOLLGATE_NATS_URL", DefaultNATSURL), "NATS URL (env TOLLGATE_NATS_URL)")
-	fs.StringVar(&c.Creds, "creds", Env("TOLLGATE_NATS_CREDS", ""), "NATS credentials file (env TOLLGATE_NATS_CREDS)")
-	fs.StringVar(&c.MetricsAddr, "metrics", Env("TOLLGATE_METRICS_ADDR", metricsDefault), "address for /metrics, empty to disable (env TOLLGATE_METRICS_ADDR)")
-	fs.StringVar(&c.LogLevel, "log-level", Env("TOLLGATE_LOG_LEVEL", "info"), "debug, info, warn or error (env TOLLGATE_LOG_LEVEL)")
-	replicas, _ := strconv.Atoi(Env("TOLLGATE_REPLICAS", "1"))
-	fs.IntVar(&c.Replicas, "replicas", replicas, "replicas for streams and buckets (env TOLLGATE_REPLICAS)")
-	fs.StringVar(&c.PolicyPath, "policy", Env("TOLLGATE_POLICY", ""), "policy JSON file; empty for the built-in policy (env TOLLGATE_POLICY)")
+	c.RegisterProcess(fs, metricsDefault)
+	IntVar(fs, &c.Replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas for streams and buckets (env TOLLGATE_REPLICAS)")
+	StringVar(fs, &c.PolicyPath, "policy", "TOLLGATE_POLICY", "", "policy JSON file; empty for the built-in policy (env TOLLGATE_POLICY)")
 	fs.StringVar(&c.SealKeys, "seal-keys", "", "TurnContext seal key file (default: env TOLLGATE_SEAL_KEYS inline JSON, else env TOLLGATE_SEAL_KEY_FILE)")
-	fs.StringVar(&c.SandboxDir, "sandbox", Env("TOLLGATE_SANDBOX", "./.tollgate/sandbox"), "directory write_file writes into (env TOLLGATE_SANDBOX)")
-	services, err := strconv.ParseBool(Env("TOLLGATE_TOOL_SERVICES", "true"))
-	if err != nil {
-		services = true
-	}
-	fs.BoolVar(&c.ToolServices, "tool-services", services,
+	StringVar(fs, &c.SandboxDir, "sandbox", "TOLLGATE_SANDBOX", "./.tollgate/sandbox", "directory write_file writes into (env TOLLGATE_SANDBOX)")
+	BoolVar(fs, &c.ToolServices, "tool-services", "TOLLGATE_TOOL_SERVICES", true,
 		"discover NATS tool services on the bus and offer their tools; --tool-services=false turns it off (env TOLLGATE_TOOL_SERVICES)")
-	c.Account.Register(fs)
-	retention, _ := time.ParseDuration(Env("TOLLGATE_RETENTION", "0s"))
-	fs.DurationVar(&c.Retention, "retention", retention,
+	DurationVar(fs, &c.Retention, "retention", "TOLLGATE_RETENTION", 0,
 		"how long ended turns' records stay in KV, at least the streams' max age (720h); 0 for 720h, negative to keep them (env TOLLGATE_RETENTION)")
-	lease, _ := time.ParseDuration(Env("TOLLGATE_CLAIM_LEASE", "0s"))
-	fs.DurationVar(&c.ClaimLease, "claim-lease", lease,
+	DurationVar(fs, &c.ClaimLease, "claim-lease", "TOLLGATE_CLAIM_LEASE", 0,
 		"how long a claimed call with no recorded result is held before it is reported uncertain and never run again; 0 for 2m (env TOLLGATE_CLAIM_LEASE)")
-	toolTimeout, _ := time.ParseDuration(Env("TOLLGATE_TOOL_TIMEOUT", "0s"))
-	fs.DurationVar(&c.ToolTimeout, "tool-timeout", toolTimeout,
+	DurationVar(fs, &c.ToolTimeout, "tool-timeout", "TOLLGATE_TOOL_TIMEOUT", 0,
 		"how long one tool run may take, below the claim lease; 0 for 1m (env TOLLGATE_TOOL_TIMEOUT)")
-	groupCommit, err := strconv.ParseBool(Env("TOLLGATE_GROUP_COMMIT", "true"))
-	if err != nil {
-		groupCommit = true
-	}
-	fs.BoolVar(&c.GroupCommit, "group-commit", groupCommit,
+	BoolVar(fs, &c.GroupCommit, "group-commit", "TOLLGATE_GROUP_COMMIT", true,
 		"commit the writes that wait at the same time on one stream as one atomic batch; --group-commit=false writes each alone (env TOLLGATE_GROUP_COMMIT)")
-	fs.StringVar(&c.ToolsFile, "tools", Env("TOLLGATE_TOOLS", ""), "tools file naming MCP servers whose tools to offer (docs/tools.md); empty for none (env TOLLGATE_TOOLS)")
+	StringVar(fs, &c.ToolsFile, "tools", "TOLLGATE_TOOLS", "", "tools file naming MCP servers whose tools to offer (docs/tools.md); empty for none (env TOLLGATE_TOOLS)")
 	OTLPFlag(fs, &c.OTLP)
+}
+
+// RegisterProcess adds the flags every long-running binary takes (the
+// stages, the gateway, the chat transports) to fs: --nats, --creds,
+// --inbox-prefix and --js-api-prefix (Account), --log-level and
+// --metrics (default metricsDefault), each with its TOLLGATE_* default.
+func (c *Common) RegisterProcess(fs *flag.FlagSet, metricsDefault string) {
+	StringVar(fs, &c.NATSURL, "nats", "TOLLGATE_NATS_URL", DefaultNATSURL, "NATS URL (env TOLLGATE_NATS_URL)")
+	StringVar(fs, &c.Creds, "creds", "TOLLGATE_NATS_CREDS", "", "NATS credentials file of this process's user (env TOLLGATE_NATS_CREDS)")
+	StringVar(fs, &c.MetricsAddr, "metrics", "TOLLGATE_METRICS_ADDR", metricsDefault, "address for /metrics, /healthz and /readyz, empty to disable (env TOLLGATE_METRICS_ADDR)")
+	LevelVar(fs, &c.LogLevel, "log-level", "TOLLGATE_LOG_LEVEL", "debug, info, warn or error (env TOLLGATE_LOG_LEVEL)")
+	c.Account.Register(fs)
 }
 
 // Logger returns a text logger on stderr at level.
@@ -162,9 +158,9 @@ type Account struct {
 // Register adds --inbox-prefix and --js-api-prefix to fs, with defaults
 // from TOLLGATE_INBOX_PREFIX and TOLLGATE_JS_API_PREFIX.
 func (a *Account) Register(fs *flag.FlagSet) {
-	fs.StringVar(&a.InboxPrefix, "inbox-prefix", Env("TOLLGATE_INBOX_PREFIX", "_INBOX"),
+	StringVar(fs, &a.InboxPrefix, "inbox-prefix", "TOLLGATE_INBOX_PREFIX", "_INBOX",
 		"prefix of this connection's reply subjects, e.g. _INBOX_executor in its own NATS account (env TOLLGATE_INBOX_PREFIX)")
-	fs.StringVar(&a.APIPrefix, "js-api-prefix", Env("TOLLGATE_JS_API_PREFIX", "$JS.API"),
+	StringVar(fs, &a.APIPrefix, "js-api-prefix", "TOLLGATE_JS_API_PREFIX", "$JS.API",
 		"where this account reaches the JetStream API, e.g. JS.TOLLGATE.API when it imports another account's (env TOLLGATE_JS_API_PREFIX)")
 }
 
@@ -300,15 +296,8 @@ func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, re
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", health.Alive)
 	mux.Handle("/readyz", ready)
-	srv := httpserve.New(mux, httpserve.Limits{}, nil)
 	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serveUntil(ctx, httpserve.New(mux, httpserve.Limits{}, nil), ln, 2*time.Second); err != nil {
 			log.Warn("metrics server stopped", "err", err)
 		}
 	}()
@@ -367,35 +356,61 @@ func Instance() string {
 func StageFlags(stage, metricsDefault string, c *Common) *flag.FlagSet {
 	fs := flag.NewFlagSet(stage, flag.ContinueOnError)
 	c.Register(fs, metricsDefault)
-	noProvision, _ := strconv.ParseBool(Env("TOLLGATE_NO_PROVISION", "false"))
-	fs.BoolVar(&c.NoProvision, "no-provision", noProvision,
-		"do not create or update streams, buckets or this stage's consumer: only check that they exist and are compatible, and exit naming what is missing (`tollgate provision` creates them; env TOLLGATE_NO_PROVISION)")
+	BoolVar(fs, &c.NoProvision, "no-provision", "TOLLGATE_NO_PROVISION", false,
+		"do not create or update streams, buckets or this stage's consumer: only check that they exist and are compatible, and exit naming what is missing ('tollgate provision' creates them; env TOLLGATE_NO_PROVISION)")
 	switch stage {
 	case tollgate.StagePlanner:
 		c.Planner.Register(fs)
 	case tollgate.StageIngest:
-		plan, _ := strconv.ParseBool(Env("TOLLGATE_PLAN", "false"))
-		fs.BoolVar(&c.PlanText, "plan", plan, "route messages with text and no calls to the planner, which runs as its own process (env TOLLGATE_PLAN)")
+		BoolVar(fs, &c.PlanText, "plan", "TOLLGATE_PLAN", false, "route messages with text and no calls to the planner, which runs as its own process (env TOLLGATE_PLAN)")
 	}
 	return fs
 }
 
-// Main runs a single-stage binary: parse flags, connect, build, run until
-// SIGINT/SIGTERM, drain. It returns the process exit code.
-func Main(stage, metricsDefault string, args []string) int {
+// metricsAddrs are the stages' default metrics addresses.
+var metricsAddrs = map[string]string{
+	tollgate.StageIngest: "127.0.0.1:9461", tollgate.StageExecutor: "127.0.0.1:9462",
+	tollgate.StageApprover: "127.0.0.1:9463", tollgate.StageRedriver: "127.0.0.1:9464",
+	tollgate.StagePlanner: "127.0.0.1:9466",
+}
+
+// stageSummaries are the stages' one-line help.
+var stageSummaries = map[string]string{
+	tollgate.StageIngest:   "the ingest stage: turn transports' messages into accepted turns, each with its TurnContext",
+	tollgate.StageExecutor: "the executor stage: run allowed calls, deny denied ones, record an approval for each call that needs a person",
+	tollgate.StageApprover: "the approver stage: record people's decisions on approvals (compare-and-set), or reject them with a reason",
+	tollgate.StageRedriver: "the redriver stage: resume a batch once every approval in it is decided",
+	tollgate.StagePlanner:  "the planner stage: the agent loop that asks a model for the calls of a text-only turn (docs/planner.md)",
+}
+
+// Stage is the component that runs one stage in its own process:
+// ingest, executor, approver, redriver or planner.
+func Stage(stage string) Component {
+	example := "--nats nats://127.0.0.1:4222 --no-provision"
+	if stage == tollgate.StagePlanner {
+		example = "--llm-url http://127.0.0.1:11434/v1 --llm-model qwen2.5:7b"
+	}
+	return Component{Name: stage, Summary: stageSummaries[stage], Example: example,
+		Main: func(p Prog, args []string) int { return Main(p, stage, args) }}
+}
+
+// Main runs a single-stage binary invoked as p: parse flags (Parse),
+// connect, build, run until SIGINT/SIGTERM, drain. It returns the process
+// exit code.
+func Main(p Prog, stage string, args []string) int {
 	var c Common
-	fs := StageFlags(stage, metricsDefault, &c)
-	if err := fs.Parse(args); err != nil {
-		return 2
+	fs := StageFlags(stage, metricsAddrs[stage], &c)
+	fs.Init(p.Name, flag.ContinueOnError)
+	if exit, ok := Parse(fs, p.Help, args); !ok {
+		return exit
+	}
+	if fs.NArg() > 0 {
+		return p.Usage("no arguments expected, got %q", fs.Args())
 	}
 	log := Logger(c.LogLevel)
 	ctx, cancel := SignalContext()
 	defer cancel()
-	if err := runStage(ctx, stage, c, log); err != nil {
-		log.Error("exiting", "err", err)
-		return 1
-	}
-	return 0
+	return Exit(log, runStage(ctx, stage, c, log))
 }
 
 // runStage runs stage, configured by c, until ctx is cancelled.
@@ -408,24 +423,12 @@ func runStage(ctx context.Context, stage string, c Common, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	stopTracing, err := Tracing(ctx, c.OTLP, "tollgate-"+stage, log)
+	proc, err := c.Start(ctx, stage, log, true)
 	if err != nil {
 		return err
 	}
-	defer FlushTraces(stopTracing, log)
-	nc, js, err := c.Account.Connect(c.NATSURL, c.Creds, "tollgate-"+stage, log, nats.RetryOnFailedConnect(true))
-	if err != nil {
-		return err
-	}
-	defer nc.Drain()
-	reg := NewRegistry()
-	ready, err := health.New(reg, stage)
-	if err != nil {
-		return err
-	}
-	if err := ServeMetrics(ctx, c.MetricsAddr, reg, ready, log); err != nil {
-		return err
-	}
+	defer proc.Close()
+	nc, js, reg, ready := proc.NC, proc.JS, proc.Reg, proc.Ready
 	topo := topology.DefaultConfig()
 	topo.Replicas = c.Replicas
 	prepare := func(ctx context.Context) error { return topology.Ensure(ctx, js, topo) }

@@ -1,6 +1,7 @@
 package stagecmd_test
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -213,5 +214,37 @@ func TestGroupCommitIsOnByDefault(t *testing.T) {
 		if c.GroupCommit != tc.want {
 			t.Errorf("env %q, flags %v: group commit %v, want %v", tc.env, tc.args, c.GroupCommit, tc.want)
 		}
+	}
+}
+
+// A malformed TOLLGATE_* value is never read as the default: EnvErr names
+// each variable, a boolean flag still takes no argument, and the help is
+// that of a well-formed environment.
+func TestMalformedEnvironmentIsRefused(t *testing.T) {
+	t.Setenv("TOLLGATE_CLAIM_LEASE", "90")
+	t.Setenv("TOLLGATE_NO_PROVISION", "yes")
+	var c stagecmd.Common
+	fs := stagecmd.StageFlags("executor", "", &c)
+	if err := fs.Parse([]string{"--no-provision", "--replicas", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	if !c.NoProvision || c.Replicas != 3 {
+		t.Fatalf("flags after malformed defaults: %+v", c)
+	}
+	err := stagecmd.EnvErr(fs)
+	var envErr *stagecmd.EnvError
+	if !errors.As(err, &envErr) || !strings.Contains(err.Error(), `TOLLGATE_CLAIM_LEASE="90"`) || !strings.Contains(err.Error(), `TOLLGATE_NO_PROVISION="yes"`) {
+		t.Fatalf("EnvErr = %v, want both variables named", err)
+	}
+	var help strings.Builder
+	stagecmd.PrintHelp(&help, fs, "")
+	if !strings.Contains(help.String(), "-claim-lease") || !strings.Contains(help.String(), "-no-provision\n") || strings.Contains(help.String(), "panic") {
+		t.Fatalf("help:\n%s", help.String())
+	}
+	t.Setenv("TOLLGATE_CLAIM_LEASE", "90s")
+	t.Setenv("TOLLGATE_NO_PROVISION", "")
+	fs = stagecmd.StageFlags("executor", "", &c)
+	if err := fs.Parse(nil); err != nil || stagecmd.EnvErr(fs) != nil || c.ClaimLease != 90*time.Second || c.NoProvision {
+		t.Fatalf("well-formed: %v, %v, %+v", err, stagecmd.EnvErr(fs), c)
 	}
 }

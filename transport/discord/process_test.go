@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/discord"
@@ -39,7 +40,7 @@ func freeAddr(t *testing.T) string {
 // output; /healthz and /readyz answer.
 func TestDiscordProcessEndToEnd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs cmd/discord")
+		t.Skip("builds and runs tollgate discord")
 	}
 	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy})
 	fake := newFakeDiscord(t)
@@ -47,10 +48,11 @@ func TestDiscordProcessEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), "discord")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/tollgate-dev/tollgate/cmd/discord").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	bins, err := childproc.Binaries(context.Background(), t.TempDir(), false, []string{"tollgate"}, "./cmd/tollgate")
+	if err != nil {
+		t.Fatal(err)
 	}
+	bin := filepath.Join(bins, "tollgate") // `tollgate discord`, as cmd/discord runs it
 	const token = "bot-process-secret"
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
@@ -58,7 +60,7 @@ func TestDiscordProcessEndToEnd(t *testing.T) {
 	}
 	addr, metrics := freeAddr(t), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "--http", addr, "--metrics", metrics,
+	cmd := exec.CommandContext(ctx, bin, "discord", "--http", addr, "--metrics", metrics,
 		"--nats", h.Env.Server.ClientURL(), "--discord-api-url", fake.srv.URL, "--log-level", "debug")
 	cmd.Env = append(os.Environ(), "TOLLGATE_DISCORD_BOT_TOKEN_FILE="+tokenFile, "TOLLGATE_DISCORD_PUBLIC_KEY="+hex.EncodeToString(pub))
 	var out bytes.Buffer

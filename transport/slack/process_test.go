@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
@@ -37,21 +38,22 @@ func freeAddr(t *testing.T) string {
 // through a file and the environment and appear nowhere in its output.
 func TestSlackProcessEndToEnd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs cmd/slack")
+		t.Skip("builds and runs tollgate slack")
 	}
 	h := pipelinetest.Start(t, pipelinetest.Options{Policy: testPolicy})
 	fake := newFakeSlack(t)
-	bin := filepath.Join(t.TempDir(), "slack")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/tollgate-dev/tollgate/cmd/slack").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	bins, err := childproc.Binaries(context.Background(), t.TempDir(), false, []string{"tollgate"}, "./cmd/tollgate")
+	if err != nil {
+		t.Fatal(err)
 	}
+	bin := filepath.Join(bins, "tollgate") // `tollgate slack`, as cmd/slack runs it
 	secretFile := filepath.Join(t.TempDir(), "signing")
 	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "--mode", "http", "--http", addr, "--metrics", "",
+	cmd := exec.CommandContext(ctx, bin, "slack", "--mode", "http", "--http", addr, "--metrics", "",
 		"--nats", h.Env.Server.ClientURL(), "--slack-api-url", fake.srv.GetAPIURL(), "--log-level", "debug")
 	cmd.Env = append(os.Environ(), "TOLLGATE_SLACK_BOT_TOKEN=xoxb-process-secret", "TOLLGATE_SLACK_SIGNING_SECRET_FILE="+secretFile)
 	var out bytes.Buffer

@@ -1,4 +1,4 @@
-package main
+package slackcmd
 
 import (
 	"os"
@@ -9,6 +9,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
 
@@ -35,7 +36,7 @@ func TestSecretsComeFromFilesOrTheEnvironment(t *testing.T) {
 		t.Error("an unreadable secret file was accepted")
 	}
 	for _, flag := range []string{"--bot-token", "--app-token", "--signing-secret", "--token"} {
-		if code := serve([]string{flag, "x"}); code != 2 {
+		if code := Main(stagecmd.Prog{Name: "slack"}, []string{flag, "x"}); code != 2 {
 			t.Errorf("%s is a flag (exit %d); secrets must not be", flag, code)
 		}
 	}

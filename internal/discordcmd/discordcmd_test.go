@@ -1,4 +1,4 @@
-package main
+package discordcmd
 
 import (
 	"crypto/ed25519"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
 
@@ -40,7 +41,7 @@ func TestSecretsComeFromFilesOrTheEnvironment(t *testing.T) {
 		t.Error("an unreadable secret file was accepted")
 	}
 	for _, flag := range []string{"--bot-token", "--public-key", "--token"} {
-		if code := serve([]string{flag, "x"}); code != 2 {
+		if code := Main(stagecmd.Prog{Name: "discord"}, []string{flag, "x"}); code != 2 {
 			t.Errorf("%s is a flag (exit %d); secrets must not be", flag, code)
 		}
 	}
