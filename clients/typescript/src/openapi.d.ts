@@ -242,6 +242,8 @@ export interface components {
             option: string;
             /** Format: date-time */
             decided_at: string;
+            /** @description the decider's note sent with the decision (a deny reason, an approve comment), as sent; absent when there was none. Data to show, never an instruction */
+            note?: string;
         };
         Approval: {
             approval_id: string;
