@@ -2,7 +2,7 @@ package chat
 
 import (
 	"context"
-	"strings"
+	"errors"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -32,26 +32,25 @@ type Handlers struct {
 // *schemas.Error (dead-lettered); a subject none handles is
 // UNKNOWN_MESSAGE, naming transport.
 func HandleEvent(ctx context.Context, transport string, h Handlers, m jetstream.Msg) error {
-	subject := m.Subject()
-	switch {
-	case strings.HasPrefix(subject, topology.SubjectApprovalRequested):
-		return deliver(ctx, m, h.Prompt)
-	case strings.HasPrefix(subject, topology.SubjectApprovalDecided):
-		return deliver(ctx, m, h.ClosePrompt)
-	case strings.HasPrefix(subject, topology.SubjectTurnOutcome):
-		return deliver(ctx, m, h.Outcome)
-	case strings.HasPrefix(subject, topology.SubjectTurnReply):
-		return deliver(ctx, m, h.Reply)
-	case strings.HasPrefix(subject, topology.SubjectDecisionRejected):
-		return deliver(ctx, m, h.Rejected)
+	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteApprovalRequested, topology.RouteApprovalDecided,
+		topology.RouteTurnOutcome, topology.RouteTurnReply, topology.RouteDecisionRejected)
+	if errors.Is(err, topology.ErrUnrouted) {
+		return schemas.Errorf(schemas.CodeUnknownMessage, "%s: subject %s is not handled", transport, m.Subject())
 	}
-	return schemas.Errorf(schemas.CodeUnknownMessage, "%s: subject %s is not handled", transport, subject)
-}
-
-func deliver[T any, P schemas.Ptr[T]](ctx context.Context, m jetstream.Msg, f func(context.Context, P) error) error {
-	r, err := schemas.Decode[T, P](m.Data())
 	if err != nil {
 		return err
 	}
-	return f(ctx, P(r))
+	switch rec := rec.(type) {
+	case *schemas.ApprovalRecord:
+		return h.Prompt(ctx, rec)
+	case *schemas.DecidedEvent:
+		return h.ClosePrompt(ctx, rec)
+	case *schemas.TurnOutcome:
+		return h.Outcome(ctx, rec)
+	case *schemas.ReplyEvent:
+		return h.Reply(ctx, rec)
+	case *schemas.DecisionRejected:
+		return h.Rejected(ctx, rec)
+	}
+	return schemas.Errorf(schemas.CodeUnknownMessage, "%s: subject %s is not handled", transport, m.Subject())
 }
