@@ -17,12 +17,12 @@ var layers = []struct {
 	prefixes []string
 }{
 	{"base", []string{"reveal", "tracing", "metrics", "schemas", "seal", "health", "internal/httpserve", "internal/childproc", "jetstream/embedded", "pipeline/planner/plannertest"}},
-	{"protocol", []string{"jetstream/topology", "jetstream/jstest", "pipeline/bus", "pipeline/store", "tools", "policy", "audit", "transport/eventfeed"}},
+	{"protocol", []string{"jetstream/topology", "jetstream/jstest", "pipeline/bus", "pipeline/store", "tools", "policy", "audit", "transport/eventfeed", "jetstream/groupcommit"}},
 	{"pipeline", []string{"pipeline"}},
 	{"transport", []string{"transport"}},
-	{"root", []string{".", "internal/stagecmd", "internal/flagset"}},
-	{"harness", []string{"internal/pipelinetest", "internal/chaos", "internal/bench", "internal/soak"}},
-	{"program", []string{"cmd", "examples", "e2e", "deploy"}},
+	{"root", []string{".", "internal/stagecmd", "internal/flagset", "internal/gatewaycmd", "internal/slackcmd", "internal/discordcmd"}},
+	{"harness", []string{"internal/pipelinetest", "transport/chat/chattest", "internal/chaos", "internal/bench", "internal/soak"}},
+	{"program", []string{"cmd", "examples", "e2e", "deploy", "docs"}},
 }
 
 const module = "github.com/tollgate-dev/tollgate"
