@@ -153,16 +153,6 @@ func testDiscordRefusals(t *testing.T, url string, admin *client, adminKV topolo
 		return kv
 	}
 	discordKV, slackKV := adminKVOf(tgdiscord.BucketRecords), adminKVOf(tgslack.BucketRecords)
-	// A write or read of a bucket c may not even look up: sent as is.
-	noWrite := func(name string, c *client, kv jetstream.KeyValue, key string) refusal {
-		return refusal{name, c, kvPut(c, kv.Bucket(), key), pub(c, kvPut(c, kv.Bucket(), key)), noKey(kv, key)}
-	}
-	noRead := func(name string, c *client, bucket, key string) refusal {
-		return refusal{name, c, directGet(c, bucket, key), request(c, directGet(c, bucket, key)), nothing}
-	}
-	noRequest := func(name string, c *client, subject string) refusal {
-		return refusal{name, c, subject, request(c, subject), nothing}
-	}
 	consumerKept := func(durable string) func(*testing.T) {
 		return func(t *testing.T) {
 			t.Helper()

@@ -975,6 +975,22 @@ func noGet(name string, c *client, bucket, key string) refusal {
 	return refusal{name, c, directGet(c, bucket, key), get(c, bucket, key), nothing}
 }
 
+// noWrite: a KV write to a bucket c may not even look up, sent as is
+// (kv is admin's handle, for the check).
+func noWrite(name string, c *client, kv jetstream.KeyValue, key string) refusal {
+	return refusal{name, c, kvPut(c, kv.Bucket(), key), pub(c, kvPut(c, kv.Bucket(), key)), noKey(kv, key)}
+}
+
+// noRead: a KV get from a bucket c may not even look up, sent as is.
+func noRead(name string, c *client, bucket, key string) refusal {
+	return refusal{name, c, directGet(c, bucket, key), request(c, directGet(c, bucket, key)), nothing}
+}
+
+// noRequest: a request on subject that must not be answered.
+func noRequest(name string, c *client, subject string) refusal {
+	return refusal{name, c, subject, request(c, subject), nothing}
+}
+
 func noKey(kv jetstream.KeyValue, key string) func(*testing.T) {
 	return func(t *testing.T) {
 		t.Helper()

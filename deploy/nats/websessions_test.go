@@ -1,0 +1,258 @@
+package natsconf_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/transport/web"
+)
+
+// TestLeastPrivilegeGatewayKeepsWebSessions: under the least-privilege
+// accounts the gateway user, which serves the web inbox, creates, reads,
+// updates (compare-and-set), purges and watches records of the web
+// sessions bucket with its own grants, a watch of one key and one of two
+// keys (an open page's session and its person's revoke key); it runs the
+// inbox on them (a dev sign-in, a live stream that the sign-out ends
+// through that watch, the heartbeat being an hour off), without one
+// refusal; and no other user may read, write or watch that bucket.
+func TestLeastPrivilegeGatewayKeepsWebSessions(t *testing.T) {
+	ns := startServer(t)
+	admin := dial(t, ns, "admin")
+	provision(t, admin)
+	gw := dial(t, ns, "gateway")
+	adminSessions, err := admin.js.KeyValue(ctx(t, wait), topology.BucketWebSessions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ctx(t, wait)
+
+	kv, err := gw.js.KeyValue(c, topology.BucketWebSessions)
+	if err != nil {
+		t.Fatalf("gateway: bucket %s: %v (server said %v)", topology.BucketWebSessions, err, gw.reported())
+	}
+	sKey, uKey := "s.lp-check", "u.lp-check"
+	one, err := kv.Watch(c, sKey, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatalf("gateway: watch %s: %v (server said %v)", sKey, err, gw.reported())
+	}
+	both, err := kv.WatchFiltered(c, []string{sKey, uKey}, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatalf("gateway: watch %s and %s: %v (server said %v)", sKey, uKey, err, gw.reported())
+	}
+
+	rev, err := kv.Create(c, sKey, []byte(`{"csrf":"a"}`), jetstream.KeyTTL(time.Hour))
+	if err != nil {
+		t.Fatalf("gateway: create %s: %v (server said %v)", sKey, err, gw.reported())
+	}
+	if e, err := kv.Get(c, sKey); err != nil || string(e.Value()) != `{"csrf":"a"}` || e.Revision() != rev {
+		t.Fatalf("gateway: get %s: %v, %v", sKey, e, err)
+	}
+	rev2, err := kv.Update(c, sKey, []byte(`{"csrf":"b"}`), rev)
+	if err != nil {
+		t.Fatalf("gateway: update %s: %v (server said %v)", sKey, err, gw.reported())
+	}
+	// A stale revision is the stream's refusal, not the server's.
+	if _, err := kv.Update(c, sKey, []byte(`{"csrf":"c"}`), rev); !errors.Is(err, jetstream.ErrKeyExists) {
+		t.Fatalf("gateway: update %s at a stale revision: want %v, got %v", sKey, jetstream.ErrKeyExists, err)
+	}
+	if err := kv.Purge(c, sKey, jetstream.LastRevision(rev2), jetstream.PurgeTTL(time.Hour)); err != nil {
+		t.Fatalf("gateway: purge %s: %v (server said %v)", sKey, err, gw.reported())
+	}
+	if e, err := adminSessions.Get(c, sKey); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("%s after the purge: %v, %v", sKey, e, err)
+	}
+	// The revoke key as sign-out everywhere writes it: over its own purge.
+	for i, op := range []func() error{
+		func() error {
+			_, err := kv.Create(c, uKey, []byte(`{"before":1}`), jetstream.KeyTTL(time.Hour))
+			return err
+		},
+		func() error { return kv.Purge(c, uKey, jetstream.PurgeTTL(time.Hour)) },
+		func() error {
+			_, err := kv.Create(c, uKey, []byte(`{"before":2}`), jetstream.KeyTTL(time.Hour))
+			return err
+		},
+	} {
+		if err := op(); err != nil {
+			t.Fatalf("gateway: write %d of %s: %v (server said %v)", i, uKey, err, gw.reported())
+		}
+	}
+
+	type change struct {
+		key string
+		op  jetstream.KeyValueOp
+	}
+	changes := func(w jetstream.KeyWatcher, n int) []change {
+		t.Helper()
+		var got []change
+		deadline := time.After(wait)
+		for len(got) < n {
+			select {
+			case e := <-w.Updates():
+				if e != nil {
+					got = append(got, change{e.Key(), e.Operation()})
+				}
+			case <-deadline:
+				t.Fatalf("watch: %v within %v, want %d changes (server said %v)", got, wait, n, gw.reported())
+			}
+		}
+		return got
+	}
+	put, purge := jetstream.KeyValuePut, jetstream.KeyValuePurge
+	if got, want := changes(one, 3), []change{{sKey, put}, {sKey, put}, {sKey, purge}}; !slices.Equal(got, want) {
+		t.Fatalf("watch of %s: %v, want %v", sKey, got, want)
+	}
+	if got, want := changes(both, 6), []change{{sKey, put}, {sKey, put}, {sKey, purge}, {uKey, put}, {uKey, purge}, {uKey, put}}; !slices.Equal(got, want) {
+		t.Fatalf("watch of %s and %s: %v, want %v", sKey, uKey, got, want)
+	}
+	for _, w := range []jetstream.KeyWatcher{one, both} {
+		if err := w.Stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the gateway's watch consumers are deleted", func(c context.Context) bool {
+		s, err := admin.js.Stream(c, "KV_"+topology.BucketWebSessions)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(c)
+		return err == nil && info.State.Consumers == 0
+	})
+
+	t.Run("the gateway serves the inbox's sessions", func(t *testing.T) {
+		inbox, err := web.New(web.Config{JS: gw.js, Policy: policy.Default(), Keys: pipelinetest.Keys(t), Logger: pipelinetest.Logger(),
+			Addr: "127.0.0.1:0", DevSignIn: true, Heartbeat: time.Hour})
+		if err != nil {
+			t.Fatalf("web.New as gateway: %v (server said %v)", err, gw.reported())
+		}
+		srv := httptest.NewServer(inbox)
+		defer srv.Close()
+		b := newBrowser(t, srv.URL)
+		b.do("GET", "/signin", nil)
+		b.do("POST", "/signin/dev", url.Values{"subject": {"alice"}})
+		if code := b.status("/session"); code != http.StatusNoContent {
+			t.Fatalf("GET /session after the sign-in: %d, want 204 (server said %v)", code, gw.reported())
+		}
+		// The live stream: it ends when the session does, told by the
+		// watch of the session's keys (the heartbeat, which also checks,
+		// is an hour off).
+		lctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		req, _ := http.NewRequestWithContext(lctx, "GET", srv.URL+"/events?after=0", nil)
+		resp, err := b.c.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /events: %v, %v", resp, err)
+		}
+		ended := make(chan string, 1)
+		go func() {
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			ended <- string(body)
+		}()
+		// The watch exists once the stream has started: a consumer on the
+		// bucket's stream.
+		eventually(t, "the live page's session watch", func(c context.Context) bool {
+			info := streamInfo(t, admin, "KV_"+topology.BucketWebSessions)
+			return info.State.Consumers == 1
+		})
+		b.do("POST", "/signout", url.Values{})
+		select {
+		case body := <-ended:
+			if !strings.Contains(body, "event: signedout") {
+				t.Fatalf("the live stream ended without a signedout event: %q", body)
+			}
+		case <-time.After(wait):
+			t.Fatalf("the live stream outlived the sign-out by %v (server said %v)", wait, gw.reported())
+		}
+		if code := b.status("/session"); code != http.StatusUnauthorized {
+			t.Fatalf("GET /session after the sign-out: %d, want 401", code)
+		}
+	})
+	if errs := gw.reported(); len(errs) > 0 {
+		t.Fatalf("the gateway user was refused: %v", errs)
+	}
+
+	// The stages look every bucket up at start (topology.Ensure), this
+	// one included, and no more; the transports do not even look it up.
+	slack, executor := dial(t, ns, "slack"), dial(t, ns, "executor")
+	cases := []refusal{noRequest("slack cannot look the web sessions bucket up", slack, apiOf(slack)+"STREAM.INFO.KV_"+topology.BucketWebSessions)}
+	for _, u := range []*client{slack, executor} {
+		cases = append(cases,
+			noRead(u.user+" cannot read a web session", u, topology.BucketWebSessions, uKey),
+			noWrite(u.user+" cannot write a web session", u, adminSessions, "s.forged-by-"+u.user),
+			noRequest(u.user+" cannot watch the web sessions", u, apiOf(u)+"CONSUMER.CREATE.KV_"+topology.BucketWebSessions+".w-"+u.user+".$KV."+topology.BucketWebSessions+".>"),
+		)
+	}
+	runRefusals(t, cases)
+}
+
+// browser is a user agent of the inbox: a cookie jar and the CSRF token
+// of the last page it read.
+type browser struct {
+	t    *testing.T
+	base string
+	c    *http.Client
+	csrf string
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+func newBrowser(t *testing.T, base string) *browser {
+	jar, _ := cookiejar.New(nil)
+	return &browser{t: t, base: base, c: &http.Client{Jar: jar, Timeout: wait}}
+}
+
+// do sends a request (a form, with the page's CSRF token and Origin, when
+// form is not nil), follows redirects, wants 200 and keeps the page's
+// CSRF token.
+func (b *browser) do(method, path string, form url.Values) {
+	b.t.Helper()
+	var body io.Reader
+	if form != nil {
+		form.Set("csrf", b.csrf)
+		body = strings.NewReader(form.Encode())
+	}
+	req, _ := http.NewRequest(method, b.base+path, body)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", b.base)
+	}
+	resp, err := b.c.Do(req)
+	if err != nil {
+		b.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		b.t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, page)
+	}
+	if m := csrfField.FindSubmatch(page); m != nil {
+		b.csrf = string(m[1])
+	}
+}
+
+// status is the status of a GET of path.
+func (b *browser) status(path string) int {
+	b.t.Helper()
+	resp, err := b.c.Get(b.base + path)
+	if err != nil {
+		b.t.Fatalf("GET %s: %v", path, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
