@@ -385,7 +385,7 @@ func TestDocumentedStagesGetASealKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stage := regexp.MustCompile(`(?m)^\s*bin/(ingest|executor|approver|redriver)\b`)
+	stage := regexp.MustCompile(`(?m)^\s*bin/(tollgate )?(ingest|executor|approver|redriver)\b`)
 	files := append(docFiles(t, root), filepath.Join("deploy", "README.md"))
 	n := 0
 	for _, rel := range files {

@@ -250,6 +250,19 @@ func exampleDecided() *schemas.DecidedEvent {
 	}
 }
 
+func exampleVoted() *schemas.VotedEvent {
+	return &schemas.VotedEvent{
+		V:          1,
+		ApprovalID: exApproval,
+		TurnID:     exTurnID,
+		SessionID:  exSession,
+		Vote:       *exampleDecisionInfo(),
+		Votes:      []schemas.DecisionInfo{*exampleDecisionInfo()},
+		Quorum:     2,
+		At:         t2,
+	}
+}
+
 func exampleRejected() *schemas.DecisionRejected {
 	return &schemas.DecisionRejected{
 		V:          1,
@@ -402,6 +415,7 @@ var recordTypes = []recordType{
 	{"approval_record.v2.msgpack", 2, func() schemas.Record { return exampleApproval() }, decodeAs[schemas.ApprovalRecord]},
 	{"approval_record.v1.msgpack", 1, func() schemas.Record { return exampleApprovalV1() }, decodeAs[schemas.ApprovalRecordV1]},
 	{"decided_event.v1.msgpack", 1, func() schemas.Record { return exampleDecided() }, decodeAs[schemas.DecidedEvent]},
+	{"voted_event.v1.msgpack", 1, func() schemas.Record { return exampleVoted() }, decodeAs[schemas.VotedEvent]},
 	{"decision_rejected.v1.msgpack", 1, func() schemas.Record { return exampleRejected() }, decodeAs[schemas.DecisionRejected]},
 	{"redrive_outcome.v1.msgpack", 1, func() schemas.Record { return exampleRedrive() }, decodeAs[schemas.RedriveOutcome]},
 	{"turn_outcome.v1.msgpack", 1, func() schemas.Record { return exampleOutcome() }, decodeAs[schemas.TurnOutcome]},

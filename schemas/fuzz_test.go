@@ -86,6 +86,10 @@ func FuzzDecodeDecidedEvent(f *testing.F) {
 	fuzzDecode[schemas.DecidedEvent](f, "decided_event.v1.msgpack")
 }
 
+func FuzzDecodeVotedEvent(f *testing.F) {
+	fuzzDecode[schemas.VotedEvent](f, "voted_event.v1.msgpack")
+}
+
 func FuzzDecodeDecisionRejected(f *testing.F) {
 	fuzzDecode[schemas.DecisionRejected](f, "decision_rejected.v1.msgpack")
 }

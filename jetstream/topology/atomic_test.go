@@ -49,7 +49,7 @@ func TestStreamsWithoutAtomicPublishAreConverged(t *testing.T) {
 		names = append(names, c.Name)
 	}
 	want := []string{topology.StreamInbound, topology.StreamTurns, topology.StreamDecisions, topology.StreamEvents, topology.StreamDLQ,
-		topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims, topology.BucketGrants}
+		topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims, topology.BucketGrants, topology.BucketWebSessions}
 	if !slices.Equal(names, want) {
 		t.Fatalf("Plan names %v, want %v", names, want)
 	}
