@@ -10,15 +10,28 @@ import (
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
+const upgradePolicy = `{
+  "version": "group-commit-upgrade",
+  "tools": {
+    "echo":    {"approval": "never"},
+    "guarded": {"approval": "required"}
+  },
+  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
+}`
+
 // An upgrade to the group committer: the previous version (single writes,
 // streams and buckets without allow_atomic) leaves approvals pending,
 // batches waiting for them and turns queued behind them; the new version
 // starts on the same server, turns allow_atomic on, and finishes every
 // turn once the approvals are decided, each call run once.
+//
+// The policy queues a session's next turn behind its waiting batch (the
+// default); upgradePolicy's supersede would abandon the waiting turns as
+// soon as the queued ones arrive, before their approvals are decided.
 func TestUpgradeToGroupCommitWithPendingApprovals(t *testing.T) {
 	env := jstest.Start(t)
 	guarded := &pt.Counter{ToolName: "guarded"}
-	old := pt.Start(t, pt.Options{Env: env, Policy: scopePolicy, Tools: []tools.Tool{guarded}, NoGroupCommit: true})
+	old := pt.Start(t, pt.Options{Env: env, Policy: upgradePolicy, Tools: []tools.Tool{guarded}, NoGroupCommit: true})
 	ctx, cancel := old.Ctx()
 	defer cancel()
 	for _, sc := range append(env.Topology.Streams(), env.Topology.BucketStreams()...) {
@@ -38,7 +51,7 @@ func TestUpgradeToGroupCommitWithPendingApprovals(t *testing.T) {
 	}
 	old.Stop()
 
-	h := pt.Start(t, pt.Options{Env: env, Keys: old.Keys, Policy: scopePolicy, Tools: []tools.Tool{guarded}})
+	h := pt.Start(t, pt.Options{Env: env, Keys: old.Keys, Policy: upgradePolicy, Tools: []tools.Tool{guarded}})
 	for _, sc := range append(env.Topology.Streams(), env.Topology.BucketStreams()...) {
 		if s, err := env.JS.Stream(ctx, sc.Name); err != nil || !s.CachedInfo().Config.AllowAtomicPublish {
 			t.Fatalf("%s after the new version started: %v, allow_atomic off", sc.Name, err)
@@ -53,7 +66,7 @@ func TestUpgradeToGroupCommitWithPendingApprovals(t *testing.T) {
 	}
 	for i, w := range waiting {
 		if o := h.WaitOutcome(w); o.State != schemas.TurnCompleted || guarded.Runs(schemas.CallID(w, 0)) != 1 {
-			t.Fatalf("turn %s ended %s (%s), its call ran %d times", w, o.State, o.Code, guarded.Runs(schemas.CallID(w, 0)))
+			t.Fatalf("turn %s ended %s (%s), its call ran %d times; results %+v", w, o.State, o.Code, guarded.Runs(schemas.CallID(w, 0)), o.Results)
 		}
 		if o := h.WaitOutcome(queued[i]); o.State != schemas.TurnCompleted {
 			t.Fatalf("queued turn %s ended %s (%s)", queued[i], o.State, o.Code)
