@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -412,4 +413,47 @@ func TestServerThatSendsGarbageIsContained(t *testing.T) {
 		out, err := call(t, context.Background(), ok, "{}")
 		return err == nil && out == "fine"
 	})
+}
+
+// lineCounter is a slog handler that counts the records of one message by
+// level.
+type lineCounter struct {
+	mu     sync.Mutex
+	msg    string
+	levels map[slog.Level]int
+}
+
+func (c *lineCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *lineCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == c.msg {
+		c.mu.Lock()
+		c.levels[r.Level]++
+		c.mu.Unlock()
+	}
+	return nil
+}
+func (c *lineCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *lineCounter) WithGroup(string) slog.Handler      { return c }
+
+func (c *lineCounter) count(l slog.Level) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.levels[l]
+}
+
+// A server that keeps failing the same way is reported once at warn, not
+// on every restart: its repeats are debug lines.
+func TestAServerFailingTheSameWayIsWarnedOnce(t *testing.T) {
+	srv := newTestServer(t, "crash")
+	lines := &lineCounter{msg: "mcp server is down; starting it again", levels: map[slog.Level]int{}}
+	o := fast()
+	o.Logger = slog.New(lines)
+	o.RestartMin, o.RestartMax = 10*time.Millisecond, 20*time.Millisecond
+	p := mcptool.New(&mcptool.Config{Servers: map[string]mcptool.ServerConfig{"c": srv.ServerConfig}}, o)
+	run(t, p)
+	srv.WaitStarts(t, 6)
+	jstest.Eventually(t, 10*time.Second, "four repeated failures logged", func() bool { return lines.count(slog.LevelDebug) >= 4 })
+	if w := lines.count(slog.LevelWarn); w != 1 {
+		t.Fatalf("%d warn lines for %d failures, want 1 (repeats at debug)", w, lines.count(slog.LevelDebug)+w)
+	}
 }

@@ -40,6 +40,13 @@ type server struct {
 	// Run's first attempt counts as under way from New on.
 	connecting chan struct{}
 	tools      []tools.Tool
+
+	// downMu guards the last failure logged: a server that keeps failing
+	// the same way is logged once at warn, its repeats at debug, and its
+	// recovery at info with how many failures it ended.
+	downMu      sync.Mutex
+	downErr     string
+	downRepeats int
 }
 
 func newServer(name string, cfg ServerConfig, o Options) *server {
@@ -107,8 +114,44 @@ func (s *server) listOnce(ctx context.Context) {
 		_ = sess.Close()
 	}
 	if err != nil {
-		s.log.Warn("mcp server could not be listed at start; its tools appear once it is up", "err", err)
+		s.logDown("mcp server could not be listed at start; its tools appear once it is up", err)
 	}
+}
+
+// logDown logs a failure of the server: at warn when it is not the one
+// logged last (a newcomer sees the cause once, not on every retry), at
+// debug when it repeats it.
+func (s *server) logDown(msg string, err error, args ...any) {
+	text := fmt.Sprint(err)
+	s.downMu.Lock()
+	repeat := text == s.downErr
+	if repeat {
+		s.downRepeats++
+	} else {
+		s.downErr, s.downRepeats = text, 0
+	}
+	n := s.downRepeats
+	s.downMu.Unlock()
+	args = append([]any{"err", err}, args...)
+	if repeat {
+		s.log.Debug(msg, append(args, "repeats", n)...)
+		return
+	}
+	s.log.Warn(msg, args...)
+}
+
+// logUp logs a connection, with the number of failures it ended.
+func (s *server) logUp() {
+	s.downMu.Lock()
+	failed := s.downErr != ""
+	n := s.downRepeats + 1
+	s.downErr, s.downRepeats = "", 0
+	s.downMu.Unlock()
+	if failed {
+		s.log.Info("mcp server connected", "after_failures", n)
+		return
+	}
+	s.log.Info("mcp server connected")
 }
 
 // supervise keeps the server connected until ctx is cancelled: after a
@@ -125,7 +168,7 @@ func (s *server) supervise(ctx context.Context) {
 		if time.Since(began) > s.o.RestartMax {
 			wait = s.o.RestartMin
 		}
-		s.log.Warn("mcp server is down; starting it again", "err", err, "in", wait)
+		s.logDown("mcp server is down; starting it again", err, "in", wait)
 		select {
 		case <-ctx.Done():
 			return
@@ -157,7 +200,7 @@ func (s *server) serve(ctx context.Context) error {
 		return err
 	}
 	s.setSession(sess)
-	s.log.Info("mcp server connected")
+	s.logUp()
 
 	ended := make(chan error, 1)
 	go func() { ended <- sess.Wait() }()
