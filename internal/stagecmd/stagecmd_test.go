@@ -191,18 +191,18 @@ func TestAccountConnectUsesItsPrefixes(t *testing.T) {
 	}
 }
 
-// --group-commit is on unless TOLLGATE_GROUP_COMMIT or the flag turns it
-// off.
-func TestGroupCommitIsOnByDefault(t *testing.T) {
+// --group-commit is off unless TOLLGATE_GROUP_COMMIT or the flag turns
+// it on.
+func TestGroupCommitIsOffByDefault(t *testing.T) {
 	for _, tc := range []struct {
 		env  string
 		args []string
 		want bool
 	}{
-		{"", nil, true},
-		{"false", nil, false},
+		{"", nil, false},
+		{"true", nil, true},
 		{"false", []string{"--group-commit"}, true},
-		{"", []string{"--group-commit=false"}, false},
+		{"true", []string{"--group-commit=false"}, false},
 	} {
 		t.Setenv("TOLLGATE_GROUP_COMMIT", tc.env)
 		var c stagecmd.Common
