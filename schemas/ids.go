@@ -128,6 +128,17 @@ func Principal(transport, senderID string) string {
 	return transport + ":" + senderID
 }
 
+// CheckTurnKey is nil when turnID can key a turn's records (ValidKey);
+// otherwise an INVALID_INPUT error naming it, which a stage dead-letters.
+// It is the one check every stage makes before a turn id from a message
+// reaches a KV key or a subject.
+func CheckTurnKey(turnID string) error {
+	if !ValidKey(turnID) {
+		return Errorf(CodeInvalidInput, "turn id %q is not a valid key", turnID)
+	}
+	return nil
+}
+
 // ValidKey reports whether s can be used as a KV key / subject token.
 func ValidKey(s string) bool {
 	if s == "" || len(s) > MaxIDBytes {

@@ -221,3 +221,15 @@ func hexSHA256(s string) string {
 	h := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(h[:])
 }
+
+// CheckTurnKey is ValidKey as the INVALID_INPUT error a stage dead-letters.
+func TestCheckTurnKey(t *testing.T) {
+	if err := schemas.CheckTurnKey("t-0123456789abcdef0123"); err != nil {
+		t.Fatalf("a turn id: %v", err)
+	}
+	for _, id := range []string{"", "t.1", "t 1", "t*", strings.Repeat("t", schemas.MaxIDBytes+1)} {
+		if err := schemas.CheckTurnKey(id); schemas.CodeOf(err) != schemas.CodeInvalidInput {
+			t.Errorf("CheckTurnKey(%q) = %v, want INVALID_INPUT", id, err)
+		}
+	}
+}

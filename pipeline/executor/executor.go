@@ -172,8 +172,8 @@ func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
 	case *schemas.AcceptedTurn:
 		return x.Accept(ctx, rec)
 	case *schemas.TurnNotice:
-		if !schemas.ValidKey(rec.TurnID) {
-			return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", rec.TurnID)
+		if err := schemas.CheckTurnKey(rec.TurnID); err != nil {
+			return err
 		}
 		return x.Advance(ctx, rec.TurnID)
 	}
@@ -193,8 +193,8 @@ func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 // Accept records the batch of an accepted turn (once) and advances it. A
 // turn whose NotBefore is still ahead is not recorded yet (see due.go).
 func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
-	if !schemas.ValidKey(t.TurnID) {
-		return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", t.TurnID)
+	if err := schemas.CheckTurnKey(t.TurnID); err != nil {
+		return err
 	}
 	now := x.cfg.Engine.Now()
 	if err := notDue(t, now); err != nil {

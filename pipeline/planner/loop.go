@@ -36,8 +36,8 @@ func (p *Planner) authorize(tc *schemas.TurnContext, turnID string) error {
 // Accept records the planner turn of t (once) and drives it. A turn whose
 // TurnContext does not verify is failed closed at once: no model is asked.
 func (p *Planner) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
-	if !schemas.ValidKey(t.TurnID) {
-		return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", t.TurnID)
+	if err := schemas.CheckTurnKey(t.TurnID); err != nil {
+		return err
 	}
 	now := p.now()
 	tr := &schemas.PlannerTurn{TurnID: t.TurnID, Context: t.Context, Text: t.Text, State: schemas.PlannerQueued, UpdatedAt: now}

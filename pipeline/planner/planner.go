@@ -226,8 +226,8 @@ func (p *Planner) Handle(ctx context.Context, m jetstream.Msg) error {
 	case *schemas.AcceptedTurn:
 		return p.Accept(ctx, rec)
 	case *schemas.TurnNotice:
-		if !schemas.ValidKey(rec.TurnID) {
-			return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", rec.TurnID)
+		if err := schemas.CheckTurnKey(rec.TurnID); err != nil {
+			return err
 		}
 		return p.Drive(ctx, rec.TurnID)
 	}

@@ -164,8 +164,8 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 	default:
 		return err
 	}
-	if !schemas.ValidKey(turnID) {
-		return schemas.Errorf(schemas.CodeInvalidInput, "turn id %q is not a valid key", turnID)
+	if err := schemas.CheckTurnKey(turnID); err != nil {
+		return err
 	}
 	return r.Redrive(ctx, turnID, trigger)
 }
