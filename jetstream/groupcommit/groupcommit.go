@@ -111,6 +111,28 @@ type Config struct {
 	// Registerer receives the metrics (tollgate_group_commit_*); nil
 	// registers none.
 	Registerer prometheus.Registerer
+	// OnBatch, when set, is called with each atomic batch once every
+	// write of it but the last has been sent and just before the last
+	// (the commit message, on which the server stores the whole batch or
+	// nothing), in the committing goroutine. It only observes: the commit
+	// goes on the same way whatever it does, and it must return promptly
+	// (the commit waits for it). For tests and fault injection
+	// (internal/chaos kills the broker from it while a batch commits).
+	OnBatch func(Batch)
+}
+
+// Batch describes an atomic batch being committed (Config.OnBatch).
+type Batch struct {
+	Stream string
+	// ID is the batch's Nats-Batch-Id. The server stores it with each of
+	// the batch's messages (with Nats-Batch-Sequence 1..n, the last also
+	// with Nats-Batch-Commit), so a reader of the stream can tell which
+	// stored messages one batch wrote.
+	ID string
+	// Subjects and MsgIDs are the writes' subjects and Nats-Msg-Id
+	// headers ("" where none), in batch order: write i has
+	// Nats-Batch-Sequence i+1.
+	Subjects, MsgIDs []string
 }
 
 // Validate reports a configuration New would reject.
@@ -477,6 +499,9 @@ func (s *stream) batch(ws []*write) {
 			}
 			continue
 		}
+		if s.c.cfg.OnBatch != nil {
+			s.c.cfg.OnBatch(describe(s.name, id, ws))
+		}
 		m.Header.Set(HeaderBatchCommit, "1")
 		resp, err = s.c.nc.RequestMsg(m, s.c.cfg.AckTimeout)
 	}
@@ -526,6 +551,15 @@ func (s *stream) batch(ws []*write) {
 			w.done <- result{&jetstream.PubAck{Stream: ack.Stream, Sequence: first + uint64(i), Domain: ack.Domain}, nil}
 		}
 	}
+}
+
+// describe is the Batch of ws, for Config.OnBatch.
+func describe(stream, id string, ws []*write) Batch {
+	b := Batch{Stream: stream, ID: id, Subjects: make([]string, len(ws)), MsgIDs: make([]string, len(ws))}
+	for i, w := range ws {
+		b.Subjects[i], b.MsgIDs[i] = w.m.Subject, w.m.Header.Get(jetstream.MsgIDHeader)
+	}
+	return b
 }
 
 // atomicOK reports whether the stream takes atomic batches: the server is

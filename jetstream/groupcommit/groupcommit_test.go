@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -476,5 +477,180 @@ func TestRefusalBacksOff(t *testing.T) {
 	commitBatch(t, c, kvMsg(b, "d", "D", 0), kvMsg(b, "e", "E", 0))
 	if st := c.Stats("KV_" + b); st.Batches != 1 {
 		t.Fatalf("the commit after the backoff: %+v, want a batch", st)
+	}
+}
+
+// batchTestN is the size of the batches the broker-stop tests commit: a
+// large batch, as under load.
+const batchTestN = 40
+
+// stopDuringBatch starts a server (file store, fsync always) and a
+// committer on a connection of its own that buffers nothing while
+// disconnected (a publish then fails at once, so nothing of a batch
+// reaches the restarted server behind the test's back), and commits a
+// batch of batchTestN events with message ids. stop is called from
+// Config.OnBatch: with the batch staged on the server, before its commit
+// message goes out. It returns the batch and each write's answer, once the
+// server has restarted and the committer's connection is back.
+func stopDuringBatch(t *testing.T, stop func(env *jstest.Env, nc *nats.Conn)) (*jstest.Env, Batch, []*nats.Msg, []result) {
+	t.Helper()
+	env := jstest.StartWith(t, jstest.Options{SyncAlways: true})
+	nc, err := nats.Connect(env.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectBufSize(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []Batch
+	c, err := New(js, Config{
+		Streams: env.Topology.Streams(), MinBatch: 1, AckTimeout: 2 * time.Second,
+		OnBatch: func(b Batch) {
+			seen = append(seen, b)
+			if b.Stream == topology.StreamEvents && len(b.Subjects) == batchTestN {
+				stop(env, nc)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := make([]*nats.Msg, batchTestN)
+	for i := range ms {
+		id := fmt.Sprintf("stop-%02d", i)
+		ms[i] = eventMsg(topology.EventSubject(topology.SubjectTurnOutcome, id), id)
+	}
+	res := commitBatch(t, c, ms...)
+	if len(seen) != 1 || seen[0].ID == "" || len(seen[0].MsgIDs) != batchTestN || seen[0].MsgIDs[7] != "stop-07" || seen[0].Subjects[7] != ms[7].Subject {
+		t.Fatalf("OnBatch saw %+v, want the one batch of %d writes in order", seen, batchTestN)
+	}
+	env.Restart(t)
+	jstest.Eventually(t, 10*time.Second, "the committer's connection is back", nc.IsConnected)
+	return env, seen[0], ms, res
+}
+
+// stored reads the events stream: for each message id, how many messages
+// carry it, and the Nats-Batch-Sequence of each message batch id wrote.
+func stored(t *testing.T, env *jstest.Env, batchID string) (perID map[string]int, batchSeqs []int) {
+	t.Helper()
+	ctx := jstest.Ctx(t)
+	cons, err := env.JS.OrderedConsumer(ctx, topology.StreamEvents, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perID = map[string]int{}
+	for left := int(info.NumPending); left > 0; {
+		batch, err := cons.Fetch(left, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			perID[m.Headers().Get(jetstream.MsgIDHeader)]++
+			if m.Headers().Get(HeaderBatchID) == batchID {
+				seq, _ := strconv.Atoi(m.Headers().Get(HeaderBatchSeq))
+				batchSeqs = append(batchSeqs, seq)
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%d messages pending but none delivered: %v", left, batch.Error())
+		}
+		left -= n
+	}
+	return perID, batchSeqs
+}
+
+// retryAll publishes every write again, as its writer does after an error
+// (same message id), and returns how many the stream called duplicates.
+func retryAll(t *testing.T, env *jstest.Env, ms []*nats.Msg) (duplicates int) {
+	t.Helper()
+	for _, m := range ms {
+		ack, err := env.JS.PublishMsg(jstest.Ctx(t), m)
+		if err != nil {
+			t.Fatalf("retry %s: %v", m.Header.Get(jetstream.MsgIDHeader), err)
+		}
+		if ack.Duplicate {
+			duplicates++
+		}
+	}
+	return duplicates
+}
+
+// The broker goes down while a large batch is staged on it, before its
+// commit message: nothing of the batch is stored, every writer gets an
+// error (none a false success), and a retry of each write after the
+// restart stores it exactly once (a second retry is a duplicate).
+func TestBrokerDownBeforeBatchCommitStoresNoneAndRetryIsExactlyOnce(t *testing.T) {
+	env, b, ms, res := stopDuringBatch(t, func(env *jstest.Env, nc *nats.Conn) {
+		env.Server.Shutdown()
+		env.Server.WaitForShutdown()
+		jstest.Eventually(t, 10*time.Second, "the committer's connection sees the server gone", func() bool { return !nc.IsConnected() })
+	})
+	for i, r := range res {
+		if r.err == nil {
+			t.Fatalf("write %d acknowledged (seq %d) though its batch's commit never reached the server", i, r.ack.Sequence)
+		}
+	}
+	if perID, seqs := stored(t, env, b.ID); len(seqs) != 0 || len(perID) != 0 {
+		t.Fatalf("after the restart the batch left %d messages (batch sequences %v): want none", len(perID), seqs)
+	}
+	if dup := retryAll(t, env, ms); dup != 0 {
+		t.Fatalf("first retry: %d duplicates, want 0 (nothing was stored)", dup)
+	}
+	if dup := retryAll(t, env, ms); dup != batchTestN {
+		t.Fatalf("second retry: %d duplicates, want %d", dup, batchTestN)
+	}
+	perID, _ := stored(t, env, b.ID)
+	for _, m := range ms {
+		if id := m.Header.Get(jetstream.MsgIDHeader); perID[id] != 1 {
+			t.Fatalf("%s stored %d times, want once", id, perID[id])
+		}
+	}
+}
+
+// The broker is stopped as a large batch's commit message goes out (the
+// stop races the commit): after the restart the batch is stored whole or
+// not at all, every acknowledged writer's write is stored, and retrying
+// every write with its message id leaves each stored exactly once, the
+// retries of a stored batch answered as duplicates.
+func TestBrokerStopAsBatchCommitsIsAllOrNoneAndRetryIsExactlyOnce(t *testing.T) {
+	env, b, ms, res := stopDuringBatch(t, func(env *jstest.Env, _ *nats.Conn) {
+		go env.Server.Shutdown()
+	})
+	perID, seqs := stored(t, env, b.ID)
+	slices.Sort(seqs)
+	whole := len(seqs) == batchTestN && seqs[0] == 1 && seqs[batchTestN-1] == batchTestN
+	acked := 0
+	for i, r := range res {
+		if r.err == nil {
+			acked++
+			if !whole {
+				t.Fatalf("write %d acknowledged but its batch is not stored (batch sequences %v)", i, seqs)
+			}
+		}
+	}
+	t.Logf("batch stored whole: %v; %d of %d writers acknowledged", whole, acked, batchTestN)
+	if !whole && len(seqs) != 0 {
+		t.Fatalf("partial batch after a broker stop: batch sequences %v of 1..%d", seqs, batchTestN)
+	}
+	want := 0
+	if whole {
+		want = batchTestN
+	}
+	if dup := retryAll(t, env, ms); dup != want {
+		t.Fatalf("retry: %d duplicates, want %d (batch stored whole: %v)", dup, want, whole)
+	}
+	perID, _ = stored(t, env, b.ID)
+	for _, m := range ms {
+		if id := m.Header.Get(jetstream.MsgIDHeader); perID[id] != 1 {
+			t.Fatalf("%s stored %d times, want once", id, perID[id])
+		}
 	}
 }
