@@ -19,6 +19,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
+	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
@@ -41,6 +42,8 @@ type harness struct {
 
 	nodes  []*node // the nats-server, or the nodes of the cluster
 	stages map[string][]*slot
+	// batches is the batch kill fault's gate and committer hook.
+	batches *batchKiller
 
 	mu           sync.Mutex
 	procs        []*childproc.Proc
@@ -48,6 +51,8 @@ type harness struct {
 	kills        int
 	killsOf      map[string]int // kills by binary
 	restarts     int
+	batchKills   int // restarts that were batch kills
+	batchMisses  int // batch kills with no large batch to kill in
 	skipped      int
 	clusterNotes []string
 }
@@ -99,6 +104,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, errors.New("chaos: WorkDir is required")
 	}
 	h := &harness{cfg: cfg, plan: NewPlan(cfg), dir: cfg.WorkDir, stages: map[string][]*slot{}, killsOf: map[string]int{}}
+	h.batches = newBatchKiller(h)
 	h.logf("parameters: %s", cfg.Params())
 	h.logf("replay with: %s", cfg.Replay())
 	h.logf("work dir: %s", h.dir)
@@ -136,6 +142,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	d := newDriver(h, js, store.New(buckets))
+	// The turns are published through a group committer, as a transport
+	// with one would: turns published at the same time share an atomic
+	// batch (the batch kill fault makes them), from the size it kills in.
+	gc, err := groupcommit.New(js, groupcommit.Config{
+		Streams:  []jetstream.StreamConfig{{Name: topology.StreamInbound, Subjects: []string{topology.SubjectInboundPrefix + ">"}}},
+		MinBatch: cfg.batchKillMin(), OnBatch: h.batches.onBatch,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.pub = gc.JetStream()
 
 	driveCtx, stopDrive := context.WithTimeout(ctx, cfg.MaxDuration)
 	defer stopDrive()
@@ -178,6 +195,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.Params, r.Replay = cfg.Params(), cfg.Replay()
 	h.mu.Lock()
 	r.Kills, r.BrokerRestarts, r.FaultsSkipped, r.LastFault = h.kills, h.restarts, h.skipped, h.lastFault
+	r.BatchKills, r.BatchKillMisses = h.batchKills, h.batchMisses
 	r.KillsOf = maps.Clone(h.killsOf)
 	for _, n := range h.clusterNotes {
 		r.note("cluster", "%s", n)
@@ -365,9 +383,12 @@ func (h *harness) injectFaults(ctx context.Context, d *driver) {
 		time.Sleep(f.Jitter)
 		h.logf("fault %d/%d: %s", i+1, len(h.plan.Faults), f)
 		var err error
-		if f.Broker {
+		switch {
+		case f.Batch:
+			err = h.batchKill(ctx, f)
+		case f.Broker:
 			err = h.restartBroker(ctx, d.js, f.Down)
-		} else {
+		default:
 			err = h.killWorker(ctx, h.stages[f.Stage][f.Replica-1], f.Down)
 		}
 		if err != nil {
@@ -484,6 +505,9 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", topology.StreamDLQ, err)
+	}
+	if f.Batches, err = h.gatherBatches(ctx, js); err != nil {
+		return nil, err
 	}
 	if f.Ledger, f.BadLedger, err = readLedger(h.ledgerPath); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -199,6 +200,9 @@ func runChaos(t *testing.T, cfg Config) {
 	if r.Kills+r.BrokerRestarts == 0 && cfg.Kills+cfg.BrokerRestarts > 0 {
 		t.Errorf("no fault was injected")
 	}
+	if want := cfg.withDefaults().BatchKills; r.BatchKills != want {
+		t.Errorf("%d batch kills injected, want %d (%d found no batch of turns to kill in)", r.BatchKills, want, r.BatchKillMisses)
+	}
 	if r.Executions == 0 || r.ApprovalsBy["approved"] == 0 || r.ApprovalsBy["denied"] == 0 {
 		t.Errorf("the run exercised too little: %d executions, approvals %v", r.Executions, r.ApprovalsBy)
 	}
@@ -270,8 +274,28 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 	if reflect.DeepEqual(a, NewPlan(c)) {
 		t.Fatal("plans of two seeds are equal")
 	}
-	if len(a.Turns) != 500 || len(a.Faults) != c.Kills+c.BrokerRestarts {
+	if len(a.Turns) != 500 || len(a.Faults) != c.Kills+c.BrokerRestarts+c.BatchKills {
 		t.Fatalf("%d turns, %d faults", len(a.Turns), len(a.Faults))
+	}
+	// The batch kills come from a random source of their own: a seed's
+	// turns and other faults are those it had before them.
+	c1 := c0
+	c1.BatchKills = 0
+	others := slices.DeleteFunc(slices.Clone(a.Faults), func(f Fault) bool { return f.Batch })
+	if p := NewPlan(c1); !reflect.DeepEqual(p.Turns, a.Turns) || !reflect.DeepEqual(p.Faults, others) {
+		t.Fatal("the batch kills changed the seed's turns or faults")
+	}
+	batch := 0
+	for _, f := range a.Faults {
+		if f.Batch {
+			batch++
+			if !f.Broker {
+				t.Errorf("batch kill %v is not a broker kill", f)
+			}
+		}
+	}
+	if batch != c.BatchKills {
+		t.Errorf("%d batch kills planned, want %d", batch, c.BatchKills)
 	}
 	kinds := map[string]int{}
 	tools, crashes := map[string]int{}, 0

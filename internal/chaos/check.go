@@ -30,6 +30,9 @@ type Facts struct {
 	Planner *PlannerFacts
 	// Grants are the grant records in KV at the end, by id.
 	Grants map[string]*schemas.Grant
+	// Batches are the atomic batches of turns the broker was killed in
+	// (Config.BatchKills) and what TOLLGATE_INBOUND holds of them.
+	Batches []BatchFact
 }
 
 // TurnFact is one planned turn and what Tollgate stored for it.
@@ -81,6 +84,9 @@ type Report struct {
 	StepBatchMismatch   int // step batches whose calls are not their recorded step's
 	WrongReplies        int // completed planner turns without a reply event, replies of other turns, replies not under the turn's context
 	RanAfterGrantEnded  int // executions of calls a grant approved that ran after the grant was revoked or expired
+	// Batch kills.
+	PartialBatches    int // killed atomic batches stored in part
+	BatchTurnsNotOnce int // turns of a killed batch stored never or more than once in TOLLGATE_INBOUND
 
 	// Standing grants (not violations).
 	GrantsMade, GrantsRevoked int // grant records, and those revoked
@@ -104,12 +110,19 @@ type Report struct {
 	Rejections  map[string]int // rejected decisions by code
 
 	Kills, BrokerRestarts, UnexpectedExits int
-	KillsOf                                map[string]int // worker kills by binary
-	ToolCrashes                            int            // tool service replicas that exited after a crash call
-	ClusterNodes                           int            // nats-server processes; in a cluster a broker restart kills the TOLLGATE_TURNS leader
-	FaultsSkipped                          int
-	LastFault, AllTerminal                 time.Time
-	Wall                                   time.Duration
+	// BatchKills of the BrokerRestarts killed the broker as an atomic
+	// batch of BatchSizes turns committed; the server then stored
+	// BatchesStoredWhole of them whole and BatchesStoredNone not at all.
+	// BatchKillMisses found no large batch to kill in.
+	BatchKills, BatchKillMisses           int
+	BatchSizes                            []int
+	BatchesStoredWhole, BatchesStoredNone int
+	KillsOf                               map[string]int // worker kills by binary
+	ToolCrashes                           int            // tool service replicas that exited after a crash call
+	ClusterNodes                          int            // nats-server processes; in a cluster a broker restart kills the TOLLGATE_TURNS leader
+	FaultsSkipped                         int
+	LastFault, AllTerminal                time.Time
+	Wall                                  time.Duration
 
 	Examples map[string][]string // up to 10 per kind of violation
 	Notes    map[string][]string // up to 10 per kind of remark (not violations)
@@ -140,6 +153,8 @@ func (r *Report) violations() []violation {
 		{"step batches unlike their step", r.StepBatchMismatch},
 		{"replies missing or misaddressed", r.WrongReplies},
 		{"executions after their grant ended", r.RanAfterGrantEnded},
+		{"killed batches stored in part", r.PartialBatches},
+		{"killed batches' turns not stored once", r.BatchTurnsNotOnce},
 	}
 }
 
@@ -178,6 +193,7 @@ func Check(f *Facts) *Report {
 		r.Rejections[string(c)] = n
 	}
 	r.BadLedgerLines = len(f.BadLedger)
+	checkBatches(f, r)
 	for _, l := range f.BadLedger {
 		r.example("bad ledger line", "%q", l)
 	}
@@ -570,6 +586,8 @@ func (r *Report) Print(w io.Writer) {
 	}
 	p("faults: %d worker kills (%s), %d %s, %d tool service crash calls, %d unexpected worker exits, %d skipped",
 		r.Kills, counts(r.KillsOf), r.BrokerRestarts, broker, r.ToolCrashes, r.UnexpectedExits, r.FaultsSkipped)
+	p("batch kills: %d of the broker restarts killed nats-server as an atomic batch of turns committed (sizes %v): %d stored whole, %d not at all; %d found no batch of turns to kill in",
+		r.BatchKills, r.BatchSizes, r.BatchesStoredWhole, r.BatchesStoredNone, r.BatchKillMisses)
 	p("turns: planned %d, published %d, accepted %d, terminal %d", r.Planned, r.Published, r.Accepted, r.Terminal)
 	p("executions (ledger lines): %d, %d of them by the remote tool service (%d with the reply lost)", r.Executions, r.RemoteExecutions, r.LostReplies)
 	p("terminal states: %s", counts(r.States))

@@ -3,7 +3,8 @@
 // process, with a remote tool service (internal/chaos/toolsvc, several
 // replicas in one queue group) among the tools, drives a seeded mix of
 // turns through the documented protocol, SIGKILLs and restarts random
-// workers (tool service replicas included) and the broker while it runs,
+// workers (tool service replicas included) and the broker while it runs
+// (also as a large atomic batch of turns commits: batchkill.go),
 // and then checks, from a ledger of every tool execution (in-process and
 // remote), the KV records and the event streams, that no accepted turn was
 // lost, no call ran twice or without its approval or under another turn's
@@ -38,13 +39,20 @@ import (
 
 // Config is one run's parameters. Zero values get the defaults of Defaults.
 type Config struct {
-	Seed            int64 // 0: derived from the clock (printed)
-	Turns           int   // turns to drive
-	Kills           int   // worker SIGKILLs (stage processes and tool service replicas, in turn)
-	BrokerRestarts  int   // nats-server SIGKILL + restart (in a cluster: of the node leading TOLLGATE_TURNS)
-	Replicas        int   // processes per stage, and of the remote tool service
-	Concurrency     int   // sessions driven at once
-	MaxSessionTurns int   // a session has 1..MaxSessionTurns turns
+	Seed           int64 // 0: derived from the clock (printed)
+	Turns          int   // turns to drive
+	Kills          int   // worker SIGKILLs (stage processes and tool service replicas, in turn)
+	BrokerRestarts int   // nats-server SIGKILL + restart (in a cluster: of the node leading TOLLGATE_TURNS)
+	// BatchKills are nats-server SIGKILLs (and restarts) while a large
+	// atomic batch of turns is being committed (see batchkill.go); one
+	// server only (none in a cluster).
+	BatchKills int
+	// NoGroupCommit runs the stages with --group-commit=false; by default
+	// the harness runs them with the group committer on.
+	NoGroupCommit   bool
+	Replicas        int // processes per stage, and of the remote tool service
+	Concurrency     int // sessions driven at once
+	MaxSessionTurns int // a session has 1..MaxSessionTurns turns
 	// ClusterNodes is how many nats-server processes run: 1, or a
 	// JetStream cluster of 3 (or 5) on loopback, whose every node's URL
 	// the stages and the harness are given.
@@ -101,7 +109,7 @@ type Config struct {
 // Defaults are the long form's parameters (`make chaos`).
 func Defaults() Config {
 	return Config{
-		Turns: 5000, Kills: 50, BrokerRestarts: 2, Replicas: 2, Concurrency: 32,
+		Turns: 5000, Kills: 50, BrokerRestarts: 2, BatchKills: 2, Replicas: 2, Concurrency: 32,
 		MaxSessionTurns: 6, BurstPercent: 40, ExpiresAfter: 2 * time.Second, ToolCrashes: 5,
 		FaultFrom: 0.05, FaultTo: 0.9,
 		StallTimeout: 4 * time.Minute, MaxDuration: 60 * time.Minute,
@@ -127,6 +135,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BrokerRestarts < 0 {
 		c.BrokerRestarts = 0
+	}
+	if c.BatchKills < 0 || c.Clustered() {
+		c.BatchKills = 0
 	}
 	switch {
 	case c.BurstPercent == 0:
@@ -173,8 +184,12 @@ func (c Config) Params() string {
 	if len(c.KillOnly) > 0 {
 		planner += " kill_only=" + strings.Join(c.KillOnly, ",")
 	}
-	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
-		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
+	gc := "on"
+	if c.NoGroupCommit {
+		gc = "off"
+	}
+	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d batch_kills=%d group_commit=%s replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.BatchKills, gc, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
 		c.ExpiresAfter, c.ToolCrashes, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries, planner)
 }
 
@@ -183,8 +198,11 @@ func (c Config) Clustered() bool { return c.ClusterNodes > 1 }
 
 // Replay is the command line that replays a run.
 func (c Config) Replay() string {
-	s := fmt.Sprintf("make chaos CHAOS_SEED=%d CHAOS_TURNS=%d CHAOS_KILLS=%d CHAOS_RESTARTS=%d CHAOS_REPLICAS=%d",
-		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.Replicas)
+	s := fmt.Sprintf("make chaos CHAOS_SEED=%d CHAOS_TURNS=%d CHAOS_KILLS=%d CHAOS_RESTARTS=%d CHAOS_BATCH_KILLS=%d CHAOS_REPLICAS=%d",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.BatchKills, c.Replicas)
+	if c.NoGroupCommit {
+		s += " CHAOS_GROUP_COMMIT=0"
+	}
 	if c.Clustered() {
 		s += fmt.Sprintf(" CHAOS_CLUSTER=%d CHAOS_STREAM_REPLICAS=%d", c.ClusterNodes, c.StreamReplicas)
 	}
@@ -195,7 +213,7 @@ func (c Config) Replay() string {
 }
 
 // FromEnv overrides c with the TOLLGATE_CHAOS_* variables that are set:
-// SEED, TURNS, KILLS, RESTARTS, REPLICAS, CLUSTER, STREAM_REPLICAS,
+// SEED, TURNS, KILLS, RESTARTS, BATCH_KILLS, GROUP_COMMIT (0: off), REPLICAS, CLUSTER, STREAM_REPLICAS,
 // CONCURRENCY, MAX_SESSION_TURNS, BURST_PERCENT, EXPIRES_AFTER,
 // TOOL_CRASHES, STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1), PLANNER (1),
 // PLANNER_PERCENT.
@@ -225,6 +243,14 @@ func (c Config) FromEnv() (Config, error) {
 	num("TURNS", &c.Turns)
 	num("KILLS", &c.Kills)
 	num("RESTARTS", &c.BrokerRestarts)
+	num("BATCH_KILLS", &c.BatchKills)
+	if s := os.Getenv("TOLLGATE_CHAOS_GROUP_COMMIT"); s != "" {
+		on, perr := strconv.ParseBool(s)
+		if perr != nil && err == nil {
+			err = fmt.Errorf("TOLLGATE_CHAOS_GROUP_COMMIT: %w", perr)
+		}
+		c.NoGroupCommit = !on
+	}
 	num("REPLICAS", &c.Replicas)
 	num("CLUSTER", &c.ClusterNodes)
 	num("STREAM_REPLICAS", &c.StreamReplicas)

@@ -158,6 +158,20 @@ func (s *slot) kill(ctx context.Context, down time.Duration) error {
 	return p.Kill(10 * time.Second)
 }
 
+// killNow SIGKILLs the slot's current process without waiting for it to
+// be gone (kill waits); the supervisor restarts it after down.
+func (s *slot) killNow(down time.Duration) error {
+	s.mu.Lock()
+	p := s.cur
+	if p == nil || p.Exited() {
+		s.mu.Unlock()
+		return fmt.Errorf("%s is not running", s.name)
+	}
+	s.killed, s.down = true, down
+	s.mu.Unlock()
+	return p.Cmd.Process.Kill()
+}
+
 // stop ends the slot: SIGTERM, then SIGKILL after grace.
 func (s *slot) stop(grace time.Duration) {
 	s.mu.Lock()
@@ -243,6 +257,7 @@ func (h *harness) procEnv(bin string) []string {
 		"TOLLGATE_LEDGER="+h.ledgerPath,
 		"TOLLGATE_SEAL_KEY_FILE="+h.sealKeyPath,
 		"TOLLGATE_METRICS_ADDR=", // no metrics listener: nothing to collide on
+		"TOLLGATE_GROUP_COMMIT="+strconv.FormatBool(!h.cfg.NoGroupCommit),
 		"TOLLGATE_LOG_LEVEL=info",
 	)
 }
