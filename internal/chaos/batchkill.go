@@ -112,9 +112,9 @@ func (k *batchKiller) wait(ctx context.Context) {
 	}
 }
 
-// openGate turns the gate on, and off again after batchGatherWait unless
-// enough publishes came first.
-func (k *batchKiller) openGate() {
+// hold turns the gate on (publishes wait at it), and off again after
+// batchGatherWait unless enough publishes came first.
+func (k *batchKiller) hold() {
 	k.mu.Lock()
 	k.gateOn, k.waiting, k.release = true, 0, make(chan struct{})
 	ch := k.release
@@ -131,15 +131,16 @@ func (k *batchKiller) openGate() {
 
 // onBatch is the inbound committer's groupcommit.Config.OnBatch: armed, it
 // SIGKILLs the broker as a batch of at least batchKillMin turns is about
-// to be committed, without waiting for it to die (the commit message goes
-// out as it dies).
+// to be committed (or the fault's KillDelay later), without waiting for it
+// to die: the commit message goes out as it dies.
 func (k *batchKiller) onBatch(b groupcommit.Batch) {
 	if b.Stream != topology.StreamInbound || len(b.Subjects) < k.h.cfg.batchKillMin() || !k.armed.CompareAndSwap(true, false) {
 		return
 	}
 	kb := KilledBatch{ID: b.ID, MsgIDs: slices.Clone(b.MsgIDs), At: time.Now()}
+	down := k.down
 	kill := func() {
-		if err := k.h.nodes[0].slot.killNow(k.down); err != nil {
+		if err := k.h.nodes[0].slot.killNow(down); err != nil {
 			k.h.logf("batch kill: %v", err)
 		}
 	}
@@ -180,7 +181,7 @@ func (h *harness) batchKill(ctx context.Context, f Fault) error {
 	k.armed.Store(true)
 	defer k.armed.Store(false)
 	for try := 1; ; try++ {
-		k.openGate()
+		k.hold()
 		select {
 		case kb := <-k.killed:
 			h.mu.Lock()
