@@ -172,7 +172,6 @@ func TestInboxInARealBrowser(t *testing.T) {
 	}
 	other := in.request("carol", "count", `{"n":2}`, true)
 	do(t, alice, "a second prompt appears", opened(other.ApprovalID), chromedp.WaitVisible(chromedp.CSS(cardSel(other.ApprovalID))))
-	screenshot(t, alice, "inbox.png")
 
 	do(t, alice, "approve, with a note",
 		chromedp.SendKeys(chromedp.CSS(sel+` input[name=note]`), "looks right"),

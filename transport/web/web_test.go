@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -465,20 +466,29 @@ func (b *browser) events(t *testing.T, after, lastEventID string) *sse {
 // next waits for the next event named name whose data contains want.
 func (s *sse) next(t *testing.T, name, want string) [3]string {
 	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		select {
-		case e, ok := <-s.events:
-			if !ok {
-				t.Fatalf("the stream ended waiting for %s %q", name, want)
+	var got [3]string
+	ended := false
+	jstest.Eventually(t, 20*time.Second, "a "+name+" event with "+strconv.Quote(want), func() bool {
+		for {
+			select {
+			case e, ok := <-s.events:
+				if !ok {
+					ended = true
+					return true
+				}
+				if e[1] == name && strings.Contains(e[2], want) {
+					got = e
+					return true
+				}
+			default:
+				return false
 			}
-			if e[1] == name && strings.Contains(e[2], want) {
-				return e
-			}
-		case <-deadline:
-			t.Fatalf("no %s event with %q", name, want)
 		}
+	})
+	if ended {
+		t.Fatalf("the stream ended waiting for %s %q", name, want)
 	}
+	return got
 }
 
 var afterAttr = `data-after="`
