@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build build-all test test-deps test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
+.PHONY: run build build-all test test-deps screenshots test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -45,6 +45,10 @@ test-deps:
 		if command -v npm >/dev/null 2>&1; then npm ci --prefix $$d --no-audit --no-fund || exit 1; \
 		else echo "npm not found: the tests that run $$d skip (and fail under CI=true)"; fi; \
 	done
+
+## screenshots: regenerate docs/img's inbox screenshots (inbox.png, inbox-card.png, turn.png) with the browser tests
+screenshots:
+	TOLLGATE_SCREENSHOTS=$(CURDIR)/docs/img $(GO) test -count=1 -run 'TestTriageInARealBrowser|TestInboxInARealBrowser' ./transport/web/
 
 ## test-clients: the Python and TypeScript clients' tests (clients/) and the two agent examples (examples/agent-python,
 ## examples/agent-openai), each against a real `tollgate dev` (bin/tollgate); without python3 or node they skip, and
@@ -152,10 +156,11 @@ soak-retention:
 ## latencies, footprint with BENCH_PENDING approvals pending and recovery, the throughput again with
 ## sync_interval: always, the approval path with its approved call behind a NATS tool service next to the
 ## built-in one, the approval turn submitted and decided over the HTTP gateway next to NATS, a planner turn
-## (scripted model: one echo call, then the answer) next to the fast and approval turns. Printed, and
+## (scripted model: one echo call, then the answer) next to the fast and approval turns, the web inbox's first
+## page (p50/p95, HTML size) with BENCH_PENDING approvals pending (BENCH_PHASES=inbox alone). Printed, and
 ## written as JSON and markdown to results/bench/. Parameters:
 ## BENCH_RUNS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONCURRENCY, BENCH_CONSUME_MSGS, BENCH_LOW_RATE,
-## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync,toolservice,gateway,planner),
+## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync,toolservice,gateway,planner,inbox),
 ## BENCH_LOG_LEVEL
 BENCH_PENDING ?= 10000
 BENCH_OUT     ?= $(CURDIR)/results/bench

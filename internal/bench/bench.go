@@ -175,6 +175,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Phases["planner"] {
 		b.planner(ctx, r)
 	}
+	if cfg.Phases["inbox"] {
+		b.inbox(ctx, r)
+	}
 	r.targets(cfg)
 	r.notes(cfg)
 	r.Machine.LoadEnd = loadAvg()
@@ -475,6 +478,14 @@ func (r *Report) targets(cfg Config) {
 			Name: "decision -> approved call started p99, low load, " + l.Mode, Want: "<= 5 ms",
 			Got: fmt.Sprintf("%.2f ms (n=%d)", l.Decision.P99, l.Decision.N), Pass: l.Decision.N > 0 && l.Decision.P99 <= 5,
 		})
+	}
+	if in := r.Inbox; in != nil && len(in.Pages) > 0 {
+		pg := in.Pages[0] // the default first page
+		r.Targets = append(r.Targets,
+			Target{Name: fmt.Sprintf("web inbox first page p95, %d pending", in.Pending), Want: "<= 300 ms",
+				Got: fmt.Sprintf("%.1f ms (p50 %.1f, n=%d)", pg.P95, pg.P50, pg.N), Pass: pg.N > 0 && pg.P95 <= 300},
+			Target{Name: fmt.Sprintf("web inbox first page HTML, %d pending", in.Pending), Want: "<= 150 KiB",
+				Got: fmt.Sprintf("%.1f KiB (%d rows)", float64(pg.Bytes)/1024, pg.Rows), Pass: pg.Bytes > 0 && pg.Bytes <= 150<<10})
 	}
 	if ts := r.ToolService; ts != nil && ts.RoundTrip.N > 0 && len(ts.Rows) == 2 && ts.Rows[0].Latency.Call != nil && ts.Rows[1].Latency.Call != nil {
 		// The remote hop should cost one request round trip: the hop is a

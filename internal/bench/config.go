@@ -39,7 +39,8 @@ type Config struct {
 	LowRate         float64
 	LatencyDuration time.Duration
 	// Pending is how many approvals the footprint phase leaves pending
-	// (and then decides, for the recovery time).
+	// (and then decides, for the recovery time), and how many the inbox
+	// phase lists from.
 	Pending int
 	// Phases to run: throughput, latency, footprint, sync (the throughput
 	// figures again with sync_interval: always), procs (the separate
@@ -49,7 +50,8 @@ type Config struct {
 	// of the all-in-one runs into ProfileDir), gateway (the approval
 	// turn over NATS and over the HTTP gateway, side by side), planner (a
 	// planner turn against a scripted model next to the fast and approval
-	// turns), cluster (not in AllPhases: the throughput figures again on a
+	// turns), inbox (the web inbox's first page with Pending approvals
+	// pending: time and HTML size), cluster (not in AllPhases: the throughput figures again on a
 	// three-node cluster on loopback with R3 streams and buckets, both
 	// sync settings; `make bench-cluster`).
 	Phases   map[string]bool
@@ -64,7 +66,7 @@ type Config struct {
 }
 
 // AllPhases is every phase but profile.
-var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice", "gateway", "planner"}
+var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice", "gateway", "planner", "inbox"}
 
 // Defaults are `make bench`'s parameters (about 10 minutes on 2 cores).
 func Defaults() Config {

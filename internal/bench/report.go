@@ -28,6 +28,8 @@ type Report struct {
 	Gateway *Gateway `json:"gateway,omitempty"`
 	// Planner is the planner phase's comparison.
 	Planner *Planner `json:"planner,omitempty"`
+	// Inbox is the inbox phase's first-page figures.
+	Inbox   *Inbox   `json:"inbox,omitempty"`
 	Targets []Target `json:"targets"`
 	Notes   []string `json:"notes"`
 	Errors  []string `json:"errors"`
@@ -408,6 +410,19 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 		p("")
 		p("- The overhead includes the step batch's way to the accepted subject: the planner publishes it on tollgate.turn.step.<batch>, and ingest checks it and publishes it as the accepted turn (no message schedule, no timer).")
+		p("")
+	}
+	if in := r.Inbox; in != nil {
+		p("## Web inbox first page (%d approvals pending, all decidable by the person)", in.Pending)
+		p("")
+		p("| query | n | p50 ms | p95 ms | max ms | HTML | rows |")
+		p("|---|---|---|---|---|---|---|")
+		for _, pg := range in.Pages {
+			p("| `%s` | %d | **%.1f** | **%.1f** | %.1f | %.1f KiB | %d |", pg.Query, pg.N, pg.P50, pg.P95, pg.Max, float64(pg.Bytes)/1024, pg.Rows)
+		}
+		p("")
+		p("- Seeded %d pending approvals (written as the executor writes them) in %.1f s; the inbox's pending index was built from the bucket and the first page answered %.1f s after web.New.", in.Pending, in.SeedSec, in.IndexSec)
+		p("- Time to the last byte of the page over a keep-alive loopback connection, signed in (the session read from its KV bucket), sequential loads.")
 		p("")
 	}
 	if f := r.Footprint; f != nil {

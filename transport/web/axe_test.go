@@ -87,34 +87,34 @@ func TestAccessibility(t *testing.T) {
 	long := in.request("carol", "count", `{"url":"`+longURL+`"}`, true)
 	pair := in.request("carol", "pair", `{"n":1}`, true)
 	files := in.WaitPending(schemas.ApprovalID(in.send(in.NextID("s"), "carol", "files", `{"path":"notes/a.txt"}`, true), 0))
-	do(t, alice, "the prompts arrive", chromedp.WaitVisible(chromedp.CSS(cardSel(files.ApprovalID))), chromedp.WaitVisible(chromedp.CSS(cardSel(pair.ApprovalID))))
+	do(t, alice, "the prompts arrive", opened(files.ApprovalID), opened(pair.ApprovalID), opened(long.ApprovalID))
 	do(t, alice, "a new prompt is announced in the polite live region",
 		until(`document.getElementById("live-status").getAttribute("aria-live") === "polite" && document.getElementById("live-status").textContent.indexOf("New approval waiting: files") >= 0`))
 	axeCheck(t, alice, src, "pending prompts")
 	do(t, alice, "at 390 px with a 232-byte unbroken URL nothing scrolls sideways",
-		chromedp.EmulateViewport(390, 844), chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(cardSel(long.ApprovalID))),
+		chromedp.EmulateViewport(390, 844), chromedp.Reload(), opened(long.ApprovalID), chromedp.WaitVisible(chromedp.CSS(cardSel(long.ApprovalID))),
 		until(`document.documentElement.scrollWidth <= window.innerWidth`))
 	axeCheck(t, alice, src, "pending prompts at phone width")
-	do(t, alice, "back to a desktop width", chromedp.EmulateViewport(1000, 900), chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(cardSel(long.ApprovalID))),
+	do(t, alice, "back to a desktop width", chromedp.EmulateViewport(1000, 900), chromedp.Reload(), opened(long.ApprovalID), opened(files.ApprovalID),
 		until(`document.body.dataset.connected === "1"`))
 
 	in.Decide(pair.ApprovalID, "deny", "carol") // not a decider: rejected, changes nothing
 	other := in.request("carol", "count", `{"n":2}`, true)
-	do(t, alice, "another prompt", chromedp.WaitVisible(chromedp.CSS(cardSel(other.ApprovalID))))
+	do(t, alice, "another prompt", chromedp.WaitReady(chromedp.CSS(cardSel(other.ApprovalID))))
 	in.Decide(other.ApprovalID, "approve", "carol")
 	do(t, alice, "a decision made elsewhere is announced",
 		until(`document.getElementById("live-status").textContent.indexOf("approved by cli:carol") >= 0`))
 
 	sel := cardSel(long.ApprovalID)
-	do(t, alice, "approve with a note; focus moves to the next open card",
+	do(t, alice, "approve with a note; focus moves to the next open approval",
 		chromedp.SendKeys(chromedp.CSS(sel+` input[name=note]`), "checked the link"),
 		chromedp.Click(chromedp.CSS(sel+` button[value=approve]`)),
 		chromedp.WaitVisible(chromedp.CSS(sel+` .verdict-applied`)),
-		until(`document.activeElement && document.activeElement.tagName === "H2" && document.activeElement.closest("article.card").dataset.status === "pending"`))
+		until(`document.activeElement && document.activeElement.tagName === "SUMMARY" && document.activeElement.closest("li.row").dataset.status === "pending"`))
 	axeCheck(t, alice, src, "decided cards")
 
 	q := in.request("carol", "quick", `{"n":3}`, false)
-	do(t, alice, "a prompt that expires", chromedp.WaitVisible(chromedp.CSS(cardSel(q.ApprovalID)+`[data-status=expired]`)))
+	do(t, alice, "a prompt that expires", opened(q.ApprovalID), chromedp.WaitVisible(chromedp.CSS(cardSel(q.ApprovalID)+`[data-status=expired]`)))
 	axeCheck(t, alice, src, "an expired card")
 
 	grant := cardSel(files.ApprovalID) + ` button.grant[value="approve-session"]`

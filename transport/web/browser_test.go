@@ -103,6 +103,16 @@ func until(expr string) chromedp.Action[chromedp.Void] {
 // card is the CSS selector of approval id's card.
 func cardSel(id string) string { return `article.card[id="` + id + `"]` }
 
+// rowSel is the CSS selector of approval id's row in the list.
+func rowSel(id string) string { return `li.row[id="row-` + id + `"]` }
+
+// opened opens approval id's row in the list, once it is there, and waits
+// for its card in it (fetched when the row had only its link).
+func opened(id string) chromedp.Action[chromedp.Void] {
+	return until(`(function () { var d = document.querySelector(` + jsString(rowSel(id)+" details") + `);
+		if (!d) { return false; } d.open = true; return d.querySelector("article.card form.decide") !== null; })()`)
+}
+
 // signInAs signs in with the dev form and waits for the live stream.
 func (in *inbox) signInAs(t *testing.T, ctx context.Context, subject string) {
 	t.Helper()
@@ -155,14 +165,13 @@ func TestInboxInARealBrowser(t *testing.T) {
 	// A team turn of carol's: alice and bob may decide it.
 	a := in.request("carol", "count", `{"path":"notes/carol.txt","content":"buy milk"}`, true)
 	sel := cardSel(a.ApprovalID)
-	do(t, alice, "the prompt appears live", chromedp.WaitVisible(chromedp.CSS(sel+` button[value=approve]`)))
-	do(t, bob, "the prompt appears live in the second browser", chromedp.WaitVisible(chromedp.CSS(sel)))
+	do(t, alice, "the prompt appears live", opened(a.ApprovalID), chromedp.WaitVisible(chromedp.CSS(sel+` button[value=approve]`)))
+	do(t, bob, "the prompt appears live in the second browser", opened(a.ApprovalID), chromedp.WaitVisible(chromedp.CSS(sel)))
 	if got := text(t, alice, sel+" .digest"); got != a.ArgsDigest {
 		t.Fatalf("digest shown %q, want %q", got, a.ArgsDigest)
 	}
 	other := in.request("carol", "count", `{"n":2}`, true)
-	do(t, alice, "a second prompt appears", chromedp.WaitVisible(chromedp.CSS(cardSel(other.ApprovalID))))
-	screenshot(t, alice, "inbox.png")
+	do(t, alice, "a second prompt appears", opened(other.ApprovalID), chromedp.WaitVisible(chromedp.CSS(cardSel(other.ApprovalID))))
 
 	do(t, alice, "approve, with a note",
 		chromedp.SendKeys(chromedp.CSS(sel+` input[name=note]`), "looks right"),
@@ -191,7 +200,7 @@ func TestInboxInARealBrowser(t *testing.T) {
 
 	q := in.request("carol", "quick", `{"n":3}`, false)
 	do(t, alice, "a prompt that expires shows as expired",
-		chromedp.WaitVisible(chromedp.CSS(cardSel(q.ApprovalID))),
+		opened(q.ApprovalID),
 		chromedp.WaitVisible(chromedp.CSS(cardSel(q.ApprovalID)+`[data-status=expired] fieldset[disabled]`)))
 	if got := text(t, alice, cardSel(q.ApprovalID)+" .why"); !strings.Contains(got, "expired at") {
 		t.Fatalf("expired card says %q", got)
@@ -200,10 +209,10 @@ func TestInboxInARealBrowser(t *testing.T) {
 	mallory := headless(t, exe)
 	in.signInAs(t, mallory, "mallory")
 	pending := in.request("carol", "count", `{"n":4}`, true)
-	do(t, alice, "a later prompt reaches alice", chromedp.WaitVisible(chromedp.CSS(cardSel(pending.ApprovalID))))
+	do(t, alice, "a later prompt reaches alice", opened(pending.ApprovalID), chromedp.WaitVisible(chromedp.CSS(cardSel(pending.ApprovalID))))
 	do(t, mallory, "an unauthorized principal sees nothing to decide",
 		chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("empty")),
-		until(`document.querySelectorAll("article.card").length === 0 && document.querySelectorAll("button[value=approve]").length === 0`))
+		until(`document.querySelectorAll("li.row, article.card").length === 0 && document.querySelectorAll("button[value=approve]").length === 0`))
 
 	ps := cardSel(pending.ApprovalID)
 	do(t, alice, "deny with the keyboard alone: Enter in the note decides nothing, Tab Tab Enter denies",
@@ -268,7 +277,7 @@ func TestGrantInARealBrowser(t *testing.T) {
 	a := in.WaitPending(schemas.ApprovalID(in.send(session, "carol", "files", `{"path":"notes/a.txt"}`, true), 0))
 	sel := cardSel(a.ApprovalID)
 	grant := sel + ` button.grant[value="approve-session"]`
-	do(t, alice, "the prompt appears live with its grant offers", chromedp.WaitVisible(chromedp.CSS(grant)))
+	do(t, alice, "the prompt appears live with its grant offers", opened(a.ApprovalID), chromedp.WaitVisible(chromedp.CSS(grant)))
 	offer, _ := a.Offer("approve-session")
 	if got := text(t, alice, grant+" .grant-summary"); got != offer.Summary {
 		t.Fatalf("the grant button says %q, want %q", got, offer.Summary)
@@ -282,7 +291,7 @@ func TestGrantInARealBrowser(t *testing.T) {
 	second := in.send(session, "carol", "files", `{"path":"other/b.txt"}`, true)
 	in.decidedByGrant(t, second, gid)
 	do(t, alice, "no prompt for the call the grant decided",
-		until(`document.getElementById(`+jsString(schemas.ApprovalID(second, 0))+`) === null`))
+		until(`document.getElementById(`+jsString(schemas.ApprovalID(second, 0))+`) === null && document.getElementById(`+jsString("row-"+schemas.ApprovalID(second, 0))+`) === null`))
 
 	row := `li.grant-row[data-grant="` + gid + `"]`
 	do(t, alice, "revoke it on the Grants page",
@@ -299,6 +308,7 @@ func TestGrantInARealBrowser(t *testing.T) {
 	third := in.WaitPending(schemas.ApprovalID(in.send(session, "carol", "files", `{"path":"other/c.txt"}`, true), 0))
 	do(t, alice, "a third call prompts again",
 		chromedp.Navigate(in.url+"/"),
+		opened(third.ApprovalID),
 		chromedp.WaitVisible(chromedp.CSS(cardSel(third.ApprovalID)+` button[value=approve]`)))
 }
 

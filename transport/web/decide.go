@@ -274,9 +274,14 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, status int, c *c
 	}
 	w.Header().Set("Tollgate-Verdict", c.Verdict.State)
 	if r.Header.Get(fragmentHeader) == "" {
-		s.render(w, r, status, "inbox", page{Title: "Decision", Cards: []*card{c}})
+		s.render(w, r, status, "approval", page{Title: "Decision", Cards: []*card{c}})
 		return
 	}
+	s.fragment(w, status, c)
+}
+
+// fragment answers with card c alone, as HTML.
+func (s *Server) fragment(w http.ResponseWriter, status int, c *card) {
 	html, err := s.renderCard(c)
 	if err != nil {
 		http.Error(w, "internal error", http.StatusInternalServerError)

@@ -22,12 +22,17 @@ func TestCardShowsHostileCharactersEscaped(t *testing.T) {
 	args, _ := json.Marshal(byName)
 	a := in.request("carol", "count", string(args), false)
 	plain := in.request("carol", "count", `{"path":"x/invoice.txt"}`, false)
-	page := html.UnescapeString(in.browser().signIn("alice"))
-	start := strings.Index(page, `id="`+a.ApprovalID+`"`)
+	b := in.browser()
+	list := html.UnescapeString(b.signIn("alice"))
+	start := strings.Index(list, `id="row-`+a.ApprovalID+`"`)
 	if start < 0 {
-		t.Fatalf("no card of %s:\n%s", a.ApprovalID, page)
+		t.Fatalf("no row of %s:\n%s", a.ApprovalID, list)
 	}
-	card, _, _ := strings.Cut(page[start:], "</article>")
+	if row, _, _ := strings.Cut(list[start:], "</li>"); reveal.Contains(row) || !strings.Contains(row, "⚠") {
+		t.Errorf("the row holds a raw flagged character or no warning sign:\n%q", row)
+	}
+	_, card := b.card(a.ApprovalID)
+	card = html.UnescapeString(card)
 	if reveal.Contains(card) || !strings.Contains(card, reveal.Warning) {
 		t.Errorf("the card holds a raw flagged character or no warning:\n%q", card)
 	}
@@ -39,8 +44,7 @@ func TestCardShowsHostileCharactersEscaped(t *testing.T) {
 			t.Errorf("%s: the card does not show the value %s", ex.Name, ex.InJSON())
 		}
 	}
-	start = strings.Index(page, `id="`+plain.ApprovalID+`"`)
-	if card, _, _ := strings.Cut(page[start:], "</article>"); start < 0 || strings.Contains(card, reveal.Warning) {
+	if _, card := b.card(plain.ApprovalID); card == "" || strings.Contains(card, reveal.Warning) {
 		t.Errorf("the plain call's card is missing or warns:\n%s", card)
 	}
 }

@@ -217,3 +217,16 @@ func (in *inbox) send(session, sender, tool, args string, team bool) string {
 func (in *inbox) webDecisions(id string) int {
 	return len(in.Messages(topology.StreamDecisions, topology.DecisionSubject(web.Transport, id)))
 }
+
+// card is approval id's card as its own page shows it to b (from its
+// <article> to its end), and the page's status.
+func (b *browser) card(id string) (int, string) {
+	b.in.t.Helper()
+	resp, page := b.do("GET", "/approvals/"+id, nil)
+	start := strings.Index(page, `<article class="card`)
+	if start < 0 {
+		return resp.StatusCode, ""
+	}
+	card, _, _ := strings.Cut(page[start:], "</article>")
+	return resp.StatusCode, card + "</article>"
+}

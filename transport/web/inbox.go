@@ -2,8 +2,8 @@ package web
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"regexp"
 	"slices"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -191,46 +192,61 @@ func (s *Server) mayDecide(rec *schemas.ApprovalRecord, sess *session) error {
 	return approver.MayDecide(rec, Transport, sess.decider(), sess.channel(), s.cfg.Policy, s.cfg.Keys)
 }
 
-// pending lists the pending approvals the person of sess may decide,
-// oldest first.
-func (s *Server) pending(ctx context.Context, sess *session) ([]*card, error) {
-	lister, err := s.store.Approvals.KV.ListKeys(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = lister.Stop() }()
-	var out []*card
-	for id := range lister.Keys() {
-		rec, _, err := s.store.Approvals.Get(ctx, id)
-		if err != nil || rec.Status != schemas.ApprovalPending || s.mayDecide(rec, sess) != nil {
-			continue
-		}
-		out = append(out, s.newCard(rec, sess))
-	}
-	slices.SortFunc(out, func(a, b *card) int { return a.RequestedAt.Compare(b.RequestedAt) })
-	return out, nil
-}
-
-// inbox is the start page: the approvals waiting for the signed-in person,
-// live; nothing but a sign-in link when signed out.
+// inbox is the start page: one page of the compact list of the approvals
+// waiting for the signed-in person (filters, order and page from the
+// query string: readQuery), live; nothing but a sign-in link when signed
+// out. The list comes from the process's pending index, never from a scan
+// of the bucket.
 func (s *Server) inbox(w http.ResponseWriter, r *http.Request) {
 	sess := s.current(w, r)
 	p := page{Title: "Approvals", Session: sess, Dev: s.cfg.DevSignIn}
 	if sess.SignedIn() {
-		// The stream position is read before the list, so the live stream
-		// starts no later than the list: nothing falls between them.
+		// The stream position is read before the index catches up with the
+		// bucket, and an approval is stored before it is announced, so the
+		// live stream starts no later than the list: nothing falls between
+		// them.
 		info, err := s.events.Info(r.Context())
 		if err != nil {
 			s.message(w, r, http.StatusServiceUnavailable, "Unavailable", "", "The events stream cannot be read: try again.")
 			return
 		}
 		p.Live, p.LastSeq = true, info.State.LastSeq
-		if p.Cards, err = s.pending(r.Context(), sess); err != nil {
-			s.message(w, r, http.StatusServiceUnavailable, "Unavailable", "", "The approvals cannot be read: try again.")
-			return
+		if err := s.index.sync(r.Context()); err != nil {
+			s.cfg.Logger.Warn("web: the inbox is listed from a pending index that is behind", "err", err)
 		}
+		p.List = s.list(s.index.all(), sess, readQuery(w, r, s.cfg.SecureCookies))
+		p.Count = p.List.Total
 	}
 	s.render(w, r, http.StatusOK, "inbox", p)
+}
+
+// approval is an approval's own page: its full card, to a person who may
+// decide it (anyone else, and an unknown id, get the same 404). With the
+// header Tollgate-Fragment the answer is the card alone (inbox.js opens a
+// row with it).
+func (s *Server) approval(w http.ResponseWriter, r *http.Request) {
+	sess := s.current(w, r)
+	id := r.PathValue("id")
+	var rec *schemas.ApprovalRecord
+	var err error
+	if schemas.ValidKey(id) && sess.SignedIn() {
+		rec, _, err = s.store.Approvals.Get(r.Context(), id)
+	}
+	switch {
+	case rec != nil && err == nil && s.mayDecide(rec, sess) == nil:
+	case err != nil && !errors.Is(err, store.ErrNotFound) && schemas.CodeOf(err) == "":
+		s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "The approval cannot be read: try again.")
+		return
+	default:
+		s.message(w, r, http.StatusNotFound, "Not found", string(schemas.CodeApprovalNotFound), "There is no such approval waiting for you.")
+		return
+	}
+	c := s.newCard(rec, sess)
+	if r.Header.Get(fragmentHeader) != "" {
+		s.fragment(w, http.StatusOK, c)
+		return
+	}
+	s.render(w, r, http.StatusOK, "approval", page{Title: "Approval", Session: sess, Cards: []*card{c}})
 }
 
 // signInPage offers the sign-in methods that are on.

@@ -21,7 +21,7 @@ import (
 // the templates, like the page), with id = the stream sequence of the event
 // it comes from.
 const (
-	eventPrompt    = "prompt"    // a new approval the person may decide: insert it
+	eventPrompt    = "prompt"    // a new approval the person may decide: its row (the card in it), to insert
 	eventUpdate    = "update"    // a card changed (a quorum vote, decided, expired, abandoned, its call's result): replace it
 	eventSignedOut = "signedout" // the session ended: the stream stops
 )
@@ -195,7 +195,15 @@ func (s *Server) liveCards(ctx context.Context, m eventfeed.Event, sess *session
 		if !mine[rec.ApprovalID] {
 			return "", nil
 		}
-		name, cards = eventPrompt, []*card{s.newCard(rec, sess)}
+		// A prompt is the approval's row in the list, its card in it.
+		rw := rowOf(rec)
+		rw.Card = s.newCard(rec, sess)
+		h, err := s.renderRow(rw)
+		if err != nil {
+			s.cfg.Logger.Error("web: render row", "approval", rec.ApprovalID, "err", err)
+			return "", nil
+		}
+		return eventPrompt, []string{h}
 	case *schemas.DecidedEvent:
 		name = eventUpdate
 		if c := s.currentCard(ctx, rec.ApprovalID, sess, mine); c != nil {

@@ -138,7 +138,7 @@ func TestOIDCSignIn(t *testing.T) {
 			if got := strings.Contains(page, "(second factor)"); got != tc.strong {
 				t.Fatalf("strong %v, want %v", got, tc.strong)
 			}
-			if got := strings.Contains(page, `id="`+vault.ApprovalID+`"`); got != tc.strong {
+			if got := strings.Contains(page, `id="row-`+vault.ApprovalID+`"`); got != tc.strong {
 				t.Fatalf("the approval that needs a second factor listed: %v, want %v", got, tc.strong)
 			}
 		})

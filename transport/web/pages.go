@@ -23,8 +23,10 @@ type page struct {
 	Live    bool
 	LastSeq uint64
 	Message string
-	Code    string // a reason code shown with Message
-	Cards   []*card
+	Code    string        // a reason code shown with Message
+	Cards   []*card       // the approval page's card (and a decision's answer without script)
+	List    *listing      // the inbox's list
+	Count   int           // shown in the title when not 0: the approvals waiting
 	Events  []audit.Event // the turn and history pages' timeline
 	Filter  url.Values    // the history page's filters
 	Query   string        // the history page's query string, for its export link
@@ -35,7 +37,7 @@ type page struct {
 
 // pageNames are the templates under templates/ that are whole pages; each
 // is parsed with layout.html and card.html.
-var pageNames = []string{"inbox", "signin", "message", "turn", "history", "grants"}
+var pageNames = []string{"inbox", "approval", "signin", "message", "turn", "history", "grants"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -50,7 +52,7 @@ func parsePages() (map[string]*template.Template, error) {
 		},
 	}
 	out := map[string]*template.Template{}
-	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/card.html")
+	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/card.html", "templates/row.html")
 	if err != nil {
 		return nil, fmt.Errorf("web: templates: %w", err)
 	}
@@ -94,6 +96,15 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, name
 func (s *Server) renderCard(c *card) (string, error) {
 	var buf bytes.Buffer
 	if err := s.pages["card"].ExecuteTemplate(&buf, "card", c); err != nil {
+		return "", err
+	}
+	return buf.String(), nil
+}
+
+// renderRow renders one row of the list as an HTML fragment.
+func (s *Server) renderRow(rw *row) (string, error) {
+	var buf bytes.Buffer
+	if err := s.pages["card"].ExecuteTemplate(&buf, "row", rw); err != nil {
 		return "", err
 	}
 	return buf.String(), nil

@@ -21,7 +21,7 @@ func TestQuorumVotesShowLive(t *testing.T) {
 	in.signInAs(t, alice, "alice")
 	a := in.request("carol", "pair", `{"n":1}`, true)
 	sel := cardSel(a.ApprovalID)
-	do(t, alice, "the quorum prompt arrives", chromedp.WaitVisible(chromedp.CSS(sel+` .still-needed`)),
+	do(t, alice, "the quorum prompt arrives", opened(a.ApprovalID), chromedp.WaitVisible(chromedp.CSS(sel+` .still-needed`)),
 		chromedp.SendKeys(chromedp.CSS(sel+` input[name=note]`), "fine by me"))
 	if got := text(t, alice, sel+" .votes"); !strings.Contains(got, "0 of 2") || !strings.Contains(got, "2 more approvals, from web:alice, web:bob, web:dave") {
 		t.Fatalf("votes shown %q", got)

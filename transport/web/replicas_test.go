@@ -85,8 +85,8 @@ func (b *balancer) log(name string) []string {
 // TestTwoGatewaysServeOneBrowserWithoutStickiness: two gateway processes
 // behind a balancer that sends pages and posts to each in turn serve one
 // browser: it signs in (the form from one, the post to the other), each
-// reload is signed in whichever answers, a prompt arrives live and two
-// decisions (one on each) apply. With sessions in one process's memory
+// reload is signed in whichever answers, each lists the prompts (from its
+// own pending index) and two decisions (one on each) apply. With sessions in one process's memory
 // the sign-in post fails on the other process (its CSRF token unknown).
 func TestTwoGatewaysServeOneBrowserWithoutStickiness(t *testing.T) {
 	exe := chromiumPath(t)
@@ -104,13 +104,21 @@ func TestTwoGatewaysServeOneBrowserWithoutStickiness(t *testing.T) {
 	}
 	a := in.request("carol", "count", `{"n":1}`, true)
 	b := in.request("carol", "count", `{"n":2}`, true)
+	for range 2 {
+		do(t, alice, "each gateway lists both from its own pending index",
+			chromedp.Reload(), chromedp.WaitReady(chromedp.CSS(rowSel(a.ApprovalID))), chromedp.WaitReady(chromedp.CSS(rowSel(b.ApprovalID))),
+			until(`document.body.dataset.connected === "1"`))
+	}
+	// Both cards opened first (one fetch each, alternating), so that the
+	// two decisions go one to each gateway.
+	do(t, alice, "open both cards", opened(a.ApprovalID), opened(b.ApprovalID))
 	for _, d := range []struct {
 		rec    *schemas.ApprovalRecord
 		option string
 		want   schemas.ApprovalStatus
 	}{{a, "approve", schemas.ApprovalApproved}, {b, "deny", schemas.ApprovalDenied}} {
 		sel := cardSel(d.rec.ApprovalID)
-		do(t, alice, "the prompt arrives live and is decided",
+		do(t, alice, "the prompt is listed and is decided",
 			chromedp.WaitVisible(chromedp.CSS(sel+` button[value=`+d.option+`]`)),
 			chromedp.Click(chromedp.CSS(sel+` button[value=`+d.option+`]`)),
 			chromedp.WaitVisible(chromedp.CSS(sel+` .verdict-applied`)))
@@ -154,7 +162,7 @@ func TestRestartKeepsTheOpenPageSignedIn(t *testing.T) {
 	alice := headless(t, exe)
 	in.signInAs(t, alice, "alice")
 	before := in.request("carol", "count", `{"n":1}`, true)
-	do(t, alice, "a prompt arrives", chromedp.WaitVisible(chromedp.CSS(cardSel(before.ApprovalID))))
+	do(t, alice, "a prompt arrives", opened(before.ApprovalID), chromedp.WaitVisible(chromedp.CSS(cardSel(before.ApprovalID))))
 
 	// The restart: the old process goes, a new one (knowing nothing of
 	// the old one's memory) answers from now on.
@@ -165,6 +173,7 @@ func TestRestartKeepsTheOpenPageSignedIn(t *testing.T) {
 	after := in.request("carol", "count", `{"n":2}`, true)
 	sel := cardSel(after.ApprovalID)
 	do(t, alice, "after the restart the open page gets the new prompt and decides it",
+		opened(after.ApprovalID),
 		chromedp.WaitVisible(chromedp.CSS(sel+` button[value=approve]`)),
 		chromedp.Click(chromedp.CSS(sel+` button[value=approve]`)),
 		chromedp.WaitVisible(chromedp.CSS(sel+` .verdict-applied`)),
@@ -176,7 +185,7 @@ func TestRestartKeepsTheOpenPageSignedIn(t *testing.T) {
 	// Signing out everywhere, from another browser, ends this one's
 	// session too.
 	open := in.request("carol", "count", `{"n":3}`, true)
-	do(t, alice, "a third prompt", chromedp.WaitVisible(chromedp.CSS(cardSel(open.ApprovalID)+` button[value=approve]`)))
+	do(t, alice, "a third prompt", opened(open.ApprovalID), chromedp.WaitVisible(chromedp.CSS(cardSel(open.ApprovalID)+` button[value=approve]`)))
 	other := in.browser()
 	other.signIn("alice")
 	if resp, body := other.do("POST", "/signout", url.Values{"csrf": {other.token()}, "everywhere": {"1"}}); resp.StatusCode != http.StatusOK {

@@ -81,6 +81,15 @@ func (s *session) decider() schemas.Sender {
 	return schemas.Sender{ID: s.subject, Display: s.display, Kind: schemas.SenderUser, Verified: true, Strong: s.strong}
 }
 
+// deciderKey names everything of the person that the decider rule reads
+// (decider and channel are functions of it): verdicts are kept by it.
+func (s *session) deciderKey() string {
+	if s.strong {
+		return s.subject + "\x00strong"
+	}
+	return s.subject
+}
+
 // channel is where a decision from the inbox is posted: the person's own
 // inbox, which only they see (a personal channel).
 func (s *session) channel() *schemas.Channel {

@@ -131,6 +131,7 @@ type Server struct {
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 	oidc     *oidcClient // nil: no OIDC sign-in
+	index    *pendingIndex
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by principal
@@ -213,6 +214,9 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	if s.index, err = startPendingIndex(ctx, b.Approvals, s.store.Approvals.DecodeValue, cfg.Logger); err != nil {
+		return nil, err
+	}
 	s.mux = http.NewServeMux()
 	s.routes()
 	return s, nil
@@ -226,6 +230,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /signin/dev", s.devSignIn)
 	s.mux.HandleFunc("POST /signout", s.signOut)
 	s.mux.HandleFunc("GET /session", s.sessionState)
+	s.mux.HandleFunc("GET /approvals/{id}", s.approval)
 	s.mux.HandleFunc("POST /approvals/{id}/decision", s.decide)
 	s.mux.HandleFunc("GET /events", s.live)
 	s.mux.HandleFunc("GET /turns/{id}", s.turn)
@@ -268,6 +273,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// Close stops the server's watch of the approvals bucket (it also ends
+// when the connection closes). Requests are not served after it.
+func (s *Server) Close() error { return s.index.Stop() }
 
 // limiter is principal's decision rate limiter.
 func (s *Server) limiter(principal string) *rate.Limiter {

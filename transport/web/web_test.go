@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -117,13 +118,19 @@ func TestInboxListsWhatThePrincipalMayDecide(t *testing.T) {
 				page = b.signIn(tc.who)
 			}
 			for _, a := range tc.want {
-				if !strings.Contains(page, `id="`+a.ApprovalID+`"`) {
+				if !strings.Contains(page, `id="row-`+a.ApprovalID+`"`) {
 					t.Errorf("%s is not listed", a.ApprovalID)
+				}
+				if status, card := b.card(a.ApprovalID); status != http.StatusOK || !strings.Contains(card, a.ArgsDigest) {
+					t.Errorf("%s: its card page answers %d", a.ApprovalID, status)
 				}
 			}
 			for _, a := range tc.not {
 				if strings.Contains(page, a.ApprovalID) || strings.Contains(page, a.ArgsDigest) {
 					t.Errorf("%s is shown", a.ApprovalID)
+				}
+				if status, card := b.card(a.ApprovalID); status != http.StatusNotFound || card != "" {
+					t.Errorf("%s: its card page answers %d with a card to a person who may not decide it", a.ApprovalID, status)
 				}
 			}
 			if len(tc.want) == 0 && tc.who != "" && !strings.Contains(page, `id="empty" class="empty">`) {
@@ -132,7 +139,11 @@ func TestInboxListsWhatThePrincipalMayDecide(t *testing.T) {
 		})
 	}
 	t.Run("a card shows the call, who asked, where, the options and the time left", func(t *testing.T) {
-		page := in.browser().signIn("alice")
+		b := in.browser()
+		b.signIn("alice")
+		_, c1 := b.card(personal.ApprovalID)
+		_, c2 := b.card(team.ApprovalID)
+		page := c1 + c2
 		for _, want := range []string{
 			personal.ArgsDigest, "<code>count</code>", "cli:carol", "via cli", "dm-carol", "audience personal", "team-room", "audience team",
 			`name="option" value="approve"`, `name="option" value="deny"`, `data-left="` + personal.ExpiresAt.UTC().Format(time.RFC3339) + `"`,
@@ -156,9 +167,13 @@ func cmpOr(a, b string) string {
 func TestArgumentsAreEscaped(t *testing.T) {
 	in := startInbox(t, nil)
 	a := in.request("carol", "count", `{"x":"<script>alert(1)</script>"}`, false)
-	page := in.browser().signIn("alice")
-	if !strings.Contains(page, a.ApprovalID) || strings.Contains(page, "<script>alert") || !strings.Contains(page, "&lt;script&gt;alert(1)&lt;/script&gt;") {
-		t.Fatalf("the arguments are not escaped:\n%s", page)
+	b := in.browser()
+	list := b.signIn("alice")
+	_, card := b.card(a.ApprovalID)
+	for _, page := range []string{list, card} {
+		if !strings.Contains(page, a.ApprovalID) || strings.Contains(page, "<script>alert") || !strings.Contains(page, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+			t.Fatalf("the arguments are not escaped:\n%s", page)
+		}
 	}
 }
 
@@ -451,20 +466,29 @@ func (b *browser) events(t *testing.T, after, lastEventID string) *sse {
 // next waits for the next event named name whose data contains want.
 func (s *sse) next(t *testing.T, name, want string) [3]string {
 	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		select {
-		case e, ok := <-s.events:
-			if !ok {
-				t.Fatalf("the stream ended waiting for %s %q", name, want)
+	var got [3]string
+	ended := false
+	jstest.Eventually(t, 20*time.Second, "a "+name+" event with "+strconv.Quote(want), func() bool {
+		for {
+			select {
+			case e, ok := <-s.events:
+				if !ok {
+					ended = true
+					return true
+				}
+				if e[1] == name && strings.Contains(e[2], want) {
+					got = e
+					return true
+				}
+			default:
+				return false
 			}
-			if e[1] == name && strings.Contains(e[2], want) {
-				return e
-			}
-		case <-deadline:
-			t.Fatalf("no %s event with %q", name, want)
 		}
+	})
+	if ended {
+		t.Fatalf("the stream ended waiting for %s %q", name, want)
 	}
+	return got
 }
 
 var afterAttr = `data-after="`

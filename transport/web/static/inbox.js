@@ -17,8 +17,98 @@
 
   function refreshEmpty() {
     var empty = document.getElementById('empty');
-    var cards = document.getElementById('cards');
-    if (empty && cards) { empty.hidden = cards.querySelector('article.card') !== null; }
+    var list = document.getElementById('rows') || document.getElementById('cards');
+    if (empty && list) { empty.hidden = list.querySelector('li.row, article.card') !== null; }
+  }
+
+  // The list's count of approvals waiting (as its filters select), kept
+  // live, in the page's title and above the list.
+  var rows = null, count = 0, fresh = 0, closedIDs = {};
+  function showCount() {
+    if (!rows) { return; }
+    document.title = (count > 0 ? '(' + count + ') ' : '') + 'Approvals · Tollgate';
+    var total = document.getElementById('total');
+    if (total) { total.textContent = String(count); }
+  }
+
+  // filtered reports whether the list has a filter on.
+  function filtered() {
+    return ['tool', 'requester', 'channel', 'transport'].some(function (k) { return rows.dataset[k]; });
+  }
+
+  // matches reports whether row r passes the list's filters.
+  function matches(r) {
+    return ['tool', 'requester', 'channel', 'transport'].every(function (k) { return !rows.dataset[k] || rows.dataset[k] === r.dataset[k]; });
+  }
+
+  // closed notes that approval id is no longer pending (status): its row
+  // says so and the count drops, once.
+  function closed(id, status) {
+    var r = document.getElementById('row-' + id);
+    if (r) { r.dataset.status = status; r.classList.add('closed'); }
+    if (!rows || closedIDs[id] || !(r || !filtered())) { return; }
+    closedIDs[id] = true;
+    count = Math.max(count - 1, 0);
+    showCount();
+  }
+
+  // insertRow puts a new row where the list's order puts it, on the first
+  // page only (other pages link to it).
+  function insertRow(r) {
+    if (rows.dataset.page !== '1') { return false; }
+    var all = rows.querySelectorAll('li.row'), before = all[0] || null;
+    if (rows.dataset.sort === 'expiry') {
+      var exp = r.dataset.expires ? Date.parse(r.dataset.expires) : Infinity;
+      before = null;
+      for (var i = 0; i < all.length; i++) {
+        var e = all[i].dataset.expires ? Date.parse(all[i].dataset.expires) : Infinity;
+        if (exp < e) { before = all[i]; break; }
+      }
+      if (!before && all.length >= 50) { return false; } // it belongs on a later page
+    }
+    rows.insertBefore(r, before);
+    return true;
+  }
+
+  // announceNew counts one more new prompt in the "N new" notice.
+  function announceNew() {
+    fresh++;
+    var box = document.getElementById('new-notice'), link = document.getElementById('new-link');
+    if (!box || !link) { return; }
+    link.textContent = fresh + ' new ' + (fresh === 1 ? 'approval' : 'approvals') + (rows.dataset.page === '1' ? ': go to the newest' : ': show the first page');
+    box.hidden = false;
+  }
+
+  // rowOf is the list's row that holds el (or el itself).
+  function rowOf(el) { return el && el.closest ? el.closest('li.row') : null; }
+
+  function focusRow(r) {
+    if (!r) { return; }
+    var s = r.querySelector('summary');
+    s.focus();
+    r.scrollIntoView({ block: 'nearest' });
+  }
+
+  // openRow opens r's card in place, fetching it when the row has only a
+  // link; then calls then(card).
+  function openRow(r, then) {
+    var d = r.querySelector('details');
+    d.open = true;
+    var have = r.querySelector('article.card');
+    if (have) { if (then) { then(have); } return; }
+    if (r.dataset.loading) { return; }
+    r.dataset.loading = '1';
+    fetch('/approvals/' + encodeURIComponent(r.dataset.approval), { credentials: 'same-origin', headers: { 'Tollgate-Fragment': 'card' } }).then(function (resp) {
+      if (resp.status === 401) { signedOut(); return null; }
+      return resp.ok ? resp.text() : null;
+    }).then(function (body) {
+      delete r.dataset.loading;
+      if (!body) { return; }
+      var card = parse(body);
+      r.querySelector('.row-card').replaceChildren(card);
+      tick();
+      if (then) { then(card); }
+    }).catch(function () { delete r.dataset.loading; });
   }
 
   // replace puts card in old's place. The decision's answer and the live
@@ -46,6 +136,13 @@
   // on card: a keyboard user goes on deciding without hunting.
   function moveOn(card) {
     if (!card || card.dataset.status === 'pending') { return; }
+    var row = rowOf(card);
+    if (row) {
+      closed(row.dataset.approval, card.dataset.status);
+      var pending = Array.prototype.slice.call(document.querySelectorAll('li.row[data-status=pending]'));
+      focusRow(pending.filter(function (c) { return row.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING; })[0] || pending[pending.length - 1]);
+      return;
+    }
     var open = Array.prototype.slice.call(document.querySelectorAll('article.card[data-status=pending]'));
     var next = open.filter(function (c) { return card.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING; })[0] || open[open.length - 1];
     if (!next) { return; }
@@ -63,13 +160,13 @@
   function tick() {
     var now = Date.now();
     document.querySelectorAll('[data-left]').forEach(function (el) {
-      var card = el.closest('article.card');
+      var card = el.closest('article.card') || el.closest('li.row');
       if (!card || card.dataset.status !== 'pending') { return; }
       var left = Math.floor((Date.parse(el.dataset.left) - now) / 1000);
       if (left <= 0) {
         el.textContent = 'expired';
         card.classList.add('closed');
-        var fs = card.querySelector('fieldset');
+        var fs = card.querySelector('article.card fieldset');
         if (fs) { fs.disabled = true; }
         return;
       }
@@ -157,20 +254,28 @@
     });
     es.addEventListener('prompt', function (e) {
       seen(e);
-      var card = parse(e.data);
-      var old = document.getElementById(card.id);
-      if (old) { replace(old, card); } else {
-        document.getElementById('cards').appendChild(card);
-        var req = card.querySelector('.requester');
-        say('New approval waiting: ' + card.querySelector('h2 code').textContent + (req ? ' requested by ' + req.textContent : ''));
-      }
+      var r = parse(e.data);
+      if (!rows || document.getElementById(r.id) || !matches(r)) { return; }
+      count++;
+      showCount();
+      insertRow(r);
+      announceNew();
+      say('New approval waiting: ' + r.dataset.tool + (r.dataset.requester ? ' requested by ' + r.dataset.requester : ''));
       refreshEmpty();
       tick();
     });
     es.addEventListener('update', function (e) {
       seen(e);
       var card = parse(e.data);
-      var old = document.getElementById(card.id);
+      var old = document.getElementById(card.id), row = document.getElementById('row-' + card.id);
+      if (card.dataset.status !== 'pending') { closed(card.id, card.dataset.status); }
+      if (!old && row) {
+        // A row whose card is not open yet: the card waits in it.
+        row.querySelector('.row-card').replaceChildren(card);
+        old = null;
+        if (card.dataset.status !== 'pending') { say(card.querySelector('h2 code').textContent + ': ' + (card.querySelector('.why') || card).textContent); }
+        return;
+      }
       if (!old) { return; }
       var was = old.dataset.status;
       replace(old, card);
@@ -189,7 +294,55 @@
     });
   }
 
+  // Opening a row fetches its card when the row has only its link.
+  document.addEventListener('toggle', function (e) {
+    var r = rowOf(e.target);
+    if (r && e.target.open && e.target.parentNode === r) { openRow(r); }
+  }, true);
+
+  // Keyboard shortcuts (listed on the page): j/k next/previous row, o
+  // open or close it (Enter on a row does too), a/d approve/deny its open
+  // card through the card's own form (its CSRF token and digest, the same
+  // submit as the buttons); a closed card is opened first, and decided by
+  // a second press once the person has seen it.
+  document.addEventListener('keydown', function (e) {
+    if (!rows || e.altKey || e.ctrlKey || e.metaKey || e.isComposing) { return; }
+    var t = e.target;
+    if (t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT|BUTTON)$/.test(t.tagName))) { return; }
+    var all = Array.prototype.slice.call(rows.querySelectorAll('li.row'));
+    var cur = rowOf(document.activeElement), i = all.indexOf(cur);
+    switch (e.key) {
+      case 'j': focusRow(all[Math.min(i + 1, all.length - 1)]); break;
+      case 'k': focusRow(all[Math.max(i - 1, 0)]); break;
+      case 'o':
+        if (!cur) { return; }
+        if (cur.querySelector('details').open) { cur.querySelector('details').open = false; } else { openRow(cur); }
+        break;
+      case 'a': case 'd':
+        if (!cur) { return; }
+        var option = e.key === 'a' ? 'approve' : 'deny';
+        if (!cur.querySelector('details').open || !cur.querySelector('article.card')) {
+          openRow(cur, function () { say('Card opened: press ' + e.key + ' again to ' + option + '.'); });
+          break;
+        }
+        var form = cur.querySelector('form.decide'), button = form && form.querySelector('button.opt-' + option);
+        if (!button || button.disabled || form.querySelector('fieldset').disabled) { say('This card cannot be decided now.'); break; }
+        form.requestSubmit(button);
+        break;
+      default: return;
+    }
+    e.preventDefault();
+  });
+
   document.addEventListener('DOMContentLoaded', function () {
+    rows = document.getElementById('rows');
+    if (rows) {
+      count = parseInt(rows.dataset.count, 10) || 0;
+      document.getElementById('new-link').addEventListener('click', function (e) {
+        var first = rows.querySelector('li.row.new');
+        if (rows.dataset.page === '1' && first) { e.preventDefault(); focusRow(first); }
+      });
+    }
     tick();
     window.setInterval(tick, 1000);
     live();
