@@ -91,7 +91,7 @@ func (in *Ingest) Run(ctx context.Context) error {
 	rs := make([]*runner.Runner, len(specs))
 	for i, spec := range specs {
 		r, err := runner.New(runner.Config{
-			Stage:          Stage,
+			Component:      Stage,
 			Stream:         spec.Stream,
 			Consumer:       spec.Config,
 			Handler:        handlers[i],
