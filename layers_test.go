@@ -20,7 +20,7 @@ var layers = []struct {
 	{"protocol", []string{"jetstream/topology", "jetstream/jstest", "pipeline/bus", "pipeline/store", "tools", "policy", "audit", "transport/eventfeed", "jetstream/groupcommit"}},
 	{"pipeline", []string{"pipeline"}},
 	{"transport", []string{"transport"}},
-	{"root", []string{".", "internal/stagecmd", "internal/flagset", "internal/gatewaycmd", "internal/slackcmd", "internal/discordcmd"}},
+	{"root", []string{".", "internal/stagecmd", "internal/flagset", "internal/gatewaycmd", "internal/chatcmd", "internal/slackcmd", "internal/discordcmd"}},
 	{"harness", []string{"internal/pipelinetest", "transport/chat/chattest", "internal/chaos", "internal/bench", "internal/soak"}},
 	{"program", []string{"cmd", "examples", "e2e", "deploy", "docs"}},
 }
