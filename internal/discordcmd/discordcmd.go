@@ -2,7 +2,8 @@
 // transport/discord) against a NATS server where Tollgate's stages run,
 // under its own NATS user (`tollgate discord`, cmd/discord). It serves Discord's interactions endpoint
 // (POST /discord/interactions) over HTTP and calls Discord's REST API with
-// the bot token; no gateway websocket is needed.
+// the bot token; no gateway websocket is needed. The process is
+// internal/chatcmd's; this package holds Discord's part.
 //
 // Secrets never come from flags and are never logged: each is read from
 // the file named by <NAME>_FILE, else from the environment variable
@@ -16,65 +17,48 @@ package discordcmd
 
 import (
 	"context"
-	"net"
-	"time"
+	"flag"
 
-	"github.com/tollgate-dev/tollgate/health"
+	"github.com/tollgate-dev/tollgate/internal/chatcmd"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
 
-// Component is the Discord transport.
-var Component = stagecmd.Component{
-	Name:    "discord",
-	Summary: "the Discord transport: messages in, approval prompts and decisions in Discord (docs/discord.md)",
-	Example: "--http 127.0.0.1:8091 --nats nats://127.0.0.1:4222",
-	Main:    Main,
+// Command is the Discord transport's command.
+var Command = chatcmd.Command{
+	Name:        "discord",
+	Summary:     "the Discord transport: messages in, approval prompts and decisions in Discord (docs/discord.md)",
+	Example:     "--http 127.0.0.1:8091 --nats nats://127.0.0.1:4222",
+	MetricsAddr: "127.0.0.1:9467",
+	Platform:    func() chatcmd.Platform { return &platform{} },
 }
 
-// Main runs the transport invoked as p until SIGINT/SIGTERM and returns
-// the exit status.
-func Main(p stagecmd.Prog, args []string) int {
-	fs := p.FlagSet()
-	var c stagecmd.Common
-	c.RegisterProcess(fs, "127.0.0.1:9467")
-	addr := fs.String("http", stagecmd.Env("TOLLGATE_DISCORD_HTTP", "127.0.0.1:8091"), "listen address of /discord/interactions (env TOLLGATE_DISCORD_HTTP)")
-	apiURL := fs.String("discord-api-url", stagecmd.Env("TOLLGATE_DISCORD_API_URL", discord.DefaultAPIURL), "Discord REST API root (env TOLLGATE_DISCORD_API_URL)")
-	if exit, ok := stagecmd.Parse(fs, p.Help, args); !ok {
-		return exit
-	}
-	if fs.NArg() > 0 {
-		return p.Usage("no arguments expected, got %q", fs.Args())
-	}
-	log := stagecmd.Logger(c.LogLevel)
-	sec, err := discord.LoadSecrets()
-	if err != nil {
-		log.Error("secrets", "err", err)
-		return 2
-	}
-	ctx, cancel := stagecmd.SignalContext()
-	defer cancel()
-	proc, err := c.Start(ctx, "discord", log, false)
-	if err != nil {
-		log.Error("start", "err", err)
-		return 1
-	}
-	defer proc.Close()
-	nctx, ncancel := context.WithTimeout(ctx, 30*time.Second)
-	tr, err := discord.New(nctx, discord.Config{
-		JS: proc.JS, APIURL: *apiURL, BotToken: sec.BotToken, PublicKey: sec.PublicKey, Logger: log, Registerer: proc.Reg,
+// Component is the Discord transport (`tollgate discord`, cmd/discord).
+var Component = Command.Component()
+
+// platform is Discord's part of the command: its flags and secrets.
+type platform struct {
+	addr, apiURL string
+	sec          discord.Secrets
+}
+
+func (d *platform) Flags(fs *flag.FlagSet) {
+	fs.StringVar(&d.addr, "http", stagecmd.Env("TOLLGATE_DISCORD_HTTP", "127.0.0.1:8091"), "listen address of /discord/interactions (env TOLLGATE_DISCORD_HTTP)")
+	fs.StringVar(&d.apiURL, "discord-api-url", stagecmd.Env("TOLLGATE_DISCORD_API_URL", discord.DefaultAPIURL), "Discord REST API root (env TOLLGATE_DISCORD_API_URL)")
+}
+
+// LoadSecrets reads the bot token and the public key (discord.LoadSecrets).
+func (d *platform) LoadSecrets() (err error) {
+	d.sec, err = discord.LoadSecrets()
+	return err
+}
+
+func (d *platform) New(ctx context.Context, deps chatcmd.Deps) (chatcmd.Served, error) {
+	tr, err := discord.New(ctx, discord.Config{
+		JS: deps.JS, APIURL: d.apiURL, BotToken: d.sec.BotToken, PublicKey: d.sec.PublicKey, Logger: deps.Logger, Registerer: deps.Registerer,
 	})
-	ncancel()
 	if err != nil {
-		log.Error("discord", "err", err, "hint", "start Tollgate's stages first: they create the streams and buckets")
-		return 1
+		return chatcmd.Served{}, err
 	}
-	proc.Ready.Add(health.NATS(proc.NC), health.Check{Name: "discord/consumer", Stage: "discord", Check: func(context.Context) error { return tr.Ready() }})
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		log.Error("listen", "err", err)
-		return 1
-	}
-	log.Info("discord transport running", "addr", ln.Addr().String())
-	return stagecmd.Exit(log, stagecmd.Run(ctx, tr.Run, stagecmd.ServeHTTP(ln, tr.Handler())))
+	return chatcmd.Served{Transport: tr, HTTP: d.addr}, nil
 }

@@ -2,6 +2,7 @@
 // against a NATS server where Tollgate's stages run, under its own NATS
 // user (`tollgate slack`, cmd/slack). Socket Mode is the default connection (no public URL needed);
 // --mode http serves the Events API and interactivity endpoints instead.
+// The process is internal/chatcmd's; this package holds Slack's part.
 //
 // Secrets never come from flags and are never logged: each is read from
 // the file named by <NAME>_FILE, else from the environment variable
@@ -16,80 +17,60 @@ package slackcmd
 
 import (
 	"context"
-	"net"
-	"time"
+	"flag"
 
 	"github.com/slack-go/slack"
 
-	"github.com/tollgate-dev/tollgate/health"
+	"github.com/tollgate-dev/tollgate/internal/chatcmd"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
 
-// Component is the Slack transport.
-var Component = stagecmd.Component{
-	Name:    "slack",
-	Summary: "the Slack transport: messages in, approval prompts and decisions in Slack (docs/slack.md)",
-	Example: "--mode socket --nats nats://127.0.0.1:4222",
-	Main:    Main,
+// Command is the Slack transport's command.
+var Command = chatcmd.Command{
+	Name:        "slack",
+	Summary:     "the Slack transport: messages in, approval prompts and decisions in Slack (docs/slack.md)",
+	Example:     "--mode socket --nats nats://127.0.0.1:4222",
+	MetricsAddr: "127.0.0.1:9468",
+	Platform:    func() chatcmd.Platform { return &platform{} },
 }
 
-// Main runs the transport invoked as p until SIGINT/SIGTERM and returns
-// the exit status.
-func Main(p stagecmd.Prog, args []string) int {
-	fs := p.FlagSet()
-	var c stagecmd.Common
-	c.RegisterProcess(fs, "127.0.0.1:9468")
-	mode := fs.String("mode", stagecmd.Env("TOLLGATE_SLACK_MODE", "socket"), "socket (Socket Mode, outbound websocket) or http (Events API endpoints) (env TOLLGATE_SLACK_MODE)")
-	addr := fs.String("http", stagecmd.Env("TOLLGATE_SLACK_HTTP", "127.0.0.1:8090"), "HTTP mode: listen address of /slack/events and /slack/interactivity (env TOLLGATE_SLACK_HTTP)")
-	apiURL := fs.String("slack-api-url", stagecmd.Env("TOLLGATE_SLACK_API_URL", slack.APIURL), "Slack Web API root (env TOLLGATE_SLACK_API_URL)")
-	if exit, ok := stagecmd.Parse(fs, p.Help, args); !ok {
-		return exit
+// Component is the Slack transport (`tollgate slack`, cmd/slack).
+var Component = Command.Component()
+
+// platform is Slack's part of the command: its flags and secrets.
+type platform struct {
+	mode, addr, apiURL string
+	sec                tgslack.Secrets
+}
+
+func (s *platform) Flags(fs *flag.FlagSet) {
+	fs.StringVar(&s.mode, "mode", stagecmd.Env("TOLLGATE_SLACK_MODE", "socket"), "socket (Socket Mode, outbound websocket) or http (Events API endpoints) (env TOLLGATE_SLACK_MODE)")
+	fs.StringVar(&s.addr, "http", stagecmd.Env("TOLLGATE_SLACK_HTTP", "127.0.0.1:8090"), "HTTP mode: listen address of /slack/events and /slack/interactivity (env TOLLGATE_SLACK_HTTP)")
+	fs.StringVar(&s.apiURL, "slack-api-url", stagecmd.Env("TOLLGATE_SLACK_API_URL", slack.APIURL), "Slack Web API root (env TOLLGATE_SLACK_API_URL)")
+}
+
+// LoadSecrets reads the secrets of the --mode (tgslack.LoadSecrets); an
+// unknown mode is refused there too.
+func (s *platform) LoadSecrets() (err error) {
+	s.sec, err = tgslack.LoadSecrets(s.mode)
+	return err
+}
+
+func (s *platform) New(ctx context.Context, d chatcmd.Deps) (chatcmd.Served, error) {
+	opts := []slack.Option{slack.OptionAPIURL(s.apiURL)}
+	if s.sec.AppToken != "" {
+		opts = append(opts, slack.OptionAppLevelToken(s.sec.AppToken))
 	}
-	if fs.NArg() > 0 {
-		return p.Usage("no arguments expected, got %q", fs.Args())
-	}
-	log := stagecmd.Logger(c.LogLevel)
-	sec, err := tgslack.LoadSecrets(*mode)
-	if err != nil {
-		log.Error("secrets", "err", err)
-		return 2
-	}
-	ctx, cancel := stagecmd.SignalContext()
-	defer cancel()
-	proc, err := c.Start(ctx, "slack", log, false)
-	if err != nil {
-		log.Error("start", "err", err)
-		return 1
-	}
-	defer proc.Close()
-	opts := []slack.Option{slack.OptionAPIURL(*apiURL)}
-	if sec.AppToken != "" {
-		opts = append(opts, slack.OptionAppLevelToken(sec.AppToken))
-	}
-	nctx, ncancel := context.WithTimeout(ctx, 30*time.Second)
-	tr, err := tgslack.New(nctx, tgslack.Config{
-		JS: proc.JS, API: slack.New(sec.BotToken, opts...), SigningSecret: sec.SigningSecret, Logger: log, Registerer: proc.Reg,
+	tr, err := tgslack.New(ctx, tgslack.Config{
+		JS: d.JS, API: slack.New(s.sec.BotToken, opts...), SigningSecret: s.sec.SigningSecret, Logger: d.Logger, Registerer: d.Registerer,
 	})
-	ncancel()
 	if err != nil {
-		log.Error("slack", "err", err, "hint", "start Tollgate's stages first: they create the streams and buckets")
-		return 1
+		return chatcmd.Served{}, err
 	}
-	proc.Ready.Add(health.NATS(proc.NC), health.Check{Name: "slack/consumer", Stage: "slack", Check: func(context.Context) error { return tr.Ready() }})
-	actors := []func(context.Context) error{tr.Run}
-	switch *mode {
-	case "socket":
-		actors = append(actors, func(ctx context.Context) error { return tr.RunSocketMode(ctx) })
-		log.Info("slack transport running", "mode", "socket")
-	case "http":
-		ln, err := net.Listen("tcp", *addr)
-		if err != nil {
-			log.Error("listen", "err", err)
-			return 1
-		}
-		actors = append(actors, stagecmd.ServeHTTP(ln, tr.Handler()))
-		log.Info("slack transport running", "mode", "http", "addr", ln.Addr().String())
+	if s.mode == "socket" {
+		return chatcmd.Served{Transport: tr, Loops: []func(context.Context) error{func(ctx context.Context) error { return tr.RunSocketMode(ctx) }},
+			Log: []any{"mode", "socket"}}, nil
 	}
-	return stagecmd.Exit(log, stagecmd.Run(ctx, actors...))
+	return chatcmd.Served{Transport: tr, HTTP: s.addr, Log: []any{"mode", "http"}}, nil
 }

@@ -2,45 +2,14 @@ package slackcmd
 
 import (
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
-	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
 
-// Secrets come from <NAME>_FILE first, then <NAME>; each mode requires its
-// own; there is no flag for any of them.
-func TestSecretsComeFromFilesOrTheEnvironment(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "bot")
-	if err := os.WriteFile(file, []byte("xoxb-from-file\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(tgslack.EnvBotToken, "xoxb-from-env")
-	t.Setenv(tgslack.EnvBotToken+"_FILE", file)
-	t.Setenv(tgslack.EnvAppToken, "xapp-env")
-	t.Setenv(tgslack.EnvSigningSecret, "")
-	c, err := tgslack.LoadSecrets("socket")
-	if err != nil || c.BotToken != "xoxb-from-file" || c.AppToken != "xapp-env" {
-		t.Fatalf("socket: %+v, %v", c, err)
-	}
-	if _, err := tgslack.LoadSecrets("http"); err == nil || !strings.Contains(err.Error(), tgslack.EnvSigningSecret) {
-		t.Errorf("http mode without a signing secret: %v", err)
-	}
-	t.Setenv(tgslack.EnvBotToken+"_FILE", filepath.Join(t.TempDir(), "missing"))
-	if _, err := tgslack.LoadSecrets("socket"); err == nil {
-		t.Error("an unreadable secret file was accepted")
-	}
-	for _, flag := range []string{"--bot-token", "--app-token", "--signing-secret", "--token"} {
-		if code := Main(stagecmd.Prog{Name: "slack"}, []string{flag, "x"}); code != 2 {
-			t.Errorf("%s is a flag (exit %d); secrets must not be", flag, code)
-		}
-	}
-}
+// The command's secrets, flags and exits are tested for every chat
+// platform in internal/chatcmd.
 
 // The shipped app manifest turns Socket Mode and interactivity on and
 // grants every scope and event the transport uses.

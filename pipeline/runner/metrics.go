@@ -28,15 +28,15 @@ type Metrics struct {
 	running map[*Runner]struct{} // runners whose Run is running
 }
 
-// Consuming is nil when some runner of stage that counts into m is
-// consuming (Runner.Ready); otherwise it is the reason none is (every
+// Consuming is nil when some runner of component stage (Config.Component,
+// the value of the "stage" label) that counts into m is consuming (Runner.Ready); otherwise it is the reason none is (every
 // running one's, joined), or that none runs.
 func (m *Metrics) Consuming(stage string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var errs []error
 	for r := range m.running {
-		if r.cfg.Stage != stage {
+		if r.cfg.Component != stage {
 			continue
 		}
 		err := r.Ready()

@@ -107,7 +107,17 @@ const (
 
 // Config wires a runner.
 type Config struct {
-	Stage    string // label and dead-letter subject token, e.g. "executor"
+	// Component names what consumes: a stage ("executor") or a transport
+	// ("slack", "webhook"). It is the value of the runner metrics'
+	// "stage" label (the label keeps its name and its values, so that
+	// dashboards do not change), the dead-letter subject token
+	// (topology.DLQSubject), the Tollgate-Stage header of a dead letter,
+	// and the name of each delivery's span.
+	Component string
+	// Deprecated: Stage is the former name of Component. A Config that
+	// sets Stage alone runs as if Component were Stage; one that sets both
+	// to different names is refused.
+	Stage    string
 	Stream   string
 	Consumer jetstream.ConsumerConfig // Durable and FilterSubject(s) required
 	Handler  Handler
@@ -151,8 +161,10 @@ type Config struct {
 // Validate reports missing wiring.
 func (c *Config) Validate() error {
 	switch {
-	case c.Stage == "":
-		return errors.New("runner: Stage is required")
+	case c.Component == "" && c.Stage == "":
+		return errors.New("runner: Component (formerly Stage) is required")
+	case c.Component != "" && c.Stage != "" && c.Component != c.Stage:
+		return fmt.Errorf("runner: Stage %q and Component %q differ (Stage is the former name of Component)", c.Stage, c.Component)
 	case c.Stream == "":
 		return errors.New("runner: Stream is required")
 	case c.Consumer.Durable == "":
@@ -170,6 +182,10 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) defaults() {
+	if c.Component == "" {
+		c.Component = c.Stage
+	}
+	c.Stage = c.Component
 	// With delays capped at MaxDelay (30s), 50 attempts ride out about 23
 	// minutes of broker or KV trouble, and any execution-claim lease
 	// (default 2m), before a message is given up to the dead-letter stream.
@@ -314,9 +330,9 @@ func New(cfg Config) (*Runner, error) {
 	cfg.defaults()
 	return &Runner{
 		cfg: cfg, now: time.Now,
-		received: cfg.Metrics.Received.WithLabelValues(cfg.Stage),
-		acked:    cfg.Metrics.Acked.WithLabelValues(cfg.Stage),
-		duration: cfg.Metrics.Duration.WithLabelValues(cfg.Stage),
+		received: cfg.Metrics.Received.WithLabelValues(cfg.Component),
+		acked:    cfg.Metrics.Acked.WithLabelValues(cfg.Component),
+		duration: cfg.Metrics.Duration.WithLabelValues(cfg.Component),
 		tracer:   tracing.Tracer(cfg.TracerProvider),
 	}, nil
 }
@@ -336,7 +352,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// (EnsureConsumer retries them).
 	cons, err := topology.EnsureConsumer(ctx, c.JS, topology.ConsumerSpec{Stream: c.Stream, Config: c.Consumer})
 	if err != nil {
-		return fmt.Errorf("%s: create consumer %s/%s: %w", c.Stage, c.Stream, c.Consumer.Durable, err)
+		return fmt.Errorf("%s: create consumer %s/%s: %w", c.Component, c.Stream, c.Consumer.Durable, err)
 	}
 
 	// Handlers get a context that outlives ctx so in-flight work can finish
@@ -352,7 +368,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	l := &consumeLoop{r: r, cons: cons, d: d}
 	if err := l.start(); err != nil {
 		d.stop()
-		return fmt.Errorf("%s: consume: %w", c.Stage, err)
+		return fmt.Errorf("%s: consume: %w", c.Component, err)
 	}
 	r.loop.Store(l)
 	defer r.loop.Store(nil)
@@ -398,10 +414,10 @@ func (r *Runner) handle(ctx context.Context, m jetstream.Msg, release func()) {
 	start := time.Now()
 	r.received.Inc()
 	defer func() { r.duration.Observe(time.Since(start).Seconds()) }()
-	ctx, span := r.tracer.Start(tracing.Extract(ctx, m.Headers()), c.Stage, trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := r.tracer.Start(tracing.Extract(ctx, m.Headers()), c.Component, trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 	if span.IsRecording() { // not built at all when tracing is off
-		span.SetAttributes(tracing.AttrStage.String(c.Stage), attribute.String("messaging.system", "nats"),
+		span.SetAttributes(tracing.AttrStage.String(c.Component), attribute.String("messaging.system", "nats"),
 			attribute.String("messaging.destination.name", m.Subject()), subjectKey(m.Subject()))
 	}
 
@@ -501,14 +517,14 @@ func (r *Runner) retry(ctx context.Context, m jetstream.Msg, delay time.Duration
 	if nerr := m.NakWithDelay(delay); nerr != nil {
 		log.Warn("nak failed; message will be redelivered after AckWait", "err", nerr)
 	}
-	r.cfg.Metrics.Retried.WithLabelValues(r.cfg.Stage).Inc()
+	r.cfg.Metrics.Retried.WithLabelValues(r.cfg.Component).Inc()
 }
 
 // invoke calls the handler, turning a panic into a HANDLER_PANIC error.
 func (r *Runner) invoke(ctx context.Context, m jetstream.Msg) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			r.cfg.Metrics.Panics.WithLabelValues(r.cfg.Stage).Inc()
+			r.cfg.Metrics.Panics.WithLabelValues(r.cfg.Component).Inc()
 			r.cfg.Logger.Error("handler panic", "panic", p, "stack", string(debug.Stack()))
 			err = schemas.Errorf(schemas.CodeHandlerPanic, "handler panic: %v", p)
 		}
@@ -558,7 +574,7 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	// The dead letter continues the trace (a child of this span); written
 	// among the runner's own headers, it is never cut to fit.
 	own := tracing.Inject(ctx, nats.Header{})
-	own.Set(HeaderStage, c.Stage)
+	own.Set(HeaderStage, c.Component)
 	own.Set(HeaderCode, string(code))
 	own.Set(HeaderReason, truncate(cause.Error(), 1024))
 	own.Set(HeaderOriginalSubject, m.Subject())
@@ -569,7 +585,7 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 		own.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
 		// The stage is part of the id: stages consuming the same stream
 		// each dead-letter their own copy.
-		msgID = topology.DeadLetterMsgID(c.Stage, meta.Stream, meta.Sequence.Stream)
+		msgID = topology.DeadLetterMsgID(c.Component, meta.Stream, meta.Sequence.Stream)
 	}
 	copied := nats.Header{}
 	for k, v := range m.Headers() {
@@ -584,7 +600,7 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	hdr, body := fitDeadLetter(own, copied, msgID, m.Data(), c.JS.Conn().MaxPayload())
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	err := bus.PublishRaw(pctx, c.JS, topology.DLQSubject(c.Stage), msgID, body, hdr)
+	err := bus.PublishRaw(pctx, c.JS, topology.DLQSubject(c.Component), msgID, body, hdr)
 	switch {
 	case err == nil:
 	case !schemas.Permanent(err) && !lastTry:
@@ -605,7 +621,7 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	span.SetAttributes(tracing.AttrOutcome.String(tracing.OutcomeDeadLetter))
 	span.SetStatus(codes.Error, string(code))
 	log.Warn("dead-lettered", "code", code, "err", cause)
-	c.Metrics.DeadLettered.WithLabelValues(c.Stage, string(code)).Inc()
+	c.Metrics.DeadLettered.WithLabelValues(c.Component, string(code)).Inc()
 	if err := m.TermWithReason(string(code)); err != nil {
 		log.Warn("term failed; a redelivery will be dead-lettered again (deduplicated)", "err", err)
 	}

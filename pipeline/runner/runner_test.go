@@ -72,12 +72,12 @@ func newHarness(t *testing.T, stage string) *harness {
 	h := &harness{
 		t: t, env: env, ctx: jstest.Ctx(t), reg: reg, stage: stage, log: logs,
 		cfg: runner.Config{
-			Stage:    stage,
-			Stream:   stream,
-			Consumer: jetstream.ConsumerConfig{Durable: durable, FilterSubject: filter},
-			JS:       env.JS,
-			Logger:   slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-			Metrics:  runner.NewMetrics(reg),
+			Component: stage,
+			Stream:    stream,
+			Consumer:  jetstream.ConsumerConfig{Durable: durable, FilterSubject: filter},
+			JS:        env.JS,
+			Logger:    slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			Metrics:   runner.NewMetrics(reg),
 		},
 	}
 	t.Cleanup(func() {
@@ -303,13 +303,13 @@ func (c *counter) seenDeliveries(body string) []uint64 {
 func TestNewValidatesConfig(t *testing.T) {
 	base := func() runner.Config {
 		return runner.Config{
-			Stage:    "s",
-			Stream:   stream,
-			Consumer: jetstream.ConsumerConfig{Durable: durable},
-			Handler:  func(context.Context, jetstream.Msg) error { return nil },
-			JS:       fakeJS{},
-			Logger:   slog.New(slog.DiscardHandler),
-			Metrics:  runner.NewMetrics(nil),
+			Component: "s",
+			Stream:    stream,
+			Consumer:  jetstream.ConsumerConfig{Durable: durable},
+			Handler:   func(context.Context, jetstream.Msg) error { return nil },
+			JS:        fakeJS{},
+			Logger:    slog.New(slog.DiscardHandler),
+			Metrics:   runner.NewMetrics(nil),
 		}
 	}
 	cases := []struct {
@@ -317,7 +317,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		mutate func(*runner.Config)
 		want   string
 	}{
-		{"no stage", func(c *runner.Config) { c.Stage = "" }, "Stage"},
+		{"no component", func(c *runner.Config) { c.Component = "" }, "Component"},
+		{"a Stage other than the Component", func(c *runner.Config) { c.Stage = "t" }, "differ"},
 		{"no stream", func(c *runner.Config) { c.Stream = "" }, "Stream"},
 		{"no durable name", func(c *runner.Config) { c.Consumer.Durable = "" }, "Durable"},
 		{"no handler", func(c *runner.Config) { c.Handler = nil }, "Handler"},
@@ -340,6 +341,11 @@ func TestNewValidatesConfig(t *testing.T) {
 	}
 	if _, err := runner.New(base()); err != nil {
 		t.Errorf("New with a complete config: %v", err)
+	}
+	old := base()
+	old.Component, old.Stage = "", "s"
+	if _, err := runner.New(old); err != nil {
+		t.Errorf("New with the former name Stage alone: %v", err)
 	}
 }
 
@@ -772,7 +778,7 @@ func TestTwoStagesDeadLetterTheSameMessage(t *testing.T) {
 		return schemas.Errorf(schemas.CodeUnknownMessage, "first stage")
 	})
 	other := h.cfg
-	other.Stage = "second"
+	other.Component = "second"
 	other.Consumer = jetstream.ConsumerConfig{Durable: "runner-test-second", FilterSubject: filter}
 	other.Handler = func(context.Context, jetstream.Msg) error {
 		return schemas.Errorf(schemas.CodeUnknownMessage, "second stage")

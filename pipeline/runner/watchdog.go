@@ -218,7 +218,7 @@ func (l *consumeLoop) check(ctx context.Context) (bool, error) {
 		log.Error("consume watchdog: consuming stalled and could not be restarted; will retry", "err", err)
 		return false, err
 	}
-	c.Metrics.ConsumeRestarts.WithLabelValues(c.Stage).Inc()
+	c.Metrics.ConsumeRestarts.WithLabelValues(c.Component).Inc()
 	log.Warn("consume watchdog: consuming stalled; restarted the consume loop")
 	return true, nil
 }

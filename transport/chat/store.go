@@ -17,7 +17,8 @@
 // requests (ReadSigned), binds clicks to prompts (Check), applies the
 // one "still decidable" rule (Undecidable, after
 // schemas.ApprovalRecord.Decidable), and builds and publishes decisions
-// and inbound messages. Serve runs a transport's process loops.
+// and inbound messages. Package internal/chatcmd runs a transport's
+// process (its flags, secrets, consumer, loops and HTTP handler).
 //
 // Each function is safe for concurrent use; errors wrap the JetStream
 // error, and a record that cannot be read is a coded error

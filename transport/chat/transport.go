@@ -161,7 +161,7 @@ func New[M any](ctx context.Context, cfg Config, p Platform[M]) (*Transport[M], 
 		}
 	}
 	t.runner, err = runner.New(runner.Config{
-		Stage: cfg.Name, Stream: topology.StreamEvents, Consumer: ConsumerConfig(cfg.Name, cfg.Title),
+		Component: cfg.Name, Stream: topology.StreamEvents, Consumer: ConsumerConfig(cfg.Name, cfg.Title),
 		Handler: t.handleEvent, JS: cfg.JS, Logger: t.log.With("stage", cfg.Name),
 		Metrics: runner.NewMetrics(cfg.Registerer), Concurrency: 8,
 	})

@@ -5,9 +5,12 @@
 // The gateway is a transport like any other: it talks to the pipeline only
 // through the subjects and buckets of docs/protocol.md, under its own NATS
 // user, and publishes as the transport each API key is bound to. Input is
-// checked with ingest's own admission rule before anything is published,
-// so a request the pipeline would dead-letter is answered 4xx with a reason
-// code and never reaches the bus.
+// checked with the admission rule ingest applies (policy.(*Policy).Admit)
+// before anything is published, so a request the pipeline would
+// dead-letter is answered 4xx with a reason code and never reaches the
+// bus. It links the protocol packages only (topology, bus, store, policy,
+// eventfeed, and natstool for the NATS tool service it offers), never a
+// stage.
 package gateway
 
 import (
@@ -46,7 +49,7 @@ type Config struct {
 	// JS is the gateway's JetStream connection (its own NATS user).
 	JS jetstream.JetStream
 	// Policy is the policy ingest runs with: requests are admitted by
-	// ingest's rule against it before they are published.
+	// its Admit, ingest's rule, before they are published.
 	Policy *policy.Policy
 	// Keys are the API keys that may use the gateway (see LoadKeys).
 	Keys []Key

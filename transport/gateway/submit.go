@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tracing"
@@ -129,8 +128,8 @@ func requestDigest(m *schemas.InboundMessage) string {
 }
 
 // submit turns req into an InboundMessage of key's transport, checks it
-// with ingest's admission rule (ingest.Admit: a refusal is a 4xx *apiError
-// with its reason code and nothing is published), and publishes it with
+// with the admission rule ingest applies (policy.(*Policy).Admit: a
+// refusal is a 4xx *apiError with its reason code and nothing is published), and publishes it with
 // msg id topology.InboundMsgID. The turn id is TurnID(transport, message
 // id). A request whose message id was already used answers the same turn
 // (Duplicate) if it asks for the same thing, and 409
@@ -151,7 +150,7 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 	subject := topology.InboundSubject(key.Transport, req.SessionID)
 	data, err := schemas.Encode(msg)
 	if err == nil {
-		_, err = ingest.Admit(subject, data, s.cfg.Policy, schemas.Provenance{})
+		_, err = s.cfg.Policy.Admit(subject, data, schemas.Provenance{})
 	}
 	if err != nil {
 		return SubmitResult{}, codedInput(err)

@@ -312,7 +312,7 @@ func deadLetters(t *testing.T, js jetstream.JetStream, id string) []*nats.Msg {
 	if err != nil {
 		t.Fatal(err)
 	}
-	subject := topology.DLQSubject(webhook.Stage(id))
+	subject := topology.DLQSubject(webhook.Component(id))
 	info, err := s.Info(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -69,11 +69,12 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
-// Stage is subscriber id's stage name in the runner: "webhook.<id>", its
-// dead-letter subject (tollgate.dlq.webhook.<id>, so that one NATS grant,
+// Component is subscriber id's name in the runner
+// (runner.Config.Component): "webhook.<id>", its dead-letter subject
+// (tollgate.dlq.webhook.<id>, so that one NATS grant,
 // tollgate.dlq.webhook.>, covers every subscriber's), its Tollgate-Stage
-// header and its stage label in the runner's metrics.
-func Stage(id string) string { return "webhook." + id }
+// header and its "stage" label in the runner's metrics.
+func Component(id string) string { return "webhook." + id }
 
 // Durable is the name of subscriber id's durable consumer on
 // TOLLGATE_EVENTS: "webhook-<id>" (a consumer name has no '.').
@@ -133,10 +134,10 @@ func New(js jetstream.JetStream, cfg Config) (*Dispatcher, error) {
 		for k, v := range s.Headers {
 			sub.headers.Set(k, v)
 		}
-		stage := Stage(s.ID)
+		name := Component(s.ID)
 		r, err := runner.New(runner.Config{
-			Stage: stage, Stream: topology.StreamEvents, Consumer: consumer(s),
-			Handler: sub.handle, JS: js, Logger: cfg.Logger.With("stage", stage), Metrics: rm,
+			Component: name, Stream: topology.StreamEvents, Consumer: consumer(s),
+			Handler: sub.handle, JS: js, Logger: cfg.Logger.With("stage", name), Metrics: rm,
 			MaxAttempts: cfg.Retry.Attempts, BaseDelay: cfg.Retry.Base, MaxDelay: cfg.Retry.Max,
 			Concurrency: 1,
 		})
