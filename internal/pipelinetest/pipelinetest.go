@@ -45,10 +45,9 @@ import (
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
-// Wait is how long a helper polls before failing the test. Generous for a
-// loaded CI machine under -race; a passing test returns as soon as the
-// condition holds.
-const Wait = 20 * time.Second
+// Wait is how long a helper polls before failing the test: jstest.Wait,
+// stretched like every test deadline by TOLLGATE_TEST_TIMEOUT_SCALE.
+const Wait = jstest.Wait
 
 // Stage names, as accepted in Options.Stages.
 const (
@@ -249,8 +248,8 @@ func (h *Pipeline) Stop() {
 		if err != nil {
 			h.owner.Errorf("pipelinetest: %v", err)
 		}
-	case <-time.After(45 * time.Second):
-		h.owner.Errorf("pipelinetest: stages did not stop within 45s")
+	case <-jstest.After(jstest.LongWait):
+		h.owner.Errorf("pipelinetest: stages did not stop within %v", jstest.Scale(jstest.LongWait))
 	}
 }
 
@@ -505,18 +504,14 @@ type Stored struct {
 func (h *H) Messages(stream, filter string) []Stored {
 	h.T.Helper()
 	var out []Stored
-	var err error
-	deadline := time.Now().Add(h.wait)
-	for {
-		if out, err = h.readAll(stream, filter); err == nil {
-			return out
+	jstest.EventuallyState(h.T, h.wait, fmt.Sprintf("pipelinetest: read %s %s", stream, filter), func() (bool, string) {
+		var err error
+		if out, err = h.readAll(stream, filter); err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			h.T.Fatalf("pipelinetest: read %s %s: %v", stream, filter, err)
-		}
-		h.T.Logf("pipelinetest: read %s %s: %v; reading again", stream, filter, err)
-		time.Sleep(100 * time.Millisecond)
-	}
+		return true, ""
+	})
+	return out
 }
 
 // readAll reads every message stored in stream on subjects matching filter
