@@ -82,7 +82,7 @@ func TestServeRunsTheWebhooksAndStopsGracefully(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Serve after cancel: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("Serve did not return after cancel")
 	}
 
@@ -95,7 +95,7 @@ func TestServeRunsTheWebhooksAndStopsGracefully(t *testing.T) {
 		if !errors.Is(err, boom) {
 			t.Fatalf("Serve with a failing runner: %v, want %v", err, boom)
 		}
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("Serve went on after its runner failed")
 	}
 }
