@@ -83,7 +83,7 @@ func (e *Env) Restart(t testing.TB) {
 	e.Server.Shutdown()
 	e.Server.WaitForShutdown()
 	e.start(t)
-	Eventually(t, 10*time.Second, "client reconnected and JetStream answering", func() bool {
+	Eventually(t, Wait, "client reconnected and JetStream answering", func() bool {
 		if !e.NC.IsConnected() {
 			return false
 		}

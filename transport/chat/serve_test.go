@@ -6,8 +6,8 @@ import (
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/transport/chat"
 )
 
@@ -40,12 +40,12 @@ func TestServeStopsEverythingOnTheFirstFailure(t *testing.T) {
 		if !errors.Is(err, boom) {
 			t.Errorf("Serve: %v, want the loop's failure", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("Serve did not return after a loop failed")
 	}
 	select {
 	case <-cancelled:
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("the other loop was not cancelled")
 	}
 	if c, err := net.Dial("tcp", addr); err == nil {
@@ -63,7 +63,7 @@ func TestServeStopsEverythingOnTheFirstFailure(t *testing.T) {
 		if err != nil {
 			t.Errorf("Serve after ctx ended: %v, want nil", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("Serve did not return after ctx ended")
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -56,7 +55,7 @@ func TestServeRunsTheWebhooksAndStopsGracefully(t *testing.T) {
 	url, cancel, done := serve(ok, reg)
 	defer cancel()
 	<-ok.started
-	jstest.Eventually(t, 5*time.Second, "healthz answers", func() bool {
+	jstest.Eventually(t, jstest.Wait, "healthz answers", func() bool {
 		resp, err := http.Get(url + "/healthz")
 		if err != nil {
 			return false
