@@ -270,7 +270,7 @@ func startDev(t *testing.T, root, bin, policy string) *dev {
 			t.Logf("tollgate dev log:\n%s", p.LogText())
 		}
 	})
-	jstest.Eventually(t, time.Minute, "tollgate dev runs", func() bool {
+	jstest.Eventually(t, jstest.LongWait, "tollgate dev runs", func() bool {
 		return strings.Contains(p.LogText(), "tollgate dev running") || p.Exited()
 	})
 	if p.Exited() {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 )
 
 // JetStream names the test inspects directly (see docs/protocol.md).
@@ -144,7 +146,7 @@ type approval struct {
 func (c *cluster) pendingFor(t *testing.T, session, turn string, n int) []approval {
 	t.Helper()
 	var got []approval
-	waitFor(t, 20*time.Second, fmt.Sprintf("%d pending approval(s) of %s", n, turn), func() (bool, string) {
+	jstest.EventuallyState(t, jstest.Wait, fmt.Sprintf("%d pending approval(s) of %s", n, turn), func() (bool, string) {
 		var all []approval
 		c.cliJSON(t, 0, &all, "pending", "--session", session)
 		got = got[:0]
@@ -383,7 +385,7 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 	checkApproval(t, a, turn, "write_file", wargs)
 
 	// The redriver has seen the batch waiting (and deferred it) before it dies.
-	waitFor(t, 20*time.Second, "a deferred redrive of "+turn, func() (bool, string) {
+	jstest.EventuallyState(t, jstest.Wait, "a deferred redrive of "+turn, func() (bool, string) {
 		k := c.streamCount(t, streamEvents, "tollgate.event.redrive.deferred."+turn)
 		return k >= 1, fmt.Sprintf("%d deferred events", k)
 	})
@@ -551,7 +553,7 @@ func (c *cluster) testMalformedInbound(t *testing.T) {
 		DLQSeq          uint64 `json:"dlq_seq"`
 	}
 	var hit row
-	waitFor(t, 20*time.Second, "the malformed message in tollgate dlq", func() (bool, string) {
+	jstest.EventuallyState(t, jstest.Wait, "the malformed message in tollgate dlq", func() (bool, string) {
 		var rows []row
 		c.cliJSON(t, 0, &rows, "dlq")
 		for _, r := range rows {

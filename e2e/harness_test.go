@@ -30,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 )
 
 // binaries are the programs the test runs: tollgate runs each stage
@@ -166,7 +167,7 @@ func (c *cluster) startNATS(t *testing.T) {
 		p := c.startProc(t, "nats-server", "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", filepath.Join(c.dir, "jetstream"))
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		ok := false
-		waitFor(t, 20*time.Second, "nats-server accepts connections on "+addr, func() (bool, string) {
+		jstest.EventuallyState(t, jstest.Wait, "nats-server accepts connections on "+addr, func() (bool, string) {
 			if p.Exited() {
 				return true, "exited"
 			}
@@ -197,7 +198,7 @@ func (c *cluster) startNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.nc, c.js = nc, js
-	waitFor(t, 20*time.Second, "JetStream is ready", func() (bool, string) {
+	jstest.EventuallyState(t, jstest.Wait, "JetStream is ready", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := js.AccountInfo(ctx)
@@ -214,7 +215,7 @@ func (c *cluster) restartNATS(t *testing.T) {
 	_, port, _ := net.SplitHostPort(addr)
 	p := c.startProc(t, "nats-server", "-a", "127.0.0.1", "-p", port, "-js", "-sd", filepath.Join(c.dir, "jetstream"))
 	c.natsP = p
-	waitFor(t, 30*time.Second, "JetStream is back after the restart", func() (bool, string) {
+	jstest.EventuallyState(t, jstest.LongWait, "JetStream is back after the restart", func() (bool, string) {
 		if p.Exited() {
 			t.Fatalf("restarted nats-server exited (%v):\n%s", p.Err(), p.LogText())
 		}
@@ -233,7 +234,7 @@ func (c *cluster) startStage(t *testing.T, stage string, extra ...string) *proc 
 		maddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
 		p := c.startProc(t, stage, append([]string{"--nats", c.url, "--metrics", maddr, "--sandbox", c.sbox, "--log-level", "debug", "--seal-keys", c.keys}, extra...)...)
 		ready := false
-		waitFor(t, 30*time.Second, stage+" is consuming", func() (bool, string) {
+		jstest.EventuallyState(t, jstest.LongWait, stage+" is consuming", func() (bool, string) {
 			if p.Exited() {
 				return true, ""
 			}
@@ -360,23 +361,6 @@ func (c *cluster) cliJSON(t *testing.T, want int, v any, args ...string) cliResu
 	return r
 }
 
-// waitFor polls cond every 50ms until it reports true or timeout passes,
-// then fails with desc and cond's last detail.
-func waitFor(t *testing.T, timeout time.Duration, desc string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %s", timeout, desc, detail)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // metric returns the value of the sample of metric name whose label set
 // contains every label in labels, from the stage's /metrics; found is false
 // if there is no such sample.
@@ -444,7 +428,7 @@ func (c *cluster) streamCount(t *testing.T, stream, filter string) uint64 {
 // nothing unacknowledged: whatever the stage was going to do, it has done.
 func (c *cluster) waitIdle(t *testing.T, stream, consumer string) {
 	t.Helper()
-	waitFor(t, 20*time.Second, "consumer "+consumer+" idle", func() (bool, string) {
+	jstest.EventuallyState(t, jstest.Wait, "consumer "+consumer+" idle", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		cons, err := c.js.Consumer(ctx, stream, consumer)
@@ -496,7 +480,7 @@ func (c *cluster) watchEvents(t *testing.T, turn string, n int) []map[string]any
 	var r res
 	select {
 	case r = <-got:
-	case <-time.After(15 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		r.err = errors.New("timed out")
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -62,7 +63,7 @@ func TestPlannerEndToEnd(t *testing.T) {
 		}
 		c.cliJSON(t, 0, &sent, "send", "--session", "e2e-restart", "--sender", "alice", "--text", text)
 		approval := schemas.ApprovalID(schemas.PlannerStepTurnID(sent.TurnID, 0), 0)
-		waitFor(t, 30*time.Second, "the approval is requested", func() (bool, string) {
+		jstest.EventuallyState(t, jstest.LongWait, "the approval is requested", func() (bool, string) {
 			r := c.runCLI(t, "pending", "--json")
 			return strings.Contains(r.stdout, approval), r.stdout
 		})
@@ -71,7 +72,7 @@ func TestPlannerEndToEnd(t *testing.T) {
 			t.Fatalf("approve: %s", r)
 		}
 		p = planner()
-		waitFor(t, 30*time.Second, "the reply", func() (bool, string) {
+		jstest.EventuallyState(t, jstest.LongWait, "the reply", func() (bool, string) {
 			return c.streamCount(t, "TOLLGATE_EVENTS", "tollgate.event.turn.reply."+sent.TurnID) == 1, "no reply yet"
 		})
 		if n := len(model.Requests(text)); n != 2 {

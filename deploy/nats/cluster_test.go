@@ -72,7 +72,7 @@ func TestClusterConfig(t *testing.T) {
 	for _, kc := range cfg.Buckets() {
 		groups = append(groups, "KV_"+kc.Bucket)
 	}
-	jstest.Eventually(t, time.Minute, "every stream and bucket led by a live node", func() bool {
+	jstest.Eventually(t, jstest.LongWait, "every stream and bucket led by a live node", func() bool {
 		for _, g := range groups {
 			ictx, icancel := context.WithTimeout(ctx, 2*time.Second)
 			s, err := alive.Stream(ictx, g)

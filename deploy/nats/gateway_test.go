@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -134,7 +135,7 @@ func TestGatewayUserServesTheAPI(t *testing.T) {
 	if code := do("GET", "/v1/turns/"+res.TurnID+"?wait=20s", nil, &v); code != http.StatusOK || v.State != schemas.BatchCompleted || v.Calls[0].Result.Status != schemas.ResultOK {
 		t.Fatalf("turn: %d %+v", code, v)
 	}
-	timeout := time.After(wait)
+	timeout := jstest.After(wait)
 	for done := false; !done; {
 		select {
 		case k, ok := <-kinds:
@@ -151,7 +152,7 @@ func TestGatewayUserServesTheAPI(t *testing.T) {
 		if !bytes.Contains(b, []byte(res.TurnID)) || !bytes.Contains(b, []byte(`"type":"outcome"`)) {
 			t.Fatalf("webhook delivery %s, want the outcome of %s", b, res.TurnID)
 		}
-	case <-time.After(wait):
+	case <-jstest.After(wait):
 		t.Fatalf("no webhook delivery (server said %v)", gw.reported())
 	}
 	eventually(t, "the refused webhook event is dead-lettered", func(c context.Context) bool {

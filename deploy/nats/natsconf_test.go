@@ -48,8 +48,9 @@ const (
 	// make test's load (-race, two packages at a time on two cores) the
 	// cluster's first elections and the stages' first consumes took over
 	// 20 s twice, so the bound is generous: these tests check what the
-	// config permits, not how fast.
-	wait = 60 * time.Second
+	// config permits, not how fast. Scaled like every test deadline where
+	// it goes through jstest (Eventually, After, ctx).
+	wait = jstest.LongWait
 )
 
 // users and the environment variable holding each one's password.
@@ -181,8 +182,9 @@ func (c *client) waitDenied(t *testing.T, subject string, done <-chan error) {
 	})
 }
 
+// ctx is a context that ends after d, scaled by jstest.Scale, or with the test.
 func ctx(t *testing.T, d time.Duration) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), d)
+	c, cancel := context.WithTimeout(context.Background(), jstest.Scale(d))
 	t.Cleanup(cancel)
 	return c
 }
@@ -281,7 +283,7 @@ func runStageSet(t *testing.T, url string, topo topology.Config, sandbox string,
 	stop = func() {
 		once.Do(func() {
 			cancel()
-			deadline := time.After(45 * time.Second)
+			deadline := jstest.After(wait)
 			for range stages {
 				select {
 				case err := <-done:
@@ -289,7 +291,7 @@ func runStageSet(t *testing.T, url string, topo topology.Config, sandbox string,
 						t.Errorf("stages: %v", err)
 					}
 				case <-deadline:
-					t.Error("stages did not stop within 45s")
+					t.Errorf("stages did not stop within %v", jstest.Scale(wait))
 					return
 				}
 			}
@@ -379,13 +381,13 @@ func lastOn(t *testing.T, admin *client, subject string) []byte {
 // reads) until an event on subject arrives, and returns its data.
 func nextEvent(t *testing.T, cons jetstream.Consumer, subject string) []byte {
 	t.Helper()
-	deadline := time.Now().Add(wait)
-	for time.Now().Before(deadline) {
+	var found []byte
+	var seen []string
+	jstest.EventuallyState(t, wait, "an event on "+subject, func() (bool, string) {
 		batch, err := cons.Fetch(16, jetstream.FetchMaxWait(250*time.Millisecond))
 		if err != nil {
 			t.Fatalf("cli: fetch events: %v", err)
 		}
-		var found []byte
 		for m := range batch.Messages() {
 			if err := m.Ack(); err != nil {
 				t.Fatalf("cli: ack: %v", err)
@@ -393,16 +395,14 @@ func nextEvent(t *testing.T, cons jetstream.Consumer, subject string) []byte {
 			if m.Subject() == subject && found == nil {
 				found = m.Data()
 			}
+			seen = append(seen, m.Subject())
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			t.Fatalf("cli: fetch events: %v", err)
 		}
-		if found != nil {
-			return found
-		}
-	}
-	t.Fatalf("no event on %s within %v", subject, wait)
-	return nil
+		return found != nil, fmt.Sprintf("events on %v", seen)
+	})
+	return found
 }
 
 func TestLeastPrivilegeConfig(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/transport/web"
@@ -100,7 +101,7 @@ func TestLeastPrivilegeGatewayKeepsWebSessions(t *testing.T) {
 	changes := func(w jetstream.KeyWatcher, n int) []change {
 		t.Helper()
 		var got []change
-		deadline := time.After(wait)
+		deadline := jstest.After(wait)
 		for len(got) < n {
 			select {
 			case e := <-w.Updates():
@@ -176,7 +177,7 @@ func TestLeastPrivilegeGatewayKeepsWebSessions(t *testing.T) {
 			if !strings.Contains(body, "event: signedout") {
 				t.Fatalf("the live stream ended without a signedout event: %q", body)
 			}
-		case <-time.After(wait):
+		case <-jstest.After(wait):
 			t.Fatalf("the live stream outlived the sign-out by %v (server said %v)", wait, gw.reported())
 		}
 		if code := b.status("/session"); code != http.StatusUnauthorized {

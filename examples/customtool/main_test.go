@@ -77,7 +77,7 @@ func TestTheExampleRunsItsOwnToolThroughThePipeline(t *testing.T) {
 	}
 	t.Run("a copy of itself on the broker", func(t *testing.T) {
 		twin := start(t, env.URL())
-		jstest.Eventually(t, time.Minute, "the copy runs", func() bool {
+		jstest.Eventually(t, jstest.LongWait, "the copy runs", func() bool {
 			return strings.Contains(twin.LogText(), "customtool running") || twin.Exited()
 		})
 		if twin.Exited() {
@@ -90,14 +90,14 @@ func TestTheExampleRunsItsOwnToolThroughThePipeline(t *testing.T) {
 	t.Run("beside an executor without word_count", func(t *testing.T) {
 		other := jstest.Start(t)
 		pipelinetest.Start(t, pipelinetest.Options{Env: other, Keys: keys, Stages: []string{pipelinetest.Executor}})
-		jstest.Eventually(t, time.Minute, "the executor answers", func() bool {
+		jstest.Eventually(t, jstest.LongWait, "the executor answers", func() bool {
 			_, err := other.NC.Request(topology.SubjectToolsList, nil, time.Second)
 			return err == nil
 		})
 		p := start(t, other.URL())
 		select {
 		case <-p.Done():
-		case <-time.After(time.Minute):
+		case <-jstest.After(jstest.LongWait):
 			t.Fatalf("the example runs beside another executor:\n%s", p.LogText())
 		}
 		if log := p.LogText(); p.Err() == nil || !strings.Contains(log, "TOOL_NOT_FOUND") || !strings.Contains(log, "-share") {

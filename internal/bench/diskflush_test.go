@@ -6,7 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 )
 
 // diskFlushes counts the flushes of the disk a directory lives on: an
@@ -31,8 +32,8 @@ func TestDiskFlushesCountsAnFsync(t *testing.T) {
 	if !ok {
 		t.Fatal("the counter could not be read a second time")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for i := 0; ; i++ {
+	i := 0
+	jstest.EventuallyState(t, jstest.Wait, fmt.Sprintf("an fsync raises the flush count above %d", before), func() (bool, string) {
 		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("f%d", i)))
 		if err != nil {
 			t.Fatal(err)
@@ -44,12 +45,8 @@ func TestDiskFlushesCountsAnFsync(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.Close()
-		if after, _ := read(); after > before {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("flush count still %d after %d fsyncs", before, i+1)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		i++
+		after, _ := read()
+		return after > before, fmt.Sprintf("flush count %d after %d fsyncs", after, i)
+	})
 }

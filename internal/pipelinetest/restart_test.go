@@ -83,14 +83,17 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 	}
 	// Deliveries and acks in flight when the server went down come back
 	// only when their AckWait (30s) runs out: allow for that under load.
-	deadline := time.Now().Add(90 * time.Second)
-	for outcomes() < total {
-		if time.Now().After(deadline) {
+	drained := false
+	defer func() {
+		if !drained { // the wait below failed: say which turns are missing
 			dumpUnfinished(t, h, turns)
-			t.Fatalf("timed out after 90s: %d of %d turn outcomes", outcomes(), total)
 		}
-		time.Sleep(100 * time.Millisecond) // polling with a deadline
-	}
+	}()
+	jstest.EventuallyState(t, 2*jstest.LongWait, fmt.Sprintf("%d turn outcomes", total), func() (bool, string) {
+		n := outcomes()
+		return n >= total, fmt.Sprintf("%d turn outcomes (-1: the stream could not be read)", n)
+	})
+	drained = true
 	per := map[string]int{}
 	for _, o := range pt.DecodeAll[schemas.TurnOutcome](t, h.Events(topology.SubjectTurnOutcome+">")) {
 		per[o.TurnID]++

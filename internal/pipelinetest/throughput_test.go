@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -87,7 +87,7 @@ func BenchmarkRawAsyncPublish(b *testing.B) {
 	}
 	select {
 	case <-h.JS.PublishAsyncComplete():
-	case <-time.After(time.Minute):
+	case <-jstest.After(jstest.LongWait):
 		b.Fatal("publishes not acknowledged")
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
@@ -104,7 +104,7 @@ func publishAsync(b *testing.B, h *pt.H, subject string, data []byte, msgID stri
 	if h.JS.PublishAsyncPending() >= 256 {
 		select {
 		case <-h.JS.PublishAsyncComplete():
-		case <-time.After(time.Minute):
+		case <-jstest.After(jstest.LongWait):
 			b.Fatal("async publishes not acknowledged within a minute")
 		}
 	}
@@ -116,8 +116,8 @@ func waitEvents(b *testing.B, h *pt.H, filter string, n uint64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
+	// The whole benchmark's load drains here: far longer than one wait.
+	jstest.EventuallyState(b, 5*jstest.LongWait, fmt.Sprintf("%d events on %s", n, filter), func() (bool, string) {
 		info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(filter))
 		if err != nil {
 			b.Fatal(err)
@@ -126,12 +126,6 @@ func waitEvents(b *testing.B, h *pt.H, filter string, n uint64) {
 		for _, c := range info.State.Subjects {
 			got += c
 		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%d of %d events on %s after 5m", got, n, filter)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return got >= n, fmt.Sprintf("%d events", got)
+	})
 }

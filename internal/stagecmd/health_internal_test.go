@@ -89,7 +89,7 @@ func (p *stageProcess) stop() error {
 	if p.done != nil {
 		select {
 		case p.runResult = <-p.done:
-		case <-time.After(pipelinetest.Wait):
+		case <-jstest.After(jstest.Wait):
 			p.runResult = errors.New("runStage did not return after cancel")
 		}
 		p.done = nil
@@ -239,7 +239,7 @@ func TestMainTakesNoProvision(t *testing.T) {
 		if code != 1 {
 			t.Fatalf("exit %d, want 1", code)
 		}
-	case <-time.After(pipelinetest.Wait):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("Main --no-provision kept running on an empty server")
 	}
 }

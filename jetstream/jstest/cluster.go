@@ -112,7 +112,7 @@ func StartClusterOf(t testing.TB, opts []*server.Options) *Cluster {
 		c.NC, c.JS = append(c.NC, nc), append(c.JS, js)
 	}
 	// JetStream answers once the nodes have elected a meta leader.
-	Eventually(t, 30*time.Second, "the cluster elects a JetStream meta leader", func() bool {
+	Eventually(t, LongWait, "the cluster elects a JetStream meta leader", func() bool {
 		actx, acancel := context.WithTimeout(ctx, time.Second)
 		defer acancel()
 		_, err := c.JS[0].AccountInfo(actx)

@@ -83,7 +83,7 @@ func (e *Env) Restart(t testing.TB) {
 	e.Server.Shutdown()
 	e.Server.WaitForShutdown()
 	e.start(t)
-	Eventually(t, 10*time.Second, "client reconnected and JetStream answering", func() bool {
+	Eventually(t, Wait, "client reconnected and JetStream answering", func() bool {
 		if !e.NC.IsConnected() {
 			return false
 		}
@@ -147,6 +147,24 @@ func Scale(d time.Duration) time.Duration {
 	}
 	return time.Duration(float64(d) * f)
 }
+
+// Wait is the deadline of an ordinary test wait, the one every poll of
+// the tests takes unless it says otherwise: generous for a loaded machine
+// under -race, since a passing test returns as soon as its condition
+// holds. It is stretched by TOLLGATE_TEST_TIMEOUT_SCALE where it goes
+// through Eventually, EventuallyState or Scale.
+const Wait = 20 * time.Second
+
+// LongWait is the deadline of a wait that spans a slow step of its own: a
+// child process starting, a server restarting under load, a cluster
+// electing its leaders, a test's whole load draining. A test that needs
+// longer still says so as a multiple of it (2*LongWait), never as a new
+// literal.
+const LongWait = 3 * Wait
+
+// After is time.After(Scale(d)): the deadline of a test that waits on a
+// channel in a select, stretched like every other.
+func After(d time.Duration) <-chan time.Time { return time.After(Scale(d)) }
 
 // Eventually polls cond every 10ms until it returns true or Scale(d)
 // passes, then fails the test with msg.

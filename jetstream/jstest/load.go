@@ -114,7 +114,7 @@ func (l *Load) InFlight() int {
 // WaitAcked polls until at least n publishes are acknowledged.
 func (l *Load) WaitAcked(n int) {
 	l.t.Helper()
-	Eventually(l.t, 30*time.Second, fmt.Sprintf("%d publishes acknowledged", n), func() bool { return l.Acked() >= n })
+	Eventually(l.t, LongWait, fmt.Sprintf("%d publishes acknowledged", n), func() bool { return l.Acked() >= n })
 }
 
 // RestartMidLoad waits until n publishes are acknowledged, then restarts
@@ -138,8 +138,8 @@ func (l *Load) Wait() (acked map[string]uint64, failed []string) {
 	l.t.Helper()
 	select {
 	case <-l.done:
-	case <-time.After(60 * time.Second):
-		l.t.Fatalf("jstest: load: publishes still unsettled after 60s")
+	case <-After(LongWait):
+		l.t.Fatalf("jstest: load: publishes still unsettled after %v", Scale(LongWait))
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

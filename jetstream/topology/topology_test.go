@@ -419,7 +419,7 @@ wait:
 				break wait
 			}
 			t.Fatalf("Ensure over a matching topology updated %s", m.Subject)
-		case <-time.After(10 * time.Second):
+		case <-jstest.After(jstest.Wait):
 			t.Fatal("no advisory for the marker update")
 		}
 	}

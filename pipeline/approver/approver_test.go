@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
@@ -272,7 +271,7 @@ func TestExpiredApprovalIsRejectedAndTheBatchProceeds(t *testing.T) {
 	id := schemas.ApprovalID(turn, 0)
 	// The expiry sweep may expire it before we look: wait for the record.
 	var a *schemas.ApprovalRecord
-	jstest.Eventually(t, 10*time.Second, "approval "+id+" recorded", func() bool { a = h.Approval(id); return a != nil })
+	jstest.Eventually(t, jstest.Wait, "approval "+id+" recorded", func() bool { a = h.Approval(id); return a != nil })
 	if got := a.ExpiresAt.Sub(a.RequestedAt); got.Milliseconds() != 1 {
 		t.Fatalf("expires %v after the request, want 1ms", got)
 	}

@@ -75,7 +75,7 @@ func TestAnApprovalThatExpiredWhileNoApproverRanIsExpiredOnStart(t *testing.T) {
 	turn := h.Send(h.Inbound("exp-2", "alice", pt.Call("write_file", `{"path":"down.txt","content":"x"}`)))
 	id := schemas.ApprovalID(turn, 0)
 	a := h.WaitPending(id)
-	jstest.Eventually(t, 10*time.Second, "the expiry to pass", func() bool { return time.Now().After(a.ExpiresAt) })
+	jstest.Eventually(t, jstest.Wait, "the expiry to pass", func() bool { return time.Now().After(a.ExpiresAt) })
 	if got := h.Approval(id).Status; got != schemas.ApprovalPending {
 		t.Fatalf("with no approver running the approval is %s, want still pending", got)
 	}

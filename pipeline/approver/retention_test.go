@@ -47,7 +47,7 @@ func TestLateDecisionsAfterTheRetention(t *testing.T) {
 	// The approval's retention started when it was decided, the batch's
 	// when it ended, a moment later: a redelivered decided event finds the
 	// batch terminal or gone, and runs nothing either way.
-	jstest.Eventually(t, 30*time.Second, "approval record removed after the retention", func() bool { return h.Approval(id) == nil })
+	jstest.Eventually(t, jstest.LongWait, "approval record removed after the retention", func() bool { return h.Approval(id) == nil })
 
 	for _, option := range []string{schemas.OptionApprove, schemas.OptionDeny} {
 		d := h.Decision(id, option, "cli", "alice")

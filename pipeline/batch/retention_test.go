@@ -53,7 +53,7 @@ func TestClaimsOutliveEveryMessageThatCouldRunTheirCall(t *testing.T) {
 	if len(accepted) != 1 {
 		t.Fatalf("%d accepted messages of the session, want 1", len(accepted))
 	}
-	jstest.Eventually(t, 30*time.Second, "claim of the call that ran removed while its batch waits", func() bool {
+	jstest.Eventually(t, jstest.LongWait, "claim of the call that ran removed while its batch waits", func() bool {
 		return errors.Is(claim(ran), store.ErrNotFound)
 	})
 	// The accepted message again, as a redelivery would bring it: the
@@ -69,7 +69,7 @@ func TestClaimsOutliveEveryMessageThatCouldRunTheirCall(t *testing.T) {
 	if b.State != schemas.BatchCompleted || b.Results[0].Status != schemas.ResultOK || b.Results[1].Status != schemas.ResultOK {
 		t.Fatalf("batch %s, results %+v %+v; want completed, both ok", b.State, b.Results[0], b.Results[1])
 	}
-	jstest.Eventually(t, 30*time.Second, "claim of the approved call removed", func() bool {
+	jstest.Eventually(t, jstest.LongWait, "claim of the approved call removed", func() bool {
 		return errors.Is(claim(schemas.CallID(turn, 1)), store.ErrNotFound)
 	})
 	if auto.Runs(ran) != 1 || guarded.Runs(schemas.CallID(turn, 1)) != 1 {
@@ -153,7 +153,7 @@ func TestABatchWhoseDecidedApprovalLeftFailsClosed(t *testing.T) {
 	first, second := schemas.ApprovalID(turn, 0), schemas.ApprovalID(turn, 1)
 	h.WaitPending(second)
 	h.Decide(first, schemas.OptionApprove, "alice")
-	jstest.Eventually(t, 30*time.Second, "the decided approval removed while its sibling is pending", func() bool {
+	jstest.Eventually(t, jstest.LongWait, "the decided approval removed while its sibling is pending", func() bool {
 		return h.Approval(first) == nil
 	})
 	if a := h.Approval(second); a == nil || a.Status != schemas.ApprovalPending {

@@ -87,7 +87,7 @@ func TestSessionTurnsRunInArrivalOrderWhateverOrderTheyAreAcceptedIn(t *testing.
 	// and redelivery): they must wait for the first.
 	t3 := f.accept(msgs[2], seqs[2])
 	t2 := f.accept(msgs[1], seqs[1])
-	jstest.Eventually(t, 10*time.Second, "the executor holds back both later turns at least once", func() bool {
+	jstest.Eventually(t, jstest.Wait, "the executor holds back both later turns at least once", func() bool {
 		return h.Metric("tollgate_messages_retried_total", map[string]string{"stage": pt.Executor}) >= 2
 	})
 	if n := f.count.Total(); n != 0 {

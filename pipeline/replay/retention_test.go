@@ -34,7 +34,7 @@ func approvedTurn(t *testing.T, h *pt.H, count *pt.Counter, session string, wait
 // recordsGone waits until turn's batch, approval and claim have left KV.
 func recordsGone(t *testing.T, h *pt.H, turn string) {
 	t.Helper()
-	jstest.Eventually(t, 30*time.Second, "records of "+turn+" removed after the retention", func() bool {
+	jstest.Eventually(t, jstest.LongWait, "records of "+turn+" removed after the retention", func() bool {
 		return h.Batch(turn) == nil && h.Approval(schemas.ApprovalID(turn, 0)) == nil && raw(t, h, h.Env.Buckets.Claims, schemas.CallID(turn, 0)) == nil
 	})
 }

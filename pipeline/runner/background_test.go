@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
@@ -26,7 +25,7 @@ func TestBackgroundRestartsWorkThatEndsEarlyAndIsWaitedFor(t *testing.T) {
 		<-ctx.Done()
 		return nil
 	})
-	jstest.Eventually(t, 10*time.Second, "the work started a third time and keeps running", func() bool {
+	jstest.Eventually(t, jstest.Wait, "the work started a third time and keeps running", func() bool {
 		return running.Load()
 	})
 	cancel()

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 )
 
 // Test hooks for the consume-loop watchdog.
@@ -53,7 +55,7 @@ func StallConsume(r *Runner) error {
 	select {
 	case <-cc.Closed():
 		return nil
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		return errors.New("consume context did not close")
 	}
 }

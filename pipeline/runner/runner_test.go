@@ -27,7 +27,7 @@ import (
 // consumer of their own and dead-letter into the real TOLLGATE_DLQ.
 
 const (
-	wait    = 15 * time.Second // deadline for every poll; a passing test returns as soon as its condition holds
+	wait    = jstest.Wait // deadline for every wait; a passing test returns as soon as its condition holds
 	stream  = topology.StreamTurns
 	filter  = topology.SubjectTurnAccepted + ">"
 	durable = "runner-test"
@@ -120,7 +120,7 @@ func (h *harness) start(handler runner.Handler, setup ...func(*runner.Runner)) (
 			cancel()
 			select {
 			case result = <-done:
-			case <-time.After(wait):
+			case <-jstest.After(wait):
 				result = errors.New("Run did not return after its context was cancelled")
 			}
 		})
@@ -572,7 +572,7 @@ func TestPerSubjectOrderWithConcurrency(t *testing.T) {
 			// handlers overlap, which only happens if keys run in parallel.
 			select {
 			case <-parallel:
-			case <-time.After(wait):
+			case <-jstest.After(wait):
 			}
 		}
 		mu.Lock()
@@ -632,7 +632,7 @@ func TestRunDrainsOnCancel(t *testing.T) {
 	seq := h.publish(subject("s-1"), []byte("slow"), nil)
 	select {
 	case <-started:
-	case <-time.After(wait):
+	case <-jstest.After(wait):
 		t.Fatal("handler did not start")
 	}
 
@@ -652,7 +652,7 @@ func TestRunDrainsOnCancel(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Run: %v, want nil after a drain", err)
 		}
-	case <-time.After(wait):
+	case <-jstest.After(wait):
 		t.Fatal("Run did not return after the handler finished")
 	}
 	if !finished.Load() {

@@ -166,7 +166,7 @@ func TestWatchdogRestartKeepsHeldMessages(t *testing.T) {
 	h.publish(subject("slow"), []byte("slow"), nil)
 	select {
 	case <-started:
-	case <-time.After(wait):
+	case <-jstest.After(wait):
 		t.Fatal("the slow handler did not start")
 	}
 
@@ -237,7 +237,7 @@ func TestWatchdogLeavesAHealthyConsumerAlone(t *testing.T) {
 	h.publish(subject("slow"), []byte("slow"), nil)
 	select {
 	case <-started:
-	case <-time.After(wait):
+	case <-jstest.After(wait):
 		t.Fatal("the slow handler did not start")
 	}
 	noRestart("the only unacknowledged message is held here")

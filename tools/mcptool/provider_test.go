@@ -23,7 +23,7 @@ import (
 )
 
 // wait bounds every poll of these tests.
-const wait = 20 * time.Second
+const wait = jstest.Wait
 
 // testServer is a stdio server served by this test binary in mode (see
 // TestMain), recording its starts in a file of its own.
@@ -122,8 +122,8 @@ func run(t *testing.T, p *mcptool.Provider) {
 			if err != nil {
 				t.Errorf("Run: %v", err)
 			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Run did not return 30s after its context was cancelled")
+		case <-jstest.After(jstest.LongWait):
+			t.Errorf("Run did not return after its context was cancelled")
 		}
 	})
 }
@@ -357,7 +357,7 @@ func TestToolsBeforeRunListsTheServersOnce(t *testing.T) {
 		if r.err != nil || r.out != "early" {
 			t.Fatalf("a call made before Run: %q (%v), want it run once Run connected", r.out, r.err)
 		}
-	case <-time.After(wait):
+	case <-jstest.After(wait):
 		t.Fatal("a call made before Run still waits")
 	}
 }
@@ -378,7 +378,7 @@ func TestRunStopsTheServers(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-	case <-time.After(30 * time.Second):
+	case <-jstest.After(jstest.LongWait):
 		t.Fatal("Run did not return after its context was cancelled")
 	}
 	starts := srv.Starts(t)
@@ -452,7 +452,7 @@ func TestAServerFailingTheSameWayIsWarnedOnce(t *testing.T) {
 	p := mcptool.New(&mcptool.Config{Servers: map[string]mcptool.ServerConfig{"c": srv.ServerConfig}}, o)
 	run(t, p)
 	srv.WaitStarts(t, 6)
-	jstest.Eventually(t, 10*time.Second, "four repeated failures logged", func() bool { return lines.count(slog.LevelDebug) >= 4 })
+	jstest.Eventually(t, jstest.Wait, "four repeated failures logged", func() bool { return lines.count(slog.LevelDebug) >= 4 })
 	if w := lines.count(slog.LevelWarn); w != 1 {
 		t.Fatalf("%d warn lines for %d failures, want 1 (repeats at debug)", w, lines.count(slog.LevelDebug)+w)
 	}

@@ -207,7 +207,7 @@ func TestTheReplyRules(t *testing.T) {
 		if err := svcNC.Drain(); err != nil {
 			t.Fatal(err)
 		}
-		jstest.Eventually(t, 10*time.Second, "the service's connection closed", svcNC.IsClosed)
+		jstest.Eventually(t, jstest.Wait, "the service's connection closed", svcNC.IsClosed)
 		mu.Lock()
 		before := len(got)
 		mu.Unlock()

@@ -119,8 +119,8 @@ func run(t *testing.T, p *natstool.Provider) {
 			if err != nil {
 				t.Errorf("Run: %v", err)
 			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return within 10s of its context's end")
+		case <-jstest.After(jstest.Wait):
+			t.Error("Run did not return within a wait of its context's end")
 		}
 	})
 }

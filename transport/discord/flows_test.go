@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/chat"
@@ -461,19 +462,12 @@ func TestGrantButtonApprovesAndGrants(t *testing.T) {
 		t.Fatalf("decision %+v", a.Decision)
 	}
 	gid := schemas.GrantID(id, a.Decision.DecisionID)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	jstest.EventuallyState(t, jstest.Wait, "grant "+gid+" stored", func() (bool, string) {
 		ctx, cancel := r.h.Ctx()
+		defer cancel()
 		_, _, err := r.h.Store.Grants.Get(ctx, gid)
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("grant %s: %v", gid, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 
 	second := r.askOK(t, "131", dmOf("131"), "write g2.txt")
 	if out := r.h.WaitOutcome(schemas.TurnIDOfApproval(second)); out.State != schemas.TurnCompleted {

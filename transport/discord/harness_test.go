@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/chat/chattest"
@@ -133,17 +134,12 @@ func (f *fakeDiscord) find(method, prefix string, match func(call) bool) []call 
 // await polls until n calls match, and returns them.
 func (f *fakeDiscord) await(t *testing.T, n int, method, prefix string, match func(call) bool) []call {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got := f.find(method, prefix, match)
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fake discord: want %d %s %s calls, got %d; all calls: %s", n, method, prefix, len(got), f.dump())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var got []call
+	jstest.EventuallyState(t, jstest.Wait, fmt.Sprintf("fake discord: %d %s %s calls", n, method, prefix), func() (bool, string) {
+		got = f.find(method, prefix, match)
+		return len(got) >= n, fmt.Sprintf("%d matching; all calls: %s", len(got), f.dump())
+	})
+	return got
 }
 
 func (f *fakeDiscord) dump() string {
@@ -239,13 +235,10 @@ func (r *rig) start(t *testing.T) {
 	go func() { r.done <- tr.Run(runCtx) }()
 	r.http = httptest.NewServer(tr.Handler())
 	t.Cleanup(r.shutdown)
-	deadline := time.Now().Add(10 * time.Second)
-	for tr.Ready() != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("transport not ready: %v", tr.Ready())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	jstest.EventuallyState(t, jstest.Wait, "transport ready", func() (bool, string) {
+		err := tr.Ready()
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 func (r *rig) shutdown() {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
@@ -79,20 +80,14 @@ func TestDiscordProcessEndToEnd(t *testing.T) {
 		}
 	})
 	base := "http://" + addr
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	jstest.EventuallyState(t, jstest.LongWait, "the process becomes ready", func() (bool, string) {
 		resp, err := http.Get("http://" + metrics + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the process did not become ready")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == 200, "/readyz " + resp.Status
+	})
 	if resp, err := http.Get("http://" + metrics + "/healthz"); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("/healthz: %v", err)
 	} else {

@@ -3,7 +3,6 @@ package gateway
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -33,7 +32,7 @@ func TestTheBatchesFeedWakesOnlyTheTurnWritten(t *testing.T) {
 	}
 	select {
 	case <-mine.ch:
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("no wake for a write to the waited-on turn")
 	}
 	// A later write to the other turn, then its wake, proves the first
@@ -43,7 +42,7 @@ func TestTheBatchesFeedWakesOnlyTheTurnWritten(t *testing.T) {
 	}
 	select {
 	case <-other.ch:
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("no wake for a write to the other turn")
 	}
 	select {
@@ -94,7 +93,10 @@ func TestTheBatchesFeedKeepsTheLatestWriteOfARecentTurn(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, first, "b")
+	jstest.EventuallyState(t, jstest.Wait, `the waiter sees "b"`, func() (bool, string) {
+		latest := first.take()
+		return string(latest) == "b", fmt.Sprintf("latest %q", latest)
+	})
 
 	_, latest, stop, err := f.wait(env.NC, kv.Bucket(), "t-1")
 	if err != nil {
@@ -112,19 +114,12 @@ func TestTheBatchesFeedKeepsTheLatestWriteOfARecentTurn(t *testing.T) {
 	if _, err := kv.Put(ctx, "t-2", []byte("later")); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	jstest.Eventually(t, jstest.Wait, "the write to t-2 is kept", func() bool {
 		f.mu.Lock()
+		defer f.mu.Unlock()
 		_, kept := f.latest.get("t-2")
-		f.mu.Unlock()
-		if kept {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the write to t-2 was never kept")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return kept
+	})
 	_, latest, stop, err = f.wait(env.NC, kv.Bucket(), "t-1")
 	if err != nil {
 		t.Fatal(err)
@@ -132,21 +127,6 @@ func TestTheBatchesFeedKeepsTheLatestWriteOfARecentTurn(t *testing.T) {
 	stop()
 	if latest != nil {
 		t.Fatalf("a deleted turn's write is still kept: %q", latest)
-	}
-}
-
-func waitFor(t *testing.T, w *feedWaiter, want string) {
-	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		select {
-		case <-w.ch:
-			if string(w.take()) == want {
-				return
-			}
-		case <-deadline:
-			t.Fatalf("the waiter never saw %q (latest %q)", want, w.take())
-		}
 	}
 }
 
@@ -201,7 +181,7 @@ func TestTheEventFeedHandsEventsToTheirWaiters(t *testing.T) {
 		select {
 		case m := <-ch:
 			return m.Subject
-		case <-time.After(10 * time.Second):
+		case <-jstest.After(jstest.Wait):
 			return "nothing"
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -56,7 +55,7 @@ func TestServeRunsTheWebhooksAndStopsGracefully(t *testing.T) {
 	url, cancel, done := serve(ok, reg)
 	defer cancel()
 	<-ok.started
-	jstest.Eventually(t, 5*time.Second, "healthz answers", func() bool {
+	jstest.Eventually(t, jstest.Wait, "healthz answers", func() bool {
 		resp, err := http.Get(url + "/healthz")
 		if err != nil {
 			return false
@@ -82,7 +81,7 @@ func TestServeRunsTheWebhooksAndStopsGracefully(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Serve after cancel: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("Serve did not return after cancel")
 	}
 
@@ -95,7 +94,7 @@ func TestServeRunsTheWebhooksAndStopsGracefully(t *testing.T) {
 		if !errors.Is(err, boom) {
 			t.Fatalf("Serve with a failing runner: %v, want %v", err, boom)
 		}
-	case <-time.After(10 * time.Second):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("Serve went on after its runner failed")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -222,6 +223,7 @@ func (r *sseReader) close() { r.once.Do(func() { r.resp.Body.Close() }) }
 func (r *sseReader) next(t *testing.T, d time.Duration) sseEvent {
 	t.Helper()
 	var ev sseEvent
+	d = jstest.Scale(d)
 	timeout := time.After(d)
 	for {
 		select {

@@ -48,17 +48,14 @@ func startHooks(t *testing.T, before func(env *jstest.Env), want string) *mcpGW 
 		Providers: []tools.Provider{natstool.New(env.NC, natstool.Options{Logger: pipelinetest.Logger(), RefreshInterval: 100 * time.Millisecond})},
 	})
 	// The executor finds the gate tools at its next discovery.
-	deadline := time.Now().Add(pipelinetest.Wait)
-	for {
+	jstest.EventuallyState(t, jstest.Wait, "the executor lists "+want, func() (bool, string) {
 		m, err := env.NC.Request(topology.SubjectToolsList, nil, time.Second)
-		if err == nil && bytes.Contains(m.Data, []byte(`"`+want+`"`)) {
-			return g
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the executor did not list %s", want)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return bytes.Contains(m.Data, []byte(`"`+want+`"`)), "tool list " + string(m.Data)
+	})
+	return g
 }
 
 // hook posts a PreToolUse input for tool with input as key name and

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -85,22 +87,24 @@ func (h headers) RoundTrip(r *http.Request) (*http.Response, error) {
 // approval is requested for tool with args.
 func (g *mcpGW) oneResult(done <-chan callDone, tool, args string) *mcp.CallToolResult {
 	g.t.Helper()
-	deadline := time.Now().Add(pipelinetest.Wait)
-	for time.Now().Before(deadline) {
+	var res *mcp.CallToolResult
+	jstest.EventuallyState(g.t, jstest.Wait, "the call's result", func() (bool, string) {
 		select {
 		case d := <-done:
 			if d.err != nil {
 				g.t.Fatalf("call: %v", d.err)
 			}
-			return d.res
-		case <-time.After(50 * time.Millisecond):
+			res = d.res
+			return true, ""
+		default:
 		}
-		if n := g.requested(tool, args); n > 1 {
+		n := g.requested(tool, args)
+		if n > 1 {
 			g.t.Fatalf("the call asked again: %d approvals requested for %s %s", n, tool, args)
 		}
-	}
-	g.t.Fatal("no call result")
-	return nil
+		return false, fmt.Sprintf("no result, %d approval(s) requested for %s %s", n, tool, args)
+	})
+	return res
 }
 
 // replica starts another gateway on the same NATS server, with its own
@@ -157,13 +161,10 @@ func TestMCPRetryOnANewConnectionRunsTheToolOnce(t *testing.T) {
 	}
 	t.Run("another session's identical call is its own call", func(t *testing.T) {
 		done := callAsync(ctx, g.sessionClient(g.addr, "a", "other").cs, "counter", map[string]any{"n": 11})
-		deadline := time.Now().Add(pipelinetest.Wait)
-		for g.requested("counter", `{"n":11}`) != 2 {
-			if time.Now().After(deadline) {
-				t.Fatal("no approval requested for the other session's call")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		jstest.EventuallyState(t, jstest.Wait, "a second approval, for the other session's call", func() (bool, string) {
+			n := g.requested("counter", `{"n":11}`)
+			return n == 2, fmt.Sprintf("%d approval(s) requested", n)
+		})
 		select {
 		case d := <-done:
 			t.Fatalf("the other session's call returned before anyone decided: %+v %v", d.res, d.err)
@@ -212,13 +213,10 @@ func TestMCPRetryAcrossReplicasAndRestarts(t *testing.T) {
 
 	later := g.replica(func() time.Time { return time.Now().Add(pickupWindow + time.Minute) })
 	done = callAsync(ctx, g.sessionClient(later, "a", "ops").cs, "counter", map[string]any{"n": 12})
-	deadline := time.Now().Add(pipelinetest.Wait)
-	for g.requested("counter", `{"n":12}`) != 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("after the pickup window the identical call did not ask again")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	jstest.EventuallyState(t, jstest.Wait, "after the pickup window the identical call asks again", func() (bool, string) {
+		n := g.requested("counter", `{"n":12}`)
+		return n == 2, fmt.Sprintf("%d approval(s) requested", n)
+	})
 	select {
 	case d := <-done:
 		t.Fatalf("after the pickup window the call returned before anyone decided: %+v %v", d.res, d.err)
@@ -257,21 +255,20 @@ func TestMCPRetryFromANewTypeScriptClientProcessRunsTheToolOnce(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- again.Wait() }()
-	deadline := time.After(pipelinetest.Wait)
-	for waiting := true; waiting; {
+	jstest.EventuallyState(t, jstest.Wait, "the new process gets the result and exits", func() (bool, string) {
 		select {
 		case err := <-exited:
 			if err != nil {
 				t.Fatalf("node: %v: %s", err, out.Bytes())
 			}
-			waiting = false
-		case <-deadline:
-			t.Fatal("the new process got no result")
-		case <-time.After(50 * time.Millisecond):
-			if n := g.requested("counter", `{"n":13}`); n > 1 {
-				t.Fatalf("the new process's call asked again: %d approvals requested", n)
-			}
+			return true, ""
+		default:
 		}
-	}
+		n := g.requested("counter", `{"n":13}`)
+		if n > 1 {
+			t.Fatalf("the new process's call asked again: %d approvals requested", n)
+		}
+		return false, fmt.Sprintf("running, %d approval(s) requested", n)
+	})
 	ranOnce(t, tl, out.Bytes())
 }

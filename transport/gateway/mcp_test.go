@@ -18,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -110,7 +111,7 @@ func (g *mcpGW) halt() {
 		if err != nil {
 			g.t.Errorf("Serve: %v", err)
 		}
-	case <-time.After(pipelinetest.Wait):
+	case <-jstest.After(jstest.Wait):
 		g.t.Error("Serve did not return after its context ended")
 	}
 }
@@ -179,7 +180,7 @@ func result(t *testing.T, done <-chan callDone) *mcp.CallToolResult {
 			t.Fatalf("call: %v", d.err)
 		}
 		return d.res
-	case <-time.After(pipelinetest.Wait):
+	case <-jstest.After(jstest.Wait):
 		t.Fatal("no call result")
 	}
 	return nil
@@ -199,9 +200,9 @@ func text(r *mcp.CallToolResult) string {
 // (canonical) on the gateway transport, and returns its id.
 func (g *mcpGW) pendingFor(tool, args string) string {
 	g.t.Helper()
-	deadline := time.Now().Add(pipelinetest.Wait)
-	for time.Now().Before(deadline) {
-		var ids []string
+	var ids []string
+	jstest.Eventually(g.t, jstest.Wait, "an approval requested for "+tool+" "+args, func() bool {
+		ids = ids[:0]
 		for _, m := range g.Events(topology.SubjectApprovalRequested + ">") {
 			a, err := schemas.Decode[schemas.ApprovalRecord](m.Data)
 			if err == nil && a.Tool == tool && a.Args == args && a.Context.Transport == "gateway" {
@@ -211,14 +212,10 @@ func (g *mcpGW) pendingFor(tool, args string) string {
 		if len(ids) > 1 {
 			g.t.Fatalf("%d approvals requested for %s %s, want one: %v", len(ids), tool, args, ids)
 		}
-		if len(ids) == 1 {
-			g.WaitPending(ids[0])
-			return ids[0]
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	g.t.Fatalf("no approval requested for %s %s", tool, args)
-	return ""
+		return len(ids) == 1
+	})
+	g.WaitPending(ids[0])
+	return ids[0]
 }
 
 // requested counts the approvals requested for tool with args.
@@ -282,7 +279,7 @@ func TestMCPListsAndCallsToolsAsPolicyAllows(t *testing.T) {
 			if p.ProgressToken != "tok-counter" || !strings.Contains(p.Message, id) {
 				t.Errorf("progress %+v, want token tok-counter and approval %s", p, id)
 			}
-		case <-time.After(pipelinetest.Wait):
+		case <-jstest.After(jstest.Wait):
 			t.Fatal("no progress notification while the call waited")
 		}
 		select {

@@ -34,7 +34,7 @@ func TestAPlannerTurnsEventsEndWithItsReply(t *testing.T) {
 	sub := g.submit("a", req)
 	a := g.WaitPending(schemas.ApprovalID(schemas.PlannerStepTurnID(sub.TurnID, 0), 0))
 	pastSubmitWait := time.Now().Add(time.Second)
-	jstest.Eventually(t, 5*time.Second, "past the submit wait", func() bool { return time.Now().After(pastSubmitWait) })
+	jstest.Eventually(t, jstest.Wait, "past the submit wait", func() bool { return time.Now().After(pastSubmitWait) })
 
 	stream := g.openSSE("/v1/turns/"+sub.TurnID+"/events", "a")
 	defer stream.close()

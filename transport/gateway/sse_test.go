@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
@@ -157,7 +158,7 @@ func TestTurnEventsEndAfterTheOutcome(t *testing.T) {
 				}
 				line, ok = <-stream.lines
 			}
-		case <-time.After(10 * time.Second):
+		case <-jstest.After(jstest.Wait):
 			t.Fatal("the turn's stream did not end after its outcome")
 		}
 	}

@@ -94,7 +94,7 @@ func TestEventStreamsPerKeyAreCapped(t *testing.T) {
 		}
 	}
 	open[0].Body.Close()
-	jstest.Eventually(t, 10*time.Second, "a stream once one of the key's closed", func() bool {
+	jstest.Eventually(t, jstest.Wait, "a stream once one of the key's closed", func() bool {
 		resp, _ := g.tryOpen("/v1/events?session=s-cap", "a")
 		return resp.StatusCode == http.StatusOK
 	})
@@ -111,7 +111,7 @@ func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 	first := g.openSSE("/v1/turns/"+sub.TurnID+"/events", "readonly")
 	id := first.nextEvent(t, 10*time.Second).id
 	first.close()
-	jstest.Eventually(t, 10*time.Second, "the first stream's slot freed", func() bool { return g.s.events.Open("gateway:"+g.keyID("readonly")) == 0 })
+	jstest.Eventually(t, jstest.Wait, "the first stream's slot freed", func() bool { return g.s.events.Open("gateway:"+g.keyID("readonly")) == 0 })
 	before := g.consumers()
 	paths := [][]string{
 		{"/v1/turns/" + sub.TurnID + "/events"},
@@ -121,7 +121,7 @@ func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 	for i := range 200 {
 		p := paths[i%len(paths)]
 		var resp *http.Response
-		jstest.Eventually(t, 10*time.Second, "a slot for stream "+strconv.Itoa(i), func() bool {
+		jstest.Eventually(t, jstest.Wait, "a slot for stream "+strconv.Itoa(i), func() bool {
 			resp, _ = g.tryOpen(p[0], "readonly", p[1:]...)
 			return resp.StatusCode == http.StatusOK
 		})
@@ -129,7 +129,7 @@ func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 	}
 	// The feed's consumer, and none per stream: the replay consumers are
 	// deleted as their streams catch up or end.
-	jstest.Eventually(t, 10*time.Second, "the events stream's consumers back to one more than before", func() bool {
+	jstest.Eventually(t, jstest.Wait, "the events stream's consumers back to one more than before", func() bool {
 		return g.consumers() <= before+1
 	})
 	if n := g.consumers(); n > before+1 {

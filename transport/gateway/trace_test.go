@@ -2,16 +2,17 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/tracing"
 )
@@ -46,18 +47,16 @@ func TestARequestIsASpanAndWhatItPublishesCarriesIt(t *testing.T) {
 	want[SubmitResponse](t, resp, body, http.StatusAccepted)
 
 	var server sdktrace.ReadOnlySpan
-	deadline := time.Now().Add(pipelinetest.Wait)
-	for server == nil {
+	jstest.EventuallyState(t, jstest.Wait, "a server span", func() (bool, string) {
+		var kinds []string
 		for _, s := range exp.GetSpans().Snapshots() {
 			if s.SpanKind() == trace.SpanKindServer {
 				server = s
 			}
+			kinds = append(kinds, s.Name()+" ("+s.SpanKind().String()+")")
 		}
-		if server == nil && time.Now().After(deadline) {
-			t.Fatal("no server span")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return server != nil, fmt.Sprintf("spans %v", kinds)
+	})
 	if server.Name() != "POST /v1/turns" || server.Parent().SpanID() != client.SpanContext().SpanID() {
 		t.Fatalf("span %q with parent %v, want POST /v1/turns under the client's %v", server.Name(), server.Parent().SpanID(), client.SpanContext().SpanID())
 	}

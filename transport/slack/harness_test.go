@@ -21,6 +21,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
@@ -141,17 +142,12 @@ func (f *fakeSlack) find(method string, match func(call) bool) []call {
 // await polls until method was called n times matching, and returns them.
 func (f *fakeSlack) await(t *testing.T, n int, method string, match func(call) bool) []call {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got := f.find(method, match)
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fake slack: want %d %s calls, got %d; all calls: %v", n, method, len(got), f.dump())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var got []call
+	jstest.EventuallyState(t, jstest.Wait, fmt.Sprintf("fake slack: %d %s calls", n, method), func() (bool, string) {
+		got = f.find(method, match)
+		return len(got) >= n, fmt.Sprintf("%d matching; all calls: %v", len(got), f.dump())
+	})
+	return got
 }
 
 func (f *fakeSlack) methods() []string {
@@ -267,13 +263,10 @@ func (r *rig) start(t *testing.T) {
 	go func() { r.done <- tr.Run(runCtx) }()
 	r.http = httptest.NewServer(tr.Handler())
 	t.Cleanup(r.shutdown)
-	deadline := time.Now().Add(10 * time.Second)
-	for tr.Ready() != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("transport not ready: %v", tr.Ready())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	jstest.EventuallyState(t, jstest.Wait, "transport ready", func() (bool, string) {
+		err := tr.Ready()
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 func (r *rig) shutdown() {

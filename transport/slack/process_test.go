@@ -15,6 +15,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
@@ -88,26 +89,17 @@ func TestSlackProcessEndToEnd(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for send("/slack/events", "application/json", []byte(`{"type":"url_verification","challenge":"c"}`)) != 200 {
-		if time.Now().After(deadline) {
-			t.Fatal("the process did not start serving")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	jstest.EventuallyState(t, jstest.LongWait, "the process serves /slack/events", func() (bool, string) {
+		code := send("/slack/events", "application/json", []byte(`{"type":"url_verification","challenge":"c"}`))
+		return code == 200, fmt.Sprintf("status %d (0: no answer)", code)
+	})
 	// The consumer is created at start: wait for it before the turn.
-	for {
+	jstest.EventuallyState(t, jstest.Wait, "consumer "+tgslack.Durable, func() (bool, string) {
 		cctx, ccancel := h.Ctx()
+		defer ccancel()
 		_, err := h.JS.Consumer(cctx, "TOLLGATE_EVENTS", tgslack.Durable)
-		ccancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("consumer %s: %v", tgslack.Durable, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 
 	const ch, ts = "DU1", "1700000070.000100"
 	h.Send(&schemas.InboundMessage{

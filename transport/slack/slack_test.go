@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -197,7 +196,7 @@ func TestGrantButtonApprovesAndGrants(t *testing.T) {
 		t.Fatalf("decision %+v", a.Decision)
 	}
 	gid := schemas.GrantID(approval, a.Decision.DecisionID)
-	jstest.Eventually(t, 10*time.Second, "grant "+gid, func() bool {
+	jstest.Eventually(t, jstest.Wait, "grant "+gid, func() bool {
 		ctx, cancel := r.h.Ctx()
 		defer cancel()
 		g, _, err := r.h.Store.Grants.Get(ctx, gid)

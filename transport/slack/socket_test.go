@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -67,15 +68,18 @@ func (s *socketServer) url() string { return "ws" + strings.TrimPrefix(s.srv.URL
 // awaitAck waits for the ack of envelope id.
 func (s *socketServer) awaitAck(t *testing.T, id string) {
 	t.Helper()
-	timeout := time.After(10 * time.Second)
+	d := jstest.Scale(jstest.Wait)
+	timeout := time.After(d)
+	var seen []string
 	for {
 		select {
 		case got := <-s.acks:
 			if got == id {
 				return
 			}
+			seen = append(seen, got)
 		case <-timeout:
-			t.Fatalf("no ack for envelope %s", id)
+			t.Fatalf("timed out after %v: ack of envelope %s: last seen: acks of %q", d, id, seen)
 		}
 	}
 }

@@ -189,7 +189,7 @@ func startDispatcher(t *testing.T, js jetstream.JetStream, cfg webhook.Config) *
 				if err != nil {
 					t.Errorf("Run: %v", err)
 				}
-			case <-time.After(wait):
+			case <-jstest.After(wait):
 				t.Errorf("Run did not return within %v of its context's end", wait)
 			}
 		})

@@ -383,7 +383,7 @@ func TestRunFailsWithoutTheEventsStream(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "webhook-a") || !strings.Contains(err.Error(), "webhook-b") {
 			t.Fatalf("Run = %v, want an error naming both consumers", err)
 		}
-	case <-time.After(wait):
+	case <-jstest.After(wait):
 		t.Fatal("Run did not return")
 	}
 }

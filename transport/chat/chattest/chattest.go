@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/chat"
@@ -94,7 +95,7 @@ func TestTransport(t *testing.T, f Features, newTransport Constructor) {
 	srv := httptest.NewServer(tr.Handler())
 	t.Cleanup(func() { srv.Close(); stop(); <-done })
 	s := &suite{f: f, h: h, reg: reg, fake: fake, url: srv.URL}
-	s.eventually(t, "the transport is ready", func() (bool, string) { err := tr.Ready(); return err == nil, fmt.Sprint(err) })
+	jstest.EventuallyState(t, jstest.Wait, "the transport is ready", func() (bool, string) { err := tr.Ready(); return err == nil, fmt.Sprint(err) })
 
 	t.Run("PromptOnceClosedOnceWithTheNote", s.promptLifecycle)
 	t.Run("OutcomesAndRepliesOnceWhereTheirAudienceAllows", s.deliveries)
@@ -147,7 +148,7 @@ func (s *suite) promptLifecycle(t *testing.T) {
 	if s.f.Click != nil {
 		s.f.Click(t, s.url, prompt, s.f.Other, schemas.OptionApprove)
 		s.rejections++
-		s.eventually(t, "the rejection is shown to the other user", func() (bool, string) {
+		jstest.EventuallyState(t, jstest.Wait, "the rejection is shown to the other user", func() (bool, string) {
 			n := s.counter(t, "posts_total", "kind", chat.KindRejection)
 			return n == s.rejections, fmt.Sprintf("posts_total{kind=rejection} = %v", n)
 		})
@@ -178,7 +179,7 @@ func (s *suite) promptLifecycle(t *testing.T) {
 	if s.f.Click != nil {
 		before := s.counter(t, "refused_total", "reason", chat.ReasonNotPending)
 		s.f.Click(t, s.url, prompt, s.f.User, schemas.OptionApprove)
-		s.eventually(t, "the click on a decided approval is refused", func() (bool, string) {
+		jstest.EventuallyState(t, jstest.Wait, "the click on a decided approval is refused", func() (bool, string) {
 			n := s.counter(t, "refused_total", "reason", chat.ReasonNotPending)
 			return n == before+1, fmt.Sprintf("refused_total{reason=not_pending} = %v", n)
 		})
@@ -287,33 +288,11 @@ func (s *suite) having(edit bool, text, id string) []Message {
 func (s *suite) await(t *testing.T, what string, list func() []Message) Message {
 	t.Helper()
 	var got []Message
-	s.eventually(t, what, func() (bool, string) {
+	jstest.EventuallyState(t, jstest.Wait, what, func() (bool, string) {
 		got = list()
 		return len(got) > 0, fmt.Sprintf("messages %v", s.fake.Messages())
 	})
 	return got[0]
-}
-
-// eventually polls cond until it holds, or fails t after 20 seconds with
-// the last state cond saw.
-func (s *suite) eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	eventually(t, what, cond)
-}
-
-func eventually(t testing.TB, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not so after 20s; last seen: %s", what, state)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // consumed waits until the transport's consumer has handled every event
@@ -330,7 +309,7 @@ func (s *suite) counter(t *testing.T, metric, label, value string) float64 {
 // later fact after which a test asserts that nothing more was posted.
 func Consumed(t testing.TB, js jetstream.JetStream, name string) {
 	t.Helper()
-	eventually(t, "consumer "+chat.Durable(name)+" caught up", func() (bool, string) {
+	jstest.EventuallyState(t, jstest.Wait, "consumer "+chat.Durable(name)+" caught up", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c, err := js.Consumer(ctx, topology.StreamEvents, chat.Durable(name))
@@ -390,7 +369,7 @@ func StreamMsgs(t testing.TB, js jetstream.JetStream, stream string) uint64 {
 // later, and a click before it is (rightly) action_mismatch.
 func Prompted(t testing.TB, js jetstream.JetStream, name, id string) {
 	t.Helper()
-	eventually(t, "the record of the prompt of "+id, func() (bool, string) {
+	jstest.EventuallyState(t, jstest.Wait, "the record of the prompt of "+id, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		kv, err := js.KeyValue(ctx, chat.BucketRecords(name))

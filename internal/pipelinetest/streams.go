@@ -1,0 +1,251 @@
+// The streams: read what a stream stored (events, outcomes, requests,
+// rejections, redrives, dead letters), and the waits on them, including
+// the later facts (WaitConsumed, WaitIdle) after which an absence is
+// asserted.
+
+package pipelinetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Stored is one message as stored in a stream.
+type Stored struct {
+	Subject string
+	Seq     uint64
+	Data    []byte
+	Header  nats.Header
+}
+
+// Messages returns every message stored in stream on subjects matching
+// filter, in stream order. A read that fails part-way (on a cluster, a
+// consumer placed or led by a node that has just gone away answers "no
+// responders" until the cluster notices) is started again, for up to the harness's wait.
+func (h *H) Messages(stream, filter string) []Stored {
+	h.T.Helper()
+	var out []Stored
+	jstest.EventuallyState(h.T, h.wait, fmt.Sprintf("pipelinetest: read %s %s", stream, filter), func() (bool, string) {
+		var err error
+		if out, err = h.readAll(stream, filter); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	return out
+}
+
+// readAll reads every message stored in stream on subjects matching filter
+// through an ephemeral consumer.
+func (h *H) readAll(stream, filter string) ([]Stored, error) {
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	cons, err := h.JS.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: 30 * time.Second,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	defer func() { _ = h.JS.DeleteConsumer(context.WithoutCancel(ctx), stream, cons.CachedInfo().Name) }()
+	n := int(cons.CachedInfo().NumPending)
+	out := make([]Stored, 0, n)
+	for len(out) < n {
+		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("fetch: %w", err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			meta, err := m.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("metadata: %w", err)
+			}
+			out = append(out, Stored{Subject: m.Subject(), Seq: meta.Sequence.Stream, Data: m.Data(), Header: m.Headers()})
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("fetch: %w", err)
+		}
+		if got == 0 {
+			return nil, fmt.Errorf("fetched %d of %d messages", len(out), n)
+		}
+	}
+	return out, nil
+}
+
+// Events returns the events stored on subjects matching filter.
+func (h *H) Events(filter string) []Stored {
+	h.T.Helper()
+	return h.Messages(topology.StreamEvents, filter)
+}
+
+// DecodeAll decodes every message as a T, failing the test on any error.
+func DecodeAll[T any, P schemas.Ptr[T]](t testing.TB, msgs []Stored) []*T {
+	t.Helper()
+	out := make([]*T, 0, len(msgs))
+	for _, m := range msgs {
+		v, err := schemas.Decode[T, P](m.Data)
+		if err != nil {
+			t.Fatalf("pipelinetest: decode %s #%d: %v", m.Subject, m.Seq, err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// Outcomes returns the stored turn outcomes of turnID.
+func (h *H) Outcomes(turnID string) []*schemas.TurnOutcome {
+	h.T.Helper()
+	return DecodeAll[schemas.TurnOutcome](h.T, h.Events(topology.EventSubject(topology.SubjectTurnOutcome, turnID)))
+}
+
+// WaitOutcome waits for the outcome event of turnID and returns it; it fails
+// if more than one is stored.
+func (h *H) WaitOutcome(turnID string) *schemas.TurnOutcome {
+	h.T.Helper()
+	var outs []*schemas.TurnOutcome
+	jstest.Eventually(h.T, h.wait, "outcome of "+turnID, func() bool {
+		outs = h.Outcomes(turnID)
+		return len(outs) > 0
+	})
+	if len(outs) != 1 {
+		h.T.Fatalf("turn %s has %d outcome events, want exactly 1", turnID, len(outs))
+	}
+	return outs[0]
+}
+
+// Requested returns the approval-requested events of turnID.
+func (h *H) Requested(turnID string) []*schemas.ApprovalRecord {
+	h.T.Helper()
+	return DecodeAll[schemas.ApprovalRecord](h.T, h.Events(topology.EventSubject(topology.SubjectApprovalRequested, turnID)))
+}
+
+// Decided returns the approval-decided events of turnID.
+func (h *H) Decided(turnID string) []*schemas.DecidedEvent {
+	h.T.Helper()
+	return DecodeAll[schemas.DecidedEvent](h.T, h.Events(topology.EventSubject(topology.SubjectApprovalDecided, turnID)))
+}
+
+// Rejections returns the decision rejections stored under token (an approval
+// id, or "invalid").
+func (h *H) Rejections(token string) []*schemas.DecisionRejected {
+	h.T.Helper()
+	return DecodeAll[schemas.DecisionRejected](h.T, h.Events(topology.EventSubject(topology.SubjectDecisionRejected, token)))
+}
+
+// WaitRejection waits for the rejection of decision d and returns it.
+func (h *H) WaitRejection(d *schemas.Decision) *schemas.DecisionRejected {
+	h.T.Helper()
+	token := d.ApprovalID
+	if !schemas.ValidKey(token) {
+		token = "invalid"
+	}
+	var got *schemas.DecisionRejected
+	jstest.Eventually(h.T, h.wait, "rejection of decision "+d.DecisionID, func() bool {
+		for _, r := range h.Rejections(token) {
+			if r.DecisionID == d.DecisionID {
+				got = r
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// Redrives returns the redrive outcomes of turnID of kind ("*" for all).
+func (h *H) Redrives(kind, turnID string) []*schemas.RedriveOutcome {
+	h.T.Helper()
+	return DecodeAll[schemas.RedriveOutcome](h.T, h.Events(topology.SubjectRedrive+kind+"."+turnID))
+}
+
+// WaitRedrives waits until at least n redrive outcomes of kind are stored
+// for turnID and returns them all.
+func (h *H) WaitRedrives(kind, turnID string, n int) []*schemas.RedriveOutcome {
+	h.T.Helper()
+	var got []*schemas.RedriveOutcome
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("%d redrive %s outcome(s) of %s", n, kind, turnID), func() bool {
+		got = h.Redrives(kind, turnID)
+		return len(got) >= n
+	})
+	return got
+}
+
+// DLQ returns the dead letters of stage.
+func (h *H) DLQ(stage string) []Stored {
+	h.T.Helper()
+	return h.Messages(topology.StreamDLQ, topology.DLQSubject(stage))
+}
+
+// WaitDLQ waits until stage has at least n dead letters and returns them.
+func (h *H) WaitDLQ(stage string, n int) []Stored {
+	h.T.Helper()
+	var got []Stored
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("%d dead letter(s) of %s", n, stage), func() bool {
+		got = h.DLQ(stage)
+		return len(got) >= n
+	})
+	return got
+}
+
+// consumers are the durable consumers of the stages.
+var consumers = map[string]topology.ConsumerSpec{
+	Ingest:   topology.IngestConsumer(),
+	Executor: topology.ExecutorConsumer(),
+	Approver: topology.ApproverConsumer(),
+	Redriver: topology.RedriverConsumer(),
+}
+
+// WaitConsumed waits until stage has acknowledged (or terminated) every
+// message of its stream up to and including seq: proof that the stage has
+// finished with it.
+func (h *H) WaitConsumed(stage string, seq uint64) {
+	h.T.Helper()
+	sc, ok := consumers[stage]
+	if !ok {
+		h.T.Fatalf("pipelinetest: unknown stage %q", stage)
+	}
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("%s consumed up to seq %d", stage, seq), func() bool {
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.AckFloor.Stream >= seq
+	})
+}
+
+// WaitIdle waits until each stage's consumer has nothing pending and
+// nothing unacknowledged: every message stored so far is handled.
+func (h *H) WaitIdle(stages ...string) {
+	h.T.Helper()
+	for _, stage := range stages {
+		sc, ok := consumers[stage]
+		if !ok {
+			h.T.Fatalf("pipelinetest: unknown stage %q", stage)
+		}
+		jstest.Eventually(h.T, h.wait, stage+" idle", func() bool {
+			ctx, cancel := h.Ctx()
+			defer cancel()
+			c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
+			if err != nil {
+				return false
+			}
+			info, err := c.Info(ctx)
+			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		})
+	}
+}
