@@ -115,7 +115,7 @@ func New(cfg Config) (*Approver, error) {
 func (a *Approver) Run(ctx context.Context) error {
 	consumer := topology.ApproverConsumer()
 	r, err := runner.New(runner.Config{
-		Stage:          Stage,
+		Component:      Stage,
 		Stream:         consumer.Stream,
 		Consumer:       consumer.Config,
 		Handler:        a.Handle,

@@ -148,7 +148,7 @@ func (x *Executor) Run(ctx context.Context) error {
 	defer svc.Stop()
 	consumer := topology.ExecutorConsumer()
 	r, err := runner.New(runner.Config{
-		Stage:          Stage,
+		Component:      Stage,
 		Stream:         consumer.Stream,
 		Consumer:       consumer.Config,
 		Handler:        x.Handle,

@@ -206,7 +206,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	rs := make([]*runner.Runner, len(specs))
 	for i, spec := range specs {
 		r, err := runner.New(runner.Config{
-			Stage: Stage, Stream: spec.Stream, Consumer: spec.Config, Handler: handlers[i], OnDeadLetter: p.abort,
+			Component: Stage, Stream: spec.Stream, Consumer: spec.Config, Handler: handlers[i], OnDeadLetter: p.abort,
 			JS: p.cfg.JS, Logger: p.cfg.Logger, Metrics: p.cfg.Metrics, Concurrency: p.cfg.Concurrency,
 			TracerProvider: p.cfg.TracerProvider,
 		})

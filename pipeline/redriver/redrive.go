@@ -125,7 +125,7 @@ func New(cfg Config) (*Redriver, error) {
 func (r *Redriver) Run(ctx context.Context) error {
 	consumer := topology.RedriverConsumer()
 	rn, err := runner.New(runner.Config{
-		Stage:          Stage,
+		Component:      Stage,
 		Stream:         consumer.Stream,
 		Consumer:       consumer.Config,
 		Handler:        r.Handle,
