@@ -35,10 +35,10 @@ type Preview struct {
 
 // Preview kinds.
 const (
-	PreviewDiff      = "diff"
-	PreviewNewFile   = "new_file"
-	PreviewUnchanged = "unchanged"
-	PreviewText      = "text"
+	PreviewDiff      = schemas.PreviewKindDiff
+	PreviewNewFile   = schemas.PreviewKindNewFile
+	PreviewUnchanged = schemas.PreviewKindUnchanged
+	PreviewText      = schemas.PreviewKindText
 )
 
 // PreviewResult is the outcome of PreviewCall: Status PreviewOK with a
