@@ -82,7 +82,10 @@ func (p *ApprovalPreview) Summary() string {
 		}
 		return fmt.Sprintf("+%d -%d lines", add, del)
 	case PreviewKindNewFile:
-		return fmt.Sprintf("new file, %d lines", lineCount(p.Text))
+		if n := lineCount(p.Text); n != 1 {
+			return fmt.Sprintf("new file, %d lines", n)
+		}
+		return "new file, 1 line"
 	case PreviewKindUnchanged:
 		return "no change"
 	}
