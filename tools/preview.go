@@ -33,6 +33,17 @@ type Preview struct {
 	Text string `json:"text,omitempty"`
 }
 
+// CheckKind reports an error unless p's Kind is one of the preview kinds:
+// how a preview from outside the process (a tool service, an MCP server)
+// is checked before it is kept.
+func (p Preview) CheckKind() error {
+	switch p.Kind {
+	case PreviewDiff, PreviewNewFile, PreviewUnchanged, PreviewText:
+		return nil
+	}
+	return fmt.Errorf("preview kind %q, want diff, new_file, unchanged or text", p.Kind)
+}
+
 // Preview kinds.
 const (
 	PreviewDiff      = schemas.PreviewKindDiff

@@ -63,10 +63,8 @@ func (t *PreviewTool) Preview(ctx context.Context, c tools.Call) (tools.Preview,
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		return tools.Preview{}, fmt.Errorf("preview reply is not JSON {kind, text}: %v", err)
 	}
-	switch r.Kind {
-	case tools.PreviewDiff, tools.PreviewNewFile, tools.PreviewUnchanged, tools.PreviewText:
-	default:
-		return tools.Preview{}, fmt.Errorf("preview reply has kind %q, want diff, new_file, unchanged or text", r.Kind)
+	if err := r.CheckKind(); err != nil {
+		return tools.Preview{}, fmt.Errorf("preview reply: %w", err)
 	}
 	r.Text = strings.ToValidUTF8(r.Text, "\uFFFD")
 	return r, nil
