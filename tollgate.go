@@ -165,11 +165,12 @@ type Config struct {
 	PlanText bool
 
 	// Tuning, for tests; zero is the owning package's default.
-	ClaimLease    time.Duration // batch.Config.ClaimLease
-	ToolTimeout   time.Duration // batch.Config.ToolTimeout
-	OrderWait     time.Duration // executor.Config.OrderWait and planner.Config.OrderWait
-	SweepInterval time.Duration // redriver.Config.SweepInterval (negative: no sweep)
-	SweepAfter    time.Duration // redriver.Config.SweepAfter
+	ClaimLease      time.Duration // batch.Config.ClaimLease
+	ToolTimeout     time.Duration // batch.Config.ToolTimeout
+	OrderWait       time.Duration // executor.Config.OrderWait and planner.Config.OrderWait
+	PreviewDeadline time.Duration // executor.Config.PreviewDeadline
+	SweepInterval   time.Duration // redriver.Config.SweepInterval (negative: no sweep)
+	SweepAfter      time.Duration // redriver.Config.SweepAfter
 
 	// Retention is how long ended records stay in KV (store.Store.Retain):
 	// terminal batches, idle sessions, and the approvals and execution
@@ -407,6 +408,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if p.Executor, err = executor.New(executor.Config{
 		JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy, Logger: stageLog(StageExecutor), Metrics: metrics,
 		Registerer: regOf(StageExecutor), OrderWait: cfg.OrderWait, TracerProvider: cfg.TracerProvider,
+		PreviewDeadline: cfg.PreviewDeadline,
 	}); err != nil {
 		return nil, err
 	}

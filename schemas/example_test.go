@@ -168,6 +168,15 @@ func exampleApproval() *schemas.ApprovalRecord {
 	}
 }
 
+// exampleApprovalPreview is exampleApproval with a preview (the v2 golden
+// file without one pins the bytes of records written before previews).
+func exampleApprovalPreview() *schemas.ApprovalRecord {
+	a := exampleApproval()
+	a.Preview = &schemas.ApprovalPreview{Status: schemas.PreviewOK, Kind: "diff",
+		Text: "--- notes.txt\n+++ notes.txt\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n", Reason: "text cut to 16384 bytes", Truncated: true, At: t1}
+	return a
+}
+
 func exampleGrantScope() schemas.GrantScope {
 	return schemas.GrantScope{Kind: schemas.GrantScopeSession, SessionID: exSession,
 		PathField: "attachment", PathPrefix: "reports/", ValueField: "to", Values: []string{"cfo@example.com"}}
@@ -413,6 +422,7 @@ var recordTypes = []recordType{
 	{"accepted_turn.v1.msgpack", 1, func() schemas.Record { return exampleAccepted() }, decodeAs[schemas.AcceptedTurn]},
 	{"decision.v1.msgpack", 1, func() schemas.Record { return exampleDecision() }, decodeAs[schemas.Decision]},
 	{"approval_record.v2.msgpack", 2, func() schemas.Record { return exampleApproval() }, decodeAs[schemas.ApprovalRecord]},
+	{"approval_record.v2-preview.msgpack", 2, func() schemas.Record { return exampleApprovalPreview() }, decodeAs[schemas.ApprovalRecord]},
 	{"approval_record.v1.msgpack", 1, func() schemas.Record { return exampleApprovalV1() }, decodeAs[schemas.ApprovalRecordV1]},
 	{"decided_event.v1.msgpack", 1, func() schemas.Record { return exampleDecided() }, decodeAs[schemas.DecidedEvent]},
 	{"voted_event.v1.msgpack", 1, func() schemas.Record { return exampleVoted() }, decodeAs[schemas.VotedEvent]},

@@ -85,6 +85,9 @@ func TestGolden(t *testing.T) {
 				skip[".decision.grant"] = true // the legacy shape predates grants
 				skip[".decision.note"] = true  // and notes kept with the decision
 			}
+			if rt.golden == "approval_record.v2.msgpack" {
+				skip[".preview"] = true // a record written before previews (v2-preview has one)
+			}
 			assertAllKeys(t, "", reflect.TypeOf(rt.example()), generic, skip)
 
 			readable, err := os.ReadFile(goldenPath(jsonName))
@@ -450,6 +453,9 @@ func TestDecodeRejectsWrongFieldTypes(t *testing.T) {
 		{"approval context is a string", "approval_record.v2.msgpack", []string{"context"}, "trust me"},
 		{"approval options is a number", "approval_record.v2.msgpack", []string{"options"}, 2},
 		{"approval requester is a list", "approval_record.v2.msgpack", []string{"context", "requester"}, []int{1}},
+		{"approval preview is a string", "approval_record.v2-preview.msgpack", []string{"preview"}, "all fine"},
+		{"approval preview text is a number", "approval_record.v2-preview.msgpack", []string{"preview", "text"}, 3},
+		{"approval preview at is a string", "approval_record.v2-preview.msgpack", []string{"preview", "at"}, "now"},
 		{"batch results is a map", "batch_record.v1.msgpack", []string{"results"}, map[string]any{"0": "ok"}},
 		{"session queue holds numbers", "session_record.v1.msgpack", []string{"queue"}, []int{1, 2}},
 	}
@@ -464,6 +470,25 @@ func TestDecodeRejectsWrongFieldTypes(t *testing.T) {
 			_, err := decoderFor(t, tc.golden)(fromMap(t, m))
 			wantCode(t, err, schemas.CodeMalformed)
 		})
+	}
+}
+
+// A record written before previews existed (the v2 golden file) still
+// decodes, with no preview; one with a preview keeps it exactly.
+func TestApprovalPreviewIsOptional(t *testing.T) {
+	rec, _, err := schemas.DecodeApproval(readGolden(t, "approval_record.v2.msgpack"))
+	if err != nil || rec == nil {
+		t.Fatalf("decode record without preview: %v", err)
+	}
+	if rec.Preview != nil {
+		t.Fatalf("preview = %+v, want none", rec.Preview)
+	}
+	rec, _, err = schemas.DecodeApproval(readGolden(t, "approval_record.v2-preview.msgpack"))
+	if err != nil || rec == nil || rec.Preview == nil {
+		t.Fatalf("decode record with preview: %+v, %v", rec, err)
+	}
+	if want := exampleApprovalPreview().Preview; rec.Preview.Text != want.Text || rec.Preview.Status != want.Status || !rec.Preview.At.Equal(want.At) {
+		t.Fatalf("preview = %+v, want %+v", rec.Preview, want)
 	}
 }
 

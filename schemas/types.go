@@ -348,7 +348,43 @@ type ApprovalRecord struct {
 	// would cover and for how long (see GrantOffer). Omitted when none is
 	// offered.
 	Grants []GrantOffer `msgpack:"grants,omitempty"`
+	// Preview is what the call would change as the executor found it when
+	// it created the record (tools.PreviewCall): advisory only. It is not
+	// covered by ArgsDigest, nor by anything a decision is checked against:
+	// the decision binds the arguments, never the preview. Absent on
+	// records written before previews existed and on records whose tool
+	// was not asked (decided by a standing grant).
+	Preview *ApprovalPreview `msgpack:"preview,omitempty"`
 }
+
+// ApprovalPreview is an ApprovalRecord's preview of the call's effect, as
+// of At. Status is "ok" (Kind and Text say what the call would change),
+// "unsupported" (the tool offers none), "failed" or "timed_out" (Reason
+// says why there is none). Text is untrusted, like the arguments: every
+// surface shows it escaped (package reveal). Text is at most
+// MaxPreviewBytes, Reason at most MaxPreviewReasonBytes.
+type ApprovalPreview struct {
+	Status    string    `msgpack:"status"`
+	Kind      string    `msgpack:"kind,omitempty"`
+	Text      string    `msgpack:"text,omitempty"`
+	Reason    string    `msgpack:"reason,omitempty"`
+	Truncated bool      `msgpack:"truncated,omitempty"`
+	At        time.Time `msgpack:"at"`
+}
+
+// Preview statuses of ApprovalPreview (the values of tools.PreviewResult).
+const (
+	PreviewOK          = "ok"
+	PreviewUnsupported = "unsupported"
+	PreviewFailed      = "failed"
+	PreviewTimedOut    = "timed_out"
+)
+
+// Preview caps: a preview's text and its reason.
+const (
+	MaxPreviewBytes       = 16 << 10
+	MaxPreviewReasonBytes = 512
+)
 
 // Offer returns the grant offer of option, if the prompt made one.
 func (a *ApprovalRecord) Offer(option string) (GrantOffer, bool) {

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // Previewer is implemented by a tool that can tell, without running a call
@@ -31,12 +33,23 @@ type Preview struct {
 	Text string `json:"text,omitempty"`
 }
 
+// CheckKind reports an error unless p's Kind is one of the preview kinds:
+// how a preview from outside the process (a tool service, an MCP server)
+// is checked before it is kept.
+func (p Preview) CheckKind() error {
+	switch p.Kind {
+	case PreviewDiff, PreviewNewFile, PreviewUnchanged, PreviewText:
+		return nil
+	}
+	return fmt.Errorf("preview kind %q, want diff, new_file, unchanged or text", p.Kind)
+}
+
 // Preview kinds.
 const (
-	PreviewDiff      = "diff"
-	PreviewNewFile   = "new_file"
-	PreviewUnchanged = "unchanged"
-	PreviewText      = "text"
+	PreviewDiff      = schemas.PreviewKindDiff
+	PreviewNewFile   = schemas.PreviewKindNewFile
+	PreviewUnchanged = schemas.PreviewKindUnchanged
+	PreviewText      = schemas.PreviewKindText
 )
 
 // PreviewResult is the outcome of PreviewCall: Status PreviewOK with a
@@ -53,10 +66,10 @@ type PreviewResult struct {
 
 // Preview statuses.
 const (
-	PreviewOK          = "ok"
-	PreviewUnsupported = "unsupported" // the tool offers no preview
-	PreviewFailed      = "failed"      // the tool's preview failed (Reason)
-	PreviewTimedOut    = "timed_out"   // no answer within the deadline
+	PreviewOK          = schemas.PreviewOK
+	PreviewUnsupported = schemas.PreviewUnsupported // the tool offers no preview
+	PreviewFailed      = schemas.PreviewFailed      // the tool's preview failed (Reason)
+	PreviewTimedOut    = schemas.PreviewTimedOut    // no answer within the deadline
 )
 
 // DefaultPreviewDeadline is PreviewCall's deadline when it is given none.
@@ -64,7 +77,7 @@ const DefaultPreviewDeadline = 2 * time.Second
 
 // MaxPreviewBytes caps a preview's text; longer text is cut at a rune
 // boundary and marked Truncated.
-const MaxPreviewBytes = 16 << 10
+const MaxPreviewBytes = schemas.MaxPreviewBytes
 
 // PreviewCall asks t for a preview of call c, and returns within deadline
 // (DefaultPreviewDeadline when <= 0) whatever t does: a tool that does not
@@ -97,7 +110,7 @@ func PreviewCall(ctx context.Context, t Tool, c Call, deadline time.Duration) Pr
 		case errors.Is(a.err, context.DeadlineExceeded):
 			return PreviewResult{Status: PreviewTimedOut, Reason: fmt.Sprintf("no preview within %s", deadline)}
 		case a.err != nil:
-			return PreviewResult{Status: PreviewFailed, Reason: clipText(a.err.Error(), 512)}
+			return PreviewResult{Status: PreviewFailed, Reason: clipText(a.err.Error(), schemas.MaxPreviewReasonBytes)}
 		}
 		r := PreviewResult{Status: PreviewOK, Preview: a.p}
 		if len(r.Text) > MaxPreviewBytes {
@@ -107,6 +120,12 @@ func PreviewCall(ctx context.Context, t Tool, c Call, deadline time.Duration) Pr
 	case <-ctx.Done():
 		return PreviewResult{Status: PreviewTimedOut, Reason: fmt.Sprintf("no preview within %s", deadline)}
 	}
+}
+
+// Record is r as an approval record keeps it, as of at.
+func (r PreviewResult) Record(at time.Time) *schemas.ApprovalPreview {
+	return &schemas.ApprovalPreview{Status: r.Status, Kind: r.Kind, Text: r.Text, Reason: r.Reason,
+		Truncated: r.Truncated, At: at}
 }
 
 // clipText cuts s to at most n bytes at a rune boundary.

@@ -66,8 +66,12 @@ func TestCLIShowsHostileCharactersEscaped(t *testing.T) {
 	// A plain call has no warning.
 	plain := h.Send(h.Inbound("s-plain", "alice", pt.Call("write_file", `{"path":"p.txt","content":"p"}`)))
 	h.WaitPending(schemas.ApprovalID(plain, 0))
-	if _, out, _ := runCLI(t, "show", schemas.ApprovalID(plain, 0), url); strings.Contains(out, reveal.Warning) {
+	_, out, _ = runCLI(t, "show", schemas.ApprovalID(plain, 0), url)
+	if strings.Contains(out, reveal.Warning) {
 		t.Errorf("show warns about a plain call:\n%s", out)
+	}
+	if !strings.Contains(out, "preview (as of ") || !strings.Contains(out, "new file, 1 line\n  p\n") {
+		t.Errorf("show does not show the preview (new file p.txt):\n%s", out)
 	}
 }
 

@@ -144,6 +144,27 @@ func printApproval(w io.Writer, a *schemas.ApprovalRecord, now time.Time) {
 		fmt.Fprintln(w, warnLine)
 	}
 	fmt.Fprintf(w, "arguments:\n%s\n", args)
+	printPreview(w, a.Preview)
+}
+
+// printPreview writes what the call would change (the record's preview),
+// escaped like the arguments; nothing for none or a tool that offers none.
+func printPreview(w io.Writer, p *schemas.ApprovalPreview) {
+	if p == nil || p.Status == "" || p.Status == schemas.PreviewUnsupported {
+		return
+	}
+	summary, f := reveal.String(p.Summary())
+	text, g := reveal.String(p.Text)
+	fmt.Fprintf(w, "preview (as of %s; it may change before the call runs): %s\n", p.At.UTC().Format(time.RFC3339), summary)
+	if f || g {
+		fmt.Fprintln(w, warnLine)
+	}
+	if p.Status == schemas.PreviewOK && text != "" {
+		fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(strings.TrimSuffix(text, "\n"), "\n", "\n  "))
+	}
+	if p.Truncated {
+		fmt.Fprintln(w, "  (cut to 16 KiB)")
+	}
 }
 
 // prettyArgs indents JSON arguments for reading; anything else is returned

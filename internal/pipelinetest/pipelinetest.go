@@ -87,6 +87,9 @@ type Options struct {
 	// OrderWait is the executor's session-order wait (default
 	// executor.DefaultOrderWait).
 	OrderWait time.Duration
+	// PreviewDeadline is the executor's preview deadline (default
+	// tools.DefaultPreviewDeadline).
+	PreviewDeadline time.Duration
 	// Wait is how long the helpers of this harness poll before failing the
 	// test (default Wait): longer for a three-node cluster whose elections
 	// a loaded machine slows down.
@@ -213,7 +216,8 @@ func Start(t testing.TB, o Options) *H {
 		JS: env.JS, Policy: pol, Keys: keys, Tools: append(builtins, o.Tools...), Providers: o.Providers, Logger: Logger(), Registerer: reg,
 		Instance: "test", Topology: topo, Retention: o.Retention,
 		ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout, OrderWait: o.OrderWait,
-		SweepInterval: o.SweepInterval, SweepAfter: o.SweepAfter, Planner: o.Planner, NoGroupCommit: o.NoGroupCommit,
+		PreviewDeadline: o.PreviewDeadline,
+		SweepInterval:   o.SweepInterval, SweepAfter: o.SweepAfter, Planner: o.Planner, NoGroupCommit: o.NoGroupCommit,
 	})
 	if err != nil {
 		t.Fatalf("pipelinetest: %v", err)

@@ -38,6 +38,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tracing"
 )
 
@@ -65,6 +66,11 @@ type Config struct {
 	// of its session to become a turn (default DefaultOrderWait; see
 	// package sessionorder).
 	OrderWait time.Duration
+	// PreviewDeadline bounds how long the executor waits for a tool's
+	// preview of a call before it writes the call's approval record
+	// (default tools.DefaultPreviewDeadline); a preview that takes longer
+	// is stored as timed_out. The prompt waits at most this long for it.
+	PreviewDeadline time.Duration
 }
 
 // Validate reports missing wiring.
@@ -84,6 +90,8 @@ type Executor struct {
 	// grantsUsed counts approvals written already decided by a standing
 	// grant, by effect (once each: on the approval record's creation).
 	grantsUsed *prometheus.CounterVec
+	// previews counts the previews asked for approval records, by status.
+	previews *prometheus.CounterVec
 }
 
 // DefaultOrderWait bounds how long a turn waits for an earlier inbound
@@ -112,6 +120,9 @@ func New(cfg Config) (*Executor, error) {
 		grantsUsed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_grants_used_total", Help: "Approvals the executor decided by a standing grant (no prompt), by effect (approved, denied).",
 		}, []string{"effect"}),
+		previews: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_previews_total", Help: "Previews the executor asked for pending approvals, by status (ok, unsupported, failed, timed_out).",
+		}, []string{"status"}),
 	}
 	if err := metrics.Register(cfg.Registerer, &x.requested); err != nil {
 		return nil, err
@@ -128,6 +139,9 @@ func New(cfg Config) (*Executor, error) {
 		return nil, err
 	}
 	if err := metrics.Register(cfg.Registerer, &x.grantsUsed); err != nil {
+		return nil, err
+	}
+	if err := metrics.Register(cfg.Registerer, &x.previews); err != nil {
 		return nil, err
 	}
 	// Both effects exist from the start, at 0, so that a rate over them
@@ -388,7 +402,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		// The tool is resolved and the arguments checked against its
 		// schema before anyone is asked: a call that can only end in
 		// TOOL_NOT_FOUND or ARGS_INVALID fails now, with no prompt.
-		_, spec, unrunnable := eng.Tools().Check(ctx, call.Tool, call.Args)
+		tool, spec, unrunnable := eng.Tools().Check(ctx, call.Tool, call.Args)
 		if unrunnable != nil && !schemas.Permanent(unrunnable) {
 			return unrunnable
 		}
@@ -414,7 +428,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 					"the call needs approval and the turn has no requester who can answer a prompt", "")
 				continue
 			}
-			id, err := x.requestApproval(ctx, b, call)
+			id, err := x.requestApproval(ctx, b, call, tool)
 			if err != nil {
 				return err
 			}
@@ -506,7 +520,9 @@ func ignoreNotFound(err error) error {
 // the approval-requested event with the record as stored, unless it is no
 // longer pending (a redelivery after it was decided): a prompt is only ever
 // announced for something that can still be answered.
-func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall) (string, error) {
+//
+// A pending record carries the tool's preview of the call (preview).
+func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall, tool tools.Tool) (string, error) {
 	eng := x.cfg.Engine
 	id := schemas.ApprovalID(b.TurnID, call.Index)
 	now := eng.Now()
@@ -522,6 +538,9 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 	}
 	if err := x.grantOrOffer(ctx, b, call, rec); err != nil {
 		return "", err
+	}
+	if rec.Status == schemas.ApprovalPending {
+		rec.Preview = x.preview(ctx, tool, call)
 	}
 	_, err := x.cfg.Store.Approvals.Create(ctx, id, rec)
 	switch {
@@ -541,6 +560,21 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 		return "", err
 	}
 	return id, nil
+}
+
+// preview asks tool what call would change (tools.PreviewCall) within the
+// preview deadline, as of now. It never fails and never takes longer than
+// the deadline: a preview that fails or does not answer in time is stored
+// as such. The tool gets the call's id and arguments, and no authority
+// (Call.Context is nil): a preview acts for nobody.
+func (x *Executor) preview(ctx context.Context, tool tools.Tool, call schemas.ToolCall) *schemas.ApprovalPreview {
+	if tool == nil {
+		return nil
+	}
+	at := x.cfg.Engine.Now()
+	r := tools.PreviewCall(ctx, tool, tools.Call{CallID: call.CallID, Args: call.Args}, x.cfg.PreviewDeadline)
+	x.previews.WithLabelValues(r.Status).Inc()
+	return r.Record(at)
 }
 
 // announce publishes the approval-requested event of rec (its record as

@@ -23,6 +23,7 @@ import (
 //   - "tools": a Go SDK server with the tools the tests call;
 //   - "garbage": a hand-written server that lists tools properly but
 //     answers some calls with something that is not a valid reply;
+//   - "preview": the tools of the preview test (preview_test.go);
 //   - "crash": exits at once.
 //
 // MCPTEST_STARTS names a file to which every start appends
@@ -51,6 +52,13 @@ func serve(mode string) int {
 		return 0
 	case "garbage":
 		garbageServer()
+		return 0
+	case "preview": // preview_test.go
+		s := mcp.NewServer(&mcp.Implementation{Name: "mcptest-preview", Version: "1"}, nil)
+		addPreviewTools(s)
+		if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
 		return 0
 	default: // "crash"
 		fmt.Fprintln(os.Stderr, "crashing at start")

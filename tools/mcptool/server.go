@@ -310,6 +310,10 @@ func (s *server) list(ctx context.Context, sess *mcp.ClientSession) error {
 // which were refused and why.
 func (s *server) build(listed []*mcp.Tool) (ts []tools.Tool, refused []string) {
 	byName := map[string][]*mcp.Tool{}
+	byRemote := map[string]*mcp.Tool{}
+	for _, t := range listed {
+		byRemote[t.Name] = t
+	}
 	for _, t := range listed {
 		n := s.name + "." + sanitize(t.Name)
 		byName[n] = append(byName[n], t)
@@ -328,7 +332,16 @@ func (s *server) build(listed []*mcp.Tool) (ts []tools.Tool, refused []string) {
 			refused = append(refused, fmt.Sprintf("tool %q: %v", same[0].Name, err))
 			continue
 		}
-		ts = append(ts, newTool(s, n, same[0]))
+		t := newTool(s, n, same[0])
+		companion, why := previewOf(same[0], byRemote)
+		switch {
+		case why != "":
+			refused = append(refused, fmt.Sprintf("the preview of tool %q: %s", same[0].Name, why))
+		case companion != "":
+			ts = append(ts, &previewTool{tool: t, companion: companion})
+			continue
+		}
+		ts = append(ts, t)
 	}
 	return ts, refused
 }

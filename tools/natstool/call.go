@@ -84,6 +84,7 @@ type Tool struct {
 	p       *Provider
 	spec    tools.Spec
 	subject string
+	preview string // the preview endpoint's subject, "" for none
 }
 
 // Name implements tools.Tool.

@@ -15,7 +15,10 @@
 //   - "tollgate.schema": the JSON Schema of its arguments (a JSON object);
 //   - "tollgate.retry_safe": "true" when running a call again has the same
 //     effect as running it once (tools.Retryable), "false" or absent if not;
-//   - "tollgate.name": its name; absent, it is "<service>.<endpoint>".
+//   - "tollgate.name": its name; absent, it is "<service>.<endpoint>";
+//   - "tollgate.preview": the subject of the tool's preview endpoint, when
+//     it offers one (see "The preview" below): a literal subject under
+//     the same "tollgate.tool.<prefix>." as the tool's, not the tool's.
 //
 // The name is lower-cased and must pass schemas.CheckToolName. The
 // endpoint's subject must be a literal subject "tollgate.tool.<prefix>.…"
@@ -50,6 +53,19 @@
 // it never sends a call twice. See Tool.Run for how each outcome maps to
 // an error (tools.ErrUncertain, tools.ErrUnavailable, a plain error when
 // the service answered with a service error).
+//
+// # The preview
+//
+// A tool whose endpoint names a preview subject ("tollgate.preview") is a
+// tools.Previewer (PreviewTool): before anyone is asked to approve a call,
+// the executor sends one PreviewRequest (the call's id and arguments, no
+// turn context: a preview acts for nobody) to that subject and waits for
+// the first reply until the preview deadline. The reply body is JSON
+// PreviewReply (kind and text, tools.Preview); a service error, a body
+// that is not one, or no responder is a failed preview, no reply in time
+// a timed-out one. Either way the prompt is made: a preview is advisory.
+// The endpoint must not change anything: it runs for a call nobody has
+// approved.
 package natstool
 
 import (
@@ -83,6 +99,7 @@ const (
 	MetaDescription = MetaPrefix + "description"
 	MetaSchema      = MetaPrefix + "schema"
 	MetaRetrySafe   = MetaPrefix + "retry_safe"
+	MetaPreview     = MetaPrefix + "preview"
 )
 
 // Defaults of Options.
@@ -173,7 +190,7 @@ type Provider struct {
 
 // snapshot is what one discovery found.
 type snapshot struct {
-	tools  []tools.Tool // sorted by name
+	tools  []tools.Tool // sorted by name; a *Tool, or a *PreviewTool with a preview
 	byName map[string]*Tool
 }
 
@@ -326,6 +343,7 @@ func (p *Provider) discover(ctx context.Context) (infos []micro.Info, full bool,
 type candidate struct {
 	spec       tools.Spec
 	subject    string
+	preview    string // the preview endpoint's subject, "" for none
 	queueGroup string
 	service    string
 	instance   string
@@ -384,8 +402,12 @@ func (p *Provider) resolve(infos []micro.Info, full bool, prev *snapshot) *snaps
 			note("tool ignored: too many tools", "tool", name, "max_tools", p.o.MaxTools)
 			continue
 		}
-		t := &Tool{p: p, spec: cands[0].spec, subject: cands[0].subject}
-		s.tools = append(s.tools, t)
+		t := &Tool{p: p, spec: cands[0].spec, subject: cands[0].subject, preview: cands[0].preview}
+		if t.preview != "" {
+			s.tools = append(s.tools, &PreviewTool{t})
+		} else {
+			s.tools = append(s.tools, t)
+		}
 		s.byName[name] = t
 		if prev.get(name) == nil {
 			found[t.spec.Source] = append(found[t.spec.Source], name)
@@ -422,7 +444,8 @@ func conflict(cs []candidate, namesOf map[string][]string) string {
 	first := cs[0]
 	for _, c := range cs[1:] {
 		if c.subject != first.subject || c.spec.Source != first.spec.Source || c.spec.Description != first.spec.Description ||
-			string(c.spec.InputSchema) != string(first.spec.InputSchema) || c.spec.RetrySafe != first.spec.RetrySafe {
+			string(c.spec.InputSchema) != string(first.spec.InputSchema) || c.spec.RetrySafe != first.spec.RetrySafe ||
+			c.preview != first.preview {
 			return fmt.Sprintf("instances disagree on what it is (%s/%s on %s, %s/%s on %s)",
 				first.service, first.instance, first.subject, c.service, c.instance, c.subject)
 		}
@@ -447,7 +470,7 @@ func toCandidate(info micro.Info, ep micro.EndpointInfo) (c candidate, ok bool, 
 	for k := range ep.Metadata {
 		if strings.HasPrefix(k, MetaPrefix) {
 			tollgate = true
-			if k != MetaName && k != MetaDescription && k != MetaSchema && k != MetaRetrySafe {
+			if k != MetaName && k != MetaDescription && k != MetaSchema && k != MetaRetrySafe && k != MetaPreview {
 				err = errors.Join(err, fmt.Errorf("unknown metadata key %q", k))
 			}
 		}
@@ -467,6 +490,15 @@ func toCandidate(info micro.Info, ep micro.EndpointInfo) (c candidate, ok bool, 
 		err = errors.Join(err, serr)
 	} else if !strings.HasPrefix(name, prefix+".") {
 		err = errors.Join(err, fmt.Errorf("tool name %q does not start with %q, the token after %s of its subject", name, prefix+".", SubjectPrefix))
+	}
+	preview := ep.Metadata[MetaPreview]
+	if preview != "" {
+		callPrefix, _ := prefixOf(ep.Subject)
+		if pp, perr := prefixOf(preview); perr != nil {
+			err = errors.Join(err, fmt.Errorf("%s: %w", MetaPreview, perr))
+		} else if pp != callPrefix || preview == ep.Subject {
+			err = errors.Join(err, fmt.Errorf("%s %q is not another subject under %s%s.", MetaPreview, preview, SubjectPrefix, callPrefix))
+		}
 	}
 	var retrySafe bool
 	switch v := ep.Metadata[MetaRetrySafe]; v {
@@ -489,7 +521,7 @@ func toCandidate(info micro.Info, ep micro.EndpointInfo) (c candidate, ok bool, 
 			Name: name, Description: ep.Metadata[MetaDescription], Source: "nats:" + info.Name,
 			InputSchema: schema, RetrySafe: retrySafe,
 		},
-		subject: ep.Subject, queueGroup: ep.QueueGroup, service: info.Name, instance: info.ID,
+		subject: ep.Subject, preview: preview, queueGroup: ep.QueueGroup, service: info.Name, instance: info.ID,
 	}, true, err
 }
 

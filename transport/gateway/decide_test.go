@@ -196,3 +196,22 @@ func TestTheDecisionNoteIsInTheApprovalView(t *testing.T) {
 		t.Fatalf("approval view %s, want decision.note %q", body, note)
 	}
 }
+
+// TestTheApprovalViewShowsThePreview: a pending write_file approval's view
+// (as submitted and from GET /v1/approvals/{id}) carries the preview taken
+// when it was created: a new file, its content, its summary, as of when.
+// The contract test checks the shape against openapi.json.
+func TestTheApprovalViewShowsThePreview(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	_, c := g.submitGated("a", "s-preview", "alice")
+	resp, body := g.do("GET", "/v1/approvals/"+c.ApprovalID, "a", nil)
+	v := want[ApprovalView](t, resp, body, http.StatusOK)
+	p := v.Preview
+	if p == nil || p.Status != schemas.PreviewOK || p.Kind != schemas.PreviewKindNewFile || p.Text != "a" || p.TextVisible != "a" ||
+		p.Flagged || p.Summary != "new file, 1 line" || p.At.IsZero() {
+		t.Fatalf("approval view %s, want a new-file preview of a.txt", body)
+	}
+	if c.Approval.Preview == nil || c.Approval.Preview.Text != "a" {
+		t.Fatalf("submit answered the approval %+v, want it with its preview", c.Approval)
+	}
+}

@@ -91,6 +91,38 @@ type ApprovalView struct {
 	Quorum      int                    `json:"quorum"`
 	Decision    *DecisionView          `json:"decision,omitempty"`
 	Votes       []DecisionView         `json:"votes"`
+	// Preview is what the call would change, as of Preview.At (advisory:
+	// a decision binds ArgsDigest, never the preview); nil when the tool
+	// offers none.
+	Preview *PreviewView `json:"preview,omitempty"`
+}
+
+// PreviewView is an approval's preview (schemas.ApprovalPreview) with the
+// text as a person is shown it (reveal.String) and its summary.
+type PreviewView struct {
+	Status      string    `json:"status"`
+	Kind        string    `json:"kind,omitempty"`
+	Text        string    `json:"text"`
+	TextVisible string    `json:"text_visible"`
+	Flagged     bool      `json:"flagged"`
+	Reason      string    `json:"reason,omitempty"`
+	Truncated   bool      `json:"truncated,omitempty"`
+	Summary     string    `json:"summary"`
+	At          time.Time `json:"at"`
+}
+
+// previewView is the view of p, nil when there is none to show.
+func previewView(p *schemas.ApprovalPreview) *PreviewView {
+	if p == nil || p.Status == "" || p.Status == schemas.PreviewUnsupported {
+		return nil
+	}
+	v := &PreviewView{Status: p.Status, Kind: p.Kind, Text: p.Text, Truncated: p.Truncated, At: p.At}
+	var f1, f2, f3 bool
+	v.TextVisible, f1 = reveal.String(p.Text)
+	v.Reason, f2 = reveal.String(p.Reason)
+	v.Summary, f3 = reveal.String(p.Summary())
+	v.Flagged = f1 || f2 || f3
+	return v
 }
 
 // DecisionView is who decided (or voted) and how.
@@ -120,6 +152,7 @@ func approvalView(a *schemas.ApprovalRecord) *ApprovalView {
 		ApprovalID: a.ApprovalID, TurnID: a.TurnID, CallID: a.CallID, SessionID: a.SessionID,
 		Tool: a.Tool, Args: a.Args, ArgsDigest: a.ArgsDigest, Options: a.Options, Status: a.Status,
 		RequestedAt: a.RequestedAt, Quorum: max(a.Quorum, 1), Votes: []DecisionView{},
+		Preview: previewView(a.Preview),
 	}
 	v.ArgsVisible, v.ArgsFlagged = reveal.JSON(a.Args)
 	if a.Context != nil {

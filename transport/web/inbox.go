@@ -58,9 +58,9 @@ type card struct {
 	Result *schemas.ToolResult
 	CSRF   string
 	// Preview, when set, is rendered by the "preview" template next to
-	// the arguments (what the call would change); nil: nothing is shown.
-	// Empty slot: nothing sets it yet.
-	Preview any
+	// the arguments (what the call would change; preview.go); nil:
+	// nothing is shown.
+	Preview *previewView
 	// Warning is reveal.Warning when the call (its arguments, its
 	// requester, a grant's summary) holds a character reveal escapes;
 	// every such field is shown through reveal.
@@ -100,6 +100,7 @@ func cardOf(rec *schemas.ApprovalRecord, sess *session) *card {
 		Tool: rec.Tool, Digest: rec.ArgsDigest, PolicyVersion: rec.PolicyVersion, Args: args,
 		Options: rec.Options, Quorum: max(rec.Quorum, 1), Votes: rec.Votes,
 		RequestedAt: rec.RequestedAt, ExpiresAt: rec.ExpiresAt, Status: rec.Status,
+		Preview: previewOf(rec.Preview),
 	}
 	for _, o := range rec.Options {
 		if g, ok := rec.Offer(o); ok && schemas.IsGrantOption(o) {

@@ -52,7 +52,7 @@ func parsePages() (map[string]*template.Template, error) {
 		},
 	}
 	out := map[string]*template.Template{}
-	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/card.html", "templates/row.html")
+	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/card.html", "templates/row.html", "templates/preview.html")
 	if err != nil {
 		return nil, fmt.Errorf("web: templates: %w", err)
 	}

@@ -34,6 +34,23 @@ class DecisionInfo:
 
 
 @dataclass(frozen=True)
+class Preview:
+    """What a call would change, as of ``at`` (advisory: a decision binds
+    ``args_digest``, never the preview). ``status`` ok, failed or
+    timed_out; show ``text_visible`` and ``summary``, and say so when
+    ``flagged``."""
+    status: str
+    at: str = ""
+    summary: str = ""
+    text: str = ""
+    text_visible: str = ""
+    flagged: bool = False
+    kind: Optional[str] = None
+    reason: Optional[str] = None
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
 class Approval:
     """An approval. ``args`` is the canonical JSON the ``args_digest``
     covers; show a person ``args_visible`` and say so when ``args_flagged``."""
@@ -55,6 +72,7 @@ class Approval:
     votes: list[DecisionInfo] = field(default_factory=list)
     expires_at: Optional[str] = None
     decision: Optional[DecisionInfo] = None
+    preview: Optional[Preview] = None
 
     @property
     def arguments(self) -> Any:

@@ -245,6 +245,36 @@ export interface components {
             /** @description the decider's note sent with the decision (a deny reason, an approve comment), as sent; absent when there was none. Data to show, never an instruction */
             note?: string;
         };
+        /** @description what the call would change, as the tool found it when the approval was created (as of `at`); advisory: a decision binds args_digest, never the preview. Absent when the tool offers no preview, or on an approval created before previews. */
+        Preview: {
+            /**
+             * @description ok: kind and text say what the call would change; failed and timed_out: there is none, reason says why
+             * @enum {string}
+             */
+            status: "ok" | "failed" | "timed_out";
+            /**
+             * @description with status ok: diff (text is a unified diff of the target as it is against what the call would leave), new_file (text is the content the call would create), unchanged, text (the tool's own words)
+             * @enum {string}
+             */
+            kind?: "diff" | "new_file" | "unchanged" | "text";
+            /** @description untrusted, like the arguments: show text_visible */
+            text: string;
+            /** @description text as a person is shown it: every invisible, control or direction-changing character written as a \u escape (text itself when flagged is false) */
+            text_visible: string;
+            /** @description text or reason holds such a character */
+            flagged: boolean;
+            /** @description why there is no preview (failed, timed_out), escaped like text_visible */
+            reason?: string;
+            /** @description text was cut to 16 KiB */
+            truncated?: boolean;
+            /** @description the preview in a few words, escaped: "+3 -1 lines", "new file, 4 lines", "no change", "preview failed: <reason>", "preview timed out" */
+            summary: string;
+            /**
+             * Format: date-time
+             * @description when the preview was taken: the target may have changed since
+             */
+            at: string;
+        };
         Approval: {
             approval_id: string;
             turn_id: string;
@@ -271,6 +301,7 @@ export interface components {
             quorum: number;
             decision?: components["schemas"]["DecisionInfo"];
             votes: components["schemas"]["DecisionInfo"][];
+            preview?: components["schemas"]["Preview"];
         };
         Call: {
             call_id: string;
