@@ -40,6 +40,11 @@ func TestPromptShowsHostileCharactersEscaped(t *testing.T) {
 	if strings.Contains(plain.content(), reveal.Warning) {
 		t.Errorf("a plain call's prompt warns: %q", plain.content())
 	}
+	// What the call would change, in short: write_file's preview of a file
+	// that does not exist yet.
+	if !strings.Contains(plain.content(), "change: `new file, 1 line`") {
+		t.Errorf("a write_file prompt does not say what it would change: %q", plain.content())
+	}
 }
 
 // Four or more backticks in an argument or a tool's output cannot close

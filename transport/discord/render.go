@@ -181,8 +181,20 @@ func promptMessage(rec *schemas.ApprovalRecord) *outgoing {
 	if flagged || whoFlagged {
 		warn = warning
 	}
-	m := text(fmt.Sprintf("**Approval needed:** %s%s\n%s\ndigest %s · requested by %s · expires %s · %s",
-		inline(rec.Tool), warn, code(args), inline(rec.ArgsDigest), inline(who), chat.Expiry(rec), inline(rec.ApprovalID)))
+	// What the call would change, in short (the preview's summary; the
+	// whole preview, with the time it was taken, is on the web card). Its
+	// words may be a tool's, so they are revealed and quoted like the
+	// requester.
+	change := ""
+	if sum := rec.Preview.Summary(); sum != "" {
+		s, sumFlagged := reveal.String(sum)
+		change = "\nchange: " + inline(s)
+		if sumFlagged {
+			warn = warning
+		}
+	}
+	m := text(fmt.Sprintf("**Approval needed:** %s%s\n%s\ndigest %s · requested by %s · expires %s · %s%s",
+		inline(rec.Tool), warn, code(args), inline(rec.ArgsDigest), inline(who), chat.Expiry(rec), inline(rec.ApprovalID), change))
 	var buttons []component
 	for _, o := range rec.Options {
 		switch o {

@@ -66,6 +66,14 @@ func promptBlocks(rec *schemas.ApprovalRecord) []slack.Block {
 		slack.NewContextBlock("", mrkdwn(fmt.Sprintf("digest `%s` · requested by %s · expires %s · %s",
 			escape(rec.ArgsDigest), shown(requester), chat.Expiry(rec), escape(rec.ApprovalID)))),
 	}
+	// What the call would change, in short (the preview's summary: "+3 -1
+	// lines", "new file, 4 lines", "preview timed out"); the whole
+	// preview, with the time it was taken, is on the web card. The
+	// summary's words may be a tool's, so they are shown as any plain-text
+	// field is.
+	if sum := rec.Preview.Summary(); sum != "" {
+		blocks = append(blocks, slack.NewContextBlock("", mrkdwn("change: "+shown(sum))))
+	}
 	if flagged || requesterFlagged {
 		blocks = append(blocks, warningBlock())
 	}

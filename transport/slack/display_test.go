@@ -47,8 +47,14 @@ func TestPromptShowsHostileCharactersEscaped(t *testing.T) {
 	}
 	// A plain call has no warning.
 	r.event(t, "EvP", dm("U1", ch, "1700000201.000100", "write plain.txt"))
-	if b := r.promptOf(t, schemas.ApprovalID(turnOf(ch, "1700000201.000100"), 0)).form.Get("blocks"); strings.Contains(b, reveal.Warning) {
+	b := r.promptOf(t, schemas.ApprovalID(turnOf(ch, "1700000201.000100"), 0)).form.Get("blocks")
+	if strings.Contains(b, reveal.Warning) {
 		t.Errorf("a plain call's prompt warns: %s", b)
+	}
+	// What the call would change, in short: write_file's preview of a file
+	// that does not exist yet.
+	if !strings.Contains(texts(t, b), "change: new file, 1 line") {
+		t.Errorf("a write_file prompt does not say what it would change: %s", b)
 	}
 }
 
