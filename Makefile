@@ -36,10 +36,10 @@ TEST_JOBS ?= 4
 test:
 	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -Otarget vet test-go test-helm test-clients
 
-## test-go: only the Go tests of the module under -race, TEST_P test binaries at a time (most tests wait on a
-## server, a process or a lease far more than they compute, so more than the 2 cores' default); GOTESTFLAGS
-## adds flags (-v, -json, -run)
-TEST_P ?= 4
+## test-go: only the Go tests of the module under -race, TEST_P test binaries at a time (2, go's default on 2
+## cores; most tests wait far more than they compute, but at 4 beside the other phases on a loaded 2-core
+## machine cluster starts and ordering tests timed out); GOTESTFLAGS adds flags (-v, -json, -run)
+TEST_P ?= 2
 GOTESTFLAGS ?=
 test-go: test-deps build-all
 	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) $(PKGS)
