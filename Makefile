@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build build-all test test-deps screenshots test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
+.PHONY: run build build-all test test-go test-deps screenshots test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -20,15 +20,29 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/tollgate ./cmd/tollgate-bench
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
-## build-all: also each component's own binary (bin/ingest, bin/gateway, ...: the same code as tollgate's subcommands)
+## build-all: also each component's own binary (bin/ingest, bin/gateway, ...: the same code as tollgate's subcommands;
+## tollgate and tollgate-bench are make build's, not written again while tests may be running them)
+COMPONENTS := ingest executor approver redriver planner gateway slack discord
 build-all: build
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(COMPONENTS))
 
-## test: go vet, then every test (unit, integration on an embedded server, end-to-end with real processes) under -race.
-## The binaries are built once (make build) and the tests that run them (e2e, chaos, bench, deploy, Slack,
-## Discord, cmd) take them from TOLLGATE_TEST_BIN; without it each builds its own
-test: vet test-deps build test-helm test-clients
-	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+## test: four phases side by side (make -j$(TEST_JOBS) -k): vet (go vet + staticcheck), test-go (every Go test under
+## -race: unit, integration on an embedded server, end-to-end with real processes), test-helm and test-clients.
+## Each phase's output is printed as one block when it ends (-Otarget), its commands first, so a failure reads
+## as that phase's, and make names the phase that failed; every phase runs to its end, and make test fails if
+## any did. The binaries are built once (make build-all) and the tests that run them (e2e, chaos, bench, deploy,
+## Slack, Discord, cmd, docs) take them from TOLLGATE_TEST_BIN; without it each builds its own
+TEST_JOBS ?= 4
+test:
+	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -Otarget vet test-go test-helm test-clients
+
+## test-go: only the Go tests of the module under -race, TEST_P test binaries at a time (2, go's default on 2
+## cores; most tests wait far more than they compute, but at 4 beside the other phases on a loaded 2-core
+## machine cluster starts and ordering tests timed out); GOTESTFLAGS adds flags (-v, -json, -run)
+TEST_P ?= 2
+GOTESTFLAGS ?=
+test-go: test-deps build-all
+	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) $(PKGS)
 
 ## test-helm: the Helm chart's render test (deploy/helm: a module of its own, so that Helm's and
 ## Kubernetes' dependencies stay out of go.mod)
@@ -53,8 +67,7 @@ screenshots:
 ## test-clients: the Python and TypeScript clients' tests (clients/) and the two agent examples (examples/agent-python,
 ## examples/agent-openai), each against a real `tollgate dev` (bin/tollgate); without python3 or node they skip, and
 ## fail under CI=true
-test-clients: test-deps
-	$(GO) build -o $(BIN)/tollgate ./cmd/tollgate
+test-clients: test-deps build
 	@export TOLLGATE_BIN=$(CURDIR)/$(BIN)/tollgate; \
 	if command -v python3 >/dev/null 2>&1; then \
 		(cd clients/python && python3 -m unittest discover -s tests -t .) || exit 1; \

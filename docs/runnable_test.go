@@ -202,13 +202,12 @@ func TestRunnableDocs(t *testing.T) {
 	if len(groups) == 0 {
 		t.Fatal("no runnable block in README.md or docs/*.md")
 	}
-	bin := t.TempDir()
+	// make build's tollgate (TOLLGATE_TEST_BIN), else built here.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, "tollgate"), "./cmd/tollgate")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/tollgate: %v\n%s", err, out)
+	bin, err := childproc.Binaries(ctx, t.TempDir(), false, []string{"tollgate"}, "./cmd/tollgate")
+	if err != nil {
+		t.Fatalf("build tollgate: %v", err)
 	}
 	for _, g := range groups {
 		name := g.file

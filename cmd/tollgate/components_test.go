@@ -49,12 +49,13 @@ func TestComponentsRefuseMalformedEnvironmentAndHelpExitsZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	thin := t.TempDir()
 	pkgs := make([]string, len(thinMains))
 	for i, m := range thinMains {
 		pkgs[i] = "./cmd/" + m
 	}
-	if err := childproc.Build(context.Background(), thin, false, pkgs...); err != nil {
+	// make build-all's (TOLLGATE_TEST_BIN), else built here.
+	thin, err := childproc.Binaries(context.Background(), t.TempDir(), false, thinMains, pkgs...)
+	if err != nil {
 		t.Fatal(err)
 	}
 	// Each component, with a variable that every one of them reads

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net"
 	"os"
@@ -23,8 +24,8 @@ var (
 	binErr  error
 )
 
-// tollgateBinary builds this command once per test run and returns its
-// path.
+// tollgateBinary returns the tollgate binary: make build's
+// (TOLLGATE_TEST_BIN), else this command built once per test run.
 func tollgateBinary(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -33,15 +34,11 @@ func tollgateBinary(t *testing.T) string {
 			binErr = err
 			return
 		}
+		dir, binErr = childproc.Binaries(context.Background(), dir, false, []string{"tollgate"}, "./cmd/tollgate")
 		binPath = filepath.Join(dir, "tollgate")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = err
-			binPath = string(out)
-		}
 	})
 	if binErr != nil {
-		t.Fatalf("go build: %v\n%s", binErr, binPath)
+		t.Fatalf("build tollgate: %v", binErr)
 	}
 	return binPath
 }

@@ -72,6 +72,9 @@ class AgentLoop(unittest.TestCase):
         th.start()
         a = eventually("the write_file approval", lambda: tg.approvals(session=session))[0]
         self.assertEqual((a.tool, a.arguments["content"]), ("write_file", "buy milk"))
+        # The agent logs after its submit's answer came back, which can be
+        # after the approval is listed: wait for the line, then compare.
+        eventually("the agent's pending line", lambda: logs)
         self.assertEqual(logs, [f"write_file waits for a decision: tollgate approve {a.approval_id}"])
         tg.decide(a, option, "alice")
         th.join(20)

@@ -49,11 +49,17 @@ func TestRawStagesPerformTheRawSequences(t *testing.T) {
 	}
 }
 
-// smokeConfig is a bench run with tiny counts.
+// smokeConfig is a bench run with tiny counts. A throughput window stays
+// open until a turn ended in it (MinTurns): a slot's first turns pay for
+// the stages' cold start (first consumers, first KV reads), and under the
+// load of a parallel `make test` on 2 cores a short fixed window could end
+// before any turn did ("no turn completed in the window"); the smoke
+// checks that every figure is produced, not how fast, so the windows are
+// as short as that allows.
 func smokeConfig(t *testing.T, phases ...string) Config {
 	c := Config{
-		Runs: 1, Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, Concurrency: 4,
-		ConsumeMsgs: 500, LowRate: 20, LatencyDuration: 300 * time.Millisecond, Pending: 20,
+		Runs: 1, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, MinTurns: 1, Concurrency: 4,
+		ConsumeMsgs: 500, LowRate: 20, LatencyDuration: 200 * time.Millisecond, Pending: 20,
 		Phases: map[string]bool{}, LogLevel: "info", WorkDir: t.TempDir(), Logf: t.Logf,
 		BinDir: os.Getenv("BENCH_BIN"), // prebuilt binaries (tollgate runs the stages), or built into WorkDir
 	}
@@ -63,20 +69,6 @@ func smokeConfig(t *testing.T, phases ...string) Config {
 	for _, p := range phases {
 		c.Phases[p] = true
 	}
-	return c
-}
-
-// approvalSmokeConfig is smokeConfig for a phase whose every sample is a
-// closed loop of approval turns. A slot's first approval turn pays for
-// the stages' cold start (first consumers, first KV reads); under the
-// load of a parallel `make test` on 2 cores it took over 500 ms in CI,
-// so a 100 ms warm-up and a 400 ms window could end before any turn
-// did ("no turn completed in the window"). A one-second warm-up and
-// window keep the sample about the steady state; the smoke still checks
-// that every figure is produced, not how fast.
-func approvalSmokeConfig(t *testing.T, phases ...string) Config {
-	c := smokeConfig(t, phases...)
-	c.Warmup, c.Duration, c.LatencyDuration = time.Second, time.Second, time.Second
 	return c
 }
 
@@ -154,7 +146,7 @@ func TestBenchSmokeProcesses(t *testing.T) {
 // reported.
 func TestBenchSmokeToolService(t *testing.T) {
 	t.Parallel() // see TestBenchSmokeProcesses
-	r, err := Run(context.Background(), approvalSmokeConfig(t, "toolservice"))
+	r, err := Run(context.Background(), smokeConfig(t, "toolservice"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +179,7 @@ func TestBenchSmokeToolService(t *testing.T) {
 // the latencies of both reported, and the target judged.
 func TestBenchSmokeGateway(t *testing.T) {
 	t.Parallel() // see TestBenchSmokeProcesses
-	r, err := Run(context.Background(), approvalSmokeConfig(t, "gateway"))
+	r, err := Run(context.Background(), smokeConfig(t, "gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,12 +222,9 @@ func TestBenchSmokeGateway(t *testing.T) {
 // computed from each.
 func TestBenchSmokePlanner(t *testing.T) {
 	t.Parallel() // see TestBenchSmokeProcesses
-	cfg := smokeConfig(t, "planner")
-	// A planner turn takes about 250 ms (the message schedule of its step);
-	// under the load of a parallel `make test` a 400 ms window could end
-	// before any turn of a round did.
-	cfg.Duration, cfg.LatencyDuration = time.Second, time.Second
-	r, err := Run(context.Background(), cfg)
+	// A planner turn takes about 250 ms (the message schedule of its
+	// step): the windows stay open until one ended (smokeConfig).
+	r, err := Run(context.Background(), smokeConfig(t, "planner"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,4 +350,31 @@ func connectedEnv(t *testing.T, st storage, name string) (*env, jetstream.JetStr
 	}
 	t.Cleanup(nc.Close)
 	return e, js
+}
+
+// A closed loop with MinTurns keeps its window open until that many turns
+// ended in it, and takes the rate over the window's real length; without,
+// a window shorter than a turn ends empty.
+func TestClosedLoopWindowWaitsForMinTurns(t *testing.T) {
+	slow := func(ctx context.Context, _ string) (turnTimes, error) {
+		time.Sleep(300 * time.Millisecond)
+		return turnTimes{done: time.Now()}, nil
+	}
+	if res := closedLoop(context.Background(), "fixed", 1, 1, 0, 0, 50*time.Millisecond, nil, slow); res.Completed != 0 || res.Window != 50*time.Millisecond {
+		t.Fatalf("fixed window: %d turns in %v, want 0 in 50ms", res.Completed, res.Window)
+	}
+	opened, closed := 0, 0
+	res := closedLoop(context.Background(), "min", 2, 1, 2, 0, 50*time.Millisecond, func(open bool) {
+		if open {
+			opened++
+		} else {
+			closed++
+		}
+	}, slow)
+	if res.Completed < 2 || res.Window < 300*time.Millisecond || res.Window > turnTimeout || res.rate() <= 0 {
+		t.Fatalf("window with MinTurns 2: %d turns in %v", res.Completed, res.Window)
+	}
+	if opened != 1 || closed != 1 {
+		t.Fatalf("window opened %d and closed %d times, want once each", opened, closed)
+	}
 }

@@ -456,17 +456,38 @@ func (r loopResult) rate() float64 {
 // kept. A turn that timed out (errTurnTimeout) is counted and its slot
 // goes on; any other error stops its slot and is counted as failed.
 // onWindow, if set, is called when the window opens and when it closes.
-func closedLoop(ctx context.Context, run string, conc, sessionsPerSlot int, warm, window time.Duration, onWindow func(open bool), one func(ctx context.Context, session string) (turnTimes, error)) loopResult {
+//
+// With minTurns > 0 the window stays open past its length until minTurns
+// turns ended inside it, at most turnTimeout longer (Config.MinTurns: the
+// smoke tests' tiny windows on a loaded machine); the result's Window is
+// the length it had.
+func closedLoop(ctx context.Context, run string, conc, sessionsPerSlot, minTurns int, warm, window time.Duration, onWindow func(open bool), one func(ctx context.Context, session string) (turnTimes, error)) loopResult {
 	start := time.Now()
-	from, to := start.Add(warm), start.Add(warm+window)
+	from, end := start.Add(warm), start.Add(warm+window)
+	to := end // read by the slots under mu; written only below, under mu
 	res := loopResult{Window: window}
 	var mu sync.Mutex
+	enough := make(chan struct{}) // closed when minTurns ended in the window
+	if minTurns > 0 {
+		to = end.Add(turnTimeout) // the longest it may stay open
+	} else {
+		close(enough)
+	}
+	open := func() bool { // under mu
+		return time.Now().Before(to)
+	}
 	var wg sync.WaitGroup
 	for slot := range conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for k := 0; ctx.Err() == nil && time.Now().Before(to); k++ {
+			for k := 0; ctx.Err() == nil; k++ {
+				mu.Lock()
+				more := open()
+				mu.Unlock()
+				if !more {
+					return
+				}
 				tt, err := one(ctx, fmt.Sprintf("%s-s%d-%d", run, slot, k%sessionsPerSlot))
 				failed := err != nil && !errors.Is(err, errTurnTimeout)
 				mu.Lock()
@@ -484,6 +505,9 @@ func closedLoop(ctx context.Context, run string, conc, sessionsPerSlot int, warm
 					if !tt.done.Before(from) && tt.done.Before(to) {
 						res.Completed++
 						res.Turns = append(res.Turns, tt)
+						if res.Completed == minTurns {
+							close(enough)
+						}
 					}
 				}
 				mu.Unlock()
@@ -493,11 +517,29 @@ func closedLoop(ctx context.Context, run string, conc, sessionsPerSlot int, warm
 			}
 		}()
 	}
-	if onWindow != nil {
+	if onWindow != nil || minTurns > 0 {
 		time.Sleep(time.Until(from))
-		onWindow(true)
-		time.Sleep(time.Until(to))
-		onWindow(false)
+		if onWindow != nil {
+			onWindow(true)
+		}
+		time.Sleep(time.Until(end))
+		if minTurns > 0 {
+			// Open past its length until enough turns ended in it.
+			select {
+			case <-enough:
+			case <-time.After(time.Until(to)):
+			case <-ctx.Done():
+			}
+			mu.Lock()
+			if now := time.Now(); now.Before(to) {
+				to = now
+			}
+			res.Window = to.Sub(from)
+			mu.Unlock()
+		}
+		if onWindow != nil {
+			onWindow(false)
+		}
 	}
 	wg.Wait()
 	return res

@@ -349,7 +349,7 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 			onWindow(open)
 		}
 	}
-	res := closedLoop(context.Background(), run, b.cfg.Concurrency, 4, b.cfg.Warmup, b.cfg.Duration, window, one)
+	res := closedLoop(context.Background(), run, b.cfg.Concurrency, 4, b.cfg.MinTurns, b.cfg.Warmup, b.cfg.Duration, window, one)
 	s := sample{Rate: res.rate(), Count: res.Completed, Timeouts: res.Timeouts, Errors: pubErrs() + int64(res.Failed), turns: res.Turns}
 	if res.Err != nil {
 		return s, fmt.Errorf("%d turns failed, the first: %w", res.Failed, res.Err)

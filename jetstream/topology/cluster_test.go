@@ -1,9 +1,11 @@
 package topology_test
 
 import (
+	"fmt"
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -74,9 +76,15 @@ func TestEnsureOnAThreeNodeCluster(t *testing.T) {
 			if info.Config.Replicas != 3 || info.Config.AllowDirect {
 				t.Errorf("%s: %s: replicas %d, allow direct %v; want 3, false", when, want.Name, info.Config.Replicas, info.Config.AllowDirect)
 			}
-			if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-				t.Errorf("%s: %s: cluster %+v; want a leader and two replicas", when, want.Name, info.Cluster)
-			}
+			// A stream scaled up reports its new peers once they have
+			// joined its group: wait for that, not for the first answer.
+			jstest.EventuallyState(t, 30*time.Second, when+": "+want.Name+" led with two replicas", func() (bool, string) {
+				info, err := s.Info(ctx)
+				if err != nil {
+					return false, err.Error()
+				}
+				return info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == 2, fmt.Sprintf("cluster %+v", info.Cluster)
+			})
 		}
 	}
 	check("after Ensure")

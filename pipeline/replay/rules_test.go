@@ -273,8 +273,13 @@ func TestALostSessionIsRecreatedAndItsQueueStillRunsInOrder(t *testing.T) {
 func TestATurnTheExecutorNeverSawIsRebuiltQueuedAndNudgedReady(t *testing.T) {
 	count := &pt.Counter{}
 	h := start(t, nil, []string{pt.Ingest}, count) // the executor is down
-	turn := h.Send(h.Inbound("s-unseen", "alice", pt.Call("count", `{"n":1}`)))
-	h.WaitIdle(pt.Ingest)
+	m := h.Inbound("s-unseen", "alice", pt.Call("count", `{"n":1}`))
+	turn := schemas.TurnID(m.Transport, m.MessageID)
+	// Wait for ingest to have acknowledged this very message, not for its
+	// consumer to look idle: the server acks a publish before it tells the
+	// consumers, so right after Send the consumer can still report nothing
+	// pending, and Stop would then end ingest before it accepted the turn.
+	h.WaitConsumed(pt.Ingest, h.Publish(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), m))
 	h.Stop()
 
 	rep := run(t, h, replay.Options{Rebuild: true})

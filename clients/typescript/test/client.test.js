@@ -202,10 +202,12 @@ test("gated: a denied call does not run and rejects with the code", async () => 
   const s = session();
   const tg = client({ sessionId: s, sender: "alice" });
   const ran = [];
-  const result = tg.gated("echo", ({ text }) => ran.push(text))({ text: "no" });
+  // Handled from the start: the call can reject (its wait answered)
+  // before deny's own answer comes back.
+  const rejected = rejectsWith(tg.gated("echo", ({ text }) => ran.push(text))({ text: "no" }), "APPROVAL_DENIED");
   const [a] = await eventually("the approval", async () => { const l = await tg.approvals({ session: s }); return l.length ? l : null; });
   await tg.deny(a, "alice");
-  const e = await rejectsWith(result, "APPROVAL_DENIED");
+  const e = await rejected;
   assert.ok(e instanceof NotApproved);
   assert.equal(e.call.result.status, "denied");
   assert.deepEqual(ran, []);

@@ -56,6 +56,9 @@ async function agentTurn(prompt, decide) {
   const [a] = await eventually("the write_file approval", async () => { const l = await tg.approvals({ session }); return l.length ? l : null; });
   assert.equal(a.tool, "write_file");
   assert.deepEqual(JSON.parse(a.args), { path: JSON.parse(a.args).path, content: "buy milk" });
+  // The agent logs after its submit's answer came back, which can be
+  // after the approval is listed: wait for the line, then compare.
+  await eventually("the agent's pending line", async () => (logs.length ? logs : null));
   assert.deepEqual(logs, [`write_file waits for a decision: tollgate approve ${a.approval_id}`]);
   await decide(tg, a);
   return { out: await out, a };
