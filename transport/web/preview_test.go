@@ -69,7 +69,7 @@ func TestPreviewInARealBrowser(t *testing.T) {
 
 	diff := in.request("carol", "write_file", `{"path":"notes.txt","content":"title: notes\n<img src=x onerror=alert(1)>\nowner: dave\n`+longURL+`/more\n"}`, false)
 	ds := cardSel(diff.ApprovalID)
-	do(t, alice, "the diff appears next to the arguments", chromedp.WaitVisible(chromedp.CSS(ds+` section.preview pre.diff`)))
+	do(t, alice, "the diff appears next to the arguments", opened(diff.ApprovalID), chromedp.WaitVisible(chromedp.CSS(ds+` section.preview pre.diff`)))
 	if got := text(t, alice, ds+" section.preview .preview-summary"); !strings.Contains(got, "+2 -2 lines") {
 		t.Fatalf("summary %q, want +2 -2 lines", got)
 	}
@@ -88,7 +88,7 @@ func TestPreviewInARealBrowser(t *testing.T) {
 
 	fresh := in.request("carol", "write_file", `{"path":"fresh.txt","content":"hello\nworld\n"}`, false)
 	fs := cardSel(fresh.ApprovalID)
-	do(t, alice, "a new file says so", chromedp.WaitVisible(chromedp.CSS(fs+` section.preview pre.new-file`)))
+	do(t, alice, "a new file says so", opened(fresh.ApprovalID), chromedp.WaitVisible(chromedp.CSS(fs+` section.preview pre.new-file`)))
 	if got := text(t, alice, fs+" section.preview .preview-summary"); !strings.Contains(got, "New file") || !strings.Contains(got, "2 lines") {
 		t.Fatalf("new file summary %q", got)
 	}
@@ -98,7 +98,7 @@ func TestPreviewInARealBrowser(t *testing.T) {
 
 	slow := in.request("carol", "hang", `{"n":1}`, false)
 	ss := cardSel(slow.ApprovalID)
-	do(t, alice, "a preview that timed out says so", chromedp.WaitVisible(chromedp.CSS(ss+` section.preview .preview-missing`)))
+	do(t, alice, "a preview that timed out says so", opened(slow.ApprovalID), chromedp.WaitVisible(chromedp.CSS(ss+` section.preview .preview-missing`)))
 	if got := text(t, alice, ss+" section.preview .preview-missing"); !strings.Contains(got, "Preview timed out") {
 		t.Fatalf("timed-out preview says %q", got)
 	}
@@ -111,6 +111,7 @@ func TestPreviewInARealBrowser(t *testing.T) {
 	do(t, alice, "the diff fits a phone's width",
 		chromedp.EmulateViewport(390, 844),
 		chromedp.Reload(),
+		opened(diff.ApprovalID),
 		chromedp.WaitVisible(chromedp.CSS(ds+` section.preview pre.diff`)),
 		until(`document.documentElement.scrollWidth <= window.innerWidth &&
 			[...document.querySelectorAll("section.preview pre")].every(p => p.scrollWidth <= p.clientWidth)`))
