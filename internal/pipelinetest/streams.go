@@ -228,8 +228,12 @@ func (h *H) WaitConsumed(stage string, seq uint64) {
 	})
 }
 
-// WaitIdle waits until each stage's consumer has nothing pending and
-// nothing unacknowledged: every message stored so far is handled.
+// WaitIdle waits until each stage's consumer has handled every message
+// its filter matched when WaitIdle was called: its ack floor has reached
+// the last such message, and nothing is unacknowledged. Nothing pending in
+// the consumer's info alone is not enough: the server acknowledges a
+// publish before it tells the stream's consumers, so right after a publish
+// a consumer can still report nothing pending.
 func (h *H) WaitIdle(stages ...string) {
 	h.T.Helper()
 	for _, stage := range stages {
@@ -237,15 +241,55 @@ func (h *H) WaitIdle(stages ...string) {
 		if !ok {
 			h.T.Fatalf("pipelinetest: unknown stage %q", stage)
 		}
-		jstest.Eventually(h.T, h.wait, stage+" idle", func() bool {
+		last := h.lastMatching(sc)
+		jstest.EventuallyState(h.T, h.wait, fmt.Sprintf("%s idle (handled up to seq %d)", stage, last), func() (bool, string) {
 			ctx, cancel := h.Ctx()
 			defer cancel()
 			c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
 			if err != nil {
-				return false
+				return false, err.Error()
 			}
 			info, err := c.Info(ctx)
-			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+			if err != nil {
+				return false, err.Error()
+			}
+			state := fmt.Sprintf("ack floor %d, pending %d, unacked %d", info.AckFloor.Stream, info.NumPending, info.NumAckPending)
+			return info.AckFloor.Stream >= last && info.NumPending == 0 && info.NumAckPending == 0, state
 		})
 	}
+}
+
+// lastMatching is the sequence of the last message stored in sc's stream
+// that sc's filter matches (0: none).
+func (h *H) lastMatching(sc topology.ConsumerSpec) uint64 {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	st, err := h.JS.Stream(ctx, sc.Stream)
+	if err != nil {
+		h.T.Fatalf("pipelinetest: stream %s: %v", sc.Stream, err)
+	}
+	filters := sc.Config.FilterSubjects
+	if sc.Config.FilterSubject != "" {
+		filters = append(filters, sc.Config.FilterSubject)
+	}
+	if len(filters) == 0 {
+		info, err := st.Info(ctx)
+		if err != nil {
+			h.T.Fatalf("pipelinetest: stream %s: %v", sc.Stream, err)
+		}
+		return info.State.LastSeq
+	}
+	var last uint64
+	for _, f := range filters {
+		m, err := st.GetLastMsgForSubject(ctx, f)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			continue
+		case err != nil:
+			h.T.Fatalf("pipelinetest: last message on %s: %v", f, err)
+		}
+		last = max(last, m.Sequence)
+	}
+	return last
 }
