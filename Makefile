@@ -60,9 +60,10 @@ test-deps:
 		else echo "npm not found: the tests that run $$d skip (and fail under CI=true)"; fi; \
 	done
 
-## screenshots: regenerate docs/img's inbox screenshots (inbox.png, inbox-card.png, turn.png) with the browser tests
+## screenshots: regenerate docs/img's inbox screenshots (inbox.png, inbox-card.png, preview.png, turn.png) with the
+## browser tests
 screenshots:
-	TOLLGATE_SCREENSHOTS=$(CURDIR)/docs/img $(GO) test -count=1 -run 'TestTriageInARealBrowser|TestInboxInARealBrowser' ./transport/web/
+	TOLLGATE_SCREENSHOTS=$(CURDIR)/docs/img $(GO) test -count=1 -run 'TestTriageInARealBrowser|TestInboxInARealBrowser|TestPreviewInARealBrowser' ./transport/web/
 
 ## test-clients: the Python and TypeScript clients' tests (clients/) and the two agent examples (examples/agent-python,
 ## examples/agent-openai), each against a real `tollgate dev` (bin/tollgate); without python3 or node they skip, and
