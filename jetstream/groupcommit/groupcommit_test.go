@@ -624,7 +624,7 @@ func TestBrokerStopAsBatchCommitsIsAllOrNoneAndRetryIsExactlyOnce(t *testing.T) 
 	env, b, ms, res := stopDuringBatch(t, func(env *jstest.Env, _ *nats.Conn) {
 		go env.Server.Shutdown()
 	})
-	perID, seqs := stored(t, env, b.ID)
+	_, seqs := stored(t, env, b.ID)
 	slices.Sort(seqs)
 	whole := len(seqs) == batchTestN && seqs[0] == 1 && seqs[batchTestN-1] == batchTestN
 	acked := 0
@@ -647,7 +647,7 @@ func TestBrokerStopAsBatchCommitsIsAllOrNoneAndRetryIsExactlyOnce(t *testing.T) 
 	if dup := retryAll(t, env, ms); dup != want {
 		t.Fatalf("retry: %d duplicates, want %d (batch stored whole: %v)", dup, want, whole)
 	}
-	perID, _ = stored(t, env, b.ID)
+	perID, _ := stored(t, env, b.ID)
 	for _, m := range ms {
 		if id := m.Header.Get(jetstream.MsgIDHeader); perID[id] != 1 {
 			t.Fatalf("%s stored %d times, want once", id, perID[id])

@@ -497,7 +497,7 @@ func toCandidate(info micro.Info, ep micro.EndpointInfo) (c candidate, ok bool, 
 		if pp, perr := prefixOf(preview); perr != nil {
 			err = errors.Join(err, fmt.Errorf("%s: %w", MetaPreview, perr))
 		} else if pp != callPrefix || preview == ep.Subject {
-			err = errors.Join(err, fmt.Errorf("%s %q is not another subject under %s%s.", MetaPreview, preview, SubjectPrefix, callPrefix))
+			err = errors.Join(err, fmt.Errorf("%s %q is not another subject under %s%s", MetaPreview, preview, SubjectPrefix, callPrefix+"."))
 		}
 	}
 	var retrySafe bool
