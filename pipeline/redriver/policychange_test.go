@@ -164,6 +164,10 @@ func TestRedriveRechecksTheCurrentPolicyBeforeEachApprovedCall(t *testing.T) {
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// Each case has a server, pipelines and counters of its own;
+			// they spend much of their time waiting on the broker, so
+			// they wait side by side.
+			t.Parallel()
 			if tc.b.version == "" {
 				tc.b.version = "B"
 			}
