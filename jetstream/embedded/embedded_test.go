@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 )
 
 func TestValidateRefusesWhatIsNotLoopbackOrHasNoStore(t *testing.T) {
@@ -43,7 +44,7 @@ func TestValidateRefusesWhatIsNotLoopbackOrHasNoStore(t *testing.T) {
 
 func TestStartServesJetStreamOnLoopbackWithTheRequestedSync(t *testing.T) {
 	for _, sync := range []bool{false, true} {
-		ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, SyncAlways: sync})
+		ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, SyncAlways: sync, ReadyTimeout: jstest.Ready()})
 		if err != nil {
 			t.Fatal(err)
 		}
