@@ -29,6 +29,7 @@ import (
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -105,14 +106,9 @@ func startServer(t *testing.T) *server.Server {
 	opts.HTTPHost, opts.HTTPPort = "", 0
 	opts.StoreDir = t.TempDir()
 	opts.NoSigs, opts.NoLog = true, true
-	ns, err := server.NewServer(opts)
+	ns, err := embedded.RunWithin(opts, nil, jstest.Ready())
 	if err != nil {
-		t.Fatalf("new server: %v", err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		t.Fatal("nats-server not ready within 10s")
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 	return ns

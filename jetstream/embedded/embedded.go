@@ -30,7 +30,16 @@ type Options struct {
 	// Cluster, if set, makes the server one node of a JetStream cluster
 	// (ServerName must then differ between the nodes).
 	Cluster *Cluster
+	// ReadyTimeout is how long Start waits for the server to accept
+	// clients (JetStream's stores recovered, listeners open) before it
+	// shuts the server down and fails; 0 means DefaultReadyTimeout.
+	// Tests on a loaded machine pass a longer one.
+	ReadyTimeout time.Duration
 }
+
+// DefaultReadyTimeout is how long Start and Run wait for a server to
+// accept clients when no other wait is given.
+const DefaultReadyTimeout = 10 * time.Second
 
 // Cluster is one node's cluster settings. Routes are on loopback only.
 type Cluster struct {
@@ -52,6 +61,9 @@ func (o Options) Validate() error {
 	case "", "127.0.0.1", "localhost", "::1":
 	default:
 		return fmt.Errorf("embedded: host %q is not loopback", o.Host)
+	}
+	if o.ReadyTimeout < 0 {
+		return fmt.Errorf("embedded: ReadyTimeout %v is negative", o.ReadyTimeout)
 	}
 	if c := o.Cluster; c != nil {
 		if c.Name == "" || o.ServerName == "" {
@@ -75,14 +87,15 @@ func loopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Start starts a server and waits until it accepts clients. The caller must
-// Shutdown it (and may WaitForShutdown).
+// Start starts a server and waits, for o.ReadyTimeout, until it accepts
+// clients; a server not ready by then is shut down and Start fails. The
+// caller must Shutdown it (and may WaitForShutdown).
 func Start(o Options) (*server.Server, error) {
 	opts, err := o.ServerOptions()
 	if err != nil {
 		return nil, err
 	}
-	return Run(opts, o.Logger)
+	return RunWithin(opts, o.Logger, o.ReadyTimeout)
 }
 
 // ServerOptions are the nats-server options Start runs o with.
@@ -121,8 +134,19 @@ func (o Options) ServerOptions() (*server.Options, error) {
 
 // Run starts a server with opts as they are (callers that take them from
 // elsewhere, such as a configuration file, keep them on loopback) and waits
-// until it accepts clients. logger, if not nil, receives its log.
+// until it accepts clients, for DefaultReadyTimeout (see RunWithin).
+// logger, if not nil, receives its log.
 func Run(opts *server.Options, logger server.Logger) (*server.Server, error) {
+	return RunWithin(opts, logger, 0)
+}
+
+// RunWithin is Run waiting ready (0: DefaultReadyTimeout) for the server
+// to accept clients; a server not ready by then is shut down and
+// RunWithin fails with an error that says how long it waited.
+func RunWithin(opts *server.Options, logger server.Logger, ready time.Duration) (*server.Server, error) {
+	if ready <= 0 {
+		ready = DefaultReadyTimeout
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: new server: %w", err)
@@ -131,9 +155,9 @@ func Run(opts *server.Options, logger server.Logger) (*server.Server, error) {
 		ns.SetLoggerV2(logger, false, false, false)
 	}
 	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
+	if !ns.ReadyForConnections(ready) {
 		ns.Shutdown()
-		return nil, errors.New("embedded: server not ready within 10s")
+		return nil, fmt.Errorf("embedded: server not ready within %v", ready)
 	}
 	return ns, nil
 }

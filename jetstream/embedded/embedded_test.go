@@ -5,11 +5,13 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 )
 
 func TestValidateRefusesWhatIsNotLoopbackOrHasNoStore(t *testing.T) {
@@ -27,6 +29,8 @@ func TestValidateRefusesWhatIsNotLoopbackOrHasNoStore(t *testing.T) {
 		{"cluster node on loopback", embedded.Options{StoreDir: "x", ServerName: "n1", Cluster: &embedded.Cluster{Name: "c", Port: -1, Routes: []string{"nats-route://127.0.0.1:6222", "nats-route://localhost:6223"}}}, true},
 		{"cluster node without a server name", embedded.Options{StoreDir: "x", Cluster: &embedded.Cluster{Name: "c", Port: -1}}, false},
 		{"cluster without a name", embedded.Options{StoreDir: "x", ServerName: "n1", Cluster: &embedded.Cluster{Port: -1}}, false},
+		{"a negative ready timeout", embedded.Options{StoreDir: "x", ReadyTimeout: -time.Second}, false},
+		{"a ready timeout of its own", embedded.Options{StoreDir: "x", ReadyTimeout: time.Minute}, true},
 		{"a route off loopback", embedded.Options{StoreDir: "x", ServerName: "n1", Cluster: &embedded.Cluster{Name: "c", Port: -1, Routes: []string{"nats-route://10.0.0.2:6222"}}}, false},
 	}
 	for _, tc := range cases {
@@ -40,7 +44,7 @@ func TestValidateRefusesWhatIsNotLoopbackOrHasNoStore(t *testing.T) {
 
 func TestStartServesJetStreamOnLoopbackWithTheRequestedSync(t *testing.T) {
 	for _, sync := range []bool{false, true} {
-		ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, SyncAlways: sync})
+		ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, SyncAlways: sync, ReadyTimeout: jstest.Ready()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,6 +65,23 @@ func TestStartServesJetStreamOnLoopbackWithTheRequestedSync(t *testing.T) {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	}
+}
+
+// Start waits ReadyTimeout, not a fixed time, for the server to accept
+// clients, and says how long it waited when the server was not ready: a
+// server cannot recover JetStream and open its listener within a
+// nanosecond, and can within a minute.
+func TestStartWaitsTheReadyTimeoutItIsGiven(t *testing.T) {
+	_, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, ReadyTimeout: time.Nanosecond})
+	if err == nil || !strings.Contains(err.Error(), "not ready within 1ns") {
+		t.Fatalf("Start with a 1ns ready timeout: %v, want not ready within 1ns", err)
+	}
+	ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, ReadyTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Shutdown()
+	ns.WaitForShutdown()
 }
 
 // The documented production configuration really sets what the docs say.

@@ -99,7 +99,7 @@ func StartClusterOf(t testing.TB, opts []*server.Options) *Cluster {
 	})
 	for _, o := range opts {
 		o.Routes = routes
-		ns, err := embedded.Run(o, nil)
+		ns, err := embedded.RunWithin(o, nil, Ready())
 		if err != nil {
 			t.Fatalf("start node %s: %v", o.ServerName, err)
 		}

@@ -53,7 +53,7 @@ func Start(t testing.TB) *Env {
 func StartWith(t testing.TB, o Options) *Env {
 	t.Helper()
 	e := &Env{StoreDir: t.TempDir()}
-	e.opts = embedded.Options{StoreDir: e.StoreDir, Port: -1, SyncAlways: o.SyncAlways}
+	e.opts = embedded.Options{StoreDir: e.StoreDir, Port: -1, SyncAlways: o.SyncAlways, ReadyTimeout: Ready()}
 	e.start(t)
 	// Registered once, here, so that it runs after the cleanups of
 	// whatever the test starts on e (stages draining need their server),
@@ -161,6 +161,13 @@ const Wait = 20 * time.Second
 // longer still says so as a multiple of it (2*LongWait), never as a new
 // literal.
 const LongWait = 3 * Wait
+
+// Ready is how long a test waits for an embedded server it starts to
+// accept clients (embedded.Options.ReadyTimeout, embedded.RunWithin):
+// LongWait, scaled, since a server recovering its stores on a loaded
+// machine under -race can take far longer than production's
+// embedded.DefaultReadyTimeout. A server that is ready returns at once.
+func Ready() time.Duration { return Scale(LongWait) }
 
 // After is time.After(Scale(d)): the deadline of a test that waits on a
 // channel in a select, stretched like every other.

@@ -21,7 +21,7 @@ import (
 // bare starts an embedded server with JetStream and no Tollgate topology.
 func bare(t *testing.T) (*nats.Conn, jetstream.JetStream, context.Context) {
 	t.Helper()
-	ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1})
+	ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, ReadyTimeout: jstest.Ready()})
 	if err != nil {
 		t.Fatalf("start server: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -162,6 +163,12 @@ func TestRedriveRechecksTheCurrentPolicyBeforeEachApprovedCall(t *testing.T) {
 			b:     changed{tools: map[string]string{"count": `{"approval": "deny"}`}}, want: []want{policyChanged, runs},
 			started: true},
 	}
+	// One server for every case, one case at a time: each case's turn has
+	// a session of its own, its pipeline under A and its redriver under B
+	// stop before the next case starts, and the redriver's durable
+	// consumer has handled every earlier event (WaitIdle), so a redriver
+	// under B finds only its own case's decided events to act on.
+	env := jstest.Start(t)
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.b.version == "" {
@@ -176,7 +183,7 @@ func TestRedriveRechecksTheCurrentPolicyBeforeEachApprovedCall(t *testing.T) {
 			}
 
 			// Under policy A: requested and decided; no redriver runs.
-			h := pt.Start(t, pt.Options{Policy: policyA, Tools: ts, Stages: []string{pt.Ingest, pt.Executor, pt.Approver}})
+			h := pt.Start(t, pt.Options{Env: env, Policy: policyA, Tools: ts, Stages: []string{pt.Ingest, pt.Executor, pt.Approver}})
 			var calls []schemas.ProposedCall
 			for j, tool := range tc.calls {
 				calls = append(calls, pt.Call(tool, fmt.Sprintf(`{"case":%d,"call":%d}`, i, j)))
@@ -256,6 +263,7 @@ func TestRedriveRechecksTheCurrentPolicyBeforeEachApprovedCall(t *testing.T) {
 			if n := len(r.Outcomes(turn)); n != 1 {
 				t.Fatalf("%d outcome events, want 1", n)
 			}
+			r.Stop()
 		})
 	}
 }

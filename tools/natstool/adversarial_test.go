@@ -4,7 +4,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -82,18 +81,20 @@ func TestMisbehavingToolServicesThroughThePipeline(t *testing.T) {
 		handler("failing", func(req micro.Request) { _ = req.Error("500", "disk full", nil, withID(idOf(req))) }),
 	)
 	vanishing := addService(t, connect(t, env), "vanishing", handler("tool", func(req micro.Request) { answer(req, "done") }))
+	// No timed refresh: a discovery that a loaded machine delays past
+	// DiscoveryWait would take the tools away in the middle of a call.
 	p := natstool.New(env.NC, natstool.Options{
-		Logger: pt.Logger(), DiscoveryWait: discoveryWait, RefreshInterval: 100 * time.Millisecond, MaxReplyBytes: 4 << 10,
+		Logger: pt.Logger(), DiscoveryWait: discoveryWait, RefreshInterval: stable, MinRefreshGap: refreshGap, MaxReplyBytes: 4 << 10,
 	})
 	h := pt.Start(t, pt.Options{Env: env, Providers: []tools.Provider{p}})
-	waitTools(t, p, "the services' tools offered", offered("bad.twice", "bad.other-id", "bad.too-big", "bad.failing", "vanishing.tool"))
+	discoverUntil(t, p, "the services' tools offered", offered("bad.twice", "bad.other-id", "bad.too-big", "bad.failing", "vanishing.tool"))
 
 	t.Run("a service that answers twice: the first answer is the result, the second no one's", func(t *testing.T) {
 		h := h.For(t)
 		for _, session := range []string{"twice-1", "twice-2"} {
 			turn, r := approve(h, session, "bad.twice")
 			if want := "first " + schemas.CallID(turn, 0); r.Status != schemas.ResultOK || r.Output != want {
-				t.Fatalf("result %s %q, want ok %q", r.Status, r.Output, want)
+				t.Fatalf("result %s %s (%s) %q, want ok %q", r.Status, r.Code, r.Reason, r.Output, want)
 			}
 			redeliver(h, turn, true)
 		}
@@ -133,7 +134,7 @@ func TestMisbehavingToolServicesThroughThePipeline(t *testing.T) {
 		if err := vanishing.Stop(); err != nil {
 			t.Fatal(err)
 		}
-		waitTools(t, p, "vanishing.tool gone", func(m map[string]tools.Spec) bool { return !offered("vanishing.tool")(m) })
+		discoverUntil(t, p, "vanishing.tool gone", func(m map[string]tools.Spec) bool { return !offered("vanishing.tool")(m) })
 		h.Decide(schemas.ApprovalID(turn, 0), schemas.OptionApprove, "alice")
 		_, out := h.WaitTerminal(turn)
 		if r := out.Results[0]; r.Status != schemas.ResultFailed || r.Code != schemas.CodeToolNotFound {
@@ -151,9 +152,9 @@ func TestAToolWhoseServiceIsGoneButStillOfferedIsUnavailable(t *testing.T) {
 	svcNC := connect(t, env)
 	addService(t, svcNC, "gone", endpoint{name: "tool", handler: func(req micro.Request) { got.add("tool"); answer(req, "done") }})
 	// No refresh during the test: the tool stays offered.
-	p := natstool.New(env.NC, natstool.Options{Logger: pt.Logger(), DiscoveryWait: discoveryWait, RefreshInterval: time.Hour})
+	p := natstool.New(env.NC, natstool.Options{Logger: pt.Logger(), DiscoveryWait: discoveryWait, RefreshInterval: stable, MinRefreshGap: refreshGap})
 	h := pt.Start(t, pt.Options{Env: env, Providers: []tools.Provider{p}})
-	waitTools(t, p, "gone.tool offered", offered("gone.tool"))
+	discoverUntil(t, p, "gone.tool offered", offered("gone.tool"))
 	turn := h.Send(h.Inbound("gone", "alice", pt.Call("gone.tool", `{}`)))
 	h.WaitPending(schemas.ApprovalID(turn, 0))
 	if err := svcNC.Drain(); err != nil {

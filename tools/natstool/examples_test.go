@@ -200,10 +200,10 @@ func startWithExample(t *testing.T, ex example, delay time.Duration, o pt.Option
 	env := jstest.Start(t)
 	journal := journalFile(filepath.Join(t.TempDir(), "journal"))
 	ex.start(t, env.URL(), string(journal), delay)
-	p := natstool.New(env.NC, natstool.Options{Logger: pt.Logger(), DiscoveryWait: discoveryWait, RefreshInterval: 100 * time.Millisecond})
+	p := natstool.New(env.NC, natstool.Options{Logger: pt.Logger(), DiscoveryWait: discoveryWait, RefreshInterval: stable, MinRefreshGap: refreshGap})
 	o.Env, o.Providers = env, []tools.Provider{p}
 	h := pt.Start(t, o)
-	waitTools(t, p, ex.tool+" offered", func(m map[string]tools.Spec) bool { _, ok := m[ex.tool]; return ok })
+	discoverUntil(t, p, ex.tool+" offered", func(m map[string]tools.Spec) bool { _, ok := m[ex.tool]; return ok })
 	return h, journal
 }
 

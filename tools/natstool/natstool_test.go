@@ -141,6 +141,32 @@ func specs(t *testing.T, p *natstool.Provider) map[string]tools.Spec {
 	return out
 }
 
+// discoverUntil runs a discovery on p (Refresh) and polls until cond
+// holds for its tools. It is for tests that run calls through a provider
+// and must not have a timed refresh change its tools under them: such a
+// provider has RefreshInterval stable and MinRefreshGap refreshGap, so
+// the tools change only here. A discovery that heard a service too late
+// (a loaded machine can delay an answer past DiscoveryWait, and the tools
+// of a service that did not answer are gone) is simply run again.
+func discoverUntil(t *testing.T, p *natstool.Provider, what string, cond func(map[string]tools.Spec) bool) {
+	t.Helper()
+	jstest.Eventually(t, pipelinetest.Wait, what, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), jstest.Wait)
+		defer cancel()
+		if err := p.Refresh(ctx); err != nil {
+			t.Fatalf("Refresh: %v", err)
+		}
+		return cond(specs(t, p))
+	})
+}
+
+// stable and refreshGap are the RefreshInterval and MinRefreshGap of a
+// provider whose tools change only by discoverUntil.
+const (
+	stable     = time.Hour
+	refreshGap = time.Millisecond
+)
+
 // waitTools polls p until cond holds for its tools.
 func waitTools(t *testing.T, p *natstool.Provider, what string, cond func(map[string]tools.Spec) bool) map[string]tools.Spec {
 	t.Helper()
