@@ -49,7 +49,7 @@ func TestClientCommandsHintAtWhatIsMissing(t *testing.T) {
 	down := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	// A server without Tollgate's streams and buckets: a plain nats-server
 	// with JetStream, or one the stages never started on.
-	ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1})
+	ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, ReadyTimeout: jstest.Ready()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,13 +12,14 @@ import (
 
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
 // provEmptyServer is a JetStream server with nothing on it, and a client.
 func provEmptyServer(t *testing.T) (url string, js jetstream.JetStream) {
 	t.Helper()
-	ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1})
+	ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, ReadyTimeout: jstest.Ready()})
 	if err != nil {
 		t.Fatal(err)
 	}

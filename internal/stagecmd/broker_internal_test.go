@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
@@ -49,7 +50,7 @@ func TestAStageStartedBeforeItsBrokerWaitsForIt(t *testing.T) {
 		t.Fatalf("awaitBroker returned %v with no broker running", err)
 	case <-time.After(500 * time.Millisecond): // it must still be waiting: nothing to wait for but time
 	}
-	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: port})
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: port, ReadyTimeout: jstest.Ready()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func TestAStageStartedBeforeItsBrokerWaitsForIt(t *testing.T) {
 }
 
 func TestAStageGivesUpAtOnceWhenTheBrokerRefusesItsTopology(t *testing.T) {
-	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1})
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, ReadyTimeout: jstest.Ready()})
 	if err != nil {
 		t.Fatal(err)
 	}

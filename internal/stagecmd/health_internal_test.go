@@ -52,7 +52,7 @@ func newStageProcess(t *testing.T) *stageProcess {
 // startBroker starts (or starts again) the broker on p's port and store.
 func (p *stageProcess) startBroker() {
 	p.t.Helper()
-	srv, err := embedded.Start(embedded.Options{StoreDir: p.store, Port: p.natsPort})
+	srv, err := embedded.Start(embedded.Options{StoreDir: p.store, Port: p.natsPort, ReadyTimeout: jstest.Ready()})
 	if err != nil {
 		p.t.Fatal(err)
 	}
