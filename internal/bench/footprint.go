@@ -154,12 +154,22 @@ func (b *bencher) footprintRun() (footprint, error) {
 
 // waitIdle waits until the consumer has nothing pending or unacknowledged.
 func waitIdle(js jetstream.JetStream, stream, consumer string, timeout time.Duration) error {
+	// Idle is seen twice in a row, 20 ms apart: the server acknowledges a
+	// publish before it tells the stream's consumers, so right after a
+	// publish one read of the consumer's info can still say nothing is
+	// pending. (A wait on the ack floor reaching the last matching message
+	// would be exact, but its stream reads would show in the trace.)
+	seen := 0
 	return waitFor(timeout, consumer+" idle", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		info, err := consumerInfo(ctx, js, stream, consumer)
 		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
-			return true
+			if seen++; seen == 2 {
+				return true
+			}
+		} else {
+			seen = 0
 		}
 		time.Sleep(20 * time.Millisecond)
 		return false

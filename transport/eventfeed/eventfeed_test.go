@@ -69,9 +69,10 @@ func TestResumeJoinsTheFeedWithoutGapsOrRepeats(t *testing.T) {
 	defer warm.Close()
 	first := publish(t, env, "tollgate.event.test.a.t-1", 50)
 	done := make(chan uint64)
-	// Fewer than a buffer's worth: this subscriber reads only once they
-	// are all stored.
-	go func() { done <- publish(t, env, "tollgate.event.test.b.t-1", Buffer-10) }()
+	// With the 30 it resumes from the stream, fewer than a buffer's worth:
+	// this subscriber reads only once they are all stored, so the resumed
+	// and the live events together must fit its buffer.
+	go func() { done <- publish(t, env, "tollgate.event.test.b.t-1", Buffer-40) }()
 	after := first - 30
 	sub, err := f.Subscribe(context.Background(), Options{After: after})
 	if err != nil {
