@@ -5,9 +5,11 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Register registers the collector *c with reg and leaves in *c the
@@ -56,4 +58,38 @@ func describe(c prometheus.Collector) string {
 		descs = append(descs, d.String())
 	}
 	return strings.Join(descs, ", ")
+}
+
+// Sum is the sum of the counter or gauge name over the series of mfs
+// whose labels include every pair in labels (all series when labels is
+// empty); 0 when there is none. Histograms and summaries are not summed.
+func Sum(mfs []*dto.MetricFamily, name string, labels map[string]string) float64 {
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if !hasLabels(m, labels) {
+				continue
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// hasLabels reports whether m carries every name=value pair of labels.
+func hasLabels(m *dto.Metric, labels map[string]string) bool {
+	for k, v := range labels {
+		if !slices.ContainsFunc(m.GetLabel(), func(lp *dto.LabelPair) bool { return lp.GetName() == k && lp.GetValue() == v }) {
+			return false
+		}
+	}
+	return true
 }

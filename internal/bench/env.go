@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -360,28 +361,7 @@ func (a *allInOne) counter(name string, labels map[string]string) float64 {
 	if err != nil {
 		return 0
 	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || (lp.GetName() == k && lp.GetValue() == v)
-				}
-				if !found {
-					continue series
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				sum += c.GetValue()
-			}
-		}
-	}
-	return sum
+	return metrics.Sum(mfs, name, labels)
 }
 
 // histogram is the sum and count of the histogram name (one series).

@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/metrics"
 )
 
 // File reads path inside the write_file sandbox.
@@ -63,33 +64,7 @@ func (h *H) Metric(name string, labels map[string]string) float64 {
 	if err != nil {
 		h.T.Fatalf("pipelinetest: gather: %v", err)
 	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue series
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
+	return metrics.Sum(mfs, name, labels)
 }
 
 // WaitMetric polls Metric until it equals want.

@@ -132,13 +132,27 @@ func (in *inbox) signInAs(t *testing.T, ctx context.Context, subject string) {
 // (the README's images: docs/img), when that is set.
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
+	saveScreenshot(t, ctx, name, chromedp.FullScreenshot(100))
+}
+
+// screenshotView saves a PNG of the window only (the list is long) as name
+// in $TOLLGATE_SCREENSHOTS, when that is set.
+func screenshotView(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	saveScreenshot(t, ctx, name, chromedp.CaptureScreenshot())
+}
+
+// saveScreenshot runs capture and writes its PNG to $TOLLGATE_SCREENSHOTS
+// as name; it does nothing when that is not set.
+func saveScreenshot(t *testing.T, ctx context.Context, name string, capture chromedp.Action[[]byte]) {
+	t.Helper()
 	dir := os.Getenv("TOLLGATE_SCREENSHOTS")
 	if dir == "" {
 		return
 	}
 	c, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	png, err := chromedp.Run(c, chromedp.FullScreenshot(100))
+	png, err := chromedp.Run(c, capture)
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
 	}

@@ -3,7 +3,6 @@ package web_test
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -107,23 +106,4 @@ func navigated(t *testing.T, ctx context.Context, expr string) {
 		ok, err := chromedp.Run(c, chromedp.Evaluate[bool](expr))
 		return err == nil && ok
 	})
-}
-
-// screenshotView saves a PNG of the window (not the whole page: the list
-// is long) as name in $TOLLGATE_SCREENSHOTS, when that is set.
-func screenshotView(t *testing.T, ctx context.Context, name string) {
-	t.Helper()
-	dir := os.Getenv("TOLLGATE_SCREENSHOTS")
-	if dir == "" {
-		return
-	}
-	c, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	png, err := chromedp.Run(c, chromedp.CaptureScreenshot())
-	if err != nil {
-		t.Fatalf("screenshot: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
