@@ -2,6 +2,7 @@ package tollgate_test
 
 import (
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ var layers = []struct {
 	{"protocol", []string{"jetstream/topology", "jetstream/jstest", "pipeline/bus", "pipeline/store", "tools", "policy", "audit", "transport/eventfeed", "jetstream/groupcommit"}},
 	{"pipeline", []string{"pipeline"}},
 	{"transport", []string{"transport"}},
-	{"root", []string{".", "internal/stagecmd", "internal/flagset", "internal/gatewaycmd", "internal/chatcmd", "internal/slackcmd", "internal/discordcmd"}},
+	{"root", []string{".", "internal/scaffold", "internal/stagecmd", "internal/flagset", "internal/gatewaycmd", "internal/chatcmd", "internal/slackcmd", "internal/discordcmd"}},
 	{"harness", []string{"internal/pipelinetest", "transport/chat/chattest", "internal/chaos", "internal/bench", "internal/soak"}},
 	{"program", []string{"cmd", "examples", "e2e", "deploy", "docs"}},
 }
@@ -96,6 +97,82 @@ func TestGatewayDependsOnTheProtocolOnly(t *testing.T) {
 		}
 		if l, ok := layerOf(p); !ok || l > protocol {
 			t.Errorf("transport/gateway links %s", strings.TrimPrefix(p, module+"/"))
+		}
+	}
+}
+
+// stagePackages are the pipeline's stages and what only stages use (the
+// batch runner's, the planner's model client): a binary that runs no stage
+// must not link them.
+var stagePackages = []string{"pipeline/ingest", "pipeline/executor", "pipeline/approver", "pipeline/redriver", "pipeline/planner", "pipeline/batch"}
+
+// The gateway and the chat transports run no stage: their binaries link
+// neither the composition root (package tollgate, which links every
+// stage), nor a stage package, nor the planner's model client
+// (github.com/openai/openai-go), only the process scaffold
+// (internal/scaffold) of the stage binaries' code (internal/stagecmd).
+// The one exception: the gateway's web inbox (transport/web) decides who
+// may decide or revoke with the approver's own rule (approver.MayDecide,
+// approver.MayRevoke), so the gateway links pipeline/approver, and that
+// package only.
+func TestGatewayAndChatBinariesDependOnNoStage(t *testing.T) {
+	for _, tc := range []struct {
+		cmd     string
+		allowed []string // stage packages it may link, relative to the module
+	}{
+		{"./cmd/gateway", []string{"pipeline/approver"}},
+		{"./cmd/slack", nil},
+		{"./cmd/discord", nil},
+	} {
+		out, err := exec.Command("go", "list", "-deps", tc.cmd).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", tc.cmd, err)
+		}
+		var bad []string
+		for _, p := range strings.Fields(string(out)) {
+			if isStage, why := stageDep(p); isStage && !slices.Contains(tc.allowed, strings.TrimPrefix(p, module+"/")) {
+				bad = append(bad, p+" ("+why+")")
+			}
+		}
+		if len(bad) > 0 {
+			t.Errorf("%s links %d packages of the stages:\n  %s", tc.cmd, len(bad), strings.Join(bad, "\n  "))
+		}
+	}
+}
+
+// stageDep reports whether the package p is one a binary that runs no
+// stage must not link, and why.
+func stageDep(p string) (bool, string) {
+	if p == module {
+		return true, "the composition root"
+	}
+	if p == "github.com/openai/openai-go" || strings.HasPrefix(p, "github.com/openai/openai-go/") {
+		return true, "the planner's model client"
+	}
+	for _, s := range stagePackages {
+		if p == module+"/"+s || strings.HasPrefix(p, module+"/"+s+"/") {
+			return true, "a stage"
+		}
+	}
+	return false, ""
+}
+
+// The process scaffold every binary shares (internal/scaffold) links
+// neither the composition root, nor the pipeline, nor the tools (go list
+// -deps: an indirect import counts too): running a stage and offering tools
+// is internal/stagecmd's.
+func TestScaffoldDependsOnNoStageNorTool(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "./internal/scaffold").Output()
+	if err != nil {
+		t.Fatalf("go list -deps ./internal/scaffold: %v", err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		rel := strings.TrimPrefix(p, module+"/")
+		if p == module || rel == "pipeline" || strings.HasPrefix(rel, "pipeline/") || rel == "tools" || strings.HasPrefix(rel, "tools/") {
+			t.Errorf("internal/scaffold links %s", p)
+		}
+		if bad, why := stageDep(p); bad && p != module {
+			t.Errorf("internal/scaffold links %s (%s)", p, why)
 		}
 	}
 }

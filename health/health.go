@@ -1,7 +1,7 @@
 // Package health is the readiness of one Tollgate process: a set of named
 // checks that its composition root fills (tollgate.Pipeline.Checks, a
 // gateway's own), served as /readyz and exported as the gauge
-// tollgate_ready{stage} (internal/stagecmd serves both next to /metrics,
+// tollgate_ready{stage} (internal/scaffold serves both next to /metrics,
 // with /healthz).
 //
 // A process is ready when every check passes. Until checks are added

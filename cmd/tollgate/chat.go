@@ -15,7 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
@@ -51,7 +51,7 @@ func cmdChat(cmd *command, args []string) int {
 	chKind := fs.String("channel-kind", "dm", "dm, private or public")
 	wait := fs.Duration("wait", 10*time.Minute, "how long to follow the turn")
 	answer := fs.Bool("answer", true, "answer approval prompts from stdin as the sender (a: approve, d: deny); --answer=false only shows them")
-	policyPath := fs.String("policy", stagecmd.Env("TOLLGATE_POLICY", ""), "policy JSON the message is checked against, as ingest checks it (env TOLLGATE_POLICY)")
+	policyPath := fs.String("policy", scaffold.Env("TOLLGATE_POLICY", ""), "policy JSON the message is checked against, as ingest checks it (env TOLLGATE_POLICY)")
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit

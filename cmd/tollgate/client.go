@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/legacy"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -40,15 +40,15 @@ type client struct {
 
 // register adds the shared flags to fs; timeout is the --timeout default.
 func (c *client) register(fs *flag.FlagSet, timeout time.Duration) {
-	fs.StringVar(&c.url, "nats", stagecmd.Env("TOLLGATE_NATS_URL", stagecmd.DefaultNATSURL), "NATS URL (env TOLLGATE_NATS_URL)")
-	fs.StringVar(&c.creds, "creds", stagecmd.Env("TOLLGATE_NATS_CREDS", ""), "NATS credentials file (env TOLLGATE_NATS_CREDS)")
+	fs.StringVar(&c.url, "nats", scaffold.Env("TOLLGATE_NATS_URL", scaffold.DefaultNATSURL), "NATS URL (env TOLLGATE_NATS_URL)")
+	fs.StringVar(&c.creds, "creds", scaffold.Env("TOLLGATE_NATS_CREDS", ""), "NATS credentials file (env TOLLGATE_NATS_CREDS)")
 	fs.BoolVar(&c.json, "json", false, "machine-readable JSON output")
 	fs.DurationVar(&c.timeout, "timeout", timeout, "how long to wait for the server")
 }
 
 func (c *client) connect() error {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	nc, js, err := stagecmd.Connect(c.url, c.creds, "tollgate-cli", quiet)
+	nc, js, err := scaffold.Connect(c.url, c.creds, "tollgate-cli", quiet)
 	if err != nil {
 		return err
 	}
@@ -201,4 +201,4 @@ func clip(s string, n int) string {
 // call that holds a character reveal escapes.
 const warnLine = "  ! " + reveal.Warning
 
-func signalCtx() (context.Context, context.CancelFunc) { return stagecmd.SignalContext() }
+func signalCtx() (context.Context, context.CancelFunc) { return scaffold.SignalContext() }

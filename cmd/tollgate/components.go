@@ -4,6 +4,7 @@ import (
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/discordcmd"
 	"github.com/tollgate-dev/tollgate/internal/gatewaycmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/internal/slackcmd"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
@@ -14,7 +15,7 @@ import (
 // (and one image) deploys every part. Each parses its own flags: -h prints
 // its help on stdout with exit status 0; a flag error, or a TOLLGATE_*
 // variable its flags cannot read, exits 2.
-var components = []stagecmd.Component{
+var components = []scaffold.Component{
 	stagecmd.Stage(tollgate.StageIngest), stagecmd.Stage(tollgate.StageExecutor),
 	stagecmd.Stage(tollgate.StageApprover), stagecmd.Stage(tollgate.StageRedriver),
 	stagecmd.Stage(tollgate.StagePlanner),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/health"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -29,13 +30,13 @@ var devCmd = &command{
 // holds a lock on --data while it runs (see lockDataDir).
 func cmdDev(cmd *command, args []string) int {
 	fs := cmd.flags()
-	data := fs.String("data", stagecmd.Env("TOLLGATE_DATA", "./.tollgate"), "data directory: JetStream store and tool sandbox (env TOLLGATE_DATA)")
-	listen := fs.String("listen", stagecmd.Env("TOLLGATE_LISTEN", "127.0.0.1:4222"), "loopback address for the embedded nats-server (env TOLLGATE_LISTEN)")
+	data := fs.String("data", scaffold.Env("TOLLGATE_DATA", "./.tollgate"), "data directory: JetStream store and tool sandbox (env TOLLGATE_DATA)")
+	listen := fs.String("listen", scaffold.Env("TOLLGATE_LISTEN", "127.0.0.1:4222"), "loopback address for the embedded nats-server (env TOLLGATE_LISTEN)")
 	syncAlways := fs.Bool("sync-always", false, "fsync every JetStream write (sync_interval: always); see docs/operations.md")
-	httpAddr := fs.String("http", stagecmd.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "address of the HTTP gateway (docs/api.md), empty to disable (env TOLLGATE_HTTP)")
-	discordAddr := fs.String("discord-http", stagecmd.Env("TOLLGATE_DISCORD_HTTP", "127.0.0.1:8091"), "address of the Discord interactions endpoint, when TOLLGATE_DISCORD_BOT_TOKEN is set (env TOLLGATE_DISCORD_HTTP; docs/discord.md)")
-	webhooks := fs.String("webhooks", stagecmd.Env("TOLLGATE_WEBHOOKS", ""), "outgoing webhooks file the HTTP gateway delivers, JSON; empty for none (env TOLLGATE_WEBHOOKS; see docs/api.md)")
-	var c stagecmd.Common
+	httpAddr := fs.String("http", scaffold.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "address of the HTTP gateway (docs/api.md), empty to disable (env TOLLGATE_HTTP)")
+	discordAddr := fs.String("discord-http", scaffold.Env("TOLLGATE_DISCORD_HTTP", "127.0.0.1:8091"), "address of the Discord interactions endpoint, when TOLLGATE_DISCORD_BOT_TOKEN is set (env TOLLGATE_DISCORD_HTTP; docs/discord.md)")
+	webhooks := fs.String("webhooks", scaffold.Env("TOLLGATE_WEBHOOKS", ""), "outgoing webhooks file the HTTP gateway delivers, JSON; empty for none (env TOLLGATE_WEBHOOKS; see docs/api.md)")
+	var c scaffold.Common
 	c.Register(fs, "127.0.0.1:9460")
 	c.Planner.Register(fs)
 	pos, exit, ok := cmd.parse(fs, args)
@@ -45,7 +46,7 @@ func cmdDev(cmd *command, args []string) int {
 	if len(pos) > 0 {
 		return cmd.usageError("no arguments expected, got %q", pos)
 	}
-	plannerOpts, err := c.Planner.Options()
+	plannerOpts, err := stagecmd.PlannerOptions(c.Planner)
 	if err != nil {
 		return cmd.usageError("%v", err)
 	}
@@ -53,7 +54,7 @@ func cmdDev(cmd *command, args []string) int {
 	if plannerOpts != nil {
 		stages = append(stages, tollgate.StagePlanner)
 	}
-	log := stagecmd.Logger(c.LogLevel)
+	log := scaffold.Logger(c.LogLevel)
 	host, portStr, err := net.SplitHostPort(*listen)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "tollgate dev: --listen %q: %v\n", *listen, err)
@@ -100,27 +101,27 @@ func cmdDev(cmd *command, args []string) int {
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 	log.Info("embedded nats-server ready", "url", ns.ClientURL(), "store", filepath.Join(*data, "jetstream"), "sync_always", *syncAlways)
 
-	ctx, cancel := stagecmd.SignalContext()
+	ctx, cancel := scaffold.SignalContext()
 	defer cancel()
-	stopTracing, err := stagecmd.Tracing(ctx, c.OTLP, "tollgate-dev", log)
+	stopTracing, err := scaffold.Tracing(ctx, c.OTLP, "tollgate-dev", log)
 	if err != nil {
 		log.Error("tracing", "err", err)
 		return 1
 	}
-	defer stagecmd.FlushTraces(stopTracing, log)
-	nc, js, err := stagecmd.Connect(ns.ClientURL(), "", "tollgate-dev", log)
+	defer scaffold.FlushTraces(stopTracing, log)
+	nc, js, err := scaffold.Connect(ns.ClientURL(), "", "tollgate-dev", log)
 	if err != nil {
 		log.Error("connect", "err", err)
 		return 1
 	}
 	defer nc.Drain()
-	reg := stagecmd.NewRegistry()
+	reg := scaffold.NewRegistry()
 	ready, err := health.New(reg, stages...)
 	if err != nil {
 		log.Error("metrics", "err", err)
 		return 1
 	}
-	if err := stagecmd.ServeMetrics(ctx, c.MetricsAddr, reg, ready, log); err != nil {
+	if err := scaffold.ServeMetrics(ctx, c.MetricsAddr, reg, ready, log); err != nil {
 		log.Error("metrics", "err", err)
 		return 1
 	}
@@ -138,7 +139,7 @@ func cmdDev(cmd *command, args []string) int {
 	}
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
-		Instance: stagecmd.Instance(), Topology: topo, Retention: c.Retention, ClaimLease: c.ClaimLease, ToolTimeout: c.ToolTimeout, Planner: plannerOpts,
+		Instance: scaffold.Instance(), Topology: topo, Retention: c.Retention, ClaimLease: c.ClaimLease, ToolTimeout: c.ToolTimeout, Planner: plannerOpts,
 		NoGroupCommit: !c.GroupCommit,
 	})
 	if err != nil {

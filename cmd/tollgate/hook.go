@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
 )
 
@@ -53,7 +53,7 @@ func cmdHook(cmd *command, args []string) int {
 		return cmdHookInstall(cmd, args[1:])
 	}
 	fs := cmd.flags()
-	url := fs.String("url", stagecmd.Env("TOLLGATE_GATEWAY_URL", "http://127.0.0.1:8080"), "the gateway's base URL (env TOLLGATE_GATEWAY_URL)")
+	url := fs.String("url", scaffold.Env("TOLLGATE_GATEWAY_URL", "http://127.0.0.1:8080"), "the gateway's base URL (env TOLLGATE_GATEWAY_URL)")
 	keyFile := fs.String("key-file", "", "file holding the gateway API key (scope submit); default: env TOLLGATE_KEY")
 	wait := fs.Duration("wait", hookWaitDefault, "how long the gateway waits for a decision (below the hook's timeout in Claude Code)")
 	pos, exit, ok := cmd.parse(fs, args)

@@ -34,7 +34,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 )
 
 // command is one tollgate command: its help and its entry point.
@@ -129,7 +129,7 @@ func (c *command) flags() *flag.FlagSet {
 // (tollgate approve ID --as alice), and returns the positional arguments.
 // When the command must stop instead, ok is false and exit is its status:
 // 0 after -h or --help printed the help on stdout, 2 after a flag error, or
-// a malformed TOLLGATE_* variable a flag defaults from (stagecmd.EnvErr),
+// a malformed TOLLGATE_* variable a flag defaults from (scaffold.EnvErr),
 // was reported on stderr.
 func (c *command) parse(fs *flag.FlagSet, args []string) (pos []string, exit int, ok bool) {
 	for {
@@ -144,7 +144,7 @@ func (c *command) parse(fs *flag.FlagSet, args []string) (pos []string, exit int
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
-			if err := stagecmd.EnvErr(fs); err != nil {
+			if err := scaffold.EnvErr(fs); err != nil {
 				fmt.Fprintf(os.Stderr, "tollgate %s: %v\n", c.name, err)
 				return nil, 2, false
 			}

@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
@@ -44,7 +44,7 @@ func cmdProvision(cmd *command, args []string) int {
 	var c client
 	c.register(fs, time.Minute)
 	var replicas int
-	stagecmd.IntVar(fs, &replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas for streams and buckets, as the stages run with (env TOLLGATE_REPLICAS)")
+	scaffold.IntVar(fs, &replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas for streams and buckets, as the stages run with (env TOLLGATE_REPLICAS)")
 	dryRun := fs.Bool("dry-run", false, "print what would be created and what differs, field by field; change nothing")
 	withPlanner := fs.Bool("planner", false, "also the planner's bucket and consumers and ingest's consumer of its step batches (docs/planner.md), so that the planner's user needs no right to create them")
 	pos, exit, ok := cmd.parse(fs, args)

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/replay"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -41,10 +41,10 @@ func runReplay(cmd *command, args []string, out io.Writer) int {
 	fs.Uint64Var(&r.ToSeq, "to-seq", 0, "only turns whose accepted message is at or before this TOLLGATE_TURNS sequence")
 	rebuild := fs.Bool("rebuild", false, "write the approval, batch and missing session records the streams prove and KV lacks (create / compare-and-set only)")
 	dryRun := fs.Bool("dry-run", false, "shadow redrive: report what each batch would do (started, deferred, failed) without running or publishing anything")
-	policyPath := fs.String("policy", stagecmd.Env("TOLLGATE_POLICY", ""), "policy JSON the redriver runs with, for --dry-run; empty for the built-in policy (env TOLLGATE_POLICY)")
+	policyPath := fs.String("policy", scaffold.Env("TOLLGATE_POLICY", ""), "policy JSON the redriver runs with, for --dry-run; empty for the built-in policy (env TOLLGATE_POLICY)")
 	sealKeys := fs.String("seal-keys", "", "TurnContext seal key file, for --dry-run (default: env TOLLGATE_SEAL_KEYS, TOLLGATE_SEAL_KEY_FILE, else the dev key in $TOLLGATE_DATA or ./.tollgate)")
 	var replicas int
-	stagecmd.IntVar(fs, &replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas of a bucket --rebuild has to create (env TOLLGATE_REPLICAS)")
+	scaffold.IntVar(fs, &replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas of a bucket --rebuild has to create (env TOLLGATE_REPLICAS)")
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit
@@ -117,7 +117,7 @@ func replayKeys(path string) (*seal.KeyRing, error) {
 	if !errors.Is(err, seal.ErrNoKeys) {
 		return r, err
 	}
-	dev := filepath.Join(stagecmd.Env("TOLLGATE_DATA", "./.tollgate"), "seal-keys.json")
+	dev := filepath.Join(scaffold.Env("TOLLGATE_DATA", "./.tollgate"), "seal-keys.json")
 	if _, statErr := os.Stat(dev); statErr != nil {
 		return nil, err
 	}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
@@ -65,7 +65,7 @@ func cmdSend(cmd *command, args []string) int {
 	thread := fs.String("thread", "", "thread id")
 	text := fs.String("text", "", "message text")
 	msgID := fs.String("message-id", "", "transport message id (default: random); re-sending the same id is the same turn")
-	policyPath := fs.String("policy", stagecmd.Env("TOLLGATE_POLICY", ""), "policy JSON the message is checked against, as ingest checks it; empty for the built-in policy (env TOLLGATE_POLICY)")
+	policyPath := fs.String("policy", scaffold.Env("TOLLGATE_POLICY", ""), "policy JSON the message is checked against, as ingest checks it; empty for the built-in policy (env TOLLGATE_POLICY)")
 	fs.Var(&calls, "call", "proposed tool call, TOOL or TOOL={json object of arguments}; repeatable")
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {

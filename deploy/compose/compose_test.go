@@ -29,6 +29,7 @@ import (
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/internal/flagset"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
@@ -322,7 +323,7 @@ func isMain(t *testing.T, dir string) bool {
 
 // stageFlags is the flag set a stage binary builds (stagecmd.StageFlags).
 func stageFlags(stage string) flagset.Binary {
-	var c stagecmd.Common
+	var c scaffold.Common
 	return flagset.Stage(stage, &c)
 }
 
@@ -422,7 +423,7 @@ func TestStagesStartOnlyAfterAdminProvisionedTheTopology(t *testing.T) {
 		}
 		switch {
 		case slices.Contains(tollgate.AllStages(), stage):
-			var c stagecmd.Common
+			var c scaffold.Common
 			for k, v := range s.Environment {
 				if !strings.Contains(v, "${") {
 					t.Setenv(k, v)

@@ -43,7 +43,7 @@ import (
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/internal/flagset"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
@@ -223,7 +223,7 @@ func (m manifests) str(t *testing.T, p string) string {
 }
 
 // stageFlags is the flag set a stage binary builds, filling c.
-func stageFlags(stage string, c *stagecmd.Common) flagset.Binary { return flagset.Stage(stage, c) }
+func stageFlags(stage string, c *scaffold.Common) flagset.Binary { return flagset.Stage(stage, c) }
 
 // buildBinaries is the directory of the tollgate binary (package main, so
 // not importable): make test's, else built from the repository into a
@@ -310,7 +310,7 @@ func TestEveryContainerUsesOnlyFlagsAndVariablesItsBinaryTakes(t *testing.T) {
 					b, c := componentOf(t, c)
 					switch {
 					case slices.Contains(tollgate.AllStages(), b):
-						parseContainer(t, c, func() flagset.Binary { var common stagecmd.Common; return stageFlags(b, &common) })
+						parseContainer(t, c, func() flagset.Binary { var common scaffold.Common; return stageFlags(b, &common) })
 					case b == "gateway":
 						parseContainer(t, c, func() flagset.Binary { return helpFlags(t, filepath.Join(bin, "tollgate"), "gateway") })
 					default:
@@ -331,7 +331,7 @@ func TestEveryContainerUsesOnlyFlagsAndVariablesItsBinaryTakes(t *testing.T) {
 	}
 	// The seal keys are read by seal.FromEnv, not a flag: the stage flag
 	// set names the variable in --seal-keys' help.
-	var c stagecmd.Common
+	var c scaffold.Common
 	if !stageFlags(tollgate.StageIngest, &c).Env["TOLLGATE_SEAL_KEYS"] {
 		t.Error("the stages' flags no longer name TOLLGATE_SEAL_KEYS")
 	}
@@ -479,7 +479,7 @@ func TestStagesRunWithNoProvisionAfterTheProvisioningHook(t *testing.T) {
 				if name != stage {
 					t.Errorf("deployment %s runs tollgate %s", stage, name)
 				}
-				var common stagecmd.Common
+				var common scaffold.Common
 				parseContainer(t, c, func() flagset.Binary { return stageFlags(stage, &common) })
 				if !common.NoProvision {
 					t.Errorf("%s runs without --no-provision", stage)

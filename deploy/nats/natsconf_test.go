@@ -28,7 +28,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -70,14 +70,14 @@ func password(user string) string { return "test-password-of-" + user }
 // API under apiPrefix; the cli
 // transport with that API; admin, in TOLLGATE, and toolsvc, which uses no
 // JetStream, with the defaults.
-func accountOf(user string) stagecmd.Account {
+func accountOf(user string) scaffold.Account {
 	switch user {
 	case "admin", "toolsvc":
-		return stagecmd.Account{}
+		return scaffold.Account{}
 	case "cli":
-		return stagecmd.Account{APIPrefix: apiPrefix}
+		return scaffold.Account{APIPrefix: apiPrefix}
 	}
-	return stagecmd.Account{InboxPrefix: "_INBOX_" + user, APIPrefix: apiPrefix}
+	return scaffold.Account{InboxPrefix: "_INBOX_" + user, APIPrefix: apiPrefix}
 }
 
 // apiOf is the subject prefix of the JetStream API as c calls it.
@@ -131,7 +131,7 @@ func dial(t *testing.T, ns *server.Server, user string) *client {
 }
 
 // dialURL connects as user to url (a list, for a cluster) the way the
-// binaries do (stagecmd.Account.Connect), with user's account settings.
+// binaries do (scaffold.Account.Connect), with user's account settings.
 func dialURL(t *testing.T, url, user string) *client {
 	t.Helper()
 	c := &client{user: user}

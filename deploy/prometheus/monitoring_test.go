@@ -29,7 +29,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/health"
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -240,7 +240,7 @@ func TestQueriesUseExportedMetrics(t *testing.T) {
 // of a running pipeline, built by tollgate.New as every binary is, after one
 // approval turn, a look of the recovery sweep and a dead letter (a labelled
 // metric shows only once it has a series), plus the Go and process
-// collectors every binary adds (stagecmd.NewRegistry). A histogram or
+// collectors every binary adds (scaffold.NewRegistry). A histogram or
 // summary contributes its _bucket, _sum and _count series.
 func exportedMetrics(t *testing.T) map[string]map[string]bool {
 	t.Helper()
@@ -278,7 +278,7 @@ func exportedMetrics(t *testing.T) map[string]map[string]bool {
 	if _, err := health.New(ready, pt.Executor); err != nil {
 		t.Fatal(err)
 	}
-	for _, g := range []prometheus.Gatherer{h.Registry, stagecmd.NewRegistry(), ready} {
+	for _, g := range []prometheus.Gatherer{h.Registry, scaffold.NewRegistry(), ready} {
 		mfs, err := g.Gather()
 		if err != nil {
 			t.Fatalf("gather: %v", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -272,7 +273,7 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string, plan *planner.Op
 		return nil, err
 	}
 	log := newLogger(logf, logLevel)
-	nc, js, err := stagecmd.Connect(e.url, "", "tollgate-bench-allinone", log)
+	nc, js, err := scaffold.Connect(e.url, "", "tollgate-bench-allinone", log)
 	if err != nil {
 		logf.Close()
 		return nil, err
@@ -280,7 +281,7 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string, plan *planner.Op
 	reg := prometheus.NewRegistry()
 	// NATS tool services are discovered, as by `tollgate dev` (on by
 	// default).
-	ps, err := stagecmd.Providers(nc, stagecmd.Common{ToolServices: true}, log, reg)
+	ps, err := stagecmd.Providers(nc, scaffold.Common{ToolServices: true}, log, reg)
 	if err != nil {
 		nc.Close()
 		logf.Close()
@@ -383,7 +384,7 @@ func (a *allInOne) histogram(name string) (sum float64, count uint64) {
 }
 
 // newLogger is the stages' logger: a text handler at level, as the
-// binaries log (stagecmd.Logger), writing to w.
+// binaries log (scaffold.Logger), writing to w.
 func newLogger(w *os.File, level string) *slog.Logger {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {

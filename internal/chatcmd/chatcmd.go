@@ -30,7 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/health"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 )
 
 // Command is a chat platform's command: its name and help, and the
@@ -92,30 +92,30 @@ type Served struct {
 const BindTimeout = 30 * time.Second
 
 // Component is c as one of Tollgate's components.
-func (c Command) Component() stagecmd.Component {
-	return stagecmd.Component{Name: c.Name, Summary: c.Summary, Example: c.Example, Main: c.Main}
+func (c Command) Component() scaffold.Component {
+	return scaffold.Component{Name: c.Name, Summary: c.Summary, Example: c.Example, Main: c.Main}
 }
 
 // Main runs the transport invoked as p until SIGINT/SIGTERM and returns
 // the exit status.
-func (c Command) Main(p stagecmd.Prog, args []string) int {
+func (c Command) Main(p scaffold.Prog, args []string) int {
 	fs := p.FlagSet()
-	var common stagecmd.Common
+	var common scaffold.Common
 	common.RegisterProcess(fs, c.MetricsAddr)
 	pl := c.Platform()
 	pl.Flags(fs)
-	if exit, ok := stagecmd.Parse(fs, p.Help, args); !ok {
+	if exit, ok := scaffold.Parse(fs, p.Help, args); !ok {
 		return exit
 	}
 	if fs.NArg() > 0 {
 		return p.Usage("no arguments expected, got %q", fs.Args())
 	}
-	log := stagecmd.Logger(common.LogLevel)
+	log := scaffold.Logger(common.LogLevel)
 	if err := pl.LoadSecrets(); err != nil {
 		log.Error("secrets", "err", err)
 		return 2
 	}
-	ctx, cancel := stagecmd.SignalContext()
+	ctx, cancel := scaffold.SignalContext()
 	defer cancel()
 	proc, err := common.Start(ctx, c.Name, log, false)
 	if err != nil {
@@ -140,9 +140,9 @@ func (c Command) Main(p stagecmd.Prog, args []string) int {
 			log.Error("listen", "err", err)
 			return 1
 		}
-		actors = append(actors, stagecmd.ServeHTTP(ln, tr.Handler()))
+		actors = append(actors, scaffold.ServeHTTP(ln, tr.Handler()))
 		attrs = append(attrs[:len(attrs):len(attrs)], "addr", ln.Addr().String())
 	}
 	log.Info(c.Name+" transport running", attrs...)
-	return stagecmd.Exit(log, stagecmd.Run(ctx, actors...))
+	return scaffold.Exit(log, scaffold.Run(ctx, actors...))
 }

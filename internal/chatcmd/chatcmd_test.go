@@ -17,8 +17,8 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/chatcmd"
 	"github.com/tollgate-dev/tollgate/internal/discordcmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/internal/slackcmd"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/transport/discord"
@@ -126,13 +126,13 @@ func TestSecretsComeFromFilesOrTheEnvironment(t *testing.T) {
 			}
 			setSecrets(t, tc.secrets)
 			for _, flag := range tc.flags {
-				if code := tc.cmd.Main(stagecmd.Prog{Name: tc.cmd.Name}, append([]string{flag, "x"}, tc.args...)); code != 2 {
+				if code := tc.cmd.Main(scaffold.Prog{Name: tc.cmd.Name}, append([]string{flag, "x"}, tc.args...)); code != 2 {
 					t.Errorf("%s is a flag (exit %d); secrets must not be", flag, code)
 				}
 			}
 			setSecrets(t, nil)
 			// A NATS URL nothing answers: the exit must come before connecting.
-			if code := tc.cmd.Main(stagecmd.Prog{Name: tc.cmd.Name}, append([]string{"--nats", "nats://" + freeAddr(t), "--metrics", ""}, tc.args...)); code != 2 {
+			if code := tc.cmd.Main(scaffold.Prog{Name: tc.cmd.Name}, append([]string{"--nats", "nats://" + freeAddr(t), "--metrics", ""}, tc.args...)); code != 2 {
 				t.Errorf("without secrets: exit %d, want 2", code)
 			}
 		})
@@ -163,7 +163,7 @@ func TestUsageExits(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			if got := tc.cmd.Main(stagecmd.Prog{Name: tc.cmd.Name}, tc.args); got != tc.want {
+			if got := tc.cmd.Main(scaffold.Prog{Name: tc.cmd.Name}, tc.args); got != tc.want {
 				t.Errorf("exit %d, want %d", got, tc.want)
 			}
 		})
@@ -244,7 +244,7 @@ func TestTheProcessRunsThePlatform(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := chatcmd.Command{Name: "fake", Summary: "a fake platform", MetricsAddr: "", Platform: func() chatcmd.Platform { return tc.f }}
-			if got := c.Main(stagecmd.Prog{Name: "fake"}, []string{"--nats", env.Server.ClientURL(), "--metrics", ""}); got != tc.want {
+			if got := c.Main(scaffold.Prog{Name: "fake"}, []string{"--nats", env.Server.ClientURL(), "--metrics", ""}); got != tc.want {
 				t.Errorf("exit %d, want %d", got, tc.want)
 			}
 		})

@@ -20,7 +20,7 @@ import (
 	"flag"
 
 	"github.com/tollgate-dev/tollgate/internal/chatcmd"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/transport/discord"
 )
 
@@ -43,8 +43,8 @@ type platform struct {
 }
 
 func (d *platform) Flags(fs *flag.FlagSet) {
-	fs.StringVar(&d.addr, "http", stagecmd.Env("TOLLGATE_DISCORD_HTTP", "127.0.0.1:8091"), "listen address of /discord/interactions (env TOLLGATE_DISCORD_HTTP)")
-	fs.StringVar(&d.apiURL, "discord-api-url", stagecmd.Env("TOLLGATE_DISCORD_API_URL", discord.DefaultAPIURL), "Discord REST API root (env TOLLGATE_DISCORD_API_URL)")
+	fs.StringVar(&d.addr, "http", scaffold.Env("TOLLGATE_DISCORD_HTTP", "127.0.0.1:8091"), "listen address of /discord/interactions (env TOLLGATE_DISCORD_HTTP)")
+	fs.StringVar(&d.apiURL, "discord-api-url", scaffold.Env("TOLLGATE_DISCORD_API_URL", discord.DefaultAPIURL), "Discord REST API root (env TOLLGATE_DISCORD_API_URL)")
 }
 
 // LoadSecrets reads the bot token and the public key (discord.LoadSecrets).

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
@@ -34,7 +35,7 @@ var envName = regexp.MustCompile(`TOLLGATE_[A-Z0-9_]+`)
 
 // Stage is stage's binary, its flags built as the stage binaries build
 // them (stagecmd.StageFlags into c).
-func Stage(stage string, c *stagecmd.Common) Binary {
+func Stage(stage string, c *scaffold.Common) Binary {
 	fs := stagecmd.StageFlags(stage, "", c)
 	fs.SetOutput(io.Discard)
 	b := Binary{Flags: fs, Env: map[string]bool{}}
@@ -57,7 +58,7 @@ func Help(bin string, args ...string) (Binary, error) {
 	out, err := exec.CommandContext(ctx, bin, append(args, "-h")...).CombinedOutput()
 	var exit *exec.ExitError
 	// Tollgate's binaries print help on stdout with status 0
-	// (stagecmd.Parse); a plain flag set prints it on stderr with
+	// (scaffold.Parse); a plain flag set prints it on stderr with
 	// status 2 (flag.ErrHelp).
 	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 2) {
 		return Binary{}, fmt.Errorf("%s %v -h: %w\n%s", filepath.Base(bin), args, err, out)

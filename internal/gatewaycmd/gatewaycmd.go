@@ -17,7 +17,7 @@ import (
 	"strings"
 
 	"github.com/tollgate-dev/tollgate/health"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
@@ -25,7 +25,7 @@ import (
 )
 
 // Component is the gateway; `gateway newkey` prints a fresh API key.
-var Component = stagecmd.Component{
+var Component = scaffold.Component{
 	Name: "gateway", Args: "[newkey]",
 	Summary: "the HTTP gateway: the /v1 API for agents and the web approval inbox (docs/api.md, docs/inbox.md)",
 	Example: "--keys /etc/tollgate/gateway-keys.json --http 127.0.0.1:8080",
@@ -34,33 +34,33 @@ var Component = stagecmd.Component{
 
 // Main runs the gateway invoked as p (or, with newkey first, prints a new
 // API key) and returns the exit status.
-func Main(p stagecmd.Prog, args []string) int {
+func Main(p scaffold.Prog, args []string) int {
 	if len(args) > 0 && args[0] == "newkey" {
-		return newKey(stagecmd.Prog{Name: p.Name + " newkey", Help: newKeyHelp(p.Name)}, args[1:])
+		return newKey(scaffold.Prog{Name: p.Name + " newkey", Help: newKeyHelp(p.Name)}, args[1:])
 	}
 	return serve(p, args)
 }
 
 // serve runs the gateway until SIGINT/SIGTERM.
-func serve(p stagecmd.Prog, args []string) int {
+func serve(p scaffold.Prog, args []string) int {
 	fs := p.FlagSet()
-	var c stagecmd.Common
+	var c scaffold.Common
 	c.RegisterProcess(fs, "127.0.0.1:9465")
-	stagecmd.StringVar(fs, &c.PolicyPath, "policy", "TOLLGATE_POLICY", "", "policy JSON file ingest runs with; empty for the built-in policy (env TOLLGATE_POLICY)")
-	addr := fs.String("http", stagecmd.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "HTTP listen address (env TOLLGATE_HTTP)")
-	webhooksPath := fs.String("webhooks", stagecmd.Env("TOLLGATE_WEBHOOKS", ""), "outgoing webhooks file, JSON; empty for none (env TOLLGATE_WEBHOOKS; see docs/api.md)")
+	scaffold.StringVar(fs, &c.PolicyPath, "policy", "TOLLGATE_POLICY", "", "policy JSON file ingest runs with; empty for the built-in policy (env TOLLGATE_POLICY)")
+	addr := fs.String("http", scaffold.Env("TOLLGATE_HTTP", "127.0.0.1:8080"), "HTTP listen address (env TOLLGATE_HTTP)")
+	webhooksPath := fs.String("webhooks", scaffold.Env("TOLLGATE_WEBHOOKS", ""), "outgoing webhooks file, JSON; empty for none (env TOLLGATE_WEBHOOKS; see docs/api.md)")
 	maxStreams := fs.Int("max-streams", 8, "event streams (SSE) one API key, or one person in the inbox, holds open at once")
-	keysPath := fs.String("keys", stagecmd.Env("TOLLGATE_GATEWAY_KEYS", ""), "API keys file, JSON (required; env TOLLGATE_GATEWAY_KEYS; see docs/api.md)")
+	keysPath := fs.String("keys", scaffold.Env("TOLLGATE_GATEWAY_KEYS", ""), "API keys file, JSON (required; env TOLLGATE_GATEWAY_KEYS; see docs/api.md)")
 	var inbox inboxFlags
 	inbox.register(fs)
-	stagecmd.OTLPFlag(fs, &c.OTLP)
-	if exit, ok := stagecmd.Parse(fs, p.Help, args); !ok {
+	scaffold.OTLPFlag(fs, &c.OTLP)
+	if exit, ok := scaffold.Parse(fs, p.Help, args); !ok {
 		return exit
 	}
 	if *keysPath == "" || fs.NArg() > 0 {
 		return p.Usage("--keys is required, and no arguments")
 	}
-	log := stagecmd.Logger(c.LogLevel)
+	log := scaffold.Logger(c.LogLevel)
 	keys, err := gateway.LoadKeys(*keysPath)
 	if err != nil {
 		log.Error("keys", "err", err)
@@ -71,7 +71,7 @@ func serve(p stagecmd.Prog, args []string) int {
 		log.Error("policy", "err", err)
 		return 1
 	}
-	ctx, cancel := stagecmd.SignalContext()
+	ctx, cancel := scaffold.SignalContext()
 	defer cancel()
 	proc, err := c.Start(ctx, "gateway", log, true)
 	if err != nil {
@@ -80,11 +80,11 @@ func serve(p stagecmd.Prog, args []string) int {
 	}
 	defer proc.Close()
 	proc.Ready.Add(health.NATS(proc.NC))
-	return stagecmd.Exit(log, run(ctx, proc, pol, keys, *addr, *webhooksPath, *maxStreams, &inbox))
+	return scaffold.Exit(log, run(ctx, proc, pol, keys, *addr, *webhooksPath, *maxStreams, &inbox))
 }
 
 // run builds the gateway on proc and serves it until ctx ends.
-func run(ctx context.Context, proc *stagecmd.Process, pol *policy.Policy, keys []gateway.Key, addr, webhooksPath string, maxStreams int, inbox *inboxFlags) error {
+func run(ctx context.Context, proc *scaffold.Process, pol *policy.Policy, keys []gateway.Key, addr, webhooksPath string, maxStreams int, inbox *inboxFlags) error {
 	js, log := proc.JS, proc.Log
 	// One consumer of the events stream serves every live stream of the
 	// process: the API's and the inbox's.
@@ -114,18 +114,18 @@ func run(ctx context.Context, proc *stagecmd.Process, pol *policy.Policy, keys [
 
 // newKeyHelp is the help of `gateway newkey`, invoked from prog.
 func newKeyHelp(prog string) string {
-	return stagecmd.Component{Name: "newkey", Summary: "print a new API key: its token and the entry for the keys file",
+	return scaffold.Component{Name: "newkey", Summary: "print a new API key: its token and the entry for the keys file",
 		Example: "--transport agents --scopes submit,read --vouch"}.Help(prog + " newkey")
 }
 
 // newKey prints a fresh API key: the token (give it to the key's holder;
 // it is not stored) and the entry to add to the keys file.
-func newKey(p stagecmd.Prog, args []string) int {
+func newKey(p scaffold.Prog, args []string) int {
 	fs := p.FlagSet()
 	transport := fs.String("transport", "gateway", "transport name the key acts as")
 	scopes := fs.String("scopes", "submit,read,decide", "comma-separated scopes: submit, read, decide")
 	vouch := fs.Bool("vouch", false, "senders and deciders of this key's requests are verified (the holder authenticates them)")
-	if exit, ok := stagecmd.Parse(fs, p.Help, args); !ok {
+	if exit, ok := scaffold.Parse(fs, p.Help, args); !ok {
 		return exit
 	}
 	var sc []gateway.Scope

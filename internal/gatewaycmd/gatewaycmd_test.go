@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
 )
 
@@ -20,7 +20,7 @@ func TestNewKeyPrintsATokenAndItsStoredForm(t *testing.T) {
 	}
 	saved := os.Stdout
 	os.Stdout = w
-	code := Main(stagecmd.Prog{Name: "gateway"}, []string{"newkey", "--transport", "agents", "--scopes", "submit, read", "--vouch"})
+	code := Main(scaffold.Prog{Name: "gateway"}, []string{"newkey", "--transport", "agents", "--scopes", "submit, read", "--vouch"})
 	os.Stdout = saved
 	w.Close()
 	out, _ := io.ReadAll(r)
@@ -43,10 +43,10 @@ func TestNewKeyPrintsATokenAndItsStoredForm(t *testing.T) {
 	if _, err := gateway.LoadKeys(file); err != nil {
 		t.Fatalf("LoadKeys of the printed entry: %v", err)
 	}
-	if code := Main(stagecmd.Prog{Name: "gateway"}, []string{"newkey", "--scopes", "root"}); code != 2 {
+	if code := Main(scaffold.Prog{Name: "gateway"}, []string{"newkey", "--scopes", "root"}); code != 2 {
 		t.Fatalf("an unknown scope: exit %d, want 2", code)
 	}
-	if code := Main(stagecmd.Prog{Name: "gateway"}, nil); code != 2 {
+	if code := Main(scaffold.Prog{Name: "gateway"}, nil); code != 2 {
 		t.Fatalf("serve without --keys: exit %d, want 2", code)
 	}
 }

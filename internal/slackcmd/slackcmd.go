@@ -22,7 +22,7 @@ import (
 	"github.com/slack-go/slack"
 
 	"github.com/tollgate-dev/tollgate/internal/chatcmd"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
 
@@ -45,9 +45,9 @@ type platform struct {
 }
 
 func (s *platform) Flags(fs *flag.FlagSet) {
-	fs.StringVar(&s.mode, "mode", stagecmd.Env("TOLLGATE_SLACK_MODE", "socket"), "socket (Socket Mode, outbound websocket) or http (Events API endpoints) (env TOLLGATE_SLACK_MODE)")
-	fs.StringVar(&s.addr, "http", stagecmd.Env("TOLLGATE_SLACK_HTTP", "127.0.0.1:8090"), "HTTP mode: listen address of /slack/events and /slack/interactivity (env TOLLGATE_SLACK_HTTP)")
-	fs.StringVar(&s.apiURL, "slack-api-url", stagecmd.Env("TOLLGATE_SLACK_API_URL", slack.APIURL), "Slack Web API root (env TOLLGATE_SLACK_API_URL)")
+	fs.StringVar(&s.mode, "mode", scaffold.Env("TOLLGATE_SLACK_MODE", "socket"), "socket (Socket Mode, outbound websocket) or http (Events API endpoints) (env TOLLGATE_SLACK_MODE)")
+	fs.StringVar(&s.addr, "http", scaffold.Env("TOLLGATE_SLACK_HTTP", "127.0.0.1:8090"), "HTTP mode: listen address of /slack/events and /slack/interactivity (env TOLLGATE_SLACK_HTTP)")
+	fs.StringVar(&s.apiURL, "slack-api-url", scaffold.Env("TOLLGATE_SLACK_API_URL", slack.APIURL), "Slack Web API root (env TOLLGATE_SLACK_API_URL)")
 }
 
 // LoadSecrets reads the secrets of the --mode (tgslack.LoadSecrets); an

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -33,7 +34,7 @@ func ensure(js jetstream.JetStream, topo topology.Config) func(context.Context) 
 
 func TestAStageStartedBeforeItsBrokerWaitsForIt(t *testing.T) {
 	port := freePort(t)
-	nc, js, err := Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), "", "early-stage", pipelinetest.Logger(), nats.RetryOnFailedConnect(true))
+	nc, js, err := scaffold.Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), "", "early-stage", pipelinetest.Logger(), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		t.Fatalf("connect while the broker is down: %v", err)
 	}
@@ -69,7 +70,7 @@ func TestAStageGivesUpAtOnceWhenTheBrokerRefusesItsTopology(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	nc, js, err := Connect(srv.ClientURL(), "", "misconfigured-stage", pipelinetest.Logger(), nats.RetryOnFailedConnect(true))
+	nc, js, err := scaffold.Connect(srv.ClientURL(), "", "misconfigured-stage", pipelinetest.Logger(), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		t.Fatal(err)
 	}

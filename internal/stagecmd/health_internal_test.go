@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/health"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -66,18 +67,18 @@ func (p *stageProcess) stopBroker() {
 }
 
 // common is the stage's settings.
-func (p *stageProcess) common(noProvision bool) Common {
+func (p *stageProcess) common(noProvision bool) scaffold.Common {
 	p.t.Helper()
 	keyFile := filepath.Join(p.t.TempDir(), "seal-keys.json")
 	if err := seal.NewFile("k1").Write(keyFile); err != nil {
 		p.t.Fatal(err)
 	}
-	return Common{NATSURL: fmt.Sprintf("nats://127.0.0.1:%d", p.natsPort), MetricsAddr: p.metrics, LogLevel: "info", Replicas: 1,
+	return scaffold.Common{NATSURL: fmt.Sprintf("nats://127.0.0.1:%d", p.natsPort), MetricsAddr: p.metrics, LogLevel: "info", Replicas: 1,
 		SandboxDir: filepath.Join(p.t.TempDir(), "sandbox"), SealKeys: keyFile, NoProvision: noProvision}
 }
 
 // run starts runStage for stage; stop cancels it and returns its result.
-func (p *stageProcess) run(stage string, c Common) {
+func (p *stageProcess) run(stage string, c scaffold.Common) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel, p.done = cancel, make(chan error, 1)
 	go func() { p.done <- runStage(ctx, stage, c, pipelinetest.Logger()) }()
@@ -208,7 +209,7 @@ func TestANoProvisionStageOnAnEmptyServerExitsNamingWhatIsMissing(t *testing.T) 
 	if waited := time.Since(start); waited > 20*time.Second {
 		t.Errorf("took %v to refuse", waited)
 	}
-	nc, js, err := Connect(p.common(false).NATSURL, "", "observer", pipelinetest.Logger())
+	nc, js, err := scaffold.Connect(p.common(false).NATSURL, "", "observer", pipelinetest.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +233,7 @@ func TestMainTakesNoProvision(t *testing.T) {
 	c := p.common(false)
 	exit := make(chan int, 1)
 	go func() {
-		exit <- Main(Prog{Name: "ingest"}, tollgate.StageIngest, []string{"--nats", c.NATSURL, "--metrics", "", "--seal-keys", c.SealKeys, "--no-provision"})
+		exit <- Main(scaffold.Prog{Name: "ingest"}, tollgate.StageIngest, []string{"--nats", c.NATSURL, "--metrics", "", "--seal-keys", c.SealKeys, "--no-provision"})
 	}()
 	select {
 	case code := <-exit:
@@ -250,7 +251,7 @@ func TestANoProvisionStageRunsOnAProvisionedServer(t *testing.T) {
 	p := newStageProcess(t)
 	p.startBroker()
 	c := p.common(true)
-	nc, js, err := Connect(c.NATSURL, "", "provisioner", pipelinetest.Logger())
+	nc, js, err := scaffold.Connect(c.NATSURL, "", "provisioner", pipelinetest.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}

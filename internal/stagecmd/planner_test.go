@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/internal/stagecmd"
 )
 
@@ -31,14 +32,14 @@ func TestPlannerFlags(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(stagecmd.EnvLLMAPIKey, tc.env)
-			var f stagecmd.PlannerFlags
+			t.Setenv(scaffold.EnvLLMAPIKey, tc.env)
+			var f scaffold.PlannerFlags
 			fs := flag.NewFlagSet("t", flag.ContinueOnError)
 			f.Register(fs)
 			if err := fs.Parse(tc.args); err != nil {
 				t.Fatal(err)
 			}
-			o, err := f.Options()
+			o, err := stagecmd.PlannerOptions(f)
 			switch {
 			case tc.wantErr != "":
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {

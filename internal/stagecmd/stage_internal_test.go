@@ -8,6 +8,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -26,7 +27,7 @@ func TestAStageProcessRunsItsStageOnly(t *testing.T) {
 	consumers := topology.Consumers() // in the order of tollgate.AllStages
 	for i, stage := range tollgate.AllStages() {
 		sandbox := filepath.Join(t.TempDir(), "sandbox")
-		c := Common{NATSURL: env.URL(), LogLevel: "info", Replicas: 1, SandboxDir: sandbox, SealKeys: keyFile, ToolServices: true}
+		c := scaffold.Common{NATSURL: env.URL(), LogLevel: "info", Replicas: 1, SandboxDir: sandbox, SealKeys: keyFile, ToolServices: true}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- runStage(ctx, stage, c, pipelinetest.Logger()) }()

@@ -1,4 +1,4 @@
-package stagecmd_test
+package scaffold_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/internal/stagecmd"
+	"github.com/tollgate-dev/tollgate/internal/scaffold"
 )
 
 // collector is an OTLP/HTTP endpoint on loopback that counts the export
@@ -50,10 +50,10 @@ func resetGlobal(t *testing.T) {
 }
 
 func TestTracingIsOffUnlessConfigured(t *testing.T) {
-	t.Setenv(stagecmd.EnvOTLPEndpoint, "")
-	t.Setenv(stagecmd.EnvOTLPTracesEndpoint, "")
+	t.Setenv(scaffold.EnvOTLPEndpoint, "")
+	t.Setenv(scaffold.EnvOTLPTracesEndpoint, "")
 	resetGlobal(t)
-	shutdown, err := stagecmd.Tracing(context.Background(), "", "tollgate-test", pipelinetest.Logger())
+	shutdown, err := scaffold.Tracing(context.Background(), "", "tollgate-test", pipelinetest.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +79,8 @@ func TestTracingExportsToTheConfiguredEndpoint(t *testing.T) {
 	}{
 		{"--otlp with no path exports to /v1/traces", "{url}", nil, "/v1/traces"},
 		{"--otlp with a path exports to that path", "{url}/custom/traces", nil, "/custom/traces"},
-		{"OTEL_EXPORTER_OTLP_ENDPOINT", "", map[string]string{stagecmd.EnvOTLPEndpoint: "{url}"}, "/v1/traces"},
-		{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "", map[string]string{stagecmd.EnvOTLPTracesEndpoint: "{url}/t"}, "/t"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "", map[string]string{scaffold.EnvOTLPEndpoint: "{url}"}, "/v1/traces"},
+		{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "", map[string]string{scaffold.EnvOTLPTracesEndpoint: "{url}/t"}, "/t"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,13 +91,13 @@ func TestTracingExportsToTheConfiguredEndpoint(t *testing.T) {
 				}
 				return s
 			}
-			t.Setenv(stagecmd.EnvOTLPEndpoint, "")
-			t.Setenv(stagecmd.EnvOTLPTracesEndpoint, "")
+			t.Setenv(scaffold.EnvOTLPEndpoint, "")
+			t.Setenv(scaffold.EnvOTLPTracesEndpoint, "")
 			for k, v := range tc.env {
 				t.Setenv(k, expand(v))
 			}
 			resetGlobal(t)
-			shutdown, err := stagecmd.Tracing(context.Background(), expand(tc.flag), "tollgate-test", pipelinetest.Logger())
+			shutdown, err := scaffold.Tracing(context.Background(), expand(tc.flag), "tollgate-test", pipelinetest.Logger())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +119,7 @@ func TestTracingExportsToTheConfiguredEndpoint(t *testing.T) {
 func TestTracingRefusesAnEndpointThatIsNotAURL(t *testing.T) {
 	resetGlobal(t)
 	for _, bad := range []string{"127.0.0.1:4318", "ftp://127.0.0.1:4318", "http://"} {
-		if _, err := stagecmd.Tracing(context.Background(), bad, "tollgate-test", pipelinetest.Logger()); err == nil {
+		if _, err := scaffold.Tracing(context.Background(), bad, "tollgate-test", pipelinetest.Logger()); err == nil {
 			t.Errorf("--otlp %q accepted", bad)
 		}
 	}

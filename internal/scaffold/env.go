@@ -1,4 +1,4 @@
-package stagecmd
+package scaffold
 
 import (
 	"errors"
