@@ -111,16 +111,15 @@ var stagePackages = []string{"pipeline/ingest", "pipeline/executor", "pipeline/a
 // stage), nor a stage package, nor the planner's model client
 // (github.com/openai/openai-go), only the process scaffold
 // (internal/scaffold) of the stage binaries' code (internal/stagecmd).
-// The one exception: the gateway's web inbox (transport/web) decides who
-// may decide or revoke with the approver's own rule (approver.MayDecide,
-// approver.MayRevoke), so the gateway links pipeline/approver, and that
-// package only.
+// The web inbox decides who may decide or revoke with the decider rule's
+// one home, policy.Policy.MayDecideApproval and MayRevokeGrant, which the
+// approver applies too, so it links no stage for it.
 func TestGatewayAndChatBinariesDependOnNoStage(t *testing.T) {
 	for _, tc := range []struct {
 		cmd     string
 		allowed []string // stage packages it may link, relative to the module
 	}{
-		{"./cmd/gateway", []string{"pipeline/approver"}},
+		{"./cmd/gateway", nil},
 		{"./cmd/slack", nil},
 		{"./cmd/discord", nil},
 	} {

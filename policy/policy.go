@@ -599,7 +599,7 @@ func (p *Policy) Quorum(tool string, tc *schemas.TurnContext) int {
 // the decider rule or the approvers lists say: automation that asks for a
 // call is never the one that lets it run (docs/security.md, "Automation
 // never approves itself"). Every surface that decides, or lists who may,
-// reaches this through approver.MayDecide.
+// reaches this through MayDecideApproval.
 func (p *Policy) MayDecide(tool string, tc *schemas.TurnContext, principal string, assurance schemas.Assurance) error {
 	if tc == nil || principal == "" {
 		return errors.New("no context or no principal")

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -30,10 +29,10 @@ func TestWebWalkthroughPolicyLetsTheInboxApproveTheWalkthrough(t *testing.T) {
 	person := func(id string) schemas.Sender {
 		return schemas.Sender{ID: id, Kind: schemas.SenderUser, Verified: true}
 	}
-	if err := approver.MayDecide(rec, "web", person("mallory"), inboxChannel, h.Policy, h.Keys); schemas.CodeOf(err) != schemas.CodeDeciderNotAuthorized {
+	if err := h.Policy.MayDecideApproval(rec, "web", person("mallory"), inboxChannel, h.Keys); schemas.CodeOf(err) != schemas.CodeDeciderNotAuthorized {
 		t.Fatalf("web:mallory may decide: %v, want DECIDER_NOT_AUTHORIZED", err)
 	}
-	if err := approver.MayDecide(rec, "web", person("alice"), inboxChannel, h.Policy, h.Keys); err != nil {
+	if err := h.Policy.MayDecideApproval(rec, "web", person("alice"), inboxChannel, h.Keys); err != nil {
 		t.Fatalf("web:alice may not decide the walkthrough's write_file: %v", err)
 	}
 

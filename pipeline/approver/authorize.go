@@ -69,7 +69,7 @@ const NotFoundMeaning = "it is unknown, or its turn ended longer ago than the re
 //     NotFoundMeaning), or is the record of another approval than d names;
 //     INVALID_INPUT: d is nil, or rec's status is none of schemas'
 //     approval statuses;
-//   - MayDecide, with its codes: rec's TurnContext is authentic and its
+//   - policy.Policy.MayDecideApproval, with its codes: rec's TurnContext is authentic and its
 //     turn's, and d's decider may decide it (DECIDER_NOT_AUTHORIZED);
 //   - ARGS_DIGEST_MISMATCH: d carries an argument digest other than the one
 //     rec binds (a decision without one is for the call rec binds: the
@@ -100,7 +100,7 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 	case rec.Status != schemas.ApprovalPending && !rec.Status.Decided():
 		return Verdict{}, schemas.Errorf(schemas.CodeInvalidInput, "approval %s has status %q", rec.ApprovalID, rec.Status)
 	}
-	if err := MayDecide(rec, d.Transport, d.Decider, d.Channel, pol, keys); err != nil {
+	if err := pol.MayDecideApproval(rec, d.Transport, d.Decider, d.Channel, keys); err != nil {
 		return Verdict{}, err
 	}
 	if d.ArgsDigest != "" && d.ArgsDigest != rec.ArgsDigest {
@@ -149,48 +149,6 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 	}
 	next.Status, next.Decision = want, &vote
 	return Verdict{Effect: Applied, Next: &next, Announce: true, Quorum: quorum}, nil
-}
-
-// MayDecide reports, with nil, whether the sender decider, as transport
-// vouches for them and posting in channel (nil: not said), may decide the
-// approval rec; otherwise a *schemas.Error saying why not. It is the decider
-// part of Authorize, so a list of who may decide (the buttons an inbox
-// shows) is computed by the same rule that accepts their decision. It
-// consults only rec's persisted TurnContext, the policy and the keys, never
-// anything else a decision claims:
-//
-//   - the TurnContext must be authentic (keys.Verify: TURN_CONTEXT_MISSING,
-//     TURN_CONTEXT_INVALID, TURN_CONTEXT_TAMPERED, SEAL_KEY_UNKNOWN,
-//     SCHEMA_VERSION_UNSUPPORTED) and be the authority of rec's turn
-//     (TURN_CONTEXT_MISMATCH), or an edited record could name anyone as
-//     requester;
-//   - DECIDER_NOT_AUTHORIZED: the decider is not a person the transport
-//     verified (an unverified id could be anyone's; bots, services and
-//     API keys, which a transport sends as services, cannot answer a
-//     prompt); or channel reaches more people than the turn's audience
-//     (deciding there would show the call to them); or pol.MayDecide
-//     refuses the principal at the decider's assurance (among its reasons:
-//     a requester that is not a person never decides its own turn).
-func MayDecide(rec *schemas.ApprovalRecord, transport string, decider schemas.Sender, channel *schemas.Channel, pol *policy.Policy, keys *seal.KeyRing) error {
-	if err := keys.Verify(rec.Context); err != nil {
-		return schemas.Errorf(schemas.CodeOf(err), "approval %s has no authentic TurnContext to authorize against: %v", rec.ApprovalID, err)
-	}
-	if err := rec.Context.CheckFor(rec.TurnID); err != nil {
-		return schemas.Errorf(schemas.CodeOf(err), "approval %s: %v", rec.ApprovalID, err)
-	}
-	principal := schemas.Principal(transport, decider.ID)
-	if decider.Kind != schemas.SenderUser || !decider.Verified {
-		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "%s is not a verified user (kind %q, verified %v): only a person decides", principal, decider.Kind, decider.Verified)
-	}
-	if channel != nil {
-		if !rec.Context.Audience.Admits(channel.Kind) {
-			return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "decision posted in a %s channel for a %s turn", channel.Kind, rec.Context.Audience)
-		}
-	}
-	if err := pol.MayDecide(rec.Tool, rec.Context, principal, decider.Assurance()); err != nil {
-		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "%v", err)
-	}
-	return nil
 }
 
 // statusOf is the status option gives an approval: approve and grant

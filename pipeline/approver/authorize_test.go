@@ -404,7 +404,7 @@ func TestMayDecideIsTheDeciderRuleOfAuthorize(t *testing.T) {
 			}
 			var got []string
 			for _, c := range candidates {
-				mayErr := approver.MayDecide(r, c.transport, c.sender, c.channel, pol, keys)
+				mayErr := pol.MayDecideApproval(r, c.transport, c.sender, c.channel, keys)
 				d := &schemas.Decision{DecisionID: "d-" + c.sender.ID, ApprovalID: r.ApprovalID, Transport: c.transport, Decider: c.sender, Channel: c.channel, Option: schemas.OptionApprove}
 				_, authErr := approver.Authorize(r, d, pol, keys, authNow)
 				if (mayErr == nil) != (authErr == nil) {

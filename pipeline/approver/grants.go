@@ -8,8 +8,6 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
-	"github.com/tollgate-dev/tollgate/policy"
-	"github.com/tollgate-dev/tollgate/seal"
 
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -45,26 +43,9 @@ func (a *Approver) saveGrant(ctx context.Context, rec *schemas.ApprovalRecord) e
 	return nil
 }
 
-// MayRevoke reports, with nil, whether decider, delivered by transport
-// (in channel, if set), may revoke grant g: the grant must be authentic
-// (its MAC and its sealed context verify), and the decider must be the
-// verified person who made it, or someone MayDecide lets decide g's tool on
-// the turn g was made on. Otherwise it returns a coded error (the seal's
-// code, or DECIDER_NOT_AUTHORIZED).
-func MayRevoke(g *schemas.Grant, transport string, decider schemas.Sender, channel *schemas.Channel, pol *policy.Policy, keys *seal.KeyRing) error {
-	if err := keys.VerifyGrant(g); err != nil {
-		return err
-	}
-	if decider.Kind == schemas.SenderUser && decider.Verified && schemas.Principal(transport, decider.ID) == g.Principal {
-		return nil
-	}
-	rec := &schemas.ApprovalRecord{ApprovalID: g.ApprovalID, TurnID: g.Context.TurnID, Tool: g.Tool, Context: g.Context}
-	return MayDecide(rec, transport, decider, channel, pol, keys)
-}
-
 // RevokeGrant carries out d, a revocation request (a Decision whose
 // approval id is the grant's id and whose option is schemas.OptionRevoke):
-// if MayRevoke lets its decider revoke the grant, the grant is revoked
+// if policy.Policy.MayRevokeGrant lets its decider revoke the grant, the grant is revoked
 // (grants.Revoke: marked by compare-and-set, its grant.revoked event
 // published; a grant already revoked is left as it is and its event
 // published again, deduplicated), recording the decider's principal.
@@ -93,7 +74,7 @@ func (a *Approver) RevokeGrant(ctx context.Context, d *schemas.Decision) error {
 	case err != nil:
 		return err
 	}
-	if err := MayRevoke(g, d.Transport, d.Decider, d.Channel, a.cfg.Policy, a.cfg.Keys); err != nil {
+	if err := a.cfg.Policy.MayRevokeGrant(g, d.Transport, d.Decider, d.Channel, a.cfg.Keys); err != nil {
 		return refuse(err)
 	}
 	_, revoked, err := grants.Revoke(ctx, a.cfg.JS, a.cfg.Store, g.GrantID, principal, cmp.Or(d.Note, "revoked by "+principal), a.now())

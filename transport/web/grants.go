@@ -12,7 +12,6 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -73,7 +72,7 @@ func scopeText(sc schemas.GrantScope) string {
 // revoke grant g. g must be authentic (its MAC and its TurnContext's seal
 // verify: a record written straight into KV decides nothing and is not
 // shown). Then either the person made it (its principal), or the
-// approver's decider rule (approver.MayDecide, under the current policy,
+// approver's decider rule (policy.Policy.MayDecideApproval, under the current policy,
 // from the inbox's personal channel) lets them decide g's tool on the
 // turn g was made on: whoever could have made the grant may end it.
 // Revoking only narrows what runs, so this never widens authority.
@@ -81,7 +80,7 @@ func (s *Server) mayRevoke(g *schemas.Grant, sess *session) error {
 	if !sess.SignedIn() {
 		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "not signed in")
 	}
-	return approver.MayRevoke(g, Transport, sess.decider(), sess.channel(), s.cfg.Policy, s.cfg.Keys)
+	return s.cfg.Policy.MayRevokeGrant(g, Transport, sess.decider(), sess.channel(), s.cfg.Keys)
 }
 
 // grantsPage lists the grants the signed-in person may revoke (mayRevoke):

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -190,7 +189,7 @@ func (s *Server) mayDecide(rec *schemas.ApprovalRecord, sess *session) error {
 	if !sess.SignedIn() {
 		return schemas.Errorf(schemas.CodeDeciderNotAuthorized, "not signed in")
 	}
-	return approver.MayDecide(rec, Transport, sess.decider(), sess.channel(), s.cfg.Policy, s.cfg.Keys)
+	return s.cfg.Policy.MayDecideApproval(rec, Transport, sess.decider(), sess.channel(), s.cfg.Keys)
 }
 
 // inbox is the start page: one page of the compact list of the approvals

@@ -25,7 +25,7 @@ const syncWait = 2 * time.Second
 // builds the same index on its own; no page load reads the bucket.
 //
 // It holds records as stored: who may decide one is not its business (the
-// inbox applies approver.MayDecide to what it shows).
+// inbox applies policy.Policy.MayDecideApproval to what it shows).
 type pendingIndex struct {
 	kv     jetstream.KeyValue
 	decode func([]byte) (*schemas.ApprovalRecord, error)

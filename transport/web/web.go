@@ -5,7 +5,7 @@
 // (transport/gateway Config.Web).
 //
 // The inbox never widens what the approver allows. The list of approvals a
-// person sees is computed with approver.MayDecide, the decider rule the
+// person sees is computed with policy.Policy.MayDecideApproval, the decider rule the
 // approver itself applies, on the same inputs the approver will get (the
 // decision's transport "web", the decider web:<subject> at the assurance
 // the sign-in vouched for, and the inbox channel, a personal one); the
@@ -18,7 +18,7 @@
 // The Grants page lists the grants the signed-in person may revoke: those
 // they made, and those on a turn whose tool the approver's decider rule
 // lets them decide (whoever could have made a grant may end it; revoking
-// only narrows; approver.MayRevoke). Revoke publishes a revocation request
+// only narrows; policy.Policy.MayRevokeGrant). Revoke publishes a revocation request
 // (a Decision on the grant, option "revoke") that the approver carries out
 // (approver.RevokeGrant: the record is marked revoked and grant.revoked is
 // published, naming web:<subject>): the inbox only reads the grants bucket.
@@ -72,7 +72,7 @@ type Config struct {
 	// JS is the connection the inbox reads and publishes with.
 	JS jetstream.JetStream
 	// Policy and Keys are the approver's: the inbox lists an approval to a
-	// person only when approver.MayDecide accepts them under these.
+	// person only when policy.Policy.MayDecideApproval accepts them under these.
 	Policy *policy.Policy
 	Keys   *seal.KeyRing
 	Logger *slog.Logger
