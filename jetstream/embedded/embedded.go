@@ -5,8 +5,12 @@ package embedded
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -163,12 +167,53 @@ func RunWithin(opts *server.Options, logger server.Logger, ready time.Duration) 
 }
 
 // FreePort is a loopback TCP port that was free a moment ago (for a listener
-// whose port others must know before it starts, such as a cluster route).
+// whose port others must know before it starts, such as a cluster route, or
+// that must come back on the same port after a restart).
+//
+// It is chosen below the kernel's ephemeral range where that range is known
+// (Linux: /proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default),
+// not by binding port 0: a port bound with 0 comes from the ephemeral range,
+// which every outgoing connection's local port is drawn from too, so between
+// FreePort's return and the listener's start a busy machine's connections
+// (other tests' clients, a cluster's routes) could take it, and a nats-server
+// whose route port is taken never becomes ready. A port below the range is
+// taken only by another listener that names it. Elsewhere, or when no port
+// there is free after a few tries, it falls back to port 0.
 func FreePort() (int, error) {
+	if lo, ok := ephemeralLow(); ok && lo > minFreePort+1000 {
+		for range 64 {
+			port := minFreePort + rand.IntN(lo-minFreePort)
+			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+			if err != nil {
+				continue
+			}
+			ln.Close()
+			return port, nil
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// minFreePort is the lowest port FreePort hands out: above the well-known
+// and most registered services' ports.
+const minFreePort = 10000
+
+// ephemeralLow is the first port of the kernel's ephemeral range, where
+// the kernel says.
+func ephemeralLow() (int, bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, false
+	}
+	lo, err := strconv.Atoi(f[0])
+	return lo, err == nil
 }
