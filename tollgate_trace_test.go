@@ -325,13 +325,19 @@ func TestAModelCallIsASpanOfThePlannersHandler(t *testing.T) {
 	if call.SpanContext().TraceID() != transport.SpanContext().TraceID() || call.SpanKind() != trace.SpanKindClient {
 		t.Fatalf("model span in trace %v (kind %v), want the transport's %v, client", call.SpanContext().TraceID(), call.SpanKind(), transport.SpanContext().TraceID())
 	}
+	// The handler's span is exported when it ends, after the handler has
+	// published the outcome the test waited for: wait for it too.
 	var parent sdktrace.ReadOnlySpan
-	for _, s := range exp.GetSpans().Snapshots() {
-		if s.SpanContext().SpanID() == call.Parent().SpanID() {
-			parent = s
+	jstest.Eventually(t, pipelinetest.Wait, "the model call's parent span", func() bool {
+		for _, s := range exp.GetSpans().Snapshots() {
+			if s.SpanContext().SpanID() == call.Parent().SpanID() {
+				parent = s
+				return true
+			}
 		}
-	}
-	if parent == nil || parent.Name() != "planner" {
+		return false
+	})
+	if parent.Name() != "planner" {
 		t.Fatalf("model span's parent %v, want the planner stage's span (spans: %v)", parent, names(spanSet(exp.GetSpans().Snapshots())))
 	}
 }

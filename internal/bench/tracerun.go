@@ -29,6 +29,14 @@ type stager interface {
 // tracer listening, and returns the canonical steps of the second turn of
 // one session (the first makes the session known, as it is for every turn
 // after a session's first), with another session's turn between them.
+// traceWait bounds each wait of a traced turn (a publish's acknowledgement,
+// a resumed stage's consumer going idle, the outcome). A traced turn runs
+// one stage at a time and each resume starts the stage's consumers afresh,
+// which on a loaded 2-core machine under the race detector (the smoke
+// tests beside four other test binaries) took over 10 s; a passing trace
+// never waits this long, a failing one just fails later.
+const traceWait = 30 * time.Second
+
 func traceTurn(parent string, keys *seal.KeyRing, p path, decisionFirst bool) ([]step, error) {
 	e, err := startEnv(parent, single)
 	if err != nil {
@@ -100,17 +108,17 @@ func traceOn(e *env, st stager, p path, raw, decisionFirst bool) ([]step, error)
 				if t, err = d.send(session); err != nil {
 					return nil, err
 				}
-				if err := d.waitAsync(10 * time.Second); err != nil {
+				if err := d.waitAsync(traceWait); err != nil {
 					return nil, err
 				}
 			case "decide":
 				d.publishDecision(schemas.ApprovalID(t.id, p.approvalIndex()))
-				if err := d.waitAsync(10 * time.Second); err != nil {
+				if err := d.waitAsync(traceWait); err != nil {
 					return nil, err
 				}
 			default:
 				st.resume(s)
-				if err := waitIdle(js, stageConsumer[s].Stream, st.consumer(s), 10*time.Second); err != nil {
+				if err := waitIdle(js, stageConsumer[s].Stream, st.consumer(s), traceWait); err != nil {
 					return nil, err
 				}
 				tr.quiesce()
@@ -121,7 +129,7 @@ func traceOn(e *env, st stager, p path, raw, decisionFirst bool) ([]step, error)
 		}
 		select {
 		case <-t.done:
-		case <-time.After(10 * time.Second):
+		case <-time.After(traceWait):
 			return nil, fmt.Errorf("trace: no outcome for turn %s", t.id)
 		}
 		return t, nil
