@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -79,12 +80,19 @@ func TestTheAgentsKeyNeverApprovesItsOwnCalls(t *testing.T) {
 	if r := g.Approval(id); r.Status != schemas.ApprovalPending || len(r.Votes) != 0 {
 		t.Fatalf("approval %s with votes %v, want pending with none", r.Status, r.Votes)
 	}
+	// Each 403 is the approver's rejection as the gateway's subscription
+	// received it, which can be before the stream has stored it: wait for
+	// the three in the stream, then check there is no fourth.
 	rejected := 0
-	for _, m := range g.Events(topology.SubjectDecisionRejected + ">") {
-		if rej, err := schemas.Decode[schemas.DecisionRejected](m.Data); err == nil && rej.ApprovalID == id && rej.Code == schemas.CodeDeciderNotAuthorized {
-			rejected++
+	jstest.Eventually(t, pipelinetest.Wait, "the three rejections stored", func() bool {
+		rejected = 0
+		for _, m := range g.Events(topology.SubjectDecisionRejected + ">") {
+			if rej, err := schemas.Decode[schemas.DecisionRejected](m.Data); err == nil && rej.ApprovalID == id && rej.Code == schemas.CodeDeciderNotAuthorized {
+				rejected++
+			}
 		}
-	}
+		return rejected >= 3
+	})
 	if rejected != 3 {
 		t.Fatalf("%d rejections of the key's decisions, want 3", rejected)
 	}
