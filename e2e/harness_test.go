@@ -431,16 +431,7 @@ func (c *cluster) waitIdle(t *testing.T, stream, consumer string) {
 	jstest.EventuallyState(t, jstest.Wait, "consumer "+consumer+" idle", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		cons, err := c.js.Consumer(ctx, stream, consumer)
-		if err != nil {
-			return false, err.Error()
-		}
-		info, err := cons.Info(ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		return info.NumPending == 0 && info.NumAckPending == 0,
-			fmt.Sprintf("pending %d, ack pending %d", info.NumPending, info.NumAckPending)
+		return jstest.CaughtUp(ctx, c.js, stream, consumer)
 	})
 }
 

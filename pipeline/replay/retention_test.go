@@ -42,15 +42,10 @@ func recordsGone(t *testing.T, h *pt.H, turn string) {
 // settled waits until the redriver has handled every event it was sent.
 func settled(t *testing.T, h *pt.H) {
 	t.Helper()
-	jstest.Eventually(t, pt.Wait, "redriver consumer settled", func() bool {
+	jstest.EventuallyState(t, pt.Wait, "redriver consumer settled", func() (bool, string) {
 		ctx, cancel := h.Ctx()
 		defer cancel()
-		c, err := h.JS.Consumer(ctx, topology.StreamEvents, topology.ConsumerRedriver)
-		if err != nil {
-			return false
-		}
-		info, err := c.Info(ctx)
-		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		return jstest.CaughtUp(ctx, h.JS, topology.StreamEvents, topology.ConsumerRedriver)
 	})
 }
 

@@ -305,22 +305,17 @@ func (s *suite) counter(t *testing.T, metric, label, value string) float64 {
 }
 
 // Consumed waits (20 seconds at most) until chat transport name's
-// consumer on TOLLGATE_EVENTS has handled every event stored so far: the
-// later fact after which a test asserts that nothing more was posted.
+// consumer on TOLLGATE_EVENTS has handled every event stored so far that
+// it reads: the later fact after which a test asserts that nothing more
+// was posted. Its ack floor must reach the last such event: the server
+// acknowledges a publish before it tells the stream's consumers, so right
+// after a publish the consumer's info can still say nothing is pending.
 func Consumed(t testing.TB, js jetstream.JetStream, name string) {
 	t.Helper()
 	jstest.EventuallyState(t, jstest.Wait, "consumer "+chat.Durable(name)+" caught up", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		c, err := js.Consumer(ctx, topology.StreamEvents, chat.Durable(name))
-		if err != nil {
-			return false, err.Error()
-		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		return info.NumPending == 0 && info.NumAckPending == 0, fmt.Sprintf("pending %d, ack pending %d", info.NumPending, info.NumAckPending)
+		return jstest.CaughtUp(ctx, js, topology.StreamEvents, chat.Durable(name))
 	})
 }
 
