@@ -30,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 )
 
@@ -57,15 +58,15 @@ func buildBinaries(t *testing.T) string {
 	return dir
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort is a loopback TCP port that was free a moment ago, below the
+// ephemeral range (embedded.FreePort), for a process that starts later.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := embedded.FreePort()
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // proc is a running child process whose output goes to a log file.

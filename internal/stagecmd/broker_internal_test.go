@@ -3,7 +3,6 @@ package stagecmd
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -17,14 +16,15 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
+// freePort is a loopback TCP port that was free a moment ago, below the
+// ephemeral range (embedded.FreePort), for a process that starts later.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := embedded.FreePort()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("free port: %v", err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // ensure is what awaitBroker retries for a stage that provisions.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -34,7 +35,29 @@ def tollgate_bin() -> str:
     return _built
 
 
+def _ephemeral_low() -> Optional[int]:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port() -> int:
+    """A loopback port that was free a moment ago, for tollgate dev to listen
+    on. It is chosen below the kernel's ephemeral range where Linux names it:
+    a port bound with 0 comes from that range, which outgoing connections
+    draw their local ports from too, so one could take it before tollgate
+    dev starts (seen in CI: "bind: address already in use")."""
+    low = _ephemeral_low()
+    if low is not None and low > 11000:
+        for _ in range(64):
+            port = random.randrange(10000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -25,15 +25,39 @@ export function tollgateBin() {
   return built;
 }
 
-export function freePort() {
+function listenOnce(port) {
   return new Promise((res, rej) => {
     const s = createServer();
     s.once("error", rej);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => res(port));
+    s.listen(port, "127.0.0.1", () => {
+      const { port: got } = s.address();
+      s.close(() => res(got));
     });
   });
+}
+
+// A loopback port that was free a moment ago, for tollgate dev to listen on.
+// It is chosen below the kernel's ephemeral range where Linux names it: a
+// port bound with 0 comes from that range, which outgoing connections draw
+// their local ports from too, so one could take it before tollgate dev starts.
+export async function freePort() {
+  let low;
+  try {
+    low = Number(readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]);
+  } catch {
+    low = undefined;
+  }
+  if (low > 11000) {
+    for (let i = 0; i < 64; i++) {
+      const port = 10000 + Math.floor(Math.random() * (low - 10000));
+      try {
+        return await listenOnce(port);
+      } catch {
+        // taken: try another
+      }
+    }
+  }
+  return listenOnce(0);
 }
 
 /** Polls cond until it returns a truthy value (returned), or throws naming what was awaited. */
