@@ -265,31 +265,13 @@ func (h *H) lastMatching(sc topology.ConsumerSpec) uint64 {
 	h.T.Helper()
 	ctx, cancel := h.Ctx()
 	defer cancel()
-	st, err := h.JS.Stream(ctx, sc.Stream)
-	if err != nil {
-		h.T.Fatalf("pipelinetest: stream %s: %v", sc.Stream, err)
-	}
 	filters := sc.Config.FilterSubjects
 	if sc.Config.FilterSubject != "" {
 		filters = append(filters, sc.Config.FilterSubject)
 	}
-	if len(filters) == 0 {
-		info, err := st.Info(ctx)
-		if err != nil {
-			h.T.Fatalf("pipelinetest: stream %s: %v", sc.Stream, err)
-		}
-		return info.State.LastSeq
-	}
-	var last uint64
-	for _, f := range filters {
-		m, err := st.GetLastMsgForSubject(ctx, f)
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			continue
-		case err != nil:
-			h.T.Fatalf("pipelinetest: last message on %s: %v", f, err)
-		}
-		last = max(last, m.Sequence)
+	last, err := jstest.LastMatching(ctx, h.JS, sc.Stream, filters)
+	if err != nil {
+		h.T.Fatalf("pipelinetest: %v", err)
 	}
 	return last
 }
