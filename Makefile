@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build build-all test test-go test-deps screenshots test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
+.PHONY: run build build-all test test-go test-deps screenshots test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-layout bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -190,6 +190,12 @@ bench: build
 ## three-node cluster on loopback with R3 streams and buckets (both sync settings), interleaved round by round
 bench-cluster: build
 	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PHASES=throughput,sync,cluster $(BIN)/tollgate-bench
+
+## bench-layout: the raw turn (the stages' JetStream operations, no Tollgate code) in the storage layouts a group
+## committer could use: today's, today's through the committer, the four buckets a turn writes as one state stream,
+## and that with two writes fewer per turn; both sync settings (internal/bench/layout.go, docs/bench.md)
+bench-layout: build
+	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PHASES=layout $(BIN)/tollgate-bench
 
 ## bench-footprint: only the footprint phase, with FOOTPRINT_PENDING (100,000) approvals pending
 FOOTPRINT_PENDING ?= 100000

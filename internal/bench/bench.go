@@ -166,6 +166,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		b.throughput(ctx, r, storage{Nodes: 3})
 		b.throughput(ctx, r, storage{Sync: true, Nodes: 3})
 	}
+	if cfg.Phases[phaseLayout] {
+		b.layouts(ctx, r)
+	}
 	if cfg.Phases["toolservice"] {
 		b.toolService(ctx, r)
 	}
@@ -220,6 +223,41 @@ func (b *bencher) throughput(ctx context.Context, r *Report, st storage) {
 				scenario{name: "tollgate", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeProcesses, *p, st, false) }})
 		}
 	}
+	samples := b.measure(ctx, r, st, sc)
+	// Efficiencies: per round, Tollgate over the raw turn of the same round
+	// and mode.
+	for _, p := range []path{fastPath, approvalPath} {
+		for i, s := range sc {
+			if s.name != "tollgate" || *s.path != p {
+				continue
+			}
+			rawIdx := slices.IndexFunc(sc, func(r scenario) bool { return r.name == "raw turn" && r.mode == s.mode && *r.path == p })
+			if rawIdx < 0 {
+				continue
+			}
+			var per []float64
+			for k := range samples[i] {
+				if raw := samples[rawIdx][k].Rate; raw > 0 && samples[i][k].Rate > 0 {
+					per = append(per, samples[i][k].Rate/raw)
+				}
+			}
+			ratio := Ratio{Sync: st.String(), Path: p.String(), Mode: s.mode}
+			tg := r.figure(st.String(), "tollgate", s.mode, p.String())
+			raw := r.figure(st.String(), "raw turn", s.mode, p.String())
+			if tg != nil && raw != nil && raw.Median > 0 {
+				ratio.Efficiency = tg.Median / raw.Median
+			}
+			ratio.RoundMedian, ratio.RoundMin, ratio.RoundMax = median(per)
+			r.Efficiency = append(r.Efficiency, ratio)
+		}
+	}
+}
+
+// measure runs every scenario of sc Runs times, interleaved (round after
+// round of every scenario, so that all see the same machine load), adds a
+// throughput figure per scenario to r, and returns the samples, per
+// scenario and round.
+func (b *bencher) measure(ctx context.Context, r *Report, st storage, sc []scenario) [][]sample {
 	samples := make([][]sample, len(sc))
 	for round := 1; round <= b.cfg.Runs && ctx.Err() == nil; round++ {
 		for i, s := range sc {
@@ -251,33 +289,7 @@ func (b *bencher) throughput(ctx context.Context, r *Report, st storage) {
 		f.Median, f.Min, f.Max = median(rates)
 		r.Throughput = append(r.Throughput, f)
 	}
-	// Efficiencies: per round, Tollgate over the raw turn of the same round
-	// and mode.
-	for _, p := range []path{fastPath, approvalPath} {
-		for i, s := range sc {
-			if s.name != "tollgate" || *s.path != p {
-				continue
-			}
-			rawIdx := slices.IndexFunc(sc, func(r scenario) bool { return r.name == "raw turn" && r.mode == s.mode && *r.path == p })
-			if rawIdx < 0 {
-				continue
-			}
-			var per []float64
-			for k := range samples[i] {
-				if raw := samples[rawIdx][k].Rate; raw > 0 && samples[i][k].Rate > 0 {
-					per = append(per, samples[i][k].Rate/raw)
-				}
-			}
-			ratio := Ratio{Sync: st.String(), Path: p.String(), Mode: s.mode}
-			tg := r.figure(st.String(), "tollgate", s.mode, p.String())
-			raw := r.figure(st.String(), "raw turn", s.mode, p.String())
-			if tg != nil && raw != nil && raw.Median > 0 {
-				ratio.Efficiency = tg.Median / raw.Median
-			}
-			ratio.RoundMedian, ratio.RoundMin, ratio.RoundMax = median(per)
-			r.Efficiency = append(r.Efficiency, ratio)
-		}
-	}
+	return samples
 }
 
 // latencies runs, for each mode and path, an open loop at the low rate and

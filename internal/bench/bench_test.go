@@ -378,3 +378,63 @@ func TestClosedLoopWindowWaitsForMinTurns(t *testing.T) {
 		t.Fatalf("window opened %d and closed %d times, want once each", opened, closed)
 	}
 }
+
+// TestFewerWritesDropsTheTwoLeversWrites checks the layout phase's fewer
+// writes: the executor's queued -> running update of the batch and each
+// claim's result update go, nothing else.
+func TestFewerWritesDropsTheTwoLeversWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		p          path
+		before, at int
+	}{
+		{"the fast turn loses two of its ten writes", fastPath, 10, 8},
+		{"the approval turn loses three of its twenty-one", approvalPath, 21, 18},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seq := rawSequence(tc.p)
+			if n := countWrites(seq).Total; n != tc.before {
+				t.Fatalf("%d writes before, want %d", n, tc.before)
+			}
+			fewer := fewerWrites(seq)
+			if n := countWrites(fewer).Total; n != tc.at {
+				t.Errorf("%d writes after, want %d", n, tc.at)
+			}
+			if len(seq)-len(fewer) != tc.before-tc.at {
+				t.Errorf("dropped %d steps, want only the %d writes", len(seq)-len(fewer), tc.before-tc.at)
+			}
+			for _, s := range fewer {
+				if s.Op == "kv.update" && strings.HasPrefix(s.On, "tollgate_claims/") {
+					t.Errorf("a claim update is left: %v", s)
+				}
+			}
+		})
+	}
+}
+
+// TestBenchSmokeLayout runs the layout phase with tiny counts: every layout
+// of both paths, both sync settings, produces a rate with no errors (a raw
+// stage that failed a write, or a turn that never ended, is one).
+func TestBenchSmokeLayout(t *testing.T) {
+	t.Parallel() // see TestBenchSmokeProcesses
+	r, err := Run(context.Background(), smokeConfig(t, phaseLayout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r.Errors {
+		t.Errorf("report error: %s", e)
+	}
+	if len(r.Throughput) != 2*2*4 {
+		t.Fatalf("%d figures, want 16 (two syncs, two paths, four layouts)", len(r.Throughput))
+	}
+	names := map[string]bool{}
+	for _, f := range r.Throughput {
+		names[f.Name] = true
+		if f.Median <= 0 {
+			t.Errorf("%s %s: no rate", f.Sync, f.label())
+		}
+	}
+	if len(names) != 4 {
+		t.Errorf("layouts measured: %v, want 4", names)
+	}
+}

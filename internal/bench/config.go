@@ -60,7 +60,9 @@ type Config struct {
 	// turns), inbox (the web inbox's first page with Pending approvals
 	// pending: time and HTML size), cluster (not in AllPhases: the throughput figures again on a
 	// three-node cluster on loopback with R3 streams and buckets, both
-	// sync settings; `make bench-cluster`).
+	// sync settings; `make bench-cluster`), layout (not in AllPhases: the
+	// raw turn in the storage layouts the group committer could use, both
+	// sync settings; layout.go).
 	Phases   map[string]bool
 	BinDir   string // the tollgate binary, which runs each stage; empty: built into WorkDir
 	OutDir   string // report files; empty: none
@@ -161,8 +163,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: the profile phase needs a ProfileDir")
 	}
 	for p := range c.Phases {
-		if p != "profile" && p != "cluster" && !strings.Contains(","+strings.Join(AllPhases, ",")+",", ","+p+",") {
-			return fmt.Errorf("bench: unknown phase %q (want %s, profile, cluster)", p, strings.Join(AllPhases, ", "))
+		if p != "profile" && p != "cluster" && p != phaseLayout && !strings.Contains(","+strings.Join(AllPhases, ",")+",", ","+p+",") {
+			return fmt.Errorf("bench: unknown phase %q (want %s, profile, cluster, layout)", p, strings.Join(AllPhases, ", "))
 		}
 	}
 	return nil
@@ -171,7 +173,7 @@ func (c Config) validate() error {
 // Params is the one-line description of the parameters.
 func (c Config) Params() string {
 	var ph []string
-	for _, p := range append(AllPhases, "profile", "cluster") {
+	for _, p := range append(AllPhases, "profile", "cluster", phaseLayout) {
 		if c.Phases[p] {
 			ph = append(ph, p)
 		}

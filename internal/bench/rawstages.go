@@ -38,6 +38,11 @@ type rawStages struct {
 	kv   map[string]jetstream.KeyValue
 	path path
 	plan map[string][]rawGroup
+	// layout is where the writes go (layout.go); w makes them in any
+	// layout but today's unbatched one (nil there: the code that is the
+	// raw turn's reference).
+	layout rawLayout
+	w      *rawWriter
 
 	ctx     context.Context
 	stop    context.CancelFunc
@@ -104,12 +109,30 @@ var zeros = make([]byte, 1<<20)
 // startRawStages starts the raw stages (all four if none are named) on js
 // for the sequence seq of path p.
 func startRawStages(js jetstream.JetStream, seq []step, p path, stages ...string) (*rawStages, error) {
+	return startRawStagesIn(js, seq, p, single, rawLayout{}, stages...)
+}
+
+// startRawStagesIn is startRawStages with the writes stored in layout l on
+// servers of storage st (layout.go).
+func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l rawLayout, stages ...string) (*rawStages, error) {
 	if len(stages) == 0 {
 		stages = stageNames
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &rawStages{js: js, kv: map[string]jetstream.KeyValue{}, path: p, plan: rawPlan(seq), ctx: ctx, stop: cancel, running: map[string]*rawRun{}}
-	for _, b := range []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims, topology.BucketGrants} {
+	r := &rawStages{js: js, kv: map[string]jetstream.KeyValue{}, path: p, plan: rawPlan(seq), ctx: ctx, stop: cancel, running: map[string]*rawRun{}, layout: l}
+	if l != (rawLayout{}) {
+		w, err := newRawWriter(js, st, l)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		r.w = w
+	}
+	buckets := []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims, topology.BucketGrants}
+	if l.state {
+		buckets = append(buckets, stateBucket)
+	}
+	for _, b := range buckets {
 		kv, err := js.KeyValue(ctx, b)
 		if err != nil {
 			cancel()
@@ -138,9 +161,11 @@ func startRawStages(js jetstream.JetStream, seq []step, p path, stages ...string
 	return r, nil
 }
 
-// watch runs a KV watch of every key of bucket until ctx ends.
+// watch runs a KV watch of every key of bucket until ctx ends (in the
+// state layout, of every key under the bucket's prefix).
 func (r *rawStages) watch(ctx context.Context, bucket string) error {
-	w, err := r.kv[bucket].WatchAll(ctx)
+	pb, prefix := r.layout.place(bucket, ">")
+	w, err := r.kv[pb].Watch(ctx, prefix)
 	if err != nil {
 		return err
 	}
@@ -339,7 +364,8 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 	for _, op := range g.ops {
 		target := id.resolve(op.On)
 		bucket, key, _ := strings.Cut(target, "/")
-		kv := r.kv[bucket]
+		pb, pk := r.layout.place(bucket, key) // where it is stored
+		kv := r.kv[pb]
 		payload := zeros[:op.Bytes]
 		switch {
 		case bucket == topology.BucketBatches && op.Bytes >= sessionKeyLen:
@@ -362,6 +388,18 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				opts = append(opts, jetstream.WithMsgID(msgID))
 			}
 			msg := &nats.Msg{Subject: target, Data: payload}
+			if r.w != nil {
+				// A group committer answers each write once it is
+				// stored: the stage waits, as Tollgate's does with it.
+				msg.Header = nats.Header{}
+				if op.MsgID {
+					msg.Header.Set(jetstream.MsgIDHeader, msgID)
+				}
+				if _, err := r.w.publish(ctx, msg); err != nil {
+					r.fail(err)
+				}
+				continue
+			}
 			if op.Async {
 				f, err := r.js.PublishMsgAsync(msg, opts...)
 				if err != nil {
@@ -375,30 +413,30 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				r.fail(err)
 			}
 		case "kv.create", opCreateExists:
-			rev, err := kv.Create(ctx, key, payload)
+			rev, err := r.create(ctx, kv, pb, pk, payload)
 			switch {
 			case err == nil:
 				revs[target] = rev
 				if op.Op == opCreateExists {
 					skip = target
 				}
-			case errors.Is(err, jetstream.ErrKeyExists) && op.Op == opCreateExists:
+			case conflict(err) && op.Op == opCreateExists:
 			default:
 				r.fail(err)
 			}
 		case "kv.get":
-			e, err := kv.Get(ctx, key)
+			e, err := kv.Get(ctx, pk)
 			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketGrants {
 				continue // no standing grant: the call asks a person, as in Tollgate
 			}
 			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketSessions {
 				// A session's first turn: Tollgate (Acquire) creates the
 				// record instead of updating it; so does the raw turn.
-				rev, cerr := kv.Create(ctx, key, zeros[:sessionRecordBytes])
+				rev, cerr := r.create(ctx, kv, pb, pk, zeros[:sessionRecordBytes])
 				switch {
 				case cerr == nil:
 					revs[target], skip = rev, target
-				case errors.Is(cerr, jetstream.ErrKeyExists):
+				case conflict(cerr):
 					r.conflicts.Add(1)
 				default:
 					r.fail(cerr)
@@ -418,11 +456,11 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				skip = ""
 				continue
 			}
-			rev, err := kv.Update(ctx, key, payload, revs[target])
+			rev, err := r.update(ctx, kv, pb, pk, payload, revs[target])
 			switch {
 			case err == nil:
 				revs[target] = rev
-			case errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			case conflict(err):
 				// Another raw stage wrote the key in between (the two
 				// redriver triggers of a turn racing the executor): the
 				// round trip was made; Tollgate would re-read and retry.
@@ -461,6 +499,29 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 	if err := m.Ack(); err != nil {
 		r.fail(err)
 	}
+}
+
+// create creates key in kv (bucket pb), through the layout's writer if
+// there is one.
+func (r *rawStages) create(ctx context.Context, kv jetstream.KeyValue, pb, key string, value []byte) (uint64, error) {
+	if r.w != nil {
+		return r.w.kvWrite(ctx, pb, key, value, 0)
+	}
+	return kv.Create(ctx, key, value)
+}
+
+// update updates key in kv (bucket pb) at revision rev, through the
+// layout's writer if there is one.
+func (r *rawStages) update(ctx context.Context, kv jetstream.KeyValue, pb, key string, value []byte, rev uint64) (uint64, error) {
+	if r.w != nil {
+		return r.w.kvWrite(ctx, pb, key, value, rev)
+	}
+	return kv.Update(ctx, key, value, rev)
+}
+
+// conflict reports a failed KV compare-and-set, however it was made.
+func conflict(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, errWrongLast)
 }
 
 // settle waits for the acknowledgements of async publishes, each for at
