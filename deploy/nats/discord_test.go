@@ -109,14 +109,7 @@ func TestLeastPrivilegeDiscord(t *testing.T) {
 
 	// Every consumer drained, and nobody was refused on the way.
 	for _, c := range topology.Consumers() {
-		eventually(t, c.Config.Durable+" idle", func(ctx context.Context) bool {
-			cons, err := admin.js.Consumer(ctx, c.Stream, c.Config.Durable)
-			if err != nil {
-				return false
-			}
-			info, err := cons.Info(ctx)
-			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
-		})
+		caughtUp(t, admin, c.Stream, c.Config.Durable)
 	}
 	for name, s := range stages {
 		if errs := s.reported(); len(errs) > 0 {

@@ -196,6 +196,18 @@ func eventually(t *testing.T, what string, cond func(context.Context) bool) {
 	})
 }
 
+// caughtUp waits until admin sees the durable consumer on stream caught up
+// with every message its filter matches (jstest.CaughtUp: pending counts
+// alone can say "idle" right after a publish).
+func caughtUp(t *testing.T, admin *client, stream, durable string) {
+	t.Helper()
+	jstest.EventuallyState(t, wait, durable+" caught up", func() (bool, string) {
+		c, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		return jstest.CaughtUp(c, admin.js, stream, durable)
+	})
+}
+
 // provision is what admin does before any stage starts (deploy/README.md):
 // the streams and buckets, and the transport's durable consumer on the
 // events stream, from the same JSON file `nats consumer add --config` reads.
@@ -585,14 +597,7 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 	// Let every stage finish what it has, then: the grants were enough,
 	// no stage was refused anything on the way.
 	for _, d := range topology.Consumers() {
-		eventually(t, d.Config.Durable+" idle", func(c context.Context) bool {
-			cons, err := admin.js.Consumer(c, d.Stream, d.Config.Durable)
-			if err != nil {
-				return false
-			}
-			info, err := cons.Info(c)
-			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
-		})
+		caughtUp(t, admin, d.Stream, d.Config.Durable)
 	}
 	for name, s := range stages {
 		if errs := s.reported(); len(errs) > 0 {

@@ -125,14 +125,7 @@ func TestLeastPrivilegePlannerAndSlack(t *testing.T) {
 
 	// Every consumer drained, and nobody was refused on the way.
 	for _, d := range append(topology.Consumers(), append(topology.PlannerConsumers(), topology.IngestStepsConsumer())...) {
-		eventually(t, d.Config.Durable+" idle", func(c context.Context) bool {
-			cons, err := admin.js.Consumer(c, d.Stream, d.Config.Durable)
-			if err != nil {
-				return false
-			}
-			info, err := cons.Info(c)
-			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
-		})
+		caughtUp(t, admin, d.Stream, d.Config.Durable)
 	}
 	for name, s := range stages {
 		if errs := s.reported(); len(errs) > 0 {

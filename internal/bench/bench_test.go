@@ -105,7 +105,7 @@ func runSmoke(t *testing.T, cfg Config, figures int) *Report {
 // that it does not rot between `make bench` runs, and writes the report.
 // (The sync phase is the throughput phase on servers with SyncAlways.)
 func TestBenchSmoke(t *testing.T) {
-	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*3) // raw turn, tollgate and tollgate with group commit off, per path
+	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*3) // raw turn, tollgate and tollgate with group commit on, per path
 	if len(r.Latency) != 4 {
 		t.Errorf("%d latency rows, want 4", len(r.Latency))
 	}
@@ -424,8 +424,8 @@ func TestBenchSmokeLayout(t *testing.T) {
 	for _, e := range r.Errors {
 		t.Errorf("report error: %s", e)
 	}
-	if len(r.Throughput) != 2*2*4 {
-		t.Fatalf("%d figures, want 16 (two syncs, two paths, four layouts)", len(r.Throughput))
+	if len(r.Throughput) != 2*2*5 {
+		t.Fatalf("%d figures, want 20 (two syncs, two paths, five layouts)", len(r.Throughput))
 	}
 	names := map[string]bool{}
 	for _, f := range r.Throughput {
@@ -434,7 +434,7 @@ func TestBenchSmokeLayout(t *testing.T) {
 			t.Errorf("%s %s: no rate", f.Sync, f.label())
 		}
 	}
-	if len(names) != 4 {
-		t.Errorf("layouts measured: %v, want 4", names)
+	if len(names) != 5 {
+		t.Errorf("layouts measured: %v, want 5", names)
 	}
 }

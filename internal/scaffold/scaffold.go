@@ -100,9 +100,9 @@ type Common struct {
 	ClaimLease, ToolTimeout time.Duration
 	// GroupCommit: the stages' writes that wait at the same time on one
 	// stream are committed as one atomic batch (tollgate.Config's
-	// NoGroupCommit is its negation). Off by default in the binaries
-	// (--group-commit turns it on): measured, it does not yet pay at the
-	// default flush mode (docs/operations.md, "Group commit").
+	// GroupCommit). Off by default (--group-commit turns it on): measured,
+	// it does not pay on nats-server 2.15 (docs/operations.md, "Group
+	// commit").
 	GroupCommit bool
 }
 

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
@@ -27,10 +26,8 @@ func TestAStepBatchScheduledByThePreviousVersionStillRuns(t *testing.T) {
 	defer cancel()
 	// Ingest does not forward step batches until the test says so: the
 	// schedule below is the step batch's only way to the executor.
-	var steps jetstream.Consumer
 	jstest.Eventually(t, pipelinetest.Wait, "ingest's step consumer", func() bool {
-		c, err := f.JS.Consumer(ctx, topology.StreamTurns, topology.ConsumerIngestSteps)
-		steps = c
+		_, err := f.JS.Consumer(ctx, topology.StreamTurns, topology.ConsumerIngestSteps)
 		return err == nil
 	})
 	if _, err := f.JS.PauseConsumer(ctx, topology.StreamTurns, topology.ConsumerIngestSteps, time.Now().Add(time.Hour)); err != nil {
@@ -73,9 +70,8 @@ func TestAStepBatchScheduledByThePreviousVersionStillRuns(t *testing.T) {
 	jstest.Eventually(t, pipelinetest.Wait, "ingest forwarded its copy", func() bool {
 		c, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		info, err := steps.Info(c)
-		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 &&
-			len(f.Messages(topology.StreamTurns, accepted)) == 2
+		ok, _ := jstest.CaughtUp(c, f.JS, topology.StreamTurns, topology.ConsumerIngestSteps)
+		return ok && len(f.Messages(topology.StreamTurns, accepted)) == 2
 	})
 	f.WaitIdle(pipelinetest.Executor)
 	if n := len(f.Outcomes(step)); n != 1 {
