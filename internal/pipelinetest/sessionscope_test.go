@@ -150,3 +150,26 @@ func TestLegacySessionsFinishAcrossTheUpgrade(t *testing.T) {
 		t.Fatalf("new turn's context has session key %q, want the scoped one", b.Context.SessionKey)
 	}
 }
+
+// A message that another transport stores under a victim session's key (its
+// NATS permissions let it publish anything under its own inbound token)
+// never becomes a turn, so it holds none of the victim's turns back: ingest
+// dead-letters it, and the session-order check looks only at the victim's
+// own transport's subject (topology.InboundSessionSubject).
+func TestAMessageForgedUnderAnotherTransportsKeyHoldsNothingBack(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: scopePolicy})
+	const thread = "slack:T024BE7LD:C0123ABC:1710408500.000070"
+	forged := inboundOn(h, "gateway", thread, "mallory", pt.Call("echo", `{"text":"first in line"}`))
+	h.Publish(topology.SubjectInboundPrefix+"gateway."+schemas.SessionKey("slack", thread), topology.InboundMsgID("gateway", forged.MessageID), forged)
+	if n := len(h.WaitDLQ(pt.Ingest, 1)); n != 1 {
+		t.Fatalf("%d dead letters of ingest, want the forged message's", n)
+	}
+
+	victim := h.Send(inboundOn(h, "slack", thread, "U-alice", pt.Call("echo", `{"text":"mine"}`)))
+	if o := h.WaitOutcome(victim); o.State != schemas.TurnCompleted {
+		t.Fatalf("victim's turn ended %s (%s), want completed", o.State, o.Code)
+	}
+	if s := h.SessionOn("slack", thread); s == nil || s.Active != "" || len(s.Queue) != 0 {
+		t.Fatalf("victim's session record %+v, want idle with nothing queued", s)
+	}
+}

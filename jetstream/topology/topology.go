@@ -60,7 +60,7 @@ const SubjectToolsList = "tollgate.tools.list"
 // sessionID: tollgate.inbound.<transport>.<session key>. The transport token
 // is the publisher's identity (ingest binds the body's transport to it); the
 // session token lets the executor find a session's earlier messages in
-// arrival order (InboundSessionFilter), so that scaled ingest and executor
+// arrival order (InboundSessionSubject), so that scaled ingest and executor
 // replicas still run a session's turns in the order they arrived.
 func InboundSubject(transport, sessionID string) string {
 	return SubjectInboundPrefix + transport + "." + schemas.SessionKey(transport, sessionID)
@@ -78,10 +78,26 @@ func LegacyInboundSubject(transport, sessionID string) string {
 }
 
 // InboundSessionFilter matches the inbound messages stored under session
-// key sessionKey. A key names one transport's session (schemas.SessionKey);
-// the transport token is a wildcard only so that a message another
-// transport forged under it is found, and refused, by the order check.
+// key sessionKey, from any transport. The order check uses it only for a
+// turn sealed before sessions were scoped by transport, whose legacy key
+// several transports shared (InboundSessionSubject otherwise).
 func InboundSessionFilter(sessionKey string) string { return SubjectInboundPrefix + "*." + sessionKey }
+
+// InboundSessionSubject is the one subject on which transport's messages of
+// the session with transport-scoped key sessionKey (schemas.SessionKey) are
+// stored: the session-order check's filter. A message another transport
+// stored under the same key cannot be one of the session's turns (ingest's
+// Admit refuses a key that is not SessionKey of the message's own
+// transport), so it never holds the session's turns back and need not be
+// looked at. A literal filter also lets the server find a session's next
+// message from its per-subject index: with the transport token a wildcard,
+// nats-server 2.15 matched every message it scanned, and the first turn of
+// a session (no watermark yet) scanned the stream from its start, which
+// under a steady stream of new sessions took 39 % of a process's CPU
+// (docs/bench.md, "Where Tollgate's own time goes").
+func InboundSessionSubject(transport, sessionKey string) string {
+	return SubjectInboundPrefix + transport + "." + sessionKey
+}
 
 // AcceptedSubject is where ingest publishes a turn of the session with key sessionKey.
 func AcceptedSubject(sessionKey string) string { return SubjectTurnAccepted + sessionKey }

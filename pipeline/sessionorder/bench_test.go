@@ -17,16 +17,19 @@ import (
 // lookup (Checker.Check): the next inbound message of one session from a
 // sequence on, on a real server's TOLLGATE_INBOUND, with `between` messages
 // of other sessions (each its own, as in a busy deployment) stored between
-// the session's two messages. The check asks with the wildcard filter
-// tollgate.inbound.*.<session key> (any transport); the literal subject
-// of one transport is there for comparison.
+// the session's two messages. The check asks with the literal subject of
+// the turn's transport (topology.InboundSessionSubject); the wildcard
+// filter of any transport, which it used before (and still uses for a
+// legacy key), is there for comparison.
 //
 //	go test -run '^$' -bench NextInboundOfSession ./pipeline/sessionorder
 //
 // Measured (nats-server 2.15.2, 2 cores, -benchtime 2000x): wildcard
 // 0.17 / 0.50 / 3.5 ms with 10 / 1,000 / 10,000 messages in between,
-// literal 0.15 / 0.40 / 1.9 ms: both grow with the traffic, so a literal
-// filter alone is no fix; a get by a known sequence stays at 0.15-0.18 ms.
+// literal 0.15 / 0.40 / 1.9 ms: both grow with the traffic (a block's
+// per-subject state knows a subject's first and last sequence in the block,
+// so a lookup from between them walks the messages), so the literal filter
+// alone is no fix; a get by a known sequence stays at 0.15-0.18 ms.
 func BenchmarkNextInboundOfSession(b *testing.B) {
 	for _, between := range []int{10, 1000, 10000} {
 		env := jstest.Start(b)
@@ -44,7 +47,7 @@ func BenchmarkNextInboundOfSession(b *testing.B) {
 		second := publish(b, env.JS, topology.InboundSubject("cli", session))
 		for _, f := range []struct{ name, filter string }{
 			{"wildcard", topology.InboundSessionFilter(key)},
-			{"literal", topology.InboundSubject("cli", session)},
+			{"literal", topology.InboundSessionSubject("cli", key)},
 			// The message by its sequence: what a lookup costs when the
 			// sequence is known (say, stamped on the later turn at ingest).
 			{"by-sequence", ""},

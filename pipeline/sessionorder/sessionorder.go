@@ -185,7 +185,10 @@ func (c *Checker) Check(ctx context.Context, b *schemas.BatchRecord) (*batch.Ses
 	if err != nil {
 		return nil, err
 	}
-	filter := topology.InboundSessionFilter(key)
+	filter := topology.InboundSessionFilter(key) // a legacy key: shared by transports
+	if b.Context.SessionKey != "" {
+		filter = topology.InboundSessionSubject(b.Context.Transport, key)
+	}
 	for from := sess.InboundSeq + 1; from < seq; {
 		m, err := stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
