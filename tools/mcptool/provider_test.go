@@ -304,14 +304,20 @@ func TestStdioServerThatExitsIsRestarted(t *testing.T) {
 func TestCrashingServerIsRestartedWithBackOff(t *testing.T) {
 	srv := newTestServer(t, "crash")
 	o := fast()
-	o.RestartMin, o.RestartMax = 25*time.Millisecond, 100*time.Millisecond
+	// RestartMax is also how long a run must last to count as healthy and
+	// reset the back-off. A crashing server's run is its start-up, which
+	// under a loaded machine's race-built test binaries has taken over
+	// 100ms: with a RestartMax of 100ms that reset the back-off to
+	// RestartMin, as it should, and the next start came sooner than the
+	// doubling. 1s keeps the crashing runs short of it.
+	o.RestartMin, o.RestartMax = 25*time.Millisecond, time.Second
 	p := mcptool.New(&mcptool.Config{Servers: map[string]mcptool.ServerConfig{"c": srv.ServerConfig}}, o)
 	run(t, p)
 	starts := srv.WaitStarts(t, 10)
 	for i := 1; i < len(starts); i++ {
 		gap := starts[i].at.Sub(starts[i-1].at)
 		// Each wait doubles the last, up to RestartMax. Without the cap
-		// the ninth wait would be 6.4s.
+		// the eighth and ninth waits would be 3.2s and 6.4s.
 		if floor := min(o.RestartMin<<(i-1), o.RestartMax); gap < floor || gap > 3*time.Second {
 			t.Errorf("start %d came %v after the one before, want at least %v and at most 3s", i, gap, floor)
 		}
