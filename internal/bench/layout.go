@@ -17,7 +17,7 @@ import (
 
 // The layout phase (BENCH_PHASES=layout, not in AllPhases) measures storage
 // layouts for the group committer on the raw turn, before any of them is
-// built into Tollgate (issue: group commit). An atomic batch is one
+// built into Tollgate (docs/bench.md, "Group commit"). An atomic batch is one
 // stream's and costs a fixed number of disk flushes, so it pays only when
 // many writes wait on one stream at once; today a turn's writes are spread
 // over nine streams and buckets. The layouts:
