@@ -12,6 +12,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/chat/chattest"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
 )
 
@@ -29,6 +30,7 @@ func TestDMTurnPromptClickRunUpdateResult(t *testing.T) {
 	approval := schemas.ApprovalID(turn, 0)
 
 	prompt := r.slack.await(t, 1, "chat.postMessage", in(ch))[0]
+	chattest.Prompted(t, r.h.JS, tgslack.Name, approval) // see promptOf
 	if prompt.form.Get("thread_ts") != ts {
 		t.Errorf("prompt thread_ts = %q, want the message's %q", prompt.form.Get("thread_ts"), ts)
 	}
@@ -106,6 +108,7 @@ func TestDMTurnThroughThePlanner(t *testing.T) {
 	approval := schemas.ApprovalID(schemas.PlannerStepTurnID(turn, 0), 0)
 
 	prompt := r.slack.await(t, 1, "chat.postMessage", in(ch))[0]
+	chattest.Prompted(t, r.h.JS, tgslack.Name, approval) // see promptOf
 	if prompt.form.Get("thread_ts") != ts || !strings.Contains(prompt.form.Get("blocks"), "note.txt") {
 		t.Fatalf("prompt in thread %q: %s", prompt.form.Get("thread_ts"), prompt.form.Get("blocks"))
 	}
