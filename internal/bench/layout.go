@@ -129,8 +129,9 @@ func ensureLayout(ctx context.Context, js jetstream.JetStream, st storage, l raw
 // (a KV write with Nats-Expected-Last-Subject-Sequence, as nats.go's
 // KeyValue makes it), through the committer when there is one.
 type rawWriter struct {
-	js jetstream.JetStream
-	gc *groupcommit.Committer
+	js      jetstream.JetStream
+	gc      *groupcommit.Committer
+	streams []jetstream.StreamConfig // what gc commits
 }
 
 // newRawWriter returns the writer of layout l on js.
@@ -139,16 +140,29 @@ func newRawWriter(js jetstream.JetStream, st storage, l rawLayout) (*rawWriter, 
 	if !l.groupCommit {
 		return w, nil
 	}
-	streams := append(st.topology().Streams(), st.topology().BucketStreams()...)
+	w.streams = append(st.topology().Streams(), st.topology().BucketStreams()...)
 	if l.state {
-		streams = append(streams, stateBucketStream(st))
+		w.streams = append(w.streams, stateBucketStream(st))
 	}
-	gc, err := groupcommit.New(js, groupcommit.Config{Streams: streams})
+	gc, err := groupcommit.New(js, groupcommit.Config{Streams: w.streams})
 	if err != nil {
 		return nil, err
 	}
 	w.gc = gc
 	return w, nil
+}
+
+// logStats logs, for each stream the committer wrote to, its batches and
+// single writes.
+func (w *rawWriter) logStats(logf func(string, ...any), what string) {
+	if w == nil || w.gc == nil {
+		return
+	}
+	for _, sc := range w.streams {
+		if gs := w.gc.Stats(sc.Name); gs.Batches+gs.SingleWrites > 0 {
+			logf("bench: %s %s: %d batches of %d writes, %d single, %d refused", what, sc.Name, gs.Batches, gs.BatchedWrites, gs.SingleWrites, gs.Refused)
+		}
+	}
 }
 
 // publish stores m and returns its acknowledgement.
@@ -201,13 +215,7 @@ func (b *bencher) rawTurnLayout(p path, st storage, l rawLayout) (sample, error)
 	}
 	defer r.close()
 	s, err := b.drive(e, p, true, nil, nil)
-	if r.w != nil && r.w.gc != nil {
-		for _, sc := range append(append(st.topology().Streams(), st.topology().BucketStreams()...), stateBucketStream(st)) {
-			if gs := r.w.gc.Stats(sc.Name); gs.Batches+gs.SingleWrites > 0 {
-				b.cfg.Logf("bench: %s %s %s: %d batches of %d writes, %d single, %d refused", p, l, sc.Name, gs.Batches, gs.BatchedWrites, gs.SingleWrites, gs.Refused)
-			}
-		}
-	}
+	r.w.logStats(b.cfg.Logf, p.String()+" "+l.String())
 	s.Errors += r.errs.Load()
 	s.Conflicts = r.conflicts.Load()
 	if v := r.lastErr.Load(); v != nil {
