@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/reveal"
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // A call holding invisible and direction-changing characters (every row
@@ -46,5 +48,46 @@ func TestCardShowsHostileCharactersEscaped(t *testing.T) {
 	}
 	if _, card := b.card(plain.ApprovalID); card == "" || strings.Contains(card, reveal.Warning) {
 		t.Errorf("the plain call's card is missing or warns:\n%s", card)
+	}
+}
+
+// A call whose arguments are plain but whose session or channel id holds
+// a character reveal escapes gets the card's warning line as well as the
+// row's sign: the line names every field a person reads, not only the
+// arguments (docs/inbox.md).
+func TestCardWarnsOfHiddenCharactersInSessionAndChannel(t *testing.T) {
+	in := startInbox(t, nil)
+	hidden := reveal.HostileExamples[0]
+	for _, tc := range []struct {
+		name    string
+		session string
+		channel string
+	}{
+		{"only the session id holds one", in.NextID("s") + hidden.Text, ""},
+		{"only the channel id holds one", in.NextID("s"), "room" + hidden.Text},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := in.Inbound(tc.session, "carol", pipelinetest.Call("count", `{"path":"x/plain.txt"}`))
+			if tc.channel != "" {
+				m.Channel = schemas.Channel{ID: tc.channel, Kind: schemas.ChannelPrivate}
+			}
+			rec := in.WaitPending(schemas.ApprovalID(in.Send(m), 0))
+			b := in.browser()
+			b.signIn("alice")
+			_, card := b.card(rec.ApprovalID)
+			card = html.UnescapeString(card)
+			if card == "" {
+				t.Fatalf("no card for %s", rec.ApprovalID)
+			}
+			if reveal.Contains(card) {
+				t.Errorf("the card holds a raw flagged character:\n%q", card)
+			}
+			if !strings.Contains(card, reveal.Warning) {
+				t.Errorf("the card has no warning line:\n%q", card)
+			}
+			if !strings.Contains(card, hidden.Shown) {
+				t.Errorf("the card does not show the escape %s:\n%q", hidden.Shown, card)
+			}
+		})
 	}
 }

@@ -93,9 +93,13 @@ func (s *Server) newCard(rec *schemas.ApprovalRecord, sess *session) *card {
 // cardOf is the card of rec for the person of sess, without what needs
 // the policy (Server.newCard adds it).
 func cardOf(rec *schemas.ApprovalRecord, sess *session) *card {
-	args, flagged := foldArgs(rec.Args)
+	args, argsFlagged := foldArgs(rec.Args)
+	// Every field a person reads on the card goes through sh, which
+	// remembers whether one held a character reveal escapes: the session
+	// and channel ids raise the warning line as much as the arguments.
+	sh := &shower{flagged: argsFlagged}
 	c := &card{
-		ID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: reveal.Must(rec.SessionID), CallID: rec.CallID,
+		ID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: sh.show(rec.SessionID), CallID: rec.CallID,
 		Tool: rec.Tool, Digest: rec.ArgsDigest, PolicyVersion: rec.PolicyVersion, Args: args,
 		Options: rec.Options, Quorum: max(rec.Quorum, 1), Votes: rec.Votes,
 		RequestedAt: rec.RequestedAt, ExpiresAt: rec.ExpiresAt, Status: rec.Status,
@@ -107,40 +111,45 @@ func cardOf(rec *schemas.ApprovalRecord, sess *session) *card {
 			if g.Summary == "" {
 				g.Summary = string(schemas.OptionEffect(o)) + " this call and grant " + o
 			}
-			var f bool
-			g.Summary, f = reveal.String(g.Summary)
-			flagged = flagged || f
+			g.Summary = sh.show(g.Summary)
 			c.Offers = append(c.Offers, g)
 			continue
 		}
 		c.Plain = append(c.Plain, o)
 	}
 	if tc := rec.Context; tc != nil {
-		var f bool
-		c.Requester, f = reveal.String(tc.Requester.Principal)
-		flagged = flagged || f
+		c.Requester = sh.show(tc.Requester.Principal)
 		c.RequesterTransport = tc.Transport
-		c.ChannelID, c.ChannelKind, c.Audience = reveal.Must(tc.Channel.ID), string(tc.Channel.Kind), string(tc.Audience)
+		c.ChannelID, c.ChannelKind, c.Audience = sh.show(tc.Channel.ID), string(tc.Channel.Kind), string(tc.Audience)
 	}
 	if sess != nil {
 		c.CSRF = sess.csrf
 	}
 	if d := rec.Decision; d != nil && rec.Status.Decided() {
-		c.Why = string(rec.Status) + " by " + reveal.Must(d.Principal) + " at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
+		decider := sh.show(d.Principal)
+		c.Why = string(rec.Status) + " by " + decider + " at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
 		if d.Grant != nil {
-			c.Why = string(rec.Status) + " by grant " + d.Grant.GrantID + " (made by " + reveal.Must(d.Principal) + ") at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
+			c.Why = string(rec.Status) + " by grant " + d.Grant.GrantID + " (made by " + decider + ") at " + d.DecidedAt.UTC().Format("15:04:05 UTC")
 		}
-		var f bool
-		c.Note, f = reveal.String(d.Note)
-		flagged = flagged || f
+		c.Note = sh.show(d.Note)
 		if rec.Status == schemas.ApprovalExpired {
 			c.Why = "expired at " + rec.ExpiresAt.UTC().Format("15:04:05 UTC")
 		}
 	}
-	if flagged {
+	if sh.flagged {
 		c.Warning = reveal.Warning
 	}
 	return c
+}
+
+// shower shows texts through reveal.String and remembers whether any of
+// them held a character it escapes.
+type shower struct{ flagged bool }
+
+func (s *shower) show(text string) string {
+	v, f := reveal.String(text)
+	s.flagged = s.flagged || f
+	return v
 }
 
 // foldArgs splits a call's arguments (a JSON object) into its top-level
