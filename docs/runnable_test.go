@@ -47,6 +47,7 @@ type block struct {
 	line   int    // of the opening fence
 	lang   string // sh, python or js
 	policy string // policy= option, relative to the repository root; "" for the built-in
+	info   string // the words after the language in the opening fence
 	text   string
 }
 
@@ -84,7 +85,7 @@ func parseFenced(rel string, data string, all bool) ([]block, error) {
 				}
 			}
 			if all {
-				cur = &block{file: rel, line: n, lang: strings.Join(fields[:min(1, len(fields))], "")}
+				cur = &block{file: rel, line: n, lang: strings.Join(fields[:min(1, len(fields))], ""), info: strings.Join(fields[min(1, len(fields)):], " ")}
 				continue
 			}
 			if !runnable {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tools/mcptool"
 )
@@ -63,17 +64,22 @@ func TestMCPServerPreviewTool(t *testing.T) {
 	waitTool(t, p, "t.put")
 	byName := toolsByName(t, p)
 	c := tools.Call{CallID: "c-7", Args: `{"path":"a.txt"}`}
+	// A preview that answers gets an ordinary test wait (it returns as soon
+	// as it has its answer, however loaded the machine); the one that never
+	// answers gets a short deadline, both scaled like every other wait.
+	answers, hangs := jstest.Scale(jstest.Wait), jstest.Scale(500*time.Millisecond)
 	for _, tc := range []struct {
 		tool, status, kind, has string
+		deadline                time.Duration
 	}{
-		{"t.put", tools.PreviewOK, tools.PreviewNewFile, "a.txt by c-7"},
-		{"t.say", tools.PreviewOK, tools.PreviewText, "would touch a.txt"},
-		{"t.slow", tools.PreviewTimedOut, "", "500ms"},
-		{"t.broken", tools.PreviewFailed, "", "cannot read the target"},
-		{"t.sneaky", tools.PreviewUnsupported, "", ""},
-		{"t.say_preview", tools.PreviewUnsupported, "", ""},
+		{"t.put", tools.PreviewOK, tools.PreviewNewFile, "a.txt by c-7", answers},
+		{"t.say", tools.PreviewOK, tools.PreviewText, "would touch a.txt", answers},
+		{"t.slow", tools.PreviewTimedOut, "", "no preview within " + hangs.String(), hangs},
+		{"t.broken", tools.PreviewFailed, "", "cannot read the target", answers},
+		{"t.sneaky", tools.PreviewUnsupported, "", "", answers},
+		{"t.say_preview", tools.PreviewUnsupported, "", "", answers},
 	} {
-		r := tools.PreviewCall(context.Background(), byName[tc.tool], c, 500*time.Millisecond)
+		r := tools.PreviewCall(context.Background(), byName[tc.tool], c, tc.deadline)
 		if r.Status != tc.status || r.Kind != tc.kind || !strings.Contains(r.Text+r.Reason, tc.has) {
 			t.Errorf("%s: preview %+v, want %s %s with %q", tc.tool, r, tc.status, tc.kind, tc.has)
 		}

@@ -45,6 +45,25 @@
 // discovery when Run has not done one yet (bounded by DiscoveryWait and
 // its context). A refresh that fails keeps the tools last found.
 //
+// # Missed rounds
+//
+// A discovery round (Run's or Refresh's) that does not hear a service
+// instance does not take its tools away at once: under load an answer can
+// arrive after DiscoveryWait, and a tool that leaves for a round fails its
+// calls TOOL_NOT_FOUND for that moment. An instance unheard for
+// Options.MissedRounds rounds in a row (default 3) is gone. The service
+// protocol has no message by which a service says it stops (micro's Stop
+// only unsubscribes), so the server is asked instead: after each round
+// that misses an instance, its own ping subject ($SRV.PING.<name>.<id>) is
+// requested, and "no responders" (nobody subscribes to it: the service
+// stopped or its connection is gone) takes its tools away at once; no
+// answer in DiscoveryWait keeps them. While kept, an instance's tools are
+// those it last described, and only for names and subjects that no
+// instance heard in the round offers (a heard answer always wins, so a
+// restarted instance replaces its predecessor at once); the conflict rules
+// apply to them as to the others. A call of a kept tool whose service did
+// stop fails unavailable (no responders: nothing ran) until it leaves.
+//
 // # The call
 //
 // A tool's Run sends one request (Request, JSON, with header
@@ -77,6 +96,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -111,6 +131,7 @@ const (
 	DefaultMaxTools        = 1024
 	DefaultMaxReplyBytes   = 1 << 20
 	DefaultCallTimeout     = time.Minute
+	DefaultMissedRounds    = 3
 )
 
 // Options configures a Provider; zero values take the defaults above.
@@ -139,6 +160,11 @@ type Options struct {
 	// CallTimeout bounds a call whose context has no deadline (the
 	// pipeline always gives one: its tool timeout).
 	CallTimeout time.Duration
+	// MissedRounds is how many discovery rounds in a row may miss a
+	// service instance before its tools leave (see "Missed rounds"); 1
+	// takes them away at the first round that misses it. An instance whose
+	// ping has no responders leaves at once whatever this is.
+	MissedRounds int
 }
 
 func (o *Options) defaults() {
@@ -166,6 +192,9 @@ func (o *Options) defaults() {
 	if o.CallTimeout <= 0 {
 		o.CallTimeout = DefaultCallTimeout
 	}
+	if o.MissedRounds <= 0 {
+		o.MissedRounds = DefaultMissedRounds
+	}
 }
 
 // Provider is the tools.Provider (and tools.Service) of the NATS tool
@@ -182,11 +211,23 @@ type Provider struct {
 	// started is when the last completed discovery started (unix nanos).
 	started atomic.Int64
 	seen    map[string]bool // what the last discovery logged; guarded by refreshing
+	// instances are the service instances heard in the last MissedRounds
+	// rounds, by instanceKey; guarded by refreshing.
+	instances map[string]*instance
 
 	toolsGauge    prometheus.Gauge
 	problemsGauge prometheus.Gauge
 	calls         *prometheus.CounterVec
 }
+
+// instance is a service instance a discovery heard: what it said last, and
+// how many rounds in a row have missed it since.
+type instance struct {
+	info   micro.Info
+	missed int
+}
+
+func instanceKey(info micro.Info) string { return info.Name + "\x00" + info.ID }
 
 // snapshot is what one discovery found.
 type snapshot struct {
@@ -202,6 +243,7 @@ func New(nc *nats.Conn, o Options) *Provider {
 	p := &Provider{
 		nc: nc, o: o, log: o.Logger.With("provider", "nats"),
 		refreshing: make(chan struct{}, 1),
+		instances:  map[string]*instance{},
 		toolsGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tollgate_tool_service_tools", Help: "Tools offered by NATS tool services at the last discovery.",
 		}),
@@ -292,7 +334,8 @@ func (p *Provider) refresh(ctx context.Context, ifNone bool, after time.Time) er
 	if err != nil {
 		return err
 	}
-	p.cache.Store(p.resolve(infos, full, p.cache.Load()))
+	kept := p.remember(ctx, infos)
+	p.cache.Store(p.resolve(infos, kept, full, p.cache.Load()))
 	p.started.Store(start.UnixNano())
 	return nil
 }
@@ -339,6 +382,78 @@ func (p *Provider) discover(ctx context.Context) (infos []micro.Info, full bool,
 	return infos, true, nil
 }
 
+// remember records the instances a round heard (infos) and returns the
+// infos of those it missed that stay (see "Missed rounds"): missed fewer
+// than MissedRounds rounds in a row, and not known to be gone by a ping
+// without responders. The caller holds the refreshing token.
+func (p *Provider) remember(ctx context.Context, infos []micro.Info) []micro.Info {
+	heard := map[string]bool{}
+	for _, info := range infos {
+		k := instanceKey(info)
+		heard[k] = true
+		p.instances[k] = &instance{info: info}
+	}
+	var missed []*instance
+	for k, in := range p.instances {
+		if heard[k] {
+			continue
+		}
+		in.missed++
+		if in.missed >= p.o.MissedRounds {
+			p.log.Info("natstool: service instance unheard; its tools leave", "service", in.info.Name, "instance", in.info.ID, "rounds", in.missed)
+			delete(p.instances, k)
+			continue
+		}
+		missed = append(missed, in)
+	}
+	if len(missed) == 0 {
+		return nil
+	}
+	gone := p.pingGone(ctx, missed)
+	var kept []micro.Info
+	for i, in := range missed {
+		if gone[i] {
+			p.log.Info("natstool: service instance gone (its ping has no responders)", "service", in.info.Name, "instance", in.info.ID)
+			delete(p.instances, instanceKey(in.info))
+			continue
+		}
+		p.log.Debug("natstool: service instance unheard; its tools stay", "service", in.info.Name, "instance", in.info.ID, "rounds", in.missed)
+		kept = append(kept, in.info)
+	}
+	return kept
+}
+
+// maxPings bounds the pings one round has in flight.
+const maxPings = 16
+
+// pingGone requests the ping subject of each instance, all within one
+// DiscoveryWait, and reports which had no responders.
+func (p *Provider) pingGone(ctx context.Context, ins []*instance) []bool {
+	wait, cancel := context.WithTimeout(ctx, p.o.DiscoveryWait)
+	defer cancel()
+	gone := make([]bool, len(ins))
+	sem := make(chan struct{}, maxPings)
+	var wg sync.WaitGroup
+	for i, in := range ins {
+		subject, err := micro.ControlSubject(micro.PingVerb, in.info.Name, in.info.ID)
+		if err != nil {
+			continue // a name micro would not have served: the rounds decide
+		}
+		wg.Go(func() {
+			select {
+			case sem <- struct{}{}:
+			case <-wait.Done():
+				return
+			}
+			defer func() { <-sem }()
+			_, err := p.nc.RequestWithContext(wait, subject, nil)
+			gone[i] = errors.Is(err, nats.ErrNoResponders)
+		})
+	}
+	wg.Wait()
+	return gone
+}
+
 // candidate is one endpoint of one service instance offered as a tool.
 type candidate struct {
 	spec       tools.Spec
@@ -350,13 +465,15 @@ type candidate struct {
 }
 
 // resolve turns discovered service infos into tools, applying the rules of
-// the package doc; prev is the previous snapshot (nil at first), to log
-// what appeared and what is gone; full says the discovery stopped at
+// the package doc; kept are the infos of instances the round missed that
+// stay (remember): their endpoints fill in only names and subjects that no
+// heard endpoint claims. prev is the previous snapshot (nil at first), to
+// log what appeared and what is gone; full says the discovery stopped at
 // MaxServices. Each problem is logged when it first appears.
-func (p *Provider) resolve(infos []micro.Info, full bool, prev *snapshot) *snapshot {
-	slices.SortFunc(infos, func(a, b micro.Info) int {
-		return strings.Compare(a.Name+"\x00"+a.ID, b.Name+"\x00"+b.ID)
-	})
+func (p *Provider) resolve(infos, kept []micro.Info, full bool, prev *snapshot) *snapshot {
+	byKey := func(a, b micro.Info) int { return strings.Compare(instanceKey(a), instanceKey(b)) }
+	slices.SortFunc(infos, byKey)
+	slices.SortFunc(kept, byKey)
 	notes := map[string]bool{}
 	note := func(msg string, args ...any) {
 		key := fmt.Sprint(append([]any{msg}, args...)...)
@@ -371,20 +488,33 @@ func (p *Provider) resolve(infos []micro.Info, full bool, prev *snapshot) *snaps
 
 	byName := map[string][]candidate{}
 	namesOf := map[string][]string{} // subject -> tool names offered on it
+	add := func(c candidate) {
+		if !slices.Contains(namesOf[c.subject], c.spec.Name) {
+			namesOf[c.subject] = append(namesOf[c.subject], c.spec.Name)
+		}
+		byName[c.spec.Name] = append(byName[c.spec.Name], c)
+	}
+	claimed := map[string]bool{} // names and subjects of every tool endpoint heard, valid or not
 	for _, info := range infos {
 		for _, ep := range info.Endpoints {
 			c, ok, err := toCandidate(info, ep)
 			if !ok {
 				continue
 			}
+			claimed["name:"+c.spec.Name], claimed["subject:"+c.subject] = true, true
 			if err != nil {
 				note("endpoint ignored", "service", info.Name, "endpoint", ep.Name, "subject", ep.Subject, "reason", err.Error())
 				continue
 			}
-			if !slices.Contains(namesOf[c.subject], c.spec.Name) {
-				namesOf[c.subject] = append(namesOf[c.subject], c.spec.Name)
+			add(c)
+		}
+	}
+	for _, info := range kept {
+		for _, ep := range info.Endpoints {
+			c, ok, err := toCandidate(info, ep)
+			if ok && err == nil && !claimed["name:"+c.spec.Name] && !claimed["subject:"+c.subject] {
+				add(c) // its problems were noted when it was heard
 			}
-			byName[c.spec.Name] = append(byName[c.spec.Name], c)
 		}
 	}
 

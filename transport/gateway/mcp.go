@@ -95,6 +95,7 @@ type mcpGateway struct {
 	s       *Server
 	calls   *oneCalls
 	handler http.Handler
+	cancels mcpCancels
 
 	mu sync.Mutex
 	// stopping is cancelled when the http.Server serving /mcp shuts down,
@@ -112,7 +113,7 @@ func init() { routeHooks = append(routeHooks, mcpRoute) }
 
 // mcpRoute registers /mcp on a new Server's mux.
 func mcpRoute(s *Server, mux *http.ServeMux) {
-	g := &mcpGateway{s: s, calls: newOneCalls(s), registered: map[*http.Server]bool{}}
+	g := &mcpGateway{s: s, calls: newOneCalls(s), registered: map[*http.Server]bool{}, cancels: mcpCancels{inFlight: map[string]bool{}}}
 	g.stopping, g.stop = context.WithCancel(context.Background())
 	srv := mcp.NewServer(&mcp.Implementation{Name: "tollgate", Version: "1"}, &mcp.ServerOptions{
 		Logger:       s.cfg.Logger,
@@ -155,6 +156,11 @@ func (g *mcpGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A call waits for its decision and result, and GET holds a stream:
 	// no deadline once the body is read.
 	r = httpserve.HoldAfterBody(w, r, -1)
+	if sid := r.Header.Get(mcpSessionIDHeader); r.Method == http.MethodPost && sid != "" {
+		var done func()
+		w, done = g.cancels.track(w, r, key.ID, sid, g.s.cfg.MaxBodyBytes, g.s.cfg.Logger)
+		defer done()
+	}
 	g.handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mcpKeyCtx{}, key)))
 }
 
@@ -216,7 +222,12 @@ func (g *mcpGateway) listTools(ctx context.Context) (*mcp.ListToolsResult, error
 	if err := json.Unmarshal(msg.Data, &l); err != nil {
 		return nil, fmt.Errorf("tollgate: undecodable tool list: %w", err)
 	}
-	res := &mcp.ListToolsResult{Tools: []*mcp.Tool{}}
+	// The cache fields go-sdk fills for a list it answers itself (this
+	// list skips that step): ttlMs 0, since the list is read anew on every
+	// request and a policy change shows at the next one; cacheScope
+	// private, since it is the answer to an API key and no cache should
+	// serve it to a client without one.
+	res := &mcp.ListToolsResult{Tools: []*mcp.Tool{}, Cacheable: mcp.Cacheable{TTLMs: 0, CacheScope: "private"}}
 	for _, t := range l.Tools {
 		if t.Modes[MCPAudience] == "deny" || claudeGate(t.Name) {
 			continue // denied, or a gate of Claude Code's hooks (hooks.go)
