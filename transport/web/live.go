@@ -107,7 +107,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case ctx.Err() != nil:
 			return
-		case ended.Err() != nil || s.sessions.get(r) == nil:
+		case ended.Err() != nil || s.sessions.reload(r) == nil:
 			_, _ = fmt.Fprintf(w, "event: %s\ndata: \n\n", eventSignedOut)
 			fl.Flush()
 			return
