@@ -54,9 +54,9 @@ type session struct {
 
 // sessionRecord is a session as stored in the sessions bucket.
 type sessionRecord struct {
-	Subject string       `json:"subject,omitempty"`
-	Display string       `json:"display,omitempty"`
-	Strong  bool         `json:"strong,omitempty"`
+	Subject string    `json:"subject,omitempty"`
+	Display string    `json:"display,omitempty"`
+	Strong  bool      `json:"strong,omitempty"`
 	CSRF    string    `json:"csrf"`
 	Created time.Time `json:"created"`
 	Expires time.Time `json:"expires"`

@@ -146,7 +146,6 @@ type Server struct {
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by principal
 	visitors visitorLimits
-
 }
 
 // LoopbackAddr reports whether addr (host:port) names a loopback host:
