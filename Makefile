@@ -174,10 +174,13 @@ soak-retention:
 ## sync_interval: always, the approval path with its approved call behind a NATS tool service next to the
 ## built-in one, the approval turn submitted and decided over the HTTP gateway next to NATS, a planner turn
 ## (scripted model: one echo call, then the answer) next to the fast and approval turns, the web inbox's first
-## page (p50/p95, HTML size) with BENCH_PENDING approvals pending (BENCH_PHASES=inbox alone). Printed, and
+## page (p50/p95, HTML size) with BENCH_PENDING approvals pending (BENCH_PHASES=inbox alone), GET /v1/approvals
+## paged through by 16 clients at once from a `tollgate gateway` process with BENCH_PENDING pending (page p50/p99,
+## the gateway's RSS; BENCH_PHASES=approvals alone). Printed, and
 ## written as JSON and markdown to results/bench/. Parameters:
 ## BENCH_RUNS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONCURRENCY, BENCH_CONSUME_MSGS, BENCH_LOW_RATE,
-## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync,toolservice,gateway,planner,inbox),
+## BENCH_LAT_DURATION, BENCH_PENDING, BENCH_PHASES (throughput,procs,latency,footprint,sync,toolservice,gateway,planner,inbox,
+## approvals),
 ## BENCH_LOG_LEVEL
 BENCH_PENDING ?= 10000
 BENCH_OUT     ?= $(CURDIR)/results/bench

@@ -56,10 +56,18 @@ func TestLeastPrivilegeGatewayKeepsWebSessions(t *testing.T) {
 		t.Fatalf("gateway: watch %s and %s: %v (server said %v)", sKey, uKey, err, gw.reported())
 	}
 
+	type change struct {
+		key string
+		op  jetstream.KeyValueOp
+		rev uint64
+	}
+	put, purge := jetstream.KeyValuePut, jetstream.KeyValuePurge
+	var writes []change // every write, in order
 	rev, err := kv.Create(c, sKey, []byte(`{"csrf":"a"}`), jetstream.KeyTTL(time.Hour))
 	if err != nil {
 		t.Fatalf("gateway: create %s: %v (server said %v)", sKey, err, gw.reported())
 	}
+	writes = append(writes, change{sKey, put, rev})
 	if e, err := kv.Get(c, sKey); err != nil || string(e.Value()) != `{"csrf":"a"}` || e.Revision() != rev {
 		t.Fatalf("gateway: get %s: %v, %v", sKey, e, err)
 	}
@@ -67,6 +75,7 @@ func TestLeastPrivilegeGatewayKeepsWebSessions(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gateway: update %s: %v (server said %v)", sKey, err, gw.reported())
 	}
+	writes = append(writes, change{sKey, put, rev2})
 	// A stale revision is the stream's refusal, not the server's.
 	if _, err := kv.Update(c, sKey, []byte(`{"csrf":"c"}`), rev); !errors.Is(err, jetstream.ErrKeyExists) {
 		t.Fatalf("gateway: update %s at a stale revision: want %v, got %v", sKey, jetstream.ErrKeyExists, err)
@@ -77,50 +86,86 @@ func TestLeastPrivilegeGatewayKeepsWebSessions(t *testing.T) {
 	if e, err := adminSessions.Get(c, sKey); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("%s after the purge: %v, %v", sKey, e, err)
 	}
+	writes = append(writes, change{sKey, purge, rev2 + 1})
 	// The revoke key as sign-out everywhere writes it: over its own purge.
-	for i, op := range []func() error{
-		func() error {
-			_, err := kv.Create(c, uKey, []byte(`{"before":1}`), jetstream.KeyTTL(time.Hour))
-			return err
+	for i, op := range []func() (change, error){
+		func() (change, error) {
+			r, err := kv.Create(c, uKey, []byte(`{"before":1}`), jetstream.KeyTTL(time.Hour))
+			return change{uKey, put, r}, err
 		},
-		func() error { return kv.Purge(c, uKey, jetstream.PurgeTTL(time.Hour)) },
-		func() error {
-			_, err := kv.Create(c, uKey, []byte(`{"before":2}`), jetstream.KeyTTL(time.Hour))
-			return err
+		func() (change, error) {
+			return change{uKey, purge, 0}, kv.Purge(c, uKey, jetstream.PurgeTTL(time.Hour))
+		},
+		func() (change, error) {
+			r, err := kv.Create(c, uKey, []byte(`{"before":2}`), jetstream.KeyTTL(time.Hour))
+			return change{uKey, put, r}, err
 		},
 	} {
-		if err := op(); err != nil {
+		w, err := op()
+		if err != nil {
 			t.Fatalf("gateway: write %d of %s: %v (server said %v)", i, uKey, err, gw.reported())
 		}
+		if w.rev == 0 { // a purge's revision: the one after the write before it
+			w.rev = writes[len(writes)-1].rev + 1
+		}
+		writes = append(writes, w)
 	}
 
-	type change struct {
-		key string
-		op  jetstream.KeyValueOp
-	}
-	changes := func(w jetstream.KeyWatcher, n int) []change {
+	// What a watch is sure to see. A KV purge is a rollup: storing its
+	// marker deletes the key's earlier revisions, so a watch (a consumer)
+	// that had not yet been sent one of them never sees it (JetStream
+	// delivers what the stream still holds). That is what made this test
+	// fail about once in 10-15 loaded runs (investigated for issue 35,
+	// with the exact sequences: the two-key watch saw [s put, s put,
+	// s purge, u purge, u put], missing u's FIRST create, deleted by u's
+	// purge before delivery, and the one-key watch once [s put, s purge]).
+	// It is JetStream's documented behaviour, not a lost update: the
+	// latest revision of each key is never deleted by an earlier write, so
+	// every watch sees each key's last change, and every purge marker that
+	// no later purge replaced. The inbox relies on exactly that: any
+	// change of the session's or the person's revoke key makes it read the
+	// session again (watchSession), and the heartbeat reads it anyway.
+	// The watch must show the surviving writes, in order, and nothing that
+	// was not written.
+	changes := func(w jetstream.KeyWatcher, keys ...string) {
 		t.Helper()
+		var want, sure []change
+		for i, c := range writes {
+			if !slices.Contains(keys, c.key) {
+				continue
+			}
+			want = append(want, c)
+			// Sure to be seen: a purge, or the key's last write.
+			later := slices.ContainsFunc(writes[i+1:], func(o change) bool { return o.key == c.key })
+			if c.op == purge || !later {
+				sure = append(sure, c)
+			}
+		}
 		var got []change
 		deadline := jstest.After(wait)
-		for len(got) < n {
+		for len(got) == 0 || got[len(got)-1] != want[len(want)-1] {
 			select {
 			case e := <-w.Updates():
 				if e != nil {
-					got = append(got, change{e.Key(), e.Operation()})
+					got = append(got, change{e.Key(), e.Operation(), e.Revision()})
 				}
 			case <-deadline:
-				t.Fatalf("watch: %v within %v, want %d changes (server said %v)", got, wait, n, gw.reported())
+				t.Fatalf("watch of %v: %v within %v, want the last write %v (server said %v)", keys, got, wait, want[len(want)-1], gw.reported())
 			}
 		}
-		return got
+		for i, g := range got {
+			if !slices.Contains(want, g) || i > 0 && g.rev <= got[i-1].rev {
+				t.Fatalf("watch of %v: %v, want writes of %v in order", keys, got, want)
+			}
+		}
+		for _, s := range sure {
+			if !slices.Contains(got, s) {
+				t.Fatalf("watch of %v: %v, missing %v (writes %v)", keys, got, s, want)
+			}
+		}
 	}
-	put, purge := jetstream.KeyValuePut, jetstream.KeyValuePurge
-	if got, want := changes(one, 3), []change{{sKey, put}, {sKey, put}, {sKey, purge}}; !slices.Equal(got, want) {
-		t.Fatalf("watch of %s: %v, want %v", sKey, got, want)
-	}
-	if got, want := changes(both, 6), []change{{sKey, put}, {sKey, put}, {sKey, purge}, {uKey, put}, {uKey, purge}, {uKey, put}}; !slices.Equal(got, want) {
-		t.Fatalf("watch of %s and %s: %v, want %v", sKey, uKey, got, want)
-	}
+	changes(one, sKey)
+	changes(both, sKey, uKey)
 	for _, w := range []jetstream.KeyWatcher{one, both} {
 		if err := w.Stop(); err != nil {
 			t.Fatal(err)

@@ -81,7 +81,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	logf := cfg.Logf
 	logf("bench: %s", cfg.Params())
 
-	needBin := cfg.Phases["procs"] || cfg.Phases["footprint"]
+	needBin := cfg.Phases["procs"] || cfg.Phases["footprint"] || cfg.Phases["approvals"]
 	if needBin && b.cfg.BinDir == "" {
 		b.cfg.BinDir = filepath.Join(cfg.WorkDir, "bin")
 		t0 := time.Now()
@@ -180,6 +180,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if cfg.Phases["inbox"] {
 		b.inbox(ctx, r)
+	}
+	if cfg.Phases["approvals"] {
+		b.approvals(ctx, r)
 	}
 	r.targets(cfg)
 	r.notes(cfg)
@@ -498,6 +501,15 @@ func (r *Report) targets(cfg Config) {
 				Got: fmt.Sprintf("%.1f ms (p50 %.1f, n=%d)", pg.P95, pg.P50, pg.N), Pass: pg.N > 0 && pg.P95 <= 300},
 			Target{Name: fmt.Sprintf("web inbox first page HTML, %d pending", in.Pending), Want: "<= 150 KiB",
 				Got: fmt.Sprintf("%.1f KiB (%d rows)", float64(pg.Bytes)/1024, pg.Rows), Pass: pg.Bytes > 0 && pg.Bytes <= 150<<10})
+	}
+	if a := r.Approvals; a != nil && len(a.Sweeps) > 0 {
+		r.Targets = append(r.Targets,
+			Target{Name: fmt.Sprintf("gateway RSS, %d clients listing %d pending approvals", listClients, a.Pending), Want: "< 200 MB",
+				Got: fmt.Sprintf("%.1f MB peak (%.1f MB idle)", float64(a.RSSPeak)/1e6, float64(a.RSSIdle)/1e6), Pass: a.RSSPeak > 0 && a.RSSPeak < 200e6})
+		for _, sw := range a.Sweeps {
+			r.Targets = append(r.Targets, Target{Name: fmt.Sprintf("GET /v1/approvals page p99, limit %d, %d clients, %d pending", sw.Limit, listClients, a.Pending),
+				Want: "< 50 ms", Got: fmt.Sprintf("%.1f ms (p50 %.1f, n=%d)", sw.P99, sw.P50, sw.N), Pass: sw.N > 0 && sw.P99 < 50})
+		}
 	}
 	if ts := r.ToolService; ts != nil && ts.RoundTrip.N > 0 && len(ts.Rows) == 2 && ts.Rows[0].Latency.Call != nil && ts.Rows[1].Latency.Call != nil {
 		// The remote hop should cost one request round trip: the hop is a

@@ -58,7 +58,10 @@ type Config struct {
 	// turn over NATS and over the HTTP gateway, side by side), planner (a
 	// planner turn against a scripted model next to the fast and approval
 	// turns), inbox (the web inbox's first page with Pending approvals
-	// pending: time and HTML size), cluster (not in AllPhases: the throughput figures again on a
+	// pending: time and HTML size), approvals (GET /v1/approvals of a
+	// `tollgate gateway` process with Pending approvals pending, paged
+	// through by 16 clients at once: page time and the gateway's
+	// resident memory), cluster (not in AllPhases: the throughput figures again on a
 	// three-node cluster on loopback with R3 streams and buckets, both
 	// sync settings; `make bench-cluster`), layout (not in AllPhases: the
 	// raw turn in the storage layouts the group committer could use, both
@@ -75,7 +78,7 @@ type Config struct {
 }
 
 // AllPhases is every phase but profile.
-var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice", "gateway", "planner", "inbox"}
+var AllPhases = []string{"throughput", "procs", "latency", "footprint", "sync", "toolservice", "gateway", "planner", "inbox", "approvals"}
 
 // Defaults are `make bench`'s parameters (about 10 minutes on 2 cores).
 func Defaults() Config {

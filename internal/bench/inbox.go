@@ -89,7 +89,7 @@ func (b *bencher) inboxRun(ctx context.Context) (*Inbox, error) {
 	res := &Inbox{Pending: b.cfg.Pending}
 
 	t0 := time.Now()
-	if err := seedPending(ctx, st, b, pol, b.cfg.Pending); err != nil {
+	if err := seedPending(ctx, st, b, pol, b.cfg.Pending, "cli"); err != nil {
 		return nil, err
 	}
 	res.SeedSec = time.Since(t0).Seconds()
@@ -141,9 +141,9 @@ func (b *bencher) inboxRun(ctx context.Context) (*Inbox, error) {
 	return res, nil
 }
 
-// seedPending writes n pending approvals as the executor does (one
-// Create each, a sealed TurnContext), 32 at a time.
-func seedPending(ctx context.Context, st *store.Store, b *bencher, pol *policy.Policy, n int) error {
+// seedPending writes n pending approvals of transport as the executor
+// does (one Create each, a sealed TurnContext), 32 at a time.
+func seedPending(ctx context.Context, st *store.Store, b *bencher, pol *policy.Policy, n int, transport string) error {
 	now := time.Now().UTC()
 	work := make(chan int)
 	errs := make(chan error, 32)
@@ -162,9 +162,9 @@ func seedPending(ctx context.Context, st *store.Store, b *bencher, pol *policy.P
 					return
 				}
 				tc := &schemas.TurnContext{
-					V: schemas.TurnContextVersion, SessionID: "s-" + sender, SessionKey: schemas.SessionKey("cli", "s-"+sender), TurnID: turn,
-					Requester: schemas.Requester{Principal: "cli:" + sender, SenderID: sender, Kind: schemas.SenderUser, Verified: true},
-					Transport: "cli", Channel: schemas.Channel{ID: fmt.Sprintf("room-%d", i%10), Kind: schemas.ChannelPrivate},
+					V: schemas.TurnContextVersion, SessionID: "s-" + sender, SessionKey: schemas.SessionKey(transport, "s-"+sender), TurnID: turn,
+					Requester: schemas.Requester{Principal: schemas.Principal(transport, sender), SenderID: sender, Kind: schemas.SenderUser, Verified: true},
+					Transport: transport, Channel: schemas.Channel{ID: fmt.Sprintf("room-%d", i%10), Kind: schemas.ChannelPrivate},
 					Audience: schemas.AudienceTeam, TrustBoundary: "local", Interactive: true, CreatedAt: now,
 				}
 				if err := b.keys.Seal(tc); err != nil {

@@ -29,10 +29,12 @@ type Report struct {
 	// Planner is the planner phase's comparison.
 	Planner *Planner `json:"planner,omitempty"`
 	// Inbox is the inbox phase's first-page figures.
-	Inbox   *Inbox   `json:"inbox,omitempty"`
-	Targets []Target `json:"targets"`
-	Notes   []string `json:"notes"`
-	Errors  []string `json:"errors"`
+	Inbox *Inbox `json:"inbox,omitempty"`
+	// Approvals is the approvals phase's paged lists.
+	Approvals *ApprovalLists `json:"approvals,omitempty"`
+	Targets   []Target       `json:"targets"`
+	Notes     []string       `json:"notes"`
+	Errors    []string       `json:"errors"`
 }
 
 // Sequence is the traced operation sequence of one path.
@@ -423,6 +425,19 @@ func (r *Report) Markdown(w io.Writer) {
 		p("")
 		p("- Seeded %d pending approvals (written as the executor writes them) in %.1f s; the inbox's pending index was built from the bucket and the first page answered %.1f s after web.New.", in.Pending, in.SeedSec, in.IndexSec)
 		p("- Time to the last byte of the page over a keep-alive loopback connection, signed in (the session read from its KV bucket), sequential loads.")
+		p("")
+	}
+	if a := r.Approvals; a != nil {
+		p("## GET /v1/approvals, paged (%d approvals pending, %d clients at once)", a.Pending, listClients)
+		p("")
+		p("| limit | requests | p50 ms | p99 ms | max ms | page |")
+		p("|---|---|---|---|---|---|")
+		for _, sw := range a.Sweeps {
+			p("| %d | %d | **%.1f** | **%.1f** | %.1f | %.1f KiB |", sw.Limit, sw.N, sw.P50, sw.P99, sw.Max, float64(sw.AvgBytes)/1024)
+		}
+		p("")
+		p("- `tollgate gateway` as its own process: resident memory %.1f MiB after its first page, %.1f MiB at its peak (VmHWM) over the run.", float64(a.RSSIdle)/(1<<20), float64(a.RSSPeak)/(1<<20))
+		p("- Seeded %d pending approvals in %.1f s; the gateway answered its first page %.1f s after it started (its approvals index built from the bucket). Each client pages through the whole list with its own read key, at most one request per %v (a key's default rate), time to the last byte over keep-alive loopback connections.", a.Pending, a.SeedSec, a.IndexSec, listPace)
 		p("")
 	}
 	if f := r.Footprint; f != nil {

@@ -4,8 +4,10 @@
 package pipelinetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -141,4 +143,36 @@ func (h *H) PutRaw(kv jetstream.KeyValue, key string, data []byte) {
 	if _, err := kv.Put(ctx, key, data); err != nil {
 		h.T.Fatalf("pipelinetest: put %s/%s: %v", kv.Bucket(), key, err)
 	}
+}
+
+// SeedApproval writes a pending approval into KV as the executor writes
+// one (a sealed TurnContext, one Create), without a turn behind it: for
+// tests of what lists and reads approvals. Its turn is a fresh id, its
+// requester <transport>:<sender> in session, its tool and arguments
+// tool and args, requested at at, expiring a day later.
+func (h *H) SeedApproval(transport, session, sender, tool, args string, at time.Time) *schemas.ApprovalRecord {
+	h.T.Helper()
+	turn := h.NextID("t-seed")
+	canon, digest, err := schemas.CanonicalArgs(args)
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	tc := &schemas.TurnContext{
+		V: schemas.TurnContextVersion, SessionID: session, SessionKey: schemas.SessionKey(transport, session), TurnID: turn,
+		Requester: schemas.Requester{Principal: schemas.Principal(transport, sender), SenderID: sender, Kind: schemas.SenderUser, Verified: true},
+		Transport: transport, Channel: schemas.Channel{ID: "room", Kind: schemas.ChannelPrivate},
+		Audience: schemas.AudienceTeam, TrustBoundary: "local", Interactive: true, CreatedAt: at.UTC(),
+	}
+	if err := h.Keys.Seal(tc); err != nil {
+		h.T.Fatal(err)
+	}
+	rec := &schemas.ApprovalRecord{
+		V: schemas.ApprovalVersion, ApprovalID: schemas.ApprovalID(turn, 0), TurnID: turn, SessionID: session, CallID: "c-0",
+		Context: tc, Tool: tool, Args: canon, ArgsDigest: digest, PolicyVersion: h.Policy.Version(), Options: h.Policy.Options(tool),
+		Quorum: 1, Status: schemas.ApprovalPending, RequestedAt: at.UTC(), ExpiresAt: at.UTC().Add(24 * time.Hour),
+	}
+	if _, err := h.Store.Approvals.Create(context.Background(), rec.ApprovalID, rec); err != nil {
+		h.T.Fatal(err)
+	}
+	return rec
 }

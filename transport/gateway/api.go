@@ -408,44 +408,6 @@ func (s *Server) getApproval(w http.ResponseWriter, r *http.Request, key *Key) e
 	return nil
 }
 
-// ApprovalList is the body of GET /v1/approvals.
-type ApprovalList struct {
-	Approvals []*ApprovalView `json:"approvals"`
-}
-
-// listApprovals lists the key's transport's approvals with ?status=
-// (pending by default; "all" for every status), optionally of one
-// ?session=.
-func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request, key *Key) error {
-	status := r.URL.Query().Get("status")
-	switch schemas.ApprovalStatus(status) {
-	case "":
-		status = string(schemas.ApprovalPending)
-	case "all", schemas.ApprovalPending, schemas.ApprovalApproved, schemas.ApprovalDenied, schemas.ApprovalExpired, schemas.ApprovalAbandoned:
-	default:
-		return errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "status: want pending, approved, denied, expired, abandoned or all")
-	}
-	session := r.URL.Query().Get("session")
-	out := ApprovalList{Approvals: []*ApprovalView{}}
-	lister, err := s.store.Approvals.KV.ListKeys(r.Context())
-	if err != nil {
-		return unavailable(err)
-	}
-	defer func() { _ = lister.Stop() }()
-	for id := range lister.Keys() {
-		a, _, err := s.store.Approvals.Get(r.Context(), id)
-		if err != nil || a.Context == nil || a.Context.Transport != key.Transport {
-			continue
-		}
-		if (status != "all" && string(a.Status) != status) || (session != "" && a.SessionID != session) {
-			continue
-		}
-		out.Approvals = append(out.Approvals, approvalView(a))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
-}
-
 // DecisionRequest is the body of POST /v1/approvals/{id}/decisions.
 type DecisionRequest struct {
 	// Option is one of the approval's options: approve, deny, or a grant

@@ -121,6 +121,9 @@ type Server struct {
 	inbound jetstream.Stream
 	keys    map[string]*Key // by key id
 	mux     *http.ServeMux
+	// approvalIdx lists approvals (GET /v1/approvals) without a scan of
+	// the bucket: every approval's list fields, by id.
+	approvalIdx *store.Index[*approvalEntry]
 
 	requests *prometheus.CounterVec
 	feed     batchFeed // writes to the batches bucket, for waiting requests
@@ -198,6 +201,9 @@ func New(cfg Config) (*Server, error) {
 	for i := range cfg.Keys {
 		s.keys[cfg.Keys[i].ID] = &cfg.Keys[i]
 	}
+	if s.approvalIdx, err = startApprovalIndex(ctx, s.store, cfg.Logger); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	s.mux = http.NewServeMux()
 	s.routes()
 	return s, nil
@@ -230,6 +236,11 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ln)
 }
 
+// Close stops the server's watch of the approvals bucket (it also ends
+// when the connection closes, and when Serve returns). Lists are not
+// served after it.
+func (s *Server) Close() error { return s.approvalIdx.Stop() }
+
 // Serve is Run on a listener the caller opened.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -237,6 +248,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.ownFeed {
 		defer s.events.Close()
 	}
+	defer func() { _ = s.Close() }()
 	srv := httpserve.New(tracing.HTTP(s.cfg.TracerProvider, s.Handler()), s.cfg.HTTP, ctx)
 	errs := make(chan error, 2)
 	go func() { errs <- srv.Serve(ln) }()

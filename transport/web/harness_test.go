@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -102,7 +104,7 @@ func startGateway(t *testing.T, h *pipelinetest.H, c *clock, cfg func(*web.Confi
 	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
 	wc := web.Config{JS: h.JS, Policy: h.Policy, Keys: h.Keys, Logger: pipelinetest.Logger(), Addr: srv.Listener.Addr().String(), DevSignIn: true,
-		DecisionRate: 50, DecisionBurst: 50, Heartbeat: 200 * time.Millisecond, Now: c.now}
+		DecisionRate: 50, DecisionBurst: 50, VisitorRate: rate.Inf, Heartbeat: 200 * time.Millisecond, Now: c.now}
 	if cfg != nil {
 		cfg(&wc)
 	}

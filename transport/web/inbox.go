@@ -268,13 +268,14 @@ var subjectPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
 
 // devSignIn signs in as the subject the form names: only with dev sign-in
 // on, only for a request that arrived on a loopback address from one, and
-// only with the CSRF token of the browser's signed-out session.
+// only with the CSRF token of the browser's sign-in cookie (or of its
+// session, to sign in as someone else).
 func (s *Server) devSignIn(w http.ResponseWriter, r *http.Request) {
 	if !s.cfg.DevSignIn || !loopbackRequest(r) {
 		s.message(w, r, http.StatusNotFound, "Not found", "", "Dev sign-in is off.")
 		return
 	}
-	sess := s.sessions.get(r)
+	sess := s.form(r)
 	if !validCSRF(sess, r) {
 		s.message(w, r, http.StatusForbidden, "Forbidden", string(CodeCSRFInvalid), "The form's security token is missing or stale: reload the page and try again.")
 		return
@@ -285,7 +286,8 @@ func (s *Server) devSignIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.sessions.end(r.Context(), w, sess)
-	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, subject, subject, r.PostFormValue("strong") == "on", nil) == nil {
+	clearVisitor(w)
+	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, subject, subject, r.PostFormValue("strong") == "on") == nil {
 		s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "The session could not be stored: try again.")
 		return
 	}
@@ -301,9 +303,10 @@ func loopbackRequest(r *http.Request) bool {
 
 // signOut ends the session, in every process; with the form field
 // everywhere=1, every other session of the person too (all their
-// browsers).
+// browsers). It is the only way a session ends before its time: a POST
+// with the session's CSRF token (no GET signs anyone out).
 func (s *Server) signOut(w http.ResponseWriter, r *http.Request) {
-	sess := s.sessions.get(r)
+	sess := s.form(r)
 	if !validCSRF(sess, r) {
 		s.message(w, r, http.StatusForbidden, "Forbidden", string(CodeCSRFInvalid), "The form's security token is missing or stale: reload the page and try again.")
 		return

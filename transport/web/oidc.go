@@ -83,14 +83,20 @@ func newOIDC(ctx context.Context, c OIDCConfig) (*oidcClient, error) {
 }
 
 // oidcStart sends the browser to the provider, with a fresh state, nonce
-// and PKCE challenge kept in its (signed-out) session.
+// and PKCE challenge kept in its sign-in cookie (signinState).
 func (s *Server) oidcStart(w http.ResponseWriter, r *http.Request) {
-	ls := loginState{state: randomToken(), nonce: randomToken(), verifier: oauth2.GenerateVerifier()}
-	s.sessions.end(r.Context(), w, s.sessions.get(r))
-	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, "", "", false, &ls) == nil {
-		s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "The sign-in could not be started: try again.")
-		return
+	// The sign-in in progress is the visitor's, in their signed sign-in
+	// cookie: nothing is stored, and a session the browser has goes on
+	// until the sign-in completes (only POST /signout ends one early).
+	v := s.visitor(r)
+	now := s.cfg.Now()
+	if v == nil {
+		v = &session{csrf: randomToken()}
 	}
+	v.expires = now.Add(signinTTL)
+	v.login = &loginState{state: randomToken(), nonce: randomToken(), verifier: oauth2.GenerateVerifier()}
+	s.setVisitor(w, r, v)
+	ls := v.login
 	http.Redirect(w, r, s.oidc.oauth.AuthCodeURL(ls.state, oidc.Nonce(ls.nonce), oauth2.S256ChallengeOption(ls.verifier)), http.StatusFound)
 }
 
@@ -106,10 +112,15 @@ const (
 // PKCE verifier, the ID token verified (signature, issuer, audience,
 // expiry) and its nonce must be the one sent. Then a new session starts for
 // web:<sub>, strong when the token's amr shows a second factor. The login
-// state is used at most once.
+// state is used at most once by this browser: the callback clears the
+// sign-in cookie whatever its outcome (and the provider takes a code
+// once). A session the browser had ends only when the new one starts.
 func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
-	sess := s.sessions.get(r)
-	ls := s.sessions.takeLogin(r.Context(), sess)
+	var ls *loginState
+	if v := s.visitor(r); v != nil {
+		ls = v.login
+	}
+	clearVisitor(w)
 	q := r.URL.Query()
 	if ls == nil || subtle.ConstantTimeCompare([]byte(q.Get("state")), []byte(ls.state)) != 1 {
 		s.message(w, r, http.StatusForbidden, "Sign-in failed", string(CodeOIDCState), "This sign-in was not started by this browser, or was already used: start again.")
@@ -146,7 +157,8 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	strong := slices.ContainsFunc(claims.AMR, func(m string) bool { return slices.Contains(s.oidc.strong, m) })
-	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, id.Subject, claims.Name, strong, nil) == nil {
+	s.sessions.end(r.Context(), w, s.sessions.get(r))
+	if s.sessions.start(r.Context(), w, r, s.cfg.SecureCookies, id.Subject, claims.Name, strong) == nil {
 		s.message(w, r, http.StatusServiceUnavailable, "Unavailable", string(CodeUnavailable), "The session could not be stored: try again.")
 		return
 	}

@@ -26,11 +26,15 @@
 // Pages are server-rendered with html/template (which does all escaping);
 // the only script is static/inbox.js, served from this package. Every
 // response carries a Content-Security-Policy without inline script and
-// with frame-ancestors 'none'. Sessions are kept in the KV bucket
-// tollgate_web_sessions (by the hash of their id, with a TTL), so a
-// restart keeps people signed in and any replica serves any request; a
-// random id in an HttpOnly, SameSite=Lax cookie (Secure under TLS) names
-// one; every state-changing request carries the session's CSRF token.
+// with frame-ancestors 'none'. Sessions of people who signed in are kept
+// in the KV bucket tollgate_web_sessions (by the hash of their id, with a
+// TTL), so a restart keeps people signed in and any replica serves any
+// request; a random id in an HttpOnly, SameSite=Lax cookie (Secure under
+// TLS) names one; every state-changing request carries the session's CSRF
+// token. A visitor who has not signed in writes nothing: the sign-in
+// form's token and an OIDC sign-in in progress are in a short-lived
+// cookie tagged with the seal key ring; such visitors are rate-limited by
+// address; only POST /signout ends a session.
 package web
 
 import (
@@ -103,6 +107,12 @@ type Config struct {
 	// (default 1/s, burst 5); more are refused 429 RATE_LIMITED.
 	DecisionRate  rate.Limit
 	DecisionBurst int
+	// VisitorRate and VisitorBurst bound the requests of one client (by
+	// remote IP address) that is not signed in (default 10/s, burst 50;
+	// static files are not counted); more are refused 429 RATE_LIMITED.
+	// rate.Inf turns the limit off.
+	VisitorRate  rate.Limit
+	VisitorBurst int
 	// DecisionWait is how long a decision waits for the approver's verdict
 	// (default 10s) before the page says it was submitted.
 	DecisionWait time.Duration
@@ -135,7 +145,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by principal
-
+	visitors visitorLimits
 }
 
 // LoopbackAddr reports whether addr (host:port) names a loopback host:
@@ -170,6 +180,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.DecisionBurst <= 0 {
 		cfg.DecisionBurst = 1
+	}
+	if cfg.VisitorRate == 0 {
+		cfg.VisitorRate, cfg.VisitorBurst = 10, 50
+	}
+	if cfg.VisitorBurst <= 0 {
+		cfg.VisitorBurst = 1
 	}
 	if cfg.DecisionWait <= 0 {
 		cfg.DecisionWait = 10 * time.Second
@@ -208,6 +224,7 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, store: store.New(b), events: events, feed: cfg.Events, pages: pages,
 		sessions: newSessions(sessKV, cfg.SessionTTL, cfg.Now),
 		limiters: map[string]*rate.Limiter{},
+		visitors: visitorLimits{rate: cfg.VisitorRate, burst: cfg.VisitorBurst, by: map[string]*rate.Limiter{}},
 	}
 	if cfg.OIDC != nil {
 		if s.oidc, err = newOIDC(ctx, *cfg.OIDC); err != nil {
@@ -270,6 +287,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, string(code)+": "+msg, http.StatusForbidden)
 			return
 		}
+	}
+	// The session is read once per request; a client that is not signed
+	// in is rate-limited by address.
+	r, sess := s.sessions.withSession(r)
+	if !s.limitVisitor(w, r, sess) {
+		return
 	}
 	s.mux.ServeHTTP(w, r)
 }

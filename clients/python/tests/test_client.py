@@ -131,6 +131,39 @@ class SubmitWaitDecide(unittest.TestCase):
         self.assertEqual((e.exception.status, e.exception.code), (409, "IDEMPOTENCY_KEY_REUSED"))
 
 
+class Paging(unittest.TestCase):
+    def test_approvals_come_page_by_page_each_once(self):
+        tg = client(session_id=session(), sender="alice")
+        sub = tg.submit([("write_file", {"path": f"page{i}.txt", "content": "x"}) for i in range(5)])
+        want = sorted(c.approval_id for c in sub.calls)
+        self.assertEqual(len(want), 5)
+
+        first = tg.approvals_page(session=sub.session_id, limit=2)
+        self.assertIsInstance(first, tollgate.ApprovalPage)
+        self.assertEqual(len(first.approvals), 2)
+        self.assertTrue(first.next_cursor)
+        ids, cursor, pages = [a.approval_id for a in first.approvals], first.next_cursor, 1
+        while cursor:
+            page = tg.approvals_page(session=sub.session_id, limit=2, cursor=cursor)
+            self.assertLessEqual(len(page.approvals), 2)
+            ids += [a.approval_id for a in page.approvals]
+            cursor, pages = page.next_cursor, pages + 1
+        self.assertEqual(pages, 3)
+        self.assertEqual(sorted(ids), want, "a duplicate or a gap")
+        self.assertEqual([a.approval_id for a in tg.iter_approvals(session=sub.session_id, limit=2)], ids)
+        self.assertEqual([a.approval_id for a in tg.approvals(session=sub.session_id)], ids)
+
+        with self.assertRaises(APIError) as e:
+            tg.approvals_page(session=sub.session_id, cursor="not-a-cursor")
+        self.assertEqual((e.exception.status, e.exception.code), (400, "CURSOR_INVALID"))
+        with self.assertRaises(APIError) as e:
+            tg.approvals_page(status="all", session=sub.session_id, cursor=first.next_cursor)
+        self.assertEqual((e.exception.status, e.exception.code), (400, "CURSOR_INVALID"))
+        with self.assertRaises(APIError) as e:
+            tg.approvals_page(limit=201)
+        self.assertEqual((e.exception.status, e.exception.code), (400, "INVALID_INPUT"))
+
+
 class Errors(unittest.TestCase):
     def test_refusals_carry_the_problems_code(self):
         with self.assertRaises(APIError) as e:

@@ -10,12 +10,12 @@ from .client import DEFAULT_URL, Client
 from .errors import (APIError, DecisionPending, NotApproved, TollgateError, UnavailableError,
                      WebhookVerificationError)
 from .gated import gated
-from .types import Approval, Call, Decision, DecisionInfo, Event, Result, Submitted, Turn
+from .types import Approval, ApprovalPage, Call, Decision, DecisionInfo, Event, Result, Submitted, Turn
 from .webhooks import verify_webhook
 
 __all__ = [
     "Client", "DEFAULT_URL", "gated", "verify_webhook",
-    "Approval", "Call", "Decision", "DecisionInfo", "Event", "Result", "Submitted", "Turn",
+    "Approval", "ApprovalPage", "Call", "Decision", "DecisionInfo", "Event", "Result", "Submitted", "Turn",
     "TollgateError", "APIError", "UnavailableError", "NotApproved", "DecisionPending", "WebhookVerificationError",
 ]
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ import urllib.request
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from .errors import APIError, DecisionPending, NotApproved, TollgateError, UnavailableError
-from .types import Approval, Call, Decision, Event, Submitted, Turn, decode
+from .types import Approval, ApprovalPage, Call, Decision, Event, Submitted, Turn, decode
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -100,12 +100,39 @@ class Client:
 
     def approvals(self, status: str = "pending", session: Optional[str] = None) -> list[Approval]:
         """Lists approvals (``GET /v1/approvals``): ``status`` pending,
-        approved, denied, expired, abandoned or all."""
-        q = {"status": status}
+        approved, denied, expired, abandoned or all; every page, oldest
+        request first (see :meth:`iter_approvals` to read them as they
+        come, :meth:`approvals_page` for one page)."""
+        return list(self.iter_approvals(status, session))
+
+    def iter_approvals(self, status: str = "pending", session: Optional[str] = None, *,
+                       limit: int = 200) -> Iterator[Approval]:
+        """Yields the approvals of ``GET /v1/approvals`` page by page
+        (``limit`` a page, at most 200), following ``next_cursor`` until
+        the last page: each approval once, oldest request first."""
+        cursor: Optional[str] = None
+        while True:
+            page = self.approvals_page(status, session, limit=limit, cursor=cursor)
+            yield from page.approvals
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def approvals_page(self, status: str = "pending", session: Optional[str] = None, *,
+                       limit: Optional[int] = None, cursor: Optional[str] = None) -> ApprovalPage:
+        """One page of ``GET /v1/approvals``: ``limit`` approvals at most
+        (1 to 200; the gateway's default is 50), after ``cursor`` (the
+        ``next_cursor`` of the page before, with the same ``status`` and
+        ``session``). A bad cursor raises :class:`APIError`
+        ``CURSOR_INVALID``, a bad limit ``INVALID_INPUT``."""
+        q: dict[str, Any] = {"status": status}
         if session is not None:
             q["session"] = session
-        got = self._json("GET", "/v1/approvals?" + urllib.parse.urlencode(q))
-        return [decode(Approval, a) for a in got.get("approvals") or []]
+        if limit is not None:
+            q["limit"] = limit
+        if cursor is not None:
+            q["cursor"] = cursor
+        return decode(ApprovalPage, self._json("GET", "/v1/approvals?" + urllib.parse.urlencode(q)))
 
     def approval(self, approval_id: str) -> Approval:
         """Reads one approval (``GET /v1/approvals/{id}``)."""

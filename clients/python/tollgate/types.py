@@ -146,6 +146,14 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class ApprovalPage:
+    """One page of ``GET /v1/approvals``: its approvals, and the cursor of
+    the next page (``None`` on the last one)."""
+    approvals: list[Approval] = field(default_factory=list)
+    next_cursor: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Event:
     """One Server-Sent Event: ``id`` its sequence in TOLLGATE_EVENTS (send
     it back as ``last_event_id`` to resume), ``type`` its kind

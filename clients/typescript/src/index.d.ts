@@ -92,6 +92,11 @@ export interface Gated<A extends Record<string, unknown>, R> {
   readonly tollgateTool: string;
 }
 
+export interface ApprovalsOptions {
+  status?: "pending" | "approved" | "denied" | "expired" | "abandoned" | "all";
+  session?: string;
+}
+
 export declare class Client {
   constructor(opts?: ClientOptions);
   readonly url: string;
@@ -105,8 +110,12 @@ export declare class Client {
   events(turnId: string, opts?: StreamOptions): AsyncGenerator<TollgateEvent, void, undefined>;
   /** New events of a session's turns (or those after lastEventId), resumed like events; never ends by itself. */
   sessionEvents(sessionId: string, opts?: StreamOptions): AsyncGenerator<TollgateEvent, void, undefined>;
-  /** GET /v1/approvals (status default pending). */
-  approvals(opts?: { status?: "pending" | "approved" | "denied" | "expired" | "abandoned" | "all"; session?: string }): Promise<Approval[]>;
+  /** GET /v1/approvals (status default pending): every page, oldest request first. */
+  approvals(opts?: ApprovalsOptions): Promise<Approval[]>;
+  /** GET /v1/approvals page by page (limit a page, default 200), following next_cursor: each approval once. */
+  iterApprovals(opts?: ApprovalsOptions & { limit?: number }): AsyncGenerator<Approval, void, undefined>;
+  /** One page of GET /v1/approvals: limit (1-200, the gateway's default 50) after cursor (the previous page's next_cursor, same status and session); a bad cursor rejects CURSOR_INVALID. */
+  approvalsPage(opts?: ApprovalsOptions & { limit?: number; cursor?: string }): Promise<ApprovalList>;
   /** GET /v1/approvals/{id}. */
   approval(approvalId: string): Promise<Approval>;
   /** POST /v1/approvals/{id}/decisions with the digest of `approval` (an Approval or a pending Call) or opts.argsDigest. */

@@ -131,11 +131,32 @@ export class Client {
 
   // -- approvals --------------------------------------------------------------
 
+  // Every approval of the list, following next_cursor to the last page.
   async approvals(opts = {}) {
+    const out = [];
+    for await (const a of this.iterApprovals(opts)) out.push(a);
+    return out;
+  }
+
+  // The approvals page by page (opts.limit a page, default 200), each once,
+  // oldest request first.
+  async *iterApprovals(opts = {}) {
+    let cursor;
+    do {
+      const page = await this.approvalsPage({ ...opts, limit: opts.limit ?? 200, cursor });
+      yield* page.approvals ?? [];
+      cursor = page.next_cursor;
+    } while (cursor);
+  }
+
+  // One page: opts.limit (1-200; the gateway's default 50) after opts.cursor
+  // (the previous page's next_cursor, with the same status and session).
+  approvalsPage(opts = {}) {
     const q = new URLSearchParams({ status: opts.status ?? "pending" });
     if (opts.session !== undefined) q.set("session", opts.session);
-    const got = await this.#json("GET", `/v1/approvals?${q}`);
-    return got.approvals ?? [];
+    if (opts.limit !== undefined) q.set("limit", String(opts.limit));
+    if (opts.cursor !== undefined) q.set("cursor", opts.cursor);
+    return this.#json("GET", `/v1/approvals?${q}`);
   }
 
   approval(approvalId) {

@@ -113,7 +113,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** approvals of the key's transport (scope read) */
+        /**
+         * one page of the approvals of the key's transport, oldest request first (scope read)
+         * @description Cursor-paged: pass the answer's next_cursor as cursor, with the same status and session, for the next page; the list ends when an answer has no next_cursor (a page may hold fewer than limit approvals while more follow). A cursor that is not one of this list's, or was given for other filters, is 400 CURSOR_INVALID; a limit outside 1 to 200 is 400 INVALID_INPUT.
+         */
         get: operations["listApprovals"];
         put?: never;
         post?: never;
@@ -344,6 +347,8 @@ export interface components {
         };
         ApprovalList: {
             approvals: components["schemas"]["Approval"][];
+            /** @description the cursor of the next page; absent on the last page */
+            next_cursor?: string;
         };
         DecisionRequest: {
             /** @description one of the approval's options: approve, deny, or a grant option it offers (approve-<name> approves, deny-<name> denies, and either makes a standing grant) */
@@ -646,6 +651,10 @@ export interface operations {
             query?: {
                 status?: "pending" | "approved" | "denied" | "expired" | "abandoned" | "all";
                 session?: string;
+                /** @description the page's length at most */
+                limit?: number;
+                /** @description next_cursor of the previous page (opaque); none for the first page */
+                cursor?: string;
             };
             header?: never;
             path?: never;
@@ -653,7 +662,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description approvals */
+            /** @description one page of approvals */
             200: {
                 headers: {
                     [name: string]: unknown;

@@ -126,6 +126,33 @@ test("the same Idempotency-Key is the same turn", async () => {
   await rejectsWith(tg.submit([["echo", { text: "other" }]], { idempotencyKey }), "IDEMPOTENCY_KEY_REUSED", 409);
 });
 
+test("approvals come page by page, each once", async () => {
+  const tg = client({ sessionId: session(), sender: "alice" });
+  const sub = await tg.submit([0, 1, 2, 3, 4].map((i) => ["write_file", { path: `page${i}.txt`, content: "x" }]));
+  const want = sub.calls.map((c) => c.approval_id).sort();
+  assert.equal(want.length, 5);
+  const first = await tg.approvalsPage({ session: sub.session_id, limit: 2 });
+  assert.equal(first.approvals.length, 2);
+  assert.ok(first.next_cursor);
+  const ids = first.approvals.map((a) => a.approval_id);
+  let pages = 1;
+  for (let cursor = first.next_cursor; cursor; pages++) {
+    const page = await tg.approvalsPage({ session: sub.session_id, limit: 2, cursor });
+    assert.ok(page.approvals.length <= 2);
+    ids.push(...page.approvals.map((a) => a.approval_id));
+    cursor = page.next_cursor;
+  }
+  assert.equal(pages, 3);
+  assert.deepEqual([...ids].sort(), want, "a duplicate or a gap");
+  const iterated = [];
+  for await (const a of tg.iterApprovals({ session: sub.session_id, limit: 2 })) iterated.push(a.approval_id);
+  assert.deepEqual(iterated, ids);
+  assert.deepEqual((await tg.approvals({ session: sub.session_id })).map((a) => a.approval_id), ids);
+  await rejectsWith(tg.approvalsPage({ session: sub.session_id, cursor: "not-a-cursor" }), "CURSOR_INVALID", 400);
+  await rejectsWith(tg.approvalsPage({ status: "all", session: sub.session_id, cursor: first.next_cursor }), "CURSOR_INVALID", 400);
+  await rejectsWith(tg.approvalsPage({ limit: 201 }), "INVALID_INPUT", 400);
+});
+
 test("refusals carry the problem's code", async () => {
   await rejectsWith(new Client({ url: dev.url, key: "tg_000000000000_nope" }).approvals(), "UNAUTHENTICATED", 401);
   await rejectsWith(client().turn("t-00000000000000000000"), "TURN_NOT_FOUND", 404);

@@ -1,0 +1,176 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Index is a process's projection of a KV bucket: one entry per key,
+// derived from the key's latest value, kept in memory and fed by one
+// watch of the bucket (the latest value of every key first, then every
+// write as it is made). It is built from the bucket's stream when the
+// process starts, like every projection, so a restarted process or a
+// second replica builds the same index on its own, and no request reads
+// the bucket to find its keys.
+//
+// What an entry holds is the caller's (Derive): a whole record, or the few
+// fields a list is filtered and ordered by, so that a list reads only the
+// records of the page it answers.
+type Index[E any] struct {
+	kv     jetstream.KeyValue
+	derive Derive[E]
+	name   string
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	entries map[string]E
+	applied uint64        // the bucket stream's sequence the index holds every write up to
+	ready   bool          // the initial values are in
+	changed chan struct{} // closed (and replaced) at every change of applied or ready
+	ended   error         // the watch ended: the index no longer follows the bucket
+	stop    func() error
+}
+
+// Derive is an Index's entry of key from its latest value; keep false
+// (a value the index does not hold, or one that does not decode) leaves
+// the key out. A deleted or purged key is always left out.
+type Derive[E any] func(key string, value []byte) (e E, keep bool)
+
+// NewIndex starts following kv (name, for errors and logs). The index
+// follows until Stop is called or the connection closes.
+func NewIndex[E any](ctx context.Context, kv jetstream.KeyValue, name string, derive Derive[E], log *slog.Logger) (*Index[E], error) {
+	// The stream's last sequence before the watch starts: the initial
+	// values are every key's latest value as of then, so once they are in
+	// the index holds every write up to it (even when the stream's last
+	// messages have since been removed by their TTL).
+	last, err := lastSeq(ctx, kv)
+	if err != nil {
+		return nil, err
+	}
+	w, err := kv.WatchAll(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("store: watch %s: %w", name, err)
+	}
+	x := &Index[E]{kv: kv, derive: derive, name: name, log: log, entries: map[string]E{}, changed: make(chan struct{}), stop: w.Stop}
+	go x.follow(w.Updates(), last)
+	return x, nil
+}
+
+// lastSeq is the sequence of the last write the bucket's stream has.
+func lastSeq(ctx context.Context, kv jetstream.KeyValue) (uint64, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("store: bucket %s status: %w", kv.Bucket(), err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return 0, fmt.Errorf("store: bucket %s status has no stream info", kv.Bucket())
+	}
+	return bs.StreamInfo().State.LastSeq, nil
+}
+
+// follow applies each entry of the watch; nil marks the end of the
+// initial values.
+func (x *Index[E]) follow(updates <-chan jetstream.KeyValueEntry, startLast uint64) {
+	for e := range updates {
+		x.mu.Lock()
+		if e == nil {
+			x.ready, x.applied = true, max(x.applied, startLast)
+		} else {
+			x.applyLocked(e)
+		}
+		close(x.changed)
+		x.changed = make(chan struct{})
+		x.mu.Unlock()
+	}
+	x.mu.Lock()
+	x.ended = fmt.Errorf("store: the watch of %s ended", x.name)
+	close(x.changed)
+	x.changed = make(chan struct{})
+	x.mu.Unlock()
+}
+
+func (x *Index[E]) applyLocked(e jetstream.KeyValueEntry) {
+	x.applied = max(x.applied, e.Revision())
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(x.entries, e.Key())
+		return
+	}
+	if v, keep := x.derive(e.Key(), e.Value()); keep {
+		x.entries[e.Key()] = v
+		return
+	}
+	delete(x.entries, e.Key())
+}
+
+// ErrIndexBehind: Sync's wait ran out before the index caught up.
+var ErrIndexBehind = errors.New("store: the index is behind its bucket")
+
+// Sync waits until the index holds every write the bucket had when it
+// was called, for at most wait (ErrIndexBehind then; or ctx's error, or
+// the end of the watch). Whatever it returns, the index answers with
+// what it holds.
+func (x *Index[E]) Sync(ctx context.Context, wait time.Duration) error {
+	want, err := lastSeq(ctx, x.kv)
+	if err != nil {
+		return err
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		x.mu.Lock()
+		done, ended, changed, applied := x.ready && x.applied >= want, x.ended, x.changed, x.applied
+		x.mu.Unlock()
+		switch {
+		case done:
+			return nil
+		case ended != nil:
+			return ended
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			return fmt.Errorf("%w: %s (%d of %d)", ErrIndexBehind, x.name, applied, want)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// All returns the entries the index holds, in no order. Entries are
+// shared: callers must not change what they point to.
+func (x *Index[E]) All() []E {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]E, 0, len(x.entries))
+	for _, e := range x.entries {
+		out = append(out, e)
+	}
+	return out
+}
+
+// Each calls fn with every entry, in no order, while the index holds its
+// lock: fn must be quick and must not call the index.
+func (x *Index[E]) Each(fn func(key string, e E)) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k, e := range x.entries {
+		fn(k, e)
+	}
+}
+
+// Len is how many entries the index holds.
+func (x *Index[E]) Len() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return len(x.entries)
+}
+
+// Stop stops following the bucket.
+func (x *Index[E]) Stop() error { return x.stop() }
