@@ -414,18 +414,22 @@ func TestFewerWritesDropsTheTwoLeversWrites(t *testing.T) {
 
 // TestBenchSmokeLayout runs the layout phase with tiny counts: every layout
 // of both paths, both sync settings, produces a rate with no errors (a raw
-// stage that failed a write, or a turn that never ended, is one).
+// stage that failed a write, or a turn that never ended, is one), and the
+// two designs' figures count their writes per turn.
 func TestBenchSmokeLayout(t *testing.T) {
 	t.Parallel() // see TestBenchSmokeProcesses
-	r, err := Run(context.Background(), smokeConfig(t, phaseLayout))
+	cfg := smokeConfig(t, phaseLayout)
+	cfg.Layouts = []string{"today", "fewer", "group-commit", "state", "state-fewer", "records", "events"}
+	cfg.LayoutPartitions = []int{2}
+	r, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range r.Errors {
 		t.Errorf("report error: %s", e)
 	}
-	if len(r.Throughput) != 2*2*5 {
-		t.Fatalf("%d figures, want 20 (two syncs, two paths, five layouts)", len(r.Throughput))
+	if len(r.Throughput) != 2*2*7 {
+		t.Fatalf("%d figures, want 28 (two syncs, two paths, seven layouts)", len(r.Throughput))
 	}
 	names := map[string]bool{}
 	for _, f := range r.Throughput {
@@ -433,8 +437,11 @@ func TestBenchSmokeLayout(t *testing.T) {
 		if f.Median <= 0 {
 			t.Errorf("%s %s: no rate", f.Sync, f.label())
 		}
+		if strings.Contains(f.Name, "is the log") && (len(f.Samples) == 0 || f.Samples[0].WritesPerTurn <= 0) {
+			t.Errorf("%s %s: no writes per turn", f.Sync, f.label())
+		}
 	}
-	if len(names) != 5 {
-		t.Errorf("layouts measured: %v, want 5", names)
+	if len(names) != 7 {
+		t.Errorf("layouts measured: %v, want 7", names)
 	}
 }

@@ -66,7 +66,13 @@ type Config struct {
 	// sync settings; `make bench-cluster`), layout (not in AllPhases: the
 	// raw turn in the storage layouts the group committer could use, both
 	// sync settings; layout.go).
-	Phases   map[string]bool
+	Phases map[string]bool
+	// Layouts are the layout phase's raw-turn layouts (layoutKinds'
+	// names), and LayoutPartitions the partition counts P at which it
+	// measures the two one-write-per-fact designs (layout.go).
+	Layouts          []string
+	LayoutPartitions []int
+
 	BinDir   string // the tollgate binary, which runs each stage; empty: built into WorkDir
 	OutDir   string // report files; empty: none
 	WorkDir  string // servers' stores, logs, binaries; must exist
@@ -86,6 +92,7 @@ func Defaults() Config {
 		Runs: 3, Duration: 4 * time.Second, Warmup: time.Second, Concurrency: 32,
 		ConsumeMsgs: 50000, LowRate: 50, LatencyDuration: 8 * time.Second, Pending: 10000,
 		Phases: map[string]bool{}, LogLevel: "info",
+		Layouts: []string{"today", "records", "events"}, LayoutPartitions: []int{1, 4},
 	}
 	for _, p := range AllPhases {
 		c.Phases[p] = true
@@ -96,7 +103,8 @@ func Defaults() Config {
 // FromEnv overrides c with the BENCH_* variables that are set: RUNS,
 // DURATION, WARMUP, CONCURRENCY, CONSUME_MSGS, LOW_RATE, LAT_DURATION,
 // PENDING, PHASES (comma-separated), BIN, OUT, LOG_LEVEL, PROFILE (a
-// directory; adds the profile phase).
+// directory; adds the profile phase), LAYOUTS and LAYOUT_PARTITIONS
+// (comma-separated).
 func (c Config) FromEnv() (Config, error) {
 	var err error
 	get := func(name string) (string, bool) {
@@ -137,6 +145,25 @@ func (c Config) FromEnv() (Config, error) {
 			}
 		}
 	}
+	if s, ok := get("LAYOUTS"); ok {
+		c.Layouts = nil
+		for _, l := range strings.Split(s, ",") {
+			if l = strings.TrimSpace(l); l != "" {
+				c.Layouts = append(c.Layouts, l)
+			}
+		}
+	}
+	if s, ok := get("LAYOUT_PARTITIONS"); ok {
+		c.LayoutPartitions = nil
+		for _, f := range strings.Split(s, ",") {
+			n, perr := strconv.Atoi(strings.TrimSpace(f))
+			if perr != nil || n < 1 {
+				err = fmt.Errorf("BENCH_LAYOUT_PARTITIONS: %q is not a positive count", f)
+				break
+			}
+			c.LayoutPartitions = append(c.LayoutPartitions, n)
+		}
+	}
 	if s, ok := get("BIN"); ok {
 		c.BinDir = s
 	}
@@ -165,6 +192,14 @@ func (c Config) validate() error {
 	case c.Phases["profile"] && c.ProfileDir == "":
 		return fmt.Errorf("bench: the profile phase needs a ProfileDir")
 	}
+	for _, l := range c.Layouts {
+		if _, ok := layoutKinds[l]; !ok {
+			return fmt.Errorf("bench: unknown layout %q (want today, fewer, group-commit, state, state-fewer, records, events)", l)
+		}
+	}
+	if c.Phases[phaseLayout] && (len(c.Layouts) == 0 || len(c.LayoutPartitions) == 0) {
+		return fmt.Errorf("bench: the layout phase needs layouts and partition counts")
+	}
 	for p := range c.Phases {
 		if p != "profile" && p != "cluster" && p != phaseLayout && !strings.Contains(","+strings.Join(AllPhases, ",")+",", ","+p+",") {
 			return fmt.Errorf("bench: unknown phase %q (want %s, profile, cluster, layout)", p, strings.Join(AllPhases, ", "))
@@ -181,6 +216,10 @@ func (c Config) Params() string {
 			ph = append(ph, p)
 		}
 	}
-	return fmt.Sprintf("runs=%d duration=%v warmup=%v concurrency=%d consume_msgs=%d low_rate=%g/s lat_duration=%v pending=%d log_level=%s phases=%s",
-		c.Runs, c.Duration, c.Warmup, c.Concurrency, c.ConsumeMsgs, c.LowRate, c.LatencyDuration, c.Pending, c.LogLevel, strings.Join(ph, ","))
+	layouts := ""
+	if c.Phases[phaseLayout] {
+		layouts = fmt.Sprintf(" layouts=%s partitions=%s", strings.Join(c.Layouts, ","), strings.Trim(strings.Join(strings.Fields(fmt.Sprint(c.LayoutPartitions)), ","), "[]"))
+	}
+	return fmt.Sprintf("runs=%d duration=%v warmup=%v concurrency=%d consume_msgs=%d low_rate=%g/s lat_duration=%v pending=%d log_level=%s phases=%s%s",
+		c.Runs, c.Duration, c.Warmup, c.Concurrency, c.ConsumeMsgs, c.LowRate, c.LatencyDuration, c.Pending, c.LogLevel, strings.Join(ph, ","), layouts)
 }

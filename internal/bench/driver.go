@@ -97,6 +97,10 @@ func (p path) decided() bool { return p == approvalPath || p == toolServicePath 
 const (
 	hdrTurn    = "Bench-Turn"
 	hdrSession = "Bench-Session"
+	// The layout phase's two designs (rawseq.go): the fact a raw stage's
+	// write makes durable, and a turn's predecessor in its session.
+	hdrFact = "Bench-Fact"
+	hdrPred = "Bench-Pred"
 )
 
 // driver plays the transport (publishes inbound messages and waits for each
@@ -222,8 +226,35 @@ func (d *driver) close() {
 
 func lastToken(s string) string { return s[strings.LastIndexByte(s, '.')+1:] }
 
-func (d *driver) onOutcome(m *nats.Msg) {
-	id := lastToken(m.Subject)
+func (d *driver) onOutcome(m *nats.Msg) { d.outcome(lastToken(m.Subject)) }
+
+// watchFacts also subscribes to subjects, where the layout phase's two
+// designs make a turn's outcome and approval request durable (rawseq.go):
+// a message whose Bench-Fact header is outcome or requested counts as
+// the event of the turn its Bench-Turn header names.
+func (d *driver) watchFacts(subjects []string) error {
+	for _, subj := range subjects {
+		s, err := d.nc.Subscribe(subj, func(m *nats.Msg) {
+			switch m.Header.Get(hdrFact) {
+			case factOutcome:
+				d.outcome(m.Header.Get(hdrTurn))
+			case factRequested:
+				d.requestedTurn(m.Header.Get(hdrTurn))
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if err := s.SetPendingLimits(-1, -1); err != nil {
+			return err
+		}
+		d.subs = append(d.subs, s)
+	}
+	return d.nc.Flush()
+}
+
+// outcome ends turn id (an outcome seen).
+func (d *driver) outcome(id string) {
 	now := time.Now()
 	if root, step, ok := schemas.PlannerStepOf(id); ok && d.path == plannerPath {
 		if step == 0 {
@@ -281,12 +312,15 @@ func (d *driver) mark(id string, at time.Time, field func(*turn) *time.Time) {
 	}
 }
 
-func (d *driver) onRequested(m *nats.Msg) {
+func (d *driver) onRequested(m *nats.Msg) { d.requestedTurn(lastToken(m.Subject)) }
+
+// requestedTurn notes turnID's approval request and, when the driver
+// decides, queues its decision.
+func (d *driver) requestedTurn(turnID string) {
 	d.requested.Add(1)
 	if !d.decide {
 		return
 	}
-	turnID := lastToken(m.Subject)
 	now := time.Now()
 	d.mu.Lock()
 	if t := d.turns[turnID]; t != nil {

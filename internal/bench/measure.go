@@ -292,8 +292,9 @@ func (b *bencher) rawTurnProcs(p path, st storage) (sample, error) {
 // here on e. onWindow is passed to closedLoop. The CPU time this process
 // (and the processes pids, if any) used in the window is reported per
 // completed turn. A turn that failed (other than by timing out) fails the
-// sample.
-func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open bool)) (sample, error) {
+// sample. facts, if any, are where the turns' outcomes and approval
+// requests are made durable besides today's events (driver.watchFacts).
+func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open bool), facts ...string) (sample, error) {
 	run := b.runID()
 	var one func(ctx context.Context, session string) (turnTimes, error)
 	pubErrs := func() int64 { return 0 }
@@ -315,6 +316,9 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 			return sample{}, err
 		}
 		defer d.close()
+		if err := d.watchFacts(facts); err != nil {
+			return sample{}, err
+		}
 		one, pubErrs = d.turn, d.pubErrs.Load
 	}
 	var self0, self1, kids0, kids1 time.Duration

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -163,3 +164,143 @@ func calibrate(raw, traced []step) []step {
 	}
 	return out
 }
+
+// The two designs of "one write per fact" (docs/bench.md, "One write per
+// fact"), as raw turns for the layout phase. Neither is traced: no stage
+// is built that way yet. Their byte sizes are today's, added up where a
+// write now carries what two records carried (a batch record with its
+// call's claim, say). Steps of their own:
+//
+//   - Fact on a write names the fact it makes durable; the raw stages send
+//     it as a Bench-Fact header, and the batch record's state byte, which
+//     a session-order read checks (ended: the outcome);
+//   - a trigger "fact:<name>" runs a group for a change-stream message of
+//     that fact (the stages consume the buckets' or the turn logs'
+//     change streams, with subject filters, instead of event publishes);
+//   - Pred on a stream.get is ingest's lookup of the session's previous
+//     accepted turn, which it stamps on the turn (<pred>): the session's
+//     order is the order of its accepted turns on their subject, so no
+//     session record is written. The executor reads the predecessor's
+//     state (<pred>, in its partition <pp>) and waits while it has not
+//     ended: a read, not a write. A session's first turn has none;
+//   - log.append (design b) appends an event to the turn's log, a
+//     compare-and-set against the turn's last event
+//     (Nats-Expected-Last-Subject-Sequence with
+//     Nats-Expected-Last-Subject-Sequence-Subject set to the turn's
+//     wildcard, tollgate.turnlog.<p>.<turn>.>);
+//   - <p> is the turn's partition of the state writes: of P batch buckets
+//     (a) or P turn-log streams (b), chosen by a hash of the turn id.
+//
+// Both designs keep the pending approvals in the one approvals bucket and
+// the inbound messages, accepted turns and decision submits on their
+// streams. Every compare-and-set write carries a message id, so that a
+// retried write the server refuses (it checks the compare-and-set before
+// the message id) is recognised as the writer's own (rawWriter.cas).
+
+// Design (a), records are the log: each state transition is one KV write,
+// a compare-and-set at the record's revision, and the redriver consumes
+// the batch buckets' and the approvals bucket's change streams. The batch
+// record carries its calls' claims and results and is created already
+// running, with call 0 claimed; its completion is the outcome. Fast: 4
+// writes.
+var recordsFast = slices.Concat(designIngest(213, 665), []step{
+	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<pred>"}, // session order
+	{Stage: "executor", Op: "kv.create", On: "tollgate_batches/<turn>", Fact: factRunning, Bytes: 745 + 217},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Fact: factOutcome, Bytes: 833 + 310},
+	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_batches_<p>/redriver", Trigger: "fact:" + factRunning},
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_batches_<p>/redriver", Trigger: "fact:" + factOutcome},
+})
+
+// recordsApproval: the approval turn in design (a), 9 writes. The executor
+// runs call 0, then writes the batch awaiting (with call 0's result) and
+// only then the pending approval, so that no decision can be applied
+// before the batch awaits it (the other order lets a quick decider's
+// resume race the executor's awaiting write). The redriver reaches the
+// awaiting write before the approval's decided write: it reads the
+// approval (not yet there, or pending), and on the decided write it reads
+// the batch and resumes it at that revision.
+var recordsApproval = slices.Concat(designIngest(273, 850), []step{
+	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<pred>"}, // session order
+	{Stage: "executor", Op: "kv.create", On: "tollgate_batches/<turn>", Fact: factRunning, Bytes: 932 + 217},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Fact: factAwaiting, Bytes: 1043 + 310},
+	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Fact: factRequested, Bytes: 822},
+	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
+}, designApprover, []step{
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_batches_<p>/redriver", Trigger: "fact:" + factRunning},
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factRequested},
+	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"}, // not there yet, or pending
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_batches_<p>/redriver", Trigger: "fact:" + factAwaiting},
+	{Stage: "redriver", Op: "kv.get", On: "tollgate_batches/<turn>"},
+	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Fact: factStarted, Bytes: 1042 + 223},
+	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Fact: factOutcome, Bytes: 1198 + 385},
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factDecided},
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_batches_<p>/redriver", Trigger: "fact:" + factStarted},
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_batches_<p>/redriver", Trigger: "fact:" + factOutcome},
+})
+
+// Design (b), the turn's events are the log: the executor and the
+// redriver append the turn's events to its log (no batch record: the
+// batch is the fold of its events), and the approvals stay a KV, whose
+// change stream wakes the redriver. The accepted turn stays on its
+// session's subject, which is the session's order. Fast: 4 writes.
+var eventsFast = slices.Concat(designIngest(213, 665), []step{
+	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNLOG_<pp> last tollgate.turnlog.<pp>.<pred>.>"}, // session order
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>." + factRunning, Fact: factRunning, Bytes: 217 + 89},
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>." + factOutcome, Fact: factOutcome, Bytes: 263 + 310},
+	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
+})
+
+// eventsApproval: the approval turn in design (b), 9 writes (the issue
+// guessed about 8; see docs/bench.md for why none of the nine folds), in
+// recordsApproval's order: the awaiting event before the approval.
+var eventsApproval = slices.Concat(designIngest(273, 850), []step{
+	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNLOG_<pp> last tollgate.turnlog.<pp>.<pred>.>"}, // session order
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>." + factRunning, Fact: factRunning, Bytes: 217 + 89},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>." + factAwaiting, Fact: factAwaiting, Bytes: 310 + 89},
+	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Fact: factRequested, Bytes: 822},
+	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
+}, designApprover, []step{
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factRequested},
+	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"}, // not there yet, or pending
+	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_TURNLOG_<p>/redriver", Trigger: "fact:" + factAwaiting},
+	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
+	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>." + factStarted, Fact: factStarted, Bytes: 223 + 89},
+	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>." + factOutcome, Fact: factOutcome, Bytes: 418},
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factDecided},
+})
+
+// designIngest is the two designs' start of a turn, an inbound message of
+// inbound bytes that ingest accepts as a turn of accepted bytes: ingest
+// looks up the session's previous accepted turn and stamps it on the new
+// one as its predecessor.
+func designIngest(inbound, accepted int) []step {
+	return []step{
+		{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: inbound},
+		{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_TURNS last tollgate.turn.accepted.<session>", Pred: true},
+		{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: accepted},
+		{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
+	}
+}
+
+// designApprover is the two designs' decision: submitted, then applied to
+// the approval by compare-and-set (the approval's decided write is the
+// only record of it).
+var designApprover = []step{
+	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
+	{Stage: "approver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
+	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Fact: factDecided, Bytes: 924},
+	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
+}
+
+// The facts the designs' writes make durable (step.Fact).
+const (
+	factRunning   = "running"   // the batch, running, call 0 claimed
+	factRequested = "requested" // the approval, pending
+	factAwaiting  = "awaiting"  // the batch awaits its approval; call 0's result
+	factDecided   = "decided"   // the approval, decided
+	factStarted   = "started"   // the batch resumed, call 1 claimed
+	factOutcome   = "outcome"   // the batch completed: the last call's result and the turn's outcome
+)

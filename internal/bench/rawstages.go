@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,8 +42,9 @@ type rawStages struct {
 	// layout is where the writes go (layout.go); w makes them in any
 	// layout but today's unbatched one (nil there: the code that is the
 	// raw turn's reference).
-	layout rawLayout
-	w      *rawWriter
+	layout  rawLayout
+	w       *rawWriter
+	configs map[string]rawStageConfig // the consumers of each stage (layout.stageConfigs)
 
 	ctx     context.Context
 	stop    context.CancelFunc
@@ -53,38 +55,58 @@ type rawStages struct {
 
 	errs      atomic.Int64
 	conflicts atomic.Int64
+	waits     atomic.Int64 // turns that waited for their predecessor to end (the two designs)
 	lastErr   atomic.Value
 }
 
 // rawRun is one running raw stage.
 type rawRun struct {
-	cc    jetstream.ConsumeContext
+	ccs   []jetstream.ConsumeContext
 	chans []chan jetstream.Msg
 	wg    sync.WaitGroup
 }
 
-// rawConsumer is the durable name of a raw stage's consumer.
+// rawConsumer is the durable name of a raw stage's (first) consumer.
 func rawConsumer(stage string) string { return "raw-" + stage }
 
-// rawStageConfig mirrors the stage's runner configuration.
+// rawSource is one durable consumer that triggers a raw stage: a stream
+// and the subject filters it delivers.
+type rawSource struct {
+	stream  string
+	filters []string
+}
+
+// rawStageConfig mirrors the stage's runner configuration: the consumers
+// that trigger it (a layout defines its own: rawLayout.stageConfigs) and
+// how many messages it handles at once.
 type rawStageConfig struct {
-	stream      string
-	filters     []string
+	sources     []rawSource
 	concurrency int
 }
 
+// rawStageConfigs are Tollgate's stages' consumers today.
 var rawStageConfigs = map[string]rawStageConfig{
-	"ingest":   {topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}, 4},
-	"executor": {topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}, 16},
-	"approver": {topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}, 8},
-	"redriver": {topology.StreamEvents, []string{topology.SubjectApprovalDecided + "*", topology.SubjectBatchAwaiting + "*"}, 16},
+	"ingest":   {[]rawSource{{topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}}}, 4},
+	"executor": {[]rawSource{{topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, 16},
+	"approver": {[]rawSource{{topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}}}, 8},
+	"redriver": {[]rawSource{{topology.StreamEvents, []string{topology.SubjectApprovalDecided + "*", topology.SubjectBatchAwaiting + "*"}}}, 16},
 }
 
 // rawGroup is the operations a stage performs for a message whose subject
-// starts with trigger.
+// starts with trigger, or, for a trigger "fact:<name>", a message whose
+// Bench-Fact header is that name (a change-stream message of the two
+// designs, rawseq.go).
 type rawGroup struct {
 	trigger string
 	ops     []step
+}
+
+// matches reports whether m runs g.
+func (g rawGroup) matches(m jetstream.Msg) bool {
+	if fact, ok := strings.CutPrefix(g.trigger, "fact:"); ok {
+		return m.Headers().Get(hdrFact) == fact
+	}
+	return strings.HasPrefix(m.Subject(), g.trigger)
 }
 
 // rawPlan splits a raw sequence into each stage's groups.
@@ -119,7 +141,8 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 		stages = stageNames
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &rawStages{js: js, kv: map[string]jetstream.KeyValue{}, path: p, plan: rawPlan(seq), ctx: ctx, stop: cancel, running: map[string]*rawRun{}, layout: l}
+	r := &rawStages{js: js, kv: map[string]jetstream.KeyValue{}, path: p, plan: rawPlan(seq), ctx: ctx, stop: cancel, running: map[string]*rawRun{},
+		layout: l, configs: l.stageConfigs()}
 	if l != (rawLayout{}) {
 		w, err := newRawWriter(js, st, l)
 		if err != nil {
@@ -128,11 +151,7 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 		}
 		r.w = w
 	}
-	buckets := []string{topology.BucketApprovals, topology.BucketBatches, topology.BucketSessions, topology.BucketClaims, topology.BucketGrants}
-	if l.state {
-		buckets = append(buckets, stateBucket)
-	}
-	for _, b := range buckets {
+	for _, b := range l.buckets() {
 		kv, err := js.KeyValue(ctx, b)
 		if err != nil {
 			cancel()
@@ -148,8 +167,8 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 	}
 	// Tollgate's approver watches the approvals bucket (its pending set and
 	// expiry) and its redriver the batches bucket (the recovery sweep); the
-	// raw stages run the same watches and discard what they receive.
-	for stage, bucket := range map[string]string{"approver": topology.BucketApprovals, "redriver": topology.BucketBatches} {
+	// raw stages run the layout's watches and discard what they receive.
+	for stage, bucket := range l.watches() {
 		if !slices.Contains(stages, stage) {
 			continue
 		}
@@ -202,19 +221,26 @@ func (r *rawStages) start(stage string) error {
 	if r.running[stage] != nil {
 		return nil
 	}
-	c := rawStageConfigs[stage]
-	cc := jetstream.ConsumerConfig{
-		Durable: rawConsumer(stage), AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second,
-		MaxDeliver: -1, MaxAckPending: 1024,
-	}
-	if len(c.filters) == 1 {
-		cc.FilterSubject = c.filters[0]
-	} else {
-		cc.FilterSubjects = c.filters
-	}
-	cons, err := r.js.CreateOrUpdateConsumer(r.ctx, c.stream, cc)
-	if err != nil {
-		return fmt.Errorf("raw %s: %w", stage, err)
+	c := r.configs[stage]
+	var conss []jetstream.Consumer
+	for i, src := range c.sources {
+		cc := jetstream.ConsumerConfig{
+			Durable: rawConsumer(stage), AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second,
+			MaxDeliver: -1, MaxAckPending: 1024,
+		}
+		if i > 0 {
+			cc.Durable += "-" + strconv.Itoa(i)
+		}
+		if len(src.filters) == 1 {
+			cc.FilterSubject = src.filters[0]
+		} else {
+			cc.FilterSubjects = src.filters
+		}
+		cons, err := r.js.CreateOrUpdateConsumer(r.ctx, src.stream, cc)
+		if err != nil {
+			return fmt.Errorf("raw %s: %w", stage, err)
+		}
+		conss = append(conss, cons)
 	}
 	run := &rawRun{chans: make([]chan jetstream.Msg, c.concurrency)}
 	groups := r.plan[stage]
@@ -229,16 +255,29 @@ func (r *rawStages) start(stage string) error {
 			}
 		}()
 	}
-	run.cc, err = cons.Consume(func(m jetstream.Msg) {
-		h := fnv.New32a()
-		h.Write([]byte(lastToken(m.Subject())))
-		run.chans[h.Sum32()%uint32(len(run.chans))] <- m
-	}, jetstream.PullMaxMessages(256))
-	if err != nil {
-		for _, ch := range run.chans {
-			close(ch)
+	// Messages of one key (a subject's last token; in the two designs the
+	// turn, which their writes carry in a header) are handled in order.
+	lane := func(m jetstream.Msg) chan jetstream.Msg {
+		key := m.Headers().Get(hdrTurn)
+		if key == "" {
+			key = lastToken(m.Subject())
 		}
-		return fmt.Errorf("raw %s: consume: %w", stage, err)
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		return run.chans[h.Sum32()%uint32(len(run.chans))]
+	}
+	for _, cons := range conss {
+		cc, err := cons.Consume(func(m jetstream.Msg) { lane(m) <- m }, jetstream.PullMaxMessages(256))
+		if err != nil {
+			for _, cc := range run.ccs {
+				cc.Stop()
+			}
+			for _, ch := range run.chans {
+				close(ch)
+			}
+			return fmt.Errorf("raw %s: consume: %w", stage, err)
+		}
+		run.ccs = append(run.ccs, cc)
 	}
 	r.running[stage] = run
 	return nil
@@ -253,11 +292,15 @@ func (r *rawStages) pause(stage string) error {
 	if run == nil {
 		return nil
 	}
-	run.cc.Drain()
-	select {
-	case <-run.cc.Closed():
-	case <-time.After(30 * time.Second):
-		run.cc.Stop()
+	for _, cc := range run.ccs {
+		cc.Drain()
+	}
+	for _, cc := range run.ccs {
+		select {
+		case <-cc.Closed():
+		case <-time.After(30 * time.Second):
+			cc.Stop()
+		}
 	}
 	for _, ch := range run.chans {
 		close(ch)
@@ -303,6 +346,11 @@ func (r *rawStages) fail(err error) {
 type rawIDs struct {
 	turn, session, approval string
 	inboundSeq              uint64
+	// The two designs: the turn's predecessor in its session (ingest
+	// looks it up and stamps it on the accepted turn, Bench-Pred), and
+	// the partitions of the turn's and the predecessor's state writes.
+	pred           string
+	part, predPart string
 }
 
 func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
@@ -325,14 +373,35 @@ func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
 	case "redriver":
 		id.turn = lastToken(subj) // the session key is read from the batch value
 	}
+	if r.layout.oneWritePerFact() {
+		// The designs' writes name their turn and session in headers
+		// (the stages would decode them from the records and events).
+		h := m.Headers()
+		if t := h.Get(hdrTurn); t != "" && stage != "ingest" {
+			id.turn = t
+		}
+		if s := h.Get(hdrSession); s != "" && stage != "ingest" {
+			id.session = s
+		}
+		id.pred = h.Get(hdrPred)
+	}
 	if id.approval == "" && id.turn != "" {
 		id.approval = schemas.ApprovalID(id.turn, r.path.approvalIndex())
 	}
+	id.setParts(r.layout)
 	return id
+}
+
+// setParts sets the partitions of the turn and its predecessor in l.
+func (id *rawIDs) setParts(l rawLayout) {
+	id.part, id.predPart = strconv.Itoa(l.part(id.turn)), strconv.Itoa(l.part(id.pred))
 }
 
 func (id rawIDs) resolve(s string) string {
 	s = strings.ReplaceAll(s, "<grant-index>", benchGrantIndex)
+	s = strings.ReplaceAll(s, "<pred>", id.pred)
+	s = strings.ReplaceAll(s, "<pp>", id.predPart)
+	s = strings.ReplaceAll(s, "<p>", id.part)
 	s = strings.ReplaceAll(s, "<approval>", id.approval)
 	s = strings.ReplaceAll(s, "<turn>", id.turn)
 	return strings.ReplaceAll(s, "<session>", id.session)
@@ -348,7 +417,7 @@ const sessionKeyLen = 2 + 32
 func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup, m jetstream.Msg) {
 	var g *rawGroup
 	for i := range groups {
-		if strings.HasPrefix(m.Subject(), groups[i].trigger) {
+		if groups[i].matches(m) {
 			g = &groups[i]
 			break
 		}
@@ -362,15 +431,21 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 	var pending []jetstream.PubAckFuture // async publishes not yet settled
 	skip := ""                           // a session created instead of read: its update is skipped
 	for _, op := range g.ops {
+		if strings.Contains(op.On, "<pred>") && id.pred == "" {
+			continue // a session's first turn: no predecessor to wait for
+		}
 		target := id.resolve(op.On)
 		bucket, key, _ := strings.Cut(target, "/")
 		pb, pk := r.layout.place(bucket, key) // where it is stored
 		kv := r.kv[pb]
 		payload := zeros[:op.Bytes]
 		switch {
-		case bucket == topology.BucketBatches && op.Bytes >= sessionKeyLen:
+		case bucket == topology.BucketBatches && op.Bytes > sessionKeyLen:
 			payload = make([]byte, op.Bytes)
 			copy(payload, id.session)
+			if op.Fact != "" {
+				payload[sessionKeyLen] = op.Fact[0] // the record's state (ended: factOutcome)
+			}
 		case op.Op == "publish" && strings.HasPrefix(target, topology.SubjectTurnAccepted) && op.Bytes >= 8:
 			payload = make([]byte, op.Bytes)
 			binary.BigEndian.PutUint64(payload, id.inboundSeq)
@@ -391,7 +466,7 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			if r.w != nil {
 				// A group committer answers each write once it is
 				// stored: the stage waits, as Tollgate's does with it.
-				msg.Header = nats.Header{}
+				msg.Header = r.factHeader(id, op)
 				if op.MsgID {
 					msg.Header.Set(jetstream.MsgIDHeader, msgID)
 				}
@@ -412,8 +487,21 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			if _, err := r.js.PublishMsg(ctx, msg, opts...); err != nil {
 				r.fail(err)
 			}
+		case "log.append":
+			// Design (b): a compare-and-set against the turn's last event.
+			last := turnWildcard(target)
+			seq, err := r.w.cas(ctx, casWrite{stream: turnLogStreamOf(target), subject: target, last: last, rev: revs[last],
+				msgID: target, header: r.factHeader(id, op), data: payload})
+			switch {
+			case err == nil:
+				revs[last] = seq
+			case conflict(err):
+				r.conflicts.Add(1)
+			default:
+				r.fail(err)
+			}
 		case "kv.create", opCreateExists:
-			rev, err := r.create(ctx, kv, pb, pk, payload)
+			rev, err := r.create(ctx, kv, pb, pk, payload, id, op)
 			switch {
 			case err == nil:
 				revs[target] = rev
@@ -421,6 +509,8 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 					skip = target
 				}
 			case conflict(err) && op.Op == opCreateExists:
+			case conflict(err) && r.layout.oneWritePerFact():
+				r.conflicts.Add(1)
 			default:
 				r.fail(err)
 			}
@@ -429,10 +519,28 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketGrants {
 				continue // no standing grant: the call asks a person, as in Tollgate
 			}
+			if errors.Is(err, jetstream.ErrKeyNotFound) && key == id.pred {
+				continue // the predecessor made no batch: nothing to wait for
+			}
+			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketApprovals && r.layout.oneWritePerFact() {
+				if stage != "approver" {
+					continue // the redriver at the awaiting write: the approval is not written yet
+				}
+				// The driver saw the approval's write as the server routed
+				// it, which can be before the bucket stored it (a UI
+				// reading the bucket cannot): look again until it is there.
+				var e2 jetstream.KeyValueEntry
+				err = r.poll(ctx, func() (bool, error) {
+					var gerr error
+					e2, gerr = kv.Get(ctx, pk)
+					return gerr == nil, gerr
+				})
+				e = e2
+			}
 			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketSessions {
 				// A session's first turn: Tollgate (Acquire) creates the
 				// record instead of updating it; so does the raw turn.
-				rev, cerr := r.create(ctx, kv, pb, pk, zeros[:sessionRecordBytes])
+				rev, cerr := r.create(ctx, kv, pb, pk, zeros[:sessionRecordBytes], id, op)
 				switch {
 				case cerr == nil:
 					revs[target], skip = rev, target
@@ -443,12 +551,21 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				}
 				continue
 			}
+			if err == nil && key == id.pred && !recordEnded(e.Value()) {
+				r.waits.Add(1)
+				e, err = nil, r.poll(ctx, func() (ended bool, err error) {
+					e, err := kv.Get(ctx, pk)
+					return err == nil && recordEnded(e.Value()), err
+				})
+			}
 			if err != nil {
 				r.fail(err)
 				continue
 			}
-			revs[target] = e.Revision()
-			if bucket == topology.BucketBatches && id.session == "" && len(e.Value()) >= sessionKeyLen {
+			if e != nil {
+				revs[target] = e.Revision()
+			}
+			if bucket == topology.BucketBatches && id.session == "" && e != nil && len(e.Value()) >= sessionKeyLen {
 				id.session = string(e.Value()[:sessionKeyLen])
 			}
 		case "kv.update":
@@ -456,7 +573,7 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				skip = ""
 				continue
 			}
-			rev, err := r.update(ctx, kv, pb, pk, payload, revs[target])
+			rev, err := r.update(ctx, kv, pb, pk, payload, revs[target], id, op)
 			switch {
 			case err == nil:
 				revs[target] = rev
@@ -470,24 +587,43 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			}
 		case "stream.get":
 			// "<stream> last <subject>": the stream's last message on
-			// subject. "<stream> next <filter>": the first message on
-			// filter from the turn's inbound sequence on (the executor's
-			// session-order lookup; Tollgate starts at the session's
-			// watermark, and under load finds the turn's own message).
+			// subject (or wildcard). "<stream> next <filter>": the first
+			// message on filter from the turn's inbound sequence on (the
+			// executor's session-order lookup; Tollgate starts at the
+			// session's watermark, and under load finds the turn's own
+			// message).
 			stream, subj, next := strings.Cut(target, " next ")
 			if !next {
 				stream, subj, _ = strings.Cut(target, " last ")
 			}
 			st, err := r.stream(ctx, stream)
+			var last *jetstream.RawStreamMsg
 			switch {
 			case err != nil:
 			case next:
 				_, err = st.GetMsg(ctx, max(id.inboundSeq, 1), jetstream.WithGetMsgSubject(subj))
 			default:
-				_, err = st.GetLastMsgForSubject(ctx, subj)
+				last, err = st.GetLastMsgForSubject(ctx, subj)
+			}
+			switch {
+			case err != nil:
+			case op.Pred:
+				// Ingest: the session's previous accepted turn is the
+				// new turn's predecessor (its message id is its turn id).
+				id.pred = last.Header.Get(jetstream.MsgIDHeader)
+				id.setParts(r.layout)
+			case strings.Contains(op.On, "<pred>") && last.Header.Get(hdrFact) != factOutcome:
+				r.waits.Add(1)
+				last, err = nil, r.poll(ctx, func() (bool, error) {
+					m, err := st.GetLastMsgForSubject(ctx, subj)
+					return err == nil && m.Header.Get(hdrFact) == factOutcome, err
+				})
+			case last != nil:
+				revs[subj] = last.Sequence // a turn's last event: the next append's compare-and-set
 			}
 			// Not found is an answer too: the decided event can reach the
-			// redriver before the awaiting notice (Tollgate then defers).
+			// redriver before the awaiting notice (Tollgate then defers);
+			// a session's first turn has no predecessor.
 			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 				r.fail(err)
 			}
@@ -501,20 +637,75 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 	}
 }
 
-// create creates key in kv (bucket pb), through the layout's writer if
-// there is one.
-func (r *rawStages) create(ctx context.Context, kv jetstream.KeyValue, pb, key string, value []byte) (uint64, error) {
-	if r.w != nil {
-		return r.w.kvWrite(ctx, pb, key, value, 0)
+// factHeader is the headers of the two designs' write op of turn id
+// (the fact it makes durable, the turn, its session and predecessor);
+// an empty header in the other layouts.
+func (r *rawStages) factHeader(id rawIDs, op step) nats.Header {
+	h := nats.Header{}
+	if !r.layout.oneWritePerFact() {
+		return h
 	}
-	return kv.Create(ctx, key, value)
+	if op.Fact != "" {
+		h.Set(hdrFact, op.Fact)
+	}
+	h.Set(hdrTurn, id.turn)
+	if id.session != "" {
+		h.Set(hdrSession, id.session)
+	}
+	if id.pred != "" {
+		h.Set(hdrPred, id.pred)
+	}
+	return h
 }
 
-// update updates key in kv (bucket pb) at revision rev, through the
-// layout's writer if there is one.
-func (r *rawStages) update(ctx context.Context, kv jetstream.KeyValue, pb, key string, value []byte, rev uint64) (uint64, error) {
-	if r.w != nil {
-		return r.w.kvWrite(ctx, pb, key, value, rev)
+// recordEnded reports whether a design (a) batch record is ended (its
+// state byte, written by the raw stages, is the outcome's).
+func recordEnded(v []byte) bool { return len(v) > sessionKeyLen && v[sessionKeyLen] == factOutcome[0] }
+
+// pollWait bounds how long a raw stage waits for a record (a turn's
+// predecessor to end, an approval to be stored), and pollEvery is how
+// often it looks again.
+const (
+	pollWait  = turnTimeout
+	pollEvery = time.Millisecond
+)
+
+// poll calls done until it reports true or an error other than not
+// found, at most pollWait. (Tollgate's executor would be woken by the
+// predecessor's outcome instead of polling; the bench's sessions rarely
+// wait: a session's next turn is sent after its outcome.)
+func (r *rawStages) poll(ctx context.Context, done func() (bool, error)) error {
+	deadline := time.Now().Add(pollWait)
+	for time.Now().Before(deadline) {
+		if ok, err := done(); ok || (err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrMsgNotFound)) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pollEvery):
+		}
+	}
+	return fmt.Errorf("raw: nothing after %v", pollWait)
+}
+
+// create creates key in kv (bucket pb), through the layout's writer if
+// there is one (the two designs' writes with a message id, the fact and
+// the turn: op's of id).
+func (r *rawStages) create(ctx context.Context, kv jetstream.KeyValue, pb, key string, value []byte, id rawIDs, op step) (uint64, error) {
+	return r.update(ctx, kv, pb, key, value, 0, id, op)
+}
+
+// update updates key in kv (bucket pb) at revision rev (0: creates it),
+// through the layout's writer if there is one.
+func (r *rawStages) update(ctx context.Context, kv jetstream.KeyValue, pb, key string, value []byte, rev uint64, id rawIDs, op step) (uint64, error) {
+	switch {
+	case r.w != nil && r.layout.oneWritePerFact():
+		return r.w.kvWrite(ctx, pb, key, value, rev, pb+"/"+key+":"+op.Fact, r.factHeader(id, op))
+	case r.w != nil:
+		return r.w.kvWrite(ctx, pb, key, value, rev, "", nil)
+	case rev == 0:
+		return kv.Create(ctx, key, value)
 	}
 	return kv.Update(ctx, key, value, rev)
 }

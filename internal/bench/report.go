@@ -66,7 +66,7 @@ func countWrites(steps []step) Writes {
 	var w Writes
 	for _, s := range steps {
 		switch s.Op {
-		case "publish":
+		case "publish", "log.append":
 			w.Publishes++
 		case "kv.create", "kv.update":
 			w.KV++

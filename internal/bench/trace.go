@@ -193,7 +193,7 @@ func headerOf(m *nats.Msg, k string) string {
 // attributed to the stage whose acknowledgement ends its group.
 type step struct {
 	Stage string `json:"stage"`
-	Op    string `json:"op"`     // publish, kv.create, kv.create(exists), kv.update, kv.get, stream.get, consume+ack
+	Op    string `json:"op"`     // publish, kv.create, kv.create(exists), kv.update, kv.get, stream.get, consume+ack; log.append (rawseq.go)
 	On    string `json:"on"`     // subject, bucket/key or stream/consumer, canonical
 	Bytes int    `json:"bytes"`  // payload size as traced
 	MsgID bool   `json:"msg_id"` // publish carries a Nats-Msg-Id
@@ -205,6 +205,11 @@ type step struct {
 	// ack, as Tollgate does for that publish (not traced: a trace shows
 	// requests, not who waits for their replies).
 	Async bool `json:"async,omitempty"`
+	// Fact and Pred are the layout phase's (rawseq.go, design a and b):
+	// the fact a write makes durable, and ingest's lookup of the session's
+	// previous accepted turn (not traced).
+	Fact string `json:"fact,omitempty"`
+	Pred bool   `json:"pred,omitempty"`
 }
 
 // opCreateExists is a KV create of a key that exists: the create fails and
