@@ -275,9 +275,9 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request, key *Key) erro
 	if err != nil {
 		return err
 	}
-	req.MessageID = id
-	if req.MessageID == "" {
-		req.MessageID = newMessageID()
+	req.MessageID = newMessageID()
+	if id != "" {
+		req.MessageID = idempotentMessageID(key, id)
 	}
 	// Follow the turn before submit looks for it, so that no write after
 	// that look is missed: a new turn's first writes then come from the

@@ -30,17 +30,7 @@ func keyID(t *testing.T, tok string) string {
 // returns the status and body.
 func (g *mcpGW) decide(key, id string, req DecisionRequest) (int, []byte) {
 	g.t.Helper()
-	b, _ := json.Marshal(req)
-	r, _ := http.NewRequest("POST", "http://"+g.addr+"/v1/approvals/"+id+"/decisions", bytes.NewReader(b))
-	r.Header.Set("Content-Type", "application/json")
-	r.Header.Set("Authorization", "Bearer "+g.tokens[key])
-	resp, err := g.tr.RoundTrip(r)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, body
+	return g.post(key, "/v1/approvals/"+id+"/decisions", req)
 }
 
 // TestTheAgentsKeyNeverApprovesItsOwnCalls: under a policy that leaves the
