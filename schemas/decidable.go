@@ -19,3 +19,36 @@ func (a *ApprovalRecord) Decidable(now time.Time) error {
 	}
 	return nil
 }
+
+// Holds reports whether a holds decision id: as its decision, or as a
+// counted quorum vote. It is the one rule of whether an answer about a is
+// an answer to decision id (a surface that sent id waits for it; another
+// decision winning the race is not its answer: the approver rejects id
+// APPROVAL_ALREADY_DECIDED).
+func (a *ApprovalRecord) Holds(id string) bool { return a.DecisionOf(id) != nil }
+
+// DecisionOf is what a holds of decision id (see Holds): its decision, a
+// counted quorum vote, or nil.
+func (a *ApprovalRecord) DecisionOf(id string) *DecisionInfo {
+	return taken(a.Decision, a.Votes, id)
+}
+
+// Names reports whether the decided event e answers decision id: e's
+// decision is id, or id is one of the quorum votes e counted (see
+// ApprovalRecord.Holds).
+func (e *DecidedEvent) Names(id string) bool { return taken(e.Decision, e.Votes, id) != nil }
+
+func taken(d *DecisionInfo, votes []DecisionInfo, id string) *DecisionInfo {
+	if id == "" {
+		return nil
+	}
+	if d != nil && d.DecisionID == id {
+		return d
+	}
+	for i := range votes {
+		if votes[i].DecisionID == id {
+			return &votes[i]
+		}
+	}
+	return nil
+}

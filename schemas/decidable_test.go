@@ -33,3 +33,38 @@ func TestDecidable(t *testing.T) {
 		}
 	}
 }
+
+// Holds and Names are the one rule of whether an answer is a decision's
+// own: its decision or a counted vote, never another decision's, never
+// for an empty id.
+func TestAnAnswerNamesOnlyItsOwnDecision(t *testing.T) {
+	rec := &schemas.ApprovalRecord{
+		Decision: &schemas.DecisionInfo{DecisionID: "d-winner", Option: schemas.OptionDeny},
+		Votes:    []schemas.DecisionInfo{{DecisionID: "d-vote", Option: schemas.OptionApprove}},
+	}
+	ev := &schemas.DecidedEvent{Decision: rec.Decision, Votes: rec.Votes}
+	for _, tc := range []struct {
+		name, id string
+		want     bool
+	}{
+		{"the decision taken", "d-winner", true},
+		{"a counted quorum vote", "d-vote", true},
+		{"a decision that lost the race", "d-loser", false},
+		{"no decision id", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := rec.Holds(tc.id); got != tc.want {
+				t.Errorf("record holds %q: %v, want %v", tc.id, got, tc.want)
+			}
+			if got := ev.Names(tc.id); got != tc.want {
+				t.Errorf("decided event names %q: %v, want %v", tc.id, got, tc.want)
+			}
+			if d := rec.DecisionOf(tc.id); (d != nil) != tc.want || d != nil && d.DecisionID != tc.id {
+				t.Errorf("DecisionOf(%q) = %+v", tc.id, d)
+			}
+		})
+	}
+	if (&schemas.ApprovalRecord{}).Holds("d-winner") {
+		t.Error("a pending record without votes holds a decision")
+	}
+}

@@ -1,6 +1,9 @@
 package schemas
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // The tool list: the JSON answer of an executor on the core NATS request
 // subject tollgate.tools.list (docs/protocol.md §5.2), read by `tollgate
@@ -66,3 +69,13 @@ type ToolHints struct {
 	ReadOnly    *bool `json:"read_only,omitempty"`
 	Destructive *bool `json:"destructive,omitempty"`
 }
+
+// GateToolPrefix starts the name of every gate tool of Claude Code's
+// PreToolUse hooks ("claude.<tool>", served by transport/gateway). A gate
+// only gates a tool Claude Code runs itself, so no model is offered one:
+// neither MCP's tools/list nor the planner lists them, and a call of one
+// from either is TOOL_NOT_FOUND.
+const GateToolPrefix = "claude."
+
+// IsGateTool reports whether name is a gate tool (GateToolPrefix).
+func IsGateTool(name string) bool { return strings.HasPrefix(name, GateToolPrefix) }

@@ -32,8 +32,11 @@ var (
 	}
 )
 
-// cmdDecide publishes a decision and waits for the approver's answer: the
-// decided event or a rejection with its reason code (exit status 1).
+// cmdDecide publishes a decision and waits for the approver's answer to
+// it: the decided event that names it (as the decision or a counted vote)
+// or its rejection with the reason code (exit status 1). A decided event
+// of another decision that won the race is not its answer: the approver
+// then rejects this one APPROVAL_ALREADY_DECIDED.
 func cmdDecide(cmd *command, args []string) int {
 	option := cmd.name
 	fs := cmd.flags()
@@ -127,7 +130,10 @@ func cmdDecide(cmd *command, args []string) int {
 				return 1
 			}
 			ev, ok := rec.(*schemas.DecidedEvent)
-			if !ok || ev.ApprovalID != id {
+			if !ok || ev.ApprovalID != id || !ev.Names(d.DecisionID) {
+				// Not this decision's answer: another decision won the
+				// race, and the approver rejects this one
+				// (APPROVAL_ALREADY_DECIDED), which comes next.
 				continue
 			}
 			human := fmt.Sprintf("%s %s (turn %s)", ev.Status, id, ev.TurnID)

@@ -21,13 +21,31 @@ var hookCmd = &command{
 	name:    "hook",
 	args:    "[install [--dir DIR]]",
 	summary: "Claude Code's PreToolUse command hook: ask the gateway, print its decision, deny on any error; install writes it into .claude/settings.json",
-	example: "tollgate hook install --dir . --url http://127.0.0.1:8080 --key-file .tollgate/gateway-dev-key",
+	example: "tollgate hook install --dir . --url http://127.0.0.1:8080 --key-file .tollgate/hook-key",
 	run:     cmdHook,
 }
 
-// hookMatcher is the Claude Code tools the installed hook gates: those
-// that change something or reach out (docs/api.md, "Claude Code hooks").
-const hookMatcher = "Bash|Edit|MultiEdit|Write|NotebookEdit|WebFetch|WebSearch|Task"
+// hookMatcher is the Claude Code tools the installed hook gates: those of
+// Claude Code 2.1 (its tools reference) that change something, reach out
+// or start a subagent (docs/api.md, "Claude Code hooks"). Agent is the
+// subagent tool once called Task; MultiEdit is no longer offered. An exact
+// list, so "Write" does not also match TodoWrite. MCP tools
+// (mcp__<server>__<tool>) are gated too when the matcher names them: the
+// gateway gives every tool name a gate.
+const hookMatcher = "Bash|PowerShell|Edit|Write|NotebookEdit|WebFetch|WebSearch|Agent"
+
+// hookClient is the hook's HTTP client. It follows no redirect (a 3xx is
+// an answer other than 200: a deny) and uses no proxy from the
+// environment, so the Bearer key goes to the --url given and nowhere
+// else.
+var hookClient = &http.Client{
+	Transport: func() http.RoundTripper {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.Proxy = nil
+		return t
+	}(),
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+}
 
 // hookTimeout is the hook's timeout in Claude Code (seconds), and
 // hookWaitDefault the wait the hook asks the gateway for: the margin
@@ -47,7 +65,8 @@ const (
 // --wait plus a margin, answers anything but 200 with a PreToolUse decision
 // of allow or deny, or the key cannot be read, it prints a deny naming the
 // failure and exits 2, which Claude Code takes as "block the tool" (the
-// reason on stderr).
+// reason on stderr). It calls --url only: no redirect is followed and no
+// proxy variable is honoured (hookClient).
 func cmdHook(cmd *command, args []string) int {
 	if len(args) > 0 && args[0] == "install" {
 		return cmdHookInstall(cmd, args[1:])
@@ -89,7 +108,7 @@ func cmdHook(cmd *command, args []string) int {
 	}
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hookClient.Do(req)
 	if err != nil {
 		return denyHook(fmt.Errorf("the gateway did not answer: %w", err))
 	}
@@ -133,13 +152,18 @@ func printHookOutput(d gateway.HookDecision) {
 // what the file holds (every other setting and hook kept). Installing
 // again replaces the entry it wrote before (found by its command), so the
 // file holds it once. A file that is not a JSON object is left alone and
-// the install fails.
+// the install fails; a settings.json that is a symbolic link is written
+// through the link. It warns (on stderr; the install still happens) when
+// the key in --key-file is one the keys file (--keys) gives scope decide:
+// the hook needs only submit, and a key that may decide is more than an
+// agent's machine should hold.
 func cmdHookInstall(cmd *command, args []string) int {
 	fs := cmd.flags()
 	dir := fs.String("dir", ".", "the project directory (its .claude/settings.json)")
 	url := fs.String("url", "http://127.0.0.1:8080", "the gateway's base URL the hook calls")
 	keyFile := fs.String("key-file", "", "file the hook reads the gateway key from (absolute, or relative to where Claude Code runs); empty: the hook reads env TOLLGATE_KEY")
 	bin := fs.String("tollgate", "tollgate", "the tollgate command the hook runs (a path when tollgate is not on Claude Code's PATH)")
+	keys := fs.String("keys", filepath.Join(scaffold.Env("TOLLGATE_DATA", "./.tollgate"), devKeysFile), "the gateway's keys file, to check the scopes of the key in --key-file")
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit
@@ -161,12 +185,47 @@ func cmdHookInstall(cmd *command, args []string) int {
 	} else {
 		fmt.Printf("%s already has the Tollgate PreToolUse hook\n", path)
 	}
+	if *keyFile != "" {
+		if k := keyOf(*keyFile, *keys); k != nil && k.Allows(gateway.ScopeDecide) {
+			fmt.Fprintf(os.Stderr, "warning: the hook's key %s (%s) has scope decide: the hook needs only submit, and an agent's machine should not hold a key that may decide; create one with 'tollgate gateway newkey --transport %s --scopes submit' (docs/api.md, \"Claude Code hooks\")\n", k.ID, *keyFile, k.Transport)
+		}
+	}
 	return 0
+}
+
+// keyOf returns the key of keysPath whose token tokenPath holds, or nil
+// when either cannot be read or the keys file does not list it (nothing to
+// check against).
+func keyOf(tokenPath, keysPath string) *gateway.Key {
+	b, err := os.ReadFile(tokenPath)
+	if err != nil {
+		return nil
+	}
+	keys, err := gateway.LoadKeys(keysPath)
+	if err != nil {
+		return nil
+	}
+	hash := gateway.HashToken(strings.TrimSpace(string(b)))
+	for i := range keys {
+		if keys[i].Hash == hash {
+			return &keys[i]
+		}
+	}
+	return nil
 }
 
 // installHook merges the hook entry running command into the settings
 // file at path and reports whether the file changed.
 func installHook(path, command string) (bool, error) {
+	// A symbolic link (settings kept in a dotfiles repository) is written
+	// through: its target is the file, and the link stays.
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		target, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			return false, fmt.Errorf("%s is a symbolic link whose target cannot be read, left as it is: %w", path, err)
+		}
+		path = target
+	}
 	settings := map[string]any{}
 	old, err := os.ReadFile(path)
 	mode := os.FileMode(0o644)

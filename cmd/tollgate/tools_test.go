@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -112,8 +113,8 @@ func TestToolsGroupsTheClaudeGateTools(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
-	if n := strings.Count(out, "Gate for Claude Code"); n != 0 || !strings.Contains(out, "claude.*  (nats:claude, 14 gate tools") ||
-		!strings.Contains(out, "claude.bash claude.edit") || !strings.Contains(out, "echo  (builtin") {
+	if n := strings.Count(out, "Gate for Claude Code"); n != 0 || !strings.Contains(out, fmt.Sprintf("claude.*  (nats:claude, %d gate tools", len(gateway.ClaudeTools))) ||
+		!strings.Contains(out, "claude.agent claude.askuserquestion claude.bash") || !strings.Contains(out, "echo  (builtin") {
 		t.Fatalf("tools does not group the gate tools in one block (%d described):\n%s", n, out)
 	}
 	code, out, _ = runCLI(t, "tools", url, "--all")

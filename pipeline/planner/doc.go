@@ -63,7 +63,9 @@
 // is not deny, as function definitions with their JSON Schemas (a tool name
 // with dots is offered with "__" in place of each dot, since function
 // names may not hold dots). Tools denied for the audience are never
-// offered.
+// offered, nor are the gate tools of Claude Code's hooks (claude.*,
+// schemas.IsGateTool): a model that names one anyway is refused
+// TOOL_NOT_FOUND, as over MCP.
 //
 // The answer is recorded as a schemas.PlannerStep under
 // schemas.PlannerStepKey(T, n) by KV create, before anything else happens.

@@ -283,6 +283,9 @@ func (p *Planner) check(ctx context.Context, kind, tool, args string) error {
 	if kind != "" && kind != "function" {
 		return schemas.Errorf(schemas.CodeInvalidInput, "tool call of type %q: only function calls are supported", kind)
 	}
+	if schemas.IsGateTool(tool) {
+		return schemas.Errorf(schemas.CodeToolNotFound, "no tool named %q for the model: the claude.* tools are the gates of Claude Code's hooks", tool)
+	}
 	canon, _, err := schemas.CanonicalArgs(args)
 	if err != nil {
 		if !schemas.Permanent(err) {
@@ -297,7 +300,8 @@ func (p *Planner) check(ctx context.Context, kind, tool, args string) error {
 }
 
 // offer returns the tools offered to the model for a turn of context tc
-// (every catalog tool the policy does not deny for its audience) and the
+// (every catalog tool the policy does not deny for its audience, but the
+// gate tools of Claude Code's hooks, schemas.IsGateTool) and the
 // tool name of each offered function name.
 func (p *Planner) offer(ctx context.Context, tc *schemas.TurnContext) ([]openai.ChatCompletionToolUnionParam, map[string]string) {
 	specs, err := p.cfg.Engine.Tools().List(ctx)
@@ -307,8 +311,8 @@ func (p *Planner) offer(ctx context.Context, tc *schemas.TurnContext) ([]openai.
 	var out []openai.ChatCompletionToolUnionParam
 	names := map[string]string{}
 	for _, s := range specs {
-		if p.cfg.Policy.ModeFor(s.Name, tc.Audience, s.Hints) == policy.ModeDeny {
-			continue
+		if schemas.IsGateTool(s.Name) || p.cfg.Policy.ModeFor(s.Name, tc.Audience, s.Hints) == policy.ModeDeny {
+			continue // a gate of Claude Code's hooks is never offered to a model, as MCP does not
 		}
 		tp, err := toolParam(s.Name, s.Description, s.InputSchema)
 		if err != nil {

@@ -275,9 +275,9 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request, key *Key) erro
 	if err != nil {
 		return err
 	}
-	req.MessageID = id
-	if req.MessageID == "" {
-		req.MessageID = newMessageID()
+	req.MessageID = newMessageID()
+	if id != "" {
+		req.MessageID = idempotentMessageID(key, id)
 	}
 	// Follow the turn before submit looks for it, so that no write after
 	// that look is missed: a new turn's first writes then come from the
@@ -516,6 +516,12 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 			s.mu.Lock()
 			s.approvals.set(a.ApprovalID, a.Decided(ev), recentWrites)
 			s.mu.Unlock()
+			if !ev.Names(d.DecisionID) {
+				// Another decision won the race: not this request's
+				// answer. The approver rejects d (409
+				// APPROVAL_ALREADY_DECIDED), which comes next.
+				continue
+			}
 			out := DecisionResponse{DecisionID: d.DecisionID, ApprovalID: a.ApprovalID, Status: string(ev.Status)}
 			if ev.Decision != nil {
 				dv := decisionView(*ev.Decision)
@@ -545,15 +551,7 @@ func (s *Server) retriedDecision(w http.ResponseWriter, ctx context.Context, d *
 	if err != nil {
 		return false, nil // judged by the approver, as a new decision
 	}
-	var taken *schemas.DecisionInfo
-	if rec.Decision != nil && rec.Decision.DecisionID == d.DecisionID {
-		taken = rec.Decision
-	}
-	for i := 0; taken == nil && i < len(rec.Votes); i++ {
-		if rec.Votes[i].DecisionID == d.DecisionID {
-			taken = &rec.Votes[i]
-		}
-	}
+	taken := rec.DecisionOf(d.DecisionID)
 	switch {
 	case taken == nil:
 		return false, nil

@@ -3,9 +3,11 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
@@ -28,17 +30,7 @@ func keyID(t *testing.T, tok string) string {
 // returns the status and body.
 func (g *mcpGW) decide(key, id string, req DecisionRequest) (int, []byte) {
 	g.t.Helper()
-	b, _ := json.Marshal(req)
-	r, _ := http.NewRequest("POST", "http://"+g.addr+"/v1/approvals/"+id+"/decisions", bytes.NewReader(b))
-	r.Header.Set("Content-Type", "application/json")
-	r.Header.Set("Authorization", "Bearer "+g.tokens[key])
-	resp, err := g.tr.RoundTrip(r)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, body
+	return g.post(key, "/v1/approvals/"+id+"/decisions", req)
 }
 
 // TestTheAgentsKeyNeverApprovesItsOwnCalls: under a policy that leaves the
@@ -221,5 +213,95 @@ func TestTheApprovalViewShowsThePreview(t *testing.T) {
 	}
 	if c.Approval.Preview == nil || c.Approval.Preview.Text != "a" {
 		t.Fatalf("submit answered the approval %+v, want it with its preview", c.Approval)
+	}
+}
+
+// TestADecisionIsAnsweredOnlyWithItsOwnVerdict races an approve and a deny
+// of the same person on each of 100 approvals through the real decide
+// endpoint (two keys of one transport, ten pairs at a time). Exactly one
+// of each pair is applied and answered 200 with its own decision (its
+// decision id and option, the approval's status that option gives); the
+// other is answered 409 APPROVAL_ALREADY_DECIDED, never 200 with the
+// winner's decision (docs/api.md "Decide").
+func TestADecisionIsAnsweredOnlyWithItsOwnVerdict(t *testing.T) {
+	const pairs = 100
+	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Rate, c.Burst = 10000, 10000 })
+	calls := make([]CallView, pairs)
+	for i := range calls {
+		_, calls[i] = g.submitGated("a", fmt.Sprintf("s-race-%d", i), "alice")
+	}
+	type answer struct {
+		option string
+		status int
+		body   []byte
+	}
+	post := func(key, option string, c CallView) answer {
+		b, _ := json.Marshal(DecisionRequest{Option: option, ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+		req, _ := http.NewRequest("POST", g.url+"/v1/approvals/"+c.ApprovalID+"/decisions", bytes.NewReader(b))
+		req.Header.Set("Authorization", "Bearer "+g.tokens[key])
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return answer{option: option, body: []byte(err.Error())}
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return answer{option, resp.StatusCode, body}
+	}
+	results := make([][2]answer, pairs)
+	sem := make(chan struct{}, 10)
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			var pair sync.WaitGroup
+			pair.Add(2)
+			go func() { defer pair.Done(); results[i][0] = post("a", "approve", c) }()
+			go func() { defer pair.Done(); results[i][1] = post("a2", "deny", c) }()
+			pair.Wait()
+		}()
+	}
+	wg.Wait()
+	foreign, lost := 0, 0
+	for i, pair := range results {
+		applied := 0
+		for _, a := range pair {
+			switch a.status {
+			case http.StatusOK:
+				var d DecisionResponse
+				if err := json.Unmarshal(a.body, &d); err != nil {
+					t.Fatalf("approval %s: %s: %v", calls[i].ApprovalID, a.body, err)
+				}
+				status := map[string]schemas.ApprovalStatus{"approve": schemas.ApprovalApproved, "deny": schemas.ApprovalDenied}[a.option]
+				if d.Decision == nil || d.Decision.DecisionID != d.DecisionID || d.Decision.Option != a.option || d.Status != string(status) {
+					foreign++
+					t.Errorf("approval %s: %s answered %s", calls[i].ApprovalID, a.option, a.body)
+					continue
+				}
+				applied++
+			case http.StatusConflict:
+				var p Problem
+				if err := json.Unmarshal(a.body, &p); err != nil || p.Code != schemas.CodeApprovalAlreadyDecided {
+					t.Errorf("approval %s: %s answered 409 %s, want %s", calls[i].ApprovalID, a.option, a.body, schemas.CodeApprovalAlreadyDecided)
+				}
+			default:
+				t.Errorf("approval %s: %s answered %d %s", calls[i].ApprovalID, a.option, a.status, a.body)
+			}
+		}
+		if applied != 1 {
+			lost++
+		}
+		// The one applied is the one the record holds.
+		rec := g.Approval(calls[i].ApprovalID)
+		for _, a := range pair {
+			if a.status == http.StatusOK && (rec.Decision == nil || rec.Decision.Option != a.option) {
+				t.Errorf("approval %s: %s answered 200, record holds %+v", calls[i].ApprovalID, a.option, rec.Decision)
+			}
+		}
+	}
+	if foreign != 0 || lost != 0 {
+		t.Fatalf("%d of %d pairs: %d answers with the other decision's verdict, %d pairs without exactly one applied", pairs, pairs, foreign, lost)
 	}
 }

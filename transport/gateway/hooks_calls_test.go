@@ -165,10 +165,17 @@ func TestMCPDoesNotCallTheHookGates(t *testing.T) {
 // A reason says its code once: in a hook's answer, and in an MCP result.
 func TestReasonsSayTheirCodeOnce(t *testing.T) {
 	g := startHooks(t, nil, "claude.bash")
-	d := g.hook("a", "", "s-codes", "NoSuchTool", `{}`)
-	want := string(schemas.CodeToolNotFound) + ": no tool named \"claude.nosuchtool\""
-	if d.PermissionDecision != "deny" || !strings.HasPrefix(d.PermissionDecisionReason, want) {
-		t.Fatalf("hook of a tool without a gate: %q, want it to start %q", d.PermissionDecisionReason, want)
+	for _, tc := range []struct {
+		name, tool string
+		code       schemas.Code
+	}{
+		{"a tool the policy denies", "Read", schemas.CodePolicyDenied},
+		{"a tool name that cannot name a gate", "No.Such.Tool", CodeToolNameInvalid},
+	} {
+		d := g.hook("a", "", "s-codes", tc.tool, `{}`)
+		if r := d.PermissionDecisionReason; d.PermissionDecision != "deny" || !strings.HasPrefix(r, string(tc.code)+": ") || strings.Count(r, string(tc.code)) != 1 {
+			t.Fatalf("hook of %s: %q, want it to start %s: and say it once", tc.name, r, tc.code)
+		}
 	}
 
 	tl := &counter{}

@@ -17,7 +17,6 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
-	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tools/natstool"
 )
 
@@ -43,10 +42,15 @@ func startHooks(t *testing.T, before func(env *jstest.Env), want string) *mcpGW 
 	if before != nil {
 		before(env)
 	}
-	g := startGatewayOn(t, pipelinetest.Options{
-		Env: env, Policy: hookPolicy,
-		Providers: []tools.Provider{natstool.New(env.NC, natstool.Options{Logger: pipelinetest.Logger(), RefreshInterval: 100 * time.Millisecond})},
-	})
+	return startHooksOn(t, pipelinetest.Options{Env: env, Policy: hookPolicy}, want)
+}
+
+// startHooksOn is startHooks with the pipeline's options o (o.Env set).
+func startHooksOn(t *testing.T, o pipelinetest.Options, want string) *mcpGW {
+	t.Helper()
+	env := o.Env
+	o.Providers = append(o.Providers, natstool.New(env.NC, natstool.Options{Logger: pipelinetest.Logger(), RefreshInterval: 100 * time.Millisecond}))
+	g := startGatewayOn(t, o)
 	// The executor finds the gate tools at its next discovery.
 	jstest.EventuallyState(t, jstest.Wait, "the executor lists "+want, func() (bool, string) {
 		m, err := env.NC.Request(topology.SubjectToolsList, nil, time.Second)
@@ -107,7 +111,7 @@ func TestHookPreToolUseAnswersWhatPolicyAndPeopleDecide(t *testing.T) {
 	}{
 		{"a tool policy allows is allowed at once", "Bash", `{"command":"ls"}`, "allow", ""},
 		{"a tool policy denies is denied with the code", "Read", `{"file_path":"/etc/passwd"}`, "deny", schemas.CodePolicyDenied},
-		{"a tool without a gate is denied", "NoSuchTool", `{}`, "deny", schemas.CodeToolNotFound},
+		{"a tool name that cannot name a gate is denied", "No.Such.Tool", `{}`, "deny", CodeToolNameInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := g.hook("a", "", "s1", tc.tool, tc.input)

@@ -46,8 +46,8 @@ import (
 // Retries (oneCalls). MCP gives a call no identity of its own (a
 // JSON-RPC id is per connection), so a call is known by what it asks: the
 // message id of a call is deterministic (callMessageID): "mcp-" + the
-// first 32 hex digits of H(H("mcp", transport, session, tool, args
-// digest), n), where transport is the key's, the digest is that of the
+// first 32 hex digits of H(H("mcp", transport, key id, session, tool, args
+// digest), n), where transport and key id are the key's, the digest is that of the
 // canonical arguments (docs/protocol.md §2.4) and n is an occurrence
 // number. A call takes the lowest n whose turn an identical call made now
 // picks up (pickUp):
@@ -212,15 +212,9 @@ func requestKey(extra *mcp.RequestExtra) *Key {
 // listTools asks an executor for the tool list and keeps the tools not
 // denied to MCPAudience.
 func (g *mcpGateway) listTools(ctx context.Context) (*mcp.ListToolsResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, mcpListTimeout)
-	defer cancel()
-	msg, err := g.s.cfg.JS.Conn().RequestWithContext(ctx, topology.SubjectToolsList, nil)
+	l, err := g.s.toolList(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("tollgate: the tool list is unavailable (no executor answered %s): %w", topology.SubjectToolsList, err)
-	}
-	var l schemas.ToolList
-	if err := json.Unmarshal(msg.Data, &l); err != nil {
-		return nil, fmt.Errorf("tollgate: undecodable tool list: %w", err)
+		return nil, err
 	}
 	// The cache fields go-sdk fills for a list it answers itself (this
 	// list skips that step): ttlMs 0, since the list is read anew on every
@@ -245,13 +239,29 @@ func (g *mcpGateway) listTools(ctx context.Context) (*mcp.ListToolsResult, error
 	return res, nil
 }
 
+// toolList asks an executor for the tool list (topology.SubjectToolsList),
+// waiting at most mcpListTimeout.
+func (s *Server) toolList(ctx context.Context) (*schemas.ToolList, error) {
+	ctx, cancel := context.WithTimeout(ctx, mcpListTimeout)
+	defer cancel()
+	msg, err := s.cfg.JS.Conn().RequestWithContext(ctx, topology.SubjectToolsList, nil)
+	if err != nil {
+		return nil, fmt.Errorf("tollgate: the tool list is unavailable (no executor answered %s): %w", topology.SubjectToolsList, err)
+	}
+	var l schemas.ToolList
+	if err := json.Unmarshal(msg.Data, &l); err != nil {
+		return nil, fmt.Errorf("tollgate: undecodable tool list: %w", err)
+	}
+	return &l, nil
+}
+
 // MCPSession is the session of an MCP call by key: "mcp:<key id>", or
 // "mcp:<key id>:<Tollgate-Session header>" when the client sends one.
 func MCPSession(key *Key, h http.Header) string {
 	if v := h.Get(mcpSessionHeader); v != "" {
-		return "mcp:" + key.ID + ":" + v
+		return mcpSessionPrefix + key.ID + ":" + v
 	}
-	return "mcp:" + key.ID
+	return mcpSessionPrefix + key.ID
 }
 
 // call runs one tools/call as a turn and returns its result.
@@ -332,7 +342,7 @@ func (o *oneCalls) run(ctx context.Context, key *Key, c oneCall, waiting func(tu
 	if c.useID != "" {
 		msgID = c.kind + "-" + hashParts(c.kind, key.Transport, key.ID, c.session, c.useID)[:32]
 	} else {
-		base := callBase(c.kind, key.Transport, c.session, c.tool, digest)
+		base := callBase(c.kind, key.Transport, key.ID, c.session, c.tool, digest)
 		n, err := o.occurrence(ctx, key.Transport, c.kind, base)
 		if err != nil {
 			return "", nil, err
@@ -358,10 +368,12 @@ func (o *oneCalls) run(ctx context.Context, key *Key, c oneCall, waiting func(tu
 	return sub.TurnID, r, nil
 }
 
-// callBase names an identical call: H(kind, transport, session, tool,
-// args digest), as ids are hashed in docs/protocol.md §3.
-func callBase(kind, transport, session, tool, digest string) string {
-	return hashParts(kind, transport, session, tool, digest)
+// callBase names an identical call: H(kind, transport, key id, session,
+// tool, args digest), as ids are hashed in docs/protocol.md §3. The key id
+// makes it the key's own: no other key's call has it, and POST /v1/turns
+// derives no "mcp-" id (idempotentMessageID).
+func callBase(kind, transport, keyID, session, tool, digest string) string {
+	return hashParts(kind, transport, keyID, session, tool, digest)
 }
 
 // callMessageID is the message id of occurrence n of the identical call

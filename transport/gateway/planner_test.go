@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,5 +58,40 @@ func TestAPlannerTurnsEventsEndWithItsReply(t *testing.T) {
 	}
 	if !slices.Contains(kinds, "turn.reply") {
 		t.Fatalf("no turn.reply before the outcome: %v", kinds)
+	}
+}
+
+// TestThePlannerNeverOffersTheHookGates: with the gateway serving the
+// gate tools of Claude Code's hooks (claude.*, allowed by the policy) and
+// the executor listing them, a planner turn offers the model its tools
+// but no gate; a model that names one anyway (claude.bash, or its
+// function name) gets TOOL_NOT_FOUND back, as over MCP, and the gate
+// tool does not run.
+func TestThePlannerNeverOffersTheHookGates(t *testing.T) {
+	model := plannertest.New(t)
+	opts := planner.Options{Model: planner.ModelConfig{BaseURL: model.URL, Model: "scripted", MaxRetries: 1, Timeout: 10 * time.Second}}
+	g := startHooksOn(t, pipelinetest.Options{Env: jstest.Start(t), Policy: callIDPolicy, Planner: &opts,
+		Stages: append(slices.Clone(pipelinetest.AllStages), tollgate.StagePlanner)}, "claude.bash")
+	text := "run ls through the hook's gate"
+	model.Script(text,
+		plannertest.Reply{Calls: []plannertest.Call{{Name: "claude.bash", Args: `{"command":"ls"}`}, {Name: "claude__write", Args: `{"file_path":"/x"}`}}},
+		plannertest.Reply{Text: "done"})
+	status, body := g.post("a", "/v1/turns", SubmitRequest{SessionID: "s-plan-gates", Sender: SenderIn{ID: "alice"}, Text: text})
+	var sub SubmitResponse
+	if err := json.Unmarshal(body, &sub); err != nil || status != 202 {
+		t.Fatalf("submit: %d %s", status, body)
+	}
+	g.WaitTerminal(sub.TurnID)
+	reqs := model.Requests(text)
+	if len(reqs) != 2 {
+		t.Fatalf("%d model requests, want 2", len(reqs))
+	}
+	names := reqs[0].ToolNames()
+	if !slices.Contains(names, "echo") || slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, "claude") }) {
+		t.Fatalf("offered %v: want echo and no claude.* gate", names)
+	}
+	results := reqs[1].ToolResults()
+	if len(results) != 2 || !strings.Contains(results[0], string(schemas.CodeToolNotFound)) || !strings.Contains(results[1], string(schemas.CodeToolNotFound)) {
+		t.Fatalf("tool results %q: want TOOL_NOT_FOUND for both gates", results)
 	}
 }

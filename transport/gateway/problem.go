@@ -23,7 +23,9 @@ const (
 	CodeTurnNotFound         schemas.Code = "TURN_NOT_FOUND"             // no such turn for this key's transport
 	CodeNotFound             schemas.Code = "NOT_FOUND"                  // no such route
 	CodeMethodNotAllowed     schemas.Code = "METHOD_NOT_ALLOWED"
-	CodeUnavailable          schemas.Code = "UNAVAILABLE" // the bus did not answer
+	CodeUnavailable          schemas.Code = "UNAVAILABLE"      // the bus did not answer
+	CodeSessionReserved      schemas.Code = "SESSION_RESERVED" // the session is another API key's MCP or hook session
+	CodeSenderReserved       schemas.Code = "SENDER_RESERVED"  // the sender id is another API key's id
 )
 
 // Problem is an RFC 9457 problem detail, with Tollgate's reason code.

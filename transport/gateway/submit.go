@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,8 +25,9 @@ import (
 type SubmitRequest struct {
 	SessionID string `json:"session_id"`
 	// MessageID names the message on the key's transport; a request with
-	// the same message id is the same turn. Set from Idempotency-Key by
-	// the HTTP handler; random when empty.
+	// the same message id is the same turn. Derived from the key and the
+	// Idempotency-Key by the HTTP handler (idempotentMessageID); random
+	// when empty.
 	MessageID string    `json:"-"`
 	Sender    SenderIn  `json:"sender"`
 	Channel   ChannelIn `json:"channel"`
@@ -137,6 +139,9 @@ func requestDigest(m *schemas.InboundMessage) string {
 // digest stored with the first message, found through its batch's
 // provenance or the stream's duplicate acknowledgement.
 func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (SubmitResult, error) {
+	if err := s.ownIdentities(key, req); err != nil {
+		return SubmitResult{}, err
+	}
 	// A request without a message id gets a fresh random one, which no
 	// earlier turn can have: it needs no look for an existing turn.
 	fresh := req.MessageID == ""
@@ -189,6 +194,57 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 		res.Duplicate = true
 	}
 	return res, nil
+}
+
+// Sessions reserved to a key. The MCP and hook sessions of a key carry its
+// id ("mcp:<key id>", "mcp:<key id>:<Tollgate-Session>",
+// "claude:<key id>:<Claude Code session_id>"): only that key submits in
+// them, so another key of the transport can neither queue a turn ahead of
+// its calls nor plant a turn its calls would join (docs/security.md, "One
+// key's calls are its own").
+const (
+	mcpSessionPrefix    = "mcp:"
+	claudeSessionPrefix = "claude:"
+)
+
+// sessionOwner returns the id of the key session is reserved to, and
+// whether it is reserved: a session starting "mcp:" or "claude:" is, and
+// its owner is the segment up to the next ':' (possibly empty, or no
+// key's: then no key may use it).
+func sessionOwner(session string) (string, bool) {
+	rest, ok := strings.CutPrefix(session, mcpSessionPrefix)
+	if !ok {
+		if rest, ok = strings.CutPrefix(session, claudeSessionPrefix); !ok {
+			return "", false
+		}
+	}
+	owner, _, _ := strings.Cut(rest, ":")
+	return owner, true
+}
+
+// ownIdentities refuses a request of key that names another key: a
+// session reserved to another key (403 SESSION_RESERVED), or as sender the
+// id of another API key of key's transport (403 SENDER_RESERVED: the
+// requester of that key's MCP and hook turns, "<transport>:<key id>", is
+// that key alone).
+func (s *Server) ownIdentities(key *Key, req SubmitRequest) error {
+	if owner, ok := sessionOwner(req.SessionID); ok && owner != key.ID {
+		return errorf(http.StatusForbidden, CodeSessionReserved, "session %q is reserved to the MCP and hook calls of API key %q: use a session of your own", req.SessionID, owner)
+	}
+	if k, ok := s.keys[req.Sender.ID]; ok && k.ID != key.ID && k.Transport == key.Transport {
+		return errorf(http.StatusForbidden, CodeSenderReserved, "sender id %q is the id of another API key of transport %s: a key sends only as itself or its users", req.Sender.ID, key.Transport)
+	}
+	return nil
+}
+
+// idempotentMessageID is the message id of a POST /v1/turns request
+// with an Idempotency-Key: "k-" + the first 32 hex digits of H("turn",
+// transport, key id, Idempotency-Key). It is namespaced by the key, as a
+// decision's id is: the same value sent by another key (a rotated one
+// included) is another turn, and no value sent here produces the id of
+// another key's turn, nor of an MCP or hook call ("mcp-…", "hook-…").
+func idempotentMessageID(key *Key, idem string) string {
+	return "k-" + hashParts("turn", key.Transport, key.ID, idem)[:32]
 }
 
 // newMessageID is a random message id, for a request without an

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -131,7 +130,7 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 	v := &verdict{Option: d.Option}
 	// A decision the record already holds (a resubmit after the bus's
 	// duplicate window) is answered from the record.
-	if recorded(rec, d.DecisionID) {
+	if rec.Holds(d.DecisionID) {
 		v.State = VerdictApplied
 		if rec.Status == schemas.ApprovalPending {
 			v.State = VerdictVote
@@ -156,7 +155,7 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 			return v, nil
 		case <-poll.C:
 			// A duplicate publish is answered by nobody: the record tells.
-			if now, _, err := s.store.Approvals.Get(ctx, d.ApprovalID); err == nil && recorded(now, d.DecisionID) {
+			if now, _, err := s.store.Approvals.Get(ctx, d.ApprovalID); err == nil && now.Holds(d.DecisionID) {
 				v.State = VerdictApplied
 				if now.Status == schemas.ApprovalPending {
 					v.State = VerdictVote
@@ -176,7 +175,7 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 			if !ok || ev.ApprovalID != d.ApprovalID || ev.Decision == nil {
 				continue
 			}
-			if ev.Decision.DecisionID == d.DecisionID || slices.ContainsFunc(ev.Votes, func(v schemas.DecisionInfo) bool { return v.DecisionID == d.DecisionID }) {
+			if ev.Names(d.DecisionID) {
 				v.State = VerdictApplied
 				return v, nil
 			}
@@ -240,13 +239,6 @@ func (s *Server) publishDecision(ctx context.Context, d *schemas.Decision, answe
 		return nil, nil, err
 	}
 	return answers, stop, nil
-}
-
-// recorded reports whether rec holds decision id, as its decision or a
-// counted vote.
-func recorded(rec *schemas.ApprovalRecord, id string) bool {
-	return (rec.Decision != nil && rec.Decision.DecisionID == id) ||
-		slices.ContainsFunc(rec.Votes, func(v schemas.DecisionInfo) bool { return v.DecisionID == id })
 }
 
 // refuse answers a decision the inbox did not publish: with the card (when

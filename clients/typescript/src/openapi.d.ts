@@ -405,7 +405,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description SCOPE_MISSING (or DECIDER_NOT_AUTHORIZED for a decision) */
+        /** @description SCOPE_MISSING (or DECIDER_NOT_AUTHORIZED for a decision; SESSION_RESERVED or SENDER_RESERVED for a turn naming another API key's session or id) */
         Forbidden: {
             headers: {
                 [name: string]: unknown;
