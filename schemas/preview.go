@@ -145,10 +145,12 @@ func (p *ApprovalPreview) Summary() string {
 // approval (docs/security.md rule 16): its status, kind, counts (Counts),
 // time and truncation, with nothing of the content (no Text, no Reason:
 // a failure's reason may quote it), marked Redacted. It is the one place
-// that decides what a preview discloses; nil for nil.
+// that decides what a preview discloses. A preview with no text and no
+// reason (unsupported, unchanged) has nothing to leave out and is returned
+// as it is, as is nil.
 func (p *ApprovalPreview) SummaryOnly() *ApprovalPreview {
-	if p == nil {
-		return nil
+	if p == nil || p.Redacted || (p.Text == "" && p.Reason == "") {
+		return p // nothing of the content to leave out
 	}
 	added, removed, lines := p.Counts()
 	return &ApprovalPreview{Status: p.Status, Kind: p.Kind, Truncated: p.Truncated, At: p.At,
@@ -161,11 +163,15 @@ func (p *ApprovalPreview) SummaryOnly() *ApprovalPreview {
 // it. a itself is not changed; a record without a preview is returned as
 // it is.
 func (a *ApprovalRecord) SummaryOnly() *ApprovalRecord {
-	if a == nil || a.Preview == nil || a.Preview.Redacted {
+	if a == nil {
+		return nil
+	}
+	p := a.Preview.SummaryOnly()
+	if p == a.Preview {
 		return a
 	}
 	c := *a
-	c.Preview = a.Preview.SummaryOnly()
+	c.Preview = p
 	return &c
 }
 
