@@ -89,13 +89,14 @@ func TestPendingApprovalCarriesThePreview(t *testing.T) {
 				}
 			}
 			// The event has the preview summary-only (docs/security.md
-			// rule 16): status, kind and counts, nothing of the content.
+			// rule 16): status, kind and counts, nothing of the content
+			// (marked redacted where there was content to leave out).
 			reqs := h.Requested(turn)
 			if len(reqs) != 1 || reqs[0].Preview == nil {
 				t.Fatalf("approval-requested events %+v, want one with a preview", reqs)
 			}
 			e, want := reqs[0].Preview, p.SummaryOnly()
-			if !e.Redacted || e.Text != "" || e.Reason != "" || e.Status != want.Status || e.Kind != want.Kind ||
+			if e.Redacted != want.Redacted || e.Text != "" || e.Reason != "" || e.Status != want.Status || e.Kind != want.Kind ||
 				e.Added != want.Added || e.Removed != want.Removed || e.Lines != want.Lines || e.Summary() != p.Summary() {
 				t.Fatalf("approval-requested preview %+v, want the record's summary only %+v", e, want)
 			}
