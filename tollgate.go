@@ -169,6 +169,7 @@ type Config struct {
 	ToolTimeout     time.Duration // batch.Config.ToolTimeout
 	OrderWait       time.Duration // executor.Config.OrderWait and planner.Config.OrderWait
 	PreviewDeadline time.Duration // executor.Config.PreviewDeadline
+	PreviewsPerTool int           // executor.Config.PreviewsPerTool
 	SweepInterval   time.Duration // redriver.Config.SweepInterval (negative: no sweep)
 	SweepAfter      time.Duration // redriver.Config.SweepAfter
 
@@ -411,7 +412,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if p.Executor, err = executor.New(executor.Config{
 		JS: cfg.JS, Store: p.Store, Engine: p.Engine, Policy: cfg.Policy, Logger: stageLog(StageExecutor), Metrics: metrics,
 		Registerer: regOf(StageExecutor), OrderWait: cfg.OrderWait, TracerProvider: cfg.TracerProvider,
-		PreviewDeadline: cfg.PreviewDeadline,
+		PreviewDeadline: cfg.PreviewDeadline, PreviewsPerTool: cfg.PreviewsPerTool,
 	}); err != nil {
 		return nil, err
 	}

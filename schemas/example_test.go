@@ -423,6 +423,7 @@ var recordTypes = []recordType{
 	{"decision.v1.msgpack", 1, func() schemas.Record { return exampleDecision() }, decodeAs[schemas.Decision]},
 	{"approval_record.v2.msgpack", 2, func() schemas.Record { return exampleApproval() }, decodeAs[schemas.ApprovalRecord]},
 	{"approval_record.v2-preview.msgpack", 2, func() schemas.Record { return exampleApprovalPreview() }, decodeAs[schemas.ApprovalRecord]},
+	{"approval_record.v2-preview-summary.msgpack", 2, func() schemas.Record { return exampleApprovalPreview().SummaryOnly() }, decodeAs[schemas.ApprovalRecord]},
 	{"approval_record.v1.msgpack", 1, func() schemas.Record { return exampleApprovalV1() }, decodeAs[schemas.ApprovalRecordV1]},
 	{"decided_event.v1.msgpack", 1, func() schemas.Record { return exampleDecided() }, decodeAs[schemas.DecidedEvent]},
 	{"voted_event.v1.msgpack", 1, func() schemas.Record { return exampleVoted() }, decodeAs[schemas.VotedEvent]},

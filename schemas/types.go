@@ -363,6 +363,11 @@ type ApprovalRecord struct {
 // says why there is none). Text is untrusted, like the arguments: every
 // surface shows it escaped (package reveal). Text is at most
 // MaxPreviewBytes, Reason at most MaxPreviewReasonBytes.
+//
+// What a preview reveals of existing content (Text, Reason) is for the
+// people who may decide the approval only (docs/security.md rule 17): the
+// record in tollgate_approvals keeps it whole, and every other surface
+// shows SummaryOnly, which has the counts instead (Redacted set).
 type ApprovalPreview struct {
 	Status    string    `msgpack:"status"`
 	Kind      string    `msgpack:"kind,omitempty"`
@@ -370,6 +375,16 @@ type ApprovalPreview struct {
 	Reason    string    `msgpack:"reason,omitempty"`
 	Truncated bool      `msgpack:"truncated,omitempty"`
 	At        time.Time `msgpack:"at"`
+	// Redacted marks the summary-only form (SummaryOnly): Text and Reason
+	// are left out, and Added, Removed and Lines say what Summary needs.
+	// Never set on a stored record.
+	Redacted bool `msgpack:"redacted,omitempty"`
+	// Added and Removed are a diff's added and removed lines, Lines a new
+	// file's or a text's lines: set in the summary-only form only (a whole
+	// preview's are counted from Text: Counts).
+	Added   int `msgpack:"added,omitempty"`
+	Removed int `msgpack:"removed,omitempty"`
+	Lines   int `msgpack:"lines,omitempty"`
 }
 
 // Preview statuses of ApprovalPreview (the values of tools.PreviewResult).

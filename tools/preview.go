@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -86,6 +89,17 @@ const MaxPreviewBytes = schemas.MaxPreviewBytes
 // PreviewFailed with its text. It never returns an error: a missing preview
 // only says so.
 func PreviewCall(ctx context.Context, t Tool, c Call, deadline time.Duration) PreviewResult {
+	return PreviewCallLimited(ctx, t, c, deadline, nil)
+}
+
+// PreviewCallLimited is PreviewCall with at most cap(slots) previews
+// running at once among those given the same slots (nil: no limit). The
+// wait for a slot counts against the deadline: when none frees in time the
+// result is PreviewTimedOut, and the tool is not asked. A slot is held
+// until the tool's Preview returns, even past the deadline, so that a tool
+// that ignores its context never has more than cap(slots) previews
+// running.
+func PreviewCallLimited(ctx context.Context, t Tool, c Call, deadline time.Duration, slots chan struct{}) PreviewResult {
 	p, ok := t.(Previewer)
 	if !ok {
 		return PreviewResult{Status: PreviewUnsupported}
@@ -95,12 +109,23 @@ func PreviewCall(ctx context.Context, t Tool, c Call, deadline time.Duration) Pr
 	}
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
+	timedOut := PreviewResult{Status: PreviewTimedOut, Reason: fmt.Sprintf("no preview within %s", deadline)}
+	if slots != nil {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return timedOut
+		}
+	}
 	type answer struct {
 		p   Preview
 		err error
 	}
 	done := make(chan answer, 1) // a late answer is dropped, never blocks
 	go func() {
+		if slots != nil {
+			defer func() { <-slots }()
+		}
 		pv, err := p.Preview(ctx, c)
 		done <- answer{pv, err}
 	}()
@@ -108,7 +133,7 @@ func PreviewCall(ctx context.Context, t Tool, c Call, deadline time.Duration) Pr
 	case a := <-done:
 		switch {
 		case errors.Is(a.err, context.DeadlineExceeded):
-			return PreviewResult{Status: PreviewTimedOut, Reason: fmt.Sprintf("no preview within %s", deadline)}
+			return timedOut
 		case a.err != nil:
 			return PreviewResult{Status: PreviewFailed, Reason: clipText(a.err.Error(), schemas.MaxPreviewReasonBytes)}
 		}
@@ -118,7 +143,7 @@ func PreviewCall(ctx context.Context, t Tool, c Call, deadline time.Duration) Pr
 		}
 		return r
 	case <-ctx.Done():
-		return PreviewResult{Status: PreviewTimedOut, Reason: fmt.Sprintf("no preview within %s", deadline)}
+		return timedOut
 	}
 }
 
@@ -170,5 +195,19 @@ func (w *WriteFile) Preview(_ context.Context, c Call) (Preview, error) {
 	if d == "" { // they differ only in a final newline
 		d = "(only the final newline differs)\n"
 	}
-	return Preview{Kind: PreviewDiff, Text: "--- " + a.Path + "\n+++ " + a.Path + "\n" + d}, nil
+	h := diffHeaderPath(a.Path)
+	return Preview{Kind: PreviewDiff, Text: "--- " + h + "\n+++ " + h + "\n" + d}, nil
+}
+
+// diffHeaderPath is path as a diff's "--- "/"+++ " header names it: as it
+// is when it holds only printable characters, else quoted as a Go string
+// (as git quotes such a name), so that a path with a newline or another
+// control character can never add a line to the diff (a forged "-" or "+"
+// line, or a hunk) nor change its summary. Quotes and backslashes are
+// quoted too, so that a quoted name is never ambiguous.
+func diffHeaderPath(path string) string {
+	if strings.IndexFunc(path, func(r rune) bool { return !unicode.IsPrint(r) || r == '"' || r == '\\' }) < 0 {
+		return path
+	}
+	return strconv.Quote(path)
 }

@@ -2,13 +2,18 @@ package tools_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
 
@@ -121,5 +126,77 @@ func TestPreviewCallNeverWaitsPastItsDeadline(t *testing.T) {
 	}
 	if got := tools.PreviewCall(context.Background(), &tools.Echo{}, tools.Call{Args: `{"text":"x"}`}, time.Minute); got.Status != tools.PreviewUnsupported {
 		t.Fatalf("echo: %+v, want unsupported", got)
+	}
+}
+
+// A path with newlines cannot forge diff lines: the header names it
+// quoted, on one line each, and the summary counts only the real change.
+func TestWriteFilePreviewHeaderCannotForgeLines(t *testing.T) {
+	w, dir, _ := sandbox(t)
+	forged := "notes\n-salary 123456\n+++ x\n@@ -1 +1,3 @@\n+owned\n+owned"
+	if err := os.WriteFile(filepath.Join(dir, forged), []byte("one\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	args, _ := json.Marshal(map[string]string{"path": forged, "content": "two\n"})
+	got := tools.PreviewCall(context.Background(), w, tools.Call{CallID: "c-1", Args: string(args)}, time.Minute)
+	if got.Status != tools.PreviewOK || got.Kind != tools.PreviewDiff {
+		t.Fatalf("preview %+v, want a diff", got)
+	}
+	quoted := strconv.Quote(forged)
+	want := "--- " + quoted + "\n+++ " + quoted + "\n@@ -1,1 +1,1 @@\n-one\n+two\n"
+	if got.Text != want {
+		t.Fatalf("preview text %q, want %q", got.Text, want)
+	}
+	rec := got.Record(time.Now())
+	if s := rec.Summary(); s != "+1 -1 lines" {
+		t.Fatalf("summary %q, want +1 -1 lines", s)
+	}
+	for _, l := range schemas.DiffLines(got.Text) {
+		if (l.Op == "add" || l.Op == "del") && strings.Contains(l.Text, "salary") {
+			t.Fatalf("forged line %+v counted as a change", l)
+		}
+	}
+	// A plain path is named as it is.
+	if err := os.WriteFile(filepath.Join(dir, "plain name.txt"), []byte("one\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	got = tools.PreviewCall(context.Background(), w, tools.Call{CallID: "c-2", Args: `{"path":"plain name.txt","content":"two\n"}`}, time.Minute)
+	if !strings.HasPrefix(got.Text, "--- plain name.txt\n+++ plain name.txt\n") {
+		t.Fatalf("preview text %q, want the plain path as it is", got.Text)
+	}
+}
+
+// countingStuck is stuckPreviewer that counts how often it is asked.
+type countingStuck struct {
+	stuckPreviewer
+	asked atomic.Int64
+}
+
+func (c *countingStuck) Preview(ctx context.Context, call tools.Call) (tools.Preview, error) {
+	c.asked.Add(1)
+	return c.stuckPreviewer.Preview(ctx, call)
+}
+
+// PreviewCallLimited holds a slot until the tool answers, even past the
+// deadline, and a preview that finds no slot within its deadline times
+// out without asking the tool.
+func TestPreviewCallLimitedHoldsItsSlotUntilTheToolAnswers(t *testing.T) {
+	release := make(chan struct{})
+	tool := &countingStuck{stuckPreviewer: stuckPreviewer{release: release}}
+	slots := make(chan struct{}, 1)
+	c := tools.Call{CallID: "c-1", Args: `{}`}
+	if got := tools.PreviewCallLimited(context.Background(), tool, c, 20*time.Millisecond, slots); got.Status != tools.PreviewTimedOut {
+		t.Fatalf("first preview %+v, want timed_out", got)
+	}
+	if got := tools.PreviewCallLimited(context.Background(), tool, c, 20*time.Millisecond, slots); got.Status != tools.PreviewTimedOut {
+		t.Fatalf("second preview %+v, want timed_out waiting for the slot", got)
+	}
+	if n := tool.asked.Load(); n != 1 {
+		t.Fatalf("the tool was asked %d times while its one slot was held, want 1", n)
+	}
+	close(release)
+	jstest.Eventually(t, 5*time.Second, "the slot is freed once the tool answers", func() bool { return len(slots) == 0 })
+	if got := tools.PreviewCallLimited(context.Background(), tool, c, time.Second, slots); got.Status != tools.PreviewOK {
+		t.Fatalf("preview after the slot freed %+v, want ok", got)
 	}
 }

@@ -153,8 +153,12 @@ func printPreview(w io.Writer, p *schemas.ApprovalPreview) {
 	if p == nil || p.Status == "" || p.Status == schemas.PreviewUnsupported {
 		return
 	}
-	summary, f := reveal.String(p.Summary())
-	text, g := reveal.String(p.Text)
+	summary := p.Summary() // no content: nothing to escape
+	text, f := reveal.String(p.Text)
+	reason, g := reveal.String(p.Reason)
+	if reason != "" {
+		summary += ": " + reason
+	}
 	fmt.Fprintf(w, "preview (as of %s; it may change before the call runs): %s\n", p.At.UTC().Format(time.RFC3339), summary)
 	if f || g {
 		fmt.Fprintln(w, warnLine)

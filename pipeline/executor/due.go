@@ -13,21 +13,21 @@ import (
 // second, by the server's clock; if this worker's clock is behind the
 // server's, the turn still arrives early, and waits here.
 
-// errNotDue is a runner.Waiting error: the runner NAKs the message until
-// the turn is due, and the wait is not a failure. NotBefore bounds it.
-type errNotDue struct {
-	turn string
+// errWaiting is a runner.Waiting error: the runner NAKs the message for
+// wait, and the wait is not a failure. A turn that is not due yet waits
+// (notDue: NotBefore bounds it), and so does a turn whose previews are not
+// all in (previews.go: the preview deadline bounds it).
+type errWaiting struct {
+	why  string
 	wait time.Duration
 }
 
-func (e *errNotDue) Error() string {
-	return fmt.Sprintf("turn %s is not due for another %v (not_before)", e.turn, e.wait)
-}
+func (e *errWaiting) Error() string { return e.why }
 
 // RetryAfter implements runner.Waiting.
-func (e *errNotDue) RetryAfter() time.Duration { return e.wait }
+func (e *errWaiting) RetryAfter() time.Duration { return e.wait }
 
-// notDue returns nil when t may start at now, an *errNotDue while its
+// notDue returns nil when t may start at now, an *errWaiting while its
 // NotBefore is still ahead, and INVALID_INPUT for a NotBefore further ahead
 // than any follow-up can be scheduled (tools.MaxFollowUpDelay), which would
 // otherwise be waited for without bound.
@@ -39,5 +39,5 @@ func notDue(t *schemas.AcceptedTurn, now time.Time) error {
 	case wait > tools.MaxFollowUpDelay:
 		return schemas.Errorf(schemas.CodeInvalidInput, "turn %s: not_before %s is more than %v ahead", t.TurnID, t.NotBefore.Format(time.RFC3339Nano), tools.MaxFollowUpDelay)
 	}
-	return &errNotDue{turn: t.TurnID, wait: wait}
+	return &errWaiting{why: fmt.Sprintf("turn %s is not due for another %v (not_before)", t.TurnID, wait), wait: wait}
 }

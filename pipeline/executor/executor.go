@@ -38,7 +38,6 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
-	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tracing"
 )
 
@@ -70,7 +69,12 @@ type Config struct {
 	// preview of a call before it writes the call's approval record
 	// (default tools.DefaultPreviewDeadline); a preview that takes longer
 	// is stored as timed_out. The prompt waits at most this long for it.
+	// A batch's previews run at once, away from the workers (previews.go).
 	PreviewDeadline time.Duration
+	// PreviewsPerTool caps how many previews of one tool run at once in
+	// this executor (default DefaultPreviewsPerTool); one that finds no
+	// free slot within its deadline is stored as timed_out.
+	PreviewsPerTool int
 }
 
 // Validate reports missing wiring.
@@ -92,6 +96,8 @@ type Executor struct {
 	grantsUsed *prometheus.CounterVec
 	// previews counts the previews asked for approval records, by status.
 	previews *prometheus.CounterVec
+	// previewer takes the previews of pending approvals (previews.go).
+	previewer *previewer
 }
 
 // DefaultOrderWait bounds how long a turn waits for an earlier inbound
@@ -144,6 +150,8 @@ func New(cfg Config) (*Executor, error) {
 	if err := metrics.Register(cfg.Registerer, &x.previews); err != nil {
 		return nil, err
 	}
+	x.previewer = newPreviewer(cfg.PreviewDeadline, cfg.PreviewsPerTool, cfg.Engine.Now,
+		func(status string) { x.previews.WithLabelValues(status).Inc() })
 	// Both effects exist from the start, at 0, so that a rate over them
 	// (the dashboard's) is 0 rather than absent before the first grant use.
 	for _, effect := range []schemas.ApprovalStatus{schemas.ApprovalApproved, schemas.ApprovalDenied} {
@@ -179,19 +187,42 @@ func (x *Executor) Run(ctx context.Context) error {
 	return r.Run(ctx)
 }
 
-// Handle processes one message from TOLLGATE_TURNS.
+// Handle processes one message from TOLLGATE_TURNS. A turn whose previews
+// are still running in this process waits for them without reading
+// anything (previews.go).
 func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
 	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteTurnAccepted, topology.RouteTurnReady)
 	switch rec := rec.(type) {
 	case *schemas.AcceptedTurn:
+		if err := x.previewsPending(rec.TurnID); err != nil {
+			return err
+		}
 		return x.Accept(ctx, rec)
 	case *schemas.TurnNotice:
 		if err := schemas.CheckTurnKey(rec.TurnID); err != nil {
 			return err
 		}
+		if err := x.previewsPending(rec.TurnID); err != nil {
+			return err
+		}
 		return x.Advance(ctx, rec.TurnID)
 	}
 	return err
+}
+
+// previewsPending is waitingOnPreviews while turn's previews are running
+// in this process, nil otherwise.
+func (x *Executor) previewsPending(turn string) error {
+	if retry, busy := x.previewer.busy(turn); busy {
+		return waitingOnPreviews(turn, retry)
+	}
+	return nil
+}
+
+// waitingOnPreviews is the errWaiting of a turn whose previews are not all
+// in: it looks again after retry.
+func waitingOnPreviews(turn string, retry time.Duration) error {
+	return &errWaiting{why: fmt.Sprintf("turn %s: previews still running; looking again in %v", turn, retry), wait: retry}
 }
 
 // abort fails the batch a dead-lettered message was driving, if the message
@@ -374,6 +405,12 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 	results := slices.Clone(b.Results)
 	approvals := slices.Clone(b.Approvals)
 	waiting := 0
+	type ask struct {
+		i   int
+		rec *schemas.ApprovalRecord
+	}
+	var asks []ask // approval records to write, with their previews
+	var previews []previewAsk
 	for i, call := range b.Calls {
 		if results[i] != nil {
 			continue
@@ -428,11 +465,32 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 					"the call needs approval and the turn has no requester who can answer a prompt", "")
 				continue
 			}
-			id, err := x.requestApproval(ctx, b, call, tool)
+			rec, err := x.newApproval(ctx, b, call)
 			if err != nil {
 				return err
 			}
-			approvals[i] = id
+			asks = append(asks, ask{i, rec})
+			if rec.Status == schemas.ApprovalPending && tool != nil {
+				previews = append(previews, previewAsk{id: rec.ApprovalID, tool: tool, call: call})
+			}
+		}
+	}
+	if len(asks) > 0 {
+		// The previews of every pending approval of the batch, at once
+		// and away from this worker: when they are not all in at once,
+		// the turn comes back for them (previews.go).
+		got, retry := x.previewer.await(ctx, b.TurnID, previews, min(previewInlineWait, x.previewer.deadline))
+		if got == nil {
+			return waitingOnPreviews(b.TurnID, retry)
+		}
+		for _, a := range asks {
+			a.rec.Preview = got[a.rec.ApprovalID] // nil for a decided one
+			id, err := x.requestApproval(ctx, a.rec)
+			if err != nil {
+				return err
+			}
+			x.previewer.forget(id)
+			approvals[a.i] = id
 			waiting++
 		}
 	}
@@ -516,13 +574,9 @@ func ignoreNotFound(err error) error {
 	return err
 }
 
-// requestApproval creates the approval record of call (once) and publishes
-// the approval-requested event with the record as stored, unless it is no
-// longer pending (a redelivery after it was decided): a prompt is only ever
-// announced for something that can still be answered.
-//
-// A pending record carries the tool's preview of the call (preview).
-func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall, tool tools.Tool) (string, error) {
+// newApproval is the approval record call needs, pending or decided by a
+// standing grant (grantOrOffer), not written yet and without its preview.
+func (x *Executor) newApproval(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall) (*schemas.ApprovalRecord, error) {
 	eng := x.cfg.Engine
 	id := schemas.ApprovalID(b.TurnID, call.Index)
 	now := eng.Now()
@@ -537,11 +591,19 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 		rec.ExpiresAt = now.Add(d)
 	}
 	if err := x.grantOrOffer(ctx, b, call, rec); err != nil {
-		return "", err
+		return nil, err
 	}
-	if rec.Status == schemas.ApprovalPending {
-		rec.Preview = x.preview(ctx, tool, call)
-	}
+	return rec, nil
+}
+
+// requestApproval creates approval record rec (once) and publishes the
+// approval-requested event with the record as stored, unless it is no
+// longer pending (a redelivery after it was decided): a prompt is only ever
+// announced for something that can still be answered.
+//
+// A pending record carries the tool's preview of the call (previews.go).
+func (x *Executor) requestApproval(ctx context.Context, rec *schemas.ApprovalRecord) (string, error) {
+	id := rec.ApprovalID
 	_, err := x.cfg.Store.Approvals.Create(ctx, id, rec)
 	switch {
 	case errors.Is(err, store.ErrExists):
@@ -562,24 +624,10 @@ func (x *Executor) requestApproval(ctx context.Context, b *schemas.BatchRecord, 
 	return id, nil
 }
 
-// preview asks tool what call would change (tools.PreviewCall) within the
-// preview deadline, as of now. It never fails and never takes longer than
-// the deadline: a preview that fails or does not answer in time is stored
-// as such. The tool gets the call's id and arguments, and no authority
-// (Call.Context is nil): a preview acts for nobody.
-func (x *Executor) preview(ctx context.Context, tool tools.Tool, call schemas.ToolCall) *schemas.ApprovalPreview {
-	if tool == nil {
-		return nil
-	}
-	at := x.cfg.Engine.Now()
-	r := tools.PreviewCall(ctx, tool, tools.Call{CallID: call.CallID, Args: call.Args}, x.cfg.PreviewDeadline)
-	x.previews.WithLabelValues(r.Status).Inc()
-	return r.Record(at)
-}
-
 // announce publishes the approval-requested event of rec (its record as
-// stored) if it is still pending: a prompt is only ever announced for
-// something that can still be answered.
+// stored, its preview summary-only: docs/security.md rule 17) if it is
+// still pending: a prompt is only ever announced for something that can
+// still be answered.
 func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) error {
 	if rec.Decision != nil && rec.Decision.Grant != nil {
 		return x.announceGranted(ctx, rec) // decided by a standing grant (grants.go)
@@ -588,7 +636,7 @@ func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) er
 		return nil
 	}
 	subj := topology.EventSubject(topology.SubjectApprovalRequested, rec.TurnID)
-	return bus.Publish(ctx, x.cfg.JS, subj, topology.RequestedMsgID(rec.ApprovalID), rec)
+	return bus.Publish(ctx, x.cfg.JS, subj, topology.RequestedMsgID(rec.ApprovalID), rec.SummaryOnly())
 }
 
 // announceAwaiting hands b to the redriver. The notice also carries b's

@@ -53,7 +53,7 @@ func (x *Executor) grantOrOffer(ctx context.Context, b *schemas.BatchRecord, cal
 // so a redelivery publishes each once.
 func (x *Executor) announceGranted(ctx context.Context, rec *schemas.ApprovalRecord) error {
 	js := x.cfg.JS
-	if err := bus.Publish(ctx, js, topology.EventSubject(topology.SubjectApprovalRequested, rec.TurnID), topology.RequestedMsgID(rec.ApprovalID), rec); err != nil {
+	if err := bus.Publish(ctx, js, topology.EventSubject(topology.SubjectApprovalRequested, rec.TurnID), topology.RequestedMsgID(rec.ApprovalID), rec.SummaryOnly()); err != nil {
 		return err
 	}
 	ev := &schemas.DecidedEvent{ApprovalID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID,

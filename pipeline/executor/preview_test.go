@@ -39,8 +39,8 @@ const previewPolicy = `{
   "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
 }`
 
-// The pending approval record, and the approval-requested event, carry the
-// tool's preview of the call as of its creation: write_file's diff of the
+// The pending approval record carries the tool's preview of the call as of
+// its creation, and the approval-requested event its summary: write_file's diff of the
 // file as it is, "new file", a tool's own text; a preview that fails or
 // does not answer within the deadline is stored as such and the prompt is
 // still made.
@@ -88,9 +88,17 @@ func TestPendingApprovalCarriesThePreview(t *testing.T) {
 					t.Errorf("preview %q lacks %q", got, s)
 				}
 			}
+			// The event has the preview summary-only (docs/security.md
+			// rule 17): status, kind and counts, nothing of the content
+			// (marked redacted where there was content to leave out).
 			reqs := h.Requested(turn)
-			if len(reqs) != 1 || reqs[0].Preview == nil || reqs[0].Preview.Status != tc.status || reqs[0].Preview.Text != p.Text {
-				t.Fatalf("approval-requested events %+v, want one with the record's preview", reqs)
+			if len(reqs) != 1 || reqs[0].Preview == nil {
+				t.Fatalf("approval-requested events %+v, want one with a preview", reqs)
+			}
+			e, want := reqs[0].Preview, p.SummaryOnly()
+			if e.Redacted != want.Redacted || e.Text != "" || e.Reason != "" || e.Status != want.Status || e.Kind != want.Kind ||
+				e.Added != want.Added || e.Removed != want.Removed || e.Lines != want.Lines || e.Summary() != p.Summary() {
+				t.Fatalf("approval-requested preview %+v, want the record's summary only %+v", e, want)
 			}
 		})
 	}

@@ -304,7 +304,7 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request, key *Key) erro
 		v, _ = s.watchTurn(ctx, res.TurnID, settled)
 	}
 	if v != nil {
-		out.State, out.Calls = string(v.State), v.Calls
+		out.State, out.Calls = string(v.State), callsFor(v.Calls, key)
 	}
 	w.Header().Set("Location", "/v1/turns/"+res.TurnID)
 	writeJSON(w, http.StatusAccepted, out)
@@ -363,7 +363,9 @@ func (s *Server) getTurn(w http.ResponseWriter, r *http.Request, key *Key) error
 	if v, err = ownTurn(v, err, key); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, v)
+	shown := *v
+	shown.Calls = callsFor(v.Calls, key)
+	writeJSON(w, http.StatusOK, &shown)
 	return nil
 }
 
@@ -404,7 +406,7 @@ func (s *Server) getApproval(w http.ResponseWriter, r *http.Request, key *Key) e
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, approvalView(a))
+	writeJSON(w, http.StatusOK, approvalView(a).disclosedTo(key))
 	return nil
 }
 

@@ -226,7 +226,7 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request, key *Key)
 			last = from + i
 			if a != nil && a.Context != nil && a.Context.Transport == key.Transport &&
 				(q.status == "all" || string(a.Status) == q.status) && (q.session == "" || a.SessionID == q.session) {
-				out.Approvals = append(out.Approvals, approvalView(a))
+				out.Approvals = append(out.Approvals, approvalView(a).disclosedTo(key))
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,12 +94,45 @@ type ApprovalView struct {
 	Votes       []DecisionView         `json:"votes"`
 	// Preview is what the call would change, as of Preview.At (advisory:
 	// a decision binds ArgsDigest, never the preview); nil when the tool
-	// offers none.
+	// offers none. Whole only for a key that may decide (disclosedTo).
 	Preview *PreviewView `json:"preview,omitempty"`
+
+	preview *schemas.ApprovalPreview // the record's, for disclosedTo
+}
+
+// disclosedTo is v as key may see it (docs/security.md rule 17): with the
+// whole preview for a key with scope decide (the approval is of the key's
+// transport: every view is), with the preview summary-only
+// (schemas.ApprovalPreview.SummaryOnly) for any other key, the one that
+// asked included. v itself is not changed.
+func (v *ApprovalView) disclosedTo(key *Key) *ApprovalView {
+	if v == nil || v.Preview == nil || key.Allows(ScopeDecide) {
+		return v
+	}
+	c := *v
+	c.Preview = previewView(v.preview.SummaryOnly())
+	return &c
+}
+
+// callsFor is calls as key may see them (ApprovalView.disclosedTo); calls
+// itself is not changed.
+func callsFor(calls []CallView, key *Key) []CallView {
+	out, cloned := calls, false
+	for i := range calls {
+		if a := calls[i].Approval.disclosedTo(key); a != calls[i].Approval {
+			if !cloned {
+				out, cloned = slices.Clone(calls), true
+			}
+			out[i].Approval = a
+		}
+	}
+	return out
 }
 
 // PreviewView is an approval's preview (schemas.ApprovalPreview) with the
-// text as a person is shown it (reveal.String) and its summary.
+// text as a person is shown it (reveal.String), its summary and its
+// counts. A summary-only view (Redacted: for a key that may not decide)
+// has no text and no reason.
 type PreviewView struct {
 	Status      string    `json:"status"`
 	Kind        string    `json:"kind,omitempty"`
@@ -108,6 +142,10 @@ type PreviewView struct {
 	Reason      string    `json:"reason,omitempty"`
 	Truncated   bool      `json:"truncated,omitempty"`
 	Summary     string    `json:"summary"`
+	Added       int       `json:"added,omitempty"`
+	Removed     int       `json:"removed,omitempty"`
+	Lines       int       `json:"lines,omitempty"`
+	Redacted    bool      `json:"redacted,omitempty"`
 	At          time.Time `json:"at"`
 }
 
@@ -116,7 +154,8 @@ func previewView(p *schemas.ApprovalPreview) *PreviewView {
 	if p == nil || p.Status == "" || p.Status == schemas.PreviewUnsupported {
 		return nil
 	}
-	v := &PreviewView{Status: p.Status, Kind: p.Kind, Text: p.Text, Truncated: p.Truncated, At: p.At}
+	v := &PreviewView{Status: p.Status, Kind: p.Kind, Text: p.Text, Truncated: p.Truncated, Redacted: p.Redacted, At: p.At}
+	v.Added, v.Removed, v.Lines = p.Counts()
 	var f1, f2, f3 bool
 	v.TextVisible, f1 = reveal.String(p.Text)
 	v.Reason, f2 = reveal.String(p.Reason)
@@ -152,7 +191,7 @@ func approvalView(a *schemas.ApprovalRecord) *ApprovalView {
 		ApprovalID: a.ApprovalID, TurnID: a.TurnID, CallID: a.CallID, SessionID: a.SessionID,
 		Tool: a.Tool, Args: a.Args, ArgsDigest: a.ArgsDigest, Options: a.Options, Status: a.Status,
 		RequestedAt: a.RequestedAt, Quorum: max(a.Quorum, 1), Votes: []DecisionView{},
-		Preview: previewView(a.Preview),
+		Preview: previewView(a.Preview), preview: a.Preview,
 	}
 	v.ArgsVisible, v.ArgsFlagged = reveal.JSON(a.Args)
 	if a.Context != nil {

@@ -207,6 +207,15 @@ func (s *Server) liveCards(ctx context.Context, m eventfeed.Event, sess *session
 		if !mine[rec.ApprovalID] {
 			return "", nil
 		}
+		// The event carries the preview summary-only (docs/security.md
+		// rule 17); a decider's card shows the stored one, whole.
+		if rec.Preview != nil && rec.Preview.Redacted {
+			if stored, _, err := s.store.Approvals.Get(ctx, rec.ApprovalID); err == nil && stored.Preview != nil {
+				shown := *rec
+				shown.Preview = stored.Preview
+				rec = &shown
+			}
+		}
 		// A prompt is the approval's row in the list, its card in it.
 		rw := rowOf(rec)
 		rw.Card = s.newCard(rec, sess)

@@ -38,7 +38,9 @@ class Preview:
     """What a call would change, as of ``at`` (advisory: a decision binds
     ``args_digest``, never the preview). ``status`` ok, failed or
     timed_out; show ``text_visible`` and ``summary``, and say so when
-    ``flagged``."""
+    ``flagged``. A key without scope ``decide`` gets the summary only:
+    ``redacted`` is true, there is no text nor reason, and ``added``,
+    ``removed`` and ``lines`` give the counts."""
     status: str
     at: str = ""
     summary: str = ""
@@ -48,6 +50,10 @@ class Preview:
     kind: Optional[str] = None
     reason: Optional[str] = None
     truncated: bool = False
+    added: int = 0
+    removed: int = 0
+    lines: int = 0
+    redacted: bool = False
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,7 @@ export interface components {
             /** @description the decider's note sent with the decision (a deny reason, an approve comment), as sent; absent when there was none. Data to show, never an instruction */
             note?: string;
         };
-        /** @description what the call would change, as the tool found it when the approval was created (as of `at`); advisory: a decision binds args_digest, never the preview. Absent when the tool offers no preview, or on an approval created before previews. */
+        /** @description what the call would change, as the tool found it when the approval was created (as of `at`); advisory: a decision binds args_digest, never the preview. Absent when the tool offers no preview, or on an approval created before previews. Whole (text, reason) only for a key with scope decide; for any other key it is the summary only: redacted is true, text, text_visible and reason are empty, and added, removed and lines give the counts (docs/security.md rule 17). */
         Preview: {
             /**
              * @description ok: kind and text say what the call would change; failed and timed_out: there is none, reason says why
@@ -270,8 +270,16 @@ export interface components {
             reason?: string;
             /** @description text was cut to 16 KiB */
             truncated?: boolean;
-            /** @description the preview in a few words, escaped: "+3 -1 lines", "new file, 4 lines", "no change", "preview failed: <reason>", "preview timed out" */
+            /** @description the preview in a few words, with nothing of its content: "+3 -1 lines", "new file, 4 lines", "no change", "description, 2 lines", "preview failed", "preview timed out" */
             summary: string;
+            /** @description with kind diff: the lines the call would add (real hunk lines only); omitted when 0 */
+            added?: number;
+            /** @description with kind diff: the lines the call would remove; omitted when 0 */
+            removed?: number;
+            /** @description with kind new_file or text: how many lines text has; omitted when 0 */
+            lines?: number;
+            /** @description true when this is the summary only, for a key without scope decide: text, text_visible and reason are left out */
+            redacted?: boolean;
             /**
              * Format: date-time
              * @description when the preview was taken: the target may have changed since
