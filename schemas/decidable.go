@@ -38,6 +38,36 @@ func (a *ApprovalRecord) DecisionOf(id string) *DecisionInfo {
 // ApprovalRecord.Holds).
 func (e *DecidedEvent) Names(id string) bool { return taken(e.Decision, e.Votes, id) != nil }
 
+// Answers reports whether the decided event e is the approver's answer to
+// decision d: e names d (Names), or e holds a decision or a counted vote
+// of d's principal with d's option, so that d repeats it. A repeated
+// identical decision is an idempotent success (docs/security.md rule 5):
+// the approver announces the approval again, and the event it announces
+// names the first decision, not the repeat. Any other event is not d's
+// answer, whatever its status: a decision of someone else may have won
+// the race (the approver rejects d APPROVAL_ALREADY_DECIDED), or d may yet
+// be refused (DECIDER_NOT_AUTHORIZED), and d's sender waits for the
+// approver's word on d itself.
+func (e *DecidedEvent) Answers(d *Decision) bool {
+	if d == nil || e.ApprovalID != d.ApprovalID {
+		return false
+	}
+	if e.Names(d.DecisionID) {
+		return true
+	}
+	principal := Principal(d.Transport, d.Decider.ID)
+	same := func(x *DecisionInfo) bool { return x.Principal == principal && x.Option == d.Option }
+	if e.Decision != nil && same(e.Decision) {
+		return true
+	}
+	for i := range e.Votes {
+		if same(&e.Votes[i]) {
+			return true
+		}
+	}
+	return false
+}
+
 func taken(d *DecisionInfo, votes []DecisionInfo, id string) *DecisionInfo {
 	if id == "" {
 		return nil

@@ -68,3 +68,39 @@ func TestAnAnswerNamesOnlyItsOwnDecision(t *testing.T) {
 		t.Error("a pending record without votes holds a decision")
 	}
 }
+
+// A decided event answers a decision that it names, or that repeats the
+// decision or a counted vote it holds (the same principal, the same
+// option: an idempotent success the approver announces again under the
+// first decision's id); never a decision of someone else or of another
+// option, which the approver judges on its own.
+func TestADecidedEventAnswersItsDecisionAndItsIdenticalRepeats(t *testing.T) {
+	ev := &schemas.DecidedEvent{
+		ApprovalID: "a-1", Status: schemas.ApprovalApproved,
+		Decision: &schemas.DecisionInfo{DecisionID: "d-first", Principal: "cli:alice", Option: schemas.OptionApprove},
+		Votes:    []schemas.DecisionInfo{{DecisionID: "d-vote", Principal: "slack:bob", Option: schemas.OptionApprove}},
+	}
+	decision := func(id, approval, transport, decider, option string) *schemas.Decision {
+		return &schemas.Decision{DecisionID: id, ApprovalID: approval, Transport: transport, Decider: schemas.Sender{ID: decider}, Option: option}
+	}
+	for _, tc := range []struct {
+		name string
+		d    *schemas.Decision
+		want bool
+	}{
+		{"the decision it names", decision("d-first", "a-1", "cli", "alice", schemas.OptionApprove), true},
+		{"a repeat of that decision under a new id", decision("d-again", "a-1", "cli", "alice", schemas.OptionApprove), true},
+		{"a repeat of a counted vote", decision("d-vote-again", "a-1", "slack", "bob", schemas.OptionApprove), true},
+		{"the same person's other option", decision("d-deny", "a-1", "cli", "alice", schemas.OptionDeny), false},
+		{"someone else's decision of the same outcome", decision("d-mallory", "a-1", "cli", "mallory", schemas.OptionApprove), false},
+		{"the same name on another transport", decision("d-web", "a-1", "web", "alice", schemas.OptionApprove), false},
+		{"a decision of another approval", decision("d-first", "a-2", "cli", "alice", schemas.OptionApprove), false},
+		{"no decision", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ev.Answers(tc.d); got != tc.want {
+				t.Errorf("Answers(%+v) = %v, want %v", tc.d, got, tc.want)
+			}
+		})
+	}
+}

@@ -130,7 +130,7 @@ func cmdDecide(cmd *command, args []string) int {
 				return 1
 			}
 			ev, ok := rec.(*schemas.DecidedEvent)
-			if !ok || ev.ApprovalID != id || !ev.Names(d.DecisionID) {
+			if !ok || !ev.Answers(d) {
 				// Not this decision's answer: another decision won the
 				// race, and the approver rejects this one
 				// (APPROVAL_ALREADY_DECIDED), which comes next.

@@ -518,7 +518,7 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 			s.mu.Lock()
 			s.approvals.set(a.ApprovalID, a.Decided(ev), recentWrites)
 			s.mu.Unlock()
-			if !ev.Names(d.DecisionID) {
+			if !ev.Answers(d) {
 				// Another decision won the race: not this request's
 				// answer. The approver rejects d (409
 				// APPROVAL_ALREADY_DECIDED), which comes next.

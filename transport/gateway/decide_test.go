@@ -305,3 +305,46 @@ func TestADecisionIsAnsweredOnlyWithItsOwnVerdict(t *testing.T) {
 		t.Fatalf("%d of %d pairs: %d answers with the other decision's verdict, %d pairs without exactly one applied", pairs, pairs, foreign, lost)
 	}
 }
+
+// A repeated identical decision (the same person, the same option, a new
+// request without an Idempotency-Key) is an idempotent success: it is
+// answered 200 with the approval's status, as the approver announces it
+// again under the first decision; the same person's other option is 409
+// APPROVAL_ALREADY_DECIDED (docs/security.md rule 5).
+func TestARepeatedIdenticalDecisionIsAnsweredAsApplied(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{}, nil)
+	_, c := g.submitGated("a", "s-repeat", "alice")
+	post := func(option string) (int, []byte) {
+		b, _ := json.Marshal(DecisionRequest{Option: option, ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+		req, _ := http.NewRequest("POST", g.url+"/v1/approvals/"+c.ApprovalID+"/decisions", bytes.NewReader(b))
+		req.Header.Set("Authorization", "Bearer "+g.tokens["a"])
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, body
+	}
+	var first DecisionResponse
+	for i, name := range []string{"the decision", "its repeat"} {
+		status, body := post("approve")
+		var d DecisionResponse
+		if status != http.StatusOK || json.Unmarshal(body, &d) != nil || d.Status != string(schemas.ApprovalApproved) || d.Decision == nil {
+			t.Fatalf("%s: %d %s, want 200 approved", name, status, body)
+		}
+		if i == 0 {
+			first = d
+			continue
+		}
+		if d.DecisionID == first.DecisionID || d.Decision.DecisionID != first.DecisionID {
+			t.Errorf("the repeat answered %+v: want its own decision id, and the first decision as the one recorded (%s)", d, first.DecisionID)
+		}
+	}
+	status, body := post("deny")
+	var p Problem
+	if status != http.StatusConflict || json.Unmarshal(body, &p) != nil || p.Code != schemas.CodeApprovalAlreadyDecided {
+		t.Errorf("deny after approve: %d %s, want 409 %s", status, body, schemas.CodeApprovalAlreadyDecided)
+	}
+}

@@ -175,7 +175,7 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 			if !ok || ev.ApprovalID != d.ApprovalID || ev.Decision == nil {
 				continue
 			}
-			if ev.Names(d.DecisionID) {
+			if ev.Answers(d) {
 				v.State = VerdictApplied
 				return v, nil
 			}
