@@ -63,12 +63,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """tollgate dev could not bind a port chosen for it: another process
+    took it after free_port found it free."""
+
+
 class DevServer:
     """One `tollgate dev` process. ``url`` is its gateway, ``key`` the dev
     key (transport ``gateway``, every scope, vouching), ``data`` its data
     directory (the sandbox is ``data/sandbox``)."""
 
     def __init__(self, policy: Optional[dict] = None, webhooks: Optional[dict] = None) -> None:
+        # The ports are chosen free a moment before tollgate dev binds them,
+        # and the other test processes of `make test` choose theirs from the
+        # same range: one may take a port in between ("bind: address already
+        # in use", seen in CI). Such a start is tried again on new ports; any
+        # other failure is the test's.
+        for attempt in range(3):
+            try:
+                self._start(policy, webhooks)
+                return
+            except PortTaken:
+                if attempt == 2:
+                    raise
+
+    def _start(self, policy: Optional[dict], webhooks: Optional[dict]) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="tollgate-dev-")
         self.data = Path(self.tmp.name) / "data"
         http_port = free_port()
@@ -99,7 +118,10 @@ class DevServer:
         key_file = self.data / "gateway-dev-key"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tollgate dev exited {self.proc.returncode}:\n{self.output()}")
+                out = self.output()
+                if "address already in use" in out:
+                    raise PortTaken(out)
+                raise RuntimeError(f"tollgate dev exited {self.proc.returncode}:\n{out}")
             if key_file.exists():
                 try:
                     with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:

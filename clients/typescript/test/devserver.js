@@ -71,8 +71,24 @@ export async function eventually(what, cond, timeoutMs = 15_000) {
   }
 }
 
-/** One `tollgate dev`: `url` its gateway, `key` the dev key, `data` its data directory. */
-export async function startDev({ policy, webhooks } = {}) {
+/**
+ * One `tollgate dev`: `url` its gateway, `key` the dev key, `data` its data directory.
+ * The ports are chosen free a moment before tollgate dev binds them, and the other
+ * test processes of `make test` choose theirs from the same range: one may take a
+ * port in between ("bind: address already in use"). Such a start is tried again on
+ * new ports; any other failure is the test's.
+ */
+export async function startDev(opts = {}) {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await startDevOnce(opts);
+    } catch (e) {
+      if (attempt === 2 || !String(e.message).includes("address already in use")) throw e;
+    }
+  }
+}
+
+async function startDevOnce({ policy, webhooks } = {}) {
   const tmp = mkdtempSync(join(tmpdir(), "tollgate-dev-"));
   const data = join(tmp, "data");
   const httpPort = await freePort();
