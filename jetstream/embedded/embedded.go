@@ -158,13 +158,29 @@ func RunWithin(opts *server.Options, logger server.Logger, ready time.Duration) 
 	if logger != nil {
 		ns.SetLoggerV2(logger, false, false, false)
 	}
-	go ns.Start()
+	started := make(chan struct{})
+	go func() {
+		defer close(started)
+		ns.Start()
+	}()
 	if !ns.ReadyForConnections(ready) {
+		// Start sets the server up and returns; a Shutdown that overlaps it
+		// races with it inside nats-server (the race detector caught one
+		// with a 1ns ready timeout), so Shutdown waits for Start, for at
+		// most startReturnWait.
+		select {
+		case <-started:
+		case <-time.After(startReturnWait):
+		}
 		ns.Shutdown()
 		return nil, fmt.Errorf("embedded: server not ready within %v", ready)
 	}
 	return ns, nil
 }
+
+// startReturnWait bounds how long RunWithin waits for a server that was
+// not ready in time to return from Start before shutting it down.
+const startReturnWait = 10 * time.Second
 
 // FreePort is a loopback TCP port that was free a moment ago (for a listener
 // whose port others must know before it starts, such as a cluster route, or
