@@ -419,7 +419,11 @@ func TestFewerWritesDropsTheTwoLeversWrites(t *testing.T) {
 func TestBenchSmokeLayout(t *testing.T) {
 	t.Parallel() // see TestBenchSmokeProcesses
 	cfg := smokeConfig(t, phaseLayout)
-	cfg.Layouts = []string{"today", "fewer", "group-commit", "state", "state-fewer", "records", "events"}
+	// Today's layout, the two one-write-per-fact designs, and of the
+	// group-commit layouts the one that takes every lever (the state
+	// stream, fewer writes and the committer: their code paths together),
+	// to keep make test short; each of the others is a subset of it.
+	cfg.Layouts = []string{"today", "state-fewer", "records", "events"}
 	cfg.LayoutPartitions = []int{2}
 	r, err := Run(context.Background(), cfg)
 	if err != nil {
@@ -428,8 +432,8 @@ func TestBenchSmokeLayout(t *testing.T) {
 	for _, e := range r.Errors {
 		t.Errorf("report error: %s", e)
 	}
-	if len(r.Throughput) != 2*2*7 {
-		t.Fatalf("%d figures, want 28 (two syncs, two paths, seven layouts)", len(r.Throughput))
+	if len(r.Throughput) != 2*2*len(cfg.Layouts) {
+		t.Fatalf("%d figures, want %d (two syncs, two paths, %d layouts)", len(r.Throughput), 2*2*len(cfg.Layouts), len(cfg.Layouts))
 	}
 	names := map[string]bool{}
 	for _, f := range r.Throughput {
@@ -441,7 +445,7 @@ func TestBenchSmokeLayout(t *testing.T) {
 			t.Errorf("%s %s: no writes per turn", f.Sync, f.label())
 		}
 	}
-	if len(names) != 7 {
-		t.Errorf("layouts measured: %v, want 7", names)
+	if len(names) != len(cfg.Layouts) {
+		t.Errorf("layouts measured: %v, want %d", names, len(cfg.Layouts))
 	}
 }
