@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -58,8 +61,9 @@ func TestGatewayUserServesTheAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reg := prometheus.NewRegistry()
 	s, err := gateway.New(gateway.Config{JS: gw.js, Policy: policy.Default(), Keys: []gateway.Key{key}, Logger: pipelinetest.Logger(),
-		SubmitWait: 10 * time.Second, Webhooks: hooks})
+		SubmitWait: 10 * time.Second, Webhooks: hooks, Registerer: reg})
 	if err != nil {
 		t.Fatalf("gateway as user gateway: %v (server said %v)", err, gw.reported())
 	}
@@ -126,6 +130,18 @@ func TestGatewayUserServesTheAPI(t *testing.T) {
 	var list gateway.ApprovalList
 	if code := do("GET", "/v1/approvals", nil, &list); code != http.StatusOK || len(list.Approvals) != 1 {
 		t.Fatalf("approvals: %d %+v", code, list)
+	}
+	// The page's records came in one batched direct get, which the
+	// gateway user may send (not one get each, its fallback).
+	if n, err := testutil.GatherAndCount(reg, "tollgate_gateway_list_reads_total"); err != nil || n != 1 {
+		t.Fatalf("list reads: %d series (%v), want one: batched only (server said %v)", n, err, gw.reported())
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP tollgate_gateway_list_reads_total Reads of a list page's approval records: "batched" (one batched direct get) or "one_by_one" (a get per record: a bucket without direct gets, or after a batched get failed, which counts "batch_failed" and reads one by one for a minute).
+# TYPE tollgate_gateway_list_reads_total counter
+tollgate_gateway_list_reads_total{how="batched"} 1
+`), "tollgate_gateway_list_reads_total"); err != nil {
+		t.Fatalf("list reads: %v (server said %v)", err, gw.reported())
 	}
 	var d gateway.DecisionResponse
 	if code := do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", gateway.DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: gateway.SenderIn{ID: "alice"}}, &d); code != http.StatusOK || d.Status != "approved" {

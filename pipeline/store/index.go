@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/btree"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -30,10 +31,11 @@ type Index[E any] struct {
 
 	mu      sync.Mutex
 	entries map[string]E
-	applied uint64        // the bucket stream's sequence the index holds every write up to
-	ready   bool          // the initial values are in
-	changed chan struct{} // closed (and replaced) at every change of applied or ready
-	ended   error         // the watch ended: the index no longer follows the bucket
+	ordered *btree.BTreeG[E] // the entries in OrderedBy's order; nil without it
+	applied uint64           // the bucket stream's sequence the index holds every write up to
+	ready   bool             // the initial values are in
+	changed chan struct{}    // closed (and replaced) at every change of applied or ready
+	ended   error            // the watch ended: the index no longer follows the bucket
 	stop    func() error
 }
 
@@ -42,9 +44,21 @@ type Index[E any] struct {
 // the key out. A deleted or purged key is always left out.
 type Derive[E any] func(key string, value []byte) (e E, keep bool)
 
+// IndexOption is an optional setting of NewIndex.
+type IndexOption[E any] func(*Index[E])
+
+// OrderedBy keeps the index's entries also in less's order, for Ascend:
+// a page of a list is then found by a seek, not a scan of every entry.
+// less must be a strict total order over the entries the index holds at
+// once (break ties by key), and an entry's place must depend only on the
+// entry, which the index never changes.
+func OrderedBy[E any](less func(a, b E) bool) IndexOption[E] {
+	return func(x *Index[E]) { x.ordered = btree.NewG(32, less) }
+}
+
 // NewIndex starts following kv (name, for errors and logs). The index
 // follows until Stop is called or the connection closes.
-func NewIndex[E any](ctx context.Context, kv jetstream.KeyValue, name string, derive Derive[E], log *slog.Logger) (*Index[E], error) {
+func NewIndex[E any](ctx context.Context, kv jetstream.KeyValue, name string, derive Derive[E], log *slog.Logger, opts ...IndexOption[E]) (*Index[E], error) {
 	// The stream's last sequence before the watch starts: the initial
 	// values are every key's latest value as of then, so once they are in
 	// the index holds every write up to it (even when the stream's last
@@ -58,6 +72,9 @@ func NewIndex[E any](ctx context.Context, kv jetstream.KeyValue, name string, de
 		return nil, fmt.Errorf("store: watch %s: %w", name, err)
 	}
 	x := &Index[E]{kv: kv, derive: derive, name: name, log: log, entries: map[string]E{}, changed: make(chan struct{}), stop: w.Stop}
+	for _, o := range opts {
+		o(x)
+	}
 	go x.follow(w.Updates(), last)
 	return x, nil
 }
@@ -98,15 +115,21 @@ func (x *Index[E]) follow(updates <-chan jetstream.KeyValueEntry, startLast uint
 
 func (x *Index[E]) applyLocked(e jetstream.KeyValueEntry) {
 	x.applied = max(x.applied, e.Revision())
-	if e.Operation() != jetstream.KeyValuePut {
+	if old, ok := x.entries[e.Key()]; ok {
 		delete(x.entries, e.Key())
+		if x.ordered != nil {
+			x.ordered.Delete(old)
+		}
+	}
+	if e.Operation() != jetstream.KeyValuePut {
 		return
 	}
 	if v, keep := x.derive(e.Key(), e.Value()); keep {
 		x.entries[e.Key()] = v
-		return
+		if x.ordered != nil {
+			x.ordered.ReplaceOrInsert(v)
+		}
 	}
-	delete(x.entries, e.Key())
 }
 
 // ErrIndexBehind: Sync's wait ran out before the index caught up.
@@ -163,6 +186,19 @@ func (x *Index[E]) Each(fn func(key string, e E)) {
 	for k, e := range x.entries {
 		fn(k, e)
 	}
+}
+
+// Ascend calls fn with every entry not less than from, in OrderedBy's
+// order, until fn returns false, while the index holds its lock: fn must
+// be quick and must not call the index. It panics on an index made
+// without OrderedBy (a wiring mistake, not a runtime condition).
+func (x *Index[E]) Ascend(from E, fn func(e E) bool) {
+	if x.ordered == nil {
+		panic("store: Ascend on the index of " + x.name + ", which is not OrderedBy")
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.ordered.AscendGreaterOrEqual(from, fn)
 }
 
 // Len is how many entries the index holds.

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -124,10 +125,18 @@ type Server struct {
 	// approvalIdx lists approvals (GET /v1/approvals) without a scan of
 	// the bucket: every approval's list fields, by id.
 	approvalIdx *store.Index[*approvalEntry]
+	// batchReads: the approvals bucket allows direct gets, so a list page
+	// reads its records in one batched direct get (readApprovals).
+	batchReads bool
+	batchJS    jetstream.JetStream // cfg.JS, where batched reads are sent
+	// batchReadsOffUntil (Unix nanoseconds): until then, after a batched
+	// read failed, pages are read one by one.
+	batchReadsOffUntil atomic.Int64
 
-	requests *prometheus.CounterVec
-	feed     batchFeed // writes to the batches bucket, for waiting requests
-	answers  eventFeed // decisions' answers, for the requests that published them
+	requests  *prometheus.CounterVec
+	listReads *prometheus.CounterVec // by how: batched, one_by_one
+	feed      batchFeed              // writes to the batches bucket, for waiting requests
+	answers   eventFeed              // decisions' answers, for the requests that published them
 
 	mu        sync.Mutex
 	limiters  map[string]*rate.Limiter        // by key id
@@ -192,10 +201,16 @@ func New(cfg Config) (*Server, error) {
 			Name: "tollgate_gateway_requests_total",
 			Help: "HTTP requests the gateway answered, by route and status.",
 		}, []string{"route", "status"}),
+		listReads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_gateway_list_reads_total",
+			Help: "Reads of a list page's approval records: \"batched\" (one batched direct get) or \"one_by_one\" (a get per record: a bucket without direct gets, or after a batched get failed, which counts \"batch_failed\" and reads one by one for a minute).",
+		}, []string{"how"}),
 	}
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(s.requests); err != nil {
-			return nil, fmt.Errorf("gateway: metrics: %w", err)
+		for _, c := range []prometheus.Collector{s.requests, s.listReads} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("gateway: metrics: %w", err)
+			}
 		}
 	}
 	for i := range cfg.Keys {
@@ -203,6 +218,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.approvalIdx, err = startApprovalIndex(ctx, s.store, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if st, err := s.store.Approvals.KV.Status(ctx); err == nil {
+		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			s.batchReads, s.batchJS = bs.StreamInfo().Config.AllowDirect, cfg.JS
+		}
 	}
 	s.mux = http.NewServeMux()
 	s.routes()

@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -13,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -29,7 +33,18 @@ const (
 	// a page of large records ends early (with a next_cursor), so that a
 	// request holds at most about this much, whatever the records' size.
 	maxPageBytes = 4 << 20
-	// pageReaders is how many records of a page are read at once.
+	// pageReadBatch is how many records of a page one read asks for (in
+	// one batched direct get, or one get each); the page's byte budget is
+	// checked between reads.
+	pageReadBatch = 50
+	// batchReadWait bounds a batched read's wait for its replies (none
+	// come when the request is refused by a permission).
+	batchReadWait = 2 * time.Second
+	// batchReadsOff is how long pages are read one by one after a batched
+	// read failed.
+	batchReadsOff = time.Minute
+	// pageReaders is how many gets run at once where records are read one
+	// by one.
 	pageReaders = 8
 	// listSyncWait bounds how long a list waits for the approvals index
 	// to catch up with the bucket before it answers from what it holds.
@@ -51,7 +66,24 @@ type approvalEntry struct {
 
 // compare orders entries as lists are: oldest request first, then by id.
 func (e *approvalEntry) compare(o *approvalEntry) int {
-	return cmp.Or(cmp.Compare(e.at, o.at), strings.Compare(e.id, o.id))
+	if c := cmp.Compare(e.at, o.at); c != 0 {
+		return c
+	}
+	return strings.Compare(e.id, o.id)
+}
+
+// indexLess is the approvals index's order: by transport, then status,
+// then as lists are (compare). A page of one transport and status is
+// then one seek and a walk of the entries it answers, whatever else the
+// index holds.
+func indexLess(a, b *approvalEntry) bool {
+	if a.transport != b.transport {
+		return a.transport < b.transport
+	}
+	if a.status != b.status {
+		return a.status < b.status
+	}
+	return a.compare(b) < 0
 }
 
 // startApprovalIndex follows the approvals bucket: every approval's
@@ -79,7 +111,7 @@ func startApprovalIndex(ctx context.Context, st *store.Store, log *slog.Logger) 
 		}
 		return &approvalEntry{id: key, transport: intern(a.Context.Transport), session: a.SessionID,
 			status: schemas.ApprovalStatus(intern(string(a.Status))), at: a.RequestedAt.UnixNano()}, true
-	}, log)
+	}, log, store.OrderedBy(indexLess))
 }
 
 // ApprovalList is the body of GET /v1/approvals: one page, and the
@@ -165,25 +197,45 @@ func (q listQuery) parseCursor(c string) (*approvalEntry, error) {
 	return &approvalEntry{at: at, id: parts[3]}, nil
 }
 
+// listStatuses are the statuses ?status=all lists.
+var listStatuses = []schemas.ApprovalStatus{schemas.ApprovalPending, schemas.ApprovalApproved,
+	schemas.ApprovalDenied, schemas.ApprovalExpired, schemas.ApprovalAbandoned}
+
 // page picks from the index the entries of q's page for transport, in
-// order: at most q.limit, and whether more follow. It keeps q.limit+1
-// entries at most while it scans, whatever the index holds.
+// order: at most q.limit, and whether more follow. Each status asked for
+// is one seek in the index (ordered by transport, status, then as lists
+// are) to the position after the cursor and a walk of at most q.limit+1
+// matching entries; ?status=all merges the statuses' walks. Only a
+// ?session= filter walks past entries it does not list (those of the
+// transport and status that belong to other sessions).
 func (s *Server) page(q listQuery, transport string) (page []*approvalEntry, more bool) {
+	statuses := []schemas.ApprovalStatus{schemas.ApprovalStatus(q.status)}
+	if q.status == "all" {
+		statuses = listStatuses
+	}
 	k := q.limit + 1
-	top := make([]*approvalEntry, 0, k)
-	s.approvalIdx.Each(func(_ string, e *approvalEntry) {
-		if !q.matches(e, transport) {
-			return
+	var top []*approvalEntry
+	for _, st := range statuses {
+		from := &approvalEntry{transport: transport, status: st, at: math.MinInt64}
+		if q.after != nil {
+			from.at, from.id = q.after.at, q.after.id
 		}
-		if len(top) == k && e.compare(top[k-1]) >= 0 {
-			return
-		}
-		i, _ := slices.BinarySearchFunc(top, e, (*approvalEntry).compare)
-		if len(top) == k {
-			top = top[:k-1]
-		}
-		top = slices.Insert(top, i, e)
-	})
+		n := 0
+		s.approvalIdx.Ascend(from, func(e *approvalEntry) bool {
+			if e.transport != transport || e.status != st {
+				return false
+			}
+			if q.matches(e, transport) {
+				top = append(top, e)
+				n++
+			}
+			return n < k
+		})
+	}
+	if len(statuses) > 1 {
+		slices.SortFunc(top, (*approvalEntry).compare)
+		top = top[:min(len(top), k)]
+	}
 	if len(top) > q.limit {
 		return top[:q.limit], true
 	}
@@ -193,7 +245,7 @@ func (s *Server) page(q listQuery, transport string) (page []*approvalEntry, mor
 // listApprovals answers one page of the key's transport's approvals
 // (readListQuery), oldest request first: the entries are chosen from the
 // approvals index (filters applied there), then only the page's records
-// are read, pageReaders at a time, and at most about maxPageBytes of
+// are read, pageReadBatch at a time (readApprovals), and at most about maxPageBytes of
 // them. A record that changed since the index saw it (decided meanwhile)
 // is left out when it no longer matches: a page may be shorter than
 // limit while more follow, and only the absence of next_cursor ends the
@@ -212,8 +264,8 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request, key *Key)
 	entries, more := s.page(q, key.Transport)
 	out := ApprovalList{Approvals: make([]*ApprovalView, 0, len(entries))}
 	budget, last := maxPageBytes, -1
-	for from := 0; from < len(entries) && budget > 0; from += pageReaders {
-		batch := entries[from:min(from+pageReaders, len(entries))]
+	for from := 0; from < len(entries) && budget > 0; from += pageReadBatch {
+		batch := entries[from:min(from+pageReadBatch, len(entries))]
 		recs, sizes, err := s.readApprovals(r.Context(), batch)
 		if err != nil {
 			return err
@@ -237,17 +289,43 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request, key *Key)
 	return nil
 }
 
-// readApprovals reads the records of entries at once, in their order,
-// with their stored sizes; a record gone since (nil) or undecodable is
-// nil with size 0.
+// readApprovals reads the records of entries, in their order, with
+// their stored sizes; a record gone since (nil) or undecodable is nil
+// with size 0. Where the approvals bucket allows direct gets (one
+// replica: docs/operations.md), the records are read in one batched
+// direct get (multi_last: one request, one reply per record); otherwise,
+// or when that request fails (a server or a permission without it), one
+// get per record, pageReaders at a time.
 func (s *Server) readApprovals(ctx context.Context, entries []*approvalEntry) ([]*schemas.ApprovalRecord, []int, error) {
+	if s.batchReads && time.Now().UnixNano() >= s.batchReadsOffUntil.Load() {
+		bctx, cancel := context.WithTimeout(ctx, batchReadWait)
+		recs, sizes, err := s.readApprovalsBatch(bctx, entries)
+		cancel()
+		if err == nil {
+			s.listReads.WithLabelValues("batched").Inc()
+			return recs, sizes, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil, unavailable(err)
+		}
+		// A refused or unanswered batch (a permission without it, a server
+		// without batched gets) will be so again: read one by one for a
+		// while rather than wait on every page.
+		s.listReads.WithLabelValues("batch_failed").Inc()
+		s.batchReadsOffUntil.Store(time.Now().Add(batchReadsOff).UnixNano())
+		s.cfg.Logger.Warn("gateway: a batched read of a list page's approvals failed; reading them one by one for a while",
+			"err", err, "for", batchReadsOff)
+	}
+	s.listReads.WithLabelValues("one_by_one").Inc()
 	recs, sizes := make([]*schemas.ApprovalRecord, len(entries)), make([]int, len(entries))
 	errs := make([]error, len(entries))
+	sem := make(chan struct{}, pageReaders)
 	var wg sync.WaitGroup
 	for i, e := range entries {
 		wg.Add(1)
+		sem <- struct{}{}
 		go func() {
-			defer wg.Done()
+			defer func() { <-sem; wg.Done() }()
 			kv, err := s.store.Approvals.KV.Get(ctx, e.id)
 			switch {
 			case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
@@ -266,4 +344,97 @@ func (s *Server) readApprovals(ctx context.Context, entries []*approvalEntry) ([
 		return nil, nil, unavailable(err)
 	}
 	return recs, sizes, nil
+}
+
+// readApprovalsBatch is readApprovals in one batched direct get of the
+// entries' keys' last messages. A key with no message, or whose last
+// message is a delete or purge marker, is gone (nil).
+func (s *Server) readApprovalsBatch(ctx context.Context, entries []*approvalEntry) ([]*schemas.ApprovalRecord, []int, error) {
+	bucket := s.store.Approvals.KV.Bucket()
+	prefix := "$KV." + bucket + "."
+	at := make(map[string]int, len(entries))
+	subjects := make([]string, len(entries))
+	for i, e := range entries {
+		subjects[i], at[e.id] = prefix+e.id, i
+	}
+	msgs, err := directGetLast(ctx, s.batchJS, "KV_"+bucket, subjects)
+	if err != nil {
+		return nil, nil, err
+	}
+	recs, sizes := make([]*schemas.ApprovalRecord, len(entries)), make([]int, len(entries))
+	for _, m := range msgs {
+		i, ok := at[strings.TrimPrefix(m.Header.Get(jetstream.SubjectHeader), prefix)]
+		if !ok || m.Header.Get(kvOperation) != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+			continue // not asked for (never); deleted, purged or removed by its TTL (as jetstream's KV reads them)
+		}
+		if a, err := s.store.Approvals.DecodeValue(m.Data); err == nil {
+			recs[i], sizes[i] = a, len(m.Data)
+		}
+	}
+	return recs, sizes, nil
+}
+
+// directGetLast asks stream, in one batched direct get (NATS ADR-31,
+// multi_last; nats-server 2.11 and later), for the last message of each
+// of subjects, and returns the messages it answers: one per subject that
+// has one, then an end-of-batch status that ends the wait. A reply
+// without Nats-Num-Pending (a server without batched gets) or another
+// status is an error. It does the job of orbit.go's
+// jetstreamext.GetLastMsgsFor, whose reply subscription allocates a
+// channel of the connection's full sync-queue length (64K slots) per
+// request: measured, that allocation and its garbage were an eighth of a
+// list page's cost, so the replies go to a channel of the batch's size.
+func directGetLast(ctx context.Context, js jetstream.JetStream, stream string, subjects []string) ([]*nats.Msg, error) {
+	req, err := json.Marshal(struct {
+		MultiLast []string `json:"multi_last"`
+		Batch     int      `json:"batch"`
+	}{subjects, len(subjects)})
+	if err != nil {
+		return nil, err
+	}
+	nc := js.Conn()
+	inbox := nc.NewRespInbox()
+	replies := make(chan *nats.Msg, len(subjects)+1) // every reply fits: none is dropped
+	sub, err := nc.ChanSubscribe(inbox, replies)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest(apiSubject(js, "DIRECT.GET."+stream), inbox, req); err != nil {
+		return nil, err
+	}
+	out := make([]*nats.Msg, 0, len(subjects))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case m := <-replies:
+			switch status := m.Header.Get("Status"); {
+			case len(m.Data) == 0 && status == "204": // end of the batch
+				return out, nil
+			case len(m.Data) == 0 && status == "404": // none of the subjects has a message
+				return out, nil
+			case status == "503":
+				return nil, nats.ErrNoResponders
+			case status != "":
+				return nil, fmt.Errorf("batched direct get of %s: status %s %s", stream, status, m.Header.Get("Description"))
+			case m.Header.Get("Nats-Num-Pending") == "":
+				return nil, fmt.Errorf("batched direct get of %s: the server answers no batch", stream)
+			}
+			out = append(out, m)
+		}
+	}
+}
+
+// apiSubject is the JetStream API subject of js for subject (after its
+// API prefix or domain, as the jetstream package forms it).
+func apiSubject(js jetstream.JetStream, subject string) string {
+	o := js.Options()
+	switch {
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "." + subject
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API." + subject
+	}
+	return "$JS.API." + subject
 }

@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -181,5 +186,118 @@ func TestApprovalListIsPaged(t *testing.T) {
 			resp, body := g.do("GET", "/v1/approvals?"+tc.query, "a", nil)
 			wantProblem(t, resp, body, http.StatusBadRequest, tc.code)
 		})
+	}
+}
+
+// TestPageReadsAgree: a page's records read in one batched direct get
+// and read one by one are the same, for live records and for keys that
+// are gone (deleted, purged, never written, a put after a delete), in the
+// page's order; and the list answers through both.
+func TestPageReadsAgree(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{Stages: []string{}}, nil)
+	if !g.s.batchReads {
+		t.Fatal("the test bucket (one replica) allows direct gets: batched reads should be on")
+	}
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	var recs []*schemas.ApprovalRecord
+	for i := range 6 {
+		recs = append(recs, g.H.SeedApproval("gateway", "s-1", "alice", "write_file", fmt.Sprintf(`{"path":"r%d","content":"x"}`, i), base.Add(time.Duration(i)*time.Second)))
+	}
+	ctx := jstest.Ctx(t)
+	kv := g.H.Store.Approvals.KV
+	if err := kv.Delete(ctx, recs[1].ApprovalID); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Purge(ctx, recs[3].ApprovalID); err != nil {
+		t.Fatal(err)
+	}
+	// Deleted, then written again: the later value is the one read.
+	if err := kv.Delete(ctx, recs[4].ApprovalID); err != nil {
+		t.Fatal(err)
+	}
+	again := *recs[4]
+	again.SessionID = "s-again"
+	if _, err := g.H.Store.Approvals.Create(ctx, again.ApprovalID, &again); err != nil {
+		t.Fatal(err)
+	}
+	var entries []*approvalEntry
+	for _, id := range []string{recs[5].ApprovalID, recs[1].ApprovalID, "a-never-written-0", recs[0].ApprovalID, recs[3].ApprovalID, recs[4].ApprovalID, recs[2].ApprovalID} {
+		entries = append(entries, &approvalEntry{id: id})
+	}
+	wantIDs := []string{recs[5].ApprovalID, "", "", recs[0].ApprovalID, "", recs[4].ApprovalID, recs[2].ApprovalID}
+	read := func(batched bool) []*schemas.ApprovalRecord {
+		t.Helper()
+		g.s.batchReads = batched
+		defer func() { g.s.batchReads = true }()
+		before := testutil.ToFloat64(g.s.listReads.WithLabelValues("batched"))
+		got, sizes, err := g.s.readApprovals(ctx, entries)
+		if err != nil {
+			t.Fatalf("batched %v: %v", batched, err)
+		}
+		if moved := testutil.ToFloat64(g.s.listReads.WithLabelValues("batched")) - before; (moved == 1) != batched {
+			t.Fatalf("batched %v: the batched-read count moved by %v", batched, moved)
+		}
+		for i, a := range got {
+			id := ""
+			if a != nil {
+				id = a.ApprovalID
+				if sizes[i] == 0 {
+					t.Errorf("batched %v: %s read with size 0", batched, id)
+				}
+			}
+			if id != wantIDs[i] {
+				t.Errorf("batched %v: entry %d (%s) read as %q, want %q", batched, i, entries[i].id, id, wantIDs[i])
+			}
+		}
+		return got
+	}
+	batched, oneByOne := read(true), read(false)
+	if batched[5] == nil || batched[5].SessionID != "s-again" || oneByOne[5] == nil || oneByOne[5].SessionID != "s-again" {
+		t.Fatal("a key written again after its delete: want its new value from both reads")
+	}
+	for i := range batched {
+		if !reflect.DeepEqual(batched[i], oneByOne[i]) {
+			t.Errorf("entry %d: batched %+v, one by one %+v", i, batched[i], oneByOne[i])
+		}
+	}
+	for _, on := range []bool{true, false} {
+		g.s.batchReads = on
+		ids, _ := g.walk("a", url.Values{"limit": {"2"}}, 2)
+		if want := []string{recs[0].ApprovalID, recs[2].ApprovalID, recs[4].ApprovalID, recs[5].ApprovalID}; !slices.Equal(ids, want) {
+			t.Errorf("batched reads %v: listed %v, want %v", on, ids, want)
+		}
+	}
+	g.s.batchReads = true
+}
+
+// TestAFailedBatchedReadFallsBack: where the batched direct get is not
+// answered (here: sent under an API prefix nobody serves, as a server or
+// a permission without it would leave it), the page is read one by one
+// and answers in full, and the next pages do not try the batch again.
+func TestAFailedBatchedReadFallsBack(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{Stages: []string{}}, nil)
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	var want []string
+	for i := range 5 {
+		want = append(want, g.H.SeedApproval("gateway", "s-1", "alice", "write_file", fmt.Sprintf(`{"path":"r%d","content":"x"}`, i), base.Add(time.Duration(i)*time.Second)).ApprovalID)
+	}
+	nowhere, err := jetstream.NewWithAPIPrefix(g.H.JS.Conn(), "NOBODY.API")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.s.batchJS = nowhere
+	count := func(how string) float64 { return testutil.ToFloat64(g.s.listReads.WithLabelValues(how)) }
+	ids, pages := g.walk("a", url.Values{"limit": {"2"}}, 2)
+	if !slices.Equal(ids, want) {
+		t.Fatalf("listed %v, want %v", ids, want)
+	}
+	if got := count("batch_failed"); got != 1 {
+		t.Errorf("batch_failed %v after %d pages, want 1: one failure turns batched reads off for a while", got, len(pages))
+	}
+	if got, want := count("one_by_one"), float64(len(pages)); got != want {
+		t.Errorf("one_by_one %v, want %v (every page)", got, want)
+	}
+	if got := count("batched"); got != 0 {
+		t.Errorf("batched %v, want 0", got)
 	}
 }
