@@ -167,6 +167,9 @@ type Config struct {
 	Storage jetstream.StorageType
 	// DuplicateWindow is the Nats-Msg-Id dedupe window on every stream.
 	DuplicateWindow time.Duration
+	// TurnLogPartitions is how many turn-log streams a turn's events are
+	// spread over (TurnLogStreams); 0 is DefaultTurnLogPartitions.
+	TurnLogPartitions int
 }
 
 // DefaultConfig is a single server keeping 30 days of history.
@@ -183,6 +186,8 @@ func (c Config) Validate() error {
 		return errors.New("topology: max age must be positive")
 	case c.DuplicateWindow <= 0 || c.DuplicateWindow > c.MaxAge:
 		return errors.New("topology: duplicate window must be positive and at most max age")
+	case c.TurnLogPartitions < 0 || c.TurnLogPartitions > MaxTurnLogPartitions:
+		return fmt.Errorf("topology: turn-log partitions %d: want 1 to %d (0: %d)", c.TurnLogPartitions, MaxTurnLogPartitions, DefaultTurnLogPartitions)
 	}
 	return nil
 }
