@@ -292,29 +292,7 @@ func (b Bucket[T, P]) Update(ctx context.Context, key string, rec P, rev uint64)
 // is) or ErrSkip (nothing written; Mutate returns the current record). A
 // missing key fails with ErrNotFound before fn is called.
 func (b Bucket[T, P]) Mutate(ctx context.Context, key string, fn func(P) error) (P, uint64, error) {
-	for {
-		cur, rev, err := b.Get(ctx, key)
-		if err != nil {
-			return nil, 0, err
-		}
-		p := P(cur)
-		if err := fn(p); errors.Is(err, ErrSkip) {
-			return p, rev, nil
-		} else if err != nil {
-			return p, rev, err
-		}
-		n, err := b.Update(ctx, key, p, rev)
-		if errors.Is(err, ErrConflict) {
-			if ctx.Err() != nil {
-				return nil, 0, ctx.Err()
-			}
-			continue
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		return p, n, nil
-	}
+	return mutate(ctx, b.get(key), b.update(key), fn)
 }
 
 // MutateFrom is Mutate starting from cur at revision rev, the record as the
@@ -323,20 +301,66 @@ func (b Bucket[T, P]) Mutate(ctx context.Context, key string, fn func(P) error) 
 // returned). If the compare-and-set finds a newer revision, it goes on as
 // Mutate does, from a fresh read. A nil cur or a zero rev is plain Mutate.
 func (b Bucket[T, P]) MutateFrom(ctx context.Context, key string, cur P, rev uint64, fn func(P) error) (P, uint64, error) {
-	if cur == nil || rev == 0 {
-		return b.Mutate(ctx, key, fn)
+	return mutateFrom(ctx, b.get(key), b.update(key), cur, rev, fn)
+}
+
+func (b Bucket[T, P]) get(key string) func(context.Context) (P, uint64, error) {
+	return func(ctx context.Context) (P, uint64, error) {
+		v, rev, err := b.Get(ctx, key)
+		return P(v), rev, err
+	}
+}
+
+func (b Bucket[T, P]) update(key string) func(context.Context, P, uint64) (uint64, error) {
+	return func(ctx context.Context, rec P, rev uint64) (uint64, error) { return b.Update(ctx, key, rec, rev) }
+}
+
+// mutate is Mutate's loop over a record's get and its compare-and-set
+// update (ErrConflict on a stale revision), for every kind of record
+// store.
+func mutate[P any](ctx context.Context, get func(context.Context) (P, uint64, error), update func(context.Context, P, uint64) (uint64, error), fn func(P) error) (P, uint64, error) {
+	var zero P
+	for {
+		p, rev, err := get(ctx)
+		if err != nil {
+			return zero, 0, err
+		}
+		if err := fn(p); errors.Is(err, ErrSkip) {
+			return p, rev, nil
+		} else if err != nil {
+			return p, rev, err
+		}
+		n, err := update(ctx, p, rev)
+		if errors.Is(err, ErrConflict) {
+			if ctx.Err() != nil {
+				return zero, 0, ctx.Err()
+			}
+			continue
+		}
+		if err != nil {
+			return zero, 0, err
+		}
+		return p, n, nil
+	}
+}
+
+// mutateFrom is MutateFrom's rule, as mutate is Mutate's.
+func mutateFrom[P comparable](ctx context.Context, get func(context.Context) (P, uint64, error), update func(context.Context, P, uint64) (uint64, error), cur P, rev uint64, fn func(P) error) (P, uint64, error) {
+	var zero P
+	if cur == zero || rev == 0 {
+		return mutate(ctx, get, update, fn)
 	}
 	if err := fn(cur); errors.Is(err, ErrSkip) {
 		return cur, rev, nil
 	} else if err != nil {
 		return cur, rev, err
 	}
-	n, err := b.Update(ctx, key, cur, rev)
+	n, err := update(ctx, cur, rev)
 	switch {
 	case errors.Is(err, ErrConflict):
-		return b.Mutate(ctx, key, fn)
+		return mutate(ctx, get, update, fn)
 	case err != nil:
-		return nil, 0, err
+		return zero, 0, err
 	}
 	return cur, n, nil
 }

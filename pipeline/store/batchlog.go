@@ -1,0 +1,130 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// BatchRecords is where a turn's batch record is kept, by turn id: the
+// batches bucket (Store.Batches) or the turn logs (BatchLog). Both keep
+// one contract, the one Bucket documents, checked for both by one
+// conformance suite (records_test.go):
+//
+//   - Get returns the record and its revision, ErrNotFound when there is
+//     none, or a *schemas.Error when its bytes do not decode;
+//   - Create writes a turn's first record, ErrExists when it has one;
+//   - Update writes a record at the revision it was read at,
+//     ErrConflict when the record has moved on since;
+//   - Mutate and MutateFrom apply a change under compare-and-set,
+//     reading again on a conflict, ErrSkip writing nothing;
+//   - revisions of one turn only grow.
+type BatchRecords interface {
+	Get(ctx context.Context, turn string) (*schemas.BatchRecord, uint64, error)
+	Create(ctx context.Context, turn string, rec *schemas.BatchRecord) (uint64, error)
+	Update(ctx context.Context, turn string, rec *schemas.BatchRecord, rev uint64) (uint64, error)
+	Mutate(ctx context.Context, turn string, fn func(*schemas.BatchRecord) error) (*schemas.BatchRecord, uint64, error)
+	MutateFrom(ctx context.Context, turn string, cur *schemas.BatchRecord, rev uint64, fn func(*schemas.BatchRecord) error) (*schemas.BatchRecord, uint64, error)
+}
+
+var (
+	_ BatchRecords = Bucket[schemas.BatchRecord, *schemas.BatchRecord]{}
+	_ BatchRecords = BatchLog{}
+)
+
+// BatchLog keeps batch records as their turn's log (issue 36, design (b):
+// the turn's events are the log). Every write is one event of the turn,
+// named for the state it leaves the batch in (running, awaiting, started,
+// completed, ...), carrying the whole record, so the turn's last event is
+// its batch: Get is one read of it, and a revision is that event's stream
+// sequence. Create appends the turn's first event; Update appends after
+// the event at its revision (turnlog's compare-and-set, which covers the
+// one turn).
+//
+// Each append's message id is "<turn>.<state>.<revision>.<digest>", the
+// digest of the record's bytes, so an append made again with the same
+// record after the same event (a lost acknowledgement, a crash and
+// redelivery) is recognised as the writer's own, and a different record
+// written by another writer at the same place never is.
+//
+// Unlike the bucket, a turn's log keeps every event until the stream's
+// MaxAge: there is no delete, and retention is the stream's.
+type BatchLog struct{ Log *turnlog.Log }
+
+// Get returns turn's batch record (its last event) and its revision.
+func (b BatchLog) Get(ctx context.Context, turn string) (*schemas.BatchRecord, uint64, error) {
+	ev, err := b.Log.Last(ctx, turn)
+	switch {
+	case errors.Is(err, turnlog.ErrNoEvents):
+		return nil, 0, fmt.Errorf("get the batch of %s: %w", turn, ErrNotFound)
+	case err != nil:
+		return nil, 0, fmt.Errorf("get the batch of %s: %w", turn, err)
+	}
+	rec, err := schemas.Decode[schemas.BatchRecord](ev.Data)
+	if err != nil {
+		return nil, ev.Seq, fmt.Errorf("decode the batch of %s@%d (%s): %w", turn, ev.Seq, ev.Name, err)
+	}
+	return rec, ev.Seq, nil
+}
+
+// Create appends turn's first event, rec; ErrExists when turn has one.
+func (b BatchLog) Create(ctx context.Context, turn string, rec *schemas.BatchRecord) (uint64, error) {
+	seq, err := b.append(ctx, turn, rec, 0)
+	if errors.Is(err, turnlog.ErrConflict) {
+		return 0, fmt.Errorf("create the batch of %s: %w (%w)", turn, ErrExists, err)
+	}
+	return seq, err
+}
+
+// Update appends rec after the event at rev; ErrConflict when that is
+// not turn's last event (or turn has none).
+func (b BatchLog) Update(ctx context.Context, turn string, rec *schemas.BatchRecord, rev uint64) (uint64, error) {
+	if rev == 0 {
+		return 0, fmt.Errorf("update the batch of %s@0: %w (an update names the revision it read)", turn, ErrConflict)
+	}
+	seq, err := b.append(ctx, turn, rec, rev)
+	if errors.Is(err, turnlog.ErrConflict) {
+		return 0, fmt.Errorf("update the batch of %s@%d: %w (%w)", turn, rev, ErrConflict, err)
+	}
+	return seq, err
+}
+
+// Mutate is Bucket.Mutate's rule on turn's log.
+func (b BatchLog) Mutate(ctx context.Context, turn string, fn func(*schemas.BatchRecord) error) (*schemas.BatchRecord, uint64, error) {
+	return mutate(ctx, b.get(turn), b.update(turn), fn)
+}
+
+// MutateFrom is Bucket.MutateFrom's rule on turn's log.
+func (b BatchLog) MutateFrom(ctx context.Context, turn string, cur *schemas.BatchRecord, rev uint64, fn func(*schemas.BatchRecord) error) (*schemas.BatchRecord, uint64, error) {
+	return mutateFrom(ctx, b.get(turn), b.update(turn), cur, rev, fn)
+}
+
+func (b BatchLog) get(turn string) func(context.Context) (*schemas.BatchRecord, uint64, error) {
+	return func(ctx context.Context) (*schemas.BatchRecord, uint64, error) { return b.Get(ctx, turn) }
+}
+
+func (b BatchLog) update(turn string) func(context.Context, *schemas.BatchRecord, uint64) (uint64, error) {
+	return func(ctx context.Context, rec *schemas.BatchRecord, rev uint64) (uint64, error) {
+		return b.Update(ctx, turn, rec, rev)
+	}
+}
+
+func (b BatchLog) append(ctx context.Context, turn string, rec *schemas.BatchRecord, after uint64) (uint64, error) {
+	if rec.TurnID != turn {
+		return 0, schemas.Errorf(schemas.CodeInvalidInput, "the batch of %s is kept under turn %s", rec.TurnID, turn)
+	}
+	data, err := schemas.Encode(rec)
+	if err != nil {
+		return 0, err
+	}
+	sum := sha256.Sum256(data)
+	event := string(rec.State)
+	return b.Log.Append(ctx, turnlog.Append{Turn: turn, Event: event, After: after, Data: data,
+		MsgID: turn + "." + event + "." + strconv.FormatUint(after, 10) + "." + hex.EncodeToString(sum[:8])})
+}

@@ -1,0 +1,237 @@
+package store_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// batchStores are the kinds of store.BatchRecords, each on a fresh server:
+// the one conformance suite below runs on every one.
+var batchStores = []struct {
+	name string
+	open func(t *testing.T) store.BatchRecords
+}{
+	{"the batches bucket", func(t *testing.T) store.BatchRecords {
+		s, _ := newStore(t)
+		return s.Batches
+	}},
+	{"the turn logs", func(t *testing.T) store.BatchRecords {
+		env := jstest.Start(t)
+		ctx := jstest.Ctx(t)
+		if err := turnlog.Provision(ctx, env.JS, env.Topology); err != nil {
+			t.Fatal(err)
+		}
+		l, err := turnlog.New(ctx, env.JS, env.Topology)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return store.BatchLog{Log: l}
+	}},
+}
+
+// TestBatchRecordsConformance: every kind of BatchRecords keeps the
+// contract BatchRecords documents.
+func TestBatchRecordsConformance(t *testing.T) {
+	for _, kind := range batchStores {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Run("a record is read back as written, with its revision", func(t *testing.T) {
+				b := kind.open(t)
+				ctx := jstest.Ctx(t)
+				if _, _, err := b.Get(ctx, "t-none"); !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("Get of a turn without a batch: %v, want ErrNotFound", err)
+				}
+				want := batch("t-1", schemas.BatchRunning)
+				rev, err := b.Create(ctx, "t-1", want)
+				if err != nil || rev == 0 {
+					t.Fatalf("create: %d, %v", rev, err)
+				}
+				got, grev, err := b.Get(ctx, "t-1")
+				if err != nil || grev != rev || !sameRecord(t, got, want) {
+					t.Fatalf("get: %+v @%d, %v; want %+v @%d", got, grev, err, want, rev)
+				}
+			})
+			t.Run("a second create is refused", func(t *testing.T) {
+				b := kind.open(t)
+				ctx := jstest.Ctx(t)
+				rev, err := b.Create(ctx, "t-1", batch("t-1", schemas.BatchRunning))
+				if err != nil {
+					t.Fatal(err)
+				}
+				other := batch("t-1", schemas.BatchQueued)
+				if _, err := b.Create(ctx, "t-1", other); !errors.Is(err, store.ErrExists) {
+					t.Fatalf("second create: %v, want ErrExists", err)
+				}
+				if got, grev, _ := b.Get(ctx, "t-1"); grev != rev || got.State != schemas.BatchRunning {
+					t.Fatalf("after a refused create: %s @%d, want running @%d", got.State, grev, rev)
+				}
+			})
+			t.Run("an update at a stale revision is refused", func(t *testing.T) {
+				b := kind.open(t)
+				ctx := jstest.Ctx(t)
+				rev, err := b.Create(ctx, "t-1", batch("t-1", schemas.BatchRunning))
+				if err != nil {
+					t.Fatal(err)
+				}
+				rev2, err := b.Update(ctx, "t-1", batch("t-1", schemas.BatchAwaiting), rev)
+				if err != nil || rev2 <= rev {
+					t.Fatalf("update at the current revision: %d, %v; want a later revision than %d", rev2, err, rev)
+				}
+				if _, err := b.Update(ctx, "t-1", batch("t-1", schemas.BatchCompleted), rev); !errors.Is(err, store.ErrConflict) {
+					t.Fatalf("update at a stale revision: %v, want ErrConflict", err)
+				}
+				if _, err := b.Update(ctx, "t-2", batch("t-2", schemas.BatchCompleted), rev); !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("update of a turn without a batch: %v, want a conflict", err)
+				}
+				if got, grev, _ := b.Get(ctx, "t-1"); grev != rev2 || got.State != schemas.BatchAwaiting {
+					t.Fatalf("after a refused update: %s @%d, want awaiting @%d", got.State, grev, rev2)
+				}
+			})
+			t.Run("mutations under contention are all applied, one write each", func(t *testing.T) {
+				b := kind.open(t)
+				ctx := jstest.Ctx(t)
+				rev0, err := b.Create(ctx, "t-1", batch("t-1", schemas.BatchRunning))
+				if err != nil {
+					t.Fatal(err)
+				}
+				const n = 8
+				var firstRead sync.WaitGroup
+				firstRead.Add(n)
+				var wg sync.WaitGroup
+				errs := make(chan error, n)
+				var revs sync.Map
+				for i := range n {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						first := true
+						_, rev, err := b.Mutate(ctx, "t-1", func(r *schemas.BatchRecord) error {
+							if first {
+								first = false
+								firstRead.Done()
+								firstRead.Wait() // all start from one revision: n-1 must read again
+							}
+							r.Calls = append(r.Calls, schemas.ToolCall{CallID: schemas.CallID("t-1", i+1), Tool: "echo", Args: `{}`, ArgsDigest: schemas.ArgsDigest(`{}`)})
+							r.Approvals, r.Results = append(r.Approvals, ""), append(r.Results, nil)
+							return nil
+						})
+						if err != nil {
+							errs <- err
+						}
+						revs.Store(rev, true)
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Fatalf("mutate: %v", err)
+				}
+				got, rev, err := b.Get(ctx, "t-1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen := map[string]bool{}
+				for _, c := range got.Calls {
+					if seen[c.CallID] {
+						t.Fatalf("call %s added twice", c.CallID)
+					}
+					seen[c.CallID] = true
+				}
+				if len(got.Calls) != n+1 || rev <= rev0 {
+					t.Fatalf("%d calls @%d, want %d after %d", len(got.Calls), rev, n+1, rev0)
+				}
+				k := 0
+				revs.Range(func(any, any) bool { k++; return true })
+				if k != n {
+					t.Fatalf("%d distinct revisions returned to %d writers, want one each", k, n)
+				}
+			})
+			t.Run("a skipped mutation writes nothing; MutateFrom saves the read", func(t *testing.T) {
+				b := kind.open(t)
+				ctx := jstest.Ctx(t)
+				rev, err := b.Create(ctx, "t-1", batch("t-1", schemas.BatchRunning))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, srev, err := b.Mutate(ctx, "t-1", func(*schemas.BatchRecord) error { return store.ErrSkip }); err != nil || srev != rev {
+					t.Fatalf("skipped: @%d, %v; want @%d", srev, err, rev)
+				}
+				cur, _, _ := b.Get(ctx, "t-1")
+				next, nrev, err := b.MutateFrom(ctx, "t-1", cur, rev, func(r *schemas.BatchRecord) error {
+					r.State, r.Text = schemas.BatchAwaiting, "written at awaiting"
+					return nil
+				})
+				if err != nil || nrev <= rev || next.State != schemas.BatchAwaiting {
+					t.Fatalf("MutateFrom: %+v @%d, %v", next, nrev, err)
+				}
+				// From a stale revision: fn is applied to the stale record,
+				// its write conflicts, and fn is applied again to the latest.
+				stale := batch("t-1", schemas.BatchRunning)
+				applied := 0
+				last, lrev, err := b.MutateFrom(ctx, "t-1", stale, rev, func(r *schemas.BatchRecord) error {
+					applied++
+					r.State = schemas.BatchStarted
+					return nil
+				})
+				if err != nil || lrev <= nrev || last.State != schemas.BatchStarted || last.Text != "written at awaiting" || applied != 2 {
+					t.Fatalf("MutateFrom a stale revision: %+v @%d, %v, applied %d times; want started over the awaiting write, applied twice", last, lrev, err, applied)
+				}
+			})
+		})
+	}
+}
+
+// sameRecord reports whether a and b encode the same.
+func sameRecord(t *testing.T, a, b *schemas.BatchRecord) bool {
+	t.Helper()
+	ea, err := schemas.Encode(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb, err := schemas.Encode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(ea) == string(eb)
+}
+
+// A batch log's write made again after its acknowledgement was lost, or
+// by a stage redelivered after a crash (the same record after the same
+// event), is recognised, not refused; a different record written there
+// by another writer is a conflict.
+func TestBatchLogRecognisesARepeatedWrite(t *testing.T) {
+	b := batchStores[1].open(t).(store.BatchLog)
+	ctx := jstest.Ctx(t)
+	first := batch("t-1", schemas.BatchRunning)
+	rev, err := b.Create(ctx, "t-1", first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := b.Create(ctx, "t-1", first); err != nil || again != rev {
+		t.Fatalf("the same create made again: @%d, %v; want @%d, recognised", again, err, rev)
+	}
+	next := batch("t-1", schemas.BatchAwaiting)
+	rev2, err := b.Update(ctx, "t-1", next, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := b.Update(ctx, "t-1", next, rev); err != nil || again != rev2 {
+		t.Fatalf("the same update made again: @%d, %v; want @%d, recognised", again, err, rev2)
+	}
+	other := batch("t-1", schemas.BatchAwaiting)
+	other.Approvals = []string{"a-x-0"}
+	if _, err := b.Update(ctx, "t-1", other, rev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("another record in the same state at the same place: %v, want ErrConflict", err)
+	}
+	if _, err := b.Create(ctx, "t-2", batch("t-1", schemas.BatchRunning)); schemas.CodeOf(err) != schemas.CodeInvalidInput {
+		t.Fatalf("t-1's batch kept under t-2: %v, want INVALID_INPUT", err)
+	}
+	if st := b.Log.Stats(); st.Own != 2 {
+		t.Errorf("%d writes recognised as own, want 2", st.Own)
+	}
+}
