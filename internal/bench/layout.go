@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,34 +118,25 @@ func (l rawLayout) sequence(p path, today []step) []step {
 	return today
 }
 
-// part is the partition of the state writes of turn (0 to P-1).
+// part is the partition of the state writes of turn (0 to P-1), as
+// the product partitions its turn logs (topology.TurnLogPartition).
 func (l rawLayout) part(turn string) int {
 	if l.partitions <= 1 {
 		return 0
 	}
-	h := fnv.New32a()
-	h.Write([]byte(turn))
-	return int(h.Sum32() % uint32(l.partitions))
+	return topology.TurnLogPartition(turn, l.partitions)
 }
 
 // batchBucket is design (a)'s batch bucket of partition i.
 func batchBucket(i int) string { return topology.BucketBatches + "_" + strconv.Itoa(i) }
 
 // turnLogStream is design (b)'s turn-log stream of partition i, which
-// holds the subjects tollgate.turnlog.<i>.<turn>.<fact>.
-func turnLogStream(i int) string { return "TOLLGATE_TURNLOG_" + strconv.Itoa(i) }
+// holds the subjects tollgate.turnlog.<i>.<turn>.<fact>: the product's
+// (topology.TurnLogStream).
+func turnLogStream(i int) string { return topology.TurnLogStream(i) }
 
 // turnLogPrefix starts the subjects of partition i's turn logs.
-func turnLogPrefix(i int) string { return "tollgate.turnlog." + strconv.Itoa(i) + "." }
-
-// turnLogStreamOf is the turn-log stream that holds subject.
-func turnLogStreamOf(subject string) string {
-	tok := strings.Split(subject, ".")
-	if len(tok) < 3 {
-		return ""
-	}
-	return "TOLLGATE_TURNLOG_" + tok[2]
-}
+func turnLogPrefix(i int) string { return topology.SubjectTurnLogPrefix + strconv.Itoa(i) + "." }
 
 // turnWildcard is the wildcard of the turn whose event subject is
 // subject: tollgate.turnlog.<p>.<turn>.>.
@@ -522,6 +512,11 @@ func (b *bencher) rawTurnLayout(p path, st storage, l rawLayout) (sample, error)
 	defer r.close()
 	s, err := b.drive(e, p, true, nil, nil, l.factSubjects()...)
 	r.w.logStats(b.cfg.Logf, p.String()+" "+l.String())
+	if r.log != nil {
+		if st := r.log.Stats(); st.Retries+st.Own > 0 {
+			b.cfg.Logf("bench: %s %s: turn logs: %d retried appends, %d refused appends recognised as the writer's own", p, l, st.Retries, st.Own)
+		}
+	}
 	s.Errors += r.errs.Load()
 	s.Conflicts = r.conflicts.Load()
 	if v := r.lastErr.Load(); v != nil {

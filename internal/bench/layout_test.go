@@ -138,7 +138,6 @@ func TestCASWriterRecognisesItsOwnStoredWrite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, w := designWriter(ctx, t)
-	turn := turnLogPrefix(0) + "t-1."
 	for _, tc := range []struct {
 		name        string
 		first, next casWrite // next is first's successor, at first's sequence
@@ -146,9 +145,6 @@ func TestCASWriterRecognisesItsOwnStoredWrite(t *testing.T) {
 		{"a KV record, created and then updated at its revision",
 			casWrite{stream: "KV_" + topology.BucketApprovals, subject: "$KV." + topology.BucketApprovals + ".a-1", msgID: "a-1:requested", data: []byte("pending")},
 			casWrite{stream: "KV_" + topology.BucketApprovals, subject: "$KV." + topology.BucketApprovals + ".a-1", msgID: "a-1:decided", data: []byte("approved")}},
-		{"a turn's log, appended at the turn's last event",
-			casWrite{stream: turnLogStream(0), subject: turn + factRunning, last: turn + ">", msgID: turn + factRunning, data: []byte("claimed")},
-			casWrite{stream: turnLogStream(0), subject: turn + factOutcome, last: turn + ">", msgID: turn + factOutcome, data: []byte("done")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seq, err := w.cas(ctx, tc.first)
@@ -177,8 +173,8 @@ func TestCASWriterRecognisesItsOwnStoredWrite(t *testing.T) {
 			}
 		})
 	}
-	if n := w.own.Load(); n != 2 {
-		t.Errorf("%d writes recognised as the writer's own, want 2", n)
+	if n := w.own.Load(); n != 1 {
+		t.Errorf("%d writes recognised as the writer's own, want 1", n)
 	}
 }
 
@@ -199,20 +195,20 @@ func TestCASWriterRetriesAWriteWithoutAcknowledgement(t *testing.T) {
 		}
 		return ack, err
 	}
-	subj := turnLogPrefix(0) + "t-2." + factRunning
-	seq, err := w.cas(ctx, casWrite{stream: turnLogStream(0), subject: subj, last: turnWildcard(subj), msgID: subj, data: []byte("claimed")})
-	if err != nil || seq != 1 {
-		t.Fatalf("the write sent again: sequence %d, %v; want 1, recognised", seq, err)
+	subj := "$KV." + topology.BucketClaims + ".c-2"
+	seq, err := w.cas(ctx, casWrite{stream: "KV_" + topology.BucketClaims, subject: subj, msgID: "c-2:claimed", data: []byte("claimed")})
+	if err != nil || seq == 0 {
+		t.Fatalf("the write sent again: sequence %d, %v; want its sequence, recognised", seq, err)
 	}
 	if attempts != 2 || w.retries.Load() != 1 || w.own.Load() != 1 {
 		t.Errorf("%d attempts, %d retries, %d recognised; want 2, 1, 1", attempts, w.retries.Load(), w.own.Load())
 	}
-	info, err := js.Stream(ctx, turnLogStream(0))
+	info, err := js.Stream(ctx, "KV_"+topology.BucketClaims)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := info.CachedInfo().State.Msgs; n != 1 {
-		t.Errorf("%d messages in the turn log, want the one write", n)
+		t.Errorf("%d messages in the claims bucket, want the one write", n)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -44,6 +45,7 @@ type rawStages struct {
 	// raw turn's reference).
 	layout  rawLayout
 	w       *rawWriter
+	log     *turnlog.Log // design (b)'s turn logs
 	configs map[string]rawStageConfig // the consumers of each stage (layout.stageConfigs)
 
 	ctx     context.Context
@@ -150,6 +152,17 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 			return nil, err
 		}
 		r.w = w
+	}
+	if l.design == designEvents {
+		// Design (b)'s appends go through the product's turn-log writer,
+		// on the streams ensureLayout made (the same names, subjects and
+		// partitioning as topology.TurnLogStreams).
+		log, err := turnlog.New(ctx, js, topology.Config{TurnLogPartitions: max(l.partitions, 1)})
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		r.log = log
 	}
 	for _, b := range l.buckets() {
 		kv, err := js.KeyValue(ctx, b)
@@ -490,8 +503,9 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 		case "log.append":
 			// Design (b): a compare-and-set against the turn's last event.
 			last := turnWildcard(target)
-			seq, err := r.w.cas(ctx, casWrite{stream: turnLogStreamOf(target), subject: target, last: last, rev: revs[last],
-				msgID: target, header: r.factHeader(id, op), data: payload})
+			tok := strings.Split(target, ".") // tollgate.turnlog.<p>.<turn>.<event>
+			seq, err := r.log.Append(ctx, turnlog.Append{Turn: tok[3], Event: tok[4], After: revs[last],
+				MsgID: target, Header: r.factHeader(id, op), Data: payload})
 			switch {
 			case err == nil:
 				revs[last] = seq
@@ -712,7 +726,7 @@ func (r *rawStages) update(ctx context.Context, kv jetstream.KeyValue, pb, key s
 
 // conflict reports a failed KV compare-and-set, however it was made.
 func conflict(err error) bool {
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, errWrongLast)
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, errWrongLast) || errors.Is(err, turnlog.ErrConflict)
 }
 
 // settle waits for the acknowledgements of async publishes, each for at
