@@ -39,11 +39,13 @@ func (a *ApprovalRecord) DecisionOf(id string) *DecisionInfo {
 func (e *DecidedEvent) Names(id string) bool { return taken(e.Decision, e.Votes, id) != nil }
 
 // Answers reports whether the decided event e is the approver's answer to
-// decision d: e names d (Names), or e holds a decision or a counted vote
-// of d's principal with d's option, so that d repeats it. A repeated
-// identical decision is an idempotent success (docs/security.md rule 5):
-// the approver announces the approval again, and the event it announces
-// names the first decision, not the repeat. Any other event is not d's
+// decision d: e names d (Names), e is the announcement made again for d
+// (Repeat: d repeated the recorded outcome, from whichever authorized
+// decider), or e holds a decision or a counted vote of d's principal with
+// d's option, so that d repeats it. A repeated outcome is an idempotent
+// success (docs/security.md rule 5): the approver announces the approval
+// again, and the event it announces names the first decision, not the
+// repeat. Any other event is not d's
 // answer, whatever its status: a decision of someone else may have won
 // the race (the approver rejects d APPROVAL_ALREADY_DECIDED), or d may yet
 // be refused (DECIDER_NOT_AUTHORIZED), and d's sender waits for the
@@ -52,7 +54,7 @@ func (e *DecidedEvent) Answers(d *Decision) bool {
 	if d == nil || e.ApprovalID != d.ApprovalID {
 		return false
 	}
-	if e.Names(d.DecisionID) {
+	if e.Names(d.DecisionID) || (e.Repeat != "" && e.Repeat == d.DecisionID) {
 		return true
 	}
 	principal := Principal(d.Transport, d.Decider.ID)

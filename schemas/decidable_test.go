@@ -103,4 +103,14 @@ func TestADecidedEventAnswersItsDecisionAndItsIdenticalRepeats(t *testing.T) {
 			}
 		})
 	}
+	// Announced again for someone else's repeat of the outcome: the
+	// announcement answers that repeat, and no other decision.
+	again := *ev
+	again.Repeat = "d-mallory"
+	if !again.Answers(decision("d-mallory", "a-1", "cli", "mallory", schemas.OptionApprove)) {
+		t.Error("an announcement made again for a repeat does not answer it")
+	}
+	if again.Answers(decision("d-other", "a-1", "cli", "mallory", schemas.OptionApprove)) || again.Answers(decision("d-mallory", "a-2", "cli", "mallory", schemas.OptionApprove)) {
+		t.Error("an announcement made again for one repeat answers another decision")
+	}
 }

@@ -256,6 +256,7 @@ func exampleDecided() *schemas.DecidedEvent {
 		Decision:   exampleDecisionInfo(),
 		At:         t2,
 		Votes:      []schemas.DecisionInfo{*exampleDecisionInfo()},
+		Repeat:     "d-9c1e2f3a4b5c6d7e8f901234", // announced again for a repeat of the outcome
 	}
 }
 

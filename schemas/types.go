@@ -450,6 +450,11 @@ type DecidedEvent struct {
 	// ApprovalRecord.Votes), so that the decided record can be rebuilt
 	// from the requested and decided events alone (pipeline/replay).
 	Votes []DecisionInfo `msgpack:"votes,omitempty"`
+	// Repeat, on an announcement made again for a decision that repeated
+	// the recorded outcome (an idempotent success: protocol §9.2), is that
+	// decision's id: the announcement is its answer (Answers), while
+	// Decision stays the decision recorded first. Empty otherwise.
+	Repeat string `msgpack:"repeat,omitempty"`
 }
 
 // DecisionRejected is published on tollgate.event.decision.rejected so the

@@ -199,13 +199,13 @@ func (a *Approver) Expire(ctx context.Context, id string) error {
 	// earlier attempt may have stored "expired" and then failed to publish
 	// (the event has one message id per approval, so a repeat within the
 	// dedupe window is stored once).
-	return a.publishDecided(ctx, rec)
+	return a.publishDecided(ctx, rec, "")
 }
 
-func (a *Approver) publishDecided(ctx context.Context, rec *schemas.ApprovalRecord) error {
+func (a *Approver) publishDecided(ctx context.Context, rec *schemas.ApprovalRecord, repeat string) error {
 	ev := &schemas.DecidedEvent{
 		ApprovalID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID,
-		Status: rec.Status, Decision: rec.Decision, At: a.now(), Votes: rec.Votes,
+		Status: rec.Status, Decision: rec.Decision, At: a.now(), Votes: rec.Votes, Repeat: repeat,
 	}
 	if rec.Decision != nil {
 		ev.At = rec.Decision.DecidedAt
@@ -251,7 +251,7 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 		}
 	}
 	if res.decided != nil {
-		if err := a.publishDecided(ctx, res.decided); err != nil {
+		if err := a.publishDecided(ctx, res.decided, res.repeat); err != nil {
 			return err
 		}
 	}
@@ -269,6 +269,7 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 type result struct {
 	rejected *schemas.Error          // publish a rejection
 	decided  *schemas.ApprovalRecord // publish (or re-publish) its decided event
+	repeat   string                  // the decided event answers this repeat (DecidedEvent.Repeat)
 	voted    *schemas.ApprovalRecord // publish (or re-publish) the voted event of the decision
 	label    string
 }
@@ -315,6 +316,12 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		}
 		if v.Announce {
 			res.decided = rec
+			if rejected == nil && v.Effect == Idempotent && rec.Status.Decided() && !rec.Holds(d.DecisionID) {
+				// A repeat of the recorded outcome (by its decider or by
+				// anyone else authorized): the announcement says so, so that
+				// the repeat's sender is answered (DecidedEvent.Answers).
+				res.repeat = d.DecisionID
+			}
 		}
 		if rejected == nil && rec != nil && rec.Status == schemas.ApprovalPending && (v.Effect == Vote || v.Effect == Idempotent) {
 			// A counted vote (or its redelivery: the event's message id

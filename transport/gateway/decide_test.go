@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
@@ -346,5 +347,87 @@ func TestARepeatedIdenticalDecisionIsAnsweredAsApplied(t *testing.T) {
 	var p Problem
 	if status != http.StatusConflict || json.Unmarshal(body, &p) != nil || p.Code != schemas.CodeApprovalAlreadyDecided {
 		t.Errorf("deny after approve: %d %s, want 409 %s", status, body, schemas.CodeApprovalAlreadyDecided)
+	}
+}
+
+// twoDeciders lets the requester (alice) and bob decide write_file.
+const twoDeciders = `{
+  "version": "two-deciders",
+  "default_approval": "required",
+  "deciders": {"principals": ["gateway:bob"]},
+  "tools": {"write_file": {"approval": "required"}}
+}`
+
+// The same outcome from another authorized decider is an idempotent
+// success too (protocol §9.2): answered 200 at once with the approval's
+// status and the decision recorded first, whose id is not the request's;
+// never 202 after the wait. The other outcome is 409. Then the same, with
+// both deciders approving at once: one is applied, the other answered as
+// its repeat, none left without an answer.
+func TestAnotherDecidersSameOutcomeIsAnsweredAsApplied(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{Policy: twoDeciders}, func(c *Config) {
+		c.Rate, c.Burst, c.DecisionWait = 10000, 10000, jstest.Scale(20*time.Second)
+	})
+	decide := func(c CallView, who, option string) (int, DecisionResponse, []byte) {
+		t.Helper()
+		resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+			DecisionRequest{Option: option, ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: who}})
+		var d DecisionResponse
+		_ = json.Unmarshal(body, &d)
+		return resp.StatusCode, d, body
+	}
+	_, c := g.submitGated("a", "s-two", "alice")
+	code, first, body := decide(c, "alice", "approve")
+	if code != http.StatusOK || first.Decision == nil || first.Decision.DecisionID != first.DecisionID {
+		t.Fatalf("alice's approve: %d %s", code, body)
+	}
+	start := time.Now()
+	code, again, body := decide(c, "bob", "approve")
+	if code != http.StatusOK || again.Status != string(schemas.ApprovalApproved) || again.Decision == nil ||
+		again.Decision.DecisionID != first.DecisionID || again.Decision.Principal != "gateway:alice" || again.DecisionID == first.DecisionID {
+		t.Fatalf("bob's approve after alice's: %d %s (after %v); want 200 approved with alice's decision", code, body, time.Since(start))
+	}
+	if code, _, body := decide(c, "bob", "deny"); code != http.StatusConflict || !strings.Contains(string(body), string(schemas.CodeApprovalAlreadyDecided)) {
+		t.Fatalf("bob's deny after alice's approve: %d %s, want 409 %s", code, body, schemas.CodeApprovalAlreadyDecided)
+	}
+
+	const pairs = 20
+	calls := make([]CallView, pairs)
+	for i := range calls {
+		_, calls[i] = g.submitGated("a", fmt.Sprintf("s-both-%d", i), "alice")
+	}
+	type answer struct {
+		code int
+		d    DecisionResponse
+		body []byte
+	}
+	results := make([][2]answer, pairs)
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		for j, who := range []string{"alice", "bob"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, d, body := decide(c, who, "approve")
+				results[i][j] = answer{code, d, body}
+			}()
+		}
+	}
+	wg.Wait()
+	for i, pair := range results {
+		applied := 0
+		for _, a := range pair {
+			if a.code != http.StatusOK || a.d.Decision == nil || a.d.Status != string(schemas.ApprovalApproved) {
+				t.Errorf("approval %s: an approve answered %d %s, want 200 approved", calls[i].ApprovalID, a.code, a.body)
+				continue
+			}
+			if a.d.Decision.DecisionID == a.d.DecisionID {
+				applied++
+			}
+		}
+		rec := g.Approval(calls[i].ApprovalID)
+		if applied != 1 || rec.Decision == nil || (rec.Decision.DecisionID != pair[0].d.DecisionID && rec.Decision.DecisionID != pair[1].d.DecisionID) {
+			t.Errorf("approval %s: %d answers name their own decision as applied, record holds %+v; want exactly one, the record's", calls[i].ApprovalID, applied, rec.Decision)
+		}
 	}
 }
