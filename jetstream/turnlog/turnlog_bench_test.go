@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
@@ -78,6 +79,106 @@ func BenchmarkAppendAmongManyTurns(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(2*b.N), "µs/append")
+		})
+	}
+}
+
+// BenchmarkTurnSubjects compares, at sync_interval always with 32 turns
+// in flight, the two ways a turn's log can be laid out (docs/bench.md,
+// "Recovery, an open question"): one subject per event, each append a
+// compare-and-set on the turn's wildcard (what Log does), against one
+// subject per turn, the event named in a header, each append a
+// compare-and-set on that subject, and the last one rolling the subject
+// up (Nats-Rollup: sub) so that an ended turn keeps one message. A turn
+// is four appends (running, awaiting, started, completed). It reports
+// turns/s; the difference is what the rollup (a purge inside the append)
+// and the plain-subject check cost or save.
+//
+//	go test -run '^$' -bench TurnSubjects -benchtime 3000x -count 3 ./jetstream/turnlog
+//
+// Measured on the 2-core machine, six runs of each in three invocations:
+// a subject per event 424, 636, 626, 634, 579, 496 turns/s (median 603);
+// a subject per turn, rolled up, 427, 564, 573, 387, 470, 460 (median
+// 465). The rollup keeps one message per ended turn and costs about a
+// fifth of the rate.
+func BenchmarkTurnSubjects(b *testing.B) {
+	events := []string{"running", "awaiting", "started", "completed"}
+	for _, layout := range []string{"a subject per event", "a subject per turn, rolled up"} {
+		b.Run(layout, func(b *testing.B) {
+			env := jstest.StartWith(b, jstest.Options{SyncAlways: true})
+			ctx := context.Background()
+			topo := topology.DefaultConfig()
+			topo.TurnLogPartitions = 1
+			if err := Provision(ctx, env.JS, topo); err != nil {
+				b.Fatal(err)
+			}
+			sc := topo.TurnLogStreams()[0]
+			sc.AllowRollup = true
+			if _, err := env.JS.UpdateStream(ctx, sc); err != nil {
+				b.Fatal(err)
+			}
+			l, err := New(ctx, env.JS, topo)
+			if err != nil {
+				b.Fatal(err)
+			}
+			data := make([]byte, 600)
+			perTurn := layout == "a subject per turn, rolled up"
+			turn := func(id string) error {
+				var last uint64
+				for i, ev := range events {
+					if !perTurn {
+						seq, err := l.Append(ctx, Append{Turn: id, Event: ev, After: last, Data: data})
+						if err != nil {
+							return err
+						}
+						last = seq
+						continue
+					}
+					m := nats.NewMsg(topology.SubjectTurnLogPrefix + "0." + id)
+					m.Data = data
+					m.Header.Set("Tollgate-Event", ev)
+					m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, fmt.Sprint(last))
+					m.Header.Set(jetstream.MsgIDHeader, id+"."+ev)
+					if i == len(events)-1 {
+						m.Header.Set("Nats-Rollup", "sub")
+					}
+					ack, err := env.JS.PublishMsg(ctx, m)
+					if err != nil {
+						return err
+					}
+					last = ack.Sequence
+				}
+				return nil
+			}
+			const inFlight = 32
+			ids := make(chan string)
+			errs := make(chan error, inFlight)
+			b.ResetTimer()
+			for range inFlight {
+				go func() {
+					for id := range ids {
+						if err := turn(id); err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for i := range b.N {
+				ids <- fmt.Sprintf("t-%08d", i)
+			}
+			close(ids)
+			for range inFlight {
+				if err := <-errs; err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
+			s, _ := env.JS.Stream(ctx, sc.Name)
+			if info, err := s.Info(ctx); err == nil {
+				b.ReportMetric(float64(info.State.Msgs)/float64(b.N), "msgs-kept/turn")
+			}
 		})
 	}
 }
