@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -305,4 +306,127 @@ func (h *harness) checkReplicas(ctx context.Context, js jetstream.JetStream) {
 			h.clusterNote("%s not fully replicated after the run: %v", sc.Name, err)
 		}
 	}
+}
+
+// pauseLeader stops (SIGSTOP) the node leading the busiest of the
+// topology's streams and buckets (the most messages written), for pause,
+// longer than an election, then continues it (SIGCONT) and waits until
+// its replica of that stream is current again. Nothing is killed: the
+// node keeps its connections, and its clients' requests wait while it is
+// stopped; the others elect new leaders of its streams meanwhile, and the
+// node comes back believing it still leads. The node is continued
+// whatever happens, also when ctx ends first.
+func (h *harness) pauseLeader(ctx context.Context, js jetstream.JetStream, pause time.Duration) error {
+	stream, leader, err := busiestStream(ctx, js)
+	if err != nil {
+		return fmt.Errorf("find the busiest stream's leader: %w", err)
+	}
+	var target *node
+	for _, nd := range h.nodes {
+		if nd.name == leader {
+			target = nd
+		}
+	}
+	if target == nil {
+		return fmt.Errorf("%s leader %q is no node of the cluster", stream, leader)
+	}
+	p, err := target.slot.waitUp(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("stop %s: %w", target.name, err)
+	}
+	stopped := time.Now()
+	h.mu.Lock()
+	h.pauses++
+	h.lastFault = stopped
+	h.mu.Unlock()
+	continued := false
+	cont := func() {
+		if !continued {
+			continued = true
+			if err := p.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				h.clusterNote("continue %s: %v", target.name, err)
+			}
+		}
+	}
+	defer cont()
+	// While it is stopped, the others elect a leader of its stream. The
+	// harness's own requests may wait on the stopped node (its connection,
+	// or the meta leader, may be that node): what is seen here is a note,
+	// not a check.
+	var elected string
+	_ = poll(ctx, pause, func() (bool, error) {
+		ci, err := streamCluster(ctx, js, stream)
+		if err == nil && ci.Leader != "" && ci.Leader != leader {
+			elected = ci.Leader
+		}
+		return elected != "", err
+	})
+	if rest := pause - time.Since(stopped); rest > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(rest):
+		}
+	}
+	cont()
+	if elected != "" {
+		h.clusterNote("paused %s (leader of %s, the busiest stream) for %v; %s led it while it was stopped", target.name, stream, time.Since(stopped).Round(time.Millisecond), elected)
+	} else {
+		h.clusterNote("paused %s (leader of %s, the busiest stream) for %v; no other leader was seen while it was stopped", target.name, stream, time.Since(stopped).Round(time.Millisecond))
+	}
+	var after string // the stream's leader once the node is current again
+	err = poll(ctx, 2*time.Minute, func() (bool, error) {
+		ci, err := streamCluster(ctx, js, stream)
+		if err != nil {
+			return false, err
+		}
+		after = ci.Leader
+		if ci.Leader == target.name {
+			return true, nil
+		}
+		for _, r := range ci.Replicas {
+			if r.Name == target.name {
+				return r.Current, fmt.Errorf("%s lags by %d operations", r.Name, r.Lag)
+			}
+		}
+		return false, fmt.Errorf("%s is not among the replicas", target.name)
+	})
+	if err != nil {
+		h.clusterNote("%s continued but its %s replica did not catch up: %v", target.name, stream, err)
+	} else {
+		h.clusterNote("%s continued; its %s replica current %v after the pause began; %s leads it now", target.name, stream, time.Since(stopped).Round(time.Millisecond), after)
+	}
+	return nil
+}
+
+// busiestStream is the stream (of the topology's streams and buckets)
+// with the most messages written (its last sequence), and its leader.
+func busiestStream(ctx context.Context, js jetstream.JetStream) (stream, leader string, err error) {
+	cfg := topology.DefaultConfig()
+	var most uint64
+	for _, sc := range append(cfg.Streams(), cfg.BucketStreams()...) {
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		s, serr := js.Stream(ictx, sc.Name)
+		cancel()
+		if serr != nil {
+			err = serr
+			continue
+		}
+		info := s.CachedInfo()
+		if info.Cluster == nil || info.Cluster.Leader == "" {
+			continue
+		}
+		if info.State.LastSeq >= most {
+			most, stream, leader = info.State.LastSeq, sc.Name, info.Cluster.Leader
+		}
+	}
+	if stream == "" {
+		if err == nil {
+			err = errors.New("no stream has a leader")
+		}
+		return "", "", err
+	}
+	return stream, leader, nil
 }

@@ -53,6 +53,7 @@ type harness struct {
 	restarts     int
 	batchKills   int // restarts that were batch kills
 	batchMisses  int // batch kills with no large batch to kill in
+	pauses       int // leader pauses (SIGSTOP, then SIGCONT)
 	skipped      int
 	clusterNotes []string
 }
@@ -196,6 +197,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.mu.Lock()
 	r.Kills, r.BrokerRestarts, r.FaultsSkipped, r.LastFault = h.kills, h.restarts, h.skipped, h.lastFault
 	r.BatchKills, r.BatchKillMisses = h.batchKills, h.batchMisses
+	r.LeaderPauses = h.pauses
 	r.KillsOf = maps.Clone(h.killsOf)
 	for _, n := range h.clusterNotes {
 		r.note("cluster", "%s", n)
@@ -384,6 +386,8 @@ func (h *harness) injectFaults(ctx context.Context, d *driver) {
 		h.logf("fault %d/%d: %s", i+1, len(h.plan.Faults), f)
 		var err error
 		switch {
+		case f.Pause:
+			err = h.pauseLeader(ctx, d.js, f.Down)
 		case f.Batch:
 			err = h.batchKill(ctx, f)
 		case f.Broker:

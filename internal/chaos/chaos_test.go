@@ -99,7 +99,7 @@ func TestChaosCluster(t *testing.T) {
 		t.Skip("set TOLLGATE_CHAOS_CLUSTER_TEST=1 (make cluster-test) for the three-node cluster run")
 	}
 	runChaos(t, Config{
-		Turns: 400, Kills: 0, BrokerRestarts: 1, Replicas: 2, ClusterNodes: 3, Concurrency: 16, MaxSessionTurns: 4,
+		Turns: 400, Kills: 0, BrokerRestarts: 1, LeaderPauses: 1, Replicas: 2, ClusterNodes: 3, Concurrency: 16, MaxSessionTurns: 4,
 		// No tool service crash call: it would hold its session for the
 		// 1-minute tool timeout (TestChaosShort has one).
 		ExpiresAfter: time.Second, ToolCrashes: -1, FaultFrom: 0.3, FaultTo: 0.6,
@@ -355,6 +355,39 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 		if killed[w] != c0.Kills/len(Workers) {
 			t.Errorf("%d kills of %s, want %d (kills go round the workers)", killed[w], w, c0.Kills/len(Workers))
 		}
+	}
+}
+
+// Leader pauses are planned in a cluster only, as broker faults that kill
+// nothing, longer than an election, from a random source of their own: a
+// seed's turns and other faults are those it had without them.
+func TestLeaderPausesArePlannedInAClusterOnly(t *testing.T) {
+	c := Defaults()
+	c.Seed, c.Turns, c.ClusterNodes, c.LeaderPauses = 42, 400, 3, 2
+	c = c.withDefaults()
+	a := NewPlan(c)
+	var pauses []Fault
+	for _, f := range a.Faults {
+		if f.Pause {
+			pauses = append(pauses, f)
+			if !f.Broker || !f.Leader || f.Batch || f.Down < 10*time.Second {
+				t.Errorf("pause %v: want a broker fault on a leader, longer than an election", f)
+			}
+		}
+	}
+	if len(pauses) != 2 {
+		t.Fatalf("%d pauses planned, want 2", len(pauses))
+	}
+	c1 := c
+	c1.LeaderPauses = 0
+	others := slices.DeleteFunc(slices.Clone(a.Faults), func(f Fault) bool { return f.Pause })
+	if p := NewPlan(c1); !reflect.DeepEqual(p.Turns, a.Turns) || !reflect.DeepEqual(p.Faults, others) {
+		t.Fatal("the pauses changed the seed's turns or other faults")
+	}
+	one := Defaults()
+	one.LeaderPauses = 2
+	if one = one.withDefaults(); one.LeaderPauses != 0 {
+		t.Errorf("one server: %d leader pauses kept, want 0 (there is no other node to lead)", one.LeaderPauses)
 	}
 }
 

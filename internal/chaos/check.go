@@ -110,6 +110,9 @@ type Report struct {
 	Rejections  map[string]int // rejected decisions by code
 
 	Kills, BrokerRestarts, UnexpectedExits int
+	// LeaderPauses: nodes stopped (SIGSTOP) while leading the busiest
+	// stream, for longer than an election, then continued.
+	LeaderPauses int
 	// BatchKills of the BrokerRestarts killed the broker as an atomic
 	// batch of BatchSizes turns committed; the server then stored
 	// BatchesStoredWhole of them whole and BatchesStoredNone not at all.
@@ -586,6 +589,9 @@ func (r *Report) Print(w io.Writer) {
 	}
 	p("faults: %d worker kills (%s), %d %s, %d tool service crash calls, %d unexpected worker exits, %d skipped",
 		r.Kills, counts(r.KillsOf), r.BrokerRestarts, broker, r.ToolCrashes, r.UnexpectedExits, r.FaultsSkipped)
+	if r.LeaderPauses > 0 {
+		p("leader pauses: %d nodes stopped (SIGSTOP) while leading the busiest stream, for longer than an election, then continued (see the cluster notes)", r.LeaderPauses)
+	}
 	p("batch kills: %d of the broker restarts killed nats-server as an atomic batch of turns committed (sizes %v): %d stored whole, %d not at all; %d found no batch of turns to kill in",
 		r.BatchKills, r.BatchSizes, r.BatchesStoredWhole, r.BatchesStoredNone, r.BatchKillMisses)
 	p("turns: planned %d, published %d, accepted %d, terminal %d", r.Planned, r.Published, r.Accepted, r.Terminal)

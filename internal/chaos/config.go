@@ -47,6 +47,11 @@ type Config struct {
 	// atomic batch of turns is being committed (see batchkill.go); one
 	// server only (none in a cluster).
 	BatchKills int
+	// LeaderPauses (in a cluster only) SIGSTOP the node leading the
+	// busiest stream for longer than an election, then SIGCONT it: a
+	// leader that stops answering without dying, and comes back with a
+	// stale view after another node led its streams (brokers.go).
+	LeaderPauses int
 	// NoGroupCommit runs the stages with --group-commit=false; by default
 	// the harness runs them with the group committer on.
 	NoGroupCommit   bool
@@ -139,6 +144,9 @@ func (c Config) withDefaults() Config {
 	if c.BatchKills < 0 || c.Clustered() {
 		c.BatchKills = 0
 	}
+	if c.LeaderPauses < 0 || !c.Clustered() {
+		c.LeaderPauses = 0
+	}
 	switch {
 	case c.BurstPercent == 0:
 		c.BurstPercent = d.BurstPercent
@@ -188,8 +196,8 @@ func (c Config) Params() string {
 	if c.NoGroupCommit {
 		gc = "off"
 	}
-	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d batch_kills=%d group_commit=%s replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
-		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.BatchKills, gc, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
+	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d batch_kills=%d leader_pauses=%d group_commit=%s replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.BatchKills, c.LeaderPauses, gc, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
 		c.ExpiresAfter, c.ToolCrashes, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries, planner)
 }
 
@@ -204,7 +212,7 @@ func (c Config) Replay() string {
 		s += " CHAOS_GROUP_COMMIT=0"
 	}
 	if c.Clustered() {
-		s += fmt.Sprintf(" CHAOS_CLUSTER=%d CHAOS_STREAM_REPLICAS=%d", c.ClusterNodes, c.StreamReplicas)
+		s += fmt.Sprintf(" CHAOS_CLUSTER=%d CHAOS_STREAM_REPLICAS=%d CHAOS_LEADER_PAUSES=%d", c.ClusterNodes, c.StreamReplicas, c.LeaderPauses)
 	}
 	if c.Planner {
 		s += fmt.Sprintf(" CHAOS_PLANNER=1 CHAOS_PLANNER_PERCENT=%d", c.PlannerPercent)
@@ -244,6 +252,7 @@ func (c Config) FromEnv() (Config, error) {
 	num("KILLS", &c.Kills)
 	num("RESTARTS", &c.BrokerRestarts)
 	num("BATCH_KILLS", &c.BatchKills)
+	num("LEADER_PAUSES", &c.LeaderPauses)
 	if s := os.Getenv("TOLLGATE_CHAOS_GROUP_COMMIT"); s != "" {
 		on, perr := strconv.ParseBool(s)
 		if perr != nil && err == nil {

@@ -108,9 +108,15 @@ type Fault struct {
 	Stage     string
 	Replica   int
 	Down      time.Duration // how long the process stays dead before it is restarted
+	// Pause (with Broker, in a cluster): SIGSTOP the node leading the
+	// busiest stream for Down, then SIGCONT; nothing is killed.
+	Pause bool
 }
 
 func (f Fault) String() string {
+	if f.Pause {
+		return fmt.Sprintf("pause (SIGSTOP) the node leading the busiest stream at turn %d+%v, for %v", f.AtTurn, f.Jitter.Round(time.Millisecond), f.Down.Round(time.Millisecond))
+	}
 	target := "nats-server"
 	if f.Leader {
 		target = "the node leading TOLLGATE_TURNS"
@@ -232,8 +238,25 @@ func NewPlan(c Config) Plan {
 		p.Faults = append(p.Faults, f)
 	}
 	planBatchKills(c, &p, from, to)
+	planLeaderPauses(c, &p, from, to)
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return a.AtTurn - b.AtTurn })
 	return p
+}
+
+// planLeaderPauses adds the leader pauses, each at a random turn of its
+// share of the fault window, from a random source of its own (the rest of
+// a seed's plan is what it was without them). A pause lasts longer than
+// an election (4 to 9 s after the leader goes quiet), so the others elect
+// new leaders while the paused node still believes it leads.
+func planLeaderPauses(c Config, p *Plan, from, to int) {
+	rng := rand.New(rand.NewPCG(uint64(c.Seed), 0x5e_a5_0f_f5))
+	for i := range c.LeaderPauses {
+		span := max((to-from)/c.LeaderPauses, 1)
+		p.Faults = append(p.Faults, Fault{
+			AtTurn: from + span*i + rng.IntN(span), Jitter: jitter(rng, 500*time.Millisecond), Broker: true, Leader: true, Pause: true,
+			Down: 12*time.Second + jitter(rng, 3*time.Second),
+		})
+	}
 }
 
 // planBatchKills adds the batch kills, each at a random turn of its share
