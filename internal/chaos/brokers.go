@@ -81,20 +81,39 @@ func (h *harness) tryBrokers(ctx context.Context) error {
 		nd.slot = newSlot(h, slotName, "nats-server", "-c", nd.conf)
 		h.nodes = append(h.nodes, nd)
 	}
-	var urls, routes []string
+	var urls []string
 	for _, nd := range h.nodes {
 		urls = append(urls, "nats://"+nd.addr())
-		if nd.clusterPort != 0 {
-			routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", nd.clusterPort))
-		}
 	}
 	h.url = strings.Join(urls, ",")
+	// Every route goes through a proxy of the harness, one per dialling
+	// node and node dialled (partition.go), so that a node can be cut off
+	// from its peers; the nodes do not advertise their own route
+	// addresses, which would let them connect around the proxies.
+	for _, p := range h.routeProxies {
+		p.close()
+	}
+	h.routeProxies = nil
+	routes := map[string][]string{}
+	for _, from := range h.nodes {
+		for _, to := range h.nodes {
+			if from == to || to.clusterPort == 0 {
+				continue
+			}
+			p, err := newRouteProxy(from.name, to.name, net.JoinHostPort("127.0.0.1", itoa(to.clusterPort)))
+			if err != nil {
+				return err
+			}
+			h.routeProxies = append(h.routeProxies, p)
+			routes[from.name] = append(routes[from.name], p.url())
+		}
+	}
 	for i, nd := range h.nodes {
 		store := filepath.Join(h.dir, "jetstream")
 		if h.cfg.Clustered() {
 			store = filepath.Join(h.dir, fmt.Sprintf("jetstream-%d", i+1))
 		}
-		if err := writeBrokerConfig(nd, routes, store); err != nil {
+		if err := writeBrokerConfig(nd, routes[nd.name], store); err != nil {
 			return err
 		}
 	}
@@ -122,7 +141,7 @@ func writeBrokerConfig(nd *node, routes []string, storeDir string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# written by internal/chaos (deploy/nats settings)\nserver_name: %s\nlisten: %s\nmax_payload: 1MB\n", nd.name, nd.addr())
 	if nd.clusterPort != 0 {
-		fmt.Fprintf(&b, "cluster {\n  name: %s\n  listen: 127.0.0.1:%d\n  routes: [\n", clusterName, nd.clusterPort)
+		fmt.Fprintf(&b, "cluster {\n  name: %s\n  listen: 127.0.0.1:%d\n  no_advertise: true\n  routes: [\n", clusterName, nd.clusterPort)
 		for _, r := range routes {
 			fmt.Fprintf(&b, "    %s\n", r)
 		}

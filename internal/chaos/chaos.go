@@ -54,6 +54,9 @@ type harness struct {
 	batchKills   int // restarts that were batch kills
 	batchMisses  int // batch kills with no large batch to kill in
 	pauses       int // leader pauses (SIGSTOP, then SIGCONT)
+	partitions   int // nodes cut off from their peers, then healed
+	// routeProxies carry every route of a cluster (partition.go).
+	routeProxies []*routeProxy
 	skipped      int
 	clusterNotes []string
 }
@@ -197,7 +200,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.mu.Lock()
 	r.Kills, r.BrokerRestarts, r.FaultsSkipped, r.LastFault = h.kills, h.restarts, h.skipped, h.lastFault
 	r.BatchKills, r.BatchKillMisses = h.batchKills, h.batchMisses
-	r.LeaderPauses = h.pauses
+	r.LeaderPauses, r.Partitions = h.pauses, h.partitions
 	r.KillsOf = maps.Clone(h.killsOf)
 	for _, n := range h.clusterNotes {
 		r.note("cluster", "%s", n)
@@ -386,6 +389,8 @@ func (h *harness) injectFaults(ctx context.Context, d *driver) {
 		h.logf("fault %d/%d: %s", i+1, len(h.plan.Faults), f)
 		var err error
 		switch {
+		case f.Partition:
+			err = h.partitionNode(ctx, d.js, f.Down)
 		case f.Pause:
 			err = h.pauseLeader(ctx, d.js, f.Down)
 		case f.Batch:
@@ -436,6 +441,9 @@ func (h *harness) stopAll() {
 	h.stopStages()
 	for _, n := range h.nodes {
 		n.slot.stop(10 * time.Second)
+	}
+	for _, p := range h.routeProxies {
+		p.close()
 	}
 }
 

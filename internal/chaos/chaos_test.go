@@ -99,7 +99,7 @@ func TestChaosCluster(t *testing.T) {
 		t.Skip("set TOLLGATE_CHAOS_CLUSTER_TEST=1 (make cluster-test) for the three-node cluster run")
 	}
 	runChaos(t, Config{
-		Turns: 400, Kills: 0, BrokerRestarts: 1, LeaderPauses: 1, Replicas: 2, ClusterNodes: 3, Concurrency: 16, MaxSessionTurns: 4,
+		Turns: 400, Kills: 0, BrokerRestarts: 1, LeaderPauses: 1, Partitions: 1, Replicas: 2, ClusterNodes: 3, Concurrency: 16, MaxSessionTurns: 4,
 		// No tool service crash call: it would hold its session for the
 		// 1-minute tool timeout (TestChaosShort has one).
 		ExpiresAfter: time.Second, ToolCrashes: -1, FaultFrom: 0.3, FaultTo: 0.6,
@@ -358,36 +358,40 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 	}
 }
 
-// Leader pauses are planned in a cluster only, as broker faults that kill
+// Leader pauses and partitions are planned in a cluster only, as broker faults that kill
 // nothing, longer than an election, from a random source of their own: a
 // seed's turns and other faults are those it had without them.
 func TestLeaderPausesArePlannedInAClusterOnly(t *testing.T) {
 	c := Defaults()
-	c.Seed, c.Turns, c.ClusterNodes, c.LeaderPauses = 42, 400, 3, 2
+	c.Seed, c.Turns, c.ClusterNodes, c.LeaderPauses, c.Partitions = 42, 400, 3, 2, 1
 	c = c.withDefaults()
 	a := NewPlan(c)
-	var pauses []Fault
+	var pauses, cuts []Fault
 	for _, f := range a.Faults {
-		if f.Pause {
-			pauses = append(pauses, f)
+		if f.Pause || f.Partition {
+			if f.Pause {
+				pauses = append(pauses, f)
+			} else {
+				cuts = append(cuts, f)
+			}
 			if !f.Broker || !f.Leader || f.Batch || f.Down < 10*time.Second {
-				t.Errorf("pause %v: want a broker fault on a leader, longer than an election", f)
+				t.Errorf("%v: want a broker fault on a leader, longer than an election", f)
 			}
 		}
 	}
-	if len(pauses) != 2 {
-		t.Fatalf("%d pauses planned, want 2", len(pauses))
+	if len(pauses) != 2 || len(cuts) != 1 {
+		t.Fatalf("%d pauses and %d partitions planned, want 2 and 1", len(pauses), len(cuts))
 	}
 	c1 := c
-	c1.LeaderPauses = 0
-	others := slices.DeleteFunc(slices.Clone(a.Faults), func(f Fault) bool { return f.Pause })
+	c1.LeaderPauses, c1.Partitions = 0, 0
+	others := slices.DeleteFunc(slices.Clone(a.Faults), func(f Fault) bool { return f.Pause || f.Partition })
 	if p := NewPlan(c1); !reflect.DeepEqual(p.Turns, a.Turns) || !reflect.DeepEqual(p.Faults, others) {
 		t.Fatal("the pauses changed the seed's turns or other faults")
 	}
 	one := Defaults()
-	one.LeaderPauses = 2
-	if one = one.withDefaults(); one.LeaderPauses != 0 {
-		t.Errorf("one server: %d leader pauses kept, want 0 (there is no other node to lead)", one.LeaderPauses)
+	one.LeaderPauses, one.Partitions = 2, 1
+	if one = one.withDefaults(); one.LeaderPauses != 0 || one.Partitions != 0 {
+		t.Errorf("one server: %d leader pauses and %d partitions kept, want none (there is no other node)", one.LeaderPauses, one.Partitions)
 	}
 }
 

@@ -113,6 +113,9 @@ type Report struct {
 	// LeaderPauses: nodes stopped (SIGSTOP) while leading the busiest
 	// stream, for longer than an election, then continued.
 	LeaderPauses int
+	// Partitions: nodes cut off from their peers while leading the
+	// busiest stream, for longer than an election, then healed.
+	Partitions int
 	// BatchKills of the BrokerRestarts killed the broker as an atomic
 	// batch of BatchSizes turns committed; the server then stored
 	// BatchesStoredWhole of them whole and BatchesStoredNone not at all.
@@ -589,6 +592,9 @@ func (r *Report) Print(w io.Writer) {
 	}
 	p("faults: %d worker kills (%s), %d %s, %d tool service crash calls, %d unexpected worker exits, %d skipped",
 		r.Kills, counts(r.KillsOf), r.BrokerRestarts, broker, r.ToolCrashes, r.UnexpectedExits, r.FaultsSkipped)
+	if r.Partitions > 0 {
+		p("partitions: %d nodes cut off from their peers while leading the busiest stream, for longer than an election, then healed (see the cluster notes)", r.Partitions)
+	}
 	if r.LeaderPauses > 0 {
 		p("leader pauses: %d nodes stopped (SIGSTOP) while leading the busiest stream, for longer than an election, then continued (see the cluster notes)", r.LeaderPauses)
 	}

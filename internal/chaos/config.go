@@ -52,6 +52,11 @@ type Config struct {
 	// leader that stops answering without dying, and comes back with a
 	// stale view after another node led its streams (brokers.go).
 	LeaderPauses int
+	// Partitions (in a cluster only) cut the node leading the busiest
+	// stream off from its peers (every route goes through a loopback proxy
+	// of the harness: partition.go) for longer than an election, then
+	// heal the cut.
+	Partitions int
 	// NoGroupCommit runs the stages with --group-commit=false; by default
 	// the harness runs them with the group committer on.
 	NoGroupCommit   bool
@@ -147,6 +152,9 @@ func (c Config) withDefaults() Config {
 	if c.LeaderPauses < 0 || !c.Clustered() {
 		c.LeaderPauses = 0
 	}
+	if c.Partitions < 0 || !c.Clustered() {
+		c.Partitions = 0
+	}
 	switch {
 	case c.BurstPercent == 0:
 		c.BurstPercent = d.BurstPercent
@@ -196,8 +204,8 @@ func (c Config) Params() string {
 	if c.NoGroupCommit {
 		gc = "off"
 	}
-	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d batch_kills=%d leader_pauses=%d group_commit=%s replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
-		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.BatchKills, c.LeaderPauses, gc, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
+	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d batch_kills=%d leader_pauses=%d partitions=%d group_commit=%s replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.BatchKills, c.LeaderPauses, c.Partitions, gc, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
 		c.ExpiresAfter, c.ToolCrashes, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries, planner)
 }
 
@@ -212,7 +220,7 @@ func (c Config) Replay() string {
 		s += " CHAOS_GROUP_COMMIT=0"
 	}
 	if c.Clustered() {
-		s += fmt.Sprintf(" CHAOS_CLUSTER=%d CHAOS_STREAM_REPLICAS=%d CHAOS_LEADER_PAUSES=%d", c.ClusterNodes, c.StreamReplicas, c.LeaderPauses)
+		s += fmt.Sprintf(" CHAOS_CLUSTER=%d CHAOS_STREAM_REPLICAS=%d CHAOS_LEADER_PAUSES=%d CHAOS_PARTITIONS=%d", c.ClusterNodes, c.StreamReplicas, c.LeaderPauses, c.Partitions)
 	}
 	if c.Planner {
 		s += fmt.Sprintf(" CHAOS_PLANNER=1 CHAOS_PLANNER_PERCENT=%d", c.PlannerPercent)
@@ -253,6 +261,7 @@ func (c Config) FromEnv() (Config, error) {
 	num("RESTARTS", &c.BrokerRestarts)
 	num("BATCH_KILLS", &c.BatchKills)
 	num("LEADER_PAUSES", &c.LeaderPauses)
+	num("PARTITIONS", &c.Partitions)
 	if s := os.Getenv("TOLLGATE_CHAOS_GROUP_COMMIT"); s != "" {
 		on, perr := strconv.ParseBool(s)
 		if perr != nil && err == nil {

@@ -111,9 +111,15 @@ type Fault struct {
 	// Pause (with Broker, in a cluster): SIGSTOP the node leading the
 	// busiest stream for Down, then SIGCONT; nothing is killed.
 	Pause bool
+	// Partition (with Broker, in a cluster): cut the node leading the
+	// busiest stream off from its peers for Down, then heal the cut.
+	Partition bool
 }
 
 func (f Fault) String() string {
+	if f.Partition {
+		return fmt.Sprintf("cut the node leading the busiest stream off from its peers at turn %d+%v, for %v", f.AtTurn, f.Jitter.Round(time.Millisecond), f.Down.Round(time.Millisecond))
+	}
 	if f.Pause {
 		return fmt.Sprintf("pause (SIGSTOP) the node leading the busiest stream at turn %d+%v, for %v", f.AtTurn, f.Jitter.Round(time.Millisecond), f.Down.Round(time.Millisecond))
 	}
@@ -239,6 +245,7 @@ func NewPlan(c Config) Plan {
 	}
 	planBatchKills(c, &p, from, to)
 	planLeaderPauses(c, &p, from, to)
+	planPartitions(c, &p, from, to)
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return a.AtTurn - b.AtTurn })
 	return p
 }
@@ -254,6 +261,19 @@ func planLeaderPauses(c Config, p *Plan, from, to int) {
 		span := max((to-from)/c.LeaderPauses, 1)
 		p.Faults = append(p.Faults, Fault{
 			AtTurn: from + span*i + rng.IntN(span), Jitter: jitter(rng, 500*time.Millisecond), Broker: true, Leader: true, Pause: true,
+			Down: 12*time.Second + jitter(rng, 3*time.Second),
+		})
+	}
+}
+
+// planPartitions adds the partitions as planLeaderPauses adds the pauses,
+// from a random source of their own.
+func planPartitions(c Config, p *Plan, from, to int) {
+	rng := rand.New(rand.NewPCG(uint64(c.Seed), 0x9a_27_17_10))
+	for i := range c.Partitions {
+		span := max((to-from)/c.Partitions, 1)
+		p.Faults = append(p.Faults, Fault{
+			AtTurn: from + span*i + rng.IntN(span), Jitter: jitter(rng, 500*time.Millisecond), Broker: true, Leader: true, Partition: true,
 			Down: 12*time.Second + jitter(rng, 3*time.Second),
 		})
 	}

@@ -259,7 +259,18 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	case err == nil:
 		return x.advance(ctx, rec, rev) // rec is what is stored: no need to read it back
 	case errors.Is(err, store.ErrExists):
-		return x.Advance(ctx, t.TurnID) // a redelivery: go on from the stored state
+		// A redelivery: go on from the stored state. The create was refused
+		// because the record exists, so a read that finds none is stale: a
+		// former leader of the replicated bucket cut off from its peers
+		// still answers reads (make cluster-test's partition fault found
+		// this dead-lettering the turn and leaving its batch queued for
+		// good). It is a transient failure: tried again with the runner's
+		// growing delays, which outlast a partition that heals.
+		err := x.Advance(ctx, t.TurnID)
+		if schemas.CodeOf(err) == schemas.CodeBatchRecordMissing {
+			return fmt.Errorf("turn %s: its batch record exists but was not read back (a stale read): %w", t.TurnID, store.ErrNotFound)
+		}
+		return err
 	default:
 		return err
 	}
