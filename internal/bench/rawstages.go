@@ -45,7 +45,7 @@ type rawStages struct {
 	// raw turn's reference).
 	layout  rawLayout
 	w       *rawWriter
-	log     *turnlog.Log // design (b)'s turn logs
+	log     *turnlog.Log              // design (b)'s turn logs
 	configs map[string]rawStageConfig // the consumers of each stage (layout.stageConfigs)
 
 	ctx     context.Context

@@ -45,16 +45,16 @@ type harness struct {
 	// batches is the batch kill fault's gate and committer hook.
 	batches *batchKiller
 
-	mu           sync.Mutex
-	procs        []*childproc.Proc
-	lastFault    time.Time
-	kills        int
-	killsOf      map[string]int // kills by binary
-	restarts     int
-	batchKills   int // restarts that were batch kills
-	batchMisses  int // batch kills with no large batch to kill in
-	pauses       int // leader pauses (SIGSTOP, then SIGCONT)
-	partitions   int // nodes cut off from their peers, then healed
+	mu          sync.Mutex
+	procs       []*childproc.Proc
+	lastFault   time.Time
+	kills       int
+	killsOf     map[string]int // kills by binary
+	restarts    int
+	batchKills  int // restarts that were batch kills
+	batchMisses int // batch kills with no large batch to kill in
+	pauses      int // leader pauses (SIGSTOP, then SIGCONT)
+	partitions  int // nodes cut off from their peers, then healed
 	// routeProxies carry every route of a cluster (partition.go).
 	routeProxies []*routeProxy
 	skipped      int
