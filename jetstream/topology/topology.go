@@ -192,26 +192,33 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// streamBase is every Tollgate stream's configuration: its limits,
+// history, replicas and duplicate window.
+func (c Config) streamBase(name, desc string, subjects ...string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        name,
+		Description: desc,
+		Subjects:    subjects,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      c.MaxAge,
+		Storage:     c.Storage,
+		Replicas:    c.Replicas,
+		Duplicates:  c.DuplicateWindow,
+		MaxMsgSize:  1 << 20,
+		Discard:     jetstream.DiscardOld,
+	}
+}
+
 // Streams returns the stream configurations Ensure creates.
 func (c Config) Streams() []jetstream.StreamConfig {
 	mk := func(name, desc string, subjects ...string) jetstream.StreamConfig {
-		return jetstream.StreamConfig{
-			Name:        name,
-			Description: desc,
-			Subjects:    subjects,
-			Retention:   jetstream.LimitsPolicy,
-			MaxAge:      c.MaxAge,
-			Storage:     c.Storage,
-			Replicas:    c.Replicas,
-			Duplicates:  c.DuplicateWindow,
-			MaxMsgSize:  1 << 20,
-			Discard:     jetstream.DiscardOld,
-			// Atomic batch publish (nats-server 2.12+): the stages' group
-			// committer (jetstream/groupcommit) commits the writes that
-			// wait together as one batch. A server lets it be turned on
-			// and off for an existing stream.
-			AllowAtomicPublish: true,
-		}
+		sc := c.streamBase(name, desc, subjects...)
+		// Atomic batch publish (nats-server 2.12+): the stages' group
+		// committer (jetstream/groupcommit) commits the writes that
+		// wait together as one batch. A server lets it be turned on
+		// and off for an existing stream.
+		sc.AllowAtomicPublish = true
+		return sc
 	}
 	turns := mk(StreamTurns, "Tollgate: accepted turns, session-ready notices and scheduled follow-ups", "tollgate.turn.>")
 	// Delayed follow-up work is a message schedule (nats-server 2.12+):

@@ -76,19 +76,9 @@ func TurnLogWildcard(i int, turn string) string {
 func (c Config) TurnLogStreams() []jetstream.StreamConfig {
 	out := make([]jetstream.StreamConfig, c.TurnLogPartitionCount())
 	for i := range out {
-		out[i] = jetstream.StreamConfig{
-			Name:        TurnLogStream(i),
-			Description: "Tollgate: turn logs, partition " + strconv.Itoa(i) + ": each turn's events, appended by compare-and-set",
-			Subjects:    []string{SubjectTurnLogPrefix + strconv.Itoa(i) + ".>"},
-			Retention:   jetstream.LimitsPolicy,
-			MaxAge:      c.MaxAge,
-			Storage:     c.Storage,
-			Replicas:    c.Replicas,
-			Duplicates:  c.DuplicateWindow,
-			MaxMsgSize:  1 << 20,
-			Discard:     jetstream.DiscardOld,
-			AllowDirect: c.DirectGets(),
-		}
+		out[i] = c.streamBase(TurnLogStream(i), "Tollgate: turn logs, partition "+strconv.Itoa(i)+": each turn's events, appended by compare-and-set",
+			SubjectTurnLogPrefix+strconv.Itoa(i)+".>")
+		out[i].AllowDirect = c.DirectGets()
 	}
 	return out
 }
