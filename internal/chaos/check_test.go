@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -290,5 +291,51 @@ func TestCheckKilledBatches(t *testing.T) {
 	r = Check(f)
 	if r.PartialBatches != 2 || r.BatchTurnsNotOnce != 2 || r.Violations() != 4 {
 		t.Fatalf("partial %d (want 2), not once %d (want 2), violations %d (want 4)", r.PartialBatches, r.BatchTurnsNotOnce, r.Violations())
+	}
+}
+
+// A step batch leaves out the calls the planner refused (a tool the
+// catalog lacked while the tool service was down) and numbers the rest
+// from 0: the harness maps each batch call to the planned call its
+// arguments name, never by position (seed 639371245 had call 1's ledger
+// checked as call 0's guarded one).
+func TestStepBatchCallsFollowTheRecordedStep(t *testing.T) {
+	plan := TurnPlan{Index: 7, Kind: plannerKind, Steps: [][]CallPlan{
+		{{Tool: toolsvc.LedgerGuarded, Decision: DecideApprove}, {Tool: toolsvc.Ledger}, {Tool: tools.LedgerGuardedTool, Decision: DecideDeny}},
+	}}
+	planned := plan.Steps[0]
+	refusedFirst := &schemas.PlannerStep{Batch: "b", Calls: []schemas.PlannerCall{
+		{Args: plan.StepArgs(0, 0), BatchIndex: -1, Code: schemas.CodeToolNotFound},
+		{Args: `{"call":101,"turn":7}`, BatchIndex: 0},
+		{Args: plan.StepArgs(0, 2), BatchIndex: 1},
+	}}
+	tests := []struct {
+		name   string
+		rec    *schemas.PlannerStep
+		want   []CallPlan
+		wantOK bool
+	}{
+		{"no record is checked as the plan", nil, planned, true},
+		{"a refused call shifts the others", refusedFirst, []CallPlan{planned[1], planned[2]}, true},
+		{"every call refused makes no batch", &schemas.PlannerStep{Calls: []schemas.PlannerCall{{Args: plan.StepArgs(0, 0), BatchIndex: -1}}}, nil, false},
+		{"arguments of another turn fall back to the plan", &schemas.PlannerStep{Batch: "b", Calls: []schemas.PlannerCall{{Args: `{"turn":8,"call":100}`, BatchIndex: 0}}}, planned, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := stepBatchCalls(plan, 0, planned, tt.rec)
+			if ok != tt.wantOK || !slices.Equal(got, tt.want) {
+				t.Fatalf("stepBatchCalls = %v, %v; want %v, %v", got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+
+	rec := &schemas.ApprovalRecord{TurnID: schemas.PlannerStepTurnID("t-x", 0), CallID: schemas.CallID(schemas.PlannerStepTurnID("t-x", 0), 1), Args: plan.StepArgs(0, 2)}
+	rec.ApprovalID = schemas.ApprovalID(rec.TurnID, 1)
+	if i, err := planCall(plan, planned, rec); err != nil || i != 2 {
+		t.Fatalf("planCall of batch call 1 with call 2's arguments = %d, %v; want 2", i, err)
+	}
+	rec.Args = `{"turn":7,"call":205}`
+	if _, err := planCall(plan, planned, rec); err == nil {
+		t.Fatal("planCall accepted arguments that name no call of the step")
 	}
 }

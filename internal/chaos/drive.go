@@ -306,9 +306,9 @@ func (d *driver) onRequested(ctx context.Context, rec *schemas.ApprovalRecord) {
 	if t == nil || rec.Status != schemas.ApprovalPending {
 		return
 	}
-	i, err := callIndex(rec.CallID)
-	if err != nil || i >= len(calls) || rec.ApprovalID != schemas.ApprovalID(rec.TurnID, i) {
-		d.h.logf("approval %s names call %q, which batch %s (plan %d) does not have", rec.ApprovalID, rec.CallID, rec.TurnID, t.plan.Index)
+	i, err := planCall(*t.plan, calls, rec)
+	if err != nil {
+		d.h.logf("approval %s of batch %s (plan %d): %v", rec.ApprovalID, rec.TurnID, t.plan.Index, err)
 		return
 	}
 	d.mu.Lock()
@@ -326,6 +326,29 @@ func (d *driver) onRequested(ctx context.Context, rec *schemas.ApprovalRecord) {
 			d.h.logf("decisions for %s: %v", rec.ApprovalID, err)
 		}
 	}()
+}
+
+// planCall returns the index in calls (batchOf's) of the planned call that
+// approval rec is for: the call's index in its batch, or for a planner
+// turn's step batch the planned call its arguments name
+// (TurnPlan.StepCall), since a step batch leaves out the calls the
+// planner refused.
+func planCall(plan TurnPlan, calls []CallPlan, rec *schemas.ApprovalRecord) (int, error) {
+	i, err := callIndex(rec.CallID)
+	if err != nil || rec.ApprovalID != schemas.ApprovalID(rec.TurnID, i) {
+		return 0, fmt.Errorf("call %q is not the approval's", rec.CallID)
+	}
+	if _, n, step := schemas.PlannerStepOf(rec.TurnID); step {
+		p, ok := plan.StepCall(n, rec.Args)
+		if !ok {
+			return 0, fmt.Errorf("arguments %s name no call of step %d", rec.Args, n)
+		}
+		i = p
+	}
+	if i >= len(calls) {
+		return 0, fmt.Errorf("call %d is not planned", i)
+	}
+	return i, nil
 }
 
 func callIndex(callID string) (int, error) {
@@ -508,9 +531,10 @@ func (d *driver) check(ctx context.Context, t *turnState) error {
 		batches[schemas.PlannerStepTurnID(t.id, n)] = calls
 	}
 	for id, calls := range batches {
+		_, _, step := schemas.PlannerStepOf(id)
 		for i, c := range calls {
-			if !c.NeedsApproval() {
-				continue
+			if !c.NeedsApproval() && !step {
+				continue // a step batch's call i may be another planned call (planCall)
 			}
 			a, _, err := d.st.Approvals.Get(gctx, schemas.ApprovalID(id, i))
 			switch {

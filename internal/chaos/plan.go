@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -90,6 +91,31 @@ func (t TurnPlan) ReplyText() string { return fmt.Sprintf("done with chaos turn 
 // planner turn t (unique per call: the ledger tools record them).
 func (t TurnPlan) StepArgs(n, i int) string {
 	return fmt.Sprintf(`{"turn":%d,"call":%d}`, t.Index, 100*(n+1)+i)
+}
+
+// StepCall returns the index in t.Steps[n] of the planned call whose
+// arguments are args (as StepArgs wrote them, in any key order), and false
+// when args are not one of step n's calls.
+//
+// A step batch is not its plan by position: the planner leaves out of the
+// batch every call its check refuses (a tool the catalog does not have
+// while every replica of the remote tool service is down: TOOL_NOT_FOUND,
+// told to the model as the call's result) and numbers the remaining calls
+// from 0 (schemas.PlannerCall.BatchIndex). So the harness finds a batch
+// call's plan by its arguments, which name it.
+func (t TurnPlan) StepCall(n int, args string) (int, bool) {
+	var a struct {
+		Turn *int `json:"turn"`
+		Call *int `json:"call"`
+	}
+	if json.Unmarshal([]byte(args), &a) != nil || a.Turn == nil || a.Call == nil || *a.Turn != t.Index || n < 0 || n >= len(t.Steps) {
+		return 0, false
+	}
+	i := *a.Call - 100*(n+1)
+	if i < 0 || i >= len(t.Steps[n]) {
+		return 0, false
+	}
+	return i, true
 }
 
 // Fault is one injected fault.

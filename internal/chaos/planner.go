@@ -104,7 +104,11 @@ func (h *harness) gatherPlanner(ctx context.Context, js jetstream.JetStream, d *
 			}
 		}
 		pf.Steps[rf.ID] = recs
-		for n, calls := range rf.Plan.Steps {
+		for n, planned := range rf.Plan.Steps {
+			calls, ok := stepBatchCalls(rf.Plan, n, planned, recs[n])
+			if !ok {
+				continue // the planner refused every call of the step: no batch
+			}
 			sf := TurnFact{
 				Plan: TurnPlan{Index: rf.Plan.Index, Session: rf.Plan.Session, Kind: "planner step", Calls: calls},
 				ID:   schemas.PlannerStepTurnID(rf.ID, n), StepOf: rf.ID, SessionID: rf.SessionID, Principal: rf.Principal, Published: true, Seq: rf.Seq,
@@ -141,6 +145,36 @@ func (h *harness) gatherPlanner(ctx context.Context, js jetstream.JetStream, d *
 	}
 	f.Planner = pf
 	return nil
+}
+
+// stepBatchCalls returns the planned calls of step n's batch in the
+// batch's order: the calls of the recorded step rec that joined the batch
+// (BatchIndex >= 0), each the planned call its arguments name
+// (TurnPlan.StepCall). Without a record it is the plan (the batch, if any,
+// is then checked as the plan's). It returns false when the recorded step
+// made no batch: the planner refused every call (told the model so), and
+// no batch is owed.
+func stepBatchCalls(plan TurnPlan, n int, planned []CallPlan, rec *schemas.PlannerStep) ([]CallPlan, bool) {
+	if rec == nil {
+		return planned, true
+	}
+	if rec.Batch == "" {
+		return nil, false
+	}
+	var calls []CallPlan
+	for _, c := range rec.Calls {
+		if c.BatchIndex < 0 {
+			continue
+		}
+		p, ok := plan.StepCall(n, c.Args)
+		if !ok || c.BatchIndex != len(calls) {
+			// Not the harness's call, or out of order: check the batch
+			// against the plan, which then reports it.
+			return planned, true
+		}
+		calls = append(calls, planned[p])
+	}
+	return calls, true
 }
 
 // checkPlanner adds the planner's checks: no model step asked again after
@@ -188,6 +222,22 @@ func checkPlanner(r *Report, f *Facts, byID map[string]*TurnFact) {
 		if q.Step < len(recs) && recs[q.Step] != nil && q.At.After(recs[q.Step].CreatedAt.Add(modelGrace)) {
 			r.DuplicateModelSteps++
 			r.example("duplicate model step", "%s asked at %s, recorded at %s", key, stamp(q.At), stamp(recs[q.Step].CreatedAt))
+		}
+	}
+
+	// Calls the planner refused (told to the model, in no batch): not a
+	// violation (the harness's tool service may be down long enough for
+	// its tools to leave the catalog), but worth seeing in the notes.
+	for id, recs := range pf.Steps {
+		for _, rec := range recs {
+			if rec == nil {
+				continue
+			}
+			for _, c := range rec.Calls {
+				if c.Code != "" {
+					r.note("planner step call refused", "%s step %d call %s (%s): %s", id, rec.Index, c.ID, c.Tool, c.Code)
+				}
+			}
 		}
 	}
 
