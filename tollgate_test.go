@@ -184,13 +184,10 @@ func TestATurnRunsThroughAPipelineBuiltByNew(t *testing.T) {
 			t.Errorf("%s at %v, want the injected clock's %v", what, at, clock)
 		}
 	}
-	for i, r := range out.Results {
-		c, _, err := p.Store.Claims.Get(context.Background(), r.CallID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.Worker != p.Engine.Worker() || !strings.HasPrefix(c.Worker, "executor@test:1#") {
-			t.Errorf("claim of call %d taken by %q, want the one engine %q", i, c.Worker, p.Engine.Worker())
+	for i := range out.Results {
+		c := b.ClaimOf(i)
+		if c == nil || c.Worker != p.Engine.Worker() || !strings.HasPrefix(c.Worker, "executor@test:1#") || !c.ClaimedAt.Equal(clock) {
+			t.Errorf("claim of call %d %+v, want one taken by the one engine %q at the injected clock's time", i, c, p.Engine.Worker())
 		}
 	}
 

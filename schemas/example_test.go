@@ -339,7 +339,7 @@ func exampleOutcome() *schemas.TurnOutcome {
 func exampleBatch() *schemas.BatchRecord {
 	r0, r1 := exampleResult(0), exampleResult(1)
 	return &schemas.BatchRecord{
-		V:             1,
+		V:             2,
 		TurnID:        exTurnID,
 		SessionID:     exSession,
 		Context:       exampleContext(),
@@ -359,7 +359,19 @@ func exampleBatch() *schemas.BatchRecord {
 		Plan:         true,
 		HeldBy:       "t-0f1e2d3c4b5a69788796",
 		SupersededBy: "t-1a2b3c4d5e6f70819203",
+		Claims: []*schemas.CallClaim{
+			{Worker: "executor@host:4242-9f86d081", ClaimedAt: t2},
+			{Worker: "redriver@host:4243-0c1d2e3f", ClaimedAt: t3},
+		},
 	}
+}
+
+// exampleBatchV1 is exampleBatch as version 1 wrote it: no claims (they
+// were records of tollgate_claims).
+func exampleBatchV1() *schemas.BatchRecordV1 {
+	b := exampleBatch()
+	b.V, b.Claims = 1, nil
+	return (*schemas.BatchRecordV1)(b)
 }
 
 func exampleSession() *schemas.SessionRecord {
@@ -431,7 +443,8 @@ var recordTypes = []recordType{
 	{"decision_rejected.v1.msgpack", 1, func() schemas.Record { return exampleRejected() }, decodeAs[schemas.DecisionRejected]},
 	{"redrive_outcome.v1.msgpack", 1, func() schemas.Record { return exampleRedrive() }, decodeAs[schemas.RedriveOutcome]},
 	{"turn_outcome.v1.msgpack", 1, func() schemas.Record { return exampleOutcome() }, decodeAs[schemas.TurnOutcome]},
-	{"batch_record.v1.msgpack", 1, func() schemas.Record { return exampleBatch() }, decodeAs[schemas.BatchRecord]},
+	{"batch_record.v2.msgpack", 2, func() schemas.Record { return exampleBatch() }, decodeAs[schemas.BatchRecord]},
+	{"batch_record.v1.msgpack", 1, func() schemas.Record { return exampleBatchV1() }, decodeAs[schemas.BatchRecordV1]},
 	{"session_record.v1.msgpack", 1, func() schemas.Record { return exampleSession() }, decodeAs[schemas.SessionRecord]},
 	{"execution_claim.v1.msgpack", 1, func() schemas.Record { return exampleClaim() }, decodeAs[schemas.ExecutionClaim]},
 	{"turn_notice.v1.msgpack", 1, func() schemas.Record { return exampleNotice() }, decodeAs[schemas.TurnNotice]},

@@ -103,7 +103,35 @@ func FuzzDecodeTurnOutcome(f *testing.F) {
 }
 
 func FuzzDecodeBatchRecord(f *testing.F) {
-	fuzzDecode[schemas.BatchRecord](f, "batch_record.v1.msgpack")
+	fuzzDecode[schemas.BatchRecord](f, "batch_record.v2.msgpack")
+}
+
+func FuzzDecodeBatchRecordV1(f *testing.F) {
+	fuzzDecode[schemas.BatchRecordV1](f, "batch_record.v1.msgpack")
+}
+
+// FuzzDecodeBatch: the version dispatcher never panics, marks exactly the
+// version 1 records Legacy, never returns a legacy record with claims, and
+// every failure carries a code.
+func FuzzDecodeBatch(f *testing.F) {
+	for _, rt := range recordTypes {
+		f.Add(readGolden(f, rt.golden))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rec, err := schemas.DecodeBatch(b)
+		switch {
+		case err != nil:
+			if schemas.CodeOf(err) == "" || rec != nil {
+				t.Fatalf("err %v with rec %v", err, rec)
+			}
+		case rec == nil:
+			t.Fatal("no record and no error")
+		case rec.Legacy() != (rec.V == schemas.BatchLegacyVersion), !rec.Legacy() && rec.V != schemas.BatchVersion:
+			t.Fatalf("version %d returned with legacy %v", rec.V, rec.Legacy())
+		case rec.Legacy() && len(rec.Claims) != 0:
+			t.Fatal("a legacy record with claims")
+		}
+	})
 }
 
 func FuzzDecodeSessionRecord(f *testing.F) {

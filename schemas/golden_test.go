@@ -85,6 +85,9 @@ func TestGolden(t *testing.T) {
 				skip[".decision.grant"] = true // the legacy shape predates grants
 				skip[".decision.note"] = true  // and notes kept with the decision
 			}
+			if rt.golden == "batch_record.v1.msgpack" {
+				skip[".claims"] = true // version 1 kept its claims in tollgate_claims
+			}
 			if rt.golden == "approval_record.v2.msgpack" {
 				skip[".preview"] = true // a record written before previews (v2-preview has one)
 			}
@@ -138,6 +141,9 @@ func assertAllKeys(t *testing.T, path string, typ reflect.Type, v any, skip map[
 		}
 		for i := 0; i < typ.NumField(); i++ {
 			f := typ.Field(i)
+			if !f.IsExported() {
+				continue // not encoded (a BatchRecord's legacy mark)
+			}
 			name, _, _ := strings.Cut(f.Tag.Get("msgpack"), ",")
 			fv, ok := m[name]
 			if skip[path+"."+name] {
@@ -282,7 +288,7 @@ func TestDecodeLegacyApprovalRecord(t *testing.T) {
 // record as an optional key: a record written before it still decodes, as
 // depth 0, with every other field intact.
 func TestDecodeRecordsWrittenBeforeFollowUpDepth(t *testing.T) {
-	for _, golden := range []string{"accepted_turn.v1.msgpack", "batch_record.v1.msgpack"} {
+	for _, golden := range []string{"accepted_turn.v1.msgpack", "batch_record.v2.msgpack"} {
 		t.Run(golden, func(t *testing.T) {
 			m := toMap(t, readGolden(t, golden))
 			if _, ok := m["followup_depth"]; !ok {
@@ -731,14 +737,14 @@ func allocated() uint64 {
 // plan, held_by and superseded_by existed decodes with them false / empty
 // (the planner's upgrade story relies on it).
 func TestBatchRecordWithoutLoopKeysDecodes(t *testing.T) {
-	m := toMap(t, readGolden(t, "batch_record.v1.msgpack"))
+	m := toMap(t, readGolden(t, "batch_record.v2.msgpack"))
 	for _, k := range []string{"plan", "held_by", "superseded_by"} {
 		if _, ok := m[k]; !ok {
 			t.Fatalf("the golden file has no %s to remove", k)
 		}
 		delete(m, k)
 	}
-	rec, err := decoderFor(t, "batch_record.v1.msgpack")(fromMap(t, m))
+	rec, err := decoderFor(t, "batch_record.v2.msgpack")(fromMap(t, m))
 	if err != nil {
 		t.Fatalf("decode: %v", err)
 	}
@@ -784,4 +790,45 @@ func TestContextWithAnotherSessionKeyIsInvalid(t *testing.T) {
 	if schemas.CodeOf(err) != schemas.CodeTurnContextInvalid || !strings.Contains(err.Error(), "session_key") {
 		t.Fatalf("Check = %v, want TURN_CONTEXT_INVALID naming session_key", err)
 	}
+}
+
+// A version 1 batch record (its claims in tollgate_claims) decodes only
+// through DecodeBatch, marked Legacy, with every field intact, and is
+// written back as version 1 without claims; the current version decodes as
+// itself; any other version, or a version 1 record carrying claims, is
+// rejected, never guessed.
+func TestDecodeLegacyBatchRecord(t *testing.T) {
+	v1 := readGolden(t, "batch_record.v1.msgpack")
+	_, err := schemas.Decode[schemas.BatchRecord](v1)
+	wantCode(t, err, schemas.CodeSchemaVersionUnsupported)
+
+	b, err := schemas.DecodeBatch(v1)
+	if err != nil || !b.Legacy() {
+		t.Fatalf("v1 golden: %+v, %v; want a legacy record", b, err)
+	}
+	if want := (*schemas.BatchRecord)(exampleBatchV1()); !reflect.DeepEqual(utc(*schemas.AsLegacyBatch(b)), utc(*schemas.AsLegacyBatch(want))) {
+		t.Fatalf("v1 golden decodes to\n%#v\nwant\n%#v", b, want)
+	}
+	again, err := schemas.Encode(b)
+	if err != nil || !bytes.Equal(again, v1) {
+		t.Fatalf("a legacy record is written back as\n%x (%v)\nwant the v1 bytes\n%x", again, err, v1)
+	}
+	b.Claims = []*schemas.CallClaim{{Worker: "w", ClaimedAt: t1}, nil}
+	_, err = schemas.Encode(b)
+	wantCode(t, err, schemas.CodeInvalidInput)
+
+	cur, err := schemas.DecodeBatch(readGolden(t, "batch_record.v2.msgpack"))
+	if err != nil || cur.Legacy() || cur.ClaimOf(0) == nil || cur.ClaimOf(0).Worker == "" {
+		t.Fatalf("v2 golden: %+v, %v", cur, err)
+	}
+	for _, v := range []int{0, 3, 65535} {
+		m := toMap(t, v1)
+		m["v"] = v
+		_, err := schemas.DecodeBatch(fromMap(t, m))
+		wantCode(t, err, schemas.CodeSchemaVersionUnsupported)
+	}
+	m := toMap(t, readGolden(t, "batch_record.v2.msgpack"))
+	m["v"] = 1
+	_, err = schemas.DecodeBatch(fromMap(t, m))
+	wantCode(t, err, schemas.CodeInvalidInput)
 }

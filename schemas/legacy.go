@@ -86,3 +86,62 @@ func SameAuthority(a, b *TurnContext) bool {
 		a.Transport == b.Transport && a.Channel == b.Channel &&
 		a.Audience == b.Audience && a.TrustBoundary == b.TrustBoundary
 }
+
+// BatchLegacyVersion is the schema version of BatchRecordV1.
+const BatchLegacyVersion = 1
+
+// BatchRecordV1 is the version 1 shape of a batch record: the fields of
+// BatchRecord but Claims. Its calls' execution claims are records of their
+// own in KV bucket tollgate_claims (ExecutionClaim). It is read through
+// DecodeBatch only, which returns it as a BatchRecord marked Legacy: the
+// stages then claim its calls in tollgate_claims, as the version that
+// wrote it did, and write it back as version 1, so that a claim made
+// before the upgrade is never missed.
+type BatchRecordV1 BatchRecord
+
+func (b *BatchRecordV1) schemaVersion() Version  { return b.V }
+func (b *BatchRecordV1) currentVersion() Version { return BatchLegacyVersion }
+func (b *BatchRecordV1) stampVersion()           { b.V = BatchLegacyVersion }
+func (b *BatchRecordV1) validate() error {
+	if len(b.Claims) != 0 {
+		return Errorf(CodeInvalidInput, "a version %d batch record has no claims", BatchLegacyVersion)
+	}
+	return (*BatchRecord)(b).validate()
+}
+
+// DecodeBatch decodes a stored batch record of either version: the current
+// one, or version 1, returned marked Legacy (see BatchRecordV1). Any other
+// version fails with SCHEMA_VERSION_UNSUPPORTED; it is never guessed.
+func DecodeBatch(data []byte) (*BatchRecord, error) {
+	rec, err := Decode[BatchRecord](data)
+	if err == nil || CodeOf(err) != CodeSchemaVersionUnsupported {
+		return rec, err
+	}
+	old, lerr := Decode[BatchRecordV1](data)
+	switch {
+	case lerr == nil:
+		b := (*BatchRecord)(old)
+		b.legacy = true
+		return b, nil
+	case CodeOf(lerr) == CodeSchemaVersionUnsupported:
+		return nil, err // neither version: report it against the current one
+	}
+	return nil, lerr
+}
+
+// AsLegacyBatch returns b marked as a version 1 record, without claims
+// (for tests and tools that write what an earlier version wrote).
+func AsLegacyBatch(b *BatchRecord) *BatchRecord {
+	c := *b
+	c.Claims, c.legacy = nil, true
+	return &c
+}
+
+// AsCurrentBatch returns b as a current (version 2) record, with the same
+// claims: for a tool that knows b's claims are not in tollgate_claims
+// (pipeline/replay, merging a rebuilt record into the one KV holds).
+func AsCurrentBatch(b *BatchRecord) *BatchRecord {
+	c := *b
+	c.legacy = false
+	return &c
+}

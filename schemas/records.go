@@ -39,7 +39,12 @@ func (o *TurnOutcome) currentVersion() Version    { return TurnOutcomeVersion }
 func (o *TurnOutcome) stampVersion()              { o.V = TurnOutcomeVersion }
 func (b *BatchRecord) schemaVersion() Version     { return b.V }
 func (b *BatchRecord) currentVersion() Version    { return BatchVersion }
-func (b *BatchRecord) stampVersion()              { b.V = BatchVersion }
+func (b *BatchRecord) stampVersion() {
+	b.V = BatchVersion
+	if b.legacy {
+		b.V = BatchLegacyVersion
+	}
+}
 func (s *SessionRecord) schemaVersion() Version   { return s.V }
 func (s *SessionRecord) currentVersion() Version  { return SessionVersion }
 func (s *SessionRecord) stampVersion()            { s.V = SessionVersion }

@@ -19,7 +19,7 @@ const (
 	DecisionRejectedVersion = 1
 	RedriveOutcomeVersion   = 1
 	TurnOutcomeVersion      = 1
-	BatchVersion            = 1
+	BatchVersion            = 2 // version 1 kept its claims in tollgate_claims (BatchRecordV1)
 	SessionVersion          = 1
 	ClaimVersion            = 1
 	NoticeVersion           = 1
@@ -565,6 +565,45 @@ type BatchRecord struct {
 	// the session that superseded the loop (session policy "supersede"):
 	// the loop takes no further model step and fails TURN_SUPERSEDED.
 	SupersededBy string `msgpack:"superseded_by,omitempty"`
+	// Claims (version 2) are the calls' execution claims, by call index:
+	// a call is claimed, by the write of this record that sets its entry,
+	// before its tool starts, and its result is written into Results by a
+	// later write. A claim without a result is a call that may have run
+	// (see pipeline/batch, "Execution claims"). Empty, or one entry per
+	// call; nil entries are unclaimed calls.
+	Claims []*CallClaim `msgpack:"claims,omitempty"`
+
+	// legacy marks a record read as version 1 (BatchRecordV1): its calls'
+	// claims are in KV bucket tollgate_claims, and it is written back as
+	// version 1, never with Claims.
+	legacy bool
+}
+
+// CallClaim is a call's execution claim in its batch record: the engine
+// (the worker, unique per process and start) that claimed it, and when.
+type CallClaim struct {
+	Worker    string    `msgpack:"worker"`
+	ClaimedAt time.Time `msgpack:"claimed_at"`
+}
+
+// Legacy reports whether b was read as a version 1 record, whose claims
+// are kept in tollgate_claims (see DecodeBatch).
+func (b *BatchRecord) Legacy() bool { return b.legacy }
+
+// ClaimOf returns the claim of call i, nil when it has none.
+func (b *BatchRecord) ClaimOf(i int) *CallClaim {
+	if i < 0 || i >= len(b.Claims) {
+		return nil
+	}
+	return b.Claims[i]
+}
+
+// SetClaim sets the claim of call i (b must not be Legacy).
+func (b *BatchRecord) SetClaim(i int, c *CallClaim) {
+	if len(b.Claims) < len(b.Calls) {
+		b.Claims = append(b.Claims, make([]*CallClaim, len(b.Calls)-len(b.Claims))...)
+	}
+	b.Claims[i] = c
 }
 
 // TurnState is the terminal state of a turn.

@@ -341,6 +341,19 @@ func (b *BatchRecord) validate() error {
 	if len(b.Approvals) != len(b.Calls) || len(b.Results) != len(b.Calls) {
 		return Errorf(CodeInvalidInput, "approvals (%d) and results (%d) must match calls (%d)", len(b.Approvals), len(b.Results), len(b.Calls))
 	}
+	switch {
+	case len(b.Claims) != 0 && len(b.Claims) != len(b.Calls):
+		return Errorf(CodeInvalidInput, "claims (%d) must be empty or match calls (%d)", len(b.Claims), len(b.Calls))
+	case len(b.Claims) != 0 && b.V == BatchLegacyVersion:
+		return Errorf(CodeInvalidInput, "a version %d batch record keeps its claims in tollgate_claims, not in the record", BatchLegacyVersion)
+	}
+	for i, c := range b.Claims {
+		if c != nil {
+			if err := checkString(fmt.Sprintf("claims[%d].worker", i), c.Worker, MaxIDBytes, true, false); err != nil {
+				return err
+			}
+		}
+	}
 	return firstErr(
 		checkString("turn_id", b.TurnID, MaxIDBytes, true, false),
 		checkFollowUpDepth(b.FollowUpDepth),

@@ -198,8 +198,8 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 }
 
 // sampleLatency starts recording latencies of turns sent from now on. With
-// decisions, it also watches execution claims to time decision -> approved
-// call started and finished.
+// decisions, it also watches the batch records to time decision ->
+// approved call started and finished.
 func (d *driver) sampleLatency() error {
 	d.mu.Lock()
 	d.lat = &latencies{from: time.Now()}
@@ -207,7 +207,7 @@ func (d *driver) sampleLatency() error {
 	if !d.path.decided() {
 		return nil
 	}
-	s, err := d.nc.Subscribe("$KV."+topology.BucketClaims+".*", d.onClaim)
+	s, err := d.nc.Subscribe("$KV."+topology.BucketBatches+".*", d.onBatch)
 	if err != nil {
 		return err
 	}
@@ -330,32 +330,35 @@ func (d *driver) requestedTurn(turnID string) {
 	d.decisions <- schemas.ApprovalID(turnID, d.path.approvalIndex())
 }
 
-// onClaim times decision -> approved call started and finished: the
-// execution claim (a KV create) is written immediately before the tool
-// runs, and updated with the result (its first update, a compare-and-set)
-// immediately after it returns.
-func (d *driver) onClaim(m *nats.Msg) {
-	created := headerOf(m, jetstream.ExpectedLastSubjSeqHeader) == "0"
-	callID := lastToken(m.Subject)
-	i := strings.LastIndexByte(callID, '-')
-	if i < 0 || callID[i+1:] != strconv.Itoa(d.path.approvalIndex()) {
+// onBatch times decision -> approved call started and finished: the
+// approved call is claimed in its batch record by the write that starts
+// the batch, immediately before the tool runs, and its result is written
+// by the write that completes the batch, immediately after it returns.
+func (d *driver) onBatch(m *nats.Msg) {
+	now := time.Now()
+	turnID := lastToken(m.Subject)
+	d.mu.Lock()
+	t, l := d.turns[turnID], d.lat
+	tracked := t != nil && l != nil && !t.decided.IsZero() && !t.sent.Before(l.from)
+	d.mu.Unlock()
+	if !tracked {
 		return
 	}
-	now := time.Now()
+	b, err := schemas.DecodeBatch(m.Data)
+	if err != nil {
+		return
+	}
+	i := d.path.approvalIndex()
+	claimed, done := b.ClaimOf(i) != nil, i < len(b.Results) && b.Results[i] != nil
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	t := d.turns[callID[:i]]
-	l := d.lat
-	if t == nil || l == nil || t.decided.IsZero() || t.sent.Before(l.from) {
-		return
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case created && t.startedAt.IsZero():
+	if claimed && t.startedAt.IsZero() {
 		t.startedAt = now
 		l.decision = append(l.decision, now.Sub(t.decided))
-	case !created && !t.startedAt.IsZero() && !t.finished:
+	}
+	if done && !t.startedAt.IsZero() && !t.finished && now.After(t.startedAt) {
 		t.finished = true
 		l.finished = append(l.finished, now.Sub(t.decided))
 		l.call = append(l.call, now.Sub(t.startedAt))

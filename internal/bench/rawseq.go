@@ -29,11 +29,15 @@ import (
 // inbound message is its session's own skips it; the bench's sessions
 // rarely take that path.)
 //
-// Before the outcome, the stage that ends the batch retires the turn's
-// claims and approvals (batch.Engine's retire): each is read, and written
-// again with a TTL only if it has none. Today none needs it: a claim's
-// retention started when its result was written, an approval's when it
-// was decided (both with the TTL), so retire costs reads, not writes.
+// A call's execution claim is in its batch record (pipeline/batch, Run):
+// the executor's move to running claims the call it runs at once, and the
+// write that completes (or awaits) carries its result; the redriver's move
+// to started claims the approved call, and its completion carries the
+// result. Before the outcome, the stage that ends the batch retires the
+// turn's approvals (batch.Engine's retire): each is read, and written
+// again with a TTL only if it has none. Today none needs it: an approval's
+// retention started when it was decided (with the TTL), so retire costs
+// reads, not writes.
 //
 // sessionRecordBytes is the size of a new session record.
 // Before it creates an approval, the executor looks up the standing grants
@@ -51,19 +55,16 @@ const sessionRecordBytes = 89
 // rawFast: one echo call, run at once.
 var rawFast = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 213},
-	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 665},
+	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 713},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.create", On: "tollgate_batches/<turn>", Bytes: 745},
+	{Stage: "executor", Op: "kv.create", On: "tollgate_batches/<turn>", Bytes: 793},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 89},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 746},
-	{Stage: "executor", Op: "kv.create", On: "tollgate_claims/<turn>-0", Bytes: 217},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 833},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_claims/<turn>-0"},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 855}, // running, call 0 claimed
+	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 942}, // completed, call 0's result
 	{Stage: "executor", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 263},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 67},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 88},
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 }
 
@@ -80,39 +81,33 @@ var rawFast = []step{
 // the start moves to the decided event (the report shows that trace too).
 var rawApproval = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 273},
-	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 850},
+	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.create", On: "tollgate_batches/<turn>", Bytes: 932},
+	{Stage: "executor", Op: "kv.create", On: "tollgate_batches/<turn>", Bytes: 980},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 89},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 933},
-	{Stage: "executor", Op: "kv.create", On: "tollgate_claims/<turn>-0", Bytes: 217},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_claims/<turn>-0", Bytes: 310},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"}, // no standing grant covers it
-	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 822},
-	{Stage: "executor", Op: "publish", On: "tollgate.event.approval.requested.<turn>", MsgID: true, Bytes: 822},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1043},
-	{Stage: "executor", Op: "publish", On: "tollgate.event.batch.awaiting.<turn>", MsgID: true, Bytes: 89},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1043}, // running, call 0 claimed
+	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},           // no standing grant covers it
+	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},
+	{Stage: "executor", Op: "publish", On: "tollgate.event.approval.requested.<turn>", MsgID: true, Bytes: 935},
+	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1153}, // awaiting, call 0's result
+	{Stage: "executor", Op: "publish", On: "tollgate.event.batch.awaiting.<turn>", MsgID: true, Bytes: 222},
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
 	{Stage: "approver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 924},
+	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025},
 	{Stage: "approver", Op: "publish", On: "tollgate.event.approval.decided.<turn>", MsgID: true, Bytes: 227},
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_batches/<turn>"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1042},
-	{Stage: "redriver", Op: "publish", On: "tollgate.event.redrive.started.<turn>", MsgID: true, Bytes: 89, Async: true},
-	{Stage: "redriver", Op: "kv.create", On: "tollgate_claims/<turn>-1", Bytes: 223},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_claims/<turn>-1", Bytes: 385},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1198},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_claims/<turn>-0"},
+	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1204}, // started, call 1 claimed
+	{Stage: "redriver", Op: "publish", On: "tollgate.event.redrive.started.<turn>", MsgID: true, Bytes: 89},
+	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1360}, // completed, call 1's result
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_claims/<turn>-1"},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 67},
+	{Stage: "redriver", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 88},
 	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_EVENTS/redriver", Trigger: topology.SubjectBatchAwaiting},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_batches/<turn>"},
 	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_EVENTS last tollgate.event.turn.outcome.<turn>"},
@@ -121,9 +116,10 @@ var rawApproval = []step{
 }
 
 // The redriver publishes the started event without waiting for its
-// acknowledgement (Async), and waits for it before the batch's completion
-// write; the raw redriver waits for it before its next publish or its ack,
-// which is no later in practice (the claim's two writes come between).
+// acknowledgement, and waits for it before the batch's completion write;
+// with the approved call claimed by the started write itself, nothing
+// else of the turn's is written in between, so the trace records the
+// publish as waited for.
 
 // rawSequence returns the raw sequence of p (a copy).
 func rawSequence(p path) []step {

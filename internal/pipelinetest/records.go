@@ -27,6 +27,17 @@ func (h *H) MutateBatch(turnID string, fn func(*schemas.BatchRecord)) {
 	}
 }
 
+// MakeLegacy rewrites the batch record of turnID as the previous version
+// wrote it (version 1, no claims in it: schemas.BatchRecordV1), so that a
+// test can leave in tollgate_claims the claims that version made.
+func (h *H) MakeLegacy(turnID string) {
+	h.T.Helper()
+	h.MutateBatch(turnID, func(b *schemas.BatchRecord) { *b = *schemas.AsLegacyBatch(b) })
+	if !h.Batch(turnID).Legacy() {
+		h.T.Fatalf("pipelinetest: batch %s was not written as version 1", turnID)
+	}
+}
+
 // MutateApproval edits approval record id in KV like MutateBatch.
 func (h *H) MutateApproval(id string, fn func(*schemas.ApprovalRecord)) {
 	h.T.Helper()

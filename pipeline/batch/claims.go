@@ -50,14 +50,8 @@ var ErrClaimHeld = errors.New("batch: execution claim held by another worker")
 // run again under a claim taken over by compare-and-set. Any other error
 // is an error result, TOOL_FAILED.
 func (e *Engine) Execute(ctx context.Context, tc *schemas.TurnContext, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
-	if err := e.cfg.Keys.Verify(tc); err != nil {
-		return e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), schemas.ReasonOf(err), approvalID), nil
-	}
-	if !hasTurnPrefix(call.CallID, tc.TurnID) {
-		return e.Result(call, schemas.ResultFailed, schemas.CodeTurnContextMismatch, "call does not belong to the turn's context", approvalID), nil
-	}
-	if schemas.ArgsDigest(call.Args) != call.ArgsDigest {
-		return e.Result(call, schemas.ResultFailed, schemas.CodeArgsDigestMismatch, "arguments do not match their digest", approvalID), nil
+	if res := e.precheck(tc, call, approvalID); res != nil {
+		return res, nil
 	}
 	// refused, when set, is the result of a call whose tool cannot run.
 	var refused *schemas.ToolResult
@@ -126,16 +120,31 @@ func (e *Engine) ExecuteIn(ctx context.Context, b *schemas.BatchRecord, resumed 
 func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, call schemas.ToolCall, approvalID string, claim *schemas.ExecutionClaim, rev uint64) (*schemas.ToolResult, error) {
 	e.started.Store(call.CallID, struct{}{})
 	out, runErr := e.run(ctx, tool, tc, call)
-	res := e.Result(call, schemas.ResultOK, "", "", approvalID)
+	res, again := e.resultOf(tool, call, approvalID, out, runErr)
+	if again {
+		return nil, fmt.Errorf("call %s: %v; run again once its claim lease has passed: %w", call.CallID, runErr, ErrClaimHeld)
+	}
+	e.cfg.Logger.Debug("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
+
+	// Record the result. The tool has run: try hard, on a context that the
+	// caller's cancellation does not cut short.
+	claim.Result = res
+	return e.recordResult(ctx, call.CallID, claim, rev)
+}
+
+// resultOf is the result of call from its tool's run (out, runErr); again
+// reports a retry-safe call whose outcome is uncertain instead: it is left
+// as a worker that died mid-call leaves it, claimed with no result, to be
+// run again once the lease has passed (see Execute).
+func (e *Engine) resultOf(tool tools.Tool, call schemas.ToolCall, approvalID, out string, runErr error) (res *schemas.ToolResult, again bool) {
+	res = e.Result(call, schemas.ResultOK, "", "", approvalID)
 	res.Output = clip(out, MaxOutputBytes)
 	switch {
 	case errors.Is(runErr, errToolHung):
 		res.Status, res.Code = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain
 	case errors.Is(runErr, tools.ErrUncertain) && tools.RetrySafe(tool):
-		// Left as a worker that died mid-call leaves it: claimed, with no
-		// result, to be run again once the lease has passed.
 		e.cfg.Logger.Warn("retry-safe call's outcome uncertain; it runs again after its claim lease", "call", call.CallID, "tool", call.Tool, "err", runErr)
-		return nil, fmt.Errorf("call %s: %v; run again once its claim lease has passed: %w", call.CallID, runErr, ErrClaimHeld)
+		return nil, true
 	case errors.Is(runErr, tools.ErrUncertain):
 		res.Status, res.Code = schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain
 		if schemas.CodeOf(runErr) == schemas.CodeToolReplyInvalid {
@@ -153,12 +162,7 @@ func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool t
 		}
 		res.Reason = clip(res.Reason, MaxReasonBytes)
 	}
-	e.cfg.Logger.Debug("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", tc.Requester.Principal)
-
-	// Record the result. The tool has run: try hard, on a context that the
-	// caller's cancellation does not cut short.
-	claim.Result = res
-	return e.recordResult(ctx, call.CallID, claim, rev)
+	return res, false
 }
 
 // recordResult writes res into the claim this engine holds at revision rev.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
@@ -58,7 +59,14 @@ func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*sch
 		if code != "" {
 			b.State, b.Code, b.Reason = schemas.BatchFailed, code, reason
 			for i, r := range b.Results {
-				if r == nil {
+				switch c := b.ClaimOf(i); {
+				case r != nil:
+				case c != nil:
+					// Claimed and no result (its run was cut short): the
+					// tool may have run, which failed would deny.
+					b.Results[i] = e.Result(b.Calls[i], schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
+						fmt.Sprintf("the batch failed (%s) while the call was claimed by %s at %s with no result recorded; the tool may have run", code, c.Worker, c.ClaimedAt.Format(time.RFC3339)), b.Approvals[i])
+				default:
 					b.Results[i] = e.Result(b.Calls[i], schemas.ResultFailed, code, reason, b.Approvals[i])
 				}
 			}
@@ -217,6 +225,9 @@ func (e *Engine) retire(ctx context.Context, b *schemas.BatchRecord) error {
 			if err := e.cfg.Store.Approvals.Retire(ctx, id); err != nil {
 				return err
 			}
+		}
+		if !b.Legacy() {
+			continue // its claims are in the record itself
 		}
 		if err := e.cfg.Store.Claims.Retire(ctx, call.CallID); err != nil {
 			return err

@@ -38,6 +38,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tracing"
 )
 
@@ -356,6 +357,14 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 				return x.supersedeActive(ctx, b)
 			}
 		}
+		// The calls are evaluated before the batch moves to running, so
+		// that the move also claims the first call that runs at once
+		// (batch.Engine.Claim): one write for both.
+		plans, err := x.evaluate(ctx, b, false)
+		if err != nil {
+			return err
+		}
+		first := slices.IndexFunc(plans, func(p callPlan) bool { return p.run })
 		started := false
 		b, rev, err = x.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
 			started = false
@@ -364,23 +373,27 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 			}
 			started = true
 			b.State, b.HeldBy, b.UpdatedAt = schemas.BatchRunning, held, eng.Now()
+			if first >= 0 {
+				eng.Claim(b, first)
+			}
 			return nil
 		})
-		// Another worker may have started it meanwhile (a redelivered copy):
-		// then this is a resumption too.
-		resumed = !started
 		if err != nil {
 			return err
 		}
-		if b.State != schemas.BatchRunning {
+		if !started {
+			// Another worker started it meanwhile (a redelivered copy):
+			// go on from what it wrote.
 			return x.Advance(ctx, turnID)
 		}
-		if started && held == "" {
+		if held == "" {
 			known.Session = snap
 		}
+		known.Batch, known.BatchRev = b, rev
+		return x.run(ctx, b, known, false, plans)
 	}
 	known.Batch, known.BatchRev = b, rev
-	return x.run(ctx, b, known, resumed)
+	return x.run(ctx, b, known, resumed, nil)
 }
 
 // heldBy reports whether queued batch b is a step of an agent loop that
@@ -408,82 +421,128 @@ func (x *Executor) heldBy(ctx context.Context, b *schemas.BatchRecord) (string, 
 	return "", &batch.SessionSnapshot{Rec: sess, Rev: rev}, nil
 }
 
-// run evaluates and runs a batch in state running. known holds b at its
-// revision (and the session record, when this call just took it): the
-// batch's next transition compare-and-sets from them. run owns b.
-func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.Known, resumed bool) error {
+// callPlan is what the executor does with one call of a running batch
+// (evaluate): nothing (it has a result, or waits on an approval already
+// requested), settle result, run it now, or ask for an approval.
+type callPlan struct {
+	result   *schemas.ToolResult // settled without running: denied, refused
+	approval string              // an approval requested before (a resumed run)
+	run      bool                // mode never: runs now
+	ask      bool                // mode required: an approval record is written
+	tool     tools.Tool          // the tool, for a preview (ask)
+}
+
+// evaluate decides each call of b without a result or an approval. The
+// tool is resolved and the arguments checked against its schema before
+// anyone is asked: a call that can only end in TOOL_NOT_FOUND or
+// ARGS_INVALID fails now, with no prompt. A resumed run (an earlier
+// attempt wrote running, and may have requested approvals before it
+// stopped) reuses the approvals that exist instead of evaluating their
+// calls again under a policy that may have changed since, and announces
+// each again (deduplicated by message id: the attempt that created it may
+// have died before announcing). It writes nothing.
+func (x *Executor) evaluate(ctx context.Context, b *schemas.BatchRecord, resumed bool) ([]callPlan, error) {
 	eng, tc := x.cfg.Engine, b.Context
-	results := slices.Clone(b.Results)
-	approvals := slices.Clone(b.Approvals)
-	waiting := 0
-	type ask struct {
-		i   int
-		rec *schemas.ApprovalRecord
-	}
-	var asks []ask // approval records to write, with their previews
-	var previews []previewAsk
+	plans := make([]callPlan, len(b.Calls))
 	for i, call := range b.Calls {
-		if results[i] != nil {
-			continue
-		}
-		if approvals[i] != "" {
-			waiting++
+		if b.Results[i] != nil || b.Approvals[i] != "" {
 			continue
 		}
 		if resumed {
 			id := schemas.ApprovalID(b.TurnID, call.Index)
 			rec, _, err := x.cfg.Store.Approvals.Get(ctx, id)
 			if err == nil {
-				// Announce it again (deduplicated by message id): the
-				// attempt that created it may have died before announcing.
 				if err := x.announce(ctx, rec); err != nil {
-					return err
+					return nil, err
 				}
-				approvals[i] = id
-				waiting++
+				plans[i].approval = id
 				continue
 			}
 			if !errors.Is(err, store.ErrNotFound) {
-				return err
+				return nil, err
 			}
 		}
-		// The tool is resolved and the arguments checked against its
-		// schema before anyone is asked: a call that can only end in
-		// TOOL_NOT_FOUND or ARGS_INVALID fails now, with no prompt.
 		tool, spec, unrunnable := eng.Tools().Check(ctx, call.Tool, call.Args)
 		if unrunnable != nil && !schemas.Permanent(unrunnable) {
-			return unrunnable
+			return nil, unrunnable
 		}
 		mode := x.cfg.Policy.ModeFor(call.Tool, tc.Audience, spec.Hints)
 		x.calls.WithLabelValues(string(mode)).Inc()
-		if mode != policy.ModeDeny && unrunnable != nil {
-			results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodeOf(unrunnable), schemas.ReasonOf(unrunnable), "")
+		switch {
+		case mode != policy.ModeDeny && unrunnable != nil:
+			plans[i].result = eng.Result(call, schemas.ResultFailed, schemas.CodeOf(unrunnable), schemas.ReasonOf(unrunnable), "")
+		case mode == policy.ModeDeny:
+			plans[i].result = eng.Result(call, schemas.ResultDenied, schemas.CodePolicyDenied,
+				fmt.Sprintf("policy %s denies %s for a %s audience", x.cfg.Policy.Version(), call.Tool, tc.Audience), "")
+		case mode == policy.ModeNever:
+			plans[i].run = true
+		case !tc.Interactive: // required
+			plans[i].result = eng.Result(call, schemas.ResultFailed, schemas.CodeNoInteractiveRequest,
+				"the call needs approval and the turn has no requester who can answer a prompt", "")
+		default:
+			plans[i].ask, plans[i].tool = true, tool
+		}
+	}
+	return plans, nil
+}
+
+// run evaluates (unless plans are given: evaluate's, from before the move
+// to running) and runs a batch in state running. known holds b at its
+// revision (and the session record, when this call just took it): the
+// batch's next transition compare-and-sets from them. run owns b.
+//
+// The calls that run at once run first, in order (a batch.Run: the first
+// was claimed by the move to running), before any approval is asked for:
+// nothing that can fail comes between a claim and its run. Then the
+// approval records are written, and the batch either completes (nothing to
+// wait for) or waits, in one write that carries the results.
+func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.Known, resumed bool, plans []callPlan) error {
+	eng := x.cfg.Engine
+	if plans == nil {
+		var err error
+		if plans, err = x.evaluate(ctx, b, resumed); err != nil {
+			return err
+		}
+	}
+	results := slices.Clone(b.Results)
+	approvals := slices.Clone(b.Approvals)
+	for i, p := range plans {
+		switch {
+		case p.result != nil:
+			results[i] = p.result
+		case p.approval != "":
+			approvals[i] = p.approval
+		}
+	}
+	run := eng.NewRun(known, results, resumed)
+	for i, p := range plans {
+		if !p.run {
 			continue
 		}
-		switch mode {
-		case policy.ModeDeny:
-			results[i] = eng.Result(call, schemas.ResultDenied, schemas.CodePolicyDenied,
-				fmt.Sprintf("policy %s denies %s for a %s audience", x.cfg.Policy.Version(), call.Tool, tc.Audience), "")
-		case policy.ModeNever:
-			r, err := eng.ExecuteIn(ctx, b, resumed, call, "")
-			if err != nil {
-				return err
-			}
-			results[i] = r
-		default: // required
-			if !tc.Interactive {
-				results[i] = eng.Result(call, schemas.ResultFailed, schemas.CodeNoInteractiveRequest,
-					"the call needs approval and the turn has no requester who can answer a prompt", "")
-				continue
-			}
-			rec, err := x.newApproval(ctx, b, call)
-			if err != nil {
-				return err
-			}
-			asks = append(asks, ask{i, rec})
-			if rec.Status == schemas.ApprovalPending && tool != nil {
-				previews = append(previews, previewAsk{id: rec.ApprovalID, tool: tool, call: call})
-			}
+		if err := run.Execute(ctx, i, ""); errors.Is(err, batch.ErrNotRunning) {
+			return x.Advance(ctx, b.TurnID) // ended meanwhile: go on from there
+		} else if err != nil {
+			return err
+		}
+	}
+	results = run.Results()
+	type ask struct {
+		i   int
+		rec *schemas.ApprovalRecord
+	}
+	var asks []ask // approval records to write, with their previews
+	var previews []previewAsk
+	for i, p := range plans {
+		if !p.ask {
+			continue
+		}
+		rec, err := x.newApproval(ctx, b, b.Calls[i])
+		if err != nil {
+			return err
+		}
+		asks = append(asks, ask{i, rec})
+		if rec.Status == schemas.ApprovalPending && p.tool != nil {
+			previews = append(previews, previewAsk{id: rec.ApprovalID, tool: p.tool, call: b.Calls[i]})
 		}
 	}
 	if len(asks) > 0 {
@@ -492,6 +551,13 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		// the turn comes back for them (previews.go).
 		got, retry := x.previewer.await(ctx, b.TurnID, previews, min(previewInlineWait, x.previewer.deadline))
 		if got == nil {
+			if run.Ran() {
+				// The results of the calls that ran must not wait for the
+				// previews: a crash meanwhile would leave them uncertain.
+				if err := x.keep(ctx, run); err != nil {
+					return err
+				}
+			}
 			return waitingOnPreviews(b.TurnID, retry)
 		}
 		for _, a := range asks {
@@ -502,15 +568,21 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 			}
 			x.previewer.forget(id)
 			approvals[a.i] = id
-			waiting++
 		}
 	}
+	waiting := false // a call waits on its approval
+	for i := range b.Calls {
+		waiting = waiting || approvals[i] != "" && results[i] == nil
+	}
 
-	if waiting == 0 {
-		_, err := eng.ConcludeFrom(ctx, b.TurnID, known, results, "", "")
+	wctx, cancel := run.WriteContext(ctx)
+	defer cancel()
+	if !waiting {
+		_, err := eng.ConcludeFrom(wctx, b.TurnID, run.Known(), results, "", "")
 		return err
 	}
-	b, _, err := x.cfg.Store.Batches.MutateFrom(ctx, b.TurnID, known.Batch, known.BatchRev, func(b *schemas.BatchRecord) error {
+	k := run.Known()
+	b, _, err := x.cfg.Store.Batches.MutateFrom(wctx, b.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
 		if b.State != schemas.BatchRunning {
 			return store.ErrSkip
 		}
@@ -528,12 +600,37 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 	if err != nil {
 		return err
 	}
+	if b.State != schemas.BatchAwaiting {
+		return x.Advance(ctx, b.TurnID)
+	}
 	if err := x.announceAwaiting(ctx, b); err != nil {
 		return err
 	}
 	// A turn that queued behind this one while it was running finds it
 	// waiting only now.
 	return x.supersedeSelf(ctx, b)
+}
+
+// keep writes the results run has settled into the running batch, before
+// the turn is handed back to wait for its previews.
+func (x *Executor) keep(ctx context.Context, run *batch.Run) error {
+	wctx, cancel := run.WriteContext(ctx)
+	defer cancel()
+	k := run.Known()
+	_, _, err := x.cfg.Store.Batches.MutateFrom(wctx, k.Batch.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
+		changed := false
+		for i, r := range run.Results() {
+			if r != nil && b.Results[i] == nil && b.State == schemas.BatchRunning {
+				b.Results[i], changed = r, true
+			}
+		}
+		if !changed {
+			return store.ErrSkip
+		}
+		b.UpdatedAt = x.cfg.Engine.Now()
+		return nil
+	})
+	return err
 }
 
 // supersedes reports whether the session policy for b's transport is

@@ -276,17 +276,22 @@ func TestRedriveRechecksTheCurrentPolicyBeforeEachApprovedCall(t *testing.T) {
 // the tool did not run.
 func TestACallClaimedBeforeThePolicyChangedKeepsWhatItsClaimSays(t *testing.T) {
 	policyB := changed{version: "B", tools: map[string]string{"count": `{"approval": "deny"}`}}.JSON()
+	ran := func(call schemas.ToolCall, approvalID string) *schemas.ToolResult {
+		return &schemas.ToolResult{CallID: call.CallID, Tool: call.Tool, Status: schemas.ResultOK, Output: "ran under A",
+			ApprovalID: approvalID, FinishedAt: time.Now().UTC()}
+	}
 	tests := []struct {
 		name   string
-		result func(call schemas.ToolCall, approvalID string) *schemas.ToolResult // recorded on the claim; nil: none
+		result func(call schemas.ToolCall, approvalID string) *schemas.ToolResult // recorded with the claim; nil: none
 		want   want
+		legacy bool // a version 1 batch, its claim in tollgate_claims
 	}{
-		{"the claim holds the result of the run", func(call schemas.ToolCall, approvalID string) *schemas.ToolResult {
-			return &schemas.ToolResult{CallID: call.CallID, Tool: call.Tool, Status: schemas.ResultOK, Output: "ran under A",
-				ApprovalID: approvalID, FinishedAt: time.Now().UTC()}
-		}, runs},
+		{"the batch holds the result of the run", ran, runs, false},
 		{"the claim has no result: the worker died while the tool ran", nil,
-			want{schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain}},
+			want{schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain}, false},
+		{"a version 1 batch's claim holds the result of the run", ran, runs, true},
+		{"a version 1 batch's claim has no result: the worker died while the tool ran", nil,
+			want{schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain}, true},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -299,17 +304,29 @@ func TestACallClaimedBeforeThePolicyChangedKeepsWhatItsClaimSays(t *testing.T) {
 			h.WaitApproval(id, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
 
 			// The crashed redriver's traces: batch started, call claimed.
-			h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
 			call := h.Batch(turn).Calls[0]
-			claim := &schemas.ExecutionClaim{CallID: call.CallID, TurnID: turn, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
-				Worker: "redriver@crashed", ClaimedAt: time.Now().UTC().Add(-time.Hour)}
-			if tc.result != nil {
-				claim.Result = tc.result(call, id)
-			}
-			ctx, cancel := h.Ctx()
-			defer cancel()
-			if _, err := h.Store.Claims.Create(ctx, call.CallID, claim); err != nil {
-				t.Fatal(err)
+			claimedAt := time.Now().UTC().Add(-time.Hour)
+			if tc.legacy {
+				h.MakeLegacy(turn)
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
+				claim := &schemas.ExecutionClaim{CallID: call.CallID, TurnID: turn, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
+					Worker: "redriver@crashed", ClaimedAt: claimedAt}
+				if tc.result != nil {
+					claim.Result = tc.result(call, id)
+				}
+				ctx, cancel := h.Ctx()
+				defer cancel()
+				if _, err := h.Store.Claims.Create(ctx, call.CallID, claim); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				h.MutateBatch(turn, func(b *schemas.BatchRecord) {
+					b.State = schemas.BatchStarted
+					b.SetClaim(0, &schemas.CallClaim{Worker: "redriver@crashed", ClaimedAt: claimedAt})
+					if tc.result != nil {
+						b.Results[0] = tc.result(call, id)
+					}
+				})
 			}
 			h.Stop()
 

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -209,7 +210,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		if err := r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger}); err != nil {
 			return err
 		}
-		return r.run(ctx, b, nil, batch.Known{}, nil)
+		return r.run(ctx, b, nil, nil, batch.Known{Batch: b, BatchRev: rev}, true, nil)
 	}
 
 	// Queued or running (the executor has not finished writing approvals;
@@ -233,6 +234,13 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 			tracing.Link(ctx, a.Trace, tracing.AttrApprovalID.String(a.ApprovalID))
 		}
 	}
+	// Each call is planned before the batch moves to started, so that the
+	// move also claims the first call that runs (batch.Engine.Claim): one
+	// write for both.
+	plans, err := r.plan(ctx, b, approvals)
+	if err != nil {
+		return err
+	}
 	if f := r.beforeStart.Load(); f != nil {
 		(*f)(turnID)
 	}
@@ -242,6 +250,9 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	// evaluated again from a fresh read, never moved on the strength of an
 	// evaluation of an older record.
 	b.State, b.UpdatedAt = schemas.BatchStarted, eng.Now()
+	if first := slices.IndexFunc(plans, func(p CallPlan) bool { return p.Run }); first >= 0 {
+		eng.Claim(b, first)
+	}
 	startedRev, err := r.cfg.Store.Batches.Update(ctx, turnID, b, rev)
 	if errors.Is(err, store.ErrConflict) {
 		return r.Redrive(ctx, turnID, trigger)
@@ -261,7 +272,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		return err
 	}
 	// Decided approvals never change again, so those just read are current.
-	err = r.run(ctx, started, approvals, batch.Known{Batch: started, BatchRev: startedRev}, pub)
+	err = r.run(ctx, started, approvals, plans, batch.Known{Batch: started, BatchRev: startedRev}, false, pub)
 	if werr := r.settle(ctx, pub); err == nil {
 		err = werr
 	}
@@ -384,15 +395,62 @@ func loadApprovals(ctx context.Context, keys *seal.KeyRing, b *schemas.BatchReco
 	return out, pending, nil
 }
 
-// run executes a started batch: approved calls run, others get the result
-// their approval's status dictates, then the batch completes.
-// approvals are the batch's approval records as load returned them, or nil
-// to load them here (a batch found already started). fresh, when it holds
-// the batch, is the record this attempt itself just moved to started: the
-// first approved call then starts without reading the batch again (see
-// below). pub, if not nil, is the started event, settled before the
-// outcome is published.
-func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord, fresh batch.Known, pub *redriveOutcomePub) error {
+// plan decides each call of started batch b with the approvals read for
+// it: each approved call is checked again against the current policy and
+// its standing grant (PlanCall, recheckGrant); a call whose approval was
+// not granted gets the result that says so. A call that the re-check would
+// not run but that was claimed already (it has run, or may have) runs
+// through its claim, which reports it. It writes nothing.
+func (r *Redriver) plan(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord) ([]CallPlan, error) {
+	plans := make([]CallPlan, len(b.Calls))
+	for i, call := range b.Calls {
+		a := approvals[i]
+		if b.Results[i] != nil || a == nil {
+			continue
+		}
+		var hints tools.Hints
+		if a.Status == schemas.ApprovalApproved {
+			var err error
+			if hints, err = r.hintsOf(ctx, call.Tool); err != nil {
+				return nil, err
+			}
+		}
+		p := PlanCall(r.cfg.Policy, b.Context, call, hints, a)
+		if p.Run {
+			var err error
+			if p, err = r.recheckGrant(ctx, b.Context, call, a, p); err != nil {
+				return nil, err
+			}
+		}
+		if p.Code == schemas.CodePolicyChanged || IsGrantCode(p.Code) {
+			// Unless it was claimed already: a call that has run (or may
+			// have) is reported by its claim, not by today's policy. Only
+			// this rare path pays the lookup.
+			claimed, err := r.claimed(ctx, b, i)
+			if err != nil {
+				return nil, err
+			}
+			if claimed {
+				p = CallPlan{Run: true}
+			} else {
+				r.cfg.Logger.Warn("approved call not run", "turn", b.TurnID, "call", call.CallID, "code", p.Code, "reason", p.Reason)
+			}
+		}
+		plans[i] = p
+	}
+	return plans, nil
+}
+
+// run runs started batch b (known holds it at its revision) and completes
+// it. approvals and plans are those the move to started was made on, or
+// nil for a batch found started (resumed: an earlier attempt moved it and
+// may have claimed its calls), which is evaluated again. The approved
+// calls run in order through a batch.Run, at most once each, under the
+// batch's persisted TurnContext only; the first was claimed by the move to
+// started. A call's claim is a compare-and-set of the batch, so a batch
+// ended meanwhile (aborted by a stage giving up on one of its messages)
+// starts no call after the turn's outcome said it would not.
+func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord, plans []CallPlan, known batch.Known, resumed bool, pub *redriveOutcomePub) error {
 	eng := r.cfg.Engine
 	if approvals == nil {
 		v, err := Evaluate(ctx, eng.Keys(), b, r.approval)
@@ -406,87 +464,34 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 	} else if err := eng.Authorize(b); err != nil {
 		return r.fail(ctx, b, schemas.CodeOf(err), err.Error(), "run")
 	}
-	results := make([]*schemas.ToolResult, len(b.Calls))
-	// A batch this attempt did not move to started itself is a resumption:
-	// an earlier attempt may have claimed its calls (batch.Engine.ExecuteIn).
-	resumed := fresh.Batch == nil
-	// The batch as last read, for the compare-and-set that completes it:
-	// no other stage writes a started batch on the normal path, so the
-	// read before the last approved call is normally still current.
-	var known batch.Known
-	for i, call := range b.Calls {
-		a := approvals[i]
-		if b.Results[i] != nil || a == nil {
-			continue
-		}
-		switch {
-		case a.Status != schemas.ApprovalApproved:
-		case fresh.Batch != nil:
-			// This attempt moved the batch to started a moment ago: the
-			// record it wrote is what a read would return, short of an
-			// abort in the last round trip, a race the read below only
-			// narrows (a read is never atomic with the claim) and that
-			// the read before each later call still covers.
-			known, fresh = fresh, batch.Known{}
-		default:
-			// The batch may have been ended meanwhile (aborted by a stage
-			// giving up on one of its messages): an approved call must not
-			// start after the turn's outcome said it would not.
-			cur, rev, err := r.cfg.Store.Batches.Get(ctx, b.TurnID)
-			if err != nil {
-				return err
-			}
-			if cur.State.Terminal() {
-				return eng.Finish(ctx, cur)
-			}
-			known = batch.Known{Batch: cur, BatchRev: rev}
-		}
-		var hints tools.Hints
-		if a.Status == schemas.ApprovalApproved {
-			var err error
-			if hints, err = r.hintsOf(ctx, call.Tool); err != nil {
-				return err
-			}
-		}
-		p := PlanCall(r.cfg.Policy, b.Context, call, hints, a)
-		if p.Run {
-			var err error
-			if p, err = r.recheckGrant(ctx, b.Context, call, a, p); err != nil {
-				return err
-			}
-		}
-		if p.Code == schemas.CodePolicyChanged || IsGrantCode(p.Code) {
-			// Unless it was claimed already: a call that has run (or may
-			// have) is reported by its claim, through Execute, not by
-			// today's policy. Only this rare path pays the lookup.
-			claimed, err := r.claimed(ctx, call.CallID)
-			if err != nil {
-				return err
-			}
-			if claimed {
-				p = CallPlan{Run: true}
-			} else {
-				r.cfg.Logger.Warn("approved call not run", "turn", b.TurnID, "call", call.CallID, "code", p.Code, "reason", p.Reason)
-			}
-		}
-		switch {
-		case p.Run:
-			res, err := eng.ExecuteIn(ctx, b, resumed, call, a.ApprovalID)
-			if err != nil {
-				return err
-			}
-			results[i] = res
-		case p.Status != "":
-			results[i] = eng.Result(call, p.Status, p.Code, p.Reason, a.ApprovalID)
+	if plans == nil {
+		var err error
+		if plans, err = r.plan(ctx, b, approvals); err != nil {
+			return err
 		}
 	}
-	if known.Batch == nil {
-		known = fresh // no approved call: the started record is still the latest
+	run := eng.NewRun(known, nil, resumed)
+	for i, p := range plans {
+		switch {
+		case p.Run:
+			if err := run.Execute(ctx, i, approvals[i].ApprovalID); errors.Is(err, batch.ErrNotRunning) {
+				if cur := run.Known().Batch; cur.State.Terminal() {
+					return eng.Finish(ctx, cur)
+				}
+				return fmt.Errorf("batch %s: %w", b.TurnID, err)
+			} else if err != nil {
+				return err
+			}
+		case p.Status != "" && run.Results()[i] == nil:
+			run.Results()[i] = eng.Result(b.Calls[i], p.Status, p.Code, p.Reason, approvals[i].ApprovalID)
+		}
 	}
 	if err := r.settle(ctx, pub); err != nil {
 		return err
 	}
-	end, err := eng.ConcludeFrom(ctx, b.TurnID, known, results, "", "")
+	wctx, cancel := run.WriteContext(ctx)
+	defer cancel()
+	end, err := eng.ConcludeFrom(wctx, b.TurnID, run.Known(), run.Results(), "", "")
 	if err != nil {
 		return err
 	}
@@ -511,10 +516,14 @@ func (r *Redriver) hintsOf(ctx context.Context, tool string) (tools.Hints, error
 	}
 }
 
-// claimed reports whether call id has an execution claim. A claim that
-// does not decode counts as claimed: Execute then fails it closed.
-func (r *Redriver) claimed(ctx context.Context, callID string) (bool, error) {
-	_, _, err := r.cfg.Store.Claims.Get(ctx, callID)
+// claimed reports whether call i of b has an execution claim: in the
+// record itself, or for a Legacy batch in tollgate_claims, where a claim
+// that does not decode counts as claimed (Execute then fails it closed).
+func (r *Redriver) claimed(ctx context.Context, b *schemas.BatchRecord, i int) (bool, error) {
+	if !b.Legacy() {
+		return b.ClaimOf(i) != nil, nil
+	}
+	_, _, err := r.cfg.Store.Claims.Get(ctx, b.Calls[i].CallID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return false, nil

@@ -244,7 +244,7 @@ func TestUndecodableBatchRecordIsNeverGuessed(t *testing.T) {
 		raw  func(h *pt.H, b *schemas.BatchRecord) []byte
 		code schemas.Code
 	}{
-		{"an unknown schema version", func(h *pt.H, b *schemas.BatchRecord) []byte { return withVersion(h, b, 2) }, schemas.CodeSchemaVersionUnsupported},
+		{"an unknown schema version", func(h *pt.H, b *schemas.BatchRecord) []byte { return withVersion(h, b, 3) }, schemas.CodeSchemaVersionUnsupported},
 		{"bytes that are not msgpack", func(*pt.H, *schemas.BatchRecord) []byte { return []byte("not a record") }, schemas.CodeMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -456,11 +456,14 @@ func mustEncode(h *pt.H, r schemas.Record) []byte {
 func TestACallWhoseWorkerDiedIsNeverRunTwice(t *testing.T) {
 	const lease = 2 * time.Second
 	tests := []struct {
-		name string
-		age  time.Duration // of the orphaned claim when the decision arrives
+		name   string
+		age    time.Duration // of the orphaned claim when the decision arrives
+		legacy bool          // a version 1 batch, its claim in tollgate_claims
 	}{
-		{"a claim older than the lease is reported uncertain at once", 10 * lease},
-		{"a claim younger than the lease is waited out, then reported uncertain", 0},
+		{"a claim older than the lease is reported uncertain at once", 10 * lease, false},
+		{"a claim younger than the lease is waited out, then reported uncertain", 0, false},
+		{"a version 1 batch's claim older than the lease is reported uncertain at once", 10 * lease, true},
+		{"a version 1 batch's claim younger than the lease is waited out, then reported uncertain", 0, true},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -469,15 +472,33 @@ func TestACallWhoseWorkerDiedIsNeverRunTwice(t *testing.T) {
 			turn := h.Send(h.Inbound(fmt.Sprintf("orphan%d", i), "alice", pt.Call("count", `{}`)))
 			id := schemas.ApprovalID(turn, 0)
 			h.WaitPending(id)
-			b := h.Batch(turn)
-			call := b.Calls[0]
-			// A redriver claimed the call, then died before recording a result.
 			ctx, cancel := h.Ctx()
 			defer cancel()
-			claim := &schemas.ExecutionClaim{CallID: call.CallID, TurnID: turn, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
-				Worker: "redriver@dead", ClaimedAt: time.Now().UTC().Add(-tc.age)}
-			if _, err := h.Store.Claims.Create(ctx, call.CallID, claim); err != nil {
+			b, rev, err := h.Store.Batches.Get(ctx, turn)
+			if err != nil {
 				t.Fatal(err)
+			}
+			call := b.Calls[0]
+			claimedAt := time.Now().UTC().Add(-tc.age)
+			// A redriver claimed the call, then died before recording a result.
+			if tc.legacy {
+				// As the previous version left it: the batch record (version
+				// 1) awaiting, the claim a record of tollgate_claims.
+				if _, err := h.Store.Batches.Update(ctx, turn, schemas.AsLegacyBatch(b), rev); err != nil {
+					t.Fatal(err)
+				}
+				claim := &schemas.ExecutionClaim{CallID: call.CallID, TurnID: turn, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
+					Worker: "redriver@dead", ClaimedAt: claimedAt}
+				if _, err := h.Store.Claims.Create(ctx, call.CallID, claim); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				// The batch started, the call claimed by that write.
+				b.State = schemas.BatchStarted
+				b.SetClaim(0, &schemas.CallClaim{Worker: "redriver@dead", ClaimedAt: claimedAt})
+				if _, err := h.Store.Batches.Update(ctx, turn, b, rev); err != nil {
+					t.Fatal(err)
+				}
 			}
 
 			h.Decide(id, schemas.OptionApprove, "alice")

@@ -176,7 +176,7 @@ func (s *sweeper) apply(e jetstream.KeyValueEntry) {
 		return
 	}
 	var b batchHead
-	if err := msgpack.Unmarshal(e.Value(), &b); err != nil || b.V != schemas.BatchVersion || b.State.Terminal() {
+	if err := msgpack.Unmarshal(e.Value(), &b); err != nil || (b.V != schemas.BatchVersion && b.V != schemas.BatchLegacyVersion) || b.State.Terminal() {
 		// An undecodable record is never acted on by guesswork; the stage
 		// that reads it dead-letters its message with the code.
 		delete(s.open, key)

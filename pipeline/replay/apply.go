@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -56,6 +57,12 @@ type applier struct {
 	run string // distinguishes this run's notice message ids
 
 	active map[string]string // session key -> its active turn, as KV (or this run) has it
+
+	// firstUnfinished is, by session key, the first turn in the streams'
+	// order that the streams do not show ended; batchesCreated the
+	// creation time of the batches bucket's stream (read once).
+	firstUnfinished map[string]string
+	batchesCreated  time.Time
 }
 
 // maxAttempts bounds how often a key is judged again after a concurrent
@@ -63,6 +70,13 @@ type applier struct {
 const maxAttempts = 10
 
 func (a *applier) apply(ctx context.Context, h *History) error {
+	a.firstUnfinished = map[string]string{}
+	for _, t := range h.Turns {
+		key := schemas.SessionKeyOf(t.Batch.Context)
+		if _, ok := a.firstUnfinished[key]; !ok && !t.Batch.State.Terminal() && t.Batch.Origin == "" {
+			a.firstUnfinished[key] = t.TurnID
+		}
+	}
 	for _, t := range h.Turns {
 		tr := TurnReport{TurnID: t.TurnID, SessionID: t.SessionID, Seq: t.Seq, Accepted: t.Accepted, State: t.Batch.State,
 			Notes: t.Notes, recs: map[string]*schemas.ApprovalRecord{}}
@@ -77,14 +91,20 @@ func (a *applier) apply(ctx context.Context, h *History) error {
 			tr.Approvals = append(tr.Approvals, c)
 			tr.recs[want.ApprovalID] = rec
 		}
-		var err error
-		tr.Batch, tr.rec, err = converge(ctx, a, a.b.batches, t.TurnID, t.Batch, judgeBatch)
+		want, err := a.batchToWrite(ctx, t)
+		if err != nil {
+			return err
+		}
+		tr.Batch, tr.rec, err = converge(ctx, a, a.b.batches, t.TurnID, want, judgeBatch)
 		if err != nil {
 			return err
 		}
 		a.count(tr.Batch)
-		if err := a.checkClaims(ctx, t); err != nil {
-			return err
+		if tr.rec == nil || tr.rec.Legacy() {
+			// Only a version 1 batch's calls have claims in tollgate_claims.
+			if err := a.checkClaims(ctx, t); err != nil {
+				return err
+			}
 		}
 		a.rep.Turns = append(a.rep.Turns, tr)
 	}
@@ -96,6 +116,94 @@ func (a *applier) apply(ctx context.Context, h *History) error {
 		return a.nudge(ctx, created)
 	}
 	return nil
+}
+
+// batchToWrite is t's batch as a rebuild would create it (when KV lacks
+// it): the projection; or, when any of its calls has a claim record in
+// tollgate_claims, the same as a version 1 record (the batch was written
+// before claims moved into the record, and those claim records say which
+// of its calls ran); or, for a batch the streams leave queued that may
+// have been running its calls when its record was lost, the projection
+// with every call without a result claimed (claimUnfinished).
+//
+// A queued batch may have been running its calls only if its record was
+// lost (lostBatch) and it may have held its session: it is the first
+// unfinished turn of its session in the streams (a session runs one turn
+// at a time, in order, so a later one has run nothing), and its session
+// record, where KV still has one, names it (or its agent loop) active. A
+// step of an agent loop runs inside its loop's hold: only the session
+// record can clear it.
+func (a *applier) batchToWrite(ctx context.Context, t *Turn) (*schemas.BatchRecord, error) {
+	b := t.Batch
+	if b.Legacy() {
+		return b, nil
+	}
+	if a.b.claims != nil {
+		for _, c := range b.Calls {
+			_, err := get(ctx, a.b.claims, c.CallID)
+			switch {
+			case err == nil:
+				return schemas.AsLegacyBatch(b), nil
+			case !errors.Is(err, jetstream.ErrKeyNotFound):
+				return nil, fmt.Errorf("replay: read claim %s: %w", c.CallID, err)
+			}
+		}
+	}
+	if b.State != schemas.BatchQueued {
+		return b, nil
+	}
+	lost, err := a.lostBatch(ctx, t)
+	if err != nil || !lost {
+		return b, err
+	}
+	key := schemas.SessionKeyOf(b.Context)
+	if b.Origin == "" && a.firstUnfinished[key] != t.TurnID {
+		return b, nil // queued behind an earlier unfinished turn
+	}
+	if a.b.sessions != nil {
+		e, err := get(ctx, a.b.sessions, key)
+		switch {
+		case err == nil:
+			if s, err := schemas.Decode[schemas.SessionRecord](e.Value()); err == nil && s.Active != b.TurnID && (b.Origin == "" || s.Active != b.Origin) {
+				return b, nil // its session is held by another turn
+			}
+		case !errors.Is(err, jetstream.ErrKeyNotFound):
+			return nil, fmt.Errorf("replay: read session of %s: %w", b.TurnID, err)
+		}
+	}
+	c := schemas.AsCurrentBatch(b)
+	c.Claims = nil
+	claimUnfinished(c)
+	return c, nil
+}
+
+// lostBatch reports whether t's batch record may have been lost, rather
+// than never written: its key has a delete or purge marker, or the
+// batches bucket's stream was created after t was accepted (the bucket
+// was deleted and made again, or restored from a backup). A key the
+// bucket never had, in a bucket older than the turn, was never written:
+// the executor never took the turn.
+func (a *applier) lostBatch(ctx context.Context, t *Turn) (bool, error) {
+	if a.b.batches == nil {
+		return true, nil
+	}
+	_, err := a.b.batches.Get(ctx, t.TurnID)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyDeleted):
+		return true, nil
+	case err == nil:
+		return false, nil
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, fmt.Errorf("replay: read batch %s: %w", t.TurnID, err)
+	}
+	if a.batchesCreated.IsZero() {
+		s, err := a.js.Stream(ctx, "KV_"+a.b.batches.Bucket())
+		if err != nil {
+			return false, fmt.Errorf("replay: batches bucket: %w", err)
+		}
+		a.batchesCreated = s.CachedInfo().Created
+	}
+	return a.batchesCreated.After(t.Accepted), nil
 }
 
 // checkClaims warns about every call the turn's outcome says ran whose
@@ -205,7 +313,7 @@ func batchRank(s schemas.BatchState) int {
 }
 
 func judgeBatch(raw []byte, want *schemas.BatchRecord) judgement[*schemas.BatchRecord] {
-	have, err := schemas.Decode[schemas.BatchRecord](raw)
+	have, err := schemas.DecodeBatch(raw)
 	if err != nil {
 		return judgement[*schemas.BatchRecord]{action: Kept, kv: "undecodable", reason: fmt.Sprintf("left alone (the stages fail closed on it): %v", err)}
 	}
@@ -239,7 +347,14 @@ func mergeBatch(have, want *schemas.BatchRecord) *schemas.BatchRecord {
 		}
 	}
 	next.CreatedAt = have.CreatedAt
-	return &next
+	// The claims are KV's: the record itself holds a version 2 batch's
+	// (the streams do not), and a version 1 batch's are in
+	// tollgate_claims, so it stays version 1.
+	next.Claims = slices.Clone(have.Claims)
+	if have.Legacy() {
+		return schemas.AsLegacyBatch(&next)
+	}
+	return schemas.AsCurrentBatch(&next)
 }
 
 func judgeApproval(raw []byte, want *schemas.ApprovalRecord) judgement[*schemas.ApprovalRecord] {

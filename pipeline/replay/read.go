@@ -276,6 +276,7 @@ func (t *Turn) project() {
 	if t.started != nil {
 		b.State, b.UpdatedAt = schemas.BatchStarted, t.started.At
 	}
+	legacy := t.waited != nil && t.awaiting == nil
 	if o := t.outcome; o != nil {
 		b.State, b.Code, b.Reason, b.UpdatedAt = schemas.BatchCompleted, o.Code, o.Reason, o.FinishedAt
 		if o.State == schemas.TurnFailed {
@@ -289,6 +290,14 @@ func (t *Turn) project() {
 			}
 			b.Results[i] = &r
 		}
+	}
+	switch {
+	case legacy:
+		// Only a version before 2 published awaiting notices without the
+		// snapshot: its claims are records of tollgate_claims.
+		b = schemas.AsLegacyBatch(b)
+	case b.State == schemas.BatchStarted:
+		claimUnfinished(b) // its approved calls may have run
 	}
 	t.Batch = b
 
@@ -386,4 +395,31 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, filters []
 		}
 	}
 	return nil
+}
+
+// RebuildWorker is the worker named on the claims a rebuilt batch record
+// carries (claimUnfinished).
+const RebuildWorker = "tollgate-replay:rebuilt"
+
+// claimUnfinished gives every call of b without a result, a batch rebuilt
+// from the streams that may have been running its calls, a claim as of its
+// last event (b.UpdatedAt). A version 2 batch keeps its calls' claims in
+// its record, which the streams do not hold, so a call that was claimed
+// (and may have run) cannot be told from one that was not. Which batches
+// may have been running their calls: a started one (its approved calls),
+// and a queued one whose session may have been running it (see
+// applier.batchToWrite); never an awaiting one, whose calls that did not
+// wait have their results in the awaiting notice and whose calls that wait
+// are claimed only once it starts. Its stages then report such a call
+// needs_attention EXECUTION_UNCERTAIN once the claim lease has passed, and
+// never run it (a retry-safe tool's claim is taken over and the call run
+// again). It is the safe side of a lost bucket: a call that never ran may
+// be reported uncertain, no call runs twice. When the record is still in
+// KV, its own claims are kept instead (mergeBatch).
+func claimUnfinished(b *schemas.BatchRecord) {
+	for i := range b.Calls {
+		if b.Results[i] == nil {
+			b.SetClaim(i, &schemas.CallClaim{Worker: RebuildWorker, ClaimedAt: b.UpdatedAt})
+		}
+	}
 }

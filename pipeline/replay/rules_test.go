@@ -2,6 +2,7 @@ package replay_test
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/replay"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
 )
 
 // findChange returns the change of key in rep (batches and approvals).
@@ -120,13 +122,21 @@ func TestRebuildIntoExistingBucketsOnlyFillsMissingOrOlderRecords(t *testing.T) 
 
 	t.Run("a call that ran but lost its execution claim is warned about", func(t *testing.T) {
 		h := h.For(t)
+		call := schemas.CallID(done, 0)
+		rep := run(t, h, replay.Options{})
+		if slices.ContainsFunc(rep.Warnings, func(w string) bool { return strings.Contains(w, call) }) {
+			t.Fatalf("warnings %q: a version 2 batch's claims are in its record, not in %s", rep.Warnings, topology.BucketClaims)
+		}
+		// A version 1 batch's claims are records of tollgate_claims: one
+		// that is gone (purged, restored from an old backup) is warned
+		// about.
+		h.MakeLegacy(done)
 		ctx, cancel := h.Ctx()
 		defer cancel()
-		call := schemas.CallID(done, 0)
 		if err := h.Store.Claims.KV.Purge(ctx, call); err != nil {
 			t.Fatal(err)
 		}
-		rep := run(t, h, replay.Options{})
+		rep = run(t, h, replay.Options{})
 		if !slices.ContainsFunc(rep.Warnings, func(w string) bool { return strings.Contains(w, call) && strings.Contains(w, "no execution claim") }) {
 			t.Fatalf("warnings %q, want one about %s", rep.Warnings, call)
 		}
@@ -297,5 +307,71 @@ func TestATurnTheExecutorNeverSawIsRebuiltQueuedAndNudgedReady(t *testing.T) {
 	}
 	if n := len(h2.Requested(turn)); n != 1 {
 		t.Fatalf("%d approval prompts, want 1 (the accepted turn and the nudge are one batch)", n)
+	}
+}
+
+// A batch that was running a call when its bucket was lost: the call was
+// claimed in the batch record, which the streams do not hold, so the
+// rebuilt record claims it (replay.RebuildWorker) and the call is reported
+// uncertain, never run again. A later turn of the same session, queued
+// behind it, ran nothing and is rebuilt without claims: it runs.
+func TestALostRunningBatchIsRebuiltWithItsCallsClaimed(t *testing.T) {
+	free := &pt.Counter{ToolName: "free"}
+	h := start(t, nil, []string{pt.Ingest}, free) // the executor is down
+	var turns []string
+	for i := range 2 {
+		m := h.Inbound("s-lost", "alice", pt.Call("free", fmt.Sprintf(`{"n":%d}`, i)))
+		turns = append(turns, schemas.TurnID(m.Transport, m.MessageID))
+		h.WaitConsumed(pt.Ingest, h.Publish(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), m))
+	}
+	// What an executor that died mid-call left: the first turn running,
+	// its call claimed and no result; then the batches bucket is lost.
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	accepted := map[string]*schemas.AcceptedTurn{}
+	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnAccepted+">") {
+		if at, err := schemas.Decode[schemas.AcceptedTurn](m.Data); err == nil {
+			accepted[at.TurnID] = at
+		}
+	}
+	for i, turn := range turns {
+		at := accepted[turn]
+		if at == nil {
+			t.Fatalf("no accepted turn %s", turn)
+		}
+		b := &schemas.BatchRecord{TurnID: turn, SessionID: "s-lost", Context: at.Context, Text: at.Text, Calls: at.Calls, State: schemas.BatchQueued,
+			Approvals: make([]string, 1), Results: make([]*schemas.ToolResult, 1), CreatedAt: time.Now().UTC(), UpdatedAt: time.Now().UTC()}
+		if i == 0 {
+			b.State = schemas.BatchRunning
+			b.SetClaim(0, &schemas.CallClaim{Worker: "executor@dead", ClaimedAt: time.Now().UTC()})
+		}
+		if _, err := h.Store.Batches.Create(ctx, turn, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Stop()
+	deleteBuckets(h, topology.BucketBatches, topology.BucketSessions)
+
+	rep := run(t, h, replay.Options{Rebuild: true})
+	h2 := start(t, h, []string{})
+	if c := h2.Batch(turns[0]).ClaimOf(0); c == nil || c.Worker != replay.RebuildWorker {
+		t.Fatalf("rebuilt first turn's claim %+v, want one by %s (report %+v)", c, replay.RebuildWorker, rep)
+	}
+	if c := h2.Batch(turns[1]).ClaimOf(0); c != nil {
+		t.Fatalf("rebuilt second turn's claim %+v, want none: it was queued behind the first", c)
+	}
+	h2.Stop()
+
+	h3 := pt.Start(t, pt.Options{Env: h.Env, Keys: h.Keys, Policy: testPolicy, Tools: []tools.Tool{free}, ClaimLease: 2 * time.Second, ToolTimeout: time.Second})
+	first, _ := h3.WaitTerminal(turns[0])
+	if r := first.Results[0]; r.Status != schemas.ResultNeedsAttention || r.Code != schemas.CodeExecutionUncertain {
+		t.Fatalf("first turn's result %+v, want needs_attention EXECUTION_UNCERTAIN", r)
+	}
+	second, _ := h3.WaitTerminal(turns[1])
+	if r := second.Results[0]; r.Status != schemas.ResultOK {
+		t.Fatalf("second turn's result %+v, want ok", r)
+	}
+	if n, m := free.Runs(schemas.CallID(turns[0], 0)), free.Runs(schemas.CallID(turns[1], 0)); n != 0 || m != 1 {
+		t.Fatalf("runs %d and %d, want 0 (it may have run before the loss) and 1", n, m)
 	}
 }

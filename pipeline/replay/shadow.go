@@ -90,7 +90,21 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 				if a == nil || tr.rec.Results[i] != nil {
 					continue
 				}
-				sc, err := shadowCall(ctx, o, claims, gst, tr.rec.Context, call, a)
+				claim := func() (*schemas.ExecutionClaim, error) {
+					if !tr.rec.Legacy() {
+						// Its claim is in the batch record (version 2).
+						if c := tr.rec.ClaimOf(i); c != nil {
+							return &schemas.ExecutionClaim{CallID: call.CallID, Worker: c.Worker, ClaimedAt: c.ClaimedAt}, nil
+						}
+						return nil, store.ErrNotFound
+					}
+					if claims.KV == nil {
+						return nil, store.ErrNotFound
+					}
+					c, _, err := claims.Get(ctx, call.CallID)
+					return c, err
+				}
+				sc, err := shadowCall(ctx, o, claim, gst, tr.rec.Context, call, a)
 				if err != nil {
 					return err
 				}
@@ -108,8 +122,9 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 // revoked, expired, gone or no longer offered: not run, GRANT_*); then,
 // for a call it would run (or one the policy or the grant no longer
 // allows, which the redriver reports by its claim if it has one), the
-// call's execution claim.
-func shadowCall(ctx context.Context, o Options, claims store.Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim], gst *store.Store, tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) (ShadowCall, error) {
+// call's execution claim (claimOf: in the batch record, or for a version 1
+// batch in tollgate_claims; store.ErrNotFound when it has none).
+func shadowCall(ctx context.Context, o Options, claimOf func() (*schemas.ExecutionClaim, error), gst *store.Store, tc *schemas.TurnContext, call schemas.ToolCall, a *schemas.ApprovalRecord) (ShadowCall, error) {
 	sc := ShadowCall{CallID: call.CallID, Tool: call.Tool, ApprovalID: a.ApprovalID}
 	// The shadow has no tool catalog: it judges without the tools' hints,
 	// which can only make the redriver stricter than it shows.
@@ -119,13 +134,9 @@ func shadowCall(ctx context.Context, o Options, claims store.Bucket[schemas.Exec
 		return sc, fmt.Errorf("replay: grant of %s: %w", call.CallID, err)
 	}
 	if p.Run || p.Code == schemas.CodePolicyChanged || redriver.IsGrantCode(p.Code) {
-		var c *schemas.ExecutionClaim
-		var err error
-		if claims.KV != nil {
-			c, _, err = claims.Get(ctx, call.CallID)
-		}
+		c, err := claimOf()
 		switch {
-		case claims.KV == nil || errors.Is(err, store.ErrNotFound):
+		case errors.Is(err, store.ErrNotFound):
 			// no claim: p stands
 		case schemas.Permanent(err):
 			sc.Would, sc.Code, sc.Reason = WouldNotRunAgain, schemas.CodeOf(err), "its execution claim does not decode: "+err.Error()

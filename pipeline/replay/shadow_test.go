@@ -62,13 +62,15 @@ func TestDryRunReportsWhatEachBatchWouldDoAndDoesNothing(t *testing.T) {
 	h.Decide(schemas.ApprovalID(denied, 0), schemas.OptionDeny, "alice")
 	claimed := send("s-claimed", c)
 	approve(h, schemas.ApprovalID(claimed, 0), "alice")
+	claimedV1 := send("s-claimed-v1", c)
+	approve(h, schemas.ApprovalID(claimedV1, 0), "alice")
 	tampered := send("s-tampered", c)
 	approve(h, schemas.ApprovalID(tampered, 0), "alice")
 	lost := send("s-lost", c)
 	approve(h, schemas.ApprovalID(lost, 0), "alice")
 	changed := send("s-changed", pt.Call("risky", `{}`))
 	approve(h, schemas.ApprovalID(changed, 0), "alice")
-	for _, id := range []string{schemas.ApprovalID(approved, 0), schemas.ApprovalID(halfway, 0), schemas.ApprovalID(claimed, 0),
+	for _, id := range []string{schemas.ApprovalID(approved, 0), schemas.ApprovalID(halfway, 0), schemas.ApprovalID(claimed, 0), schemas.ApprovalID(claimedV1, 0),
 		schemas.ApprovalID(tampered, 0), schemas.ApprovalID(lost, 0), schemas.ApprovalID(changed, 0)} {
 		decided(id, schemas.ApprovalApproved)
 	}
@@ -82,8 +84,17 @@ func TestDryRunReportsWhatEachBatchWouldDoAndDoesNothing(t *testing.T) {
 	// claim recorded), a context edited in place, a batch record lost.
 	ctx, cancel := h.Ctx()
 	defer cancel()
-	call := schemas.CallID(claimed, 0)
-	if _, err := h.Store.Claims.Create(ctx, call, &schemas.ExecutionClaim{CallID: call, TurnID: claimed, Tool: "count", Worker: "redriver@elsewhere", ClaimedAt: time.Now().UTC(),
+	// Claimed in its batch record by a redriver that started it elsewhere
+	// and has recorded no result yet.
+	h.MutateBatch(claimed, func(b *schemas.BatchRecord) {
+		b.State = schemas.BatchStarted
+		b.SetClaim(0, &schemas.CallClaim{Worker: "redriver@elsewhere", ClaimedAt: time.Now().UTC()})
+	})
+	// A version 1 batch, whose claim (with its result) is a record of
+	// tollgate_claims.
+	h.MakeLegacy(claimedV1)
+	call := schemas.CallID(claimedV1, 0)
+	if _, err := h.Store.Claims.Create(ctx, call, &schemas.ExecutionClaim{CallID: call, TurnID: claimedV1, Tool: "count", Worker: "redriver@elsewhere", ClaimedAt: time.Now().UTC(),
 		Result: &schemas.ToolResult{CallID: call, Tool: "count", Status: schemas.ResultOK, Output: "ran", FinishedAt: time.Now().UTC()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +121,8 @@ func TestDryRunReportsWhatEachBatchWouldDoAndDoesNothing(t *testing.T) {
 		{"every approval decided: started, the approved call would run", approved, "started", "", "", replay.WouldRun, "", ""},
 		{"one of two approvals still pending: deferred", halfway, "deferred", "", "1 approval(s) pending", "", "", ""},
 		{"a denied approval: started, the call would not run", denied, "started", "", "", replay.WouldNotRun, schemas.ResultDenied, schemas.CodeApprovalDenied},
-		{"an approved call already claimed: not run again, its claim's result", claimed, "started", "", "", replay.WouldNotRunAgain, schemas.ResultOK, ""},
+		{"an approved call claimed in its started batch: not run again", claimed, "started", "", "", replay.WouldNotRunAgain, "", ""},
+		{"a version 1 batch's approved call already claimed: not run again, its claim's result", claimedV1, "started", "", "", replay.WouldNotRunAgain, schemas.ResultOK, ""},
 		{"a context edited in KV: failed, nothing runs", tampered, "failed", schemas.CodeTurnContextTampered, "does not match", "", "", ""},
 		{"a batch missing from KV is judged as the streams rebuild it", lost, "started", "", "", replay.WouldRun, "", ""},
 		{"a tool the current policy denies: the approved call would not run", changed, "started", "", "", replay.WouldNotRun, schemas.ResultFailed, schemas.CodePolicyChanged},

@@ -66,7 +66,7 @@ func (b BatchLog) Get(ctx context.Context, turn string) (*schemas.BatchRecord, u
 	case err != nil:
 		return nil, 0, fmt.Errorf("get the batch of %s: %w", turn, err)
 	}
-	rec, err := schemas.Decode[schemas.BatchRecord](ev.Data)
+	rec, err := schemas.DecodeBatch(ev.Data)
 	if err != nil {
 		return nil, ev.Seq, fmt.Errorf("decode the batch of %s@%d (%s): %w", turn, ev.Seq, ev.Name, err)
 	}

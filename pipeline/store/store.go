@@ -76,7 +76,8 @@ func New(b topology.Buckets) *Store {
 		Approvals: Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]{KV: b.Approvals,
 			Ended: func(a *schemas.ApprovalRecord) bool { return a.Status != schemas.ApprovalPending }},
 		Batches: Bucket[schemas.BatchRecord, *schemas.BatchRecord]{KV: b.Batches,
-			Ended: func(r *schemas.BatchRecord) bool { return r.State.Terminal() }},
+			Decode: schemas.DecodeBatch, // both versions (schemas.BatchRecordV1)
+			Ended:  func(r *schemas.BatchRecord) bool { return r.State.Terminal() }},
 		Sessions: Bucket[schemas.SessionRecord, *schemas.SessionRecord]{KV: b.Sessions,
 			Ended: func(r *schemas.SessionRecord) bool { return r.Active == "" && len(r.Queue) == 0 }},
 		Claims: Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims,

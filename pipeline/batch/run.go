@@ -1,0 +1,313 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+// ErrNotRunning means a batch left the state in which calls run (running
+// for the executor, started for the redriver) while a Run was on it: it
+// was ended (aborted by a stage giving up on one of its messages, or ended
+// by a concurrent attempt), so no call of it starts any more. The stage
+// reads the batch again and goes on from its state (Finish, for an ended
+// one).
+var ErrNotRunning = errors.New("batch: no longer running its calls")
+
+// Claim claims call i of b for this engine, in a write of b that the
+// stage is about to make anyway (the executor's move to running, the
+// redriver's move to started): the call's claim is then durable with that
+// write, and Run.Execute runs it without a write of its own. A call that
+// has a claim already keeps it (Run.Execute then judges it), and a Legacy
+// batch (version 1) is left alone: its claims are records of
+// tollgate_claims.
+func (e *Engine) Claim(b *schemas.BatchRecord, i int) {
+	if b.Legacy() || b.ClaimOf(i) != nil {
+		return
+	}
+	e.claim(b, i)
+}
+
+// claim sets the claim of call i of b to this engine's, now.
+func (e *Engine) claim(b *schemas.BatchRecord, i int) {
+	b.SetClaim(i, &schemas.CallClaim{Worker: e.worker, ClaimedAt: e.Now()})
+}
+
+// A Run is one stage's pass over the calls of a batch in state running
+// (the executor) or started (the redriver): it runs calls at most once
+// each, with their claims in the batch record, and holds the results it
+// has settled until a write of the batch carries them.
+//
+// # Execution claims
+//
+// A call of a version 2 batch is claimed in its batch record: the write
+// that sets its entry of Claims is a compare-and-set, so one writer wins,
+// and it is durable before the tool starts. The result is not written on
+// its own: the run's next write of the batch carries it (the claim of the
+// next call, or the stage's write that moves the batch on: awaiting,
+// completed), so a call costs one write, not a claim record's two. A claim
+// can also ride on the stage's own state write (Engine.Claim): the
+// executor's first call is claimed by its move to running, the
+// redriver's first approved call by its move to started.
+//
+// A claim without a result is read as a claim in tollgate_claims was: the
+// claiming engine's own claim, whose tool it has not started (its claim
+// rode on a state write, or a write's acknowledgement was lost), is run by
+// it; another's is held for the engine's ClaimLease (ErrClaimHeld), then
+// the call is reported needs_attention EXECUTION_UNCERTAIN, never run
+// again, unless its tool is retry-safe (tools.Retryable), when its claim
+// is taken over by compare-and-set and it runs again. A stage that dies
+// after a tool ran and before the next write leaves exactly that: a claim
+// without a result, reported uncertain.
+//
+// A Legacy batch (version 1) runs its calls through Execute, with claims
+// in tollgate_claims, as the version that wrote it did.
+type Run struct {
+	e       *Engine
+	known   Known
+	results []*schemas.ToolResult
+	resumed bool
+	ran     bool
+}
+
+// NewRun starts a run on the batch k holds (at k.BatchRev), which the
+// stage just read or wrote in state running or started. results are the
+// results the stage has settled so far, by call index (nil entries:
+// none); the run keeps them up to date (Results). resumed says that an
+// earlier attempt wrote the batch's state and may have claimed its calls
+// (see ExecuteIn).
+func (e *Engine) NewRun(k Known, results []*schemas.ToolResult, resumed bool) *Run {
+	if len(results) < len(k.Batch.Calls) {
+		results = append(results, make([]*schemas.ToolResult, len(k.Batch.Calls)-len(results))...)
+	}
+	r := &Run{e: e, known: k, results: results, resumed: resumed}
+	r.adopt()
+	return r
+}
+
+// Results are the run's settled results, by call index: the stage sets
+// those of calls it does not run (denied, refused), Execute those it runs,
+// and a result the batch record already holds is adopted. The stage's
+// next write of the batch must carry every one.
+func (r *Run) Results() []*schemas.ToolResult { return r.results }
+
+// Known is the batch as the run last read or wrote it, for the stage's
+// next compare-and-set.
+func (r *Run) Known() Known { return r.known }
+
+// Ran reports whether a tool ran in this run: its result is then settled
+// here and not yet in the batch record.
+func (r *Run) Ran() bool { return r.ran }
+
+// WriteContext is the context for the stage's write that carries the
+// run's results: once a tool has run, its result must be written whatever
+// happens to the caller's context, so the write gets a minute of its own
+// (recordResult's rule); before that, ctx itself.
+func (r *Run) WriteContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if !r.ran {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+}
+
+// adopt takes the results the batch record holds over into the run's.
+func (r *Run) adopt() {
+	for i, res := range r.known.Batch.Results {
+		if res != nil {
+			r.results[i] = res
+		}
+	}
+}
+
+// Execute runs call i of the batch at most once (approvalID its approval,
+// "" if it needed none); its result is then Results()[i]. It returns
+// ErrClaimHeld (transient: another worker holds the call's claim, or a
+// retry-safe call's outcome is unknown until its lease has passed),
+// ErrNotRunning (the batch was ended or moved on: nothing runs), or the
+// error of a write or of the tool catalog (transient).
+//
+// The checks of Execute come first: a context whose seal does not hold,
+// a call of another turn, arguments that do not match their digest fail
+// the call without a claim; so does a tool the catalog cannot run now
+// (TOOL_NOT_FOUND, TOOL_UNAVAILABLE, ARGS_INVALID) when the call has no
+// claim. A call whose claim already holds a result, or whose result the
+// batch holds, keeps it whatever the catalog says now.
+func (r *Run) Execute(ctx context.Context, i int, approvalID string) error {
+	e, b := r.e, r.known.Batch
+	if i < 0 || i >= len(b.Calls) {
+		return fmt.Errorf("batch %s has no call %d", b.TurnID, i)
+	}
+	call := b.Calls[i]
+	if b.Legacy() {
+		res, err := e.ExecuteIn(ctx, b, r.resumed, call, approvalID)
+		if err != nil {
+			return err
+		}
+		r.results[i], r.ran = res, true
+		return nil
+	}
+	if r.results[i] != nil {
+		return nil
+	}
+	if res := e.precheck(b.Context, call, approvalID); res != nil {
+		r.results[i] = res
+		return nil
+	}
+	var refused *schemas.ToolResult
+	tool, _, err := e.cfg.Tools.Check(ctx, call.Tool, call.Args)
+	if err != nil {
+		if !schemas.Permanent(err) {
+			return err
+		}
+		tool, refused = nil, e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), schemas.ReasonOf(err), approvalID)
+	}
+	if _, busy := e.inflight.LoadOrStore(call.CallID, struct{}{}); busy {
+		return fmt.Errorf("call %s is being executed by this engine: %w", call.CallID, ErrClaimHeld)
+	}
+	defer e.inflight.Delete(call.CallID)
+	for {
+		b := r.known.Batch
+		if res := b.Results[i]; res != nil {
+			r.results[i] = res
+			return nil
+		}
+		if b.State != schemas.BatchRunning && b.State != schemas.BatchStarted {
+			return fmt.Errorf("call %s of batch %s (state %s): %w", call.CallID, b.TurnID, b.State, ErrNotRunning)
+		}
+		c := b.ClaimOf(i)
+		_, started := e.started.Load(call.CallID)
+		switch {
+		case c == nil && refused != nil:
+			e.cfg.Logger.Warn("call refused before it ran", "call", call.CallID, "tool", call.Tool, "code", refused.Code, "reason", refused.Reason)
+			r.results[i] = refused
+			return nil
+		case c == nil:
+			wrote, err := r.write(ctx, func(b *schemas.BatchRecord) bool {
+				if b.ClaimOf(i) != nil {
+					return false
+				}
+				e.Claim(b, i)
+				return true
+			})
+			if err != nil {
+				return fmt.Errorf("claim %s: %w", call.CallID, err)
+			}
+			if !wrote {
+				continue // claimed or ended meanwhile: look again
+			}
+			return r.runClaimed(ctx, tool, i, approvalID)
+		case c.Worker == e.worker && !started:
+			// Ours, and its tool not started: claimed by the stage's state
+			// write, or by a write whose acknowledgement was lost.
+			if refused != nil {
+				r.results[i] = refused
+				return nil
+			}
+			return r.runClaimed(ctx, tool, i, approvalID)
+		case e.Now().Sub(c.ClaimedAt) < e.cfg.ClaimLease:
+			return fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, e.Now().Sub(c.ClaimedAt).Round(time.Millisecond), ErrClaimHeld)
+		case tool != nil && tools.RetrySafe(tool):
+			prev := *c
+			wrote, err := r.write(ctx, func(b *schemas.BatchRecord) bool {
+				if cur := b.ClaimOf(i); cur == nil || *cur != prev {
+					return false
+				}
+				e.claim(b, i)
+				return true
+			})
+			if err != nil {
+				return fmt.Errorf("take over claim %s: %w", call.CallID, err)
+			}
+			if !wrote {
+				continue
+			}
+			e.cfg.Logger.Warn("re-running a retry-safe call whose worker left no result", "call", call.CallID, "tool", call.Tool, "previous_worker", prev.Worker)
+			return r.runClaimed(ctx, tool, i, approvalID)
+		default:
+			e.cfg.Logger.Warn("execution uncertain", "call", call.CallID, "worker", c.Worker)
+			r.results[i] = e.Result(call, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
+				fmt.Sprintf("claimed by %s at %s and no result was recorded; the tool may have run, so it is not run again", c.Worker, c.ClaimedAt.Format(time.RFC3339)), approvalID)
+			return nil
+		}
+	}
+}
+
+// runClaimed runs call i, which this engine has claimed, and settles its
+// result (written by the run's next write).
+func (r *Run) runClaimed(ctx context.Context, tool tools.Tool, i int, approvalID string) error {
+	e, b := r.e, r.known.Batch
+	call := b.Calls[i]
+	e.started.Store(call.CallID, struct{}{})
+	r.ran = true
+	out, runErr := e.run(ctx, tool, b.Context, call)
+	res, again := e.resultOf(tool, call, approvalID, out, runErr)
+	if again {
+		return fmt.Errorf("call %s: %v; run again once its claim lease has passed: %w", call.CallID, runErr, ErrClaimHeld)
+	}
+	e.cfg.Logger.Debug("tool ran", "call", call.CallID, "tool", call.Tool, "status", res.Status, "principal", b.Context.Requester.Principal)
+	r.results[i] = res
+	return nil
+}
+
+// write makes one compare-and-set write of the batch from the record the
+// run holds: fn applies the write's own change to the record (and reports
+// false, writing nothing, when the record no longer allows it), and the
+// write carries every result the run has settled. A record that changed
+// meanwhile is read again and fn applied to it; one that left running or
+// started is not written. It reports whether it wrote; either way the run
+// then holds the record as it is now.
+func (r *Run) write(ctx context.Context, fn func(*schemas.BatchRecord) bool) (bool, error) {
+	wrote := false
+	want := r.known.Batch.State
+	b, rev, err := r.e.cfg.Store.Batches.MutateFrom(ctx, r.known.Batch.TurnID, cloneBatch(r.known.Batch), r.known.BatchRev, func(b *schemas.BatchRecord) error {
+		wrote = false
+		if b.State != want || !fn(b) {
+			return store.ErrSkip
+		}
+		for i, res := range r.results {
+			if res != nil && b.Results[i] == nil {
+				b.Results[i] = res
+			}
+		}
+		b.UpdatedAt = r.e.Now()
+		wrote = true
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	r.known = Known{Batch: b, BatchRev: rev, Session: r.known.Session}
+	r.adopt()
+	return wrote, nil
+}
+
+// precheck is Execute's checks before the tool is looked up: the result of
+// a call that must not run (nil: it may).
+func (e *Engine) precheck(tc *schemas.TurnContext, call schemas.ToolCall, approvalID string) *schemas.ToolResult {
+	if err := e.cfg.Keys.Verify(tc); err != nil {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeOf(err), schemas.ReasonOf(err), approvalID)
+	}
+	if !hasTurnPrefix(call.CallID, tc.TurnID) {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeTurnContextMismatch, "call does not belong to the turn's context", approvalID)
+	}
+	if schemas.ArgsDigest(call.Args) != call.ArgsDigest {
+		return e.Result(call, schemas.ResultFailed, schemas.CodeArgsDigestMismatch, "arguments do not match their digest", approvalID)
+	}
+	return nil
+}
+
+// cloneBatch copies b deeply enough for a write to change it (the slices a
+// stage's write sets entries of) while b stays as it was.
+func cloneBatch(b *schemas.BatchRecord) *schemas.BatchRecord {
+	c := *b
+	c.Approvals = slices.Clone(b.Approvals)
+	c.Results = slices.Clone(b.Results)
+	c.Claims = slices.Clone(b.Claims)
+	return &c
+}
