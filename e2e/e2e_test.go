@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
@@ -23,6 +25,7 @@ const (
 	streamTurns     = "TOLLGATE_TURNS"
 	streamDLQ       = "TOLLGATE_DLQ"
 	bucketClaims    = "tollgate_claims"
+	bucketBatches   = "tollgate_batches"
 	consumerExec    = "executor"
 	consumerRedrive = "redriver"
 )
@@ -425,15 +428,14 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 		t.Errorf("the restarted redriver did not run %s", a.CallID)
 	}
 
-	// The execution claim was taken once, by the restarted redriver, and
-	// holds the one result.
-	claim := c.claim(t, a.CallID)
+	// The execution claim was taken once, by the restarted redriver (the
+	// batch record holds it, beside the one result checked above).
+	claim := c.claim(t, turn, 0)
 	host, _ := os.Hostname()
 	wantWorker := "redriver@" + host + ":" + strconv.Itoa(fresh.Cmd.Process.Pid)
-	res, _ := claim["result"].(map[string]any)
 	worker, _ := claim["worker"].(string) // the engine adds "#<nonce>"
-	if !strings.HasPrefix(worker, wantWorker+"#") || claim["turn_id"] != turn || res == nil || res["status"] != "ok" || res["approval_id"] != a.ApprovalID {
-		t.Errorf("claim of %s: %v; want worker %s with an ok result", a.CallID, claim, wantWorker)
+	if !strings.HasPrefix(worker, wantWorker+"#") || claim["claimed_at"] == nil {
+		t.Errorf("claim of %s: %v; want one by worker %s", a.CallID, claim, wantWorker)
 	}
 
 	// The event history of the turn: one redrive started, one outcome.
@@ -516,23 +518,41 @@ func (c *cluster) testNATSKilled(t *testing.T) {
 }
 
 // claim reads the execution claim of a call from KV, decoded generically.
-func (c *cluster) claim(t *testing.T, callID string) map[string]any {
+// claim returns the execution claim of call i of turn: an entry of the
+// batch record's claims (docs/protocol.md, BatchRecord), read raw from
+// KV; and it fails the test if tollgate_claims has a record for the call
+// (only a version 1 batch's calls have one).
+func (c *cluster) claim(t *testing.T, turn string, i int) map[string]any {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	kv, err := c.js.KeyValue(ctx, bucketClaims)
+	kv, err := c.js.KeyValue(ctx, bucketBatches)
+	if err != nil {
+		t.Fatalf("bucket %s: %v", bucketBatches, err)
+	}
+	e, err := kv.Get(ctx, turn)
+	if err != nil {
+		t.Fatalf("batch %s: %v", turn, err)
+	}
+	var m struct {
+		V      int              `msgpack:"v"`
+		Claims []map[string]any `msgpack:"claims"`
+	}
+	if err := msgpack.Unmarshal(e.Value(), &m); err != nil {
+		t.Fatalf("batch %s: %v", turn, err)
+	}
+	if m.V != 2 || i >= len(m.Claims) || m.Claims[i] == nil {
+		t.Fatalf("batch %s: version %d, claims %v; want version 2 with a claim of call %d", turn, m.V, m.Claims, i)
+	}
+	claims, err := c.js.KeyValue(ctx, bucketClaims)
 	if err != nil {
 		t.Fatalf("bucket %s: %v", bucketClaims, err)
 	}
-	e, err := kv.Get(ctx, callID)
-	if err != nil {
-		t.Fatalf("claim %s: %v", callID, err)
+	callID := turn + "-" + strconv.Itoa(i)
+	if _, err := claims.Get(ctx, callID); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("claim record of %s in %s: %v, want none (a version 2 batch's claims are in its record)", callID, bucketClaims, err)
 	}
-	var m map[string]any
-	if err := msgpack.Unmarshal(e.Value(), &m); err != nil {
-		t.Fatalf("claim %s: %v", callID, err)
-	}
-	return m
+	return m.Claims[i]
 }
 
 func (c *cluster) testMalformedInbound(t *testing.T) {

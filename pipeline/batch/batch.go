@@ -121,6 +121,9 @@ type Engine struct {
 	// once, by the engine whose compare-and-set ended it.
 	ended   *prometheus.CounterVec
 	results *prometheus.CounterVec
+	// legacyRuns counts the runs of version 1 batches (claims in
+	// tollgate_claims): the compatibility path of schemas.DecodeBatch.
+	legacyRuns prometheus.Counter
 }
 
 // New validates cfg and returns an Engine.
@@ -145,6 +148,13 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	if err := metrics.Register(cfg.Registerer, &e.results); err != nil {
+		return nil, err
+	}
+	e.legacyRuns = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tollgate_legacy_batch_runs_total",
+		Help: "Runs of version 1 batches, written before execution claims moved into the batch record: their calls are claimed in tollgate_claims.",
+	})
+	if err := metrics.Register(cfg.Registerer, &e.legacyRuns); err != nil {
 		return nil, err
 	}
 	return e, nil

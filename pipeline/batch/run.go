@@ -88,6 +88,10 @@ func (e *Engine) NewRun(k Known, results []*schemas.ToolResult, resumed bool) *R
 	}
 	r := &Run{e: e, known: k, results: results, resumed: resumed}
 	r.adopt()
+	if k.Batch.Legacy() {
+		e.legacyRuns.Inc()
+		e.cfg.Logger.Info("version 1 batch: its calls are claimed in tollgate_claims, as the version that wrote it did", "turn", k.Batch.TurnID, "state", k.Batch.State)
+	}
 	return r
 }
 

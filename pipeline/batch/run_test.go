@@ -34,7 +34,7 @@ func otherEngine(t testing.TB, f *fixture, worker string) *batch.Engine {
 // returns what it wrote.
 func running(t testing.TB, f *fixture, eng *batch.Engine, turn string, first int, calls ...schemas.ToolCall) batch.Known {
 	t.Helper()
-	b := newBatch(t, f, turn, schemas.BatchQueued, calls...)
+	newBatch(t, f, turn, schemas.BatchQueued, calls...)
 	b, rev, err := f.st.Batches.Mutate(ctx(t), turn, func(b *schemas.BatchRecord) error {
 		b.State = schemas.BatchRunning
 		if first >= 0 {

@@ -468,40 +468,46 @@ func TestACallWhoseWorkerDiedIsNeverRunTwice(t *testing.T) {
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			count := &pt.Counter{}
-			h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}, ClaimLease: lease, ToolTimeout: lease / 2})
-			turn := h.Send(h.Inbound(fmt.Sprintf("orphan%d", i), "alice", pt.Call("count", `{}`)))
+			// The approval is decided while no redriver runs; the redriver
+			// that started the batch and claimed the call died.
+			h0 := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}, Stages: []string{pt.Ingest, pt.Executor, pt.Approver}})
+			turn := h0.Send(h0.Inbound(fmt.Sprintf("orphan%d", i), "alice", pt.Call("count", `{}`)))
 			id := schemas.ApprovalID(turn, 0)
-			h.WaitPending(id)
-			ctx, cancel := h.Ctx()
+			h0.WaitPending(id)
+			h0.WaitState(turn, schemas.BatchAwaiting)
+			h0.Decide(id, schemas.OptionApprove, "alice")
+			h0.WaitApproval(id, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
+			h0.WaitIdle(pt.Ingest, pt.Executor, pt.Approver)
+			h0.Stop()
+			ctx, cancel := h0.Ctx()
 			defer cancel()
-			b, rev, err := h.Store.Batches.Get(ctx, turn)
+			b, rev, err := h0.Store.Batches.Get(ctx, turn)
 			if err != nil {
 				t.Fatal(err)
 			}
 			call := b.Calls[0]
 			claimedAt := time.Now().UTC().Add(-tc.age)
-			// A redriver claimed the call, then died before recording a result.
+			b.State = schemas.BatchStarted
 			if tc.legacy {
 				// As the previous version left it: the batch record (version
-				// 1) awaiting, the claim a record of tollgate_claims.
-				if _, err := h.Store.Batches.Update(ctx, turn, schemas.AsLegacyBatch(b), rev); err != nil {
+				// 1) started, the claim a record of tollgate_claims.
+				if _, err := h0.Store.Batches.Update(ctx, turn, schemas.AsLegacyBatch(b), rev); err != nil {
 					t.Fatal(err)
 				}
 				claim := &schemas.ExecutionClaim{CallID: call.CallID, TurnID: turn, Tool: call.Tool, ArgsDigest: call.ArgsDigest,
 					Worker: "redriver@dead", ClaimedAt: claimedAt}
-				if _, err := h.Store.Claims.Create(ctx, call.CallID, claim); err != nil {
+				if _, err := h0.Store.Claims.Create(ctx, call.CallID, claim); err != nil {
 					t.Fatal(err)
 				}
 			} else {
 				// The batch started, the call claimed by that write.
-				b.State = schemas.BatchStarted
 				b.SetClaim(0, &schemas.CallClaim{Worker: "redriver@dead", ClaimedAt: claimedAt})
-				if _, err := h.Store.Batches.Update(ctx, turn, b, rev); err != nil {
+				if _, err := h0.Store.Batches.Update(ctx, turn, b, rev); err != nil {
 					t.Fatal(err)
 				}
 			}
 
-			h.Decide(id, schemas.OptionApprove, "alice")
+			h := pt.Start(t, pt.Options{Env: h0.Env, Keys: h0.Keys, Policy: countPolicy, Tools: []tools.Tool{count}, ClaimLease: lease, ToolTimeout: lease / 2})
 			b, out := h.WaitTerminal(turn)
 			r := b.Results[0]
 			if r.Status != schemas.ResultNeedsAttention || r.Code != schemas.CodeExecutionUncertain || out.Results[0].Code != schemas.CodeExecutionUncertain {
@@ -511,7 +517,12 @@ func TestACallWhoseWorkerDiedIsNeverRunTwice(t *testing.T) {
 				t.Fatalf("tool ran %d times after its worker died mid-call", n)
 			}
 			if tc.age == 0 && h.Metric("tollgate_messages_retried_total", map[string]string{"stage": pt.Redriver}) == 0 {
-				t.Fatal("a held claim was not retried")
+				t.Fatalf("a held claim was not retried: result %+v", b.Results[0])
+			}
+			// The version 1 batch went through the compatibility path,
+			// counted; a version 2 one never does.
+			if n := h.Metric("tollgate_legacy_batch_runs_total", nil); (n > 0) != tc.legacy {
+				t.Fatalf("%v legacy batch runs counted, want some exactly for a version 1 batch (%v)", n, tc.legacy)
 			}
 		})
 	}

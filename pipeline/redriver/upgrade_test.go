@@ -1,0 +1,165 @@
+package redriver_test
+
+import (
+	"testing"
+	"time"
+
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tools"
+)
+
+const upgradePolicy = `{
+  "version": "upgrade-test",
+  "tools": {
+    "free":  {"approval": "never"},
+    "count": {"approval": "required"}
+  },
+  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
+}`
+
+// Batches written by the previous version (version 1 records, their calls'
+// claims in tollgate_claims), live at the upgrade in every state, finish
+// once on the stages of this version, through the compatibility path: an
+// awaiting batch with a pending approval and a queued one behind it in its
+// session, a started batch whose claim has no result (its worker died), a
+// started one whose claim holds the result, and a running one whose
+// executor died before it claimed its call. No call runs twice, and each
+// record stays version 1.
+func TestVersion1BatchesFinishAfterTheUpgrade(t *testing.T) {
+	free, count := &pt.Counter{ToolName: "free"}, &pt.Counter{ToolName: "count"}
+	opts := func(stages ...string) pt.Options {
+		return pt.Options{Policy: upgradePolicy, Tools: []tools.Tool{free, count}, ClaimLease: 2 * time.Second, ToolTimeout: time.Second, Stages: stages}
+	}
+	h := pt.Start(t, opts())
+	awaiting := h.Send(h.Inbound("up-1", "alice", pt.Call("free", `{"n":1}`), pt.Call("count", `{"n":1}`)))
+	h.WaitPending(schemas.ApprovalID(awaiting, 1))
+	queued := h.Send(h.Inbound("up-1", "alice", pt.Call("count", `{"n":2}`)))
+	h.WaitState(queued, schemas.BatchQueued)
+	orphaned := h.Send(h.Inbound("up-3", "alice", pt.Call("count", `{"n":3}`)))
+	h.WaitPending(schemas.ApprovalID(orphaned, 0))
+	recorded := h.Send(h.Inbound("up-4", "alice", pt.Call("count", `{"n":4}`)))
+	h.WaitPending(schemas.ApprovalID(recorded, 0))
+	h.WaitIdle(pt.AllStages...)
+	h.Stop()
+
+	// The approvals of two batches are decided while no redriver runs, and
+	// a turn is accepted that no executor has taken yet.
+	h2 := pt.Start(t, pt.Options{Env: h.Env, Keys: h.Keys, Policy: upgradePolicy, Tools: []tools.Tool{free, count}, Stages: []string{pt.Ingest, pt.Approver}})
+	for _, turn := range []string{orphaned, recorded} {
+		id := schemas.ApprovalID(turn, 0)
+		h2.Decide(id, schemas.OptionApprove, "alice")
+		h2.WaitApproval(id, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
+	}
+	m := h2.Inbound("up-5", "alice", pt.Call("free", `{"n":5}`))
+	running := schemas.TurnID(m.Transport, m.MessageID)
+	h2.WaitConsumed(pt.Ingest, h2.Publish(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), m))
+	h2.Stop()
+
+	// What the previous version left: version 1 records, claims in
+	// tollgate_claims.
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	claim := func(turn string, i int, age time.Duration, res *schemas.ToolResult) {
+		t.Helper()
+		b := h.Batch(turn)
+		c := b.Calls[i]
+		rec := &schemas.ExecutionClaim{CallID: c.CallID, TurnID: turn, Tool: c.Tool, ArgsDigest: c.ArgsDigest,
+			Worker: "redriver@old:1#00000000", ClaimedAt: time.Now().UTC().Add(-age), Result: res}
+		if _, err := h.Store.Claims.Create(ctx, c.CallID, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.MakeLegacy(awaiting)
+	claim(awaiting, 0, time.Minute, h.Batch(awaiting).Results[0]) // its free call ran under the previous version
+	h.MakeLegacy(queued)
+	for _, turn := range []string{orphaned, recorded} {
+		h.MakeLegacy(turn)
+		h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
+	}
+	claim(orphaned, 0, time.Hour, nil) // claimed by a redriver that died with the tool running
+	ranBefore := &schemas.ToolResult{CallID: schemas.CallID(recorded, 0), Tool: "count", Status: schemas.ResultOK, Output: "ran before the upgrade",
+		ApprovalID: schemas.ApprovalID(recorded, 0), FinishedAt: time.Now().UTC()}
+	claim(recorded, 0, time.Hour, ranBefore) // its redriver recorded the result, then died
+	at := acceptedTurn(t, h, running)
+	now := time.Now().UTC()
+	if _, err := h.Store.Batches.Create(ctx, running, schemas.AsLegacyBatch(&schemas.BatchRecord{TurnID: running, SessionID: at.Context.SessionID,
+		Context: at.Context, Text: at.Text, Calls: at.Calls, State: schemas.BatchRunning,
+		Approvals: make([]string, 1), Results: make([]*schemas.ToolResult, 1), CreatedAt: now, UpdatedAt: now})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Store.Sessions.Create(ctx, schemas.SessionKeyOf(at.Context), &schemas.SessionRecord{SessionID: at.Context.SessionID, Active: running, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	runsBefore := free.Total() + count.Total()
+	ranBeforeUpgrade := free.Runs(schemas.CallID(awaiting, 0))
+
+	// The upgrade: this version's stages start on all of it.
+	h3 := pt.Start(t, pt.Options{Env: h.Env, Keys: h.Keys, Policy: upgradePolicy, Tools: []tools.Tool{free, count}, ClaimLease: 2 * time.Second, ToolTimeout: time.Second})
+	h3.Decide(schemas.ApprovalID(awaiting, 1), schemas.OptionApprove, "alice")
+	h3.WaitPending(schemas.ApprovalID(queued, 0))
+	h3.Decide(schemas.ApprovalID(queued, 0), schemas.OptionApprove, "alice")
+	want := map[string]struct {
+		status schemas.ResultStatus
+		code   schemas.Code
+	}{
+		awaiting: {schemas.ResultOK, ""}, queued: {schemas.ResultOK, ""},
+		orphaned: {schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain},
+		recorded: {schemas.ResultOK, ""}, running: {schemas.ResultOK, ""},
+	}
+	for turn, w := range want {
+		b, out := h3.WaitTerminal(turn)
+		last := b.Results[len(b.Results)-1]
+		if b.State != schemas.BatchCompleted || last.Status != w.status || last.Code != w.code {
+			t.Errorf("turn %s ended %s with %+v, want completed with %s %s", turn, b.State, last, w.status, w.code)
+		}
+		if n := len(h3.Outcomes(turn)); n != 1 || out == nil {
+			t.Errorf("turn %s: %d outcomes, want 1", turn, n)
+		}
+		if !b.Legacy() || len(b.Claims) != 0 {
+			t.Errorf("turn %s written back as version %d with claims %v, want version 1 without", turn, b.V, b.Claims)
+		}
+	}
+	if b := h3.Batch(recorded); b.Results[0].Output != "ran before the upgrade" {
+		t.Errorf("a call whose claim held its result: %+v, want that result", b.Results[0])
+	}
+	h3.WaitIdle(pt.AllStages...)
+	for call, n := range map[string]int{
+		schemas.CallID(awaiting, 0): 0, schemas.CallID(awaiting, 1): 1, schemas.CallID(queued, 0): 1,
+		schemas.CallID(orphaned, 0): 0, schemas.CallID(recorded, 0): 0, schemas.CallID(running, 0): 1,
+	} {
+		got := free.Runs(call) + count.Runs(call)
+		if call == schemas.CallID(awaiting, 0) {
+			got -= ranBeforeUpgrade // its run under the previous version
+		}
+		if got != n {
+			t.Errorf("call %s ran %d times after the upgrade, want %d", call, got, n)
+		}
+	}
+	if got := free.Total() + count.Total() - runsBefore; got != 3 {
+		t.Errorf("%d runs after the upgrade, want 3", got)
+	}
+	// The calls that ran after the upgrade were claimed where the previous
+	// version would have looked for their claims.
+	for _, call := range []string{schemas.CallID(awaiting, 1), schemas.CallID(queued, 0), schemas.CallID(running, 0)} {
+		if c, _, err := h3.Store.Claims.Get(ctx, call); err != nil || c.Result == nil {
+			t.Errorf("claim record of %s: %+v %v, want one with its result", call, c, err)
+		}
+	}
+	if n := h3.Metric("tollgate_legacy_batch_runs_total", nil); n < 5 {
+		t.Errorf("%v runs of version 1 batches counted, want at least 5", n)
+	}
+}
+
+// acceptedTurn is turn's accepted message, as ingest published it.
+func acceptedTurn(t *testing.T, h *pt.H, turn string) *schemas.AcceptedTurn {
+	t.Helper()
+	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnAccepted+">") {
+		if at, err := schemas.Decode[schemas.AcceptedTurn](m.Data); err == nil && at.TurnID == turn {
+			return at
+		}
+	}
+	t.Fatalf("no accepted turn %s", turn)
+	return nil
+}
