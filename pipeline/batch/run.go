@@ -109,15 +109,55 @@ func (r *Run) Known() Known { return r.known }
 // here and not yet in the batch record.
 func (r *Run) Ran() bool { return r.ran }
 
-// WriteContext is the context for the stage's write that carries the
-// run's results: once a tool has run, its result must be written whatever
-// happens to the caller's context, so the write gets a minute of its own
-// (recordResult's rule); before that, ctx itself.
-func (r *Run) WriteContext(ctx context.Context) (context.Context, context.CancelFunc) {
+// Carry makes the stage's write that carries the run's results: write is
+// given the batch as the run last knew it, a copy of its own each attempt.
+// Once a tool has run, its result must be written whatever happens to the
+// caller (recordResult's rule for a claim record): the write is tried
+// again after any error but a permanent one, each attempt bounded to 5 s
+// (a write to a leader that just died must not use the budget up), on a
+// context the caller's cancellation does not cut short, for up to a
+// minute. A conflict is the write's own to resolve (a compare-and-set
+// reads the record again). Before any tool ran, it is one attempt on ctx.
+func (r *Run) Carry(ctx context.Context, write func(context.Context, Known) error) error {
 	if !r.ran {
-		return ctx, func() {}
+		return write(ctx, r.copyKnown(true))
 	}
-	return context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	return r.e.hard(ctx, "write the results of calls that ran, batch "+r.known.Batch.TurnID, func(actx context.Context, attempt int) error {
+		return write(actx, r.copyKnown(attempt == 0))
+	})
+}
+
+// copyKnown is the run's Known with a copy of the batch (a write may
+// change it in place) and, when session, the session snapshot (the first
+// attempt only: a retry reads the session again).
+func (r *Run) copyKnown(session bool) Known {
+	k := Known{Batch: cloneBatch(r.known.Batch), BatchRev: r.known.BatchRev}
+	if session {
+		k.Session = r.known.Session
+	}
+	return k
+}
+
+// hard runs op until it succeeds or fails permanently, each attempt
+// bounded to 5 s, on a context ctx's cancellation does not cut short, for
+// up to a minute: for a write that must not be lost once a tool has run.
+func (e *Engine) hard(ctx context.Context, what string, op func(context.Context, int) error) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	for attempt := 0; ; attempt++ {
+		actx, acancel := context.WithTimeout(wctx, 5*time.Second)
+		err := op(actx, attempt)
+		acancel()
+		if err == nil || schemas.Permanent(err) {
+			return err
+		}
+		e.cfg.Logger.Warn("trying again", "what", what, "attempt", attempt+1, "err", err)
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("%s: %w", what, err)
+		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second)):
+		}
+	}
 }
 
 // adopt takes the results the batch record holds over into the run's.
@@ -267,6 +307,21 @@ func (r *Run) runClaimed(ctx context.Context, tool tools.Tool, i int, approvalID
 // started is not written. It reports whether it wrote; either way the run
 // then holds the record as it is now.
 func (r *Run) write(ctx context.Context, fn func(*schemas.BatchRecord) bool) (bool, error) {
+	if !r.ran {
+		return r.writeOnce(ctx, fn)
+	}
+	// It carries the result of a call that ran: it must not be lost.
+	var wrote bool
+	err := r.e.hard(ctx, "claim a call and write the results of calls that ran, batch "+r.known.Batch.TurnID, func(actx context.Context, _ int) error {
+		var err error
+		wrote, err = r.writeOnce(actx, fn)
+		return err
+	})
+	return wrote, err
+}
+
+// writeOnce is one attempt of write.
+func (r *Run) writeOnce(ctx context.Context, fn func(*schemas.BatchRecord) bool) (bool, error) {
 	wrote := false
 	want := r.known.Batch.State
 	b, rev, err := r.e.cfg.Store.Batches.MutateFrom(ctx, r.known.Batch.TurnID, cloneBatch(r.known.Batch), r.known.BatchRev, func(b *schemas.BatchRecord) error {

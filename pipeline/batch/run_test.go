@@ -1,6 +1,7 @@
 package batch_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -341,5 +342,43 @@ func TestARunOfALegacyBatchUsesTheClaimsBucket(t *testing.T) {
 	}
 	if b, _ := stored(t, f, turn); !b.Legacy() || len(b.Claims) != 0 {
 		t.Fatalf("written back as version %d with claims %v, want version 1 without", b.V, b.Claims)
+	}
+}
+
+// Once a tool has run, the write that carries its result is made even
+// when the caller's context has ended (a stage stopping, a handler's
+// deadline): the result is not left to become EXECUTION_UNCERTAIN. Before
+// any tool ran, the caller's context rules.
+func TestAResultIsCarriedPastTheCallersCancellation(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "carry")
+	c0 := call(turn, 0, "count", `{}`)
+	k := running(t, f, f.eng, turn, 0, c0)
+	run := f.eng.NewRun(k, nil, false)
+	cctx, cancel := context.WithCancel(ctx(t))
+	if err := run.Execute(cctx, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	err := run.Carry(cctx, func(ctx context.Context, k batch.Known) error {
+		_, err := f.eng.ConcludeFrom(ctx, turn, k, run.Results(), "", "")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("carry after the caller's cancellation: %v", err)
+	}
+	if b, _ := stored(t, f, turn); b.State != schemas.BatchCompleted || b.Results[0] == nil || b.Results[0].Status != schemas.ResultOK {
+		t.Fatalf("batch %s results %+v, want completed with the call's result", b.State, b.Results)
+	}
+
+	turn2 := schemas.TurnID("cli", "carry-none")
+	k2 := running(t, f, f.eng, turn2, -1, call(turn2, 0, "count", `{}`))
+	idle := f.eng.NewRun(k2, nil, false) // no tool ran
+	err = idle.Carry(cctx, func(ctx context.Context, k batch.Known) error {
+		_, err := f.eng.ConcludeFrom(ctx, turn2, k, idle.Results(), "", "")
+		return err
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("carry with nothing run, on a cancelled context: %v, want context.Canceled", err)
 	}
 }

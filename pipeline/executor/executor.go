@@ -575,27 +575,30 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		waiting = waiting || approvals[i] != "" && results[i] == nil
 	}
 
-	wctx, cancel := run.WriteContext(ctx)
-	defer cancel()
 	if !waiting {
-		_, err := eng.ConcludeFrom(wctx, b.TurnID, run.Known(), results, "", "")
-		return err
+		return run.Carry(ctx, func(ctx context.Context, k batch.Known) error {
+			_, err := eng.ConcludeFrom(ctx, b.TurnID, k, results, "", "")
+			return err
+		})
 	}
-	k := run.Known()
-	b, _, err := x.cfg.Store.Batches.MutateFrom(wctx, b.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
-		if b.State != schemas.BatchRunning {
-			return store.ErrSkip
-		}
-		for i := range b.Calls {
-			if b.Results[i] == nil {
-				b.Results[i] = results[i]
+	err := run.Carry(ctx, func(ctx context.Context, k batch.Known) error {
+		var err error
+		b, _, err = x.cfg.Store.Batches.MutateFrom(ctx, b.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
+			if b.State != schemas.BatchRunning {
+				return store.ErrSkip
 			}
-			if b.Approvals[i] == "" {
-				b.Approvals[i] = approvals[i]
+			for i := range b.Calls {
+				if b.Results[i] == nil {
+					b.Results[i] = results[i]
+				}
+				if b.Approvals[i] == "" {
+					b.Approvals[i] = approvals[i]
+				}
 			}
-		}
-		b.State, b.UpdatedAt = schemas.BatchAwaiting, eng.Now()
-		return nil
+			b.State, b.UpdatedAt = schemas.BatchAwaiting, eng.Now()
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return err
@@ -614,23 +617,22 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 // keep writes the results run has settled into the running batch, before
 // the turn is handed back to wait for its previews.
 func (x *Executor) keep(ctx context.Context, run *batch.Run) error {
-	wctx, cancel := run.WriteContext(ctx)
-	defer cancel()
-	k := run.Known()
-	_, _, err := x.cfg.Store.Batches.MutateFrom(wctx, k.Batch.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
-		changed := false
-		for i, r := range run.Results() {
-			if r != nil && b.Results[i] == nil && b.State == schemas.BatchRunning {
-				b.Results[i], changed = r, true
+	return run.Carry(ctx, func(ctx context.Context, k batch.Known) error {
+		_, _, err := x.cfg.Store.Batches.MutateFrom(ctx, k.Batch.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
+			changed := false
+			for i, r := range run.Results() {
+				if r != nil && b.Results[i] == nil && b.State == schemas.BatchRunning {
+					b.Results[i], changed = r, true
+				}
 			}
-		}
-		if !changed {
-			return store.ErrSkip
-		}
-		b.UpdatedAt = x.cfg.Engine.Now()
-		return nil
+			if !changed {
+				return store.ErrSkip
+			}
+			b.UpdatedAt = x.cfg.Engine.Now()
+			return nil
+		})
+		return err
 	})
-	return err
 }
 
 // supersedes reports whether the session policy for b's transport is

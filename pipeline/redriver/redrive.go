@@ -489,9 +489,12 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 	if err := r.settle(ctx, pub); err != nil {
 		return err
 	}
-	wctx, cancel := run.WriteContext(ctx)
-	defer cancel()
-	end, err := eng.ConcludeFrom(wctx, b.TurnID, run.Known(), run.Results(), "", "")
+	var end *schemas.BatchRecord
+	err := run.Carry(ctx, func(ctx context.Context, k batch.Known) error {
+		var err error
+		end, err = eng.ConcludeFrom(ctx, b.TurnID, k, run.Results(), "", "")
+		return err
+	})
 	if err != nil {
 		return err
 	}
