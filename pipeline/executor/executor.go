@@ -581,9 +581,9 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 			return err
 		})
 	}
+	turnID := b.TurnID
 	err := run.Carry(ctx, func(ctx context.Context, k batch.Known) error {
-		var err error
-		b, _, err = x.cfg.Store.Batches.MutateFrom(ctx, b.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
+		got, _, err := x.cfg.Store.Batches.MutateFrom(ctx, turnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
 			if b.State != schemas.BatchRunning {
 				return store.ErrSkip
 			}
@@ -598,6 +598,9 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 			b.State, b.UpdatedAt = schemas.BatchAwaiting, eng.Now()
 			return nil
 		})
+		if err == nil {
+			b = got
+		}
 		return err
 	})
 	if err != nil {
