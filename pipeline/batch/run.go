@@ -127,6 +127,52 @@ func (r *Run) Carry(ctx context.Context, write func(context.Context, Known) erro
 	})
 }
 
+// Keep writes the results the run has settled that the batch record does
+// not hold yet, the batch staying in its state: for a stage that stops
+// before its write that moves the batch on (waiting for previews, or
+// giving the message back on an error), so that a call that ran is not
+// left claimed without its result, to be reported uncertain. It writes
+// nothing when the record holds them all, or when no tool ran.
+func (r *Run) Keep(ctx context.Context) error {
+	if !r.ran {
+		return nil
+	}
+	return r.Carry(ctx, func(ctx context.Context, k Known) error {
+		want := k.Batch.State
+		b, rev, err := r.e.cfg.Store.Batches.MutateFrom(ctx, k.Batch.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
+			changed := false
+			for i, res := range r.results {
+				if res != nil && b.Results[i] == nil && b.State == want {
+					b.Results[i], changed = res, true
+				}
+			}
+			if !changed {
+				return store.ErrSkip
+			}
+			b.UpdatedAt = r.e.Now()
+			return nil
+		})
+		if err == nil {
+			r.known = Known{Batch: b, BatchRev: rev}
+		}
+		return err
+	})
+}
+
+// KeepOnError is err, after Keep when err is not nil: a stage returns it
+// from a run it gives up on (the message is delivered again), and the
+// results of the calls that ran are kept. A failed Keep is logged; err is
+// what the stage returns.
+func (r *Run) KeepOnError(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if kerr := r.Keep(ctx); kerr != nil {
+		r.e.cfg.Logger.Error("results of calls that ran not written; they will be reported uncertain", "turn", r.known.Batch.TurnID, "err", kerr)
+	}
+	return err
+}
+
 // copyKnown is the run's Known with a copy of the batch (a write may
 // change it in place) and, when session, the session snapshot (the first
 // attempt only: a retry reads the session again).

@@ -382,3 +382,43 @@ func TestAResultIsCarriedPastTheCallersCancellation(t *testing.T) {
 		t.Fatalf("carry with nothing run, on a cancelled context: %v, want context.Canceled", err)
 	}
 }
+
+// A stage that gives a message back after a call ran (an error before its
+// write that moves the batch on) keeps the call's result in the record:
+// the message's next delivery finds it, and the call is neither run again
+// nor reported uncertain. Keeping what the record holds already writes
+// nothing.
+func TestARunKeepsTheResultsOfCallsThatRanWhenItGivesUp(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "keep")
+	c0, c1 := call(turn, 0, "count", `{}`), call(turn, 1, "count", `{"b":1}`)
+	k := running(t, f, f.eng, turn, 0, c0, c1)
+	run := f.eng.NewRun(k, nil, false)
+	if err := run.Execute(ctx(t), 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	giveUp := errors.New("a transient failure after the call ran")
+	if err := run.KeepOnError(ctx(t), giveUp); !errors.Is(err, giveUp) {
+		t.Fatalf("KeepOnError returned %v, want the stage's error", err)
+	}
+	b, rev := stored(t, f, turn)
+	if b.State != schemas.BatchRunning || b.Results[0] == nil || b.Results[0].Status != schemas.ResultOK || b.Results[1] != nil {
+		t.Fatalf("batch %s results %+v, want still running with call 0's result kept", b.State, b.Results)
+	}
+	if err := run.Keep(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, again := stored(t, f, turn); again != rev {
+		t.Fatalf("a second Keep wrote (revision %d, was %d)", again, rev)
+	}
+	// The next delivery, in another process: call 0 is done, call 1 runs.
+	next := otherEngine(t, f, "test@2").NewRun(batch.Known{Batch: b, BatchRev: rev}, nil, true)
+	for i := range 2 {
+		if err := next.Execute(ctx(t), i, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, m := f.count.Runs(c0.CallID), f.count.Runs(c1.CallID); n != 1 || m != 1 {
+		t.Fatalf("runs %d and %d, want each once", n, m)
+	}
+}

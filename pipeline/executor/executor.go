@@ -522,7 +522,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		if err := run.Execute(ctx, i, ""); errors.Is(err, batch.ErrNotRunning) {
 			return x.Advance(ctx, b.TurnID) // ended meanwhile: go on from there
 		} else if err != nil {
-			return err
+			return run.KeepOnError(ctx, err) // an earlier call's result is kept
 		}
 	}
 	results = run.Results()
@@ -538,7 +538,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		}
 		rec, err := x.newApproval(ctx, b, b.Calls[i])
 		if err != nil {
-			return err
+			return run.KeepOnError(ctx, err)
 		}
 		asks = append(asks, ask{i, rec})
 		if rec.Status == schemas.ApprovalPending && p.tool != nil {
@@ -551,12 +551,10 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		// the turn comes back for them (previews.go).
 		got, retry := x.previewer.await(ctx, b.TurnID, previews, min(previewInlineWait, x.previewer.deadline))
 		if got == nil {
-			if run.Ran() {
-				// The results of the calls that ran must not wait for the
-				// previews: a crash meanwhile would leave them uncertain.
-				if err := x.keep(ctx, run); err != nil {
-					return err
-				}
+			// The results of the calls that ran must not wait for the
+			// previews: a crash meanwhile would leave them uncertain.
+			if err := run.Keep(ctx); err != nil {
+				return err
 			}
 			return waitingOnPreviews(b.TurnID, retry)
 		}
@@ -564,7 +562,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 			a.rec.Preview = got[a.rec.ApprovalID] // nil for a decided one
 			id, err := x.requestApproval(ctx, a.rec)
 			if err != nil {
-				return err
+				return run.KeepOnError(ctx, err)
 			}
 			x.previewer.forget(id)
 			approvals[a.i] = id
@@ -615,27 +613,6 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 	// A turn that queued behind this one while it was running finds it
 	// waiting only now.
 	return x.supersedeSelf(ctx, b)
-}
-
-// keep writes the results run has settled into the running batch, before
-// the turn is handed back to wait for its previews.
-func (x *Executor) keep(ctx context.Context, run *batch.Run) error {
-	return run.Carry(ctx, func(ctx context.Context, k batch.Known) error {
-		_, _, err := x.cfg.Store.Batches.MutateFrom(ctx, k.Batch.TurnID, k.Batch, k.BatchRev, func(b *schemas.BatchRecord) error {
-			changed := false
-			for i, r := range run.Results() {
-				if r != nil && b.Results[i] == nil && b.State == schemas.BatchRunning {
-					b.Results[i], changed = r, true
-				}
-			}
-			if !changed {
-				return store.ErrSkip
-			}
-			b.UpdatedAt = x.cfg.Engine.Now()
-			return nil
-		})
-		return err
-	})
 }
 
 // supersedes reports whether the session policy for b's transport is

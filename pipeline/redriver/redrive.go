@@ -480,14 +480,17 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 				}
 				return fmt.Errorf("batch %s: %w", b.TurnID, err)
 			} else if err != nil {
-				return err
+				return run.KeepOnError(ctx, err) // an earlier call's result is kept
 			}
 		case p.Status != "" && run.Results()[i] == nil:
 			run.Results()[i] = eng.Result(b.Calls[i], p.Status, p.Code, p.Reason, approvals[i].ApprovalID)
 		}
 	}
 	if err := r.settle(ctx, pub); err != nil {
-		return err
+		// The started event must be stored before the outcome: the
+		// message comes back for it, and the results of the calls that
+		// ran wait in the record.
+		return run.KeepOnError(ctx, err)
 	}
 	var end *schemas.BatchRecord
 	err := run.Carry(ctx, func(ctx context.Context, k batch.Known) error {
