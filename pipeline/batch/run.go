@@ -278,13 +278,7 @@ func (r *Run) Execute(ctx context.Context, i int, approvalID string) error {
 			r.results[i] = refused
 			return nil
 		case c == nil:
-			wrote, err := r.write(ctx, func(b *schemas.BatchRecord) bool {
-				if b.ClaimOf(i) != nil {
-					return false
-				}
-				e.Claim(b, i)
-				return true
-			})
+			wrote, err := r.claimFrom(ctx, i, nil)
 			if err != nil {
 				return fmt.Errorf("claim %s: %w", call.CallID, err)
 			}
@@ -304,13 +298,7 @@ func (r *Run) Execute(ctx context.Context, i int, approvalID string) error {
 			return fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, e.Now().Sub(c.ClaimedAt).Round(time.Millisecond), ErrClaimHeld)
 		case tool != nil && tools.RetrySafe(tool):
 			prev := *c
-			wrote, err := r.write(ctx, func(b *schemas.BatchRecord) bool {
-				if cur := b.ClaimOf(i); cur == nil || *cur != prev {
-					return false
-				}
-				e.claim(b, i)
-				return true
-			})
+			wrote, err := r.claimFrom(ctx, i, &prev)
 			if err != nil {
 				return fmt.Errorf("take over claim %s: %w", call.CallID, err)
 			}
@@ -326,6 +314,20 @@ func (r *Run) Execute(ctx context.Context, i int, approvalID string) error {
 			return nil
 		}
 	}
+}
+
+// claimFrom writes this engine's claim of call i, if the call's claim in
+// the record is still prev (nil: it has none), with the run's settled
+// results; it reports whether it wrote.
+func (r *Run) claimFrom(ctx context.Context, i int, prev *schemas.CallClaim) (bool, error) {
+	return r.write(ctx, func(b *schemas.BatchRecord) bool {
+		cur := b.ClaimOf(i)
+		if (cur == nil) != (prev == nil) || cur != nil && *cur != *prev {
+			return false
+		}
+		r.e.claim(b, i)
+		return true
+	})
 }
 
 // runClaimed runs call i, which this engine has claimed, and settles its
