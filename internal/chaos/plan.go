@@ -282,26 +282,27 @@ func NewPlan(c Config) Plan {
 // an election (4 to 9 s after the leader goes quiet), so the others elect
 // new leaders while the paused node still believes it leads.
 func planLeaderPauses(c Config, p *Plan, from, to int) {
-	rng := rand.New(rand.NewPCG(uint64(c.Seed), 0x5e_a5_0f_f5))
-	for i := range c.LeaderPauses {
-		span := max((to-from)/c.LeaderPauses, 1)
-		p.Faults = append(p.Faults, Fault{
-			AtTurn: from + span*i + rng.IntN(span), Jitter: jitter(rng, 500*time.Millisecond), Broker: true, Leader: true, Pause: true,
-			Down: 12*time.Second + jitter(rng, 3*time.Second),
-		})
-	}
+	planLeaderFaults(p, from, to, c.LeaderPauses, rand.New(rand.NewPCG(uint64(c.Seed), 0x5e_a5_0f_f5)), func(f *Fault) { f.Pause = true })
 }
 
 // planPartitions adds the partitions as planLeaderPauses adds the pauses,
 // from a random source of their own.
 func planPartitions(c Config, p *Plan, from, to int) {
-	rng := rand.New(rand.NewPCG(uint64(c.Seed), 0x9a_27_17_10))
-	for i := range c.Partitions {
-		span := max((to-from)/c.Partitions, 1)
-		p.Faults = append(p.Faults, Fault{
-			AtTurn: from + span*i + rng.IntN(span), Jitter: jitter(rng, 500*time.Millisecond), Broker: true, Leader: true, Partition: true,
+	planLeaderFaults(p, from, to, c.Partitions, rand.New(rand.NewPCG(uint64(c.Seed), 0x9a_27_17_10)), func(f *Fault) { f.Partition = true })
+}
+
+// planLeaderFaults adds n faults of the node leading the busiest stream,
+// each at a random turn of its share of [from, to) and lasting 12 to 15
+// s, drawn from rng; kind marks what the fault does.
+func planLeaderFaults(p *Plan, from, to, n int, rng *rand.Rand, kind func(*Fault)) {
+	for i := range n {
+		span := max((to-from)/n, 1)
+		f := Fault{
+			AtTurn: from + span*i + rng.IntN(span), Jitter: jitter(rng, 500*time.Millisecond), Broker: true, Leader: true,
 			Down: 12*time.Second + jitter(rng, 3*time.Second),
-		})
+		}
+		kind(&f)
+		p.Faults = append(p.Faults, f)
 	}
 }
 

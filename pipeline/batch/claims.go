@@ -302,18 +302,17 @@ func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tool
 		if c.Result != nil {
 			return c.Result, nil
 		}
-		if _, ran := e.started.Load(call.CallID); c.Worker == e.worker && !ran {
+		switch e.judgeClaim(call.CallID, c.Worker, c.ClaimedAt, tool) {
+		case claimOwn:
 			e.cfg.Logger.Info("resuming own claim whose create reply was lost", "call", call.CallID)
 			if refused != nil {
 				c.Result = refused
 				return e.recordResult(ctx, call.CallID, c, rev)
 			}
 			return e.runClaimed(ctx, tc, tool, call, approvalID, c, rev)
-		}
-		if age := e.Now().Sub(c.ClaimedAt); age < e.cfg.ClaimLease {
-			return nil, fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, age.Round(time.Millisecond), ErrClaimHeld)
-		}
-		if tool != nil && tools.RetrySafe(tool) {
+		case claimHeld:
+			return nil, e.held(call.CallID, c.Worker, c.ClaimedAt)
+		case claimTakeOver:
 			// Safe to run again (tools.Retryable): take the claim over by
 			// compare-and-set, so exactly one worker re-runs it.
 			prev := c.Worker
@@ -328,8 +327,7 @@ func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tool
 			e.cfg.Logger.Warn("re-running a retry-safe call whose worker left no result", "call", call.CallID, "tool", call.Tool, "previous_worker", prev)
 			return e.runClaimed(ctx, tc, tool, call, approvalID, c, rev)
 		}
-		c.Result = e.Result(call, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
-			fmt.Sprintf("claimed by %s at %s and no result was recorded; the tool may have run, so it is not run again", c.Worker, c.ClaimedAt.Format(time.RFC3339)), approvalID)
+		c.Result = e.uncertain(call, c.Worker, c.ClaimedAt, approvalID)
 		_, err = e.cfg.Store.Claims.Update(ctx, call.CallID, c, rev)
 		if errors.Is(err, store.ErrConflict) {
 			continue
@@ -340,6 +338,46 @@ func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tool
 		e.cfg.Logger.Warn("execution uncertain", "call", call.CallID, "worker", c.Worker)
 		return c.Result, nil
 	}
+}
+
+// claimAction is what an engine does with a call's claim that has no
+// result (judgeClaim).
+type claimAction int
+
+const (
+	claimOwn       claimAction = iota // this engine's, its tool not started: run it
+	claimHeld                         // another's within the lease: ErrClaimHeld
+	claimTakeOver                     // past the lease, a retry-safe tool: take it over, run again
+	claimUncertain                    // past the lease: EXECUTION_UNCERTAIN, never run again
+)
+
+// judgeClaim is the one rule for a claim without a result, whether it is
+// a record of tollgate_claims (a version 1 batch, Execute) or an entry of
+// the batch record (Run): the claim of call callID by worker at claimedAt,
+// tool the call's tool (nil when it cannot run now).
+func (e *Engine) judgeClaim(callID, worker string, claimedAt time.Time, tool tools.Tool) claimAction {
+	_, started := e.started.Load(callID)
+	switch {
+	case worker == e.worker && !started:
+		return claimOwn
+	case e.Now().Sub(claimedAt) < e.cfg.ClaimLease:
+		return claimHeld
+	case tool != nil && tools.RetrySafe(tool):
+		return claimTakeOver
+	}
+	return claimUncertain
+}
+
+// held is the ErrClaimHeld of call callID, claimed by worker at claimedAt.
+func (e *Engine) held(callID, worker string, claimedAt time.Time) error {
+	return fmt.Errorf("call %s claimed by %s %v ago: %w", callID, worker, e.Now().Sub(claimedAt).Round(time.Millisecond), ErrClaimHeld)
+}
+
+// uncertain is the result of a call claimed by worker at claimedAt that
+// has no result, past the lease.
+func (e *Engine) uncertain(call schemas.ToolCall, worker string, claimedAt time.Time, approvalID string) *schemas.ToolResult {
+	return e.Result(call, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
+		fmt.Sprintf("claimed by %s at %s and no result was recorded; the tool may have run, so it is not run again", worker, claimedAt.Format(time.RFC3339)), approvalID)
 }
 
 // ClaimLease is how long an execution claim without a result is honoured

@@ -271,13 +271,12 @@ func (r *Run) Execute(ctx context.Context, i int, approvalID string) error {
 			return fmt.Errorf("call %s of batch %s (state %s): %w", call.CallID, b.TurnID, b.State, ErrNotRunning)
 		}
 		c := b.ClaimOf(i)
-		_, started := e.started.Load(call.CallID)
-		switch {
-		case c == nil && refused != nil:
-			e.cfg.Logger.Warn("call refused before it ran", "call", call.CallID, "tool", call.Tool, "code", refused.Code, "reason", refused.Reason)
-			r.results[i] = refused
-			return nil
-		case c == nil:
+		if c == nil {
+			if refused != nil {
+				e.cfg.Logger.Warn("call refused before it ran", "call", call.CallID, "tool", call.Tool, "code", refused.Code, "reason", refused.Reason)
+				r.results[i] = refused
+				return nil
+			}
 			wrote, err := r.claimFrom(ctx, i, nil)
 			if err != nil {
 				return fmt.Errorf("claim %s: %w", call.CallID, err)
@@ -286,17 +285,19 @@ func (r *Run) Execute(ctx context.Context, i int, approvalID string) error {
 				continue // claimed or ended meanwhile: look again
 			}
 			return r.runClaimed(ctx, tool, i, approvalID)
-		case c.Worker == e.worker && !started:
-			// Ours, and its tool not started: claimed by the stage's state
-			// write, or by a write whose acknowledgement was lost.
+		}
+		switch e.judgeClaim(call.CallID, c.Worker, c.ClaimedAt, tool) {
+		case claimOwn:
+			// Its tool not started: claimed by the stage's state write, or
+			// by a write whose acknowledgement was lost.
 			if refused != nil {
 				r.results[i] = refused
 				return nil
 			}
 			return r.runClaimed(ctx, tool, i, approvalID)
-		case e.Now().Sub(c.ClaimedAt) < e.cfg.ClaimLease:
-			return fmt.Errorf("call %s claimed by %s %v ago: %w", call.CallID, c.Worker, e.Now().Sub(c.ClaimedAt).Round(time.Millisecond), ErrClaimHeld)
-		case tool != nil && tools.RetrySafe(tool):
+		case claimHeld:
+			return e.held(call.CallID, c.Worker, c.ClaimedAt)
+		case claimTakeOver:
 			prev := *c
 			wrote, err := r.claimFrom(ctx, i, &prev)
 			if err != nil {
@@ -307,12 +308,10 @@ func (r *Run) Execute(ctx context.Context, i int, approvalID string) error {
 			}
 			e.cfg.Logger.Warn("re-running a retry-safe call whose worker left no result", "call", call.CallID, "tool", call.Tool, "previous_worker", prev.Worker)
 			return r.runClaimed(ctx, tool, i, approvalID)
-		default:
-			e.cfg.Logger.Warn("execution uncertain", "call", call.CallID, "worker", c.Worker)
-			r.results[i] = e.Result(call, schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain,
-				fmt.Sprintf("claimed by %s at %s and no result was recorded; the tool may have run, so it is not run again", c.Worker, c.ClaimedAt.Format(time.RFC3339)), approvalID)
-			return nil
 		}
+		e.cfg.Logger.Warn("execution uncertain", "call", call.CallID, "worker", c.Worker)
+		r.results[i] = e.uncertain(call, c.Worker, c.ClaimedAt, approvalID)
+		return nil
 	}
 }
 
