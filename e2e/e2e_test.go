@@ -17,6 +17,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
 // JetStream names the test inspects directly (see docs/protocol.md).
@@ -517,32 +518,46 @@ func (c *cluster) testNATSKilled(t *testing.T) {
 	}
 }
 
-// claim reads the execution claim of a call from KV, decoded generically.
 // claim returns the execution claim of call i of turn: an entry of the
-// batch record's claims (docs/protocol.md, BatchRecord), read raw from
-// KV; and it fails the test if tollgate_claims has a record for the call
-// (only a version 1 batch's calls have one).
+// batch record's claims (docs/protocol.md, BatchRecord), read raw from the
+// turn's log (its last event is the batch: jetstream/topology's turn
+// logs, the partition the turn id's hash among as many as the streams
+// record); and it fails the test if tollgate_batches has the batch (only
+// an earlier version's batch is kept there) or tollgate_claims a record
+// for the call (only a version 1 batch's calls have one).
 func (c *cluster) claim(t *testing.T, turn string, i int) map[string]any {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	kv, err := c.js.KeyValue(ctx, bucketBatches)
+	logs, err := topology.OpenTurnLogs(ctx, c.js)
 	if err != nil {
-		t.Fatalf("bucket %s: %v", bucketBatches, err)
+		t.Fatalf("turn logs: %v", err)
 	}
-	e, err := kv.Get(ctx, turn)
+	p := topology.TurnLogPartition(turn, len(logs))
+	last, err := logs[p].GetLastMsgForSubject(ctx, topology.TurnLogWildcard(p, turn))
 	if err != nil {
-		t.Fatalf("batch %s: %v", turn, err)
+		t.Fatalf("batch %s in %s: %v", turn, topology.TurnLogStream(p), err)
 	}
 	var m struct {
 		V      int              `msgpack:"v"`
+		State  string           `msgpack:"state"`
 		Claims []map[string]any `msgpack:"claims"`
 	}
-	if err := msgpack.Unmarshal(e.Value(), &m); err != nil {
+	if err := msgpack.Unmarshal(last.Data, &m); err != nil {
 		t.Fatalf("batch %s: %v", turn, err)
 	}
 	if m.V != 2 || i >= len(m.Claims) || m.Claims[i] == nil {
 		t.Fatalf("batch %s: version %d, claims %v; want version 2 with a claim of call %d", turn, m.V, m.Claims, i)
+	}
+	if want := topology.TurnLogSubject(p, turn, m.State); last.Subject != want {
+		t.Fatalf("batch %s: its last event is on %s, want %s (the event named for the state it leaves the batch in)", turn, last.Subject, want)
+	}
+	batches, err := c.js.KeyValue(ctx, bucketBatches)
+	if err != nil {
+		t.Fatalf("bucket %s: %v", bucketBatches, err)
+	}
+	if _, err := batches.Get(ctx, turn); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("batch %s in %s: %v, want none (a batch created now is kept in its turn's log)", turn, bucketBatches, err)
 	}
 	claims, err := c.js.KeyValue(ctx, bucketClaims)
 	if err != nil {

@@ -139,9 +139,30 @@ func AsLegacyBatch(b *BatchRecord) *BatchRecord {
 
 // AsCurrentBatch returns b as a current (version 2) record, with the same
 // claims: for a tool that knows b's claims are not in tollgate_claims
-// (pipeline/replay, merging a rebuilt record into the one KV holds).
+// (pipeline/replay, merging a rebuilt record into the one KV holds). It
+// stays where b is kept (Bucketed).
 func AsCurrentBatch(b *BatchRecord) *BatchRecord {
 	c := *b
+	c.bucketed = b.Bucketed()
 	c.legacy = false
 	return &c
+}
+
+// AsBucketedBatch returns b marked as kept in KV bucket tollgate_batches
+// (Bucketed): what pipeline/store's Batches does to a record it reads
+// from the bucket, so that its next write goes back there.
+func AsBucketedBatch(b *BatchRecord) *BatchRecord {
+	c := *b
+	c.bucketed = true
+	return &c
+}
+
+// DecodeBucketedBatch is DecodeBatch for a record read from KV bucket
+// tollgate_batches: the record is returned marked Bucketed.
+func DecodeBucketedBatch(data []byte) (*BatchRecord, error) {
+	b, err := DecodeBatch(data)
+	if b != nil {
+		b.bucketed = true
+	}
+	return b, err
 }

@@ -577,6 +577,11 @@ type BatchRecord struct {
 	// claims are in KV bucket tollgate_claims, and it is written back as
 	// version 1, never with Claims.
 	legacy bool
+	// bucketed marks a record read from KV bucket tollgate_batches, where
+	// batches were kept before the turn logs: it is written back there
+	// (pipeline/store, Batches). A version 1 record is always bucketed.
+	// The bytes are the same wherever a record is kept.
+	bucketed bool
 }
 
 // CallClaim is a call's execution claim in its batch record: the engine
@@ -589,6 +594,10 @@ type CallClaim struct {
 // Legacy reports whether b was read as a version 1 record, whose claims
 // are kept in tollgate_claims (see DecodeBatch).
 func (b *BatchRecord) Legacy() bool { return b.legacy }
+
+// Bucketed reports whether b is kept in KV bucket tollgate_batches (read
+// from it, or a version 1 record) rather than in its turn's log.
+func (b *BatchRecord) Bucketed() bool { return b.bucketed || b.legacy }
 
 // ClaimOf returns the claim of call i, nil when it has none.
 func (b *BatchRecord) ClaimOf(i int) *CallClaim {

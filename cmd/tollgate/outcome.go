@@ -83,11 +83,11 @@ func cmdOutcome(cmd *command, args []string) int {
 		}
 		decisions := approvalsOf(ctx, st, b)
 		if c.json {
-			e, err := st.Batches.KV.Get(ctx, turn)
+			raw, err := storedBatch(ctx, st, turn, b)
 			if err != nil {
 				return c.fail("outcome", err)
 			}
-			out := asMap(e.Value())
+			out := asMap(raw)
 			if m, ok := out.(map[string]any); ok {
 				m["decisions"] = decisionsJSON(decisions)
 			}
@@ -101,6 +101,25 @@ func cmdOutcome(cmd *command, args []string) int {
 		}
 		return 0
 	}
+}
+
+// storedBatch returns the bytes of turn's batch record as stored, b read
+// a moment ago: the last event of the turn's log, or for a batch an
+// earlier version wrote (b.Bucketed) its value in tollgate_batches. --json
+// prints them whole, fields this build does not know included.
+func storedBatch(ctx context.Context, st *store.Store, turn string, b *schemas.BatchRecord) ([]byte, error) {
+	if b.Bucketed() {
+		e, err := st.Batches.KV.Get(ctx, turn)
+		if err != nil {
+			return nil, fmt.Errorf("read the batch of %s from %s: %w", turn, st.Batches.KV.Bucket(), err)
+		}
+		return e.Value(), nil
+	}
+	ev, err := st.Batches.Log.Log.Last(ctx, turn)
+	if err != nil {
+		return nil, fmt.Errorf("read the batch of %s from its log: %w", turn, err)
+	}
+	return ev.Data, nil
 }
 
 // approval is one call's approval as read for outcome: the record, or why

@@ -37,7 +37,8 @@ func provEmptyServer(t *testing.T) (url string, js jetstream.JetStream) {
 }
 
 // provEverything is every stream, bucket and consumer provision makes, as
-// "<kind> <name>".
+// "<kind> <name>", in the order provision lists them (the turn-log
+// streams after the buckets).
 func provEverything() []string {
 	cfg := topology.DefaultConfig()
 	var out []string
@@ -46,6 +47,9 @@ func provEverything() []string {
 	}
 	for _, b := range cfg.Buckets() {
 		out = append(out, "bucket "+b.Bucket)
+	}
+	for _, s := range cfg.TurnLogStreams() {
+		out = append(out, "stream "+s.Name)
 	}
 	for _, c := range tollgate.StageConsumers() {
 		out = append(out, "consumer "+c.Stream+"/"+c.Config.Durable)

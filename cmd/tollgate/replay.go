@@ -39,7 +39,7 @@ func runReplay(cmd *command, args []string, out io.Writer) int {
 	until := fs.String("until", "", "only turns accepted at or before this time: RFC 3339, or a duration ago")
 	fs.Uint64Var(&r.FromSeq, "from-seq", 0, "only turns whose accepted message is at or after this TOLLGATE_TURNS sequence")
 	fs.Uint64Var(&r.ToSeq, "to-seq", 0, "only turns whose accepted message is at or before this TOLLGATE_TURNS sequence")
-	rebuild := fs.Bool("rebuild", false, "write the approval, batch and missing session records the streams prove and KV lacks (create / compare-and-set only)")
+	rebuild := fs.Bool("rebuild", false, "write the approval, batch and missing session records the streams prove and KV lacks (create / compare-and-set only; a batch kept in its turn's log is never written)")
 	dryRun := fs.Bool("dry-run", false, "shadow redrive: report what each batch would do (started, deferred, failed) without running or publishing anything")
 	policyPath := fs.String("policy", scaffold.Env("TOLLGATE_POLICY", ""), "policy JSON the redriver runs with, for --dry-run; empty for the built-in policy (env TOLLGATE_POLICY)")
 	sealKeys := fs.String("seal-keys", "", "TurnContext seal key file, for --dry-run (default: env TOLLGATE_SEAL_KEYS, TOLLGATE_SEAL_KEY_FILE, else the dev key in $TOLLGATE_DATA or ./.tollgate)")
@@ -200,6 +200,9 @@ func change(c replay.Change) string {
 		return fmt.Sprintf("create (%s)", c.Streams)
 	case replay.Update:
 		return fmt.Sprintf("update %s -> %s", c.KV, c.Streams)
+	}
+	if strings.HasPrefix(c.Reason, replay.LogKept) {
+		return fmt.Sprintf("%s (%s, turn log)", c.Action, c.KV)
 	}
 	return fmt.Sprintf("%s (%s)", c.Action, c.KV)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -194,6 +195,24 @@ func TestClusterLeastPrivilegeConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The turn's batch is in its turn log, which at three replicas allows
+	// no direct gets: the stages read it with message gets, and so does
+	// the gateway.
+	for i, s := range adminKV.TurnLogs {
+		if s.CachedInfo().Config.AllowDirect {
+			t.Fatalf("%s allows direct gets at three replicas", topology.TurnLogStream(i))
+		}
+	}
+	gw := dialURL(t, c.URLs(), "gateway")
+	gwKV, err := topology.OpenBuckets(ctx(t, wait), gw.js)
+	if err != nil {
+		t.Fatalf("gateway: open the buckets and turn logs: %v (server said %v)", err, gw.reported())
+	}
+	gwStore := store.New(gwKV)
+	eventually(t, "the gateway reads "+turn+" completed from its turn log", func(c context.Context) bool {
+		b, _, err := gwStore.Batches.Get(c, turn)
+		return err == nil && b.State == schemas.BatchCompleted && !b.Bucketed()
+	})
 	for _, name := range []string{"ingest", "executor", "approver", "redriver"} {
 		t.Run(name+" cannot aim a publish acknowledgement at a KV key or a stream subject", func(t *testing.T) {
 			noReplyInjection(t, admin, adminKV, stages[name].client, topology.DLQSubject(name))
@@ -204,7 +223,9 @@ func TestClusterLeastPrivilegeConfig(t *testing.T) {
 			t.Errorf("stage %s was refused: %v", name, errs)
 		}
 	}
-	if errs := cli.reported(); len(errs) > 0 {
-		t.Errorf("transport cli was refused: %v", errs)
+	for _, c := range []*client{cli, gw} {
+		if errs := c.reported(); len(errs) > 0 {
+			t.Errorf("%s was refused: %v", c.user, errs)
+		}
 	}
 }

@@ -661,19 +661,24 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 // noReplyInjection shows that c, publishing on subject (which it may, and
 // which a stream of TOLLGATE stores), cannot have the acknowledgement
 // stored elsewhere by naming another subject as the reply: a batches KV
-// key, that key as its own account's KV write import names it (when c's
-// account writes no batch: not the executor's, the redriver's or the
-// planner's), and the decision subject of a transport
-// nobody here is. The stream answers publishes in order, so once a later
-// publish on subject is acknowledged, the earlier acknowledgements have
-// been sent; only then is their absence asserted.
+// key, that key as its own account's KV write import names it and a
+// turn-log subject (both when c's account writes no batch: not the
+// executor's, the redriver's or the planner's), and the decision subject
+// of a transport nobody here is. The stream answers publishes in order,
+// so once a later publish on subject is acknowledged, the earlier
+// acknowledgements have been sent; only then is their absence asserted.
 func noReplyInjection(t *testing.T, admin *client, adminKV topology.Buckets, c *client, subject string) {
 	t.Helper()
 	victim := "t-ack-target-" + c.user
 	decision := topology.DecisionSubject("webhook", victim)
 	targets := []string{"$KV." + topology.BucketBatches + "." + victim, decision}
-	if !slices.Contains([]string{"executor", "redriver", "planner"}, c.user) && accountOf(c.user).APIPrefix != "" {
+	writer := slices.Contains([]string{"executor", "redriver", "planner"}, c.user)
+	if !writer && accountOf(c.user).APIPrefix != "" {
 		targets = append(targets, accountOf(c.user).APIPrefix+".$KV."+topology.BucketBatches+"."+victim)
+	}
+	victimLog := topology.TurnLogPartition(victim, len(adminKV.TurnLogs))
+	if !writer {
+		targets = append(targets, topology.TurnLogSubject(victimLog, victim, string(schemas.BatchCompleted)))
 	}
 	before := len(c.reported())
 	for _, reply := range targets {
@@ -686,6 +691,9 @@ func noReplyInjection(t *testing.T, admin *client, adminKV topology.Buckets, c *
 	}
 	if e, err := adminKV.Batches.Get(ctx(t, wait), victim); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("batch %s: want not found, got %v, %v", victim, e, err)
+	}
+	if m, err := adminKV.TurnLogs[victimLog].GetLastMsgForSubject(ctx(t, wait), topology.TurnLogWildcard(victimLog, victim)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("%s holds an event of %s (%v, %v)", topology.TurnLogStream(victimLog), victim, m, err)
 	}
 	decisions, err := admin.js.Stream(ctx(t, wait), topology.StreamDecisions)
 	if err != nil {

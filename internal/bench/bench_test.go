@@ -289,16 +289,19 @@ func TestNotOK(t *testing.T) {
 
 // TestDurableWritesPerTurn counts the raw sequences' durable writes (the
 // traced turns match them, TestRawStagesPerformTheRawSequences): every
-// stream publish and KV create or update, not reads, failed creates or
-// consumer acknowledgements.
+// stream publish (a turn log's append among them) and KV create or
+// update, not reads, failed creates or consumer acknowledgements. The
+// batch record's writes are appends to the turn's log, one for each
+// write the batches bucket took before: fast 3 (queued, running,
+// completed), approval 5 (and awaiting, started).
 func TestDurableWritesPerTurn(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		steps []step
 		want  Writes
 	}{
-		{"the fast turn", rawFast, Writes{Publishes: 3, KV: 5, Total: 8}},
-		{"the approval turn", rawApproval, Writes{Publishes: 8, KV: 9, Total: 17}},
+		{"the fast turn", rawFast, Writes{Publishes: 6, KV: 2, Total: 8}},
+		{"the approval turn", rawApproval, Writes{Publishes: 13, KV: 4, Total: 17}},
 		{"a failed create is no write", []step{{Op: opCreateExists}, {Op: "kv.get"}, {Op: "stream.get"}, {Op: "consume+ack"}}, Writes{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -310,8 +313,8 @@ func TestDurableWritesPerTurn(t *testing.T) {
 }
 
 // TestClusterEnv: the cluster phase's servers form one JetStream cluster
-// whose streams and buckets have three replicas, each on a node of its
-// own, and a client given the URL list reaches it.
+// whose streams, buckets and turn logs have three replicas, each on a node
+// of its own, and a client given the URL list reaches it.
 func TestClusterEnv(t *testing.T) {
 	st := storage{Sync: true, Nodes: 3}
 	if st.String() != "always R3" || single.String() != "default" {
@@ -320,7 +323,7 @@ func TestClusterEnv(t *testing.T) {
 	_, js := connectedEnv(t, st, "cluster-check")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, name := range []string{topology.StreamInbound, "KV_" + topology.BucketBatches} {
+	for _, name := range []string{topology.StreamInbound, "KV_" + topology.BucketBatches, topology.TurnLogStream(0)} {
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatalf("stream %s: %v", name, err)

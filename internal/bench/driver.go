@@ -199,7 +199,9 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 
 // sampleLatency starts recording latencies of turns sent from now on. With
 // decisions, it also watches the batch records to time decision ->
-// approved call started and finished.
+// approved call started and finished: their writes, wherever the stages
+// keep them (each an append to the turn's log; an earlier version's in
+// the batches bucket).
 func (d *driver) sampleLatency() error {
 	d.mu.Lock()
 	d.lat = &latencies{from: time.Now()}
@@ -207,13 +209,28 @@ func (d *driver) sampleLatency() error {
 	if !d.path.decided() {
 		return nil
 	}
-	s, err := d.nc.Subscribe("$KV."+topology.BucketBatches+".*", d.onBatch)
-	if err != nil {
-		return err
+	for _, subj := range []string{topology.SubjectTurnLogPrefix + "*.*.*", "$KV." + topology.BucketBatches + ".*"} {
+		s, err := d.nc.Subscribe(subj, d.onBatch)
+		if err != nil {
+			return err
+		}
+		_ = s.SetPendingLimits(-1, -1)
+		d.subs = append(d.subs, s)
 	}
-	_ = s.SetPendingLimits(-1, -1)
-	d.subs = append(d.subs, s)
 	return d.nc.Flush()
+}
+
+// batchTurn is the turn whose batch record a write on subject writes: the
+// turn token of a turn log's subject (tollgate.turnlog.<p>.<turn>.<event>),
+// or a batches bucket key's.
+func batchTurn(subject string) string {
+	if rest, ok := strings.CutPrefix(subject, topology.SubjectTurnLogPrefix); ok {
+		if tok := strings.Split(rest, "."); len(tok) == 3 {
+			return tok[1]
+		}
+		return ""
+	}
+	return lastToken(subject)
 }
 
 func (d *driver) close() {
@@ -336,7 +353,7 @@ func (d *driver) requestedTurn(turnID string) {
 // by the write that completes the batch, immediately after it returns.
 func (d *driver) onBatch(m *nats.Msg) {
 	now := time.Now()
-	turnID := lastToken(m.Subject)
+	turnID := batchTurn(m.Subject)
 	d.mu.Lock()
 	t, l := d.turns[turnID], d.lat
 	tracked := t != nil && l != nil && !t.decided.IsZero() && !t.sent.Before(l.from)

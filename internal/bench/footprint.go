@@ -25,8 +25,9 @@ type footprint struct {
 	// BenchRSS is this process (embedded nats-server and driver) with
 	// Pending approvals pending.
 	BenchRSS int64 `json:"bench_process_rss"`
-	// KV: the approvals bucket's stream bytes and messages, and every
-	// bucket's bytes, with Pending approvals pending.
+	// KV: the approvals bucket's stream bytes and messages, and the bytes
+	// of every record of the turns (the four buckets' and the turn logs',
+	// which keep the batch records), with Pending approvals pending.
 	ApprovalBytes uint64  `json:"approvals_bucket_bytes"`
 	ApprovalMsgs  uint64  `json:"approvals_bucket_msgs"`
 	AllKVBytes    uint64  `json:"all_kv_bytes"`
@@ -113,6 +114,19 @@ func (b *bencher) footprintRun() (footprint, error) {
 		if bucket == topology.BucketApprovals {
 			fp.ApprovalBytes, fp.ApprovalMsgs = info.State.Bytes, info.State.Msgs
 		}
+	}
+	// The batch records: each turn's log, every event of it (a pending
+	// turn's queued, running and awaiting writes).
+	logs, err := topology.OpenTurnLogs(ctx, js)
+	if err != nil {
+		return fp, err
+	}
+	for _, s := range logs {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return fp, err
+		}
+		fp.AllKVBytes += info.State.Bytes
 	}
 
 	// Decided but not redriven: stop the redriver, decide everything.

@@ -32,7 +32,8 @@ import (
 //     (approvals, batches, sessions, claims) as one bucket, stateBucket,
 //     their records under typed key prefixes ("batches.<turn>"), through a
 //     group committer, so that every KV write of every turn in flight meets
-//     on one stream;
+//     on one stream (today's batch records are in the turn logs, which stay
+//     where they are: the KV writes left are the approvals' and sessions');
 //   - state-fewer: the same, and a turn makes the writes fewerWrites
 //     leaves;
 //   - records: design (a) of one write per fact, records are the log
@@ -187,8 +188,9 @@ func (l rawLayout) stageConfigs() map[string]rawStageConfig {
 
 // watches are the KV watches l's raw stages hold, by stage: the
 // approver's of the approvals (its pending set and expiry), and today
-// the redriver's of the batches (the recovery sweep), which the designs'
-// durable consumers of the change streams replace.
+// the redriver's of the batches (the recovery sweep: with it, the watch
+// of the turn logs, rawStages.watchLogs), which the designs' durable
+// consumers of the change streams replace.
 func (l rawLayout) watches() map[string]string {
 	if l.oneWritePerFact() {
 		return map[string]string{"approver": topology.BucketApprovals}
@@ -256,8 +258,9 @@ func stateBucketStream(st storage) jetstream.StreamConfig {
 // fewerWrites is seq without the writes two levers would remove:
 //
 //   - a batch created already running when its session is free: the
-//     executor's update of the batch record right after it acquired the
-//     session (queued -> running, with the first call's claim) goes;
+//     executor's write of the batch record right after it acquired the
+//     session (queued -> running, with the first call's claim: an append
+//     to the turn's log, or an update in a batches bucket) goes;
 //   - an execution claim's result kept only in the batch record: the
 //     claim's update with the result goes. Claims have since moved into
 //     the batch record (pipeline/batch, Run), so today's sequence has no
@@ -269,10 +272,12 @@ func fewerWrites(seq []step) []step {
 	var out []step
 	for i, s := range seq {
 		bucket, _, _ := strings.Cut(s.On, "/")
+		batchWrite := s.Op == "kv.update" && bucket == topology.BucketBatches ||
+			s.Op == "log.append" && strings.HasPrefix(s.On, topology.SubjectTurnLogPrefix)
 		switch {
 		case s.Op == "kv.update" && bucket == topology.BucketClaims:
 			continue
-		case s.Op == "kv.update" && bucket == topology.BucketBatches && i > 0 &&
+		case batchWrite && i > 0 &&
 			seq[i-1].Stage == s.Stage && seq[i-1].Op == "kv.update" && strings.HasPrefix(seq[i-1].On, topology.BucketSessions+"/") && s.Stage == "executor":
 			continue
 		}

@@ -12,9 +12,19 @@ import (
 // a session (the session's record exists and is free), another session's
 // turn between the two. Placeholders:
 // <turn> the turn id, <session> the session key, <approval> the approval id
-// of the call that needs one. Byte sizes are those of the built-in
-// policy's turns; each run replaces them with the traced sizes when the
-// trace has the same shape (see calibrate).
+// of the call that needs one, <p> the turn's partition of the turn logs.
+// Byte sizes are those of the built-in policy's turns; each run replaces
+// them with the traced sizes when the trace has the same shape (see
+// calibrate).
+//
+// A turn's batch record is kept in its turn's log (store.Batches, issue
+// 36): each write of it is an append (log.append) of the whole record to
+// tollgate.turnlog.<p>.<turn>.<state>, by compare-and-set against the
+// turn's last event (jetstream/turnlog), and a read of it is a get of the
+// turn's last event (a stream.get on its wildcard). Before it creates the
+// batch, the executor reads the turn's key in tollgate_batches, where an
+// earlier version may have created it (a redelivered turn accepted before
+// the upgrade): a read, found empty, on every turn.
 //
 // The executor reads the session record (for the session-order check, see
 // pipeline/sessionorder) and queues the turn by compare-and-set at
@@ -45,8 +55,8 @@ import (
 // finds none in the bench: pipeline/grants).
 //
 // Besides these, Tollgate's approver watches the approvals bucket and its
-// redriver the batches bucket (KV watches: ordered push consumers that
-// receive every write, for the pending set and expiry, and for the
+// redriver the turn logs and the batches bucket (ordered push consumers
+// that receive every write, for the pending set and expiry, and for the
 // recovery sweep); the raw approver and redriver run the same watches and
 // discard what they receive.
 
@@ -57,12 +67,13 @@ var rawFast = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 213},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 713},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.create", On: "tollgate_batches/<turn>", Bytes: 793},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"}, // no earlier version's batch of the turn
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.queued", MsgID: true, Bytes: 793},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 855}, // running, call 0 claimed
-	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 942}, // completed, call 0's result
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855},   // call 0 claimed
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.completed", MsgID: true, Bytes: 942}, // call 0's result
 	{Stage: "executor", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 263},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 88},
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
@@ -83,15 +94,16 @@ var rawApproval = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 273},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.create", On: "tollgate_batches/<turn>", Bytes: 980},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"}, // no earlier version's batch of the turn
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.queued", MsgID: true, Bytes: 980},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1043}, // running, call 0 claimed
-	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},           // no standing grant covers it
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed
+	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},                                     // no standing grant covers it
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},
 	{Stage: "executor", Op: "publish", On: "tollgate.event.approval.requested.<turn>", MsgID: true, Bytes: 935},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1153}, // awaiting, call 0's result
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.awaiting", MsgID: true, Bytes: 1153}, // call 0's result
 	{Stage: "executor", Op: "publish", On: "tollgate.event.batch.awaiting.<turn>", MsgID: true, Bytes: 222},
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
@@ -99,17 +111,17 @@ var rawApproval = []step{
 	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025},
 	{Stage: "approver", Op: "publish", On: "tollgate.event.approval.decided.<turn>", MsgID: true, Bytes: 227},
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_batches/<turn>"},
+	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1204}, // started, call 1 claimed
+	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.redrive.started.<turn>", MsgID: true, Bytes: 89},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_batches/<turn>", Bytes: 1360}, // completed, call 1's result
+	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.completed", MsgID: true, Bytes: 1360}, // call 1's result
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 88},
 	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_EVENTS/redriver", Trigger: topology.SubjectBatchAwaiting},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_batches/<turn>"},
+	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
 	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_EVENTS last tollgate.event.turn.outcome.<turn>"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_EVENTS/redriver", Trigger: topology.SubjectApprovalDecided},

@@ -33,8 +33,8 @@ import (
 // order) and, for each message, perform the operations of the raw
 // sequence's group for it, with payloads of the traced sizes. There is no
 // decoding (ids come from subjects, message-id headers and the driver's
-// Bench-* headers; a batch value starts with its session key), no policy,
-// no seal and no tool.
+// Bench-* headers; a batch record, a bucket's value or a turn log's event,
+// starts with its session key), no policy, no seal and no tool.
 type rawStages struct {
 	js   jetstream.JetStream
 	kv   map[string]jetstream.KeyValue
@@ -43,9 +43,14 @@ type rawStages struct {
 	// layout is where the writes go (layout.go); w makes them in any
 	// layout but today's unbatched one (nil there: the code that is the
 	// raw turn's reference).
-	layout  rawLayout
-	w       *rawWriter
-	log     *turnlog.Log              // design (b)'s turn logs
+	layout rawLayout
+	w      *rawWriter
+	// log is the turn logs the appends go to: design (b)'s, or in the
+	// other layouts Tollgate's, where its stages keep the batch records
+	// (bound as they bind them: topology.OpenTurnLogs); parts is their
+	// number of partitions (design (a): its batch buckets').
+	log     *turnlog.Log
+	parts   int
 	configs map[string]rawStageConfig // the consumers of each stage (layout.stageConfigs)
 
 	ctx     context.Context
@@ -153,7 +158,9 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 		}
 		r.w = w
 	}
-	if l.design == designEvents {
+	r.parts = l.partitions
+	switch l.design {
+	case designEvents:
 		// Design (b)'s appends go through the product's turn-log writer,
 		// on the streams ensureLayout made (the same names, subjects and
 		// partitioning as topology.TurnLogStreams).
@@ -163,6 +170,18 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 			return nil, err
 		}
 		r.log = log
+	case designToday:
+		// Today's batch records are appends to Tollgate's turn logs,
+		// made as its stages make them: one compare-and-set publish each,
+		// not through a group committer (the streams allow no atomic
+		// batch), in every layout of today's sequence.
+		streams, err := topology.OpenTurnLogs(ctx, js)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		r.log = turnlog.Bind(js, streams)
+		r.parts = r.log.Partitions()
 	}
 	for _, b := range l.buckets() {
 		kv, err := js.KeyValue(ctx, b)
@@ -179,8 +198,9 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 		}
 	}
 	// Tollgate's approver watches the approvals bucket (its pending set and
-	// expiry) and its redriver the batches bucket (the recovery sweep); the
-	// raw stages run the layout's watches and discard what they receive.
+	// expiry) and its redriver the turn logs and the batches bucket (the
+	// recovery sweep); the raw stages run the layout's watches and discard
+	// what they receive.
 	for stage, bucket := range l.watches() {
 		if !slices.Contains(stages, stage) {
 			continue
@@ -189,8 +209,25 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 			r.close()
 			return nil, err
 		}
+		if bucket == topology.BucketBatches && r.log != nil {
+			if err := r.watchLogs(ctx); err != nil {
+				r.close()
+				return nil, err
+			}
+		}
 	}
 	return r, nil
+}
+
+// watchLogs follows the last events of every turn of the turn logs until
+// ctx ends, as the redriver's recovery sweep does (turnlog.Watch).
+func (r *rawStages) watchLogs(ctx context.Context) error {
+	w, err := r.log.Watch(ctx)
+	if err != nil {
+		return err
+	}
+	drain(r, ctx, w.Updates(), w.Stop)
+	return nil
 }
 
 // watch runs a KV watch of every key of bucket until ctx ends (in the
@@ -201,22 +238,28 @@ func (r *rawStages) watch(ctx context.Context, bucket string) error {
 	if err != nil {
 		return err
 	}
+	drain(r, ctx, w.Updates(), func() { _ = w.Stop() })
+	return nil
+}
+
+// drain reads a watch's updates, as its reader would, until ctx ends or
+// they close, then stops it.
+func drain[T any](r *rawStages, ctx context.Context, updates <-chan T, stop func()) {
 	r.watchWG.Add(1)
 	go func() {
 		defer r.watchWG.Done()
-		defer w.Stop()
+		defer stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-w.Updates():
+			case _, ok := <-updates:
 				if !ok {
 					return
 				}
 			}
 		}
 	}()
-	return nil
 }
 
 func (r *rawStages) consumer(stage string) string { return rawConsumer(stage) }
@@ -401,13 +444,20 @@ func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
 	if id.approval == "" && id.turn != "" {
 		id.approval = schemas.ApprovalID(id.turn, r.path.approvalIndex())
 	}
-	id.setParts(r.layout)
+	id.setParts(r.parts)
 	return id
 }
 
-// setParts sets the partitions of the turn and its predecessor in l.
-func (id *rawIDs) setParts(l rawLayout) {
-	id.part, id.predPart = strconv.Itoa(l.part(id.turn)), strconv.Itoa(l.part(id.pred))
+// setParts sets the partitions, of parts, of the turn and its
+// predecessor (topology.TurnLogPartition; 0 with one or none).
+func (id *rawIDs) setParts(parts int) {
+	part := func(turn string) string {
+		if parts <= 1 {
+			return "0"
+		}
+		return strconv.Itoa(topology.TurnLogPartition(turn, parts))
+	}
+	id.part, id.predPart = part(id.turn), part(id.pred)
 }
 
 func (id rawIDs) resolve(s string) string {
@@ -453,7 +503,9 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 		kv := r.kv[pb]
 		payload := zeros[:op.Bytes]
 		switch {
-		case bucket == topology.BucketBatches && op.Bytes > sessionKeyLen:
+		case (bucket == topology.BucketBatches || op.Op == "log.append") && op.Bytes > sessionKeyLen:
+			// A batch record, in the bucket or the turn's log: the stage
+			// that reads it takes the session from it.
 			payload = make([]byte, op.Bytes)
 			copy(payload, id.session)
 			if op.Fact != "" {
@@ -535,6 +587,9 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			}
 			if errors.Is(err, jetstream.ErrKeyNotFound) && key == id.pred {
 				continue // the predecessor made no batch: nothing to wait for
+			}
+			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketBatches && !r.layout.oneWritePerFact() {
+				continue // no earlier version's batch of the turn: it is created in the turn's log
 			}
 			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketApprovals && r.layout.oneWritePerFact() {
 				if stage != "approver" {
@@ -625,7 +680,7 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				// Ingest: the session's previous accepted turn is the
 				// new turn's predecessor (its message id is its turn id).
 				id.pred = last.Header.Get(jetstream.MsgIDHeader)
-				id.setParts(r.layout)
+				id.setParts(r.parts)
 			case strings.Contains(op.On, "<pred>") && last.Header.Get(hdrFact) != factOutcome:
 				r.waits.Add(1)
 				last, err = nil, r.poll(ctx, func() (bool, error) {
@@ -634,6 +689,9 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				})
 			case last != nil:
 				revs[subj] = last.Sequence // a turn's last event: the next append's compare-and-set
+				if id.session == "" && strings.HasPrefix(subj, topology.SubjectTurnLogPrefix) && len(last.Data) >= sessionKeyLen {
+					id.session = string(last.Data[:sessionKeyLen]) // the batch record, as the bucket's value gave it
+				}
 			}
 			// Not found is an answer too: the decided event can reach the
 			// redriver before the awaiting notice (Tollgate then defers);

@@ -454,7 +454,7 @@ func (r *Report) Markdown(w io.Writer) {
 		if f.ApprovalMsgs > 0 {
 			per = float64(f.ApprovalBytes) / float64(f.ApprovalMsgs)
 		}
-		p("- KV per pending approval: approvals bucket %d bytes / %d records = **%.0f B**; all four buckets %d bytes = %.0f B per pending turn (batch and session records included).",
+		p("- KV per pending approval: approvals bucket %d bytes / %d records = **%.0f B**; all four buckets and the turn logs %d bytes = %.0f B per pending turn (batch and session records included; a turn log keeps each write of its batch).",
 			f.ApprovalBytes, f.ApprovalMsgs, per, f.AllKVBytes, float64(f.AllKVBytes)/float64(max(f.Pending, 1)))
 		p("- Populate: %d turns to pending in %.1f s (%.0f/s). Decide: all approved by the approver (redriver stopped) in %.1f s.", f.Pending, f.PopulateSec, float64(f.Pending)/f.PopulateSec, f.DecideSec)
 		p("- **Recovery**: redriver restarted with %d decided-but-not-redriven batches: every outcome in **%.1f s** (%.0f batches/s), redriver RSS after %s, peak %s.",

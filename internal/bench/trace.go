@@ -3,23 +3,29 @@ package bench
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
 // The tracer records, from its own connection, every JetStream operation
 // the server is asked to perform, by subscribing to the subjects those
 // operations use:
 //
-//   - tollgate.>          a publish into one of Tollgate's streams
+//   - tollgate.>          a publish into one of Tollgate's streams; on a
+//     turn log (tollgate.turnlog.<partition>.<turn>.<event>), an append of
+//     the turn's batch record (log.append)
 //   - $KV.<bucket>.<key>  a KV write: create (expected last subject
 //     sequence 0), update (any other expected sequence) or put (none)
 //   - $JS.API.>           API requests: direct gets (KV Get, and the get
-//     inside a failed KV Create), stream message gets, pull requests, infos
+//     inside a failed KV Create; a turn log's last event), stream message
+//     gets, pull requests, infos
 //   - $JS.ACK.>           acknowledgements (and NAK, WPI, TERM), which name
 //     the stream and consumer of the message consumed
 //
@@ -40,7 +46,7 @@ type tracer struct {
 // tracedOp is one operation seen by the tracer.
 type tracedOp struct {
 	At      time.Duration
-	Kind    string // publish, kv.create, kv.update, kv.put, kv.get, stream.get, ack, nak, wpi, term, api
+	Kind    string // publish, log.append, kv.create, kv.update, kv.put, kv.get, stream.get, ack, nak, wpi, term, api
 	Subject string // as sent
 	Target  string // stream subject, bucket/key, or stream/consumer (ack)
 	Bytes   int    // payload bytes (publishes and KV writes)
@@ -124,11 +130,18 @@ func classify(m *nats.Msg) tracedOp {
 			op.Kind = "kv.put"
 		}
 	case strings.HasPrefix(s, "$JS.API.DIRECT.GET."):
-		// $JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>
+		// $JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key> (a KV get);
+		// $JS.API.DIRECT.GET.<stream>.<subject> (the last message on
+		// subject, or wildcard: a turn log's last event); or
+		// $JS.API.DIRECT.GET.<stream> with the request in the body.
 		rest := strings.TrimPrefix(s, "$JS.API.DIRECT.GET.")
-		if i := strings.Index(rest, ".$KV."); i >= 0 {
-			op.Kind, op.Target = "kv.get", strings.Replace(rest[i+len(".$KV."):], ".", "/", 1)
-		} else {
+		stream, subject, bySubject := strings.Cut(rest, ".")
+		switch {
+		case bySubject && strings.HasPrefix(subject, "$KV."):
+			op.Kind, op.Target = "kv.get", strings.Replace(strings.TrimPrefix(subject, "$KV."), ".", "/", 1)
+		case bySubject:
+			op.Kind, op.Target = "stream.get", stream+" last "+subject
+		default:
 			op.Kind, op.Target = "stream.get", rest+getQualifier(m.Data)
 		}
 		op.Bytes = 0
@@ -155,11 +168,24 @@ func classify(m *nats.Msg) tracedOp {
 		default:
 			op.Kind = "ack?" + body
 		}
+	case strings.HasPrefix(s, topology.SubjectTurnLogPrefix):
+		// An append to a turn's log (jetstream/turnlog: a compare-and-set
+		// against the turn's last event), where the stages keep a turn's
+		// batch record.
+		op.Kind, op.Target = "log.append", s
 	default:
 		op.Kind, op.Target = "publish", s
 	}
 	return op
 }
+
+// turnLogPartition matches the partition in a turn log's stream name or
+// subject (topology.TurnLogStream, topology.TurnLogSubject).
+var turnLogPartition = regexp.MustCompile(`(` + regexp.QuoteMeta(topology.StreamTurnLogPrefix) + `|` + regexp.QuoteMeta(topology.SubjectTurnLogPrefix) + `)[0-9]+`)
+
+// canonicalPartitions names the turn's partition of the turn logs <p> in
+// s: it is the turn id's hash, which differs from turn to turn.
+func canonicalPartitions(s string) string { return turnLogPartition.ReplaceAllString(s, "${1}<p>") }
 
 // getQualifier names what a stream message get asks for: " last <subject>"
 // (the last message on a subject) or " next <filter>" (the first message
@@ -193,7 +219,7 @@ func headerOf(m *nats.Msg, k string) string {
 // attributed to the stage whose acknowledgement ends its group.
 type step struct {
 	Stage string `json:"stage"`
-	Op    string `json:"op"`     // publish, kv.create, kv.create(exists), kv.update, kv.get, stream.get, consume+ack; log.append (rawseq.go)
+	Op    string `json:"op"`     // publish, log.append, kv.create, kv.create(exists), kv.update, kv.get, stream.get, consume+ack
 	On    string `json:"on"`     // subject, bucket/key or stream/consumer, canonical
 	Bytes int    `json:"bytes"`  // payload size as traced
 	MsgID bool   `json:"msg_id"` // publish carries a Nats-Msg-Id
@@ -242,6 +268,7 @@ func canonical(ops []tracedOp, names [][2]string, consumers map[string]string) [
 		for _, n := range names {
 			on = strings.ReplaceAll(on, n[0], n[1])
 		}
+		on = canonicalPartitions(on)
 		switch o.Kind {
 		case "ack":
 			stream, cons, _ := strings.Cut(on, "/")

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -298,14 +299,21 @@ func (h *harness) clusterNote(format string, args ...any) {
 	h.mu.Unlock()
 }
 
-// checkReplicas notes every stream or bucket whose replicas are not all
-// current (after the run; the cluster should have healed).
+// topologyStreams are the streams the stages provision: Tollgate's
+// streams, its buckets' and its turn logs' (where the batch records are
+// kept).
+func topologyStreams() []jetstream.StreamConfig {
+	cfg := topology.DefaultConfig()
+	return slices.Concat(cfg.Streams(), cfg.BucketStreams(), cfg.TurnLogStreams())
+}
+
+// checkReplicas notes every stream, bucket or turn log whose replicas are
+// not all current (after the run; the cluster should have healed).
 func (h *harness) checkReplicas(ctx context.Context, js jetstream.JetStream) {
 	if !h.cfg.Clustered() {
 		return
 	}
-	cfg := topology.DefaultConfig()
-	for _, sc := range append(cfg.Streams(), cfg.BucketStreams()...) {
+	for _, sc := range topologyStreams() {
 		err := poll(ctx, 30*time.Second, func() (bool, error) {
 			ci, err := streamCluster(ctx, js, sc.Name)
 			if err != nil {
@@ -328,7 +336,7 @@ func (h *harness) checkReplicas(ctx context.Context, js jetstream.JetStream) {
 }
 
 // pauseLeader stops (SIGSTOP) the node leading the busiest of the
-// topology's streams and buckets (the most messages written), for pause,
+// topology's streams, buckets and turn logs (the most messages written), for pause,
 // longer than an election, then continues it (SIGCONT) and waits until
 // its replica of that stream is current again. Nothing is killed: the
 // node keeps its connections, and its clients' requests wait while it is
@@ -420,12 +428,12 @@ func (h *harness) pauseLeader(ctx context.Context, js jetstream.JetStream, pause
 	return nil
 }
 
-// busiestStream is the stream (of the topology's streams and buckets)
-// with the most messages written (its last sequence), and its leader.
+// busiestStream is the stream (of the topology's streams, buckets and
+// turn logs) with the most messages written (its last sequence), and its
+// leader.
 func busiestStream(ctx context.Context, js jetstream.JetStream) (stream, leader string, err error) {
-	cfg := topology.DefaultConfig()
 	var most uint64
-	for _, sc := range append(cfg.Streams(), cfg.BucketStreams()...) {
+	for _, sc := range topologyStreams() {
 		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		s, serr := js.Stream(ictx, sc.Name)
 		cancel()

@@ -1,5 +1,6 @@
-// The KV records: read a batch, approval or session, wait until one
-// reaches a state, and edit one behind the pipeline's back.
+// The records: read a batch (from its turn log, or the batches bucket),
+// an approval or a session, wait until one reaches a state, and edit one
+// behind the pipeline's back.
 
 package pipelinetest
 
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -27,14 +29,45 @@ func (h *H) MutateBatch(turnID string, fn func(*schemas.BatchRecord)) {
 	}
 }
 
-// MakeLegacy rewrites the batch record of turnID as the previous version
-// wrote it (version 1, no claims in it: schemas.BatchRecordV1), so that a
-// test can leave in tollgate_claims the claims that version made.
+// MakeLegacy moves the batch record of turnID where the version before
+// the claims in the batch record kept it, as that version wrote it: into
+// tollgate_batches, as version 1 (no claims in it: schemas.BatchRecordV1),
+// so that a test can leave in tollgate_claims the claims that version made.
 func (h *H) MakeLegacy(turnID string) {
 	h.T.Helper()
-	h.MutateBatch(turnID, func(b *schemas.BatchRecord) { *b = *schemas.AsLegacyBatch(b) })
-	if !h.Batch(turnID).Legacy() {
-		h.T.Fatalf("pipelinetest: batch %s was not written as version 1", turnID)
+	h.moveToBucket(turnID, schemas.AsLegacyBatch)
+	if b := h.Batch(turnID); !b.Legacy() || !b.Bucketed() {
+		h.T.Fatalf("pipelinetest: batch %s was not moved to the bucket as version 1", turnID)
+	}
+}
+
+// MakeBucketed moves the batch record of turnID where the version before
+// the turn logs kept it: into tollgate_batches, as version 2, with its
+// claims.
+func (h *H) MakeBucketed(turnID string) {
+	h.T.Helper()
+	h.moveToBucket(turnID, schemas.AsBucketedBatch)
+	if b := h.Batch(turnID); b.Legacy() || !b.Bucketed() {
+		h.T.Fatalf("pipelinetest: batch %s was not moved to the bucket as version 2", turnID)
+	}
+}
+
+// moveToBucket creates the batch of turnID, as as makes it, in
+// tollgate_batches and then purges the turn's log: the turn is left as an
+// earlier version left it. Nothing may be moving the batch meanwhile.
+func (h *H) moveToBucket(turnID string, as func(*schemas.BatchRecord) *schemas.BatchRecord) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	b, _, err := h.Store.Batches.Log.Get(ctx, turnID)
+	if err != nil {
+		h.T.Fatalf("pipelinetest: read the batch of %s from its log: %v", turnID, err)
+	}
+	if _, err := h.Store.Batches.Bucket.Create(ctx, turnID, as(b)); err != nil {
+		h.T.Fatalf("pipelinetest: write the batch of %s to the bucket: %v", turnID, err)
+	}
+	if err := h.Store.Batches.Log.Log.Purge(ctx, turnID); err != nil {
+		h.T.Fatalf("pipelinetest: purge the log of %s: %v", turnID, err)
 	}
 }
 
@@ -63,7 +96,7 @@ func (h *H) MutateSession(sessionID string, fn func(*schemas.SessionRecord)) {
 // Batch returns the batch record of turnID, or nil if there is none.
 func (h *H) Batch(turnID string) *schemas.BatchRecord {
 	h.T.Helper()
-	return getOrNil(h, h.Store.Batches, turnID)
+	return getOrNil[schemas.BatchRecord](h, h.Store.Batches, turnID)
 }
 
 // Approval returns the approval record id, or nil if there is none.
@@ -86,7 +119,9 @@ func (h *H) SessionOn(transport, sessionID string) *schemas.SessionRecord {
 }
 
 // getOrNil reads key from b: nil if absent, a test failure on any other error.
-func getOrNil[T any, P schemas.Ptr[T]](h *H, b store.Bucket[T, P], key string) *T {
+func getOrNil[T any](h *H, b interface {
+	Get(context.Context, string) (*T, uint64, error)
+}, key string) *T {
 	h.T.Helper()
 	ctx, cancel := h.Ctx()
 	defer cancel()
@@ -153,6 +188,30 @@ func (h *H) PutRaw(kv jetstream.KeyValue, key string, data []byte) {
 	defer cancel()
 	if _, err := kv.Put(ctx, key, data); err != nil {
 		h.T.Fatalf("pipelinetest: put %s/%s: %v", kv.Bucket(), key, err)
+	}
+}
+
+// PutRawBatch stores data as the batch record of turnID where its batch
+// is kept, behind the pipeline's back (a tampered or corrupted record):
+// the bucket's key for a batch an earlier version left there, else an
+// event appended to the turn's log after its last one.
+func (h *H) PutRawBatch(turnID string, data []byte) {
+	h.T.Helper()
+	if b := h.Batch(turnID); b != nil && b.Bucketed() {
+		h.PutRaw(h.Store.Batches.KV, turnID, data)
+		return
+	}
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	var after uint64
+	switch last, err := h.Store.Batches.Log.Log.Last(ctx, turnID); {
+	case err == nil:
+		after = last.Seq
+	case !errors.Is(err, turnlog.ErrNoEvents):
+		h.T.Fatalf("pipelinetest: read the log of %s: %v", turnID, err)
+	}
+	if _, err := h.Store.Batches.Log.Log.Append(ctx, turnlog.Append{Turn: turnID, Event: "tampered", After: after, MsgID: h.NextID("tampered"), Data: data}); err != nil {
+		h.T.Fatalf("pipelinetest: append to the log of %s: %v", turnID, err)
 	}
 }
 

@@ -77,8 +77,9 @@ func envParams(t *testing.T) params {
 
 // TestRetentionSoak drives TOLLGATE_SOAK_TURNS turns through a pipeline
 // whose records are kept TOLLGATE_SOAK_RETENTION, samples the bytes of
-// every bucket and stream, writes the curve under results/soak, and fails
-// on any safety violation or when the buckets' bytes do not level off. See
+// every bucket, turn log and stream, writes the curve under results/soak,
+// and fails on any safety violation or when the records' bytes (the
+// buckets' and the turn logs') do not level off. See
 // the package doc.
 func TestRetentionSoak(t *testing.T) {
 	p := envParams(t)
@@ -150,12 +151,12 @@ func TestRetentionSoak(t *testing.T) {
 	if err := r.write(p.out); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d turns in %.0fs (%.0f turns/s); bucket bytes: plateau %s; violations %d", len(turns), driven.Seconds(), r.TurnsPerSecond, r.Plateau, len(r.Violations))
+	t.Logf("%d turns in %.0fs (%.0f turns/s); record bytes (buckets and turn logs): plateau %s; violations %d", len(turns), driven.Seconds(), r.TurnsPerSecond, r.Plateau, len(r.Violations))
 	for _, v := range r.Violations {
 		t.Error(v)
 	}
 	if !r.Plateau.Level {
-		t.Errorf("bucket bytes did not level off: %s", r.Plateau)
+		t.Errorf("record bytes (buckets and turn logs) did not level off: %s", r.Plateau)
 	}
 }
 
@@ -378,17 +379,23 @@ func (d *driver) unfinished() int {
 	return len(d.waiting)
 }
 
-// sample is one reading of the bytes KV and the streams hold.
+// sample is one reading of the bytes the records (KV, and the turn logs,
+// which keep the batch records) and the streams hold.
 type sample struct {
 	Seconds      float64           `json:"t_s"`
 	TurnsDone    int64             `json:"turns_done"`
 	BucketBytes  map[string]uint64 `json:"bucket_bytes"`
 	BucketValues map[string]uint64 `json:"bucket_values"`
+	// TurnLogBytes is every turn log's bytes: each turn's batch record,
+	// every write of it, kept until the streams' max age (the retention).
+	TurnLogBytes uint64            `json:"turn_log_bytes"`
 	StreamBytes  map[string]uint64 `json:"stream_bytes"`
 }
 
-func (s sample) totalBucketBytes() uint64 {
-	var n uint64
+// recordBytes is the bytes of every record of the turns: the buckets' and
+// the turn logs'.
+func (s sample) recordBytes() uint64 {
+	n := s.TurnLogBytes
 	for _, b := range s.BucketBytes {
 		n += b
 	}
@@ -422,6 +429,13 @@ func take(ctx context.Context, js jetstream.JetStream, start time.Time, done int
 			return s, err
 		}
 		s.StreamBytes[name] = str.CachedInfo().State.Bytes
+	}
+	logs, err := topology.OpenTurnLogs(ctx, js)
+	if err != nil {
+		return s, err
+	}
+	for _, str := range logs {
+		s.TurnLogBytes += str.CachedInfo().State.Bytes
 	}
 	return s, nil
 }
@@ -524,8 +538,8 @@ func (d *driver) check(turns []sentTurn, p params) *report {
 	return r
 }
 
-// plateau says whether the buckets' bytes levelled off while turns kept
-// ending. Over the steady part of the drive (from twice the retention on,
+// plateau says whether the records' bytes (the buckets' and the turn
+// logs', sample.recordBytes) levelled off while turns kept ending. Over the steady part of the drive (from twice the retention on,
 // when the first records have had time to expire), split in two halves,
 // the bytes per live turn (turns that ended within the last retention,
 // whose records are still kept) of the second half are at most 25% above
@@ -576,7 +590,7 @@ func (r *report) plateau(driven time.Duration, p params) {
 		var m, bytes uint64
 		var turns int64
 		for i, s := range ss {
-			m, bytes, turns = max(m, s.totalBucketBytes()), bytes+s.totalBucketBytes(), turns+ls[i]
+			m, bytes, turns = max(m, s.recordBytes()), bytes+s.recordBytes(), turns+ls[i]
 		}
 		return m, float64(bytes) / float64(max(turns, 1))
 	}
@@ -584,7 +598,7 @@ func (r *report) plateau(driven time.Duration, p params) {
 	pl.FirstHalfMax, pl.FirstHalfPerLiveTurn = maxAndPerLive(steady[:half], live[:half])
 	pl.SecondHalfMax, pl.SecondHalfPerLiveTurn = maxAndPerLive(steady[half:], live[half:])
 	pl.Growth = pl.SecondHalfPerLiveTurn / max(pl.FirstHalfPerLiveTurn, 1)
-	pl.Drained = r.Samples[len(r.Samples)-1].totalBucketBytes()
+	pl.Drained = r.Samples[len(r.Samples)-1].recordBytes()
 	pl.Level = pl.Growth <= 1.25 && float64(pl.Drained) <= 0.05*float64(max(pl.FirstHalfMax, pl.SecondHalfMax))
 }
 
@@ -598,13 +612,13 @@ func (r *report) write(dir string) error {
 		return err
 	}
 	var csv strings.Builder
-	csv.WriteString("t_s,turns_done," + strings.Join(buckets, ",") + ",buckets_total," + strings.Join(streams, ",") + "\n")
+	csv.WriteString("t_s,turns_done," + strings.Join(buckets, ",") + ",turn_logs,records_total," + strings.Join(streams, ",") + "\n")
 	for _, s := range r.Samples {
 		row := []string{strconv.FormatFloat(s.Seconds, 'f', 1, 64), strconv.FormatInt(s.TurnsDone, 10)}
 		for _, b := range buckets {
 			row = append(row, strconv.FormatUint(s.BucketBytes[b], 10))
 		}
-		row = append(row, strconv.FormatUint(s.totalBucketBytes(), 10))
+		row = append(row, strconv.FormatUint(s.TurnLogBytes, 10), strconv.FormatUint(s.recordBytes(), 10))
 		for _, st := range streams {
 			row = append(row, strconv.FormatUint(s.StreamBytes[st], 10))
 		}

@@ -53,9 +53,10 @@ func (c Change) String() string {
 	return fmt.Sprintf("%s %s: %s", c.Kind, c.Name, strings.Join(parts, "; "))
 }
 
-// Plan compares the streams and buckets of c and the given consumers with
-// what is on the server and returns every difference, in that order
-// (streams, buckets, consumers); nothing is changed. An empty result means
+// Plan compares the streams, buckets and turn-log streams of c and the
+// given consumers with what is on the server and returns every
+// difference, in that order (streams, buckets, turn-log streams,
+// consumers); nothing is changed. An empty result means
 // the topology is provisioned and compatible. It fails only when the
 // server cannot be asked (a lookup fails other than with "not found").
 //
@@ -88,6 +89,11 @@ func Plan(ctx context.Context, js jetstream.JetStream, c Config, consumers []Con
 	for _, sc := range c.BucketStreams() {
 		name := strings.TrimPrefix(sc.Name, "KV_")
 		if err := look(KindBucket, name, sc.Name, func(have jetstream.StreamConfig) []FieldDiff { return bucketDiff(have, sc) }); err != nil {
+			return nil, err
+		}
+	}
+	for _, sc := range c.TurnLogStreams() {
+		if err := look(KindStream, sc.Name, sc.Name, func(have jetstream.StreamConfig) []FieldDiff { return turnLogDiff(have, sc) }); err != nil {
 			return nil, err
 		}
 	}

@@ -22,8 +22,8 @@ func consumers() []topology.ConsumerSpec {
 	return specs
 }
 
-// On an empty server Plan lists every stream, bucket and consumer as
-// missing and changes nothing; Check refuses with ErrNotProvisioned and
+// On an empty server Plan lists every stream, bucket, turn-log stream
+// (TOLLGATE_TURNLOG_0..3) and consumer as missing and changes nothing; Check refuses with ErrNotProvisioned and
 // names each of them.
 func TestPlanAndCheckOnAnEmptyServerNameEverythingMissing(t *testing.T) {
 	_, js, ctx := bare(t)
@@ -38,6 +38,12 @@ func TestPlanAndCheckOnAnEmptyServerNameEverythingMissing(t *testing.T) {
 	}
 	for _, b := range cfg.Buckets() {
 		want = append(want, "bucket "+b.Bucket+": missing")
+	}
+	for _, s := range cfg.TurnLogStreams() {
+		want = append(want, "stream "+s.Name+": missing")
+	}
+	if n := len(cfg.TurnLogStreams()); n != topology.DefaultTurnLogPartitions {
+		t.Fatalf("%d turn-log streams in the default topology, want %d", n, topology.DefaultTurnLogPartitions)
 	}
 	for _, c := range consumers() {
 		want = append(want, "consumer "+c.Stream+"/"+c.Config.Durable+": missing")

@@ -52,8 +52,8 @@ func TestBucketStreamsAreWhatNATSMakesOfTheBuckets(t *testing.T) {
 	}
 }
 
-// On a three-node cluster with Replicas 3 every stream and bucket has three
-// replicas, no bucket allows direct gets (a follower could answer a read
+// On a three-node cluster with Replicas 3 every stream, bucket and turn
+// log has three replicas, no bucket or turn log allows direct gets (a follower could answer a read
 // with a value older than an acknowledged write), and a second Ensure keeps
 // it so, and the data. A topology first created with one replica (a cluster
 // started without --replicas) is converged to three.
@@ -67,7 +67,7 @@ func TestEnsureOnAThreeNodeCluster(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		cfg := topology.DefaultConfig()
-		for _, want := range append(cfg.Streams(), cfg.BucketStreams()...) {
+		for _, want := range append(append(cfg.Streams(), cfg.BucketStreams()...), cfg.TurnLogStreams()...) {
 			s, err := js.Stream(ctx, want.Name)
 			if err != nil {
 				t.Fatalf("%s: %s: %v", when, want.Name, err)

@@ -341,6 +341,12 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 }
 
 func ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
+	// Refused before anything is written: an Ensure that cannot converge
+	// the turn logs must not leave the rest converged to a configuration
+	// the deployment has not run yet.
+	if err := c.checkPartitions(ctx, js); err != nil {
+		return err
+	}
 	for _, sc := range c.Streams() {
 		if s, err := js.Stream(ctx, sc.Name); err == nil && len(streamDiff(s.CachedInfo().Config, sc)) == 0 {
 			continue
@@ -357,22 +363,36 @@ func ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 			return fmt.Errorf("ensure bucket %s: %w", strings.TrimPrefix(sc.Name, "KV_"), err)
 		}
 	}
+	for _, sc := range c.TurnLogStreams() {
+		if s, err := js.Stream(ctx, sc.Name); err == nil && len(turnLogDiff(s.CachedInfo().Config, sc)) == 0 {
+			continue
+		}
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("ensure stream %s: %w", sc.Name, err)
+		}
+	}
 	return nil
 }
 
-// Buckets is the set of KV handles every stage uses.
+// Buckets is the set of KV handles every stage uses, with the turn-log
+// streams and the JetStream they were opened on.
 type Buckets struct {
 	Approvals jetstream.KeyValue
 	Batches   jetstream.KeyValue
 	Sessions  jetstream.KeyValue
 	Claims    jetstream.KeyValue
 	Grants    jetstream.KeyValue
+	// TurnLogs are the turn-log streams, by partition (OpenTurnLogs).
+	TurnLogs []jetstream.Stream
+	// JS is the JetStream everything above was opened on.
+	JS jetstream.JetStream
 }
 
-// OpenBuckets binds to the existing buckets. It fails with
-// jetstream.ErrBucketNotFound if Ensure has not run.
+// OpenBuckets binds to the existing buckets and turn-log streams. It fails
+// with jetstream.ErrBucketNotFound or jetstream.ErrStreamNotFound if
+// Ensure has not run.
 func OpenBuckets(ctx context.Context, js jetstream.JetStream) (Buckets, error) {
-	var b Buckets
+	b := Buckets{JS: js}
 	for _, p := range []struct {
 		name string
 		kv   *jetstream.KeyValue
@@ -383,5 +403,10 @@ func OpenBuckets(ctx context.Context, js jetstream.JetStream) (Buckets, error) {
 		}
 		*p.kv = kv
 	}
+	logs, err := OpenTurnLogs(ctx, js)
+	if err != nil {
+		return Buckets{}, err
+	}
+	b.TurnLogs = logs
 	return b, nil
 }

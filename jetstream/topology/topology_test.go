@@ -63,6 +63,8 @@ func TestValidate(t *testing.T) {
 		{"five replicas", with(func(c *topology.Config) { c.Replicas = 5 }), true},
 		{"memory storage", with(func(c *topology.Config) { c.Storage = jetstream.MemoryStorage }), true},
 		{"duplicate window equal to max age", with(func(c *topology.Config) { c.DuplicateWindow = c.MaxAge }), true},
+		{"one turn-log partition", with(func(c *topology.Config) { c.TurnLogPartitions = 1 }), true},
+		{"the most turn-log partitions", with(func(c *topology.Config) { c.TurnLogPartitions = topology.MaxTurnLogPartitions }), true},
 
 		{"the zero config", topology.Config{}, false},
 		{"zero replicas", with(func(c *topology.Config) { c.Replicas = 0 }), false},
@@ -76,6 +78,8 @@ func TestValidate(t *testing.T) {
 			c.MaxAge = time.Hour
 			c.DuplicateWindow = 2 * time.Hour
 		}), false},
+		{"negative turn-log partitions", with(func(c *topology.Config) { c.TurnLogPartitions = -1 }), false},
+		{"more turn-log partitions than the most", with(func(c *topology.Config) { c.TurnLogPartitions = topology.MaxTurnLogPartitions + 1 }), false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,7 +138,7 @@ type snapshot struct {
 func take(t *testing.T, ctx context.Context, js jetstream.JetStream) snapshot {
 	t.Helper()
 	s := snapshot{streams: map[string]jetstream.StreamConfig{}, buckets: map[string]jetstream.KeyValueConfig{}}
-	for _, sc := range topology.DefaultConfig().Streams() {
+	for _, sc := range append(topology.DefaultConfig().Streams(), topology.DefaultConfig().TurnLogStreams()...) {
 		st, err := js.Stream(ctx, sc.Name)
 		if err != nil {
 			t.Fatalf("stream %s: %v", sc.Name, err)
@@ -189,6 +193,7 @@ func TestEnsureIsIdempotent(t *testing.T) {
 	want := []string{
 		"KV_" + topology.BucketApprovals, "KV_" + topology.BucketBatches, "KV_" + topology.BucketClaims, "KV_" + topology.BucketSessions,
 		"KV_" + topology.BucketGrants, "KV_" + topology.BucketWebSessions, topology.StreamDecisions, topology.StreamDLQ, topology.StreamEvents, topology.StreamInbound, topology.StreamTurns,
+		"TOLLGATE_TURNLOG_0", "TOLLGATE_TURNLOG_1", "TOLLGATE_TURNLOG_2", "TOLLGATE_TURNLOG_3",
 	}
 	sort.Strings(want)
 	if got := streamNames(t, ctx, js); !reflect.DeepEqual(got, want) {
@@ -256,8 +261,11 @@ func TestConcurrentEnsure(t *testing.T) {
 	if _, err := topology.OpenBuckets(ctx, js); err != nil {
 		t.Errorf("open buckets after concurrent Ensure: %v", err)
 	}
-	if got := len(streamNames(t, ctx, js)); got != 11 {
-		t.Errorf("%d streams after concurrent Ensure, want 5 streams and 6 buckets", got)
+	if got := len(streamNames(t, ctx, js)); got != 15 {
+		t.Errorf("%d streams after concurrent Ensure, want 5 streams, 6 buckets and 4 turn logs", got)
+	}
+	if logs, err := topology.OpenTurnLogs(ctx, js); err != nil || len(logs) != topology.DefaultTurnLogPartitions {
+		t.Errorf("turn logs after concurrent Ensure: %d, %v; want %d", len(logs), err, topology.DefaultTurnLogPartitions)
 	}
 }
 
@@ -314,6 +322,36 @@ func TestOpenBuckets(t *testing.T) {
 			if kv == nil || kv.Bucket() != want {
 				t.Errorf("bucket %s bound to %v", want, kv)
 			}
+		}
+		if b.JS != js {
+			t.Errorf("Buckets.JS is %v, want the JetStream they were opened on", b.JS)
+		}
+		if len(b.TurnLogs) != topology.DefaultTurnLogPartitions {
+			t.Fatalf("%d turn logs bound, want %d", len(b.TurnLogs), topology.DefaultTurnLogPartitions)
+		}
+		for i, s := range b.TurnLogs {
+			if s.CachedInfo().Config.Name != topology.TurnLogStream(i) {
+				t.Errorf("turn log %d bound to %s", i, s.CachedInfo().Config.Name)
+			}
+		}
+	})
+	t.Run("with the buckets but no turn logs it fails with ErrStreamNotFound", func(t *testing.T) {
+		_, js, ctx := bare(t)
+		cfg := topology.DefaultConfig()
+		if err := topology.Ensure(ctx, js, cfg); err != nil {
+			t.Fatal(err)
+		}
+		for _, sc := range cfg.TurnLogStreams() {
+			if err := js.DeleteStream(ctx, sc.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b, err := topology.OpenBuckets(ctx, js)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Fatalf("OpenBuckets without the turn logs: %v, want ErrStreamNotFound", err)
+		}
+		if b.Batches != nil || b.TurnLogs != nil || b.JS != nil {
+			t.Errorf("OpenBuckets returned handles with its error: %+v", b)
 		}
 	})
 }
@@ -377,8 +415,17 @@ func TestStreamsAndBucketsAreDistinct(t *testing.T) {
 		}
 		seen[name] = true
 	}
-	if len(seen) != 11 {
-		t.Errorf("%d streams and buckets, want 11", len(seen))
+	for _, sc := range cfg.TurnLogStreams() {
+		if seen[sc.Name] {
+			t.Errorf("turn-log stream %s listed twice", sc.Name)
+		}
+		seen[sc.Name] = true
+		if sc.MaxMsgSize != 1<<20 {
+			t.Errorf("%s: max message size %d", sc.Name, sc.MaxMsgSize)
+		}
+	}
+	if len(seen) != 15 {
+		t.Errorf("%d streams, buckets and turn logs, want 15", len(seen))
 	}
 }
 

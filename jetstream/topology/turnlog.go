@@ -1,6 +1,9 @@
 package topology
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"hash/fnv"
 	"strconv"
 
@@ -19,8 +22,12 @@ import (
 // their serial disk flushes: one stream stored 4,365 single writes/s on
 // the bench machine, five 6,410 (docs/bench.md).
 //
-// The streams are defined here, with the rest of the topology, and are
-// not yet among those Ensure provisions: no stage writes them yet.
+// Ensure provisions the streams with the rest of the topology. Each
+// records the number of partitions in its metadata (MetaTurnLogPartitions),
+// and every process reads it from there (OpenBuckets), so that all agree
+// on a turn's partition whatever their own configuration says; Ensure
+// refuses to change it (ErrTurnLogPartitions), since that would move
+// turns between streams.
 const (
 	// StreamTurnLogPrefix + the partition is a turn-log stream's name.
 	StreamTurnLogPrefix = "TOLLGATE_TURNLOG_"
@@ -32,7 +39,15 @@ const (
 	DefaultTurnLogPartitions = 4
 	// MaxTurnLogPartitions bounds TurnLogPartitions.
 	MaxTurnLogPartitions = 64
+	// MetaTurnLogPartitions is the stream metadata key that holds the
+	// number of partitions on every turn-log stream.
+	MetaTurnLogPartitions = "tollgate_turnlog_partitions"
 )
+
+// ErrTurnLogPartitions is wrapped by Ensure's and OpenBuckets' errors when
+// the turn-log streams on the server were provisioned with another number
+// of partitions than the configuration asks for, or record none.
+var ErrTurnLogPartitions = errors.New("topology: turn-log partitions differ")
 
 // TurnLogPartitionCount is c's number of turn-log streams.
 func (c Config) TurnLogPartitionCount() int {
@@ -79,6 +94,59 @@ func (c Config) TurnLogStreams() []jetstream.StreamConfig {
 		out[i] = c.streamBase(TurnLogStream(i), "Tollgate: turn logs, partition "+strconv.Itoa(i)+": each turn's events, appended by compare-and-set",
 			SubjectTurnLogPrefix+strconv.Itoa(i)+".>")
 		out[i].AllowDirect = c.DirectGets()
+		out[i].Metadata = map[string]string{MetaTurnLogPartitions: strconv.Itoa(c.TurnLogPartitionCount())}
 	}
 	return out
+}
+
+// turnLogDiff is streamDiff for a turn-log stream, with its direct gets
+// (a replicated log read from a follower could be stale: DirectGets) and
+// its partitions.
+func turnLogDiff(have, want jetstream.StreamConfig) []FieldDiff {
+	d := diffs(streamDiff(have, want))
+	field(&d, "allow_direct", have.AllowDirect, want.AllowDirect)
+	field(&d, "metadata."+MetaTurnLogPartitions, have.Metadata[MetaTurnLogPartitions], want.Metadata[MetaTurnLogPartitions])
+	return d
+}
+
+// checkPartitions refuses a change of the number of partitions: stream 0
+// exists and records another number (or none) than c's.
+func (c Config) checkPartitions(ctx context.Context, js jetstream.JetStream) error {
+	s, err := js.Stream(ctx, TurnLogStream(0))
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up stream %s: %w", TurnLogStream(0), err)
+	}
+	have := s.CachedInfo().Config.Metadata[MetaTurnLogPartitions]
+	if want := strconv.Itoa(c.TurnLogPartitionCount()); have != want {
+		return fmt.Errorf("%w: the server's turn logs have %q, the configuration %s; a turn's partition is its id's hash modulo their number, so changing it would move turns between streams (not supported)",
+			ErrTurnLogPartitions, have, want)
+	}
+	return nil
+}
+
+// OpenTurnLogs binds to the turn-log streams on the server: as many as
+// their metadata says (MetaTurnLogPartitions), whatever this process's
+// configuration says, so that every process finds a turn on the same
+// stream. It fails with jetstream.ErrStreamNotFound if Ensure has not run.
+func OpenTurnLogs(ctx context.Context, js jetstream.JetStream) ([]jetstream.Stream, error) {
+	s0, err := js.Stream(ctx, TurnLogStream(0))
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", TurnLogStream(0), err)
+	}
+	p, err := strconv.Atoi(s0.CachedInfo().Config.Metadata[MetaTurnLogPartitions])
+	if err != nil || p < 1 || p > MaxTurnLogPartitions {
+		return nil, fmt.Errorf("%w: stream %s records %q partitions", ErrTurnLogPartitions, TurnLogStream(0), s0.CachedInfo().Config.Metadata[MetaTurnLogPartitions])
+	}
+	out := []jetstream.Stream{s0}
+	for i := 1; i < p; i++ {
+		s, err := js.Stream(ctx, TurnLogStream(i))
+		if err != nil {
+			return nil, fmt.Errorf("open stream %s: %w", TurnLogStream(i), err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }

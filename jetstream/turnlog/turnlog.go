@@ -44,6 +44,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -108,24 +110,39 @@ func withPublish(p func(context.Context, *nats.Msg) (*jetstream.PubAck, error)) 
 }
 
 // New binds the turn-log streams of topo on js. They must exist
-// (Provision, or the deployment's provisioning).
+// (Provision, or the deployment's provisioning). A stage binds those
+// topology.OpenTurnLogs found instead (Bind), whose number is the
+// server's.
 func New(ctx context.Context, js jetstream.JetStream, topo topology.Config, opts ...Option) (*Log, error) {
-	l := &Log{js: js, partitions: topo.TurnLogPartitionCount(), attempts: DefaultAttempts, attemptTimeout: DefaultAttemptTimeout,
-		publish: func(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) { return js.PublishMsg(ctx, m) }}
-	for _, o := range opts {
-		o(l)
-	}
-	for i := range l.partitions {
+	var streams []jetstream.Stream
+	for i := range topo.TurnLogPartitionCount() {
 		s, err := js.Stream(ctx, topology.TurnLogStream(i))
 		if err != nil {
 			return nil, fmt.Errorf("turnlog: stream %s: %w", topology.TurnLogStream(i), err)
 		}
-		l.streams = append(l.streams, s)
+		streams = append(streams, s)
 	}
-	return l, nil
+	return Bind(js, streams, opts...), nil
 }
 
-// Provision creates or updates topo's turn-log streams on js.
+// Bind is the Log of the turn-log streams given, by partition
+// (topology.OpenTurnLogs), publishing through js.
+func Bind(js jetstream.JetStream, streams []jetstream.Stream, opts ...Option) *Log {
+	l := &Log{js: js, partitions: len(streams), streams: streams, attempts: DefaultAttempts, attemptTimeout: DefaultAttemptTimeout,
+		publish: func(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) { return js.PublishMsg(ctx, m) }}
+	for _, o := range opts {
+		o(l)
+	}
+	return l
+}
+
+// Partitions is how many turn-log streams l spreads turns over.
+func (l *Log) Partitions() int { return l.partitions }
+
+// Provision creates or updates topo's turn-log streams on js, for the
+// bench's raw turns and tests: it does not check that the streams keep
+// their number of partitions (the product provisions them with
+// topology.Ensure, which does).
 func Provision(ctx context.Context, js jetstream.JetStream, topo topology.Config) error {
 	if err := topo.Validate(); err != nil {
 		return err
@@ -242,6 +259,21 @@ func (l *Log) last(ctx context.Context, p int, turn string) (*Event, error) {
 		Data: m.Data, Header: m.Header, Time: m.Time}, nil
 }
 
+// Purge removes every event of turn from its log: for tests and tools
+// that move a turn's record elsewhere (as an earlier version kept it). The
+// stages never call it: a turn's log is its history, and it leaves with
+// the stream's MaxAge.
+func (l *Log) Purge(ctx context.Context, turn string) error {
+	if !schemas.ValidKey(turn) {
+		return fmt.Errorf("%w: turn %q", ErrInvalid, turn)
+	}
+	p := l.Partition(turn)
+	if err := l.streams[p].Purge(ctx, jetstream.WithPurgeSubject(topology.TurnLogWildcard(p, turn))); err != nil {
+		return fmt.Errorf("turnlog: purge %s: %w", turn, err)
+	}
+	return nil
+}
+
 // Stats are a Log's counts since New: attempts after the first (an
 // acknowledgement that did not come), and refused appends recognised as
 // the writer's own.
@@ -276,4 +308,131 @@ func wrongLast(err error) bool {
 func unknownOutcome(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// Watcher follows the turn logs (Watch).
+type Watcher struct {
+	updates chan *Event
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// Updates delivers the events Watch follows, and one nil once every
+// partition has delivered the events it held when Watch began. It is
+// closed after Stop, or when following any partition fails for good (its
+// ordered consumer could not be made again). nats.go makes an ordered
+// consumer again for as long as it takes after a reconnect, so a watch of
+// a server that is away waits rather than ends.
+func (w *Watcher) Updates() <-chan *Event { return w.updates }
+
+// Stop ends the watch and waits for it to end.
+func (w *Watcher) Stop() {
+	w.cancel()
+	<-w.done
+}
+
+// Watch follows the last events of every turn, as a KV watch follows a
+// bucket's keys: first, partition by partition in stream order, the last
+// event of each name of every turn the logs hold (so a turn's last event
+// is the last of its events delivered), then every event appended since,
+// in each partition's order. Each partition is read by an ordered consumer
+// (created on the server, recreated from where it was after a reconnect),
+// so a reader that restarts sees every turn again.
+func (l *Log) Watch(ctx context.Context) (*Watcher, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	w := &Watcher{updates: make(chan *Event, 1024), cancel: cancel, done: make(chan struct{})}
+	type part struct {
+		p    int
+		it   jetstream.MessagesContext
+		left uint64
+	}
+	var parts []part
+	fail := func(err error) (*Watcher, error) {
+		for _, pt := range parts {
+			pt.it.Stop()
+		}
+		cancel()
+		return nil, err
+	}
+	for p, s := range l.streams {
+		c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{topology.SubjectTurnLogPrefix + strconv.Itoa(p) + ".>"},
+			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+		})
+		if err != nil {
+			return fail(fmt.Errorf("turnlog: watch partition %d: %w", p, err))
+		}
+		it, err := c.Messages()
+		if err != nil {
+			return fail(fmt.Errorf("turnlog: watch partition %d: %w", p, err))
+		}
+		parts = append(parts, part{p: p, it: it, left: c.CachedInfo().NumPending})
+	}
+	var caughtUp sync.WaitGroup
+	var running sync.WaitGroup
+	for _, pt := range parts {
+		caughtUp.Add(1)
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			once := sync.OnceFunc(caughtUp.Done)
+			defer once()
+			if pt.left == 0 {
+				once()
+			}
+			prefix := topology.SubjectTurnLogPrefix + strconv.Itoa(pt.p) + "."
+			for {
+				m, err := pt.it.Next()
+				if err != nil {
+					// Stopped, or the partition's consumer is gone for
+					// good: the whole watch ends, so that its reader
+					// starts a new one rather than miss a partition.
+					cancel()
+					return
+				}
+				if ev := eventOf(m, prefix); ev != nil {
+					select {
+					case w.updates <- ev:
+					case <-ctx.Done():
+						return
+					}
+				}
+				if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+					once()
+				}
+			}
+		}()
+	}
+	go func() {
+		<-ctx.Done()
+		for _, pt := range parts {
+			pt.it.Stop()
+		}
+	}()
+	go func() {
+		caughtUp.Wait()
+		select {
+		case w.updates <- nil:
+		case <-ctx.Done():
+		}
+		running.Wait()
+		close(w.updates)
+		close(w.done)
+	}()
+	return w, nil
+}
+
+// eventOf is the Event of m, a message of the partition whose subjects
+// start with prefix; nil for a subject that is not a turn's event.
+func eventOf(m jetstream.Msg, prefix string) *Event {
+	rest, ok := strings.CutPrefix(m.Subject(), prefix)
+	turn, name, ok2 := strings.Cut(rest, ".")
+	if !ok || !ok2 || turn == "" || name == "" || strings.Contains(name, ".") {
+		return nil
+	}
+	ev := &Event{Turn: turn, Name: name, MsgID: m.Headers().Get(jetstream.MsgIDHeader), Data: m.Data(), Header: m.Headers()}
+	if md, err := m.Metadata(); err == nil {
+		ev.Seq, ev.Time = md.Sequence.Stream, md.Timestamp
+	}
+	return ev
 }

@@ -29,23 +29,16 @@ import (
 func BenchmarkAppendAmongManyTurns(b *testing.B) {
 	for _, turns := range []int{0, 100_000} {
 		b.Run(fmt.Sprintf("%d earlier turns", turns), func(b *testing.B) {
-			env := jstest.Start(b)
 			ctx := context.Background()
 			topo := topology.DefaultConfig()
 			topo.TurnLogPartitions = 1
-			if err := Provision(ctx, env.JS, topo); err != nil {
-				b.Fatal(err)
-			}
-			l, err := New(ctx, env.JS, topo)
-			if err != nil {
-				b.Fatal(err)
-			}
+			l, js := newLog(b, topo)
 			// Earlier turns: two events each, published without waiting.
 			data := make([]byte, 600)
 			var acks []jetstream.PubAckFuture
 			for i := range turns {
 				for _, ev := range []string{"running", "completed"} {
-					f, err := env.JS.PublishAsync(topology.TurnLogSubject(0, fmt.Sprintf("t-old-%08d", i), ev), data)
+					f, err := js.PublishAsync(topology.TurnLogSubject(0, fmt.Sprintf("t-old-%08d", i), ev), data)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -11,24 +11,47 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
-// newLog starts a server, provisions topo's turn logs on it and returns
-// a Log on them (with opts) and the connection.
-func newLog(t *testing.T, topo topology.Config, opts ...Option) (*Log, jetstream.JetStream) {
+// bareJS starts a server with JetStream and nothing on it (jstest.Start
+// ensures the whole topology, with the default number of turn logs) and
+// returns a connection to it.
+func bareJS(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	env := jstest.Start(t)
-	ctx := jstest.Ctx(t)
-	if err := Provision(ctx, env.JS, topo); err != nil {
-		t.Fatal(err)
+	ns, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1, ReadyTimeout: jstest.Ready()})
+	if err != nil {
+		t.Fatalf("start server: %v", err)
 	}
-	l, err := New(ctx, env.JS, topo, opts...)
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l, env.JS
+	return js
+}
+
+// newLog starts a server, provisions topo's turn logs on it (and nothing
+// else) and returns a Log on them (with opts) and the connection.
+func newLog(t testing.TB, topo topology.Config, opts ...Option) (*Log, jetstream.JetStream) {
+	t.Helper()
+	js := bareJS(t)
+	ctx := jstest.Ctx(t)
+	if err := Provision(ctx, js, topo); err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(ctx, js, topo, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, js
 }
 
 func mustAppend(t *testing.T, l *Log, a Append) uint64 {

@@ -345,9 +345,19 @@ func TestToolErrorIsRecordedAndNotRetried(t *testing.T) {
 
 func newBatch(t testing.TB, f *fixture, turn string, state schemas.BatchState, calls ...schemas.ToolCall) *schemas.BatchRecord {
 	t.Helper()
+	return newBatchAs(t, f, turn, state, nil, calls...)
+}
+
+// newBatchAs is newBatch with the record made by as (nil: as it is), such
+// as schemas.AsLegacyBatch for one an earlier version left in the bucket.
+func newBatchAs(t testing.TB, f *fixture, turn string, state schemas.BatchState, as func(*schemas.BatchRecord) *schemas.BatchRecord, calls ...schemas.ToolCall) *schemas.BatchRecord {
+	t.Helper()
 	b := &schemas.BatchRecord{
 		TurnID: turn, SessionID: "sess-" + turn, Context: turnContext(turn), Calls: calls, State: state,
 		Approvals: make([]string, len(calls)), Results: make([]*schemas.ToolResult, len(calls)),
+	}
+	if as != nil {
+		b = as(b)
 	}
 	if _, err := f.st.Batches.Create(ctx(t), turn, b); err != nil {
 		t.Fatal(err)

@@ -303,15 +303,10 @@ func TestARunOfALegacyBatchUsesTheClaimsBucket(t *testing.T) {
 	f := newFixture(t)
 	turn := schemas.TurnID("cli", "legacy")
 	c0, c1 := call(turn, 0, "count", `{}`), call(turn, 1, "count", `{"b":1}`)
-	newBatch(t, f, turn, schemas.BatchStarted, c0, c1)
+	newBatchAs(t, f, turn, schemas.BatchStarted, schemas.AsLegacyBatch, c0, c1)
 	b, rev := stored(t, f, turn)
-	rev, err := f.st.Batches.Update(ctx(t), turn, schemas.AsLegacyBatch(b), rev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ = stored(t, f, turn)
-	if !b.Legacy() {
-		t.Fatal("not written as version 1")
+	if !b.Legacy() || !b.Bucketed() {
+		t.Fatal("not read as a version 1 record of the bucket")
 	}
 	// The previous version ran call 0 and recorded its result in its claim.
 	prior := f.eng.Result(c0, schemas.ResultOK, "", "", "")
@@ -342,6 +337,53 @@ func TestARunOfALegacyBatchUsesTheClaimsBucket(t *testing.T) {
 	}
 	if b, _ := stored(t, f, turn); !b.Legacy() || len(b.Claims) != 0 {
 		t.Fatalf("written back as version %d with claims %v, want version 1 without", b.V, b.Claims)
+	}
+	noLog(t, f, turn)
+}
+
+// A version 2 batch that an earlier version kept in tollgate_batches
+// (before the turn logs) runs there: its claims are in the record, its
+// writes go back to the bucket, and its turn's log stays empty.
+func TestARunOfABucketedBatchStaysInTheBucket(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "bucketed")
+	c0, c1 := call(turn, 0, "count", `{}`), call(turn, 1, "count", `{"b":1}`)
+	newBatchAs(t, f, turn, schemas.BatchStarted, schemas.AsBucketedBatch, c0, c1)
+	b, rev := stored(t, f, turn)
+	if b.Legacy() || !b.Bucketed() {
+		t.Fatal("not read as a version 2 record of the bucket")
+	}
+	run := f.eng.NewRun(batch.Known{Batch: b, BatchRev: rev}, nil, true)
+	for i := range 2 {
+		if err := run.Execute(ctx(t), i, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, m := f.count.Runs(c0.CallID), f.count.Runs(c1.CallID); n != 1 || m != 1 {
+		t.Fatalf("runs %d and %d, want 1 and 1", n, m)
+	}
+	mid, _, err := f.st.Batches.Bucket.Get(ctx(t), turn)
+	if err != nil || mid.ClaimOf(1) == nil || mid.Results[0] == nil {
+		t.Fatalf("the bucket's record after the second claim: %+v %v, want call 1 claimed and call 0's result", mid, err)
+	}
+	if c, _, err := f.st.Claims.Get(ctx(t), c1.CallID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("claim record of a version 2 call: %+v %v, want none", c, err)
+	}
+	end, err := f.eng.ConcludeFrom(ctx(t), turn, run.Known(), run.Results(), "", "")
+	if err != nil || end.State != schemas.BatchCompleted {
+		t.Fatalf("conclude: %+v %v", end, err)
+	}
+	if b, _, err := f.st.Batches.Bucket.Get(ctx(t), turn); err != nil || b.State != schemas.BatchCompleted || b.Legacy() {
+		t.Fatalf("the bucket's record: %+v %v, want it completed, version 2", b, err)
+	}
+	noLog(t, f, turn)
+}
+
+// noLog fails t when turn has an event in its log.
+func noLog(t testing.TB, f *fixture, turn string) {
+	t.Helper()
+	if b, _, err := f.st.Batches.Log.Get(ctx(t), turn); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("turn %s's log: %+v %v, want no event", turn, b, err)
 	}
 }
 

@@ -247,40 +247,52 @@ func TestUndecodableBatchRecordIsNeverGuessed(t *testing.T) {
 		{"an unknown schema version", func(h *pt.H, b *schemas.BatchRecord) []byte { return withVersion(h, b, 3) }, schemas.CodeSchemaVersionUnsupported},
 		{"bytes that are not msgpack", func(*pt.H, *schemas.BatchRecord) []byte { return []byte("not a record") }, schemas.CodeMalformed},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := h.For(t)
-			turn := h.Send(h.Inbound(fmt.Sprintf("undecodable%d", i), "alice", write(fmt.Sprintf("u%d.txt", i))))
-			id := schemas.ApprovalID(turn, 0)
-			h.WaitPending(id)
-			h.PutRaw(h.Store.Batches.KV, turn, tc.raw(h, h.Batch(turn)))
-
-			h.Decide(id, schemas.OptionApprove, "alice")
-			// The decided event cannot be acted on: it is dead-lettered with
-			// the decoding code, and the tool never runs.
-			var dl pt.Stored
-			jstest.Eventually(t, pt.Wait, "redriver dead letter", func() bool {
-				for _, m := range h.DLQ(pt.Redriver) {
-					if m.Subject == topology.DLQSubject(pt.Redriver) && m.Header.Get(runner.HeaderOriginalSubject) == topology.EventSubject(topology.SubjectApprovalDecided, turn) {
-						dl = m
-						return true
-					}
+		// Where the record is: its turn's log, or the bucket where an
+		// earlier version kept it.
+		for j, bucketed := range []bool{false, true} {
+			name := tc.name + " in its turn's log"
+			if bucketed {
+				name = tc.name + " in the bucket of an earlier version"
+			}
+			t.Run(name, func(t *testing.T) {
+				h := h.For(t)
+				turn := h.Send(h.Inbound(fmt.Sprintf("undecodable%d-%d", i, j), "alice", write(fmt.Sprintf("u%d-%d.txt", i, j))))
+				id := schemas.ApprovalID(turn, 0)
+				h.WaitPending(id)
+				if bucketed {
+					h.WaitState(turn, schemas.BatchAwaiting)
+					h.MakeBucketed(turn)
 				}
-				return false
+				h.PutRawBatch(turn, tc.raw(h, h.Batch(turn)))
+
+				h.Decide(id, schemas.OptionApprove, "alice")
+				// The decided event cannot be acted on: it is dead-lettered with
+				// the decoding code, and the tool never runs.
+				var dl pt.Stored
+				jstest.Eventually(t, pt.Wait, "redriver dead letter", func() bool {
+					for _, m := range h.DLQ(pt.Redriver) {
+						if m.Subject == topology.DLQSubject(pt.Redriver) && m.Header.Get(runner.HeaderOriginalSubject) == topology.EventSubject(topology.SubjectApprovalDecided, turn) {
+							dl = m
+							return true
+						}
+					}
+					return false
+				})
+				if got := dl.Header.Get(runner.HeaderCode); got != string(tc.code) {
+					t.Fatalf("dead letter code %s, want %s", got, tc.code)
+				}
+				ev, err := schemas.Decode[schemas.DecidedEvent](dl.Data)
+				if err != nil || ev.ApprovalID != id {
+					t.Fatalf("dead letter body is not the original decided event: %v %+v", err, ev)
+				}
+				if n := len(h.Redrives("started", turn)); n != 0 {
+					t.Fatalf("%d started outcomes", n)
+				}
+				if files := h.SandboxFiles(); len(files) != 0 {
+					t.Fatalf("tool ran on an undecodable batch: %v", files)
+				}
 			})
-			if got := dl.Header.Get(runner.HeaderCode); got != string(tc.code) {
-				t.Fatalf("dead letter code %s, want %s", got, tc.code)
-			}
-			ev, err := schemas.Decode[schemas.DecidedEvent](dl.Data)
-			if err != nil || ev.ApprovalID != id {
-				t.Fatalf("dead letter body is not the original decided event: %v %+v", err, ev)
-			}
-			if n := len(h.Redrives("started", turn)); n != 0 {
-				t.Fatalf("%d started outcomes", n)
-			}
-			if files := h.SandboxFiles(); len(files) != 0 {
-				t.Fatalf("tool ran on an undecodable batch: %v", files)
-			}
-		})
+		}
 	}
 }
 
@@ -481,6 +493,9 @@ func TestACallWhoseWorkerDiedIsNeverRunTwice(t *testing.T) {
 			h0.Stop()
 			ctx, cancel := h0.Ctx()
 			defer cancel()
+			if tc.legacy {
+				h0.MakeLegacy(turn) // in the bucket, as version 1
+			}
 			b, rev, err := h0.Store.Batches.Get(ctx, turn)
 			if err != nil {
 				t.Fatal(err)
@@ -491,7 +506,7 @@ func TestACallWhoseWorkerDiedIsNeverRunTwice(t *testing.T) {
 			if tc.legacy {
 				// As the previous version left it: the batch record (version
 				// 1) started, the claim a record of tollgate_claims.
-				if _, err := h0.Store.Batches.Update(ctx, turn, schemas.AsLegacyBatch(b), rev); err != nil {
+				if _, err := h0.Store.Batches.Update(ctx, turn, b, rev); err != nil {
 					t.Fatal(err)
 				}
 				claim := &schemas.ExecutionClaim{CallID: call.CallID, TurnID: turn, Tool: call.Tool, ArgsDigest: call.ArgsDigest,

@@ -29,10 +29,11 @@ import (
 // KV whose ready notice was lost, so the next turn stays queued; a batch
 // whose consumer message was dead-lettered or purged.
 //
-// The sweep closes those gaps from the facts in KV. It watches the batches
-// bucket (a KV watch starts with every current record, so a restarted
-// redriver sees everything its dead peers left) and keeps the non-terminal
-// batches. Every SweepInterval it looks at each batch not updated for
+// The sweep closes those gaps from the stored batches. It follows the turn
+// logs' last events (turnlog.Watch) and the batches bucket, which keeps an
+// earlier version's batches (a KV watch): both start with every current
+// record, so a restarted redriver sees everything its dead peers left. It
+// keeps the non-terminal batches. Every SweepInterval it looks at each batch not updated for
 // SweepAfter, with a per-batch back-off (doubling up to maxSweepBackoff) so
 // that batches legitimately waiting days for a person cost little:
 //
@@ -97,8 +98,9 @@ type sweeper struct {
 	watching atomic.Bool
 }
 
-// Sweeping is nil while the recovery sweep runs: its watch of the batches
-// bucket runs and has caught up with the batches present when it started.
+// Sweeping is nil while the recovery sweep runs: its watches of the turn
+// logs and the batches bucket run and have caught up with the batches
+// present when they started.
 // Otherwise it says that the sweep is not running (not started, catching
 // up, or between a watch that ended and its restart). It is nil when the
 // sweep is off (Config.SweepInterval negative).
@@ -106,7 +108,7 @@ func (r *Redriver) Sweeping() error {
 	if r.cfg.SweepInterval < 0 || r.sweep.watching.Load() {
 		return nil
 	}
-	return errors.New("recovery sweep: not watching the batches bucket")
+	return errors.New("recovery sweep: not watching the turn logs and the batches bucket")
 }
 
 func newSweeper(r *Redriver) *sweeper {
@@ -131,25 +133,46 @@ func (s *sweeper) run(ctx context.Context) error {
 		return fmt.Errorf("sweep: watch batches: %w", err)
 	}
 	defer w.Stop()
+	lw, err := s.r.cfg.Store.Batches.Log.Log.Watch(ctx)
+	if err != nil {
+		return fmt.Errorf("sweep: watch the turn logs: %w", err)
+	}
+	defer lw.Stop()
 	defer s.watching.Store(false)
 	tick := time.NewTicker(s.every)
 	defer tick.Stop()
 	var passes sync.WaitGroup
 	defer passes.Wait()
 	busy := make(chan struct{}, 1)
+	bucketDone, logsDone := false, false
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil
+				return errors.New("sweep: the watch of the batches bucket ended")
 			}
 			if e == nil { // every current batch delivered
-				s.watching.Store(true)
+				bucketDone = true
+				s.watching.Store(bucketDone && logsDone)
 				continue
 			}
-			s.apply(e)
+			if e.Operation() != jetstream.KeyValuePut {
+				s.forget(e.Key())
+				continue
+			}
+			s.apply(e.Key(), e.Value())
+		case ev, ok := <-lw.Updates():
+			if !ok {
+				return errors.New("sweep: the watch of the turn logs ended")
+			}
+			if ev == nil {
+				logsDone = true
+				s.watching.Store(bucketDone && logsDone)
+				continue
+			}
+			s.apply(ev.Turn, ev.Data)
 		case <-tick.C:
 			select {
 			case busy <- struct{}{}:
@@ -166,17 +189,23 @@ func (s *sweeper) run(ctx context.Context) error {
 	}
 }
 
-// apply records one bucket change.
-func (s *sweeper) apply(e jetstream.KeyValueEntry) {
+// forget drops turn: its record was deleted.
+func (s *sweeper) forget(turn string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := e.Key()
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(s.open, key)
-		return
-	}
+	delete(s.open, turn)
+}
+
+// apply records one write of turn's batch record, as stored. A turn's
+// writes reach it in the order they were made (one key of the bucket, or
+// one turn's log, which is in one partition), so the last applied is the
+// batch.
+func (s *sweeper) apply(turn string, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := turn
 	var b batchHead
-	if err := msgpack.Unmarshal(e.Value(), &b); err != nil || (b.V != schemas.BatchVersion && b.V != schemas.BatchLegacyVersion) || b.State.Terminal() {
+	if err := msgpack.Unmarshal(data, &b); err != nil || (b.V != schemas.BatchVersion && b.V != schemas.BatchLegacyVersion) || b.State.Terminal() {
 		// An undecodable record is never acted on by guesswork; the stage
 		// that reads it dead-letters its message with the code.
 		delete(s.open, key)

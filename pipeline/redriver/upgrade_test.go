@@ -1,11 +1,13 @@
 package redriver_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -162,4 +164,128 @@ func acceptedTurn(t *testing.T, h *pt.H, turn string) *schemas.AcceptedTurn {
 	}
 	t.Fatalf("no accepted turn %s", turn)
 	return nil
+}
+
+// Batches written by the version before the turn logs (version 2 records
+// kept in tollgate_batches, their claims in the record), live at the
+// upgrade, finish once where they are: an awaiting batch with a pending
+// approval and a queued one behind it in its session, a started batch
+// whose claim has no result (its worker died), a started one whose record
+// holds the claimed call's result, and a running one whose call was never
+// claimed. A turn accepted after the upgrade in the session of the awaiting
+// one waits for it, then runs from its turn's log. Nothing of the earlier
+// batches is written to a turn log, and no call runs twice.
+func TestBucketedBatchesFinishAfterTheUpgrade(t *testing.T) {
+	free, count := &pt.Counter{ToolName: "free"}, &pt.Counter{ToolName: "count"}
+	opts := func(env *pt.H, stages ...string) pt.Options {
+		o := pt.Options{Policy: upgradePolicy, Tools: []tools.Tool{free, count}, ClaimLease: 2 * time.Second, ToolTimeout: time.Second, Stages: stages}
+		if env != nil {
+			o.Env, o.Keys = env.Env, env.Keys
+		}
+		return o
+	}
+	h := pt.Start(t, opts(nil))
+	awaiting := h.Send(h.Inbound("b2-1", "alice", pt.Call("free", `{"n":1}`), pt.Call("count", `{"n":1}`)))
+	h.WaitPending(schemas.ApprovalID(awaiting, 1))
+	queued := h.Send(h.Inbound("b2-1", "alice", pt.Call("count", `{"n":2}`)))
+	h.WaitState(queued, schemas.BatchQueued)
+	orphaned := h.Send(h.Inbound("b2-3", "alice", pt.Call("count", `{"n":3}`)))
+	h.WaitPending(schemas.ApprovalID(orphaned, 0))
+	recorded := h.Send(h.Inbound("b2-4", "alice", pt.Call("count", `{"n":4}`)))
+	h.WaitPending(schemas.ApprovalID(recorded, 0))
+	unclaimed := h.Send(h.Inbound("b2-5", "alice", pt.Call("count", `{"n":5}`)))
+	h.WaitPending(schemas.ApprovalID(unclaimed, 0))
+	h.WaitIdle(pt.AllStages...)
+	h.Stop()
+
+	// The approvals of three batches are decided while no redriver runs.
+	h2 := pt.Start(t, opts(h, pt.Ingest, pt.Approver))
+	for _, turn := range []string{orphaned, recorded, unclaimed} {
+		id := schemas.ApprovalID(turn, 0)
+		h2.Decide(id, schemas.OptionApprove, "alice")
+		h2.WaitApproval(id, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
+	}
+	h2.Stop()
+
+	// What the version before the turn logs left: every batch in the
+	// bucket, as version 2, the claims in the records.
+	for _, turn := range []string{awaiting, queued, orphaned, recorded, unclaimed} {
+		h.MakeBucketed(turn)
+	}
+	ranBefore := &schemas.ToolResult{CallID: schemas.CallID(recorded, 0), Tool: "count", Status: schemas.ResultOK, Output: "ran before the upgrade",
+		ApprovalID: schemas.ApprovalID(recorded, 0), FinishedAt: time.Now().UTC()}
+	h.MutateBatch(orphaned, func(b *schemas.BatchRecord) {
+		b.State = schemas.BatchStarted
+		b.SetClaim(0, &schemas.CallClaim{Worker: "redriver@old:1#00000000", ClaimedAt: time.Now().UTC().Add(-time.Hour)})
+	})
+	h.MutateBatch(recorded, func(b *schemas.BatchRecord) {
+		b.State = schemas.BatchStarted
+		b.SetClaim(0, &schemas.CallClaim{Worker: "redriver@old:1#00000000", ClaimedAt: time.Now().UTC().Add(-time.Hour)})
+		b.Results[0] = ranBefore
+	})
+	h.MutateBatch(unclaimed, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
+	runsBefore := free.Total() + count.Total()
+	ranBeforeUpgrade := free.Runs(schemas.CallID(awaiting, 0))
+
+	// The upgrade: this version's stages start on all of it.
+	h3 := pt.Start(t, opts(h))
+	later := h3.Send(h3.Inbound("b2-1", "alice", pt.Call("free", `{"n":6}`)))
+	h3.Decide(schemas.ApprovalID(awaiting, 1), schemas.OptionApprove, "alice")
+	h3.WaitPending(schemas.ApprovalID(queued, 0))
+	if b := h3.Batch(later); b == nil || b.State != schemas.BatchQueued {
+		t.Fatalf("a turn accepted behind an earlier version's active batch: %+v, want it queued", b)
+	}
+	h3.Decide(schemas.ApprovalID(queued, 0), schemas.OptionApprove, "alice")
+	want := map[string]struct {
+		status schemas.ResultStatus
+		code   schemas.Code
+	}{
+		awaiting: {schemas.ResultOK, ""}, queued: {schemas.ResultOK, ""},
+		orphaned: {schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain},
+		recorded: {schemas.ResultOK, ""}, unclaimed: {schemas.ResultOK, ""}, later: {schemas.ResultOK, ""},
+	}
+	ctx, cancel := h3.Ctx()
+	defer cancel()
+	for turn, w := range want {
+		b, out := h3.WaitTerminal(turn)
+		last := b.Results[len(b.Results)-1]
+		if b.State != schemas.BatchCompleted || last.Status != w.status || last.Code != w.code {
+			t.Errorf("turn %s ended %s with %+v, want completed with %s %s", turn, b.State, last, w.status, w.code)
+		}
+		if n := len(h3.Outcomes(turn)); n != 1 || out == nil {
+			t.Errorf("turn %s: %d outcomes, want 1", turn, n)
+		}
+		_, _, logErr := h3.Store.Batches.Log.Get(ctx, turn)
+		switch {
+		case turn == later && (b.Bucketed() || logErr != nil):
+			t.Errorf("the turn accepted after the upgrade: bucketed %v, log %v; want it in its turn's log", b.Bucketed(), logErr)
+		case turn != later && (!b.Bucketed() || b.Legacy() || !errors.Is(logErr, store.ErrNotFound)):
+			t.Errorf("turn %s: bucketed %v, version 1 %v, log %v; want it finished in the bucket as version 2, its log empty", turn, b.Bucketed(), b.Legacy(), logErr)
+		}
+	}
+	if b := h3.Batch(recorded); b.Results[0].Output != "ran before the upgrade" {
+		t.Errorf("a call whose record held its result: %+v, want that result", b.Results[0])
+	}
+	if a, l := h3.Batch(awaiting), h3.Batch(later); !a.UpdatedAt.Before(l.Results[0].FinishedAt) {
+		t.Errorf("the later turn's call finished at %v, before the earlier batch ended at %v", l.Results[0].FinishedAt, a.UpdatedAt)
+	}
+	h3.WaitIdle(pt.AllStages...)
+	for call, n := range map[string]int{
+		schemas.CallID(awaiting, 0): 0, schemas.CallID(awaiting, 1): 1, schemas.CallID(queued, 0): 1,
+		schemas.CallID(orphaned, 0): 0, schemas.CallID(recorded, 0): 0, schemas.CallID(unclaimed, 0): 1, schemas.CallID(later, 0): 1,
+	} {
+		got := free.Runs(call) + count.Runs(call)
+		if call == schemas.CallID(awaiting, 0) {
+			got -= ranBeforeUpgrade // its run before the upgrade
+		}
+		if got != n {
+			t.Errorf("call %s ran %d times after the upgrade, want %d", call, got, n)
+		}
+	}
+	if got := free.Total() + count.Total() - runsBefore; got != 4 {
+		t.Errorf("%d runs after the upgrade, want 4", got)
+	}
+	if n := h3.Metric("tollgate_legacy_batch_runs_total", nil); n != 0 {
+		t.Errorf("%v runs of version 1 batches counted, want none", n)
+	}
 }

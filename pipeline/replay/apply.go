@@ -45,6 +45,10 @@ type Change struct {
 	Reason  string `json:"reason,omitempty"`
 }
 
+// LogKept starts the Reason of the Change of a batch kept in its turn's
+// log (a stream), which a run reads and never writes.
+const LogKept = "kept in its turn's log"
+
 // changes reports whether c writes (or would write) KV.
 func (c Change) changes() bool { return c.Action == Create || c.Action == Update }
 
@@ -91,6 +95,16 @@ func (a *applier) apply(ctx context.Context, h *History) error {
 			tr.Approvals = append(tr.Approvals, c)
 			tr.recs[want.ApprovalID] = rec
 		}
+		logged, err := a.fromLog(ctx, t, &tr)
+		if err != nil {
+			return err
+		}
+		if logged {
+			// Only a version 1 batch (in the bucket) has claim records.
+			a.count(tr.Batch)
+			a.rep.Turns = append(a.rep.Turns, tr)
+			continue
+		}
 		want, err := a.batchToWrite(ctx, t)
 		if err != nil {
 			return err
@@ -116,6 +130,37 @@ func (a *applier) apply(ctx context.Context, h *History) error {
 		return a.nudge(ctx, created)
 	}
 	return nil
+}
+
+// fromLog judges t's batch by its turn's log, when the log has an event:
+// the last event is the batch (store.BatchLog), kept in a stream that is
+// the source of truth, so it is never rebuilt and never written by a run;
+// the Change is Unchanged (Kept when the record does not decode) with the
+// log's state, and tr's record is the log's, for the sessions, the nudges
+// and the shadow redrive to judge. It reports false, leaving tr alone, when
+// the log has no event (or its stream is missing): the batch is then an
+// earlier version's in the bucket, or was never written, or was lost with
+// the bucket, and converges there.
+func (a *applier) fromLog(ctx context.Context, t *Turn, tr *TurnReport) (bool, error) {
+	s := a.b.turnLog(t.TurnID)
+	if s == nil {
+		return false, nil
+	}
+	where := fmt.Sprintf("%s (stream %s), the source of truth: never rebuilt", LogKept, s.CachedInfo().Config.Name)
+	rec, _, err := store.BatchLog{Log: a.b.turnLogs}.Get(ctx, t.TurnID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case schemas.CodeOf(err) != "":
+		tr.Batch = Change{Key: t.TurnID, Action: Kept, KV: "undecodable", Streams: stageOf(t.Batch),
+			Reason: fmt.Sprintf("%s; left alone (the stages fail closed on it): %v", where, err)}
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("replay: read the log of %s: %w", t.TurnID, err)
+	}
+	tr.Batch = Change{Key: t.TurnID, Action: Unchanged, KV: string(rec.State), Streams: stageOf(t.Batch), Reason: where}
+	tr.rec = rec
+	return true, nil
 }
 
 // batchToWrite is t's batch as a rebuild would create it (when KV lacks
@@ -178,11 +223,14 @@ func (a *applier) batchToWrite(ctx context.Context, t *Turn) (*schemas.BatchReco
 }
 
 // lostBatch reports whether t's batch record may have been lost, rather
-// than never written: its key has a delete or purge marker, or the
-// batches bucket's stream was created after t was accepted (the bucket
-// was deleted and made again, or restored from a backup). A key the
-// bucket never had, in a bucket older than the turn, was never written:
-// the executor never took the turn.
+// than never written; it is asked only of a turn whose log has no event.
+// The record may have been lost when its key in the batches bucket has a
+// delete or purge marker, or the batches bucket's stream or the turn's
+// turn-log stream (its partition) is missing or was created after t was
+// accepted (deleted and made again, or restored from a backup): the batch
+// was kept in one of them. A key the bucket never had, with a bucket and a
+// log older than the turn, was never written: the executor never took the
+// turn.
 func (a *applier) lostBatch(ctx context.Context, t *Turn) (bool, error) {
 	if a.b.batches == nil {
 		return true, nil
@@ -195,6 +243,9 @@ func (a *applier) lostBatch(ctx context.Context, t *Turn) (bool, error) {
 		return false, nil
 	case !errors.Is(err, jetstream.ErrKeyNotFound):
 		return false, fmt.Errorf("replay: read batch %s: %w", t.TurnID, err)
+	}
+	if s := a.b.turnLog(t.TurnID); s == nil || s.CachedInfo().Created.After(t.Accepted) {
+		return true, nil
 	}
 	if a.batchesCreated.IsZero() {
 		s, err := a.js.Stream(ctx, "KV_"+a.b.batches.Bucket())

@@ -4,6 +4,20 @@
 // an incident (a bucket deleted, purged or restored from an old backup)
 // they can be rebuilt from the streams alone.
 //
+// The batch of a turn accepted since the turn logs (issue 36) is not in KV:
+// it is its turn's log, a stream (TOLLGATE_TURNLOG_<partition>), whose last
+// event is the batch. That log is a source of truth like the other
+// streams: a run reads it, reports the batch Unchanged from it (and judges
+// that record in the dry run), and never rebuilds or writes it. What
+// tollgate_batches holds is only the batches earlier versions wrote there
+// (version 1, or version 2 before the turn logs); losing the bucket loses
+// only those, and a rebuild writes them back into it from TOLLGATE_TURNS
+// and TOLLGATE_EVENTS under the rule below. A turn whose log has no event
+// (or whose turn-log stream is missing: warned about) is judged against
+// the bucket the same way: an earlier version's batch, one never written,
+// or one lost with its log's stream (deleted and made again), rebuilt into
+// the bucket, where the stages find it after its empty log.
+//
 // Run has three modes:
 //
 //   - report (default): read the streams, compare with KV, write nothing;
@@ -31,7 +45,8 @@
 // unfinished turns are created (create-only), and so are the standing
 // grants made on the replayed turns, from their grant events (grants.go);
 // execution claims
-// (tollgate_claims) are never written or deleted: they are what keeps a
+// (tollgate_claims, which only version 1 batches have) are never written
+// or deleted: they are what keeps a
 // call from running twice: a rebuild refuses to run without the bucket, and
 // every run warns about a call the streams say ran that has no claim.
 //
@@ -54,6 +69,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -185,9 +201,14 @@ func Run(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error
 }
 
 // buckets are the KV handles a run uses; a nil handle is a missing bucket
-// (every key reads as absent).
+// (every key reads as absent). logs are the turn-log streams by partition
+// (nil when missing: the logs of its turns read as empty) and turnLogs
+// their Log (nil when every stream is missing).
 type buckets struct {
 	approvals, batches, sessions, claims, grants jetstream.KeyValue
+
+	logs     []jetstream.Stream
+	turnLogs *turnlog.Log
 }
 
 // bucketStream is the configuration of bucket's stream in c.
@@ -240,7 +261,57 @@ func openBuckets(ctx context.Context, js jetstream.JetStream, o Options, rep *Re
 			b.grants = kv
 		}
 	}
-	return b, nil
+	return b, openTurnLogs(ctx, js, b, rep)
+}
+
+// openTurnLogs binds the turn-log streams (as topology.OpenTurnLogs does:
+// as many as their metadata says), read only: a turn's log is the source of
+// truth for its batch, never rebuilt and never written by a run. A missing
+// stream is warned about, and the logs it held read as empty: the batches
+// of its turns are judged against the batches bucket, as an earlier
+// version's, and a rebuild writes the ones the streams prove there.
+func openTurnLogs(ctx context.Context, js jetstream.JetStream, b *buckets, rep *Report) error {
+	missing := func(name string) {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("turn-log stream %s is missing: the logs it held read as empty, and the batches of its turns are judged (and rebuilt) in bucket %s as an earlier version's; provision the topology to create the stream again", name, topology.BucketBatches))
+	}
+	s0, err := js.Stream(ctx, topology.TurnLogStream(0))
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the turn-log streams (%s*) are missing: every turn's log reads as empty, and every batch is judged (and rebuilt) in bucket %s as an earlier version's; provision the topology to create them again", topology.StreamTurnLogPrefix, topology.BucketBatches))
+		return nil
+	case err != nil:
+		return fmt.Errorf("replay: open stream %s: %w", topology.TurnLogStream(0), err)
+	}
+	meta := s0.CachedInfo().Config.Metadata[topology.MetaTurnLogPartitions]
+	p, err := strconv.Atoi(meta)
+	if err != nil || p < 1 || p > topology.MaxTurnLogPartitions {
+		return fmt.Errorf("replay: %w: stream %s records %q partitions", topology.ErrTurnLogPartitions, topology.TurnLogStream(0), meta)
+	}
+	b.logs = []jetstream.Stream{s0}
+	for i := 1; i < p; i++ {
+		s, err := js.Stream(ctx, topology.TurnLogStream(i))
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			missing(topology.TurnLogStream(i))
+			s = nil
+		case err != nil:
+			return fmt.Errorf("replay: open stream %s: %w", topology.TurnLogStream(i), err)
+		}
+		b.logs = append(b.logs, s) // nil when missing
+	}
+	// A turn's read checks for a missing partition first (turnLog):
+	// turnlog.Log would read a nil stream.
+	b.turnLogs = turnlog.Bind(js, b.logs)
+	return nil
+}
+
+// turnLog returns the stream of turn's log, nil when it is missing (or
+// every turn-log stream is).
+func (b *buckets) turnLog(turn string) jetstream.Stream {
+	if len(b.logs) == 0 {
+		return nil
+	}
+	return b.logs[topology.TurnLogPartition(turn, len(b.logs))]
 }
 
 // get reads key from kv; a missing bucket or key is jetstream.ErrKeyNotFound.

@@ -45,6 +45,12 @@ func TestRebuildIntoExistingBucketsOnlyFillsMissingOrOlderRecords(t *testing.T) 
 	missing, ahead, tampered, garbled := send("s-missing"), send("s-ahead"), send("s-tampered"), send("s-garbled")
 	h.WaitIdle(pt.AllStages...)
 	h.Stop() // as the operating guide says: no stage runs during a rebuild
+	// The batches as an earlier version left them, in tollgate_batches,
+	// where the rebuild rule applies to them (a turn's log is never
+	// rebuilt).
+	for _, turn := range []string{done, missing, ahead, tampered, garbled} {
+		h.MakeBucketed(turn)
+	}
 
 	for _, tc := range []struct {
 		name   string
@@ -130,7 +136,10 @@ func TestRebuildIntoExistingBucketsOnlyFillsMissingOrOlderRecords(t *testing.T) 
 		// A version 1 batch's claims are records of tollgate_claims: one
 		// that is gone (purged, restored from an old backup) is warned
 		// about.
-		h.MakeLegacy(done)
+		h.MutateBatch(done, func(b *schemas.BatchRecord) { *b = *schemas.AsLegacyBatch(b) }) // in the bucket already
+		if b := h.Batch(done); !b.Legacy() || !b.Bucketed() {
+			t.Fatalf("batch %s was not rewritten as version 1 in the bucket", done)
+		}
 		ctx, cancel := h.Ctx()
 		defer cancel()
 		if err := h.Store.Claims.KV.Purge(ctx, call); err != nil {
@@ -324,7 +333,8 @@ func TestALostRunningBatchIsRebuiltWithItsCallsClaimed(t *testing.T) {
 		turns = append(turns, schemas.TurnID(m.Transport, m.MessageID))
 		h.WaitConsumed(pt.Ingest, h.Publish(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), m))
 	}
-	// What an executor that died mid-call left: the first turn running,
+	// What an executor of an earlier version (the batches in
+	// tollgate_batches) that died mid-call left: the first turn running,
 	// its call claimed and no result; then the batches bucket is lost.
 	ctx, cancel := h.Ctx()
 	defer cancel()
@@ -345,7 +355,7 @@ func TestALostRunningBatchIsRebuiltWithItsCallsClaimed(t *testing.T) {
 			b.State = schemas.BatchRunning
 			b.SetClaim(0, &schemas.CallClaim{Worker: "executor@dead", ClaimedAt: time.Now().UTC()})
 		}
-		if _, err := h.Store.Batches.Create(ctx, turn, b); err != nil {
+		if _, err := h.Store.Batches.Create(ctx, turn, schemas.AsBucketedBatch(b)); err != nil {
 			t.Fatal(err)
 		}
 	}

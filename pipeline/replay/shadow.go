@@ -63,7 +63,7 @@ func shadowAll(ctx context.Context, b *buckets, o Options, rep *Report) error {
 	for i := range rep.Turns {
 		tr := &rep.Turns[i]
 		if tr.rec == nil {
-			tr.Shadow = &Shadow{Kind: "none", Reason: "the batch record in KV does not decode: the redriver dead-letters what triggers it"}
+			tr.Shadow = &Shadow{Kind: "none", Reason: "the batch record (in its turn's log, or in KV) does not decode: the redriver dead-letters what triggers it"}
 			continue
 		}
 		source := func(ctx context.Context, id string) (*schemas.ApprovalRecord, error) {

@@ -98,7 +98,11 @@ func TestDryRunReportsWhatEachBatchWouldDoAndDoesNothing(t *testing.T) {
 		Result: &schemas.ToolResult{CallID: call, Tool: "count", Status: schemas.ResultOK, Output: "ran", FinishedAt: time.Now().UTC()}}); err != nil {
 		t.Fatal(err)
 	}
+	// Edited in its turn's log: the dry run judges the log's record.
 	h.MutateBatch(tampered, func(b *schemas.BatchRecord) { b.Context.Audience = schemas.AudiencePublic })
+	// An earlier version's batch, in tollgate_batches, lost from it (a
+	// turn's log is never lost that way, nor rebuilt).
+	h.MakeBucketed(lost)
 	deleteKey(h, true, lost)
 
 	pol, err := policy.Parse([]byte(laterPolicy))
@@ -163,6 +167,9 @@ func TestDryRunReportsWhatEachBatchWouldDoAndDoesNothing(t *testing.T) {
 		}
 		if b := raw(t, h, h.Store.Batches.KV, lost); b != nil {
 			t.Error("the dry run wrote the lost batch")
+		}
+		if c := turnReport(t, rep, tampered).Batch; c.Action != replay.Unchanged || !strings.Contains(c.Reason, "turn's log") {
+			t.Errorf("tampered batch's change %+v, want unchanged, kept in its turn's log", c)
 		}
 	})
 }

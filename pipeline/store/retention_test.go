@@ -52,6 +52,14 @@ func batch(turnID string, state schemas.BatchState) *schemas.BatchRecord {
 		Approvals: []string{""}, Results: []*schemas.ToolResult{nil}, CreatedAt: now, UpdatedAt: now}
 }
 
+// bucketed is batch as a record an earlier version kept in KV bucket
+// tollgate_batches: store.Batches writes it there (a batch created now
+// goes to its turn's log, which has no TTLs: the stream's MaxAge is its
+// retention).
+func bucketed(turnID string, state schemas.BatchState) *schemas.BatchRecord {
+	return schemas.AsBucketedBatch(batch(turnID, state))
+}
+
 // A record that has ended leaves its bucket once its retention has run out,
 // and none of its earlier revisions comes back; a record that has not ended
 // stays. Each case writes a live record first and an ended one after it:
@@ -70,22 +78,22 @@ func TestEndedRecordsLeaveAfterTheRetentionAndLiveOnesStay(t *testing.T) {
 		endedKey    string
 	}{
 		{
-			name: "a batch: running stays, completed goes",
+			name: "a batch in the bucket: running stays, completed goes",
 			live: func(t *testing.T) {
-				if _, err := s.Batches.Create(ctx, "t-00000000000000000001", batch("t-00000000000000000001", schemas.BatchRunning)); err != nil {
+				if _, err := s.Batches.Create(ctx, "t-00000000000000000001", bucketed("t-00000000000000000001", schemas.BatchRunning)); err != nil {
 					t.Fatal(err)
 				}
 			},
 			ended: func(t *testing.T) {
 				id := "t-00000000000000000002"
-				rev, err := s.Batches.Create(ctx, id, batch(id, schemas.BatchRunning))
+				rev, err := s.Batches.Create(ctx, id, bucketed(id, schemas.BatchRunning))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if rev, err = s.Batches.Update(ctx, id, batch(id, schemas.BatchAwaiting), rev); err != nil {
+				if rev, err = s.Batches.Update(ctx, id, bucketed(id, schemas.BatchAwaiting), rev); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := s.Batches.Update(ctx, id, batch(id, schemas.BatchCompleted), rev); err != nil {
+				if _, err := s.Batches.Update(ctx, id, bucketed(id, schemas.BatchCompleted), rev); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -201,19 +209,50 @@ func TestARecordWrittenLiveAgainStays(t *testing.T) {
 func TestAnEndingWriteAtAStaleRevisionConflicts(t *testing.T) {
 	s, ctx := retainedStore(t)
 	id := "t-00000000000000000001"
+	rev, err := s.Batches.Create(ctx, id, bucketed(id, schemas.BatchRunning))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Batches.Update(ctx, id, bucketed(id, schemas.BatchAwaiting), rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Batches.Update(ctx, id, bucketed(id, schemas.BatchCompleted), rev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("terminal write at a stale revision: %v, want ErrConflict", err)
+	}
+	if got, _, err := s.Batches.Get(ctx, id); err != nil || got.State != schemas.BatchAwaiting || !got.Bucketed() {
+		t.Fatalf("after the failed write: %+v, %v; want awaiting, in the bucket", got, err)
+	}
+}
+
+// A batch kept in its turn's log is never written to KV, not when it ends
+// and not when it is retired: nothing there to expire, and it stays in
+// its log (whose retention is the stream's MaxAge) after a bucketed batch
+// that ended after it has left the bucket.
+func TestALogKeptBatchIsNotWrittenToKV(t *testing.T) {
+	s, ctx := retainedStore(t)
+	id := "t-00000000000000000001"
 	rev, err := s.Batches.Create(ctx, id, batch(id, schemas.BatchRunning))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Batches.Update(ctx, id, batch(id, schemas.BatchAwaiting), rev); err != nil {
+	if rev, err = s.Batches.Update(ctx, id, batch(id, schemas.BatchCompleted), rev); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Batches.Update(ctx, id, batch(id, schemas.BatchCompleted), rev); !errors.Is(err, store.ErrConflict) {
-		t.Fatalf("terminal write at a stale revision: %v, want ErrConflict", err)
+	if err := s.Batches.Retire(ctx, id); err != nil {
+		t.Fatal(err)
 	}
-	if got, _, err := s.Batches.Get(ctx, id); err != nil || got.State != schemas.BatchAwaiting {
-		t.Fatalf("after the failed write: %+v, %v; want awaiting", got, err)
+	bucketEmpty(t, ctx, s, id)
+
+	// The later fact: a bucketed batch ended after it leaves KV.
+	later := "t-00000000000000000002"
+	if _, err := s.Batches.Create(ctx, later, bucketed(later, schemas.BatchCompleted)); err != nil {
+		t.Fatal(err)
 	}
+	gone(t, "bucketed batch ended later", func() error { _, _, err := s.Batches.Get(ctx, later); return err })
+	if got, grev, err := s.Batches.Get(ctx, id); err != nil || grev != rev || got.State != schemas.BatchCompleted || got.Bucketed() {
+		t.Fatalf("the log-kept batch: %+v @%d, %v; want it completed @%d, in its log", got, grev, err, rev)
+	}
+	bucketEmpty(t, ctx, s, id)
 }
 
 // A store without retention keeps ended records: nothing is written with
@@ -226,7 +265,7 @@ func TestAStoreWithoutRetentionKeepsEndedRecords(t *testing.T) {
 	retained.Retain(env.JS, retention)
 	for _, s := range []*store.Store{keep, retained} {
 		id := "t-0000000000000000000" + map[*store.Store]string{keep: "1", retained: "2"}[s]
-		if _, err := s.Batches.Create(ctx, id, batch(id, schemas.BatchCompleted)); err != nil {
+		if _, err := s.Batches.Create(ctx, id, bucketed(id, schemas.BatchCompleted)); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Claims.Retire(ctx, id+"-0"); err != nil {
@@ -252,10 +291,10 @@ func TestRetireWritesOnlyRecordsWithoutATTL(t *testing.T) {
 		t.Fatalf("claim after Retire: revision %d, %v; want %d (not written again)", got, err, rev)
 	}
 
-	// A record without a TTL (a batch: written live) is rewritten with one;
-	// retired again, it is left as it is.
+	// A record without a TTL (a batch in the bucket: written live) is
+	// rewritten with one; retired again, it is left as it is.
 	id := "t-00000000000000000008"
-	brev, err := s.Batches.Create(ctx, id, batch(id, schemas.BatchAwaiting))
+	brev, err := s.Batches.Create(ctx, id, bucketed(id, schemas.BatchAwaiting))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -54,7 +55,7 @@ var (
 // Store wraps the five buckets.
 type Store struct {
 	Approvals Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]
-	Batches   Bucket[schemas.BatchRecord, *schemas.BatchRecord]
+	Batches   Batches
 	Sessions  Bucket[schemas.SessionRecord, *schemas.SessionRecord]
 	Claims    Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]
 	// Grants and GrantIndexes share bucket tollgate_grants: grants under
@@ -70,14 +71,22 @@ type Store struct {
 const DefaultRetention = 30 * 24 * time.Hour
 
 // New returns a Store over b that keeps every record (no retention; see
-// Retain).
+// Retain). b must hold the turn-log streams (topology.OpenBuckets): a
+// Store without them could not find any batch created since; New panics
+// on a b without them, a wiring error.
 func New(b topology.Buckets) *Store {
+	if len(b.TurnLogs) == 0 || b.JS == nil {
+		panic("store: New needs the turn-log streams and their JetStream (topology.OpenBuckets)")
+	}
 	return &Store{
 		Approvals: Bucket[schemas.ApprovalRecord, *schemas.ApprovalRecord]{KV: b.Approvals,
 			Ended: func(a *schemas.ApprovalRecord) bool { return a.Status != schemas.ApprovalPending }},
-		Batches: Bucket[schemas.BatchRecord, *schemas.BatchRecord]{KV: b.Batches,
-			Decode: schemas.DecodeBatch, // both versions (schemas.BatchRecordV1)
-			Ended:  func(r *schemas.BatchRecord) bool { return r.State.Terminal() }},
+		Batches: Batches{
+			Bucket: Bucket[schemas.BatchRecord, *schemas.BatchRecord]{KV: b.Batches,
+				Decode: schemas.DecodeBucketedBatch, // both versions (schemas.BatchRecordV1), marked as kept here
+				Ended:  func(r *schemas.BatchRecord) bool { return r.State.Terminal() }},
+			Log: BatchLog{Log: turnlog.Bind(b.JS, b.TurnLogs)},
+		},
 		Sessions: Bucket[schemas.SessionRecord, *schemas.SessionRecord]{KV: b.Sessions,
 			Ended: func(r *schemas.SessionRecord) bool { return r.Active == "" && len(r.Queue) == 0 }},
 		Claims: Bucket[schemas.ExecutionClaim, *schemas.ExecutionClaim]{KV: b.Claims,

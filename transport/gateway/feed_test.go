@@ -7,6 +7,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 )
 
 // The batches feed wakes the requests waiting on a turn when its record is
@@ -127,6 +129,91 @@ func TestTheBatchesFeedKeepsTheLatestWriteOfARecentTurn(t *testing.T) {
 	stop()
 	if latest != nil {
 		t.Fatalf("a deleted turn's write is still kept: %q", latest)
+	}
+}
+
+// The batches feed hears every batch written now as an append to its
+// turn's log, and wakes the requests waiting on that turn, and only
+// those; it keeps the append's record for a request that starts waiting
+// later; and it still hears a write of an earlier version's batch in the
+// bucket.
+func TestTheBatchesFeedWakesOnATurnLogAppend(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := jstest.Ctx(t)
+	log := turnlog.Bind(env.JS, env.Buckets.TurnLogs)
+	var f batchFeed
+	mine, _, stopMine, err := f.wait(env.NC, env.Buckets.Batches.Bucket(), "t-log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopMine()
+	other, _, stopOther, err := f.wait(env.NC, env.Buckets.Batches.Bucket(), "t-other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopOther()
+
+	seq, err := log.Append(ctx, turnlog.Append{Turn: "t-log", Event: "running", Data: []byte("running")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := log.Append(ctx, turnlog.Append{Turn: "t-log", Event: "completed", After: seq, Data: []byte("completed")}); err != nil {
+		t.Fatal(err)
+	}
+	jstest.EventuallyState(t, jstest.Wait, "the waiter sees the turn's last event", func() (bool, string) {
+		latest := mine.take()
+		return string(latest) == "completed", fmt.Sprintf("latest %q", latest)
+	})
+	select {
+	case <-mine.ch:
+	default:
+		t.Fatal("no wake for an append to the waited-on turn's log")
+	}
+	// An earlier version's batch of the other turn, in the bucket: its
+	// wake, after the appends', proves they were handled and reached
+	// only t-log's waiter.
+	if _, err := env.Buckets.Batches.Put(ctx, "t-other", []byte("bucketed")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-other.ch:
+	case <-jstest.After(jstest.Wait):
+		t.Fatal("no wake for a write of the other turn's batch in the bucket")
+	}
+	if got := string(other.take()); got != "bucketed" {
+		t.Fatalf("the other waiter's latest write = %q, want %q", got, "bucketed")
+	}
+	select {
+	case <-mine.ch:
+		t.Fatal("t-log's waiter was woken by the other turn's write")
+	default:
+	}
+
+	_, latest, stop, err := f.wait(env.NC, env.Buckets.Batches.Bucket(), "t-log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if string(latest) != "completed" {
+		t.Fatalf("a new waiter starts from %q, want the turn's last event %q", latest, "completed")
+	}
+}
+
+// A turn-log subject names its turn in its fourth token.
+func TestTurnOfLogSubject(t *testing.T) {
+	for subject, want := range map[string]string{
+		topology.TurnLogSubject(3, "t-abc_1", "awaiting"): "t-abc_1",
+		"tollgate.turnlog.0.t-1.completed":                "t-1",
+		"tollgate.turnlog.0.t-1":                          "",
+		"tollgate.turnlog.0.t-1.a.b":                      "",
+		"tollgate.turnlog.0..running":                     "",
+		"tollgate.turnlog.0":                              "",
+		"$KV.tollgate_batches.t-1":                        "",
+	} {
+		got, ok := turnOfLogSubject(subject)
+		if got != want || ok != (want != "") {
+			t.Errorf("turnOfLogSubject(%q) = %q, %v; want %q", subject, got, ok, want)
+		}
 	}
 }
 

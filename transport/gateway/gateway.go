@@ -135,7 +135,7 @@ type Server struct {
 
 	requests  *prometheus.CounterVec
 	listReads *prometheus.CounterVec // by how: batched, one_by_one
-	feed      batchFeed              // writes to the batches bucket, for waiting requests
+	feed      batchFeed              // writes of the batch records, for waiting requests
 	answers   eventFeed              // decisions' answers, for the requests that published them
 
 	mu        sync.Mutex

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -296,12 +297,14 @@ func (s *Server) turn(ctx context.Context, turnID string) (*TurnView, error) {
 // When ctx ends first it returns the latest full view (nil if the turn has
 // no batch yet) and ctx's error.
 //
-// It reads the record, then again each time the batches feed (see feed)
-// reports a write to the turn's key, and at least every feedFallback in
-// case a report was missed (a reconnect): one subscription serves every
-// waiting request, instead of a KV watch (an ordered consumer created and
-// deleted on the server) per request, which cost the gateway about half
-// its turn rate under load (make bench, gateway phase).
+// It reads the record, then again each time the batches feed (see
+// batchFeed) reports a write of the turn's batch (an append to its turn
+// log, or for an earlier version's batch a write to its key in the
+// bucket), and at least every feedFallback in case a report was missed (a
+// reconnect): one feed serves every waiting request, instead of a watch
+// (an ordered consumer created and deleted on the server) per request,
+// which cost the gateway about half its turn rate under load (make bench,
+// gateway phase).
 func (s *Server) watchTurn(ctx context.Context, turnID string, until func(*TurnView) bool) (*TurnView, error) {
 	if !schemas.ValidKey(turnID) {
 		return nil, errUnknown
@@ -345,7 +348,7 @@ func (s *Server) follow(turnID string) (*turnWatch, error) {
 // message, so a read could only find nothing.
 func (tw *turnWatch) until(ctx context.Context, until func(*TurnView) bool, readFirst bool) (*TurnView, error) {
 	s := tw.s
-	tick := time.NewTicker(feedFallback)
+	tick := time.NewTicker(s.feed.every())
 	defer tick.Stop()
 	var b, last *schemas.BatchRecord // the record judged now, and the last one seen
 	// full is the view of last with its approvals, for the caller; after
@@ -368,7 +371,7 @@ func (tw *turnWatch) until(ctx context.Context, until func(*TurnView) bool, read
 	}
 	read := readFirst // the first look, and each fallback, reads the record
 	if tw.latest != nil {
-		if got, err := s.store.Batches.DecodeValue(tw.latest); err == nil {
+		if got, err := schemas.DecodeBatch(tw.latest); err == nil {
 			b, read = got, false
 		}
 	}
@@ -403,7 +406,7 @@ func (tw *turnWatch) until(ctx context.Context, until func(*TurnView) bool, read
 			// over.
 			read = false
 			var err error
-			if b, err = s.store.Batches.DecodeValue(tw.w.take()); err != nil {
+			if b, err = schemas.DecodeBatch(tw.w.take()); err != nil {
 				b = nil
 			}
 		case <-tick.C:
@@ -416,20 +419,39 @@ func (tw *turnWatch) until(ctx context.Context, until func(*TurnView) bool, read
 // if the feed reported no write.
 const feedFallback = 2 * time.Second
 
-// batchFeed reports writes to the batches bucket to the requests waiting on
-// them, from one core NATS subscription on the bucket's subjects, made on
-// first use. It also keeps the latest write of the recentWrites keys
-// written last, so that a request that starts waiting on a turn written a
-// moment ago (the long poll after a decision) starts from that write
-// instead of a read.
+// batchFeed reports the writes of batch records to the requests waiting
+// on them, from core NATS subscriptions made on first use: one on the turn
+// logs' subjects (every batch written now: each write is an append to its
+// turn's log, tollgate.turnlog.<partition>.<turn>.<event>, carrying the
+// whole record) and one on the batches bucket's (an earlier version's
+// batches, which finish there: store.Batches). It also keeps the latest
+// write of the recentWrites turns written last, so that a request that
+// starts waiting on a turn written a moment ago (the long poll after a
+// decision) starts from that write instead of a read.
+//
+// A turn's batch is kept in one place for its whole life, so the two
+// subscriptions (each with its own delivery goroutine) never race for one
+// turn, except while a tool moves a batch between them; a request that
+// starts from a write kept then reads again within feedFallback.
 type batchFeed struct {
 	once sync.Once
 	err  error
-	sub  *nats.Subscription
+	subs []*nats.Subscription
+	// fallback replaces feedFallback when set (tests: a wait that only
+	// the feed can end).
+	fallback time.Duration
 
 	mu      sync.Mutex
 	waiters map[string]map[*feedWaiter]struct{} // by turn id
 	latest  recent[[]byte]                      // by turn id
+}
+
+// every is how often a waiting request reads its turn again.
+func (f *batchFeed) every() time.Duration {
+	if f.fallback > 0 {
+		return f.fallback
+	}
+	return feedFallback
 }
 
 // recentWrites is how many turns' latest writes the feed keeps: at a few
@@ -452,31 +474,16 @@ func (w *feedWaiter) take() []byte {
 	return w.latest
 }
 
-// wait registers a waiter for writes to key and returns it with the latest
-// write to key the feed keeps (nil if none) and the function that
-// unregisters it. The subscription is in place before wait returns, and
-// the kept write and the registration are taken together, so every write
-// after the kept one (or, with none kept, after wait) is reported.
+// wait registers a waiter for writes of turn key's batch (bucket is the
+// batches bucket) and returns it with the latest write of key the feed
+// keeps (nil if none) and the function that unregisters it. The
+// subscriptions are in place before wait returns, and the kept write and
+// the registration are taken together, so every write after the kept one
+// (or, with none kept, after wait) is reported.
 func (f *batchFeed) wait(nc *nats.Conn, bucket, key string) (*feedWaiter, []byte, func(), error) {
-	f.once.Do(func() {
-		prefix := "$KV." + bucket + "."
-		f.sub, f.err = nc.Subscribe(prefix+">", func(m *nats.Msg) {
-			key := strings.TrimPrefix(m.Subject, prefix)
-			if m.Header.Get(kvOperation) == "" { // a put, not a delete or purge marker
-				f.wake(key, m.Data)
-			} else {
-				f.forget(key)
-			}
-		})
-		if f.err == nil {
-			f.err = f.sub.SetPendingLimits(-1, -1)
-		}
-		if f.err == nil {
-			f.err = nc.Flush() // the server has the subscription
-		}
-	})
+	f.once.Do(func() { f.err = f.subscribe(nc, bucket) })
 	if f.err != nil {
-		return nil, nil, nil, fmt.Errorf("gateway: follow the batches bucket: %w", f.err)
+		return nil, nil, nil, fmt.Errorf("gateway: follow the batch records: %w", f.err)
 	}
 	w := &feedWaiter{ch: make(chan struct{}, 1)}
 	f.mu.Lock()
@@ -497,6 +504,60 @@ func (f *batchFeed) wait(nc *nats.Conn, bucket, key string) (*feedWaiter, []byte
 		}
 		f.mu.Unlock()
 	}, nil
+}
+
+// subscribe makes the feed's subscriptions, the turn logs' and bucket's,
+// and waits until the server has them.
+func (f *batchFeed) subscribe(nc *nats.Conn, bucket string) error {
+	sub := func(subject string, fn nats.MsgHandler) error {
+		s, err := nc.Subscribe(subject, fn)
+		if err != nil {
+			return err
+		}
+		f.subs = append(f.subs, s)
+		return s.SetPendingLimits(-1, -1) // never drop a report: a waiter would wait for the fallback
+	}
+	// Every message on a turn log is an append: the turn's batch as
+	// written. A purge of a turn's log (a tool moving its batch) leaves no
+	// message; the kept write is then replaced by the batch's next write
+	// in its new place, or dropped with the oldest.
+	if err := sub(topology.SubjectTurnLogPrefix+">", func(m *nats.Msg) {
+		if turn, ok := turnOfLogSubject(m.Subject); ok {
+			f.wake(turn, m.Data)
+		}
+	}); err != nil {
+		return err
+	}
+	prefix := "$KV." + bucket + "."
+	if err := sub(prefix+">", func(m *nats.Msg) {
+		key := strings.TrimPrefix(m.Subject, prefix)
+		if m.Header.Get(kvOperation) == "" { // a put, not a delete or purge marker
+			f.wake(key, m.Data)
+		} else {
+			f.forget(key)
+		}
+	}); err != nil {
+		return err
+	}
+	return nc.Flush() // the server has the subscriptions
+}
+
+// turnOfLogSubject is the turn of a turn-log subject,
+// tollgate.turnlog.<partition>.<turn>.<event> (topology.TurnLogSubject).
+func turnOfLogSubject(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, topology.SubjectTurnLogPrefix)
+	if !ok {
+		return "", false
+	}
+	_, rest, ok = strings.Cut(rest, ".") // the partition
+	if !ok {
+		return "", false
+	}
+	turn, event, ok := strings.Cut(rest, ".")
+	if !ok || turn == "" || event == "" || strings.Contains(event, ".") {
+		return "", false
+	}
+	return turn, true
 }
 
 // kvOperation is the header JetStream KV marks deletes and purges with.

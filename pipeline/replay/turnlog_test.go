@@ -1,0 +1,176 @@
+package replay_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/replay"
+	"github.com/tollgate-dev/tollgate/policy"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// lastLogSeq is the sequence of turn's last event in its log.
+func lastLogSeq(t *testing.T, h *pt.H, turn string) uint64 {
+	t.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	ev, err := h.Store.Batches.Log.Log.Last(ctx, turn)
+	if err != nil {
+		t.Fatalf("last event of %s: %v", turn, err)
+	}
+	return ev.Seq
+}
+
+// A batch created since the turn logs is its turn's log, a stream: a
+// replay reports it unchanged from there, a rebuild never writes it (not
+// into its log, not into tollgate_batches, even when that bucket is lost),
+// and the dry run judges the log's own record.
+func TestABatchKeptInItsTurnLogIsReadFromItAndNeverRebuilt(t *testing.T) {
+	// No redriver: the approved batch stays awaiting.
+	h := start(t, nil, []string{pt.Ingest, pt.Executor, pt.Approver}, &pt.Counter{})
+	turn := h.Send(h.Inbound("s-log", "alice", pt.Call("count", `{"n":1}`)))
+	h.WaitState(turn, schemas.BatchAwaiting)
+	approve(h, schemas.ApprovalID(turn, 0), "alice")
+	h.WaitApproval(schemas.ApprovalID(turn, 0), "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
+	h.WaitIdle(pt.Ingest, pt.Executor, pt.Approver)
+	h.Stop()
+	if b := h.Batch(turn); b == nil || b.Bucketed() {
+		t.Fatalf("batch %+v, want one in its turn's log", b)
+	}
+	seq := lastLogSeq(t, h, turn)
+
+	fromLog := func(t *testing.T, rep *replay.Report) replay.TurnReport {
+		t.Helper()
+		tr := turnReport(t, rep, turn)
+		if c := tr.Batch; c.Action != replay.Unchanged || c.KV != string(schemas.BatchAwaiting) || !strings.Contains(c.Reason, "turn's log") ||
+			!strings.Contains(c.Reason, topology.StreamTurnLogPrefix) {
+			t.Fatalf("batch change %+v, want unchanged, awaiting, kept in its turn's log", c)
+		}
+		return tr
+	}
+
+	t.Run("a report reads the batch from its log", func(t *testing.T) {
+		h := h.For(t)
+		if rep := run(t, h, replay.Options{}); rep.Changes != 0 || rep.Conflicts != 0 {
+			t.Fatalf("%d changes, %d conflicts, want none: %+v", rep.Changes, rep.Conflicts, rep)
+		}
+		fromLog(t, run(t, h, replay.Options{}))
+	})
+
+	t.Run("losing tollgate_batches loses nothing of it and a rebuild writes nothing of it", func(t *testing.T) {
+		h := h.For(t)
+		deleteBuckets(h, topology.BucketBatches)
+		rep := run(t, h, replay.Options{Rebuild: true})
+		fromLog(t, rep)
+		if rep.Changes != 0 || rep.Notices != 0 {
+			t.Fatalf("%d changes, %d notices, want none: %+v", rep.Changes, rep.Notices, rep)
+		}
+		if !slices.ContainsFunc(rep.Warnings, func(w string) bool {
+			return strings.Contains(w, topology.BucketBatches) && strings.Contains(w, "created")
+		}) {
+			t.Fatalf("warnings %q, want the batches bucket created", rep.Warnings)
+		}
+		h2 := start(t, h, []string{}) // only to bind the new bucket
+		if b := raw(t, h2, h2.Store.Batches.KV, turn); b != nil {
+			t.Fatalf("the rebuild wrote the batch into %s", topology.BucketBatches)
+		}
+		if got := lastLogSeq(t, h2, turn); got != seq {
+			t.Fatalf("the turn's log moved from %d to %d", seq, got)
+		}
+		if b := h2.Batch(turn); b == nil || b.Bucketed() || b.State != schemas.BatchAwaiting {
+			t.Fatalf("batch %+v, want the log's, awaiting", b)
+		}
+		if rep := run(t, h2, replay.Options{Rebuild: true}); rep.Changes != 0 || rep.Notices != 0 {
+			t.Fatalf("second rebuild: %d changes, %d notices, want none", rep.Changes, rep.Notices)
+		}
+		h2.Stop()
+	})
+
+	pol, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("the dry run judges the log's record: intact, then tampered", func(t *testing.T) {
+		h := h.For(t)
+		if s := fromLog(t, run(t, h, replay.Options{DryRun: true, Keys: h.Keys, Policy: pol})).Shadow; s == nil || s.Kind != "started" ||
+			len(s.Calls) != 1 || s.Calls[0].Would != replay.WouldRun {
+			t.Fatalf("shadow %+v, want started, the call would run", s)
+		}
+		h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.Context.Audience = schemas.AudiencePublic })
+		seq := lastLogSeq(t, h, turn)
+		rep := run(t, h, replay.Options{DryRun: true, Keys: h.Keys, Policy: pol})
+		if s := fromLog(t, rep).Shadow; s == nil || s.Kind != "failed" || s.Code != schemas.CodeTurnContextTampered {
+			t.Fatalf("shadow %+v, want failed %s", s, schemas.CodeTurnContextTampered)
+		}
+		// A rebuild leaves the tampered record where it is, as it is.
+		if rep := run(t, h, replay.Options{Rebuild: true}); rep.Changes != 0 || turnReport(t, rep, turn).Batch.Action != replay.Unchanged {
+			t.Fatalf("rebuild of a tampered log: %d changes, batch %+v; want none, unchanged", rep.Changes, turnReport(t, rep, turn).Batch)
+		}
+		if got := lastLogSeq(t, h, turn); got != seq {
+			t.Fatalf("the turn's log moved from %d to %d", seq, got)
+		}
+	})
+
+	t.Run("a log record that does not decode is kept, and judged by no one", func(t *testing.T) {
+		h := h.For(t)
+		h.PutRawBatch(turn, []byte{0xc1})
+		rep := run(t, h, replay.Options{DryRun: true, Keys: h.Keys, Policy: pol})
+		tr := turnReport(t, rep, turn)
+		if tr.Batch.Action != replay.Kept || tr.Batch.KV != "undecodable" || !strings.Contains(tr.Batch.Reason, "turn's log") {
+			t.Fatalf("batch change %+v, want kept, undecodable, in its turn's log", tr.Batch)
+		}
+		if tr.Shadow == nil || tr.Shadow.Kind != "none" {
+			t.Fatalf("shadow %+v, want none", tr.Shadow)
+		}
+		if rep := run(t, h, replay.Options{Rebuild: true}); rep.Changes != 0 {
+			t.Fatalf("rebuild: %d changes, want none", rep.Changes)
+		}
+		if b := raw(t, h, h.Store.Batches.KV, turn); b != nil {
+			t.Fatalf("the rebuild wrote the batch into %s", topology.BucketBatches)
+		}
+	})
+}
+
+// A queued turn whose turn-log stream was deleted and made again after it
+// was accepted may have been running its calls in the log that was lost:
+// it is rebuilt, into the bucket, with its calls claimed (as for a lost
+// batches bucket), never to run them again without a person.
+func TestATurnWhoseLogStreamWasMadeAgainIsRebuiltAsMaybeRunning(t *testing.T) {
+	count := &pt.Counter{}
+	h := start(t, nil, []string{pt.Ingest}, count) // the executor is down
+	m := h.Inbound("s-relog", "alice", pt.Call("count", `{"n":1}`))
+	turn := schemas.TurnID(m.Transport, m.MessageID)
+	h.WaitConsumed(pt.Ingest, h.Publish(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), m))
+	h.Stop()
+
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	name := topology.TurnLogStream(topology.TurnLogPartition(turn, h.Store.Batches.Log.Log.Partitions()))
+	s, err := h.JS.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	if err := h.JS.DeleteStream(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.JS.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := run(t, h, replay.Options{Rebuild: true})
+	if tr := turnReport(t, rep, turn); tr.Batch.Action != replay.Create {
+		t.Fatalf("batch change %+v, want created", tr.Batch)
+	}
+	h2 := start(t, h, []string{})
+	b := h2.Batch(turn)
+	if b == nil || !b.Bucketed() {
+		t.Fatalf("rebuilt batch %+v, want one in %s", b, topology.BucketBatches)
+	}
+	if c := b.ClaimOf(0); c == nil || c.Worker != replay.RebuildWorker {
+		t.Fatalf("rebuilt claim %+v, want one by %s", c, replay.RebuildWorker)
+	}
+}
