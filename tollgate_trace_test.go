@@ -70,17 +70,13 @@ func approvalTurn(t *testing.T, h *pipelinetest.H, hdr nats.Header) (string, *sc
 	h.PublishRaw(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), encode(t, m), hdr)
 	turn := schemas.TurnID(m.Transport, m.MessageID)
 	a := h.WaitPending(schemas.ApprovalID(turn, 0))
-	// The decision goes out once the redriver has handled the batch's
-	// awaiting notice (a deferred redrive): then the decided event's
-	// redrive is the one that starts the batch and runs the call. Sent
-	// earlier, under load the decision can be applied before the awaiting
-	// notice is read, and the notice's redrive starts the batch instead.
-	var awaiting []pipelinetest.Stored
-	jstest.Eventually(t, pipelinetest.Wait, "the batch's awaiting notice stored", func() bool {
-		awaiting = h.Messages(topology.StreamEvents, topology.EventSubject(topology.SubjectBatchAwaiting, turn))
-		return len(awaiting) > 0
-	})
-	h.WaitConsumed(pipelinetest.Redriver, awaiting[0].Seq)
+	// The decision goes out once the batch waits for it (its turn log's
+	// awaiting event; the executor announces nothing): then the decided
+	// event's redrive starts the batch and runs the call at its first
+	// delivery. Sent earlier, the decided event can reach the redriver
+	// while the batch is still running, and is NAKed until it waits (one
+	// more redrive span).
+	h.WaitState(turn, schemas.BatchAwaiting)
 	d := h.Decision(a.ApprovalID, schemas.OptionApprove, "cli", "alice")
 	h.PublishRaw(topology.DecisionSubject(d.Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), encode(t, d), hdr)
 	b, out := h.WaitTerminal(turn)
@@ -255,7 +251,7 @@ func TestWithoutATracerProviderNothingIsAdded(t *testing.T) {
 			t.Errorf("approval records trace context %v", requested.Trace)
 		}
 		msgs := stored()
-		if len(msgs) < 5 { // accepted, requested, awaiting, decided, started, outcome...
+		if len(msgs) < 4 { // accepted, requested, decided, outcome (the batch's states are in its turn log)
 			t.Fatalf("only %d messages stored", len(msgs))
 		}
 		for _, m := range msgs {

@@ -1,9 +1,19 @@
 // Package audit reads the record of what Tollgate decided and did from its
 // streams, the system's record: turns accepted (TOLLGATE_TURNS), approvals
 // requested and decided, refused decisions, redrives, each call's result
-// and the turn outcomes (TOLLGATE_EVENTS), as one timeline. `tollgate
-// audit`, and the web inbox's turn and history pages and its JSON-lines
-// export, are read with it.
+// and the turn outcomes (TOLLGATE_EVENTS), and each batch's moves from
+// state to state (its turn's log, TOLLGATE_TURNLOG_<i>), as one timeline.
+// `tollgate audit`, and the web inbox's turn and history pages and its
+// JSON-lines export, are read with it.
+//
+// A turn's log holds its batch record after each write (issue 36): the
+// move to awaiting is the fact that the turn waits for its approvals, the
+// move to started that its approvals were all decided and its calls are
+// free to run. Neither is published on TOLLGATE_EVENTS any more
+// (batch.awaiting, redrive.started), so the timeline has them from the log,
+// as Batch events. A turn of an earlier version has no log: its batch is in
+// KV bucket tollgate_batches, and its timeline has the redrive.started
+// events that version published instead.
 package audit
 
 import (
@@ -12,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,7 +37,8 @@ const (
 	Requested = "requested" // an approval requested
 	Decided   = "decided"   // an approval left pending: approved, denied, expired or abandoned
 	Rejected  = "rejected"  // a decision the approver refused
-	Redrive   = "redrive"   // a redrive attempt: started, deferred or failed
+	Redrive   = "redrive"   // a redrive attempt: deferred or failed (started: earlier versions)
+	Batch     = "batch"     // the batch moved to another state, in its turn's log (Status)
 	Result    = "result"    // one call's result, from its turn's outcome
 	Outcome   = "outcome"   // a turn's outcome
 )
@@ -66,7 +78,8 @@ type Event struct {
 	Quorum     int        `json:"quorum,omitempty"`
 
 	// Status is the approval's status (decided), the redrive's kind, the
-	// call's result status, or the turn's state (outcome).
+	// call's result status, the batch's state (batch: queued, running,
+	// awaiting, started, completed, failed) or the turn's state (outcome).
 	Status    string   `json:"status,omitempty"`
 	Option    string   `json:"option,omitempty"`
 	Assurance int      `json:"assurance,omitempty"`
@@ -79,8 +92,8 @@ type Event struct {
 	Code       string `json:"code,omitempty"`
 	Reason     string `json:"reason,omitempty"`
 	Trigger    string `json:"trigger,omitempty"` // redrive
-	Pending    int    `json:"pending,omitempty"` // redrive deferred
-	Results    int    `json:"results,omitempty"` // outcome
+	Pending    int    `json:"pending,omitempty"` // redrive deferred; batch awaiting: the approvals it waits for
+	Results    int    `json:"results,omitempty"` // outcome; batch completed or failed
 
 	// result: how the call's approval was decided, and by whom (the
 	// decision's principal and the quorum votes), from its decided event.
@@ -102,12 +115,13 @@ type Query struct {
 }
 
 // Read reads the events q selects from TOLLGATE_EVENTS and (unless q
-// is about one approval) the accepted turns from TOLLGATE_TURNS, stored
-// within [q.Since, q.Until], up to each stream's last message when it
-// started. It returns them oldest first: each stream in its order, the two
-// merged by stream time. Messages it cannot decode are logged and left out.
+// is about one approval) the accepted turns from TOLLGATE_TURNS and the
+// batches' moves from the turn logs (readTurnLogs), stored within
+// [q.Since, q.Until], up to each stream's last message when it started. It
+// returns them oldest first: each stream in its order, the streams merged
+// by stream time. Messages it cannot decode are logged and left out.
 func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger) ([]Event, error) {
-	var events, turns []Event
+	var events, turns, moves []Event
 	sessions := map[string]string{} // turn id -> session id
 	keys := map[string]string{}     // turn id -> session key, from a requested event's context
 	err := readStream(ctx, js, topology.StreamEvents, filters(q), q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
@@ -129,9 +143,13 @@ func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger
 		return nil, err
 	}
 	if q.Approval == "" {
+		// A batch's moves are the turn's, never an approval's.
+		if moves, err = readTurnLogs(ctx, js, q, sessions, keys, log); err != nil {
+			return nil, err
+		}
 		// The turns stream is keyed by session, not turn: a turn's own
-		// session key narrows the read when one of its requested events
-		// carried its context.
+		// session key narrows the read when one of its requested events or
+		// its batch carried its context.
 		filter := topology.SubjectTurnAccepted + "*"
 		if k := keys[q.Turn]; q.Turn != "" && k != "" {
 			filter = topology.AcceptedSubject(k)
@@ -160,14 +178,15 @@ func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger
 			return nil, err
 		}
 	}
-	all := mergeByTime(turns, events)
+	all := mergeByTime(mergeByTime(turns, events), moves)
 	annotate(all, sessions)
 	return slices.DeleteFunc(all, func(e Event) bool { return !q.Matches(e) }), nil
 }
 
 // filters are the TOLLGATE_EVENTS subjects q needs: the ids are in
 // the subjects, so a turn's or an approval's events are read alone.
-// Awaiting notices are control messages and not read.
+// Awaiting notices are control messages and not read (the move to
+// awaiting is in the turn's log).
 func filters(q Query) []string {
 	turn := q.Turn
 	if q.Approval != "" {
@@ -256,6 +275,89 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 		return append(out, e), o.SessionID, nil
 	}
 	return nil, "", fmt.Errorf("not an audited subject")
+}
+
+// readTurnLogs reads the batches' moves that q selects from the turn logs:
+// one Batch event per move of a turn's batch to another state, at the
+// stream time and sequence of the first write that left it there (a
+// batch's writes in one state, such as a started batch's claims and
+// results, are one move). Only q.Turn's partition and subjects are read
+// when q names a turn. A turn's first event within [q.Since, q.Until] is a
+// move, whatever the state before it. Each batch's session, and its
+// session key, go to sessions and keys (turn id -> value) where not known
+// yet. A server provisioned before the turn logs has none: no events.
+func readTurnLogs(ctx context.Context, js jetstream.JetStream, q Query, sessions, keys map[string]string, log *slog.Logger) ([]Event, error) {
+	logs, err := topology.OpenTurnLogs(ctx, js)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read the turn logs: %w", err)
+	}
+	parts := make([]int, len(logs))
+	for i := range parts {
+		parts[i] = i
+	}
+	if q.Turn != "" {
+		parts = []int{topology.TurnLogPartition(q.Turn, len(logs))}
+	}
+	var all []Event
+	for _, i := range parts {
+		filter := topology.SubjectTurnLogPrefix + strconv.Itoa(i) + ".>"
+		if q.Turn != "" {
+			filter = topology.TurnLogWildcard(i, q.Turn)
+		}
+		var moves []Event
+		state := map[string]schemas.BatchState{} // turn id -> its batch's state as last read
+		stream := topology.TurnLogStream(i)
+		err := readStream(ctx, js, stream, []string{filter}, q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
+			b, err := schemas.DecodeBatch(m.Data())
+			if err != nil {
+				log.Warn("audit: skipped an undecodable event", "subject", m.Subject(), "seq", meta.Sequence.Stream, "err", err)
+				return
+			}
+			if prev, seen := state[b.TurnID]; seen && prev == b.State {
+				return // another write in the same state: a claim, a result
+			}
+			state[b.TurnID] = b.State
+			if b.SessionID != "" && sessions[b.TurnID] == "" {
+				sessions[b.TurnID] = b.SessionID
+			}
+			if b.Context != nil && keys[b.TurnID] == "" {
+				keys[b.TurnID] = schemas.SessionKeyOf(b.Context)
+			}
+			moves = append(moves, batchEvent(Event{Time: meta.Timestamp.UTC(), Stream: stream, Seq: meta.Sequence.Stream}, b))
+		})
+		if err != nil {
+			return nil, err
+		}
+		all = mergeByTime(all, moves)
+	}
+	return all, nil
+}
+
+// batchEvent is the Batch event of b's move to its state, stamped like at.
+func batchEvent(at Event, b *schemas.BatchRecord) Event {
+	e := at
+	e.Kind, e.TurnID, e.SessionID, e.Status, e.Code, e.Reason = Batch, b.TurnID, b.SessionID, string(b.State), string(b.Code), b.Reason
+	if b.Context != nil {
+		e.Requester = b.Context.Requester.Principal
+	}
+	switch b.State {
+	case schemas.BatchAwaiting:
+		for _, id := range b.Approvals {
+			if id != "" {
+				e.Pending++
+			}
+		}
+	case schemas.BatchCompleted, schemas.BatchFailed:
+		for _, r := range b.Results {
+			if r != nil {
+				e.Results++
+			}
+		}
+	}
+	return e
 }
 
 // mergeByTime merges a and b, each in its stream's order, by stream time,

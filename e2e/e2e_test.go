@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -388,10 +389,14 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 	a := c.pendingFor(t, session, turn, 1)[0]
 	checkApproval(t, a, turn, "write_file", wargs)
 
-	// The redriver has seen the batch waiting (and deferred it) before it dies.
-	jstest.EventuallyState(t, jstest.Wait, "a deferred redrive of "+turn, func() (bool, string) {
-		k := c.streamCount(t, streamEvents, "tollgate.event.redrive.deferred."+turn)
-		return k >= 1, fmt.Sprintf("%d deferred events", k)
+	// The batch waits for its approval (its turn log's awaiting event)
+	// before the redriver dies. The executor announces nothing: only the
+	// decided event (or the redriver's recovery sweep) makes the redriver
+	// look at a waiting batch, so the decision below, applied while it is
+	// down, is what the restarted redriver must act on.
+	jstest.EventuallyState(t, jstest.Wait, "the batch of "+turn+" awaiting", func() (bool, string) {
+		evs := c.turnEvents(t, turn)
+		return len(evs) > 0 && evs[len(evs)-1] == "awaiting", fmt.Sprintf("turn log events %v", evs)
 	})
 	old := c.stage("redriver")
 	kill(t, old)
@@ -405,8 +410,8 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 		t.Fatalf("with the redriver down the batch is %q, want awaiting", b.State)
 	}
 	noFile(t, target)
-	if k := c.streamCount(t, streamEvents, "tollgate.event.redrive.started."+turn); k != 0 {
-		t.Fatalf("%d started events with the redriver down", k)
+	if evs := c.turnEvents(t, turn); slices.Contains(evs, "started") {
+		t.Fatalf("turn log events %v with the redriver down, want no started", evs)
 	}
 
 	fresh := c.startStage(t, "redriver")
@@ -439,38 +444,59 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 		t.Errorf("claim of %s: %v; want one by worker %s", a.CallID, claim, wantWorker)
 	}
 
-	// The event history of the turn: one redrive started, one outcome.
-	total := int(c.streamCount(t, streamEvents, "tollgate.event.*.*."+turn))
-	evs := c.watchEvents(t, turn, total)
+	// The turn's log: the batch moved to started once (the restarted
+	// redriver's start: its started event is the fact, no redrive outcome
+	// is published for it), and ended completed.
+	evs := c.turnEvents(t, turn)
+	moves, starts := 0, 0 // the batch's moves to another state, and to started
+	for i, e := range evs {
+		if i == 0 || evs[i-1] != e {
+			moves++
+			if e == "started" {
+				starts++
+			}
+		}
+	}
+	if starts != 1 || evs[len(evs)-1] != "completed" {
+		t.Errorf("turn log events %v: %d moves to started, want 1, and completed last", evs, starts)
+	}
+
+	// The event history of the turn as `tollgate watch` shows it: the
+	// approval requested and decided, one outcome, and from the turn's log
+	// each move of the batch (one to started); no batch-awaiting notice and
+	// no redrive outcome (the turn's log holds those facts).
+	total := int(c.streamCount(t, streamEvents, "tollgate.event.*.*."+turn)) + moves
 	count := map[string]int{}
-	for _, ev := range evs {
+	for _, ev := range c.watchEvents(t, turn, total) {
 		subj, _ := ev["subject"].(string)
 		kind := strings.TrimSuffix(strings.TrimPrefix(subj, "tollgate.event."), "."+turn)
+		if i := strings.LastIndex(subj, "."+turn+"."); strings.HasPrefix(subj, "tollgate.turnlog.") && i >= 0 {
+			kind = "turnlog." + subj[i+len(turn)+2:] // the batch's move to that state
+		}
 		count[kind]++
 		body, _ := ev["event"].(map[string]any)
-		switch kind {
-		case "redrive.started":
-			if trig, _ := body["trigger"].(string); trig != "decided:"+a.ApprovalID {
-				t.Errorf("started by trigger %q, want decided:%s", trig, a.ApprovalID)
-			}
-		case "turn.outcome":
+		if kind == "turn.outcome" {
 			results, _ := body["results"].([]any)
 			if body["state"] != "completed" || len(results) != 1 {
 				t.Errorf("turn outcome event %v, want completed with 1 result", body)
 			}
 		}
 	}
-	want := map[string]int{"approval.requested": 1, "approval.decided": 1, "redrive.started": 1, "turn.outcome": 1}
+	want := map[string]int{"approval.requested": 1, "approval.decided": 1, "turn.outcome": 1,
+		"turnlog.awaiting": 1, "turnlog.started": 1, "turnlog.completed": 1}
 	for k, v := range want {
 		if count[k] != v {
 			t.Errorf("%d %s events for %s, want %d (all: %v)", count[k], k, turn, v, count)
 		}
 	}
-	if count["redrive.failed"] != 0 {
-		t.Errorf("redrive failed for %s: %v", turn, count)
+	for _, k := range []string{"batch.awaiting", "redrive.started", "redrive.failed"} {
+		if count[k] != 0 {
+			t.Errorf("%d %s events for %s, want none (all: %v)", count[k], k, turn, count)
+		}
 	}
 
-	// The fresh redriver counted the one start.
+	// The fresh redriver counted the one start (its metric still counts
+	// starts, though no event is published for them).
 	v, found, body := c.metric(t, "redriver", "tollgate_redrive_outcomes_total", `kind="started"`)
 	if !found || v != 1 {
 		t.Errorf("restarted redriver: tollgate_redrive_outcomes_total{kind=\"started\"} = %v (found %v), want 1\n%s", v, found, body)
@@ -518,6 +544,39 @@ func (c *cluster) testNATSKilled(t *testing.T) {
 	}
 }
 
+// turnEvents returns the names of the events of turn's log in order (the
+// states its batch was written in: queued, running, awaiting, started,
+// completed...), read raw from the turn's partition of the turn logs.
+func (c *cluster) turnEvents(t *testing.T, turn string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	logs, p := c.turnLog(ctx, t, turn)
+	prefix := topology.TurnLogSubject(p, turn, "")
+	var out []string
+	for seq := uint64(1); ; {
+		m, err := logs[p].GetMsg(ctx, seq, jetstream.WithGetMsgSubject(topology.TurnLogWildcard(p, turn)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("turn log of %s in %s: %v", turn, topology.TurnLogStream(p), err)
+		}
+		out = append(out, strings.TrimPrefix(m.Subject, prefix))
+		seq = m.Sequence + 1
+	}
+}
+
+// turnLog opens the turn logs and names turn's partition among them.
+func (c *cluster) turnLog(ctx context.Context, t *testing.T, turn string) ([]jetstream.Stream, int) {
+	t.Helper()
+	logs, err := topology.OpenTurnLogs(ctx, c.js)
+	if err != nil {
+		t.Fatalf("turn logs: %v", err)
+	}
+	return logs, topology.TurnLogPartition(turn, len(logs))
+}
+
 // claim returns the execution claim of call i of turn: an entry of the
 // batch record's claims (docs/protocol.md, BatchRecord), read raw from the
 // turn's log (its last event is the batch: jetstream/topology's turn
@@ -529,11 +588,7 @@ func (c *cluster) claim(t *testing.T, turn string, i int) map[string]any {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	logs, err := topology.OpenTurnLogs(ctx, c.js)
-	if err != nil {
-		t.Fatalf("turn logs: %v", err)
-	}
-	p := topology.TurnLogPartition(turn, len(logs))
+	logs, p := c.turnLog(ctx, t, turn)
 	last, err := logs[p].GetLastMsgForSubject(ctx, topology.TurnLogWildcard(p, turn))
 	if err != nil {
 		t.Fatalf("batch %s in %s: %v", turn, topology.TurnLogStream(p), err)

@@ -17,15 +17,18 @@ import (
 
 var auditCmd = &command{
 	name:    "audit",
-	summary: "the timeline of decisions and executions from the streams: turns, approvals, decisions, rejections, redrives, results",
+	summary: "the timeline of decisions and executions from the streams: turns, approvals, decisions, rejections, batch states, redrives, results",
 	example: "tollgate audit --principal cli:alice --since 2h",
 	run:     cmdAudit,
 }
 
 // cmdAudit prints the timeline of decisions and executions that the
 // streams hold, oldest first: accepted turns, approvals requested, decided
-// (expiry and abandon included) and refused decisions, redrives, each
-// call's result and the turn outcomes.
+// (expiry and abandon included) and refused decisions, each batch's moves
+// from state to state (its turn's log: awaiting its approvals, started
+// once they are all decided, ...), redrives, each call's result and the
+// turn outcomes. A turn of an earlier version has no log: its redrive
+// started events say when its calls were freed instead.
 func cmdAudit(cmd *command, args []string) int { return runAudit(cmd, args, os.Stdout) }
 
 func runAudit(cmd *command, args []string, out io.Writer) int {
@@ -156,6 +159,15 @@ func auditDetail(e audit.Event) string {
 	case audit.Rejected:
 		b.WriteString("refused")
 		coded()
+	case audit.Batch:
+		b.WriteString(e.Status)
+		coded()
+		switch {
+		case e.Status == string(schemas.BatchAwaiting):
+			fmt.Fprintf(&b, ", %d approvals", e.Pending)
+		case e.Status == string(schemas.BatchCompleted) || e.Status == string(schemas.BatchFailed):
+			fmt.Fprintf(&b, ", %d results", e.Results)
+		}
 	case audit.Redrive:
 		b.WriteString(e.Status)
 		coded()

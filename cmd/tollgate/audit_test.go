@@ -30,7 +30,7 @@ func TestAudit(t *testing.T) {
 	turn := h.Send(h.Inbound("s-audit-alice", "alice", pt.Call("echo", `{"text":"hi"}`), pt.Call("write_file", `{"path":"audit.txt","content":"x"}`)))
 	id := schemas.ApprovalID(turn, 1)
 	a := h.WaitPending(id)
-	h.WaitRedrives(string(schemas.RedriveDeferred), turn, 1)
+	h.WaitState(turn, schemas.BatchAwaiting)
 	other := h.Send(h.Inbound("s-audit-carol", "carol", pt.Call("echo", `{"text":"meanwhile"}`)))
 	h.WaitTerminal(other)
 	if rej := h.WaitRejection(h.Decide(id, schemas.OptionApprove, "mallory")); rej.Code != schemas.CodeDeciderNotAuthorized {
@@ -40,13 +40,18 @@ func TestAudit(t *testing.T) {
 	h.WaitTerminal(turn)
 
 	// Alice's turn, in the order it happened: kind|approval|call|principal|status|code|decided by.
+	// The batch's moves are its turn log's: awaiting and started are
+	// published nowhere else (issue 36).
 	story := []string{
 		"accepted||||||",
+		"batch||||queued||",
+		"batch||||running||",
 		"requested|" + id + "|" + turn + "-1||||",
-		"redrive||||deferred||",
+		"batch||||awaiting||",
 		"rejected|" + id + "||cli:mallory||DECIDER_NOT_AUTHORIZED|",
 		"decided|" + id + "||cli:alice|approved||",
-		"redrive||||started||",
+		"batch||||started||",
+		"batch||||completed||",
 		"result||" + turn + "-0||ok||",
 		"result|" + id + "|" + turn + "-1||ok||cli:alice",
 		"outcome||||completed||",
@@ -62,7 +67,7 @@ func TestAudit(t *testing.T) {
 				t.Fatalf("event %d %+v: want turn %s of cli:alice, no earlier than the one before", i, e, turn)
 			}
 		}
-		acc, req, dec := got[0], got[1], got[4]
+		acc, req, dec := got[0], got[3], got[6]
 		if acc.Transport != "cli" || acc.Channel != "dm/dm-alice" || acc.Audience != string(schemas.AudiencePersonal) || acc.Calls != 2 || acc.Stream != topology.StreamTurns {
 			t.Fatalf("accepted = %+v, want cli dm/dm-alice, audience personal, 2 calls, from %s", acc, topology.StreamTurns)
 		}
@@ -72,24 +77,22 @@ func TestAudit(t *testing.T) {
 		if dec.Option != schemas.OptionApprove || dec.Assurance != int(schemas.AssuranceVerified) {
 			t.Fatalf("decided = %+v, want option approve with assurance verified", dec)
 		}
-	})
-
-	t.Run("the table shows the same timeline, one line per event", func(t *testing.T) {
-		var out bytes.Buffer
-		if code := runAudit(auditCmd, []string{url, "--turn", turn}, &out); code != 0 {
-			t.Fatalf("exit %d:\n%s", code, out.String())
+		// Each move is the first write of its state in the turn's log: its
+		// stream, sequence and subject (a started batch's claim and result
+		// writes are no moves of their own).
+		p := topology.TurnLogPartition(turn, len(h.Env.Buckets.TurnLogs))
+		first := map[string]uint64{}
+		for _, m := range h.Messages(topology.TurnLogStream(p), topology.TurnLogWildcard(p, turn)) {
+			if state := strings.TrimPrefix(m.Subject, topology.TurnLogSubject(p, turn, "")); first[state] == 0 {
+				first[state] = m.Seq
+			}
 		}
-		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-		var kinds []string
-		for _, l := range lines[1:] {
-			kinds = append(kinds, strings.Fields(l)[1])
-		}
-		if want := kindsOf(story); !strings.HasPrefix(lines[0], "TIME") || !slices.Equal(kinds, want) {
-			t.Fatalf("table events %v, want %v:\n%s", kinds, want, out.String())
-		}
-		for _, say := range []string{"cli:mallory", "refused DECIDER_NOT_AUTHORIZED", "approved (approve, assurance 1)", "write_file ok, approval approved", a.ArgsDigest} {
-			if !strings.Contains(out.String(), say) {
-				t.Fatalf("table does not say %q:\n%s", say, out.String())
+		for _, e := range got {
+			if e.Kind == audit.Batch && (e.Stream != topology.TurnLogStream(p) || e.Seq != first[e.Status] || e.SessionID != "s-audit-alice") {
+				t.Fatalf("batch %s = %+v, want %s's seq %d, of session s-audit-alice", e.Status, e, topology.TurnLogStream(p), first[e.Status])
+			}
+			if e.Kind == audit.Batch && e.Status == string(schemas.BatchAwaiting) && e.Pending != 1 {
+				t.Fatalf("batch awaiting = %+v, want 1 approval", e)
 			}
 		}
 	})
@@ -99,10 +102,10 @@ func TestAudit(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{"a refused decider's principal finds the rejection alone", []string{"--principal", "cli:mallory"}, story[3:4]},
+		{"a refused decider's principal finds the rejection alone", []string{"--principal", "cli:mallory"}, story[5:6]},
 		{"a requester's principal finds her turn and nobody else's", []string{"--principal", "cli:alice"}, story},
 		{"an approval's events are its request, decisions, rejections and its call's result", []string{"--approval", id},
-			[]string{story[1], story[3], story[4], story[7]}},
+			[]string{story[3], story[5], story[6], story[10]}},
 		{"a turn nobody sent has no events", []string{"--turn", "t-00000000000000000000"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,6 +126,41 @@ func TestAudit(t *testing.T) {
 		}
 		if all := turnsOf(auditJSON(t, url)); !slices.Equal(all, []string{early, turn, other}) {
 			t.Fatalf("the default (last 24h): turns %v, want all three", all)
+		}
+	})
+
+	t.Run("a turn of an earlier version keeps its redrive started event", func(t *testing.T) {
+		// An earlier version published the move to started as a redrive
+		// outcome, and kept the batch in KV with no turn log.
+		old := "t-00000000000000000001"
+		if !schemas.ValidKey(old) {
+			t.Fatalf("%s is not a turn id", old)
+		}
+		h.Publish(topology.EventSubject(topology.SubjectRedrive, string(schemas.RedriveStarted)+"."+old), "",
+			&schemas.RedriveOutcome{TurnID: old, Kind: schemas.RedriveStarted, Trigger: schemas.ApprovalID(old, 0), At: time.Now()})
+		if rows := rowsOf(auditJSON(t, url, "--turn", old)); !slices.Equal(rows, []string{"redrive||||started||"}) {
+			t.Fatalf("audit --turn %s: %v, want its redrive started event", old, rows)
+		}
+	})
+
+	t.Run("the table shows the same timeline, one line per event", func(t *testing.T) {
+		var out bytes.Buffer
+		if code := runAudit(auditCmd, []string{url, "--turn", turn}, &out); code != 0 {
+			t.Fatalf("exit %d:\n%s", code, out.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		var kinds []string
+		for _, l := range lines[1:] {
+			kinds = append(kinds, strings.Fields(l)[1])
+		}
+		if want := kindsOf(story); !strings.HasPrefix(lines[0], "TIME") || !slices.Equal(kinds, want) {
+			t.Fatalf("table events %v, want %v:\n%s", kinds, want, out.String())
+		}
+		for _, say := range []string{"cli:mallory", "refused DECIDER_NOT_AUTHORIZED", "approved (approve, assurance 1)", "write_file ok, approval approved", a.ArgsDigest,
+			"awaiting, 1 approvals", "completed, 2 results"} {
+			if !strings.Contains(out.String(), say) {
+				t.Fatalf("table does not say %q:\n%s", say, out.String())
+			}
 		}
 	})
 

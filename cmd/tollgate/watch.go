@@ -3,9 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,7 +21,7 @@ import (
 
 var watchCmd = &command{
 	name:    "watch",
-	summary: "follow events as they are stored: approvals requested and decided, rejections, redrives, outcomes",
+	summary: "follow events as they are stored: approvals requested and decided, rejections, batch states, redrives, outcomes",
 	example: "tollgate watch --turn t-0123456789abcdef0123 --json",
 	run:     cmdWatch,
 }
@@ -31,8 +35,17 @@ func cmdWatch(cmd *command, args []string) int {
 
 // runWatch prints events on out until ctx is done: one line per event, or
 // with --json one JSON object per line (JSON Lines). Once it follows the
-// stream it says on errOut what it is waiting for, so that a quiet
+// streams it says on errOut what it is waiting for, so that a quiet
 // terminal is not mistaken for a hung command.
+//
+// It follows TOLLGATE_EVENTS and the turn logs (TOLLGATE_TURNLOG_<i>):
+// a batch's moves to awaiting (it waits for its approvals) and to started
+// (they are all decided, its calls free to run) are published nowhere else
+// since issue 36 (no batch.awaiting, no redrive.started). Of a turn's log
+// it prints each move of the batch to another state, not the batch's
+// further writes in the same state (a started batch's claims and results).
+// The streams are read side by side: their lines interleave as they come,
+// each with its own stream time.
 func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.Writer) int {
 	fs := cmd.flags()
 	var c client
@@ -43,29 +56,72 @@ func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.W
 		return exit
 	}
 	defer c.close()
+	if *turn != "" && !schemas.ValidKey(*turn) {
+		return cmd.usageError("--turn %q is not a turn id", *turn)
+	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy}
 	if *all {
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
+	events := cfg
 	if *turn != "" {
 		// Events of a turn end in its id; rejections end in an approval id,
 		// so name each approval id the turn can have.
-		cfg.FilterSubjects = []string{"tollgate.event.*.*." + *turn}
+		events.FilterSubjects = []string{"tollgate.event.*.*." + *turn}
 		for i := 0; i < schemas.MaxCalls; i++ {
-			cfg.FilterSubjects = append(cfg.FilterSubjects, topology.EventSubject(topology.SubjectDecisionRejected, schemas.ApprovalID(*turn, i)))
+			events.FilterSubjects = append(events.FilterSubjects, topology.EventSubject(topology.SubjectDecisionRejected, schemas.ApprovalID(*turn, i)))
 		}
 	}
 	cctx, cancel := c.ctx()
-	cons, err := c.js.OrderedConsumer(cctx, topology.StreamEvents, cfg)
+	var its []jetstream.MessagesContext
+	stopAll := func() {
+		for _, it := range its {
+			it.Stop()
+		}
+	}
+	follow := func(stream string, cfg jetstream.OrderedConsumerConfig) error {
+		cons, err := c.js.OrderedConsumer(cctx, stream, cfg)
+		if err != nil {
+			return err
+		}
+		it, err := cons.Messages()
+		if err != nil {
+			return err
+		}
+		its = append(its, it)
+		return nil
+	}
+	err := follow(topology.StreamEvents, events)
+	streams := topology.StreamEvents
+	if err == nil {
+		var logs []jetstream.Stream
+		logs, err = topology.OpenTurnLogs(cctx, c.js)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			err = nil // a server provisioned before the turn logs: none to follow
+		}
+		for i := range logs {
+			lc := cfg
+			switch p := topology.TurnLogPartition(*turn, len(logs)); {
+			case *turn == "":
+				lc.FilterSubjects = []string{topology.SubjectTurnLogPrefix + strconv.Itoa(i) + ".>"}
+			case i == p:
+				lc.FilterSubjects = []string{topology.TurnLogWildcard(i, *turn)}
+			default:
+				continue
+			}
+			if err = follow(topology.TurnLogStream(i), lc); err != nil {
+				break
+			}
+		}
+		if len(logs) > 0 {
+			streams += " and the turn logs"
+		}
+	}
 	cancel()
 	if err != nil {
+		stopAll()
 		return c.fail("watch", err)
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return c.fail("watch", err)
-	}
-	go func() { <-ctx.Done(); it.Stop() }()
 	from := "new events"
 	if *all {
 		from = "events, from the oldest stored,"
@@ -73,30 +129,131 @@ func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.W
 	if *turn != "" {
 		from += " of turn " + *turn
 	}
-	fmt.Fprintf(errOut, "tollgate watch: waiting for %s on %s (%s); Ctrl-C stops\n", from, topology.StreamEvents, c.url)
-	enc := json.NewEncoder(out)
-	enc.SetEscapeHTML(false)
-	for {
-		m, err := it.Next()
-		if err != nil {
-			return 0
-		}
-		meta, _ := m.Metadata()
-		ts := time.Now()
-		if meta != nil {
-			ts = meta.Timestamp
-		}
-		if c.json {
-			_ = enc.Encode(map[string]any{"subject": m.Subject(), "time": ts.UTC(), "event": asMap(m.Data())})
-			continue
-		}
-		fmt.Fprintf(out, "%s  %-48s %s\n", ts.Format("15:04:05.000"), m.Subject(), summary(m.Subject(), m.Data()))
+	fmt.Fprintf(errOut, "tollgate watch: waiting for %s on %s (%s); Ctrl-C stops\n", from, streams, c.url)
+	p := &watchPrinter{out: out, json: c.json, states: map[string]schemas.BatchState{}}
+	p.enc = json.NewEncoder(out)
+	p.enc.SetEscapeHTML(false)
+	done := make(chan struct{}, len(its))
+	for _, it := range its {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for {
+				m, err := it.Next()
+				if err != nil {
+					return
+				}
+				p.print(m)
+			}
+		}()
 	}
+	// The first reader to end (ctx done, or the connection gone) ends them
+	// all.
+	ended := 0
+	select {
+	case <-ctx.Done():
+	case <-done:
+		ended++
+	}
+	stopAll()
+	for ; ended < len(its); ended++ {
+		<-done // nothing is written after runWatch returns
+	}
+	return 0
+}
+
+// watchPrinter prints the messages of the streams watch follows, one at a
+// time.
+type watchPrinter struct {
+	mu   sync.Mutex
+	out  io.Writer
+	json bool
+	enc  *json.Encoder
+	// states is each followed turn's batch state as its log last said;
+	// a turn is forgotten once its batch ends.
+	states map[string]schemas.BatchState
+}
+
+// print writes m's line, or nothing for a turn-log write that leaves the
+// batch in the state it was.
+func (p *watchPrinter) print(m jetstream.Msg) {
+	meta, _ := m.Metadata()
+	ts := time.Now()
+	if meta != nil {
+		ts = meta.Timestamp
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	line := ""
+	if strings.HasPrefix(m.Subject(), topology.SubjectTurnLogPrefix) {
+		var ok bool
+		if line, ok = p.batchMove(m.Data()); !ok {
+			return
+		}
+	}
+	if p.json {
+		_ = p.enc.Encode(map[string]any{"subject": m.Subject(), "time": ts.UTC(), "event": asMap(m.Data())})
+		return
+	}
+	if line == "" {
+		line = summary(m.Subject(), m.Data())
+	}
+	fmt.Fprintf(p.out, "%s  %-48s %s\n", ts.Format("15:04:05.000"), m.Subject(), line)
+}
+
+// batchMove is the line of a turn-log event, and whether it moved its
+// batch to another state (an undecodable event is shown, as such).
+func (p *watchPrinter) batchMove(data []byte) (string, bool) {
+	b, err := schemas.DecodeBatch(data)
+	if err != nil {
+		return fmt.Sprintf("%d bytes: %v", len(data), err), true
+	}
+	if prev, seen := p.states[b.TurnID]; seen && prev == b.State {
+		return "", false
+	}
+	p.states[b.TurnID] = b.State
+	if b.State.Terminal() {
+		delete(p.states, b.TurnID)
+	}
+	return batchSummary(b), true
+}
+
+// batchSummary is a batch's move to its state in a few words.
+func batchSummary(b *schemas.BatchRecord) string {
+	line := fmt.Sprintf("batch %s %s", b.TurnID, b.State)
+	switch b.State {
+	case schemas.BatchAwaiting:
+		n := 0
+		for _, id := range b.Approvals {
+			if id != "" {
+				n++
+			}
+		}
+		line += fmt.Sprintf(" (%d approvals)", n)
+	case schemas.BatchStarted:
+		line += " (approvals decided, calls free to run)"
+	case schemas.BatchCompleted, schemas.BatchFailed:
+		n := 0
+		for _, r := range b.Results {
+			if r != nil {
+				n++
+			}
+		}
+		line += fmt.Sprintf(" (%d results)", n)
+	}
+	if b.Code != "" {
+		line += " " + string(b.Code)
+	}
+	if b.Reason != "" {
+		line += ": " + clip(reveal.Controls(b.Reason), 80)
+	}
+	return line
 }
 
 func summary(subject string, data []byte) string {
 	if topology.RouteOf(subject) == topology.RouteBatchAwaiting {
-		return "batch awaiting approvals"
+		// An earlier version's notice, or `tollgate replay`'s nudge: this
+		// version's move to awaiting is in the turn's log.
+		return "batch awaiting approvals (notice)"
 	}
 	_, rec, _ := topology.Read(subject, data, topology.RouteApprovalRequested, topology.RouteApprovalDecided,
 		topology.RouteDecisionRejected, topology.RouteRedrive, topology.RouteTurnOutcome, topology.RouteTurnReply)

@@ -98,16 +98,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	// The traces, which also calibrate the raw turns' payload sizes.
 	for _, tc := range []struct {
-		p             path
-		decisionFirst bool
-		name          string
+		p    path
+		name string
 	}{
-		{fastPath, false, "fast"},
-		{approvalPath, true, "approval (decision applied before the redriver sees the turn: the order under load, and the raw turn's)"},
-		{approvalPath, false, "approval (the redriver sees the turn first: the order at low load; not the raw turn's)"},
+		{fastPath, "fast"},
+		{approvalPath, "approval"},
 	} {
 		raw := rawSequence(tc.p)
-		steps, err := traceTurn(cfg.WorkDir, keys, tc.p, tc.decisionFirst)
+		steps, err := traceTurn(cfg.WorkDir, keys, tc.p)
 		if err != nil {
 			r.Errors = append(r.Errors, fmt.Sprintf("trace of the %s path: %v", tc.name, err))
 			if b.seqs[tc.p] == nil {
@@ -562,7 +560,7 @@ func (r *Report) notes(cfg Config) {
 		"Raw turn: rawStages runs the traced sequence (below) with the same consumers, pull size, ack mode and per-stage concurrency as Tollgate's runners, payloads of the traced sizes, no decoding, policy, seal, logging or tool; its approver holds the same KV watch on the approvals bucket as Tollgate's pending tracker. The driver and decider are the same for both. All-in-one: the four raw stages in this process on one connection; processes: one process (and connection) per raw stage, the reference for Tollgate's stage processes.",
 		"All-in-one: the four stages wired by tollgate.New (as `tollgate dev`), one NATS connection, in this process. Processes: the four stages as `tollgate <stage>` (built from this tree), one process each. Stage logs at level "+cfg.LogLevel+" go to files.",
 		"Allocations per turn are runtime.MemStats deltas over the window divided by completed turns, for the whole bench process (Tollgate stages, embedded nats-server, driver).",
-		"Deferred redrives per started: how often the redriver evaluated a batch before its approval was decided (the batch-awaiting notice usually arrives first; when the decision arrives first, the first evaluation finds the batch still running). The raw turn always does one deferred evaluation (the traced order).",
+		"Deferred redrives and early decided events per started: the executor announces nothing when a batch moves to awaiting (its turn log's append is the fact), so the redriver evaluates a batch only on a decided event (or its recovery sweep). A decided event that arrives before the executor's awaiting append (the decider answers the requested event, published just before it) is NAKed until the batch waits (20 ms doubling), which the raw redriver does too (its NAKs are the raw turn's \"NAKed for retry\"); a deferred outcome is only for a barrier still waiting for another approval, or an early event given up after 10 minutes.",
 	)
 	if cfg.Pending < 100000 {
 		r.Notes = append(r.Notes, fmt.Sprintf("Footprint measured with BENCH_PENDING=%d (make bench); `make bench-footprint` runs it with 100,000.", cfg.Pending))

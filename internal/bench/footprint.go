@@ -85,7 +85,8 @@ func (b *bencher) footprintRun() (footprint, error) {
 		return fp, fmt.Errorf("%w (%d requested)", err, d.requested.Load())
 	}
 	fp.PopulateSec = time.Since(t0).Seconds()
-	// Let the redriver finish the awaiting notices and every stage go idle.
+	// Let the executor finish its awaiting writes (each after its approval's
+	// requested event) and every stage go idle.
 	for _, s := range stageNames {
 		if err := waitIdle(js, stageConsumer[s].Stream, stageConsumer[s].Config.Durable, budget); err != nil {
 			return fp, err

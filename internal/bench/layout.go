@@ -267,7 +267,7 @@ func stateBucketStream(st storage) jetstream.StreamConfig {
 //     claim record left to drop.
 //
 // Measured when claims were records of their own: fast turn 10 -> 8
-// writes, approval turn 21 -> 18. On today's sequence: 8 -> 7, 17 -> 16.
+// writes, approval turn 21 -> 18. On today's sequence: 8 -> 7, 15 -> 14.
 func fewerWrites(seq []step) []step {
 	var out []step
 	for i, s := range seq {
@@ -526,6 +526,7 @@ func (b *bencher) rawTurnLayout(p path, st storage, l rawLayout) (sample, error)
 	}
 	s.Errors += r.errs.Load()
 	s.Conflicts = r.conflicts.Load()
+	s.Retries = float64(r.retries.Load())
 	if v := r.lastErr.Load(); v != nil {
 		b.cfg.Logf("bench: raw %s turn (%s): %d errors, last: %v", p, l, r.errs.Load(), v)
 	}

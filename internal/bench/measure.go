@@ -23,6 +23,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/childproc"
 	"github.com/tollgate-dev/tollgate/pipeline/planner"
+	"github.com/tollgate-dev/tollgate/pipeline/redriver"
 	"github.com/tollgate-dev/tollgate/seal"
 )
 
@@ -52,8 +53,11 @@ type sample struct {
 	// driver), inside the window.
 	AllocsPerTurn float64 `json:"allocs_per_turn,omitempty"`
 	BytesPerTurn  float64 `json:"bytes_per_turn,omitempty"`
-	// Approval path, all-in-one: deferred redrive evaluations per turn.
+	// Approval path, all-in-one: deferred redrive evaluations per started
+	// batch, and the redriver's NAKs (a decided event that came before its
+	// batch's awaiting append waits for it) per started batch.
 	DeferredPerTurn float64 `json:"deferred_per_turn,omitempty"`
+	EarlyPerTurn    float64 `json:"early_per_turn,omitempty"`
 	// CPU time per completed turn in the window, in milliseconds: this
 	// process (raw and all-in-one: everything; processes: the embedded
 	// nats-server and the driver), and the stage processes together.
@@ -73,7 +77,8 @@ type sample struct {
 	// Raw turn: compare-and-set conflicts between raw stages.
 	Conflicts int64 `json:"conflicts,omitempty"`
 	// All-in-one: messages the stages NAKed for a retry, and dead letters,
-	// inside the window.
+	// inside the window. Raw turn: messages its stages NAKed for a retry
+	// (the redriver's early decided events), in the whole run.
 	Retries     float64 `json:"retries,omitempty"`
 	DeadLetters float64 `json:"dead_letters,omitempty"`
 	// turns are the closed loop's turn times inside the window.
@@ -236,6 +241,7 @@ func (b *bencher) rawTurn(p path, st storage) (sample, error) {
 	s, err := b.drive(e, p, true, nil, nil)
 	s.Errors += r.errs.Load()
 	s.Conflicts = r.conflicts.Load()
+	s.Retries = float64(r.retries.Load())
 	if v := r.lastErr.Load(); v != nil {
 		b.cfg.Logf("bench: raw %s turn: %d errors, last: %v", p, r.errs.Load(), v)
 	}
@@ -277,9 +283,9 @@ func (b *bencher) rawTurnProcs(p path, st storage) (sample, error) {
 	for _, st := range stageNames {
 		logs = append(logs, filepath.Join(e.dir, st+".log"))
 	}
-	errs, conflicts, last := rawResults(logs)
+	errs, conflicts, retries, last := rawResults(logs)
 	s.Errors += errs
-	s.Conflicts = conflicts
+	s.Conflicts, s.Retries = conflicts, float64(retries)
 	if errs > 0 {
 		b.cfg.Logf("bench: raw %s turn (processes): %d errors, last: %s", p, errs, last)
 	}
@@ -471,20 +477,21 @@ func (b *bencher) tollgate(mode string, p path, st storage, profile bool) (sampl
 	}
 	defer stop()
 	var m0, m1 runtime.MemStats
-	var d0, d1, n0, n1, r0, r1, x0, x1, ms0, ms1 float64
+	var d0, d1, n0, n1, r0, r1, x0, x1, w0, w1, ms0, ms1 float64
 	var mc0, mc1 uint64
 	var profErr error
 	var cpu *os.File
-	counters := func() (deferred, started, retried, dead float64) {
+	counters := func() (deferred, started, retried, dead, early float64) {
 		return a.counter("tollgate_redrive_outcomes_total", map[string]string{"kind": "deferred"}),
 			a.counter("tollgate_redrive_outcomes_total", map[string]string{"kind": "started"}),
 			a.counter("tollgate_messages_retried_total", nil),
-			a.counter("tollgate_messages_dead_lettered_total", nil)
+			a.counter("tollgate_messages_dead_lettered_total", nil),
+			a.counter("tollgate_messages_retried_total", map[string]string{"stage": redriver.Stage})
 	}
 	if a != nil {
 		onWindow = func(open bool) {
 			if open {
-				d0, n0, r0, x0 = counters()
+				d0, n0, r0, x0, w0 = counters()
 				ms0, mc0 = a.histogram(modelSeconds)
 				if profile {
 					profErr = writeProfile(filepath.Join(b.cfg.ProfileDir, "allocs-"+p.profileName()+"-base.pprof"), "allocs")
@@ -499,7 +506,7 @@ func (b *bencher) tollgate(mode string, p path, st storage, profile bool) (sampl
 				return
 			}
 			runtime.ReadMemStats(&m1)
-			d1, n1, r1, x1 = counters()
+			d1, n1, r1, x1, w1 = counters()
 			ms1, mc1 = a.histogram(modelSeconds)
 			if profile && cpu != nil {
 				pprof.StopCPUProfile()
@@ -523,6 +530,7 @@ func (b *bencher) tollgate(mode string, p path, st storage, profile bool) (sampl
 		s.Retries, s.DeadLetters = r1-r0, x1-x0
 		if p == approvalPath && n1 > n0 {
 			s.DeferredPerTurn = (d1 - d0) / (n1 - n0)
+			s.EarlyPerTurn = (w1 - w0) / (n1 - n0)
 		}
 		if mc1 > mc0 {
 			s.ModelMsPerCall = (ms1 - ms0) * 1000 / float64(mc1-mc0)

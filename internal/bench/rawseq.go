@@ -80,16 +80,17 @@ var rawFast = []step{
 }
 
 // rawApproval: an echo call (run at once) and a write_file call (needs
-// approval, approved by the decider), in the order that dominates under
-// load: the decider answers the request, and the approver applies the
-// decision, before the redriver gets to the batch-awaiting notice. The
-// redriver then starts and completes the batch on the awaiting notice, and
-// on the decided event finds it completed (Finish: it looks up the stored
-// outcome instead of publishing it again, and the session release finds
-// the session already released). At low load the redriver usually sees the
-// awaiting notice first: a deferred evaluation (get batch, get approval,
-// publish deferred) instead of the last group's three operations, and
-// the start moves to the decided event (the report shows that trace too).
+// approval, approved by the decider). The executor announces nothing when
+// the batch moves to awaiting (issue 36: the turn log's awaiting append is
+// the fact), so the decided event is the redriver's one trigger: it reads
+// the turn's last event and the approval, moves the batch to started (the
+// log's started append is the fact: no redrive outcome is published for
+// it), runs the approved call and completes the batch. A decided event
+// that reaches the redriver before the awaiting append (the decider
+// answers the requested event, which comes before that append) is NAKed
+// until the batch waits (pipeline/redriver, errBeforeAwaiting): then the
+// same group, later. The trace lets the executor finish before the
+// decision is submitted, so it shows the group once.
 var rawApproval = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 273},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 898},
@@ -104,7 +105,6 @@ var rawApproval = []step{
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},
 	{Stage: "executor", Op: "publish", On: "tollgate.event.approval.requested.<turn>", MsgID: true, Bytes: 935},
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.awaiting", MsgID: true, Bytes: 1153}, // call 0's result
-	{Stage: "executor", Op: "publish", On: "tollgate.event.batch.awaiting.<turn>", MsgID: true, Bytes: 222},
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
 	{Stage: "approver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
@@ -113,25 +113,14 @@ var rawApproval = []step{
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
 	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed
-	{Stage: "redriver", Op: "publish", On: "tollgate.event.redrive.started.<turn>", MsgID: true, Bytes: 89},
+	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204},   // call 1 claimed
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.completed", MsgID: true, Bytes: 1360}, // call 1's result
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "redriver", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 88},
-	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_EVENTS/redriver", Trigger: topology.SubjectBatchAwaiting},
-	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
-	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_EVENTS last tollgate.event.turn.outcome.<turn>"},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_EVENTS/redriver", Trigger: topology.SubjectApprovalDecided},
 }
-
-// The redriver publishes the started event without waiting for its
-// acknowledgement, and waits for it before the batch's completion write;
-// with the approved call claimed by the started write itself, nothing
-// else of the turn's is written in between, so the trace records the
-// publish as waited for.
 
 // rawSequence returns the raw sequence of p (a copy).
 func rawSequence(p path) []step {

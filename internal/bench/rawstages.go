@@ -22,7 +22,6 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -63,6 +62,7 @@ type rawStages struct {
 	errs      atomic.Int64
 	conflicts atomic.Int64
 	waits     atomic.Int64 // turns that waited for their predecessor to end (the two designs)
+	retries   atomic.Int64 // messages NAKed for a retry (a decided event before its batch's awaiting append)
 	lastErr   atomic.Value
 }
 
@@ -491,8 +491,7 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 	}
 	id := r.ids(stage, m)
 	revs := map[string]uint64{}
-	var pending []jetstream.PubAckFuture // async publishes not yet settled
-	skip := ""                           // a session created instead of read: its update is skipped
+	skip := "" // a session created instead of read: its update is skipped
 	for _, op := range g.ops {
 		if strings.Contains(op.On, "<pred>") && id.pred == "" {
 			continue // a session's first turn: no predecessor to wait for
@@ -517,8 +516,6 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 		}
 		switch op.Op {
 		case "publish":
-			r.settle(pending)
-			pending = nil
 			msgID := target
 			if strings.HasPrefix(target, topology.SubjectTurnAccepted) {
 				msgID = topology.AcceptedMsgID(id.turn)
@@ -537,15 +534,6 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				}
 				if _, err := r.w.publish(ctx, msg); err != nil {
 					r.fail(err)
-				}
-				continue
-			}
-			if op.Async {
-				f, err := r.js.PublishMsgAsync(msg, opts...)
-				if err != nil {
-					r.fail(err)
-				} else {
-					pending = append(pending, f)
 				}
 				continue
 			}
@@ -687,15 +675,23 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 					m, err := st.GetLastMsgForSubject(ctx, subj)
 					return err == nil && m.Header.Get(hdrFact) == factOutcome, err
 				})
+			case stage == "redriver" && !r.layout.oneWritePerFact() && beforeAwaiting(subj, last):
+				// Tollgate's redriver NAKs a decided event that finds its
+				// batch queued or running (errBeforeAwaiting) until the
+				// executor's awaiting append; so does the raw one.
+				r.retries.Add(1)
+				if err := m.NakWithDelay(awaitingRetry(m)); err != nil {
+					r.fail(err)
+				}
+				return
 			case last != nil:
 				revs[subj] = last.Sequence // a turn's last event: the next append's compare-and-set
 				if id.session == "" && strings.HasPrefix(subj, topology.SubjectTurnLogPrefix) && len(last.Data) >= sessionKeyLen {
 					id.session = string(last.Data[:sessionKeyLen]) // the batch record, as the bucket's value gave it
 				}
 			}
-			// Not found is an answer too: the decided event can reach the
-			// redriver before the awaiting notice (Tollgate then defers);
-			// a session's first turn has no predecessor.
+			// Not found is an answer too: a session's first turn has no
+			// predecessor.
 			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 				r.fail(err)
 			}
@@ -703,10 +699,34 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			r.fail(fmt.Errorf("raw %s: unknown operation %q", stage, op.Op))
 		}
 	}
-	r.settle(pending)
 	if err := m.Ack(); err != nil {
 		r.fail(err)
 	}
+}
+
+// beforeAwaiting reports whether the last event of a turn's log (subj,
+// its wildcard; last, nil if none) is a batch that does not wait for its
+// approvals yet: queued or running, or no event at all.
+func beforeAwaiting(subj string, last *jetstream.RawStreamMsg) bool {
+	if !strings.HasPrefix(subj, topology.SubjectTurnLogPrefix) {
+		return false
+	}
+	if last == nil {
+		return true
+	}
+	event := lastToken(last.Subject)
+	return event == string(schemas.BatchQueued) || event == string(schemas.BatchRunning)
+}
+
+// awaitingRetry is the delay of the raw redriver's NAK of an early decided
+// event: Tollgate's (pipeline/redriver: 20ms doubling with each delivery,
+// at most 5s).
+func awaitingRetry(m jetstream.Msg) time.Duration {
+	n := uint64(1)
+	if md, err := m.Metadata(); err == nil {
+		n = max(md.NumDelivered, 1)
+	}
+	return min(20*time.Millisecond<<min(n-1, 10), 5*time.Second)
 }
 
 // factHeader is the headers of the two designs' write op of turn id
@@ -787,20 +807,6 @@ func conflict(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, errWrongLast) || errors.Is(err, turnlog.ErrConflict)
 }
 
-// settle waits for the acknowledgements of async publishes, each for at
-// most bus.AckTimeout, as Tollgate's Pending.Wait does.
-func (r *rawStages) settle(pending []jetstream.PubAckFuture) {
-	for _, f := range pending {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			r.fail(err)
-		case <-time.After(bus.AckTimeout):
-			r.fail(fmt.Errorf("raw: no acknowledgement for an async publish to %s", f.Msg().Subject))
-		}
-	}
-}
-
 // A raw stage process is this program's own executable started with these
 // variables (see MaybeRunRawStage): the bench's reference for the stages
 // run as separate processes.
@@ -864,16 +870,16 @@ func runRawStage(stage, url, seqPath string) error {
 	<-ctx.Done()
 	r.close()
 	last, _ := r.lastErr.Load().(string)
-	fmt.Fprintf(os.Stderr, "%s%d %d %q\n", rawResultPrefix, r.errs.Load(), r.conflicts.Load(), last)
+	fmt.Fprintf(os.Stderr, "%s%d %d %d %q\n", rawResultPrefix, r.errs.Load(), r.conflicts.Load(), r.retries.Load(), last)
 	return nil
 }
 
 // rawResultPrefix starts the line a raw stage process logs when it stops:
-// its error count, conflict count and last error.
+// its error count, conflict count, retry count and last error.
 const rawResultPrefix = "raw stage result: "
 
 // rawResults sums the result lines in the raw stage processes' logs.
-func rawResults(logs []string) (errs, conflicts int64, last string) {
+func rawResults(logs []string) (errs, conflicts, retries int64, last string) {
 	for _, l := range logs {
 		b, err := os.ReadFile(l)
 		if err != nil {
@@ -884,15 +890,15 @@ func rawResults(logs []string) (errs, conflicts int64, last string) {
 			if !ok {
 				continue
 			}
-			var e, c int64
+			var e, c, n int64
 			var msg string
-			if n, _ := fmt.Sscanf(rest, "%d %d %q", &e, &c, &msg); n >= 2 {
-				errs, conflicts = errs+e, conflicts+c
+			if k, _ := fmt.Sscanf(rest, "%d %d %d %q", &e, &c, &n, &msg); k >= 3 {
+				errs, conflicts, retries = errs+e, conflicts+c, retries+n
 				if msg != "" {
 					last = msg
 				}
 			}
 		}
 	}
-	return errs, conflicts, last
+	return errs, conflicts, retries, last
 }

@@ -464,7 +464,7 @@ func (r *Report) Markdown(w io.Writer) {
 	if len(r.Sequences) > 0 {
 		p("## What one turn does (traced; the raw turn repeats it)")
 		p("")
-		p("Each turn is the second of its session (the session record exists and is free), with another session's turn between the two, traced with the stages working one at a time. The executor's kv.get of the session is the session-order check's read, reused by the queuing compare-and-set (and, with the revision it writes, by the release). A stream.get is a JetStream API request for a stream message: `last` the last one on a subject, `next` the first one on a filter from a sequence on (the session-order check). Not shown: the approver's KV watch on the approvals bucket and the redriver's on the batches bucket receive every write; the raw stages hold the same watches. Durable writes are the stream publishes and KV creates and updates (a failed create is not one): under sync_interval: always each is one fsync before its acknowledgement on a single node, so their count, not Tollgate's CPU, bounds the rate at full durability.")
+		p("Each turn is the second of its session (the session record exists and is free), with another session's turn between the two, traced with the stages working one at a time. The executor's kv.get of the session is the session-order check's read, reused by the queuing compare-and-set (and, with the revision it writes, by the release). A stream.get is a JetStream API request for a stream message: `last` the last one on a subject, `next` the first one on a filter from a sequence on (the session-order check). Not shown: the approver's KV watch on the approvals bucket and the redriver's on the turn logs and the batches bucket receive every write; the raw stages hold the same watches. Durable writes are the stream publishes and KV creates and updates (a failed create is not one): under sync_interval: always each is one fsync before its acknowledgement on a single node, so their count, not Tollgate's CPU, bounds the rate at full durability.")
 		p("")
 		for _, s := range r.Sequences {
 			match := ""
@@ -522,7 +522,7 @@ func (f Figure) label() string {
 }
 
 func (f Figure) notes() string {
-	var allocs, bytes, deferred, cpu, stages, flushes, writes []float64
+	var allocs, bytes, deferred, early, cpu, stages, flushes, writes []float64
 	timeouts, errs, conflicts, retries, dead := 0, int64(0), int64(0), 0.0, 0.0
 	for _, s := range f.Samples {
 		if s.AllocsPerTurn > 0 {
@@ -531,6 +531,7 @@ func (f Figure) notes() string {
 		}
 		if f.Name == "tollgate" && f.Mode == modeAllInOne && f.Path == approvalPath.String() && s.Rate > 0 {
 			deferred = append(deferred, s.DeferredPerTurn)
+			early = append(early, s.EarlyPerTurn)
 		}
 		if s.CPUPerTurn > 0 {
 			cpu = append(cpu, s.CPUPerTurn)
@@ -577,7 +578,8 @@ func (f Figure) notes() string {
 	}
 	if len(deferred) > 0 {
 		d, _, _ := median(deferred)
-		n = append(n, fmt.Sprintf("%.2f deferred redrives per started", d))
+		w, _, _ := median(early)
+		n = append(n, fmt.Sprintf("%.2f deferred redrives, %.2f early decided events NAKed per started", d, w))
 	}
 	if timeouts > 0 {
 		n = append(n, fmt.Sprintf("%d timed out", timeouts))

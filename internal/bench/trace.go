@@ -226,11 +226,6 @@ type step struct {
 	// Trigger, on a consume+ack of the raw sequences, is the subject prefix
 	// of the messages that run the group of steps it ends (not traced).
 	Trigger string `json:"trigger,omitempty"`
-	// Async, on a publish of the raw sequences, sends it without waiting
-	// for the acknowledgement, awaited before the group's next publish or
-	// ack, as Tollgate does for that publish (not traced: a trace shows
-	// requests, not who waits for their replies).
-	Async bool `json:"async,omitempty"`
 	// Fact and Pred are the layout phase's (rawseq.go, design a and b):
 	// the fact a write makes durable, and ingest's lookup of the session's
 	// previous accepted turn (not traced).

@@ -37,7 +37,7 @@ type stager interface {
 // never waits this long, a failing one just fails later.
 const traceWait = 30 * time.Second
 
-func traceTurn(parent string, keys *seal.KeyRing, p path, decisionFirst bool) ([]step, error) {
+func traceTurn(parent string, keys *seal.KeyRing, p path) ([]step, error) {
 	e, err := startEnv(parent, single)
 	if err != nil {
 		return nil, err
@@ -48,32 +48,29 @@ func traceTurn(parent string, keys *seal.KeyRing, p path, decisionFirst bool) ([
 		return nil, err
 	}
 	defer a.stop()
-	return traceOn(e, a, p, false, decisionFirst)
+	return traceOn(e, a, p, false)
 }
 
 // traceSchedule is the order in which the trace lets the stages work on a
 // turn of p: "send" publishes the inbound message, "decide" the decision,
-// a stage name runs that stage until it has handled everything. With
-// decisionFirst the redriver sees the turn only after the approver has
-// applied the decision (the order that dominates under load: the decider
-// answers the request before the redriver gets to the batch-awaiting
-// notice); without it, the redriver first finds the approval pending (a
-// deferred evaluation), as at low load.
-func traceSchedule(p path, decisionFirst bool) []string {
-	switch {
-	case p != approvalPath:
+// a stage name runs that stage until it has handled everything. The
+// executor announces nothing when the batch moves to awaiting (its turn
+// log's append is the fact), so the decided event is the redriver's one
+// message of the turn: the redriver runs once, after the approver. (A
+// decided event that comes before the executor's awaiting append, which
+// the stages run one at a time never produce, is NAKed until the batch
+// waits, and then handled as traced.)
+func traceSchedule(p path) []string {
+	if p != approvalPath {
 		return []string{"send", "ingest", "executor"}
-	case decisionFirst:
-		return []string{"send", "ingest", "executor", "decide", "approver", "redriver"}
-	default:
-		return []string{"send", "ingest", "executor", "redriver", "decide", "approver", "redriver"}
 	}
+	return []string{"send", "ingest", "executor", "decide", "approver", "redriver"}
 }
 
 // traceOn traces a turn of path p on e, whose stages st (Tollgate's, or the
 // raw ones with raw) run one at a time, following traceSchedule, so that
 // each operation is attributed to the one stage working.
-func traceOn(e *env, st stager, p path, raw, decisionFirst bool) ([]step, error) {
+func traceOn(e *env, st stager, p path, raw bool) ([]step, error) {
 	nc, js, err := e.connect("tollgate-bench-trace")
 	if err != nil {
 		return nil, err
@@ -102,7 +99,7 @@ func traceOn(e *env, st stager, p path, raw, decisionFirst bool) ([]step, error)
 
 	one := func(session string) (*turn, error) {
 		var t *turn
-		for _, s := range traceSchedule(p, decisionFirst) {
+		for _, s := range traceSchedule(p) {
 			switch s {
 			case "send":
 				if t, err = d.send(session); err != nil {

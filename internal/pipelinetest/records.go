@@ -8,11 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -53,8 +55,10 @@ func (h *H) MakeBucketed(turnID string) {
 }
 
 // moveToBucket creates the batch of turnID, as as makes it, in
-// tollgate_batches and then purges the turn's log: the turn is left as an
-// earlier version left it. Nothing may be moving the batch meanwhile.
+// tollgate_batches, purges the turn's log and publishes the notice an
+// earlier version published for the batch's state (awaiting, started):
+// the turn is left as an earlier version left it. Nothing may be moving
+// the batch meanwhile.
 func (h *H) moveToBucket(turnID string, as func(*schemas.BatchRecord) *schemas.BatchRecord) {
 	h.T.Helper()
 	ctx, cancel := h.Ctx()
@@ -68,6 +72,26 @@ func (h *H) moveToBucket(turnID string, as func(*schemas.BatchRecord) *schemas.B
 	}
 	if err := h.Store.Batches.Log.Log.Purge(ctx, turnID); err != nil {
 		h.T.Fatalf("pipelinetest: purge the log of %s: %v", turnID, err)
+	}
+	// The events an earlier version published as the batch went through
+	// the states it is past, which this version's stages no longer
+	// publish: the awaiting notice (the approvals, and the results of the
+	// calls that needed none), and the redrive started.
+	waited := slices.ContainsFunc(b.Approvals, func(id string) bool { return id != "" })
+	if !waited || b.State == schemas.BatchQueued || b.State == schemas.BatchRunning {
+		return
+	}
+	results := make([]*schemas.ToolResult, len(b.Results))
+	for i, r := range b.Results {
+		if i < len(b.Approvals) && b.Approvals[i] == "" {
+			results[i] = r
+		}
+	}
+	h.Publish(topology.EventSubject(topology.SubjectBatchAwaiting, turnID), topology.AwaitingMsgID(turnID),
+		&schemas.TurnNotice{TurnID: turnID, SessionID: b.SessionID, Kind: schemas.NoticeAwaiting, At: b.UpdatedAt, Approvals: b.Approvals, Results: results})
+	if b.State == schemas.BatchStarted || b.State == schemas.BatchCompleted {
+		h.Publish(topology.EventSubject(topology.SubjectRedrive+string(schemas.RedriveStarted)+".", turnID), topology.RedriveMsgID(schemas.RedriveStarted, turnID),
+			&schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: "earlier version", At: b.UpdatedAt})
 	}
 }
 

@@ -139,7 +139,7 @@ func ranThenTampered(t *testing.T, h *pt.H, session string, tamper func(*schemas
 	turn := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"in my DM"}`), pt.Call("guarded", fmt.Sprintf(`{"session":%q}`, session))))
 	id := schemas.ApprovalID(turn, 1)
 	h.WaitPending(id)
-	h.WaitRedrives("deferred", turn, 1)
+	h.WaitState(turn, schemas.BatchAwaiting) // then nothing moves it until the decision
 	if r := h.Batch(turn).Results[0]; r == nil || r.Status != schemas.ResultOK {
 		t.Fatalf("echo's result %+v before the edit, want ok: the row needs a call that ran in the DM", r)
 	}

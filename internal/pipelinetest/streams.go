@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,6 +163,25 @@ func (h *H) WaitRejection(d *schemas.Decision) *schemas.DecisionRejected {
 		return false
 	})
 	return got
+}
+
+// Starts returns how many times the batch of turnID (in its turn's log)
+// moved to started: its log's events named started that follow an event
+// of another name. A move to started is the barrier passed, its approved
+// calls free to run; no redrive outcome is published for it any more.
+func (h *H) Starts(turnID string) int {
+	h.T.Helper()
+	p := topology.TurnLogPartition(turnID, len(h.Env.Buckets.TurnLogs))
+	prefix := topology.TurnLogSubject(p, turnID, "")
+	n, last := 0, ""
+	for _, m := range h.Messages(topology.TurnLogStream(p), topology.TurnLogWildcard(p, turnID)) {
+		name := strings.TrimPrefix(m.Subject, prefix)
+		if name == string(schemas.BatchStarted) && last != name {
+			n++
+		}
+		last = name
+	}
+	return n
 }
 
 // Redrives returns the redrive outcomes of turnID of kind ("*" for all).

@@ -314,7 +314,9 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 	case schemas.BatchCompleted, schemas.BatchFailed:
 		return eng.Finish(ctx, b)
 	case schemas.BatchAwaiting, schemas.BatchStarted:
-		return x.announceAwaiting(ctx, b)
+		// The redriver's: its decided events, and its sweep for a
+		// started batch whose redriver died.
+		return nil
 	}
 
 	if err := eng.Authorize(b); err != nil {
@@ -607,9 +609,8 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 	if b.State != schemas.BatchAwaiting {
 		return x.Advance(ctx, b.TurnID)
 	}
-	if err := x.announceAwaiting(ctx, b); err != nil {
-		return err
-	}
+	// Nothing is announced: the awaiting write is the turn's event, and a
+	// decision that came before it waits for it at the redriver.
 	// A turn that queued behind this one while it was running finds it
 	// waiting only now.
 	return x.supersedeSelf(ctx, b)
@@ -727,15 +728,6 @@ func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) er
 	}
 	subj := topology.EventSubject(topology.SubjectApprovalRequested, rec.TurnID)
 	return bus.Publish(ctx, x.cfg.JS, subj, topology.RequestedMsgID(rec.ApprovalID), rec.SummaryOnly())
-}
-
-// announceAwaiting hands b to the redriver. The notice also carries b's
-// approvals and results as it waits (a snapshot for pipeline/replay; the
-// redriver reads the record from KV).
-func (x *Executor) announceAwaiting(ctx context.Context, b *schemas.BatchRecord) error {
-	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: b.SessionID, Kind: schemas.NoticeAwaiting, At: x.cfg.Engine.Now(),
-		Approvals: b.Approvals, Results: b.Results}
-	return bus.Publish(ctx, x.cfg.JS, topology.EventSubject(topology.SubjectBatchAwaiting, b.TurnID), topology.AwaitingMsgID(b.TurnID), n)
 }
 
 // fail ends a batch whose authority or calls are unusable: nothing runs.

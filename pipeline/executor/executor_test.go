@@ -129,11 +129,14 @@ func TestApprovalPathWritesAPendingRecordBoundToTheCall(t *testing.T) {
 			if _, ok := h.File("out/a.txt"); ok {
 				t.Fatal("file written before any decision")
 			}
-			// The awaiting notice carries the batch's approvals and results as
-			// it started waiting (a snapshot for rebuilding it from the streams).
-			ns := pt.DecodeAll[schemas.TurnNotice](t, h.Events(topology.EventSubject(topology.SubjectBatchAwaiting, turn)))
-			if len(ns) != 1 || !slices.Equal(ns[0].Approvals, b.Approvals) || !reflect.DeepEqual(ns[0].Results, b.Results) {
-				t.Fatalf("awaiting notices %+v, want one with approvals %v and results %v", ns, b.Approvals, b.Results)
+			// The batch's move to awaiting is its turn's log's event, with
+			// its approvals and results; no awaiting notice is published.
+			w := h.WaitState(turn, schemas.BatchAwaiting)
+			if !slices.Equal(w.Approvals, []string{id}) || w.Results[0] != nil {
+				t.Fatalf("awaiting batch approvals %v results %v, want [%s] and no result", w.Approvals, w.Results, id)
+			}
+			if ns := h.Events(topology.EventSubject(topology.SubjectBatchAwaiting, turn)); len(ns) != 0 {
+				t.Fatalf("%d awaiting notices published, want none", len(ns))
 			}
 
 			h.Decide(id, tc.option, "alice")

@@ -254,7 +254,7 @@ func TestRedriveRechecksTheCurrentPolicyBeforeEachApprovedCall(t *testing.T) {
 					t.Fatalf("approval %s is %s under %s after the redrive, want %s under A", id, a.Status, a.PolicyVersion, decided[j])
 				}
 			}
-			if n := len(r.Redrives("started", turn)); n != 1 {
+			if n := r.Starts(turn); n != 1 {
 				t.Fatalf("%d started outcomes, want 1", n)
 			}
 			if n := len(r.Redrives("failed", turn)); n != 0 {

@@ -168,8 +168,54 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 	if err := schemas.CheckTurnKey(turnID); err != nil {
 		return err
 	}
-	return r.Redrive(ctx, turnID, trigger)
+	err = r.Redrive(ctx, turnID, trigger)
+	var early *errBeforeAwaiting
+	if errors.As(err, &early) {
+		if md, merr := m.Metadata(); merr == nil {
+			if r.cfg.Engine.Now().Sub(md.Timestamp) > maxAwaitingWait {
+				// The executor has not moved the batch on for long (it
+				// died, and the sweep re-announces a running batch): the
+				// sweep redrives it once it waits (every approval
+				// decided), so this trigger is done.
+				return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveDeferred, Reason: early.Error(), Trigger: trigger})
+			}
+			early.wait = min(minAwaitingRetry<<min(md.NumDelivered-1, 10), maxAwaitingRetry)
+		}
+	}
+	return err
 }
+
+// A decision can reach the redriver before its batch waits for it: the
+// executor creates a batch's approvals, and only then writes the batch
+// awaiting, and the approver may decide (a person, or a standing grant)
+// in between. The decided event is then the barrier's only trigger (the
+// executor announces nothing: the awaiting write is in the turn's log), so
+// it is not acknowledged but waits (runner.Waiting: not a failure), from
+// minAwaitingRetry doubling to maxAwaitingRetry, for the batch to wait.
+// After maxAwaitingWait from its publication (the executor died mid-step,
+// and the sweep re-announces its running batch after the claim lease) it
+// is acknowledged with a deferred outcome: the recovery sweep redrives an
+// awaiting batch whose approvals are all decided.
+const (
+	minAwaitingRetry = 20 * time.Millisecond
+	maxAwaitingRetry = 5 * time.Second
+	maxAwaitingWait  = 10 * time.Minute
+)
+
+// errBeforeAwaiting is Redrive's runner.Waiting error for a batch not yet
+// waiting for its approvals (queued or running).
+type errBeforeAwaiting struct {
+	turn  string
+	state schemas.BatchState
+	wait  time.Duration
+}
+
+func (e *errBeforeAwaiting) Error() string {
+	return fmt.Sprintf("batch %s is %s: it does not wait for its approvals yet", e.turn, e.state)
+}
+
+// RetryAfter makes it a runner.Waiting error.
+func (e *errBeforeAwaiting) RetryAfter() time.Duration { return e.wait }
 
 // abort fails the batch a dead-lettered event was driving (see
 // batch.Engine.Abort): a batch whose redrive gave up ends failed rather
@@ -205,17 +251,15 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 		return eng.Finish(ctx, b)
 	case schemas.BatchStarted:
 		// Started by an attempt that died before finishing (or is still
-		// running): publish "started" (one message id per turn, so this is
-		// stored once) and carry on; claims keep each call at most once.
-		if err := r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger}); err != nil {
-			return err
-		}
-		return r.run(ctx, b, nil, nil, batch.Known{Batch: b, BatchRev: rev}, true, nil)
+		// running): carry on; claims keep each call at most once.
+		return r.run(ctx, b, nil, nil, batch.Known{Batch: b, BatchRev: rev}, true)
+	case schemas.BatchQueued, schemas.BatchRunning:
+		// The executor has not finished writing its approvals: wait for
+		// it (errBeforeAwaiting).
+		return &errBeforeAwaiting{turn: turnID, state: b.State, wait: minAwaitingRetry}
 	}
 
-	// Queued or running (the executor has not finished writing approvals;
-	// its awaiting notice will trigger us again): deferred. Awaiting: check
-	// authority, then the barrier.
+	// Awaiting: check authority, then the barrier.
 	v, err := Evaluate(ctx, eng.Keys(), b, r.approval)
 	if err != nil {
 		return err
@@ -260,23 +304,11 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	if err != nil {
 		return err
 	}
-	started := b
-	// "started" is published under one message id per turn (a concurrent
-	// redriver that lost the race above publishes it too, from the started
-	// branch). Its acknowledgement is awaited before the outcome is
-	// published (so the stream holds started before the outcome), not
-	// before the first call starts: one round trip less between a decision
-	// and its call.
-	pub, err := r.publishAsync(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveStarted, Trigger: trigger})
-	if err != nil {
-		return err
-	}
-	// Decided approvals never change again, so those just read are current.
-	err = r.run(ctx, started, approvals, plans, batch.Known{Batch: started, BatchRev: startedRev}, false, pub)
-	if werr := r.settle(ctx, pub); err == nil {
-		err = werr
-	}
-	return err
+	// The move to started is the turn's started event (its log's
+	// `started`): no redrive outcome is published for it. Decided
+	// approvals never change again, so those just read are current.
+	r.outcomes.WithLabelValues(string(schemas.RedriveStarted)).Inc()
+	return r.run(ctx, b, approvals, plans, batch.Known{Batch: b, BatchRev: startedRev}, false)
 }
 
 // ApprovalSource reads approval record id. A missing record is an error
@@ -450,7 +482,7 @@ func (r *Redriver) plan(ctx context.Context, b *schemas.BatchRecord, approvals [
 // started. A call's claim is a compare-and-set of the batch, so a batch
 // ended meanwhile (aborted by a stage giving up on one of its messages)
 // starts no call after the turn's outcome said it would not.
-func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord, plans []CallPlan, known batch.Known, resumed bool, pub *redriveOutcomePub) error {
+func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord, plans []CallPlan, known batch.Known, resumed bool) error {
 	eng := r.cfg.Engine
 	if approvals == nil {
 		v, err := Evaluate(ctx, eng.Keys(), b, r.approval)
@@ -485,12 +517,6 @@ func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []
 		case p.Status != "" && run.Results()[i] == nil:
 			run.Results()[i] = eng.Result(b.Calls[i], p.Status, p.Code, p.Reason, approvals[i].ApprovalID)
 		}
-	}
-	if err := r.settle(ctx, pub); err != nil {
-		// The started event must be stored before the outcome: the
-		// message comes back for it, and the results of the calls that
-		// ran wait in the record.
-		return run.KeepOnError(ctx, err)
 	}
 	var end *schemas.BatchRecord
 	err := run.Carry(ctx, func(ctx context.Context, k batch.Known) error {
@@ -649,39 +675,6 @@ func (r *Redriver) publish(ctx context.Context, o *schemas.RedriveOutcome) error
 		return err
 	}
 	r.outcomes.WithLabelValues(string(o.Kind)).Inc()
-	return nil
-}
-
-// publishAsync sends a redrive outcome like publish without waiting for it
-// to be stored; settle waits (and counts it).
-func (r *Redriver) publishAsync(ctx context.Context, o *schemas.RedriveOutcome) (*redriveOutcomePub, error) {
-	subj, msgID := r.outcomeSubject(o)
-	p, err := bus.PublishAsync(ctx, r.cfg.JS, subj, msgID, o)
-	if err != nil {
-		return nil, err
-	}
-	return &redriveOutcomePub{Pending: p, kind: o.Kind}, nil
-}
-
-// redriveOutcomePub is a redrive outcome sent by publishAsync.
-type redriveOutcomePub struct {
-	*bus.Pending
-	kind    schemas.RedriveKind
-	counted bool
-}
-
-// settle waits until p (if any) is stored, and counts it once.
-func (r *Redriver) settle(ctx context.Context, p *redriveOutcomePub) error {
-	if p == nil {
-		return nil
-	}
-	if err := p.Wait(ctx); err != nil {
-		return err
-	}
-	if !p.counted {
-		p.counted = true
-		r.outcomes.WithLabelValues(string(p.kind)).Inc()
-	}
 	return nil
 }
 

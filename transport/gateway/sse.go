@@ -22,8 +22,16 @@ const eventPrefix = "tollgate.event."
 
 // event is one stored event as an SSE message: id is its stream sequence,
 // kind the subject without prefix and last token (approval.requested,
-// approval.decided, batch.awaiting, redrive.started, turn.outcome, ...),
-// data the payload as JSON with the wire field names of docs/protocol.md §6.
+// approval.decided, redrive.deferred, turn.outcome, ...), data the payload
+// as JSON with the wire field names of docs/protocol.md §6.
+//
+// The streams are of TOLLGATE_EVENTS alone. A turn of this version has no
+// batch.awaiting and no redrive.started event (issue 36: its moves to
+// awaiting and to started are writes of its turn's log, which no stream
+// here follows): approval.requested tells a client that the turn waits,
+// and GET /v1/turns/{id} (with ?wait=) or turn.outcome that it moved on.
+// Both kinds still come for a turn of an earlier version (and a
+// batch.awaiting for `tollgate replay`'s nudges), and pass as any event.
 type event struct {
 	seq     uint64
 	kind    string

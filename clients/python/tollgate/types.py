@@ -163,7 +163,14 @@ class ApprovalPage:
 class Event:
     """One Server-Sent Event: ``id`` its sequence in TOLLGATE_EVENTS (send
     it back as ``last_event_id`` to resume), ``type`` its kind
-    (``approval.requested``, ``turn.outcome``, ...), ``data`` its record."""
+    (``approval.requested``, ``turn.outcome``, ...), ``data`` its record.
+
+    ``batch.awaiting`` and ``redrive.started`` come only for turns of
+    earlier versions (a turn of this version waits and starts in its turn's
+    log, which the event streams do not carry): ``approval.requested`` says
+    that a turn waits, :meth:`Client.wait` (a long poll of ``GET
+    /v1/turns/{id}``), :meth:`Client.turn` or ``turn.outcome`` that it moved
+    on. ``type`` is any string, so those kinds still decode."""
     id: int
     type: str
     data: dict[str, Any]

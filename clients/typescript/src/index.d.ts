@@ -26,10 +26,19 @@ export declare const MAX_POLL_MS: number;
 /** How far webhook-timestamp may be from now, in seconds. */
 export declare const WEBHOOK_TOLERANCE_SEC: number;
 
-/** One Server-Sent Event: `id` its sequence (resume with `lastEventId`), `type` its kind, `data` its record. */
+/**
+ * One Server-Sent Event: `id` its sequence (resume with `lastEventId`), `type` its kind, `data` its record.
+ *
+ * `batch.awaiting` and `redrive.started` are sent only for turns of earlier versions: a turn of
+ * this version waits and starts in its turn's log, which the event streams do not carry. An
+ * `approval.requested` event tells a UI that a turn waits; `wait(id)` (a long poll of
+ * `GET /v1/turns/{id}`), `turn(id)` or the `turn.outcome` event that it moved on.
+ */
 export interface TollgateEvent {
   id: number;
-  type: "approval.requested" | "approval.decided" | "batch.awaiting" | "redrive.started" | "redrive.deferred" | "redrive.failed" | "turn.outcome" | (string & {});
+  type: "approval.requested" | "approval.decided" | "approval.voted" | "redrive.deferred" | "redrive.failed" | "turn.outcome"
+    /** Earlier versions' turns only (see above). */
+    | "batch.awaiting" | "redrive.started" | (string & {});
   data: Record<string, unknown>;
 }
 

@@ -607,7 +607,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-Sent Events: id = stream sequence (send it back as Last-Event-ID to resume), event = kind (approval.requested, approval.decided, batch.awaiting, redrive.started, redrive.deferred, redrive.failed, turn.outcome), data = the event record as JSON (docs/protocol.md §6); a comment line every heartbeat interval */
+            /** @description Server-Sent Events: id = stream sequence (send it back as Last-Event-ID to resume), event = kind (approval.requested, approval.decided, approval.voted, redrive.deferred, redrive.failed, turn.outcome, ...; batch.awaiting and redrive.started come only for turns of earlier versions: approval.requested says a turn waits, GET /v1/turns/{id} or turn.outcome that it moved on), data = the event record as JSON (docs/protocol.md §6); a comment line every heartbeat interval */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -638,7 +638,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-Sent Events: id = stream sequence (send it back as Last-Event-ID to resume), event = kind (approval.requested, approval.decided, batch.awaiting, redrive.started, redrive.deferred, redrive.failed, turn.outcome), data = the event record as JSON (docs/protocol.md §6); a comment line every heartbeat interval */
+            /** @description Server-Sent Events: id = stream sequence (send it back as Last-Event-ID to resume), event = kind (approval.requested, approval.decided, approval.voted, redrive.deferred, redrive.failed, turn.outcome, ...; batch.awaiting and redrive.started come only for turns of earlier versions: approval.requested says a turn waits, GET /v1/turns/{id} or turn.outcome that it moved on), data = the event record as JSON (docs/protocol.md §6); a comment line every heartbeat interval */
             200: {
                 headers: {
                     [name: string]: unknown;

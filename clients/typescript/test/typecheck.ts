@@ -17,6 +17,9 @@ export async function demo(): Promise<string> {
   for await (const ev of tg.events(sub.turn_id, { lastEventId: 0 })) {
     const e: TollgateEvent = ev;
     void e.data;
+    // An earlier version's turn still sends batch.awaiting and
+    // redrive.started: the type keeps them.
+    if (e.type === "batch.awaiting" || e.type === "redrive.started" || e.type === "approval.requested") void e.id;
   }
   const write = tg.gated("write_file", (args: { path: string; content: string }) => args.path.length);
   try {

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"strings"
+	"testing"
+
+	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// watch follows the turn logs too: a batch's moves to awaiting and to
+// started are stored nowhere else (no batch.awaiting notice, no
+// redrive.started event: issue 36). Each move is one line, however many
+// writes the batch makes in that state (a started batch's claims and
+// results).
+func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
+	h := pt.Start(t, pt.Options{})
+	url := "--nats=" + h.Env.URL()
+	turn := h.Send(h.Inbound("s-watch", "alice",
+		pt.Call("write_file", `{"path":"w1.txt","content":"1"}`), pt.Call("write_file", `{"path":"w2.txt","content":"2"}`)))
+	h.WaitPending(schemas.ApprovalID(turn, 1))
+	h.WaitState(turn, schemas.BatchAwaiting)
+	h.Decide(schemas.ApprovalID(turn, 0), schemas.OptionApprove, "alice")
+	h.Decide(schemas.ApprovalID(turn, 1), schemas.OptionApprove, "alice")
+	h.WaitTerminal(turn)
+
+	p := topology.TurnLogPartition(turn, len(h.Env.Buckets.TurnLogs))
+	started := 0
+	for _, m := range h.Messages(topology.TurnLogStream(p), topology.TurnLogWildcard(p, turn)) {
+		if strings.HasSuffix(m.Subject, "."+string(schemas.BatchStarted)) {
+			started++
+		}
+	}
+	if started < 2 {
+		t.Fatalf("the turn's log has %d started writes, want several (the move, then claims and results)", started)
+	}
+
+	r, w := io.Pipe()
+	ctx, cancel := context.WithTimeout(context.Background(), pt.Wait)
+	defer cancel()
+	errR, errW := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		done <- runWatch(ctx, watchCmd, []string{url, "--all", "--turn", turn}, w, errW)
+		w.Close()
+		errW.Close()
+	}()
+	said, err := bufio.NewReader(errR).ReadString('\n')
+	if err != nil || !strings.Contains(said, "the turn logs") {
+		t.Fatalf("watch said %q (%v), want that it follows the turn logs", said, err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, errR) }()
+
+	var lines []string
+	count := func(s string) int {
+		n := 0
+		for _, l := range lines {
+			if strings.Contains(l, s) {
+				n++
+			}
+		}
+		return n
+	}
+	sc := bufio.NewScanner(r)
+	for (count("batch "+turn+" completed") == 0 || count(topology.SubjectTurnOutcome) == 0) && sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	cancel()
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	all := strings.Join(lines, "\n")
+	for _, want := range []string{
+		"batch " + turn + " queued", "batch " + turn + " running", "batch " + turn + " awaiting (2 approvals)",
+		"batch " + turn + " started (approvals decided, calls free to run)", "batch " + turn + " completed (2 results)",
+		topology.TurnLogSubject(p, turn, string(schemas.BatchStarted)),
+	} {
+		if n := count(want); n != 1 {
+			t.Errorf("watch printed %q %d times, want once:\n%s", want, n, all)
+		}
+	}
+	if count(topology.SubjectBatchAwaiting) != 0 || count(topology.SubjectRedrive+string(schemas.RedriveStarted)) != 0 {
+		t.Errorf("watch printed an awaiting notice or a redrive started event, which this version does not publish:\n%s", all)
+	}
+}
+
+func TestWatchRefusesATurnThatIsNoTurnID(t *testing.T) {
+	h := pt.Start(t, pt.Options{Stages: []string{}})
+	if code := runWatch(context.Background(), watchCmd, []string{"--nats=" + h.Env.URL(), "--turn", "t 1"}, io.Discard, io.Discard); code != 2 {
+		t.Fatalf("exit %d, want 2 (usage)", code)
+	}
+}
+
+func TestBatchSummary(t *testing.T) {
+	for _, tc := range []struct {
+		b    schemas.BatchRecord
+		want string
+	}{
+		{schemas.BatchRecord{TurnID: "t-1", State: schemas.BatchAwaiting, Approvals: []string{"", "a-1-1"}}, "batch t-1 awaiting (1 approvals)"},
+		{schemas.BatchRecord{TurnID: "t-1", State: schemas.BatchFailed, Results: make([]*schemas.ToolResult, 2),
+			Code: schemas.CodeBatchStateInvalid, Reason: "bad\nstate"}, "batch t-1 failed (0 results) BATCH_STATE_INVALID: bad"},
+	} {
+		if got := batchSummary(&tc.b); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("batchSummary = %q, want %q...", got, tc.want)
+		}
+	}
+}
