@@ -172,7 +172,7 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 	var early *errBeforeAwaiting
 	if errors.As(err, &early) {
 		if md, merr := m.Metadata(); merr == nil {
-			if r.cfg.Engine.Now().Sub(md.Timestamp) > maxAwaitingWait {
+			if md.NumDelivered > maxAwaitingDeliveries {
 				// The executor has not moved the batch on for long (it
 				// died, and the sweep re-announces a running batch): the
 				// sweep redrives it once it waits (every approval
@@ -192,14 +192,16 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 // executor announces nothing: the awaiting write is in the turn's log), so
 // it is not acknowledged but waits (runner.Waiting: not a failure), from
 // minAwaitingRetry doubling to maxAwaitingRetry, for the batch to wait.
-// After maxAwaitingWait from its publication (the executor died mid-step,
-// and the sweep re-announces its running batch after the claim lease) it
-// is acknowledged with a deferred outcome: the recovery sweep redrives an
-// awaiting batch whose approvals are all decided.
+// After maxAwaitingDeliveries, about 10 minutes (the executor died
+// mid-step, and the sweep re-announces its running batch after the claim
+// lease), it is acknowledged with a deferred outcome: the recovery sweep
+// redrives an awaiting batch whose approvals are all decided. The bound
+// counts deliveries, not time, so that no clock of another machine enters
+// it.
 const (
-	minAwaitingRetry = 20 * time.Millisecond
-	maxAwaitingRetry = 5 * time.Second
-	maxAwaitingWait  = 10 * time.Minute
+	minAwaitingRetry      = 20 * time.Millisecond
+	maxAwaitingRetry      = 5 * time.Second
+	maxAwaitingDeliveries = 128
 )
 
 // errBeforeAwaiting is Redrive's runner.Waiting error for a batch not yet

@@ -729,3 +729,42 @@ func TestABatchWrittenAfterItsEvaluationIsEvaluatedAgain(t *testing.T) {
 		t.Fatalf("%d started outcomes: the batch was moved to started on an evaluation of the record before the tampering", n)
 	}
 }
+
+// A decision that reaches the redriver before its batch waits for it (the
+// executor creates the approvals, then writes the batch awaiting) is held
+// back, not acknowledged: it is retried until the batch waits, then starts
+// the batch, once. Nothing else would: the executor announces nothing.
+func TestADecisionBeforeTheBatchWaitsIsHeldUntilItWaits(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}})
+	turn := h.Send(h.Inbound("early", "alice", pt.Call("count", `{}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitPending(id)
+	h.WaitState(turn, schemas.BatchAwaiting)
+	// As if the executor had not written the batch awaiting yet.
+	h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchRunning })
+	retried := func() float64 {
+		return h.Metric("tollgate_messages_retried_total", map[string]string{"stage": pt.Redriver})
+	}
+	before := retried()
+	h.Decide(id, schemas.OptionApprove, "alice")
+	jstest.Eventually(t, pt.Wait, "the decided event retried while the batch runs", func() bool { return retried() >= before+2 })
+	if b := h.Batch(turn); b.State != schemas.BatchRunning || count.Total() != 0 || h.Starts(turn) != 0 {
+		t.Fatalf("batch %s, %d runs, %d starts while it had not waited yet; want it untouched", b.State, count.Total(), h.Starts(turn))
+	}
+	if n := len(h.Redrives("deferred", turn)); n != 0 {
+		t.Fatalf("%d deferred outcomes for a held decision, want none", n)
+	}
+	// The executor's awaiting write lands.
+	h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchAwaiting })
+	b, _ := h.WaitTerminal(turn)
+	if b.State != schemas.BatchCompleted || b.Results[0].Status != schemas.ResultOK {
+		t.Fatalf("batch %s result %+v, want completed ok", b.State, b.Results[0])
+	}
+	if n, s := count.Total(), h.Starts(turn); n != 1 || s != 1 {
+		t.Fatalf("%d runs and %d starts, want 1 and 1", n, s)
+	}
+	if n := len(h.Outcomes(turn)); n != 1 {
+		t.Fatalf("%d outcomes, want 1", n)
+	}
+}
