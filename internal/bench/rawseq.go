@@ -85,11 +85,12 @@ var rawFast = []step{
 // the fact), so the decided event is the redriver's one trigger: it reads
 // the turn's last event and the approval, moves the batch to started (the
 // log's started append is the fact: no redrive outcome is published for
-// it), runs the approved call and completes the batch. A decided event
-// that reaches the redriver before the awaiting append (the decider
-// answers the requested event, which comes before that append) is NAKed
-// until the batch waits (pipeline/redriver, errBeforeAwaiting): then the
-// same group, later. The trace lets the executor finish before the
+// it), runs the approved call and completes the batch. The approval is
+// announced (requested) only after the awaiting append, so a decider that
+// answers the announcement finds the batch waiting; a decided event that
+// still reaches the redriver first (a decision made from the approvals
+// bucket itself) is NAKed until the batch waits (pipeline/redriver,
+// errBeforeAwaiting): then the same group, later. The trace lets the executor finish before the
 // decision is submitted, so it shows the group once.
 var rawApproval = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 273},
@@ -103,8 +104,8 @@ var rawApproval = []step{
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed
 	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},                                     // no standing grant covers it
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},
-	{Stage: "executor", Op: "publish", On: "tollgate.event.approval.requested.<turn>", MsgID: true, Bytes: 935},
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.awaiting", MsgID: true, Bytes: 1153}, // call 0's result
+	{Stage: "executor", Op: "publish", On: "tollgate.event.approval.requested.<turn>", MsgID: true, Bytes: 935}, // once the batch waits
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
 	{Stage: "approver", Op: "kv.get", On: "tollgate_approvals/<approval>"},

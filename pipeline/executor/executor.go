@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -99,6 +100,10 @@ type Executor struct {
 	previews *prometheus.CounterVec
 	// previewer takes the previews of pending approvals (previews.go).
 	previewer *previewer
+	// beforeAnnounce, when set (tests), runs between a batch's awaiting
+	// write and the announcements of its approvals; an error it returns
+	// is the handler's, as a crash there would leave things.
+	beforeAnnounce atomic.Pointer[func(turn string) error]
 }
 
 // DefaultOrderWait bounds how long a turn waits for an earlier inbound
@@ -313,9 +318,13 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 	switch b.State {
 	case schemas.BatchCompleted, schemas.BatchFailed:
 		return eng.Finish(ctx, b)
-	case schemas.BatchAwaiting, schemas.BatchStarted:
-		// The redriver's: its decided events, and its sweep for a
-		// started batch whose redriver died.
+	case schemas.BatchAwaiting:
+		// The redriver's (its decided events). The announcements of its
+		// approvals may have been cut short by a crash: made again.
+		return x.reannounce(ctx, b)
+	case schemas.BatchStarted:
+		// The redriver's: its sweep resumes a started batch whose
+		// redriver died.
 		return nil
 	}
 
@@ -534,6 +543,8 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 	}
 	var asks []ask // approval records to write, with their previews
 	var previews []previewAsk
+	// The approvals as stored, announced once the batch waits for them.
+	var announce []*schemas.ApprovalRecord
 	for i, p := range plans {
 		if !p.ask {
 			continue
@@ -562,12 +573,13 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		}
 		for _, a := range asks {
 			a.rec.Preview = got[a.rec.ApprovalID] // nil for a decided one
-			id, err := x.requestApproval(ctx, a.rec)
+			stored, err := x.requestApproval(ctx, a.rec)
 			if err != nil {
 				return run.KeepOnError(ctx, err)
 			}
-			x.previewer.forget(id)
-			approvals[a.i] = id
+			x.previewer.forget(stored.ApprovalID)
+			approvals[a.i] = stored.ApprovalID
+			announce = append(announce, stored)
 		}
 	}
 	waiting := false // a call waits on its approval
@@ -609,7 +621,23 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 	if b.State != schemas.BatchAwaiting {
 		return x.Advance(ctx, b.TurnID)
 	}
-	// Nothing is announced: the awaiting write is the turn's event, and a
+	// The approvals are announced only now that the batch waits for them,
+	// so that a decision made on the announcement (a person, a bot on the
+	// event feed, a standing grant's decided event) finds the batch
+	// waiting: the redriver would otherwise hold it back until it does. A
+	// crash before every announcement is made is made good by the
+	// redelivery, which finds the batch awaiting (reannounce).
+	if f := x.beforeAnnounce.Load(); f != nil {
+		if err := (*f)(b.TurnID); err != nil {
+			return err
+		}
+	}
+	for _, rec := range announce {
+		if err := x.announce(ctx, rec); err != nil {
+			return err
+		}
+	}
+	// No awaiting notice: the awaiting write is the turn's event, and a
 	// decision that came before it waits for it at the redriver.
 	// A turn that queued behind this one while it was running finds it
 	// waiting only now.
@@ -687,32 +715,52 @@ func (x *Executor) newApproval(ctx context.Context, b *schemas.BatchRecord, call
 	return rec, nil
 }
 
-// requestApproval creates approval record rec (once) and publishes the
-// approval-requested event with the record as stored, unless it is no
-// longer pending (a redelivery after it was decided): a prompt is only ever
-// announced for something that can still be answered.
+// requestApproval creates approval record rec (once) and returns the
+// record as stored; the batch announces it (announce) once it waits.
 //
 // A pending record carries the tool's preview of the call (previews.go).
-func (x *Executor) requestApproval(ctx context.Context, rec *schemas.ApprovalRecord) (string, error) {
+func (x *Executor) requestApproval(ctx context.Context, rec *schemas.ApprovalRecord) (*schemas.ApprovalRecord, error) {
 	id := rec.ApprovalID
 	_, err := x.cfg.Store.Approvals.Create(ctx, id, rec)
 	switch {
 	case errors.Is(err, store.ErrExists):
 		if rec, _, err = x.cfg.Store.Approvals.Get(ctx, id); err != nil {
-			return "", err
+			return nil, err
 		}
 	case err != nil:
-		return "", err
+		return nil, err
 	default:
 		x.requested.Inc()
 		if rec.Decision != nil && rec.Decision.Grant != nil {
 			x.grantsUsed.WithLabelValues(string(rec.Status)).Inc()
 		}
 	}
-	if err := x.announce(ctx, rec); err != nil {
-		return "", err
+	return rec, nil
+}
+
+// reannounce announces the approvals of b, which waits for them, again
+// (each publish under its message id, so a repeat within the streams'
+// duplicate window is stored once; one still pending is announced, one a
+// standing grant decided gets its decided and grant events): for a
+// redelivery after a crash between the awaiting write and the
+// announcements.
+func (x *Executor) reannounce(ctx context.Context, b *schemas.BatchRecord) error {
+	for _, id := range b.Approvals {
+		if id == "" {
+			continue
+		}
+		rec, _, err := x.cfg.Store.Approvals.Get(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound), schemas.Permanent(err):
+			continue // gone (retention) or undecodable: the redriver fails such a batch closed
+		case err != nil:
+			return err
+		}
+		if err := x.announce(ctx, rec); err != nil {
+			return err
+		}
 	}
-	return id, nil
+	return nil
 }
 
 // announce publishes the approval-requested event of rec (its record as

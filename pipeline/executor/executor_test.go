@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -563,5 +565,39 @@ func TestBadTurnsAreDeadLetteredAndTheExecutorKeepsGoing(t *testing.T) {
 	h.Publish(topology.AcceptedSubject(key), at.TurnID, at)
 	if b, _ := h.WaitTerminal(at.TurnID); b.Results[0].Output != "fine" {
 		t.Fatalf("result %+v", b.Results[0])
+	}
+}
+
+// The approvals of a batch are announced only once it waits for them, and
+// a stage that stops between the awaiting write and the announcements
+// (here: fails there, as a crash would leave it) announces them when its
+// message comes back and finds the batch waiting. Exactly one
+// approval-requested event is stored.
+func TestApprovalsCutOffFromTheirAnnouncementAreAnnouncedOnRedelivery(t *testing.T) {
+	h := pt.Start(t, pt.Options{})
+	var calls atomic.Int32
+	executor.SetBeforeAnnounce(h.Executor, func(string) error {
+		if calls.Add(1) == 1 {
+			return errors.New("the executor stops before announcing")
+		}
+		return nil
+	})
+	turn := h.Send(h.Inbound("cut-off", "alice", pt.Call("write_file", `{"path":"cut/a.txt","content":"x"}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitState(turn, schemas.BatchAwaiting)
+	var reqs []*schemas.ApprovalRecord
+	jstest.Eventually(t, pt.Wait, "the approval announced after the redelivery", func() bool {
+		reqs = h.Requested(turn)
+		return len(reqs) > 0
+	})
+	h.WaitIdle(pt.Executor)
+	if reqs = h.Requested(turn); len(reqs) != 1 || reqs[0].ApprovalID != id || reqs[0].Status != schemas.ApprovalPending {
+		t.Fatalf("approval-requested events %+v, want one, pending, for %s", reqs, id)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the announcement step ran %d times, want once (the redelivery found the batch waiting and announced from there)", n)
+	}
+	if b := h.Batch(turn); b.State != schemas.BatchAwaiting || b.Approvals[0] != id {
+		t.Fatalf("batch %s approvals %v, want awaiting on %s", b.State, b.Approvals, id)
 	}
 }
