@@ -2,7 +2,7 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -47,11 +47,16 @@ var (
 // the event at its revision (turnlog's compare-and-set, which covers the
 // one turn).
 //
-// Each append's message id is "<turn>.<state>.<revision>.<digest>", the
-// digest of the record's bytes, so an append made again with the same
-// record after the same event (a lost acknowledgement, a crash and
-// redelivery) is recognised as the writer's own, and a different record
-// written by another writer at the same place never is.
+// Each append's message id is "<turn>.<state>.<revision>.<nonce>", the
+// nonce 16 random hex digits drawn for the append: its attempts after a
+// lost acknowledgement carry the same id, so the writer recognises its own
+// stored append (turnlog's read-back), and no other append ever carries
+// it. (A digest of the record's bytes would not do: two writers of one
+// engine racing to claim the same call under the same clock reading write
+// identical bytes, and the loser would take the winner's append for its
+// own; TestConcurrentRunsRunACallOnce found it. A stage that makes a
+// write again after a crash reads the turn's last event first, so it
+// never needs to recognise an append of its former self.)
 //
 // Unlike the bucket, a turn's log keeps every event until the stream's
 // MaxAge: there is no delete, and retention is the stream's.
@@ -123,8 +128,11 @@ func (b BatchLog) append(ctx context.Context, turn string, rec *schemas.BatchRec
 	if err != nil {
 		return 0, err
 	}
-	sum := sha256.Sum256(data)
+	var nonce [8]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return 0, fmt.Errorf("append the batch of %s: draw its message id: %w", turn, err)
+	}
 	event := string(rec.State)
 	return b.Log.Append(ctx, turnlog.Append{Turn: turn, Event: event, After: after, Data: data,
-		MsgID: turn + "." + event + "." + strconv.FormatUint(after, 10) + "." + hex.EncodeToString(sum[:8])})
+		MsgID: turn + "." + event + "." + strconv.FormatUint(after, 10) + "." + hex.EncodeToString(nonce[:])})
 }

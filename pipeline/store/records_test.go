@@ -236,11 +236,16 @@ func sameRecord(t *testing.T, a, b *schemas.BatchRecord) bool {
 	return string(ea) == string(eb)
 }
 
-// A batch log's write made again after its acknowledgement was lost, or
-// by a stage redelivered after a crash (the same record after the same
-// event), is recognised, not refused; a different record written there
-// by another writer is a conflict.
-func TestBatchLogRecognisesARepeatedWrite(t *testing.T) {
+// Every append of a batch log is told from every other, even one of the
+// same bytes at the same place: two writers of one engine racing to claim
+// the same call under the same clock reading write identical records, and
+// the loser must see a conflict, not take the winner's append for its own
+// (TestConcurrentRunsRunACallOnce, pipeline/batch, found it when the
+// message id was a digest of the record). A write made again by a new call
+// (a stage redelivered after a crash) is a conflict too: the stage reads
+// the turn's last event and goes on from it. (A lost acknowledgement
+// within one call is recognised: jetstream/turnlog's tests.)
+func TestBatchLogTellsEveryAppendFromEveryOther(t *testing.T) {
 	b := batchStores[1].open(t).(store.BatchLog)
 	ctx := jstest.Ctx(t)
 	first := batch("t-1", schemas.BatchRunning)
@@ -248,26 +253,24 @@ func TestBatchLogRecognisesARepeatedWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := b.Create(ctx, "t-1", first); err != nil || again != rev {
-		t.Fatalf("the same create made again: @%d, %v; want @%d, recognised", again, err, rev)
+	if _, err := b.Create(ctx, "t-1", first); !errors.Is(err, store.ErrExists) {
+		t.Fatalf("the same create made again: %v; want ErrExists", err)
 	}
 	next := batch("t-1", schemas.BatchAwaiting)
 	rev2, err := b.Update(ctx, "t-1", next, rev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := b.Update(ctx, "t-1", next, rev); err != nil || again != rev2 {
-		t.Fatalf("the same update made again: @%d, %v; want @%d, recognised", again, err, rev2)
+	if _, err := b.Update(ctx, "t-1", next, rev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("the same update made again at the same place: %v; want ErrConflict", err)
 	}
-	other := batch("t-1", schemas.BatchAwaiting)
-	other.Approvals = []string{"a-x-0"}
-	if _, err := b.Update(ctx, "t-1", other, rev); !errors.Is(err, store.ErrConflict) {
-		t.Fatalf("another record in the same state at the same place: %v, want ErrConflict", err)
+	if got, at, err := b.Get(ctx, "t-1"); err != nil || at != rev2 || got.State != schemas.BatchAwaiting {
+		t.Fatalf("the batch: %+v @%d %v; want the one update, @%d", got, at, err, rev2)
 	}
 	if _, err := b.Create(ctx, "t-2", batch("t-1", schemas.BatchRunning)); schemas.CodeOf(err) != schemas.CodeInvalidInput {
 		t.Fatalf("t-1's batch kept under t-2: %v, want INVALID_INPUT", err)
 	}
-	if st := b.Log.Stats(); st.Own != 2 {
-		t.Errorf("%d writes recognised as own, want 2", st.Own)
+	if st := b.Log.Stats(); st.Own != 0 {
+		t.Errorf("%d writes recognised as own, want none", st.Own)
 	}
 }
