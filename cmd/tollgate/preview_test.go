@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -23,11 +22,7 @@ func TestShowGivesTheOperatorTheWholePreview(t *testing.T) {
 	turn := h.Send(h.Inbound("s-private", "alice", pt.Call("write_file", `{"path":"private.txt","content":"x\n"}`)))
 	id := schemas.ApprovalID(turn, 0)
 	h.WaitPending(id)
-	var reqs []*schemas.ApprovalRecord
-	jstest.Eventually(t, pt.Wait, "the approval announced (once its batch waits)", func() bool {
-		reqs = h.Requested(turn)
-		return len(reqs) > 0
-	})
+	reqs := h.WaitRequested(turn, 1)
 	if len(reqs) != 1 || reqs[0].Preview == nil || reqs[0].Preview.Text != "" {
 		t.Fatalf("approval.requested events %+v, want the preview's summary only", reqs)
 	}

@@ -132,6 +132,20 @@ func (h *H) Requested(turnID string) []*schemas.ApprovalRecord {
 	return DecodeAll[schemas.ApprovalRecord](h.T, h.Events(topology.EventSubject(topology.SubjectApprovalRequested, turnID)))
 }
 
+// WaitRequested waits until turnID has at least n approval-requested events
+// and returns them all. An approval is announced after its batch's move to
+// awaiting is durable, so the event follows the approval's KV write: a test
+// that has seen the record pending waits here for its announcement.
+func (h *H) WaitRequested(turnID string, n int) []*schemas.ApprovalRecord {
+	h.T.Helper()
+	var reqs []*schemas.ApprovalRecord
+	jstest.Eventually(h.T, h.wait, fmt.Sprintf("%d approval-requested events of %s", n, turnID), func() bool {
+		reqs = h.Requested(turnID)
+		return len(reqs) >= n
+	})
+	return reqs
+}
+
 // Decided returns the approval-decided events of turnID.
 func (h *H) Decided(turnID string) []*schemas.DecidedEvent {
 	h.T.Helper()

@@ -124,7 +124,7 @@ func TestApprovalPathWritesAPendingRecordBoundToTheCall(t *testing.T) {
 			if got := a.ExpiresAt.Sub(a.RequestedAt); got != 24*time.Hour {
 				t.Fatalf("expires %v after request, want 24h", got)
 			}
-			reqs := h.Requested(turn)
+			reqs := h.WaitRequested(turn, 1)
 			if len(reqs) != 1 || reqs[0].ApprovalID != id || reqs[0].ArgsDigest != a.ArgsDigest {
 				t.Fatalf("approval-requested events %+v, want one for %s", reqs, id)
 			}
@@ -366,6 +366,7 @@ func TestRedeliveredAcceptedTurnRunsItsCallsOnce(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy, Tools: []tools.Tool{count}})
 	turn := h.Send(h.Inbound("redeliver", "alice", pt.Call("free", `{}`), pt.Call("write_file", `{"path":"r.txt","content":"1"}`)))
 	h.WaitPending(schemas.ApprovalID(turn, 1))
+	h.WaitRequested(turn, 1)
 
 	// The accepted turn as stored, republished under fresh message ids
 	// (bypassing the stream's dedupe) while the batch awaits approval...

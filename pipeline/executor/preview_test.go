@@ -11,7 +11,6 @@ import (
 	"time"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -92,11 +91,7 @@ func TestPendingApprovalCarriesThePreview(t *testing.T) {
 			// The event has the preview summary-only (docs/security.md
 			// rule 17): status, kind and counts, nothing of the content
 			// (marked redacted where there was content to leave out).
-			var reqs []*schemas.ApprovalRecord
-			jstest.Eventually(t, pt.Wait, "the approval announced (once its batch waits)", func() bool {
-				reqs = h.Requested(turn)
-				return len(reqs) > 0
-			})
+			reqs := h.WaitRequested(turn, 1)
 			if len(reqs) != 1 || reqs[0].Preview == nil {
 				t.Fatalf("approval-requested events %+v, want one with a preview", reqs)
 			}

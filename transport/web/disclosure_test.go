@@ -24,7 +24,7 @@ func TestTheDecidersCardShowsTheWholePreview(t *testing.T) {
 	live := alice.events(t, after[:strings.IndexByte(after, '"')], "")
 
 	a := in.request("carol", "write_file", `{"path":"private.txt","content":"x\n"}`, false)
-	if reqs := in.Requested(a.TurnID); len(reqs) != 1 || reqs[0].Preview == nil || !reqs[0].Preview.Redacted || reqs[0].Preview.Text != "" {
+	if reqs := in.WaitRequested(a.TurnID, 1); len(reqs) != 1 || reqs[0].Preview == nil || !reqs[0].Preview.Redacted || reqs[0].Preview.Text != "" {
 		t.Fatalf("approval.requested events %+v, want the preview's summary only", reqs)
 	}
 	prompt := live.next(t, "prompt", a.ApprovalID)
