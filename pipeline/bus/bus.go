@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -79,74 +78,6 @@ func tooLarge(err error) bool {
 		return api.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum || api.ErrorCode == jsErrCodeHeaderExceedsMaximum
 	}
 	return errors.Is(err, nats.ErrMaxPayload)
-}
-
-// AckTimeout bounds how long Pending.Wait waits for a stream's
-// acknowledgement, as the JetStream API's default request timeout does
-// for a synchronous publish.
-const AckTimeout = 5 * time.Second
-
-// Pending is a publish sent without waiting for the stream's
-// acknowledgement (PublishAsync): the caller goes on with other work and
-// calls Wait before anything that must come after the message is stored.
-// A Pending is used by one goroutine.
-type Pending struct {
-	subject, msgID string
-	f              jetstream.PubAckFuture
-	done           bool
-	err            error
-}
-
-// PublishAsync encodes r and sends it on subject with Nats-Msg-Id msgID
-// and the trace context of ctx's span, like Publish, but returns once it
-// is sent; Wait reports whether it was stored. It fails at once only if r
-// does not encode or the message cannot be sent.
-func PublishAsync(ctx context.Context, js jetstream.JetStream, subject, msgID string, r schemas.Record) (*Pending, error) {
-	data, err := schemas.Encode(r)
-	if err != nil {
-		return nil, fmt.Errorf("publish %s: %w", subject, err)
-	}
-	var opts []jetstream.PublishOpt
-	if msgID != "" {
-		opts = append(opts, jetstream.WithMsgID(msgID))
-	}
-	f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data, Header: tracing.Inject(ctx, nil)}, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("publish %s (msg id %q): %w", subject, msgID, err)
-	}
-	return &Pending{subject: subject, msgID: msgID, f: f}, nil
-}
-
-// Wait returns nil once the message is stored, or the error the stream
-// answered (CodePayloadTooLarge for a size refusal, as PublishRaw), or an error when no answer came within AckTimeout or ctx
-// ended. Called again, it returns the same answer without waiting. A nil
-// Pending has nothing to wait for.
-func (p *Pending) Wait(ctx context.Context) error {
-	if p == nil {
-		return nil
-	}
-	if p.done {
-		return p.err
-	}
-	t := time.NewTimer(AckTimeout)
-	defer t.Stop()
-	select {
-	case <-p.f.Ok():
-	case err := <-p.f.Err():
-		p.err = err
-	case <-t.C:
-		p.err = fmt.Errorf("no acknowledgement within %v", AckTimeout)
-	case <-ctx.Done():
-		return fmt.Errorf("publish %s (msg id %q): %w", p.subject, p.msgID, ctx.Err()) // not settled: may be waited for again
-	}
-	p.done = true
-	switch {
-	case tooLarge(p.err):
-		p.err = schemas.Errorf(schemas.CodePayloadTooLarge, "publish %s (msg id %q): %w", p.subject, p.msgID, p.err)
-	case p.err != nil:
-		p.err = fmt.Errorf("publish %s (msg id %q): %w", p.subject, p.msgID, p.err)
-	}
-	return p.err
 }
 
 // Stored reports whether stream s holds a message on subject (its last
