@@ -199,7 +199,7 @@ bench-cluster: build
 
 ## bench-layout: the raw turn (the stages' JetStream operations, no Tollgate code) in storage layouts, both sync
 ## settings: today's and the two one-write-per-fact designs, (a) records are the log and (b) the turn's events are the
-## log, at 1 and 4 partitions; BENCH_LAYOUTS also offers fewer, group-commit, state, state-fewer, and
+## log, at 1 and 4 partitions; BENCH_LAYOUTS also offers group-commit and state, and
 ## BENCH_LAYOUT_PARTITIONS other partition counts (internal/bench/layout.go, docs/bench.md)
 bench-layout: build
 	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PHASES=layout $(BIN)/tollgate-bench

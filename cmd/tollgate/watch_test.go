@@ -76,7 +76,7 @@ func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
 	}
 	all := strings.Join(lines, "\n")
 	for _, want := range []string{
-		"batch " + turn + " queued", "batch " + turn + " running", "batch " + turn + " awaiting (2 approvals)",
+		"batch " + turn + " running", "batch " + turn + " awaiting (2 approvals)",
 		"batch " + turn + " started (approvals decided, calls free to run)", "batch " + turn + " completed (2 results)",
 		topology.TurnLogSubject(p, turn, string(schemas.BatchStarted)),
 	} {

@@ -24,7 +24,6 @@ import (
 // default is today,records,events):
 //
 //   - today: the raw turn as it is (every write acknowledged alone);
-//   - fewer: today's, with the writes two cheap levers drop (fewerWrites);
 //   - group-commit: today's writes through a group committer
 //     (jetstream/groupcommit, the configuration Tollgate uses), one per
 //     stream;
@@ -34,8 +33,6 @@ import (
 //     group committer, so that every KV write of every turn in flight meets
 //     on one stream (today's batch records are in the turn logs, which stay
 //     where they are: the KV writes left are the approvals' and sessions');
-//   - state-fewer: the same, and a turn makes the writes fewerWrites
-//     leaves;
 //   - records: design (a) of one write per fact, records are the log
 //     (rawseq.go: recordsFast, recordsApproval);
 //   - events: design (b), the turn's events are the log (eventsFast,
@@ -56,7 +53,7 @@ const stateBucket = "tollgate_state"
 type design int
 
 const (
-	designToday   design = iota // today's sequence (rawseq.go), or fewer
+	designToday   design = iota // today's sequence (rawseq.go)
 	designRecords               // (a) records are the log
 	designEvents                // (b) the turn's events are the log
 )
@@ -65,7 +62,6 @@ const (
 type rawLayout struct {
 	groupCommit bool // writes go through a group committer
 	state       bool // the four hot buckets are one (stateBucket)
-	fewer       bool // the sequence without the writes fewerWrites drops
 	design      design
 	partitions  int // records and events: P, the streams the state writes are spread over
 }
@@ -73,8 +69,8 @@ type rawLayout struct {
 // layoutKinds are the layouts BENCH_LAYOUTS names (records and events
 // get their partitions from BENCH_LAYOUT_PARTITIONS).
 var layoutKinds = map[string]rawLayout{
-	"today": {}, "fewer": {fewer: true}, "group-commit": {groupCommit: true},
-	"state": {groupCommit: true, state: true}, "state-fewer": {groupCommit: true, state: true, fewer: true},
+	"today": {}, "group-commit": {groupCommit: true},
+	"state":   {groupCommit: true, state: true},
 	"records": {design: designRecords}, "events": {design: designEvents},
 }
 
@@ -89,9 +85,6 @@ func (l rawLayout) String() string {
 	name := "raw turn, today's layout"
 	if l.state {
 		name = "raw turn, state stream"
-	}
-	if l.fewer {
-		name += ", fewer writes"
 	}
 	if l.groupCommit {
 		name += ", group commit"
@@ -113,8 +106,6 @@ func (l rawLayout) sequence(p path, today []step) []step {
 		return eventsApproval
 	case l.design == designEvents:
 		return eventsFast
-	case l.fewer:
-		return fewerWrites(today)
 	}
 	return today
 }
@@ -255,36 +246,10 @@ func stateBucketStream(st storage) jetstream.StreamConfig {
 	return bucketStreamAs(st, "", stateBucket, "bench: the state-stream layout")
 }
 
-// fewerWrites is seq without the writes two levers would remove:
-//
-//   - a batch created already running when its session is free: the
-//     executor's write of the batch record right after it acquired the
-//     session (queued -> running, with the first call's claim: an append
-//     to the turn's log, or an update in a batches bucket) goes;
-//   - an execution claim's result kept only in the batch record: the
-//     claim's update with the result goes. Claims have since moved into
-//     the batch record (pipeline/batch, Run), so today's sequence has no
-//     claim record left to drop.
-//
-// Measured when claims were records of their own: fast turn 10 -> 8
-// writes, approval turn 21 -> 18. On today's sequence: 8 -> 7, 15 -> 14.
-func fewerWrites(seq []step) []step {
-	var out []step
-	for i, s := range seq {
-		bucket, _, _ := strings.Cut(s.On, "/")
-		batchWrite := s.Op == "kv.update" && bucket == topology.BucketBatches ||
-			s.Op == "log.append" && strings.HasPrefix(s.On, topology.SubjectTurnLogPrefix)
-		switch {
-		case s.Op == "kv.update" && bucket == topology.BucketClaims:
-			continue
-		case batchWrite && i > 0 &&
-			seq[i-1].Stage == s.Stage && seq[i-1].Op == "kv.update" && strings.HasPrefix(seq[i-1].On, topology.BucketSessions+"/") && s.Stage == "executor":
-			continue
-		}
-		out = append(out, s)
-	}
-	return out
-}
+// The layouts "fewer" and "state-fewer" measured two levers before they
+// were built (docs/bench.md, "Two writes fewer"): execution claims kept in
+// the batch record, and a batch created already running when its session
+// is free. Both are today's sequence now, so the layouts are gone.
 
 // ensureLayout creates what layout l needs beyond Tollgate's topology:
 // the state bucket, design (a)'s P batch buckets (configured as Tollgate's

@@ -27,8 +27,10 @@ import (
 // the upgrade): a read, found empty, on every turn.
 //
 // The executor reads the session record (for the session-order check, see
-// pipeline/sessionorder) and queues the turn by compare-and-set at
-// that revision. On a session's first turn the read finds nothing and the
+// pipeline/sessionorder) and, the session being free, takes it for the
+// turn by compare-and-set at that revision; only then does it create the
+// batch, already running with call 0 claimed (executor's startAtOnce: a
+// turn that must wait for its session is created queued instead). On a session's first turn the read finds nothing and the
 // record is created instead, in Tollgate (Acquire) as in the raw program.
 // Between the session record's read and its update, the executor looks up
 // the session's first inbound message after the record's watermark (one
@@ -67,11 +69,10 @@ var rawFast = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 213},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 713},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"}, // no earlier version's batch of the turn
-	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.queued", MsgID: true, Bytes: 793},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                            // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855},   // call 0 claimed
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.completed", MsgID: true, Bytes: 942}, // call 0's result
 	{Stage: "executor", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 263},
@@ -96,11 +97,10 @@ var rawApproval = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 273},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"}, // no earlier version's batch of the turn
-	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.queued", MsgID: true, Bytes: 980},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                           // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed
 	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},                                     // no standing grant covers it
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},

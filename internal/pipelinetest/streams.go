@@ -185,17 +185,29 @@ func (h *H) WaitRejection(d *schemas.Decision) *schemas.DecisionRejected {
 // calls free to run; no redrive outcome is published for it any more.
 func (h *H) Starts(turnID string) int {
 	h.T.Helper()
-	p := topology.TurnLogPartition(turnID, len(h.Env.Buckets.TurnLogs))
-	prefix := topology.TurnLogSubject(p, turnID, "")
 	n, last := 0, ""
-	for _, m := range h.Messages(topology.TurnLogStream(p), topology.TurnLogWildcard(p, turnID)) {
-		name := strings.TrimPrefix(m.Subject, prefix)
+	for _, name := range h.LogEvents(turnID) {
 		if name == string(schemas.BatchStarted) && last != name {
 			n++
 		}
 		last = name
 	}
 	return n
+}
+
+// LogEvents returns the names of the events in turnID's log, oldest
+// first: the batch record's states as each write left it (queued,
+// running, awaiting, ...). A batch kept in the batches bucket (an earlier
+// version's) has none.
+func (h *H) LogEvents(turnID string) []string {
+	h.T.Helper()
+	p := topology.TurnLogPartition(turnID, len(h.Env.Buckets.TurnLogs))
+	prefix := topology.TurnLogSubject(p, turnID, "")
+	var names []string
+	for _, m := range h.Messages(topology.TurnLogStream(p), topology.TurnLogWildcard(p, turnID)) {
+		names = append(names, strings.TrimPrefix(m.Subject, prefix))
+	}
+	return names
 }
 
 // Redrives returns the redrive outcomes of turnID of kind ("*" for all).

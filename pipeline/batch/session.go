@@ -39,6 +39,25 @@ func SessionOf(tc *schemas.TurnContext) Session {
 // (an empty snapshot: nothing read yet); Acquire leaves in it the session
 // record as it last read or wrote it, for ConcludeFrom's release.
 func (e *Engine) Acquire(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
+	return e.acquire(ctx, sess, turnID, inboundSeq, snap, true)
+}
+
+// AcquireIfFree is Acquire for a turn that has no batch record yet: it
+// makes turnID its session's active turn if the session is free (or
+// already held by turnID) and reports true, and otherwise writes nothing
+// and reports false. A turn joins a session's queue only once its batch
+// record exists (the queue's promotion reads it, see Release), so the
+// caller of a false answer creates the batch queued and then calls
+// Acquire. A true answer leaves turnID holding its session with no batch
+// record until the caller creates it: a caller that stops in between
+// either comes back (its message is redelivered, AcquireIfFree answers
+// true again without writing) or gives up on the turn and releases the
+// session (Engine.AbortTurn).
+func (e *Engine) AcquireIfFree(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
+	return e.acquire(ctx, sess, turnID, inboundSeq, snap, false)
+}
+
+func (e *Engine) acquire(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot, queue bool) (bool, error) {
 	key, sessionID := sess.Key, sess.ID
 	out := snap
 	for {
@@ -61,6 +80,10 @@ func (e *Engine) Acquire(ctx context.Context, sess Session, turnID string, inbou
 		}
 		if err != nil {
 			return false, fmt.Errorf("acquire session %s: %w", key, err)
+		}
+		if !queue && cur.Active != "" && cur.Active != turnID {
+			out.set(cur, rev)
+			return false, nil // busy: the caller creates the batch queued first
 		}
 		active, write := e.enqueue(cur, turnID, inboundSeq)
 		if !write {
@@ -167,6 +190,32 @@ func (e *Engine) AnnounceBatch(ctx context.Context, sess Session, b *schemas.Bat
 // active one, and changes nothing otherwise.
 func (e *Engine) Release(ctx context.Context, sess Session, turnID string) error {
 	return e.release(ctx, sess, turnID, nil)
+}
+
+// ReleaseUnrecorded releases sess if turnID holds it and has no batch
+// record: a turn given up on (its accepted message dead-lettered) between
+// AcquireIfFree and the creation of its batch must not hold its session
+// for good, and no sweep finds a session whose turn has no record. It
+// does nothing when turnID has a batch record (ending that batch releases
+// the session) or does not hold the session.
+func (e *Engine) ReleaseUnrecorded(ctx context.Context, sess Session, turnID string) error {
+	_, _, err := e.cfg.Store.Batches.Get(ctx, turnID)
+	switch {
+	case err == nil || schemas.Permanent(err):
+		return nil
+	case !errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("release the session of %s: load its batch: %w", turnID, err)
+	}
+	s, rev, err := e.cfg.Store.Sessions.Get(ctx, sess.Key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("release session %s: %w", sess.Key, err)
+	case s.Active != turnID:
+		return nil
+	}
+	return e.release(ctx, sess, turnID, &SessionSnapshot{Rec: s, Rev: rev})
 }
 
 // release is Release, starting from snap (if it holds the record) instead

@@ -5,15 +5,17 @@
 // each call, runs allowed calls at once, records denied ones, and writes a
 // pending approval record (with the turn's persisted TurnContext and the
 // exact call) for each call that needs a person. A batch with no approvals
-// completes at once; one with approvals is handed to the redriver by a
-// batch-awaiting notice.
+// completes at once; one with approvals waits (its turn log's awaiting
+// event), its approvals are announced, and the redriver resumes it once
+// they are decided.
 //
 // While it runs, the executor also answers topology.SubjectToolsList with
 // its tools and their policy modes (toolslist.go; `tollgate tools`).
 //
-// A session runs one batch at a time: a turn whose session is busy is
-// queued (pipeline/batch) and runs when a ready notice says its turn has
-// come.
+// A session runs one batch at a time: a turn whose session is free takes
+// it and has its batch created already running (startAtOnce); a turn whose
+// session is busy is created queued (pipeline/batch) and runs when a ready
+// notice says its turn has come.
 package executor
 
 import (
@@ -104,6 +106,9 @@ type Executor struct {
 	// write and the announcements of its approvals; an error it returns
 	// is the handler's, as a crash there would leave things.
 	beforeAnnounce atomic.Pointer[func(turn string) error]
+	// beforeCreate, when set (tests), runs in startAtOnce between the
+	// session's write and the creation of the batch (a crash there).
+	beforeCreate atomic.Pointer[func(turn string) error]
 }
 
 // DefaultOrderWait bounds how long a turn waits for an earlier inbound
@@ -238,7 +243,15 @@ func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 	if turnID == "" {
 		return nil
 	}
-	return x.cfg.Engine.Abort(ctx, turnID, code, cause.Error())
+	if err := x.cfg.Engine.Abort(ctx, turnID, code, cause.Error()); err != nil {
+		return err
+	}
+	// An accepted turn given up on before its batch was created may hold
+	// its session (startAtOnce): let the session's later turns run.
+	if t, err := schemas.Decode[schemas.AcceptedTurn](m.Data()); err == nil && t.TurnID == turnID && t.Context != nil {
+		return x.cfg.Engine.ReleaseUnrecorded(ctx, batch.SessionOf(t.Context), turnID)
+	}
+	return nil
 }
 
 // Accept records the batch of an accepted turn (once) and advances it. A
@@ -260,26 +273,102 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	if t.Context != nil {
 		rec.SessionID = t.Context.SessionID
 	}
+	if started, err := x.startAtOnce(ctx, rec); started || err != nil {
+		return err
+	}
 	rev, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec)
 	switch {
 	case err == nil:
 		return x.advance(ctx, rec, rev) // rec is what is stored: no need to read it back
 	case errors.Is(err, store.ErrExists):
-		// A redelivery: go on from the stored state. The create was refused
-		// because the record exists, so a read that finds none is stale: a
-		// former leader of the replicated bucket cut off from its peers
-		// still answers reads (make cluster-test's partition fault found
-		// this dead-lettering the turn and leaving its batch queued for
-		// good). It is a transient failure: tried again with the runner's
-		// growing delays, which outlast a partition that heals.
-		err := x.Advance(ctx, t.TurnID)
-		if schemas.CodeOf(err) == schemas.CodeBatchRecordMissing {
-			return fmt.Errorf("turn %s: its batch record exists but was not read back (a stale read): %w", t.TurnID, store.ErrNotFound)
-		}
-		return err
+		return x.advanceExisting(ctx, t.TurnID)
 	default:
 		return err
 	}
+}
+
+// advanceExisting is Advance for a turn whose batch record a create just
+// found: a redelivery goes on from the stored state. The create was
+// refused because the record exists, so a read that finds none is stale:
+// a former leader of the replicated store cut off from its peers still
+// answers reads (make cluster-test's partition fault found this
+// dead-lettering the turn and leaving its batch queued for good). It is a
+// transient failure: tried again with the runner's growing delays, which
+// outlast a partition that heals.
+func (x *Executor) advanceExisting(ctx context.Context, turnID string) error {
+	err := x.Advance(ctx, turnID)
+	if schemas.CodeOf(err) == schemas.CodeBatchRecordMissing {
+		return fmt.Errorf("turn %s: its batch record exists but was not read back (a stale read): %w", turnID, store.ErrNotFound)
+	}
+	return err
+}
+
+// startAtOnce creates the batch of a new accepted turn b (queued, not
+// stored yet) already running, when nothing stands between the turn and
+// its calls: it is no follow-up, it passes the batch checks, every earlier
+// inbound message of its session is settled (sessionorder), and its
+// session is free. Then the turn takes its session first
+// (batch.Engine.AcquireIfFree) and its batch's first record is running,
+// with the call that runs at once claimed: one write instead of two (a
+// queued record, then running). It reports whether it handled the turn;
+// when it did not, it has written nothing, and the turn takes the queued
+// path (Accept), which checks again and queues or waits.
+//
+// Between the session's write and the batch's creation the turn holds its
+// session with no batch record. A redelivery finds the session held by the
+// turn and creates the batch; a dead-lettered turn releases it (abort).
+func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (bool, error) {
+	eng := x.cfg.Engine
+	if b.Origin != "" || b.Context == nil || eng.Authorize(b) != nil || checkCalls(b) != nil {
+		// A follow-up may run inside its agent loop's hold (heldBy); a
+		// batch that fails at once is failed from its queued record.
+		return false, nil
+	}
+	checked, err := x.order.Check(ctx, b)
+	var wait *sessionorder.OutOfOrder
+	switch {
+	case errors.As(err, &wait):
+		// It waits for an earlier turn with its batch record queued, as a
+		// later turn's order check expects of a turn that has been
+		// accepted (sessionorder: a queued record holds it back without a
+		// time limit).
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	snap := checked
+	if snap == nil {
+		snap = &batch.SessionSnapshot{}
+	}
+	active, err := eng.AcquireIfFree(ctx, batch.SessionOf(b.Context), b.TurnID, sessionorder.ArrivalSeq(b), snap)
+	if err != nil || !active {
+		return false, err
+	}
+	if b.Context.SessionKey == "" {
+		x.cfg.Logger.Info("turn sealed before sessions were scoped by transport: it runs in its legacy session",
+			"turn", b.TurnID, "session", b.SessionID, "transport", b.Context.Transport)
+	}
+	plans, err := x.evaluate(ctx, b, false)
+	if err != nil {
+		return true, err
+	}
+	b.State, b.UpdatedAt = schemas.BatchRunning, eng.Now()
+	if first := slices.IndexFunc(plans, func(p callPlan) bool { return p.run }); first >= 0 {
+		eng.Claim(b, first)
+	}
+	if f := x.beforeCreate.Load(); f != nil {
+		if err := (*f)(b.TurnID); err != nil {
+			return true, err
+		}
+	}
+	rev, err := x.cfg.Store.Batches.Create(ctx, b.TurnID, b)
+	switch {
+	case errors.Is(err, store.ErrExists):
+		return true, x.advanceExisting(ctx, b.TurnID)
+	case err != nil:
+		return true, err
+	}
+	return true, x.run(ctx, b, batch.Known{Session: snap, Batch: b, BatchRev: rev}, false, plans)
 }
 
 // Advance moves the batch of turnID as far as it can go from its current

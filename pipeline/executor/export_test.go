@@ -9,3 +9,13 @@ func SetBeforeAnnounce(x *Executor, f func(turn string) error) {
 	}
 	x.beforeAnnounce.Store(&f)
 }
+
+// SetBeforeCreate makes f run between a new turn's session write and the
+// creation of its batch already running (nil: nothing).
+func SetBeforeCreate(x *Executor, f func(turn string) error) {
+	if f == nil {
+		x.beforeCreate.Store(nil)
+		return
+	}
+	x.beforeCreate.Store(&f)
+}
