@@ -194,7 +194,7 @@ func (c Config) validate() error {
 	}
 	for _, l := range c.Layouts {
 		if _, ok := layoutKinds[l]; !ok {
-			return fmt.Errorf("bench: unknown layout %q (want today, fewer, group-commit, state, state-fewer, records, events)", l)
+			return fmt.Errorf("bench: unknown layout %q (want today, group-commit, state, records, events)", l)
 		}
 	}
 	if c.Phases[phaseLayout] && (len(c.Layouts) == 0 || len(c.LayoutPartitions) == 0) {
