@@ -176,6 +176,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 	}()
+	stopWriteKills, err := h.armWriteKills(driveCtx, nc, d)
+	if err != nil {
+		return nil, err
+	}
 	go h.watchProgress(driveCtx, d, stopDrive)
 
 	h.logf("driving %d turns in %d sessions, %d at a time; %d faults scheduled", len(h.plan.Turns), len(h.plan.Sessions), cfg.Concurrency, len(h.plan.Faults))
@@ -184,6 +188,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	published, terminal, _, lastTerminal := d.counts()
 	h.logf("drive ended (%v): %d published, %d terminal", driveErr, published, terminal)
 	stopFollow()
+	writeKills := stopWriteKills()
 	stopDrive()
 	d.decisions.Wait()
 
@@ -202,6 +207,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.BatchKills, r.BatchKillMisses = h.batchKills, h.batchMisses
 	r.LeaderPauses, r.Partitions = h.pauses, h.partitions
 	r.KillsOf = maps.Clone(h.killsOf)
+	r.WriteKills = writeKills
 	for _, n := range h.clusterNotes {
 		r.note("cluster", "%s", n)
 	}

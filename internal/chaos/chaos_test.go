@@ -37,7 +37,7 @@ func TestChaosShort(t *testing.T) {
 	// and each has its own server, processes and directories.
 	t.Parallel()
 	cfg := Config{
-		Turns: 150, Kills: len(Workers), BrokerRestarts: 1, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
+		Turns: 150, Kills: len(Workers), BrokerRestarts: 1, WriteKills: 2, Replicas: 2, Concurrency: 16, MaxSessionTurns: 4,
 		ExpiresAfter: time.Second, ToolCrashes: 1, FaultFrom: 0.05, FaultTo: 0.6,
 		// A worker killed between claiming a call and recording its result
 		// holds the call for the claim lease, and the crashed tool service's
@@ -210,6 +210,18 @@ func runChaos(t *testing.T, cfg Config) {
 	if want := cfg.withDefaults().BatchKills; r.BatchKills != want {
 		t.Errorf("%d batch kills injected, want %d (%d found no batch of turns to kill in)", r.BatchKills, want, r.BatchKillMisses)
 	}
+	// Each planned write kill's turn makes at least the writes its
+	// position counts, so each fires (a turn the drive never sent is
+	// reported as a lost or unsent turn already).
+	fired := 0
+	for _, w := range r.WriteKills {
+		if w.Fired && w.Killed > 0 {
+			fired++
+		}
+	}
+	if planned := len(NewPlan(cfg.withDefaults()).WriteKills); fired < planned || len(r.WriteKills) != planned {
+		t.Errorf("%d of %d planned write kills fired (%d reported)", fired, planned, len(r.WriteKills))
+	}
 	if r.Executions == 0 || r.ApprovalsBy["approved"] == 0 || r.ApprovalsBy["denied"] == 0 {
 		t.Errorf("the run exercised too little: %d executions, approvals %v", r.Executions, r.ApprovalsBy)
 	}
@@ -291,6 +303,24 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 	others := slices.DeleteFunc(slices.Clone(a.Faults), func(f Fault) bool { return f.Batch })
 	if p := NewPlan(c1); !reflect.DeepEqual(p.Turns, a.Turns) || !reflect.DeepEqual(p.Faults, others) {
 		t.Fatal("the batch kills changed the seed's turns or faults")
+	}
+	// The write kills too, and they go round every position of both
+	// paths, each on a turn of its path of its own.
+	c2 := c0
+	c2.WriteKills = 0
+	if p := NewPlan(c2); !reflect.DeepEqual(p.Turns, a.Turns) || !reflect.DeepEqual(p.Faults, a.Faults) || len(p.WriteKills) != 0 {
+		t.Fatal("the write kills changed the seed's turns or faults")
+	}
+	positions, targets := map[string]bool{}, map[int]bool{}
+	for _, w := range a.WriteKills {
+		tp := a.Turns[w.Turn]
+		if tp.Kind != w.Path || targets[w.Turn] || w.K < 1 || w.K > writeKillWrites[w.Path] || w.Down <= 0 {
+			t.Errorf("write kill %v of a %s turn (again: %v)", w, tp.Kind, targets[w.Turn])
+		}
+		positions[fmt.Sprintf("%s %d", w.Path, w.K)], targets[w.Turn] = true, true
+	}
+	if want := writeKillWrites[writeKillPlain] + writeKillWrites[writeKillSingle]; c0.WriteKills != want || len(positions) != want {
+		t.Errorf("%d write kills planned at %d positions, want every one of the %d", len(a.WriteKills), len(positions), want)
 	}
 	batch := 0
 	for _, f := range a.Faults {

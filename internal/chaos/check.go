@@ -88,6 +88,9 @@ type Report struct {
 	PartialBatches    int // killed atomic batches stored in part
 	BatchTurnsNotOnce int // turns of a killed batch stored never or more than once in TOLLGATE_INBOUND
 
+	// WriteKills are the write kills (Config.WriteKills) and what each did.
+	WriteKills []WriteKill
+
 	// Standing grants (not violations).
 	GrantsMade, GrantsRevoked int // grant records, and those revoked
 	ApprovalsByGrant          int // approvals a grant decided (no prompt)
@@ -600,6 +603,24 @@ func (r *Report) Print(w io.Writer) {
 	}
 	p("batch kills: %d of the broker restarts killed nats-server as an atomic batch of turns committed (sizes %v): %d stored whole, %d not at all; %d found no batch of turns to kill in",
 		r.BatchKills, r.BatchSizes, r.BatchesStoredWhole, r.BatchesStoredNone, r.BatchKillMisses)
+	if len(r.WriteKills) > 0 {
+		fired, at := 0, map[string][]int{}
+		for _, w := range r.WriteKills {
+			if w.Fired {
+				fired++
+				at[w.Path] = append(at[w.Path], w.K)
+			}
+		}
+		p("write kills: %d of %d fired (a stage SIGKILLed right after a turn's k-th write); after writes %v of plain turns, %v of approval turns",
+			fired, len(r.WriteKills), at[writeKillPlain], at[writeKillSingle])
+		for _, w := range r.WriteKills {
+			if w.Fired {
+				p("   %s after write %d of %s turn %s (%s): %d processes", w.Stage, w.K, w.Path, w.TurnID, w.Write, w.Killed)
+			} else {
+				p("   not fired: write %d of %s turn %s (the turn made fewer writes, or was not driven)", w.K, w.Path, w.TurnID)
+			}
+		}
+	}
 	p("turns: planned %d, published %d, accepted %d, terminal %d", r.Planned, r.Published, r.Accepted, r.Terminal)
 	p("executions (ledger lines): %d, %d of them by the remote tool service (%d with the reply lost)", r.Executions, r.RemoteExecutions, r.LostReplies)
 	p("terminal states: %s", counts(r.States))

@@ -168,6 +168,10 @@ type Plan struct {
 	Turns    []TurnPlan
 	Sessions [][]int // turn indexes of each session, in publishing order
 	Faults   []Fault // in schedule order
+	// WriteKills (Config.WriteKills) are armed on their turns before the
+	// drive and fire on the turn's writes (writekill.go), not at a count
+	// of published turns.
+	WriteKills []WriteKillPlan
 }
 
 // Stages in pipeline order (the binaries' names).
@@ -272,6 +276,7 @@ func NewPlan(c Config) Plan {
 	planBatchKills(c, &p, from, to)
 	planLeaderPauses(c, &p, from, to)
 	planPartitions(c, &p, from, to)
+	planWriteKills(c, &p, from, to)
 	slices.SortStableFunc(p.Faults, func(a, b Fault) int { return a.AtTurn - b.AtTurn })
 	return p
 }
