@@ -232,13 +232,15 @@ func (e *Engine) release(ctx context.Context, sess Session, turnID string, snap 
 			cur, rev = snap.Rec, snap.Rev
 		}
 		snap = nil
+		promoted := false // next (below) came from the queue by this write
 		s, _, err := e.cfg.Store.Sessions.MutateFrom(ctx, key, cur, rev, func(s *schemas.SessionRecord) error {
+			promoted = false
 			if s.Active != turnID || (s.Active == "" && len(s.Queue) == 0) {
 				return store.ErrSkip
 			}
 			s.Active = ""
 			if len(s.Queue) > 0 {
-				s.Active, s.Queue = s.Queue[0], s.Queue[1:]
+				s.Active, s.Queue, promoted = s.Queue[0], s.Queue[1:], true
 			}
 			s.UpdatedAt = e.Now()
 			return nil
@@ -254,10 +256,18 @@ func (e *Engine) release(ctx context.Context, sess Session, turnID string, snap 
 			return nil
 		}
 		nb, _, err := e.cfg.Store.Batches.Get(ctx, next)
-		if errors.Is(err, store.ErrNotFound) {
-			// Queued by an executor that has not written it yet cannot happen
-			// (the batch is created before it is queued); a missing record
-			// means it was removed: skip it.
+		switch {
+		case errors.Is(err, store.ErrNotFound) && !promoted:
+			// The session's active turn, which this release did not
+			// promote, has no record yet: it took its free session
+			// (AcquireIfFree) and its executor is about to create its
+			// batch, or will release it if it gives up on the turn
+			// (ReleaseUnrecorded). It holds the session: leave it.
+			return nil
+		case errors.Is(err, store.ErrNotFound):
+			// A queued turn always has its record before it joins the
+			// queue (Acquire); a promoted turn without one was removed:
+			// skip it.
 			turnID = next
 			continue
 		}

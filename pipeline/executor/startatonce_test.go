@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -135,5 +136,55 @@ func TestATurnDeadLetteredBeforeItsBatchReleasesItsSession(t *testing.T) {
 	h.WaitIdle(pt.Executor)
 	if s := h.Session("doomed"); s == nil || s.Active != "" || len(s.Queue) != 0 {
 		t.Fatalf("session %+v, want free", s)
+	}
+}
+
+// A session held by a turn whose batch is not created yet is not passed
+// on by a release that did not promote that turn: the recovery sweep's
+// release of a session with a queued turn (Engine.Release with no turn)
+// once took the missing record for a removed one and promoted the queued
+// turn, which then ran before the turn ahead of it (make chaos's write
+// kills found it). The queued turn runs only after the first one ends.
+func TestASessionHeldBeforeItsBatchExistsIsNotPassedOn(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: testPolicy})
+	// The first turn's executor stops between the session and the batch
+	// (fails there) until hold is cleared: its message comes back, and
+	// meanwhile the second turn is handled.
+	var hold atomic.Bool
+	hold.Store(true)
+	var firstTurn atomic.Pointer[string]
+	executor.SetBeforeCreate(h.Executor, func(turn string) error {
+		firstTurn.CompareAndSwap(nil, &turn)
+		if *firstTurn.Load() == turn && hold.Load() {
+			return errors.New("the executor stops before creating the batch")
+		}
+		return nil
+	})
+	first := h.Send(h.Inbound("held", "alice", pt.Call("echo", `{"text":"first"}`)))
+	second := h.Send(h.Inbound("held", "alice", pt.Call("echo", `{"text":"second"}`)))
+	jstest.Eventually(t, pt.Wait, "the second turn queued behind the first, which has no batch", func() bool {
+		s := h.Session("held")
+		return s != nil && s.Active == first && slices.Contains(s.Queue, second)
+	})
+	sess := batch.Session{ID: "held", Key: schemas.SessionKey("cli", "held")}
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	for range 2 { // the sweep, twice
+		if err := h.Engine.Release(ctx, sess, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, b1, b2 := h.Session("held"), h.Batch(first), h.Batch(second)
+	hold.Store(false)
+	if s.Active != first || !slices.Equal(s.Queue, []string{second}) || b1 != nil || b2 == nil || b2.State != schemas.BatchQueued {
+		t.Fatalf("after the sweep's release: session %+v, batches %+v and %+v; want the first turn holding it with no batch and the second queued", s, b1, b2)
+	}
+	_, out1 := h.WaitTerminal(first)
+	b2, out2 := h.WaitTerminal(second)
+	if out1.State != schemas.TurnCompleted || out2.State != schemas.TurnCompleted {
+		t.Fatalf("outcomes %s, %s", out1.State, out2.State)
+	}
+	if started := b2.Claims[0].ClaimedAt; started.Before(out1.FinishedAt) {
+		t.Fatalf("the second turn's call was claimed at %v, before the first turn finished at %v", started, out1.FinishedAt)
 	}
 }
