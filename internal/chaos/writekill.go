@@ -91,6 +91,14 @@ func planWriteKills(c Config, p *Plan, from, to int) {
 			positions = append(positions, WriteKillPlan{Path: path, K: k})
 		}
 	}
+	// A session whose turns make a grant: its later calls of the granted
+	// tool are decided by the grant, with other writes than the path's.
+	granted := map[int]bool{}
+	for _, t := range p.Turns {
+		if slices.ContainsFunc(t.Calls, func(c CallPlan) bool { return c.Decision == DecideGrant }) {
+			granted[t.Session] = true
+		}
+	}
 	first, used := rng.IntN(len(positions)), map[int]bool{}
 	for i := range c.WriteKills {
 		w := positions[(first+i)%len(positions)]
@@ -99,7 +107,7 @@ func planWriteKills(c Config, p *Plan, from, to int) {
 		w.Turn = -1
 		for j := range len(p.Turns) {
 			t := p.Turns[(start+j)%len(p.Turns)]
-			if t.Kind == w.Path && !used[t.Index] && writeKillable(t) {
+			if t.Kind == w.Path && !used[t.Index] && !granted[t.Session] && !t.Revoke {
 				w.Turn = t.Index
 				break
 			}
@@ -111,17 +119,6 @@ func planWriteKills(c Config, p *Plan, from, to int) {
 		w.Down = 50*time.Millisecond + jitter(rng, 1500*time.Millisecond)
 		p.WriteKills = append(p.WriteKills, w)
 	}
-}
-
-// writeKillable reports whether t makes the writes its path counts: a
-// plain turn always does; a single turn's approval must be decided
-// approve or deny by the harness (a grant decision adds writes, a revoke
-// first adds others).
-func writeKillable(t TurnPlan) bool {
-	if t.Revoke {
-		return false
-	}
-	return !slices.ContainsFunc(t.Calls, func(c CallPlan) bool { return c.Decision == DecideGrant })
 }
 
 // writeWatch follows one target turn's writes.
