@@ -418,12 +418,17 @@ func (h *harness) killWorker(ctx context.Context, s *slot, down time.Duration) e
 	if _, err := s.waitUp(ctx); err != nil {
 		return err
 	}
-	h.mu.Lock()
-	h.kills++
-	h.killsOf[s.bin]++
-	h.lastFault = time.Now()
-	h.mu.Unlock()
+	h.countKills(s.bin, 1)
 	return s.kill(ctx, down)
+}
+
+// countKills records n SIGKILLs of processes of binary bin, now.
+func (h *harness) countKills(bin string, n int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.kills += n
+	h.killsOf[bin] += n
+	h.lastFault = time.Now()
 }
 
 // stopStages ends every stage process (SIGTERM: they drain), then the tool

@@ -240,7 +240,10 @@ func (w *writeWatch) writer(m *nats.Msg) (stage, what string) {
 		}
 		return "", "" // another turn's write, or the turn promoted by its predecessor's release
 	case strings.HasPrefix(m.Subject, topology.SubjectTurnLogPrefix):
-		state := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		_, _, state, ok := topology.ParseTurnLogSubject(m.Subject)
+		if !ok {
+			return "", ""
+		}
 		switch schemas.BatchState(state) {
 		case schemas.BatchStarted:
 			w.phase = "redriver"
@@ -276,10 +279,6 @@ func (w *writeWatch) kill(stage, what string) {
 			w.out.Killed++
 		}
 	}
-	h.mu.Lock()
-	h.kills += w.out.Killed
-	h.killsOf[stage] += w.out.Killed
-	h.lastFault = time.Now()
-	h.mu.Unlock()
+	h.countKills(stage, w.out.Killed)
 	h.logf("write kill: %s (%s) after write %d (%s) of %s turn %s: %d processes", stage, w.plan.Down.Round(time.Millisecond), w.plan.K, what, w.plan.Path, w.turn.id, w.out.Killed)
 }

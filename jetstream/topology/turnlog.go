@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -74,6 +75,26 @@ func TurnLogPartition(turn string, partitions int) int {
 // TurnLogSubject is the subject of turn's event in partition i.
 func TurnLogSubject(i int, turn, event string) string {
 	return SubjectTurnLogPrefix + strconv.Itoa(i) + "." + turn + "." + event
+}
+
+// ParseTurnLogSubject is TurnLogSubject's inverse: the partition, turn
+// and event of subject tollgate.turnlog.<i>.<turn>.<event>; ok is false
+// for any other subject (another prefix, a partition that is not a
+// number as TurnLogSubject writes it, an empty, missing or wildcard turn
+// or event, more tokens).
+func ParseTurnLogSubject(subject string) (i int, turn, event string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, SubjectTurnLogPrefix)
+	if !ok {
+		return 0, "", "", false
+	}
+	part, rest, _ := strings.Cut(rest, ".")
+	turn, event, _ = strings.Cut(rest, ".")
+	i, err := strconv.Atoi(part)
+	if err != nil || strconv.Itoa(i) != part || i < 0 || turn == "" || event == "" ||
+		strings.Contains(event, ".") || strings.ContainsAny(turn+event, "*>") {
+		return 0, "", "", false
+	}
+	return i, turn, event, true
 }
 
 // TurnLogWildcard is the subject filter of every event of turn in

@@ -333,3 +333,44 @@ func TestTurnLogsOfAReplicatedTopologyAllowNoDirectGets(t *testing.T) {
 	}
 	t.Fatalf("Plan does not name %s: %v", topology.TurnLogStream(0), changes)
 }
+
+// ParseTurnLogSubject reads back what TurnLogSubject writes, and nothing
+// else.
+func TestParseTurnLogSubject(t *testing.T) {
+	for _, tc := range []struct {
+		name, subject string
+		ok            bool
+		i             int
+		turn, event   string
+	}{
+		{"an event of a turn", topology.TurnLogSubject(3, "t-1", "running"), true, 3, "t-1", "running"},
+		{"partition 0", topology.TurnLogSubject(0, "t-2", "completed"), true, 0, "t-2", "completed"},
+		{"another prefix", "tollgate.event.turn.outcome.t-1", false, 0, "", ""},
+		{"a partition that is not a number", "tollgate.turnlog.x.t-1.running", false, 0, "", ""},
+		{"a negative partition", "tollgate.turnlog.-1.t-1.running", false, 0, "", ""},
+		{"no event", "tollgate.turnlog.1.t-1", false, 0, "", ""},
+		{"an empty event", "tollgate.turnlog.1.t-1.", false, 0, "", ""},
+		{"an empty turn", "tollgate.turnlog.1..running", false, 0, "", ""},
+		{"a token too many", "tollgate.turnlog.1.t-1.running.x", false, 0, "", ""},
+		{"a partition with a leading zero", "tollgate.turnlog.01.t-1.running", false, 0, "", ""},
+		{"the wildcard of a turn", topology.TurnLogWildcard(1, "t-1"), false, 0, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i, turn, event, ok := topology.ParseTurnLogSubject(tc.subject)
+			if ok != tc.ok || i != tc.i || turn != tc.turn || event != tc.event {
+				t.Fatalf("ParseTurnLogSubject(%q) = %d %q %q %v, want %d %q %q %v", tc.subject, i, turn, event, ok, tc.i, tc.turn, tc.event, tc.ok)
+			}
+		})
+	}
+}
+
+func FuzzParseTurnLogSubject(f *testing.F) {
+	f.Add(topology.TurnLogSubject(2, "t-abc", "awaiting"))
+	f.Add("tollgate.turnlog.1..x")
+	f.Fuzz(func(t *testing.T, subject string) {
+		i, turn, event, ok := topology.ParseTurnLogSubject(subject)
+		if ok && topology.TurnLogSubject(i, turn, event) != subject {
+			t.Fatalf("%q parsed as %d %q %q, which writes back as another subject", subject, i, turn, event)
+		}
+	})
+}

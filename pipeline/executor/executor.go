@@ -324,7 +324,7 @@ func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (boo
 		// batch that fails at once is failed from its queued record.
 		return false, nil
 	}
-	checked, err := x.order.Check(ctx, b)
+	active, snap, err := x.takeSession(ctx, b, nil, false)
 	var wait *sessionorder.OutOfOrder
 	switch {
 	case errors.As(err, &wait):
@@ -333,27 +333,15 @@ func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (boo
 		// accepted (sessionorder: a queued record holds it back without a
 		// time limit).
 		return false, nil
-	case err != nil:
+	case err != nil || !active:
 		return false, err
-	}
-	snap := checked
-	if snap == nil {
-		snap = &batch.SessionSnapshot{}
-	}
-	active, err := eng.AcquireIfFree(ctx, batch.SessionOf(b.Context), b.TurnID, sessionorder.ArrivalSeq(b), snap)
-	if err != nil || !active {
-		return false, err
-	}
-	if b.Context.SessionKey == "" {
-		x.cfg.Logger.Info("turn sealed before sessions were scoped by transport: it runs in its legacy session",
-			"turn", b.TurnID, "session", b.SessionID, "transport", b.Context.Transport)
 	}
 	plans, err := x.evaluate(ctx, b, false)
 	if err != nil {
 		return true, err
 	}
 	b.State, b.UpdatedAt = schemas.BatchRunning, eng.Now()
-	if first := slices.IndexFunc(plans, func(p callPlan) bool { return p.run }); first >= 0 {
+	if first := firstRun(plans); first >= 0 {
 		eng.Claim(b, first)
 	}
 	if f := x.beforeCreate.Load(); f != nil {
@@ -369,6 +357,44 @@ func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (boo
 		return true, err
 	}
 	return true, x.run(ctx, b, batch.Known{Session: snap, Batch: b, BatchRev: rev}, false, plans)
+}
+
+// takeSession applies the session-order rule (package sessionorder) to b,
+// queued or new and not stored yet, and takes its session for it, from
+// snap when it holds the session record as just read (nil: read it):
+// batch.Engine.Acquire, which queues b behind a busy session, or with
+// queue false AcquireIfFree, which then writes nothing. It reports whether
+// b holds its session now, and the session record as last read or
+// written (for the release); an *sessionorder.OutOfOrder error when an
+// earlier turn of the session must get in first.
+func (x *Executor) takeSession(ctx context.Context, b *schemas.BatchRecord, snap *batch.SessionSnapshot, queue bool) (bool, *batch.SessionSnapshot, error) {
+	checked, err := x.order.Check(ctx, b)
+	if err != nil {
+		return false, nil, err
+	}
+	if checked != nil {
+		snap = checked
+	}
+	if snap == nil {
+		snap = &batch.SessionSnapshot{}
+	}
+	acquire := x.cfg.Engine.Acquire
+	if !queue {
+		acquire = x.cfg.Engine.AcquireIfFree
+	}
+	active, err := acquire(ctx, batch.SessionOf(b.Context), b.TurnID, sessionorder.ArrivalSeq(b), snap)
+	if active && b.Context != nil && b.Context.SessionKey == "" {
+		x.cfg.Logger.Info("turn sealed before sessions were scoped by transport: it runs in its legacy session",
+			"turn", b.TurnID, "session", b.SessionID, "transport", b.Context.Transport)
+	}
+	return active, snap, err
+}
+
+// firstRun is the index of the first call of plans that runs at once,
+// which the write that starts the batch claims (one write for both); -1
+// when none does.
+func firstRun(plans []callPlan) int {
+	return slices.IndexFunc(plans, func(p callPlan) bool { return p.run })
 }
 
 // Advance moves the batch of turnID as far as it can go from its current
@@ -434,21 +460,8 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 			return err
 		}
 		if held == "" {
-			checked, err := x.order.Check(ctx, b)
-			if err != nil {
-				return err
-			}
-			if checked != nil {
-				snap = checked
-			}
-			if snap == nil {
-				snap = &batch.SessionSnapshot{}
-			}
-			if b.Context != nil && b.Context.SessionKey == "" {
-				x.cfg.Logger.Info("turn sealed before sessions were scoped by transport: it runs in its legacy session",
-					"turn", b.TurnID, "session", b.SessionID, "transport", b.Context.Transport)
-			}
-			active, err := eng.Acquire(ctx, batch.SessionOf(b.Context), b.TurnID, sessionorder.ArrivalSeq(b), snap)
+			var active bool
+			active, snap, err = x.takeSession(ctx, b, snap, true)
 			if err != nil {
 				return err
 			}
@@ -464,7 +477,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 		if err != nil {
 			return err
 		}
-		first := slices.IndexFunc(plans, func(p callPlan) bool { return p.run })
+		first := firstRun(plans)
 		started := false
 		b, rev, err = x.cfg.Store.Batches.MutateFrom(ctx, turnID, b, rev, func(b *schemas.BatchRecord) error {
 			started = false

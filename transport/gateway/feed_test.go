@@ -7,7 +7,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 )
 
@@ -196,24 +195,6 @@ func TestTheBatchesFeedWakesOnATurnLogAppend(t *testing.T) {
 	stop()
 	if string(latest) != "completed" {
 		t.Fatalf("a new waiter starts from %q, want the turn's last event %q", latest, "completed")
-	}
-}
-
-// A turn-log subject names its turn in its fourth token.
-func TestTurnOfLogSubject(t *testing.T) {
-	for subject, want := range map[string]string{
-		topology.TurnLogSubject(3, "t-abc_1", "awaiting"): "t-abc_1",
-		"tollgate.turnlog.0.t-1.completed":                "t-1",
-		"tollgate.turnlog.0.t-1":                          "",
-		"tollgate.turnlog.0.t-1.a.b":                      "",
-		"tollgate.turnlog.0..running":                     "",
-		"tollgate.turnlog.0":                              "",
-		"$KV.tollgate_batches.t-1":                        "",
-	} {
-		got, ok := turnOfLogSubject(subject)
-		if got != want || ok != (want != "") {
-			t.Errorf("turnOfLogSubject(%q) = %q, %v; want %q", subject, got, ok, want)
-		}
 	}
 }
 

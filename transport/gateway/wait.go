@@ -522,7 +522,7 @@ func (f *batchFeed) subscribe(nc *nats.Conn, bucket string) error {
 	// message; the kept write is then replaced by the batch's next write
 	// in its new place, or dropped with the oldest.
 	if err := sub(topology.SubjectTurnLogPrefix+">", func(m *nats.Msg) {
-		if turn, ok := turnOfLogSubject(m.Subject); ok {
+		if _, turn, _, ok := topology.ParseTurnLogSubject(m.Subject); ok {
 			f.wake(turn, m.Data)
 		}
 	}); err != nil {
@@ -540,24 +540,6 @@ func (f *batchFeed) subscribe(nc *nats.Conn, bucket string) error {
 		return err
 	}
 	return nc.Flush() // the server has the subscriptions
-}
-
-// turnOfLogSubject is the turn of a turn-log subject,
-// tollgate.turnlog.<partition>.<turn>.<event> (topology.TurnLogSubject).
-func turnOfLogSubject(subject string) (string, bool) {
-	rest, ok := strings.CutPrefix(subject, topology.SubjectTurnLogPrefix)
-	if !ok {
-		return "", false
-	}
-	_, rest, ok = strings.Cut(rest, ".") // the partition
-	if !ok {
-		return "", false
-	}
-	turn, event, ok := strings.Cut(rest, ".")
-	if !ok || turn == "" || event == "" || strings.Contains(event, ".") {
-		return "", false
-	}
-	return turn, true
 }
 
 // kvOperation is the header JetStream KV marks deletes and purges with.
