@@ -52,7 +52,7 @@ func (e *Engine) Acquire(ctx context.Context, sess Session, turnID string, inbou
 // record until the caller creates it: a caller that stops in between
 // either comes back (its message is redelivered, AcquireIfFree answers
 // true again without writing) or gives up on the turn and releases the
-// session (Engine.AbortTurn).
+// session (Engine.ReleaseUnrecorded).
 func (e *Engine) AcquireIfFree(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
 	return e.acquire(ctx, sess, turnID, inboundSeq, snap, false)
 }
