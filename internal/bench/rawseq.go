@@ -27,11 +27,18 @@ import (
 // the upgrade): a read, found empty, on every turn.
 //
 // The executor reads the session record (for the session-order check, see
-// pipeline/sessionorder) and, the session being free, takes it for the
-// turn by compare-and-set at that revision; only then does it create the
-// batch, already running with call 0 claimed (executor's startAtOnce: a
-// turn that must wait for its session is created queued instead). On a session's first turn the read finds nothing and the
-// record is created instead, in Tollgate (Acquire) as in the raw program.
+// pipeline/sessionorder). The record still names the session's previous
+// turn (<active>): a turn that ends with no turn queued behind it writes
+// nothing to its session (batch.Engine.Release; the terminal batch is the
+// release), so the executor reads that turn's last event, finds it ended,
+// and takes the session for the turn by compare-and-set at the revision it
+// read; only then does it create the batch, already running with call 0
+// claimed (executor's startAtOnce: a turn that must wait for its session
+// is created queued instead). At the turn's end, the release reads the
+// session record, finds no turn queued and writes nothing. On a session's
+// first turn the read finds nothing and the record is created instead, in
+// Tollgate (Acquire) as in the raw program, which writes the turn's id
+// into the records it writes so that the next turn knows <active>.
 // Between the session record's read and its update, the executor looks up
 // the session's first inbound message after the record's watermark (one
 // stream message get with a subject filter): under load a session's
@@ -71,12 +78,13 @@ var rawFast = []step{
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
+	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<active>.>"}, // the session's active turn has ended: it is free
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                            // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855},   // call 0 claimed
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.completed", MsgID: true, Bytes: 942}, // call 0's result
 	{Stage: "executor", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 263},
-	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 88},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"}, // the release: no turn queued, nothing written
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 }
 
@@ -99,6 +107,7 @@ var rawApproval = []step{
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
+	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<active>.>"}, // the session's active turn has ended: it is free
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                           // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed
@@ -118,8 +127,7 @@ var rawApproval = []step{
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.completed", MsgID: true, Bytes: 1360}, // call 1's result
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"},
-	{Stage: "redriver", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 88},
+	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"}, // the release: no turn queued, nothing written
 	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_EVENTS/redriver", Trigger: topology.SubjectApprovalDecided},
 }
 

@@ -18,12 +18,14 @@ import (
 // The write kill fault (Config.WriteKills): a stage is SIGKILLed right
 // after it made the k-th durable write of a turn, for every k of both
 // paths in turn: the plain path (calls that run at once: accepted turn,
-// session taken, batch created running, completed, outcome, session
-// released) and the approval path (kind "single": accepted turn, session
-// taken, batch running, approval created, batch awaiting, approval
-// requested, approval decided, decided event, batch started, completed,
-// outcome, session released). The harness's own writes (the inbound
-// message, the decision) are not counted.
+// session taken, batch created running, completed, outcome) and the
+// approval path (kind "single": accepted turn, session taken, batch
+// running, approval created, batch awaiting, approval requested, approval
+// decided, decided event, batch started, completed, outcome). The
+// harness's own writes (the inbound message, the decision) are not
+// counted. A turn's release writes its session only to pass it to a turn
+// queued behind (batch.Engine.Release), so it is no position: a kill
+// after the terminal write already covers a release cut short.
 //
 // The harness watches the target turn's writes as they are published (a
 // core NATS subscription on each subject the turn's writes go to, one
@@ -53,7 +55,7 @@ const (
 	writeKillSingle = "single"
 )
 
-var writeKillWrites = map[string]int{writeKillPlain: 6, writeKillSingle: 12}
+var writeKillWrites = map[string]int{writeKillPlain: 5, writeKillSingle: 11}
 
 // WriteKillPlan is one planned write kill: the stage that makes the
 // turn's K-th write is killed right after it, for Down.
@@ -236,6 +238,11 @@ func (w *writeWatch) writer(m *nats.Msg) (stage, what string) {
 		case !in(prev) && in(cur):
 			return "executor", "session taken"
 		case prev != nil && prev.Active == turn && cur.Active != turn:
+			if cur.Active != "" && !slices.Contains(prev.Queue, cur.Active) {
+				// A later turn took the session after this one ended (a
+				// turn's end writes nothing when none is queued): its write.
+				return "", ""
+			}
 			return w.phase, "session released"
 		}
 		return "", "" // another turn's write, or the turn promoted by its predecessor's release

@@ -142,6 +142,33 @@ func (h *H) SessionOn(transport, sessionID string) *schemas.SessionRecord {
 	return getOrNil(h, h.Store.Sessions, schemas.SessionKey(transport, sessionID))
 }
 
+// SessionFree reports whether the cli session sessionID is free: no
+// record, or no turn queued and either none active or an active turn whose
+// batch has ended. (A turn that ends with none queued behind it writes
+// nothing to its session: batch.Engine.Release; the record keeps naming
+// it until the recovery sweep retires it, batch.Engine.RetireSession.)
+func (h *H) SessionFree(sessionID string) bool {
+	h.T.Helper()
+	return h.SessionFreeAt(schemas.SessionKey("cli", sessionID))
+}
+
+// SessionFreeAt is SessionFree for the session record at key.
+func (h *H) SessionFreeAt(key string) bool {
+	h.T.Helper()
+	s := getOrNil(h, h.Store.Sessions, key)
+	if s == nil {
+		return true
+	}
+	if len(s.Queue) > 0 {
+		return false
+	}
+	if s.Active == "" {
+		return true
+	}
+	b := h.Batch(s.Active)
+	return b != nil && b.State.Terminal()
+}
+
 // getOrNil reads key from b: nil if absent, a test failure on any other error.
 func getOrNil[T any](h *H, b interface {
 	Get(context.Context, string) (*T, uint64, error)

@@ -42,6 +42,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -124,6 +125,11 @@ type Engine struct {
 	// legacyRuns counts the runs of version 1 batches (claims in
 	// tollgate_claims): the compatibility path of schemas.DecodeBatch.
 	legacyRuns prometheus.Counter
+
+	// beforeQueue, if set, is called by Acquire after it read the session
+	// and its holder and before the write that queues a turn (tests: the
+	// holder's end in between).
+	beforeQueue atomic.Pointer[func(turn string)]
 }
 
 // New validates cfg and returns an Engine.

@@ -24,7 +24,7 @@ func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.Tool
 }
 
 // Known is what a stage already holds of a turn's records, as it just read
-// or wrote them: the batch record at BatchRev, and the session record.
+// or wrote them: the batch record at BatchRev.
 // ConcludeFrom compare-and-sets from them instead of reading each first; a
 // record that changed since costs one conflict and a fresh read, so a stale
 // Known is never wrong, only slower. The engine takes ownership of the
@@ -32,7 +32,6 @@ func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.Tool
 type Known struct {
 	Batch    *schemas.BatchRecord
 	BatchRev uint64
-	Session  *SessionSnapshot
 }
 
 // end is End from what k holds, also reporting whether this call made the
@@ -97,14 +96,14 @@ func (e *Engine) Conclude(ctx context.Context, turnID string, results []*schemas
 }
 
 // ConcludeFrom is Conclude starting from the records k holds (see Known):
-// on the normal path it saves the read of the batch before it ends, and of
-// the session before its release.
+// on the normal path it saves the read of the batch before it ends. (The
+// session's release reads the session record itself: see Release.)
 func (e *Engine) ConcludeFrom(ctx context.Context, turnID string, k Known, results []*schemas.ToolResult, code schemas.Code, reason string) (*schemas.BatchRecord, error) {
 	b, ended, err := e.end(ctx, turnID, k, results, code, reason)
 	if err != nil {
 		return nil, err
 	}
-	return b, e.finish(ctx, b, !ended, k.Session)
+	return b, e.finish(ctx, b, !ended)
 }
 
 // Abort ends the batch of turnID failed with code, unless it is already
@@ -156,7 +155,8 @@ func TurnOf(data []byte) string {
 	return id
 }
 
-// Finish publishes the outcome of a terminal batch and releases its session.
+// Finish publishes the outcome of a terminal batch and releases its session
+// (Release: a write only when a turn is queued behind it).
 // It is safe to call any number of times: the outcome is published only if
 // the events stream does not hold one for the turn yet. The message id
 // covers concurrent calls within the duplicate window; the lookup covers a
@@ -164,12 +164,11 @@ func TurnOf(data []byte) string {
 // identical decision sent again an hour later), which would otherwise tell
 // the transport the outcome a second time.
 func (e *Engine) Finish(ctx context.Context, b *schemas.BatchRecord) error {
-	return e.finish(ctx, b, true, nil)
+	return e.finish(ctx, b, true)
 }
 
-// finish is Finish; lookup says whether an earlier outcome may exist, and
-// sess, if not nil, is the session record as the caller last saw it.
-func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool, sess *SessionSnapshot) error {
+// finish is Finish; lookup says whether an earlier outcome may exist.
+func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool) error {
 	if !b.State.Terminal() {
 		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
 	}
@@ -199,7 +198,7 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 		// and never took the session itself: there is nothing to release.
 		return nil
 	}
-	return e.release(ctx, SessionOf(b.Context), b.TurnID, sess)
+	return e.release(ctx, SessionOf(b.Context), b.TurnID, false)
 }
 
 // retire makes sure the approvals and execution claims of b, a terminal

@@ -120,10 +120,10 @@ func (r *Run) Ran() bool { return r.ran }
 // reads the record again). Before any tool ran, it is one attempt on ctx.
 func (r *Run) Carry(ctx context.Context, write func(context.Context, Known) error) error {
 	if !r.ran {
-		return write(ctx, r.copyKnown(true))
+		return write(ctx, r.copyKnown())
 	}
 	return r.e.hard(ctx, "write the results of calls that ran, batch "+r.known.Batch.TurnID, func(actx context.Context, attempt int) error {
-		return write(actx, r.copyKnown(attempt == 0))
+		return write(actx, r.copyKnown())
 	})
 }
 
@@ -174,14 +174,9 @@ func (r *Run) KeepOnError(ctx context.Context, err error) error {
 }
 
 // copyKnown is the run's Known with a copy of the batch (a write may
-// change it in place) and, when session, the session snapshot (the first
-// attempt only: a retry reads the session again).
-func (r *Run) copyKnown(session bool) Known {
-	k := Known{Batch: cloneBatch(r.known.Batch), BatchRev: r.known.BatchRev}
-	if session {
-		k.Session = r.known.Session
-	}
-	return k
+// change it in place).
+func (r *Run) copyKnown() Known {
+	return Known{Batch: cloneBatch(r.known.Batch), BatchRev: r.known.BatchRev}
 }
 
 // hard runs op until it succeeds or fails permanently, each attempt
@@ -388,7 +383,7 @@ func (r *Run) writeOnce(ctx context.Context, fn func(*schemas.BatchRecord) bool)
 	if err != nil {
 		return false, err
 	}
-	r.known = Known{Batch: b, BatchRev: rev, Session: r.known.Session}
+	r.known = Known{Batch: b, BatchRev: rev}
 	r.adopt()
 	return wrote, nil
 }

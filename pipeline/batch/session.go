@@ -36,8 +36,13 @@ func SessionOf(tc *schemas.TurnContext) Session {
 // every earlier inbound message of the session is settled (package
 // sessionorder), so queue order is arrival order. snap, if not nil, is the
 // session record as the caller just read it, used instead of a first read
-// (an empty snapshot: nothing read yet); Acquire leaves in it the session
-// record as it last read or wrote it, for ConcludeFrom's release.
+// (an empty snapshot: nothing read yet).
+//
+// An active turn whose batch has ended no longer holds the session
+// (Release writes nothing when no turn is queued): Acquire takes such a
+// session as free. When turns are queued behind an ended turn, Acquire
+// passes the session on to the queue's head (as the ended turn's Release
+// would have) before it queues turnID.
 func (e *Engine) Acquire(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
 	return e.acquire(ctx, sess, turnID, inboundSeq, snap, true)
 }
@@ -59,7 +64,6 @@ func (e *Engine) AcquireIfFree(ctx context.Context, sess Session, turnID string,
 
 func (e *Engine) acquire(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot, queue bool) (bool, error) {
 	key, sessionID := sess.Key, sess.ID
-	out := snap
 	for {
 		cur, rev, err := snap.take()
 		snap = nil // a conflict means it is stale: read again
@@ -68,10 +72,8 @@ func (e *Engine) acquire(ctx context.Context, sess Session, turnID string, inbou
 		}
 		if errors.Is(err, store.ErrNotFound) {
 			rec := &schemas.SessionRecord{SessionID: sessionID, Active: turnID, InboundSeq: inboundSeq, UpdatedAt: e.Now()}
-			var n uint64
-			n, err = e.cfg.Store.Sessions.Create(ctx, key, rec)
+			_, err = e.cfg.Store.Sessions.Create(ctx, key, rec)
 			if err == nil {
-				out.set(rec, n)
 				return true, nil
 			}
 			if errors.Is(err, store.ErrExists) {
@@ -81,25 +83,80 @@ func (e *Engine) acquire(ctx context.Context, sess Session, turnID string, inbou
 		if err != nil {
 			return false, fmt.Errorf("acquire session %s: %w", key, err)
 		}
+		// An active turn that has ended released the session with its
+		// terminal write (see Release): with no turn queued the session is
+		// free; with turns queued, its release was cut short (or raced
+		// this turn's joining the queue) and the queue's head goes next.
+		holder, holderEnded := "", false
+		if cur.Active != "" && cur.Active != turnID {
+			holder = cur.Active
+			if holderEnded, err = e.turnEnded(ctx, holder); err != nil {
+				return false, fmt.Errorf("acquire session %s: %w", key, err)
+			}
+			if holderEnded && len(cur.Queue) == 0 {
+				cur.Active, holder = "", ""
+			}
+		}
 		if !queue && cur.Active != "" && cur.Active != turnID {
-			out.set(cur, rev)
-			return false, nil // busy: the caller creates the batch queued first
+			return false, e.passOn(ctx, sess, holder, holderEnded)
 		}
 		active, write := e.enqueue(cur, turnID, inboundSeq)
 		if !write {
-			out.set(cur, rev)
-			return active, nil
+			if active {
+				return true, nil
+			}
+			return false, e.passOn(ctx, sess, holder, holderEnded)
 		}
-		n, err := e.cfg.Store.Sessions.Update(ctx, key, cur, rev)
+		if f := e.beforeQueue.Load(); f != nil && !active {
+			(*f)(turnID)
+		}
+		_, err = e.cfg.Store.Sessions.Update(ctx, key, cur, rev)
 		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
 		if err != nil {
 			return false, fmt.Errorf("acquire session %s: %w", key, err)
 		}
-		out.set(cur, n)
-		return active, nil
+		if active {
+			return true, nil
+		}
+		if !holderEnded {
+			// The holder may have ended since it was read, and its release
+			// read the session before this turn joined the queue, found no
+			// one to pass it to and wrote nothing: look again, now that
+			// the queue holds this turn. One of the two sees the other.
+			if holderEnded, err = e.turnEnded(ctx, holder); err != nil {
+				return false, fmt.Errorf("acquire session %s: %w", key, err)
+			}
+		}
+		return false, e.passOn(ctx, sess, holder, holderEnded)
 	}
+}
+
+// passOn completes the release of holder, an active turn found ended with
+// turns queued behind it (when ended is true): the queue's head is
+// promoted and announced. Nothing otherwise.
+func (e *Engine) passOn(ctx context.Context, sess Session, holder string, ended bool) error {
+	if !ended || holder == "" {
+		return nil
+	}
+	return e.release(ctx, sess, holder, false)
+}
+
+// turnEnded reports whether turn's batch record is terminal. A turn with no
+// record has not ended: it took its free session and its record is about
+// to be created (AcquireIfFree), and if it is given up on its session is
+// released (ReleaseUnrecorded). A record that does not decode has not
+// ended either: its stages fail closed on it and end it with the code.
+func (e *Engine) turnEnded(ctx context.Context, turn string) (bool, error) {
+	b, _, err := e.cfg.Store.Batches.Get(ctx, turn)
+	switch {
+	case err == nil:
+		return b.State.Terminal(), nil
+	case errors.Is(err, store.ErrNotFound), schemas.Permanent(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("load active turn %s: %w", turn, err)
 }
 
 // SessionSnapshot is a session record as its caller just read it, handed
@@ -110,13 +167,6 @@ type SessionSnapshot struct {
 	Rec      *schemas.SessionRecord
 	Rev      uint64
 	NotFound bool
-}
-
-// set makes s (if not nil) the record rec at revision rev.
-func (s *SessionSnapshot) set(rec *schemas.SessionRecord, rev uint64) {
-	if s != nil {
-		*s = SessionSnapshot{Rec: rec, Rev: rev}
-	}
 }
 
 // take returns the snapshot as Acquire's first read: the record, or
@@ -181,15 +231,56 @@ func (e *Engine) AnnounceBatch(ctx context.Context, sess Session, b *schemas.Bat
 	return bus.Publish(ctx, e.cfg.JS, topology.PlanReadySubject(sess.Key), topology.PlanReadyMsgID(b.TurnID), n)
 }
 
-// Release ends turnID's hold on its session: the next queued turn becomes
-// active and is announced on the ready subject. If turnID no longer holds the
-// session (a repeated Release), the currently active turn is announced again
-// if it is still queued, so a crash between the two steps loses nothing.
-// Release with turnID "" is the recovery sweep's: it promotes the first
-// queued turn of a session that has none active, or re-announces the
+// Release ends turnID's hold on its session, if it has ended: the next
+// queued turn becomes active and is announced on the ready subject. With
+// no turn queued, Release writes nothing: the session record keeps naming
+// turnID, and the terminal batch record is the release (Acquire takes a
+// session whose active turn has ended as free, and the recovery sweep
+// retires it once it has been idle a while: RetireSession). Release reads
+// the session record (never a copy the caller holds): a turn that joined
+// the queue after that read sees turnID ended when it looks again
+// (Acquire), so one of the two passes the session on.
+//
+// If turnID no longer holds the session (a repeated Release), the
+// currently active turn is announced again if it is still queued, so a
+// crash between the two steps loses nothing. Release with turnID "" is the
+// recovery sweep's: it promotes the first queued turn of a session that
+// has none active, or whose active turn has ended, or re-announces the
 // active one, and changes nothing otherwise.
 func (e *Engine) Release(ctx context.Context, sess Session, turnID string) error {
-	return e.release(ctx, sess, turnID, nil)
+	return e.release(ctx, sess, turnID, false)
+}
+
+// RetireSession frees sess if its active turn has ended and no turn is
+// queued, by a write that ends the session record (Active cleared; with a
+// store that keeps records for a retention period, the write carries the
+// TTL, store.Store.Retain). This is the write a turn's release skips
+// (Release): the recovery sweep makes it for a session idle for a while,
+// so an idle session's record leaves the bucket, and a session busy with
+// one turn after another writes nothing between them. With turns queued
+// behind an ended turn, it passes the session on, as Release does. It
+// reports whether the session is idle now (no active turn, none queued);
+// false with a nil error means a turn still holds it.
+func (e *Engine) RetireSession(ctx context.Context, sess Session) (bool, error) {
+	s, _, err := e.cfg.Store.Sessions.Get(ctx, sess.Key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("retire session %s: %w", sess.Key, err)
+	case s.Active == "" && len(s.Queue) == 0:
+		return true, nil
+	case s.Active == "":
+		return false, e.release(ctx, sess, "", true)
+	}
+	ended, err := e.turnEnded(ctx, s.Active)
+	if err != nil || !ended {
+		return false, err
+	}
+	if err := e.release(ctx, sess, s.Active, true); err != nil {
+		return false, err
+	}
+	return len(s.Queue) == 0, nil
 }
 
 // ReleaseUnrecorded releases sess if turnID holds it and has no batch
@@ -197,7 +288,9 @@ func (e *Engine) Release(ctx context.Context, sess Session, turnID string) error
 // AcquireIfFree and the creation of its batch must not hold its session
 // for good, and no sweep finds a session whose turn has no record. It
 // does nothing when turnID has a batch record (ending that batch releases
-// the session) or does not hold the session.
+// the session) or does not hold the session. Unlike Release it writes
+// even with no turn queued: a turn without a record never ends, so its
+// hold must be cleared.
 func (e *Engine) ReleaseUnrecorded(ctx context.Context, sess Session, turnID string) error {
 	_, _, err := e.cfg.Store.Batches.Get(ctx, turnID)
 	switch {
@@ -206,37 +299,22 @@ func (e *Engine) ReleaseUnrecorded(ctx context.Context, sess Session, turnID str
 	case !errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("release the session of %s: load its batch: %w", turnID, err)
 	}
-	s, rev, err := e.cfg.Store.Sessions.Get(ctx, sess.Key)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return nil
-	case err != nil:
-		return fmt.Errorf("release session %s: %w", sess.Key, err)
-	case s.Active != turnID:
-		return nil
-	}
-	return e.release(ctx, sess, turnID, &SessionSnapshot{Rec: s, Rev: rev})
+	return e.release(ctx, sess, turnID, true)
 }
 
-// release is Release, starting from snap (if it holds the record) instead
-// of a first read.
-func (e *Engine) release(ctx context.Context, sess Session, turnID string, snap *SessionSnapshot) error {
-	key, sessionID := sess.Key, sess.ID
+// release is Release; free makes it clear the session (a write) when no
+// turn is queued, where Release leaves the ended turn named.
+func (e *Engine) release(ctx context.Context, sess Session, turnID string, free bool) error {
+	key := sess.Key
 	for {
-		var cur *schemas.SessionRecord
-		var rev uint64
-		// Only a snapshot in which turnID holds the session: the function
-		// below skips (writes nothing, checks nothing) when it does not,
-		// and a stale snapshot must only ever cost a conflict.
-		if snap != nil && snap.Rec != nil && snap.Rec.SessionID == sessionID && snap.Rec.Active == turnID && turnID != "" {
-			cur, rev = snap.Rec, snap.Rev
-		}
-		snap = nil
 		promoted := false // next (below) came from the queue by this write
-		s, _, err := e.cfg.Store.Sessions.MutateFrom(ctx, key, cur, rev, func(s *schemas.SessionRecord) error {
+		s, _, err := e.cfg.Store.Sessions.Mutate(ctx, key, func(s *schemas.SessionRecord) error {
 			promoted = false
 			if s.Active != turnID || (s.Active == "" && len(s.Queue) == 0) {
 				return store.ErrSkip
+			}
+			if len(s.Queue) == 0 && !free {
+				return store.ErrSkip // the terminal batch is the release
 			}
 			s.Active = ""
 			if len(s.Queue) > 0 {
@@ -276,7 +354,7 @@ func (e *Engine) release(ctx context.Context, sess Session, turnID string, snap 
 		}
 		switch {
 		case nb.State.Terminal():
-			turnID = next // it ended while queued: pass the session on
+			turnID = next // it ended (while queued, or lazily released): pass the session on
 			continue
 		case nb.State == schemas.BatchQueued:
 			return e.AnnounceBatch(ctx, sess, nb)

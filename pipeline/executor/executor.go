@@ -324,7 +324,7 @@ func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (boo
 		// batch that fails at once is failed from its queued record.
 		return false, nil
 	}
-	active, snap, err := x.takeSession(ctx, b, nil, false)
+	active, err := x.takeSession(ctx, b, nil, false)
 	var wait *sessionorder.OutOfOrder
 	switch {
 	case errors.As(err, &wait):
@@ -356,7 +356,7 @@ func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (boo
 	case err != nil:
 		return true, err
 	}
-	return true, x.run(ctx, b, batch.Known{Session: snap, Batch: b, BatchRev: rev}, false, plans)
+	return true, x.run(ctx, b, batch.Known{Batch: b, BatchRev: rev}, false, plans)
 }
 
 // takeSession applies the session-order rule (package sessionorder) to b,
@@ -364,19 +364,15 @@ func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (boo
 // snap when it holds the session record as just read (nil: read it):
 // batch.Engine.Acquire, which queues b behind a busy session, or with
 // queue false AcquireIfFree, which then writes nothing. It reports whether
-// b holds its session now, and the session record as last read or
-// written (for the release); an *sessionorder.OutOfOrder error when an
+// b holds its session now; an *sessionorder.OutOfOrder error when an
 // earlier turn of the session must get in first.
-func (x *Executor) takeSession(ctx context.Context, b *schemas.BatchRecord, snap *batch.SessionSnapshot, queue bool) (bool, *batch.SessionSnapshot, error) {
+func (x *Executor) takeSession(ctx context.Context, b *schemas.BatchRecord, snap *batch.SessionSnapshot, queue bool) (bool, error) {
 	checked, err := x.order.Check(ctx, b)
 	if err != nil {
-		return false, nil, err
+		return false, err
 	}
 	if checked != nil {
 		snap = checked
-	}
-	if snap == nil {
-		snap = &batch.SessionSnapshot{}
 	}
 	acquire := x.cfg.Engine.Acquire
 	if !queue {
@@ -387,7 +383,7 @@ func (x *Executor) takeSession(ctx context.Context, b *schemas.BatchRecord, snap
 		x.cfg.Logger.Info("turn sealed before sessions were scoped by transport: it runs in its legacy session",
 			"turn", b.TurnID, "session", b.SessionID, "transport", b.Context.Transport)
 	}
-	return active, snap, err
+	return active, err
 }
 
 // firstRun is the index of the first call of plans that runs at once,
@@ -461,7 +457,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 		}
 		if held == "" {
 			var active bool
-			active, snap, err = x.takeSession(ctx, b, snap, true)
+			active, err = x.takeSession(ctx, b, snap, true)
 			if err != nil {
 				return err
 			}
@@ -498,9 +494,6 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 			// Another worker started it meanwhile (a redelivered copy):
 			// go on from what it wrote.
 			return x.Advance(ctx, turnID)
-		}
-		if held == "" {
-			known.Session = snap
 		}
 		known.Batch, known.BatchRev = b, rev
 		return x.run(ctx, b, known, false, plans)

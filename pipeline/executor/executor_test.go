@@ -502,8 +502,7 @@ func TestSessionRunsOneBatchAtATimeInArrivalOrder(t *testing.T) {
 		t.Fatalf("first turn's approved write: exists=%v %q", ok, c)
 	}
 	jstest.Eventually(t, pt.Wait, "session released", func() bool {
-		s := h.Session("ordered")
-		return s.Active == "" && len(s.Queue) == 0
+		return h.SessionFree("ordered")
 	})
 }
 

@@ -106,8 +106,8 @@ func TestSessionTurnsRunInArrivalOrderWhateverOrderTheyAreAcceptedIn(t *testing.
 	if got, want := f.ran(), []string{t1, t2, t3}; !slices.Equal(got, want) {
 		t.Fatalf("calls ran in order %v, want arrival order %v", got, want)
 	}
-	if s := h.Session(session); s == nil || s.InboundSeq != seqs[2] || s.Active != "" || len(s.Queue) != 0 {
-		t.Fatalf("session record %+v, want idle with watermark %d", s, seqs[2])
+	if s := h.Session(session); s == nil || s.InboundSeq != seqs[2] || !h.SessionFree(session) {
+		t.Fatalf("session record %+v, want free with watermark %d", s, seqs[2])
 	}
 }
 

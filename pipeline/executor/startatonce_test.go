@@ -34,8 +34,8 @@ func TestATurnOfAFreeSessionIsCreatedRunning(t *testing.T) {
 		}
 	}
 	h.WaitIdle(pt.Executor)
-	if s := h.Session("at-once"); s == nil || s.Active != "" || len(s.Queue) != 0 {
-		t.Fatalf("session %+v, want free", s)
+	if !h.SessionFree("at-once") {
+		t.Fatalf("session %+v, want free", h.Session("at-once"))
 	}
 }
 
@@ -104,8 +104,8 @@ func TestATurnCutOffBetweenItsSessionAndItsBatchRunsOnceOnRedelivery(t *testing.
 		t.Fatalf("log events %v, want [running completed]", got)
 	}
 	h.WaitIdle(pt.Executor)
-	if s := h.Session("cut"); s.Active != "" {
-		t.Fatalf("session %+v, want free", s)
+	if !h.SessionFree("cut") {
+		t.Fatalf("session %+v, want free", h.Session("cut"))
 	}
 }
 
@@ -134,8 +134,8 @@ func TestATurnDeadLetteredBeforeItsBatchReleasesItsSession(t *testing.T) {
 		t.Fatalf("the dead-lettered turn has a batch %+v", b)
 	}
 	h.WaitIdle(pt.Executor)
-	if s := h.Session("doomed"); s == nil || s.Active != "" || len(s.Queue) != 0 {
-		t.Fatalf("session %+v, want free", s)
+	if !h.SessionFree("doomed") {
+		t.Fatalf("session %+v, want free", h.Session("doomed"))
 	}
 }
 

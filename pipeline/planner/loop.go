@@ -649,9 +649,6 @@ func (p *Planner) start(ctx context.Context, tr *schemas.PlannerTurn) (bool, err
 	if err != nil {
 		return false, err
 	}
-	if snap == nil {
-		snap = &batch.SessionSnapshot{}
-	}
 	active, err := p.cfg.Engine.Acquire(ctx, batch.SessionOf(tr.Context), tr.TurnID, sessionorder.ArrivalSeq(b), snap)
 	if err != nil {
 		return false, err

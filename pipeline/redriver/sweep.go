@@ -47,6 +47,17 @@ import (
 //   - running, for longer than the claim lease: a ready notice for the
 //     turn, so an executor resumes it.
 //
+// It also follows the sessions bucket (a KV watch), for the write a turn's
+// release skips: a turn that ends with no turn queued behind it leaves its
+// session record naming it (batch.Engine.Release: the terminal batch is
+// the release). A session record that names an active turn or a queue and
+// has not been written for SweepAfter is looked at, with the same
+// back-off: if its active turn has ended, batch.Engine.RetireSession
+// clears it (a write carrying the retention TTL, so the idle record leaves
+// the bucket) or passes it on to a turn queued behind. A session busy with
+// one turn after another is written by each turn's acquire and never
+// comes due. Action "retire".
+//
 // A planner turn's record (BatchRecord.Plan) is swept only while queued:
 // a running loop is driven by the planner's own messages, and its step
 // batches are swept as batches of their own.
@@ -71,10 +82,17 @@ const (
 	maxSweepLooks = 2000
 
 	actionWaiting = "waiting"
+	actionRetire  = "retire"
+
+	// sessionKey prefixes a session's key among the sweep's entries,
+	// which are otherwise keyed by turn id (a space is in neither).
+	sessionKey = "session "
 )
 
-// sweepEntry is what the sweep knows of one non-terminal batch.
+// sweepEntry is what the sweep knows of one non-terminal batch, or of one
+// session that is not idle (session set).
 type sweepEntry struct {
+	session *batch.Session
 	state   schemas.BatchState
 	updated time.Time
 	next    time.Time     // earliest next look
@@ -99,8 +117,8 @@ type sweeper struct {
 }
 
 // Sweeping is nil while the recovery sweep runs: its watches of the turn
-// logs and the batches bucket run and have caught up with the batches
-// present when they started.
+// logs and the batches and sessions buckets run and have caught up with
+// the records present when they started.
 // Otherwise it says that the sweep is not running (not started, catching
 // up, or between a watch that ended and its restart). It is nil when the
 // sweep is off (Config.SweepInterval negative).
@@ -108,7 +126,7 @@ func (r *Redriver) Sweeping() error {
 	if r.cfg.SweepInterval < 0 || r.sweep.watching.Load() {
 		return nil
 	}
-	return errors.New("recovery sweep: not watching the turn logs and the batches bucket")
+	return errors.New("recovery sweep: not watching the turn logs and the batches and sessions buckets")
 }
 
 func newSweeper(r *Redriver) *sweeper {
@@ -116,7 +134,7 @@ func newSweeper(r *Redriver) *sweeper {
 		r: r, every: r.cfg.SweepInterval, after: r.cfg.SweepAfter, open: map[string]*sweepEntry{},
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_sweep_actions_total",
-			Help: "Recovery-sweep actions on batches whose driving message was lost (redrive, release, announce), and failed attempts (error).",
+			Help: "Recovery-sweep actions on batches whose driving message was lost (redrive, release, announce), idle sessions retired (retire), and failed attempts (error).",
 		}, []string{"action"}),
 	}
 	s.maxLooks.Store(maxSweepLooks)
@@ -138,13 +156,19 @@ func (s *sweeper) run(ctx context.Context) error {
 		return fmt.Errorf("sweep: watch the turn logs: %w", err)
 	}
 	defer lw.Stop()
+	sw, err := s.r.cfg.Store.Sessions.KV.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("sweep: watch sessions: %w", err)
+	}
+	defer sw.Stop()
 	defer s.watching.Store(false)
 	tick := time.NewTicker(s.every)
 	defer tick.Stop()
 	var passes sync.WaitGroup
 	defer passes.Wait()
 	busy := make(chan struct{}, 1)
-	bucketDone, logsDone := false, false
+	bucketDone, logsDone, sessionsDone := false, false, false
+	caughtUp := func() { s.watching.Store(bucketDone && logsDone && sessionsDone) }
 	for {
 		select {
 		case <-ctx.Done():
@@ -155,7 +179,7 @@ func (s *sweeper) run(ctx context.Context) error {
 			}
 			if e == nil { // every current batch delivered
 				bucketDone = true
-				s.watching.Store(bucketDone && logsDone)
+				caughtUp()
 				continue
 			}
 			if e.Operation() != jetstream.KeyValuePut {
@@ -169,10 +193,24 @@ func (s *sweeper) run(ctx context.Context) error {
 			}
 			if ev == nil {
 				logsDone = true
-				s.watching.Store(bucketDone && logsDone)
+				caughtUp()
 				continue
 			}
 			s.apply(ev.Turn, ev.Data)
+		case e, ok := <-sw.Updates():
+			if !ok {
+				return errors.New("sweep: the watch of the sessions bucket ended")
+			}
+			if e == nil {
+				sessionsDone = true
+				caughtUp()
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				s.forget(sessionKey + e.Key())
+				continue
+			}
+			s.applySession(e.Key(), e.Value())
 		case <-tick.C:
 			select {
 			case busy <- struct{}{}:
@@ -218,6 +256,23 @@ func (s *sweeper) apply(turn string, data []byte) {
 		return
 	}
 	s.open[key] = &sweepEntry{state: b.State, updated: b.UpdatedAt, next: b.UpdatedAt.Add(s.after)}
+}
+
+// applySession records one write of the session record at key: a
+// session that is idle (no active turn, none queued) is dropped, any other
+// comes due SweepAfter after the write.
+func (s *sweeper) applySession(key string, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, err := schemas.Decode[schemas.SessionRecord](data)
+	if err != nil || (rec.Active == "" && len(rec.Queue) == 0) {
+		// An undecodable record is never acted on: the stages that read it
+		// fail closed with the code.
+		delete(s.open, sessionKey+key)
+		return
+	}
+	s.open[sessionKey+key] = &sweepEntry{session: &batch.Session{ID: rec.SessionID, Key: key},
+		updated: rec.UpdatedAt, next: rec.UpdatedAt.Add(s.after)}
 }
 
 // batchHead is the part of a batch record the sweep tracks. Every batch
@@ -269,6 +324,10 @@ func (s *sweeper) sweep(ctx context.Context) {
 			s.r.cfg.Logger.Warn("sweep: recovery action failed; will look again", "turn", d.turn, "state", d.e.state, "err", err)
 		case action == actionWaiting:
 			s.actions.WithLabelValues(action).Inc()
+		case action == actionRetire:
+			// The normal end of an idle session, not a recovery.
+			s.actions.WithLabelValues(action).Inc()
+			s.r.cfg.Logger.Debug("sweep: retired an idle session", "session", d.e.session.Key, "untouched", now.Sub(d.e.updated).Round(time.Second))
 		case action != "":
 			s.actions.WithLabelValues(action).Inc()
 			s.r.cfg.Logger.Info("sweep: recovered a batch whose driving message was lost", "turn", d.turn, "state", d.e.state, "action", action,
@@ -281,6 +340,13 @@ func (s *sweeper) sweep(ctx context.Context) {
 // names it.
 func (s *sweeper) act(ctx context.Context, turn string, e sweepEntry, now time.Time) (string, error) {
 	r := s.r
+	if e.session != nil {
+		idle, err := r.cfg.Engine.RetireSession(ctx, *e.session)
+		if err != nil || !idle {
+			return "", err // held by a turn that has not ended, or passed on
+		}
+		return actionRetire, nil
+	}
 	switch e.state {
 	case schemas.BatchAwaiting:
 		b, _, err := r.cfg.Store.Batches.Get(ctx, turn)

@@ -78,25 +78,77 @@ func TestSweepLeavesABatchWaitingForAPersonAlone(t *testing.T) {
 	if after := len(h.Redrives("deferred", turn)); after != before {
 		t.Fatalf("the sweep published %d deferred outcomes for a batch that waits for a person", after-before)
 	}
-	if n := sweepActions(h, "redrive") + sweepActions(h, "error"); n != 0 {
+	if n := sweepActions(h, "redrive") + sweepActions(h, "error") + sweepActions(h, "retire"); n != 0 {
 		t.Fatalf("%v sweep actions on a batch that needs none", n)
+	}
+	if s := h.Session("still-waiting"); s == nil || s.Active != turn {
+		t.Fatalf("session %+v: the sweep let go of a session whose turn waits", s)
+	}
+}
+
+// A turn that ends with none queued behind it writes nothing to its
+// session (the terminal batch is the release); the sweep retires the idle
+// record, and a turn that comes after takes the session either way.
+func TestSweepRetiresAnIdleSession(t *testing.T) {
+	count := &pt.Counter{}
+	h := pt.Start(t, sweepOptions(count))
+	const session = "goes-idle"
+	first := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"one"}`)))
+	if b, _ := h.WaitTerminal(first); b.State != schemas.BatchCompleted {
+		t.Fatalf("first turn %s", b.State)
+	}
+	jstest.Eventually(t, 10*time.Second, "the sweep retired the idle session", func() bool {
+		s := h.Session(session)
+		return s != nil && s.Active == "" && len(s.Queue) == 0 && sweepActions(h, "retire") >= 1
+	})
+	second := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"two"}`)))
+	if b, _ := h.WaitTerminal(second); b.State != schemas.BatchCompleted || b.Results[0].Output != "two" {
+		t.Fatalf("second turn %s %+v", b.State, b.Results[0])
+	}
+	if n := sweepActions(h, "error"); n != 0 {
+		t.Fatalf("%v failed sweep actions", n)
+	}
+}
+
+// queueBehindAWaitingTurn sends two turns in session: the first waits for
+// an approval (and is then looked at by nothing but the sweep, so edits of
+// its records are not seen by the normal path), the second, echoing
+// "next", is queued behind it. It returns both turn ids.
+func queueBehindAWaitingTurn(h *pt.H, session string) (first, second string) {
+	h.T.Helper()
+	first = h.Send(h.Inbound(session, "alice", pt.Call("count", `{}`)))
+	h.WaitState(first, schemas.BatchAwaiting)
+	second = h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"next"}`)))
+	h.WaitState(second, schemas.BatchQueued)
+	h.WaitBatch(second, "queued in its session", func(*schemas.BatchRecord) bool {
+		s := h.Session(session)
+		return s != nil && s.Active == first && len(s.Queue) == 1 && s.Queue[0] == second
+	})
+	return first, second
+}
+
+// The lazy release's own loss: a turn ended with a turn queued behind it
+// and its stage died before the release passed the session on (nothing
+// was written to the session at all). The sweep passes it on.
+func TestSweepPassesOnASessionWhoseEndedTurnDidNotRelease(t *testing.T) {
+	h := pt.Start(t, sweepOptions(&pt.Counter{}))
+	first, second := queueBehindAWaitingTurn(h, "cut-release")
+	h.MutateBatch(first, func(b *schemas.BatchRecord) {
+		b.State = schemas.BatchFailed
+	})
+	b, _ := h.WaitTerminal(second)
+	if b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
+		t.Fatalf("queued turn ended %s: %+v", b.State, b.Results[0])
+	}
+	if sweepActions(h, "release")+sweepActions(h, "retire") < 1 {
+		t.Fatal("the queued turn ran, but not through the sweep")
 	}
 }
 
 func TestSweepAnnouncesAQueuedTurnWhoseReadyNoticeWasLost(t *testing.T) {
-	count := &pt.Counter{}
-	h := pt.Start(t, sweepOptions(count))
+	h := pt.Start(t, sweepOptions(&pt.Counter{}))
 	const session = "lost-release"
-	first := h.Send(h.Inbound(session, "alice", pt.Call("count", `{}`)))
-	// Waiting, the first turn is looked at by nothing but the sweep, so
-	// the edits below are not seen by the normal path.
-	h.WaitState(first, schemas.BatchAwaiting)
-	second := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"next"}`)))
-	h.WaitState(second, schemas.BatchQueued)
-	h.WaitBatch(second, "queued in its session", func(*schemas.BatchRecord) bool {
-		s := h.Session(session)
-		return s != nil && len(s.Queue) == 1 && s.Queue[0] == second
-	})
+	first, second := queueBehindAWaitingTurn(h, session)
 
 	// The first turn ended and its release passed the session on in KV,
 	// then the worker died before publishing the ready notice.
