@@ -14,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -43,7 +44,9 @@ import (
 //     most once; a call whose claim has no result is reported
 //     needs_attention after the claim lease, never run blindly);
 //   - queued: Engine.Release(session, ""), which promotes or re-announces
-//     the session's active turn if its release was lost;
+//     the session's active turn if its release was lost; a queued batch
+//     in no session queue at all is announced, so that its stage takes
+//     the session for it;
 //   - running, for longer than the claim lease: a ready notice for the
 //     turn, so an executor resumes it.
 //
@@ -369,7 +372,22 @@ func (s *sweeper) act(ctx context.Context, turn string, e sweepEntry, now time.T
 		if err != nil {
 			return "", err
 		}
-		return "release", r.cfg.Engine.Release(ctx, batch.SessionOf(b.Context), "")
+		sess := batch.SessionOf(b.Context)
+		if err := r.cfg.Engine.Release(ctx, sess, ""); err != nil {
+			return "", err
+		}
+		s, _, err := r.cfg.Store.Sessions.Get(ctx, sess.Key)
+		switch {
+		case err != nil && !errors.Is(err, store.ErrNotFound):
+			return "release", err
+		case err == nil && (s.Active == turn || slices.Contains(s.Queue, turn)):
+			return "release", nil
+		}
+		// In no session queue: its stage never took the session for it
+		// (or the record was rebuilt without it). Announced, its stage
+		// takes the session again (Acquire), which queues it if it is
+		// busy.
+		return "announce", r.cfg.Engine.AnnounceBatch(ctx, sess, b)
 	case schemas.BatchRunning:
 		if now.Sub(e.updated) < r.cfg.Engine.ClaimLease() {
 			return "", nil

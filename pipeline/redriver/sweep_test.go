@@ -199,3 +199,25 @@ func TestSweepPassesAreCappedAndStillReachEveryBatch(t *testing.T) {
 		t.Fatalf("a pass looked at %d batches, cap 1", n)
 	}
 }
+
+// A queued batch in no session queue (its stage never took the session
+// for it, or the record was rebuilt without it) behind a turn that has
+// ended: the sweep announces it, and its stage takes the free session.
+func TestSweepAnnouncesAQueuedTurnInNoSessionQueue(t *testing.T) {
+	h := pt.Start(t, sweepOptions(&pt.Counter{}))
+	const session = "in-no-queue"
+	first, second := queueBehindAWaitingTurn(h, session)
+	h.MutateSession(session, func(s *schemas.SessionRecord) {
+		s.Queue = nil
+	})
+	h.MutateBatch(first, func(b *schemas.BatchRecord) {
+		b.State = schemas.BatchFailed
+	})
+	b, _ := h.WaitTerminal(second)
+	if b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
+		t.Fatalf("queued turn ended %s: %+v", b.State, b.Results[0])
+	}
+	if sweepActions(h, "announce") < 1 {
+		t.Fatal("the queued turn ran, but not through the sweep's announcement")
+	}
+}
