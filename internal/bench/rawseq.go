@@ -64,7 +64,7 @@ import (
 // finds none in the bench: pipeline/grants).
 //
 // Besides these, Tollgate's approver watches the approvals bucket and its
-// redriver the turn logs and the batches bucket (ordered push consumers
+// redriver the turn logs and the batches and sessions buckets (ordered push consumers
 // that receive every write, for the pending set and expiry, and for the
 // recovery sweep); the raw approver and redriver run the same watches and
 // discard what they receive.

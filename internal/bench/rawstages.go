@@ -199,9 +199,9 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 		}
 	}
 	// Tollgate's approver watches the approvals bucket (its pending set and
-	// expiry) and its redriver the turn logs and the batches bucket (the
-	// recovery sweep); the raw stages run the layout's watches and discard
-	// what they receive.
+	// expiry) and its redriver the turn logs and the batches and sessions
+	// buckets (the recovery sweep); the raw stages run the layout's watches
+	// and discard what they receive.
 	for stage, bucket := range l.watches() {
 		if !slices.Contains(stages, stage) {
 			continue
@@ -212,6 +212,13 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 		}
 		if bucket == topology.BucketBatches && r.log != nil {
 			if err := r.watchLogs(ctx); err != nil {
+				r.close()
+				return nil, err
+			}
+		}
+		if bucket == topology.BucketBatches {
+			// The sweep also watches the sessions bucket (idle sessions).
+			if err := r.watch(ctx, topology.BucketSessions); err != nil {
 				r.close()
 				return nil, err
 			}

@@ -149,10 +149,10 @@ func (e *Engine) passOn(ctx context.Context, sess Session, holder string, ended 
 // released (ReleaseUnrecorded). A record that does not decode has not
 // ended either: its stages fail closed on it and end it with the code.
 func (e *Engine) turnEnded(ctx context.Context, turn string) (bool, error) {
-	b, _, err := e.cfg.Store.Batches.Get(ctx, turn)
+	ended, err := e.cfg.Store.Batches.Ended(ctx, turn)
 	switch {
 	case err == nil:
-		return b.State.Terminal(), nil
+		return ended, nil
 	case errors.Is(err, store.ErrNotFound), schemas.Permanent(err):
 		return false, nil
 	}

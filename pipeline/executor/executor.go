@@ -508,7 +508,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 // the loop ends only after its step). Otherwise it returns "" and, for a
 // follow-up, the session record it read, for Acquire. A step whose loop does
 // not hold the session (a loop started by a version before loops held their
-// sessions) queues like any follow-up.
+// sessions, or one that has ended) queues like any follow-up.
 func (x *Executor) heldBy(ctx context.Context, b *schemas.BatchRecord) (string, *batch.SessionSnapshot, error) {
 	if b.Origin == "" {
 		return "", nil, nil
@@ -522,7 +522,18 @@ func (x *Executor) heldBy(ctx context.Context, b *schemas.BatchRecord) (string, 
 		return "", nil, fmt.Errorf("load session %s: %w", key, err)
 	}
 	if root, _, ok := schemas.PlannerStepOf(b.TurnID); ok && root == b.Origin && sess.Active == root {
-		return root, nil, nil
+		// A loop that has ended still names the session until another
+		// turn takes it (a turn's end writes nothing to a session with no
+		// turn queued: batch.Engine.Release): its hold is over, and a
+		// step that comes after it takes the session like any follow-up.
+		loop, _, err := x.cfg.Store.Batches.Get(ctx, root)
+		switch {
+		case err == nil && loop.State.Terminal():
+		case err != nil && !errors.Is(err, store.ErrNotFound) && !schemas.Permanent(err):
+			return "", nil, fmt.Errorf("load the loop %s of step %s: %w", root, b.TurnID, err)
+		default:
+			return root, nil, nil
+		}
 	}
 	return "", &batch.SessionSnapshot{Rec: sess, Rev: rev}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -51,6 +52,28 @@ func (b Batches) Get(ctx context.Context, turn string) (*schemas.BatchRecord, ui
 		return rec, rev, err
 	}
 	return b.Bucket.Get(ctx, turn)
+}
+
+// Ended reports whether turn's batch has ended (completed or failed), or
+// ErrNotFound when the turn has none. A batch in its turn's log is read
+// by its last event's name, which is the state the event leaves the batch
+// in (BatchLog), so nothing is decoded: for a stage that asks often (a
+// session's holder, at every turn of a session) and needs nothing else. An
+// earlier version's batch in the bucket is read and decoded (a
+// *schemas.Error when its bytes do not decode).
+func (b Batches) Ended(ctx context.Context, turn string) (bool, error) {
+	ev, err := b.Log.Log.Last(ctx, turn)
+	switch {
+	case errors.Is(err, turnlog.ErrNoEvents):
+		rec, _, err := b.Bucket.Get(ctx, turn)
+		if err != nil {
+			return false, err
+		}
+		return rec.State.Terminal(), nil
+	case err != nil:
+		return false, fmt.Errorf("get the batch state of %s: %w", turn, err)
+	}
+	return schemas.BatchState(ev.Name).Terminal(), nil
 }
 
 // Create writes turn's first batch record: in the bucket when rec is

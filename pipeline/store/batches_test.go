@@ -304,3 +304,40 @@ func TestAnUndecodableLogRecordIsNotPassedOver(t *testing.T) {
 		t.Fatalf("Get: %+v, %v; want the log's record, MALFORMED", got, err)
 	}
 }
+
+// Ended answers from whichever place keeps the batch, as its state there
+// says: for the log, by the last event's name.
+func TestEndedReadsTheBatchWhereItIsKept(t *testing.T) {
+	s, ctx := newStore(t)
+	const inLogID, inBucketID, none = "t-00000000000000000011", "t-00000000000000000012", "t-00000000000000000013"
+	rec := batch(inLogID, schemas.BatchRunning)
+	rev, err := s.Batches.Create(ctx, inLogID, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putInBucket(t, ctx, s, inBucketID, batch(inBucketID, schemas.BatchAwaiting))
+	for _, id := range []string{inLogID, inBucketID} {
+		if ended, err := s.Batches.Ended(ctx, id); err != nil || ended {
+			t.Fatalf("Ended(%s) = %v, %v; want false", id, ended, err)
+		}
+	}
+	if _, err := s.Batches.Ended(ctx, none); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Ended of a turn with no batch: %v, want ErrNotFound", err)
+	}
+
+	rec.State = schemas.BatchCompleted
+	if _, err := s.Batches.Update(ctx, inLogID, rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Batches.Mutate(ctx, inBucketID, func(b *schemas.BatchRecord) error {
+		b.State = schemas.BatchFailed
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{inLogID, inBucketID} {
+		if ended, err := s.Batches.Ended(ctx, id); err != nil || !ended {
+			t.Fatalf("Ended(%s) = %v, %v; want true", id, ended, err)
+		}
+	}
+}
