@@ -28,17 +28,19 @@ import (
 //
 // The executor reads the session record (for the session-order check, see
 // pipeline/sessionorder). The record still names the session's previous
-// turn (<active>): a turn that ends with no turn queued behind it writes
-// nothing to its session (batch.Engine.Release; the terminal batch is the
-// release), so the executor reads that turn's last event, finds it ended,
-// and takes the session for the turn by compare-and-set at the revision it
-// read; only then does it create the batch, already running with call 0
-// claimed (executor's startAtOnce: a turn that must wait for its session
-// is created queued instead). At the turn's end, the release reads the
-// session record, finds no turn queued and writes nothing. On a session's
-// first turn the read finds nothing and the record is created instead, in
-// Tollgate (Acquire) as in the raw program, which writes the turn's id
-// into the records it writes so that the next turn knows <active>.
+// turn: a turn that ends with no turn queued behind it writes nothing to
+// its session (batch.Engine.Release; the terminal batch is the release).
+// That turn has ended, which the engine that ended it remembers (the
+// executor's and the redriver's, one engine in one process), so the
+// executor takes the session for the turn by compare-and-set at the
+// revision it read. (A stage process that did not end the previous turn
+// reads its last event first: one stream.get more, not in the traced
+// all-in-one turn.) Only then does it create the batch, already running
+// with call 0 claimed (executor's startAtOnce: a turn that must wait for
+// its session is created queued instead). At the turn's end, the release
+// reads the session record, finds no turn queued and writes nothing. On a
+// session's first turn the read finds nothing and the record is created
+// instead, in Tollgate (Acquire) as in the raw program.
 // Between the session record's read and its update, the executor looks up
 // the session's first inbound message after the record's watermark (one
 // stream message get with a subject filter): under load a session's
@@ -78,7 +80,6 @@ var rawFast = []step{
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
-	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<active>.>"}, // the session's active turn has ended: it is free
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                            // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855},   // call 0 claimed
@@ -107,7 +108,6 @@ var rawApproval = []step{
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
-	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<active>.>"}, // the session's active turn has ended: it is free
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                           // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed

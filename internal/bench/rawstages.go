@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -415,11 +414,6 @@ type rawIDs struct {
 	// the partitions of the turn's and the predecessor's state writes.
 	pred           string
 	part, predPart string
-	// Today's layout: the turn its session's record names (the session's
-	// previous turn, which ended without writing the session), and its
-	// partition; read from the record's first bytes, where the raw
-	// stages write the turn that takes the session.
-	active, activePart string
 }
 
 func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
@@ -470,14 +464,10 @@ func (id *rawIDs) setParts(parts int) {
 		}
 		return strconv.Itoa(topology.TurnLogPartition(turn, parts))
 	}
-	id.part, id.predPart, id.activePart = part(id.turn), part(id.pred), part(id.active)
+	id.part, id.predPart = part(id.turn), part(id.pred)
 }
 
 func (id rawIDs) resolve(s string) string {
-	if strings.Contains(s, "<active>") {
-		// The active turn's log is in its own partition.
-		s = strings.ReplaceAll(strings.ReplaceAll(s, "<active>", id.active), "<p>", id.activePart)
-	}
 	s = strings.ReplaceAll(s, "<grant-index>", benchGrantIndex)
 	s = strings.ReplaceAll(s, "<pred>", id.pred)
 	s = strings.ReplaceAll(s, "<pp>", id.predPart)
@@ -513,9 +503,6 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 		if strings.Contains(op.On, "<pred>") && id.pred == "" {
 			continue // a session's first turn: no predecessor to wait for
 		}
-		if strings.Contains(op.On, "<active>") && id.active == "" {
-			continue // a session's first turn: no earlier turn named
-		}
 		target := id.resolve(op.On)
 		bucket, key, _ := strings.Cut(target, "/")
 		pb, pk := r.layout.place(bucket, key) // where it is stored
@@ -530,10 +517,6 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			if op.Fact != "" {
 				payload[sessionKeyLen] = op.Fact[0] // the record's state (ended: factOutcome)
 			}
-		case bucket == topology.BucketSessions && op.Bytes >= len(id.turn):
-			// The session record names the turn that takes it.
-			payload = make([]byte, op.Bytes)
-			copy(payload, id.turn)
 		case op.Op == "publish" && strings.HasPrefix(target, topology.SubjectTurnAccepted) && op.Bytes >= 8:
 			payload = make([]byte, op.Bytes)
 			binary.BigEndian.PutUint64(payload, id.inboundSeq)
@@ -621,9 +604,7 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketSessions {
 				// A session's first turn: Tollgate (Acquire) creates the
 				// record instead of updating it; so does the raw turn.
-				rec := make([]byte, sessionRecordBytes)
-				copy(rec, id.turn) // the record names the turn that takes it
-				rev, cerr := r.create(ctx, kv, pb, pk, rec, id, op)
+				rev, cerr := r.create(ctx, kv, pb, pk, zeros[:sessionRecordBytes], id, op)
 				switch {
 				case cerr == nil:
 					revs[target], skip = rev, target
@@ -647,12 +628,6 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			}
 			if e != nil {
 				revs[target] = e.Revision()
-			}
-			if bucket == topology.BucketSessions && e != nil && id.active == "" {
-				if a := string(bytes.TrimRight(e.Value(), "\x00")); a != id.turn {
-					id.active = a
-					id.setParts(r.parts)
-				}
 			}
 			if bucket == topology.BucketBatches && id.session == "" && e != nil && len(e.Value()) >= sessionKeyLen {
 				id.session = string(e.Value()[:sessionKeyLen])

@@ -136,8 +136,7 @@ func traceOn(e *env, st stager, p path, raw bool) ([]step, error) {
 	// previous inbound message is rarely the one just before), so the
 	// executor's session-order check looks up the session's inbound
 	// messages after its watermark (one stream message get).
-	prev, err := one("trace-session")
-	if err != nil {
+	if _, err := one("trace-session"); err != nil {
 		return nil, err
 	}
 	if _, err := one("trace-other"); err != nil {
@@ -151,7 +150,6 @@ func traceOn(e *env, st stager, p path, raw bool) ([]step, error) {
 	names := [][2]string{
 		{schemas.ApprovalID(t.id, p.approvalIndex()), "<approval>"},
 		{t.id, "<turn>"},
-		{prev.id, "<active>"}, // the session's previous turn, which its record still names
 		{schemas.SessionKey("cli", "trace-session"), "<session>"},
 		{benchGrantIndex, "<grant-index>"},
 	}

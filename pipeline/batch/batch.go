@@ -126,6 +126,11 @@ type Engine struct {
 	// tollgate_claims): the compatibility path of schemas.DecodeBatch.
 	legacyRuns prometheus.Counter
 
+	// recent holds the turns this engine made terminal lately, so that
+	// Acquire need not read whether a session's holder has ended when this
+	// engine ended it (a terminal batch never changes again).
+	recent endedTurns
+
 	// beforeQueue, if set, is called by Acquire after it read the session
 	// and its holder and before the write that queues a turn (tests: the
 	// holder's end in between).
@@ -140,7 +145,7 @@ func New(cfg Config) (*Engine, error) {
 	nonce := make([]byte, 4)
 	rand.Read(nonce)
 	e := &Engine{
-		cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce),
+		cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce), recent: newEndedTurns(recentEnded),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_turns_ended_total",
 			Help: "Turns made terminal, by batch state (completed, failed).",

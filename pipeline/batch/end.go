@@ -77,6 +77,7 @@ func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*sch
 		return nil, false, fmt.Errorf("end batch %s: %w", turnID, err)
 	}
 	if ended {
+		e.recent.add(turnID)
 		e.ended.WithLabelValues(string(b.State)).Inc()
 		for _, r := range b.Results {
 			if r != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
@@ -149,6 +150,9 @@ func (e *Engine) passOn(ctx context.Context, sess Session, holder string, ended 
 // released (ReleaseUnrecorded). A record that does not decode has not
 // ended either: its stages fail closed on it and end it with the code.
 func (e *Engine) turnEnded(ctx context.Context, turn string) (bool, error) {
+	if e.recent.has(turn) {
+		return true, nil // this engine ended it, and an ended batch stays ended
+	}
 	ended, err := e.cfg.Store.Batches.Ended(ctx, turn)
 	switch {
 	case err == nil:
@@ -362,4 +366,42 @@ func (e *Engine) release(ctx context.Context, sess Session, turnID string, free 
 			return nil // already running
 		}
 	}
+}
+
+// recentEnded is how many of the turns it ended lately an Engine
+// remembers (endedTurns): about a minute of turns at 100 turns/s, far more
+// than the sessions it runs at once.
+const recentEnded = 8192
+
+// endedTurns is a bounded set of turn ids, the oldest forgotten first.
+type endedTurns struct {
+	mu   sync.Mutex
+	set  map[string]struct{}
+	ring []string
+	next int
+}
+
+func newEndedTurns(n int) endedTurns {
+	return endedTurns{set: make(map[string]struct{}, n), ring: make([]string, n)}
+}
+
+func (t *endedTurns) add(turn string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.set[turn]; ok {
+		return
+	}
+	if old := t.ring[t.next]; old != "" {
+		delete(t.set, old)
+	}
+	t.ring[t.next] = turn
+	t.set[turn] = struct{}{}
+	t.next = (t.next + 1) % len(t.ring)
+}
+
+func (t *endedTurns) has(turn string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.set[turn]
+	return ok
 }

@@ -1,0 +1,24 @@
+package batch
+
+import (
+	"strconv"
+	"testing"
+)
+
+// The set of recently ended turns is bounded: past its size the oldest
+// are forgotten (and then read from the store again), never a newer one.
+func TestEndedTurnsForgetsTheOldestFirst(t *testing.T) {
+	s := newEndedTurns(3)
+	for i := range 5 {
+		s.add("t-" + strconv.Itoa(i))
+		s.add("t-" + strconv.Itoa(i)) // a repeat takes no second slot
+	}
+	for i, want := range []bool{false, false, true, true, true} {
+		if got := s.has("t-" + strconv.Itoa(i)); got != want {
+			t.Errorf("has(t-%d) = %v, want %v", i, got, want)
+		}
+	}
+	if len(s.set) != 3 {
+		t.Errorf("%d turns held, want 3", len(s.set))
+	}
+}
