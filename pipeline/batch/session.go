@@ -274,13 +274,12 @@ func (e *Engine) RetireSession(ctx context.Context, sess Session) (bool, error) 
 		return false, fmt.Errorf("retire session %s: %w", sess.Key, err)
 	case s.Active == "" && len(s.Queue) == 0:
 		return true, nil
-	case s.Active == "":
-		return false, e.release(ctx, sess, "", true)
+	case s.Active != "":
+		if ended, err := e.turnEnded(ctx, s.Active); err != nil || !ended {
+			return false, err
+		}
 	}
-	ended, err := e.turnEnded(ctx, s.Active)
-	if err != nil || !ended {
-		return false, err
-	}
+	// Active is "" (turns queued: release promotes the first) or ended.
 	if err := e.release(ctx, sess, s.Active, true); err != nil {
 		return false, err
 	}
@@ -292,7 +291,9 @@ func (e *Engine) RetireSession(ctx context.Context, sess Session) (bool, error) 
 // AcquireIfFree and the creation of its batch must not hold its session
 // for good, and no sweep finds a session whose turn has no record. It
 // does nothing when turnID has a batch record (ending that batch releases
-// the session) or does not hold the session. Unlike Release it writes
+// the session); when turnID does not hold the session it changes nothing
+// and, as a repeated Release does, announces the active turn again if it
+// is still queued. Unlike Release it writes
 // even with no turn queued: a turn without a record never ends, so its
 // hold must be cleared.
 func (e *Engine) ReleaseUnrecorded(ctx context.Context, sess Session, turnID string) error {
