@@ -483,7 +483,7 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 		}
 	}
 	want := map[string]int{"approval.requested": 1, "approval.decided": 1, "turn.outcome": 1,
-		"turnlog.awaiting": 1, "turnlog.started": 1, "turnlog.completed": 1}
+		"turnlog.awaiting": 1, "turnlog.started": 1, "turnlog.outcome": 1}
 	for k, v := range want {
 		if count[k] != v {
 			t.Errorf("%d %s events for %s, want %d (all: %v)", count[k], k, turn, v, count)

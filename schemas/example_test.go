@@ -363,14 +363,15 @@ func exampleBatch() *schemas.BatchRecord {
 			{Worker: "executor@host:4242-9f86d081", ClaimedAt: t2},
 			{Worker: "redriver@host:4243-0c1d2e3f", ClaimedAt: t3},
 		},
+		Outcome: exampleOutcome(),
 	}
 }
 
 // exampleBatchV1 is exampleBatch as version 1 wrote it: no claims (they
-// were records of tollgate_claims).
+// were records of tollgate_claims) and no outcome (it was only published).
 func exampleBatchV1() *schemas.BatchRecordV1 {
 	b := exampleBatch()
-	b.V, b.Claims = 1, nil
+	b.V, b.Claims, b.Outcome = 1, nil, nil
 	return (*schemas.BatchRecordV1)(b)
 }
 

@@ -130,10 +130,11 @@ func DecodeBatch(data []byte) (*BatchRecord, error) {
 }
 
 // AsLegacyBatch returns b marked as a version 1 record, without claims
-// (for tests and tools that write what an earlier version wrote).
+// or outcome (for tests and tools that write what an earlier version
+// wrote).
 func AsLegacyBatch(b *BatchRecord) *BatchRecord {
 	c := *b
-	c.Claims, c.legacy = nil, true
+	c.Claims, c.Outcome, c.legacy = nil, nil, true
 	return &c
 }
 
@@ -149,11 +150,11 @@ func AsCurrentBatch(b *BatchRecord) *BatchRecord {
 }
 
 // AsBucketedBatch returns b marked as kept in KV bucket tollgate_batches
-// (Bucketed): what pipeline/store's Batches does to a record it reads
-// from the bucket, so that its next write goes back there.
+// (Bucketed), as the version before the turn logs wrote it: without an
+// outcome (that version only published it; for tests and tools).
 func AsBucketedBatch(b *BatchRecord) *BatchRecord {
 	c := *b
-	c.bucketed = true
+	c.Outcome, c.bucketed = nil, true
 	return &c
 }
 

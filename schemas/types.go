@@ -572,6 +572,15 @@ type BatchRecord struct {
 	// (see pipeline/batch, "Execution claims"). Empty, or one entry per
 	// call; nil entries are unclaimed calls.
 	Claims []*CallClaim `msgpack:"claims,omitempty"`
+	// Outcome, on a terminal record only (version 2), is the turn's
+	// outcome as pipeline/batch's Outcome builds it from this record when
+	// the batch ends: what the outcome's readers are told (its reply
+	// target, audience and results come from a TurnContext the key ring
+	// accepts). It is written once, by the write that ends the batch (the
+	// turn log's outcome event), so that readers need no keys and the
+	// outcome is durable in one place. Nil on every other record, and on a
+	// terminal record an earlier version wrote.
+	Outcome *TurnOutcome `msgpack:"outcome,omitempty"`
 
 	// legacy marks a record read as version 1 (BatchRecordV1): its calls'
 	// claims are in KV bucket tollgate_claims, and it is written back as

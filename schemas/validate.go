@@ -354,10 +354,41 @@ func (b *BatchRecord) validate() error {
 			}
 		}
 	}
+	if err := b.checkOutcome(); err != nil {
+		return err
+	}
 	return firstErr(
 		checkString("turn_id", b.TurnID, MaxIDBytes, true, false),
 		checkFollowUpDepth(b.FollowUpDepth),
 	)
+}
+
+// checkOutcome: an outcome only on a terminal version 2 record, for its
+// own turn and session, in the turn state its batch state gives.
+func (b *BatchRecord) checkOutcome() error {
+	o := b.Outcome
+	if o == nil {
+		return nil
+	}
+	want := TurnCompleted
+	if b.State == BatchFailed {
+		want = TurnFailed
+	}
+	switch {
+	case !b.State.Terminal():
+		return Errorf(CodeInvalidInput, "a %s batch has no outcome yet", b.State)
+	case b.V == BatchLegacyVersion:
+		return Errorf(CodeInvalidInput, "a version %d batch record carries no outcome (it was published)", BatchLegacyVersion)
+	case o.TurnID != b.TurnID || o.SessionID != b.SessionID:
+		return Errorf(CodeInvalidInput, "the outcome of turn %s (session %s) in the batch of turn %s (session %s)", o.TurnID, o.SessionID, b.TurnID, b.SessionID)
+	case o.V != TurnOutcomeVersion:
+		return Errorf(CodeSchemaVersionUnsupported, "outcome version %d, want %d", o.V, TurnOutcomeVersion)
+	case o.State != want:
+		return Errorf(CodeInvalidInput, "a %s batch with a %s outcome", b.State, o.State)
+	case len(o.Results) > MaxCalls:
+		return Errorf(CodePayloadTooLarge, "outcome: %d results, limit %d", len(o.Results), MaxCalls)
+	}
+	return o.validate()
 }
 
 func (s *SessionRecord) validate() error {

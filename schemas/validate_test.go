@@ -243,6 +243,22 @@ func TestRecordValidation(t *testing.T) {
 			return b
 		}(), schemas.CodeInvalidInput},
 		{"batch with an unknown state", func() schemas.Record { b := exampleBatch(); b.State = "paused"; return b }(), schemas.CodeInvalidInput},
+		{"running batch with an outcome", func() schemas.Record { b := exampleBatch(); b.State = schemas.BatchRunning; return b }(), schemas.CodeInvalidInput},
+		{"failed batch with a completed outcome", func() schemas.Record { b := exampleBatch(); b.Outcome.State = schemas.TurnCompleted; return b }(), schemas.CodeInvalidInput},
+		{"completed batch with a failed outcome", func() schemas.Record { b := exampleBatch(); b.State = schemas.BatchCompleted; return b }(), schemas.CodeInvalidInput},
+		{"batch with an outcome of another version", func() schemas.Record { b := exampleBatch(); b.Outcome.V = 9; return b }(), schemas.CodeSchemaVersionUnsupported},
+		{"batch with another turn's outcome", func() schemas.Record { b := exampleBatch(); b.Outcome.TurnID = "t-other"; return b }(), schemas.CodeInvalidInput},
+		{"batch with another session's outcome", func() schemas.Record { b := exampleBatch(); b.Outcome.SessionID = "s-other"; return b }(), schemas.CodeInvalidInput},
+		{"version 1 batch with an outcome", func() schemas.Record {
+			b := exampleBatchV1()
+			b.Outcome = exampleOutcome()
+			return b
+		}(), schemas.CodeInvalidInput},
+		{"batch outcome with too many results", func() schemas.Record {
+			b := exampleBatch()
+			b.Outcome.Results = make([]schemas.ToolResult, schemas.MaxCalls+1)
+			return b
+		}(), schemas.CodePayloadTooLarge},
 		{"accepted turn with too many calls", func() schemas.Record {
 			a := exampleAccepted()
 			a.Calls = make([]schemas.ToolCall, schemas.MaxCalls+1)

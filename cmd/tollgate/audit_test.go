@@ -12,6 +12,7 @@ import (
 	"github.com/tollgate-dev/tollgate/audit"
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -82,7 +83,15 @@ func TestAudit(t *testing.T) {
 		p := topology.TurnLogPartition(turn, len(h.Env.Buckets.TurnLogs))
 		first := map[string]uint64{}
 		for _, m := range h.Messages(topology.TurnLogStream(p), topology.TurnLogWildcard(p, turn)) {
-			if state := strings.TrimPrefix(m.Subject, topology.TurnLogSubject(p, turn, "")); first[state] == 0 {
+			state := strings.TrimPrefix(m.Subject, topology.TurnLogSubject(p, turn, ""))
+			if state == store.EventOutcome { // the end, named for the outcome: its state is the record's
+				b, err := schemas.DecodeBatch(m.Data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				state = string(b.State)
+			}
+			if first[state] == 0 {
 				first[state] = m.Seq
 			}
 		}

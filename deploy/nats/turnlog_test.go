@@ -79,13 +79,13 @@ func TestLeastPrivilegeTurnLogs(t *testing.T) {
 	}
 	adminLog := turnlog.Bind(admin.js, adminKV.TurnLogs)
 	last, err := adminLog.Last(ctx(t, wait), turn)
-	if err != nil || last.Name != string(schemas.BatchCompleted) {
+	if err != nil || last.Name != store.EventOutcome {
 		t.Fatalf("the last event of %s: %+v, %v", turn, last, err)
 	}
 
 	// The gateway heard the appends, from the executor's account and the
 	// redriver's: the executor's "awaiting", the redriver's "started" and
-	// "completed".
+	// "outcome".
 	var heard []string
 	jstest.EventuallyState(t, wait, "the gateway hears the executor's and the redriver's appends", func() (bool, string) {
 		for {
@@ -99,8 +99,8 @@ func TestLeastPrivilegeTurnLogs(t *testing.T) {
 			}
 			heard = append(heard, event)
 		}
-		for _, want := range []schemas.BatchState{schemas.BatchAwaiting, schemas.BatchStarted, schemas.BatchCompleted} {
-			if !slices.Contains(heard, string(want)) {
+		for _, want := range []string{string(schemas.BatchAwaiting), string(schemas.BatchStarted), store.EventOutcome} {
+			if !slices.Contains(heard, want) {
 				return false, "heard " + strings.Join(heard, ", ")
 			}
 		}
@@ -167,7 +167,12 @@ func testTurnLogRefusals(t *testing.T, admin *client, adminLog *turnlog.Log, sta
 	// after its last event, as a writer's Update would.
 	forged := *b
 	forged.State = schemas.BatchFailed
-	forgedSubject := topology.TurnLogSubject(p, turn, string(forged.State))
+	if b.Outcome != nil {
+		o := *b.Outcome
+		o.State = schemas.TurnFailed
+		forged.Outcome = &o
+	}
+	forgedSubject := topology.TurnLogSubject(p, turn, store.EventOutcome)
 	// batchKept: the turn's last event is still the one at rev.
 	batchKept := func(t *testing.T) {
 		t.Helper()
@@ -212,7 +217,7 @@ func testTurnLogRefusals(t *testing.T, admin *client, adminLog *turnlog.Log, sta
 		}
 	}
 	fresh := "t-turnlog-forged"
-	freshSubject := topology.TurnLogSubject(topology.TurnLogPartition(fresh, adminLog.Partitions()), fresh, string(schemas.BatchCompleted))
+	freshSubject := topology.TurnLogSubject(topology.TurnLogPartition(fresh, adminLog.Partitions()), fresh, store.EventOutcome)
 
 	cases := []refusal{
 		// No account but the executor's, the redriver's and the planner's

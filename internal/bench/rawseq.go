@@ -81,9 +81,9 @@ var rawFast = []step{
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                            // no earlier version's batch of the turn
-	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855},   // call 0 claimed
-	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.completed", MsgID: true, Bytes: 942}, // call 0's result
+	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                          // no earlier version's batch of the turn
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855}, // call 0 claimed
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 942}, // call 0's result and the outcome
 	{Stage: "executor", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 263},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"}, // the release: no turn queued, nothing written
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
@@ -123,8 +123,8 @@ var rawApproval = []step{
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
 	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204},   // call 1 claimed
-	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.completed", MsgID: true, Bytes: 1360}, // call 1's result
+	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed
+	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 1360}, // call 1's result and the outcome
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
 	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"}, // the release: no turn queued, nothing written

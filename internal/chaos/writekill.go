@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -251,10 +252,10 @@ func (w *writeWatch) writer(m *nats.Msg) (stage, what string) {
 		if !ok {
 			return "", ""
 		}
-		switch schemas.BatchState(state) {
-		case schemas.BatchStarted:
+		switch {
+		case schemas.BatchState(state) == schemas.BatchStarted:
 			w.phase = "redriver"
-		case schemas.BatchCompleted, schemas.BatchFailed:
+		case store.Terminal(state): // the outcome event
 		default:
 			return "executor", "turnlog " + state
 		}

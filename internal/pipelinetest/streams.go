@@ -6,6 +6,7 @@
 package pipelinetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -123,7 +125,32 @@ func (h *H) WaitOutcome(turnID string) *schemas.TurnOutcome {
 	if len(outs) != 1 {
 		h.T.Fatalf("turn %s has %d outcome events, want exactly 1", turnID, len(outs))
 	}
+	h.sameOutcomeInLog(turnID, outs[0])
 	return outs[0]
+}
+
+// sameOutcomeInLog fails the test unless the outcome published for turnID
+// is the one its turn log recorded when the batch ended (the log's
+// outcome event), where the log holds the turn: the two places an outcome
+// is kept until readers follow only the log (issue 36) never differ. An
+// earlier version's batch (in the bucket, or ended without an outcome) is
+// passed over.
+func (h *H) sameOutcomeInLog(turnID string, published *schemas.TurnOutcome) {
+	h.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), h.wait)
+	defer cancel()
+	logged, err := h.Store.Batches.Log.Outcome(ctx, turnID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return
+	case err != nil:
+		h.T.Fatalf("pipelinetest: turn %s has a published outcome, and its log: %v", turnID, err)
+	}
+	a, aerr := schemas.Encode(published)
+	b, berr := schemas.Encode(logged)
+	if aerr != nil || berr != nil || !bytes.Equal(a, b) {
+		h.T.Fatalf("pipelinetest: turn %s: published outcome\n  %+v\nits log's\n  %+v (%v, %v)", turnID, published, logged, aerr, berr)
+	}
 }
 
 // Requested returns the approval-requested events of turnID.

@@ -823,3 +823,66 @@ func TestConcludeFromStaleRecordsLosesNothing(t *testing.T) {
 		}
 	})
 }
+
+// The write that ends a batch is its turn's outcome event: the last event
+// of the turn's log is named "outcome" and its record carries the turn's
+// outcome as Outcome builds it, which is what Finish announces; a batch
+// whose context does not verify ends with an outcome that goes nowhere and
+// holds none of the results, while the batch keeps them.
+func TestTheEndingWriteCarriesTheTurnsOutcome(t *testing.T) {
+	f := newFixture(t)
+	h := pt.Start(t, pt.Options{Env: f.env, Stages: []string{}})
+	tests := []struct {
+		name    string
+		edit    func(*schemas.TurnContext)
+		code    schemas.Code
+		state   schemas.TurnState
+		results int
+	}{
+		{"a completed batch", nil, "", schemas.TurnCompleted, 1},
+		{"a failed batch", nil, schemas.CodeArgsDigestMismatch, schemas.TurnFailed, 2},
+		{"a completed batch whose context was edited since", func(tc *schemas.TurnContext) { tc.Audience = schemas.AudiencePublic }, "", schemas.TurnCompleted, 0},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			turn := schemas.TurnID("cli", fmt.Sprintf("ending-%d", i))
+			c0, c1 := call(turn, 0, "count", `{}`), call(turn, 1, "count", `{"b":1}`)
+			newBatchAs(t, f, turn, schemas.BatchStarted, func(b *schemas.BatchRecord) *schemas.BatchRecord {
+				if tc.edit != nil {
+					tc.edit(b.Context)
+				}
+				return b
+			}, c0, c1)
+			var results []*schemas.ToolResult
+			if tc.code == "" {
+				results = []*schemas.ToolResult{f.eng.Result(c0, schemas.ResultOK, "", "", "")}
+			}
+			if _, err := f.eng.Conclude(ctx(t), turn, results, tc.code, "why"); err != nil {
+				t.Fatal(err)
+			}
+			last, err := f.st.Batches.Log.Log.Last(ctx(t), turn)
+			if err != nil || last.Name != store.EventOutcome {
+				t.Fatalf("last event of %s: %+v, %v; want %q", turn, last, err, store.EventOutcome)
+			}
+			stored, _, err := f.st.Batches.Get(ctx(t), turn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := stored.Outcome
+			if o == nil || o.State != tc.state || len(o.Results) != tc.results || o.FinishedAt != stored.UpdatedAt {
+				t.Fatalf("stored outcome %+v of batch %+v, want state %s with %d results", o, stored, tc.state, tc.results)
+			}
+			bare := *stored
+			bare.Outcome = nil
+			if want := batch.Outcome(pt.Keys(t), &bare); !same(o, want) {
+				t.Fatalf("stored outcome\n  %+v\nwant Outcome's\n  %+v", o, want)
+			}
+			if n := len(slices.DeleteFunc(slices.Clone(stored.Results), func(r *schemas.ToolResult) bool { return r == nil })); tc.results == 0 && n == 0 {
+				t.Fatalf("the batch lost its results: %+v", stored.Results)
+			}
+			if outs := h.Outcomes(turn); len(outs) != 1 || !same(&outs[0], o) {
+				t.Fatalf("announced %+v, want the stored outcome %+v", outs, o)
+			}
+		})
+	}
+}

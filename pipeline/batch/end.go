@@ -71,6 +71,11 @@ func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*sch
 			}
 		}
 		b.UpdatedAt = e.Now()
+		if !b.Bucketed() {
+			// The turn's outcome is part of the write that ends it (the
+			// log's outcome event): readers take it from there.
+			b.Outcome = Outcome(e.cfg.Keys, b)
+		}
 		return nil
 	})
 	if err != nil {
@@ -190,7 +195,11 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 		if err := e.retire(ctx, b); err != nil {
 			return err
 		}
-		if err := bus.Publish(ctx, e.cfg.JS, subj, topology.OutcomeMsgID(b.TurnID), Outcome(e.cfg.Keys, b)); err != nil {
+		o := b.Outcome
+		if o == nil { // a batch an earlier version ended, or one kept in the bucket
+			o = Outcome(e.cfg.Keys, b)
+		}
+		if err := bus.Publish(ctx, e.cfg.JS, subj, topology.OutcomeMsgID(b.TurnID), o); err != nil {
 			return err
 		}
 	}
@@ -420,6 +429,7 @@ func (e *Engine) outcomeStored(ctx context.Context, subject string) (bool, error
 // whose context was edited since, the code of the context's failure.
 func Outcome(keys *seal.KeyRing, b *schemas.BatchRecord) *schemas.TurnOutcome {
 	o := &schemas.TurnOutcome{
+		V:      schemas.TurnOutcomeVersion,
 		TurnID: b.TurnID, SessionID: b.SessionID, State: schemas.TurnCompleted,
 		Code: b.Code, Reason: b.Reason, FinishedAt: b.UpdatedAt,
 	}

@@ -26,7 +26,7 @@ func TestATurnOfAFreeSessionIsCreatedRunning(t *testing.T) {
 		if out.State != schemas.TurnCompleted || b.Results[0].Output != text {
 			t.Fatalf("turn %d: outcome %s, result %+v", i, out.State, b.Results[0])
 		}
-		if got := h.LogEvents(turn); !slices.Equal(got, []string{"running", "completed"}) {
+		if got := h.LogEvents(turn); !slices.Equal(got, []string{"running", "outcome"}) {
 			t.Fatalf("turn %d: log events %v, want [running completed]", i, got)
 		}
 		if c := b.Claims[0]; c == nil || c.Worker == "" {
@@ -60,10 +60,10 @@ func TestATurnBehindItsSessionsBatchIsCreatedQueued(t *testing.T) {
 	if b, _ := h.WaitTerminal(behind); b.State != schemas.BatchCompleted || b.Results[0].Output != "after" {
 		t.Fatalf("queued turn ended %s %+v", b.State, b.Results[0])
 	}
-	if got := h.LogEvents(behind); !slices.Equal(got, []string{"queued", "running", "completed"}) {
+	if got := h.LogEvents(behind); !slices.Equal(got, []string{"queued", "running", "outcome"}) {
 		t.Fatalf("log events of the queued turn %v, want [queued running completed]", got)
 	}
-	if got := h.LogEvents(ahead); !slices.Equal(got, []string{"running", "awaiting", "started", "completed"}) {
+	if got := h.LogEvents(ahead); !slices.Equal(got, []string{"running", "awaiting", "started", "outcome"}) {
 		t.Fatalf("log events of the first turn %v, want [running awaiting started completed]", got)
 	}
 }
@@ -100,7 +100,7 @@ func TestATurnCutOffBetweenItsSessionAndItsBatchRunsOnceOnRedelivery(t *testing.
 	if n := count.Runs(schemas.CallID(turn, 0)); n != 1 || calls.Load() < 2 {
 		t.Fatalf("the call ran %d times over %d attempts, want once after the redelivery", n, calls.Load())
 	}
-	if got := h.LogEvents(turn); !slices.Equal(got, []string{"running", "completed"}) {
+	if got := h.LogEvents(turn); !slices.Equal(got, []string{"running", "outcome"}) {
 		t.Fatalf("log events %v, want [running completed]", got)
 	}
 	h.WaitIdle(pt.Executor)

@@ -56,8 +56,8 @@ func (b Batches) Get(ctx context.Context, turn string) (*schemas.BatchRecord, ui
 
 // Ended reports whether turn's batch has ended (completed or failed), or
 // ErrNotFound when the turn has none. A batch in its turn's log is read
-// by its last event's name, which is the state the event leaves the batch
-// in (BatchLog), so nothing is decoded: for a stage that asks often (a
+// by its last event's name (BatchLog: the state the event leaves the
+// batch in, EventOutcome for an end), so nothing is decoded: for a stage that asks often (a
 // session's holder, at every turn of a session) and needs nothing else. An
 // earlier version's batch in the bucket is read and decoded (a
 // *schemas.Error when its bytes do not decode).
@@ -73,7 +73,7 @@ func (b Batches) Ended(ctx context.Context, turn string) (bool, error) {
 	case err != nil:
 		return false, fmt.Errorf("get the batch state of %s: %w", turn, err)
 	}
-	return schemas.BatchState(ev.Name).Terminal(), nil
+	return Terminal(ev.Name), nil
 }
 
 // Create writes turn's first batch record: in the bucket when rec is

@@ -341,3 +341,61 @@ func TestEndedReadsTheBatchWhereItIsKept(t *testing.T) {
 		}
 	}
 }
+
+// A batch's end is its log's outcome event, whose record carries the
+// turn's outcome; BatchLog.Outcome reads it back, and tells a turn that
+// has not ended, one with no events and one an earlier version ended
+// (named completed, without an outcome) apart.
+func TestTheOutcomeIsReadFromTheEventThatEndedTheBatch(t *testing.T) {
+	s, ctx := newStore(t)
+	const ended, running, old, none = "t-00000000000000000021", "t-00000000000000000022", "t-00000000000000000023", "t-00000000000000000024"
+	rec := batch(ended, schemas.BatchRunning)
+	rev, err := s.Batches.Create(ctx, ended, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Batches.Log.Outcome(ctx, ended); !errors.Is(err, store.ErrNotEnded) {
+		t.Fatalf("outcome of a running batch: %v, want ErrNotEnded", err)
+	}
+	rec.State = schemas.BatchFailed
+	rec.Outcome = &schemas.TurnOutcome{V: schemas.TurnOutcomeVersion, TurnID: ended, SessionID: rec.SessionID, State: schemas.TurnFailed, Code: schemas.CodeToolNotFound, FinishedAt: now}
+	if _, err := s.Batches.Update(ctx, ended, rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	last, err := s.Batches.Log.Log.Last(ctx, ended)
+	if err != nil || last.Name != store.EventOutcome {
+		t.Fatalf("the failed batch's last event: %+v, %v; want %q", last, err, store.EventOutcome)
+	}
+	o, err := s.Batches.Log.Outcome(ctx, ended)
+	if err != nil || o.TurnID != ended || o.State != schemas.TurnFailed || o.Code != schemas.CodeToolNotFound || !o.FinishedAt.Equal(now) {
+		t.Fatalf("outcome %+v, %v", o, err)
+	}
+	if done, err := s.Batches.Ended(ctx, ended); err != nil || !done {
+		t.Fatalf("Ended after the outcome event: %v, %v", done, err)
+	}
+
+	if _, err := s.Batches.Create(ctx, running, batch(running, schemas.BatchRunning)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Batches.Log.Outcome(ctx, running); !errors.Is(err, store.ErrNotEnded) {
+		t.Fatalf("outcome of a running batch: %v, want ErrNotEnded", err)
+	}
+	if _, err := s.Batches.Log.Outcome(ctx, none); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("outcome of a turn with no events: %v, want ErrNotFound", err)
+	}
+	// An earlier version named the end for its state and only published
+	// the outcome.
+	data, err := schemas.Encode(batch(old, schemas.BatchCompleted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Batches.Log.Log.Append(ctx, turnlog.Append{Turn: old, Event: string(schemas.BatchCompleted), Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := s.Batches.Ended(ctx, old); err != nil || !done {
+		t.Fatalf("Ended of a batch an earlier version ended: %v, %v", done, err)
+	}
+	if _, err := s.Batches.Log.Outcome(ctx, old); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("outcome of a batch an earlier version ended: %v, want ErrNotFound", err)
+	}
+}

@@ -40,10 +40,13 @@ var (
 
 // BatchLog keeps batch records as their turn's log (issue 36, design (b):
 // the turn's events are the log). Every write is one event of the turn,
-// named for the state it leaves the batch in (running, awaiting, started,
-// completed, ...), carrying the whole record, so the turn's last event is
-// its batch: Get is one read of it, and a revision is that event's stream
-// sequence. Create appends the turn's first event; Update appends after
+// named for the state it leaves the batch in (running, awaiting, started),
+// carrying the whole record, so the turn's last event is its batch: Get is
+// one read of it, and a revision is that event's stream sequence. The
+// write that ends the batch (completed or failed) is the turn's outcome
+// event, EventOutcome, whatever the state: its record carries the turn's
+// outcome (schemas.BatchRecord.Outcome), and it is the one event of a
+// turn that readers of outcomes follow (tollgate.turnlog.*.*.outcome). Create appends the turn's first event; Update appends after
 // the event at its revision (turnlog's compare-and-set, which covers the
 // one turn).
 //
@@ -61,6 +64,55 @@ var (
 // Unlike the bucket, a turn's log keeps every event until the stream's
 // MaxAge: there is no delete, and retention is the stream's.
 type BatchLog struct{ Log *turnlog.Log }
+
+// EventOutcome names the event that ends a turn's batch: its last.
+const EventOutcome = "outcome"
+
+// EventOf is the name of the event that leaves a batch in state s: the
+// state itself, or EventOutcome for a terminal state.
+func EventOf(s schemas.BatchState) string {
+	if s.Terminal() {
+		return EventOutcome
+	}
+	return string(s)
+}
+
+// Terminal reports whether a turn-log event named name ends its batch:
+// EventOutcome, or the terminal state's own name, which an earlier
+// version wrote.
+func Terminal(name string) bool {
+	return name == EventOutcome || schemas.BatchState(name).Terminal()
+}
+
+// ErrNotEnded is Outcome's error for a turn whose batch has not ended.
+var ErrNotEnded = errors.New("store: the batch has not ended")
+
+// Outcome returns the outcome of turn as its log records it: the outcome
+// of its ending event (schemas.BatchRecord.Outcome), the one a reader of
+// outcomes needs, read without keys. ErrNotFound when the log holds no
+// event of turn, or when the event that ended it was written by an
+// earlier version (named completed or failed, without an outcome: that
+// version only published it); ErrNotEnded when its last event does not
+// end the batch; a *schemas.Error when the event does not decode.
+func (b BatchLog) Outcome(ctx context.Context, turn string) (*schemas.TurnOutcome, error) {
+	ev, err := b.Log.Last(ctx, turn)
+	switch {
+	case errors.Is(err, turnlog.ErrNoEvents):
+		return nil, fmt.Errorf("get the outcome of %s: %w", turn, ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("get the outcome of %s: %w", turn, err)
+	case !Terminal(ev.Name):
+		return nil, fmt.Errorf("get the outcome of %s: %w (its last event is %s)", turn, ErrNotEnded, ev.Name)
+	}
+	rec, err := schemas.DecodeBatch(ev.Data)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("decode the outcome of %s@%d: %w", turn, ev.Seq, err)
+	case rec.Outcome == nil:
+		return nil, fmt.Errorf("get the outcome of %s: %w (its batch ended with an event %s that holds none)", turn, ErrNotFound, ev.Name)
+	}
+	return rec.Outcome, nil
+}
 
 // Get returns turn's batch record (its last event) and its revision.
 func (b BatchLog) Get(ctx context.Context, turn string) (*schemas.BatchRecord, uint64, error) {
@@ -132,7 +184,7 @@ func (b BatchLog) append(ctx context.Context, turn string, rec *schemas.BatchRec
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return 0, fmt.Errorf("append the batch of %s: draw its message id: %w", turn, err)
 	}
-	event := string(rec.State)
+	event := EventOf(rec.State)
 	return b.Log.Append(ctx, turnlog.Append{Turn: turn, Event: event, After: after, Data: data,
 		MsgID: turn + "." + event + "." + strconv.FormatUint(after, 10) + "." + hex.EncodeToString(nonce[:])})
 }
