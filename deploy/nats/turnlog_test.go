@@ -15,6 +15,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -254,7 +255,11 @@ func testTurnLogRefusals(t *testing.T, admin *client, adminLog *turnlog.Log, sta
 // the file and topology.DefaultTurnLogPartitions disagree); the stages that
 // read batches and the gateway may read each stream's last event (direct
 // and message get); only the writers may append, and only the redriver may
-// follow the logs with consumers. Nobody else holds any turn-log subject.
+// follow the logs with consumers of any name and filter; the planner and
+// the Slack and Discord transports follow the outcome events, each with
+// durables of fixed names and the one filter, and the transports read an
+// outcome event (a direct get of that subject alone, or a message get on
+// replicas 3). Nobody else holds any turn-log subject.
 func TestTurnLogGrantsNameEveryPartition(t *testing.T) {
 	for user, env := range users {
 		t.Setenv(env, password(user))
@@ -279,6 +284,18 @@ func TestTurnLogGrantsNameEveryPartition(t *testing.T) {
 		}
 		want["redriver"] = append(want["redriver"], api+"CONSUMER.CREATE."+stream+".*."+filter,
 			api+"CONSUMER.MSG.NEXT."+stream+".*", api+"CONSUMER.DELETE."+stream+".*")
+		// The outcome followers (pipeline/outcomes): a durable of a fixed
+		// name created with the one filter of the outcome events, and for
+		// the transports the look-up and the read of an outcome event.
+		for user, durable := range map[string]string{"planner": "planner", "slack": "transport-slack", "discord": "transport-discord"} {
+			name := outcomes.Durable(durable, i)
+			want[user] = append(want[user], api+"CONSUMER.CREATE."+stream+"."+name+"."+topology.TurnLogOutcomeFilter(i),
+				api+"CONSUMER.INFO."+stream+"."+name, api+"CONSUMER.MSG.NEXT."+stream+"."+name, "$JS.ACK."+stream+"."+name+".>")
+			if user != "planner" {
+				want[user] = append(want[user], api+"STREAM.INFO."+stream,
+					api+"DIRECT.GET."+stream+"."+topology.TurnLogOutcomeFilter(i), api+"STREAM.MSG.GET."+stream)
+			}
+		}
 	}
 	for _, u := range writers {
 		want[u] = append(want[u], topology.SubjectTurnLogPrefix+"*.*.*")

@@ -297,3 +297,31 @@ func (h *H) SeedApproval(transport, session, sender, tool, args string, at time.
 	}
 	return rec
 }
+
+// EndInLog writes the batch of o's turn into its turn log and ends it
+// with o, as the stage that ends a batch does (the log's outcome event,
+// whose record carries the outcome), and publishes nothing: for tests of
+// readers of outcomes. The batch has no calls; it is created running.
+func (h *H) EndInLog(o *schemas.TurnOutcome) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	now := o.FinishedAt
+	if now.IsZero() {
+		now = time.Now().UTC()
+	}
+	b := &schemas.BatchRecord{TurnID: o.TurnID, SessionID: o.SessionID, State: schemas.BatchRunning,
+		Calls: []schemas.ToolCall{}, Approvals: []string{}, Results: []*schemas.ToolResult{}, CreatedAt: now, UpdatedAt: now}
+	rev, err := h.Store.Batches.Log.Create(ctx, o.TurnID, b)
+	if err != nil {
+		h.T.Fatalf("pipelinetest: create the batch of %s in its log: %v", o.TurnID, err)
+	}
+	b.State = schemas.BatchCompleted
+	if o.State == schemas.TurnFailed {
+		b.State = schemas.BatchFailed
+	}
+	b.Outcome = o
+	if _, err := h.Store.Batches.Log.Update(ctx, o.TurnID, b, rev); err != nil {
+		h.T.Fatalf("pipelinetest: end the batch of %s in its log: %v", o.TurnID, err)
+	}
+}

@@ -97,6 +97,16 @@ func ParseTurnLogSubject(subject string) (i int, turn, event string, ok bool) {
 	return i, turn, event, true
 }
 
+// TurnLogOutcomeFilter is the filter of partition i's outcome events,
+// tollgate.turnlog.<i>.*.outcome: each turn's last event, whose record
+// carries the turn's outcome (pipeline/store, EventOutcome).
+func TurnLogOutcomeFilter(i int) string {
+	return SubjectTurnLogPrefix + strconv.Itoa(i) + ".*." + EventTurnOutcome
+}
+
+// EventTurnOutcome is the name of a turn's ending event in its log.
+const EventTurnOutcome = "outcome"
+
 // TurnLogWildcard is the subject filter of every event of turn in
 // partition i: the compare-and-set of an append is against its last
 // message.

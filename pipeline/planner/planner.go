@@ -15,6 +15,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/sessionorder"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -86,12 +87,14 @@ type Config struct {
 type Planner struct {
 	cfg   Config
 	model *model
-	kv    jetstream.KeyValue
-	turns store.Bucket[schemas.PlannerTurn, *schemas.PlannerTurn]
-	steps store.Bucket[schemas.PlannerStep, *schemas.PlannerStep]
-	convs store.Bucket[schemas.Conversation, *schemas.Conversation]
-	queue store.Bucket[schemas.PlannerQueue, *schemas.PlannerQueue] // legacy: see legacyGate
-	order *sessionorder.Checker
+	// outcomes follows the step batches' outcome events (set by Run).
+	outcomes *outcomes.Follower
+	kv       jetstream.KeyValue
+	turns    store.Bucket[schemas.PlannerTurn, *schemas.PlannerTurn]
+	steps    store.Bucket[schemas.PlannerStep, *schemas.PlannerStep]
+	convs    store.Bucket[schemas.Conversation, *schemas.Conversation]
+	queue    store.Bucket[schemas.PlannerQueue, *schemas.PlannerQueue] // legacy: see legacyGate
+	order    *sessionorder.Checker
 
 	tokens       *prometheus.CounterVec
 	latency      prometheus.Histogram
@@ -203,6 +206,19 @@ func New(ctx context.Context, cfg Config) (*Planner, error) {
 func (p *Planner) Run(ctx context.Context) error {
 	specs := topology.PlannerConsumers()
 	handlers := []runner.Handler{p.Handle, p.HandleOutcome}
+	follower, err := outcomes.New(ctx, outcomes.Config{
+		Component: Stage, Durable: topology.ConsumerPlanner, Description: "Tollgate planner: its step batches' outcomes",
+		JS: p.cfg.JS, Handler: p.stepOutcome, Logger: p.cfg.Logger, Metrics: p.cfg.Metrics, Concurrency: p.cfg.Concurrency,
+		Wants:        func(turn string) bool { _, _, step := schemas.PlannerStepOf(turn); return step },
+		OnDeadLetter: p.abort, TracerProvider: p.cfg.TracerProvider,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	p.outcomes = follower
 	rs := make([]*runner.Runner, len(specs))
 	for i, spec := range specs {
 		r, err := runner.New(runner.Config{
@@ -215,7 +231,7 @@ func (p *Planner) Run(ctx context.Context) error {
 		}
 		rs[i] = r
 	}
-	return runner.RunAll(ctx, rs...)
+	return runner.RunAll(ctx, append(rs, follower.Runners()...)...)
 }
 
 // Handle processes one message of the planner's turns consumer: a planner
@@ -251,6 +267,19 @@ func (p *Planner) HandleOutcome(ctx context.Context, m jetstream.Msg) error {
 	if o.TurnID != schemas.PlannerStepTurnID(root, n) {
 		return schemas.Errorf(schemas.CodeInvalidInput, "outcome of turn %s published on %s", o.TurnID, m.Subject())
 	}
+	// Only when the turn logs' consumers do not deliver it (a step batch
+	// an earlier version ended, or one kept in tollgate_batches).
+	return p.outcomes.Published(ctx, o)
+}
+
+// stepOutcome goes on with the loop of a step batch that ended: the
+// outcome of its turn log's outcome event (outcomes.Follower), or a
+// published one the follower passed on.
+func (p *Planner) stepOutcome(ctx context.Context, o *schemas.TurnOutcome) error {
+	root, n, ok := schemas.PlannerStepOf(o.TurnID)
+	if !ok || !schemas.ValidKey(root) {
+		return nil
+	}
 	return p.StepEnded(ctx, root, n)
 }
 
@@ -265,7 +294,10 @@ func (p *Planner) abort(ctx context.Context, m jetstream.Msg, code schemas.Code,
 	case *schemas.TurnNotice:
 		turnID = rec.TurnID
 	default:
-		if route != topology.RouteTurnPlan && route != topology.RoutePlanReady {
+		switch step := outcomes.Turn(m.Subject()); {
+		case step != "": // a step batch's outcome event in its turn log
+			turnID, _, _ = schemas.PlannerStepOf(step)
+		case route != topology.RouteTurnPlan && route != topology.RoutePlanReady:
 			turnID, _, _ = schemas.PlannerStepOf(strings.TrimPrefix(m.Subject(), topology.SubjectTurnOutcome))
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -65,8 +66,9 @@ var (
 // MaxAge: there is no delete, and retention is the stream's.
 type BatchLog struct{ Log *turnlog.Log }
 
-// EventOutcome names the event that ends a turn's batch: its last.
-const EventOutcome = "outcome"
+// EventOutcome names the event that ends a turn's batch: its last
+// (topology.TurnLogOutcomeFilter follows them).
+const EventOutcome = topology.EventTurnOutcome
 
 // EventOf is the name of the event that leaves a batch in state s: the
 // state itself, or EventOutcome for a terminal state.

@@ -2,6 +2,7 @@ package chat
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/metrics"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -109,6 +111,7 @@ type Transport[M any] struct {
 	records   jetstream.KeyValue // tollgate_<name>: prompts, posts, threads
 	approvals jetstream.KeyValue
 	runner    *runner.Runner
+	outcomes  *outcomes.Follower // the turn logs' outcome events
 	refused   *prometheus.CounterVec
 	posts     *prometheus.CounterVec
 }
@@ -160,13 +163,21 @@ func New[M any](ctx context.Context, cfg Config, p Platform[M]) (*Transport[M], 
 			return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 		}
 	}
+	rm := runner.NewMetrics(cfg.Registerer)
 	t.runner, err = runner.New(runner.Config{
 		Component: cfg.Name, Stream: topology.StreamEvents, Consumer: ConsumerConfig(cfg.Name, cfg.Title),
 		Handler: t.handleEvent, JS: cfg.JS, Logger: t.log.With("stage", cfg.Name),
-		Metrics: runner.NewMetrics(cfg.Registerer), Concurrency: 8,
+		Metrics: rm, Concurrency: 8,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
+	}
+	t.outcomes, err = outcomes.New(ctx, outcomes.Config{
+		Component: cfg.Name, Durable: Durable(cfg.Name), Description: "Tollgate " + cfg.Title + " transport: turns' outcomes",
+		JS: cfg.JS, Handler: t.DeliverOutcome, Logger: t.log.With("stage", cfg.Name), Metrics: rm, Concurrency: 8,
+	})
+	if err != nil {
+		return nil, err
 	}
 	return t, nil
 }
@@ -176,7 +187,11 @@ func Durable(name string) string { return "transport-" + name }
 
 // ConsumerConfig is the durable consumer of the events a chat transport
 // acts on: approval.requested, approval.decided, turn.outcome, turn.reply
-// and decision.rejected.
+// and decision.rejected. A turn's outcome comes from its turn log's
+// outcome event (consumers "<Durable>-outcome-<i>", outcomes.Follower);
+// a published turn.outcome is delivered only when the turn's log does not
+// deliver it (a turn an earlier version ended, a batch kept in
+// tollgate_batches).
 func ConsumerConfig(name, title string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:     Durable(name),
@@ -194,11 +209,18 @@ func ConsumerConfig(name, title string) jetstream.ConsumerConfig {
 	}
 }
 
-// Run consumes events until ctx is cancelled.
-func (t *Transport[M]) Run(ctx context.Context) error { return t.runner.Run(ctx) }
+// Run consumes events and the turn logs' outcome events until ctx is
+// cancelled; one consumer failing stops the others (runner.RunAll).
+func (t *Transport[M]) Run(ctx context.Context) error {
+	return runner.RunAll(ctx, append([]*runner.Runner{t.runner}, t.outcomes.Runners()...)...)
+}
 
-// Ready reports whether the consumer is running (health checks).
-func (t *Transport[M]) Ready() error { return t.runner.Ready() }
+// Ready reports whether the consumers are running (health checks).
+func (t *Transport[M]) Ready() error { return errors.Join(t.runner.Ready(), t.outcomes.Ready()) }
+
+// OutcomeConsumers are the transport's consumers of the turn logs'
+// outcome events (outcomes.Follower), one per partition.
+func (t *Transport[M]) OutcomeConsumers() []topology.ConsumerSpec { return t.outcomes.Consumers() }
 
 // Name is the transport name.
 func (t *Transport[M]) Name() string { return t.cfg.Name }
@@ -236,6 +258,8 @@ func (t *Transport[M]) Unmark(key string) { Unmark(t.seen, key) }
 // redelivered or replayed event finds its record and posts nothing.
 func (t *Transport[M]) handleEvent(ctx context.Context, m jetstream.Msg) error {
 	return HandleEvent(ctx, t.cfg.Name, Handlers{
-		Prompt: t.prompt, ClosePrompt: t.closePrompt, Outcome: t.DeliverOutcome, Reply: t.DeliverReply, Rejected: t.rejected,
+		// A published outcome is delivered only when the turn logs'
+		// consumers do not deliver it (outcomes.Follower.Published).
+		Prompt: t.prompt, ClosePrompt: t.closePrompt, Outcome: t.outcomes.Published, Reply: t.DeliverReply, Rejected: t.rejected,
 	}, m)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/chat"
 )
@@ -222,6 +223,12 @@ func (s *suite) deliveries(t *testing.T) {
 	} {
 		h.Publish(topology.SubjectTurnOutcome+o.TurnID, "", o)
 	}
+	// An outcome kept only in its turn log (the write that ended its
+	// batch), and a published copy of it: posted once.
+	logged := outcome("t-chattest-logged", schemas.AudienceTeam, private)
+	logged.V = schemas.TurnOutcomeVersion
+	h.EndInLog(logged)
+	h.Publish(topology.SubjectTurnOutcome+logged.TurnID, "", logged)
 	reply := &schemas.ReplyEvent{TurnID: "t-chattest-plan", SessionID: "chattest-2", Text: "chattest reply", Audience: schemas.AudiencePersonal, Reply: dm, At: now}
 	h.Publish(topology.SubjectTurnReply+reply.TurnID, "", reply)
 	h.Publish(topology.SubjectTurnReply+reply.TurnID, "", reply)
@@ -230,6 +237,9 @@ func (s *suite) deliveries(t *testing.T) {
 		if got := s.posts("Turn " + turn); len(got) != 0 {
 			t.Errorf("outcome of %s posted: %v", turn, got)
 		}
+	}
+	if got := s.posts("Turn t-chattest-logged"); len(got) != 1 || got[0].Channel != private.Channel.ID {
+		t.Errorf("the outcome t-chattest-logged, kept in its turn log: %v, want one post in %s", got, private.Channel.ID)
 	}
 	if got := s.posts("Turn t-chattest-ok"); len(got) != 1 || got[0].Channel != private.Channel.ID {
 		t.Errorf("the outcome t-chattest-ok: %v, want one post in %s", got, private.Channel.ID)
@@ -240,7 +250,7 @@ func (s *suite) deliveries(t *testing.T) {
 	if n := s.counter(t, "refused_total", "reason", chat.ReasonNowhere); n != nowhere+3 {
 		t.Errorf("refused_total{reason=nowhere} went from %v to %v, want +3", nowhere, n)
 	}
-	s.add(chat.KindOutcome, chat.KindReply)
+	s.add(chat.KindOutcome, chat.KindOutcome, chat.KindReply)
 }
 
 // counters: tollgate_<name>_posts_total counts each kind once per message
@@ -310,6 +320,9 @@ func (s *suite) counter(t *testing.T, metric, label, value string) float64 {
 // was posted. Its ack floor must reach the last such event: the server
 // acknowledges a publish before it tells the stream's consumers, so right
 // after a publish the consumer's info can still say nothing is pending.
+//
+// Its consumers of the turn logs' outcome events (one per partition,
+// outcomes.Durable) must have caught up too.
 func Consumed(t testing.TB, js jetstream.JetStream, name string) {
 	t.Helper()
 	jstest.EventuallyState(t, jstest.Wait, "consumer "+chat.Durable(name)+" caught up", func() (bool, string) {
@@ -317,6 +330,20 @@ func Consumed(t testing.TB, js jetstream.JetStream, name string) {
 		defer cancel()
 		return jstest.CaughtUp(ctx, js, topology.StreamEvents, chat.Durable(name))
 	})
+	ctx, cancel := context.WithTimeout(context.Background(), jstest.Wait)
+	defer cancel()
+	logs, err := topology.OpenTurnLogs(ctx, js)
+	if err != nil {
+		t.Fatalf("chattest: %v", err)
+	}
+	for i := range logs {
+		durable := outcomes.Durable(chat.Durable(name), i)
+		jstest.EventuallyState(t, jstest.Wait, "consumer "+durable+" caught up", func() (bool, string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return jstest.CaughtUp(ctx, js, topology.TurnLogStream(i), durable)
+		})
+	}
 }
 
 // Counter reads counter metric{label=value} from reg; 0 when it has no

@@ -1,0 +1,289 @@
+// Package outcomes hands a reader of turns' outcomes (a chat transport,
+// the planner) each turn's outcome once, from where it is kept.
+//
+// A turn's outcome is made durable by the write that ends its batch: the
+// turn log's outcome event, tollgate.turnlog.<i>.<turn>.outcome, whose
+// record carries the TurnOutcome (schemas.BatchRecord.Outcome; docs/
+// protocol.md §4.2a). A Follower reads those events with one durable
+// consumer per turn-log partition, "<Durable>-outcome-<i>" on
+// TOLLGATE_TURNLOG_<i> with filter tollgate.turnlog.<i>.*.outcome, each
+// driven by a pipeline/runner (explicit acks, retries, dead letters; the
+// turn id, not the subject's last token, is the shard key).
+//
+// The outcome is also published on tollgate.event.turn.outcome.<turn>:
+// for every turn while readers move to the logs (issue 36), and for good
+// for a turn whose outcome is not in its log (its batch kept in
+// tollgate_batches, or ended by an earlier version, whose log's last event
+// is named completed or failed and holds no outcome). A reader keeps its
+// consumer of the published events and hands each one to Published,
+// which passes it on only when the follower's consumers do not deliver
+// that turn's outcome:
+//
+//   - the turn's log holds no outcome event: passed on (the published
+//     event is the only copy);
+//   - it holds one at a sequence the partition's consumer delivers (at or
+//     after the sequence the consumer started at): dropped, the consumer
+//     hands it over;
+//   - it holds one stored before the consumer started (the stages were
+//     upgraded before this reader, and the turn ended in between):
+//     passed on.
+//
+// So every outcome reaches the reader once, whichever version ended the
+// turn and in whichever order the stages and the reader were upgraded.
+// A new consumer starts after the partition's last message at the time it
+// is created (DeliverByStartSequence), and the start sequence is read back
+// from an existing consumer; a consumer created otherwise (by hand, with
+// another deliver policy) is bound as it is and taken to start where the
+// stream ended when the follower started.
+//
+// The handler gets the outcome as the stage built it: its reply target,
+// audience and results come only from a verified TurnContext, so the
+// reader needs no keys (batch.Outcome).
+package outcomes
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// Handler handles one turn's outcome. Its error is the runner's to act on
+// (pipeline/runner: transient, permanent, Waiting).
+type Handler func(context.Context, *schemas.TurnOutcome) error
+
+// Config wires a Follower.
+type Config struct {
+	// Component names the reader (a transport's name, "planner"): the
+	// runners' component label and dead-letter subject token.
+	Component string
+	// Durable is the prefix of the consumers' durable names.
+	Durable string
+	// Description describes the consumers.
+	Description string
+	JS          jetstream.JetStream
+	Handler     Handler
+	Logger      *slog.Logger
+	Metrics     *runner.Metrics
+
+	// Optional.
+	// Concurrency is each partition's runner's workers (default 1).
+	Concurrency int
+	// Wants, when set, tells the turns whose outcomes the reader reads:
+	// the events of other turns are acknowledged without being decoded
+	// (the planner reads only its step batches').
+	Wants func(turn string) bool
+	// OnDeadLetter and TracerProvider are the runners' (runner.Config).
+	OnDeadLetter   func(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error
+	TracerProvider trace.TracerProvider
+}
+
+// Validate reports what is missing from c.
+func (c Config) Validate() error {
+	switch {
+	case c.Component == "":
+		return errors.New("outcomes: no component")
+	case c.Durable == "":
+		return errors.New("outcomes: no durable name")
+	case c.JS == nil:
+		return errors.New("outcomes: no JetStream")
+	case c.Handler == nil:
+		return errors.New("outcomes: no handler")
+	case c.Logger == nil:
+		return errors.New("outcomes: no logger")
+	case c.Metrics == nil:
+		return errors.New("outcomes: no runner metrics")
+	}
+	return nil
+}
+
+// Durable is the durable name of prefix's consumer of partition i.
+func Durable(prefix string, i int) string { return prefix + "-outcome-" + strconv.Itoa(i) }
+
+// Follower follows the turn logs' outcome events for one reader.
+type Follower struct {
+	cfg     Config
+	streams []jetstream.Stream
+	starts  []uint64 // per partition: the first sequence its consumer delivers
+	runners []*runner.Runner
+	specs   []topology.ConsumerSpec
+}
+
+// New binds the turn-log streams (topology.OpenTurnLogs: they must
+// exist), finds or decides where each partition's consumer starts, and
+// builds the runners. Nothing is consumed until Run.
+func New(ctx context.Context, cfg Config) (*Follower, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	streams, err := topology.OpenTurnLogs(ctx, cfg.JS)
+	if err != nil {
+		return nil, fmt.Errorf("%s: outcomes: %w", cfg.Component, err)
+	}
+	f := &Follower{cfg: cfg, streams: streams, starts: make([]uint64, len(streams))}
+	for i, s := range streams {
+		cc, err := f.consumer(ctx, i, s)
+		if err != nil {
+			return nil, err
+		}
+		r, err := runner.New(runner.Config{
+			Component: cfg.Component, Stream: topology.TurnLogStream(i), Consumer: cc,
+			Handler: f.handle, JS: cfg.JS, Logger: cfg.Logger, Metrics: cfg.Metrics,
+			Concurrency: cfg.Concurrency, ShardKey: shardKey, OnDeadLetter: cfg.OnDeadLetter, TracerProvider: cfg.TracerProvider,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: outcomes: %w", cfg.Component, err)
+		}
+		f.runners = append(f.runners, r)
+		f.specs = append(f.specs, topology.ConsumerSpec{Stream: topology.TurnLogStream(i), Config: runner.ConsumerConfig(cc)})
+	}
+	return f, nil
+}
+
+// consumer is partition i's consumer configuration, starting where an
+// existing consumer starts, or after the stream's last message.
+func (f *Follower) consumer(ctx context.Context, i int, s jetstream.Stream) (jetstream.ConsumerConfig, error) {
+	cc := jetstream.ConsumerConfig{
+		Durable:       Durable(f.cfg.Durable, i),
+		Description:   cmp.Or(f.cfg.Description, "Tollgate "+f.cfg.Component+": turns' outcomes"),
+		FilterSubject: topology.TurnLogOutcomeFilter(i),
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return cc, fmt.Errorf("%s: outcomes: stream %s: %w", f.cfg.Component, topology.TurnLogStream(i), err)
+	}
+	last := info.State.LastSeq
+	existing, err := s.Consumer(ctx, cc.Durable)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		cc.OptStartSeq = last + 1
+	case err != nil:
+		return cc, fmt.Errorf("%s: outcomes: consumer %s: %w", f.cfg.Component, cc.Durable, err)
+	default:
+		have := existing.CachedInfo().Config
+		cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = have.DeliverPolicy, have.OptStartSeq, have.OptStartTime
+		switch have.DeliverPolicy {
+		case jetstream.DeliverByStartSequencePolicy:
+		case jetstream.DeliverAllPolicy:
+			cc.OptStartSeq = 1
+		default: // made otherwise: taken to start now (package doc)
+			cc.OptStartSeq = last + 1
+		}
+	}
+	f.starts[i] = cmp.Or(cc.OptStartSeq, 1)
+	if cc.DeliverPolicy != jetstream.DeliverByStartSequencePolicy {
+		cc.OptStartSeq = 0
+	}
+	return cc, nil
+}
+
+// Turn is the turn id of an outcome event's subject, "" for any other
+// subject: for a reader's dead-letter hook (Config.OnDeadLetter).
+func Turn(subject string) string {
+	if _, turn, event, ok := topology.ParseTurnLogSubject(subject); ok && event == store.EventOutcome {
+		return turn
+	}
+	return ""
+}
+
+// shardKey is the turn id of a turn-log subject.
+func shardKey(m jetstream.Msg) string {
+	if _, turn, _, ok := topology.ParseTurnLogSubject(m.Subject()); ok {
+		return turn
+	}
+	return m.Subject()
+}
+
+// handle decodes an outcome event and hands its outcome over.
+func (f *Follower) handle(ctx context.Context, m jetstream.Msg) error {
+	_, turn, event, ok := topology.ParseTurnLogSubject(m.Subject())
+	if !ok || event != store.EventOutcome {
+		return schemas.Errorf(schemas.CodeUnknownMessage, "%s: %s is not a turn's outcome event", f.cfg.Component, m.Subject())
+	}
+	if f.cfg.Wants != nil && !f.cfg.Wants(turn) {
+		return nil
+	}
+	o, err := Decode(turn, m.Data())
+	if err != nil {
+		return err
+	}
+	return f.cfg.Handler(ctx, o)
+}
+
+// Decode returns the outcome of turn that the record of its outcome event
+// (data) carries: an error with a code when data does not decode, is
+// another turn's, or holds no outcome.
+func Decode(turn string, data []byte) (*schemas.TurnOutcome, error) {
+	b, err := schemas.DecodeBatch(data)
+	switch {
+	case err != nil:
+		return nil, err
+	case b.TurnID != turn:
+		return nil, schemas.Errorf(schemas.CodeInvalidInput, "the outcome event of turn %s holds turn %s's batch", turn, b.TurnID)
+	case b.Outcome == nil:
+		return nil, schemas.Errorf(schemas.CodeInvalidInput, "the outcome event of turn %s holds no outcome", turn)
+	}
+	return b.Outcome, nil
+}
+
+// Published hands o, an outcome published on
+// tollgate.event.turn.outcome, to the handler unless the follower's
+// consumers deliver that turn's outcome from its log (the package doc).
+// Its error is transient (the log could not be read) or the handler's.
+func (f *Follower) Published(ctx context.Context, o *schemas.TurnOutcome) error {
+	logged, err := f.Delivers(ctx, o.TurnID)
+	if err != nil || logged {
+		return err
+	}
+	return f.cfg.Handler(ctx, o)
+}
+
+// Delivers reports whether the follower's consumer of turn's partition
+// delivers turn's outcome: whether its log holds an outcome event at or
+// after the sequence that consumer starts at.
+func (f *Follower) Delivers(ctx context.Context, turn string) (bool, error) {
+	if !schemas.ValidKey(turn) {
+		return false, nil
+	}
+	p := topology.TurnLogPartition(turn, len(f.streams))
+	m, err := f.streams[p].GetLastMsgForSubject(ctx, topology.TurnLogSubject(p, turn, store.EventOutcome))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("%s: read the outcome event of %s: %w", f.cfg.Component, turn, err)
+	}
+	return m.Sequence >= f.starts[p], nil
+}
+
+// Run consumes every partition until ctx is cancelled (runner.RunAll).
+func (f *Follower) Run(ctx context.Context) error { return runner.RunAll(ctx, f.runners...) }
+
+// Runners are the partitions' runners, for a reader that runs them with
+// its other consumers' (runner.RunAll).
+func (f *Follower) Runners() []*runner.Runner { return slices.Clone(f.runners) }
+
+// Ready is nil when every partition's runner consumes.
+func (f *Follower) Ready() error {
+	var errs []error
+	for _, r := range f.runners {
+		errs = append(errs, r.Ready())
+	}
+	return errors.Join(errs...)
+}
+
+// Consumers are the follower's consumers, one per partition, as it runs
+// them (the runner adds its settings: runner.ConsumerConfig).
+func (f *Follower) Consumers() []topology.ConsumerSpec { return f.specs }
