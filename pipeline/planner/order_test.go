@@ -55,11 +55,36 @@ func (f *fixture) waitQueued(session, active, queued string) {
 	})
 }
 
-// outcomeSeq returns the events-stream sequence of turnID's one outcome.
-func (f *fixture) outcomeSeq(turnID string) uint64 {
+// startedAt is when turnID's batch started running: the time of the
+// record of its log's first running event.
+func (f *fixture) startedAt(turnID string) time.Time {
 	f.T.Helper()
-	f.WaitOutcome(turnID)
-	return f.Events(topology.EventSubject(topology.SubjectTurnOutcome, turnID))[0].Seq
+	p := topology.TurnLogPartition(turnID, len(f.Env.Buckets.TurnLogs))
+	for _, m := range f.Messages(topology.TurnLogStream(p), topology.TurnLogSubject(p, turnID, string(schemas.BatchRunning))) {
+		b, err := schemas.DecodeBatch(m.Data)
+		if err != nil {
+			f.T.Fatalf("the running event of %s: %v", turnID, err)
+		}
+		return b.UpdatedAt
+	}
+	f.T.Fatalf("turn %s never ran: its log holds %v", turnID, f.LogEvents(turnID))
+	return time.Time{}
+}
+
+// ranAfter fails unless later started running only once earlier had
+// ended (its outcome, as the write that ended its batch records it): the
+// turns of a session run one at a time, in arrival order. (The published
+// copies of two turns' outcomes may be stored in either order: the
+// session is free once the earlier batch's ending write is stored, before
+// its outcome is published.)
+func (f *fixture) ranAfter(earlier, later string) {
+	f.T.Helper()
+	ended := f.WaitOutcome(earlier).FinishedAt
+	f.WaitOutcome(later)
+	started := f.startedAt(later)
+	if started.Before(ended) {
+		f.T.Fatalf("turn %s started at %s, before turn %s, which arrived before it, ended at %s", later, started.Format(time.RFC3339Nano), earlier, ended.Format(time.RFC3339Nano))
+	}
 }
 
 // pastOrderWait waits until more than twice the order wait has passed since
@@ -94,9 +119,7 @@ func TestACallTurnWaitsForTheLoopBeforeItEvenPastTheOrderWait(t *testing.T) {
 	if r := f.waitReply(loop); r.Text != "saved" {
 		t.Fatalf("reply %q", r.Text)
 	}
-	if l, c := f.outcomeSeq(loop), f.outcomeSeq(call); l > c {
-		t.Fatalf("the call turn ended (seq %d) before the loop before it (seq %d)", c, l)
-	}
+	f.ranAfter(loop, call)
 	if o := f.WaitOutcome(call); o.State != schemas.TurnCompleted || o.Results[0].Output != "after the loop" {
 		t.Fatalf("call outcome %+v", o)
 	}
@@ -126,9 +149,7 @@ func TestALoopWaitsForTheCallTurnBeforeIt(t *testing.T) {
 	if r := f.waitReply(loop); r.Text != "it says 1" {
 		t.Fatalf("reply %q", r.Text)
 	}
-	if c, l := f.outcomeSeq(call), f.outcomeSeq(loop); c > l {
-		t.Fatalf("the loop ended (seq %d) before the call turn before it (seq %d)", l, c)
-	}
+	f.ranAfter(call, loop)
 	if content, ok := f.File("first.txt"); !ok || content != "1" {
 		t.Fatalf("first.txt %q %v", content, ok)
 	}
@@ -155,13 +176,8 @@ func TestLoopsAndCallTurnsOfASessionEndInArrivalOrder(t *testing.T) {
 		}
 		turns = append(turns, f.Send(f.Inbound("burst", "alice", pipelinetest.Call("echo", `{"text":"call"}`))))
 	}
-	var last uint64
-	for _, turn := range turns {
-		seq := f.outcomeSeq(turn)
-		if seq < last {
-			t.Fatalf("turn %s ended out of arrival order (outcome seq %d after %d); turns %v", turn, seq, last, turns)
-		}
-		last = seq
+	for i := 1; i < len(turns); i++ {
+		f.ranAfter(turns[i-1], turns[i])
 	}
 }
 
@@ -265,9 +281,7 @@ func TestALoopOfAnEarlierVersionKeepsItsSessionUntilItEnds(t *testing.T) {
 	if r := f.waitReply(turn); r.Text != "new reply" {
 		t.Fatalf("reply %q", r.Text)
 	}
-	if o, l := f.outcomeSeq(old.TurnID), f.outcomeSeq(turn); o > l {
-		t.Fatal("the new turn ended before the old loop")
-	}
+	f.ranAfter(old.TurnID, turn)
 	if !f.SessionFreeAt(schemas.LegacySessionKey("upgraded")) {
 		s, _, err := f.Store.Sessions.Get(ctx, schemas.LegacySessionKey("upgraded"))
 		t.Fatalf("legacy session record %+v (%v), want free", s, err)
