@@ -30,11 +30,13 @@
 //
 // So every outcome reaches the reader once, whichever version ended the
 // turn and in whichever order the stages and the reader were upgraded.
-// A new consumer starts after the partition's last message at the time it
-// is created (DeliverByStartSequence), and the start sequence is read back
-// from an existing consumer; a consumer created otherwise (by hand, with
-// another deliver policy) is bound as it is and taken to start where the
-// stream ended when the follower started.
+// New creates the consumers it does not find, each starting after its
+// partition's last message (DeliverByStartSequence), and reads the start
+// of each one back, so that replicas of a reader starting together agree
+// on it (the consumer keeps the one of the replica that created it). A
+// consumer created otherwise (by hand, with another deliver policy) is
+// bound as it is and taken to start where the stream ended when the
+// follower started.
 //
 // The handler gets the outcome as the stage built it: its reply target,
 // audience and results come only from a verified TurnContext, so the
@@ -121,8 +123,8 @@ type Follower struct {
 }
 
 // New binds the turn-log streams (topology.OpenTurnLogs: they must
-// exist), finds or decides where each partition's consumer starts, and
-// builds the runners. Nothing is consumed until Run.
+// exist), creates each partition's consumer unless it exists, reads back
+// where it starts, and builds the runners. Nothing is consumed until Run.
 func New(ctx context.Context, cfg Config) (*Follower, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -151,8 +153,10 @@ func New(ctx context.Context, cfg Config) (*Follower, error) {
 	return f, nil
 }
 
-// consumer is partition i's consumer configuration, starting where an
-// existing consumer starts, or after the stream's last message.
+// consumer is partition i's consumer configuration. It creates the
+// consumer, starting after the stream's last message, unless it exists;
+// an existing consumer (another replica of the reader may have created it
+// a moment ago) keeps its start, which is read back.
 func (f *Follower) consumer(ctx context.Context, i int, s jetstream.Stream) (jetstream.ConsumerConfig, error) {
 	cc := jetstream.ConsumerConfig{
 		Durable:       Durable(f.cfg.Durable, i),
@@ -160,31 +164,38 @@ func (f *Follower) consumer(ctx context.Context, i int, s jetstream.Stream) (jet
 		FilterSubject: topology.TurnLogOutcomeFilter(i),
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
 	}
+	fail := func(what string, err error) (jetstream.ConsumerConfig, error) {
+		return cc, fmt.Errorf("%s: outcomes: %s %s: %w", f.cfg.Component, what, cc.Durable, err)
+	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return cc, fmt.Errorf("%s: outcomes: stream %s: %w", f.cfg.Component, topology.TurnLogStream(i), err)
+		return fail("stream of", err)
 	}
 	last := info.State.LastSeq
 	existing, err := s.Consumer(ctx, cc.Durable)
-	switch {
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		cc.OptStartSeq = last + 1
-	case err != nil:
-		return cc, fmt.Errorf("%s: outcomes: consumer %s: %w", f.cfg.Component, cc.Durable, err)
-	default:
-		have := existing.CachedInfo().Config
-		cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = have.DeliverPolicy, have.OptStartSeq, have.OptStartTime
-		switch have.DeliverPolicy {
-		case jetstream.DeliverByStartSequencePolicy:
-		case jetstream.DeliverAllPolicy:
-			cc.OptStartSeq = 1
-		default: // made otherwise: taken to start now (package doc)
-			cc.OptStartSeq = last + 1
+		var created jetstream.Consumer
+		created, err = s.CreateConsumer(ctx, runner.ConsumerConfig(cc))
+		switch {
+		case err == nil:
+			existing = created
+		case errors.Is(err, jetstream.ErrConsumerExists):
+			existing, err = s.Consumer(ctx, cc.Durable)
 		}
 	}
-	f.starts[i] = cmp.Or(cc.OptStartSeq, 1)
-	if cc.DeliverPolicy != jetstream.DeliverByStartSequencePolicy {
-		cc.OptStartSeq = 0
+	if err != nil {
+		return fail("consumer", err)
+	}
+	have := existing.CachedInfo().Config
+	cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = have.DeliverPolicy, have.OptStartSeq, have.OptStartTime
+	switch have.DeliverPolicy {
+	case jetstream.DeliverByStartSequencePolicy:
+		f.starts[i] = cmp.Or(have.OptStartSeq, 1)
+	case jetstream.DeliverAllPolicy:
+		f.starts[i] = 1
+	default: // made otherwise: taken to start now (package doc)
+		f.starts[i] = last + 1
 	}
 	return cc, nil
 }

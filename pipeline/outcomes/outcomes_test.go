@@ -224,3 +224,46 @@ func TestWantsAndDecode(t *testing.T) {
 		t.Fatalf("Decode = %+v, %v", o, err)
 	}
 }
+
+// Two replicas of a reader starting together each decide where their
+// consumers start; the consumer keeps the one of the replica that created
+// it, and the other replica reads that back before judging a published
+// outcome: an outcome stored between the two decisions is handed over
+// once.
+func TestReplicasStartingTogetherAgreeOnTheStart(t *testing.T) {
+	f := newFixture(t)
+	newFollower := func() *outcomes.Follower {
+		fl, err := outcomes.New(context.Background(), outcomes.Config{
+			Component: "reader", Durable: "reader", JS: f.env.JS, Handler: f.heard.handle,
+			Logger: pipelinetest.Logger(), Metrics: f.metrics,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fl
+	}
+	first := newFollower()
+	between := f.end(t, schemas.TurnID("cli", "between-the-two-starts"))
+	second := newFollower() // decides a later start: its consumers do not exist yet
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, fl := range []*outcomes.Follower{first, second} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fl.Run(ctx); err != nil {
+				t.Errorf("follower: %v", err)
+			}
+		}()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	jstest.Eventually(t, wait, "both consume", func() bool { return first.Ready() == nil && second.Ready() == nil })
+	jstest.Eventually(t, wait, "the outcome stored between the starts", func() bool { return f.heard.count(between.TurnID) >= 1 })
+	published(t, second, between)
+	published(t, first, between)
+	marker := f.end(t, schemas.TurnID("cli", "marker"))
+	jstest.Eventually(t, wait, "the marker", func() bool { return f.heard.count(marker.TurnID) == 1 })
+	if n := f.heard.count(between.TurnID); n != 1 {
+		t.Fatalf("the outcome stored between the two starts was handed over %d times, want once", n)
+	}
+}
