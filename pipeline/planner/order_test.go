@@ -60,15 +60,15 @@ func (f *fixture) waitQueued(session, active, queued string) {
 func (f *fixture) startedAt(turnID string) time.Time {
 	f.T.Helper()
 	p := topology.TurnLogPartition(turnID, len(f.Env.Buckets.TurnLogs))
-	for _, m := range f.Messages(topology.TurnLogStream(p), topology.TurnLogSubject(p, turnID, string(schemas.BatchRunning))) {
-		b, err := schemas.DecodeBatch(m.Data)
-		if err != nil {
-			f.T.Fatalf("the running event of %s: %v", turnID, err)
-		}
-		return b.UpdatedAt
+	running := f.Messages(topology.TurnLogStream(p), topology.TurnLogSubject(p, turnID, string(schemas.BatchRunning)))
+	if len(running) == 0 {
+		f.T.Fatalf("turn %s never ran: its log holds %v", turnID, f.LogEvents(turnID))
 	}
-	f.T.Fatalf("turn %s never ran: its log holds %v", turnID, f.LogEvents(turnID))
-	return time.Time{}
+	b, err := schemas.DecodeBatch(running[0].Data)
+	if err != nil {
+		f.T.Fatalf("the running event of %s: %v", turnID, err)
+	}
+	return b.UpdatedAt
 }
 
 // ranAfter fails unless later started running only once earlier had
