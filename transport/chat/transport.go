@@ -218,10 +218,6 @@ func (t *Transport[M]) Run(ctx context.Context) error {
 // Ready reports whether the consumers are running (health checks).
 func (t *Transport[M]) Ready() error { return errors.Join(t.runner.Ready(), t.outcomes.Ready()) }
 
-// OutcomeConsumers are the transport's consumers of the turn logs'
-// outcome events (outcomes.Follower), one per partition.
-func (t *Transport[M]) OutcomeConsumers() []topology.ConsumerSpec { return t.outcomes.Consumers() }
-
 // Name is the transport name.
 func (t *Transport[M]) Name() string { return t.cfg.Name }
 
