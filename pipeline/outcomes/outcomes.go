@@ -227,15 +227,24 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) error {
 		return nil
 	}
 	o, err := Decode(turn, m.Data())
+	if errors.Is(err, ErrNoOutcome) {
+		return nil // its published outcome is the one read (Published)
+	}
 	if err != nil {
 		return err
 	}
 	return f.cfg.Handler(ctx, o)
 }
 
+// ErrNoOutcome: an outcome event whose record holds no outcome. An
+// earlier version's planner ended its loop turns so (the turn's outcome
+// was only published); such an event is passed over, and the turn's
+// published outcome is the one read.
+var ErrNoOutcome = errors.New("outcomes: the outcome event holds no outcome")
+
 // Decode returns the outcome of turn that the record of its outcome event
-// (data) carries: an error with a code when data does not decode, is
-// another turn's, or holds no outcome.
+// (data) carries: an error with a code when data does not decode or is
+// another turn's, ErrNoOutcome when it holds no outcome.
 func Decode(turn string, data []byte) (*schemas.TurnOutcome, error) {
 	b, err := schemas.DecodeBatch(data)
 	switch {
@@ -244,9 +253,30 @@ func Decode(turn string, data []byte) (*schemas.TurnOutcome, error) {
 	case b.TurnID != turn:
 		return nil, schemas.Errorf(schemas.CodeInvalidInput, "the outcome event of turn %s holds turn %s's batch", turn, b.TurnID)
 	case b.Outcome == nil:
-		return nil, schemas.Errorf(schemas.CodeInvalidInput, "the outcome event of turn %s holds no outcome", turn)
+		return nil, fmt.Errorf("turn %s: %w", turn, ErrNoOutcome)
 	}
 	return b.Outcome, nil
+}
+
+// Logged reads turn's outcome event in its partition of logs (the
+// turn-log streams, topology.OpenTurnLogs) and reports its sequence and
+// whether it keeps the turn's outcome: false for a turn whose log holds
+// no outcome event, or one without the outcome (ErrNoOutcome). Its error
+// is the read's.
+func Logged(ctx context.Context, logs []jetstream.Stream, turn string) (uint64, bool, error) {
+	if len(logs) == 0 || !schemas.ValidKey(turn) {
+		return 0, false, nil
+	}
+	p := topology.TurnLogPartition(turn, len(logs))
+	m, err := logs[p].GetLastMsgForSubject(ctx, topology.TurnLogSubject(p, turn, store.EventOutcome))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("read the outcome event of %s: %w", turn, err)
+	}
+	_, err = Decode(turn, m.Data)
+	return m.Sequence, err == nil, nil
 }
 
 // Published hands o, an outcome published on
@@ -262,21 +292,15 @@ func (f *Follower) Published(ctx context.Context, o *schemas.TurnOutcome) error 
 }
 
 // Delivers reports whether the follower's consumer of turn's partition
-// delivers turn's outcome: whether its log holds an outcome event at or
-// after the sequence that consumer starts at.
+// delivers turn's outcome: whether its log holds an outcome event that
+// keeps the outcome (Logged) at or after the sequence that consumer
+// starts at.
 func (f *Follower) Delivers(ctx context.Context, turn string) (bool, error) {
-	if !schemas.ValidKey(turn) {
-		return false, nil
+	seq, ok, err := Logged(ctx, f.streams, turn)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", f.cfg.Component, err)
 	}
-	p := topology.TurnLogPartition(turn, len(f.streams))
-	m, err := f.streams[p].GetLastMsgForSubject(ctx, topology.TurnLogSubject(p, turn, store.EventOutcome))
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("%s: read the outcome event of %s: %w", f.cfg.Component, turn, err)
-	}
-	return m.Sequence >= f.starts[p], nil
+	return ok && seq >= f.starts[topology.TurnLogPartition(turn, len(f.streams))], nil
 }
 
 // Run consumes every partition until ctx is cancelled (runner.RunAll).

@@ -2,6 +2,7 @@ package outcomes_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -98,6 +99,14 @@ func outcomeOf(b *schemas.BatchRecord) *schemas.TurnOutcome {
 // the stages do; it returns the outcome.
 func (f *fixture) end(t *testing.T, turn string) *schemas.TurnOutcome {
 	t.Helper()
+	return f.endWith(t, turn, true)
+}
+
+// endWith is end; without keep, the outcome event holds no outcome, as
+// the planner of the version before this one ended its loop turns (their
+// outcome only published).
+func (f *fixture) endWith(t *testing.T, turn string, keep bool) *schemas.TurnOutcome {
+	t.Helper()
 	ctx := context.Background()
 	b := record(turn, schemas.BatchRunning)
 	rev, err := f.batches.Create(ctx, turn, b)
@@ -105,11 +114,14 @@ func (f *fixture) end(t *testing.T, turn string) *schemas.TurnOutcome {
 		t.Fatal(err)
 	}
 	b.State = schemas.BatchCompleted
-	b.Outcome = outcomeOf(b)
+	o := outcomeOf(b)
+	if keep {
+		b.Outcome = o
+	}
 	if _, err := f.batches.Update(ctx, turn, b, rev); err != nil {
 		t.Fatal(err)
 	}
-	return b.Outcome
+	return o
 }
 
 // endAsEarlierVersion ends turn's batch in its log as the version before
@@ -150,11 +162,13 @@ func TestEachOutcomeReachesTheReaderOnce(t *testing.T) {
 	published(t, fl, bucketed) // no log: its copy is the outcome
 	old := f.endAsEarlierVersion(t, schemas.TurnID("cli", "ended-by-an-earlier-version"))
 	published(t, fl, old) // its log holds no outcome
+	loop := f.endWith(t, schemas.TurnID("cli", "a-loop-an-earlier-planner-ended"), false)
+	published(t, fl, loop) // its outcome event holds none: passed over, its copy handed over
 
 	// A later outcome, handed over from the log, then the absences.
 	marker := f.end(t, schemas.TurnID("cli", "marker"))
 	jstest.Eventually(t, wait, "the marker is handed over", func() bool { return f.heard.count(marker.TurnID) == 1 })
-	for _, o := range []*schemas.TurnOutcome{before, logged, bucketed, old, marker} {
+	for _, o := range []*schemas.TurnOutcome{before, logged, bucketed, old, loop, marker} {
 		if n := f.heard.count(o.TurnID); n != 1 {
 			t.Errorf("turn %s handed over %d times, want once", o.TurnID, n)
 		}
@@ -210,13 +224,15 @@ func TestWantsAndDecode(t *testing.T) {
 		turn string
 		data []byte
 	}{
-		"no outcome":            {"t-1", data},
 		"another turn's batch":  {"t-2", data},
 		"bytes that are no map": {"t-1", []byte{0xc1}},
 	} {
-		if _, err := outcomes.Decode(tc.turn, tc.data); schemas.CodeOf(err) == "" {
+		if _, err := outcomes.Decode(tc.turn, tc.data); schemas.CodeOf(err) == "" || errors.Is(err, outcomes.ErrNoOutcome) {
 			t.Errorf("%s: Decode = %v, want an error with a code", name, err)
 		}
+	}
+	if _, err := outcomes.Decode("t-1", data); !errors.Is(err, outcomes.ErrNoOutcome) {
+		t.Errorf("no outcome: Decode = %v, want ErrNoOutcome", err)
 	}
 	b.Outcome = outcomeOf(b)
 	data, _ = schemas.Encode(b)

@@ -115,13 +115,16 @@
 // has its one outcome and its session's next loop runs.
 //
 // Ending is idempotent and in this order: the PlannerTurn's terminal state
-// (compare-and-set; the worker whose write ends it counts its metrics); T's
-// batch record, terminal, with no calls, made by KV create; the
+// (compare-and-set; the worker whose write ends it counts its metrics); the
 // reply event (completed only) on topology.SubjectTurnReply with message id
 // topology.ReplyMsgID, whose reply target and audience come only from the
 // verified TurnContext, exactly as batch.Outcome's do (no verified context,
-// no reply event); the conversation; batch.Engine.Finish of T's batch
-// record, which publishes T's one TurnOutcome through batch.Outcome; and the
+// no reply event); the conversation; T's batch record, terminal, with no
+// calls (made by KV create where it is missing), whose write keeps T's
+// TurnOutcome (batch.Outcome, as for every batch: the turn log's outcome
+// event, docs/protocol.md §4.2a; after the reply, so that the reply is
+// among the turn's events stored before its outcome); batch.Engine.Finish
+// of T's batch record, which publishes that same outcome; and the
 // session's loop queue, whose next turn is announced.
 //
 // # Conversation

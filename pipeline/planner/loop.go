@@ -472,15 +472,14 @@ func (p *Planner) end(ctx context.Context, turnID string, state schemas.PlannerS
 }
 
 // finish does what follows the end of a loop, each part idempotent: the
-// turn's terminal batch record (first, so that whoever reads a reply event
-// finds the turn's batch, as for any turn), the reply event (completed,
-// verified context only), the conversation, the turn's outcome, the
-// session's next loop.
+// reply event (completed, verified context only) and the conversation,
+// then the turn's terminal batch record, whose write keeps the turn's
+// outcome (its log's outcome event), then the published outcome and the
+// session's next loop. The reply is stored before the write that ends the
+// turn, so that a reader merging the events with the turn logs' outcomes
+// (transport/eventfeed) finds it among the turn's events stored before
+// its outcome: a turn's reply comes before its outcome.
 func (p *Planner) finish(ctx context.Context, tr *schemas.PlannerTurn) error {
-	b, err := p.terminalBatch(ctx, tr)
-	if err != nil {
-		return err
-	}
 	if tr.State == schemas.PlannerCompleted {
 		if err := p.reply(ctx, tr); err != nil {
 			return err
@@ -488,6 +487,10 @@ func (p *Planner) finish(ctx context.Context, tr *schemas.PlannerTurn) error {
 		if err := p.remember(ctx, tr); err != nil {
 			return err
 		}
+	}
+	b, err := p.terminalBatch(ctx, tr)
+	if err != nil {
+		return err
 	}
 	// The steps leave with the turn (its terminal write carries the TTL).
 	for i := 0; i <= tr.Step; i++ {
@@ -583,6 +586,7 @@ func (p *Planner) terminalBatch(ctx context.Context, tr *schemas.PlannerTurn) (*
 			now := p.now()
 			rec := p.batchRecord(tr)
 			rec.State, rec.Code, rec.Reason, rec.CreatedAt, rec.UpdatedAt = state, tr.Code, tr.Reason, now, now
+			rec.Outcome = batch.Outcome(p.cfg.Engine.Keys(), rec) // created in the turn's log, ended
 			if _, err := p.cfg.Store.Batches.Create(ctx, tr.TurnID, rec); errors.Is(err, store.ErrExists) {
 				continue
 			} else if err != nil {
@@ -601,6 +605,11 @@ func (p *Planner) terminalBatch(ctx context.Context, tr *schemas.PlannerTurn) (*
 				return store.ErrSkip
 			}
 			b.State, b.Code, b.Reason, b.UpdatedAt = state, tr.Code, tr.Reason, p.now()
+			if !b.Bucketed() {
+				// As for every batch: the write that ends it keeps the
+				// turn's outcome (its log's outcome event).
+				b.Outcome = batch.Outcome(p.cfg.Engine.Keys(), b)
+			}
 			return nil
 		})
 		return b, err
