@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	followers "github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -184,7 +185,7 @@ tollgate_gateway_list_reads_total{how="batched"} 1
 
 	t.Run("refused what its grants leave out", func(t *testing.T) {
 		other := topology.InboundSubject("cli", "s-gw")
-		done := make(chan error, 4) // the attempts' own outcomes; the refusals are what is checked
+		done := make(chan error, 5) // the attempts' own outcomes; the refusals are what is checked
 		go func() { done <- gw.nc.Publish(other, []byte("x")) }()
 		gw.waitDenied(t, other, make(chan error))
 		kvKey := "$KV." + topology.BucketApprovals + "." + c.ApprovalID
@@ -198,6 +199,11 @@ tollgate_gateway_list_reads_total{how="batched"} 1
 		pull := apiOf(gw) + "CONSUMER.MSG.NEXT." + topology.StreamEvents + ".redriver"
 		go func() { _, err := gw.nc.Request(pull, []byte(`{"batch":1}`), 2*time.Second); done <- err }()
 		gw.waitDenied(t, pull, make(chan error))
+		// Nor the outcome followers' durables on the turn logs, which its
+		// feed's consumers reach by name.
+		pullLog := apiOf(gw) + "CONSUMER.MSG.NEXT." + topology.TurnLogStream(0) + "." + followers.Durable("transport-slack", 0)
+		go func() { _, err := gw.nc.Request(pullLog, []byte(`{"batch":1}`), 2*time.Second); done <- err }()
+		gw.waitDenied(t, pullLog, make(chan error))
 		ack := "$JS.ACK." + topology.StreamEvents + ".redriver.1.1.1.1.0"
 		if err := gw.nc.Publish(ack, []byte("+ACK")); err != nil {
 			t.Fatal(err)

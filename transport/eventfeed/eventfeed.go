@@ -1,14 +1,36 @@
 // Package eventfeed serves a process's live event streams (the gateway's
-// Server-Sent Events, the web inbox's live updates) from one consumer of
-// TOLLGATE_EVENTS: an ordered consumer, made on first use, whose events
-// are handed in memory to every subscriber whose subject filters they
-// match.
+// Server-Sent Events, the web inbox's live updates) from one set of
+// consumers, made on first use: an ordered consumer of TOLLGATE_EVENTS and
+// one of each turn-log partition's outcome events
+// (tollgate.turnlog.<i>.*.outcome, docs/protocol.md §4.2a). Their events
+// are merged in the order they arrive and handed in memory to every
+// subscriber whose subject filters they match.
 //
-// A subscriber that starts behind the feed (a client resuming with
-// Last-Event-ID, or a turn's stream from its first event) first reads the
-// events it missed from the stream, through a consumer of its own that is
-// deleted as soon as it has caught up, and then goes on with the feed's
-// events: each event once, in stream order, none missed.
+// A turn's outcome is made durable once, by the write that ends its batch
+// in its turn's log. The feed hands it to subscribers as the event it
+// replaces: subject tollgate.event.turn.outcome.<turn>, data the
+// TurnOutcome alone (schemas.Encode), byte for byte what was published on
+// that subject before. While an outcome is also published there (by this
+// version, for a turn kept in its log; for good, for a turn whose outcome
+// its log does not hold: its batch kept in tollgate_batches, or ended by
+// an earlier version), the published copy is handed over only when the
+// turn's log holds no outcome event: each turn's outcome comes once.
+//
+// Order: a turn's outcome comes after every event of that turn stored
+// before it ended (its approvals requested and decided, its redrives). The
+// streams are followed by separate consumers, so the feed holds an outcome
+// from a log until it has handed out the turn's last event in
+// TOLLGATE_EVENTS at the time the outcome arrived (one direct get per
+// outcome). A partition's later outcomes wait behind a held one, so each
+// stream's events keep their order.
+//
+// Each event carries the feed's position after it, a Cursor (the SSE id):
+// a subscriber that starts there (Options.After) gets the events handed
+// out after it and no other. A subscriber that starts behind the feed (a
+// client resuming with Last-Event-ID, or a turn's stream from its first
+// event) first reads the events it missed from the streams, through
+// consumers of its own that are deleted as soon as it has caught up, then
+// goes on with the feed's events: each event once, none missed.
 //
 // Each subscriber has a bounded buffer: one that does not keep up is cut
 // off (Next answers ErrSlow) and never holds up the others; it resumes
@@ -24,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +54,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -47,42 +72,72 @@ var (
 	ErrClosed = errors.New("eventfeed: the feed was closed")
 )
 
-// Subjects is what the feed follows: every subject of TOLLGATE_EVENTS.
+// Subjects is what the feed follows of TOLLGATE_EVENTS: every subject.
 const Subjects = "tollgate.event.>"
 
 // Buffer is how many events a subscriber's buffer holds by default.
 const Buffer = 256
 
-// replayBatch is how many missed events a subscriber reads at once.
+// replayBatch is how many missed events a subscriber reads at once from
+// each stream.
 const replayBatch = 256
 
 // replayIdle is how long the server keeps a catching-up subscriber's
 // consumer after its last use, should its deletion fail.
 const replayIdle = 30 * time.Second
 
-// Event is one stored event.
+// lookupWait bounds the feed's reads of a turn's events and outcome.
+const lookupWait = 5 * time.Second
+
+// maxPartitions bounds the turn-log partitions a cursor names.
+const maxPartitions = topology.MaxTurnLogPartitions
+
+// Event is one event as the feed hands it out.
 type Event struct {
-	Seq     uint64 // its sequence in TOLLGATE_EVENTS: the SSE id
+	// ID is the feed's position after this event: Options.After = ID
+	// resumes after it. Its String is the SSE id.
+	ID Cursor
+	// Source is the stream it was read from (0: TOLLGATE_EVENTS; 1+i:
+	// TOLLGATE_TURNLOG_<i>), Seq its sequence there.
+	Source int
+	Seq    uint64
+	// Subject is a TOLLGATE_EVENTS subject: a turn's outcome read from
+	// its log is tollgate.event.turn.outcome.<turn>.
 	Subject string
-	Data    []byte
+	// Data is the event's record (msgpack): for an outcome, the
+	// TurnOutcome alone.
+	Data []byte
+
+	skip  bool   // (replay) a published outcome the logs hold: advances the position only
+	after uint64 // (outcome from a log) the turn's last TOLLGATE_EVENTS sequence it waits for
 }
 
-// Feed hands the events of TOLLGATE_EVENTS to its subscribers. A process
-// makes one and shares it between every surface that streams events.
+// source is one stream the feed follows.
+type source struct {
+	stream jetstream.Stream
+	filter string
+	cc     jetstream.ConsumeContext
+}
+
+// Feed hands the events of TOLLGATE_EVENTS, and the turns' outcomes from
+// the turn logs, to its subscribers. A process makes one and shares it
+// between every surface that streams events.
 type Feed struct {
 	js  jetstream.JetStream
 	log *slog.Logger
 
 	mu     sync.Mutex
-	stream jetstream.Stream
-	cc     jetstream.ConsumeContext // nil: not following yet (or closed)
-	last   uint64                   // the sequence of the last event handed out (or where the feed started)
+	gen    int       // bumped by every start: callbacks of an earlier one are ignored
+	srcs   []*source // nil: not following yet (or closed); [0] events, [1+i] turn log i
+	last   Cursor    // per source, the last message handed out (or where the feed started)
+	seen   Cursor    // per source, the last message received (held ones included)
+	held   [][]Event // per partition, outcomes waiting for the events stream (in order)
 	subs   map[*Sub]struct{}
 	owners map[string]int // open streams by owner
 }
 
-// New returns a Feed reading TOLLGATE_EVENTS over js; it starts following
-// the stream on its first subscriber.
+// New returns a Feed reading over js; it starts following the streams on
+// its first subscriber. The turn-log streams must exist (topology.Ensure).
 func New(js jetstream.JetStream, logger *slog.Logger) *Feed {
 	return &Feed{js: js, log: logger, subs: map[*Sub]struct{}{}, owners: map[string]int{}}
 }
@@ -90,13 +145,19 @@ func New(js jetstream.JetStream, logger *slog.Logger) *Feed {
 // Options describe a subscription.
 type Options struct {
 	// Filters are the subjects (NATS wildcards allowed) the subscriber
-	// wants; none means every event.
+	// wants, in TOLLGATE_EVENTS's namespace (a turn's outcome from its log
+	// matches as tollgate.event.turn.outcome.<turn>); none means every
+	// event.
 	Filters []string
-	// After: the subscriber gets the events stored after this sequence
-	// (0: from the stream's first). A sequence beyond the stream's last is
-	// refused: the error has code schemas.CodeInvalidInput.
-	After uint64
-	// New, when set, ignores After: only events stored from now on.
+	// After: the subscriber gets the events handed out after this cursor
+	// (an Event.ID, or ParseCursor of an SSE id); nil: from the first
+	// message of every stream. A cursor of one sequence (an SSE id of an
+	// earlier version, a TOLLGATE_EVENTS sequence) reads TOLLGATE_EVENTS
+	// after it and the turn logs from the time it was stored. A cursor of
+	// another length than 1 or the feed's streams, or beyond a stream's
+	// last message, is refused with code schemas.CodeInvalidInput.
+	After Cursor
+	// New, when set, ignores After: only events handed out from now on.
 	New bool
 	// Owner and Max cap the streams open at once: a subscription of an
 	// owner that holds Max is refused ErrTooManyStreams. Max 0 is no cap.
@@ -107,9 +168,31 @@ type Options struct {
 	Buffer int
 }
 
+// Position is where each stream ends now (its last message), as a
+// cursor: a page rendered after reading it opens its stream there and
+// misses nothing stored after it.
+func (f *Feed) Position(ctx context.Context) (Cursor, error) {
+	f.mu.Lock()
+	err := f.startLocked(ctx)
+	srcs := f.srcs
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	c := make(Cursor, len(srcs))
+	for i, s := range srcs {
+		info, err := s.stream.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("eventfeed: stream info: %w", err)
+		}
+		c[i] = info.State.LastSeq
+	}
+	return c, nil
+}
+
 // Subscribe starts a subscription. Close it when done. It fails with
-// ErrTooManyStreams, an INVALID_INPUT error for an After beyond the
-// stream, or the bus's error when the stream cannot be read.
+// ErrTooManyStreams, an INVALID_INPUT error for a bad or too-far After,
+// or the bus's error when a stream cannot be read.
 func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 	filters := o.Filters
 	if len(filters) == 0 {
@@ -124,23 +207,49 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 		f.mu.Unlock()
 		return nil, ErrTooManyStreams
 	}
-	last, stream := f.last, f.stream
+	last, srcs := slices.Clone(f.last), f.srcs
 	f.mu.Unlock()
-	if !o.New && o.After > last {
-		// Ahead of this feed: another process may have handed it out a
-		// moment ago; the stream says whether it exists.
-		info, err := stream.Info(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("eventfeed: stream info: %w", err)
+
+	n := len(srcs)
+	from, bare, since := make(Cursor, n), false, time.Time{}
+	switch {
+	case o.New, len(o.After) == 0:
+	case len(o.After) == 1:
+		from[0], bare = o.After[0], true
+	case len(o.After) == n:
+		copy(from, o.After)
+	default:
+		return nil, schemas.Errorf(schemas.CodeInvalidInput, "event id %s names %d positions, want %d (or one, an events stream sequence)", o.After, len(o.After), n)
+	}
+	if !o.New {
+		for i, s := range srcs {
+			if from[i] <= last[i] {
+				continue
+			}
+			// Ahead of this feed: another process may have handed it out a
+			// moment ago; the stream says whether it exists.
+			info, err := s.stream.Info(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("eventfeed: stream info: %w", err)
+			}
+			if from[i] > info.State.LastSeq {
+				return nil, schemas.Errorf(schemas.CodeInvalidInput, "event id %s is beyond the last message of %s (%d)", o.After, info.Config.Name, info.State.LastSeq)
+			}
 		}
-		if o.After > info.State.LastSeq {
-			return nil, schemas.Errorf(schemas.CodeInvalidInput, "event id %d is beyond the last event stored (%d)", o.After, info.State.LastSeq)
+		if bare && from[0] > 0 {
+			m, err := srcs[0].stream.GetMsg(ctx, from[0])
+			switch {
+			case err == nil:
+				since = m.Time
+			case !errors.Is(err, jetstream.ErrMsgNotFound): // gone: the logs from their start
+				return nil, fmt.Errorf("eventfeed: read event %d: %w", from[0], err)
+			}
 		}
 	}
 
 	s := &Sub{f: f, filters: filters, owner: o.Owner, ch: make(chan Event, cmp.Or(o.Buffer, Buffer)), done: make(chan struct{})}
 	f.mu.Lock()
-	if f.cc == nil {
+	if f.srcs == nil || len(f.srcs) != n {
 		f.mu.Unlock()
 		return nil, ErrClosed
 	}
@@ -148,18 +257,21 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 		f.mu.Unlock()
 		return nil, ErrTooManyStreams
 	}
-	// From here every event the feed hands out, those after f.last, goes
-	// to the buffer; the replay reads those up to f.last.
-	s.after, s.until = max(o.After, f.last), f.last
-	if o.New {
-		s.after = f.last
+	// From here every message the feed hands out, those after f.last,
+	// goes to the buffer; the replay reads those up to f.last.
+	s.until, s.after = slices.Clone(f.last), make(Cursor, n)
+	for i := range n {
+		s.after[i] = max(from[i], f.last[i])
+		if o.New || (bare && i > 0) {
+			s.after[i] = f.last[i]
+		}
 	}
 	f.owners[o.Owner]++
 	f.subs[s] = struct{}{}
 	f.mu.Unlock()
 
-	if !o.New && o.After < s.until {
-		if err := s.startReplay(ctx, stream, o.After); err != nil {
+	if !o.New {
+		if err := s.startReplay(ctx, srcs, from, bare, since); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -167,49 +279,152 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 	return s, nil
 }
 
-// startLocked follows the stream from its last event, if not yet.
+// startLocked follows the streams from their last messages, if not yet.
 func (f *Feed) startLocked(ctx context.Context) error {
-	if f.cc != nil {
+	if f.srcs != nil {
 		return nil
 	}
-	stream, err := f.js.Stream(ctx, topology.StreamEvents)
+	events, err := f.js.Stream(ctx, topology.StreamEvents)
 	if err != nil {
 		return fmt.Errorf("eventfeed: stream %s: %w", topology.StreamEvents, err)
 	}
-	last := stream.CachedInfo().State.LastSeq
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{Subjects},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: last + 1,
-	})
+	logs, err := topology.OpenTurnLogs(ctx, f.js)
 	if err != nil {
-		return fmt.Errorf("eventfeed: consumer: %w", err)
+		return fmt.Errorf("eventfeed: %w", err)
 	}
-	cc, err := cons.Consume(f.hand, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		f.log.Warn("eventfeed: following the events stream", "err", err)
-	}))
-	if err != nil {
-		return fmt.Errorf("eventfeed: consume: %w", err)
+	srcs := []*source{{stream: events, filter: Subjects}}
+	for i, l := range logs {
+		srcs = append(srcs, &source{stream: l, filter: topology.TurnLogOutcomeFilter(i)})
 	}
-	f.stream, f.cc, f.last = stream, cc, last
+	f.gen++
+	gen := f.gen
+	last := make(Cursor, len(srcs))
+	stop := func() {
+		for _, s := range srcs {
+			if s.cc != nil {
+				s.cc.Stop()
+			}
+		}
+	}
+	for i, s := range srcs {
+		last[i] = s.stream.CachedInfo().State.LastSeq
+		cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{s.filter},
+			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: last[i] + 1,
+		})
+		if err != nil {
+			stop()
+			return fmt.Errorf("eventfeed: consumer of %s: %w", s.stream.CachedInfo().Config.Name, err)
+		}
+		hand := func(m jetstream.Msg) { f.handEvent(gen, m) }
+		if i > 0 {
+			hand = func(m jetstream.Msg) { f.handOutcome(gen, i-1, m) }
+		}
+		s.cc, err = cons.Consume(hand, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			f.log.Warn("eventfeed: following a stream", "stream", s.stream.CachedInfo().Config.Name, "err", err)
+		}))
+		if err != nil {
+			stop()
+			return fmt.Errorf("eventfeed: consume %s: %w", s.stream.CachedInfo().Config.Name, err)
+		}
+	}
+	f.srcs, f.last, f.seen, f.held = srcs, last, slices.Clone(last), make([][]Event, len(logs))
 	return nil
 }
 
-// hand gives m to each subscriber that wants it; one whose buffer is full
-// is cut off. The ordered consumer calls it once per event, in order.
-func (f *Feed) hand(m jetstream.Msg) {
+// handEvent takes a TOLLGATE_EVENTS message: a published outcome the
+// turn's log holds is passed over (the log's is handed out), anything
+// else is handed to the subscribers that want it. The events handed out
+// may release held outcomes. The ordered consumer calls it once per
+// message, in order.
+func (f *Feed) handEvent(gen int, m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		return
 	}
 	ev := Event{Seq: meta.Sequence.Stream, Subject: m.Subject(), Data: m.Data()}
+	if turn, ok := strings.CutPrefix(ev.Subject, topology.SubjectTurnOutcome); ok {
+		ev.skip = f.logHolds(turn)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if ev.Seq <= f.last {
+	if gen != f.gen || ev.Seq <= f.seen[0] {
 		return
 	}
-	f.last = ev.Seq
+	f.seen[0], f.last[0] = ev.Seq, ev.Seq
+	if !ev.skip {
+		f.handLocked(ev)
+	}
+	f.releaseLocked()
+}
+
+// handOutcome takes an outcome event of turn-log partition p: held until
+// the feed has handed out its turn's events stored before it, then handed
+// out as the turn's outcome event.
+func (f *Feed) handOutcome(gen, p int, m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	ev := f.presentOutcome(p, meta.Sequence.Stream, m.Subject(), m.Data())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if gen != f.gen || ev.Seq <= f.seen[1+p] {
+		return
+	}
+	f.seen[1+p] = ev.Seq
+	f.held[p] = append(f.held[p], ev)
+	f.releaseLocked()
+}
+
+// presentOutcome is the event a turn log's outcome message stands for:
+// the turn's outcome event, waiting for the turn's last event in
+// TOLLGATE_EVENTS; a message that holds no outcome is passed over (skip),
+// with a warning.
+func (f *Feed) presentOutcome(p int, seq uint64, subject string, data []byte) Event {
+	ev := Event{Source: 1 + p, Seq: seq, skip: true}
+	_, turn, event, ok := topology.ParseTurnLogSubject(subject)
+	if !ok || event != store.EventOutcome {
+		return ev
+	}
+	o, err := outcomes.Decode(turn, data)
+	if errors.Is(err, outcomes.ErrNoOutcome) {
+		return ev // its published outcome is handed out (logHolds)
+	}
+	if err == nil {
+		ev.Data, err = schemas.Encode(o)
+	}
+	if err != nil {
+		f.log.Warn("eventfeed: an outcome event that holds no outcome is passed over", "subject", subject, "seq", seq, "err", err)
+		return ev
+	}
+	ev.Subject, ev.skip = topology.EventSubject(topology.SubjectTurnOutcome, turn), false
+	ev.after = f.lastEventOf(turn)
+	return ev
+}
+
+// releaseLocked hands out each held outcome whose turn's events the feed
+// has handed out, in each partition's order.
+func (f *Feed) releaseLocked() {
+	for p, q := range f.held {
+		for len(q) > 0 && q[0].after <= f.last[0] {
+			ev := q[0]
+			q = q[1:]
+			f.last[1+p] = ev.Seq
+			if !ev.skip {
+				f.handLocked(ev)
+			}
+		}
+		f.held[p] = q
+	}
+}
+
+// handLocked gives ev to each subscriber that wants it; one whose buffer
+// is full is cut off. f.last already counts ev.
+func (f *Feed) handLocked(ev Event) {
+	ev.ID = slices.Clone(f.last)
 	for s := range f.subs {
-		if ev.Seq <= s.after || !s.wants(ev.Subject) {
+		if ev.Seq <= s.after[ev.Source] || !s.wants(ev.Subject) {
 			continue
 		}
 		select {
@@ -220,15 +435,66 @@ func (f *Feed) hand(m jetstream.Msg) {
 	}
 }
 
-// Close stops following the stream and cuts every subscriber off with
+// logHolds reports whether turn's log holds its outcome event with the
+// outcome (outcomes.Logged), so that a published copy of it is passed
+// over. Should the log not be read, the
+// copy is handed out (a repeat rather than a loss), with a warning.
+func (f *Feed) logHolds(turn string) bool {
+	f.mu.Lock()
+	srcs := f.srcs
+	f.mu.Unlock()
+	if len(srcs) < 2 || !schemas.ValidKey(turn) {
+		return false
+	}
+	logs := make([]jetstream.Stream, len(srcs)-1)
+	for i, s := range srcs[1:] {
+		logs[i] = s.stream
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
+	defer cancel()
+	_, ok, err := outcomes.Logged(ctx, logs, turn)
+	if err != nil {
+		f.log.Warn("eventfeed: the turn's log could not be read: its published outcome is handed out", "turn", turn, "err", err)
+	}
+	return ok
+}
+
+// lastEventOf is the sequence of turn's last event in TOLLGATE_EVENTS (0:
+// none). Should it not be read, 0 (the outcome is not held), with a
+// warning.
+func (f *Feed) lastEventOf(turn string) uint64 {
+	f.mu.Lock()
+	srcs := f.srcs
+	f.mu.Unlock()
+	if len(srcs) == 0 || !schemas.ValidKey(turn) {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
+	defer cancel()
+	m, err := srcs[0].stream.GetLastMsgForSubject(ctx, turnEvents(turn))
+	switch {
+	case err == nil:
+		return m.Sequence
+	case !errors.Is(err, jetstream.ErrMsgNotFound):
+		f.log.Warn("eventfeed: the turn's last event could not be read: its outcome is not held for it", "turn", turn, "err", err)
+	}
+	return 0
+}
+
+// turnEvents is the subject of every event of turn in TOLLGATE_EVENTS
+// (docs/protocol.md §5: the turn id is the last of five tokens).
+func turnEvents(turn string) string { return "tollgate.event.*.*." + turn }
+
+// Close stops following the streams and cuts every subscriber off with
 // ErrClosed. A later Subscribe starts the feed again.
 func (f *Feed) Close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.cc != nil {
-		f.cc.Stop()
-		f.cc = nil
+	for _, s := range f.srcs {
+		s.cc.Stop()
 	}
+	f.srcs, f.held = nil, nil
+	f.gen++
 	for s := range f.subs {
 		s.cutLocked(ErrClosed)
 	}
@@ -247,32 +513,39 @@ type Sub struct {
 	f       *Feed
 	filters []string
 	owner   string
-	after   uint64 // the feed hands over only events after this one
+	after   Cursor // per source, the feed hands over only messages after this one
 	ch      chan Event
 	done    chan struct{} // closed when cut off; err says why
 	err     error
 	closed  bool
 
 	// The replay of the events missed, up to until, read before ch.
-	stream  jetstream.Stream
-	replay  jetstream.Consumer // nil: caught up
-	until   uint64
-	pending []Event
+	replay []*replaySource // nil: caught up
+	cur    Cursor          // the position after the last replayed event
+	until  Cursor
+}
+
+// replaySource reads one stream's missed messages.
+type replaySource struct {
+	i      int
+	stream jetstream.Stream
+	cons   jetstream.Consumer
+	buf    []Event // read, not yet taken
+	done   bool    // nothing more up to until
 }
 
 // Next returns the subscription's next event: those missed first, then
 // the feed's. It waits until there is one, ctx ends (ctx's error) or the
 // subscriber is cut off (ErrSlow, ErrClosed).
 func (s *Sub) Next(ctx context.Context) (Event, error) {
-	for len(s.pending) == 0 && s.replay != nil {
-		if err := s.readReplay(); err != nil {
+	for s.replay != nil {
+		ev, ok, err := s.nextReplayed(ctx)
+		if err != nil {
 			return Event{}, err
 		}
-	}
-	if len(s.pending) > 0 {
-		ev := s.pending[0]
-		s.pending = s.pending[1:]
-		return ev, nil
+		if ok {
+			return ev, nil
+		}
 	}
 	select {
 	case ev := <-s.ch:
@@ -318,75 +591,207 @@ func (s *Sub) wants(subject string) bool {
 	return false
 }
 
-// startReplay makes the consumer that reads the events after `after`
-// matching the filters, up to s.until.
-func (s *Sub) startReplay(ctx context.Context, stream jetstream.Stream, after uint64) error {
-	cfg := jetstream.ConsumerConfig{
-		Name:          "replay-" + rand.Text(),
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckNonePolicy,
-		MemoryStorage: true, Replicas: 1,
-		InactiveThreshold: replayIdle,
+// startReplay makes the consumers that read the messages after from up
+// to s.until, on each stream that holds some the subscriber wants; for a
+// bare cursor, the turn logs' from since (zero: their start).
+func (s *Sub) startReplay(ctx context.Context, srcs []*source, from Cursor, bare bool, since time.Time) error {
+	s.cur = slices.Clone(from)
+	logs := logFilters(s.filters, len(srcs)-1)
+	for i, src := range srcs {
+		filters := s.filters
+		if i > 0 {
+			filters = logs[i-1]
+		}
+		byTime := bare && i > 0
+		if len(filters) == 0 || (!byTime && from[i] >= s.until[i]) || s.until[i] == 0 {
+			s.cur[i] = max(s.cur[i], s.until[i]) // nothing it wants in between
+			continue
+		}
+		cfg := jetstream.ConsumerConfig{
+			Name:          "replay-" + rand.Text(),
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckPolicy:     jetstream.AckNonePolicy,
+			MemoryStorage: true, Replicas: 1,
+			InactiveThreshold: replayIdle,
+		}
+		switch {
+		case byTime && !since.IsZero():
+			cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+		case !byTime && from[i] > 0:
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from[i]+1
+		}
+		if len(filters) == 1 {
+			cfg.FilterSubject = filters[0]
+		} else {
+			cfg.FilterSubjects = filters
+		}
+		cons, err := src.stream.CreateConsumer(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("eventfeed: replay consumer: %w", err)
+		}
+		r := &replaySource{i: i, stream: src.stream, cons: cons}
+		s.replay = append(s.replay, r)
+		if byTime {
+			// The position before its first message: read it now.
+			s.cur[i] = s.until[i]
+			if err := s.fill(ctx, r); err != nil {
+				return err
+			}
+			if len(r.buf) > 0 {
+				s.cur[i] = r.buf[0].Seq - 1
+			}
+		}
 	}
-	if after > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
+	if len(s.replay) == 0 {
+		s.replay = nil
 	}
-	if len(s.filters) == 1 {
-		cfg.FilterSubject = s.filters[0]
-	} else {
-		cfg.FilterSubjects = s.filters
-	}
-	cons, err := stream.CreateConsumer(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("eventfeed: replay consumer: %w", err)
-	}
-	s.stream, s.replay = stream, cons
 	return nil
 }
 
-// readReplay reads the next batch of missed events into pending; when
-// there are no more up to s.until, it ends the replay.
-func (s *Sub) readReplay() error {
-	batch, err := s.replay.FetchNoWait(replayBatch)
+// fill reads r's next batch of missed messages, up to s.until, into its
+// buffer; r is done when there are no more.
+func (s *Sub) fill(ctx context.Context, r *replaySource) error {
+	batch, err := r.cons.FetchNoWait(replayBatch)
 	if err != nil {
-		s.endReplay()
 		return fmt.Errorf("eventfeed: replay: %w", err)
 	}
-	n, done := 0, false
+	n := 0
 	for m := range batch.Messages() {
 		n++
 		meta, err := m.Metadata()
 		if err != nil {
 			continue
 		}
-		if meta.Sequence.Stream > s.until {
-			done = true // the feed hands this one and the later ones over
+		seq := meta.Sequence.Stream
+		if seq > s.until[r.i] {
+			r.done = true // the feed hands this one and the later ones over
 			continue
 		}
-		s.pending = append(s.pending, Event{Seq: meta.Sequence.Stream, Subject: m.Subject(), Data: m.Data()})
+		if r.i == 0 {
+			ev := Event{Seq: seq, Subject: m.Subject(), Data: m.Data()}
+			if turn, ok := strings.CutPrefix(ev.Subject, topology.SubjectTurnOutcome); ok {
+				ev.skip = s.f.logHolds(turn)
+			}
+			r.buf = append(r.buf, ev)
+			continue
+		}
+		r.buf = append(r.buf, s.f.presentOutcome(r.i-1, seq, m.Subject(), m.Data()))
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-		s.endReplay()
 		return fmt.Errorf("eventfeed: replay: %w", err)
 	}
-	if n == 0 || done {
-		s.endReplay()
+	if n == 0 {
+		r.done = true
 	}
-	return nil
+	return ctx.Err()
 }
 
-// endReplay deletes the replay's consumer, if any.
+// nextReplayed takes the next missed event: an outcome once the events
+// replayed have passed its turn's last event (or there are no more), else
+// the next event of TOLLGATE_EVENTS. false: nothing to hand out this time
+// (a passed-over message, or the replay just ended).
+func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
+	var events *replaySource
+	for _, r := range s.replay {
+		if len(r.buf) == 0 && !r.done {
+			if err := s.fill(ctx, r); err != nil {
+				s.endReplay()
+				return Event{}, false, err
+			}
+		}
+		if r.i == 0 {
+			events = r
+		}
+	}
+	eventsLeft := events != nil && len(events.buf) > 0
+	var pick *replaySource
+	for _, r := range s.replay {
+		if r.i > 0 && len(r.buf) > 0 && (!eventsLeft || r.buf[0].after <= s.cur[0]) {
+			pick = r
+			break
+		}
+	}
+	if pick == nil && eventsLeft {
+		pick = events
+	}
+	if pick == nil {
+		for _, r := range s.replay {
+			if len(r.buf) > 0 || !r.done {
+				return Event{}, false, nil // more to read
+			}
+		}
+		s.endReplay()
+		return Event{}, false, nil
+	}
+	ev := pick.buf[0]
+	pick.buf = pick.buf[1:]
+	ev.Source = pick.i
+	s.cur[pick.i] = ev.Seq
+	if ev.skip {
+		return Event{}, false, nil
+	}
+	ev.ID = slices.Clone(s.cur)
+	return ev, true, nil
+}
+
+// endReplay deletes the replay's consumers, if any.
 func (s *Sub) endReplay() {
-	if s.replay == nil {
-		return
-	}
-	name := s.replay.CachedInfo().Name
+	rs := s.replay
 	s.replay = nil
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		s.f.log.Warn("eventfeed: delete a replay consumer (the server drops it when idle)", "consumer", name, "err", err)
+	for _, r := range rs {
+		name := r.cons.CachedInfo().Name
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := r.stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			s.f.log.Warn("eventfeed: delete a replay consumer (the server drops it when idle)", "consumer", name, "err", err)
+		}
+		cancel()
 	}
+}
+
+// logFilters are, for each of parts partitions, the subjects of its
+// outcome events that filters want (none: the partition is not read): a
+// filter that matches every turn's outcome event wants each partition's
+// outcomes, one that names a turn wants that turn's in its partition.
+func logFilters(filters []string, parts int) [][]string {
+	out := make([][]string, parts)
+	all := make([]bool, parts)
+	for _, f := range filters {
+		turn, ok := outcomeTurn(f)
+		switch {
+		case !ok:
+		case turn == "*":
+			for p := range parts {
+				out[p], all[p] = []string{topology.TurnLogOutcomeFilter(p)}, true
+			}
+		default:
+			p := topology.TurnLogPartition(turn, parts)
+			if s := topology.TurnLogSubject(p, turn, store.EventOutcome); !all[p] && !slices.Contains(out[p], s) {
+				out[p] = append(out[p], s)
+			}
+		}
+	}
+	return out
+}
+
+// outcomeTurn says whether filter matches turns' outcome events
+// (tollgate.event.turn.outcome.<turn>), and for which turn: "*" for every
+// turn.
+func outcomeTurn(filter string) (string, bool) {
+	want := strings.Split(topology.SubjectTurnOutcome+"*", ".")
+	toks := strings.Split(filter, ".")
+	for i, tok := range toks {
+		switch {
+		case tok == ">":
+			return "*", true
+		case i >= len(want):
+			return "", false
+		case i == len(want)-1:
+			return tok, i == len(toks)-1 && (tok == "*" || schemas.ValidKey(tok))
+		case tok != "*" && tok != want[i]:
+			return "", false
+		}
+	}
+	return "", false
 }
 
 // Match reports whether subject matches filter, a NATS subject with

@@ -74,7 +74,7 @@ func TestResumeJoinsTheFeedWithoutGapsOrRepeats(t *testing.T) {
 	// and the live events together must fit its buffer.
 	go func() { done <- publish(t, env, "tollgate.event.test.b.t-1", Buffer-40) }()
 	after := first - 30
-	sub, err := f.Subscribe(context.Background(), Options{After: after})
+	sub, err := f.Subscribe(context.Background(), Options{After: Cursor{after}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,17 +185,18 @@ func TestStreamsPerOwnerAreCapped(t *testing.T) {
 	}
 }
 
-// A position beyond the stream's last event is INVALID_INPUT, the
-// largest uint64 included; the last event itself is a valid position.
+// A position beyond a stream's last message is INVALID_INPUT, the largest
+// uint64 included, and so is a cursor naming another number of streams;
+// the last message itself is a valid position.
 func TestAPositionBeyondTheStreamIsInvalid(t *testing.T) {
 	env, f := newFeed(t)
 	last := publish(t, env, "tollgate.event.test.a.t-1", 3)
-	for _, after := range []uint64{last + 1, 1 << 63, ^uint64(0)} {
+	for _, after := range []Cursor{{last + 1}, {1 << 63}, {^uint64(0)}, {last, 0, 0, 0, 1}, {0, 0, 0, 0, 0, 0}, {last, 0}} {
 		if _, err := f.Subscribe(context.Background(), Options{After: after}); schemas.CodeOf(err) != schemas.CodeInvalidInput {
-			t.Errorf("After %d: %v, want INVALID_INPUT", after, err)
+			t.Errorf("After %s: %v, want INVALID_INPUT", after, err)
 		}
 	}
-	s, err := f.Subscribe(context.Background(), Options{After: last})
+	s, err := f.Subscribe(context.Background(), Options{After: Cursor{last, 0, 0, 0, 0}})
 	if err != nil {
 		t.Fatalf("After the last event: %v", err)
 	}
@@ -222,7 +223,7 @@ func TestSubscribersShareOneConsumer(t *testing.T) {
 	before := consumers()
 	last := publish(t, env, "tollgate.event.test.a.t-1", 5)
 	for i := range 100 {
-		s, err := f.Subscribe(ctx, Options{After: uint64(i % 5)})
+		s, err := f.Subscribe(ctx, Options{After: Cursor{uint64(i % 5), 0, 0, 0, 0}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,6 +232,15 @@ func TestSubscribersShareOneConsumer(t *testing.T) {
 	}
 	if n := consumers(); n != before+1 {
 		t.Fatalf("%d consumers on %s after 100 subscribers came and went, want %d (one: the feed's)", n, topology.StreamEvents, before+1)
+	}
+	for i := range 4 {
+		info, err := env.JS.Stream(ctx, topology.TurnLogStream(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := info.CachedInfo().State.Consumers; n != 1 {
+			t.Fatalf("%d consumers on %s, want one: the feed's", n, topology.TurnLogStream(i))
+		}
 	}
 }
 

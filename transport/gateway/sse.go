@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,12 +19,14 @@ import (
 // eventPrefix starts every subject of TOLLGATE_EVENTS.
 const eventPrefix = "tollgate.event."
 
-// event is one stored event as an SSE message: id is its stream sequence,
-// kind the subject without prefix and last token (approval.requested,
+// event is one stored event as an SSE message: id is the feed's cursor
+// after it (eventfeed.Cursor: the events stream's sequence, then each
+// turn-log partition's, dot-separated; opaque to clients), kind the subject without prefix and last token (approval.requested,
 // approval.decided, redrive.deferred, turn.outcome, ...), data the payload
 // as JSON with the wire field names of docs/protocol.md §6.
 //
-// The streams are of TOLLGATE_EVENTS alone. A turn of this version has no
+// The streams are of TOLLGATE_EVENTS and of the turns' outcomes, which
+// the feed reads from the turn logs (transport/eventfeed). A turn of this version has no
 // batch.awaiting and no redrive.started event (issue 36: its moves to
 // awaiting and to started are writes of its turn's log, which no stream
 // here follows): approval.requested tells a client that the turn waits,
@@ -33,36 +34,37 @@ const eventPrefix = "tollgate.event."
 // Both kinds still come for a turn of an earlier version (and a
 // batch.awaiting for `tollgate replay`'s nudges), and pass as any event.
 type event struct {
-	seq     uint64
+	id      string
 	kind    string
 	subject string
 	payload map[string]any
 }
 
 // lastEventID reads Last-Event-ID (header, or ?last_event_id= for clients
-// that cannot set headers): the stream sequence of the last event the
-// client has; 0 when absent. A value that is not a decimal sequence is
-// INVALID_INPUT (one beyond the stream's last event is refused by the
-// feed, also INVALID_INPUT).
-func lastEventID(r *http.Request) (uint64, error) {
+// that cannot set headers): the id of the last event the client has (an
+// eventfeed.Cursor; a bare decimal, an id of an earlier version, is a
+// TOLLGATE_EVENTS sequence); nil when absent. A value that is not an id is
+// INVALID_INPUT (one beyond a stream's last message, or naming another
+// number of streams, is refused by the feed, also INVALID_INPUT).
+func lastEventID(r *http.Request) (eventfeed.Cursor, error) {
 	v := r.Header.Get("Last-Event-ID")
 	if v == "" {
 		v = r.URL.Query().Get("last_event_id")
 	}
 	if v == "" {
-		return 0, nil
+		return nil, nil
 	}
-	n, err := strconv.ParseUint(v, 10, 64)
+	c, err := eventfeed.ParseCursor(v)
 	if err != nil {
-		return 0, errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "Last-Event-ID: want the id (a stream sequence) of an event")
+		return nil, errorf(http.StatusBadRequest, schemas.CodeInvalidInput, "Last-Event-ID: want the id of an event as it was sent (%s)", schemas.ReasonOf(err))
 	}
-	return n, nil
+	return c, nil
 }
 
 // streamEvents serves Server-Sent Events from the process's event feed:
 // the events on filter after Last-Event-ID (from the start of the stream
 // when fromStart and no Last-Event-ID is given, else only new ones), those
-// keep accepts, each with id = stream sequence, so a client that
+// keep accepts, each with id = the feed's cursor after it, so a client that
 // reconnects with Last-Event-ID misses nothing. A comment line is sent
 // after each Config.Heartbeat without an event. It returns when the client
 // goes away, or when the client falls behind the feed (the response ends;
@@ -82,7 +84,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 	}
 	ctx := r.Context()
 	sub, err := s.events.Subscribe(ctx, eventfeed.Options{
-		Filters: []string{filter}, After: after, New: after == 0 && !fromStart,
+		Filters: []string{filter}, After: after, New: after == nil && !fromStart,
 		Owner: "gateway:" + key.ID, Max: s.cfg.MaxStreams,
 	})
 	switch {
@@ -135,7 +137,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, key *Key, 
 			continue
 		}
 		httpserve.Hold(w, r, 0)
-		if _, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", ev.seq, ev.kind, data); err != nil {
+		if _, err := fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", ev.id, ev.kind, data); err != nil {
 			return nil
 		}
 		fl.Flush()
@@ -157,7 +159,7 @@ func decodeEvent(m eventfeed.Event) (*event, bool) {
 	if i := strings.LastIndexByte(kind, '.'); i > 0 {
 		kind = kind[:i]
 	}
-	return &event{seq: m.Seq, kind: kind, subject: m.Subject, payload: payload}, true
+	return &event{id: m.ID.String(), kind: kind, subject: m.Subject, payload: payload}, true
 }
 
 // turnOfEvent is the turn an event belongs to: the last token of its

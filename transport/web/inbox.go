@@ -214,12 +214,12 @@ func (s *Server) inbox(w http.ResponseWriter, r *http.Request) {
 		// bucket, and an approval is stored before it is announced, so the
 		// live stream starts no later than the list: nothing falls between
 		// them.
-		info, err := s.events.Info(r.Context())
+		pos, err := s.feed.Position(r.Context())
 		if err != nil {
 			s.message(w, r, http.StatusServiceUnavailable, "Unavailable", "", "The events stream cannot be read: try again.")
 			return
 		}
-		p.Live, p.LastSeq = true, info.State.LastSeq
+		p.Live, p.After = true, pos.String()
 		if err := s.index.sync(r.Context()); err != nil {
 			s.cfg.Logger.Warn("web: the inbox is listed from a pending index that is behind", "err", err)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,31 +17,31 @@ import (
 )
 
 // SSE event names of /events. Each carries one card as HTML (rendered by
-// the templates, like the page), with id = the stream sequence of the event
-// it comes from.
+// the templates, like the page), with id = the event feed's cursor after
+// the event it comes from (eventfeed.Cursor).
 const (
 	eventPrompt    = "prompt"    // a new approval the person may decide: its row (the card in it), to insert
 	eventUpdate    = "update"    // a card changed (a quorum vote, decided, expired, abandoned, its call's result): replace it
 	eventSignedOut = "signedout" // the session ended: the stream stops
 )
 
-// startAfter is the stream sequence the live stream starts after: the
+// startAfter is the position the live stream starts after: the
 // Last-Event-ID header (a reconnecting EventSource sends it), else ?after=
-// (the page's position when it was rendered).
-func startAfter(r *http.Request) (uint64, bool) {
+// (the page's position when it was rendered); an eventfeed.Cursor, a bare
+// decimal being an events stream sequence of an earlier version.
+func startAfter(r *http.Request) (eventfeed.Cursor, error) {
 	v := r.Header.Get("Last-Event-ID")
 	if v == "" {
 		v = r.URL.Query().Get("after")
 	}
-	n, err := strconv.ParseUint(v, 10, 64)
-	return n, err == nil
+	return eventfeed.ParseCursor(v)
 }
 
 // live streams Server-Sent Events from the process's event feed, after
 // the position startAfter gives, to a signed-in person: a prompt for each
 // new approval they may decide, an update when one of those is decided,
-// expires or is abandoned, or its turn ends. Each event's id is its stream
-// sequence, so a client that reconnects with Last-Event-ID misses nothing.
+// expires or is abandoned, or its turn ends. Each event's id is the feed's
+// cursor after it, so a client that reconnects with Last-Event-ID misses nothing.
 // The stream ends (after a signedout event) when the session does, and
 // ends plainly when the browser falls behind the feed (it reconnects and
 // resumes). A person holds at most Config.MaxStreams streams open at once:
@@ -53,9 +52,9 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, string(CodeSignedOut), http.StatusUnauthorized)
 		return
 	}
-	after, ok := startAfter(r)
-	if !ok {
-		http.Error(w, "want Last-Event-ID or ?after=<stream sequence>", http.StatusBadRequest)
+	after, err := startAfter(r)
+	if err != nil {
+		http.Error(w, "want Last-Event-ID or ?after=<event id>: "+schemas.ReasonOf(err), http.StatusBadRequest)
 		return
 	}
 	fl, ok := w.(http.Flusher)
@@ -75,7 +74,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, string(eventfeed.CodeTooManyStreams), http.StatusTooManyRequests)
 		return
 	case schemas.CodeOf(err) == schemas.CodeInvalidInput:
-		http.Error(w, "want Last-Event-ID or ?after=<stream sequence>: "+schemas.ReasonOf(err), http.StatusBadRequest)
+		http.Error(w, "want Last-Event-ID or ?after=<event id>: "+schemas.ReasonOf(err), http.StatusBadRequest)
 		return
 	case err != nil:
 		http.Error(w, string(CodeUnavailable), http.StatusServiceUnavailable)
@@ -125,7 +124,7 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 		name, cards := s.liveCards(ctx, m, sess, mine)
 		var b strings.Builder
 		for _, html := range cards {
-			fmt.Fprintf(&b, "id: %d\nevent: %s\n", m.Seq, name)
+			fmt.Fprintf(&b, "id: %s\nevent: %s\n", m.ID, name)
 			for _, line := range strings.Split(html, "\n") {
 				fmt.Fprintf(&b, "data: %s\n", line)
 			}

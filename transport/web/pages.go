@@ -19,9 +19,10 @@ type page struct {
 	Title   string
 	Session *session // nil or signed out: the header offers sign-in
 	CSRF    string
-	// Live: the page opens the SSE stream, from the event after LastSeq.
+	// Live: the page opens the SSE stream, from the event after After (the
+	// event feed's position when the page was read: an eventfeed.Cursor).
 	Live    bool
-	LastSeq uint64
+	After   string
 	Message string
 	Code    string        // a reason code shown with Message
 	Cards   []*card       // the approval page's card (and a decision's answer without script)

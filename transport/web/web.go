@@ -135,7 +135,6 @@ type Config struct {
 type Server struct {
 	cfg      Config
 	store    *store.Store
-	events   jetstream.Stream
 	feed     *eventfeed.Feed
 	sessions *sessions
 	pages    map[string]*template.Template
@@ -212,16 +211,12 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("web: bucket %s: %w", topology.BucketWebSessions, err)
 	}
-	events, err := cfg.JS.Stream(ctx, topology.StreamEvents)
-	if err != nil {
-		return nil, fmt.Errorf("web: stream %s: %w", topology.StreamEvents, err)
-	}
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, store: store.New(b), events: events, feed: cfg.Events, pages: pages,
+		cfg: cfg, store: store.New(b), feed: cfg.Events, pages: pages,
 		sessions: newSessions(sessKV, cfg.SessionTTL, cfg.Now),
 		limiters: map[string]*rate.Limiter{},
 		visitors: visitorLimits{rate: cfg.VisitorRate, burst: cfg.VisitorBurst, by: map[string]*rate.Limiter{}},

@@ -189,6 +189,12 @@ class Errors(unittest.TestCase):
         self.assertEqual(e.exception.code, "INVALID_INPUT")
 
 
+def what(e: tollgate.Event) -> tuple:
+    """An event as two reads of it agree on: an id is the stream's position
+    after the event, so another read of the same event may carry another id."""
+    return (e.type, e.data)
+
+
 class Events(unittest.TestCase):
     def collect(self, it, n=None, timeout=20.0, until=None):
         """Reads it in a thread; fails if it has not ended (or given n
@@ -214,13 +220,16 @@ class Events(unittest.TestCase):
         self.assertEqual(first[0].type, "approval.requested")
         self.assertEqual(first[0].data["approval_id"], sub.calls[0].approval_id)
         tg.approve(sub.calls[0], "alice")
+        # An id is an opaque cursor string, sent back as it came.
+        self.assertIsInstance(first[0].id, str)
         rest = self.collect(tg.events(sub.turn_id, last_event_id=first[0].id))
         self.assertEqual(rest[-1].type, "turn.outcome")
         self.assertEqual(rest[-1].data["turn_id"], sub.turn_id)
         self.assertIn("approval.decided", [e.type for e in rest])
-        self.assertTrue(all(e.id > first[0].id for e in rest), "an event came twice")
+        self.assertTrue(all(isinstance(e.id, str) for e in rest))
+        self.assertNotIn("approval.requested", [e.type for e in rest], "an event came twice")
         whole = self.collect(tg.events(sub.turn_id))
-        self.assertEqual([e.id for e in whole], [e.id for e in first + rest], "resuming missed or repeated an event")
+        self.assertEqual([what(e) for e in whole], [what(e) for e in first + rest], "resuming missed or repeated an event")
 
     def test_a_stream_cut_off_is_resumed_with_last_event_id(self):
         proxy = CuttingProxy(int(dev.url.rsplit(":", 1)[1]))
@@ -231,24 +240,88 @@ class Events(unittest.TestCase):
         proxy.cut = True  # the next stream is cut after its first event
         got = self.collect(tg.events(sub.turn_id))
         whole = self.collect(client().events(sub.turn_id))
-        self.assertEqual([e.id for e in got], [e.id for e in whole])
+        self.assertEqual([what(e) for e in got], [what(e) for e in whole])
         self.assertEqual(got[-1].type, "turn.outcome")
-        self.assertEqual(proxy.last_event_ids, [None, str(got[0].id)], "the reconnect did not send Last-Event-ID")
+        self.assertEqual(proxy.last_event_ids, [None, got[0].id], "the reconnect did not send Last-Event-ID")
 
     def test_session_events_resume_and_follow_the_sessions_turns(self):
         s = session()
         tg = client(session_id=s, sender="alice")
+        # An id is an opaque cursor: the test resumes only after ids the
+        # gateway sent, never after one computed from them. A session's turns
+        # run one after another: the first ends (denied) before the second is
+        # submitted.
+        before = tg.submit([("echo", {"text": "before"})])
+        tg.deny(before.calls[0], "alice")
+        earlier = self.collect(tg.events(before.turn_id))[-1]
+        self.assertEqual(earlier.type, "turn.outcome")
         sub = tg.submit([("echo", {"text": "s"})])
-        requested = self.collect(tg.events(sub.turn_id), n=1)[0]
-        it = tg.session_events(s, last_event_id=requested.id - 1)
-        got = self.collect(it, n=1)  # closes it
-        self.assertEqual((got[0].id, got[0].type), (requested.id, "approval.requested"))
+        it = tg.session_events(s, last_event_id=earlier.id)
+        requested = self.collect(it, n=1)[0]  # closes it
+        self.assertIsInstance(requested.id, str)
+        self.assertEqual((requested.type, requested.data["turn_id"], requested.data["approval_id"]),
+                         ("approval.requested", sub.turn_id, sub.calls[0].approval_id))
         it = tg.session_events(s, last_event_id=requested.id)
         tg.approve(sub.calls[0], "alice")
         after = self.collect(it, until="turn.outcome")
         self.assertIn("approval.decided", [e.type for e in after])
         self.assertEqual({e.data["turn_id"] for e in after}, {sub.turn_id})
-        self.assertTrue(all(e.id > requested.id for e in after))
+        self.assertNotIn("approval.requested", [e.type for e in after], "an event came twice")
+
+    def test_an_event_id_is_an_opaque_string_sent_back_verbatim_to_resume(self):
+        # A fake gateway: each connection to a stream sends the event after
+        # Last-Event-ID and is then cut off; the client must reconnect with
+        # exactly the id it saw. "5" is an id of an earlier version (a bare
+        # decimal), which must come and go back as the string "5"; the dotted
+        # ids are cursors of this version.
+        ids = ["5", "5.1.0.0.2", "5.1.0.0.10", "6.1.0.0.10"]
+        seen: list = []
+
+        class Fake(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"  # the response ends when the connection closes
+
+            def do_GET(self) -> None:  # noqa: N802
+                last = self.headers.get("Last-Event-ID")
+                seen.append(last)
+                if last is not None and last not in ids[:-1]:
+                    self.send_error(400)
+                    return
+                i = 0 if last is None else ids.index(last) + 1
+                kind = "turn.outcome" if i == len(ids) - 1 else "approval.requested"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(f': tollgate events\n\nid: {ids[i]}\nevent: {kind}\ndata: {{"turn_id":"t-1","n":{i}}}\n\n'.encode())
+
+            def log_message(self, *args) -> None:
+                pass
+
+        fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+        threading.Thread(target=fake.serve_forever, daemon=True).start()
+        try:
+            tg = Client(f"http://127.0.0.1:{fake.server_address[1]}", "tg_x_y")
+            got = self.collect(tg.events("t-1"))
+            self.assertEqual([(e.id, e.type, e.data["n"]) for e in got], [
+                ("5", "approval.requested", 0), ("5.1.0.0.2", "approval.requested", 1),
+                ("5.1.0.0.10", "approval.requested", 2), ("6.1.0.0.10", "turn.outcome", 3)])
+            self.assertEqual(seen, [None, "5", "5.1.0.0.2", "5.1.0.0.10"])
+            # last_event_id goes out exactly as given (a dotted cursor), or
+            # as str() of an int from a caller of an earlier version.
+            seen.clear()
+            self.assertEqual([e.id for e in self.collect(tg.events("t-1", last_event_id="5.1.0.0.2"))],
+                             ["5.1.0.0.10", "6.1.0.0.10"])
+            self.assertEqual(seen, ["5.1.0.0.2", "5.1.0.0.10"])
+            seen.clear()
+            ev = self.collect(tg.session_events("s", last_event_id="5.1.0.0.10"), n=1)[0]
+            self.assertEqual(ev, tollgate.Event(id="6.1.0.0.10", type="turn.outcome", data={"turn_id": "t-1", "n": 3}))
+            self.assertEqual(seen, ["5.1.0.0.10"])
+            seen.clear()
+            self.assertEqual(self.collect(tg.events("t-1", last_event_id=5), n=1)[0].id, "5.1.0.0.2")
+            self.assertEqual(seen, ["5"])
+            self.assertEqual(tollgate.Event(id=5, type="x", data={}).id, "5")
+        finally:
+            fake.shutdown()
+            fake.server_close()
 
 
 class CuttingProxy:

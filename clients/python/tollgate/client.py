@@ -82,17 +82,20 @@ class Client:
             if t.terminal or time.monotonic() >= deadline:
                 return t
 
-    def events(self, turn_id: str, last_event_id: Optional[int] = None) -> Iterator[Event]:
+    def events(self, turn_id: str, last_event_id: Optional[str] = None) -> Iterator[Event]:
         """Iterates a turn's events (``GET /v1/turns/{id}/events``) from its
-        first, or from after ``last_event_id``, and ends after its
-        ``turn.outcome``. A connection that drops is resumed with
+        first, or from after ``last_event_id`` (the :attr:`Event.id` of the
+        last event seen: an opaque cursor string, sent back as it is; an
+        int, an id of an earlier version, is sent as ``str(id)``), and ends
+        after its ``turn.outcome``. A connection that drops is resumed with
         ``Last-Event-ID``: nothing missed, nothing twice."""
         return self._stream("/v1/turns/" + _seg(turn_id) + "/events", last_event_id, until_outcome=True)
 
-    def session_events(self, session_id: str, last_event_id: Optional[int] = None) -> Iterator[Event]:
+    def session_events(self, session_id: str, last_event_id: Optional[str] = None) -> Iterator[Event]:
         """Iterates the new events of a session's turns (``GET
-        /v1/events?session=``), or those after ``last_event_id``, resuming
-        after a disconnect like :meth:`events`; it does not end by itself."""
+        /v1/events?session=``), or those after ``last_event_id`` (an
+        :attr:`Event.id`, as for :meth:`events`), resuming after a
+        disconnect like :meth:`events`; it does not end by itself."""
         q = urllib.parse.urlencode({"session": session_id})
         return self._stream("/v1/events?" + q, last_event_id, until_outcome=False)
 
@@ -256,13 +259,16 @@ class Client:
             except (OSError, http.client.HTTPException) as e:
                 raise UnavailableError(f"{method} {path}: {e}") from e
 
-    def _stream(self, path: str, last_event_id: Optional[int], until_outcome: bool) -> Iterator[Event]:
-        last = last_event_id
+    def _stream(self, path: str, last_event_id: Optional[str], until_outcome: bool) -> Iterator[Event]:
+        # The id of the last event seen: an opaque cursor, sent back as
+        # Last-Event-ID exactly as it came (an int from a caller of an
+        # earlier version as its decimal).
+        last = None if last_event_id is None else str(last_event_id)
         failures = 0
         while True:
             headers = {"Accept": "text/event-stream"}
             if last is not None:
-                headers["Last-Event-ID"] = str(last)
+                headers["Last-Event-ID"] = last
             try:
                 # Heartbeats come every 15 s: a read silent for longer is a dead connection.
                 resp = self._request("GET", path, headers=headers, timeout=max(self.timeout, 45.0))
@@ -287,8 +293,9 @@ class Client:
 
 def _parse_sse(resp: Any) -> Iterator[Event]:
     """Reads Server-Sent Events (the subset the gateway sends: id, event,
-    data; comments are heartbeats) until the response ends."""
-    ev_id: Optional[int] = None
+    data; comments are heartbeats) until the response ends. An id is kept
+    as the string it came as (an opaque cursor), never parsed."""
+    ev_id: Optional[str] = None
     ev_type = "message"
     data: list[str] = []
     for raw in resp:
@@ -303,7 +310,7 @@ def _parse_sse(resp: Any) -> Iterator[Event]:
         name, _, value = line.partition(":")
         value = value[1:] if value.startswith(" ") else value
         if name == "id":
-            ev_id = int(value)
+            ev_id = value
         elif name == "event":
             ev_type = value
         elif name == "data":

@@ -161,9 +161,15 @@ class ApprovalPage:
 
 @dataclass(frozen=True)
 class Event:
-    """One Server-Sent Event: ``id`` its sequence in TOLLGATE_EVENTS (send
-    it back as ``last_event_id`` to resume), ``type`` its kind
+    """One Server-Sent Event: ``id`` its id, ``type`` its kind
     (``approval.requested``, ``turn.outcome``, ...), ``data`` its record.
+
+    ``id`` is an opaque cursor string (dot-separated decimals such as
+    ``"42.7.0.13.2"``; a gateway of an earlier version sends a bare decimal
+    such as ``"42"``): keep the last one seen as it is and send it back as
+    ``last_event_id`` to resume. Do not parse it, order events by it or
+    compute with it. An int given for ``id`` (an id of an earlier version)
+    is stored as ``str(id)``.
 
     ``batch.awaiting`` and ``redrive.started`` come only for turns of
     earlier versions (a turn of this version waits and starts in its turn's
@@ -171,9 +177,13 @@ class Event:
     that a turn waits, :meth:`Client.wait` (a long poll of ``GET
     /v1/turns/{id}``), :meth:`Client.turn` or ``turn.outcome`` that it moved
     on. ``type`` is any string, so those kinds still decode."""
-    id: int
+    id: str
     type: str
     data: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.id, int) and not isinstance(self.id, bool):
+            object.__setattr__(self, "id", str(self.id))
 
 
 T = typing.TypeVar("T")

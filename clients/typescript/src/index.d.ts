@@ -27,7 +27,12 @@ export declare const MAX_POLL_MS: number;
 export declare const WEBHOOK_TOLERANCE_SEC: number;
 
 /**
- * One Server-Sent Event: `id` its sequence (resume with `lastEventId`), `type` its kind, `data` its record.
+ * One Server-Sent Event: `id` its id, `type` its kind, `data` its record.
+ *
+ * `id` is an opaque cursor string (dot-separated decimals such as `"42.7.0.13.2"`;
+ * a gateway of an earlier version sends a bare decimal such as `"42"`): keep the last
+ * one seen verbatim and pass it back as `lastEventId` to resume. Do not parse it,
+ * order events by it or compute with it.
  *
  * `batch.awaiting` and `redrive.started` are sent only for turns of earlier versions: a turn of
  * this version waits and starts in its turn's log, which the event streams do not carry. An
@@ -35,7 +40,8 @@ export declare const WEBHOOK_TOLERANCE_SEC: number;
  * `GET /v1/turns/{id}`), `turn(id)` or the `turn.outcome` event that it moved on.
  */
 export interface TollgateEvent {
-  id: number;
+  /** Opaque cursor: send it back as is (`lastEventId`) to resume after this event. */
+  id: string;
   type: "approval.requested" | "approval.decided" | "approval.voted" | "redrive.deferred" | "redrive.failed" | "turn.outcome"
     /** Earlier versions' turns only (see above). */
     | "batch.awaiting" | "redrive.started" | (string & {});
@@ -90,8 +96,11 @@ export interface DecideOptions {
 }
 
 export interface StreamOptions {
-  /** Resume after this event id. */
-  lastEventId?: number;
+  /**
+   * Resume after this event: the `id` of the last event seen (an opaque cursor
+   * string, sent as `Last-Event-ID` exactly as given).
+   */
+  lastEventId?: string;
   signal?: AbortSignal;
 }
 

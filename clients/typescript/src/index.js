@@ -264,12 +264,16 @@ export class Client {
     }
   }
 
+  // The events of path, resumed after a disconnect with Last-Event-ID: the
+  // id of the last event seen, an opaque cursor sent back as it came
+  // (opts.lastEventId first; a number, an earlier version's id, is sent as
+  // its decimal).
   async *#stream(path, opts, untilOutcome) {
-    let last = opts.lastEventId;
+    let last = opts.lastEventId === undefined || opts.lastEventId === null ? undefined : String(opts.lastEventId);
     let failures = 0;
     for (;;) {
       const headers = { Accept: "text/event-stream" };
-      if (last !== undefined && last !== null) headers["Last-Event-ID"] = String(last);
+      if (last !== undefined) headers["Last-Event-ID"] = last;
       let conn;
       try {
         conn = await this.#request("GET", path, undefined, headers, 0, opts.signal);
@@ -308,7 +312,11 @@ function idem(key) {
   return key ? { "Idempotency-Key": key } : {};
 }
 
-/** Parses the Server-Sent Events the gateway sends (id, event, data; comments are heartbeats). */
+/**
+ * Parses the Server-Sent Events the gateway sends (id, event, data; comments are heartbeats).
+ * An event's id is an opaque cursor (e.g. "42.7.0.13.2", or "42" from an earlier
+ * version): kept as the string it came as, never parsed.
+ */
 async function* parseSSE(body, onData) {
   const reader = body.getReader();
   const dec = new TextDecoder();
@@ -334,7 +342,7 @@ async function* parseSSE(body, onData) {
         const name = i < 0 ? line : line.slice(0, i);
         let v = i < 0 ? "" : line.slice(i + 1);
         if (v.startsWith(" ")) v = v.slice(1);
-        if (name === "id") id = Number(v);
+        if (name === "id") id = v;
         else if (name === "event") type = v;
         else if (name === "data") data.push(v);
       }

@@ -62,6 +62,10 @@ async function rejectsWith(p, code, status) {
   return e;
 }
 
+/** An event as two reads of it agree on: an id is the stream's position
+ *  after the event, so another read of the same event may carry another id. */
+const what = (e) => JSON.stringify([e.type, e.data]);
+
 /** Reads an event iterator until it ends, n events, or one of type until; fails if that takes too long. */
 async function collect(it, { n, until, timeoutMs = 20_000 } = {}) {
   const out = [];
@@ -171,12 +175,15 @@ test("a turn's events resume after the last id and end with its outcome", async 
   assert.equal(first[0].type, "approval.requested");
   assert.equal(first[0].data.approval_id, sub.calls[0].approval_id);
   await tg.approve(sub.calls[0], "alice");
+  // An id is an opaque cursor string, sent back as it came.
+  assert.equal(typeof first[0].id, "string");
   const rest = await collect(tg.events(sub.turn_id, { lastEventId: first[0].id }));
   assert.equal(rest.at(-1).type, "turn.outcome");
   assert.ok(rest.some((e) => e.type === "approval.decided"));
-  assert.ok(rest.every((e) => e.id > first[0].id), "an event came twice");
+  assert.ok(rest.every((e) => typeof e.id === "string"));
+  assert.ok(!rest.some((e) => e.type === "approval.requested"), "an event came twice");
   const whole = await collect(tg.events(sub.turn_id));
-  assert.deepEqual(whole.map((e) => e.id), [...first, ...rest].map((e) => e.id));
+  assert.deepEqual(whole.map(what), [...first, ...rest].map(what), "resuming missed or repeated an event");
 });
 
 test("a stream cut off is resumed with Last-Event-ID", async () => {
@@ -188,9 +195,9 @@ test("a stream cut off is resumed with Last-Event-ID", async () => {
     proxy.cut = true;
     const got = await collect(tg.events(sub.turn_id));
     const whole = await collect(client().events(sub.turn_id));
-    assert.deepEqual(got.map((e) => e.id), whole.map((e) => e.id));
+    assert.deepEqual(got.map(what), whole.map(what));
     assert.equal(got.at(-1).type, "turn.outcome");
-    assert.deepEqual(proxy.lastEventIds, [null, String(got[0].id)], "the reconnect did not send Last-Event-ID");
+    assert.deepEqual(proxy.lastEventIds, [null, got[0].id], "the reconnect did not send Last-Event-ID");
   } finally {
     proxy.close();
   }
@@ -199,15 +206,66 @@ test("a stream cut off is resumed with Last-Event-ID", async () => {
 test("session events resume and follow the session's turns", async () => {
   const s = session();
   const tg = client({ sessionId: s, sender: "alice" });
+  // An id is an opaque cursor: the test resumes only after ids the gateway
+  // sent, never after one computed from them. A session's turns run one
+  // after another: the first ends (denied) before the second is submitted.
+  const before = await tg.submit([["echo", { text: "before" }]]);
+  await tg.deny(before.calls[0], "alice");
+  const earlier = (await collect(tg.events(before.turn_id))).at(-1);
+  assert.equal(earlier.type, "turn.outcome");
   const sub = await tg.submit([["echo", { text: "s" }]]);
-  const [requested] = await collect(tg.events(sub.turn_id), { n: 1 });
-  const [again] = await collect(tg.sessionEvents(s, { lastEventId: requested.id - 1 }), { n: 1 });
-  assert.deepEqual([again.id, again.type], [requested.id, "approval.requested"]);
+  const [requested] = await collect(tg.sessionEvents(s, { lastEventId: earlier.id }), { n: 1 });
+  assert.equal(typeof requested.id, "string");
+  assert.deepEqual([requested.type, requested.data.turn_id, requested.data.approval_id],
+    ["approval.requested", sub.turn_id, sub.calls[0].approval_id]);
   const it = tg.sessionEvents(s, { lastEventId: requested.id });
   await tg.approve(sub.calls[0], "alice");
   const later = await collect(it, { until: "turn.outcome" });
   assert.ok(later.some((e) => e.type === "approval.decided"));
+  assert.ok(!later.some((e) => e.type === "approval.requested"), "an event came twice");
   assert.deepEqual([...new Set(later.map((e) => e.data.turn_id))], [sub.turn_id]);
+});
+
+test("an event id is an opaque string, sent back verbatim to resume", async () => {
+  // A fake gateway: each connection to a stream sends the event after
+  // Last-Event-ID and is then cut off; the client must reconnect with exactly
+  // the id it saw. "5" is an id of an earlier version (a bare decimal), which
+  // must come and go back as the string "5"; the dotted ids are cursors of
+  // this version.
+  const ids = ["5", "5.1.0.0.2", "5.1.0.0.10", "6.1.0.0.10"];
+  const seen = [];
+  const fake = createHTTPServer((req, res) => {
+    const last = req.headers["last-event-id"] ?? null;
+    seen.push(last);
+    if (last !== null && !ids.slice(0, -1).includes(last)) return res.writeHead(400).end();
+    const i = last === null ? 0 : ids.indexOf(last) + 1;
+    res.writeHead(200, { "Content-Type": "text/event-stream" });
+    res.write(": tollgate events\n\n");
+    const type = i === ids.length - 1 ? "turn.outcome" : "approval.requested";
+    res.end(`id: ${ids[i]}\nevent: ${type}\ndata: {"turn_id":"t-1","n":${i}}\n\n`);
+  });
+  await new Promise((r) => fake.listen(0, "127.0.0.1", r));
+  try {
+    const tg = new Client({ url: `http://127.0.0.1:${fake.address().port}`, key: "tg_x_y" });
+    const got = await collect(tg.events("t-1"));
+    assert.deepEqual(got.map((e) => [e.id, e.type, e.data.n]),
+      [["5", "approval.requested", 0], ["5.1.0.0.2", "approval.requested", 1],
+        ["5.1.0.0.10", "approval.requested", 2], ["6.1.0.0.10", "turn.outcome", 3]]);
+    assert.deepEqual(seen, [null, "5", "5.1.0.0.2", "5.1.0.0.10"]);
+    // lastEventId goes out exactly as given, a dotted cursor or an old bare decimal.
+    seen.length = 0;
+    assert.deepEqual((await collect(tg.events("t-1", { lastEventId: "5.1.0.0.2" }))).map((e) => e.id), ["5.1.0.0.10", "6.1.0.0.10"]);
+    assert.deepEqual(seen, ["5.1.0.0.2", "5.1.0.0.10"]);
+    seen.length = 0;
+    const [ev] = await collect(tg.sessionEvents("s", { lastEventId: "5.1.0.0.10" }), { n: 1 });
+    assert.deepEqual(ev, { id: "6.1.0.0.10", type: "turn.outcome", data: { turn_id: "t-1", n: 3 } });
+    assert.deepEqual(seen, ["5.1.0.0.10"]);
+    seen.length = 0;
+    assert.equal((await collect(tg.events("t-1", { lastEventId: "5" }), { n: 1 }))[0].id, "5.1.0.0.2");
+    assert.deepEqual(seen, ["5"]);
+  } finally {
+    fake.close();
+  }
 });
 
 test("gated: the function runs only once a person approved, with the approved arguments", async () => {

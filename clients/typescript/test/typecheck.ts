@@ -14,13 +14,19 @@ export async function demo(): Promise<string> {
     d.status satisfies "approved" | "denied" | "expired" | "abandoned" | "submitted";
   }
   const done: Turn = await tg.wait(sub.turn_id, { timeoutMs: 30_000 });
-  for await (const ev of tg.events(sub.turn_id, { lastEventId: 0 })) {
+  let last: string | undefined;
+  for await (const ev of tg.events(sub.turn_id, { lastEventId: "42.7.0.13.2" })) {
     const e: TollgateEvent = ev;
     void e.data;
+    last = e.id; // an opaque cursor string
+    // @ts-expect-error an event id is not a number
+    const n: number = e.id;
+    void n;
     // An earlier version's turn still sends batch.awaiting and
     // redrive.started: the type keeps them.
     if (e.type === "batch.awaiting" || e.type === "redrive.started" || e.type === "approval.requested") void e.id;
   }
+  for await (const ev of tg.sessionEvents("demo", { lastEventId: last })) void ev.id.length;
   const write = tg.gated("write_file", (args: { path: string; content: string }) => args.path.length);
   try {
     const n: number = await write({ path: "a", content: "b" });
