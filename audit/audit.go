@@ -116,7 +116,10 @@ type Query struct {
 
 // Read reads the events q selects from TOLLGATE_EVENTS and (unless q
 // is about one approval) the accepted turns from TOLLGATE_TURNS and the
-// batches' moves from the turn logs (readTurnLogs), stored within
+// batches' moves from the turn logs (readTurnLogs), and the turns'
+// outcomes from the turn logs' outcome events (a published outcome is
+// read only for a turn whose log does not hold it: its batch kept in
+// tollgate_batches, or ended by an earlier version), stored within
 // [q.Since, q.Until], up to each stream's last message when it started. It
 // returns them oldest first: each stream in its order, the streams merged
 // by stream time. Messages it cannot decode are logged and left out.
@@ -142,11 +145,16 @@ func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
+	// A batch's moves are the turn's, never an approval's; an approval's
+	// call's result is in its turn's outcome.
+	logged := map[string]bool{} // turn id -> its log holds its outcome
+	if moves, err = readTurnLogs(ctx, js, q, sessions, keys, logged, log); err != nil {
+		return nil, err
+	}
+	// A turn's outcome is told once: from its log, where this version keeps
+	// it; its published copy only for a turn whose log does not hold it.
+	events = slices.DeleteFunc(events, func(e Event) bool { return (e.Kind == Outcome || e.Kind == Result) && logged[e.TurnID] })
 	if q.Approval == "" {
-		// A batch's moves are the turn's, never an approval's.
-		if moves, err = readTurnLogs(ctx, js, q, sessions, keys, log); err != nil {
-			return nil, err
-		}
 		// The turns stream is keyed by session, not turn: a turn's own
 		// session key narrows the read when one of its requested events or
 		// its batch carried its context.
@@ -262,31 +270,38 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 		e.Trigger, e.Pending = o.Trigger, o.Pending
 		return []Event{e}, "", nil
 	case *schemas.TurnOutcome:
-		o := rec
-		var out []Event
-		for _, r := range o.Results {
-			e := at
-			e.Kind, e.TurnID, e.CallID, e.ApprovalID, e.Tool = Result, o.TurnID, r.CallID, r.ApprovalID, r.Tool
-			e.Status, e.Code, e.Reason = string(r.Status), string(r.Code), r.Reason
-			out = append(out, e)
-		}
-		e := at
-		e.Kind, e.TurnID, e.Status, e.Code, e.Reason, e.Results = Outcome, o.TurnID, string(o.State), string(o.Code), o.Reason, len(o.Results)
-		return append(out, e), o.SessionID, nil
+		return outcomeEvents(at, rec), rec.SessionID, nil
 	}
 	return nil, "", fmt.Errorf("not an audited subject")
+}
+
+// outcomeEvents are the audit events of a turn's outcome, stamped like at:
+// one Result per result, then the Outcome.
+func outcomeEvents(at Event, o *schemas.TurnOutcome) []Event {
+	var out []Event
+	for _, r := range o.Results {
+		e := at
+		e.Kind, e.TurnID, e.CallID, e.ApprovalID, e.Tool = Result, o.TurnID, r.CallID, r.ApprovalID, r.Tool
+		e.Status, e.Code, e.Reason = string(r.Status), string(r.Code), r.Reason
+		out = append(out, e)
+	}
+	e := at
+	e.Kind, e.TurnID, e.Status, e.Code, e.Reason, e.Results = Outcome, o.TurnID, string(o.State), string(o.Code), o.Reason, len(o.Results)
+	return append(out, e)
 }
 
 // readTurnLogs reads the batches' moves that q selects from the turn logs:
 // one Batch event per move of a turn's batch to another state, at the
 // stream time and sequence of the first write that left it there (a
 // batch's writes in one state, such as a started batch's claims and
-// results, are one move). Only q.Turn's partition and subjects are read
-// when q names a turn. A turn's first event within [q.Since, q.Until] is a
+// results, are one move), and after the move that ends it the turn's
+// outcome (outcomeEvents of the record's outcome; its turn goes to
+// logged). Only q.Turn's partition and subjects are read when q names a
+// turn; only the outcome event of its turn when q names an approval. A turn's first event within [q.Since, q.Until] is a
 // move, whatever the state before it. Each batch's session, and its
 // session key, go to sessions and keys (turn id -> value) where not known
 // yet. A server provisioned before the turn logs has none: no events.
-func readTurnLogs(ctx context.Context, js jetstream.JetStream, q Query, sessions, keys map[string]string, log *slog.Logger) ([]Event, error) {
+func readTurnLogs(ctx context.Context, js jetstream.JetStream, q Query, sessions, keys map[string]string, logged map[string]bool, log *slog.Logger) ([]Event, error) {
 	logs, err := topology.OpenTurnLogs(ctx, js)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -298,14 +313,21 @@ func readTurnLogs(ctx context.Context, js jetstream.JetStream, q Query, sessions
 	for i := range parts {
 		parts[i] = i
 	}
-	if q.Turn != "" {
-		parts = []int{topology.TurnLogPartition(q.Turn, len(logs))}
+	turn := q.Turn
+	if q.Approval != "" {
+		turn = schemas.TurnIDOfApproval(q.Approval)
+	}
+	if turn != "" {
+		parts = []int{topology.TurnLogPartition(turn, len(logs))}
 	}
 	var all []Event
 	for _, i := range parts {
 		filter := topology.SubjectTurnLogPrefix + strconv.Itoa(i) + ".>"
-		if q.Turn != "" {
-			filter = topology.TurnLogWildcard(i, q.Turn)
+		switch {
+		case q.Approval != "": // its turn's outcome alone
+			filter = topology.TurnLogSubject(i, turn, topology.EventTurnOutcome)
+		case turn != "":
+			filter = topology.TurnLogWildcard(i, turn)
 		}
 		var moves []Event
 		state := map[string]schemas.BatchState{} // turn id -> its batch's state as last read
@@ -316,7 +338,14 @@ func readTurnLogs(ctx context.Context, js jetstream.JetStream, q Query, sessions
 				log.Warn("audit: skipped an undecodable event", "subject", m.Subject(), "seq", meta.Sequence.Stream, "err", err)
 				return
 			}
-			if prev, seen := state[b.TurnID]; seen && prev == b.State {
+			at := Event{Time: meta.Timestamp.UTC(), Stream: stream, Seq: meta.Sequence.Stream}
+			var outcome []Event
+			if _, _, event, _ := topology.ParseTurnLogSubject(m.Subject()); event == topology.EventTurnOutcome && b.Outcome != nil {
+				// The write that ends the batch keeps the turn's outcome.
+				outcome, logged[b.TurnID] = outcomeEvents(at, b.Outcome), true
+			}
+			if prev, seen := state[b.TurnID]; q.Approval != "" || seen && prev == b.State {
+				moves = append(moves, outcome...)
 				return // another write in the same state: a claim, a result
 			}
 			state[b.TurnID] = b.State
@@ -326,7 +355,7 @@ func readTurnLogs(ctx context.Context, js jetstream.JetStream, q Query, sessions
 			if b.Context != nil && keys[b.TurnID] == "" {
 				keys[b.TurnID] = schemas.SessionKeyOf(b.Context)
 			}
-			moves = append(moves, batchEvent(Event{Time: meta.Timestamp.UTC(), Stream: stream, Seq: meta.Sequence.Stream}, b))
+			moves = append(append(moves, batchEvent(at, b)), outcome...)
 		})
 		if err != nil {
 			return nil, err

@@ -102,6 +102,12 @@ func TestAudit(t *testing.T) {
 			if e.Kind == audit.Batch && e.Status == string(schemas.BatchAwaiting) && e.Pending != 1 {
 				t.Fatalf("batch awaiting = %+v, want 1 approval", e)
 			}
+			// The outcome and its results are read from the write that
+			// ended the batch, the log's outcome event (its published
+			// copy is not told again).
+			if (e.Kind == audit.Outcome || e.Kind == audit.Result) && (e.Stream != topology.TurnLogStream(p) || e.Seq != first[string(schemas.BatchCompleted)]) {
+				t.Fatalf("%s = %+v, want it from %s seq %d, the outcome event", e.Kind, e, topology.TurnLogStream(p), first[string(schemas.BatchCompleted)])
+			}
 		}
 	})
 
@@ -148,6 +154,14 @@ func TestAudit(t *testing.T) {
 			&schemas.RedriveOutcome{TurnID: old, Kind: schemas.RedriveStarted, Trigger: schemas.ApprovalID(old, 0), At: time.Now()})
 		if rows := rowsOf(auditJSON(t, url, "--turn", old)); !slices.Equal(rows, []string{"redrive||||started||"}) {
 			t.Fatalf("audit --turn %s: %v, want its redrive started event", old, rows)
+		}
+		// Its outcome was published, its log holds none: told from the
+		// published copy.
+		h.Publish(topology.EventSubject(topology.SubjectTurnOutcome, old), "",
+			&schemas.TurnOutcome{TurnID: old, SessionID: "s-old", State: schemas.TurnCompleted, Results: []schemas.ToolResult{}, FinishedAt: time.Now().UTC()})
+		got := auditJSON(t, url, "--turn", old)
+		if rows := rowsOf(got); !slices.Equal(rows, []string{"redrive||||started||", "outcome||||completed||"}) || got[1].Stream != topology.StreamEvents {
+			t.Fatalf("audit --turn %s: %v (outcome from %s), want its published outcome after its redrive", old, rows, got[len(got)-1].Stream)
 		}
 	})
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
 
 var chatCmd = &command{
@@ -98,18 +100,18 @@ func cmdChat(cmd *command, args []string) int {
 	// to the outcome: a turn with no calls and no reply says the same.
 
 	// Follow the events from before the message is published, so that
-	// nothing of the turn is missed.
+	// nothing of the turn is missed: TOLLGATE_EVENTS and the turns'
+	// outcomes, which the turn logs keep (transport/eventfeed merges them,
+	// each turn's outcome after its other events).
+	feed := eventfeed.New(c.js, slog.New(slog.DiscardHandler))
+	defer feed.Close()
 	cctx, cancel = c.ctx()
-	cons, err := c.js.OrderedConsumer(cctx, topology.StreamEvents, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	sub, err := feed.Subscribe(cctx, eventfeed.Options{New: true})
 	cancel()
 	if err != nil {
 		return c.fail("chat", err)
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return c.fail("chat", err)
-	}
-	defer it.Stop()
+	defer sub.Close()
 	pctx, pcancel := c.ctx()
 	err = bus.PublishRaw(pctx, c.js, subject, topology.InboundMsgID(*transport, msgID), data, nil)
 	pcancel()
@@ -122,7 +124,6 @@ func cmdChat(cmd *command, args []string) int {
 	defer stop()
 	ctx, cancelWait := context.WithTimeout(sig, *wait)
 	defer cancelWait()
-	go func() { <-ctx.Done(); it.Stop() }()
 	var lines chan string
 	if *answer {
 		lines = readLines(os.Stdin)
@@ -132,15 +133,15 @@ func cmdChat(cmd *command, args []string) int {
 		ch.enc = json.NewEncoder(os.Stdout)
 	}
 	for {
-		m, err := it.Next()
+		m, err := sub.Next(ctx)
 		if err != nil {
 			return fail("chat: stopped following turn %s before its outcome", turn)
 		}
-		id := m.Subject()[strings.LastIndexByte(m.Subject(), '.')+1:]
+		id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		if id != turn && !schemas.DescendsFrom(id, turn) {
 			continue
 		}
-		if done, code := ch.show(ctx, turn, m.Subject(), m.Data()); done {
+		if done, code := ch.show(ctx, turn, m.Subject, m.Data); done {
 			return code
 		}
 	}

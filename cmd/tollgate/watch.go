@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -93,8 +94,8 @@ func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.W
 	}
 	err := follow(topology.StreamEvents, events)
 	streams := topology.StreamEvents
+	var logs []jetstream.Stream
 	if err == nil {
-		var logs []jetstream.Stream
 		logs, err = topology.OpenTurnLogs(cctx, c.js)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			err = nil // a server provisioned before the turn logs: none to follow
@@ -130,7 +131,7 @@ func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.W
 		from += " of turn " + *turn
 	}
 	fmt.Fprintf(errOut, "tollgate watch: waiting for %s on %s (%s); Ctrl-C stops\n", from, streams, c.url)
-	p := &watchPrinter{out: out, json: c.json, states: map[string]schemas.BatchState{}}
+	p := &watchPrinter{out: out, json: c.json, states: map[string]schemas.BatchState{}, logs: logs}
 	p.enc = json.NewEncoder(out)
 	p.enc.SetEscapeHTML(false)
 	done := make(chan struct{}, len(its))
@@ -171,6 +172,9 @@ type watchPrinter struct {
 	// states is each followed turn's batch state as its log last said;
 	// a turn is forgotten once its batch ends.
 	states map[string]schemas.BatchState
+	// logs are the turn-log streams (none on a server provisioned before
+	// them).
+	logs []jetstream.Stream
 }
 
 // print writes m's line, or nothing for a turn-log write that leaves the
@@ -184,20 +188,48 @@ func (p *watchPrinter) print(m jetstream.Msg) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	line := ""
+	var outcome *schemas.TurnOutcome // the turn's outcome a log's outcome event keeps
 	if strings.HasPrefix(m.Subject(), topology.SubjectTurnLogPrefix) {
 		var ok bool
 		if line, ok = p.batchMove(m.Data()); !ok {
 			return
 		}
+		if _, turn, event, _ := topology.ParseTurnLogSubject(m.Subject()); event == topology.EventTurnOutcome {
+			outcome, _ = outcomes.Decode(turn, m.Data())
+		}
+	} else if turn, ok := strings.CutPrefix(m.Subject(), topology.SubjectTurnOutcome); ok && p.logHolds(turn) {
+		return // a published copy: the turn's outcome is shown from its log
 	}
+	p.line(ts, m.Subject(), m.Data(), line)
+	if outcome != nil {
+		data, err := schemas.Encode(outcome)
+		if err == nil {
+			p.line(ts, topology.EventSubject(topology.SubjectTurnOutcome, outcome.TurnID), data, "")
+		}
+	}
+}
+
+// line writes one event's line (its summary unless line is given), or its
+// JSON object.
+func (p *watchPrinter) line(ts time.Time, subject string, data []byte, line string) {
 	if p.json {
-		_ = p.enc.Encode(map[string]any{"subject": m.Subject(), "time": ts.UTC(), "event": asMap(m.Data())})
+		_ = p.enc.Encode(map[string]any{"subject": subject, "time": ts.UTC(), "event": asMap(data)})
 		return
 	}
 	if line == "" {
-		line = summary(m.Subject(), m.Data())
+		line = summary(subject, data)
 	}
-	fmt.Fprintf(p.out, "%s  %-48s %s\n", ts.Format("15:04:05.000"), m.Subject(), line)
+	fmt.Fprintf(p.out, "%s  %-48s %s\n", ts.Format("15:04:05.000"), subject, line)
+}
+
+// logHolds reports whether turn's log holds its outcome event, which
+// watch shows (as the outcome event it replaces) in place of the
+// published copy. The log is written before the copy is published.
+func (p *watchPrinter) logHolds(turn string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, ok, _ := outcomes.Logged(ctx, p.logs, turn)
+	return ok
 }
 
 // batchMove is the line of a turn-log event, and whether it moved its

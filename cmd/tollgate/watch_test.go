@@ -69,6 +69,14 @@ func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
 	for (count("batch "+turn+" completed") == 0 || count(topology.SubjectTurnOutcome) == 0) && sc.Scan() {
 		lines = append(lines, sc.Text())
 	}
+	// Wait for a later fact, an event stored after the outcome was
+	// published, then count the outcomes: the published copy is not shown
+	// again (the log's outcome event is).
+	marker := "tollgate.event.test.marker." + turn
+	h.Publish(marker, "", &schemas.DecisionRejected{DecisionID: "d-marker", ApprovalID: schemas.ApprovalID(turn, 0), Code: schemas.CodeInvalidInput, Reason: "marker"})
+	for count(marker) == 0 && sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
 	cancel()
 	go func() { _, _ = io.Copy(io.Discard, r) }()
 	if code := <-done; code != 0 {
@@ -79,6 +87,7 @@ func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
 		"batch " + turn + " running", "batch " + turn + " awaiting (2 approvals)",
 		"batch " + turn + " started (approvals decided, calls free to run)", "batch " + turn + " completed (2 results)",
 		topology.TurnLogSubject(p, turn, string(schemas.BatchStarted)),
+		topology.EventSubject(topology.SubjectTurnOutcome, turn), "turn " + turn + " completed (2 results)", marker,
 	} {
 		if n := count(want); n != 1 {
 			t.Errorf("watch printed %q %d times, want once:\n%s", want, n, all)
