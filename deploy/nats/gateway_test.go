@@ -81,6 +81,9 @@ func TestGatewayUserServesTheAPI(t *testing.T) {
 			t.Errorf("Serve: %v", err)
 		}
 	})
+	// The webhooks' consumers start with the events stored after they are
+	// made: wait for them before the turn.
+	jstest.Eventually(t, wait, "the webhooks' consumers consume", func() bool { return hooks.Ready() == nil })
 	srv := struct{ URL string }{"http://" + ln.Addr().String()}
 	do := func(method, path string, body any, out any, hdr ...string) int {
 		t.Helper()

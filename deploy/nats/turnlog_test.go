@@ -287,7 +287,9 @@ func TestTurnLogGrantsNameEveryPartition(t *testing.T) {
 		// The gateway's event feed (transport/eventfeed): ordered pull
 		// consumers of the outcome events, all turns' or one turn's.
 		want["gateway"] = append(want["gateway"], api+"CONSUMER.CREATE."+stream+".*."+topology.SubjectTurnLogPrefix+strconv.Itoa(i)+".*.outcome",
-			api+"CONSUMER.MSG.NEXT."+stream+".*", api+"CONSUMER.DELETE."+stream+".*")
+			api+"CONSUMER.MSG.NEXT."+stream+".*", api+"CONSUMER.DELETE."+stream+".*",
+			// and its webhooks' outcome followers, durables of any name.
+			api+"CONSUMER.INFO."+stream+".*", "$JS.ACK."+stream+".*.>")
 		// The outcome followers (pipeline/outcomes): a durable of a fixed
 		// name created with the one filter of the outcome events, and for
 		// the transports the look-up and the read of an outcome event.

@@ -51,6 +51,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
@@ -61,9 +62,11 @@ import (
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
-// Handler handles one turn's outcome. Its error is the runner's to act on
-// (pipeline/runner: transient, permanent, Waiting).
-type Handler func(context.Context, *schemas.TurnOutcome) error
+// Handler handles one turn's outcome; m is the message that carried it
+// (the log's outcome event, or the published copy given to Published),
+// for its metadata (stored time, deliveries). Its error is the runner's to
+// act on (pipeline/runner: transient, permanent, Waiting).
+type Handler func(ctx context.Context, o *schemas.TurnOutcome, m jetstream.Msg) error
 
 // Config wires a Follower.
 type Config struct {
@@ -86,9 +89,12 @@ type Config struct {
 	// the events of other turns are acknowledged without being decoded
 	// (the planner reads only its step batches').
 	Wants func(turn string) bool
-	// OnDeadLetter and TracerProvider are the runners' (runner.Config).
-	OnDeadLetter   func(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error
-	TracerProvider trace.TracerProvider
+	// OnDeadLetter, TracerProvider, MaxAttempts, BaseDelay and MaxDelay
+	// are the runners' (runner.Config).
+	OnDeadLetter        func(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error
+	TracerProvider      trace.TracerProvider
+	MaxAttempts         int
+	BaseDelay, MaxDelay time.Duration
 }
 
 // Validate reports what is missing from c.
@@ -143,6 +149,7 @@ func New(ctx context.Context, cfg Config) (*Follower, error) {
 			Component: cfg.Component, Stream: topology.TurnLogStream(i), Consumer: cc,
 			Handler: f.handle, JS: cfg.JS, Logger: cfg.Logger, Metrics: cfg.Metrics,
 			Concurrency: cfg.Concurrency, ShardKey: shardKey, OnDeadLetter: cfg.OnDeadLetter, TracerProvider: cfg.TracerProvider,
+			MaxAttempts: cfg.MaxAttempts, BaseDelay: cfg.BaseDelay, MaxDelay: cfg.MaxDelay,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%s: outcomes: %w", cfg.Component, err)
@@ -233,7 +240,7 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	return f.cfg.Handler(ctx, o)
+	return f.cfg.Handler(ctx, o, m)
 }
 
 // ErrNoOutcome: an outcome event whose record holds no outcome. An
@@ -280,15 +287,16 @@ func Logged(ctx context.Context, logs []jetstream.Stream, turn string) (uint64, 
 }
 
 // Published hands o, an outcome published on
-// tollgate.event.turn.outcome, to the handler unless the follower's
-// consumers deliver that turn's outcome from its log (the package doc).
-// Its error is transient (the log could not be read) or the handler's.
-func (f *Follower) Published(ctx context.Context, o *schemas.TurnOutcome) error {
+// tollgate.event.turn.outcome (m, its message), to the handler unless the
+// follower's consumers deliver that turn's outcome from its log (the
+// package doc). Its error is transient (the log could not be read) or the
+// handler's.
+func (f *Follower) Published(ctx context.Context, o *schemas.TurnOutcome, m jetstream.Msg) error {
 	logged, err := f.Delivers(ctx, o.TurnID)
 	if err != nil || logged {
 		return err
 	}
-	return f.cfg.Handler(ctx, o)
+	return f.cfg.Handler(ctx, o, m)
 }
 
 // Delivers reports whether the follower's consumer of turn's partition

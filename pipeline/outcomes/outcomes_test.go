@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -25,7 +27,7 @@ type heard struct {
 	seen []string
 }
 
-func (h *heard) handle(_ context.Context, o *schemas.TurnOutcome) error {
+func (h *heard) handle(_ context.Context, o *schemas.TurnOutcome, _ jetstream.Msg) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.seen = append(h.seen, o.TurnID)
@@ -141,7 +143,7 @@ func (f *fixture) endAsEarlierVersion(t *testing.T, turn string) *schemas.TurnOu
 
 func published(t *testing.T, fl *outcomes.Follower, o *schemas.TurnOutcome) {
 	t.Helper()
-	if err := fl.Published(context.Background(), o); err != nil {
+	if err := fl.Published(context.Background(), o, nil); err != nil {
 		t.Fatal(err)
 	}
 }

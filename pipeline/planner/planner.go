@@ -208,7 +208,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	handlers := []runner.Handler{p.Handle, p.HandleOutcome}
 	follower, err := outcomes.New(ctx, outcomes.Config{
 		Component: Stage, Durable: topology.ConsumerPlanner, Description: "Tollgate planner: its step batches' outcomes",
-		JS: p.cfg.JS, Handler: p.stepOutcome, Logger: p.cfg.Logger, Metrics: p.cfg.Metrics, Concurrency: p.cfg.Concurrency,
+		JS: p.cfg.JS, Handler: func(ctx context.Context, o *schemas.TurnOutcome, _ jetstream.Msg) error { return p.stepOutcome(ctx, o) }, Logger: p.cfg.Logger, Metrics: p.cfg.Metrics, Concurrency: p.cfg.Concurrency,
 		Wants:        func(turn string) bool { _, _, step := schemas.PlannerStepOf(turn); return step },
 		OnDeadLetter: p.abort, TracerProvider: p.cfg.TracerProvider,
 	})
@@ -269,7 +269,7 @@ func (p *Planner) HandleOutcome(ctx context.Context, m jetstream.Msg) error {
 	}
 	// Only when the turn logs' consumers do not deliver it (a step batch
 	// an earlier version ended, or one kept in tollgate_batches).
-	return p.outcomes.Published(ctx, o)
+	return p.outcomes.Published(ctx, o, m)
 }
 
 // stepOutcome goes on with the loop of a step batch that ended: the

@@ -174,7 +174,9 @@ func New[M any](ctx context.Context, cfg Config, p Platform[M]) (*Transport[M], 
 	}
 	t.outcomes, err = outcomes.New(ctx, outcomes.Config{
 		Component: cfg.Name, Durable: Durable(cfg.Name), Description: "Tollgate " + cfg.Title + " transport: turns' outcomes",
-		JS: cfg.JS, Handler: t.DeliverOutcome, Logger: t.log.With("stage", cfg.Name), Metrics: rm, Concurrency: 8,
+		JS: cfg.JS, Handler: func(ctx context.Context, o *schemas.TurnOutcome, _ jetstream.Msg) error {
+			return t.DeliverOutcome(ctx, o)
+		}, Logger: t.log.With("stage", cfg.Name), Metrics: rm, Concurrency: 8,
 	})
 	if err != nil {
 		return nil, err
@@ -256,6 +258,6 @@ func (t *Transport[M]) handleEvent(ctx context.Context, m jetstream.Msg) error {
 	return HandleEvent(ctx, t.cfg.Name, Handlers{
 		// A published outcome is delivered only when the turn logs'
 		// consumers do not deliver it (outcomes.Follower.Published).
-		Prompt: t.prompt, ClosePrompt: t.closePrompt, Outcome: t.outcomes.Published, Reply: t.DeliverReply, Rejected: t.rejected,
+		Prompt: t.prompt, ClosePrompt: t.closePrompt, Outcome: func(ctx context.Context, o *schemas.TurnOutcome) error { return t.outcomes.Published(ctx, o, m) }, Reply: t.DeliverReply, Rejected: t.rejected,
 	}, m)
 }

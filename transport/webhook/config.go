@@ -25,8 +25,9 @@ type Event string
 
 // The events a subscriber can receive, named as in the body's "type".
 const (
-	// EventOutcome: a turn reached its terminal outcome (TurnOutcome, on
-	// tollgate.event.turn.outcome.<turn>).
+	// EventOutcome: a turn reached its terminal outcome (TurnOutcome, kept
+	// by the turn log's outcome event; for a turn an earlier version ended,
+	// on tollgate.event.turn.outcome.<turn>).
 	EventOutcome Event = "outcome"
 	// EventApprovalRequested: a call waits for a person (ApprovalRecord, on
 	// tollgate.event.approval.requested.<turn>).

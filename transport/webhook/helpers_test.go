@@ -195,13 +195,14 @@ func startDispatcher(t *testing.T, js jetstream.JetStream, cfg webhook.Config) *
 		})
 	}
 	t.Cleanup(stop)
+	jstest.Eventually(t, wait, "the subscribers' consumers consume", func() bool { return d.Ready() == nil })
 	for _, s := range cfg.Subscribers {
-		jstest.Eventually(t, wait, "consumer of subscriber "+s.ID, func() bool {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			_, err := js.Consumer(ctx, topology.StreamEvents, webhook.Durable(s.ID))
-			return err == nil
-		})
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		_, err := js.Consumer(ctx, topology.StreamEvents, webhook.Durable(s.ID))
+		cancel()
+		if err != nil {
+			t.Fatalf("ready, but no consumer of subscriber %s: %v", s.ID, err)
+		}
 	}
 	return &dispatcher{reg: reg, stop: stop}
 }

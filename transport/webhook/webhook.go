@@ -14,13 +14,28 @@
 //   - Delivery is at least once. Receivers dedupe by the webhook-id header:
 //     the event's Nats-Msg-Id (requested:<approval>, decided:<approval>,
 //     outcome:<turn>), the same for every attempt and every subscriber.
-//   - Order: a subscriber's events are sent one at a time, in stream order
-//     (the consumer allows one unacknowledged message), so a turn's
-//     approval.requested, approval.decided and outcome arrive in the order
-//     they happened, across restarts and across several dispatchers
-//     sharing the consumer. The price is head-of-line blocking: while one
-//     event is being retried, that subscriber's later events wait (other
-//     subscribers are not held up).
+//   - Turns' outcomes are read where the write that ends a turn keeps
+//     them, the turn logs' outcome events (docs/protocol.md §4.2a): each
+//     subscriber that asks for outcomes also has an outcome follower
+//     (pipeline/outcomes), one durable per partition,
+//     webhook-<id>-outcome-<i>, made when the dispatcher starts (after
+//     each partition's last message). An outcome also published on
+//     tollgate.event.turn.outcome (a turn an earlier version ended, or
+//     kept in tollgate_batches; and, while the publish lasts, every turn)
+//     is sent from its published copy only when the log does not keep it:
+//     each outcome is sent once, with the same webhook-id either way.
+//   - Order: a subscriber's approval events are sent one at a time, in
+//     stream order (the consumer allows one unacknowledged message), and a
+//     turn's outcome only once that consumer has passed every event of the
+//     turn the subscriber follows (its ack floor has reached the turn's
+//     last such event), so a turn's approval.requested, approval.decided
+//     and outcome arrive in the order they happened, across restarts and
+//     across several dispatchers sharing the consumers. Outcomes of
+//     different turns may arrive in another order than they ended, and up
+//     to one per partition at once. The price is head-of-line blocking:
+//     while one event is being retried, that subscriber's later approval
+//     events, and the outcomes of its turn, wait (other subscribers are
+//     not held up).
 //   - A 2xx answer is delivered. 410 Gone is not retried: the event is
 //     dead-lettered at once (the receiver said it wants no more; remove the
 //     subscriber from the configuration). Any other answer, a 3xx
@@ -56,6 +71,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -65,6 +81,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/metrics"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -89,7 +106,31 @@ const (
 
 // Dispatcher delivers events to the configured subscribers.
 type Dispatcher struct {
+	js      jetstream.JetStream
+	cfg     Config
+	metrics *runner.Metrics
+	subs    []*subscriber
 	runners []*runner.Runner
+
+	mu      sync.Mutex
+	running []*runner.Runner // Run's: the events consumers' and the outcome followers'
+}
+
+// Ready is nil once every subscriber's consumers consume (Run has made
+// them, events and outcome followers alike): events stored from then on
+// reach every subscriber.
+func (d *Dispatcher) Ready() error {
+	d.mu.Lock()
+	running := d.running
+	d.mu.Unlock()
+	if len(d.runners) > 0 && running == nil {
+		return errors.New("webhook: not running")
+	}
+	var errs []error
+	for _, r := range running {
+		errs = append(errs, r.Ready())
+	}
+	return errors.Join(errs...)
 }
 
 // New validates cfg and builds a dispatcher on js. Nothing touches the
@@ -119,7 +160,7 @@ func New(js jetstream.JetStream, cfg Config) (*Dispatcher, error) {
 	approvals := &approvalBucket{js: js}
 	rm := runner.NewMetrics(cfg.Registerer)
 
-	d := &Dispatcher{}
+	d := &Dispatcher{js: js, cfg: cfg, metrics: rm}
 	for _, s := range cfg.Subscribers {
 		key, _ := secretKey(s.Secret) // checked by Validate
 		sub := &subscriber{
@@ -134,9 +175,13 @@ func New(js jetstream.JetStream, cfg Config) (*Dispatcher, error) {
 		for k, v := range s.Headers {
 			sub.headers.Set(k, v)
 		}
+		cc := consumer(s)
+		sub.follows = cc.FilterSubjects
+		sub.outcomes = slices.Contains(cc.FilterSubjects, subjectPrefix[EventOutcome]+"*")
+		d.subs = append(d.subs, sub)
 		name := Component(s.ID)
 		r, err := runner.New(runner.Config{
-			Component: name, Stream: topology.StreamEvents, Consumer: consumer(s),
+			Component: name, Stream: topology.StreamEvents, Consumer: cc,
 			Handler: sub.handle, JS: js, Logger: cfg.Logger.With("stage", name), Metrics: rm,
 			MaxAttempts: cfg.Retry.Attempts, BaseDelay: cfg.Retry.Base, MaxDelay: cfg.Retry.Max,
 			Concurrency: 1,
@@ -182,19 +227,45 @@ var subjectPrefix = map[Event]string{
 	EventApprovalDecided:   topology.SubjectApprovalDecided,
 }
 
-// Run creates or updates every subscriber's consumer and delivers events
-// until ctx is cancelled; then it finishes the deliveries under way and
-// returns nil. It returns an error when a consumer cannot be created (the
-// other subscribers are stopped too).
+// Run creates or updates every subscriber's consumer, and the outcome
+// followers' of those that ask for outcomes, and delivers events until ctx
+// is cancelled; then it finishes the deliveries under way and returns
+// nil. It returns an error when a consumer cannot be created (the other
+// subscribers are stopped too).
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if len(d.runners) == 0 {
 		<-ctx.Done()
 		return nil
 	}
+	runners := slices.Clone(d.runners)
+	events, err := d.js.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		return fmt.Errorf("webhook: stream %s: %w", topology.StreamEvents, err)
+	}
+	for _, s := range d.subs {
+		s.events = events
+		if !s.outcomes {
+			continue
+		}
+		name := Component(s.id)
+		f, err := outcomes.New(ctx, outcomes.Config{
+			Component: name, Durable: Durable(s.id), Description: "Tollgate outgoing webhooks of subscriber " + s.id + ": turns' outcomes",
+			JS: d.js, Handler: s.outcome, Logger: d.cfg.Logger.With("stage", name), Metrics: d.metrics,
+			MaxAttempts: d.cfg.Retry.Attempts, BaseDelay: d.cfg.Retry.Base, MaxDelay: d.cfg.Retry.Max,
+		})
+		if err != nil {
+			return fmt.Errorf("webhook: subscriber %q: %w", s.id, err)
+		}
+		s.follower = f
+		runners = append(runners, f.Runners()...)
+	}
+	d.mu.Lock()
+	d.running = runners
+	d.mu.Unlock()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, len(d.runners))
-	for _, r := range d.runners {
+	errs := make(chan error, len(runners))
+	for _, r := range runners {
 		go func() {
 			err := r.Run(ctx)
 			if err != nil {
@@ -204,7 +275,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		}()
 	}
 	var all []error
-	for range d.runners {
+	for range runners {
 		if err := <-errs; err != nil {
 			all = append(all, err)
 		}
@@ -228,6 +299,11 @@ type subscriber struct {
 	approvals                        *approvalBucket
 	log                              *slog.Logger
 	delivered, failed, undeliverable prometheus.Counter
+
+	follows  []string           // its events consumer's filter subjects
+	outcomes bool               // it asks for outcomes: follower is set by Run
+	follower *outcomes.Follower // the turn logs' outcome events
+	events   jetstream.Stream   // TOLLGATE_EVENTS, for a turn's last event
 }
 
 func set(xs []string) map[string]bool {
@@ -238,13 +314,91 @@ func set(xs []string) map[string]bool {
 	return m
 }
 
-// handle delivers one event to the subscriber, if it selects it. See the
-// package doc for what each answer leads to.
+// handle delivers one event of the subscriber's consumer, if it selects
+// it; a published outcome goes through the follower, which drops it when
+// the turn's log keeps it (the package doc).
 func (s *subscriber) handle(ctx context.Context, m jetstream.Msg) error {
 	ev, err := decode(m)
 	if err != nil {
 		return err
 	}
+	if o, ok := ev.record.(*schemas.TurnOutcome); ok && s.follower != nil {
+		return s.follower.Published(ctx, o, m)
+	}
+	return s.deliver(ctx, ev, m)
+}
+
+// outcome delivers a turn's outcome the follower hands over, from the
+// turn's log (once the subscriber's consumer has passed the turn's
+// events: waitForEvents) or from its published copy.
+func (s *subscriber) outcome(ctx context.Context, o *schemas.TurnOutcome, m jetstream.Msg) error {
+	if _, _, _, logged := topology.ParseTurnLogSubject(m.Subject()); !logged {
+		ev, err := decode(m)
+		if err != nil {
+			return err
+		}
+		return s.deliver(ctx, ev, m)
+	}
+	ev := outcomeEvent(o)
+	if meta, err := m.Metadata(); err == nil {
+		ev.stored = meta.Timestamp
+	}
+	if ok, err := s.selects(ctx, ev); err != nil || !ok {
+		return err
+	}
+	if err := s.waitForEvents(ctx, o.TurnID); err != nil {
+		return err
+	}
+	return s.deliver(ctx, ev, m)
+}
+
+// eventsPoll is how often waitForEvents looks at the consumer again.
+const eventsPoll = 200 * time.Millisecond
+
+// waitForEvents returns once the subscriber's events consumer has passed
+// the last event of turn it follows (its ack floor: delivered, or given
+// up and dead-lettered), so that the turn's outcome is sent after them.
+// The wait is bounded by that consumer's retries of the event it holds;
+// it also ends with ctx. An error reading the stream or the consumer is
+// transient.
+func (s *subscriber) waitForEvents(ctx context.Context, turn string) error {
+	var last uint64
+	for _, f := range s.follows {
+		prefix, ok := strings.CutSuffix(f, "*")
+		if !ok || prefix == topology.SubjectTurnOutcome {
+			continue // the outcome's published copy is never sent for a logged turn
+		}
+		m, err := s.events.GetLastMsgForSubject(ctx, prefix+turn)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return fmt.Errorf("subscriber %s: the last events of turn %s: %w", s.id, turn, err)
+		default:
+			last = max(last, m.Sequence)
+		}
+	}
+	if last == 0 {
+		return nil
+	}
+	for {
+		info, err := s.events.Consumer(ctx, Durable(s.id))
+		if err != nil {
+			return fmt.Errorf("subscriber %s: consumer: %w", s.id, err)
+		}
+		if info.CachedInfo().AckFloor.Stream >= last {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(eventsPoll):
+		}
+	}
+}
+
+// deliver sends ev (carried by m) to the subscriber, if it selects it.
+// See the package doc for what each answer leads to.
+func (s *subscriber) deliver(ctx context.Context, ev *event, m jetstream.Msg) error {
 	ok, err := s.selects(ctx, ev)
 	if err != nil || !ok {
 		return err
@@ -371,10 +525,10 @@ func decode(m jetstream.Msg) (*event, error) {
 	}
 	switch rec := rec.(type) {
 	case *schemas.TurnOutcome:
-		o := rec
-		ev.kind, ev.record, ev.session, ev.transport = EventOutcome, o, o.SessionID, o.Reply.Transport
-		ev.nowhere = o.Audience == ""
-		fallbackID = topology.OutcomeMsgID(o.TurnID)
+		stored, id := ev.stored, ev.id
+		ev = outcomeEvent(rec)
+		ev.stored, ev.id = stored, id
+		fallbackID = topology.OutcomeMsgID(rec.TurnID)
 	case *schemas.ApprovalRecord:
 		a := rec
 		ev.kind, ev.record, ev.session = EventApprovalRequested, a, a.SessionID
@@ -391,6 +545,14 @@ func decode(m jetstream.Msg) (*event, error) {
 		ev.id = fallbackID
 	}
 	return ev, nil
+}
+
+// outcomeEvent is the event of turn outcome o, whichever message carried
+// it: its webhook-id is the published copy's message id,
+// topology.OutcomeMsgID, so that a receiver dedupes the two.
+func outcomeEvent(o *schemas.TurnOutcome) *event {
+	return &event{kind: EventOutcome, id: topology.OutcomeMsgID(o.TurnID), record: o, session: o.SessionID,
+		transport: o.Reply.Transport, nowhere: o.Audience == "", stored: o.FinishedAt}
 }
 
 // body is the JSON body of ev: its type, when it was stored, and the

@@ -2,6 +2,7 @@ package webhook_test
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"slices"
@@ -11,12 +12,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/webhook"
 )
@@ -361,8 +364,8 @@ func TestLoadConfig(t *testing.T) {
 	})
 }
 
-// Run fails, and stops every subscriber, when a consumer cannot be
-// created (here: no events stream).
+// Run fails before starting any subscriber when the events stream is
+// missing (no consumer could be created).
 func TestRunFailsWithoutTheEventsStream(t *testing.T) {
 	env := jstest.Start(t)
 	if err := env.JS.DeleteStream(jstest.Ctx(t), topology.StreamEvents); err != nil {
@@ -380,10 +383,101 @@ func TestRunFailsWithoutTheEventsStream(t *testing.T) {
 	go func() { done <- d.Run(jstest.Ctx(t)) }()
 	select {
 	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "webhook-a") || !strings.Contains(err.Error(), "webhook-b") {
-			t.Fatalf("Run = %v, want an error naming both consumers", err)
+		if err == nil || !strings.Contains(err.Error(), topology.StreamEvents) || !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Fatalf("Run = %v, want an error saying the events stream is missing", err)
 		}
 	case <-jstest.After(wait):
 		t.Fatal("Run did not return")
 	}
+}
+
+// A turn's outcome kept in its log (the write that ended the turn) is
+// sent after the turn's approval events, even while those are being
+// retried (it is not even attempted before), and once: its published copy
+// is not sent again. An outcome kept only in its log is sent too.
+func TestALoggedOutcomeWaitsForItsTurnsEventsAndComesOnce(t *testing.T) {
+	env := jstest.Start(t)
+	rcv := newReceiver(t)
+	rcv.answer(http.StatusInternalServerError)
+	d := startDispatcher(t, env.JS, webhook.Config{
+		Subscribers: []webhook.Subscriber{{ID: "ops", URL: rcv.URL("/in"), Secret: newSecret(t), Sessions: []string{"s1"}}},
+		Retry:       webhook.Retry{Attempts: 1000, Base: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+		Timeout:     2 * time.Second,
+	})
+	req := requestApproval(t, env.JS, approval("t-1", "cli", "s1"))
+	dec := decide(t, env.JS, schemas.ApprovalID("t-1", 0), "t-1", "s1")
+	out := endInLog(t, env, "t-1", "s1")
+	outcome(t, env.JS, "t-1", "cli", "s1", schemas.AudiencePersonal) // its published copy
+	alone := endInLog(t, env, "t-2", "s1")                           // kept in its log alone
+	jstest.Eventually(t, wait, "the approval requested event retried", func() bool {
+		return d.deliveries(t, "ops", webhook.ResultFailed) >= 3
+	})
+	if slices.ContainsFunc(rcv.requests("/in"), func(q request) bool { return q.ID() == out }) {
+		t.Fatalf("the outcome of t-1 was sent before its approval events were delivered: %v", firstIDs(rcv.requests("/in")))
+	}
+	rcv.answer(http.StatusOK)
+	rcv.waitFor("/in", out)
+	rcv.waitFor("/in", alone)
+	// Later facts, then the absences: an approval event after t-1's
+	// published outcome, and an outcome kept in the log of t-1's
+	// partition after t-1's (each partition's outcomes are sent in order).
+	marker := requestApproval(t, env.JS, approval("t-3", "cli", "s1"))
+	parts := len(env.Buckets.TurnLogs)
+	after := ""
+	for i := 0; after == ""; i++ {
+		if c := "t-m" + strconv.Itoa(i); topology.TurnLogPartition(c, parts) == topology.TurnLogPartition("t-1", parts) {
+			after = endInLog(t, env, c, "s1")
+		}
+	}
+	rcv.waitFor("/in", marker)
+	reqs := rcv.waitFor("/in", after)
+	var order []string // t-1's: the order is per turn
+	for _, id := range firstIDs(reqs) {
+		if id == req || id == dec || id == out {
+			order = append(order, id)
+		}
+	}
+	if want := []string{req, dec, out}; !slices.Equal(order, want) {
+		t.Fatalf("t-1's webhook-ids in order of arrival = %v, want %v (all: %v)", order, want, firstIDs(reqs))
+	}
+	// t-1's outcome was first attempted once the receiver answered: one
+	// request, from the log (its published copy dropped). t-2's may have
+	// been attempted while the receiver failed.
+	n := 0
+	for _, q := range reqs {
+		if q.ID() == out {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%s sent %d times, want once", out, n)
+	}
+}
+
+// endInLog creates turn's batch in its log and ends it with its outcome
+// (replied to cli, personal), as the stages do; it returns the outcome's
+// webhook-id.
+func endInLog(t *testing.T, env *jstest.Env, turn, session string) string {
+	t.Helper()
+	ctx := jstest.Ctx(t)
+	b, err := topology.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := store.New(b)
+	now := time.Now().UTC()
+	rec := &schemas.BatchRecord{TurnID: turn, SessionID: session, State: schemas.BatchRunning,
+		Calls: []schemas.ToolCall{}, Approvals: []string{}, Results: []*schemas.ToolResult{}, CreatedAt: now, UpdatedAt: now}
+	rev, err := st.Batches.Log.Create(ctx, turn, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State = schemas.BatchCompleted
+	rec.Outcome = &schemas.TurnOutcome{V: schemas.TurnOutcomeVersion, TurnID: turn, SessionID: session, State: schemas.TurnCompleted,
+		Results: []schemas.ToolResult{}, Audience: schemas.AudiencePersonal, FinishedAt: now,
+		Reply: schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM}}}
+	if _, err := st.Batches.Log.Update(ctx, turn, rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	return topology.OutcomeMsgID(turn)
 }
