@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -496,14 +497,7 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 	// after a node's restart (topology.Retry).
 	err := topology.Retry(ctx, func() error {
 		clear(f.Outcomes)
-		return scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+">", func(m jetstream.Msg) error {
-			o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
-			if err != nil {
-				return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
-			}
-			f.Outcomes[o.TurnID] = append(f.Outcomes[o.TurnID], o)
-			return nil
-		})
+		return gatherOutcomes(ctx, js, f.Outcomes)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the outcomes: %w", err)
@@ -567,6 +561,57 @@ func read[T any](ctx context.Context, what string, get func() (*T, uint64, error
 }
 
 // scan hands every message of stream matching filter to fn, in order.
+// gatherOutcomes reads every turn's stored outcomes into out: those the
+// turn logs' outcome events keep (the write that ended each batch), and
+// the published copies on tollgate.event.turn.outcome. A turn whose log
+// keeps its outcome gets the published copies only where they differ from
+// it (a conflict) or repeat (more than one): so out holds one outcome per
+// turn that ended once, whichever place keeps it.
+func gatherOutcomes(ctx context.Context, js jetstream.JetStream, out map[string][]*schemas.TurnOutcome) error {
+	logs, err := topology.OpenTurnLogs(ctx, js)
+	if err != nil {
+		return err
+	}
+	for i := range logs {
+		err := scan(ctx, js, topology.TurnLogStream(i), topology.TurnLogOutcomeFilter(i), func(m jetstream.Msg) error {
+			turn := outcomes.Turn(m.Subject())
+			o, err := outcomes.Decode(turn, m.Data())
+			switch {
+			case errors.Is(err, outcomes.ErrNoOutcome):
+				return nil // its published copy is the outcome
+			case err != nil:
+				return fmt.Errorf("outcome event on %s: %w", m.Subject(), err)
+			}
+			out[turn] = append(out[turn], o)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	published := map[string][]*schemas.TurnOutcome{}
+	err = scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+">", func(m jetstream.Msg) error {
+		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
+		if err != nil {
+			return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
+		}
+		published[o.TurnID] = append(published[o.TurnID], o)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for turn, ps := range published {
+		logged := out[turn]
+		for i, p := range ps {
+			if len(logged) == 0 || i > 0 || !sameOutcome(logged[0], p) {
+				out[turn] = append(out[turn], p)
+			}
+		}
+	}
+	return nil
+}
+
 func scan(ctx context.Context, js jetstream.JetStream, stream, filter string, fn func(jetstream.Msg) error) error {
 	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -230,22 +231,74 @@ var followed = []string{
 	topology.SubjectDecisionRejected + ">",
 }
 
-// follow consumes the followed events with an ordered consumer (which the
-// client recreates after a broker restart) until stop is called. The sweep
-// covers anything it might still miss.
+// follow consumes the followed events, and the turn logs' outcome events
+// (where this version keeps a turn's outcome), with ordered consumers
+// (which the client recreates after a broker restart) until stop is
+// called. The sweep covers anything they might still miss.
 func (d *driver) follow(ctx context.Context) (stop func(), err error) {
-	cons, err := d.js.OrderedConsumer(ctx, topology.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: followed})
-	if err != nil {
-		return nil, fmt.Errorf("events consumer: %w", err)
+	var ccs []jetstream.ConsumeContext
+	stop = func() {
+		for _, cc := range ccs {
+			cc.Stop()
+		}
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { d.onEvent(ctx, m) },
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			d.h.debugf("events consumer: %v", err)
+	consume := func(stream, filter string, fn func(jetstream.Msg)) error {
+		cons, err := d.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+		if err != nil {
+			return fmt.Errorf("%s consumer: %w", stream, err)
+		}
+		cc, err := cons.Consume(fn, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			d.h.debugf("%s consumer: %v", stream, err)
 		}))
-	if err != nil {
-		return nil, fmt.Errorf("events consume: %w", err)
+		if err != nil {
+			return fmt.Errorf("%s consume: %w", stream, err)
+		}
+		ccs = append(ccs, cc)
+		return nil
 	}
-	return cc.Stop, nil
+	for _, f := range followed {
+		if err := consume(topology.StreamEvents, f, func(m jetstream.Msg) { d.onEvent(ctx, m) }); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	logs, err := topology.OpenTurnLogs(ctx, d.js)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	for i := range logs {
+		if err := consume(topology.TurnLogStream(i), topology.TurnLogOutcomeFilter(i), d.onLoggedOutcome); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	return stop, nil
+}
+
+// onLoggedOutcome ends the turn whose log's outcome event m is.
+func (d *driver) onLoggedOutcome(m jetstream.Msg) {
+	turn := outcomes.Turn(m.Subject())
+	o, err := outcomes.Decode(turn, m.Data())
+	switch {
+	case errors.Is(err, outcomes.ErrNoOutcome):
+		return // the published copy ends it
+	case err != nil:
+		d.h.logf("undecodable outcome event on %s: %v", m.Subject(), err)
+		return
+	}
+	d.ended(o)
+}
+
+// ended marks the turn of outcome o ended, from whichever copy comes
+// first.
+func (d *driver) ended(o *schemas.TurnOutcome) {
+	if _, _, step := schemas.PlannerStepOf(o.TurnID); step {
+		return // a planner turn's step batch: the turn ends with its own outcome
+	}
+	if t := d.turn(o.TurnID); t != nil {
+		d.markTerminal(t)
+	}
 }
 
 func (d *driver) onEvent(ctx context.Context, m jetstream.Msg) {
@@ -260,13 +313,7 @@ func (d *driver) onEvent(ctx context.Context, m jetstream.Msg) {
 	case *schemas.ApprovalRecord:
 		d.onRequested(ctx, rec)
 	case *schemas.TurnOutcome:
-		o := rec
-		if _, _, step := schemas.PlannerStepOf(o.TurnID); step {
-			return // a planner turn's step batch: the turn ends with its own outcome
-		}
-		if t := d.turn(o.TurnID); t != nil {
-			d.markTerminal(t)
-		}
+		d.ended(rec)
 	case *schemas.DecisionRejected:
 		d.mu.Lock()
 		d.rejections[rec.Code]++
@@ -517,9 +564,13 @@ func (d *driver) check(ctx context.Context, t *turnState) error {
 		// trigger, up to an AckWait later. Ending the drive before then
 		// would count the turn lost (it happened: TestChaosShort seed
 		// 544263131).
-		stored, err := d.outcomeStored(gctx, t.id)
-		if err != nil {
-			return err
+		// The write that ends a batch of this version keeps the outcome
+		// (its log's outcome event): that is the outcome stored.
+		stored := b.Outcome != nil
+		if !stored {
+			if stored, err = d.outcomeStored(gctx, t.id); err != nil {
+				return err
+			}
 		}
 		if stored {
 			d.markTerminal(t)
