@@ -172,7 +172,13 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 		d.subs = append(d.subs, s)
 		return nil
 	}
+	// A turn's outcome: its log's outcome event (the write that ends it),
+	// or the published copy (a version that publishes, or one before the
+	// turn logs kept it); the first seen ends the turn.
 	if err := sub(topology.SubjectTurnOutcome+"*", d.onOutcome); err != nil {
+		return nil, err
+	}
+	if err := sub(topology.SubjectTurnLogPrefix+"*.*."+topology.EventTurnOutcome, d.onLoggedOutcome); err != nil {
 		return nil, err
 	}
 	if err := sub(topology.SubjectApprovalRequested+"*", d.onRequested); err != nil {
@@ -245,6 +251,14 @@ func lastToken(s string) string { return s[strings.LastIndexByte(s, '.')+1:] }
 
 func (d *driver) onOutcome(m *nats.Msg) { d.outcome(lastToken(m.Subject)) }
 
+// onLoggedOutcome takes a turn log's outcome event: the write that ended
+// the turn, whatever its record holds.
+func (d *driver) onLoggedOutcome(m *nats.Msg) {
+	if _, turn, _, ok := topology.ParseTurnLogSubject(m.Subject); ok {
+		d.outcome(turn)
+	}
+}
+
 // watchFacts also subscribes to subjects, where the layout phase's two
 // designs make a turn's outcome and approval request durable (rawseq.go):
 // a message whose Bench-Fact header is outcome or requested counts as
@@ -270,7 +284,8 @@ func (d *driver) watchFacts(subjects []string) error {
 	return d.nc.Flush()
 }
 
-// outcome ends turn id (an outcome seen).
+// outcome ends turn id (an outcome seen); a later copy of it counts
+// nothing.
 func (d *driver) outcome(id string) {
 	now := time.Now()
 	if root, step, ok := schemas.PlannerStepOf(id); ok && d.path == plannerPath {
@@ -291,8 +306,8 @@ func (d *driver) outcome(id string) {
 		}
 	}
 	d.mu.Unlock()
-	d.outcomes.Add(1)
-	if t != nil {
+	if t != nil { // the first copy seen of a turn this driver sent
+		d.outcomes.Add(1)
 		close(t.done)
 	}
 }

@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/tools/natstool"
@@ -131,7 +130,9 @@ func pinger(url string, interval time.Duration) (stop func() ([]time.Duration, e
 	}, nil
 }
 
-// checkOutcomes reads every turn outcome stored on e's server and fails
+// checkOutcomes reads every turn outcome stored on e's server (where the
+// write that ended the turn keeps it, or its published copy:
+// outcomes.Stored) and fails
 // unless each is a completed turn whose calls all returned ok: a figure
 // counts outcomes, and must not count turns that failed (an approved call
 // that did not run, a tool service that was not found).
@@ -143,42 +144,22 @@ func (e *env) checkOutcomes() error {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cons, err := js.OrderedConsumer(ctx, topology.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{topology.SubjectTurnOutcome + ">"}})
+	stored, err := outcomes.Stored(ctx, js)
 	if err != nil {
 		return err
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return err
-	}
-	bad, example := 0, ""
-	for left := info.NumPending; left > 0; {
-		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return err
-		}
-		n := 0
-		for m := range batch.Messages() {
+	n, bad, example := 0, 0, ""
+	for _, outs := range stored {
+		for _, o := range outs {
 			n++
-			o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
-			if err != nil {
-				return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
-			}
 			if reason := notOK(o); reason != "" {
 				bad++
 				example = reason
 			}
 		}
-		if err := batch.Error(); err != nil {
-			return err
-		}
-		if n == 0 {
-			return fmt.Errorf("%d outcomes left but none delivered", left)
-		}
-		left -= uint64(n)
 	}
 	if bad > 0 {
-		return fmt.Errorf("%d of %d turn outcomes are not completed with every call ok, e.g. %s", bad, info.NumPending, example)
+		return fmt.Errorf("%d of %d turn outcomes are not completed with every call ok, e.g. %s", bad, n, example)
 	}
 	return nil
 }

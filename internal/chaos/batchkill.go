@@ -13,6 +13,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
 )
 
 // The batch kill fault (Config.BatchKills): the broker is SIGKILLed while
@@ -236,7 +237,7 @@ func (h *harness) gatherBatches(ctx context.Context, js jetstream.JetStream) ([]
 		for i := range facts {
 			facts[i].StoredSeqs, facts[i].Stored = nil, map[string]int{}
 		}
-		return scan(ctx, js, topology.StreamInbound, topology.SubjectInboundPrefix+">", func(m jetstream.Msg) error {
+		return bus.Scan(ctx, js, topology.StreamInbound, topology.SubjectInboundPrefix+">", func(m jetstream.Msg) error {
 			if f := byBatch[m.Headers().Get(groupcommit.HeaderBatchID)]; f != nil {
 				seq, err := strconv.Atoi(m.Headers().Get(groupcommit.HeaderBatchSeq))
 				if err != nil {

@@ -496,8 +496,9 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 	// Reads are tried again on errors a cluster shows while it settles
 	// after a node's restart (topology.Retry).
 	err := topology.Retry(ctx, func() error {
-		clear(f.Outcomes)
-		return gatherOutcomes(ctx, js, f.Outcomes)
+		var err error
+		f.Outcomes, err = outcomes.Stored(ctx, js)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the outcomes: %w", err)
@@ -558,90 +559,6 @@ func read[T any](ctx context.Context, what string, get func() (*T, uint64, error
 		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
 	return rec, nil
-}
-
-// scan hands every message of stream matching filter to fn, in order.
-// gatherOutcomes reads every turn's stored outcomes into out: those the
-// turn logs' outcome events keep (the write that ended each batch), and
-// the published copies on tollgate.event.turn.outcome. A turn whose log
-// keeps its outcome gets the published copies only where they differ from
-// it (a conflict) or repeat (more than one): so out holds one outcome per
-// turn that ended once, whichever place keeps it.
-func gatherOutcomes(ctx context.Context, js jetstream.JetStream, out map[string][]*schemas.TurnOutcome) error {
-	logs, err := topology.OpenTurnLogs(ctx, js)
-	if err != nil {
-		return err
-	}
-	for i := range logs {
-		err := scan(ctx, js, topology.TurnLogStream(i), topology.TurnLogOutcomeFilter(i), func(m jetstream.Msg) error {
-			turn := outcomes.Turn(m.Subject())
-			o, err := outcomes.Decode(turn, m.Data())
-			switch {
-			case errors.Is(err, outcomes.ErrNoOutcome):
-				return nil // its published copy is the outcome
-			case err != nil:
-				return fmt.Errorf("outcome event on %s: %w", m.Subject(), err)
-			}
-			out[turn] = append(out[turn], o)
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	published := map[string][]*schemas.TurnOutcome{}
-	err = scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+">", func(m jetstream.Msg) error {
-		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
-		if err != nil {
-			return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
-		}
-		published[o.TurnID] = append(published[o.TurnID], o)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for turn, ps := range published {
-		logged := out[turn]
-		for i, p := range ps {
-			if len(logged) == 0 || i > 0 || !sameOutcome(logged[0], p) {
-				out[turn] = append(out[turn], p)
-			}
-		}
-	}
-	return nil
-}
-
-func scan(ctx context.Context, js jetstream.JetStream, stream, filter string, fn func(jetstream.Msg) error) error {
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	if err != nil {
-		return err
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return err
-	}
-	for left := info.NumPending; left > 0; {
-		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return err
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			if err := fn(m); err != nil {
-				return err
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return err
-		}
-		if n == 0 {
-			return fmt.Errorf("scan %s %s: %d messages left but none delivered", stream, filter, left)
-		}
-		left -= uint64(n)
-	}
-	return nil
 }
 
 // readLedger parses the ledger file (absent: no executions).

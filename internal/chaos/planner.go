@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/planner/plannertest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -128,7 +129,7 @@ func (h *harness) gatherPlanner(ctx context.Context, js jetstream.JetStream, d *
 	}
 	err = topology.Retry(ctx, func() error {
 		clear(pf.Replies)
-		return scan(ctx, js, topology.StreamEvents, topology.SubjectTurnReply+">", func(m jetstream.Msg) error {
+		return bus.Scan(ctx, js, topology.StreamEvents, topology.SubjectTurnReply+">", func(m jetstream.Msg) error {
 			e, err := schemas.Decode[schemas.ReplyEvent](m.Data())
 			if err != nil {
 				return fmt.Errorf("reply event on %s: %w", m.Subject(), err)

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -93,4 +94,40 @@ func Stored(ctx context.Context, s jetstream.Stream, subject string) (bool, erro
 	default:
 		return false, fmt.Errorf("look up %s: %w", subject, err)
 	}
+}
+
+// Scan hands every message of stream matching filter to fn, in order, up
+// to the stream's last message when it started, through an ordered
+// consumer: for tools that read a stream back (checks after a run). It
+// stops at fn's first error.
+func Scan(ctx context.Context, js jetstream.JetStream, stream, filter string, fn func(jetstream.Msg) error) error {
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		return err
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return err
+	}
+	for left := info.NumPending; left > 0; {
+		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return err
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			if err := fn(m); err != nil {
+				return err
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("scan %s %s: %d messages left but none delivered", stream, filter, left)
+		}
+		left -= uint64(n)
+	}
+	return nil
 }

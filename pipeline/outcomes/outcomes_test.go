@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -283,5 +284,49 @@ func TestReplicasStartingTogetherAgreeOnTheStart(t *testing.T) {
 	jstest.Eventually(t, wait, "the marker", func() bool { return f.heard.count(marker.TurnID) == 1 })
 	if n := f.heard.count(between.TurnID); n != 1 {
 		t.Fatalf("the outcome stored between the two starts was handed over %d times, want once", n)
+	}
+}
+
+// Stored gives each turn that ended once one outcome, whichever place
+// keeps it, and shows a published copy that differs from the logged
+// outcome or repeats it.
+func TestStoredGivesEachTurnsOutcomeOnce(t *testing.T) {
+	f := newFixture(t)
+	ctx := jstest.Ctx(t)
+	pub := func(o *schemas.TurnOutcome, id string) {
+		t.Helper()
+		if err := bus.Publish(ctx, f.env.JS, topology.EventSubject(topology.SubjectTurnOutcome, o.TurnID), id, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	both := f.end(t, schemas.TurnID("cli", "logged-and-published"))
+	pub(both, topology.OutcomeMsgID(both.TurnID))
+	logged := f.end(t, schemas.TurnID("cli", "logged-only"))
+	old := f.endAsEarlierVersion(t, schemas.TurnID("cli", "published-only"))
+	pub(old, "")
+	loop := f.endWith(t, schemas.TurnID("cli", "an-earlier-planner's-loop"), false)
+	pub(loop, "")
+	twice := f.end(t, schemas.TurnID("cli", "published-twice"))
+	pub(twice, "")
+	pub(twice, "") // no message id: stored again, shown once more
+	differs := f.end(t, schemas.TurnID("cli", "published-otherwise"))
+	other := *differs
+	other.State, other.Code = schemas.TurnFailed, schemas.CodeInvalidInput
+	pub(&other, "")
+
+	got, err := outcomes.Stored(ctx, f.env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		turn string
+		n    int
+	}{{both.TurnID, 1}, {logged.TurnID, 1}, {old.TurnID, 1}, {loop.TurnID, 1}, {twice.TurnID, 2}, {differs.TurnID, 2}} {
+		if n := len(got[c.turn]); n != c.n {
+			t.Errorf("turn %s: %d outcomes, want %d", c.turn, n, c.n)
+		}
+	}
+	if o := got[differs.TurnID]; len(o) == 2 && (o[0].State != schemas.TurnCompleted || o[1].State != schemas.TurnFailed) {
+		t.Errorf("the logged outcome first, then the differing copy: %+v", o)
 	}
 }
