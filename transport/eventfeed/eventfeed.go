@@ -54,7 +54,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -387,8 +386,8 @@ func (f *Feed) presentOutcome(p int, seq uint64, subject string, data []byte) Ev
 	if !ok || event != store.EventOutcome {
 		return ev
 	}
-	o, err := outcomes.Decode(turn, data)
-	if errors.Is(err, outcomes.ErrNoOutcome) {
+	o, err := store.DecodeOutcome(turn, data)
+	if errors.Is(err, store.ErrNoOutcome) {
 		return ev // its published outcome is handed out (logHolds)
 	}
 	if err == nil {
@@ -436,7 +435,7 @@ func (f *Feed) handLocked(ev Event) {
 }
 
 // logHolds reports whether turn's log holds its outcome event with the
-// outcome (outcomes.Logged), so that a published copy of it is passed
+// outcome (store.LoggedOutcome), so that a published copy of it is passed
 // over. Should the log not be read, the
 // copy is handed out (a repeat rather than a loss), with a warning.
 func (f *Feed) logHolds(turn string) bool {
@@ -452,7 +451,7 @@ func (f *Feed) logHolds(turn string) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
 	defer cancel()
-	_, ok, err := outcomes.Logged(ctx, logs, turn)
+	_, ok, err := store.LoggedOutcome(ctx, logs, turn)
 	if err != nil {
 		f.log.Warn("eventfeed: the turn's log could not be read: its published outcome is handed out", "turn", turn, "err", err)
 	}

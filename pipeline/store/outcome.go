@@ -1,0 +1,56 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// ErrNoOutcome: an outcome event whose record holds no outcome. An
+// earlier version's planner ended its loop turns so (the turn's outcome
+// was only published); a reader passes such an event over, and the
+// turn's published outcome is the one read (docs/protocol.md §4.2a,
+// "Following outcomes").
+var ErrNoOutcome = errors.New("the outcome event holds no outcome")
+
+// DecodeOutcome returns the outcome of turn that the record of its
+// outcome event (data) carries: an error with a code when data does not
+// decode or is another turn's, ErrNoOutcome when it holds no outcome.
+func DecodeOutcome(turn string, data []byte) (*schemas.TurnOutcome, error) {
+	b, err := schemas.DecodeBatch(data)
+	switch {
+	case err != nil:
+		return nil, err
+	case b.TurnID != turn:
+		return nil, schemas.Errorf(schemas.CodeInvalidInput, "the outcome event of turn %s holds turn %s's batch", turn, b.TurnID)
+	case b.Outcome == nil:
+		return nil, fmt.Errorf("turn %s: %w", turn, ErrNoOutcome)
+	}
+	return b.Outcome, nil
+}
+
+// LoggedOutcome reads turn's outcome event in its partition of logs (the
+// turn-log streams, topology.OpenTurnLogs) and reports its sequence and
+// whether it keeps the turn's outcome: false for a turn whose log holds
+// no outcome event, or one without the outcome (ErrNoOutcome). Its error
+// is the read's.
+func LoggedOutcome(ctx context.Context, logs []jetstream.Stream, turn string) (uint64, bool, error) {
+	if len(logs) == 0 || !schemas.ValidKey(turn) {
+		return 0, false, nil
+	}
+	p := topology.TurnLogPartition(turn, len(logs))
+	m, err := logs[p].GetLastMsgForSubject(ctx, topology.TurnLogSubject(p, turn, EventOutcome))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("read the outcome event of %s: %w", turn, err)
+	}
+	_, err = DecodeOutcome(turn, m.Data)
+	return m.Sequence, err == nil, nil
+}
