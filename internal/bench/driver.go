@@ -126,6 +126,8 @@ type driver struct {
 	pubErrs   atomic.Int64
 	requested atomic.Int64
 	outcomes  atomic.Int64
+	// watchBatches: sampleLatency watches the batch writes (onTurnLog).
+	watchBatches atomic.Bool
 
 	// latency sampling (nil: off)
 	lat *latencies
@@ -178,7 +180,10 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 	if err := sub(topology.SubjectTurnOutcome+"*", d.onOutcome); err != nil {
 		return nil, err
 	}
-	if err := sub(topology.SubjectTurnLogPrefix+"*.*."+topology.EventTurnOutcome, d.onLoggedOutcome); err != nil {
+	// One subscription to the turn logs: a turn's writes arrive in order,
+	// so its latency samples (onBatch) are taken before its outcome event
+	// ends it.
+	if err := sub(topology.SubjectTurnLogPrefix+"*.*.*", d.onTurnLog); err != nil {
 		return nil, err
 	}
 	if err := sub(topology.SubjectApprovalRequested+"*", d.onRequested); err != nil {
@@ -215,14 +220,13 @@ func (d *driver) sampleLatency() error {
 	if !d.path.decided() {
 		return nil
 	}
-	for _, subj := range []string{topology.SubjectTurnLogPrefix + "*.*.*", "$KV." + topology.BucketBatches + ".*"} {
-		s, err := d.nc.Subscribe(subj, d.onBatch)
-		if err != nil {
-			return err
-		}
-		_ = s.SetPendingLimits(-1, -1)
-		d.subs = append(d.subs, s)
+	d.watchBatches.Store(true) // the turn logs' writes: onTurnLog
+	s, err := d.nc.Subscribe("$KV."+topology.BucketBatches+".*", d.onBatch)
+	if err != nil {
+		return err
 	}
+	_ = s.SetPendingLimits(-1, -1)
+	d.subs = append(d.subs, s)
 	return d.nc.Flush()
 }
 
@@ -251,10 +255,14 @@ func lastToken(s string) string { return s[strings.LastIndexByte(s, '.')+1:] }
 
 func (d *driver) onOutcome(m *nats.Msg) { d.outcome(lastToken(m.Subject)) }
 
-// onLoggedOutcome takes a turn log's outcome event: the write that ended
-// the turn, whatever its record holds.
-func (d *driver) onLoggedOutcome(m *nats.Msg) {
-	if _, turn, _, ok := topology.ParseTurnLogSubject(m.Subject); ok {
+// onTurnLog takes a turn log's write: a latency sample while batches are
+// watched (sampleLatency), and, for the outcome event (the write that
+// ended the turn, whatever its record holds), the turn's end.
+func (d *driver) onTurnLog(m *nats.Msg) {
+	if d.watchBatches.Load() {
+		d.onBatch(m)
+	}
+	if _, turn, event, ok := topology.ParseTurnLogSubject(m.Subject); ok && event == topology.EventTurnOutcome {
 		d.outcome(turn)
 	}
 }
