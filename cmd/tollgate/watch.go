@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -195,7 +195,7 @@ func (p *watchPrinter) print(m jetstream.Msg) {
 			return
 		}
 		if _, turn, event, _ := topology.ParseTurnLogSubject(m.Subject()); event == topology.EventTurnOutcome {
-			outcome, _ = outcomes.Decode(turn, m.Data())
+			outcome, _ = store.DecodeOutcome(turn, m.Data())
 		}
 	} else if turn, ok := strings.CutPrefix(m.Subject(), topology.SubjectTurnOutcome); ok && p.logHolds(turn) {
 		return // a published copy: the turn's outcome is shown from its log
@@ -228,7 +228,7 @@ func (p *watchPrinter) line(ts time.Time, subject string, data []byte, line stri
 func (p *watchPrinter) logHolds(turn string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, ok, _ := outcomes.Logged(ctx, p.logs, turn)
+	_, ok, _ := store.LoggedOutcome(ctx, p.logs, turn)
 	return ok
 }
 

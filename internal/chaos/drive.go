@@ -279,9 +279,9 @@ func (d *driver) follow(ctx context.Context) (stop func(), err error) {
 // onLoggedOutcome ends the turn whose log's outcome event m is.
 func (d *driver) onLoggedOutcome(m jetstream.Msg) {
 	turn := outcomes.Turn(m.Subject())
-	o, err := outcomes.Decode(turn, m.Data())
+	o, err := store.DecodeOutcome(turn, m.Data())
 	switch {
-	case errors.Is(err, outcomes.ErrNoOutcome):
+	case errors.Is(err, store.ErrNoOutcome):
 		return // the published copy ends it
 	case err != nil:
 		d.h.logf("undecodable outcome event on %s: %v", m.Subject(), err)

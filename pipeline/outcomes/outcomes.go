@@ -233,30 +233,14 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) error {
 	if f.cfg.Wants != nil && !f.cfg.Wants(turn) {
 		return nil
 	}
-	o, err := Decode(turn, m.Data())
-	if errors.Is(err, ErrNoOutcome) {
+	o, err := store.DecodeOutcome(turn, m.Data())
+	if errors.Is(err, store.ErrNoOutcome) {
 		return nil // its published outcome is the one read (Published)
 	}
 	if err != nil {
 		return err
 	}
 	return f.cfg.Handler(ctx, o, m)
-}
-
-// ErrNoOutcome: an outcome event whose record holds no outcome
-// (store.ErrNoOutcome, whose home it is).
-var ErrNoOutcome = store.ErrNoOutcome
-
-// Decode is store.DecodeOutcome: the outcome of turn that the record of
-// its outcome event (data) carries.
-func Decode(turn string, data []byte) (*schemas.TurnOutcome, error) {
-	return store.DecodeOutcome(turn, data)
-}
-
-// Logged is store.LoggedOutcome: the sequence of turn's outcome event in
-// logs, and whether it keeps the outcome.
-func Logged(ctx context.Context, logs []jetstream.Stream, turn string) (uint64, bool, error) {
-	return store.LoggedOutcome(ctx, logs, turn)
 }
 
 // Published hands o, an outcome published on
@@ -274,10 +258,10 @@ func (f *Follower) Published(ctx context.Context, o *schemas.TurnOutcome, m jets
 
 // Delivers reports whether the follower's consumer of turn's partition
 // delivers turn's outcome: whether its log holds an outcome event that
-// keeps the outcome (Logged) at or after the sequence that consumer
+// keeps the outcome (store.LoggedOutcome) at or after the sequence that consumer
 // starts at.
 func (f *Follower) Delivers(ctx context.Context, turn string) (bool, error) {
-	seq, ok, err := Logged(ctx, f.streams, turn)
+	seq, ok, err := store.LoggedOutcome(ctx, f.streams, turn)
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", f.cfg.Component, err)
 	}

@@ -230,16 +230,16 @@ func TestWantsAndDecode(t *testing.T) {
 		"another turn's batch":  {"t-2", data},
 		"bytes that are no map": {"t-1", []byte{0xc1}},
 	} {
-		if _, err := outcomes.Decode(tc.turn, tc.data); schemas.CodeOf(err) == "" || errors.Is(err, outcomes.ErrNoOutcome) {
+		if _, err := store.DecodeOutcome(tc.turn, tc.data); schemas.CodeOf(err) == "" || errors.Is(err, store.ErrNoOutcome) {
 			t.Errorf("%s: Decode = %v, want an error with a code", name, err)
 		}
 	}
-	if _, err := outcomes.Decode("t-1", data); !errors.Is(err, outcomes.ErrNoOutcome) {
+	if _, err := store.DecodeOutcome("t-1", data); !errors.Is(err, store.ErrNoOutcome) {
 		t.Errorf("no outcome: Decode = %v, want ErrNoOutcome", err)
 	}
 	b.Outcome = outcomeOf(b)
 	data, _ = schemas.Encode(b)
-	if o, err := outcomes.Decode("t-1", data); err != nil || o.TurnID != "t-1" {
+	if o, err := store.DecodeOutcome("t-1", data); err != nil || o.TurnID != "t-1" {
 		t.Fatalf("Decode = %+v, %v", o, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -34,9 +35,9 @@ func Stored(ctx context.Context, js jetstream.JetStream) (map[string][]*schemas.
 	for i := range logs {
 		err := bus.Scan(ctx, js, topology.TurnLogStream(i), topology.TurnLogOutcomeFilter(i), func(m jetstream.Msg) error {
 			turn := Turn(m.Subject())
-			o, err := Decode(turn, m.Data())
+			o, err := store.DecodeOutcome(turn, m.Data())
 			switch {
-			case errors.Is(err, ErrNoOutcome):
+			case errors.Is(err, store.ErrNoOutcome):
 				return nil // its published copy is the outcome
 			case err != nil:
 				return fmt.Errorf("outcome event on %s: %w", m.Subject(), err)

@@ -240,8 +240,11 @@ func TestATurnsStreamAndABareID(t *testing.T) {
 	w := newTurns(t, env)
 	w.event("t-a", 0)
 	w.endInLog(outcome("t-a"))
+	// The bare id reads the logs from the time its event was stored: let
+	// the clock pass t-a's outcome before that event is stored.
+	ended := time.Now()
+	jstest.Eventually(t, jstest.Wait, "the clock past t-a's outcome", func() bool { return time.Now().After(ended) })
 	mark := w.event("t-b", 0)
-	time.Sleep(2 * time.Millisecond) // stored times apart (the bare id reads the logs by time)
 	w.event("t-b", 1)
 	w.endInLog(outcome("t-b"))
 	w.event("t-c", 0)
