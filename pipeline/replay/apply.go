@@ -227,8 +227,10 @@ func (a *applier) batchToWrite(ctx context.Context, t *Turn) (*schemas.BatchReco
 // The record may have been lost when its key in the batches bucket has a
 // delete or purge marker, or the batches bucket's stream or the turn's
 // turn-log stream (its partition) is missing or was created after t was
-// accepted (deleted and made again, or restored from a backup): the batch
-// was kept in one of them. A key the bucket never had, with a bucket and a
+// accepted (deleted and made again, or restored from a backup), or that
+// partition has lost messages from its head since t was accepted (aged
+// out: its max age is shorter than the streams that still hold t; or
+// purged, headRemovedSince): the batch was kept in one of them. A key the bucket never had, with a bucket and a
 // log older than the turn, was never written: the executor never took the
 // turn.
 func (a *applier) lostBatch(ctx context.Context, t *Turn) (bool, error) {
@@ -244,7 +246,7 @@ func (a *applier) lostBatch(ctx context.Context, t *Turn) (bool, error) {
 	case !errors.Is(err, jetstream.ErrKeyNotFound):
 		return false, fmt.Errorf("replay: read batch %s: %w", t.TurnID, err)
 	}
-	if s := a.b.turnLog(t.TurnID); s == nil || s.CachedInfo().Created.After(t.Accepted) {
+	if s := a.b.turnLog(t.TurnID); s == nil || s.CachedInfo().Created.After(t.Accepted) || headRemovedSince(s.CachedInfo().State, t.Accepted) {
 		return true, nil
 	}
 	if a.batchesCreated.IsZero() {
@@ -255,6 +257,23 @@ func (a *applier) lostBatch(ctx context.Context, t *Turn) (bool, error) {
 		a.batchesCreated = s.CachedInfo().Created
 	}
 	return a.batchesCreated.After(t.Accepted), nil
+}
+
+// headRemovedSince reports whether a stream in state st has lost messages
+// from its head (aged out, purged) that may have been stored at or after
+// at: its first message is no longer its first ever, and is younger than
+// at, or it holds none of the messages it stored. A turn's log that is
+// empty for such a reason may have held the turn's batch (its claims, its
+// outcome: the only record that the turn ended), so the batch is taken for
+// lost, never for one that was not written.
+func headRemovedSince(st jetstream.StreamState, at time.Time) bool {
+	switch {
+	case st.LastSeq == 0:
+		return false // never written
+	case st.Msgs == 0:
+		return true
+	}
+	return st.FirstSeq > 1 && !st.FirstTime.Before(at)
 }
 
 // checkClaims warns about every call the turn's outcome says ran whose

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -72,6 +74,7 @@ type Turn struct {
 	waited    *schemas.TurnNotice // first awaiting notice of any kind
 	started   *schemas.RedriveOutcome
 	outcome   *schemas.TurnOutcome
+	logged    bool // outcome is the one its turn log's outcome event keeps
 }
 
 func (t *Turn) note(format string, args ...any) {
@@ -92,8 +95,9 @@ var eventFilters = []string{
 	topology.SubjectTurnOutcome + "*",
 }
 
-// Read reads the accepted turns of r from TOLLGATE_TURNS, then every event
-// of those turns from TOLLGATE_EVENTS, and projects each turn's batch and
+// Read reads the accepted turns of r from TOLLGATE_TURNS, then the outcome
+// events of those turns' logs (TOLLGATE_TURNLOG_<p>) and every event of
+// those turns from TOLLGATE_EVENTS, and projects each turn's batch and
 // approval records. It reads a snapshot: messages stored after it starts
 // are not read. It writes nothing.
 //
@@ -107,6 +111,26 @@ var eventFilters = []string{
 // carries the turn's TurnContext (the same msgpack encoding), with the
 // status, decision and votes of its first decided event. Nothing is
 // re-derived or re-sealed: contexts are copied as they were published.
+//
+// The turn outcome is the one its turn log keeps where the log keeps one:
+// the record of its outcome event, tollgate.turnlog.<p>.<turn>.outcome
+// (schemas.BatchRecord.Outcome, docs/protocol.md §4.2a). That is every
+// batch kept in a turn log, whose outcome is published nowhere. Otherwise
+// it is the first one published on tollgate.event.turn.outcome.<turn>: a
+// batch kept in tollgate_batches (an earlier version's), one whose ending
+// event holds no outcome (an earlier version ended it so), or one whose log
+// or turn-log stream is gone. Only one outcome is kept: the log's when
+// there is one (a published copy that differs from it is noted), else the
+// first published. A missing turn-log stream, or all of them, is no error:
+// its turns' outcomes are their published copies (Run warns about it).
+//
+// The outcome events are read as the events are: one scan per turn-log
+// partition (filter tollgate.turnlog.<p>.*.outcome) from the earliest
+// accepted turn, less eventSlack, rather than a read of each turn's last
+// event. A range of many turns then costs a consumer per partition, not a
+// request per turn; the scan reads the outcome of every turn ended since
+// that time, selected or not (one message per turn), fewer messages than
+// the events scan over the same time, which reads several per turn.
 //
 // Times the stages took from their own clock and published nowhere are
 // approximated: a batch's created_at is its accepted message's stream
@@ -155,7 +179,11 @@ func Read(ctx context.Context, js jetstream.JetStream, r Range) (*History, error
 	for _, t := range h.Turns {
 		from = minTime(from, t.Accepted)
 	}
-	err = scan(ctx, js, topology.StreamEvents, eventFilters, startAt{time: from.Add(-eventSlack)}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+	since := startAt{time: from.Add(-eventSlack)}
+	if err := h.logOutcomes(ctx, js, byID, since); err != nil {
+		return nil, err
+	}
+	err = scan(ctx, js, topology.StreamEvents, eventFilters, since, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 		subj := m.Subject()
 		t := byID[subj[strings.LastIndexByte(subj, '.')+1:]]
 		if t == nil {
@@ -180,6 +208,70 @@ func Read(ctx context.Context, js jetstream.JetStream, r Range) (*History, error
 
 func (h *History) skip(subject string, seq uint64, err error) {
 	h.Skipped = append(h.Skipped, fmt.Sprintf("%s seq %d: %v", subject, seq, err))
+}
+
+// logOutcomes sets the outcome of each turn of byID whose log keeps one
+// (see Read): it scans every turn-log partition's outcome events from
+// start. An event in another partition than its turn's (where no stage
+// reads it), or whose record does not decode, is another turn's or names
+// another turn in its outcome, is skipped; one whose record holds no
+// outcome (store.ErrNoOutcome) is passed over, leaving the turn to its
+// published outcome. A missing turn-log stream is passed over too.
+func (h *History) logOutcomes(ctx context.Context, js jetstream.JetStream, byID map[string]*Turn, start startAt) error {
+	logs, _, err := turnLogStreams(ctx, js)
+	if err != nil {
+		return err
+	}
+	for i, s := range logs {
+		if s == nil {
+			continue // missing: its turns' outcomes are their published copies
+		}
+		name := s.CachedInfo().Config.Name
+		err := scan(ctx, js, name, []string{topology.TurnLogOutcomeFilter(i)}, start, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+			subj := m.Subject()
+			_, turn, _, ok := topology.ParseTurnLogSubject(subj)
+			t := byID[turn]
+			if !ok || t == nil {
+				return true, nil // another turn's
+			}
+			if p := topology.TurnLogPartition(turn, len(logs)); p != i {
+				h.skip(subj, meta.Sequence.Stream, fmt.Errorf("turn %s's log is partition %d's, not %s", turn, p, name))
+				return true, nil
+			}
+			o, err := store.DecodeOutcome(turn, m.Data())
+			switch {
+			case errors.Is(err, store.ErrNoOutcome):
+				return true, nil // an earlier version's ending event: its published outcome is the outcome
+			case err == nil && o.TurnID != turn:
+				err = fmt.Errorf("outcome names turn %s", o.TurnID)
+			}
+			if err != nil {
+				h.skip(subj, meta.Sequence.Stream, err)
+				return true, nil
+			}
+			if t.outcome == nil {
+				t.outcome, t.logged = o, true
+			} else {
+				t.note("its log holds another outcome event at %s seq %d: the first is kept", name, meta.Sequence.Stream)
+			}
+			return true, nil
+		})
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			// deleted since it was bound: as a missing stream
+		case err != nil:
+			return err
+		}
+	}
+	return nil
+}
+
+// sameOutcome reports whether a and b encode to the same bytes (the
+// published copy of a logged outcome is byte for byte the log's).
+func sameOutcome(a, b *schemas.TurnOutcome) bool {
+	x, xerr := schemas.Encode(a)
+	y, yerr := schemas.Encode(b)
+	return xerr == nil && yerr == nil && bytes.Equal(x, y)
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -240,8 +332,11 @@ func (t *Turn) add(subject string, data []byte) error {
 		if o.TurnID != t.TurnID {
 			return fmt.Errorf("outcome names turn %s", o.TurnID)
 		}
-		if t.outcome == nil {
+		switch {
+		case t.outcome == nil:
 			t.outcome = o
+		case t.logged && !sameOutcome(t.outcome, o):
+			t.note("a published outcome (%s, %s) differs from the one its turn log keeps (%s, %s): the log's is kept", o.State, o.Code, t.outcome.State, t.outcome.Code)
 		}
 	}
 	return nil

@@ -1,8 +1,11 @@
 // Package replay re-reads Tollgate's streams over a range of turns and
 // compares what they say with what KV holds: the approval and batch
-// records are a projection of TOLLGATE_TURNS and TOLLGATE_EVENTS, so after
-// an incident (a bucket deleted, purged or restored from an old backup)
-// they can be rebuilt from the streams alone.
+// records are a projection of TOLLGATE_TURNS and TOLLGATE_EVENTS, with
+// each turn's outcome (how its batch ended) from its turn log's outcome
+// event where the log keeps it (every batch kept in a turn log: its
+// outcome is published nowhere), else from tollgate.event.turn.outcome
+// (Read). So after an incident (a bucket deleted, purged or restored from
+// an old backup) they can be rebuilt from the streams alone.
 //
 // The batch of a turn accepted since the turn logs (issue 36) is not in KV:
 // it is its turn's log, a stream (TOLLGATE_TURNLOG_<partition>), whose last
@@ -264,45 +267,65 @@ func openBuckets(ctx context.Context, js jetstream.JetStream, o Options, rep *Re
 	return b, openTurnLogs(ctx, js, b, rep)
 }
 
-// openTurnLogs binds the turn-log streams (as topology.OpenTurnLogs does:
-// as many as their metadata says), read only: a turn's log is the source of
-// truth for its batch, never rebuilt and never written by a run. A missing
-// stream is warned about, and the logs it held read as empty: the batches
-// of its turns are judged against the batches bucket, as an earlier
-// version's, and a rebuild writes the ones the streams prove there.
+// openTurnLogs binds the turn-log streams (turnLogStreams), read only: a
+// turn's log is the source of truth for its batch, never rebuilt and never
+// written by a run. A missing stream is warned about, and the logs it held
+// read as empty: the batches of its turns are judged against the batches
+// bucket, as an earlier version's, and a rebuild writes the ones the
+// streams prove there.
 func openTurnLogs(ctx context.Context, js jetstream.JetStream, b *buckets, rep *Report) error {
-	missing := func(name string) {
+	logs, missing, err := turnLogStreams(ctx, js)
+	switch {
+	case err != nil:
+		return err
+	case logs == nil:
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the turn-log streams (%s*) are missing: every turn's log reads as empty, and every batch is judged (and rebuilt) in bucket %s as an earlier version's; provision the topology to create them again", topology.StreamTurnLogPrefix, topology.BucketBatches))
+		return nil
+	}
+	for _, name := range missing {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("turn-log stream %s is missing: the logs it held read as empty, and the batches of its turns are judged (and rebuilt) in bucket %s as an earlier version's; provision the topology to create the stream again", name, topology.BucketBatches))
 	}
+	b.logs = logs
+	// A turn's read checks for a missing partition first (turnLog):
+	// turnlog.Log would read a nil stream.
+	b.turnLogs = turnlog.Bind(js, logs)
+	return nil
+}
+
+// turnLogStreams binds the turn-log streams as topology.OpenTurnLogs does
+// (as many as stream 0's metadata says, whatever this process's
+// configuration says), except that a missing stream is no error: logs is
+// nil when stream 0 is missing (missing then names no stream: the number
+// of partitions is unknown), and otherwise has a nil entry for each
+// partition whose stream is missing, named in missing. Its error is the
+// server's, or topology.ErrTurnLogPartitions for a stream 0 that records
+// no valid number of partitions.
+func turnLogStreams(ctx context.Context, js jetstream.JetStream) (logs []jetstream.Stream, missing []string, err error) {
 	s0, err := js.Stream(ctx, topology.TurnLogStream(0))
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the turn-log streams (%s*) are missing: every turn's log reads as empty, and every batch is judged (and rebuilt) in bucket %s as an earlier version's; provision the topology to create them again", topology.StreamTurnLogPrefix, topology.BucketBatches))
-		return nil
+		return nil, nil, nil
 	case err != nil:
-		return fmt.Errorf("replay: open stream %s: %w", topology.TurnLogStream(0), err)
+		return nil, nil, fmt.Errorf("replay: open stream %s: %w", topology.TurnLogStream(0), err)
 	}
 	meta := s0.CachedInfo().Config.Metadata[topology.MetaTurnLogPartitions]
 	p, err := strconv.Atoi(meta)
 	if err != nil || p < 1 || p > topology.MaxTurnLogPartitions {
-		return fmt.Errorf("replay: %w: stream %s records %q partitions", topology.ErrTurnLogPartitions, topology.TurnLogStream(0), meta)
+		return nil, nil, fmt.Errorf("replay: %w: stream %s records %q partitions", topology.ErrTurnLogPartitions, topology.TurnLogStream(0), meta)
 	}
-	b.logs = []jetstream.Stream{s0}
+	logs = []jetstream.Stream{s0}
 	for i := 1; i < p; i++ {
 		s, err := js.Stream(ctx, topology.TurnLogStream(i))
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound):
-			missing(topology.TurnLogStream(i))
+			missing = append(missing, topology.TurnLogStream(i))
 			s = nil
 		case err != nil:
-			return fmt.Errorf("replay: open stream %s: %w", topology.TurnLogStream(i), err)
+			return nil, nil, fmt.Errorf("replay: open stream %s: %w", topology.TurnLogStream(i), err)
 		}
-		b.logs = append(b.logs, s) // nil when missing
+		logs = append(logs, s) // nil when missing
 	}
-	// A turn's read checks for a missing partition first (turnLog):
-	// turnlog.Log would read a nil stream.
-	b.turnLogs = turnlog.Bind(js, b.logs)
-	return nil
+	return logs, missing, nil
 }
 
 // turnLog returns the stream of turn's log, nil when it is missing (or

@@ -47,7 +47,8 @@ func TestRebuildIntoExistingBucketsOnlyFillsMissingOrOlderRecords(t *testing.T) 
 	h.Stop() // as the operating guide says: no stage runs during a rebuild
 	// The batches as an earlier version left them, in tollgate_batches,
 	// where the rebuild rule applies to them (a turn's log is never
-	// rebuilt).
+	// rebuilt), with the outcome of the ended one published, as that
+	// version published it.
 	for _, turn := range []string{done, missing, ahead, tampered, garbled} {
 		h.MakeBucketed(turn)
 	}

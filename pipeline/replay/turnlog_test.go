@@ -174,3 +174,67 @@ func TestATurnWhoseLogStreamWasMadeAgainIsRebuiltAsMaybeRunning(t *testing.T) {
 		t.Fatalf("rebuilt claim %+v, want one by %s", c, replay.RebuildWorker)
 	}
 }
+
+// A turn's outcome is the one its log's outcome event keeps, published
+// nowhere: Read projects the batch ended from it, keeps it over a
+// published copy that differs (noted), and falls back to the published
+// copy when the turn's log stream is gone, without failing.
+func TestReadTakesATurnsOutcomeFromItsLog(t *testing.T) {
+	h := start(t, nil, nil)
+	turn := h.Send(h.Inbound("s-outcome", "alice", pt.Call("echo", `{"text":"x"}`)))
+	h.WaitTerminal(turn)
+	h.WaitIdle(pt.AllStages...)
+	h.Stop()
+	logged := h.Outcomes(turn)
+	if len(logged) != 1 || len(h.PublishedOutcomes(turn)) != 0 {
+		t.Fatalf("%d outcomes, %d published; want the log's alone", len(logged), len(h.PublishedOutcomes(turn)))
+	}
+	read := func(t *testing.T, h *pt.H) *replay.Turn {
+		t.Helper()
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		hist, err := replay.Read(ctx, h.JS, replay.Range{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tt := range hist.Turns {
+			if tt.TurnID == turn {
+				return tt
+			}
+		}
+		t.Fatalf("turn %s not read", turn)
+		return nil
+	}
+
+	t.Run("the log's outcome ends the batch", func(t *testing.T) {
+		h := h.For(t)
+		b := read(t, h).Batch
+		if b.State != schemas.BatchCompleted || b.Results[0] == nil || b.Results[0].Status != schemas.ResultOK {
+			t.Fatalf("batch %s, results %+v; want completed with the echo's result", b.State, b.Results)
+		}
+	})
+	published := *logged[0]
+	published.State, published.Code = schemas.TurnFailed, schemas.CodeTurnContextTampered
+	t.Run("a published copy that differs is noted, the log's is kept", func(t *testing.T) {
+		h := h.For(t)
+		h.Publish(topology.EventSubject(topology.SubjectTurnOutcome, turn), topology.OutcomeMsgID(turn), &published)
+		tt := read(t, h)
+		if tt.Batch.State != schemas.BatchCompleted {
+			t.Fatalf("batch %s, want completed (its log's outcome)", tt.Batch.State)
+		}
+		if !slices.ContainsFunc(tt.Notes, func(n string) bool { return strings.Contains(n, "differs from the one its turn log keeps") }) {
+			t.Fatalf("notes %q, want one about the published copy", tt.Notes)
+		}
+	})
+	t.Run("without the turn's log stream, the published copy", func(t *testing.T) {
+		h := h.For(t)
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		if err := h.JS.DeleteStream(ctx, topology.TurnLogStream(topology.TurnLogPartition(turn, h.Store.Batches.Log.Log.Partitions()))); err != nil {
+			t.Fatal(err)
+		}
+		if b := read(t, h).Batch; b.State != schemas.BatchFailed || b.Code != schemas.CodeTurnContextTampered {
+			t.Fatalf("batch %s %s, want the published copy's, failed %s", b.State, b.Code, schemas.CodeTurnContextTampered)
+		}
+	})
+}
