@@ -20,7 +20,7 @@ type Facts struct {
 	Turns       []TurnFact
 	Ledger      []toolsvc.Execution               // in-process and remote
 	BadLedger   []string                          // lines that do not decode
-	Outcomes    map[string][]*schemas.TurnOutcome // every stored outcome, by turn id (outcomes.Stored: a logged one and its published copy once)
+	Outcomes    map[string][]*schemas.TurnOutcome // every stored outcome, by turn id (outcomes.Stored: logged and published)
 	DeadLetters uint64
 	Rejections  map[schemas.Code]int
 	ProcessLogs []string // problems found in process logs (panic, data race)

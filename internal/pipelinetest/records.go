@@ -55,8 +55,9 @@ func (h *H) MakeBucketed(turnID string) {
 }
 
 // moveToBucket creates the batch of turnID, as as makes it, in
-// tollgate_batches, purges the turn's log and publishes the notice an
-// earlier version published for the batch's state (awaiting, started):
+// tollgate_batches, purges the turn's log and publishes what an earlier
+// version published for the batch's state (the outcome of an ended one,
+// the awaiting and started notices):
 // the turn is left as an earlier version left it. Nothing may be moving
 // the batch meanwhile.
 func (h *H) moveToBucket(turnID string, as func(*schemas.BatchRecord) *schemas.BatchRecord) {
@@ -75,8 +76,11 @@ func (h *H) moveToBucket(turnID string, as func(*schemas.BatchRecord) *schemas.B
 	}
 	// The events an earlier version published as the batch went through
 	// the states it is past, which this version's stages no longer
-	// publish: the awaiting notice (the approvals, and the results of the
-	// calls that needed none), and the redrive started.
+	// publish: the turn's outcome, the awaiting notice (the approvals, and
+	// the results of the calls that needed none), and the redrive started.
+	if b.Outcome != nil {
+		h.Publish(topology.EventSubject(topology.SubjectTurnOutcome, turnID), topology.OutcomeMsgID(turnID), b.Outcome)
+	}
 	waited := slices.ContainsFunc(b.Approvals, func(id string) bool { return id != "" })
 	if !waited || b.State == schemas.BatchQueued || b.State == schemas.BatchRunning {
 		return

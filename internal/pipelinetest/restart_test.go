@@ -12,6 +12,7 @@ import (
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -64,20 +65,16 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 
 	// Each look has its own deadline: the resend's context above may have
 	// run out long before the last redelivery (AckWait) is done.
-	outcomes := func() int {
+	count := func() int {
 		ctx, cancel := h.Ctx()
 		defer cancel()
-		s, err := h.JS.Stream(ctx, topology.StreamEvents)
-		if err != nil {
-			return -1
-		}
-		info, err := s.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTurnOutcome+">"))
+		stored, err := outcomes.Stored(ctx, h.JS)
 		if err != nil {
 			return -1
 		}
 		n := 0
-		for _, c := range info.State.Subjects {
-			n += int(c)
+		for _, os := range stored {
+			n += len(os)
 		}
 		return n
 	}
@@ -90,18 +87,20 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 		}
 	}()
 	jstest.EventuallyState(t, 2*jstest.LongWait, fmt.Sprintf("%d turn outcomes", total), func() (bool, string) {
-		n := outcomes()
+		n := count()
 		return n >= total, fmt.Sprintf("%d turn outcomes (-1: the stream could not be read)", n)
 	})
 	drained = true
 	per := map[string]int{}
-	for _, o := range pt.DecodeAll[schemas.TurnOutcome](t, h.Events(topology.SubjectTurnOutcome+">")) {
-		per[o.TurnID]++
-		if !turns[o.TurnID] {
-			t.Errorf("outcome for unknown turn %s", o.TurnID)
-		}
-		if o.State != schemas.TurnCompleted {
-			t.Errorf("turn %s: outcome %s (%s: %s), want completed", o.TurnID, o.State, o.Code, o.Reason)
+	for turn, os := range h.StoredOutcomes() {
+		for _, o := range os {
+			per[turn]++
+			if !turns[o.TurnID] || o.TurnID != turn {
+				t.Errorf("outcome for unknown turn %s (stored for %s)", o.TurnID, turn)
+			}
+			if o.State != schemas.TurnCompleted {
+				t.Errorf("turn %s: outcome %s (%s: %s), want completed", o.TurnID, o.State, o.Code, o.Reason)
+			}
 		}
 	}
 	for id := range turns {
@@ -122,8 +121,8 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 func dumpUnfinished(t *testing.T, h *pt.H, turns map[string]bool) {
 	t.Helper()
 	done := map[string]bool{}
-	for _, o := range pt.DecodeAll[schemas.TurnOutcome](t, h.Events(topology.SubjectTurnOutcome+">")) {
-		done[o.TurnID] = true
+	for turn := range h.StoredOutcomes() {
+		done[turn] = true
 	}
 	for id := range turns {
 		if done[id] {

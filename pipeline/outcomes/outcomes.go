@@ -165,34 +165,10 @@ func New(ctx context.Context, cfg Config) (*Follower, error) {
 // an existing consumer (another replica of the reader may have created it
 // a moment ago) keeps its start, which is read back.
 func (f *Follower) consumer(ctx context.Context, i int, s jetstream.Stream) (jetstream.ConsumerConfig, error) {
-	cc := jetstream.ConsumerConfig{
-		Durable:       Durable(f.cfg.Durable, i),
-		Description:   cmp.Or(f.cfg.Description, "Tollgate "+f.cfg.Component+": turns' outcomes"),
-		FilterSubject: topology.TurnLogOutcomeFilter(i),
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
-	}
-	fail := func(what string, err error) (jetstream.ConsumerConfig, error) {
-		return cc, fmt.Errorf("%s: outcomes: %s %s: %w", f.cfg.Component, what, cc.Durable, err)
-	}
-	info, err := s.Info(ctx)
+	cc := consumerConfig(i, f.cfg.Durable, cmp.Or(f.cfg.Description, "Tollgate "+f.cfg.Component+": turns' outcomes"))
+	existing, last, err := ensure(ctx, s, runner.ConsumerConfig(cc))
 	if err != nil {
-		return fail("stream of", err)
-	}
-	last := info.State.LastSeq
-	existing, err := s.Consumer(ctx, cc.Durable)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		cc.OptStartSeq = last + 1
-		var created jetstream.Consumer
-		created, err = s.CreateConsumer(ctx, runner.ConsumerConfig(cc))
-		switch {
-		case err == nil:
-			existing = created
-		case errors.Is(err, jetstream.ErrConsumerExists):
-			existing, err = s.Consumer(ctx, cc.Durable)
-		}
-	}
-	if err != nil {
-		return fail("consumer", err)
+		return cc, fmt.Errorf("%s: outcomes: %w", f.cfg.Component, err)
 	}
 	have := existing.CachedInfo().Config
 	cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = have.DeliverPolicy, have.OptStartSeq, have.OptStartTime
@@ -205,6 +181,79 @@ func (f *Follower) consumer(ctx context.Context, i int, s jetstream.Stream) (jet
 		f.starts[i] = last + 1
 	}
 	return cc, nil
+}
+
+// consumerConfig is the consumer of partition i's outcome events named
+// for prefix, before its start is known.
+func consumerConfig(i int, prefix, description string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       Durable(prefix, i),
+		Description:   description,
+		FilterSubject: topology.TurnLogOutcomeFilter(i),
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+	}
+}
+
+// ensure creates cc's consumer on s, starting after s's last message,
+// unless it exists, and returns the consumer as the server has it and the
+// stream's last sequence when it looked. An existing consumer is left as
+// it is.
+func ensure(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig) (jetstream.Consumer, uint64, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream of %s: %w", cc.Durable, err)
+	}
+	last := info.State.LastSeq
+	existing, err := s.Consumer(ctx, cc.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		cc.OptStartSeq = last + 1
+		var created jetstream.Consumer
+		created, err = s.CreateConsumer(ctx, cc)
+		switch {
+		case err == nil:
+			existing = created
+		case errors.Is(err, jetstream.ErrConsumerExists):
+			existing, err = s.Consumer(ctx, cc.Durable)
+		}
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("consumer %s: %w", cc.Durable, err)
+	}
+	return existing, last, nil
+}
+
+// EnsureConsumers creates, for a reader of outcomes that does not create
+// its own consumers (a transport whose user may only pull them, as
+// deploy/nats's example transport "cli"), one durable pull consumer per
+// turn-log partition: Durable(prefix, i) on TOLLGATE_TURNLOG_<i>, filter
+// tollgate.turnlog.<i>.*.outcome, explicit acks, starting after the
+// partition's last message when it is created. A consumer that exists is
+// left as it is. It reports the names of those it created. The reader
+// then follows docs/protocol.md §4.2a, "Following outcomes", as a Follower
+// does (`tollgate provision --outcome-reader <prefix>` calls it).
+func EnsureConsumers(ctx context.Context, js jetstream.JetStream, prefix string) ([]string, error) {
+	if prefix == "" || !schemas.ValidKey(Durable(prefix, 0)) {
+		return nil, fmt.Errorf("outcomes: %q is not a durable name prefix", prefix)
+	}
+	streams, err := topology.OpenTurnLogs(ctx, js)
+	if err != nil {
+		return nil, fmt.Errorf("outcomes: %w", err)
+	}
+	var created []string
+	for i, s := range streams {
+		cc := consumerConfig(i, prefix, "Tollgate reader "+prefix+": turns' outcomes")
+		if _, err := s.Consumer(ctx, cc.Durable); err == nil {
+			continue
+		} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return created, fmt.Errorf("outcomes: consumer %s: %w", cc.Durable, err)
+		}
+		if _, _, err := ensure(ctx, s, cc); err != nil {
+			return created, fmt.Errorf("outcomes: %w", err)
+		}
+		created = append(created, topology.TurnLogStream(i)+"/"+cc.Durable)
+	}
+	return created, nil
 }
 
 // Turn is the turn id of an outcome event's subject, "" for any other

@@ -1,7 +1,6 @@
 package outcomes
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,15 +14,18 @@ import (
 )
 
 // Stored reads every turn's stored outcomes, for tools that check a run
-// after it (the chaos checker, the bench): those the turn logs' outcome
-// events keep (the write that ended each batch), and the copies published
-// on tollgate.event.turn.outcome. A turn whose log keeps its outcome gets
-// a published copy only where it is not byte for byte the logged one (a
-// conflict) or repeats it (a second copy): so each turn that ended once
-// has exactly one outcome, whichever place keeps it, and anything else
-// shows (a server with no turn logs: the published copies alone). It
-// reads up to each stream's last message when it looked, with
-// ordered consumers; a record that does not decode is an error.
+// after it (the chaos checker, the bench, the tests): those the turn logs'
+// outcome events keep (the write that ended each batch), and the copies
+// published on tollgate.event.turn.outcome (for a batch kept in
+// tollgate_batches, or one an earlier version ended without keeping it).
+// This version publishes no copy of an outcome its turn's log keeps, so a
+// turn that ended once has exactly one, whichever place keeps it, and
+// anything else shows: a published copy beside a logged outcome counts as
+// a second one. (A turn ended by the version before this one, which
+// published a copy of every outcome, shows two: read such data with the
+// tools of that version.) It reads up to each stream's last message when
+// it looked, with ordered consumers; a record that does not decode is an
+// error.
 func Stored(ctx context.Context, js jetstream.JetStream) (map[string][]*schemas.TurnOutcome, error) {
 	logs, err := topology.OpenTurnLogs(ctx, js)
 	switch {
@@ -49,24 +51,13 @@ func Stored(ctx context.Context, js jetstream.JetStream) (map[string][]*schemas.
 			return nil, err
 		}
 	}
-	seen := map[string]int{} // turn -> published copies read
 	err = bus.Scan(ctx, js, topology.StreamEvents, topology.SubjectTurnOutcome+"*", func(m jetstream.Msg) error {
 		o, err := schemas.Decode[schemas.TurnOutcome](m.Data())
 		if err != nil {
 			return fmt.Errorf("outcome on %s: %w", m.Subject(), err)
 		}
-		seen[o.TurnID]++
-		if logged := out[o.TurnID]; len(logged) == 0 || seen[o.TurnID] > 1 || !same(logged[0], o) {
-			out[o.TurnID] = append(out[o.TurnID], o)
-		}
+		out[o.TurnID] = append(out[o.TurnID], o)
 		return nil
 	})
 	return out, err
-}
-
-// same reports whether a and b encode to the same bytes.
-func same(a, b *schemas.TurnOutcome) bool {
-	x, xerr := schemas.Encode(a)
-	y, yerr := schemas.Encode(b)
-	return xerr == nil && yerr == nil && bytes.Equal(x, y)
 }
