@@ -10,6 +10,8 @@ import (
 	"github.com/tollgate-dev/tollgate"
 	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
+	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 var provisionCmd = &command{
@@ -38,7 +40,10 @@ type provisionChange struct {
 // --dry-run makes them: topology.Ensure, then topology.EnsureConsumer for
 // each consumer. It then checks that nothing differs any more. With
 // --planner it also creates the planner's bucket (topology.EnsurePlannerBucket)
-// and consumers, and ingest's consumer of the step batches. Stages started with --no-provision need this to have run.
+// and consumers, and ingest's consumer of the step batches; with
+// --outcome-reader NAME, NAME's pull consumers of the turn logs' outcome
+// events (outcomes.EnsureConsumers), created once and then left as they
+// are. Stages started with --no-provision need this to have run.
 func cmdProvision(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
@@ -47,6 +52,14 @@ func cmdProvision(cmd *command, args []string) int {
 	scaffold.IntVar(fs, &replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas for streams and buckets, as the stages run with (env TOLLGATE_REPLICAS)")
 	dryRun := fs.Bool("dry-run", false, "print what would be created and what differs, field by field; change nothing")
 	withPlanner := fs.Bool("planner", false, "also the planner's bucket and consumers and ingest's consumer of its step batches (docs/planner.md), so that the planner's user needs no right to create them")
+	var readers []string
+	fs.Func("outcome-reader", "also a reader's pull consumers of the turn logs' outcome events, `NAME`-outcome-<i> on each TOLLGATE_TURNLOG_<i> (docs/protocol.md 4.2a), for a transport whose user may only pull them (deploy/nats: transport-cli); repeatable", func(v string) error {
+		if !schemas.ValidKey(outcomes.Durable(v, 0)) {
+			return fmt.Errorf("%q is not a durable name prefix", v)
+		}
+		readers = append(readers, v)
+		return nil
+	})
 	pos, exit, ok := cmd.parse(fs, args)
 	if !ok {
 		return exit
@@ -84,6 +97,18 @@ func cmdProvision(cmd *command, args []string) int {
 			return c.fail("provision", err)
 		}
 	}
+	for _, prefix := range readers {
+		for i := range topo.TurnLogPartitionCount() {
+			name := outcomes.Durable(prefix, i)
+			_, err := c.js.Consumer(ctx, topology.TurnLogStream(i), name)
+			switch {
+			case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
+				changes = append(changes, topology.Change{Kind: topology.KindConsumer, Name: topology.TurnLogStream(i) + "/" + name, Missing: true})
+			case err != nil:
+				return c.fail("provision", fmt.Errorf("consumer %s: %w", name, err))
+			}
+		}
+	}
 	res := provisionResult{DryRun: *dryRun, Changes: []provisionChange{}}
 	for _, ch := range changes {
 		pc := provisionChange{Action: "update", Kind: ch.Kind, Name: ch.Name, Fields: ch.Fields}
@@ -108,6 +133,14 @@ func cmdProvision(cmd *command, args []string) int {
 	if !*dryRun && *withPlanner {
 		if _, err := topology.EnsurePlannerBucket(ctx, c.js, topo); err != nil {
 			return c.fail("provision", err)
+		}
+	}
+	if !*dryRun {
+		// After the topology, which creates the turn logs they are on.
+		for _, prefix := range readers {
+			if _, err := outcomes.EnsureConsumers(ctx, c.js, prefix); err != nil {
+				return c.fail("provision", err)
+			}
 		}
 	}
 	if c.json {

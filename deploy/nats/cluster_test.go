@@ -186,9 +186,9 @@ func TestClusterLeastPrivilegeConfig(t *testing.T) {
 		Option:  schemas.OptionApprove, ArgsDigest: req.ArgsDigest, SentAt: time.Now().UTC(),
 	}
 	publish(t, cli, topology.DecisionSubject("cli", req.ApprovalID), d.DecisionID, d)
-	out, err := schemas.Decode[schemas.TurnOutcome](lastOn(t, admin, topology.EventSubject(topology.SubjectTurnOutcome, turn)))
-	if err != nil || out.State != schemas.TurnCompleted || len(out.Results) != 2 || out.Results[1].Status != schemas.ResultOK {
-		t.Fatalf("outcome: %+v, %v", out, err)
+	out := loggedOutcome(t, admin, turn)
+	if out.State != schemas.TurnCompleted || len(out.Results) != 2 || out.Results[1].Status != schemas.ResultOK {
+		t.Fatalf("outcome: %+v", out)
 	}
 
 	adminKV, err := topology.OpenBuckets(ctx(t, wait), admin.js)

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/schemas"
 	tgdiscord "github.com/tollgate-dev/tollgate/transport/discord"
 	tgslack "github.com/tollgate-dev/tollgate/transport/slack"
@@ -95,9 +96,19 @@ func TestLeastPrivilegeDiscord(t *testing.T) {
 	}
 	publish(t, dc, topology.DecisionSubject(tgdiscord.Name, req.ApprovalID), topology.DecisionMsgID(d.DecisionID), d)
 
-	out, err := schemas.Decode[schemas.TurnOutcome](nextEvent(t, events, topology.EventSubject(topology.SubjectTurnOutcome, turn)))
-	if err != nil || out.State != schemas.TurnCompleted || len(out.Results) != 1 || out.Results[0].Status != schemas.ResultOK {
-		t.Fatalf("outcome of %s: %+v, %v", turn, out, err)
+	// The outcome, from the transport's follower of its turn log's
+	// partition, which its user may create (transport/chat: outcomes).
+	part := topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)
+	follower, err := dc.js.CreateConsumer(ctx(t, wait), topology.TurnLogStream(part), jetstream.ConsumerConfig{
+		Durable: outcomes.Durable(tgdiscord.Durable, part), AckPolicy: jetstream.AckExplicitPolicy,
+		FilterSubject: topology.TurnLogOutcomeFilter(part),
+	})
+	if err != nil {
+		t.Fatalf("discord: create its outcome consumer: %v", err)
+	}
+	out := nextOutcome(t, follower, turn)
+	if out.State != schemas.TurnCompleted || len(out.Results) != 1 || out.Results[0].Status != schemas.ResultOK {
+		t.Fatalf("outcome of %s: %+v", turn, out)
 	}
 	if ev, err := schemas.Decode[schemas.DecidedEvent](lastOn(t, admin, topology.EventSubject(topology.SubjectApprovalDecided, turn))); err != nil ||
 		ev.Status != schemas.ApprovalApproved || ev.ApprovalID != req.ApprovalID {

@@ -32,6 +32,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -237,6 +238,11 @@ func provisionAs(t *testing.T, admin *client, topo topology.Config) {
 	if _, err := admin.js.CreateOrUpdateConsumer(c, topology.StreamEvents, cfg); err != nil {
 		t.Fatalf("admin: create %s: %v", cliConsumer, err)
 	}
+	// Its consumers of the turn logs' outcome events, as
+	// `tollgate provision --outcome-reader transport-cli` makes them.
+	if made, err := outcomes.EnsureConsumers(c, admin.js, cliConsumer); err != nil || len(made) != topo.TurnLogPartitionCount() {
+		t.Fatalf("admin: create %s's outcome consumers: %v %v", cliConsumer, made, err)
+	}
 }
 
 // stage is one running stage.
@@ -385,6 +391,44 @@ func lastOn(t *testing.T, admin *client, subject string) []byte {
 	return data
 }
 
+// loggedOutcome waits for turn's outcome event in its turn log (the write
+// that ended its batch: docs/protocol.md 4.2a) and returns the outcome its
+// record keeps.
+func loggedOutcome(t *testing.T, admin *client, turn string) *schemas.TurnOutcome {
+	t.Helper()
+	p := topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)
+	s, err := admin.js.Stream(ctx(t, wait), topology.TurnLogStream(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data []byte
+	eventually(t, "the outcome event of "+turn, func(c context.Context) bool {
+		m, err := s.GetLastMsgForSubject(c, topology.TurnLogSubject(p, turn, store.EventOutcome))
+		if err == nil {
+			data = m.Data
+		}
+		return err == nil
+	})
+	o, err := store.DecodeOutcome(turn, data)
+	if err != nil {
+		t.Fatalf("the outcome event of %s: %v", turn, err)
+	}
+	return o
+}
+
+// nextOutcome pulls from cons, a reader's consumer of the outcome events
+// of turn's turn-log partition (acking all it reads), until turn's
+// arrives, and returns the outcome its record keeps.
+func nextOutcome(t *testing.T, cons jetstream.Consumer, turn string) *schemas.TurnOutcome {
+	t.Helper()
+	p := topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)
+	o, err := store.DecodeOutcome(turn, nextEvent(t, cons, topology.TurnLogSubject(p, turn, store.EventOutcome)))
+	if err != nil {
+		t.Fatalf("the outcome event of %s: %v", turn, err)
+	}
+	return o
+}
+
 // nextEvent fetches from the transport's durable consumer (acking all it
 // reads) until an event on subject arrives, and returns its data.
 func nextEvent(t *testing.T, cons jetstream.Consumer, subject string) []byte {
@@ -443,7 +487,7 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 	// events it imports); subscribe before sending so nothing is missed.
 	turn := schemas.TurnID("cli", "m-approved")
 	live := map[string]*nats.Subscription{}
-	for _, prefix := range []string{topology.SubjectApprovalRequested, topology.SubjectApprovalDecided, topology.SubjectTurnOutcome} {
+	for _, prefix := range []string{topology.SubjectApprovalRequested, topology.SubjectApprovalDecided} {
 		if live[prefix], err = cli.nc.SubscribeSync(topology.EventSubject(prefix, turn)); err != nil {
 			t.Fatal(err)
 		}
@@ -510,21 +554,24 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 		t.Fatalf("rejection: %+v, %v", rej, err)
 	}
 
-	out, err := schemas.Decode[schemas.TurnOutcome](nextEvent(t, events, topology.EventSubject(topology.SubjectTurnOutcome, turn)))
+	// The outcome, from the transport's consumer of its turn log's
+	// partition (the outcome is not published: the log keeps it).
+	outcomeCons, err := cli.js.Consumer(ctx(t, wait), topology.TurnLogStream(topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)),
+		outcomes.Durable(cliConsumer, topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)))
 	if err != nil {
-		t.Fatalf("outcome: %v", err)
+		t.Fatalf("cli: bind its outcome consumer: %v", err)
 	}
+	out := nextOutcome(t, outcomeCons, turn)
 	if out.State != schemas.TurnCompleted || len(out.Results) != 2 ||
 		out.Results[0].Status != schemas.ResultOK || out.Results[1].Status != schemas.ResultOK || out.Results[1].ApprovalID != req.ApprovalID {
 		t.Fatalf("outcome: %+v", out)
 	}
-	if got, err := schemas.Decode[schemas.TurnOutcome](liveEvent(topology.SubjectTurnOutcome)); err != nil || got.State != schemas.TurnCompleted {
-		t.Fatalf("live outcome: %+v, %v", got, err)
+	for _, c := range []jetstream.Consumer{events, outcomeCons} {
+		eventually(t, "the transport's acks reach its consumer", func(ctx context.Context) bool {
+			info, err := c.Info(ctx)
+			return err == nil && info.NumAckPending == 0 && info.AckFloor.Consumer == info.Delivered.Consumer
+		})
 	}
-	eventually(t, "the transport's acks reach its consumer", func(c context.Context) bool {
-		info, err := events.Info(c)
-		return err == nil && info.NumAckPending == 0 && info.AckFloor.Consumer == info.Delivered.Consumer
-	})
 	if b, err := os.ReadFile(filepath.Join(sandbox, "approved.txt")); err != nil || string(b) != "approved by alice" {
 		t.Fatalf("the approved write_file did not run: %q, %v", b, err)
 	}
@@ -558,11 +605,11 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 		if err != nil || ev.Status != schemas.ApprovalAbandoned {
 			t.Fatalf("%s: decided event of %s: %+v, %v", p.stage, id, ev, err)
 		}
-		if o, err := schemas.Decode[schemas.TurnOutcome](lastOn(t, admin, topology.EventSubject(topology.SubjectTurnOutcome, waiting))); err != nil || o.State != schemas.TurnFailed {
-			t.Fatalf("%s: outcome of %s: %+v, %v", p.stage, waiting, o, err)
+		if o := loggedOutcome(t, admin, waiting); o.State != schemas.TurnFailed {
+			t.Fatalf("%s: outcome of %s: %+v", p.stage, waiting, o)
 		}
-		if o, err := schemas.Decode[schemas.TurnOutcome](lastOn(t, admin, topology.EventSubject(topology.SubjectTurnOutcome, queued))); err != nil || o.State != schemas.TurnCompleted {
-			t.Fatalf("%s: outcome of the queued turn %s: %+v, %v", p.stage, queued, o, err)
+		if o := loggedOutcome(t, admin, queued); o.State != schemas.TurnCompleted {
+			t.Fatalf("%s: outcome of the queued turn %s: %+v", p.stage, queued, o)
 		}
 		b, _, err := adminStore.Batches.Get(ctx(t, wait), waiting)
 		if err != nil {
@@ -571,8 +618,12 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 		if err := eng.Finish(ctx(t, wait), b); err != nil {
 			t.Fatalf("%s: finish %s again: %v", p.stage, waiting, err)
 		}
-		if n := stored(t, admin, topology.StreamEvents, topology.EventSubject(topology.SubjectTurnOutcome, waiting)); n != 1 {
-			t.Fatalf("%s: %d outcomes of %s, want 1", p.stage, n, waiting)
+		part := topology.TurnLogPartition(waiting, topology.DefaultTurnLogPartitions)
+		if n := stored(t, admin, topology.TurnLogStream(part), topology.TurnLogSubject(part, waiting, store.EventOutcome)); n != 1 {
+			t.Fatalf("%s: %d outcome events of %s, want 1", p.stage, n, waiting)
+		}
+		if n := stored(t, admin, topology.StreamEvents, topology.EventSubject(topology.SubjectTurnOutcome, waiting)); n != 0 {
+			t.Fatalf("%s: %d published outcomes of %s, want none (its log keeps it)", p.stage, n, waiting)
 		}
 	}
 

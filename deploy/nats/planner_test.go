@@ -113,8 +113,8 @@ func TestLeastPrivilegePlannerAndSlack(t *testing.T) {
 	if err != nil || reply.Text != "Noted." || reply.Reply.Transport != tgslack.Name || reply.Steps != 2 {
 		t.Fatalf("reply: %+v, %v", reply, err)
 	}
-	if o, err := schemas.Decode[schemas.TurnOutcome](lastOn(t, admin, topology.EventSubject(topology.SubjectTurnOutcome, turn))); err != nil || o.State != schemas.TurnCompleted {
-		t.Fatalf("outcome of %s: %+v, %v", turn, o, err)
+	if o := loggedOutcome(t, admin, turn); o.State != schemas.TurnCompleted {
+		t.Fatalf("outcome of %s: %+v", turn, o)
 	}
 	if b, err := os.ReadFile(filepath.Join(sandbox, "planned.txt")); err != nil || string(b) != "planned for alice" {
 		t.Fatalf("the approved write_file did not run: %q, %v", b, err)

@@ -62,8 +62,8 @@ func TestLeastPrivilegeTurnLogs(t *testing.T) {
 		Option:  schemas.OptionApprove, ArgsDigest: req.ArgsDigest, SentAt: time.Now().UTC(),
 	}
 	publish(t, cli, topology.DecisionSubject("cli", req.ApprovalID), d.DecisionID, d)
-	if o, err := schemas.Decode[schemas.TurnOutcome](lastOn(t, admin, topology.EventSubject(topology.SubjectTurnOutcome, turn))); err != nil || o.State != schemas.TurnCompleted {
-		t.Fatalf("outcome: %+v, %v", o, err)
+	if o := loggedOutcome(t, admin, turn); o.State != schemas.TurnCompleted {
+		t.Fatalf("outcome: %+v", o)
 	}
 
 	// The batch is in the turn's log, not in the batches bucket.
@@ -124,7 +124,8 @@ func TestLeastPrivilegeTurnLogs(t *testing.T) {
 	}
 
 	// The redriver's sweep follows every turn log, on one ordered consumer
-	// each (created under its grants).
+	// each (created under its grants), beside the CLI transport's outcome
+	// consumer that admin provisioned.
 	jstest.Eventually(t, wait, "the redriver's sweep is watching", func() bool {
 		return stages["redriver"].p.Redriver.Sweeping() == nil
 	})
@@ -135,7 +136,7 @@ func TestLeastPrivilegeTurnLogs(t *testing.T) {
 				return false
 			}
 			info, err := s.Info(c)
-			return err == nil && info.State.Consumers == 1
+			return err == nil && info.State.Consumers == 2
 		})
 	}
 
@@ -293,6 +294,9 @@ func TestTurnLogGrantsNameEveryPartition(t *testing.T) {
 		// The outcome followers (pipeline/outcomes): a durable of a fixed
 		// name created with the one filter of the outcome events, and for
 		// the transports the look-up and the read of an outcome event.
+		// The CLI transport's, which admin provisions: it may only pull.
+		cli := outcomes.Durable("transport-cli", i)
+		want["cli"] = append(want["cli"], api+"CONSUMER.INFO."+stream+"."+cli, api+"CONSUMER.MSG.NEXT."+stream+"."+cli, "$JS.ACK."+stream+"."+cli+".>")
 		for user, durable := range map[string]string{"planner": "planner", "slack": "transport-slack", "discord": "transport-discord"} {
 			name := outcomes.Durable(durable, i)
 			want[user] = append(want[user], api+"CONSUMER.CREATE."+stream+"."+name+"."+topology.TurnLogOutcomeFilter(i),
