@@ -213,13 +213,13 @@ func TestOneApprovalTurnIsOneTrace(t *testing.T) {
 		t.Fatal("the redrive is the requesting span's child across the wait")
 	}
 
-	// What the redrive published carries its span: the outcome continues
-	// the trace.
-	outcomes := h.Events(topology.EventSubject(topology.SubjectTurnOutcome, turn))
-	if len(outcomes) != 1 || out.TurnID != turn {
-		t.Fatalf("%d outcomes, want 1", len(outcomes))
+	// What the redrive wrote carries its span: the outcome (its turn
+	// log's outcome event, the write that ended the batch) continues the
+	// trace, for the transports that follow it.
+	if n := len(h.Outcomes(turn)); n != 1 || out.TurnID != turn {
+		t.Fatalf("%d outcomes, want 1", n)
 	}
-	got := trace.SpanContextFromContext(tracing.Extract(context.Background(), outcomes[0].Header))
+	got := trace.SpanContextFromContext(tracing.Extract(context.Background(), h.OutcomeEvent(turn).Header))
 	if got.TraceID() != traceID || got.SpanID() != redrive.SpanContext().SpanID() {
 		t.Fatalf("outcome carries %v/%v, want the redrive's span %v/%v", got.TraceID(), got.SpanID(), traceID, redrive.SpanContext().SpanID())
 	}
@@ -242,7 +242,11 @@ func TestWithoutATracerProviderNothingIsAdded(t *testing.T) {
 		return out
 	}
 	stored := func() []pipelinetest.Stored {
-		return append(h.Messages(topology.StreamTurns, ">"), h.Events(">")...)
+		msgs := append(h.Messages(topology.StreamTurns, ">"), h.Events(">")...)
+		for i := range topology.DefaultTurnLogPartitions {
+			msgs = append(msgs, h.Messages(topology.TurnLogStream(i), ">")...)
+		}
+		return msgs
 	}
 
 	t.Run("a message without a trace context", func(t *testing.T) {
@@ -251,7 +255,7 @@ func TestWithoutATracerProviderNothingIsAdded(t *testing.T) {
 			t.Errorf("approval records trace context %v", requested.Trace)
 		}
 		msgs := stored()
-		if len(msgs) < 4 { // accepted, requested, decided, outcome (the batch's states are in its turn log)
+		if len(msgs) < 7 { // accepted, requested, decided; the batch's running, awaiting, started and outcome events in its turn log
 			t.Fatalf("only %d messages stored", len(msgs))
 		}
 		for _, m := range msgs {

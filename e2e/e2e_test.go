@@ -462,11 +462,18 @@ func (c *cluster) testRedriverKilled(t *testing.T) {
 		t.Errorf("turn log events %v: %d moves to started, want 1, and the outcome last", evs, starts)
 	}
 
+	// The turn's outcome is kept by the write that ended it (its log's
+	// outcome event, checked last above), and published nowhere.
+	if n := c.streamCount(t, streamEvents, topology.SubjectTurnOutcome+turn); n != 0 {
+		t.Errorf("%d published outcomes of %s in %s, want none: its log's outcome event keeps it", n, turn, streamEvents)
+	}
+
 	// The event history of the turn as `tollgate watch` shows it: the
-	// approval requested and decided, one outcome, and from the turn's log
-	// each move of the batch (one to started); no batch-awaiting notice and
-	// no redrive outcome (the turn's log holds those facts).
-	total := int(c.streamCount(t, streamEvents, "tollgate.event.*.*."+turn)) + moves
+	// approval requested and decided, from the turn's log each move of the
+	// batch (one to started), and one outcome, which watch shows after the
+	// log's outcome event that keeps it; no batch-awaiting notice and no
+	// redrive outcome (the turn's log holds those facts).
+	total := int(c.streamCount(t, streamEvents, "tollgate.event.*.*."+turn)) + moves + 1
 	count := map[string]int{}
 	for _, ev := range c.watchEvents(t, turn, total) {
 		subj, _ := ev["subject"].(string)

@@ -26,7 +26,7 @@ func TestAudit(t *testing.T) {
 
 	early := h.Send(h.Inbound("s-audit-bob", "bob", pt.Call("echo", `{"text":"early"}`)))
 	h.WaitTerminal(early)
-	cut := storedAt(t, h, h.Events(topology.EventSubject(topology.SubjectTurnOutcome, early))[0].Seq)
+	cut := h.OutcomeEvent(early).Time
 
 	turn := h.Send(h.Inbound("s-audit-alice", "alice", pt.Call("echo", `{"text":"hi"}`), pt.Call("write_file", `{"path":"audit.txt","content":"x"}`)))
 	id := schemas.ApprovalID(turn, 1)
@@ -250,20 +250,4 @@ func turnsOf(events []audit.Event) []string {
 		}
 	}
 	return turns
-}
-
-// storedAt is the stream time of message seq of TOLLGATE_EVENTS.
-func storedAt(t *testing.T, h *pt.H, seq uint64) time.Time {
-	t.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	s, err := h.JS.Stream(ctx, topology.StreamEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := s.GetMsg(ctx, seq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m.Time
 }

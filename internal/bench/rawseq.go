@@ -54,7 +54,7 @@ import (
 // the executor's move to running claims the call it runs at once, and the
 // write that completes (or awaits) carries its result; the redriver's move
 // to started claims the approved call, and its completion carries the
-// result. Before the outcome, the stage that ends the batch retires the
+// result. After the outcome, the stage that ends the batch retires the
 // turn's approvals (batch.Engine's retire): each is read, and written
 // again with a TTL only if it has none. Today none needs it: an approval's
 // retention started when it was decided (with the TTL), so retire costs
@@ -84,8 +84,7 @@ var rawFast = []step{
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                          // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855}, // call 0 claimed
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 942}, // call 0's result and the outcome
-	{Stage: "executor", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 263},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"}, // the release: no turn queued, nothing written
+	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},                                      // the release: no turn queued, nothing written
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 }
 
@@ -126,7 +125,6 @@ var rawApproval = []step{
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 1360}, // call 1's result and the outcome
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "publish", On: "tollgate.event.turn.outcome.<turn>", MsgID: true, Bytes: 418},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"}, // the release: no turn queued, nothing written
 	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_EVENTS/redriver", Trigger: topology.SubjectApprovalDecided},
 }

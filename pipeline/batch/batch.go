@@ -15,10 +15,14 @@
 //
 // Five functions end a batch. None changes a batch that is already
 // terminal, and exactly one call makes a batch terminal. "Outcome" says
-// whether the function publishes the turn's TurnOutcome (built by Outcome,
-// once per turn: a repeat finds it stored or is deduplicated by its message
-// id); "session" whether it releases the turn's session to the next queued
-// turn.
+// whether the function announces the turn's TurnOutcome (built by Outcome,
+// once per turn). The write that ends a batch in its turn log keeps the
+// outcome (the log's outcome event: End writes it, and nothing is
+// published); for a batch kept in tollgate_batches, or one an earlier
+// version ended without it, Finish publishes it on
+// tollgate.event.turn.outcome.<turn> (a repeat finds it stored or is
+// deduplicated by its message id). "session" says whether it releases the
+// turn's session to the next queued turn.
 //
 //	function      called by                        from state    writes                              outcome  session
 //	End           redriver, failing a batch        not terminal  state, results, code; a failed      no       kept

@@ -161,19 +161,30 @@ func TurnOf(data []byte) string {
 	return id
 }
 
-// Finish publishes the outcome of a terminal batch and releases its session
-// (Release: a write only when a turn is queued behind it).
-// It is safe to call any number of times: the outcome is published only if
-// the events stream does not hold one for the turn yet. The message id
-// covers concurrent calls within the duplicate window; the lookup covers a
-// repeat after it (a redelivered or re-published trigger, such as an
-// identical decision sent again an hour later), which would otherwise tell
-// the transport the outcome a second time.
+// Finish finishes a terminal batch: a failed batch's pending approvals are
+// abandoned (announced), its approvals' and claims' retention is started
+// (retire), the turn's outcome is announced where its ending write did not
+// keep it, and its session is released (Release: a write only when a turn
+// is queued behind it).
+//
+// A batch ended in its turn log keeps its outcome in that write (the log's
+// outcome event, schemas.BatchRecord.Outcome): that event is the outcome,
+// which readers follow (pipeline/outcomes, docs/protocol.md §4.2a), and
+// Finish publishes nothing. Only a batch kept in tollgate_batches, or one an
+// earlier version ended without keeping its outcome, gets its outcome
+// published on tollgate.event.turn.outcome.<turn>, once: only if the events
+// stream does not hold one for the turn yet (the message id covers
+// concurrent calls within the duplicate window; the lookup a repeat after
+// it, such as an identical decision sent again an hour later).
+//
+// It is safe to call any number of times, and a crash at any point of it
+// is made good by the Finish of a redelivered trigger.
 func (e *Engine) Finish(ctx context.Context, b *schemas.BatchRecord) error {
 	return e.finish(ctx, b, true)
 }
 
-// finish is Finish; lookup says whether an earlier outcome may exist.
+// finish is Finish; lookup says whether an earlier published outcome may
+// exist.
 func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool) error {
 	if !b.State.Terminal() {
 		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
@@ -183,25 +194,8 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 			return err
 		}
 	}
-	subj := topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID)
-	stored := false
-	if lookup {
-		var err error
-		if stored, err = e.outcomeStored(ctx, subj); err != nil {
-			return err
-		}
-	}
-	if !stored {
-		if err := e.retire(ctx, b); err != nil {
-			return err
-		}
-		o := b.Outcome
-		if o == nil { // a batch an earlier version ended, or one kept in the bucket
-			o = Outcome(e.cfg.Keys, b)
-		}
-		if err := bus.Publish(ctx, e.cfg.JS, subj, topology.OutcomeMsgID(b.TurnID), o); err != nil {
-			return err
-		}
+	if err := e.announce(ctx, b, lookup); err != nil {
+		return err
 	}
 	if b.HeldBy != "" {
 		// A step of an agent loop ran inside its loop's hold on the session
@@ -209,6 +203,28 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 		return nil
 	}
 	return e.release(ctx, SessionOf(b.Context), b.TurnID, false)
+}
+
+// announce retires b's records and, for a batch whose ending write did not
+// keep its outcome, publishes the outcome (see Finish).
+func (e *Engine) announce(ctx context.Context, b *schemas.BatchRecord, lookup bool) error {
+	if b.Outcome != nil && !b.Bucketed() {
+		// The turn log's outcome event holds it: written once, read there.
+		// Retiring is cheap to repeat (a read for a record retired
+		// already), so every Finish does it.
+		return e.retire(ctx, b)
+	}
+	subj := topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID)
+	if lookup {
+		stored, err := e.outcomeStored(ctx, subj)
+		if err != nil || stored {
+			return err
+		}
+	}
+	if err := e.retire(ctx, b); err != nil {
+		return err
+	}
+	return bus.Publish(ctx, e.cfg.JS, subj, topology.OutcomeMsgID(b.TurnID), Outcome(e.cfg.Keys, b))
 }
 
 // retire makes sure the approvals and execution claims of b, a terminal
@@ -221,9 +237,10 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 // trigger of the turn, and it leaves KV no earlier than they do (it was
 // written terminal, with the same TTL, after them). A failed batch's
 // approvals include those it never recorded, as abandonPending finds
-// them. It runs before the outcome is published, so that a crash in
-// between is made good by the Finish of a redelivered trigger, which finds
-// no outcome yet; a Finish after the outcome does not look at them again.
+// them. Where Finish publishes the outcome, it runs before, so that a
+// crash in between is made good by the Finish of a redelivered trigger,
+// which finds no outcome yet; a Finish after that outcome does not look at
+// them again. Where the turn log keeps the outcome, every Finish runs it.
 func (e *Engine) retire(ctx context.Context, b *schemas.BatchRecord) error {
 	for i, call := range b.Calls {
 		id := b.Approvals[i]

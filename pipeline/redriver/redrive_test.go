@@ -89,7 +89,7 @@ func TestBatchBarrierDefersUntilEverySiblingIsDecided(t *testing.T) {
 			if st := h.Events(topology.SubjectRedrive + "started." + turn); len(st) != 0 {
 				t.Fatalf("%d started redrive outcomes published, want none (the log's started event is the fact)", len(st))
 			}
-			if oc := h.Events(topology.EventSubject(topology.SubjectTurnOutcome, turn)); len(oc) != 1 {
+			if oc := h.Outcomes(turn); len(oc) != 1 {
 				t.Fatalf("%d outcomes, want 1", len(oc))
 			}
 			if n := len(h.Redrives("failed", turn)); n != 0 {

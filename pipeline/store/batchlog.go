@@ -11,6 +11,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // BatchRecords is where a turn's batch record is kept, by turn id: the
@@ -188,5 +189,6 @@ func (b BatchLog) append(ctx context.Context, turn string, rec *schemas.BatchRec
 	}
 	event := EventOf(rec.State)
 	return b.Log.Append(ctx, turnlog.Append{Turn: turn, Event: event, After: after, Data: data,
-		MsgID: turn + "." + event + "." + strconv.FormatUint(after, 10) + "." + hex.EncodeToString(nonce[:])})
+		Header: tracing.Inject(ctx, nil), // the writer's span, when traced: the outcome event continues the turn's trace
+		MsgID:  turn + "." + event + "." + strconv.FormatUint(after, 10) + "." + hex.EncodeToString(nonce[:])})
 }

@@ -47,15 +47,22 @@ func TestTurnEventsResumeAfterADisconnect(t *testing.T) {
 			break
 		}
 	}
-	// The events stored for the turn, in order (its outcome is read from
-	// its turn log, in the place of the published copy), and the same as
-	// one stream from the first gives; an id is a position in the stream
-	// that sent it, so events are compared by kind and data.
-	stored := g.Events("tollgate.event.*.*." + sub.TurnID)
-	var wantKinds, gotKinds []string
-	for _, m := range stored {
-		wantKinds = append(wantKinds, turnEventKind(m.Subject))
+	// The events stored for the turn, in order: those of TOLLGATE_EVENTS,
+	// then its outcome, which only its turn log's outcome event keeps
+	// (none is published); and the same as one stream from the first
+	// gives (an id is a position in the stream that sent it, so events are
+	// compared by kind and data).
+	if n := len(g.PublishedOutcomes(sub.TurnID)); n != 0 {
+		t.Fatalf("turn %s has %d published outcomes, want none: its log keeps it", sub.TurnID, n)
 	}
+	var wantKinds, gotKinds []string
+	var wantKeys []placed
+	for _, m := range g.Events("tollgate.event.*.*." + sub.TurnID) {
+		wantKinds = append(wantKinds, turnEventKind(m.Subject))
+		wantKeys = append(wantKeys, placed{src: 0, seq: m.Seq})
+	}
+	wantKinds = append(wantKinds, "turn.outcome")
+	wantKeys = append(wantKeys, placed{src: 1 + topology.TurnLogPartition(sub.TurnID, g.partitions()), seq: g.OutcomeEvent(sub.TurnID).Seq})
 	for i, ev := range seen {
 		gotKinds = append(gotKinds, ev.kind)
 		var payload map[string]any
@@ -68,6 +75,14 @@ func TestTurnEventsResumeAfterADisconnect(t *testing.T) {
 	}
 	if !slices.Equal(gotKinds, wantKinds) {
 		t.Fatalf("events seen %v, stored %v", gotKinds, wantKinds)
+	}
+	// Each event is the stored message it stands for, in the stored order.
+	placedSeen := g.place(seen)
+	checkOrder(t, placedSeen)
+	for i := range placedSeen {
+		if placedSeen[i].src != wantKeys[i].src || placedSeen[i].seq != wantKeys[i].seq {
+			t.Fatalf("events seen %v, stored %v", placedSeen, wantKeys)
+		}
 	}
 	whole := g.openSSE("/v1/turns/"+sub.TurnID+"/events", "a")
 	for i := range seen {
@@ -124,8 +139,13 @@ func TestSessionEventsAndHeartbeats(t *testing.T) {
 	if !turns[mine.TurnID] || turns[theirs.TurnID] {
 		t.Fatalf("turns seen %v: want %s, not %s (transport other)", turns, mine.TurnID, theirs.TurnID)
 	}
-	if n := g.count(topology.StreamEvents, "tollgate.event.turn.outcome."+theirs.TurnID); n != 1 {
+	// The other transport's turn did end (its outcome is in its turn log,
+	// and not published): the stream left it out.
+	if n := len(g.Outcomes(theirs.TurnID)); n != 1 {
 		t.Fatalf("the other transport's turn has %d outcomes, want 1", n)
+	}
+	if n := len(g.PublishedOutcomes(theirs.TurnID)); n != 0 {
+		t.Fatalf("the other transport's turn has %d published outcomes, want none: its log keeps it", n)
 	}
 }
 

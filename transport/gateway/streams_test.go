@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -14,7 +15,9 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
 
 // tryOpen opens an event stream as key; a stream (200) is returned open,
@@ -53,15 +56,24 @@ func (g *gw) keyID(name string) string {
 	return id
 }
 
-// consumers is how many consumers TOLLGATE_EVENTS has.
-func (g *gw) consumers() int {
+// consumers is how many consumers each stream the event feed reads has:
+// TOLLGATE_EVENTS, then each turn log (where the turns' outcomes are).
+func (g *gw) consumers() []int {
 	g.t.Helper()
 	ctx := jstest.Ctx(g.t)
-	st, err := g.JS.Stream(ctx, topology.StreamEvents)
-	if err != nil {
-		g.t.Fatal(err)
+	names := []string{topology.StreamEvents}
+	for i := range g.partitions() {
+		names = append(names, topology.TurnLogStream(i))
 	}
-	return st.CachedInfo().State.Consumers
+	var out []int
+	for _, name := range names {
+		st, err := g.JS.Stream(ctx, name)
+		if err != nil {
+			g.t.Fatal(err)
+		}
+		out = append(out, st.CachedInfo().State.Consumers)
+	}
+	return out
 }
 
 // One key holds at most MaxStreams event streams at once: one more is 429
@@ -102,8 +114,9 @@ func TestEventStreamsPerKeyAreCapped(t *testing.T) {
 
 // Streams opened and dropped (200 of them, turn streams read from the
 // stream, session streams resumed after an event, new-events streams)
-// leave TOLLGATE_EVENTS with the consumers it had plus the gateway's one:
-// a read-only key cannot use up the stream's consumers.
+// leave TOLLGATE_EVENTS, and each turn log (a turn's outcome is read
+// there), with the consumers it had plus the gateway's one: a read-only
+// key cannot use up the streams' consumers.
 func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Rate, c.Burst = 1000, 1000 })
 	sub := g.submit("a", submitBody("s-drop", "alice", call("echo", `{"text":"1"}`)))
@@ -127,64 +140,254 @@ func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 		})
 		resp.Body.Close()
 	}
-	// The feed's consumer, and none per stream: the replay consumers are
-	// deleted as their streams catch up or end.
-	jstest.Eventually(t, jstest.Wait, "the events stream's consumers back to one more than before", func() bool {
-		return g.consumers() <= before+1
+	// The feed's consumer of each stream, and none per SSE stream: the
+	// replay consumers are deleted as their streams catch up or end.
+	jstest.EventuallyState(t, jstest.Wait, "the streams' consumers back to at most one more than before", func() (bool, string) {
+		after := g.consumers()
+		for i, n := range after {
+			if n > before[i]+1 {
+				return false, fmt.Sprintf("consumers of %s and the turn logs %v, before %v", topology.StreamEvents, after, before)
+			}
+		}
+		return true, ""
 	})
-	if n := g.consumers(); n > before+1 {
-		t.Fatalf("%d consumers on %s after 200 streams, want at most %d", n, topology.StreamEvents, before+1)
-	}
 }
 
 // A session stream resumed with Last-Event-ID delivers exactly the events
-// of the session's turns stored after that id, in order, none twice: those
-// stored while the client was away and those stored after it came back.
+// of the session's turns stored after that id, none twice, in the order
+// the feed promises (checkOrder): those stored while the client was
+// away and those stored after it came back. Each event is the stored
+// message it stands for: a turn's outcome its turn log's outcome event
+// (none is published), any other event TOLLGATE_EVENTS's.
 func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
-	g := startGateway(t, pipelinetest.Options{}, nil)
-	var turns []string
-	for i := range 3 {
+	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Heartbeat = 200 * time.Millisecond })
+	// The first turn waits for an approval: its approval.requested and
+	// approval.decided are in TOLLGATE_EVENTS; the turns after it only
+	// have their outcomes, in their logs.
+	first, c := g.submitGated("a", "s-resume", "alice")
+	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+		DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+	want[DecisionResponse](t, resp, body, 200)
+	g.WaitOutcome(first.TurnID)
+	turns := []string{first.TurnID}
+	for i := range 2 {
 		sub := g.submit("a", submitBody("s-resume", "alice", call("echo", `{"text":"`+strconv.Itoa(i)+`"}`)))
 		g.WaitOutcome(sub.TurnID)
 		turns = append(turns, sub.TurnID)
 	}
 	// An id of an earlier version (a bare TOLLGATE_EVENTS sequence: the
-	// published outcome of the first turn) resumes after that event.
-	outcome := g.Events(topology.SubjectTurnOutcome + turns[0])
-	after := outcome[0].Seq
+	// first turn's approval.requested) resumes after that event, with the
+	// outcomes the turn logs stored since it was (the first turn's
+	// included: it ended after its approval was requested).
+	requested := g.Events(topology.SubjectApprovalRequested + first.TurnID)
+	if len(requested) != 1 {
+		t.Fatalf("%d approval.requested events of %s, want 1", len(requested), first.TurnID)
+	}
+	after := requested[0].Seq
+	since := g.storedAt(after)
 	stream := g.openSSE("/v1/events?session=s-resume", "a", "Last-Event-ID", strconv.FormatUint(after, 10))
 	last := g.submit("a", submitBody("s-resume", "alice", call("echo", `{"text":"last"}`)))
+	g.WaitOutcome(last.TurnID)
 	turns = append(turns, last.TurnID)
-	read := func(s *sseReader) (evs []sseEvent, got []string) {
-		for {
-			ev := s.nextEvent(t, 10*time.Second)
-			var p struct {
-				TurnID string `json:"turn_id"`
-			}
-			_ = json.Unmarshal([]byte(ev.data), &p)
-			evs, got = append(evs, ev), append(got, ev.kind+" "+p.TurnID)
-			if ev.kind == "turn.outcome" && p.TurnID == last.TurnID {
-				return evs, got
-			}
-		}
-	}
-	evs, got := read(stream)
-	var want []string
+
+	var wantKeys []placed
 	for _, m := range g.Events("tollgate.event.>") {
 		if turn := turnOfEvent(m.Subject); m.Seq > after && slices.Contains(turns, turn) {
-			want = append(want, turnEventKind(m.Subject)+" "+turn)
+			wantKeys = append(wantKeys, placed{src: 0, seq: m.Seq})
 		}
 	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("events after %d: got %v, want %v", after, got, want)
+	parts := g.partitions()
+	for _, turn := range turns {
+		if n := len(g.PublishedOutcomes(turn)); n != 0 {
+			t.Fatalf("turn %s has %d published outcomes, want none: its log keeps it", turn, n)
+		}
+		if ev := g.OutcomeEvent(turn); !ev.Time.Before(since) {
+			wantKeys = append(wantKeys, placed{src: 1 + topology.TurnLogPartition(turn, parts), seq: ev.Seq})
+		}
+	}
+	if len(wantKeys) != 1+len(turns) {
+		t.Fatalf("%d events stored after %d, want the first turn's decided event and %d outcomes: %v", len(wantKeys), after, len(turns), wantKeys)
+	}
+	// read reads n events, then checks that the stream has no more: the
+	// next thing it sends is a heartbeat.
+	read := func(s *sseReader, n int) []placed {
+		var evs []sseEvent
+		for len(evs) < n {
+			evs = append(evs, s.nextEvent(t, 10*time.Second))
+		}
+		if ev := s.next(t, 10*time.Second); ev.kind != ":" {
+			t.Fatalf("an event after the %d wanted: %+v", n, ev)
+		}
+		return g.place(evs)
+	}
+	got := read(stream, len(wantKeys))
+	checkOrder(t, got)
+	if !sameEvents(got, wantKeys) {
+		t.Fatalf("events after %d: got %v, want %v", after, got, wantKeys)
 	}
 	// The id of any event this version sent resumes exactly after it.
-	for _, k := range []int{0, 1, len(evs) - 2} {
-		_, rest := read(g.openSSE("/v1/events?session=s-resume", "a", "Last-Event-ID", evs[k].id))
-		if !slices.Equal(rest, got[k+1:]) {
-			t.Fatalf("events after %s: got %v, want %v", evs[k].id, rest, got[k+1:])
+	for _, k := range []int{0, 1, len(got) - 2} {
+		rest := read(g.openSSE("/v1/events?session=s-resume", "a", "Last-Event-ID", got[k].id.String()), len(got)-k-1)
+		checkOrder(t, rest)
+		if !sameEvents(rest, got[k+1:]) {
+			t.Fatalf("events after %s: got %v, want %v", got[k].id, rest, got[k+1:])
 		}
 	}
+}
+
+// placed is an SSE event as the stored message it stands for: the stream
+// the feed read it from (0: TOLLGATE_EVENTS; 1+p: turn-log partition p,
+// whose outcome events keep the turns' outcomes) and its sequence there,
+// which is that stream's place in the event's id (the feed's position
+// after the event).
+type placed struct {
+	src        int
+	seq        uint64
+	kind, turn string
+	id         eventfeed.Cursor
+}
+
+func (p placed) String() string { return fmt.Sprintf("%s %s (%d:%d)", p.kind, p.turn, p.src, p.seq) }
+
+// partitions is how many turn-log partitions the pipeline has.
+func (g *gw) partitions() int {
+	g.t.Helper()
+	logs, err := topology.OpenTurnLogs(jstest.Ctx(g.t), g.JS)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return len(logs)
+}
+
+// storedAt is when TOLLGATE_EVENTS stored its message seq.
+func (g *gw) storedAt(seq uint64) time.Time {
+	g.t.Helper()
+	ctx := jstest.Ctx(g.t)
+	st, err := g.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	m, err := st.GetMsg(ctx, seq)
+	if err != nil {
+		g.t.Fatalf("%s #%d: %v", topology.StreamEvents, seq, err)
+	}
+	return m.Time
+}
+
+// place finds the stored message each event stands for, and fails the
+// test unless the event is that message as the gateway presents it: its
+// kind and its data, a TOLLGATE_EVENTS event's as stored, a turn's
+// outcome's as its turn log's outcome event keeps it (the outcome in the
+// batch record; never a published copy).
+func (g *gw) place(evs []sseEvent) []placed {
+	g.t.Helper()
+	ctx := jstest.Ctx(g.t)
+	events, err := g.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	logs, err := topology.OpenTurnLogs(ctx, g.JS)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	out := make([]placed, 0, len(evs))
+	for _, ev := range evs {
+		id, err := eventfeed.ParseCursor(ev.id)
+		if err != nil || len(id) != 1+len(logs) {
+			g.t.Fatalf("event %s %s: id %q is not a cursor of the events stream and %d turn logs (%v)", ev.kind, ev.data, ev.id, len(logs), err)
+		}
+		var p struct {
+			TurnID string `json:"turn_id"`
+		}
+		if err := json.Unmarshal([]byte(ev.data), &p); err != nil || p.TurnID == "" {
+			g.t.Fatalf("event %s %s: no turn_id (%v)", ev.kind, ev.data, err)
+		}
+		pl := placed{kind: ev.kind, turn: p.TurnID, id: id}
+		var subject string
+		var data []byte
+		if ev.kind == "turn.outcome" {
+			part := topology.TurnLogPartition(pl.turn, len(logs))
+			pl.src = 1 + part
+			pl.seq = id[pl.src]
+			m, err := logs[part].GetMsg(ctx, pl.seq)
+			if err != nil {
+				g.t.Fatalf("event %s: %s #%d: %v", pl, topology.TurnLogStream(part), pl.seq, err)
+			}
+			if want := topology.TurnLogSubject(part, pl.turn, store.EventOutcome); m.Subject != want {
+				g.t.Fatalf("event %s: %s #%d is %s, want %s (the turn's outcome event)", pl, topology.TurnLogStream(part), pl.seq, m.Subject, want)
+			}
+			o, err := store.DecodeOutcome(pl.turn, m.Data)
+			if err != nil {
+				g.t.Fatalf("event %s: its outcome event: %v", pl, err)
+			}
+			if data, err = schemas.Encode(o); err != nil {
+				g.t.Fatal(err)
+			}
+			subject = topology.EventSubject(topology.SubjectTurnOutcome, pl.turn)
+		} else {
+			pl.seq = id[0]
+			m, err := events.GetMsg(ctx, pl.seq)
+			if err != nil {
+				g.t.Fatalf("event %s: %s #%d: %v", pl, topology.StreamEvents, pl.seq, err)
+			}
+			subject, data = m.Subject, m.Data
+		}
+		stored, ok := decodeEvent(eventfeed.Event{Subject: subject, Data: data})
+		if !ok {
+			g.t.Fatalf("event %s: the stored %s does not decode", pl, subject)
+		}
+		j, err := json.Marshal(stored.payload)
+		if err != nil {
+			g.t.Fatal(err)
+		}
+		if stored.kind != ev.kind || turnOfEvent(subject) != pl.turn || string(j) != ev.data {
+			g.t.Fatalf("event %s: %s %s, stored (%s) %s %s", pl, ev.kind, ev.data, subject, stored.kind, j)
+		}
+		out = append(out, pl)
+	}
+	return out
+}
+
+// checkOrder fails t unless evs come in the order the feed promises
+// (docs/api.md): each stream's messages in their order there, none twice,
+// and each turn's outcome after the turn's other events (the outcomes of
+// turns in different partitions, and a turn's outcome and another turn's
+// events, keep no order between them); and ids that never go back.
+func checkOrder(t *testing.T, evs []placed) {
+	t.Helper()
+	lastSeq := map[int]uint64{}
+	ended := map[string]bool{}
+	for i, ev := range evs {
+		if s, ok := lastSeq[ev.src]; ok && ev.seq <= s {
+			t.Fatalf("event %d %s after #%d of its stream: %v", i, ev, s, evs)
+		}
+		lastSeq[ev.src] = ev.seq
+		if ended[ev.turn] {
+			t.Fatalf("event %d %s after its turn's outcome: %v", i, ev, evs)
+		}
+		ended[ev.turn] = ev.kind == "turn.outcome"
+		if i > 0 {
+			for j := range ev.id {
+				if ev.id[j] < evs[i-1].id[j] {
+					t.Fatalf("event %d's id %s goes back from %s: %v", i, ev.id, evs[i-1].id, evs)
+				}
+			}
+		}
+	}
+}
+
+// sameEvents reports whether got and want stand for the same stored
+// messages (by stream and sequence), in any order.
+func sameEvents(got, want []placed) bool {
+	key := func(evs []placed) []string {
+		var out []string
+		for _, ev := range evs {
+			out = append(out, fmt.Sprintf("%d:%d", ev.src, ev.seq))
+		}
+		slices.Sort(out)
+		return out
+	}
+	return slices.Equal(key(got), key(want))
 }
 
 // turnEventKind is an event subject's kind, as the streams name it.
