@@ -101,9 +101,15 @@ func run(ctx context.Context, proc *scaffold.Process, pol *policy.Policy, keys [
 			return fmt.Errorf("webhooks: %w", err)
 		}
 		wc.Logger, wc.Registerer = log, proc.Reg
-		if cfg.Webhooks, err = webhook.New(js, wc); err != nil {
+		d, err := webhook.New(js, wc)
+		if err != nil {
 			return fmt.Errorf("webhooks: %w", err)
 		}
+		cfg.Webhooks = d
+		// Ready only while every subscriber's consumers consume: a gateway
+		// whose deliveries stopped is taken out of rotation, not left
+		// serving while its subscribers fall behind.
+		proc.Ready.Add(health.Check{Name: "gateway/webhooks", Stage: "gateway", Check: func(context.Context) error { return d.Ready() }})
 	}
 	s, err := gateway.New(cfg)
 	if err != nil {
