@@ -642,12 +642,21 @@ func (d *driver) turn(ctx context.Context, session string) (turnTimes, error) {
 	}
 }
 
+// poolCycle is how long the open loop takes to come back to a session.
+const poolCycle = 20 * time.Second
+
 // openLoop sends turns at rate per second for warm+window, each in the
 // next session of a pool large enough that a session's previous turn has
 // long ended, then waits for the outstanding outcomes. Latencies are
 // sampled from turns sent after warm.
+//
+// The pool is reused every poolCycle: with a two-second cycle (until
+// session 23), a pipeline that fell a little behind met each session's
+// previous turn still running, queued the new one (more writes) and fell
+// further behind, so the open loop measured that feedback rather than
+// the load (docs/bench.md, "Step seven, its last part").
 func (d *driver) openLoop(ctx context.Context, rate float64, warm, window time.Duration) (loopResult, error) {
-	pool := max(256, int(rate*2))
+	pool := max(256, int(rate*poolCycle.Seconds()))
 	start := time.Now()
 	end := start.Add(warm + window)
 	sampling := false
