@@ -52,7 +52,7 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 	}
 
 	load := jstest.StartLoad(t, env.NC, time.Second, msgs)
-	ackedBefore, inFlight := load.RestartMidLoad(env, restartAfter)
+	ackedBefore, unsettled := load.RestartMidLoad(env, restartAfter)
 	_, failed := load.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), pt.Wait)
 	defer cancel()
@@ -60,8 +60,8 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 	if acked, _ := load.Wait(); len(acked) != total {
 		t.Fatalf("%d of %d inbound messages acknowledged after resending", len(acked), total)
 	}
-	t.Logf("%d turns: %d acknowledged before the restart (%d in flight); %d resent (%d of them already stored)",
-		total, ackedBefore, inFlight, len(failed), dups)
+	t.Logf("%d turns: %d acknowledged before the restart (%d unsettled); %d resent (%d of them already stored)",
+		total, ackedBefore, unsettled, len(failed), dups)
 
 	// Each look has its own deadline: the resend's context above may have
 	// run out long before the last redelivery (AckWait) is done.

@@ -42,7 +42,7 @@ func TestAcknowledgedTurnsSurviveARestartMidLoad(t *testing.T) {
 	}
 
 	load := jstest.StartLoad(t, env.NC, time.Second, msgs)
-	ackedBefore, inFlight := load.RestartMidLoad(env, restartAfter)
+	ackedBefore, unsettled := load.RestartMidLoad(env, restartAfter)
 	if c := env.Server.JetStreamConfig(); c == nil || !c.SyncAlways {
 		t.Fatalf("after the restart: JetStream config %+v, want SyncAlways", c)
 	}
@@ -53,8 +53,8 @@ func TestAcknowledgedTurnsSurviveARestartMidLoad(t *testing.T) {
 	ctx := jstest.Ctx(t)
 	dups := load.Resend(ctx)
 	acked, _ = load.Wait()
-	t.Logf("%d turns: %d acknowledged before the restart (%d in flight), %d acknowledged by the first attempt, %d resent (%d of them already stored)",
-		total, ackedBefore, inFlight, total-len(failed), len(failed), dups)
+	t.Logf("%d turns: %d acknowledged before the restart (%d unsettled), %d acknowledged by the first attempt, %d resent (%d of them already stored)",
+		total, ackedBefore, unsettled, total-len(failed), len(failed), dups)
 
 	s, err := env.JS.Stream(ctx, topology.StreamTurns)
 	if err != nil {
