@@ -11,7 +11,6 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/scaffold"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
-	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 var provisionCmd = &command{
@@ -54,8 +53,8 @@ func cmdProvision(cmd *command, args []string) int {
 	withPlanner := fs.Bool("planner", false, "also the planner's bucket and consumers and ingest's consumer of its step batches (docs/planner.md), so that the planner's user needs no right to create them")
 	var readers []string
 	fs.Func("outcome-reader", "also a reader's pull consumers of the turn logs' outcome events, `NAME`-outcome-<i> on each TOLLGATE_TURNLOG_<i> (docs/protocol.md 4.2a), for a transport whose user may only pull them (deploy/nats: transport-cli); repeatable", func(v string) error {
-		if !schemas.ValidKey(outcomes.Durable(v, 0)) {
-			return fmt.Errorf("%q is not a durable name prefix", v)
+		if err := outcomes.CheckPrefix(v); err != nil {
+			return err
 		}
 		readers = append(readers, v)
 		return nil

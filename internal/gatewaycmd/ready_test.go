@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -34,12 +33,6 @@ func TestTheGatewayIsReadyOnlyWhileItsWebhooksRun(t *testing.T) {
 	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
 	ready, err := health.New(nil, "gateway")
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +42,7 @@ func TestTheGatewayIsReadyOnlyWhileItsWebhooksRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, proc, h.Policy, []gateway.Key{key}, addr, file, 0, &inboxFlags{}) }()
+	go func() { done <- run(ctx, proc, h.Policy, []gateway.Key{key}, "127.0.0.1:0", file, 0, &inboxFlags{}) }()
 
 	webhooks := func() (health.Result, bool) {
 		c, cancel := context.WithTimeout(context.Background(), health.Timeout)

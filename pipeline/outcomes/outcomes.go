@@ -166,7 +166,7 @@ func New(ctx context.Context, cfg Config) (*Follower, error) {
 // a moment ago) keeps its start, which is read back.
 func (f *Follower) consumer(ctx context.Context, i int, s jetstream.Stream) (jetstream.ConsumerConfig, error) {
 	cc := consumerConfig(i, f.cfg.Durable, cmp.Or(f.cfg.Description, "Tollgate "+f.cfg.Component+": turns' outcomes"))
-	existing, last, err := ensure(ctx, s, runner.ConsumerConfig(cc))
+	existing, last, _, err := ensure(ctx, s, runner.ConsumerConfig(cc))
 	if err != nil {
 		return cc, fmt.Errorf("%s: outcomes: %w", f.cfg.Component, err)
 	}
@@ -196,31 +196,37 @@ func consumerConfig(i int, prefix, description string) jetstream.ConsumerConfig 
 }
 
 // ensure creates cc's consumer on s, starting after s's last message,
-// unless it exists, and returns the consumer as the server has it and the
-// stream's last sequence when it looked. An existing consumer is left as
-// it is.
-func ensure(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig) (jetstream.Consumer, uint64, error) {
+// unless it exists, and returns the consumer as the server has it, the
+// stream's last sequence when it looked, and whether this call created
+// it. An existing consumer is left as it is.
+func ensure(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig) (_ jetstream.Consumer, last uint64, created bool, _ error) {
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("stream of %s: %w", cc.Durable, err)
+		return nil, 0, false, fmt.Errorf("stream of %s: %w", cc.Durable, err)
 	}
-	last := info.State.LastSeq
+	last = info.State.LastSeq
 	existing, err := s.Consumer(ctx, cc.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		cc.OptStartSeq = last + 1
-		var created jetstream.Consumer
-		created, err = s.CreateConsumer(ctx, cc)
-		switch {
-		case err == nil:
-			existing = created
-		case errors.Is(err, jetstream.ErrConsumerExists):
+		existing, err = s.CreateConsumer(ctx, cc)
+		created = err == nil
+		if errors.Is(err, jetstream.ErrConsumerExists) {
 			existing, err = s.Consumer(ctx, cc.Durable)
 		}
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("consumer %s: %w", cc.Durable, err)
+		return nil, 0, false, fmt.Errorf("consumer %s: %w", cc.Durable, err)
 	}
-	return existing, last, nil
+	return existing, last, created, nil
+}
+
+// CheckPrefix reports whether prefix can name a reader's consumers
+// (Durable(prefix, i) is a valid durable name).
+func CheckPrefix(prefix string) error {
+	if prefix == "" || !schemas.ValidKey(Durable(prefix, 0)) {
+		return fmt.Errorf("outcomes: %q is not a durable name prefix", prefix)
+	}
+	return nil
 }
 
 // EnsureConsumers creates, for a reader of outcomes that does not create
@@ -233,8 +239,8 @@ func ensure(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig
 // then follows docs/protocol.md §4.2a, "Following outcomes", as a Follower
 // does (`tollgate provision --outcome-reader <prefix>` calls it).
 func EnsureConsumers(ctx context.Context, js jetstream.JetStream, prefix string) ([]string, error) {
-	if prefix == "" || !schemas.ValidKey(Durable(prefix, 0)) {
-		return nil, fmt.Errorf("outcomes: %q is not a durable name prefix", prefix)
+	if err := CheckPrefix(prefix); err != nil {
+		return nil, err
 	}
 	streams, err := topology.OpenTurnLogs(ctx, js)
 	if err != nil {
@@ -243,15 +249,13 @@ func EnsureConsumers(ctx context.Context, js jetstream.JetStream, prefix string)
 	var created []string
 	for i, s := range streams {
 		cc := consumerConfig(i, prefix, "Tollgate reader "+prefix+": turns' outcomes")
-		if _, err := s.Consumer(ctx, cc.Durable); err == nil {
-			continue
-		} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return created, fmt.Errorf("outcomes: consumer %s: %w", cc.Durable, err)
-		}
-		if _, _, err := ensure(ctx, s, cc); err != nil {
+		_, _, made, err := ensure(ctx, s, cc)
+		if err != nil {
 			return created, fmt.Errorf("outcomes: %w", err)
 		}
-		created = append(created, topology.TurnLogStream(i)+"/"+cc.Durable)
+		if made {
+			created = append(created, topology.TurnLogStream(i)+"/"+cc.Durable)
+		}
 	}
 	return created, nil
 }
