@@ -105,6 +105,9 @@ func TestOutcomeAndChatNeutraliseTerminalEscapes(t *testing.T) {
 		t.Fatalf("outcome --json: exit %d, %v, %+v: want the exact output", code, err, got)
 	}
 
+	// chat refuses while the planner's consumer does not exist yet: the
+	// stages start in the background.
+	h.WaitConsuming()
 	code, out, errOut = runCLI(t, "chat", "--session", "s-chat", "--sender", "alice", "--answer=false", "--wait", "20s", url, "hi")
 	if code != 0 || !strings.Contains(out, `assistant: done \u001B]0;pwned\u0007`) || !strings.Contains(out, `echo: ok \u001B]0;pwned`) {
 		t.Fatalf("chat: exit %d, stderr %q:\n%q", code, errOut, out)

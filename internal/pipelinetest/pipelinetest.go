@@ -20,6 +20,7 @@ package pipelinetest
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -34,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate"
+	"github.com/tollgate-dev/tollgate/health"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -163,6 +165,8 @@ type Pipeline struct {
 
 	owner   testing.TB
 	wait    time.Duration // Options.Wait, or Wait
+	built   *tollgate.Pipeline
+	running []string // the stages Start runs
 	cancel  context.CancelFunc
 	done    chan error
 	stopped atomic.Bool
@@ -240,10 +244,34 @@ func Start(t testing.TB, o Options) *H {
 		Env: env, JS: env.JS, Store: p.Store, Policy: pol, Keys: keys, Sandbox: sandbox, Registry: reg, Tools: p.Tools,
 		Ingest: p.Ingest, Executor: p.Executor, Approver: p.Approver, Redriver: p.Redriver, Engine: p.Engine, Planner: p.Planner,
 		owner: t, wait: cmp.Or(o.Wait, Wait), cancel: stop, done: make(chan error, 1),
+		built: p, running: slices.Clone(stages),
 	}}
 	t.Cleanup(h.Stop)
 	go func() { h.done <- p.RunStages(runCtx, stages...) }()
 	return h
+}
+
+// WaitConsuming waits until every stage Start runs has bound its
+// consumers and consumes (the "<stage>/consumer" checks of
+// tollgate.Pipeline.Checks pass). Start returns while the stages are
+// still starting; a test that looks for a stage's consumer from outside
+// (a CLI refusing where no planner runs) waits for this first.
+func (h *Pipeline) WaitConsuming() {
+	h.owner.Helper()
+	var pending []health.Check
+	for _, c := range h.built.Checks() {
+		if slices.Contains(h.running, c.Stage) && c.Name == c.Stage+"/consumer" {
+			pending = append(pending, c)
+		}
+	}
+	jstest.Eventually(h.owner, h.wait, fmt.Sprintf("stages %v consuming", h.running), func() bool {
+		for _, c := range pending {
+			if c.Check(context.Background()) != nil {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // Stop stops the running stages and waits for them to drain. It is called
