@@ -367,6 +367,16 @@ func exampleBatch() *schemas.BatchRecord {
 	}
 }
 
+// exampleBatchAwaiting is exampleBatch as its move to awaiting wrote it:
+// no outcome yet, and the approval it requested (Requested).
+func exampleBatchAwaiting() *schemas.BatchRecord {
+	b := exampleBatch()
+	b.State, b.Code, b.Reason, b.Outcome = schemas.BatchAwaiting, "", "", nil
+	b.Results[0] = nil
+	b.Requested = []*schemas.ApprovalRecord{exampleApprovalPreview().AsRequested()}
+	return b
+}
+
 // exampleBatchV1 is exampleBatch as version 1 wrote it: no claims (they
 // were records of tollgate_claims) and no outcome (it was only published).
 func exampleBatchV1() *schemas.BatchRecordV1 {
@@ -446,6 +456,7 @@ var recordTypes = []recordType{
 	{"turn_outcome.v1.msgpack", 1, func() schemas.Record { return exampleOutcome() }, decodeAs[schemas.TurnOutcome]},
 	{"batch_record.v2.msgpack", 2, func() schemas.Record { return exampleBatch() }, decodeAs[schemas.BatchRecord]},
 	{"batch_record.v1.msgpack", 1, func() schemas.Record { return exampleBatchV1() }, decodeAs[schemas.BatchRecordV1]},
+	{"batch_record.v2-awaiting.msgpack", 2, func() schemas.Record { return exampleBatchAwaiting() }, decodeAs[schemas.BatchRecord]},
 	{"session_record.v1.msgpack", 1, func() schemas.Record { return exampleSession() }, decodeAs[schemas.SessionRecord]},
 	{"execution_claim.v1.msgpack", 1, func() schemas.Record { return exampleClaim() }, decodeAs[schemas.ExecutionClaim]},
 	{"turn_notice.v1.msgpack", 1, func() schemas.Record { return exampleNotice() }, decodeAs[schemas.TurnNotice]},

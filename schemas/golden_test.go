@@ -89,6 +89,21 @@ func TestGolden(t *testing.T) {
 				skip[".claims"] = true  // version 1 kept its claims in tollgate_claims
 				skip[".outcome"] = true // and published its outcome only
 			}
+			if strings.HasPrefix(rt.golden, "batch_record.") && rt.golden != "batch_record.v2-awaiting.msgpack" {
+				skip[".requested"] = true // only the move to awaiting carries its requests
+			}
+			if rt.golden == "batch_record.v2-awaiting.msgpack" {
+				// Not ended yet: no outcome, code or reason, and the
+				// waiting call has no result (batch_record.v2 has them).
+				for _, k := range []string{".outcome", ".code", ".reason", ".results"} {
+					skip[k] = true
+				}
+				// Each request is kept summary-only, without the context
+				// and arguments, which are the batch's.
+				for _, k := range []string{"context", "args", "preview.text", "preview.reason", "preview.lines"} {
+					skip[".requested[]."+k] = true
+				}
+			}
 			if rt.golden == "approval_record.v2.msgpack" {
 				skip[".preview"] = true // a record written before previews (v2-preview has one)
 			}

@@ -3,6 +3,7 @@ package schemas
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -426,6 +427,39 @@ func (a *ApprovalRecord) Decided(ev *DecidedEvent) *ApprovalRecord {
 	return &out
 }
 
+// AsRequested returns what a batch's awaiting write keeps of approval
+// record a (BatchRecord.Requested): a copy as the approval-requested
+// event announces it (SummaryOnly), without its context and arguments,
+// which are its batch's.
+func (a *ApprovalRecord) AsRequested() *ApprovalRecord {
+	out := *a.SummaryOnly()
+	out.Context, out.Args = nil, ""
+	return &out
+}
+
+// RequestedApprovals returns the approvals b's awaiting write requested
+// (BatchRecord.Requested), each whole again: the record the
+// approval-requested event announced, its context and arguments the
+// batch's (the same values, so the same bytes once encoded). Nil when b
+// carries none. b must have passed validation (DecodeBatch), which
+// checks that each binds one of b's calls.
+func (b *BatchRecord) RequestedApprovals() []*ApprovalRecord {
+	if len(b.Requested) == 0 {
+		return nil
+	}
+	out := make([]*ApprovalRecord, 0, len(b.Requested))
+	for _, a := range b.Requested {
+		i := slices.IndexFunc(b.Calls, func(c ToolCall) bool { return c.CallID == a.CallID })
+		if i < 0 {
+			continue
+		}
+		r := *a
+		r.Context, r.Args = b.Context, b.Calls[i].Args
+		out = append(out, &r)
+	}
+	return out
+}
+
 // Offers reports whether option is one of the options the prompt offered.
 func (a *ApprovalRecord) Offers(option string) bool {
 	for _, o := range a.Options {
@@ -581,6 +615,18 @@ type BatchRecord struct {
 	// outcome is durable in one place. Nil on every other record, and on a
 	// terminal record an earlier version wrote.
 	Outcome *TurnOutcome `msgpack:"outcome,omitempty"`
+	// Requested, on the write that moves a version 2 batch to awaiting
+	// only (its turn log's awaiting event), are the approvals that write
+	// makes the batch wait on, as they were requested: each the record
+	// the approval-requested event announces (summary-only preview:
+	// ApprovalRecord.SummaryOnly), without its context and arguments,
+	// which are the batch's (RequestedApprovals puts them back). It is
+	// written once, by that write, so that the event is durable in the
+	// turn's log and a rebuild reads the requests from there (issue 36:
+	// one write per fact). Nil on every other write: a record read back
+	// from a turn log carries none (pipeline/store), so no later write
+	// repeats it.
+	Requested []*ApprovalRecord `msgpack:"requested,omitempty"`
 
 	// legacy marks a record read as version 1 (BatchRecordV1): its calls'
 	// claims are in KV bucket tollgate_claims, and it is written back as

@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -357,6 +358,9 @@ func (b *BatchRecord) validate() error {
 	if err := b.checkOutcome(); err != nil {
 		return err
 	}
+	if err := b.checkRequested(); err != nil {
+		return err
+	}
 	return firstErr(
 		checkString("turn_id", b.TurnID, MaxIDBytes, true, false),
 		checkFollowUpDepth(b.FollowUpDepth),
@@ -389,6 +393,52 @@ func (b *BatchRecord) checkOutcome() error {
 		return Errorf(CodePayloadTooLarge, "outcome: %d results, limit %d", len(o.Results), MaxCalls)
 	}
 	return o.validate()
+}
+
+// checkRequested: requested approvals only on an awaiting version 2
+// record, each one of its own calls' approvals, bound to that call (the
+// batch's approval id, call id, tool and argument digest, its turn and
+// session), kept without context and arguments, once.
+func (b *BatchRecord) checkRequested() error {
+	if len(b.Requested) == 0 {
+		return nil
+	}
+	switch {
+	case b.State != BatchAwaiting:
+		return Errorf(CodeInvalidInput, "a %s batch carries no requested approvals (only the move to awaiting does)", b.State)
+	case b.V == BatchLegacyVersion:
+		return Errorf(CodeInvalidInput, "a version %d batch record carries no requested approvals (they were published)", BatchLegacyVersion)
+	case len(b.Requested) > len(b.Calls):
+		return Errorf(CodeInvalidInput, "%d requested approvals for %d calls", len(b.Requested), len(b.Calls))
+	}
+	seen := make([]bool, len(b.Calls))
+	for _, a := range b.Requested {
+		if a == nil {
+			return Errorf(CodeInvalidInput, "a requested approval is empty")
+		}
+		i := slices.IndexFunc(b.Calls, func(c ToolCall) bool { return c.CallID == a.CallID })
+		switch {
+		case i < 0:
+			return Errorf(CodeInvalidInput, "requested approval %s is for call %q, not one of the batch's", a.ApprovalID, a.CallID)
+		case seen[i]:
+			return Errorf(CodeInvalidInput, "call %s has two requested approvals", a.CallID)
+		case a.ApprovalID != b.Approvals[i] || a.ApprovalID != ApprovalID(b.TurnID, i):
+			return Errorf(CodeInvalidInput, "requested approval %s is not call %d's approval %q", a.ApprovalID, i, b.Approvals[i])
+		case a.TurnID != b.TurnID || a.SessionID != b.SessionID:
+			return Errorf(CodeInvalidInput, "requested approval %s names turn %s (session %s), not its batch's", a.ApprovalID, a.TurnID, a.SessionID)
+		case a.Tool != b.Calls[i].Tool || a.ArgsDigest != b.Calls[i].ArgsDigest:
+			return Errorf(CodeInvalidInput, "requested approval %s binds another call than call %d", a.ApprovalID, i)
+		case a.Context != nil || a.Args != "":
+			return Errorf(CodeInvalidInput, "requested approval %s carries a context or arguments (they are the batch's)", a.ApprovalID)
+		case a.V != ApprovalVersion:
+			return Errorf(CodeSchemaVersionUnsupported, "requested approval %s version %d, want %d", a.ApprovalID, a.V, ApprovalVersion)
+		}
+		seen[i] = true
+		if err := a.validate(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *SessionRecord) validate() error {

@@ -377,3 +377,76 @@ func TestAudienceAdmits(t *testing.T) {
 		}
 	}
 }
+
+// The approvals a batch's move to awaiting requested are each bound to
+// one of its calls, and are carried by that write only: anything else is
+// refused both ways, so a forged or stale request never reaches a reader.
+func TestRequestedApprovalsBindTheirBatch(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(*schemas.BatchRecord)
+		want   schemas.Code
+	}{
+		{"the awaiting write with its request", func(*schemas.BatchRecord) {}, ""},
+		{"a running batch with a request", func(b *schemas.BatchRecord) { b.State = schemas.BatchRunning }, schemas.CodeInvalidInput},
+		{"a started batch with a request", func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted }, schemas.CodeInvalidInput},
+		{"a request for no call of the batch", func(b *schemas.BatchRecord) { b.Requested[0].CallID = "c-other" }, schemas.CodeInvalidInput},
+		{"a request under another approval id", func(b *schemas.BatchRecord) {
+			b.Requested[0].ApprovalID = schemas.ApprovalID(b.TurnID, 1)
+		}, schemas.CodeInvalidInput},
+		{"a request of another turn", func(b *schemas.BatchRecord) { b.Requested[0].TurnID = "t-other" }, schemas.CodeInvalidInput},
+		{"a request of another session", func(b *schemas.BatchRecord) { b.Requested[0].SessionID = "s-other" }, schemas.CodeInvalidInput},
+		{"a request for other arguments", func(b *schemas.BatchRecord) { b.Requested[0].ArgsDigest = strings.Repeat("0", 64) }, schemas.CodeInvalidInput},
+		{"a request for another tool", func(b *schemas.BatchRecord) { b.Requested[0].Tool = "shell.run" }, schemas.CodeInvalidInput},
+		{"a request that carries its own context", func(b *schemas.BatchRecord) { b.Requested[0].Context = b.Context }, schemas.CodeInvalidInput},
+		{"a request that carries its own arguments", func(b *schemas.BatchRecord) { b.Requested[0].Args = b.Calls[0].Args }, schemas.CodeInvalidInput},
+		{"a call requested twice", func(b *schemas.BatchRecord) { b.Requested = append(b.Requested, b.Requested[0]) }, schemas.CodeInvalidInput},
+		{"an empty request", func(b *schemas.BatchRecord) { b.Requested[0] = nil }, schemas.CodeInvalidInput},
+		{"a request of an unknown version", func(b *schemas.BatchRecord) { b.Requested[0].V = 9 }, schemas.CodeSchemaVersionUnsupported},
+		{"a request with an unknown status", func(b *schemas.BatchRecord) { b.Requested[0].Status = "maybe" }, schemas.CodeInvalidInput},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := exampleBatchAwaiting()
+			tc.change(b)
+			checkBothWays(t, b, tc.want)
+		})
+	}
+	t.Run("a version 1 batch with a request", func(t *testing.T) {
+		b := exampleBatchAwaiting()
+		b.V, b.Claims = 1, nil
+		checkBothWays(t, (*schemas.BatchRecordV1)(b), schemas.CodeInvalidInput)
+	})
+}
+
+// RequestedApprovals gives back, byte for byte, the record the
+// approval-requested event announced: the summary-only record with the
+// batch's context and arguments.
+func TestRequestedApprovalsAreTheAnnouncedRecords(t *testing.T) {
+	data, err := schemas.Encode(exampleBatchAwaiting())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := schemas.DecodeBatch(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := b.RequestedApprovals()
+	if len(got) != 1 {
+		t.Fatalf("%d requested approvals, want 1", len(got))
+	}
+	gotBytes, err := schemas.Encode(got[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := schemas.Encode(exampleApprovalPreview().SummaryOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(gotBytes) != string(want) {
+		t.Errorf("requested approval encodes to\n%x\nwant the announced record\n%x", gotBytes, want)
+	}
+	if (&schemas.BatchRecord{}).RequestedApprovals() != nil {
+		t.Error("a batch without requests gives some")
+	}
+}

@@ -6,9 +6,11 @@
 package pipelinetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -227,10 +229,63 @@ func (h *H) WaitFinished(turnID string) {
 	})
 }
 
-// Requested returns the approval-requested events of turnID.
+// Requested returns the approvals requested for turnID: those its turn
+// log's awaiting events keep (schemas.BatchRecord.Requested, each the
+// record its approval-requested event announces), or, where its log
+// keeps none (a batch kept in tollgate_batches), the published
+// approval-requested events. While the executor also publishes the
+// events for a log-kept turn (issue 36: its readers move to the log
+// next), each published event must be byte for byte the log's: it
+// fails the test otherwise.
 func (h *H) Requested(turnID string) []*schemas.ApprovalRecord {
 	h.T.Helper()
+	logged := h.LoggedRequests(turnID)
+	published := h.PublishedRequests(turnID)
+	if len(logged) == 0 {
+		return published
+	}
+	for _, p := range published {
+		i := slices.IndexFunc(logged, func(l *schemas.ApprovalRecord) bool { return l.ApprovalID == p.ApprovalID })
+		if i < 0 {
+			h.T.Fatalf("pipelinetest: approval %s of %s was published as requested, and its log's awaiting events do not keep it", p.ApprovalID, turnID)
+		}
+		if a, b := encode(h.T, p), encode(h.T, logged[i]); !bytes.Equal(a, b) {
+			h.T.Fatalf("pipelinetest: the published request of %s differs from its log's:\n%x\n%x", p.ApprovalID, a, b)
+		}
+	}
+	return logged
+}
+
+// LoggedRequests returns the approvals that the awaiting events of
+// turnID's log requested (store.DecodeRequested), oldest first.
+func (h *H) LoggedRequests(turnID string) []*schemas.ApprovalRecord {
+	h.T.Helper()
+	p := topology.TurnLogPartition(turnID, len(h.Env.Buckets.TurnLogs))
+	var out []*schemas.ApprovalRecord
+	for _, m := range h.Messages(topology.TurnLogStream(p), topology.TurnLogSubject(p, turnID, store.EventAwaiting)) {
+		reqs, err := store.DecodeRequested(turnID, m.Data)
+		if err != nil {
+			h.T.Fatalf("pipelinetest: the awaiting event of %s #%d: %v", turnID, m.Seq, err)
+		}
+		out = append(out, reqs...)
+	}
+	return out
+}
+
+// PublishedRequests returns the approval-requested events of turnID
+// published on tollgate.event.approval.requested.<turn>.
+func (h *H) PublishedRequests(turnID string) []*schemas.ApprovalRecord {
+	h.T.Helper()
 	return DecodeAll[schemas.ApprovalRecord](h.T, h.Events(topology.EventSubject(topology.SubjectApprovalRequested, turnID)))
+}
+
+func encode(t testing.TB, r schemas.Record) []byte {
+	t.Helper()
+	b, err := schemas.Encode(r)
+	if err != nil {
+		t.Fatalf("pipelinetest: encode %T: %v", r, err)
+	}
+	return b
 }
 
 // WaitRequested waits until turnID has at least n approval-requested events

@@ -107,6 +107,18 @@ func TurnLogOutcomeFilter(i int) string {
 // EventTurnOutcome is the name of a turn's ending event in its log.
 const EventTurnOutcome = "outcome"
 
+// TurnLogAwaitingFilter is the filter of partition i's awaiting events,
+// tollgate.turnlog.<i>.*.awaiting: each the move of a turn's batch to
+// awaiting, whose record carries the approvals it requested
+// (pipeline/store, EventAwaiting).
+func TurnLogAwaitingFilter(i int) string {
+	return SubjectTurnLogPrefix + strconv.Itoa(i) + ".*." + EventTurnAwaiting
+}
+
+// EventTurnAwaiting is the name of the event that moves a turn's batch
+// to awaiting its approvals.
+const EventTurnAwaiting = "awaiting"
+
 // TurnLogWildcard is the subject filter of every event of turn in
 // partition i: the compare-and-set of an append is against its last
 // message.

@@ -714,6 +714,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 				}
 			}
 			b.State, b.UpdatedAt = schemas.BatchAwaiting, eng.Now()
+			b.Requested = requested(b, announce)
 			return nil
 		})
 		if err == nil {
@@ -748,6 +749,25 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 	// A turn that queued behind this one while it was running finds it
 	// waiting only now.
 	return x.supersedeSelf(ctx, b)
+}
+
+// requested is what b's move to awaiting keeps of the approvals it
+// requested, recs (schemas.BatchRecord.Requested): each as its
+// approval-requested event announces it, for a batch kept in its turn's
+// log. The move is then the requests' durable record, which the turn
+// log's readers and a rebuild read. A batch an earlier version kept in
+// tollgate_batches keeps none (its requests are published only).
+func requested(b *schemas.BatchRecord, recs []*schemas.ApprovalRecord) []*schemas.ApprovalRecord {
+	if b.Bucketed() || len(recs) == 0 {
+		return nil
+	}
+	out := make([]*schemas.ApprovalRecord, 0, len(recs))
+	for _, r := range recs {
+		if i := slices.Index(b.Approvals, r.ApprovalID); i >= 0 && r.CallID == b.Calls[i].CallID {
+			out = append(out, r.AsRequested())
+		}
+	}
+	return out
 }
 
 // supersedes reports whether the session policy for b's transport is

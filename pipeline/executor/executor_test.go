@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"reflect"
@@ -140,6 +141,18 @@ func TestApprovalPathWritesAPendingRecordBoundToTheCall(t *testing.T) {
 			if ns := h.Events(topology.EventSubject(topology.SubjectBatchAwaiting, turn)); len(ns) != 0 {
 				t.Fatalf("%d awaiting notices published, want none", len(ns))
 			}
+			// That event keeps the request, the record as announced (the
+			// stored one, its preview summary-only); the batch as read
+			// carries it no more, so no later write repeats it.
+			if a.Preview == nil {
+				t.Fatal("the pending record has no preview")
+			}
+			if logged := h.LoggedRequests(turn); len(logged) != 1 || !bytes.Equal(encoded(t, logged[0]), encoded(t, a.SummaryOnly())) {
+				t.Fatalf("the awaiting event requests %+v, want the approval record as stored, its preview summary-only", logged)
+			}
+			if w.Requested != nil {
+				t.Fatalf("the batch as read carries the requests %+v", w.Requested)
+			}
 
 			h.Decide(id, tc.option, "alice")
 			b, out := h.WaitTerminal(turn)
@@ -149,6 +162,9 @@ func TestApprovalPathWritesAPendingRecordBoundToTheCall(t *testing.T) {
 			r := b.Results[0]
 			if r.Status != tc.wantStatus || r.Code != tc.wantCode || r.ApprovalID != id {
 				t.Fatalf("result %+v, want %s %s for %s", r, tc.wantStatus, tc.wantCode, id)
+			}
+			if got := h.LoggedRequests(turn); len(got) != 1 {
+				t.Fatalf("%d requests in the log after the decision, want the awaiting event's one", len(got))
 			}
 			content, ok := h.File("out/a.txt")
 			if ok != tc.wantFile || (ok && content != "hello") {
@@ -601,4 +617,13 @@ func TestApprovalsCutOffFromTheirAnnouncementAreAnnouncedOnRedelivery(t *testing
 	if b := h.Batch(turn); b.State != schemas.BatchAwaiting || b.Approvals[0] != id {
 		t.Fatalf("batch %s approvals %v, want awaiting on %s", b.State, b.Approvals, id)
 	}
+}
+
+func encoded(t *testing.T, r schemas.Record) []byte {
+	t.Helper()
+	b, err := schemas.Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -106,11 +106,15 @@ var eventFilters = []string{
 // the accepted turn, state queued; awaiting with the approvals and results
 // of the executor's awaiting notice; started after a redrive "started"
 // event; completed or failed, with code, reason and results, after the turn
-// outcome. Each approval record is the first approval-requested event that
-// binds one of the turn's calls (turn, call id, tool, argument digest) and
-// carries the turn's TurnContext (the same msgpack encoding), with the
-// status, decision and votes of its first decided event. Nothing is
-// re-derived or re-sealed: contexts are copied as they were published.
+// outcome. Each approval record is the first request that binds one of
+// the turn's calls (turn, call id, tool, argument digest) and carries the
+// turn's TurnContext (the same msgpack encoding), with the status,
+// decision and votes of its first decided event. A request is kept by
+// the turn log's awaiting event (schemas.BatchRecord.Requested: the
+// record its approval-requested event announces, read first), or, for a
+// turn whose log keeps none (an earlier version's), published on
+// tollgate.event.approval.requested.<turn>. Nothing is re-derived or
+// re-sealed: contexts are copied as they were written.
 //
 // The turn outcome is the one its turn log keeps where the log keeps one:
 // the record of its outcome event, tollgate.turnlog.<p>.<turn>.outcome
@@ -180,7 +184,7 @@ func Read(ctx context.Context, js jetstream.JetStream, r Range) (*History, error
 		from = minTime(from, t.Accepted)
 	}
 	since := startAt{time: from.Add(-eventSlack)}
-	if err := h.logOutcomes(ctx, js, byID, since); err != nil {
+	if err := h.logEvents(ctx, js, byID, since); err != nil {
 		return nil, err
 	}
 	err = scan(ctx, js, topology.StreamEvents, eventFilters, since, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
@@ -210,14 +214,17 @@ func (h *History) skip(subject string, seq uint64, err error) {
 	h.Skipped = append(h.Skipped, fmt.Sprintf("%s seq %d: %v", subject, seq, err))
 }
 
-// logOutcomes sets the outcome of each turn of byID whose log keeps one
-// (see Read): it scans every turn-log partition's outcome events from
+// logEvents sets the outcome of each turn of byID whose log keeps one,
+// and gathers the approvals its awaiting events requested (see Read): it
+// scans every turn-log partition's outcome and awaiting events from
 // start. An event in another partition than its turn's (where no stage
 // reads it), or whose record does not decode, is another turn's or names
 // another turn in its outcome, is skipped; one whose record holds no
 // outcome (store.ErrNoOutcome) is passed over, leaving the turn to its
-// published outcome. A missing turn-log stream is passed over too.
-func (h *History) logOutcomes(ctx context.Context, js jetstream.JetStream, byID map[string]*Turn, start startAt) error {
+// published outcome, as is an awaiting event that requested nothing
+// (an earlier version's, whose requests were published). A missing
+// turn-log stream is passed over too.
+func (h *History) logEvents(ctx context.Context, js jetstream.JetStream, byID map[string]*Turn, start startAt) error {
 	logs, _, err := turnLogStreams(ctx, js)
 	if err != nil {
 		return err
@@ -227,15 +234,24 @@ func (h *History) logOutcomes(ctx context.Context, js jetstream.JetStream, byID 
 			continue // missing: its turns' outcomes are their published copies
 		}
 		name := s.CachedInfo().Config.Name
-		err := scan(ctx, js, name, []string{topology.TurnLogOutcomeFilter(i)}, start, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		filters := []string{topology.TurnLogOutcomeFilter(i), topology.TurnLogAwaitingFilter(i)}
+		err := scan(ctx, js, name, filters, start, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 			subj := m.Subject()
-			_, turn, _, ok := topology.ParseTurnLogSubject(subj)
+			_, turn, event, ok := topology.ParseTurnLogSubject(subj)
 			t := byID[turn]
 			if !ok || t == nil {
 				return true, nil // another turn's
 			}
 			if p := topology.TurnLogPartition(turn, len(logs)); p != i {
 				h.skip(subj, meta.Sequence.Stream, fmt.Errorf("turn %s's log is partition %d's, not %s", turn, p, name))
+				return true, nil
+			}
+			if event == store.EventAwaiting {
+				reqs, err := store.DecodeRequested(turn, m.Data())
+				if err != nil {
+					h.skip(subj, meta.Sequence.Stream, err)
+				}
+				t.requested = append(t.requested, reqs...)
 				return true, nil
 			}
 			o, err := store.DecodeOutcome(turn, m.Data())

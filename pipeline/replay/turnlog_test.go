@@ -1,9 +1,12 @@
 package replay_test
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -237,4 +240,57 @@ func TestReadTakesATurnsOutcomeFromItsLog(t *testing.T) {
 			t.Fatalf("batch %s %s, want the published copy's, failed %s", b.State, b.Code, schemas.CodeTurnContextTampered)
 		}
 	})
+}
+
+// A request is kept by its batch's move to awaiting, in the turn's log:
+// with the approvals bucket lost and no approval-requested event left
+// (this version's readers move off them), a rebuild takes the pending
+// approval from the log, byte for byte the record announced, and a
+// decision on it runs the call.
+func TestARebuildTakesTheRequestsFromTheTurnLog(t *testing.T) {
+	count := &pt.Counter{}
+	h := start(t, nil, []string{pt.Ingest, pt.Executor}, count)
+	turn := h.Send(h.Inbound("s-requests", "alice", pt.Call("count", `{"n":1}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitState(turn, schemas.BatchAwaiting)
+	logged := h.LoggedRequests(turn)
+	if len(logged) != 1 || logged[0].ApprovalID != id {
+		t.Fatalf("the awaiting event requests %+v, want %s", logged, id)
+	}
+	h.WaitIdle(pt.Ingest, pt.Executor)
+	h.Stop()
+
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	events, err := h.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Purge(ctx, jetstream.WithPurgeSubject(topology.EventSubject(topology.SubjectApprovalRequested, turn))); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(h.PublishedRequests(turn)); n != 0 {
+		t.Fatalf("%d approval-requested events left, want none", n)
+	}
+	deleteBuckets(h, topology.BucketApprovals)
+
+	rep := run(t, h, replay.Options{Rebuild: true})
+	tr := turnReport(t, rep, turn)
+	if len(tr.Approvals) != 1 || tr.Approvals[0].Action != replay.Create {
+		t.Fatalf("approval changes %+v, want %s created", tr.Approvals, id)
+	}
+	h2 := start(t, h, []string{pt.Ingest, pt.Executor, pt.Approver, pt.Redriver}, count)
+	got := raw(t, h2, h2.Store.Approvals.KV, id)
+	want, err := schemas.Encode(logged[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("rebuilt approval\n%x\nwant the log's request\n%x", got, want)
+	}
+	approve(h2, id, "alice")
+	b, _ := h2.WaitTerminal(turn)
+	if b.State != schemas.BatchCompleted || count.Total() != 1 {
+		t.Fatalf("batch %s, %d runs; want completed, the call run once", b.State, count.Total())
+	}
 }

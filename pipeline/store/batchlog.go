@@ -71,6 +71,11 @@ type BatchLog struct{ Log *turnlog.Log }
 // (topology.TurnLogOutcomeFilter follows them).
 const EventOutcome = topology.EventTurnOutcome
 
+// EventAwaiting names the event that moves a turn's batch to awaiting its
+// approvals: its record carries the approvals the move requested
+// (topology.TurnLogAwaitingFilter follows them).
+const EventAwaiting = topology.EventTurnAwaiting
+
 // EventOf is the name of the event that leaves a batch in state s: the
 // state itself, or EventOutcome for a terminal state.
 func EventOf(s schemas.BatchState) string {
@@ -117,7 +122,10 @@ func (b BatchLog) Outcome(ctx context.Context, turn string) (*schemas.TurnOutcom
 	return rec.Outcome, nil
 }
 
-// Get returns turn's batch record (its last event) and its revision.
+// Get returns turn's batch record (its last event) and its revision,
+// without the approvals its awaiting event requested
+// (schemas.BatchRecord.Requested: that event's, read with
+// DecodeRequested).
 func (b BatchLog) Get(ctx context.Context, turn string) (*schemas.BatchRecord, uint64, error) {
 	ev, err := b.Log.Last(ctx, turn)
 	switch {
@@ -130,6 +138,9 @@ func (b BatchLog) Get(ctx context.Context, turn string) (*schemas.BatchRecord, u
 	if err != nil {
 		return nil, ev.Seq, fmt.Errorf("decode the batch of %s@%d (%s): %w", turn, ev.Seq, ev.Name, err)
 	}
+	// The requests are the awaiting event's, not the batch's state: a
+	// write made from this record must not carry them again.
+	rec.Requested = nil
 	return rec, ev.Seq, nil
 }
 

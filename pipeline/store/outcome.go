@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -32,6 +33,47 @@ func DecodeOutcome(turn string, data []byte) (*schemas.TurnOutcome, error) {
 		return nil, fmt.Errorf("turn %s: %w", turn, ErrNoOutcome)
 	}
 	return b.Outcome, nil
+}
+
+// DecodeRequested returns the approvals that the record of turn's
+// awaiting event (data) requested, each the record its approval-requested
+// event announces (schemas.BatchRecord.RequestedApprovals): an error with
+// a code when data does not decode or is another turn's; none when the
+// event requested none (an earlier version published its requests, or
+// the move to awaiting was made again after one that requested them).
+func DecodeRequested(turn string, data []byte) ([]*schemas.ApprovalRecord, error) {
+	b, err := schemas.DecodeBatch(data)
+	switch {
+	case err != nil:
+		return nil, err
+	case b.TurnID != turn:
+		return nil, schemas.Errorf(schemas.CodeInvalidInput, "the awaiting event of turn %s holds turn %s's batch", turn, b.TurnID)
+	}
+	return b.RequestedApprovals(), nil
+}
+
+// LoggedRequest reads turn's last awaiting event in its partition of
+// logs (the turn-log streams, topology.OpenTurnLogs) and reports its
+// sequence and whether it keeps the request of approval id
+// (DecodeRequested). A turn moves to awaiting once; an event that does
+// not decode keeps none. Its error is the read's.
+func LoggedRequest(ctx context.Context, logs []jetstream.Stream, turn, id string) (uint64, bool, error) {
+	if len(logs) == 0 || !schemas.ValidKey(turn) {
+		return 0, false, nil
+	}
+	p := topology.TurnLogPartition(turn, len(logs))
+	m, err := logs[p].GetLastMsgForSubject(ctx, topology.TurnLogSubject(p, turn, EventAwaiting))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("read the awaiting event of %s: %w", turn, err)
+	}
+	reqs, err := DecodeRequested(turn, m.Data)
+	if err != nil {
+		return m.Sequence, false, nil
+	}
+	return m.Sequence, slices.ContainsFunc(reqs, func(a *schemas.ApprovalRecord) bool { return a.ApprovalID == id }), nil
 }
 
 // LoggedOutcome reads turn's outcome event in its partition of logs (the
