@@ -49,8 +49,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -61,6 +64,13 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
+
+// RequestsHandler handles the approvals one turn's move to awaiting
+// requested, each the record its approval-requested event announces
+// (schemas.BatchRecord.RequestedApprovals); m is the message that carried
+// them (the log's awaiting event, or a published approval-requested
+// event given to PublishedRequest). Its error is the runner's.
+type RequestsHandler func(ctx context.Context, reqs []*schemas.ApprovalRecord, m jetstream.Msg) error
 
 // Handler handles one turn's outcome; m is the message that carried it
 // (the log's outcome event, or the published copy given to Published),
@@ -85,6 +95,12 @@ type Config struct {
 	// Optional.
 	// Concurrency is each partition's runner's workers (default 1).
 	Concurrency int
+	// Requests, when set, is handed the approvals each turn's move to
+	// awaiting requested: the consumers then follow each partition's
+	// awaiting events (tollgate.turnlog.<i>.*.awaiting) as well as its
+	// outcome events, so that a turn's requests reach the reader before
+	// its outcome (docs/protocol.md §4.2a, "Requests in the log").
+	Requests RequestsHandler
 	// Wants, when set, tells the turns whose outcomes the reader reads:
 	// the events of other turns are acknowledged without being decoded
 	// (the planner reads only its step batches').
@@ -124,9 +140,19 @@ type Follower struct {
 	cfg     Config
 	streams []jetstream.Stream
 	starts  []uint64 // per partition: the first sequence its consumer delivers
-	runners []*runner.Runner
-	specs   []topology.ConsumerSpec
+	// requestsFrom, per partition, is the first sequence from which its
+	// consumer delivers awaiting events (Config.Requests).
+	requestsFrom []uint64
+	runners      []*runner.Runner
+	specs        []topology.ConsumerSpec
 }
+
+// RequestsFromKey is the consumer metadata key that records the first
+// sequence of its partition from which a reader's consumer delivers
+// awaiting events: the sequence after the partition's last message when
+// the consumer was created following them, or when a consumer that
+// followed outcome events only was extended to follow them too.
+const RequestsFromKey = "tollgate_requests_from"
 
 // New binds the turn-log streams (topology.OpenTurnLogs: they must
 // exist), creates each partition's consumer unless it exists, reads back
@@ -139,7 +165,7 @@ func New(ctx context.Context, cfg Config) (*Follower, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: outcomes: %w", cfg.Component, err)
 	}
-	f := &Follower{cfg: cfg, streams: streams, starts: make([]uint64, len(streams))}
+	f := &Follower{cfg: cfg, streams: streams, starts: make([]uint64, len(streams)), requestsFrom: make([]uint64, len(streams))}
 	for i, s := range streams {
 		cc, err := f.consumer(ctx, i, s)
 		if err != nil {
@@ -165,13 +191,15 @@ func New(ctx context.Context, cfg Config) (*Follower, error) {
 // an existing consumer (another replica of the reader may have created it
 // a moment ago) keeps its start, which is read back.
 func (f *Follower) consumer(ctx context.Context, i int, s jetstream.Stream) (jetstream.ConsumerConfig, error) {
-	cc := consumerConfig(i, f.cfg.Durable, cmp.Or(f.cfg.Description, "Tollgate "+f.cfg.Component+": turns' outcomes"))
+	cc := consumerConfig(i, f.cfg.Durable, cmp.Or(f.cfg.Description, "Tollgate "+f.cfg.Component+": turns' outcomes"), f.cfg.Requests != nil)
 	existing, last, _, err := ensure(ctx, s, runner.ConsumerConfig(cc))
 	if err != nil {
 		return cc, fmt.Errorf("%s: outcomes: %w", f.cfg.Component, err)
 	}
 	have := existing.CachedInfo().Config
 	cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = have.DeliverPolicy, have.OptStartSeq, have.OptStartTime
+	cc.Metadata = have.Metadata
+	f.requestsFrom[i] = requestsFrom(have)
 	switch have.DeliverPolicy {
 	case jetstream.DeliverByStartSequencePolicy:
 		f.starts[i] = cmp.Or(have.OptStartSeq, 1)
@@ -183,22 +211,51 @@ func (f *Follower) consumer(ctx context.Context, i int, s jetstream.Stream) (jet
 	return cc, nil
 }
 
-// consumerConfig is the consumer of partition i's outcome events named
-// for prefix, before its start is known.
-func consumerConfig(i int, prefix, description string) jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
+// consumerConfig is the consumer of partition i's outcome events (and,
+// with requests, its awaiting events) named for prefix, before its start
+// is known.
+func consumerConfig(i int, prefix, description string, requests bool) jetstream.ConsumerConfig {
+	cc := jetstream.ConsumerConfig{
 		Durable:       Durable(prefix, i),
 		Description:   description,
 		FilterSubject: topology.TurnLogOutcomeFilter(i),
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 	}
+	if requests {
+		cc.FilterSubject, cc.FilterSubjects = "", []string{topology.TurnLogOutcomeFilter(i), topology.TurnLogAwaitingFilter(i)}
+	}
+	return cc
+}
+
+// followsRequests reports whether consumer configuration cc follows its
+// partition's awaiting events.
+func followsRequests(cc jetstream.ConsumerConfig) bool {
+	return slices.ContainsFunc(append([]string{cc.FilterSubject}, cc.FilterSubjects...), func(f string) bool {
+		return strings.HasPrefix(f, topology.SubjectTurnLogPrefix) && strings.HasSuffix(f, ".*."+store.EventAwaiting)
+	})
+}
+
+// requestsFrom is the first sequence from which consumer configuration
+// cc delivers awaiting events (RequestsFromKey): 0 when it follows none;
+// the largest sequence there is when it follows them but does not say
+// from where (a published request is then always handed over: at worst
+// twice, never lost).
+func requestsFrom(cc jetstream.ConsumerConfig) uint64 {
+	if !followsRequests(cc) {
+		return 0
+	}
+	if n, err := strconv.ParseUint(cc.Metadata[RequestsFromKey], 10, 64); err == nil && n > 0 {
+		return n
+	}
+	return math.MaxUint64
 }
 
 // ensure creates cc's consumer on s, starting after s's last message,
 // unless it exists, and returns the consumer as the server has it, the
 // stream's last sequence when it looked, and whether this call created
-// it. An existing consumer is left as it is.
+// it. An existing consumer is left as it is, except that one cc wants to
+// follow awaiting events too, which does not yet, is extended to (extend).
 func ensure(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig) (_ jetstream.Consumer, last uint64, created bool, _ error) {
 	info, err := s.Info(ctx)
 	if err != nil {
@@ -208,16 +265,47 @@ func ensure(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig
 	existing, err := s.Consumer(ctx, cc.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		cc.OptStartSeq = last + 1
+		if followsRequests(cc) {
+			cc.Metadata = map[string]string{RequestsFromKey: strconv.FormatUint(last+1, 10)}
+		}
 		existing, err = s.CreateConsumer(ctx, cc)
 		created = err == nil
 		if errors.Is(err, jetstream.ErrConsumerExists) {
 			existing, err = s.Consumer(ctx, cc.Durable)
 		}
 	}
+	if err == nil && followsRequests(cc) && !followsRequests(existing.CachedInfo().Config) {
+		existing, err = extend(ctx, s, existing.CachedInfo().Config, cc.FilterSubjects)
+	}
 	if err != nil {
 		return nil, 0, false, fmt.Errorf("consumer %s: %w", cc.Durable, err)
 	}
 	return existing, last, created, nil
+}
+
+// extend makes consumer have, which follows its partition's outcome
+// events only, follow filters (its outcome and awaiting events) from
+// where it is, then records in its metadata the partition's last sequence
+// after the change, plus one (RequestsFromKey). An awaiting event stored
+// before that mark may reach the reader twice (through the consumer, if
+// it had not passed it, and through its published copy), never not at
+// all; a change interrupted before the mark leaves none, and requestsFrom
+// then hands every published request over.
+func extend(ctx context.Context, s jetstream.Stream, have jetstream.ConsumerConfig, filters []string) (jetstream.Consumer, error) {
+	have.FilterSubject, have.FilterSubjects = "", filters
+	if _, err := s.UpdateConsumer(ctx, have); err != nil {
+		return nil, fmt.Errorf("follow awaiting events too: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have.Metadata = maps.Clone(have.Metadata)
+	if have.Metadata == nil {
+		have.Metadata = map[string]string{}
+	}
+	have.Metadata[RequestsFromKey] = strconv.FormatUint(info.State.LastSeq+1, 10)
+	return s.UpdateConsumer(ctx, have)
 }
 
 // CheckPrefix reports whether prefix can name a reader's consumers
@@ -248,7 +336,7 @@ func EnsureConsumers(ctx context.Context, js jetstream.JetStream, prefix string)
 	}
 	var created []string
 	for i, s := range streams {
-		cc := consumerConfig(i, prefix, "Tollgate reader "+prefix+": turns' outcomes")
+		cc := consumerConfig(i, prefix, "Tollgate reader "+prefix+": turns' requests and outcomes", true)
 		_, _, made, err := ensure(ctx, s, cc)
 		if err != nil {
 			return created, fmt.Errorf("outcomes: %w", err)
@@ -260,10 +348,11 @@ func EnsureConsumers(ctx context.Context, js jetstream.JetStream, prefix string)
 	return created, nil
 }
 
-// Turn is the turn id of an outcome event's subject, "" for any other
-// subject: for a reader's dead-letter hook (Config.OnDeadLetter).
+// Turn is the turn id of an outcome or awaiting event's subject, "" for
+// any other subject: for a reader's dead-letter hook
+// (Config.OnDeadLetter).
 func Turn(subject string) string {
-	if _, turn, event, ok := topology.ParseTurnLogSubject(subject); ok && event == store.EventOutcome {
+	if _, turn, event, ok := topology.ParseTurnLogSubject(subject); ok && (event == store.EventOutcome || event == store.EventAwaiting) {
 		return turn
 	}
 	return ""
@@ -277,14 +366,22 @@ func shardKey(m jetstream.Msg) string {
 	return m.Subject()
 }
 
-// handle decodes an outcome event and hands its outcome over.
+// handle decodes an outcome event and hands its outcome over, or an
+// awaiting event and hands its requests over.
 func (f *Follower) handle(ctx context.Context, m jetstream.Msg) error {
 	_, turn, event, ok := topology.ParseTurnLogSubject(m.Subject())
-	if !ok || event != store.EventOutcome {
+	if !ok || event != store.EventOutcome && (event != store.EventAwaiting || f.cfg.Requests == nil) {
 		return schemas.Errorf(schemas.CodeUnknownMessage, "%s: %s is not a turn's outcome event", f.cfg.Component, m.Subject())
 	}
 	if f.cfg.Wants != nil && !f.cfg.Wants(turn) {
 		return nil
+	}
+	if event == store.EventAwaiting {
+		reqs, err := store.DecodeRequested(turn, m.Data())
+		if err != nil || len(reqs) == 0 {
+			return err // none: an earlier version's event, its requests published (PublishedRequest)
+		}
+		return f.cfg.Requests(ctx, reqs, m)
 	}
 	o, err := store.DecodeOutcome(turn, m.Data())
 	if errors.Is(err, store.ErrNoOutcome) {
@@ -319,6 +416,39 @@ func (f *Follower) Delivers(ctx context.Context, turn string) (bool, error) {
 		return false, fmt.Errorf("%s: %w", f.cfg.Component, err)
 	}
 	return ok && seq >= f.starts[topology.TurnLogPartition(turn, len(f.streams))], nil
+}
+
+// PublishedRequest hands rec, an approval request published on
+// tollgate.event.approval.requested (m, its message), to Config.Requests
+// unless the follower's consumers deliver it from its turn's log: its
+// log's awaiting event keeps it, at or after the sequence from which the
+// consumer of its partition delivers awaiting events. Its error is
+// transient (the log could not be read) or the handler's. Without
+// Config.Requests it does nothing.
+func (f *Follower) PublishedRequest(ctx context.Context, rec *schemas.ApprovalRecord, m jetstream.Msg) error {
+	if f.cfg.Requests == nil {
+		return nil
+	}
+	logged, err := f.DeliversRequest(ctx, rec.TurnID, rec.ApprovalID)
+	if err != nil || logged {
+		return err
+	}
+	return f.cfg.Requests(ctx, []*schemas.ApprovalRecord{rec}, m)
+}
+
+// DeliversRequest reports whether the follower's consumer of turn's
+// partition delivers the request of approval id: whether turn's log's
+// awaiting event keeps it (store.LoggedRequest) at or after the sequence
+// from which that consumer delivers awaiting events.
+func (f *Follower) DeliversRequest(ctx context.Context, turn, id string) (bool, error) {
+	if f.cfg.Requests == nil {
+		return false, nil
+	}
+	seq, ok, err := store.LoggedRequest(ctx, f.streams, turn, id)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", f.cfg.Component, err)
+	}
+	return ok && seq >= f.requestsFrom[topology.TurnLogPartition(turn, len(f.streams))], nil
 }
 
 // Run consumes every partition until ctx is cancelled (runner.RunAll).

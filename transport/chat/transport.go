@@ -176,7 +176,16 @@ func New[M any](ctx context.Context, cfg Config, p Platform[M]) (*Transport[M], 
 		Component: cfg.Name, Durable: Durable(cfg.Name), Description: "Tollgate " + cfg.Title + " transport: turns' outcomes",
 		JS: cfg.JS, Handler: func(ctx context.Context, o *schemas.TurnOutcome, _ jetstream.Msg) error {
 			return t.DeliverOutcome(ctx, o)
-		}, Logger: t.log.With("stage", cfg.Name), Metrics: rm, Concurrency: 8,
+		},
+		Requests: func(ctx context.Context, reqs []*schemas.ApprovalRecord, _ jetstream.Msg) error {
+			for _, a := range reqs {
+				if err := t.prompt(ctx, a); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Logger: t.log.With("stage", cfg.Name), Metrics: rm, Concurrency: 8,
 	})
 	if err != nil {
 		return nil, err
@@ -189,11 +198,11 @@ func Durable(name string) string { return "transport-" + name }
 
 // ConsumerConfig is the durable consumer of the events a chat transport
 // acts on: approval.requested, approval.decided, turn.outcome, turn.reply
-// and decision.rejected. A turn's outcome comes from its turn log's
-// outcome event (consumers "<Durable>-outcome-<i>", outcomes.Follower);
-// a published turn.outcome is delivered only when the turn's log does not
-// deliver it (a turn an earlier version ended, a batch kept in
-// tollgate_batches).
+// and decision.rejected. A turn's requests and outcome come from its turn
+// log's awaiting and outcome events (consumers "<Durable>-outcome-<i>",
+// outcomes.Follower); a published approval.requested or turn.outcome is
+// delivered only when the turn's log does not deliver it (a turn an
+// earlier version moved on, a batch kept in tollgate_batches).
 func ConsumerConfig(name, title string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:     Durable(name),
@@ -256,8 +265,12 @@ func (t *Transport[M]) Unmark(key string) { Unmark(t.seen, key) }
 // redelivered or replayed event finds its record and posts nothing.
 func (t *Transport[M]) handleEvent(ctx context.Context, m jetstream.Msg) error {
 	return HandleEvent(ctx, t.cfg.Name, Handlers{
-		// A published outcome is delivered only when the turn logs'
-		// consumers do not deliver it (outcomes.Follower.Published).
-		Prompt: t.prompt, ClosePrompt: t.closePrompt, Outcome: func(ctx context.Context, o *schemas.TurnOutcome) error { return t.outcomes.Published(ctx, o, m) }, Reply: t.DeliverReply, Rejected: t.rejected,
+		// A published request or outcome is delivered only when the turn
+		// logs' consumers do not deliver it (outcomes.Follower's
+		// PublishedRequest and Published).
+		Prompt: func(ctx context.Context, a *schemas.ApprovalRecord) error {
+			return t.outcomes.PublishedRequest(ctx, a, m)
+		},
+		ClosePrompt: t.closePrompt, Outcome: func(ctx context.Context, o *schemas.TurnOutcome) error { return t.outcomes.Published(ctx, o, m) }, Reply: t.DeliverReply, Rejected: t.rejected,
 	}, m)
 }
