@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -40,9 +41,10 @@ type provisionChange struct {
 // each consumer. It then checks that nothing differs any more. With
 // --planner it also creates the planner's bucket (topology.EnsurePlannerBucket)
 // and consumers, and ingest's consumer of the step batches; with
-// --outcome-reader NAME, NAME's pull consumers of the turn logs' outcome
-// events (outcomes.EnsureConsumers), created once and then left as they
-// are. Stages started with --no-provision need this to have run.
+// --outcome-reader NAME, NAME's pull consumers of the turn logs' awaiting
+// and outcome events (outcomes.EnsureConsumers), created once and then
+// left as they are (one an earlier version made for the outcome events
+// only is made to follow the awaiting events too). Stages started with --no-provision need this to have run.
 func cmdProvision(cmd *command, args []string) int {
 	fs := cmd.flags()
 	var c client
@@ -52,7 +54,7 @@ func cmdProvision(cmd *command, args []string) int {
 	dryRun := fs.Bool("dry-run", false, "print what would be created and what differs, field by field; change nothing")
 	withPlanner := fs.Bool("planner", false, "also the planner's bucket and consumers and ingest's consumer of its step batches (docs/planner.md), so that the planner's user needs no right to create them")
 	var readers []string
-	fs.Func("outcome-reader", "also a reader's pull consumers of the turn logs' outcome events, `NAME`-outcome-<i> on each TOLLGATE_TURNLOG_<i> (docs/protocol.md 4.2a), for a transport whose user may only pull them (deploy/nats: transport-cli); repeatable", func(v string) error {
+	fs.Func("outcome-reader", "also a reader's pull consumers of the turn logs' awaiting and outcome events (its requests and outcomes), `NAME`-outcome-<i> on each TOLLGATE_TURNLOG_<i> (docs/protocol.md 4.2a), for a transport whose user may only pull them (deploy/nats: transport-cli); repeatable", func(v string) error {
 		if err := outcomes.CheckPrefix(v); err != nil {
 			return err
 		}
@@ -99,12 +101,20 @@ func cmdProvision(cmd *command, args []string) int {
 	for _, prefix := range readers {
 		for i := range topo.TurnLogPartitionCount() {
 			name := outcomes.Durable(prefix, i)
-			_, err := c.js.Consumer(ctx, topology.TurnLogStream(i), name)
+			cons, err := c.js.Consumer(ctx, topology.TurnLogStream(i), name)
 			switch {
 			case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 				changes = append(changes, topology.Change{Kind: topology.KindConsumer, Name: topology.TurnLogStream(i) + "/" + name, Missing: true})
 			case err != nil:
 				return c.fail("provision", fmt.Errorf("consumer %s: %w", name, err))
+			case !outcomes.FollowsRequests(cons.CachedInfo().Config):
+				// One an earlier version made for the outcome events only:
+				// it follows the awaiting events too from now on.
+				have := cons.CachedInfo().Config
+				changes = append(changes, topology.Change{Kind: topology.KindConsumer, Name: topology.TurnLogStream(i) + "/" + name, Fields: []topology.FieldDiff{{
+					Field: "filter_subjects", Have: strings.Join(append([]string{have.FilterSubject}, have.FilterSubjects...), " "),
+					Want: topology.TurnLogOutcomeFilter(i) + " " + topology.TurnLogAwaitingFilter(i),
+				}}})
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -48,19 +50,47 @@ func TestProvisionOutcomeReaderCreatesItsConsumers(t *testing.T) {
 			t.Fatalf("partition %d: %v", i, err)
 		}
 		cfg := c.CachedInfo().Config
-		if cfg.FilterSubject != topology.TurnLogOutcomeFilter(i) || cfg.AckPolicy != jetstream.AckExplicitPolicy || cfg.DeliverPolicy != jetstream.DeliverByStartSequencePolicy {
-			t.Errorf("partition %d: consumer %+v", i, cfg)
+		if !slices.Equal(cfg.FilterSubjects, []string{topology.TurnLogOutcomeFilter(i), topology.TurnLogAwaitingFilter(i)}) ||
+			cfg.AckPolicy != jetstream.AckExplicitPolicy || cfg.DeliverPolicy != jetstream.DeliverByStartSequencePolicy {
+			t.Errorf("partition %d: consumer %+v, want the outcome and awaiting events", i, cfg)
 		}
 		wantStart := uint64(1)
 		if i == 0 {
 			wantStart = 2 // after the message already there
 		}
-		if cfg.OptStartSeq != wantStart {
-			t.Errorf("partition %d: starts at %d, want %d", i, cfg.OptStartSeq, wantStart)
+		if cfg.OptStartSeq != wantStart || cfg.Metadata[outcomes.RequestsFromKey] != strconv.FormatUint(wantStart, 10) {
+			t.Errorf("partition %d: starts at %d, requests from %q; want %d for both", i, cfg.OptStartSeq, cfg.Metadata[outcomes.RequestsFromKey], wantStart)
 		}
 	}
 	if res := provisionJSON(t, "--nats", url, "--outcome-reader", "transport-cli"); len(res.Changes) != 0 {
 		t.Fatalf("second run: %+v, want nothing to change", res.Changes)
+	}
+
+	// A reader's consumer an earlier version made for the outcome events
+	// only is listed, then made to follow the awaiting events too, where
+	// it is.
+	old, err := js.CreateConsumer(provCtx(t), topology.TurnLogStream(0), jetstream.ConsumerConfig{
+		Durable: outcomes.Durable("earlier", 0), FilterSubject: topology.TurnLogOutcomeFilter(0),
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: 1, AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := topology.TurnLogStream(0) + "/" + old.CachedInfo().Name
+	dry := provisionJSON(t, "--nats", url, "--outcome-reader", "earlier", "--dry-run")
+	if !slices.ContainsFunc(dry.Changes, func(c provisionChange) bool {
+		return c.Action == "update" && c.Name == name && len(c.Fields) == 1 && c.Fields[0].Field == "filter_subjects" &&
+			c.Fields[0].Want == topology.TurnLogOutcomeFilter(0)+" "+topology.TurnLogAwaitingFilter(0)
+	}) {
+		t.Fatalf("dry run: %+v, want %s updated (filter_subjects)", dry.Changes, name)
+	}
+	provisionJSON(t, "--nats", url, "--outcome-reader", "earlier")
+	c, err := js.Consumer(provCtx(t), topology.TurnLogStream(0), outcomes.Durable("earlier", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := c.CachedInfo().Config; !outcomes.FollowsRequests(cfg) || cfg.OptStartSeq != 1 || cfg.Metadata[outcomes.RequestsFromKey] == "" {
+		t.Fatalf("the earlier consumer after provisioning: %+v, want it following the awaiting events, from where it started", cfg)
 	}
 	if code, _, errOut := runCLI(t, "provision", "--nats", url, "--outcome-reader", "transport.cli"); code != 2 || !strings.Contains(errOut, "durable name prefix") {
 		t.Fatalf("a dotted reader name: exit %d, stderr %q, want a usage error", code, errOut)

@@ -96,15 +96,19 @@ func TestLeastPrivilegeDiscord(t *testing.T) {
 	}
 	publish(t, dc, topology.DecisionSubject(tgdiscord.Name, req.ApprovalID), topology.DecisionMsgID(d.DecisionID), d)
 
-	// The outcome, from the transport's follower of its turn log's
-	// partition, which its user may create (transport/chat: outcomes).
+	// The request, then the outcome, from the transport's follower of its
+	// turn log's partition, which its user may create with its two
+	// filters (transport/chat: outcomes, with requests).
 	part := topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)
 	follower, err := dc.js.CreateConsumer(ctx(t, wait), topology.TurnLogStream(part), jetstream.ConsumerConfig{
 		Durable: outcomes.Durable(tgdiscord.Durable, part), AckPolicy: jetstream.AckExplicitPolicy,
-		FilterSubject: topology.TurnLogOutcomeFilter(part),
+		FilterSubjects: []string{topology.TurnLogOutcomeFilter(part), topology.TurnLogAwaitingFilter(part)},
 	})
 	if err != nil {
 		t.Fatalf("discord: create its outcome consumer: %v", err)
+	}
+	if got := nextRequests(t, follower, turn); len(got) != 1 || got[0].ApprovalID != req.ApprovalID || got[0].ArgsDigest != req.ArgsDigest {
+		t.Fatalf("requests from the log: %+v, want %s", got, req.ApprovalID)
 	}
 	out := nextOutcome(t, follower, turn)
 	if out.State != schemas.TurnCompleted || len(out.Results) != 1 || out.Results[0].Status != schemas.ResultOK {

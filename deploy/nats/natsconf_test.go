@@ -9,6 +9,7 @@
 package natsconf_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -429,8 +430,32 @@ func nextOutcome(t *testing.T, cons jetstream.Consumer, turn string) *schemas.Tu
 	return o
 }
 
+// nextRequests pulls from cons, a reader's consumer of the awaiting and
+// outcome events of turn's turn-log partition (acking all it reads),
+// until turn's awaiting event arrives, and returns the requests its
+// record keeps.
+func nextRequests(t *testing.T, cons jetstream.Consumer, turn string) []*schemas.ApprovalRecord {
+	t.Helper()
+	p := topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)
+	reqs, err := store.DecodeRequested(turn, nextEvent(t, cons, topology.TurnLogSubject(p, turn, store.EventAwaiting)))
+	if err != nil {
+		t.Fatalf("the awaiting event of %s: %v", turn, err)
+	}
+	return reqs
+}
+
+func encoded(t *testing.T, r schemas.Record) []byte {
+	t.Helper()
+	b, err := schemas.Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // nextEvent fetches from the transport's durable consumer (acking all it
-// reads) until an event on subject arrives, and returns its data.
+// reads up to it) until an event on subject arrives, and returns its
+// data; the events fetched with it, after it, are left for the next call.
 func nextEvent(t *testing.T, cons jetstream.Consumer, subject string) []byte {
 	t.Helper()
 	var found []byte
@@ -441,10 +466,18 @@ func nextEvent(t *testing.T, cons jetstream.Consumer, subject string) []byte {
 			t.Fatalf("cli: fetch events: %v", err)
 		}
 		for m := range batch.Messages() {
+			if found != nil {
+				// Left for the next call (the reader's next event): not
+				// acked, so it comes again at once.
+				if err := m.Nak(); err != nil {
+					t.Fatalf("cli: nak: %v", err)
+				}
+				continue
+			}
 			if err := m.Ack(); err != nil {
 				t.Fatalf("cli: ack: %v", err)
 			}
-			if m.Subject() == subject && found == nil {
+			if m.Subject() == subject {
 				found = m.Data()
 			}
 			seen = append(seen, m.Subject())
@@ -554,12 +587,16 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 		t.Fatalf("rejection: %+v, %v", rej, err)
 	}
 
-	// The outcome, from the transport's consumer of its turn log's
-	// partition (the outcome is not published: the log keeps it).
+	// The request, then the outcome, from the transport's consumer of its
+	// turn log's partition (the outcome is not published: the log keeps
+	// it; the request is the awaiting event's).
 	outcomeCons, err := cli.js.Consumer(ctx(t, wait), topology.TurnLogStream(topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)),
 		outcomes.Durable(cliConsumer, topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)))
 	if err != nil {
 		t.Fatalf("cli: bind its outcome consumer: %v", err)
+	}
+	if got := nextRequests(t, outcomeCons, turn); len(got) != 1 || !bytes.Equal(encoded(t, got[0]), encoded(t, req)) {
+		t.Fatalf("requests from the log: %+v, want the announced %+v", got, req)
 	}
 	out := nextOutcome(t, outcomeCons, turn)
 	if out.State != schemas.TurnCompleted || len(out.Results) != 2 ||

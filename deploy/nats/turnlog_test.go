@@ -287,7 +287,11 @@ func TestTurnLogGrantsNameEveryPartition(t *testing.T) {
 			api+"CONSUMER.MSG.NEXT."+stream+".*", api+"CONSUMER.DELETE."+stream+".*")
 		// The gateway's event feed (transport/eventfeed): ordered pull
 		// consumers of the outcome events, all turns' or one turn's.
+		// With the awaiting events too (two filters: the create request
+		// names none), of any name; the deny list keeps it off the other
+		// readers' durables.
 		want["gateway"] = append(want["gateway"], api+"CONSUMER.CREATE."+stream+".*."+topology.SubjectTurnLogPrefix+strconv.Itoa(i)+".*.outcome",
+			api+"CONSUMER.CREATE."+stream+".*",
 			api+"CONSUMER.MSG.NEXT."+stream+".*", api+"CONSUMER.DELETE."+stream+".*",
 			// and its webhooks' outcome followers, durables of any name.
 			api+"CONSUMER.INFO."+stream+".*", "$JS.ACK."+stream+".*.>")
@@ -297,13 +301,21 @@ func TestTurnLogGrantsNameEveryPartition(t *testing.T) {
 		// The CLI transport's, which admin provisions: it may only pull.
 		cli := outcomes.Durable("transport-cli", i)
 		want["cli"] = append(want["cli"], api+"CONSUMER.INFO."+stream+"."+cli, api+"CONSUMER.MSG.NEXT."+stream+"."+cli, "$JS.ACK."+stream+"."+cli+".>")
+		// The planner's follows the outcome events only; the chat
+		// transports' follow the awaiting events too (their prompts), so
+		// their create request names no filter (two), only the durable.
 		for user, durable := range map[string]string{"planner": "planner", "slack": "transport-slack", "discord": "transport-discord"} {
 			name := outcomes.Durable(durable, i)
-			want[user] = append(want[user], api+"CONSUMER.CREATE."+stream+"."+name+"."+topology.TurnLogOutcomeFilter(i),
+			create := api + "CONSUMER.CREATE." + stream + "." + name
+			if user == "planner" {
+				create += "." + topology.TurnLogOutcomeFilter(i)
+			}
+			want[user] = append(want[user], create,
 				api+"CONSUMER.INFO."+stream+"."+name, api+"CONSUMER.MSG.NEXT."+stream+"."+name, "$JS.ACK."+stream+"."+name+".>")
 			if user != "planner" {
 				want[user] = append(want[user], api+"STREAM.INFO."+stream,
-					api+"DIRECT.GET."+stream+"."+topology.TurnLogOutcomeFilter(i), api+"STREAM.MSG.GET."+stream)
+					api+"DIRECT.GET."+stream+"."+topology.TurnLogOutcomeFilter(i), api+"DIRECT.GET."+stream+"."+topology.TurnLogAwaitingFilter(i),
+					api+"STREAM.MSG.GET."+stream)
 			}
 		}
 	}

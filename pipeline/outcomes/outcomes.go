@@ -228,9 +228,9 @@ func consumerConfig(i int, prefix, description string, requests bool) jetstream.
 	return cc
 }
 
-// followsRequests reports whether consumer configuration cc follows its
+// FollowsRequests reports whether consumer configuration cc follows its
 // partition's awaiting events.
-func followsRequests(cc jetstream.ConsumerConfig) bool {
+func FollowsRequests(cc jetstream.ConsumerConfig) bool {
 	return slices.ContainsFunc(append([]string{cc.FilterSubject}, cc.FilterSubjects...), func(f string) bool {
 		return strings.HasPrefix(f, topology.SubjectTurnLogPrefix) && strings.HasSuffix(f, ".*."+store.EventAwaiting)
 	})
@@ -242,7 +242,7 @@ func followsRequests(cc jetstream.ConsumerConfig) bool {
 // from where (a published request is then always handed over: at worst
 // twice, never lost).
 func requestsFrom(cc jetstream.ConsumerConfig) uint64 {
-	if !followsRequests(cc) {
+	if !FollowsRequests(cc) {
 		return 0
 	}
 	if n, err := strconv.ParseUint(cc.Metadata[RequestsFromKey], 10, 64); err == nil && n > 0 {
@@ -265,7 +265,7 @@ func ensure(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig
 	existing, err := s.Consumer(ctx, cc.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		cc.OptStartSeq = last + 1
-		if followsRequests(cc) {
+		if FollowsRequests(cc) {
 			cc.Metadata = map[string]string{RequestsFromKey: strconv.FormatUint(last+1, 10)}
 		}
 		existing, err = s.CreateConsumer(ctx, cc)
@@ -274,7 +274,7 @@ func ensure(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig
 			existing, err = s.Consumer(ctx, cc.Durable)
 		}
 	}
-	if err == nil && followsRequests(cc) && !followsRequests(existing.CachedInfo().Config) {
+	if err == nil && FollowsRequests(cc) && !FollowsRequests(existing.CachedInfo().Config) {
 		existing, err = extend(ctx, s, existing.CachedInfo().Config, cc.FilterSubjects)
 	}
 	if err != nil {
