@@ -147,13 +147,16 @@ func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger
 	}
 	// A batch's moves are the turn's, never an approval's; an approval's
 	// call's result is in its turn's outcome.
-	logged := map[string]bool{} // turn id -> its log holds its outcome
+	logged := map[string]bool{} // turn id, or approval id -> its log holds its outcome, or its request
 	if moves, err = readTurnLogs(ctx, js, q, sessions, keys, logged, log); err != nil {
 		return nil, err
 	}
-	// A turn's outcome is told once: from its log, where this version keeps
-	// it; its published copy only for a turn whose log does not hold it.
-	events = slices.DeleteFunc(events, func(e Event) bool { return (e.Kind == Outcome || e.Kind == Result) && logged[e.TurnID] })
+	// A turn's outcome and an approval's request are told once: from the
+	// turn's log, where this version keeps them; a published copy only
+	// where the log does not hold it.
+	events = slices.DeleteFunc(events, func(e Event) bool {
+		return (e.Kind == Outcome || e.Kind == Result) && logged[e.TurnID] || e.Kind == Requested && logged[e.ApprovalID]
+	})
 	if q.Approval == "" {
 		// The turns stream is keyed by session, not turn: a turn's own
 		// session key narrows the read when one of its requested events or
@@ -233,18 +236,7 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 	}
 	switch rec := rec.(type) {
 	case *schemas.ApprovalRecord:
-		a := rec
-		e := at
-		e.Kind, e.TurnID, e.ApprovalID, e.CallID, e.Record = Requested, a.TurnID, a.ApprovalID, a.CallID, a
-		e.Tool, e.ArgsDigest, e.Options, e.Quorum = a.Tool, a.ArgsDigest, a.Options, a.Quorum
-		if !a.ExpiresAt.IsZero() {
-			t := a.ExpiresAt.UTC()
-			e.ExpiresAt = &t
-		}
-		if a.Context != nil {
-			e.Requester = a.Context.Requester.Principal
-		}
-		return []Event{e}, a.SessionID, nil
+		return []Event{requestedEvent(at, rec)}, rec.SessionID, nil
 	case *schemas.DecidedEvent:
 		d := rec
 		e := at
@@ -275,6 +267,22 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 	return nil, "", fmt.Errorf("not an audited subject")
 }
 
+// requestedEvent is the audit event of approval a's request, stamped like
+// at.
+func requestedEvent(at Event, a *schemas.ApprovalRecord) Event {
+	e := at
+	e.Kind, e.TurnID, e.ApprovalID, e.CallID, e.Record = Requested, a.TurnID, a.ApprovalID, a.CallID, a
+	e.Tool, e.ArgsDigest, e.Options, e.Quorum = a.Tool, a.ArgsDigest, a.Options, a.Quorum
+	if !a.ExpiresAt.IsZero() {
+		t := a.ExpiresAt.UTC()
+		e.ExpiresAt = &t
+	}
+	if a.Context != nil {
+		e.Requester = a.Context.Requester.Principal
+	}
+	return e
+}
+
 // outcomeEvents are the audit events of a turn's outcome, stamped like at:
 // one Result per result, then the Outcome.
 func outcomeEvents(at Event, o *schemas.TurnOutcome) []Event {
@@ -294,10 +302,12 @@ func outcomeEvents(at Event, o *schemas.TurnOutcome) []Event {
 // one Batch event per move of a turn's batch to another state, at the
 // stream time and sequence of the first write that left it there (a
 // batch's writes in one state, such as a started batch's claims and
-// results, are one move), and after the move that ends it the turn's
-// outcome (outcomeEvents of the record's outcome; its turn goes to
-// logged). Only q.Turn's partition and subjects are read when q names a
-// turn; only the outcome event of its turn when q names an approval. A turn's first event within [q.Since, q.Until] is a
+// results, are one move), after the move to awaiting a Requested event
+// per approval it requested (schemas.BatchRecord.Requested; each approval
+// id goes to logged), and after the move that ends it the turn's outcome
+// (outcomeEvents of the record's outcome; its turn goes to logged). Only
+// q.Turn's partition and subjects are read when q names a turn; only the
+// awaiting and outcome events of its turn when q names an approval. A turn's first event within [q.Since, q.Until] is a
 // move, whatever the state before it. Each batch's session, and its
 // session key, go to sessions and keys (turn id -> value) where not known
 // yet. A server provisioned before the turn logs has none: no events.
@@ -322,27 +332,34 @@ func readTurnLogs(ctx context.Context, js jetstream.JetStream, q Query, sessions
 	}
 	var all []Event
 	for _, i := range parts {
-		filter := topology.SubjectTurnLogPrefix + strconv.Itoa(i) + ".>"
+		filter := []string{topology.SubjectTurnLogPrefix + strconv.Itoa(i) + ".>"}
 		switch {
-		case q.Approval != "": // its turn's outcome alone
-			filter = topology.TurnLogSubject(i, turn, topology.EventTurnOutcome)
+		case q.Approval != "": // its turn's request and outcome alone
+			filter = []string{topology.TurnLogSubject(i, turn, topology.EventTurnAwaiting), topology.TurnLogSubject(i, turn, topology.EventTurnOutcome)}
 		case turn != "":
-			filter = topology.TurnLogWildcard(i, turn)
+			filter = []string{topology.TurnLogWildcard(i, turn)}
 		}
 		var moves []Event
 		state := map[string]schemas.BatchState{} // turn id -> its batch's state as last read
 		stream := topology.TurnLogStream(i)
-		err := readStream(ctx, js, stream, []string{filter}, q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
+		err := readStream(ctx, js, stream, filter, q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
 			b, err := schemas.DecodeBatch(m.Data())
 			if err != nil {
 				log.Warn("audit: skipped an undecodable event", "subject", m.Subject(), "seq", meta.Sequence.Stream, "err", err)
 				return
 			}
 			at := Event{Time: meta.Timestamp.UTC(), Stream: stream, Seq: meta.Sequence.Stream}
-			var outcome []Event
-			if _, _, event, _ := topology.ParseTurnLogSubject(m.Subject()); event == topology.EventTurnOutcome && b.Outcome != nil {
+			var outcome []Event // what the event keeps besides the move: requests, or the outcome
+			_, _, event, _ := topology.ParseTurnLogSubject(m.Subject())
+			switch {
+			case event == topology.EventTurnOutcome && b.Outcome != nil:
 				// The write that ends the batch keeps the turn's outcome.
 				outcome, logged[b.TurnID] = outcomeEvents(at, b.Outcome), true
+			case event == topology.EventTurnAwaiting:
+				// The move to awaiting keeps the approvals it requested.
+				for _, a := range b.RequestedApprovals() {
+					outcome, logged[a.ApprovalID] = append(outcome, requestedEvent(at, a)), true
+				}
 			}
 			if prev, seen := state[b.TurnID]; q.Approval != "" || seen && prev == b.State {
 				moves = append(moves, outcome...)

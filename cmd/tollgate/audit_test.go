@@ -47,7 +47,7 @@ func TestAudit(t *testing.T) {
 		"accepted||||||",
 		"batch||||running||", // created running: the session was free
 		"batch||||awaiting||",
-		"requested|" + id + "|" + turn + "-1||||", // announced once the batch waits
+		"requested|" + id + "|" + turn + "-1||||", // kept by the move to awaiting
 		"rejected|" + id + "||cli:mallory||DECIDER_NOT_AUTHORIZED|",
 		"decided|" + id + "||cli:alice|approved||",
 		"batch||||started||",
@@ -105,6 +105,11 @@ func TestAudit(t *testing.T) {
 			// The outcome and its results are read from the write that
 			// ended the batch, the log's outcome event (its published
 			// copy is not told again).
+			// The request too: the move to awaiting keeps it (its
+			// published copy is not told again).
+			if e.Kind == audit.Requested && (e.Stream != topology.TurnLogStream(p) || e.Seq != first[string(schemas.BatchAwaiting)]) {
+				t.Fatalf("requested = %+v, want it from %s seq %d, the awaiting event", e, topology.TurnLogStream(p), first[string(schemas.BatchAwaiting)])
+			}
 			if (e.Kind == audit.Outcome || e.Kind == audit.Result) && (e.Stream != topology.TurnLogStream(p) || e.Seq != first[string(schemas.BatchCompleted)]) {
 				t.Fatalf("%s = %+v, want it from %s seq %d, the outcome event", e.Kind, e, topology.TurnLogStream(p), first[string(schemas.BatchCompleted)])
 			}
