@@ -188,25 +188,51 @@ func (p *watchPrinter) print(m jetstream.Msg) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	line := ""
-	var outcome *schemas.TurnOutcome // the turn's outcome a log's outcome event keeps
+	var outcome *schemas.TurnOutcome       // the turn's outcome a log's outcome event keeps
+	var requests []*schemas.ApprovalRecord // the approvals a log's awaiting event requested
 	if strings.HasPrefix(m.Subject(), topology.SubjectTurnLogPrefix) {
 		var ok bool
 		if line, ok = p.batchMove(m.Data()); !ok {
 			return
 		}
-		if _, turn, event, _ := topology.ParseTurnLogSubject(m.Subject()); event == topology.EventTurnOutcome {
+		switch _, turn, event, _ := topology.ParseTurnLogSubject(m.Subject()); event {
+		case topology.EventTurnOutcome:
 			outcome, _ = store.DecodeOutcome(turn, m.Data())
+		case topology.EventTurnAwaiting:
+			requests, _ = store.DecodeRequested(turn, m.Data())
 		}
 	} else if turn, ok := strings.CutPrefix(m.Subject(), topology.SubjectTurnOutcome); ok && p.logHolds(turn) {
 		return // a published copy: the turn's outcome is shown from its log
+	} else if topology.RouteOf(m.Subject()) == topology.RouteApprovalRequested && p.logKeeps(m.Data()) {
+		return // a published copy: the request is shown from its turn's log
 	}
 	p.line(ts, m.Subject(), m.Data(), line)
+	// What the log's event keeps, shown as the events it replaces.
+	for _, a := range requests {
+		if data, err := schemas.Encode(a); err == nil {
+			p.line(ts, topology.EventSubject(topology.SubjectApprovalRequested, a.TurnID), data, "")
+		}
+	}
 	if outcome != nil {
 		data, err := schemas.Encode(outcome)
 		if err == nil {
 			p.line(ts, topology.EventSubject(topology.SubjectTurnOutcome, outcome.TurnID), data, "")
 		}
 	}
+}
+
+// logKeeps reports whether the turn log of the approval a published
+// approval.requested event (data) announces keeps that request, which
+// watch shows (as the event it replaces) in place of the published copy.
+func (p *watchPrinter) logKeeps(data []byte) bool {
+	a, err := schemas.Decode[schemas.ApprovalRecord](data)
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, ok, _ := store.LoggedRequest(ctx, p.logs, a.TurnID, a.ApprovalID)
+	return ok
 }
 
 // line writes one event's line (its summary unless line is given), or its

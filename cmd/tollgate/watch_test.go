@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -91,6 +92,18 @@ func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
 	} {
 		if n := count(want); n != 1 {
 			t.Errorf("watch printed %q %d times, want once:\n%s", want, n, all)
+		}
+	}
+	// Each request once, after its batch's move to awaiting, which keeps
+	// it (its published copy is not shown again).
+	for i := range 2 {
+		id := schemas.ApprovalID(turn, i)
+		if n := count("approval " + id + ": write_file"); n != 1 {
+			t.Errorf("watch printed the request of %s %d times, want once:\n%s", id, n, all)
+		}
+		if slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, "approval "+id+": write_file") }) <
+			slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, "batch "+turn+" awaiting") }) {
+			t.Errorf("watch printed the request of %s before the move to awaiting:\n%s", id, all)
 		}
 	}
 	if count(topology.SubjectBatchAwaiting) != 0 || count(topology.SubjectRedrive+string(schemas.RedriveStarted)) != 0 {
