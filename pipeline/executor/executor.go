@@ -542,11 +542,12 @@ func (x *Executor) heldBy(ctx context.Context, b *schemas.BatchRecord) (string, 
 // (evaluate): nothing (it has a result, or waits on an approval already
 // requested), settle result, run it now, or ask for an approval.
 type callPlan struct {
-	result   *schemas.ToolResult // settled without running: denied, refused
-	approval string              // an approval requested before (a resumed run)
-	run      bool                // mode never: runs now
-	ask      bool                // mode required: an approval record is written
-	tool     tools.Tool          // the tool, for a preview (ask)
+	result   *schemas.ToolResult     // settled without running: denied, refused
+	approval string                  // an approval requested before (a resumed run)
+	record   *schemas.ApprovalRecord // that approval as stored
+	run      bool                    // mode never: runs now
+	ask      bool                    // mode required: an approval record is written
+	tool     tools.Tool              // the tool, for a preview (ask)
 }
 
 // evaluate decides each call of b without a result or an approval. The
@@ -555,9 +556,9 @@ type callPlan struct {
 // ARGS_INVALID fails now, with no prompt. A resumed run (an earlier
 // attempt wrote running, and may have requested approvals before it
 // stopped) reuses the approvals that exist instead of evaluating their
-// calls again under a policy that may have changed since, and announces
-// each again (deduplicated by message id: the attempt that created it may
-// have died before announcing). It writes nothing.
+// calls again under a policy that may have changed since: run requests
+// them with the others in the move to awaiting (the attempt that created
+// them died before it). It writes nothing.
 func (x *Executor) evaluate(ctx context.Context, b *schemas.BatchRecord, resumed bool) ([]callPlan, error) {
 	eng, tc := x.cfg.Engine, b.Context
 	plans := make([]callPlan, len(b.Calls))
@@ -569,10 +570,7 @@ func (x *Executor) evaluate(ctx context.Context, b *schemas.BatchRecord, resumed
 			id := schemas.ApprovalID(b.TurnID, call.Index)
 			rec, _, err := x.cfg.Store.Approvals.Get(ctx, id)
 			if err == nil {
-				if err := x.announce(ctx, rec); err != nil {
-					return nil, err
-				}
-				plans[i].approval = id
+				plans[i].approval, plans[i].record = id, rec
 				continue
 			}
 			if !errors.Is(err, store.ErrNotFound) {
@@ -649,8 +647,14 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 	}
 	var asks []ask // approval records to write, with their previews
 	var previews []previewAsk
-	// The approvals as stored, announced once the batch waits for them.
+	// The approvals as stored, announced once the batch waits for them:
+	// those an earlier attempt requested, then this one's.
 	var announce []*schemas.ApprovalRecord
+	for _, p := range plans {
+		if p.record != nil {
+			announce = append(announce, p.record)
+		}
+	}
 	for i, p := range plans {
 		if !p.ask {
 			continue

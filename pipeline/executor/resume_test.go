@@ -54,9 +54,12 @@ func TestAResumedBatchKeepsTheApprovalsItAlreadyCreated(t *testing.T) {
 	if count.Total() != 0 {
 		t.Fatalf("the call ran %d times on the changed policy while its approval was pending", count.Total())
 	}
-	// The attempt that died may never have announced the prompt: the
-	// resumption does, so a transport can show it.
-	if req := h.Requested(at.TurnID); len(req) != 1 || req[0].ApprovalID != id || req[0].Status != schemas.ApprovalPending {
-		t.Fatalf("approval-requested events %+v, want one for %s", req, id)
+	// The attempt that died never requested it in the turn's log: the
+	// resumption's move to awaiting does, so a transport can show it.
+	if req := h.LoggedRequests(at.TurnID); len(req) != 1 || req[0].ApprovalID != id || req[0].Status != schemas.ApprovalPending {
+		t.Fatalf("the awaiting event requests %+v, want %s", req, id)
+	}
+	if req := h.Requested(at.TurnID); len(req) != 1 || req[0].ApprovalID != id {
+		t.Fatalf("requests %+v, want one for %s", req, id)
 	}
 }
