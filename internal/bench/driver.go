@@ -182,11 +182,9 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 	}
 	// One subscription to the turn logs: a turn's writes arrive in order,
 	// so its latency samples (onBatch) are taken before its outcome event
-	// ends it.
+	// ends it, and its approval request (the move to awaiting keeps it)
+	// before its decision.
 	if err := sub(topology.SubjectTurnLogPrefix+"*.*.*", d.onTurnLog); err != nil {
-		return nil, err
-	}
-	if err := sub(topology.SubjectApprovalRequested+"*", d.onRequested); err != nil {
 		return nil, err
 	}
 	if p == plannerPath {
@@ -262,8 +260,14 @@ func (d *driver) onTurnLog(m *nats.Msg) {
 	if d.watchBatches.Load() {
 		d.onBatch(m)
 	}
-	if _, turn, event, ok := topology.ParseTurnLogSubject(m.Subject); ok && event == topology.EventTurnOutcome {
+	switch _, turn, event, ok := topology.ParseTurnLogSubject(m.Subject); {
+	case !ok:
+	case event == topology.EventTurnOutcome:
 		d.outcome(turn)
+	case event == topology.EventTurnAwaiting:
+		// The move to awaiting keeps the approval it requested: the
+		// request, as an approval.requested event announced it before.
+		d.requestedTurn(turn)
 	}
 }
 
@@ -352,22 +356,25 @@ func (d *driver) mark(id string, at time.Time, field func(*turn) *time.Time) {
 	}
 }
 
-func (d *driver) onRequested(m *nats.Msg) { d.requestedTurn(lastToken(m.Subject)) }
-
 // requestedTurn notes turnID's approval request and, when the driver
-// decides, queues its decision.
+// decides, queues its decision: once per turn it sent, whichever of the
+// places that keep the request (a turn log's awaiting event, a layout's
+// fact: watchFacts) it hears first.
 func (d *driver) requestedTurn(turnID string) {
-	d.requested.Add(1)
-	if !d.decide {
-		return
-	}
 	now := time.Now()
 	d.mu.Lock()
 	if t := d.turns[turnID]; t != nil {
+		if !t.requested.IsZero() {
+			d.mu.Unlock()
+			return
+		}
 		t.requested = now
 	}
 	d.mu.Unlock()
-	d.decisions <- schemas.ApprovalID(turnID, d.path.approvalIndex())
+	d.requested.Add(1)
+	if d.decide {
+		d.decisions <- schemas.ApprovalID(turnID, d.path.approvalIndex())
+	}
 }
 
 // onBatch times decision -> approved call started and finished: the

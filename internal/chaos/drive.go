@@ -231,8 +231,9 @@ var followed = []string{
 	topology.SubjectDecisionRejected + ">",
 }
 
-// follow consumes the followed events, and the turn logs' outcome events
-// (where this version keeps a turn's outcome), with ordered consumers
+// follow consumes the followed events, and the turn logs' outcome and
+// awaiting events (where this version keeps a turn's outcome and its
+// requests), with ordered consumers
 // (which the client recreates after a broker restart) until stop is
 // called. The sweep covers anything they might still miss.
 func (d *driver) follow(ctx context.Context) (stop func(), err error) {
@@ -272,8 +273,27 @@ func (d *driver) follow(ctx context.Context) (stop func(), err error) {
 			stop()
 			return nil, err
 		}
+		if err := consume(topology.TurnLogStream(i), topology.TurnLogAwaitingFilter(i), func(m jetstream.Msg) { d.onLoggedRequests(ctx, m) }); err != nil {
+			stop()
+			return nil, err
+		}
 	}
 	return stop, nil
+}
+
+// onLoggedRequests decides the approvals that the move to awaiting m (a
+// turn log's awaiting event) requested, as their published requests
+// would be (onRequested takes each approval once, from either).
+func (d *driver) onLoggedRequests(ctx context.Context, m jetstream.Msg) {
+	turn := outcomes.Turn(m.Subject())
+	reqs, err := store.DecodeRequested(turn, m.Data())
+	if err != nil {
+		d.h.logf("undecodable awaiting event on %s: %v", m.Subject(), err)
+		return
+	}
+	for _, a := range reqs {
+		d.onRequested(ctx, a)
+	}
 }
 
 // onLoggedOutcome ends the turn whose log's outcome event m is.
