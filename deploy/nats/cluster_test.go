@@ -176,10 +176,7 @@ func TestClusterLeastPrivilegeConfig(t *testing.T) {
 
 	turn := send(t, cli, "m-cluster", "s-cluster", schemas.ProposedCall{Tool: "echo", Args: `{"text":"hi"}`},
 		schemas.ProposedCall{Tool: "write_file", Args: `{"path":"c.txt","content":"1"}`})
-	req, err := schemas.Decode[schemas.ApprovalRecord](lastOn(t, admin, topology.EventSubject(topology.SubjectApprovalRequested, turn)))
-	if err != nil {
-		t.Fatalf("approval requested: %v", err)
-	}
+	req := loggedRequest(t, admin, turn)
 	d := &schemas.Decision{
 		DecisionID: "d-cluster", ApprovalID: req.ApprovalID, Transport: "cli",
 		Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true},

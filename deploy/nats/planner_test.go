@@ -89,9 +89,10 @@ func TestLeastPrivilegePlannerAndSlack(t *testing.T) {
 	turn := schemas.TurnID(tgslack.Name, msg.MessageID)
 	step := schemas.PlannerStepTurnID(turn, 0)
 
-	req, err := schemas.Decode[schemas.ApprovalRecord](nextEvent(t, events, topology.EventSubject(topology.SubjectApprovalRequested, step)))
-	if err != nil || req.Tool != "write_file" || req.Context.Requester.Principal != "slack:U-alice" {
-		t.Fatalf("approval requested: %+v, %v", req, err)
+	// The request: the step batch's move to awaiting keeps it.
+	req := loggedRequest(t, admin, step)
+	if req.Tool != "write_file" || req.Context.Requester.Principal != "slack:U-alice" {
+		t.Fatalf("approval requested: %+v", req)
 	}
 	// The transport checks a button against the pending record.
 	approvals, err := sl.js.KeyValue(ctx(t, wait), topology.BucketApprovals)

@@ -11,6 +11,7 @@ import (
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -34,7 +35,7 @@ func BenchmarkFastPathTurns(b *testing.B) {
 		}
 		publishAsync(b, h, topology.InboundSubject(m.Transport, m.SessionID), data, m.Transport+":"+m.MessageID)
 	}
-	waitEvents(b, h, "tollgate.event.turn.outcome.>", uint64(b.N))
+	waitOutcomes(b, h, uint64(b.N))
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
 }
 
@@ -42,14 +43,16 @@ func BenchmarkFastPathTurns(b *testing.B) {
 // automated decider approves each request as soon as it is published.
 func BenchmarkApprovalPathTurns(b *testing.B) {
 	h := pt.Start(b, pt.Options{})
-	sub, err := h.Env.NC.Subscribe(topology.SubjectApprovalRequested+"*", func(msg *nats.Msg) {
-		a, err := schemas.Decode[schemas.ApprovalRecord](msg.Data)
-		if err != nil {
-			return
+	// The requests: each batch's move to awaiting keeps them (its turn
+	// log's awaiting event, heard live).
+	sub, err := h.Env.NC.Subscribe(topology.SubjectTurnLogPrefix+"*.*."+store.EventAwaiting, func(msg *nats.Msg) {
+		_, turn, _, _ := topology.ParseTurnLogSubject(msg.Subject)
+		reqs, _ := store.DecodeRequested(turn, msg.Data)
+		for _, a := range reqs {
+			d := h.Decision(a.ApprovalID, schemas.OptionApprove, "cli", "alice")
+			data, _ := schemas.Encode(d)
+			_, _ = h.JS.PublishAsync(topology.DecisionSubject(d.Transport, d.ApprovalID), data, jetstream.WithMsgID(d.DecisionID))
 		}
-		d := h.Decision(a.ApprovalID, schemas.OptionApprove, "cli", "alice")
-		data, _ := schemas.Encode(d)
-		_, _ = h.JS.PublishAsync(topology.DecisionSubject(d.Transport, d.ApprovalID), data, jetstream.WithMsgID(d.DecisionID))
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -66,7 +69,7 @@ func BenchmarkApprovalPathTurns(b *testing.B) {
 		}
 		publishAsync(b, h, topology.InboundSubject(m.Transport, m.SessionID), data, m.Transport+":"+m.MessageID)
 	}
-	waitEvents(b, h, "tollgate.event.turn.outcome.>", uint64(b.N))
+	waitOutcomes(b, h, uint64(b.N))
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
 }
 
@@ -110,22 +113,22 @@ func publishAsync(b *testing.B, h *pt.H, subject string, data []byte, msgID stri
 	}
 }
 
-func waitEvents(b *testing.B, h *pt.H, filter string, n uint64) {
+// waitOutcomes waits until the turn logs hold n outcome events (each the
+// write that ended a turn).
+func waitOutcomes(b *testing.B, h *pt.H, n uint64) {
 	b.Helper()
-	s, err := h.JS.Stream(context.Background(), topology.StreamEvents)
-	if err != nil {
-		b.Fatal(err)
-	}
 	// The whole benchmark's load drains here: far longer than one wait.
-	jstest.EventuallyState(b, 5*jstest.LongWait, fmt.Sprintf("%d events on %s", n, filter), func() (bool, string) {
-		info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(filter))
-		if err != nil {
-			b.Fatal(err)
-		}
+	jstest.EventuallyState(b, 5*jstest.LongWait, fmt.Sprintf("%d outcome events", n), func() (bool, string) {
 		var got uint64
-		for _, c := range info.State.Subjects {
-			got += c
+		for i, s := range h.Env.Buckets.TurnLogs {
+			info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(topology.TurnLogOutcomeFilter(i)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, c := range info.State.Subjects {
+				got += c
+			}
 		}
-		return got >= n, fmt.Sprintf("%d events", got)
+		return got >= n, fmt.Sprintf("%d outcome events", got)
 	})
 }

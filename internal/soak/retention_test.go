@@ -234,9 +234,11 @@ func (d *driver) subscribe(nc *nats.Conn) error {
 	for range 4 {
 		go d.decider()
 	}
+	// A turn's outcome and its requests are its log's outcome and
+	// awaiting events (docs/protocol.md 4.2a): the appends, heard live.
 	for subj, fn := range map[string]nats.MsgHandler{
-		topology.SubjectTurnOutcome + "*":       d.onOutcome,
-		topology.SubjectApprovalRequested + "*": d.onRequested,
+		topology.SubjectTurnLogPrefix + "*.*." + store.EventOutcome:  d.onOutcome,
+		topology.SubjectTurnLogPrefix + "*.*." + store.EventAwaiting: d.onRequested,
 	} {
 		s, err := nc.Subscribe(subj, fn)
 		if err != nil {
@@ -250,9 +252,10 @@ func (d *driver) subscribe(nc *nats.Conn) error {
 }
 
 func (d *driver) onOutcome(m *nats.Msg) {
-	o, err := schemas.Decode[schemas.TurnOutcome](m.Data)
+	_, turn, _, _ := topology.ParseTurnLogSubject(m.Subject)
+	o, err := store.DecodeOutcome(turn, m.Data)
 	if err != nil {
-		return // not an outcome of this pipeline's: nothing published such
+		return // not an outcome of this pipeline's: nothing writes such
 	}
 	var st []string
 	for _, r := range o.Results {
@@ -278,7 +281,9 @@ func (d *driver) onOutcome(m *nats.Msg) {
 }
 
 func (d *driver) onRequested(m *nats.Msg) {
-	if a, err := schemas.Decode[schemas.ApprovalRecord](m.Data); err == nil {
+	_, turn, _, _ := topology.ParseTurnLogSubject(m.Subject)
+	reqs, _ := store.DecodeRequested(turn, m.Data)
+	for _, a := range reqs {
 		d.decide <- a.ApprovalID
 	}
 }
