@@ -272,6 +272,35 @@ func (h *H) LoggedRequests(turnID string) []*schemas.ApprovalRecord {
 	return out
 }
 
+// AllRequested returns every approval request stored, of every turn: the
+// turn logs' awaiting events' (oldest first, partition by partition),
+// then each published approval-requested event whose approval no log
+// keeps (a batch kept in tollgate_batches).
+func (h *H) AllRequested() []*schemas.ApprovalRecord {
+	h.T.Helper()
+	var out []*schemas.ApprovalRecord
+	logged := map[string]bool{}
+	for i := range h.Env.Buckets.TurnLogs {
+		for _, m := range h.Messages(topology.TurnLogStream(i), topology.TurnLogAwaitingFilter(i)) {
+			_, turn, _, _ := topology.ParseTurnLogSubject(m.Subject)
+			reqs, err := store.DecodeRequested(turn, m.Data)
+			if err != nil {
+				h.T.Fatalf("pipelinetest: the awaiting event %s #%d: %v", m.Subject, m.Seq, err)
+			}
+			for _, a := range reqs {
+				logged[a.ApprovalID] = true
+			}
+			out = append(out, reqs...)
+		}
+	}
+	for _, a := range DecodeAll[schemas.ApprovalRecord](h.T, h.Events(topology.SubjectApprovalRequested+">")) {
+		if !logged[a.ApprovalID] {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // PublishedRequests returns the approval-requested events of turnID
 // published on tollgate.event.approval.requested.<turn>.
 func (h *H) PublishedRequests(turnID string) []*schemas.ApprovalRecord {

@@ -37,8 +37,8 @@ func (g *mcpGW) waitRequested(tool, args string, n int) []string {
 	var ids []string
 	jstest.EventuallyState(g.t, pipelinetest.Wait, fmt.Sprintf("%d approvals requested for %s %s", n, tool, args), func() (bool, string) {
 		ids = nil
-		for _, m := range g.Events(topology.SubjectApprovalRequested + ">") {
-			if a, err := schemas.Decode[schemas.ApprovalRecord](m.Data); err == nil && a.Tool == tool && a.Args == args {
+		for _, a := range g.AllRequested() {
+			if a.Tool == tool && a.Args == args {
 				ids = append(ids, a.ApprovalID)
 			}
 		}

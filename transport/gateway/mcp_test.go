@@ -19,7 +19,6 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -203,9 +202,8 @@ func (g *mcpGW) pendingFor(tool, args string) string {
 	var ids []string
 	jstest.Eventually(g.t, jstest.Wait, "an approval requested for "+tool+" "+args, func() bool {
 		ids = ids[:0]
-		for _, m := range g.Events(topology.SubjectApprovalRequested + ">") {
-			a, err := schemas.Decode[schemas.ApprovalRecord](m.Data)
-			if err == nil && a.Tool == tool && a.Args == args && a.Context.Transport == "gateway" {
+		for _, a := range g.AllRequested() {
+			if a.Tool == tool && a.Args == args && a.Context.Transport == "gateway" {
 				ids = append(ids, a.ApprovalID)
 			}
 		}
@@ -221,8 +219,8 @@ func (g *mcpGW) pendingFor(tool, args string) string {
 // requested counts the approvals requested for tool with args.
 func (g *mcpGW) requested(tool, args string) int {
 	n := 0
-	for _, m := range g.Events(topology.SubjectApprovalRequested + ">") {
-		if a, err := schemas.Decode[schemas.ApprovalRecord](m.Data); err == nil && a.Tool == tool && a.Args == args {
+	for _, a := range g.AllRequested() {
+		if a.Tool == tool && a.Args == args {
 			n++
 		}
 	}
