@@ -16,6 +16,8 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -103,6 +105,18 @@ func TestDevGatewayDeliversWebhooks(t *testing.T) {
 	if err := runDevGateway(ctx, h.JS, h.Policy, h.Keys, t.TempDir(), addr, file, pipelinetest.Logger(), prometheus.NewRegistry(), cancel); err != nil {
 		t.Fatal(err)
 	}
+	// The dispatcher's consumers are made in the background, each starting
+	// after the events stored when it is made: send once the subscriber's
+	// consumers of the turn logs (its requests: webhook-dev-outcome-<i>)
+	// exist.
+	jstest.Eventually(t, pipelinetest.Wait, "the subscriber's consumers of the turn logs", func() bool {
+		for i := range h.Env.Buckets.TurnLogs {
+			if _, err := h.JS.Consumer(context.Background(), topology.TurnLogStream(i), outcomes.Durable("webhook-dev", i)); err != nil {
+				return false
+			}
+		}
+		return true
+	})
 	turn := h.Send(h.Inbound("hooks", "alice", pipelinetest.Call("write_file", `{"path":"hooks.txt","content":"x"}`)))
 	h.WaitPending(schemas.ApprovalID(turn, 0))
 	select {

@@ -277,8 +277,11 @@ func TestTurnLogGrantsNameEveryPartition(t *testing.T) {
 		for _, u := range lookups {
 			want[u] = append(want[u], api+"STREAM.INFO."+stream)
 		}
+		// A direct get by subject, and by sequence or next by subject
+		// (a turn's earlier awaiting events: store.LoggedRequest), which
+		// names no subject, as the message get does.
 		for _, u := range readers {
-			want[u] = append(want[u], api+"DIRECT.GET."+stream+"."+filter, api+"STREAM.MSG.GET."+stream)
+			want[u] = append(want[u], api+"DIRECT.GET."+stream+"."+filter, api+"DIRECT.GET."+stream, api+"STREAM.MSG.GET."+stream)
 		}
 		want["redriver"] = append(want["redriver"], api+"CONSUMER.CREATE."+stream+".*."+filter,
 			api+"CONSUMER.MSG.NEXT."+stream+".*", api+"CONSUMER.DELETE."+stream+".*")
@@ -312,7 +315,7 @@ func TestTurnLogGrantsNameEveryPartition(t *testing.T) {
 			if user != "planner" {
 				want[user] = append(want[user], api+"STREAM.INFO."+stream,
 					api+"DIRECT.GET."+stream+"."+topology.TurnLogOutcomeFilter(i), api+"DIRECT.GET."+stream+"."+topology.TurnLogAwaitingFilter(i),
-					api+"STREAM.MSG.GET."+stream)
+					api+"DIRECT.GET."+stream, api+"STREAM.MSG.GET."+stream)
 			}
 		}
 	}

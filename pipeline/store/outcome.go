@@ -52,28 +52,52 @@ func DecodeRequested(turn string, data []byte) ([]*schemas.ApprovalRecord, error
 	return b.RequestedApprovals(), nil
 }
 
-// LoggedRequest reads turn's last awaiting event in its partition of
-// logs (the turn-log streams, topology.OpenTurnLogs) and reports its
-// sequence and whether it keeps the request of approval id
-// (DecodeRequested). A turn moves to awaiting once; an event that does
-// not decode keeps none. Its error is the read's.
+// LoggedRequest reports whether turn's log, in its partition of logs (the
+// turn-log streams, topology.OpenTurnLogs), keeps the request of approval
+// id, and the sequence of the awaiting event that keeps it. A batch moves
+// to awaiting once, and that event keeps its requests; a write made while
+// it waits is another awaiting event, which keeps none. So the turn's
+// last awaiting event is read first (one direct get by subject), and only
+// when it keeps none, the earlier ones, oldest first. An event that does
+// not decode keeps none. Its error is a read's.
 func LoggedRequest(ctx context.Context, logs []jetstream.Stream, turn, id string) (uint64, bool, error) {
 	if len(logs) == 0 || !schemas.ValidKey(turn) {
 		return 0, false, nil
 	}
 	p := topology.TurnLogPartition(turn, len(logs))
-	m, err := logs[p].GetLastMsgForSubject(ctx, topology.TurnLogSubject(p, turn, EventAwaiting))
+	subject := topology.TurnLogSubject(p, turn, EventAwaiting)
+	m, err := logs[p].GetLastMsgForSubject(ctx, subject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return 0, false, nil
 	case err != nil:
 		return 0, false, fmt.Errorf("read the awaiting event of %s: %w", turn, err)
 	}
-	reqs, err := DecodeRequested(turn, m.Data)
-	if err != nil {
-		return m.Sequence, false, nil
+	if reqs, err := DecodeRequested(turn, m.Data); err == nil && len(reqs) > 0 {
+		return m.Sequence, keeps(reqs, id), nil
 	}
-	return m.Sequence, slices.ContainsFunc(reqs, func(a *schemas.ApprovalRecord) bool { return a.ApprovalID == id }), nil
+	last := m.Sequence
+	for from := uint64(1); from < last; {
+		m, err := logs[p].GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return 0, false, nil
+		case err != nil:
+			return 0, false, fmt.Errorf("read the awaiting events of %s: %w", turn, err)
+		case m.Sequence >= last:
+			return 0, false, nil
+		}
+		if reqs, err := DecodeRequested(turn, m.Data); err == nil && len(reqs) > 0 {
+			return m.Sequence, keeps(reqs, id), nil // the move: the one event that requests
+		}
+		from = m.Sequence + 1
+	}
+	return 0, false, nil
+}
+
+// keeps reports whether reqs hold approval id's request.
+func keeps(reqs []*schemas.ApprovalRecord, id string) bool {
+	return slices.ContainsFunc(reqs, func(a *schemas.ApprovalRecord) bool { return a.ApprovalID == id })
 }
 
 // LoggedOutcome reads turn's outcome event in its partition of logs (the

@@ -1,36 +1,51 @@
 // Package eventfeed serves a process's live event streams (the gateway's
-// Server-Sent Events, the web inbox's live updates) from one set of
-// consumers, made on first use: an ordered consumer of TOLLGATE_EVENTS and
-// one of each turn-log partition's outcome events
-// (tollgate.turnlog.<i>.*.outcome, docs/protocol.md §4.2a). Their events
-// are merged in the order they arrive and handed in memory to every
-// subscriber whose subject filters they match.
+// Server-Sent Events, the web inbox's live updates, `tollgate chat`) from
+// one set of consumers, made on first use: an ordered consumer of
+// TOLLGATE_EVENTS and one of each turn-log partition's outcome and
+// awaiting events (tollgate.turnlog.<i>.*.outcome and .awaiting,
+// docs/protocol.md §4.2a). Their events are merged in the order they
+// arrive and handed in memory to every subscriber whose subject filters
+// they match.
 //
 // A turn's outcome is made durable once, by the write that ends its batch
-// in its turn's log. The feed hands it to subscribers as the event it
-// replaces: subject tollgate.event.turn.outcome.<turn>, data the
-// TurnOutcome alone (schemas.Encode), byte for byte what was published on
-// that subject before. While an outcome is also published there (by this
-// version, for a turn kept in its log; for good, for a turn whose outcome
-// its log does not hold: its batch kept in tollgate_batches, or ended by
-// an earlier version), the published copy is handed over only when the
-// turn's log holds no outcome event: each turn's outcome comes once.
+// in its turn's log, and the approvals a batch requests by its move to
+// awaiting there. The feed hands each out as the event it replaces, byte
+// for byte what is (or was) published on that subject: the outcome as
+// tollgate.event.turn.outcome.<turn>, data the TurnOutcome alone
+// (schemas.Encode); each request the awaiting event keeps, in the order it
+// lists them, as tollgate.event.approval.requested.<turn>, data the
+// ApprovalRecord (store.DecodeRequested, schemas.Encode). An awaiting
+// event that keeps none (an earlier version's, or a second move to
+// awaiting) stands for no event. A published copy (for a batch kept in
+// tollgate_batches, or a turn of an earlier version; this version's
+// approval requests too, while they are still published) is handed out
+// only when its turn's log does not keep that outcome or request: each
+// comes once.
 //
-// Order: a turn's outcome comes after every event of that turn stored
-// before it ended (its approvals requested and decided, its redrives). The
-// streams are followed by separate consumers, so the feed holds an outcome
-// from a log until it has handed out the turn's last event in
-// TOLLGATE_EVENTS at the time the outcome arrived (one direct get per
-// outcome). A partition's later outcomes wait behind a held one, so each
-// stream's events keep their order.
+// Order: each stream's events keep their order, so a turn's requests come
+// before its outcome. A turn's outcome comes after every event of that
+// turn stored before it ended (its approvals requested and decided, its
+// redrives): the feed holds an outcome from a log until it has handed out
+// the turn's last event in TOLLGATE_EVENTS at the time the outcome
+// arrived (one direct get per outcome). An approval's decided and voted
+// events come after its request: the feed holds one whose request a log
+// keeps until it has handed out that partition up to the awaiting event
+// (one direct get per such event, and per published request, to read the
+// awaiting event). A stream's later events wait behind a held one. Should
+// TOLLGATE_EVENTS wait for a partition whose held outcome waits for
+// TOLLGATE_EVENTS, the outcome goes first.
 //
 // Each event carries the feed's position after it, a Cursor (the SSE id):
 // a subscriber that starts there (Options.After) gets the events handed
-// out after it and no other. A subscriber that starts behind the feed (a
-// client resuming with Last-Event-ID, or a turn's stream from its first
-// event) first reads the events it missed from the streams, through
-// consumers of its own that are deleted as soon as it has caught up, then
-// goes on with the feed's events: each event once, none missed.
+// out after it and no other. The requests of one awaiting event share its
+// sequence: each but the last carries the position before that event, so
+// a subscriber resuming after one of them gets the event's requests again
+// from the first (a repeat, never a loss). A subscriber that starts
+// behind the feed (a client resuming with Last-Event-ID, or a turn's
+// stream from its first event) first reads the events it missed from the
+// streams, through consumers of its own that are deleted as soon as it
+// has caught up, by the same rules of order, then goes on with the feed's
+// events: each event once, none missed.
 //
 // Each subscriber has a bounded buffer: one that does not keep up is cut
 // off (Next answers ErrSlow) and never holds up the others; it resumes
@@ -101,26 +116,33 @@ type Event struct {
 	Source int
 	Seq    uint64
 	// Subject is a TOLLGATE_EVENTS subject: a turn's outcome read from
-	// its log is tollgate.event.turn.outcome.<turn>.
+	// its log is tollgate.event.turn.outcome.<turn>, a request read from
+	// its awaiting event tollgate.event.approval.requested.<turn>.
 	Subject string
 	// Data is the event's record (msgpack): for an outcome, the
-	// TurnOutcome alone.
+	// TurnOutcome alone; for a request, its ApprovalRecord.
 	Data []byte
 
-	skip  bool   // (replay) a published outcome the logs hold: advances the position only
+	skip  bool   // a message that stands for no event (a published copy a log keeps): advances the position only
+	more  bool   // (request from a log) another of its awaiting event's requests follows: the position stays before that event
 	after uint64 // (outcome from a log) the turn's last TOLLGATE_EVENTS sequence it waits for
+	// (an approval's decided or voted event) the partition and sequence of
+	// the awaiting event that keeps its request, which it waits for (0:
+	// none).
+	waitPart int
+	waitSeq  uint64
 }
 
 // source is one stream the feed follows.
 type source struct {
-	stream jetstream.Stream
-	filter string
-	cc     jetstream.ConsumeContext
+	stream  jetstream.Stream
+	filters []string
+	cc      jetstream.ConsumeContext
 }
 
-// Feed hands the events of TOLLGATE_EVENTS, and the turns' outcomes from
-// the turn logs, to its subscribers. A process makes one and shares it
-// between every surface that streams events.
+// Feed hands the events of TOLLGATE_EVENTS, and the turns' outcomes and
+// requests from the turn logs, to its subscribers. A process makes one
+// and shares it between every surface that streams events.
 type Feed struct {
 	js  jetstream.JetStream
 	log *slog.Logger
@@ -130,9 +152,12 @@ type Feed struct {
 	srcs   []*source // nil: not following yet (or closed); [0] events, [1+i] turn log i
 	last   Cursor    // per source, the last message handed out (or where the feed started)
 	seen   Cursor    // per source, the last message received (held ones included)
-	held   [][]Event // per partition, outcomes waiting for the events stream (in order)
+	held   [][]Event // per partition, its events from a held outcome on (waiting for the events stream), in order
+	wait   []Event   // the events stream's, from a held decision or vote on (waiting for a partition), in order
 	subs   map[*Sub]struct{}
 	owners map[string]int // open streams by owner
+
+	beforeLog func(subject string) // (tests) called with each turn-log message the feed follows, before it reads it
 }
 
 // New returns a Feed reading over js; it starts following the streams on
@@ -145,7 +170,8 @@ func New(js jetstream.JetStream, logger *slog.Logger) *Feed {
 type Options struct {
 	// Filters are the subjects (NATS wildcards allowed) the subscriber
 	// wants, in TOLLGATE_EVENTS's namespace (a turn's outcome from its log
-	// matches as tollgate.event.turn.outcome.<turn>); none means every
+	// matches as tollgate.event.turn.outcome.<turn>, a request from its
+	// log as tollgate.event.approval.requested.<turn>); none means every
 	// event.
 	Filters []string
 	// After: the subscriber gets the events handed out after this cursor
@@ -291,9 +317,9 @@ func (f *Feed) startLocked(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("eventfeed: %w", err)
 	}
-	srcs := []*source{{stream: events, filter: Subjects}}
+	srcs := []*source{{stream: events, filters: []string{Subjects}}}
 	for i, l := range logs {
-		srcs = append(srcs, &source{stream: l, filter: topology.TurnLogOutcomeFilter(i)})
+		srcs = append(srcs, &source{stream: l, filters: []string{topology.TurnLogOutcomeFilter(i), topology.TurnLogAwaitingFilter(i)}})
 	}
 	f.gen++
 	gen := f.gen
@@ -308,7 +334,7 @@ func (f *Feed) startLocked(ctx context.Context) error {
 	for i, s := range srcs {
 		last[i] = s.stream.CachedInfo().State.LastSeq
 		cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{s.filter},
+			FilterSubjects: s.filters,
 			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: last[i] + 1,
 		})
 		if err != nil {
@@ -317,7 +343,7 @@ func (f *Feed) startLocked(ctx context.Context) error {
 		}
 		hand := func(m jetstream.Msg) { f.handEvent(gen, m) }
 		if i > 0 {
-			hand = func(m jetstream.Msg) { f.handOutcome(gen, i-1, m) }
+			hand = func(m jetstream.Msg) { f.handLog(gen, i-1, m) }
 		}
 		s.cc, err = cons.Consume(hand, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			f.log.Warn("eventfeed: following a stream", "stream", s.stream.CachedInfo().Config.Name, "err", err)
@@ -327,65 +353,129 @@ func (f *Feed) startLocked(ctx context.Context) error {
 			return fmt.Errorf("eventfeed: consume %s: %w", s.stream.CachedInfo().Config.Name, err)
 		}
 	}
-	f.srcs, f.last, f.seen, f.held = srcs, last, slices.Clone(last), make([][]Event, len(logs))
+	f.srcs, f.last, f.seen, f.held, f.wait = srcs, last, slices.Clone(last), make([][]Event, len(logs)), nil
 	return nil
 }
 
-// handEvent takes a TOLLGATE_EVENTS message: a published outcome the
-// turn's log holds is passed over (the log's is handed out), anything
-// else is handed to the subscribers that want it. The events handed out
-// may release held outcomes. The ordered consumer calls it once per
-// message, in order.
+// handEvent takes a TOLLGATE_EVENTS message (presentEvent): it waits
+// behind the events stream's held ones, then is handed to the subscribers
+// that want it. The ordered consumer calls it once per message, in order.
 func (f *Feed) handEvent(gen int, m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		return
 	}
-	ev := Event{Seq: meta.Sequence.Stream, Subject: m.Subject(), Data: m.Data()}
-	if turn, ok := strings.CutPrefix(ev.Subject, topology.SubjectTurnOutcome); ok {
-		ev.skip = f.logHolds(turn)
-	}
+	ev := f.presentEvent(meta.Sequence.Stream, m.Subject(), m.Data())
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if gen != f.gen || ev.Seq <= f.seen[0] {
 		return
 	}
-	f.seen[0], f.last[0] = ev.Seq, ev.Seq
-	if !ev.skip {
-		f.handLocked(ev)
-	}
+	f.seen[0] = ev.Seq
+	f.wait = append(f.wait, ev)
 	f.releaseLocked()
 }
 
-// handOutcome takes an outcome event of turn-log partition p: held until
-// the feed has handed out its turn's events stored before it, then handed
-// out as the turn's outcome event.
-func (f *Feed) handOutcome(gen, p int, m jetstream.Msg) {
+// presentEvent is the event a TOLLGATE_EVENTS message stands for: passed
+// over (skip) when it is a published outcome or request that its turn's
+// log keeps (the log's is handed out); an approval's decided or voted
+// event whose request a log keeps waits for that awaiting event; any
+// other is handed out as it is.
+func (f *Feed) presentEvent(seq uint64, subject string, data []byte) Event {
+	ev := Event{Seq: seq, Subject: subject, Data: data}
+	if turn, ok := strings.CutPrefix(subject, topology.SubjectTurnOutcome); ok {
+		ev.skip = f.logHolds(turn)
+		return ev
+	}
+	turn, id, requested, ok := approvalOf(subject, data)
+	if !ok {
+		return ev
+	}
+	p, at, kept := f.loggedRequest(turn, id)
+	switch {
+	case !kept:
+	case requested:
+		ev.skip = true
+	default:
+		ev.waitPart, ev.waitSeq = p, at
+	}
+	return ev
+}
+
+// approvalOf reads the turn and approval of an approval's requested,
+// decided or voted event (requested says which); false for any other
+// event, or one that does not decode (handed out as it is).
+func approvalOf(subject string, data []byte) (turn, id string, requested, ok bool) {
+	var prefix string
+	for _, p := range []string{topology.SubjectApprovalRequested, topology.SubjectApprovalDecided, topology.SubjectApprovalVoted} {
+		if strings.HasPrefix(subject, p) {
+			prefix = p
+		}
+	}
+	if prefix == "" {
+		return "", "", false, false
+	}
+	_, rec, err := topology.Read(subject, data, topology.RouteApprovalRequested, topology.RouteApprovalDecided, topology.RouteApprovalVoted)
+	if err != nil {
+		return "", "", false, false
+	}
+	switch r := rec.(type) {
+	case *schemas.ApprovalRecord:
+		id = r.ApprovalID
+	case *schemas.DecidedEvent:
+		id = r.ApprovalID
+	case *schemas.VotedEvent:
+		id = r.ApprovalID
+	}
+	return strings.TrimPrefix(subject, prefix), id, prefix == topology.SubjectApprovalRequested, id != ""
+}
+
+// handLog takes an event of turn-log partition p (presentLog): it waits
+// behind the partition's held ones, then is handed to the subscribers
+// that want it. The ordered consumer calls it once per message, in order.
+func (f *Feed) handLog(gen, p int, m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		return
 	}
-	ev := f.presentOutcome(p, meta.Sequence.Stream, m.Subject(), m.Data())
+	if f.beforeLog != nil {
+		f.beforeLog(m.Subject())
+	}
+	evs := f.presentLog(p, meta.Sequence.Stream, m.Subject(), m.Data())
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if gen != f.gen || ev.Seq <= f.seen[1+p] {
+	if gen != f.gen || meta.Sequence.Stream <= f.seen[1+p] {
 		return
 	}
-	f.seen[1+p] = ev.Seq
-	f.held[p] = append(f.held[p], ev)
+	f.seen[1+p] = meta.Sequence.Stream
+	f.held[p] = append(f.held[p], evs...)
 	f.releaseLocked()
+}
+
+// presentLog is what a message of turn-log partition p stands for: an
+// outcome event, its turn's outcome event (presentOutcome); an awaiting
+// event, one approval-requested event per request it keeps, in its order
+// (presentRequests); any other message, or one that holds neither, is
+// passed over (one skip).
+func (f *Feed) presentLog(p int, seq uint64, subject string, data []byte) []Event {
+	_, turn, event, ok := topology.ParseTurnLogSubject(subject)
+	switch {
+	case ok && event == store.EventOutcome:
+		return []Event{f.presentOutcome(p, seq, turn, subject, data)}
+	case ok && event == store.EventAwaiting:
+		if evs := f.presentRequests(p, seq, turn, subject, data); len(evs) > 0 {
+			return evs
+		}
+	}
+	return []Event{{Source: 1 + p, Seq: seq, skip: true}}
 }
 
 // presentOutcome is the event a turn log's outcome message stands for:
 // the turn's outcome event, waiting for the turn's last event in
 // TOLLGATE_EVENTS; a message that holds no outcome is passed over (skip),
 // with a warning.
-func (f *Feed) presentOutcome(p int, seq uint64, subject string, data []byte) Event {
+func (f *Feed) presentOutcome(p int, seq uint64, turn, subject string, data []byte) Event {
 	ev := Event{Source: 1 + p, Seq: seq, skip: true}
-	_, turn, event, ok := topology.ParseTurnLogSubject(subject)
-	if !ok || event != store.EventOutcome {
-		return ev
-	}
 	o, err := store.DecodeOutcome(turn, data)
 	if errors.Is(err, store.ErrNoOutcome) {
 		return ev // its published outcome is handed out (logHolds)
@@ -402,19 +492,80 @@ func (f *Feed) presentOutcome(p int, seq uint64, subject string, data []byte) Ev
 	return ev
 }
 
-// releaseLocked hands out each held outcome whose turn's events the feed
-// has handed out, in each partition's order.
+// presentRequests are the events a turn log's awaiting message stands
+// for: one approval-requested event of the turn per request it keeps, in
+// its order, each but the last marked more. None when it keeps none (its
+// requests, if any, were published); one that does not decode keeps none,
+// with a warning.
+func (f *Feed) presentRequests(p int, seq uint64, turn, subject string, data []byte) []Event {
+	reqs, err := store.DecodeRequested(turn, data)
+	if err != nil {
+		f.log.Warn("eventfeed: an awaiting event that does not decode is passed over", "subject", subject, "seq", seq, "err", err)
+		return nil
+	}
+	var out []Event
+	for _, r := range reqs {
+		b, err := schemas.Encode(r)
+		if err != nil {
+			f.log.Warn("eventfeed: a request of an awaiting event is passed over", "subject", subject, "seq", seq, "approval", r.ApprovalID, "err", err)
+			continue
+		}
+		out = append(out, Event{Source: 1 + p, Seq: seq, Subject: topology.EventSubject(topology.SubjectApprovalRequested, turn), Data: b, more: true})
+	}
+	if len(out) > 0 {
+		out[len(out)-1].more = false
+	}
+	return out
+}
+
+// releaseLocked hands out, in each stream's order, the held events that
+// may go: TOLLGATE_EVENTS's once the one at their head finds the feed
+// past the awaiting event it waits for; each partition's once the outcome
+// at its head finds the feed past its turn's events. When TOLLGATE_EVENTS
+// waits for a partition whose head waits for TOLLGATE_EVENTS, neither
+// could ever go: that outcome goes first (the event it waits for is at or
+// after a decision on a request stored after the outcome: its turn had
+// ended).
 func (f *Feed) releaseLocked() {
-	for p, q := range f.held {
-		for len(q) > 0 && q[0].after <= f.last[0] {
-			ev := q[0]
-			q = q[1:]
-			f.last[1+p] = ev.Seq
+	for {
+		moved := false
+		for len(f.wait) > 0 && (f.wait[0].waitSeq == 0 || f.wait[0].waitSeq <= f.last[1+f.wait[0].waitPart]) {
+			ev := f.wait[0]
+			f.wait = f.wait[1:]
+			f.last[0] = ev.Seq
 			if !ev.skip {
 				f.handLocked(ev)
 			}
+			moved = true
 		}
-		f.held[p] = q
+		for p, q := range f.held {
+			for len(q) > 0 && q[0].after <= f.last[0] {
+				f.handLogLocked(q[0])
+				q, moved = q[1:], true
+			}
+			f.held[p] = q
+		}
+		if moved {
+			continue
+		}
+		if len(f.wait) == 0 || len(f.held[f.wait[0].waitPart]) == 0 {
+			return
+		}
+		p := f.wait[0].waitPart
+		f.log.Debug("eventfeed: an outcome and a decision wait for each other: the outcome goes first", "stream", topology.TurnLogStream(p), "seq", f.held[p][0].Seq)
+		f.handLogLocked(f.held[p][0])
+		f.held[p] = f.held[p][1:]
+	}
+}
+
+// handLogLocked hands out ev, a turn log's event: the position moves to
+// its message once the last event it stands for is out.
+func (f *Feed) handLogLocked(ev Event) {
+	if !ev.more {
+		f.last[ev.Source] = ev.Seq
+	}
+	if !ev.skip {
+		f.handLocked(ev)
 	}
 }
 
@@ -434,20 +585,29 @@ func (f *Feed) handLocked(ev Event) {
 	}
 }
 
-// logHolds reports whether turn's log holds its outcome event with the
-// outcome (store.LoggedOutcome), so that a published copy of it is passed
-// over. Should the log not be read, the
-// copy is handed out (a repeat rather than a loss), with a warning.
-func (f *Feed) logHolds(turn string) bool {
+// logs are the turn-log streams the feed follows (none before it starts).
+func (f *Feed) logs() []jetstream.Stream {
 	f.mu.Lock()
 	srcs := f.srcs
 	f.mu.Unlock()
-	if len(srcs) < 2 || !schemas.ValidKey(turn) {
-		return false
+	if len(srcs) < 2 {
+		return nil
 	}
 	logs := make([]jetstream.Stream, len(srcs)-1)
 	for i, s := range srcs[1:] {
 		logs[i] = s.stream
+	}
+	return logs
+}
+
+// logHolds reports whether turn's log holds its outcome event with the
+// outcome (store.LoggedOutcome), so that a published copy of it is passed
+// over. Should the log not be read, the copy is handed out (a repeat
+// rather than a loss), with a warning.
+func (f *Feed) logHolds(turn string) bool {
+	logs := f.logs()
+	if len(logs) == 0 || !schemas.ValidKey(turn) {
+		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
 	defer cancel()
@@ -456,6 +616,27 @@ func (f *Feed) logHolds(turn string) bool {
 		f.log.Warn("eventfeed: the turn's log could not be read: its published outcome is handed out", "turn", turn, "err", err)
 	}
 	return ok
+}
+
+// loggedRequest reports whether turn's log keeps the request of approval
+// id, in which partition and at which sequence (store.LoggedRequest: the
+// awaiting event that moved its batch to awaiting). Should the log not
+// be read, false (a published copy is handed out, a decision is not
+// held), with a warning.
+func (f *Feed) loggedRequest(turn, id string) (p int, seq uint64, ok bool) {
+	logs := f.logs()
+	if len(logs) == 0 || !schemas.ValidKey(turn) {
+		return 0, 0, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
+	defer cancel()
+	p = topology.TurnLogPartition(turn, len(logs))
+	seq, ok, err := store.LoggedRequest(ctx, logs, turn, id)
+	if err != nil {
+		f.log.Warn("eventfeed: the turn's log could not be read: its request is taken as not kept there", "turn", turn, "approval", id, "err", err)
+		return p, 0, false
+	}
+	return p, seq, ok
 }
 
 // lastEventOf is the sequence of turn's last event in TOLLGATE_EVENTS (0:
@@ -492,7 +673,7 @@ func (f *Feed) Close() {
 	for _, s := range f.srcs {
 		s.cc.Stop()
 	}
-	f.srcs, f.held = nil, nil
+	f.srcs, f.held, f.wait = nil, nil, nil
 	f.gen++
 	for s := range f.subs {
 		s.cutLocked(ErrClosed)
@@ -522,6 +703,7 @@ type Sub struct {
 	replay []*replaySource // nil: caught up
 	cur    Cursor          // the position after the last replayed event
 	until  Cursor
+	group  *replaySource // the replay whose awaiting event's requests are being handed out
 }
 
 // replaySource reads one stream's missed messages.
@@ -667,14 +849,10 @@ func (s *Sub) fill(ctx context.Context, r *replaySource) error {
 			continue
 		}
 		if r.i == 0 {
-			ev := Event{Seq: seq, Subject: m.Subject(), Data: m.Data()}
-			if turn, ok := strings.CutPrefix(ev.Subject, topology.SubjectTurnOutcome); ok {
-				ev.skip = s.f.logHolds(turn)
-			}
-			r.buf = append(r.buf, ev)
+			r.buf = append(r.buf, s.f.presentEvent(seq, m.Subject(), m.Data()))
 			continue
 		}
-		r.buf = append(r.buf, s.f.presentOutcome(r.i-1, seq, m.Subject(), m.Data()))
+		r.buf = append(r.buf, s.f.presentLog(r.i-1, seq, m.Subject(), m.Data())...)
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 		return fmt.Errorf("eventfeed: replay: %w", err)
@@ -685,10 +863,14 @@ func (s *Sub) fill(ctx context.Context, r *replaySource) error {
 	return ctx.Err()
 }
 
-// nextReplayed takes the next missed event: an outcome once the events
-// replayed have passed its turn's last event (or there are no more), else
-// the next event of TOLLGATE_EVENTS. false: nothing to hand out this time
-// (a passed-over message, or the replay just ended).
+// nextReplayed takes the next missed event, by the feed's rules: the
+// rest of an awaiting event's requests once one is out; else a turn log's
+// next event, unless it is an outcome whose turn's last event the events
+// replayed have not passed (while there are more); else the next event of
+// TOLLGATE_EVENTS, unless it waits for an awaiting event the replay has
+// not passed; else, when that partition's next event is such an outcome
+// (each waits for the other), the outcome. false: nothing to hand out
+// this time (a passed-over message, or the replay just ended).
 func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
 	var events *replaySource
 	for _, r := range s.replay {
@@ -703,15 +885,23 @@ func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
 		}
 	}
 	eventsLeft := events != nil && len(events.buf) > 0
-	var pick *replaySource
+	pick := s.group
+	if pick != nil && len(pick.buf) == 0 {
+		pick = nil // (cannot be: an event's requests are read at once)
+	}
 	for _, r := range s.replay {
-		if r.i > 0 && len(r.buf) > 0 && (!eventsLeft || r.buf[0].after <= s.cur[0]) {
+		if pick == nil && r.i > 0 && len(r.buf) > 0 && (!eventsLeft || r.buf[0].after <= s.cur[0]) {
 			pick = r
-			break
 		}
 	}
 	if pick == nil && eventsLeft {
 		pick = events
+		if ev := events.buf[0]; !s.passed(ev.waitPart, ev.waitSeq) {
+			pick = s.replayOf(1 + ev.waitPart)
+			if pick != nil && len(pick.buf) == 0 {
+				pick = nil
+			}
+		}
 	}
 	if pick == nil {
 		for _, r := range s.replay {
@@ -725,7 +915,12 @@ func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
 	ev := pick.buf[0]
 	pick.buf = pick.buf[1:]
 	ev.Source = pick.i
-	s.cur[pick.i] = ev.Seq
+	s.group = nil
+	if ev.more {
+		s.group = pick
+	} else {
+		s.cur[pick.i] = ev.Seq
+	}
 	if ev.skip {
 		return Event{}, false, nil
 	}
@@ -733,10 +928,31 @@ func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
 	return ev, true, nil
 }
 
+// passed reports whether the replay has handed out partition p up to its
+// message seq (0: none), or never will: it reads nothing of p at or
+// before seq up to s.until (the feed hands out what comes after).
+func (s *Sub) passed(p int, seq uint64) bool {
+	if seq == 0 || s.cur[1+p] >= seq || seq > s.until[1+p] {
+		return true
+	}
+	r := s.replayOf(1 + p)
+	return r == nil || (len(r.buf) > 0 && r.buf[0].Seq > seq) || (len(r.buf) == 0 && r.done)
+}
+
+// replayOf is the replay of source i (nil: it reads none).
+func (s *Sub) replayOf(i int) *replaySource {
+	for _, r := range s.replay {
+		if r.i == i {
+			return r
+		}
+	}
+	return nil
+}
+
 // endReplay deletes the replay's consumers, if any.
 func (s *Sub) endReplay() {
 	rs := s.replay
-	s.replay = nil
+	s.replay, s.group = nil, nil
 	for _, r := range rs {
 		name := r.cons.CachedInfo().Name
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -747,36 +963,56 @@ func (s *Sub) endReplay() {
 	}
 }
 
+// logEvents are the turn-log events the feed hands out as
+// TOLLGATE_EVENTS's: each's name, the subject prefix (before the turn id)
+// it is handed out as, and the filter of a partition's.
+var logEvents = []struct {
+	name, prefix string
+	all          func(partition int) string
+}{
+	{store.EventOutcome, topology.SubjectTurnOutcome, topology.TurnLogOutcomeFilter},
+	{store.EventAwaiting, topology.SubjectApprovalRequested, topology.TurnLogAwaitingFilter},
+}
+
 // logFilters are, for each of parts partitions, the subjects of its
-// outcome events that filters want (none: the partition is not read): a
-// filter that matches every turn's outcome event wants each partition's
-// outcomes, one that names a turn wants that turn's in its partition.
+// events that filters want (none: the partition is not read): its outcome
+// events for a filter that matches turns' outcome events, its awaiting
+// events for one that matches their approval-requested events; each
+// partition's for a filter that matches every turn's, the turn's in its
+// partition for one that names a turn.
 func logFilters(filters []string, parts int) [][]string {
 	out := make([][]string, parts)
-	all := make([]bool, parts)
-	for _, f := range filters {
-		turn, ok := outcomeTurn(f)
-		switch {
-		case !ok:
-		case turn == "*":
-			for p := range parts {
-				out[p], all[p] = []string{topology.TurnLogOutcomeFilter(p)}, true
+	for _, e := range logEvents {
+		all, turns := false, make([][]string, parts)
+		for _, f := range filters {
+			turn, ok := filterTurn(f, e.prefix)
+			switch {
+			case !ok:
+			case turn == "*":
+				all = true
+			default:
+				p := topology.TurnLogPartition(turn, parts)
+				if s := topology.TurnLogSubject(p, turn, e.name); !slices.Contains(turns[p], s) {
+					turns[p] = append(turns[p], s)
+				}
 			}
-		default:
-			p := topology.TurnLogPartition(turn, parts)
-			if s := topology.TurnLogSubject(p, turn, store.EventOutcome); !all[p] && !slices.Contains(out[p], s) {
-				out[p] = append(out[p], s)
+		}
+		for p := range parts {
+			if all {
+				out[p] = append(out[p], e.all(p))
+			} else {
+				out[p] = append(out[p], turns[p]...)
 			}
 		}
 	}
 	return out
 }
 
-// outcomeTurn says whether filter matches turns' outcome events
-// (tollgate.event.turn.outcome.<turn>), and for which turn: "*" for every
-// turn.
-func outcomeTurn(filter string) (string, bool) {
-	want := strings.Split(topology.SubjectTurnOutcome+"*", ".")
+// filterTurn says whether filter matches subjects prefix+<turn> (a prefix
+// of TOLLGATE_EVENTS's whose last token is a turn id), and for which
+// turn: "*" for every turn.
+func filterTurn(filter, prefix string) (string, bool) {
+	want := strings.Split(prefix+"*", ".")
 	toks := strings.Split(filter, ".")
 	for i, tok := range toks {
 		switch {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -323,16 +324,27 @@ func FuzzParseCursor(f *testing.F) {
 
 func TestLogFilters(t *testing.T) {
 	p := topology.TurnLogPartition("t-1", 4)
+	every, outcomes, requests := map[int][]string{}, map[int][]string{}, map[int][]string{}
+	for i := range 4 {
+		every[i] = []string{topology.TurnLogOutcomeFilter(i), topology.TurnLogAwaitingFilter(i)}
+		outcomes[i], requests[i] = every[i][:1], every[i][1:]
+	}
+	oneOutcome := maps.Clone(requests)
+	oneOutcome[p] = []string{topology.TurnLogSubject(p, "t-1", "outcome"), topology.TurnLogAwaitingFilter(p)}
 	for _, c := range []struct {
 		name    string
 		filters []string
 		want    map[int][]string
 	}{
-		{"every event wants every partition's outcomes", []string{Subjects}, map[int][]string{0: {"tollgate.turnlog.0.*.outcome"}, 1: {"tollgate.turnlog.1.*.outcome"}, 2: {"tollgate.turnlog.2.*.outcome"}, 3: {"tollgate.turnlog.3.*.outcome"}}},
-		{"every outcome", []string{"tollgate.event.turn.outcome.*", "tollgate.event.approval.requested.*"}, map[int][]string{0: {"tollgate.turnlog.0.*.outcome"}, 1: {"tollgate.turnlog.1.*.outcome"}, 2: {"tollgate.turnlog.2.*.outcome"}, 3: {"tollgate.turnlog.3.*.outcome"}}},
-		{"a turn's events want its partition's outcome event", []string{"tollgate.event.*.*.t-1"}, map[int][]string{p: {topology.TurnLogSubject(p, "t-1", "outcome")}}},
-		{"no outcome", []string{"tollgate.event.approval.*.*", "tollgate.event.turn.reply.*", "tollgate.event.turn.outcome"}, map[int][]string{}},
-		{"a wildcard outcome and a turn's: the wildcard alone", []string{"tollgate.event.turn.outcome.t-1", "tollgate.event.>"}, map[int][]string{0: {"tollgate.turnlog.0.*.outcome"}, 1: {"tollgate.turnlog.1.*.outcome"}, 2: {"tollgate.turnlog.2.*.outcome"}, 3: {"tollgate.turnlog.3.*.outcome"}}},
+		{"every event wants every partition's outcomes and requests", []string{Subjects}, every},
+		{"every outcome and request", []string{"tollgate.event.turn.outcome.*", "tollgate.event.approval.requested.*"}, every},
+		{"every outcome", []string{"tollgate.event.turn.outcome.*"}, outcomes},
+		{"every approval event wants the requests", []string{"tollgate.event.approval.*.*", "tollgate.event.turn.reply.*", "tollgate.event.turn.outcome"}, requests},
+		{"a turn's events want its partition's outcome and awaiting events", []string{"tollgate.event.*.*.t-1"}, map[int][]string{p: {topology.TurnLogSubject(p, "t-1", "outcome"), topology.TurnLogSubject(p, "t-1", "awaiting")}}},
+		{"a turn's requests", []string{"tollgate.event.approval.requested.t-1", "tollgate.event.approval.decided.*"}, map[int][]string{p: {topology.TurnLogSubject(p, "t-1", "awaiting")}}},
+		{"neither", []string{"tollgate.event.approval.decided.*", "tollgate.event.redrive.*.*", "tollgate.event.turn.reply.*", "tollgate.event.turn.outcome", "tollgate.event.approval.requested.t-1.x"}, map[int][]string{}},
+		{"a wildcard outcome and a turn's: the wildcard alone", []string{"tollgate.event.turn.outcome.t-1", "tollgate.event.>"}, every},
+		{"a turn's outcome, every request", []string{"tollgate.event.turn.outcome.t-1", "tollgate.event.approval.requested.>"}, oneOutcome},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got := logFilters(c.filters, 4)

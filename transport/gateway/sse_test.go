@@ -47,17 +47,25 @@ func TestTurnEventsResumeAfterADisconnect(t *testing.T) {
 			break
 		}
 	}
-	// The events stored for the turn, in order: those of TOLLGATE_EVENTS,
-	// then its outcome, which only its turn log's outcome event keeps
-	// (none is published); and the same as one stream from the first
-	// gives (an id is a position in the stream that sent it, so events are
-	// compared by kind and data).
+	// The events stored for the turn, in order: its request, which its
+	// turn log's awaiting event keeps (a published copy is passed over),
+	// then those of TOLLGATE_EVENTS, then its outcome, which only its turn
+	// log's outcome event keeps (none is published); and the same as one
+	// stream from the first gives (an id is a position in the stream that
+	// sent it, so events are compared by kind and data).
 	if n := len(g.PublishedOutcomes(sub.TurnID)); n != 0 {
 		t.Fatalf("turn %s has %d published outcomes, want none: its log keeps it", sub.TurnID, n)
 	}
-	var wantKinds, gotKinds []string
-	var wantKeys []placed
+	request, _, ok := g.loggedRequest(sub.TurnID, c.ApprovalID)
+	if !ok {
+		t.Fatalf("turn %s's log keeps no request of %s", sub.TurnID, c.ApprovalID)
+	}
+	wantKinds, wantKeys := []string{"approval.requested"}, []placed{request}
+	var gotKinds []string
 	for _, m := range g.Events("tollgate.event.*.*." + sub.TurnID) {
+		if strings.HasPrefix(m.Subject, topology.SubjectApprovalRequested) {
+			continue // its log keeps it
+		}
 		wantKinds = append(wantKinds, turnEventKind(m.Subject))
 		wantKeys = append(wantKeys, placed{src: 0, seq: m.Seq})
 	}

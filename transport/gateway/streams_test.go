@@ -237,9 +237,10 @@ func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 
 // placed is an SSE event as the stored message it stands for: the stream
 // the feed read it from (0: TOLLGATE_EVENTS; 1+p: turn-log partition p,
-// whose outcome events keep the turns' outcomes) and its sequence there,
-// which is that stream's place in the event's id (the feed's position
-// after the event).
+// whose outcome events keep the turns' outcomes and awaiting events their
+// requests) and its sequence there, which is that stream's place in the
+// event's id (the feed's position after the event; for a request that is
+// not the last of its awaiting event, before it).
 type placed struct {
 	src        int
 	seq        uint64
@@ -274,11 +275,45 @@ func (g *gw) storedAt(seq uint64) time.Time {
 	return m.Time
 }
 
+// loggedRequest is where turn's log keeps the request of approval id:
+// the partition and sequence of its awaiting event, and the request as
+// the feed hands it out (ok false: the log keeps none).
+func (g *gw) loggedRequest(turn, id string) (pl placed, data []byte, ok bool) {
+	g.t.Helper()
+	ctx := jstest.Ctx(g.t)
+	logs, err := topology.OpenTurnLogs(ctx, g.JS)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	seq, ok, err := store.LoggedRequest(ctx, logs, turn, id)
+	if err != nil || !ok {
+		return placed{}, nil, false
+	}
+	part := topology.TurnLogPartition(turn, len(logs))
+	m, err := logs[part].GetMsg(ctx, seq)
+	if err != nil {
+		g.t.Fatalf("the awaiting event of %s: %s #%d: %v", turn, topology.TurnLogStream(part), seq, err)
+	}
+	reqs, err := store.DecodeRequested(turn, m.Data)
+	if err != nil {
+		g.t.Fatalf("the awaiting event of %s: %v", turn, err)
+	}
+	for _, a := range reqs {
+		if a.ApprovalID == id {
+			if data, err = schemas.Encode(a); err != nil {
+				g.t.Fatal(err)
+			}
+		}
+	}
+	return placed{src: 1 + part, seq: seq, kind: "approval.requested", turn: turn}, data, true
+}
+
 // place finds the stored message each event stands for, and fails the
 // test unless the event is that message as the gateway presents it: its
 // kind and its data, a TOLLGATE_EVENTS event's as stored, a turn's
 // outcome's as its turn log's outcome event keeps it (the outcome in the
-// batch record; never a published copy).
+// batch record; never a published copy), a request its turn's log keeps
+// as its awaiting event keeps it (a published copy passed over).
 func (g *gw) place(evs []sseEvent) []placed {
 	g.t.Helper()
 	ctx := jstest.Ctx(g.t)
@@ -297,7 +332,8 @@ func (g *gw) place(evs []sseEvent) []placed {
 			g.t.Fatalf("event %s %s: id %q is not a cursor of the events stream and %d turn logs (%v)", ev.kind, ev.data, ev.id, len(logs), err)
 		}
 		var p struct {
-			TurnID string `json:"turn_id"`
+			TurnID     string `json:"turn_id"`
+			ApprovalID string `json:"approval_id"`
 		}
 		if err := json.Unmarshal([]byte(ev.data), &p); err != nil || p.TurnID == "" {
 			g.t.Fatalf("event %s %s: no turn_id (%v)", ev.kind, ev.data, err)
@@ -305,7 +341,18 @@ func (g *gw) place(evs []sseEvent) []placed {
 		pl := placed{kind: ev.kind, turn: p.TurnID, id: id}
 		var subject string
 		var data []byte
-		if ev.kind == "turn.outcome" {
+		logged, request, inLog := placed{}, []byte(nil), false
+		if ev.kind == "approval.requested" {
+			logged, request, inLog = g.loggedRequest(pl.turn, p.ApprovalID)
+		}
+		switch {
+		case inLog:
+			pl.src, pl.seq = logged.src, logged.seq
+			if id[pl.src] > pl.seq {
+				g.t.Fatalf("event %s: id %s is past its awaiting event", pl, id)
+			}
+			subject, data = topology.EventSubject(topology.SubjectApprovalRequested, pl.turn), request
+		case ev.kind == "turn.outcome":
 			part := topology.TurnLogPartition(pl.turn, len(logs))
 			pl.src = 1 + part
 			pl.seq = id[pl.src]
@@ -324,7 +371,7 @@ func (g *gw) place(evs []sseEvent) []placed {
 				g.t.Fatal(err)
 			}
 			subject = topology.EventSubject(topology.SubjectTurnOutcome, pl.turn)
-		} else {
+		default:
 			pl.seq = id[0]
 			m, err := events.GetMsg(ctx, pl.seq)
 			if err != nil {

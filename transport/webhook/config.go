@@ -29,8 +29,9 @@ const (
 	// by the turn log's outcome event; for a turn an earlier version ended,
 	// on tollgate.event.turn.outcome.<turn>).
 	EventOutcome Event = "outcome"
-	// EventApprovalRequested: a call waits for a person (ApprovalRecord, on
-	// tollgate.event.approval.requested.<turn>).
+	// EventApprovalRequested: a call waits for a person (ApprovalRecord,
+	// kept by the turn log's awaiting event; for a turn an earlier version
+	// moved to awaiting, on tollgate.event.approval.requested.<turn>).
 	EventApprovalRequested Event = "approval.requested"
 	// EventApprovalDecided: an approval left pending: approved, denied,
 	// expired or abandoned (DecidedEvent, on

@@ -38,11 +38,12 @@ func newSecret(t *testing.T) string {
 	return "whsec_" + base64.StdEncoding.EncodeToString(b)
 }
 
-// request is one request a receiver got.
+// request is one request a receiver got, and the status it answered.
 type request struct {
 	Path   string
 	Header http.Header
 	Body   []byte
+	Status int
 }
 
 // ID is the request's webhook-id.
@@ -56,8 +57,8 @@ func (r request) Type() string {
 }
 
 // receiver is a real HTTP server on 127.0.0.1 that records every request
-// and answers with status(path). It can go down (its port closed) and come
-// up again on the same port.
+// and answers with status(path), or by(request, earlier) when set. It can
+// go down (its port closed) and come up again on the same port.
 type receiver struct {
 	t    *testing.T
 	addr string
@@ -66,6 +67,7 @@ type receiver struct {
 	srv    *http.Server
 	reqs   []request
 	status func(path string) int
+	by     func(q request, earlier int) int
 }
 
 func newReceiver(t *testing.T) *receiver {
@@ -110,17 +112,36 @@ func (r *receiver) down() {
 
 func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	body, _ := io.ReadAll(req.Body)
+	q := request{Path: req.URL.Path, Header: req.Header.Clone(), Body: body}
 	r.mu.Lock()
-	r.reqs = append(r.reqs, request{Path: req.URL.Path, Header: req.Header.Clone(), Body: body})
-	status := r.status(req.URL.Path)
+	if r.by != nil {
+		earlier := 0
+		for _, p := range r.reqs {
+			if p.Path == q.Path && p.ID() == q.ID() {
+				earlier++
+			}
+		}
+		q.Status = r.by(q, earlier)
+	} else {
+		q.Status = r.status(q.Path)
+	}
+	r.reqs = append(r.reqs, q)
 	r.mu.Unlock()
-	w.WriteHeader(status)
+	w.WriteHeader(q.Status)
+}
+
+// answerBy makes the receiver answer f(q, earlier) from now on: earlier is
+// how many requests to q's path with q's webhook-id it got before.
+func (r *receiver) answerBy(f func(q request, earlier int) int) {
+	r.mu.Lock()
+	r.by = f
+	r.mu.Unlock()
 }
 
 // answer makes the receiver answer status to every request from now on.
 func (r *receiver) answer(status int) {
 	r.mu.Lock()
-	r.status = func(string) int { return status }
+	r.status, r.by = func(string) int { return status }, nil
 	r.mu.Unlock()
 }
 

@@ -12,30 +12,46 @@
 //     after its consumer was first created; a consumer nobody has read for
 //     the stream's max age (30 days) is removed by the server.
 //   - Delivery is at least once. Receivers dedupe by the webhook-id header:
-//     the event's Nats-Msg-Id (requested:<approval>, decided:<approval>,
-//     outcome:<turn>), the same for every attempt and every subscriber.
-//   - Turns' outcomes are read where the write that ends a turn keeps
-//     them, the turn logs' outcome events (docs/protocol.md §4.2a): each
-//     subscriber that asks for outcomes also has an outcome follower
-//     (pipeline/outcomes), one durable per partition,
-//     webhook-<id>-outcome-<i>, made when the dispatcher starts (after
-//     each partition's last message). An outcome also published on
-//     tollgate.event.turn.outcome (a turn an earlier version ended, or
-//     kept in tollgate_batches; and, while the publish lasts, every turn)
-//     is sent from its published copy only when the log does not keep it:
-//     each outcome is sent once, with the same webhook-id either way.
-//   - Order: a subscriber's approval events are sent one at a time, in
-//     stream order (the consumer allows one unacknowledged message), and a
-//     turn's outcome only once that consumer has passed every event of the
-//     turn the subscriber follows (its ack floor has reached the turn's
-//     last such event), so a turn's approval.requested, approval.decided
-//     and outcome arrive in the order they happened, across restarts and
-//     across several dispatchers sharing the consumers. Outcomes of
-//     different turns may arrive in another order than they ended, and up
-//     to one per partition at once. The price is head-of-line blocking:
-//     while one event is being retried, that subscriber's later approval
-//     events, and the outcomes of its turn, wait (other subscribers are
-//     not held up).
+//     the event's Nats-Msg-Id on TOLLGATE_EVENTS, the one it has or, kept
+//     only in a turn log, would have (requested:<approval>,
+//     decided:<approval>, outcome:<turn>), the same for every attempt and
+//     every subscriber.
+//   - Turns' approval requests and outcomes are read where the turn logs
+//     keep them (docs/protocol.md §4.2a): a request in the log's awaiting
+//     event (the move that made the batch wait), an outcome in its outcome
+//     event. Each subscriber that asks for approval.requested or outcome
+//     also has a follower of the logs (pipeline/outcomes), one durable per
+//     partition, webhook-<id>-outcome-<i>, made when the dispatcher starts
+//     (after each partition's last message), following the awaiting events
+//     too when it asks for requests. A request or outcome also published
+//     on TOLLGATE_EVENTS (a turn an earlier version moved on, or kept in
+//     tollgate_batches; and, while the publish lasts, every turn) is sent
+//     from its published copy only when the log does not deliver it: each
+//     is sent once, with the same webhook-id and body either way.
+//   - Order: the events consumer sends one event at a time, in stream
+//     order (it allows one unacknowledged message); each log consumer one
+//     event of its partition at a time, a turn's in log order while they
+//     succeed. Across consumers: a turn's approval.decided, and its
+//     outcome, are sent only once the turn's request (for an outcome, its
+//     requests) has been passed by the log consumer that delivers it (its
+//     ack floor has reached the turn's awaiting event: delivered, or given
+//     up and dead-lettered). The event waits for that a while
+//     (requestFirst: an attempt's timeout plus requestGrace; ackSettle for
+//     a logged outcome, which holds its turn in that consumer), then sends
+//     the request itself first, as part of its own attempt (the receiver
+//     dedupes the second copy by webhook-id), so no two consumers can
+//     wait on each other for good. A turn's outcome is also sent only once
+//     the events consumer has passed every event of the turn the
+//     subscriber follows (its ack floor has reached the turn's last such
+//     event). So a turn's approval.requested, approval.decided and outcome
+//     arrive in that order, across restarts and across several
+//     dispatchers sharing the consumers. Events of different turns may
+//     arrive in another order than they happened, up to one from the
+//     events consumer and one per partition at once. The price is
+//     head-of-line blocking: while an event is being retried, those that
+//     must come after it wait: the subscriber's later events on the events
+//     consumer, its turn's later events on the others (other subscribers
+//     are not held up).
 //   - A 2xx answer is delivered. 410 Gone is not retried: the event is
 //     dead-lettered at once (the receiver said it wants no more; remove the
 //     subscriber from the configuration). Any other answer, a 3xx
@@ -43,7 +59,9 @@
 //     retried on Config.Retry's schedule; after the last attempt the event
 //     is dead-lettered on tollgate.dlq.webhook.<id> with code
 //     WEBHOOK_UNDELIVERABLE (original bytes and headers, as every dead
-//     letter: docs/protocol.md §8) and terminated for that subscriber.
+//     letter: docs/protocol.md §8; for an event read from a turn log, the
+//     log's event, which may hold several requests) and terminated for
+//     that subscriber.
 //   - An event that does not decode is dead-lettered with its decoding
 //     code, never sent. An outcome that goes nowhere (empty audience: no
 //     verified context, docs/protocol.md §6 TurnOutcome) is sent to nobody.
@@ -52,8 +70,9 @@
 // webhook-timestamp (Unix seconds of the attempt) and webhook-signature
 // ("v1," + base64 of HMAC-SHA256 over "<id>.<timestamp>.<body>" keyed with
 // the secret's decoded bytes), and the subscriber's own headers. The body
-// is {"type": <event>, "timestamp": <RFC 3339 time the event was stored>,
-// "data": <the event record with its wire keys, docs/protocol.md §6>}.
+// is {"type": <event>, "timestamp": <RFC 3339 time the event was stored
+// (a request kept in a turn log: its awaiting event's)>, "data": <the
+// event record with its wire keys, docs/protocol.md §6>}.
 package webhook
 
 import (
@@ -83,6 +102,7 @@ import (
 	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -117,8 +137,8 @@ type Dispatcher struct {
 }
 
 // Ready is nil once every subscriber's consumers consume (Run has made
-// them, events and outcome followers alike): events stored from then on
-// reach every subscriber.
+// them, events consumers and turn-log followers alike): events stored from
+// then on reach every subscriber.
 func (d *Dispatcher) Ready() error {
 	d.mu.Lock()
 	running := d.running
@@ -166,7 +186,7 @@ func New(js jetstream.JetStream, cfg Config) (*Dispatcher, error) {
 		sub := &subscriber{
 			id: s.ID, url: s.URL, key: key, headers: http.Header{},
 			transports: set(s.Transports), sessions: set(s.Sessions),
-			client: client, timeout: cfg.Timeout, attempts: cfg.Retry.Attempts,
+			client: client, timeout: cfg.Timeout, attempts: cfg.Retry.Attempts, requestWait: cfg.Timeout + requestGrace,
 			approvals: approvals, log: cfg.Logger,
 			delivered:     deliveries.WithLabelValues(s.ID, ResultDelivered),
 			failed:        deliveries.WithLabelValues(s.ID, ResultFailed),
@@ -176,8 +196,10 @@ func New(js jetstream.JetStream, cfg Config) (*Dispatcher, error) {
 			sub.headers.Set(k, v)
 		}
 		cc := consumer(s)
+		sub.consumer = runner.ConsumerConfig(cc)
 		sub.follows = cc.FilterSubjects
 		sub.outcomes = slices.Contains(cc.FilterSubjects, subjectPrefix[EventOutcome]+"*")
+		sub.requests = slices.Contains(cc.FilterSubjects, subjectPrefix[EventApprovalRequested]+"*")
 		d.subs = append(d.subs, sub)
 		name := Component(s.ID)
 		r, err := runner.New(runner.Config{
@@ -227,11 +249,12 @@ var subjectPrefix = map[Event]string{
 	EventApprovalDecided:   topology.SubjectApprovalDecided,
 }
 
-// Run creates or updates every subscriber's consumer, and the outcome
-// followers' of those that ask for outcomes, and delivers events until ctx
-// is cancelled; then it finishes the deliveries under way and returns
-// nil. It returns an error when a consumer cannot be created (the other
-// subscribers are stopped too).
+// Run creates or updates every subscriber's consumer, and the turn-log
+// followers' of those that ask for approval.requested or outcome, and
+// delivers events until ctx is cancelled; then it finishes the deliveries
+// under way (a delivery that waits for another consumer stops waiting and
+// is left for redelivery) and returns nil. It returns an error when a
+// consumer cannot be created (the other subscribers are stopped too).
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if len(d.runners) == 0 {
 		<-ctx.Done()
@@ -242,17 +265,37 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("webhook: stream %s: %w", topology.StreamEvents, err)
 	}
+	// The events consumers first: one takes the published copy of what is
+	// stored before its subscriber's follower is made (its follower then
+	// hands that copy over: the package doc), however long that takes.
 	for _, s := range d.subs {
-		s.events = events
-		if !s.outcomes {
+		if _, err := topology.EnsureConsumer(ctx, d.js, topology.ConsumerSpec{Stream: topology.StreamEvents, Config: s.consumer}); err != nil {
+			return fmt.Errorf("webhook: subscriber %q: consumer %s: %w", s.id, s.consumer.Durable, err)
+		}
+	}
+	var logs []jetstream.Stream
+	for _, s := range d.subs {
+		s.events, s.stopping = events, ctx.Done()
+		if !s.outcomes && !s.requests {
 			continue
 		}
+		if logs == nil {
+			if logs, err = topology.OpenTurnLogs(ctx, d.js); err != nil {
+				return fmt.Errorf("webhook: %w", err)
+			}
+		}
+		s.logs = logs
 		name := Component(s.id)
-		f, err := outcomes.New(ctx, outcomes.Config{
+		cfg := outcomes.Config{
 			Component: name, Durable: Durable(s.id), Description: "Tollgate outgoing webhooks of subscriber " + s.id + ": turns' outcomes",
 			JS: d.js, Handler: s.outcome, Logger: d.cfg.Logger.With("stage", name), Metrics: d.metrics,
 			MaxAttempts: d.cfg.Retry.Attempts, BaseDelay: d.cfg.Retry.Base, MaxDelay: d.cfg.Retry.Max,
-		})
+		}
+		if s.requests {
+			cfg.Requests = s.requested
+			cfg.Description = "Tollgate outgoing webhooks of subscriber " + s.id + ": turns' requests and outcomes"
+		}
+		f, err := outcomes.New(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("webhook: subscriber %q: %w", s.id, err)
 		}
@@ -300,10 +343,71 @@ type subscriber struct {
 	log                              *slog.Logger
 	delivered, failed, undeliverable prometheus.Counter
 
-	follows  []string           // its events consumer's filter subjects
-	outcomes bool               // it asks for outcomes: follower is set by Run
-	follower *outcomes.Follower // the turn logs' outcome events
-	events   jetstream.Stream   // TOLLGATE_EVENTS, for a turn's last event
+	// requestWait bounds how long an event of the events consumer waits
+	// for the log consumer to pass its turn's request (requestFirst).
+	requestWait time.Duration
+
+	consumer jetstream.ConsumerConfig // its events consumer, as its runner has it
+	follows  []string                 // its events consumer's filter subjects
+	outcomes bool                     // it asks for outcomes
+	requests bool                     // it asks for approval.requested
+	follower *outcomes.Follower       // the turn logs' awaiting and outcome events: set by Run when outcomes or requests
+	events   jetstream.Stream         // TOLLGATE_EVENTS, for a turn's last event
+	logs     []jetstream.Stream       // the turn logs, by partition: set with follower
+	stopping <-chan struct{}          // closed when Run's context ends: waits stop (errStopping)
+
+	// ahead holds the approval ids of the requests this process sent
+	// ahead of their log consumer (requestFirst), until that consumer has
+	// passed them: the events waiting for them need not wait, and the log
+	// consumer does not send them again.
+	aheadMu sync.Mutex
+	ahead   map[string]bool
+}
+
+// maxAhead bounds subscriber.ahead: past it the record is dropped (at
+// worst a request is sent again, or an event waits its bound).
+const maxAhead = 4096
+
+// markAhead records ids as sent ahead of their log consumer.
+func (s *subscriber) markAhead(ids []string) {
+	s.aheadMu.Lock()
+	defer s.aheadMu.Unlock()
+	if s.ahead == nil || len(s.ahead)+len(ids) > maxAhead {
+		s.ahead = map[string]bool{}
+	}
+	for _, id := range ids {
+		s.ahead[id] = true
+	}
+}
+
+// isAhead reports whether every one of ids was sent ahead.
+func (s *subscriber) isAhead(ids ...string) bool {
+	s.aheadMu.Lock()
+	defer s.aheadMu.Unlock()
+	for _, id := range ids {
+		if !s.ahead[id] {
+			return false
+		}
+	}
+	return len(ids) > 0
+}
+
+// passed forgets ids: their log consumer has passed them.
+func (s *subscriber) passed(ids []string) {
+	s.aheadMu.Lock()
+	defer s.aheadMu.Unlock()
+	for _, id := range ids {
+		delete(s.ahead, id)
+	}
+}
+
+// approvalIDs are the ids of reqs.
+func approvalIDs(reqs []*schemas.ApprovalRecord) []string {
+	ids := make([]string, len(reqs))
+	for i, a := range reqs {
+		ids[i] = a.ApprovalID
+	}
+	return ids
 }
 
 func set(xs []string) map[string]bool {
@@ -314,24 +418,81 @@ func set(xs []string) map[string]bool {
 	return m
 }
 
-// handle delivers one event of the subscriber's consumer, if it selects
-// it; a published outcome goes through the follower, which drops it when
-// the turn's log keeps it (the package doc).
+// handle delivers one event of the subscriber's events consumer, if it
+// selects it. A published request or outcome goes through the follower,
+// which drops it when the turn's log delivers it (the package doc).
 func (s *subscriber) handle(ctx context.Context, m jetstream.Msg) error {
 	ev, err := decode(m)
 	if err != nil {
 		return err
 	}
-	if o, ok := ev.record.(*schemas.TurnOutcome); ok && s.follower != nil {
-		return s.follower.Published(ctx, o, m)
+	switch rec := ev.record.(type) {
+	case *schemas.TurnOutcome:
+		if s.follower != nil {
+			return s.follower.Published(ctx, rec, m)
+		}
+	case *schemas.ApprovalRecord:
+		if s.follower != nil && s.requests {
+			return s.follower.PublishedRequest(ctx, rec, m)
+		}
 	}
 	return s.deliver(ctx, ev, m)
 }
 
+// requested delivers the approvals the follower hands over: those a
+// turn's move to awaiting requested, from its log (m, the awaiting event:
+// each as its approval.requested event announces it, with the event's
+// webhook-id and the awaiting event's stored time; not those this process
+// sent ahead, requestFirst), or a published approval.requested event
+// whose turn's log does not deliver it (m itself, sent as it is). Every
+// approval of an awaiting event is tried; the error is then a transient
+// one if any attempt may be retried (the whole event is redelivered, its
+// delivered approvals sent again: at least once), otherwise the
+// permanent ones (the event is dead-lettered).
+func (s *subscriber) requested(ctx context.Context, reqs []*schemas.ApprovalRecord, m jetstream.Msg) error {
+	if _, _, _, logged := topology.ParseTurnLogSubject(m.Subject()); !logged {
+		ev, err := decode(m)
+		if err != nil {
+			return err
+		}
+		return s.deliver(ctx, ev, m)
+	}
+	todo := slices.DeleteFunc(slices.Clone(reqs), func(a *schemas.ApprovalRecord) bool { return s.isAhead(a.ApprovalID) })
+	if err := s.deliverRequests(ctx, todo, storedAt(m), m); err != nil {
+		return err
+	}
+	s.passed(approvalIDs(reqs))
+	return nil
+}
+
+// deliverRequests delivers the requests reqs, kept by a turn's awaiting
+// event stored at stored, as m's deliveries (requested).
+func (s *subscriber) deliverRequests(ctx context.Context, reqs []*schemas.ApprovalRecord, stored time.Time, m jetstream.Msg) error {
+	var transient, permanent []error
+	for _, a := range reqs {
+		switch err := s.deliver(ctx, requestedEvent(a, stored), m); {
+		case err == nil:
+		case schemas.Permanent(err):
+			permanent = append(permanent, err)
+		default:
+			transient = append(transient, err)
+		}
+	}
+	if len(transient) > 0 {
+		return errors.Join(transient...)
+	}
+	return errors.Join(permanent...)
+}
+
 // outcome delivers a turn's outcome the follower hands over, from the
-// turn's log (once the subscriber's consumer has passed the turn's
-// events: waitForEvents) or from its published copy.
+// turn's log (once the turn's requests and its events on the events
+// consumer have been passed: requestFirst, waitForEvents) or from its
+// published copy. A subscriber that does not ask for outcomes (its
+// follower reads its requests) gets none.
 func (s *subscriber) outcome(ctx context.Context, o *schemas.TurnOutcome, m jetstream.Msg) error {
+	if !s.outcomes {
+		return nil
+	}
 	if _, _, _, logged := topology.ParseTurnLogSubject(m.Subject()); !logged {
 		ev, err := decode(m)
 		if err != nil {
@@ -346,21 +507,132 @@ func (s *subscriber) outcome(ctx context.Context, o *schemas.TurnOutcome, m jets
 	if ok, err := s.selects(ctx, ev); err != nil || !ok {
 		return err
 	}
+	// The outcome holds its turn in the log consumer: a request of the
+	// turn that consumer is to send again (its attempt failed) cannot be
+	// sent by it meanwhile, so the wait is only for its ack to show.
+	if err := s.requestFirst(ctx, o.TurnID, "", ackSettle, m); err != nil {
+		return err
+	}
 	if err := s.waitForEvents(ctx, o.TurnID); err != nil {
 		return err
 	}
-	return s.deliver(ctx, ev, m)
+	return s.send(ctx, ev, m)
 }
 
-// eventsPoll is how often waitForEvents looks at the consumer again.
-const eventsPoll = 200 * time.Millisecond
+// Waits between consumers (requestFirst, waitForEvents).
+const (
+	// eventsPoll is how often waitForEvents looks at the events consumer
+	// again.
+	eventsPoll = 200 * time.Millisecond
+	// requestPoll is how often requestFirst looks at a log consumer again.
+	requestPoll = 50 * time.Millisecond
+	// requestGrace is what an event of the events consumer waits for its
+	// turn's request beyond one attempt's timeout (subscriber.requestWait):
+	// time for the log consumer to send the request, then ack it.
+	requestGrace = 2 * time.Second
+	// ackSettle is what a logged outcome waits for the ack of its turn's
+	// request to show on its own consumer.
+	ackSettle = time.Second
+)
+
+// errStopping is the runner.Waiting error of a delivery that stopped
+// waiting for another consumer because the dispatcher stops: the message
+// is left for redelivery, not counted as a failure.
+type errStopping struct{ what string }
+
+func (e errStopping) Error() string {
+	return "the dispatcher stops while " + e.what + ": left for redelivery"
+}
+
+// RetryAfter implements runner.Waiting.
+func (errStopping) RetryAfter() time.Duration { return time.Second }
+
+// requestFirst makes sure the request of approval id of turn (every
+// request of the turn when id is "") reaches the subscriber before the
+// event m carries, when the turn's log keeps it and the subscriber's log
+// consumer delivers it (outcomes.Follower.DeliversRequest): it returns
+// once that consumer has passed the turn's awaiting event (its ack floor
+// has reached it: delivered, or given up and dead-lettered), or this
+// process has sent the request ahead of it, waiting at most wait; then it
+// sends the request itself, under m's attempt count, and an error sending
+// it is m's. A request sent ahead is recorded (subscriber.ahead), so that
+// this process's log consumer does not send it again; another's may (the
+// receiver dedupes by webhook-id). Nothing waits for a request in no log
+// (an earlier version's turn, a batch kept in tollgate_batches, one that
+// never waited), nor for one the subscriber does not ask for: those come,
+// if at all, from the events consumer, in stream order. Other errors are
+// transient.
+//
+// The wait is bounded, not the order: a log consumer may itself hold an
+// outcome that waits for the events consumer (waitForEvents), or the
+// request that the other event follows.
+func (s *subscriber) requestFirst(ctx context.Context, turn, id string, wait time.Duration, m jetstream.Msg) error {
+	if !s.requests || s.follower == nil || len(s.logs) == 0 || !schemas.ValidKey(turn) {
+		return nil
+	}
+	p := topology.TurnLogPartition(turn, len(s.logs))
+	msg, err := s.logs[p].GetLastMsgForSubject(ctx, topology.TurnLogSubject(p, turn, store.EventAwaiting))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("subscriber %s: the awaiting event of turn %s: %w", s.id, turn, err)
+	}
+	reqs, err := store.DecodeRequested(turn, msg.Data)
+	if err != nil {
+		return nil // the log consumer dead-letters it
+	}
+	if id != "" {
+		reqs = slices.DeleteFunc(reqs, func(a *schemas.ApprovalRecord) bool { return a.ApprovalID != id })
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	if logged, err := s.follower.DeliversRequest(ctx, turn, reqs[0].ApprovalID); err != nil || !logged {
+		return err
+	}
+	ids := approvalIDs(reqs)
+	durable := outcomes.Durable(Durable(s.id), p)
+	deadline := time.Now().Add(wait)
+	for {
+		if s.isAhead(ids...) {
+			return nil
+		}
+		c, err := s.logs[p].Consumer(ctx, durable)
+		if err != nil {
+			return fmt.Errorf("subscriber %s: consumer %s: %w", s.id, durable, err)
+		}
+		if c.CachedInfo().AckFloor.Stream >= msg.Sequence {
+			s.passed(ids)
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stopping:
+			return errStopping{"waiting for the requests of turn " + turn}
+		case <-time.After(min(requestPoll, time.Until(deadline))):
+		}
+	}
+	s.log.Debug("the log consumer has not sent the turn's request yet: sending it first",
+		"subscriber", s.id, "turn", turn, "consumer", durable, "awaiting_seq", msg.Sequence)
+	if err := s.deliverRequests(ctx, reqs, msg.Time, m); err != nil {
+		return err
+	}
+	s.markAhead(ids)
+	return nil
+}
 
 // waitForEvents returns once the subscriber's events consumer has passed
 // the last event of turn it follows (its ack floor: delivered, or given
 // up and dead-lettered), so that the turn's outcome is sent after them.
-// The wait is bounded by that consumer's retries of the event it holds;
-// it also ends with ctx. An error reading the stream or the consumer is
-// transient.
+// The wait is bounded by that consumer's retries of the event it holds
+// (and requestWait, when that event waits for a request); it also ends
+// with ctx, and when the dispatcher stops (errStopping). An error reading
+// the stream or the consumer is transient.
 func (s *subscriber) waitForEvents(ctx context.Context, turn string) error {
 	var last uint64
 	for _, f := range s.follows {
@@ -391,18 +663,35 @@ func (s *subscriber) waitForEvents(ctx context.Context, turn string) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-s.stopping:
+			return errStopping{"waiting for the events of turn " + turn}
 		case <-time.After(eventsPoll):
 		}
 	}
 }
 
-// deliver sends ev (carried by m) to the subscriber, if it selects it.
-// See the package doc for what each answer leads to.
+// deliver sends ev (carried by m) to the subscriber, if it selects it; a
+// decided event or a published outcome after its turn's requests
+// (requestFirst). See the package doc for what each answer leads to.
 func (s *subscriber) deliver(ctx context.Context, ev *event, m jetstream.Msg) error {
 	ok, err := s.selects(ctx, ev)
 	if err != nil || !ok {
 		return err
 	}
+	switch ev.kind {
+	case EventApprovalDecided:
+		err = s.requestFirst(ctx, ev.turn, ev.approvalID, s.requestWait, m)
+	case EventOutcome:
+		err = s.requestFirst(ctx, ev.turn, "", s.requestWait, m)
+	}
+	if err != nil {
+		return err
+	}
+	return s.send(ctx, ev, m)
+}
+
+// send posts ev (carried by m, whose deliveries number the attempts).
+func (s *subscriber) send(ctx context.Context, ev *event, m jetstream.Msg) error {
 	body, err := ev.body()
 	if err != nil {
 		return err
@@ -500,6 +789,7 @@ type event struct {
 	kind       Event
 	id         string // webhook-id
 	session    string
+	turn       string
 	transport  string // "" for a decided event: see selects
 	approvalID string // decided events
 	nowhere    bool   // an outcome with no verified reply target
@@ -511,10 +801,7 @@ type event struct {
 // a subject the dispatcher does not send) is a permanent error: it is
 // dead-lettered with its code.
 func decode(m jetstream.Msg) (*event, error) {
-	ev := &event{id: m.Headers().Get(jetstream.MsgIDHeader), stored: time.Now()}
-	if meta, err := m.Metadata(); err == nil {
-		ev.stored = meta.Timestamp
-	}
+	ev := &event{id: m.Headers().Get(jetstream.MsgIDHeader), stored: storedAt(m)}
 	subject := m.Subject()
 	var fallbackID string
 	_, rec, err := topology.Read(subject, m.Data(), topology.RouteTurnOutcome, topology.RouteApprovalRequested, topology.RouteApprovalDecided)
@@ -530,15 +817,13 @@ func decode(m jetstream.Msg) (*event, error) {
 		ev.stored, ev.id = stored, id
 		fallbackID = topology.OutcomeMsgID(rec.TurnID)
 	case *schemas.ApprovalRecord:
-		a := rec
-		ev.kind, ev.record, ev.session = EventApprovalRequested, a, a.SessionID
-		if a.Context != nil {
-			ev.transport = a.Context.Transport
-		}
-		fallbackID = topology.RequestedMsgID(a.ApprovalID)
+		stored, id := ev.stored, ev.id
+		ev = requestedEvent(rec, stored)
+		ev.id = id
+		fallbackID = topology.RequestedMsgID(rec.ApprovalID)
 	case *schemas.DecidedEvent:
 		e := rec
-		ev.kind, ev.record, ev.session, ev.approvalID = EventApprovalDecided, e, e.SessionID, e.ApprovalID
+		ev.kind, ev.record, ev.session, ev.turn, ev.approvalID = EventApprovalDecided, e, e.SessionID, e.TurnID, e.ApprovalID
 		fallbackID = topology.DecidedMsgID(e.ApprovalID)
 	}
 	if ev.id == "" {
@@ -547,12 +832,34 @@ func decode(m jetstream.Msg) (*event, error) {
 	return ev, nil
 }
 
+// storedAt is when m was stored (now, when its metadata does not say).
+func storedAt(m jetstream.Msg) time.Time {
+	if meta, err := m.Metadata(); err == nil {
+		return meta.Timestamp
+	}
+	return time.Now()
+}
+
 // outcomeEvent is the event of turn outcome o, whichever message carried
 // it: its webhook-id is the published copy's message id,
 // topology.OutcomeMsgID, so that a receiver dedupes the two.
 func outcomeEvent(o *schemas.TurnOutcome) *event {
-	return &event{kind: EventOutcome, id: topology.OutcomeMsgID(o.TurnID), record: o, session: o.SessionID,
+	return &event{kind: EventOutcome, id: topology.OutcomeMsgID(o.TurnID), record: o, session: o.SessionID, turn: o.TurnID,
 		transport: o.Reply.Transport, nowhere: o.Audience == "", stored: o.FinishedAt}
+}
+
+// requestedEvent is the approval.requested event of a, stored at stored,
+// whichever message carried it (its published event, or its turn log's
+// awaiting event, which keeps it as the published event announces it:
+// store.DecodeRequested): its webhook-id is the published event's message
+// id, topology.RequestedMsgID, so that a receiver dedupes the two.
+func requestedEvent(a *schemas.ApprovalRecord, stored time.Time) *event {
+	ev := &event{kind: EventApprovalRequested, id: topology.RequestedMsgID(a.ApprovalID), record: a,
+		session: a.SessionID, turn: a.TurnID, stored: stored}
+	if a.Context != nil {
+		ev.transport = a.Context.Transport
+	}
+	return ev
 }
 
 // body is the JSON body of ev: its type, when it was stored, and the
