@@ -101,8 +101,9 @@ func cmdChat(cmd *command, args []string) int {
 
 	// Follow the events from before the message is published, so that
 	// nothing of the turn is missed: TOLLGATE_EVENTS and the turns'
-	// outcomes, which the turn logs keep (transport/eventfeed merges them,
-	// each turn's outcome after its other events).
+	// requests and outcomes, which the turn logs keep (transport/eventfeed
+	// merges them: a request before its decision, each turn's outcome
+	// after its other events).
 	feed := eventfeed.New(c.js, slog.New(slog.DiscardHandler))
 	defer feed.Close()
 	cctx, cancel = c.ctx()

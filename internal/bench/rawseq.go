@@ -94,9 +94,10 @@ var rawFast = []step{
 // the fact), so the decided event is the redriver's one trigger: it reads
 // the turn's last event and the approval, moves the batch to started (the
 // log's started append is the fact: no redrive outcome is published for
-// it), runs the approved call and completes the batch. The approval is
-// announced (requested) only after the awaiting append, so a decider that
-// answers the announcement finds the batch waiting; a decided event that
+// it), runs the approved call and completes the batch. The awaiting
+// append is also the approval's request (it keeps the record: no
+// approval.requested is published), so a decider that answers it finds
+// the batch waiting; a decided event that
 // still reaches the redriver first (a decision made from the approvals
 // bucket itself) is NAKed until the batch waits (pipeline/redriver,
 // errBeforeAwaiting): then the same group, later. The trace lets the executor finish before the
@@ -112,8 +113,7 @@ var rawApproval = []step{
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed
 	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},                                     // no standing grant covers it
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},
-	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.awaiting", MsgID: true, Bytes: 1153}, // call 0's result
-	{Stage: "executor", Op: "publish", On: "tollgate.event.approval.requested.<turn>", MsgID: true, Bytes: 935}, // once the batch waits
+	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.awaiting", MsgID: true, Bytes: 1560}, // call 0's result, call 1's request
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
 	{Stage: "approver", Op: "kv.get", On: "tollgate_approvals/<approval>"},

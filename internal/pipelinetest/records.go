@@ -56,8 +56,8 @@ func (h *H) MakeBucketed(turnID string) {
 
 // moveToBucket creates the batch of turnID, as as makes it, in
 // tollgate_batches, purges the turn's log and publishes what an earlier
-// version published for the batch's state (the outcome of an ended one,
-// the awaiting and started notices):
+// version published for the batch's state (its requests, the outcome of
+// an ended one, the awaiting and started notices):
 // the turn is left as an earlier version left it. Nothing may be moving
 // the batch meanwhile.
 func (h *H) moveToBucket(turnID string, as func(*schemas.BatchRecord) *schemas.BatchRecord) {
@@ -71,13 +71,18 @@ func (h *H) moveToBucket(turnID string, as func(*schemas.BatchRecord) *schemas.B
 	if _, err := h.Store.Batches.Bucket.Create(ctx, turnID, as(b)); err != nil {
 		h.T.Fatalf("pipelinetest: write the batch of %s to the bucket: %v", turnID, err)
 	}
+	requested := h.LoggedRequests(turnID)
 	if err := h.Store.Batches.Log.Log.Purge(ctx, turnID); err != nil {
 		h.T.Fatalf("pipelinetest: purge the log of %s: %v", turnID, err)
 	}
 	// The events an earlier version published as the batch went through
 	// the states it is past, which this version's stages no longer
-	// publish: the turn's outcome, the awaiting notice (the approvals, and
-	// the results of the calls that needed none), and the redrive started.
+	// publish: the approvals requested, the turn's outcome, the awaiting
+	// notice (the approvals, and the results of the calls that needed
+	// none), and the redrive started.
+	for _, a := range requested {
+		h.Publish(topology.EventSubject(topology.SubjectApprovalRequested, turnID), topology.RequestedMsgID(a.ApprovalID), a)
+	}
 	if b.Outcome != nil {
 		h.Publish(topology.EventSubject(topology.SubjectTurnOutcome, turnID), topology.OutcomeMsgID(turnID), b.Outcome)
 	}

@@ -744,7 +744,7 @@ func (x *Executor) run(ctx context.Context, b *schemas.BatchRecord, known batch.
 		}
 	}
 	for _, rec := range announce {
-		if err := x.announce(ctx, rec); err != nil {
+		if err := x.announce(ctx, b, rec); err != nil {
 			return err
 		}
 	}
@@ -886,24 +886,36 @@ func (x *Executor) reannounce(ctx context.Context, b *schemas.BatchRecord) error
 		case err != nil:
 			return err
 		}
-		if err := x.announce(ctx, rec); err != nil {
+		if err := x.announce(ctx, b, rec); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// announce publishes the approval-requested event of rec (its record as
-// stored, its preview summary-only: docs/security.md rule 17) if it is
-// still pending: a prompt is only ever announced for something that can
-// still be answered.
-func (x *Executor) announce(ctx context.Context, rec *schemas.ApprovalRecord) error {
+// announce announces approval rec of b, which now waits for it. For a
+// batch kept in its turn's log, the move to awaiting is the request (its
+// awaiting event keeps the record: BatchRecord.Requested), so nothing is
+// published for a pending approval (issue 36: one write per fact). A
+// batch an earlier version kept in tollgate_batches keeps no request: its
+// approval-requested event is published (its record as stored, its
+// preview summary-only: docs/security.md rule 17) if it is still
+// pending, a prompt only ever announced for something that can still be
+// answered. An approval a standing grant decided gets what a person's
+// decision would have (announceGranted).
+func (x *Executor) announce(ctx context.Context, b *schemas.BatchRecord, rec *schemas.ApprovalRecord) error {
 	if rec.Decision != nil && rec.Decision.Grant != nil {
-		return x.announceGranted(ctx, rec) // decided by a standing grant (grants.go)
+		return x.announceGranted(ctx, b, rec) // decided by a standing grant (grants.go)
 	}
-	if rec.Status != schemas.ApprovalPending {
+	if rec.Status != schemas.ApprovalPending || !b.Bucketed() {
 		return nil
 	}
+	return x.publishRequested(ctx, rec)
+}
+
+// publishRequested publishes rec's approval-requested event (its preview
+// summary-only), for a batch whose log keeps no request.
+func (x *Executor) publishRequested(ctx context.Context, rec *schemas.ApprovalRecord) error {
 	subj := topology.EventSubject(topology.SubjectApprovalRequested, rec.TurnID)
 	return bus.Publish(ctx, x.cfg.JS, subj, topology.RequestedMsgID(rec.ApprovalID), rec.SummaryOnly())
 }

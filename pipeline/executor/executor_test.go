@@ -153,6 +153,10 @@ func TestApprovalPathWritesAPendingRecordBoundToTheCall(t *testing.T) {
 			if w.Requested != nil {
 				t.Fatalf("the batch as read carries the requests %+v", w.Requested)
 			}
+			// That event is the request: nothing else is written for it.
+			if n := len(h.PublishedRequests(turn)); n != 0 {
+				t.Fatalf("%d approval.requested events published, want none: the awaiting event keeps the request", n)
+			}
 
 			h.Decide(id, tc.option, "alice")
 			b, out := h.WaitTerminal(turn)

@@ -46,15 +46,19 @@ func (x *Executor) grantOrOffer(ctx context.Context, b *schemas.BatchRecord, cal
 	return nil
 }
 
-// announceGranted publishes what a person's decision would have: the
-// approval as stored (on the requested subject, so the streams hold the
-// record for replay; transports prompt only for a pending one), its
-// decided event, and the grant's used event. All three carry message ids,
-// so a redelivery publishes each once.
-func (x *Executor) announceGranted(ctx context.Context, rec *schemas.ApprovalRecord) error {
+// announceGranted publishes what a person's decision would have: its
+// decided event and the grant's used event; and for a batch whose log
+// keeps no request (b kept in tollgate_batches), first the approval as
+// stored on the requested subject, so the streams hold the record for
+// replay (transports prompt only for a pending one). A log-kept batch's
+// awaiting event keeps that record. Each carries a message id, so a
+// redelivery publishes each once.
+func (x *Executor) announceGranted(ctx context.Context, b *schemas.BatchRecord, rec *schemas.ApprovalRecord) error {
 	js := x.cfg.JS
-	if err := bus.Publish(ctx, js, topology.EventSubject(topology.SubjectApprovalRequested, rec.TurnID), topology.RequestedMsgID(rec.ApprovalID), rec.SummaryOnly()); err != nil {
-		return err
+	if b.Bucketed() {
+		if err := x.publishRequested(ctx, rec); err != nil {
+			return err
+		}
 	}
 	ev := &schemas.DecidedEvent{ApprovalID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID,
 		Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt}

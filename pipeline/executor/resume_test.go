@@ -63,3 +63,38 @@ func TestAResumedBatchKeepsTheApprovalsItAlreadyCreated(t *testing.T) {
 		t.Fatalf("requests %+v, want one for %s", req, id)
 	}
 }
+
+// A batch an earlier version kept in tollgate_batches keeps no request
+// when this version moves it to awaiting (its record stays in the bucket,
+// its log empty): its approval is announced on approval.requested, as
+// before, so that the readers' published path prompts for it.
+func TestABucketedBatchHasItsRequestPublished(t *testing.T) {
+	h := pt.Start(t, pt.Options{Stages: []string{}})
+	at := h.Accept(h.Inbound("bucketed", "alice", pt.Call("write_file", `{"path":"b.txt","content":"x"}`)))
+	ctx := context.Background()
+	n := len(at.Calls)
+	b := &schemas.BatchRecord{TurnID: at.TurnID, SessionID: at.Context.SessionID, Context: at.Context, Calls: at.Calls,
+		State: schemas.BatchRunning, Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n)}
+	if _, err := h.Store.Batches.Create(ctx, at.TurnID, b); err != nil {
+		t.Fatal(err)
+	}
+	h.MakeBucketed(at.TurnID)
+	if _, err := h.Engine.Acquire(ctx, batch.SessionOf(b.Context), b.TurnID, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := h.Executor.Advance(ctx, at.TurnID); err != nil {
+		t.Fatal(err)
+	}
+	id := schemas.ApprovalID(at.TurnID, 0)
+	if got := h.Batch(at.TurnID); got.State != schemas.BatchAwaiting || !got.Bucketed() || got.Approvals[0] != id {
+		t.Fatalf("batch %+v, want awaiting on %s, kept in the bucket", got, id)
+	}
+	if n := len(h.LoggedRequests(at.TurnID)); n != 0 {
+		t.Fatalf("%d requests in the turn's log, want none (the batch is the bucket's)", n)
+	}
+	pub := h.PublishedRequests(at.TurnID)
+	if len(pub) != 1 || pub[0].ApprovalID != id || pub[0].Status != schemas.ApprovalPending {
+		t.Fatalf("published requests %+v, want the pending %s", pub, id)
+	}
+}

@@ -31,7 +31,8 @@ func (g *mcpGW) inboundCount() uint64 {
 	return info.State.Msgs
 }
 
-// waitRequested waits until n approvals were requested for tool with args.
+// waitRequested waits until n approvals were requested for tool with args
+// (pipelinetest.AllRequested: in no order across turns).
 func (g *mcpGW) waitRequested(tool, args string, n int) []string {
 	g.t.Helper()
 	var ids []string
@@ -75,9 +76,13 @@ func TestHookEachToolUseNeedsItsOwnDecision(t *testing.T) {
 	if allowed.d.PermissionDecision != "allow" || !strings.Contains(allowed.d.PermissionDecisionReason, schemas.TurnIDOfApproval(ids[0])) {
 		t.Fatalf("after approving %s: %+v, want allow for its turn", ids[0], allowed.d)
 	}
+	first := ids[0]
 	ids = g.waitRequested("claude.write", input, 2)
 	if ids[0] == ids[1] {
 		t.Fatalf("one approval %s for two tool uses", ids[0])
+	}
+	if ids[1] == first { // the requests come in no order across turns' logs
+		ids[0], ids[1] = ids[1], ids[0]
 	}
 	g.WaitPending(ids[1])
 	select {

@@ -161,9 +161,9 @@ func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 // (none is published), any other event TOLLGATE_EVENTS's.
 func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Heartbeat = 200 * time.Millisecond })
-	// The first turn waits for an approval: its approval.requested and
-	// approval.decided are in TOLLGATE_EVENTS; the turns after it only
-	// have their outcomes, in their logs.
+	// The first turn waits for an approval: its request is in its log's
+	// awaiting event, its approval.decided in TOLLGATE_EVENTS; the turns
+	// after it only have their outcomes, in their logs.
 	first, c := g.submitGated("a", "s-resume", "alice")
 	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
 		DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
@@ -176,14 +176,14 @@ func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 		turns = append(turns, sub.TurnID)
 	}
 	// An id of an earlier version (a bare TOLLGATE_EVENTS sequence: the
-	// first turn's approval.requested) resumes after that event, with the
+	// first turn's approval.decided) resumes after that event, with the
 	// outcomes the turn logs stored since it was (the first turn's
-	// included: it ended after its approval was requested).
-	requested := g.Events(topology.SubjectApprovalRequested + first.TurnID)
-	if len(requested) != 1 {
-		t.Fatalf("%d approval.requested events of %s, want 1", len(requested), first.TurnID)
+	// included: it ended after its approval was decided).
+	decided := g.Events(topology.SubjectApprovalDecided + first.TurnID)
+	if len(decided) != 1 {
+		t.Fatalf("%d approval.decided events of %s, want 1", len(decided), first.TurnID)
 	}
-	after := requested[0].Seq
+	after := decided[0].Seq
 	since := g.storedAt(after)
 	stream := g.openSSE("/v1/events?session=s-resume", "a", "Last-Event-ID", strconv.FormatUint(after, 10))
 	last := g.submit("a", submitBody("s-resume", "alice", call("echo", `{"text":"last"}`)))
@@ -205,8 +205,8 @@ func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 			wantKeys = append(wantKeys, placed{src: 1 + topology.TurnLogPartition(turn, parts), seq: ev.Seq})
 		}
 	}
-	if len(wantKeys) != 1+len(turns) {
-		t.Fatalf("%d events stored after %d, want the first turn's decided event and %d outcomes: %v", len(wantKeys), after, len(turns), wantKeys)
+	if len(wantKeys) != len(turns) {
+		t.Fatalf("%d events stored after %d, want the %d outcomes: %v", len(wantKeys), after, len(turns), wantKeys)
 	}
 	// read reads n events, then checks that the stream has no more: the
 	// next thing it sends is a heartbeat.
