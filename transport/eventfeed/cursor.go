@@ -1,6 +1,8 @@
 package eventfeed
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -57,4 +59,56 @@ func ParseCursor(s string) (Cursor, error) {
 		c[i] = n
 	}
 	return c, nil
+}
+
+// A turn log's awaiting event may keep several requests, each handed out
+// as an event of its own, all from that one message: the position after
+// one that is not the last (more follow) is a split position. It names
+// the awaiting event's sequence S and how many of its requests k were
+// handed out, as k<<splitShift | S in that partition's place of the
+// cursor (a stream sequence never reaches 2^splitShift): a subscriber
+// that starts there reads the partition from S and passes over the first
+// k requests of the message at S, so that each event comes once.
+const splitShift = 48
+
+// splitAt is the split position after the k-th request of the awaiting
+// event at seq.
+func splitAt(seq uint64, k int) uint64 { return uint64(k)<<splitShift | seq }
+
+// split is a subscription's split position, if its start was one: of
+// source src's message seq, the first k requests were had.
+type split struct {
+	src int
+	seq uint64
+	k   int
+}
+
+// covers reports whether ev is one of the requests s says were had.
+func (s split) covers(ev Event) bool {
+	return s.k > 0 && ev.Source == s.src && ev.Seq == s.seq && ev.part > 0 && ev.part <= s.k
+}
+
+// splitOf turns the split position in from, if any, into the position
+// before its message (from is changed) and the split it names; more than
+// one is an error, as is one in the events stream's place.
+func splitOf(from Cursor) (split, error) {
+	var sp split
+	for i, v := range from {
+		k := v >> splitShift
+		if k == 0 {
+			continue
+		}
+		seq := v & (1<<splitShift - 1)
+		switch {
+		case i == 0:
+			return split{}, errors.New("the events stream's place is a sequence")
+		case sp.k > 0:
+			return split{}, errors.New("two positions inside a message")
+		case seq == 0 || k > schemas.MaxCalls:
+			return split{}, fmt.Errorf("position %d is not one the feed hands out", v)
+		}
+		sp = split{src: i, seq: seq, k: int(k)}
+		from[i] = seq - 1
+	}
+	return sp, nil
 }

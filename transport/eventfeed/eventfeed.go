@@ -38,9 +38,9 @@
 // Each event carries the feed's position after it, a Cursor (the SSE id):
 // a subscriber that starts there (Options.After) gets the events handed
 // out after it and no other. The requests of one awaiting event share its
-// sequence: each but the last carries the position before that event, so
-// a subscriber resuming after one of them gets the event's requests again
-// from the first (a repeat, never a loss). A subscriber that starts
+// sequence: each but the last carries a split position (cursor.go), which
+// names the event and how many of its requests were out, so a subscriber
+// resuming after one of them gets the next one, each once. A subscriber that starts
 // behind the feed (a client resuming with Last-Event-ID, or a turn's
 // stream from its first event) first reads the events it missed from the
 // streams, through consumers of its own that are deleted as soon as it
@@ -125,6 +125,7 @@ type Event struct {
 
 	skip  bool   // a message that stands for no event (a published copy a log keeps): advances the position only
 	more  bool   // (request from a log) another of its awaiting event's requests follows: the position stays before that event
+	part  int    // (request from a log) its place among its awaiting event's requests, from 1
 	after uint64 // (outcome from a log) the turn's last TOLLGATE_EVENTS sequence it waits for
 	// (an approval's decided or voted event) the partition and sequence of
 	// the awaiting event that keeps its request, which it waits for (0:
@@ -246,6 +247,13 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 	default:
 		return nil, schemas.Errorf(schemas.CodeInvalidInput, "event id %s names %d positions, want %d (or one, an events stream sequence)", o.After, len(o.After), n)
 	}
+	var sp split
+	if !o.New {
+		var err error
+		if sp, err = splitOf(from); err != nil {
+			return nil, schemas.Errorf(schemas.CodeInvalidInput, "event id %s: %v", o.After, err)
+		}
+	}
 	if !o.New {
 		for i, s := range srcs {
 			if from[i] <= last[i] {
@@ -272,7 +280,7 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 		}
 	}
 
-	s := &Sub{f: f, filters: filters, owner: o.Owner, ch: make(chan Event, cmp.Or(o.Buffer, Buffer)), done: make(chan struct{})}
+	s := &Sub{f: f, filters: filters, owner: o.Owner, ch: make(chan Event, cmp.Or(o.Buffer, Buffer)), done: make(chan struct{}), split: sp}
 	f.mu.Lock()
 	if f.srcs == nil || len(f.srcs) != n {
 		f.mu.Unlock()
@@ -510,7 +518,7 @@ func (f *Feed) presentRequests(p int, seq uint64, turn, subject string, data []b
 			f.log.Warn("eventfeed: a request of an awaiting event is passed over", "subject", subject, "seq", seq, "approval", r.ApprovalID, "err", err)
 			continue
 		}
-		out = append(out, Event{Source: 1 + p, Seq: seq, Subject: topology.EventSubject(topology.SubjectApprovalRequested, turn), Data: b, more: true})
+		out = append(out, Event{Source: 1 + p, Seq: seq, Subject: topology.EventSubject(topology.SubjectApprovalRequested, turn), Data: b, more: true, part: len(out) + 1})
 	}
 	if len(out) > 0 {
 		out[len(out)-1].more = false
@@ -573,8 +581,11 @@ func (f *Feed) handLogLocked(ev Event) {
 // is full is cut off. f.last already counts ev.
 func (f *Feed) handLocked(ev Event) {
 	ev.ID = slices.Clone(f.last)
+	if ev.more {
+		ev.ID[ev.Source] = splitAt(ev.Seq, ev.part)
+	}
 	for s := range f.subs {
-		if ev.Seq <= s.after[ev.Source] || !s.wants(ev.Subject) {
+		if ev.Seq <= s.after[ev.Source] || s.split.covers(ev) || !s.wants(ev.Subject) {
 			continue
 		}
 		select {
@@ -694,6 +705,7 @@ type Sub struct {
 	filters []string
 	owner   string
 	after   Cursor // per source, the feed hands over only messages after this one
+	split   split  // and, of the message right after its partition's, not the requests a split position says it had
 	ch      chan Event
 	done    chan struct{} // closed when cut off; err says why
 	err     error
@@ -921,10 +933,13 @@ func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
 	} else {
 		s.cur[pick.i] = ev.Seq
 	}
-	if ev.skip {
+	if ev.skip || s.split.covers(ev) {
 		return Event{}, false, nil
 	}
 	ev.ID = slices.Clone(s.cur)
+	if ev.more {
+		ev.ID[pick.i] = splitAt(ev.Seq, ev.part)
+	}
 	return ev, true, nil
 }
 

@@ -183,8 +183,8 @@ func TestARequestOnlyInTheLogReachesTheSubscriberOnce(t *testing.T) {
 			t.Fatalf("request %d: %x, want the published bytes %x", i, ev.Data, want)
 		}
 	}
-	if got[0].ID[1+p] >= seq || got[1].ID[1+p] != seq {
-		t.Fatalf("ids %s, %s: want the first before %s #%d, the last at it", got[0].ID, got[1].ID, topology.TurnLogStream(p), seq)
+	if got[0].ID[1+p] != splitAt(seq, 1) || got[1].ID[1+p] != seq {
+		t.Fatalf("ids %s, %s: want the first inside %s #%d (after its first request), the last at it", got[0].ID, got[1].ID, topology.TurnLogStream(p), seq)
 	}
 	// A subscriber filtered to the turn's requests gets them; one filtered
 	// to another turn's does not (noMore above read the marker after them).
@@ -264,8 +264,8 @@ func TestARequestLoggedAndPublishedComesOnce(t *testing.T) {
 // A subscriber catching up from a position before a turn's move to
 // awaiting (an event's id, a turn's stream from its first event) gets each
 // request once, from the log, before its decision, and the outcome last;
-// one resuming after the first of an awaiting event's requests gets them
-// again from the first, none lost.
+// one resuming after the first of an awaiting event's requests gets the
+// second, then the rest: each once (a split position: cursor.go).
 func TestCatchUpGivesRequestsOnceBeforeTheirDecisions(t *testing.T) {
 	env, f := newFeed(t)
 	w := newTurns(t, env)
@@ -307,10 +307,18 @@ func TestCatchUpGivesRequestsOnceBeforeTheirDecisions(t *testing.T) {
 	}{
 		{"from the position before", Options{After: before}, want},
 		{"the turn's stream", Options{Filters: []string{"tollgate.event.*.*." + turn}}, want},
-		{"after the first request", Options{After: got[0].ID}, want},
+		{"after the first request", Options{After: got[0].ID}, want[1:]},
 		{"after the second request", Options{After: got[1].ID}, want[2:]},
 		{"decisions and outcomes only", Options{After: before, Filters: []string{topology.SubjectApprovalDecided + "*", topology.SubjectTurnOutcome + "*"}}, want[2:]},
 	} {
+		if c.o.After != nil {
+			// Through its SSE id, as a client resumes.
+			id, err := ParseCursor(c.o.After.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.o.After = id
+		}
 		sub, err := f.Subscribe(context.Background(), c.o)
 		if err != nil {
 			t.Fatal(err)
@@ -463,5 +471,35 @@ func TestAnOutcomeAndADecisionWaitingForEachOtherDoNotStick(t *testing.T) {
 	defer all.Close()
 	if k := kinds(t, readN(t, all, len(want))); !slices.Equal(k, want) {
 		t.Fatalf("from the start: %v, want %v", k, want)
+	}
+}
+
+// A split position (inside an awaiting event's requests) is accepted only
+// as the feed makes it: in a turn log's place, once, naming a message and
+// at most as many requests as a batch has calls.
+func TestSplitPositionsAreCheckedWhenParsed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    Cursor
+		ok   bool
+		want split
+	}{
+		{"no split", Cursor{5, 3, 0}, true, split{}},
+		{"after the first of the requests at 7", Cursor{5, splitAt(7, 1), 0}, true, split{src: 1, seq: 7, k: 1}},
+		{"in the events stream's place", Cursor{splitAt(7, 1), 3, 0}, false, split{}},
+		{"two splits", Cursor{5, splitAt(7, 1), splitAt(9, 2)}, false, split{}},
+		{"at no message", Cursor{5, splitAt(0, 1), 0}, false, split{}},
+		{"more requests than calls", Cursor{5, splitAt(7, 33), 0}, false, split{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			from := slices.Clone(tc.c)
+			sp, err := splitOf(from)
+			if (err == nil) != tc.ok || sp != tc.want {
+				t.Fatalf("splitOf(%s) = %+v, %v; want %+v, ok %v", tc.c, sp, err, tc.want, tc.ok)
+			}
+			if tc.ok && sp.k > 0 && from[sp.src] != sp.seq-1 {
+				t.Fatalf("the position is %d, want the one before the message, %d", from[sp.src], sp.seq-1)
+			}
+		})
 	}
 }
