@@ -96,7 +96,7 @@ e2e: build
 ## chaos: the long chaos run (internal/chaos): replicated stage processes against a real nats-server,
 ## SIGKILLs of workers and broker restarts under load, then the safety checks. Parameters:
 ## CHAOS_TURNS, CHAOS_KILLS, CHAOS_RESTARTS, CHAOS_REPLICAS, CHAOS_SEED (replay); CHAOS_BATCH_KILLS (2:
-## broker SIGKILLs as a large atomic batch of turns commits; one server only), CHAOS_WRITE_KILLS (16: the stage
+## broker SIGKILLs as a large atomic batch of turns commits; one server only), CHAOS_WRITE_KILLS (15: the stage
 ## that made a turn's k-th durable write SIGKILLed right after it, every k of both paths), CHAOS_GROUP_COMMIT (0: the stages
 ## without the group committer); CHAOS_CLUSTER=3 runs it on a
 ## three-node cluster (broker restarts then kill the TOLLGATE_TURNS leader node), CHAOS_STREAM_REPLICAS
@@ -106,7 +106,7 @@ CHAOS_TURNS    ?= 5000
 CHAOS_KILLS    ?= 50
 CHAOS_RESTARTS ?= 2
 CHAOS_BATCH_KILLS ?= 2
-CHAOS_WRITE_KILLS ?= 16
+CHAOS_WRITE_KILLS ?= 15
 CHAOS_GROUP_COMMIT ?=
 CHAOS_REPLICAS ?= 2
 CHAOS_CLUSTER  ?=

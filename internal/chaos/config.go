@@ -125,7 +125,7 @@ type Config struct {
 // Defaults are the long form's parameters (`make chaos`).
 func Defaults() Config {
 	return Config{
-		Turns: 5000, Kills: 50, BrokerRestarts: 2, BatchKills: 2, WriteKills: 16, Replicas: 2, Concurrency: 32,
+		Turns: 5000, Kills: 50, BrokerRestarts: 2, BatchKills: 2, WriteKills: writeKillPositions(), Replicas: 2, Concurrency: 32,
 		MaxSessionTurns: 6, BurstPercent: 40, ExpiresAfter: 2 * time.Second, ToolCrashes: 5,
 		FaultFrom: 0.05, FaultTo: 0.9,
 		StallTimeout: 4 * time.Minute, MaxDuration: 60 * time.Minute,

@@ -56,7 +56,7 @@ const (
 	writeKillSingle = "single"
 )
 
-var writeKillWrites = map[string]int{writeKillPlain: 5, writeKillSingle: 11}
+var writeKillWrites = map[string]int{writeKillPlain: 5, writeKillSingle: 10}
 
 // WriteKillPlan is one planned write kill: the stage that makes the
 // turn's K-th write is killed right after it, for Down.
@@ -82,7 +82,7 @@ type WriteKill struct {
 }
 
 // planWriteKills adds c.WriteKills write kills, going round the positions
-// of both paths (plain 1..6, then single 1..12, from a seed-drawn start),
+// of both paths (plain 1..5, then single 1..10, from a seed-drawn start),
 // each on a turn of that path drawn from its share of the fault window. It
 // draws from a random source of its own, so the turn mix and the other
 // faults of a seed are those it had before them.
@@ -289,4 +289,10 @@ func (w *writeWatch) kill(stage, what string) {
 	}
 	h.countKills(stage, w.out.Killed)
 	h.logf("write kill: %s (%s) after write %d (%s) of %s turn %s: %d processes", stage, w.plan.Down.Round(time.Millisecond), w.plan.K, what, w.plan.Path, w.turn.id, w.out.Killed)
+}
+
+// writeKillPositions is how many positions the write kills go round:
+// every write of both paths (the long form plans one kill at each).
+func writeKillPositions() int {
+	return writeKillWrites[writeKillPlain] + writeKillWrites[writeKillSingle]
 }
