@@ -391,10 +391,9 @@ func lastOn(t *testing.T, admin *client, subject string) []byte {
 	return data
 }
 
-// loggedOutcome waits for turn's outcome event in its turn log (the write
-// that ended its batch: docs/protocol.md 4.2a) and returns the outcome its
-// record keeps.
-func loggedOutcome(t *testing.T, admin *client, turn string) *schemas.TurnOutcome {
+// loggedEvent waits for turn's last event named event in its turn log
+// (docs/protocol.md 4.2a) and returns its record.
+func loggedEvent(t *testing.T, admin *client, turn, event string) []byte {
 	t.Helper()
 	p := topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)
 	s, err := admin.js.Stream(ctx(t, wait), topology.TurnLogStream(p))
@@ -402,39 +401,32 @@ func loggedOutcome(t *testing.T, admin *client, turn string) *schemas.TurnOutcom
 		t.Fatal(err)
 	}
 	var data []byte
-	eventually(t, "the outcome event of "+turn, func(c context.Context) bool {
-		m, err := s.GetLastMsgForSubject(c, topology.TurnLogSubject(p, turn, store.EventOutcome))
+	eventually(t, "the "+event+" event of "+turn, func(c context.Context) bool {
+		m, err := s.GetLastMsgForSubject(c, topology.TurnLogSubject(p, turn, event))
 		if err == nil {
 			data = m.Data
 		}
 		return err == nil
 	})
-	o, err := store.DecodeOutcome(turn, data)
+	return data
+}
+
+// loggedOutcome waits for turn's outcome event (the write that ended its
+// batch) and returns the outcome its record keeps.
+func loggedOutcome(t *testing.T, admin *client, turn string) *schemas.TurnOutcome {
+	t.Helper()
+	o, err := store.DecodeOutcome(turn, loggedEvent(t, admin, turn, store.EventOutcome))
 	if err != nil {
 		t.Fatalf("the outcome event of %s: %v", turn, err)
 	}
 	return o
 }
 
-// loggedRequest waits for turn's awaiting event in its turn log (the move
-// to awaiting, which keeps the approvals it requested: docs/protocol.md
-// 4.2a) and returns its first request.
+// loggedRequest waits for turn's awaiting event (the move to awaiting,
+// which keeps the approvals it requested) and returns its first request.
 func loggedRequest(t *testing.T, admin *client, turn string) *schemas.ApprovalRecord {
 	t.Helper()
-	p := topology.TurnLogPartition(turn, topology.DefaultTurnLogPartitions)
-	s, err := admin.js.Stream(ctx(t, wait), topology.TurnLogStream(p))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data []byte
-	eventually(t, "the awaiting event of "+turn, func(c context.Context) bool {
-		m, err := s.GetLastMsgForSubject(c, topology.TurnLogSubject(p, turn, store.EventAwaiting))
-		if err == nil {
-			data = m.Data
-		}
-		return err == nil
-	})
-	reqs, err := store.DecodeRequested(turn, data)
+	reqs, err := store.DecodeRequested(turn, loggedEvent(t, admin, turn, store.EventAwaiting))
 	if err != nil || len(reqs) == 0 {
 		t.Fatalf("the awaiting event of %s: %+v, %v; want its request", turn, reqs, err)
 	}

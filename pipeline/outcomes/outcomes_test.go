@@ -64,10 +64,15 @@ func newFixture(t *testing.T) *fixture {
 // test ends or stop is called.
 func (f *fixture) follower(t *testing.T, wants func(string) bool) (fl *outcomes.Follower, stop func()) {
 	t.Helper()
-	fl, err := outcomes.New(context.Background(), outcomes.Config{
-		Component: "reader", Durable: "reader", JS: f.env.JS, Handler: f.heard.handle,
-		Logger: pipelinetest.Logger(), Metrics: f.metrics, Wants: wants,
-	})
+	return f.run(t, outcomes.Config{Component: "reader", Durable: "reader", JS: f.env.JS, Handler: f.heard.handle,
+		Logger: pipelinetest.Logger(), Metrics: f.metrics, Wants: wants})
+}
+
+// run starts a follower configured by cfg until the test ends or stop is
+// called.
+func (f *fixture) run(t *testing.T, cfg outcomes.Config) (fl *outcomes.Follower, stop func()) {
+	t.Helper()
+	fl, err := outcomes.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,25 +63,7 @@ func (f *fixture) startReader(t *testing.T, r *reader) (fl *outcomes.Follower, s
 	if r != nil {
 		cfg.Handler, cfg.Requests = r.outcome, r.requests
 	}
-	fl, err := outcomes.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fl.Run(ctx) }()
-	jstest.Eventually(t, wait, "the follower consumes", func() bool { return fl.Ready() == nil })
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("follower: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return fl, stop
+	return f.run(t, cfg)
 }
 
 // await creates turn's batch in its log, with one call that needs an
