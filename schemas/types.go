@@ -427,6 +427,26 @@ func (a *ApprovalRecord) Decided(ev *DecidedEvent) *ApprovalRecord {
 	return &out
 }
 
+// DecidedOf is the decided event that approval record a's decision
+// announces, a projection of the record (its inverse is Decided): nil
+// while a is pending. At is the decision's time. The approvals bucket's
+// revision that holds a decided record is that decision's event
+// (pipeline/store, DecidedOf); the approver publishes one only as its
+// answer to a repeated decision, with Repeat set.
+func DecidedOf(a *ApprovalRecord) *DecidedEvent {
+	if a == nil || !a.Status.Decided() {
+		return nil
+	}
+	ev := &DecidedEvent{
+		ApprovalID: a.ApprovalID, TurnID: a.TurnID, SessionID: a.SessionID,
+		Status: a.Status, Decision: a.Decision, Votes: a.Votes,
+	}
+	if a.Decision != nil {
+		ev.At = a.Decision.DecidedAt
+	}
+	return ev
+}
+
 // AsRequested returns what a batch's awaiting write keeps of approval
 // record a (BatchRecord.Requested): a copy as the approval-requested
 // event announces it (SummaryOnly), without its context and arguments,

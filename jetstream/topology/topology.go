@@ -148,6 +148,24 @@ const (
 	BucketWebSessions = "tollgate_web_sessions"
 )
 
+// The approvals bucket's own stream, and the subject of each approval's
+// revisions in it: every write of an approval record (its creation, each
+// vote, its decision) is a message there, and a revision that holds a
+// decided record is the approval's decision (docs/protocol.md §4.2b; the
+// projection is pipeline/store's DecidedOf). The bucket keeps one
+// revision per key.
+const (
+	StreamApprovals        = "KV_" + BucketApprovals
+	ApprovalRevisionPrefix = "$KV." + BucketApprovals + "."
+	// ApprovalRevisions is the filter of every approval's revisions.
+	ApprovalRevisions = ApprovalRevisionPrefix + ">"
+)
+
+// ApprovalRevisionSubject is the subject of approval id's revisions in
+// StreamApprovals: a core subscription to it hears each write of the
+// record as it is stored.
+func ApprovalRevisionSubject(id string) string { return ApprovalRevisionPrefix + id }
+
 // Durable consumer names, one per stage.
 const (
 	ConsumerIngest   = "ingest"

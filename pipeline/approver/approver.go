@@ -203,13 +203,11 @@ func (a *Approver) Expire(ctx context.Context, id string) error {
 }
 
 func (a *Approver) publishDecided(ctx context.Context, rec *schemas.ApprovalRecord, repeat string) error {
-	ev := &schemas.DecidedEvent{
-		ApprovalID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID,
-		Status: rec.Status, Decision: rec.Decision, At: a.now(), Votes: rec.Votes, Repeat: repeat,
+	ev := schemas.DecidedOf(rec)
+	if ev == nil {
+		return fmt.Errorf("approver: announce approval %s: it is %s, not decided", rec.ApprovalID, rec.Status)
 	}
-	if rec.Decision != nil {
-		ev.At = rec.Decision.DecidedAt
-	}
+	ev.Repeat = repeat
 	subj := topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID)
 	return bus.Publish(ctx, a.cfg.JS, subj, topology.DecidedMsgID(rec.ApprovalID), ev)
 }

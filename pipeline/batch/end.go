@@ -154,6 +154,8 @@ func TurnOf(data []byte) string {
 		id = n.TurnID
 	} else if ev, err := schemas.Decode[schemas.DecidedEvent](data); err == nil {
 		id = ev.TurnID
+	} else if a, err := schemas.Decode[schemas.ApprovalRecord](data); err == nil {
+		id = a.TurnID // a revision of the approvals bucket (the redriver's trigger)
 	}
 	if !schemas.ValidKey(id) {
 		return "" // not a turn id Tollgate could have made
@@ -407,7 +409,7 @@ func (e *Engine) abandon(ctx context.Context, b *schemas.BatchRecord, principal 
 			continue // already decided; or abandoned and announced by an earlier finish
 		}
 		e.cfg.Logger.Info("approval abandoned", "approval", id, "turn", b.TurnID, "by", principal)
-		ev := &schemas.DecidedEvent{ApprovalID: id, TurnID: rec.TurnID, SessionID: rec.SessionID, Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt, Votes: rec.Votes}
+		ev := schemas.DecidedOf(rec)
 		if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectApprovalDecided, b.TurnID), topology.DecidedMsgID(id), ev); err != nil {
 			return err
 		}

@@ -60,8 +60,7 @@ func (x *Executor) announceGranted(ctx context.Context, b *schemas.BatchRecord, 
 			return err
 		}
 	}
-	ev := &schemas.DecidedEvent{ApprovalID: rec.ApprovalID, TurnID: rec.TurnID, SessionID: rec.SessionID,
-		Status: rec.Status, Decision: rec.Decision, At: rec.Decision.DecidedAt}
+	ev := schemas.DecidedOf(rec)
 	if err := bus.Publish(ctx, js, topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID), topology.DecidedMsgID(rec.ApprovalID), ev); err != nil {
 		return err
 	}

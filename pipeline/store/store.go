@@ -195,6 +195,12 @@ func isConflict(err error) bool {
 // atomic batch with other writes to the bucket, each keeping its own
 // revision check.
 func (b Bucket[T, P]) put(ctx context.Context, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	return b.write(ctx, key, data, rev, ttl, "")
+}
+
+// write is put, marking the message with RewriteHeader when rewrite is not
+// empty.
+func (b Bucket[T, P]) write(ctx context.Context, key string, data []byte, rev uint64, ttl time.Duration, rewrite string) (uint64, error) {
 	subject := "$KV." + b.KV.Bucket() + "." + key
 	// As nats.go's KV puts: under the JetStream API prefix, where the
 	// buckets are another account's (deploy/nats/least-privilege.conf).
@@ -206,6 +212,9 @@ func (b Bucket[T, P]) put(ctx context.Context, key string, data []byte, rev uint
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	if ttl > 0 {
 		m.Header.Set(jetstream.MsgTTLHeader, ttl.String())
+	}
+	if rewrite != "" {
+		m.Header.Set(RewriteHeader, rewrite)
 	}
 	ack, err := b.JS.PublishMsg(ctx, m)
 	if err != nil {
@@ -382,7 +391,10 @@ func mutateFrom[P comparable](ctx context.Context, get func(context.Context) (P,
 // without a TTL, are left alone; so is a latest revision that was written
 // with a TTL already (an ended record: a claim with its result, or one
 // retired before), whose TTL runs from that write: retiring costs a read,
-// not a write, then.
+// not a write, then. The rewrite is marked (RewriteHeader "retire"): it
+// repeats a record, and a reader of the bucket's stream that takes a
+// revision for a new fact (an approval's decision, DecidedOf) passes it
+// over.
 func (b Bucket[T, P]) Retire(ctx context.Context, key string) error {
 	if b.TTL <= 0 {
 		return nil
@@ -395,7 +407,7 @@ func (b Bucket[T, P]) Retire(ctx context.Context, key string) error {
 		case !found:
 			return nil
 		}
-		_, err = b.put(ctx, key, data, rev, b.TTL)
+		_, err = b.write(ctx, key, data, rev, b.TTL, RewriteRetire)
 		switch {
 		case err == nil:
 			return nil

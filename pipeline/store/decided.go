@@ -1,0 +1,54 @@
+package store
+
+import (
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// RewriteHeader marks a write of a bucket that repeats a record rather than
+// changing it: Retire's ("retire"), which writes an ended record again
+// with its TTL. A reader of a bucket's stream that takes a revision for a
+// new fact passes such a message over (DecidedOf).
+const RewriteHeader = "Tollgate-Rewrite"
+
+// RewriteRetire is RewriteHeader's value on Retire's writes.
+const RewriteRetire = "retire"
+
+// DecidedOf is the decided event that a message of the approvals bucket's
+// stream (topology.StreamApprovals; subject, headers and data as stored)
+// stands for, when it is an approval's decision: a revision whose record
+// has left pending (approved, denied, expired or abandoned). The event is
+// the projection of the record (schemas.DecidedOf): byte for byte
+// (schemas.Encode) the approval.decided event an earlier version
+// published for that decision, less Repeat, which only the approver's
+// answer to a repeated decision carries.
+//
+// A decided record is never changed again, only written again with its
+// TTL (Retire, marked RewriteHeader): so each approval's decision is one
+// revision, and a reader that follows the stream hears it once. DecidedOf
+// answers nil, nil for every other message: a pending record (created, or
+// holding a vote), a delete or purge marker, a rewrite. A message that
+// does not decode, or holds the record of another approval than its
+// subject names, is an error with a code (schemas.CodeMalformed or
+// the decoder's), never guessed at: a reader logs and passes it over.
+func DecidedOf(subject string, h nats.Header, data []byte) (*schemas.DecidedEvent, error) {
+	if h.Get(kvOperationHeader) != "" || h.Get(RewriteHeader) != "" {
+		return nil, nil
+	}
+	id, ok := strings.CutPrefix(subject, topology.ApprovalRevisionPrefix)
+	if !ok {
+		return nil, schemas.Errorf(schemas.CodeMalformed, "%s is not an approval's revision subject", subject)
+	}
+	rec, err := schemas.Decode[schemas.ApprovalRecord](data)
+	if err != nil {
+		return nil, err
+	}
+	if rec.ApprovalID != id {
+		return nil, schemas.Errorf(schemas.CodeMalformed, "the revision at %s holds approval %q", subject, rec.ApprovalID)
+	}
+	return schemas.DecidedOf(rec), nil
+}
