@@ -468,6 +468,11 @@ func StageConsumers(stages ...string) []topology.ConsumerSpec {
 			out = append(out, spec)
 		}
 	}
+	if slices.Contains(stages, StageRedriver) {
+		spec := topology.RedriverNoticesConsumer()
+		spec.Config = runner.ConsumerConfig(spec.Config)
+		out = append(out, spec)
+	}
 	if slices.Contains(stages, StagePlanner) {
 		for _, spec := range topology.PlannerConsumers() {
 			spec.Config = runner.ConsumerConfig(spec.Config)

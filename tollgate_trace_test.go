@@ -148,7 +148,7 @@ func TestOneApprovalTurnIsOneTrace(t *testing.T) {
 			spans = append(spans, s)
 		}
 		return len(spans.of("ingest", "")) > 0 && len(spans.of("approver", "")) > 0 &&
-			len(spans.of("redriver", topology.SubjectApprovalDecided)) > 0 && len(spans.of("tool shout", "")) > 0, fmt.Sprint(names(spans))
+			len(spans.of("redriver", topology.ApprovalRevisionPrefix)) > 1 && len(spans.of("tool shout", "")) > 0, fmt.Sprint(names(spans))
 	})
 
 	traceID := transport.SpanContext().TraceID()
@@ -182,8 +182,21 @@ func TestOneApprovalTurnIsOneTrace(t *testing.T) {
 	}
 	approver := one("approver", "")
 	childOf(approver, transport.SpanContext(), "the transport's span (the decision's)")
-	redrive := one("redriver", topology.SubjectApprovalDecided)
-	childOf(redrive, approver.SpanContext(), "the approver's span (the decided event's)")
+	// The redriver hears each revision of the approval: its creation
+	// (the executor's write, nothing to do) and its decision (the
+	// approver's write, whose span it continues).
+	var redrive sdktrace.ReadOnlySpan
+	for _, s := range spans.of("redriver", topology.ApprovalRevisionPrefix) {
+		if s.Parent().SpanID() == approver.SpanContext().SpanID() {
+			if redrive != nil {
+				t.Fatalf("two redriver spans of the decision: %v", names(spans))
+			}
+			redrive = s
+		}
+	}
+	if redrive == nil {
+		t.Fatalf("no redriver span is the child of the approver's span (the decision's revision): %v", names(spans))
+	}
 	tool := one("tool shout", "")
 	childOf(tool, redrive.SpanContext(), "the redrive's span")
 	for _, s := range []sdktrace.ReadOnlySpan{ingest, approver, redrive} {

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
@@ -112,6 +114,30 @@ func (h *H) MutateApproval(id string, fn func(*schemas.ApprovalRecord)) {
 	if _, _, err := h.Store.Approvals.Mutate(ctx, id, func(a *schemas.ApprovalRecord) error { fn(a); return nil }); err != nil {
 		h.T.Fatalf("pipelinetest: tamper approval %s: %v", id, err)
 	}
+}
+
+// MutateApprovalUnheard edits approval record id like MutateApproval,
+// but writes it marked as a rewrite (store.RewriteHeader), which no
+// reader of the approvals bucket's stream takes for a decision
+// (store.DecidedOf): a decision whose trigger never reached the redriver,
+// for the recovery sweep to find.
+func (h *H) MutateApprovalUnheard(id string, fn func(*schemas.ApprovalRecord)) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	rec, rev, err := h.Store.Approvals.Get(ctx, id)
+	if err != nil {
+		h.T.Fatalf("pipelinetest: read approval %s: %v", id, err)
+	}
+	fn(rec)
+	data, err := schemas.Encode(rec)
+	if err != nil {
+		h.T.Fatalf("pipelinetest: encode approval %s: %v", id, err)
+	}
+	hdr := nats.Header{}
+	hdr.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	hdr.Set(store.RewriteHeader, store.RewriteRetire)
+	h.PublishRaw(topology.ApprovalRevisionSubject(id), "", data, hdr)
 }
 
 // MutateSession edits the session record of sessionID of transport "cli"
@@ -272,6 +298,17 @@ func (h *H) PutRawBatch(turnID string, data []byte) {
 	}
 	if _, err := h.Store.Batches.Log.Log.Append(ctx, turnlog.Append{Turn: turnID, Event: "tampered", After: after, MsgID: h.NextID("tampered"), Data: data}); err != nil {
 		h.T.Fatalf("pipelinetest: append to the log of %s: %v", turnID, err)
+	}
+}
+
+// PutApproval creates approval record rec in KV as it is (no turn need
+// be behind it), as the approver's or the executor's write would leave it.
+func (h *H) PutApproval(rec *schemas.ApprovalRecord) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, err := h.Store.Approvals.Create(ctx, rec.ApprovalID, rec); err != nil {
+		h.T.Fatalf("pipelinetest: put approval %s: %v", rec.ApprovalID, err)
 	}
 }
 

@@ -331,7 +331,40 @@ func (h *H) WaitRequested(turnID string, n int) []*schemas.ApprovalRecord {
 	return reqs
 }
 
-// Decided returns the approval-decided events of turnID.
+// Decisions returns the decisions of turnID's approvals as the approvals
+// bucket's stream holds them (store.DecidedOf of each revision; the
+// bucket keeps one per approval), in stream order. It fails the test on a
+// published approval-decided event of the turn without Repeat that the
+// bucket does not hold the same decision for.
+func (h *H) Decisions(turnID string) []*schemas.DecidedEvent {
+	h.T.Helper()
+	var out []*schemas.DecidedEvent
+	for _, m := range h.Messages(topology.StreamApprovals, topology.ApprovalRevisions) {
+		ev, err := store.DecidedOf(m.Subject, m.Header, m.Data)
+		if err != nil {
+			h.T.Fatalf("pipelinetest: approvals bucket seq %d: %v", m.Seq, err)
+		}
+		if ev != nil && ev.TurnID == turnID {
+			out = append(out, ev)
+		}
+	}
+	for _, p := range h.Decided(turnID) {
+		if p.Repeat != "" {
+			continue
+		}
+		i := slices.IndexFunc(out, func(d *schemas.DecidedEvent) bool { return d.ApprovalID == p.ApprovalID })
+		if i < 0 {
+			continue // the decided record was written again (a retire rewrite, or an edit of a test)
+		}
+		if a, b := encode(h.T, p), encode(h.T, out[i]); !bytes.Equal(a, b) {
+			h.T.Fatalf("pipelinetest: the published decision of %s differs from the bucket's:\n%x\n%x", p.ApprovalID, a, b)
+		}
+	}
+	return out
+}
+
+// Decided returns the approval-decided events of turnID published on
+// TOLLGATE_EVENTS (Decisions are the decisions themselves).
 func (h *H) Decided(turnID string) []*schemas.DecidedEvent {
 	h.T.Helper()
 	return DecodeAll[schemas.DecidedEvent](h.T, h.Events(topology.EventSubject(topology.SubjectApprovalDecided, turnID)))
@@ -438,6 +471,12 @@ var consumers = map[string]topology.ConsumerSpec{
 	Redriver: topology.RedriverConsumer(),
 }
 
+// moreConsumers are a stage's other durable consumers, which WaitIdle
+// waits for too.
+var moreConsumers = map[string][]topology.ConsumerSpec{
+	Redriver: {topology.RedriverNoticesConsumer()},
+}
+
 // WaitConsumed waits until stage has acknowledged (or terminated) every
 // message of its stream up to and including seq: proof that the stage has
 // finished with it.
@@ -472,22 +511,32 @@ func (h *H) WaitIdle(stages ...string) {
 		if !ok {
 			h.T.Fatalf("pipelinetest: unknown stage %q", stage)
 		}
-		last := h.lastMatching(sc)
-		jstest.EventuallyState(h.T, h.wait, fmt.Sprintf("%s idle (handled up to seq %d)", stage, last), func() (bool, string) {
-			ctx, cancel := h.Ctx()
-			defer cancel()
-			c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
-			if err != nil {
-				return false, err.Error()
-			}
-			info, err := c.Info(ctx)
-			if err != nil {
-				return false, err.Error()
-			}
-			state := fmt.Sprintf("ack floor %d, pending %d, unacked %d", info.AckFloor.Stream, info.NumPending, info.NumAckPending)
-			return info.AckFloor.Stream >= last && info.NumPending == 0 && info.NumAckPending == 0, state
-		})
+		for _, more := range moreConsumers[stage] {
+			h.waitIdle(stage, more)
+		}
+		h.waitIdle(stage, sc)
 	}
+}
+
+// waitIdle waits until stage's consumer sc has handled every message its
+// filter matches now (WaitIdle).
+func (h *H) waitIdle(stage string, sc topology.ConsumerSpec) {
+	h.T.Helper()
+	last := h.lastMatching(sc)
+	jstest.EventuallyState(h.T, h.wait, fmt.Sprintf("%s idle on %s (handled up to seq %d)", stage, sc.Stream, last), func() (bool, string) {
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		c, err := h.JS.Consumer(ctx, sc.Stream, sc.Config.Durable)
+		if err != nil {
+			return false, err.Error()
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		state := fmt.Sprintf("ack floor %d, pending %d, unacked %d", info.AckFloor.Stream, info.NumPending, info.NumAckPending)
+		return info.AckFloor.Stream >= last && info.NumPending == 0 && info.NumAckPending == 0, state
+	})
 }
 
 // lastMatching is the sequence of the last message stored in sc's stream

@@ -40,12 +40,28 @@ func ApproverConsumer() ConsumerSpec {
 	}}
 }
 
-// RedriverConsumer reads approval-decided events and batch-awaiting
-// notices.
+// RedriverConsumer reads every revision of the approvals bucket
+// (StreamApprovals): each approval's decision is the revision that holds
+// it decided (pipeline/store, DecidedOf), and the redriver evaluates its
+// batch's barrier on it. Made with DeliverAll, so that a redriver
+// upgraded from one that read approval-decided events hears every
+// decision the bucket keeps.
 func RedriverConsumer() ConsumerSpec {
+	return ConsumerSpec{Stream: StreamApprovals, Config: jetstream.ConsumerConfig{
+		Durable:       ConsumerRedriver,
+		FilterSubject: ApprovalRevisions,
+	}}
+}
+
+// RedriverNoticesConsumer reads the batch-awaiting notices that a batch
+// kept in the batches bucket (an earlier version's turn) is still
+// announced by. It is the durable through which an earlier redriver read
+// approval-decided events too; decisions are the approvals bucket's now
+// (RedriverConsumer), so its filter no longer names them.
+func RedriverNoticesConsumer() ConsumerSpec {
 	return ConsumerSpec{Stream: StreamEvents, Config: jetstream.ConsumerConfig{
-		Durable:        ConsumerRedriver,
-		FilterSubjects: []string{SubjectApprovalDecided + "*", SubjectBatchAwaiting + "*"},
+		Durable:       ConsumerRedriver,
+		FilterSubject: SubjectBatchAwaiting + "*",
 	}}
 }
 

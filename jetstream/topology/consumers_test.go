@@ -26,12 +26,13 @@ func TestEachStageConsumerFitsItsStream(t *testing.T) {
 			[]string{topology.AcceptedSubject("s-1"), topology.ReadySubject("s-1")},
 			[]string{topology.SubjectTurnSchedule + "t-1"}},
 		{topology.ApproverConsumer(), []string{topology.DecisionSubject("cli", "a-1")}, nil},
-		{topology.RedriverConsumer(),
-			[]string{topology.EventSubject(topology.SubjectApprovalDecided, "t-1"), topology.EventSubject(topology.SubjectBatchAwaiting, "t-1")},
-			[]string{topology.EventSubject(topology.SubjectTurnOutcome, "t-1"), topology.EventSubject(topology.SubjectApprovalRequested, "t-1")}},
+		{topology.RedriverConsumer(), []string{topology.ApprovalRevisionSubject("a-1"), topology.ApprovalRevisionSubject("a-2")}, nil},
+		{topology.RedriverNoticesConsumer(),
+			[]string{topology.EventSubject(topology.SubjectBatchAwaiting, "t-1")},
+			[]string{topology.EventSubject(topology.SubjectApprovalDecided, "t-1"), topology.EventSubject(topology.SubjectTurnOutcome, "t-1"), topology.EventSubject(topology.SubjectApprovalRequested, "t-1")}},
 	} {
 		name := tc.spec.Config.Durable
-		t.Run(name, func(t *testing.T) {
+		t.Run(tc.spec.Stream+"/"+name, func(t *testing.T) {
 			for _, subj := range append(append([]string{}, tc.sees...), tc.overlook...) {
 				if _, err := env.JS.Publish(ctx, subj, []byte("x")); err != nil {
 					t.Fatalf("publish %s: %v", subj, err)

@@ -39,6 +39,7 @@ const (
 	RouteTurnOutcome             // TurnOutcome, tollgate.event.turn.outcome.<turn>
 	RouteTurnReply               // ReplyEvent, tollgate.event.turn.reply.<turn>
 	RouteGrantEvent              // GrantEvent, tollgate.event.grant.<kind>.<grant>
+	RouteApprovalRevision        // ApprovalRecord, $KV.tollgate_approvals.<approval>: a write of the record (a decided one is the decision)
 	numRoutes
 )
 
@@ -92,6 +93,7 @@ var routes = [numRoutes]route{
 	RouteTurnOutcome:       {SubjectTurnOutcome, "turn.outcome", KeyTurn, decoder[schemas.TurnOutcome]()},
 	RouteTurnReply:         {SubjectTurnReply, "turn.reply", KeyTurn, decoder[schemas.ReplyEvent]()},
 	RouteGrantEvent:        {SubjectGrantEvent, "grant", KeyGrant, decoder[schemas.GrantEvent]()},
+	RouteApprovalRevision:  {ApprovalRevisionPrefix, "approval.revision", KeyApproval, decoder[schemas.ApprovalRecord]()},
 }
 
 // RouteOf is the route of subject, or RouteNone. No prefix in the table is

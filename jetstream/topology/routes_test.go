@@ -53,6 +53,7 @@ func TestRoutesDecodeTheirRecord(t *testing.T) {
 		{topology.SubjectTurnOutcome + "t-1", topology.RouteTurnOutcome, golden(t, "turn_outcome.v1.msgpack"), "*schemas.TurnOutcome", topology.KeyTurn},
 		{topology.SubjectTurnReply + "t-1", topology.RouteTurnReply, reply, "*schemas.ReplyEvent", topology.KeyTurn},
 		{topology.SubjectGrantEvent + "created.g-1", topology.RouteGrantEvent, golden(t, "grant_event.v1.msgpack"), "*schemas.GrantEvent", topology.KeyGrant},
+		{topology.ApprovalRevisionSubject("a-1"), topology.RouteApprovalRevision, golden(t, "approval_record.v2.msgpack"), "*schemas.ApprovalRecord", topology.KeyApproval},
 	}
 	seen := map[topology.Route]bool{}
 	for _, tt := range tests {

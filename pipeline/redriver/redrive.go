@@ -1,9 +1,13 @@
 // Package redrive is the stage that resumes a batch once every approval in
 // it is decided.
 //
-// It is triggered by approval-decided events and batch-awaiting notices, but
-// reads its facts only from KV: the batch record and each sibling approval
-// record. Each attempt has one outcome, published on
+// It is triggered by each approval's decision, the revision of the
+// approval record in the approvals bucket that holds it decided (its own
+// durable on the bucket's stream, topology.RedriverConsumer; an earlier
+// version's decided events, and the batch-awaiting notices of batches kept
+// in the batches bucket, through topology.RedriverNoticesConsumer), but it
+// reads its facts only from the records: the batch and each sibling
+// approval. Each attempt has one outcome, published on
 // tollgate.event.redrive.<kind>.<turn>:
 //
 //   - deferred: some sibling is still pending (or the batch is not yet
@@ -122,38 +126,92 @@ func New(cfg Config) (*Redriver, error) {
 	return r, nil
 }
 
-// Run consumes decided events and awaiting notices until ctx is cancelled.
+// Run consumes the approvals bucket's revisions (each decision) and the
+// batch-awaiting notices until ctx is cancelled, each through a runner of
+// its own (topology.RedriverConsumer, RedriverNoticesConsumer); it returns
+// once both have drained, with the first error.
 func (r *Redriver) Run(ctx context.Context) error {
-	consumer := topology.RedriverConsumer()
-	rn, err := runner.New(runner.Config{
-		Component:      Stage,
-		Stream:         consumer.Stream,
-		Consumer:       consumer.Config,
-		Handler:        r.Handle,
-		OnDeadLetter:   r.abort,
-		JS:             r.cfg.JS,
-		Logger:         r.cfg.Logger,
-		Metrics:        r.cfg.Metrics,
-		Concurrency:    r.cfg.Concurrency,
-		TracerProvider: r.cfg.TracerProvider,
-	})
-	if err != nil {
-		return err
-	}
-	if r.cfg.SweepInterval < 0 {
-		return rn.Run(ctx)
+	decisions := topology.RedriverConsumer()
+	notices := topology.RedriverNoticesConsumer()
+	var runners []*runner.Runner
+	for _, c := range []struct {
+		spec   topology.ConsumerSpec
+		handle runner.Handler
+		abort  func(context.Context, jetstream.Msg, schemas.Code, error) error
+		key    func(jetstream.Msg) string
+	}{
+		{decisions, r.HandleRevision, r.abortDecision, revisionTurn},
+		{notices, r.Handle, r.abort, nil},
+	} {
+		rn, err := runner.New(runner.Config{
+			Component:      Stage,
+			Stream:         c.spec.Stream,
+			Consumer:       c.spec.Config,
+			Handler:        c.handle,
+			OnDeadLetter:   c.abort,
+			ShardKey:       c.key,
+			JS:             r.cfg.JS,
+			Logger:         r.cfg.Logger,
+			Metrics:        r.cfg.Metrics,
+			Concurrency:    r.cfg.Concurrency,
+			TracerProvider: r.cfg.TracerProvider,
+		})
+		if err != nil {
+			return err
+		}
+		runners = append(runners, rn)
 	}
 	// The sweep stops with ctx and is waited for, so nothing of this stage
 	// runs after Run returns.
-	sweepCtx, stopSweep := context.WithCancel(ctx)
-	swept := runner.Background(sweepCtx, r.cfg.Logger, "recovery sweep", r.sweep.run)
-	err = rn.Run(ctx)
-	stopSweep()
+	swept := func() {}
+	if r.cfg.SweepInterval >= 0 {
+		sweepCtx, stopSweep := context.WithCancel(ctx)
+		done := runner.Background(sweepCtx, r.cfg.Logger, "recovery sweep", r.sweep.run)
+		swept = func() { stopSweep(); done() }
+	}
+	errs := make(chan error, len(runners))
+	for _, rn := range runners {
+		go func() { errs <- rn.Run(ctx) }()
+	}
+	var first error
+	for range runners {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
 	swept()
-	return err
+	return first
+}
+
+// revisionTurn shards the approvals bucket's revisions by turn (the
+// approval id's turn, schemas.TurnIDOfApproval), so that the decisions of
+// one batch are evaluated one at a time, as its decided events were.
+func revisionTurn(m jetstream.Msg) string {
+	id := runner.LastToken(m)
+	if turn := schemas.TurnIDOfApproval(id); turn != "" {
+		return turn
+	}
+	return id
+}
+
+// HandleRevision processes one revision of the approvals bucket: a
+// decision (store.DecidedOf) evaluates its batch's barrier, as Handle does
+// a decided event; every other revision (a pending record, a vote, a
+// marker, a rewrite) is acknowledged with nothing done. A revision that
+// does not decode, or holds another approval than its key, is
+// dead-lettered with its code and touches no batch.
+func (r *Redriver) HandleRevision(ctx context.Context, m jetstream.Msg) error {
+	ev, err := store.DecidedOf(m.Subject(), m.Headers(), m.Data())
+	if err != nil || ev == nil {
+		return err
+	}
+	trace.SpanFromContext(ctx).SetAttributes(tracing.AttrTurnID.String(ev.TurnID))
+	return r.handle(ctx, m, ev.TurnID, "decided:"+ev.ApprovalID)
 }
 
 // Handle processes one event: it names a turn whose barrier is evaluated.
+// A decided event that an earlier approver published is evaluated as its
+// decision's revision is (HandleRevision).
 func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 	var turnID, trigger string
 	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteApprovalDecided, topology.RouteBatchAwaiting)
@@ -165,10 +223,14 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 	default:
 		return err
 	}
+	return r.handle(ctx, m, turnID, trigger)
+}
+
+func (r *Redriver) handle(ctx context.Context, m jetstream.Msg, turnID, trigger string) error {
 	if err := schemas.CheckTurnKey(turnID); err != nil {
 		return err
 	}
-	err = r.Redrive(ctx, turnID, trigger)
+	err := r.Redrive(ctx, turnID, trigger)
 	var early *errBeforeAwaiting
 	if errors.As(err, &early) {
 		if md, merr := m.Metadata(); merr == nil {
@@ -231,6 +293,20 @@ func (r *Redriver) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 		return err
 	}
 	return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveFailed, Code: code, Reason: "redrive gave up: " + cause.Error(), Trigger: "dead-letter"})
+}
+
+// abortDecision is abort for a revision of the approvals bucket: the
+// batch of the decision it holds fails closed. A revision that is no
+// decision, or does not decode, drives no batch.
+func (r *Redriver) abortDecision(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error {
+	ev, err := store.DecidedOf(m.Subject(), m.Headers(), m.Data())
+	if err != nil || ev == nil || !schemas.ValidKey(ev.TurnID) {
+		return nil
+	}
+	if err := r.cfg.Engine.Abort(ctx, ev.TurnID, code, cause.Error()); err != nil {
+		return err
+	}
+	return r.publish(ctx, &schemas.RedriveOutcome{TurnID: ev.TurnID, Kind: schemas.RedriveFailed, Code: code, Reason: "redrive gave up: " + cause.Error(), Trigger: "dead-letter"})
 }
 
 // Redrive evaluates the batch barrier of turnID and acts on it. It is

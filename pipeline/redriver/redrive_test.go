@@ -267,12 +267,13 @@ func TestUndecodableBatchRecordIsNeverGuessed(t *testing.T) {
 				h.PutRawBatch(turn, tc.raw(h, h.Batch(turn)))
 
 				h.Decide(id, schemas.OptionApprove, "alice")
-				// The decided event cannot be acted on: it is dead-lettered with
-				// the decoding code, and the tool never runs.
+				// The decision cannot be acted on: its revision is
+				// dead-lettered with the decoding code, and the tool never
+				// runs.
 				var dl pt.Stored
 				jstest.Eventually(t, pt.Wait, "redriver dead letter", func() bool {
 					for _, m := range h.DLQ(pt.Redriver) {
-						if m.Subject == topology.DLQSubject(pt.Redriver) && m.Header.Get(runner.HeaderOriginalSubject) == topology.EventSubject(topology.SubjectApprovalDecided, turn) {
+						if m.Subject == topology.DLQSubject(pt.Redriver) && m.Header.Get(runner.HeaderOriginalSubject) == topology.ApprovalRevisionSubject(id) {
 							dl = m
 							return true
 						}
@@ -282,9 +283,12 @@ func TestUndecodableBatchRecordIsNeverGuessed(t *testing.T) {
 				if got := dl.Header.Get(runner.HeaderCode); got != string(tc.code) {
 					t.Fatalf("dead letter code %s, want %s", got, tc.code)
 				}
-				ev, err := schemas.Decode[schemas.DecidedEvent](dl.Data)
-				if err != nil || ev.ApprovalID != id {
-					t.Fatalf("dead letter body is not the original decided event: %v %+v", err, ev)
+				if got := dl.Header.Get(runner.HeaderOriginalStream); got != topology.StreamApprovals {
+					t.Fatalf("dead letter of stream %s, want %s", got, topology.StreamApprovals)
+				}
+				rec, err := schemas.Decode[schemas.ApprovalRecord](dl.Data)
+				if err != nil || rec.ApprovalID != id || rec.Status != schemas.ApprovalApproved {
+					t.Fatalf("dead letter body is not the decision's revision: %v %+v", err, rec)
 				}
 				if n := h.Starts(turn); n != 0 {
 					t.Fatalf("%d started outcomes", n)
@@ -297,7 +301,10 @@ func TestUndecodableBatchRecordIsNeverGuessed(t *testing.T) {
 	}
 }
 
-func TestRepublishedDecidedEventRunsTheToolOnce(t *testing.T) {
+// A decision heard again (its record written again as it is, unmarked,
+// as an earlier version's retire did; a decided event an earlier version
+// published; an awaiting notice) runs the approved call no second time.
+func TestADecisionHeardAgainRunsTheToolOnce(t *testing.T) {
 	count := &pt.Counter{}
 	h := pt.Start(t, pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}})
 	turn := h.Send(h.Inbound("republish", "alice", pt.Call("count", `{}`)))
@@ -306,9 +313,13 @@ func TestRepublishedDecidedEventRunsTheToolOnce(t *testing.T) {
 	h.Decide(id, schemas.OptionApprove, "alice")
 	b, _ := h.WaitTerminal(turn)
 
-	decided := h.Events(topology.EventSubject(topology.SubjectApprovalDecided, turn))
-	if awaiting := h.Events(topology.EventSubject(topology.SubjectBatchAwaiting, turn)); len(decided) != 1 || len(awaiting) != 0 {
-		t.Fatalf("%d decided, %d awaiting events stored; want 1 and none (the awaiting write is the turn's log's event)", len(decided), len(awaiting))
+	if awaiting := h.Events(topology.EventSubject(topology.SubjectBatchAwaiting, turn)); len(awaiting) != 0 {
+		t.Fatalf("%d awaiting events stored; want none (the awaiting write is the turn's log's event)", len(awaiting))
+	}
+	rec := h.Approval(id)
+	decided, err := schemas.Encode(schemas.DecidedOf(rec))
+	if err != nil {
+		t.Fatal(err)
 	}
 	// An awaiting notice as an earlier version published it, or as
 	// tollgate replay nudges a batch: the redriver still takes it.
@@ -316,12 +327,12 @@ func TestRepublishedDecidedEventRunsTheToolOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var last uint64
 	for range 3 {
-		h.PublishRaw(decided[0].Subject, h.NextID("again"), decided[0].Data, nil)
-		last = h.PublishRaw(topology.EventSubject(topology.SubjectBatchAwaiting, turn), h.NextID("again"), notice, nil)
+		h.MutateApproval(id, func(*schemas.ApprovalRecord) {})
+		h.PublishRaw(topology.EventSubject(topology.SubjectApprovalDecided, turn), h.NextID("again"), decided, nil)
+		h.PublishRaw(topology.EventSubject(topology.SubjectBatchAwaiting, turn), h.NextID("again"), notice, nil)
 	}
-	h.WaitConsumed(pt.Redriver, last)
+	h.WaitIdle(pt.Redriver)
 	if n := count.Total(); n != 1 {
 		t.Fatalf("tool ran %d times, want 1", n)
 	}
@@ -392,8 +403,7 @@ func TestConcurrentRedrivesStartOnceAndRunOnce(t *testing.T) {
 func TestRedriveOfAnUnknownTurnFailsWithBatchRecordMissing(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: countPolicy, Stages: []string{pt.Redriver}})
 	turn := schemas.TurnID("cli", "never-accepted")
-	ev := &schemas.DecidedEvent{ApprovalID: schemas.ApprovalID(turn, 0), TurnID: turn, SessionID: "s", Status: schemas.ApprovalApproved, At: time.Now()}
-	h.Publish(topology.EventSubject(topology.SubjectApprovalDecided, turn), "", ev)
+	h.PutApproval(decidedRecord(turn))
 	fails := h.WaitRedrives("failed", turn, 1)
 	if fails[0].Code != schemas.CodeBatchRecordMissing {
 		t.Fatalf("code %s, want BATCH_RECORD_MISSING", fails[0].Code)
@@ -411,9 +421,11 @@ func TestMalformedRedriverInputIsDeadLettered(t *testing.T) {
 		data    []byte
 		code    schemas.Code
 	}{
-		{"garbage on the decided subject", topology.EventSubject(topology.SubjectApprovalDecided, "t-x"), []byte{0xc1}, schemas.CodeMalformed},
-		{"a decided event of an unknown version", topology.EventSubject(topology.SubjectApprovalDecided, "t-y"),
+		{"garbage as an approval's revision", topology.ApprovalRevisionSubject("a-x-0"), []byte{0xc1}, schemas.CodeMalformed},
+		{"an approval record of an unknown version", topology.ApprovalRevisionSubject("a-y-0"),
 			rawWithV(t, map[string]any{"v": 5, "approval_id": "a-y-0", "turn_id": "t-y", "status": "approved"}), schemas.CodeSchemaVersionUnsupported},
+		{"another approval's record under an approval's key", topology.ApprovalRevisionSubject("a-w-1"),
+			encodedRecord(t, decidedRecord(schemas.TurnID("cli", "other-key"))), schemas.CodeMalformed},
 		{"an awaiting notice naming an invalid key", topology.EventSubject(topology.SubjectBatchAwaiting, "t-z"),
 			rawWithV(t, map[string]any{"v": 1, "turn_id": "t z", "kind": "awaiting"}), schemas.CodeInvalidInput},
 	}
@@ -429,6 +441,11 @@ func TestMalformedRedriverInputIsDeadLettered(t *testing.T) {
 			}
 		})
 	}
+	// No batch was touched by the dead letters: the turn the misplaced
+	// record names has no failed redrive.
+	if n := len(h.Redrives("failed", schemas.TurnID("cli", "other-key"))); n != 0 {
+		t.Fatalf("%d failed redrives of the turn a misplaced record names; want none", n)
+	}
 	// The stage keeps working after the dead letters.
 	turn := schemas.TurnID("cli", "after-dlq")
 	h.Publish(topology.EventSubject(topology.SubjectBatchAwaiting, turn), "", &schemas.TurnNotice{TurnID: turn, SessionID: "s", Kind: schemas.NoticeAwaiting, At: time.Now()})
@@ -436,6 +453,25 @@ func TestMalformedRedriverInputIsDeadLettered(t *testing.T) {
 }
 
 // ----- helpers -----
+
+// decidedRecord is an approved approval record of call 0 of turn, decided
+// by alice.
+func decidedRecord(turn string) *schemas.ApprovalRecord {
+	now := time.Now().UTC()
+	return &schemas.ApprovalRecord{V: schemas.ApprovalVersion, ApprovalID: schemas.ApprovalID(turn, 0), TurnID: turn, SessionID: "s",
+		CallID: schemas.CallID(turn, 0), Tool: "count", Args: `{}`, ArgsDigest: schemas.ArgsDigest(`{}`),
+		Options: []string{schemas.OptionApprove, schemas.OptionDeny}, Status: schemas.ApprovalApproved, RequestedAt: now,
+		Decision: &schemas.DecisionInfo{DecisionID: "d-1", Principal: "cli:alice", Option: schemas.OptionApprove, DecidedAt: now}}
+}
+
+func encodedRecord(t *testing.T, r schemas.Record) []byte {
+	t.Helper()
+	b, err := schemas.Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
 
 // withVersion encodes r, then rewrites its "v" field to v.
 func withVersion(h *pt.H, r schemas.Record, v int) []byte {

@@ -32,9 +32,10 @@ func TestSweepRedrivesABatchWhoseDecidedEventWasLost(t *testing.T) {
 	// makes the redriver look at it: the executor announces nothing.
 	h.WaitState(turn, schemas.BatchAwaiting)
 
-	// The approver's compare-and-set happened, then it died before
-	// publishing the decided event: only KV knows.
-	h.MutateApproval(id, func(a *schemas.ApprovalRecord) {
+	// The decision is in the bucket, but its revision never triggered
+	// the redriver (a trigger given up on: written here as a rewrite,
+	// which the redriver's consumer passes over): only the record knows.
+	h.MutateApprovalUnheard(id, func(a *schemas.ApprovalRecord) {
 		a.Status = schemas.ApprovalApproved
 		a.Decision = &schemas.DecisionInfo{DecisionID: "d-lost", Principal: "cli:alice", Option: schemas.OptionApprove,
 			DecidedAt: time.Now().UTC(), Assurance: schemas.AssuranceVerified}
@@ -179,9 +180,9 @@ func TestSweepPassesAreCappedAndStillReachEveryBatch(t *testing.T) {
 		h.WaitState(turn, schemas.BatchAwaiting)
 		turns = append(turns, turn)
 	}
-	// Every decided event is lost: only the sweep can finish them.
+	// No decision triggers the redriver: only the sweep can finish them.
 	for i, turn := range turns {
-		h.MutateApproval(schemas.ApprovalID(turn, 0), func(a *schemas.ApprovalRecord) {
+		h.MutateApprovalUnheard(schemas.ApprovalID(turn, 0), func(a *schemas.ApprovalRecord) {
 			a.Status = schemas.ApprovalApproved
 			a.Decision = &schemas.DecisionInfo{DecisionID: fmt.Sprintf("d-capped-%d", i), Principal: "cli:alice", Option: schemas.OptionApprove,
 				DecidedAt: time.Now().UTC(), Assurance: schemas.AssuranceVerified}

@@ -43,6 +43,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // Sentinel errors.
@@ -216,6 +217,11 @@ func (b Bucket[T, P]) write(ctx context.Context, key string, data []byte, rev ui
 	if rewrite != "" {
 		m.Header.Set(RewriteHeader, rewrite)
 	}
+	// The writer's trace context, when it has one: a revision that is a
+	// fact another stage acts on (an approval's decision, which the
+	// redriver consumes) continues the turn's trace, as a published event
+	// did.
+	m.Header = tracing.Inject(ctx, m.Header)
 	ack, err := b.JS.PublishMsg(ctx, m)
 	if err != nil {
 		return 0, err

@@ -140,5 +140,5 @@ them against it).
 ingest: {stream: TOLLGATE_INBOUND, consumer: ingest}
 executor: {stream: TOLLGATE_TURNS, consumer: executor}
 approver: {stream: TOLLGATE_DECISIONS, consumer: approver}
-redriver: {stream: TOLLGATE_EVENTS, consumer: redriver}
+redriver: {stream: KV_tollgate_approvals, consumer: redriver}
 {{- end }}
