@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -89,11 +90,14 @@ type Event struct {
 	// to show (escaped), never an instruction.
 	Note       string `json:"note,omitempty"`
 	DecisionID string `json:"decision_id,omitempty"`
-	Code       string `json:"code,omitempty"`
-	Reason     string `json:"reason,omitempty"`
-	Trigger    string `json:"trigger,omitempty"` // redrive
-	Pending    int    `json:"pending,omitempty"` // redrive deferred; batch awaiting: the approvals it waits for
-	Results    int    `json:"results,omitempty"` // outcome; batch completed or failed
+	// Repeat is, on a decided event that answered a decision repeating the
+	// recorded outcome (schemas.DecidedEvent.Repeat), that decision's id.
+	Repeat  string `json:"repeat,omitempty"`
+	Code    string `json:"code,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Trigger string `json:"trigger,omitempty"` // redrive
+	Pending int    `json:"pending,omitempty"` // redrive deferred; batch awaiting: the approvals it waits for
+	Results int    `json:"results,omitempty"` // outcome; batch completed or failed
 
 	// result: how the call's approval was decided, and by whom (the
 	// decision's principal and the quorum votes), from its decided event.
@@ -145,18 +149,42 @@ func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
+	// Each approval's decision is its record's revision in the approvals
+	// bucket that holds it decided.
+	decided := map[string]bool{} // approval id -> the bucket holds its decision
+	err = readStream(ctx, js, topology.StreamApprovals, revisionFilters(q), q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
+		ev, err := store.DecidedOf(m.Subject(), m.Headers(), m.Data())
+		if err != nil {
+			log.Warn("audit: skipped an undecodable approval record", "subject", m.Subject(), "seq", meta.Sequence.Stream, "err", err)
+			return
+		}
+		if ev == nil {
+			return
+		}
+		at := Event{Time: meta.Timestamp.UTC(), Stream: topology.StreamApprovals, Seq: meta.Sequence.Stream}
+		events = append(events, decidedEvent(at, ev))
+		sessions[ev.TurnID] = ev.SessionID
+		decided[ev.ApprovalID] = true
+	})
+	if err != nil {
+		return nil, err
+	}
 	// A batch's moves are the turn's, never an approval's; an approval's
 	// call's result is in its turn's outcome.
 	logged := map[string]bool{} // turn id, or approval id -> its log holds its outcome, or its request
 	if moves, err = readTurnLogs(ctx, js, q, sessions, keys, logged, log); err != nil {
 		return nil, err
 	}
-	// A turn's outcome and an approval's request are told once: from the
-	// turn's log, where this version keeps them; a published copy only
-	// where the log does not hold it.
+	// A turn's outcome, an approval's request and its decision are told
+	// once: from the turn's log and the approvals bucket, where this
+	// version keeps them; a published copy only where they do not hold it
+	// (an earlier version's, whose record has left the bucket). A decided
+	// event that answered a repeated decision (Repeat) is its own event.
 	events = slices.DeleteFunc(events, func(e Event) bool {
-		return (e.Kind == Outcome || e.Kind == Result) && logged[e.TurnID] || e.Kind == Requested && logged[e.ApprovalID]
+		return (e.Kind == Outcome || e.Kind == Result) && logged[e.TurnID] || e.Kind == Requested && logged[e.ApprovalID] ||
+			e.Kind == Decided && e.Stream == topology.StreamEvents && e.Repeat == "" && decided[e.ApprovalID]
 	})
+	slices.SortStableFunc(events, func(a, b Event) int { return a.Time.Compare(b.Time) })
 	if q.Approval == "" {
 		// The turns stream is keyed by session, not turn: a turn's own
 		// session key narrows the read when one of its requested events or
@@ -238,17 +266,7 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 	case *schemas.ApprovalRecord:
 		return []Event{requestedEvent(at, rec)}, rec.SessionID, nil
 	case *schemas.DecidedEvent:
-		d := rec
-		e := at
-		e.Kind, e.TurnID, e.ApprovalID, e.Status = Decided, d.TurnID, d.ApprovalID, string(d.Status)
-		if d.Decision != nil {
-			e.Principal, e.Option, e.Assurance, e.DecisionID = d.Decision.Principal, d.Decision.Option, int(d.Decision.Assurance), d.Decision.DecisionID
-			e.Note = d.Decision.Note
-		}
-		for _, v := range d.Votes {
-			e.Votes = append(e.Votes, v.Principal)
-		}
-		return []Event{e}, d.SessionID, nil
+		return []Event{decidedEvent(at, rec)}, rec.SessionID, nil
 	case *schemas.DecisionRejected:
 		r := rec
 		e := at
@@ -265,6 +283,37 @@ func decodeEvent(at Event, subject string, data []byte) ([]Event, string, error)
 		return outcomeEvents(at, rec), rec.SessionID, nil
 	}
 	return nil, "", fmt.Errorf("not an audited subject")
+}
+
+// decidedEvent is the audit event of decision d, stamped like at.
+func decidedEvent(at Event, d *schemas.DecidedEvent) Event {
+	e := at
+	e.Kind, e.TurnID, e.ApprovalID, e.Status, e.Repeat = Decided, d.TurnID, d.ApprovalID, string(d.Status), d.Repeat
+	if d.Decision != nil {
+		e.Principal, e.Option, e.Assurance, e.DecisionID = d.Decision.Principal, d.Decision.Option, int(d.Decision.Assurance), d.Decision.DecisionID
+		e.Note = d.Decision.Note
+	}
+	for _, v := range d.Votes {
+		e.Votes = append(e.Votes, v.Principal)
+	}
+	return e
+}
+
+// revisionFilters are the approvals bucket's subjects q needs: one
+// approval's, a turn's approvals' (by their ids: schemas.ApprovalID), or
+// every approval's.
+func revisionFilters(q Query) []string {
+	switch {
+	case q.Approval != "":
+		return []string{topology.ApprovalRevisionSubject(q.Approval)}
+	case q.Turn != "":
+		var f []string
+		for i := 0; i < schemas.MaxCalls; i++ {
+			f = append(f, topology.ApprovalRevisionSubject(schemas.ApprovalID(q.Turn, i)))
+		}
+		return f
+	}
+	return []string{topology.ApprovalRevisions}
 }
 
 // requestedEvent is the audit event of approval a's request, stamped like

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate-dev/tollgate/audit"
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -167,6 +169,38 @@ func TestAudit(t *testing.T) {
 		got := auditJSON(t, url, "--turn", old)
 		if rows := rowsOf(got); !slices.Equal(rows, []string{"redrive||||started||", "outcome||||completed||"}) || got[1].Stream != topology.StreamEvents {
 			t.Fatalf("audit --turn %s: %v (outcome from %s), want its published outcome after its redrive", old, rows, got[len(got)-1].Stream)
+		}
+	})
+
+	t.Run("a decision is told from the approvals bucket, whatever was published", func(t *testing.T) {
+		// The decision is its record's revision in the bucket: with no
+		// approval.decided event stored, the timeline is the same, and the
+		// decided event comes from the bucket's stream.
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		events, err := h.JS.Stream(ctx, topology.StreamEvents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := events.Purge(ctx, jetstream.WithPurgeSubject(topology.EventSubject(topology.SubjectApprovalDecided, turn))); err != nil {
+			t.Fatal(err)
+		}
+		got := auditJSON(t, url, "--turn", turn)
+		if rows := rowsOf(got); !slices.Equal(rows, story) {
+			t.Fatalf("audit --turn without a published decision:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(story, "\n"))
+		}
+		if dec := got[5]; dec.Stream != topology.StreamApprovals || dec.DecisionID == "" {
+			t.Fatalf("decided = %+v, want the bucket's revision", dec)
+		}
+		one := auditJSON(t, url, "--approval", id)
+		n := 0
+		for _, e := range one {
+			if e.Kind == audit.Decided {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("audit --approval %s tells %d decisions, want 1: %+v", id, n, one)
 		}
 	})
 

@@ -39,7 +39,10 @@ func cmdWatch(cmd *command, args []string) int {
 // streams it says on errOut what it is waiting for, so that a quiet
 // terminal is not mistaken for a hung command.
 //
-// It follows TOLLGATE_EVENTS and the turn logs (TOLLGATE_TURNLOG_<i>):
+// It follows TOLLGATE_EVENTS, the turn logs (TOLLGATE_TURNLOG_<i>) and
+// the approvals bucket's stream, whose revisions that decide an approval
+// are its decisions (shown as the approval.decided events they replace;
+// a published copy is not shown again):
 // a batch's moves to awaiting (it waits for its approvals) and to started
 // (they are all decided, its calls free to run) are published nowhere else
 // since issue 36 (no batch.awaiting, no redrive.started). Of a turn's log
@@ -115,7 +118,25 @@ func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.W
 			}
 		}
 		if len(logs) > 0 {
-			streams += " and the turn logs"
+			streams += ", the turn logs"
+		}
+	}
+	var approvals jetstream.KeyValue
+	if err == nil {
+		// Each approval's decision is its record's revision in the
+		// approvals bucket (store.DecidedOf), shown as the decided event it
+		// replaces.
+		ac := cfg
+		ac.FilterSubjects = []string{topology.ApprovalRevisions}
+		if *turn != "" {
+			ac.FilterSubjects = nil
+			for i := 0; i < schemas.MaxCalls; i++ {
+				ac.FilterSubjects = append(ac.FilterSubjects, topology.ApprovalRevisionSubject(schemas.ApprovalID(*turn, i)))
+			}
+		}
+		if err = follow(topology.StreamApprovals, ac); err == nil {
+			streams += " and the approvals bucket"
+			approvals, err = c.js.KeyValue(cctx, topology.BucketApprovals)
 		}
 	}
 	cancel()
@@ -131,7 +152,7 @@ func runWatch(ctx context.Context, cmd *command, args []string, out, errOut io.W
 		from += " of turn " + *turn
 	}
 	fmt.Fprintf(errOut, "tollgate watch: waiting for %s on %s (%s); Ctrl-C stops\n", from, streams, c.url)
-	p := &watchPrinter{out: out, json: c.json, states: map[string]schemas.BatchState{}, logs: logs}
+	p := &watchPrinter{out: out, json: c.json, states: map[string]schemas.BatchState{}, logs: logs, approvals: approvals}
 	p.enc = json.NewEncoder(out)
 	p.enc.SetEscapeHTML(false)
 	done := make(chan struct{}, len(its))
@@ -175,6 +196,9 @@ type watchPrinter struct {
 	// logs are the turn-log streams (none on a server provisioned before
 	// them).
 	logs []jetstream.Stream
+	// approvals is the approvals bucket, whose revisions are the
+	// decisions.
+	approvals jetstream.KeyValue
 }
 
 // print writes m's line, or nothing for a turn-log write that leaves the
@@ -205,6 +229,17 @@ func (p *watchPrinter) print(m jetstream.Msg) {
 		return // a published copy: the turn's outcome is shown from its log
 	} else if topology.RouteOf(m.Subject()) == topology.RouteApprovalRequested && p.logKeeps(m.Data()) {
 		return // a published copy: the request is shown from its turn's log
+	} else if strings.HasPrefix(m.Subject(), topology.ApprovalRevisionPrefix) {
+		ev, err := store.DecidedOf(m.Subject(), m.Headers(), m.Data())
+		if err != nil || ev == nil {
+			return // a pending record, a vote, a marker: no decision
+		}
+		if data, err := schemas.Encode(ev); err == nil {
+			p.line(ts, topology.EventSubject(topology.SubjectApprovalDecided, ev.TurnID), data, "")
+		}
+		return
+	} else if topology.RouteOf(m.Subject()) == topology.RouteApprovalDecided && p.bucketKeeps(m.Data()) {
+		return // a published copy: the decision is shown from the bucket
 	}
 	p.line(ts, m.Subject(), m.Data(), line)
 	// What the log's event keeps, shown as the events it replaces.
@@ -233,6 +268,25 @@ func (p *watchPrinter) logKeeps(data []byte) bool {
 	defer cancel()
 	_, ok, _ := store.LoggedRequest(ctx, p.logs, a.TurnID, a.ApprovalID)
 	return ok
+}
+
+// bucketKeeps reports whether the approvals bucket holds the decision a
+// published approval.decided event (data) announces, which watch shows
+// from the bucket's revision in place of the published copy. An event
+// that answered a repeated decision (Repeat) is its own.
+func (p *watchPrinter) bucketKeeps(data []byte) bool {
+	ev, err := schemas.Decode[schemas.DecidedEvent](data)
+	if err != nil || ev.Repeat != "" || p.approvals == nil || !schemas.ValidKey(ev.ApprovalID) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	e, err := p.approvals.Get(ctx, ev.ApprovalID)
+	if err != nil {
+		return false
+	}
+	a, err := schemas.Decode[schemas.ApprovalRecord](e.Value())
+	return err == nil && a.Status.Decided()
 }
 
 // line writes one event's line (its summary unless line is given), or its

@@ -40,6 +40,24 @@ func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
 		t.Fatalf("the turn's log has %d started writes, want several (the move, then claims and results)", started)
 	}
 
+	// The decisions are the approvals bucket's revisions: the published
+	// copy of the first is deleted, the second's kept. Each is shown
+	// once, from the bucket.
+	published := h.Events(topology.EventSubject(topology.SubjectApprovalDecided, turn))
+	for _, m := range published {
+		if ev, err := schemas.Decode[schemas.DecidedEvent](m.Data); err == nil && ev.ApprovalID == schemas.ApprovalID(turn, 0) {
+			dctx, dcancel := h.Ctx()
+			es, err := h.JS.Stream(dctx, topology.StreamEvents)
+			if err == nil {
+				err = es.DeleteMsg(dctx, m.Seq)
+			}
+			dcancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
 	r, w := io.Pipe()
 	ctx, cancel := context.WithTimeout(context.Background(), pt.Wait)
 	defer cancel()
@@ -51,8 +69,8 @@ func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
 		errW.Close()
 	}()
 	said, err := bufio.NewReader(errR).ReadString('\n')
-	if err != nil || !strings.Contains(said, "the turn logs") {
-		t.Fatalf("watch said %q (%v), want that it follows the turn logs", said, err)
+	if err != nil || !strings.Contains(said, "the turn logs") || !strings.Contains(said, "the approvals bucket") {
+		t.Fatalf("watch said %q (%v), want that it follows the turn logs and the approvals bucket", said, err)
 	}
 	go func() { _, _ = io.Copy(io.Discard, errR) }()
 
@@ -67,7 +85,7 @@ func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
 		return n
 	}
 	sc := bufio.NewScanner(r)
-	for (count("batch "+turn+" completed") == 0 || count(topology.SubjectTurnOutcome) == 0) && sc.Scan() {
+	for (count("batch "+turn+" completed") == 0 || count(topology.SubjectTurnOutcome) == 0 || count(topology.SubjectApprovalDecided) < 2) && sc.Scan() {
 		lines = append(lines, sc.Text())
 	}
 	// Wait for a later fact, an event stored after the outcome was
@@ -94,10 +112,17 @@ func TestWatchPrintsTheBatchMovesFromTheTurnLog(t *testing.T) {
 			t.Errorf("watch printed %q %d times, want once:\n%s", want, n, all)
 		}
 	}
+	if n := count(topology.EventSubject(topology.SubjectApprovalDecided, turn)); n != 2 {
+		t.Errorf("watch printed %d decisions, want one per approval:\n%s", n, all)
+	}
 	// Each request once, after its batch's move to awaiting, which keeps
-	// it (its published copy is not shown again).
+	// it (its published copy is not shown again); each decision once,
+	// from the bucket, whether a published copy exists or not.
 	for i := range 2 {
 		id := schemas.ApprovalID(turn, i)
+		if n := count("approval " + id + " approved by cli:alice"); n != 1 {
+			t.Errorf("watch printed the decision of %s %d times, want once:\n%s", id, n, all)
+		}
 		if n := count("approval " + id + ": write_file"); n != 1 {
 			t.Errorf("watch printed the request of %s %d times, want once:\n%s", id, n, all)
 		}
