@@ -41,8 +41,8 @@ func runReplay(cmd *command, args []string, out io.Writer) int {
 	fs.Uint64Var(&r.ToSeq, "to-seq", 0, "only turns whose accepted message is at or before this TOLLGATE_TURNS sequence")
 	rebuild := fs.Bool("rebuild", false, "write the approval, batch and missing session records the streams prove and KV lacks (create / compare-and-set only; a batch kept in its turn's log is never written)")
 	dryRun := fs.Bool("dry-run", false, "shadow redrive: report what each batch would do (started, deferred, failed) without running or publishing anything")
-	policyPath := fs.String("policy", scaffold.Env("TOLLGATE_POLICY", ""), "policy JSON the redriver runs with, for --dry-run; empty for the built-in policy (env TOLLGATE_POLICY)")
-	sealKeys := fs.String("seal-keys", "", "TurnContext seal key file, for --dry-run (default: env TOLLGATE_SEAL_KEYS, TOLLGATE_SEAL_KEY_FILE, else the dev key in $TOLLGATE_DATA or ./.tollgate)")
+	policyPath := fs.String("policy", scaffold.Env("TOLLGATE_POLICY", ""), "policy JSON the stages run with, for --dry-run and to judge again decisions no stream keeps; empty for the built-in policy (env TOLLGATE_POLICY)")
+	sealKeys := fs.String("seal-keys", "", "TurnContext seal key file, for --dry-run and to judge again decisions no stream keeps (default: env TOLLGATE_SEAL_KEYS, TOLLGATE_SEAL_KEY_FILE, else the dev key in $TOLLGATE_DATA or ./.tollgate)")
 	var replicas int
 	scaffold.IntVar(fs, &replicas, "replicas", "TOLLGATE_REPLICAS", 1, "replicas of a bucket --rebuild has to create (env TOLLGATE_REPLICAS)")
 	pos, exit, ok := cmd.parse(fs, args)
@@ -64,13 +64,19 @@ func runReplay(cmd *command, args []string, out io.Writer) int {
 	}
 	o := replay.Options{Range: r, Rebuild: *rebuild, DryRun: *dryRun, Topology: topology.DefaultConfig()}
 	o.Topology.Replicas = replicas
-	if *dryRun {
-		if o.Policy, err = policy.Load(*policyPath); err != nil {
-			return fail("replay: %v", err)
-		}
-		if o.Keys, err = replayKeys(*sealKeys); err != nil {
-			return fail("replay: %v", err)
-		}
+	// The policy and keys judge a dry run's redrives, and judge again the
+	// decisions no stream keeps (a lost approvals bucket:
+	// replay.ReadJudging). A report or a rebuild goes on without them
+	// (such an approval then comes back pending), saying so.
+	pol, perr := policy.Load(*policyPath)
+	keys, kerr := replayKeys(*sealKeys)
+	switch err := errors.Join(perr, kerr); {
+	case err != nil && *dryRun:
+		return fail("replay: %v", err)
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "replay: without the policy and seal keys (%v): a decision no stream keeps is not judged again\n", err)
+	default:
+		o.Policy, o.Keys = pol, keys
 	}
 	if err := c.connect(); err != nil {
 		return c.fail("replay", err)

@@ -13,8 +13,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
+	"github.com/tollgate-dev/tollgate/seal"
 )
 
 // Range selects the turns a replay covers by their accepted message on
@@ -70,8 +73,9 @@ type Turn struct {
 	turn      *schemas.AcceptedTurn
 	requested []*schemas.ApprovalRecord
 	decided   map[string]*schemas.DecidedEvent
-	awaiting  *schemas.TurnNotice // first awaiting notice with a snapshot
-	waited    *schemas.TurnNotice // first awaiting notice of any kind
+	submitted map[string][]submitted // by approval id, in stream order (judged only without a decided event)
+	awaiting  *schemas.TurnNotice    // first awaiting notice with a snapshot
+	waited    *schemas.TurnNotice    // first awaiting notice of any kind
 	started   *schemas.RedriveOutcome
 	outcome   *schemas.TurnOutcome
 	logged    bool // outcome is the one its turn log's outcome event keeps
@@ -109,7 +113,11 @@ var eventFilters = []string{
 // outcome. Each approval record is the first request that binds one of
 // the turn's calls (turn, call id, tool, argument digest) and carries the
 // turn's TurnContext (the same msgpack encoding), with the status,
-// decision and votes of its first decided event. A request is kept by
+// decision and votes of its decision: its revision in the approvals
+// bucket's stream (store.DecidedOf), else the first decided event
+// published on tollgate.event.approval.decided.<turn> (an earlier
+// version's), else, read with ReadJudging, its submitted decisions judged
+// again; without any, it is pending. A request is kept by
 // the turn log's awaiting event (schemas.BatchRecord.Requested: the
 // record its approval-requested event announces, read first), or, for a
 // turn whose log keeps none (an earlier version's), published on
@@ -140,6 +148,34 @@ var eventFilters = []string{
 // approximated: a batch's created_at is its accepted message's stream
 // time, its updated_at the time of the last event that set its state.
 func Read(ctx context.Context, js jetstream.JetStream, r Range) (*History, error) {
+	return read(ctx, js, r, nil)
+}
+
+// Judge is what the approver judged decisions with: Read re-judges an
+// approval's submitted decisions with it where no stream keeps its
+// decision (see ReadJudging).
+type Judge struct {
+	Policy *policy.Policy
+	Keys   *seal.KeyRing
+}
+
+// ReadJudging is Read, and where neither the approvals bucket's stream nor
+// a published decided event keeps an approval's decision (the bucket was
+// lost: its stream with it), it judges the decisions submitted on it
+// (TOLLGATE_DECISIONS, tollgate.decision.submit.<transport>.<approval>)
+// again, in stream order, as the approver did: approver.Authorize, pure,
+// with j's policy and keys and the decision message's stream time for
+// now. So a decision the approver applied comes back, with its votes, at
+// the time it was submitted (the approver's clock, a moment later, is in
+// no stream); one the policy now refuses leaves the approval pending,
+// which fails safe (a person decides again). An approval that expired
+// unanswered, which no decision names, comes back pending past its
+// expiry, and the approver expires it again.
+func ReadJudging(ctx context.Context, js jetstream.JetStream, r Range, j *Judge) (*History, error) {
+	return read(ctx, js, r, j)
+}
+
+func read(ctx context.Context, js jetstream.JetStream, r Range, j *Judge) (*History, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
@@ -167,7 +203,8 @@ func Read(ctx context.Context, js jetstream.JetStream, r Range) (*History, error
 			t.note("accepted again at %s seq %d: the first accepted message is the turn", topology.StreamTurns, seq)
 			return true, nil
 		}
-		t := &Turn{TurnID: at.TurnID, Seq: seq, Accepted: meta.Timestamp.UTC(), turn: at, decided: map[string]*schemas.DecidedEvent{}}
+		t := &Turn{TurnID: at.TurnID, Seq: seq, Accepted: meta.Timestamp.UTC(), turn: at,
+			decided: map[string]*schemas.DecidedEvent{}, submitted: map[string][]submitted{}}
 		if at.Context != nil {
 			t.SessionID = at.Context.SessionID
 		}
@@ -204,10 +241,89 @@ func Read(ctx context.Context, js jetstream.JetStream, r Range) (*History, error
 	if err != nil {
 		return nil, err
 	}
+	if err := h.bucketDecisions(ctx, js, byID); err != nil {
+		return nil, err
+	}
+	if j != nil {
+		if err := h.submittedDecisions(ctx, js, byID, since); err != nil {
+			return nil, err
+		}
+	}
 	for _, t := range h.Turns {
-		t.project()
+		t.project(j)
 	}
 	return h, nil
+}
+
+// bucketDecisions sets the decision of each approval of byID's turns that
+// the approvals bucket's stream holds (store.DecidedOf of each stored
+// revision; the bucket keeps one per approval): the decision itself, so
+// it is taken over a published copy. A missing bucket is passed over.
+func (h *History) bucketDecisions(ctx context.Context, js jetstream.JetStream, byID map[string]*Turn) error {
+	err := scan(ctx, js, topology.StreamApprovals, []string{topology.ApprovalRevisions}, startAt{}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		t := byID[schemas.TurnIDOfApproval(strings.TrimPrefix(m.Subject(), topology.ApprovalRevisionPrefix))]
+		if t == nil {
+			return true, nil // another turn's
+		}
+		ev, err := store.DecidedOf(m.Subject(), m.Headers(), m.Data())
+		switch {
+		case err != nil:
+			h.skip(m.Subject(), meta.Sequence.Stream, err)
+		case ev != nil && ev.TurnID != t.TurnID:
+			h.skip(m.Subject(), meta.Sequence.Stream, fmt.Errorf("approval %s names turn %s", ev.ApprovalID, ev.TurnID))
+		case ev != nil:
+			t.decided[ev.ApprovalID] = ev
+		}
+		return true, nil
+	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil // the bucket is lost: see submittedDecisions
+	}
+	return err
+}
+
+// submitted is a decision as TOLLGATE_DECISIONS keeps it, with its stream
+// time.
+type submitted struct {
+	d  *schemas.Decision
+	at time.Time
+}
+
+// submittedDecisions gathers the decisions submitted on the approvals of
+// byID's turns from start (ReadJudging), in stream order.
+func (h *History) submittedDecisions(ctx context.Context, js jetstream.JetStream, byID map[string]*Turn, start startAt) error {
+	return scan(ctx, js, topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}, start, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		subj := m.Subject()
+		id := subj[strings.LastIndexByte(subj, '.')+1:]
+		t := byID[schemas.TurnIDOfApproval(id)]
+		if t == nil {
+			return true, nil // another turn's, or a grant's revocation
+		}
+		d, err := schemas.Decode[schemas.Decision](m.Data())
+		switch {
+		case err != nil:
+			h.skip(subj, meta.Sequence.Stream, err)
+		case subj != topology.DecisionSubject(d.Transport, d.ApprovalID):
+			// The approver refuses it so (INVALID_INPUT): never applied.
+			h.skip(subj, meta.Sequence.Stream, fmt.Errorf("decision %s of approval %s from transport %s arrived on another subject", d.DecisionID, d.ApprovalID, d.Transport))
+		default:
+			t.submitted[id] = append(t.submitted[id], submitted{d: d, at: meta.Timestamp.UTC()})
+		}
+		return true, nil
+	})
+}
+
+// judged is approval a (as requested) after the decisions submitted on it
+// are judged again in order (ReadJudging), and whether any changed it.
+func (t *Turn) judged(a *schemas.ApprovalRecord, j *Judge) (*schemas.ApprovalRecord, bool) {
+	rec, changed := a, false
+	for _, s := range t.submitted[a.ApprovalID] {
+		v, _ := approver.Authorize(rec, s.d, j.Policy, j.Keys, s.at)
+		if v.Next != nil {
+			rec, changed = v.Next, true
+		}
+	}
+	return rec, changed
 }
 
 func (h *History) skip(subject string, seq uint64, err error) {
@@ -358,8 +474,10 @@ func (t *Turn) add(subject string, data []byte) error {
 	return nil
 }
 
-// project builds t.Batch and t.Approvals from what add gathered.
-func (t *Turn) project() {
+// project builds t.Batch and t.Approvals from what add gathered, judging
+// submitted decisions again with j where no decided event was found (nil:
+// none judged).
+func (t *Turn) project(j *Judge) {
 	at := t.turn
 	n := len(at.Calls)
 	b := &schemas.BatchRecord{
@@ -433,6 +551,11 @@ func (t *Turn) project() {
 		}
 		if d := t.decided[a.ApprovalID]; d != nil {
 			a = a.Decided(d)
+		} else if j != nil {
+			var changed bool
+			if a, changed = t.judged(a, j); changed {
+				t.note("approval %s: no stream keeps its decision; its submitted decisions were judged again: %s", a.ApprovalID, a.Status)
+			}
 		}
 		t.Approvals = append(t.Approvals, a)
 	}

@@ -87,9 +87,12 @@ type Options struct {
 	// DryRun adds a shadow redrive of every batch; it writes nothing.
 	// Exclusive with Rebuild.
 	DryRun bool
-	// Keys and Policy are what the redriver would judge with: required
-	// for DryRun (the seal check and the policy re-check), unused
-	// otherwise (a rebuild copies contexts, it does not verify them).
+	// Keys and Policy are what the redriver and the approver judge with:
+	// required for DryRun (the seal check and the policy re-check). Given,
+	// a decision no stream keeps (the approvals bucket lost) is judged
+	// again from TOLLGATE_DECISIONS (ReadJudging); without them such an
+	// approval comes back pending. A rebuild copies contexts, it does not
+	// verify them.
 	Keys   *seal.KeyRing
 	Policy *policy.Policy
 	// Topology is used to create missing approval, batch and session
@@ -183,7 +186,11 @@ func Run(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error
 	if err != nil {
 		return nil, err
 	}
-	h, err := Read(ctx, js, o.Range)
+	var j *Judge
+	if o.Policy != nil && o.Keys != nil {
+		j = &Judge{Policy: o.Policy, Keys: o.Keys}
+	}
+	h, err := read(ctx, js, o.Range, j)
 	if err != nil {
 		return nil, err
 	}

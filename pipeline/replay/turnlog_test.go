@@ -294,3 +294,105 @@ func TestARebuildTakesTheRequestsFromTheTurnLog(t *testing.T) {
 		t.Fatalf("batch %s, %d runs; want completed, the call run once", b.State, count.Total())
 	}
 }
+
+// A decision is its approval record's revision in the approvals bucket;
+// losing the bucket loses its stream, and this version publishes no
+// decided event. With the policy and the seal keys, a rebuild judges the
+// decisions TOLLGATE_DECISIONS keeps again, as the approver did: an
+// applied decision comes back (with its quorum votes, and a vote towards a
+// quorum not yet reached), one that was rejected does not; the batch
+// waiting for a decision still missing resumes once it is made, and no
+// call runs twice. Without them, the approvals come back pending.
+func TestARebuildJudgesTheDecisionsNoStreamKeeps(t *testing.T) {
+	count, quorum := &pt.Counter{}, &pt.Counter{ToolName: "quorum"}
+	h := start(t, nil, nil, count, quorum)
+	waiting := h.Send(h.Inbound("s-judge-waiting", "alice", pt.Call("count", `{"n":1}`), pt.Call("count", `{"n":2}`)))
+	first, second := schemas.ApprovalID(waiting, 0), schemas.ApprovalID(waiting, 1)
+	h.WaitPending(second)
+	if rej := h.WaitRejection(h.Decide(first, schemas.OptionDeny, "mallory")); rej.Code != schemas.CodeDeciderNotAuthorized {
+		t.Fatalf("mallory's deny was rejected %s, want %s", rej.Code, schemas.CodeDeciderNotAuthorized)
+	}
+	approve(h, first, "alice")
+	h.WaitApproval(first, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
+	voted := h.Send(h.Inbound("s-judge-voted", "alice", pt.Call("quorum", `{"n":3}`)))
+	halfway := h.Send(h.Inbound("s-judge-halfway", "alice", pt.Call("quorum", `{"n":4}`)))
+	h.WaitPending(schemas.ApprovalID(voted, 0))
+	h.WaitPending(schemas.ApprovalID(halfway, 0))
+	approve(h, schemas.ApprovalID(voted, 0), "bob", "carol")
+	approve(h, schemas.ApprovalID(halfway, 0), "dave")
+	h.WaitTerminal(voted)
+	h.WaitApproval(schemas.ApprovalID(halfway, 0), "one vote", func(a *schemas.ApprovalRecord) bool { return len(a.Votes) == 1 })
+	h.WaitIdle(pt.AllStages...)
+	before := map[string]*schemas.ApprovalRecord{}
+	for _, id := range []string{first, second, schemas.ApprovalID(voted, 0), schemas.ApprovalID(halfway, 0)} {
+		before[id] = h.Approval(id)
+	}
+	h.Stop()
+
+	// The incident: the approvals bucket is lost, and no decided event is
+	// stored (an earlier version's would be read: purged here).
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	events, err := h.JS.Stream(ctx, topology.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Purge(ctx, jetstream.WithPurgeSubject(topology.SubjectApprovalDecided+">")); err != nil {
+		t.Fatal(err)
+	}
+	deleteBuckets(h, topology.BucketApprovals)
+
+	// Without the policy and keys: nothing to judge with, all pending.
+	hist, err := replay.Read(ctx, h.JS, replay.Range{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range hist.Turns {
+		for _, a := range tr.Approvals {
+			if a.Status != schemas.ApprovalPending || len(a.Votes) != 0 {
+				t.Fatalf("read without a judge: approval %s %s with %d votes, want pending", a.ApprovalID, a.Status, len(a.Votes))
+			}
+		}
+	}
+
+	pol, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := run(t, h, replay.Options{Rebuild: true, Policy: pol, Keys: h.Keys})
+	if rep.Conflicts != 0 {
+		t.Fatalf("rebuild: %d conflicts\n%+v", rep.Conflicts, rep)
+	}
+	h2 := start(t, h, []string{pt.Ingest, pt.Executor, pt.Approver, pt.Redriver}, count, quorum)
+	same := func(id string, a *schemas.ApprovalRecord) {
+		t.Helper()
+		was := before[id]
+		if a == nil || a.Status != was.Status || (was.Decision == nil) != (a.Decision == nil) || len(a.Votes) != len(was.Votes) {
+			t.Fatalf("approval %s rebuilt as %+v, want %s with %d votes as it was", id, a, was.Status, len(was.Votes))
+		}
+		if was.Decision != nil && (a.Decision.DecisionID != was.Decision.DecisionID || a.Decision.Principal != was.Decision.Principal ||
+			a.Decision.Option != was.Decision.Option || a.Decision.DecidedAt.After(was.Decision.DecidedAt)) {
+			t.Fatalf("approval %s decision %+v, want %+v (at its submission, no later)", id, a.Decision, was.Decision)
+		}
+		for i := range a.Votes {
+			if a.Votes[i].Principal != was.Votes[i].Principal || a.Votes[i].DecisionID != was.Votes[i].DecisionID {
+				t.Fatalf("approval %s vote %d %+v, want %+v", id, i, a.Votes[i], was.Votes[i])
+			}
+		}
+	}
+	for id := range before {
+		same(id, h2.Approval(id))
+	}
+	approve(h2, second, "alice")
+	if b, _ := h2.WaitTerminal(waiting); b.State != schemas.BatchCompleted {
+		t.Fatalf("the waiting batch ended %s", b.State)
+	}
+	for _, c := range []struct {
+		call string
+		n    int
+	}{{schemas.CallID(waiting, 0), 1}, {schemas.CallID(waiting, 1), 1}, {schemas.CallID(voted, 0), 1}, {schemas.CallID(halfway, 0), 0}} {
+		if got := count.Runs(c.call) + quorum.Runs(c.call); got != c.n {
+			t.Fatalf("call %s ran %d times, want %d", c.call, got, c.n)
+		}
+	}
+}
