@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -9,9 +10,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -33,10 +36,21 @@ var (
 )
 
 // cmdDecide publishes a decision and waits for the approver's answer to
-// it: the decided event that names it (as the decision or a counted vote)
-// or its rejection with the reason code (exit status 1). A decided event
-// of another decision that won the race is not its answer: the approver
-// then rejects this one APPROVAL_ALREADY_DECIDED.
+// it, and exits 0 with it or 1 with its rejection's reason code. The
+// answer is the approval's decision when it answers the decision
+// (DecidedEvent.Answers: it names it, as the decision or a counted vote,
+// or it is the same principal's same option), taken from the approval
+// record as the approvals bucket stores it (a revision heard on
+// $KV.tollgate_approvals.<id> wakes the command, which then reads the
+// record: a write that lost its compare-and-set is heard too, and is no
+// decision); or the approval.decided event the approver publishes as its
+// answer to a repeat of the recorded outcome (Repeat); or the decision's
+// rejection (decision.rejected). A decision of someone else that won the
+// race is not its answer: the approver then rejects this one
+// APPROVAL_ALREADY_DECIDED. A counted vote that leaves the approval
+// pending is answered once the quorum decides it (or not within
+// --timeout). With --json the answer is printed as the decided event (or
+// the rejection) the protocol defines (docs/protocol.md §4, §9.2).
 func cmdDecide(cmd *command, args []string) int {
 	option := cmd.name
 	fs := cmd.flags()
@@ -84,10 +98,13 @@ func cmdDecide(cmd *command, args []string) int {
 	ctx, cancel := c.ctx()
 	defer cancel()
 
-	// Subscribe before publishing so the answer cannot be missed.
+	// Subscribe before publishing so the answer cannot be missed: the
+	// approval record's revisions, the approval's rejections and its
+	// turn's decided events (a repeat's answer).
 	answers := make(chan *nats.Msg, 64)
 	var subs []*nats.Subscription
-	subjects := []string{topology.EventSubject(topology.SubjectDecisionRejected, id)}
+	revisions := topology.ApprovalRevisionSubject(id)
+	subjects := []string{revisions, topology.EventSubject(topology.SubjectDecisionRejected, id)}
 	if turn := schemas.TurnIDOfApproval(id); turn != "" {
 		subjects = append(subjects, topology.EventSubject(topology.SubjectApprovalDecided, turn))
 	}
@@ -112,11 +129,30 @@ func cmdDecide(cmd *command, args []string) int {
 	if *noWait {
 		return report(c.json, map[string]any{"decision_id": d.DecisionID, "approval_id": id, "status": "submitted"}, "submitted "+d.DecisionID)
 	}
+	answered := func(ev *schemas.DecidedEvent, data []byte) int {
+		human := fmt.Sprintf("%s %s (turn %s)", ev.Status, id, ev.TurnID)
+		if schemas.IsGrantOption(option) && ev.Decision != nil && ev.Decision.DecisionID == d.DecisionID {
+			human += "; grant " + schemas.GrantID(id, d.DecisionID) + " made ('tollgate grants show' it)"
+		}
+		return report(c.json, asMap(data), human)
+	}
+	stored := storedDecisions{js: c.js, id: id}
 	for {
 		select {
 		case <-ctx.Done():
-			return fail("%s: no answer from the approver within %v (decision %s is stored and will be applied when it runs)", option, c.timeout, d.DecisionID)
+			why := ""
+			if stored.err != nil {
+				why = fmt.Sprintf("; its record could not be read: %v", stored.err)
+			}
+			return fail("%s: no answer from the approver within %v (decision %s is stored and will be applied when it runs)%s", option, c.timeout, d.DecisionID, why)
+		case <-stored.again:
 		case m := <-answers:
+			if m.Subject == revisions {
+				if ev, err := store.DecidedOf(m.Subject, m.Header, m.Data); err != nil || ev == nil {
+					continue // a pending record (created, or a vote counted), a marker, a rewrite
+				}
+				break // a decision: read the record as stored
+			}
 			_, rec, _ := topology.Read(m.Subject, m.Data, topology.RouteDecisionRejected, topology.RouteApprovalDecided)
 			if rej, ok := rec.(*schemas.DecisionRejected); ok {
 				if rej.DecisionID != d.DecisionID {
@@ -129,20 +165,83 @@ func cmdDecide(cmd *command, args []string) int {
 				}
 				return 1
 			}
-			ev, ok := rec.(*schemas.DecidedEvent)
-			if !ok || !ev.Answers(d) {
-				// Not this decision's answer: another decision won the
-				// race, and the approver rejects this one
-				// (APPROVAL_ALREADY_DECIDED), which comes next.
-				continue
+			if ev, ok := rec.(*schemas.DecidedEvent); ok && ev.Answers(d) {
+				// The approver's answer to a repeat (Repeat), or, from an
+				// approver that still publishes every decision, the
+				// decision itself.
+				return answered(ev, m.Data)
 			}
-			human := fmt.Sprintf("%s %s (turn %s)", ev.Status, id, ev.TurnID)
-			if schemas.IsGrantOption(option) && ev.Decision != nil && ev.Decision.DecisionID == d.DecisionID {
-				human += "; grant " + schemas.GrantID(id, d.DecisionID) + " made ('tollgate grants show' it)"
-			}
-			return report(c.json, asMap(m.Data), human)
+			continue
 		}
+		ev := stored.read(ctx)
+		if ev == nil || !ev.Answers(d) {
+			// Not stored yet (read again soon), or not this decision's
+			// answer: another decision won the race, and the approver
+			// rejects this one (APPROVAL_ALREADY_DECIDED), which comes
+			// next.
+			continue
+		}
+		data, err := schemas.Encode(ev)
+		if err != nil {
+			return fail("%s: %v", option, err)
+		}
+		return answered(ev, data)
 	}
+}
+
+// storedDecisions reads the decision of approval id as its record is
+// stored, for cmdDecide: a revision heard on the bucket's subject is a
+// write sent, not yet a write stored (nor ever, if its compare-and-set
+// lost), so the answer is taken from the stored record alone.
+type storedDecisions struct {
+	js    jetstream.JetStream
+	id    string
+	kv    jetstream.KeyValue // opened on the first read
+	err   error              // the last read's failure
+	wait  time.Duration      // before the next read, while the record is pending
+	again <-chan time.Time   // fires when a read found the record pending
+}
+
+// Reads again after a read that found the record still pending (the write
+// heard is not stored yet): first after storedRetryFirst, doubling up to
+// storedRetryMax.
+const (
+	storedRetryFirst = 5 * time.Millisecond
+	storedRetryMax   = 250 * time.Millisecond
+)
+
+// read returns the decided event of the stored record (schemas.DecidedOf),
+// or nil while it is pending or cannot be read; then it sets again to
+// fire for the next read.
+func (s *storedDecisions) read(ctx context.Context) *schemas.DecidedEvent {
+	s.again = nil
+	ev, err := s.get(ctx)
+	s.err = err
+	if ev != nil {
+		return ev
+	}
+	s.wait = min(max(2*s.wait, storedRetryFirst), storedRetryMax)
+	s.again = time.After(s.wait)
+	return nil
+}
+
+func (s *storedDecisions) get(ctx context.Context) (*schemas.DecidedEvent, error) {
+	if s.kv == nil {
+		kv, err := s.js.KeyValue(ctx, topology.BucketApprovals)
+		if err != nil {
+			return nil, fmt.Errorf("open the approvals bucket: %w", err)
+		}
+		s.kv = kv
+	}
+	e, err := s.kv.Get(ctx, s.id)
+	if err != nil {
+		return nil, fmt.Errorf("read approval %s: %w", s.id, err)
+	}
+	rec, err := schemas.Decode[schemas.ApprovalRecord](e.Value())
+	if err != nil {
+		return nil, fmt.Errorf("decode approval %s: %w", s.id, err)
+	}
+	return schemas.DecidedOf(rec), nil
 }
 
 func report(asJSON bool, v any, human string) int {

@@ -1,15 +1,30 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
+
+// cliPolicy gates count; on the cli transport the requester decides.
+const cliPolicy = `{"version": "cli-race-1", "default_approval": "required", "tools": {"count": {"approval": "required"}},
+  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}}`
 
 // TestDecideAnswersOnlyItsOwnDecision: `tollgate approve` loses the race
 // to a deny sent just before it (both are stored before the approver
@@ -24,9 +39,7 @@ func TestDecideAnswersOnlyItsOwnDecision(t *testing.T) {
 	}{{"in text", false}, {"in JSON", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			count := &pt.Counter{}
-			policy := `{"version": "cli-race-1", "default_approval": "required", "tools": {"count": {"approval": "required"}},
-  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}}`
-			h := pt.Start(t, pt.Options{Policy: policy, Tools: []tools.Tool{count}, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
+			h := pt.Start(t, pt.Options{Policy: cliPolicy, Tools: []tools.Tool{count}, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
 			turn := h.Send(h.Inbound("s-cli-race", "alice", pt.Call("count", `{}`)))
 			id := schemas.ApprovalID(turn, 0)
 			h.WaitPending(id)
@@ -48,7 +61,7 @@ func TestDecideAnswersOnlyItsOwnDecision(t *testing.T) {
 			jstest.Eventually(t, pt.Wait, "the command's approve stored after the deny", func() bool {
 				return len(h.Messages(topology.StreamDecisions, topology.DecisionSubject("cli", id))) == 2
 			})
-			pt.Start(t, pt.Options{Env: h.Env, Keys: h.Keys, Policy: policy, Tools: []tools.Tool{count}, Stages: []string{pt.Approver}})
+			pt.Start(t, pt.Options{Env: h.Env, Keys: h.Keys, Policy: cliPolicy, Tools: []tools.Tool{count}, Stages: []string{pt.Approver}})
 
 			r := <-done
 			if a := h.Approval(id); a.Status != schemas.ApprovalDenied || a.Decision.DecisionID != deny.DecisionID {
@@ -63,5 +76,183 @@ func TestDecideAnswersOnlyItsOwnDecision(t *testing.T) {
 				t.Fatalf("approve: exit %d, stdout %q, stderr %q; want exit 1 rejected %s", r.code, r.out, r.errOut, schemas.CodeApprovalAlreadyDecided)
 			}
 		})
+	}
+}
+
+// repeatsOnly is JetStream as the approver publishes through it once
+// approval.decided is only its answer to a decision that changed no record
+// (issue 36): a decided event without Repeat is acknowledged and dropped,
+// so that a decision's only trace is the revision of its approval record.
+type repeatsOnly struct{ jetstream.JetStream }
+
+func (j repeatsOnly) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if strings.HasPrefix(m.Subject, topology.SubjectApprovalDecided) {
+		if ev, err := schemas.Decode[schemas.DecidedEvent](m.Data); err == nil && ev.Repeat == "" {
+			return &jetstream.PubAck{Stream: topology.StreamEvents}, nil
+		}
+	}
+	return j.JetStream.PublishMsg(ctx, m, opts...)
+}
+
+// runRepeatsOnlyApprover runs the approver stage on h's pipeline (started
+// without its own), publishing through repeatsOnly, until the test ends.
+func runRepeatsOnlyApprover(t *testing.T, h *pt.H) {
+	t.Helper()
+	a, err := approver.New(approver.Config{
+		JS: repeatsOnly{h.JS}, Store: h.Store, Policy: h.Policy, Keys: h.Keys,
+		Logger: pt.Logger(), Metrics: runner.NewMetrics(nil),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("approver: %v", err)
+		}
+	})
+}
+
+// cliDecisions are the decisions stored on the cli transport's subject
+// of approval id, in order.
+func cliDecisions(h *pt.H, id string) []*schemas.Decision {
+	return pt.DecodeAll[schemas.Decision](h.T, h.Messages(topology.StreamDecisions, topology.DecisionSubject("cli", id)))
+}
+
+// TestDecideIsAnsweredByTheRecordWithoutADecidedEvent: the approver
+// publishes no approval.decided event for a decision it applies (only for
+// a repeat, with Repeat set). `tollgate approve --json` is answered by
+// the approval record's revision: exit 0, and the decided event it prints
+// is the record's, byte for byte as the approver used to publish it
+// (schemas.DecidedOf), naming the command's own decision. The same
+// person's approve again is a repeat, answered by the approver's
+// announcement (Repeat: its decision id) with the decision recorded first;
+// a deny after it is rejected APPROVAL_ALREADY_DECIDED.
+func TestDecideIsAnsweredByTheRecordWithoutADecidedEvent(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: cliPolicy, Tools: []tools.Tool{&pt.Counter{}}, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
+	runRepeatsOnlyApprover(t, h)
+	turn := h.Send(h.Inbound("s-cli-record", "alice", pt.Call("count", `{}`)))
+	id := schemas.ApprovalID(turn, 0)
+	h.WaitPending(id)
+	url := "--nats=" + h.Env.URL()
+
+	code, out, errOut := runCLI(t, "approve", id, "--as", "alice", "--json", url)
+	rec := h.Approval(id)
+	mine := cliDecisions(h, id)
+	if code != 0 || len(mine) != 1 || rec.Status != schemas.ApprovalApproved || rec.Decision == nil || rec.Decision.DecisionID != mine[0].DecisionID {
+		t.Fatalf("approve: exit %d, stdout %q, stderr %q; record %s by %+v", code, out, errOut, rec.Status, rec.Decision)
+	}
+	data, err := schemas.Encode(schemas.DecidedOf(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, want any
+	wantJSON, _ := json.Marshal(asMap(data))
+	if json.Unmarshal([]byte(out), &got) != nil || json.Unmarshal(wantJSON, &want) != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("approve printed %s, want the record's decided event %s", out, wantJSON)
+	}
+	for _, ev := range h.Decided(turn) {
+		if ev.Repeat == "" {
+			t.Fatalf("an approval.decided event without Repeat was published: %+v", ev)
+		}
+	}
+
+	code, out, errOut = runCLI(t, "approve", id, "--as", "alice", "--json", url)
+	mine = cliDecisions(h, id)
+	var repeat map[string]any
+	if code != 0 || len(mine) != 2 || json.Unmarshal([]byte(out), &repeat) != nil {
+		t.Fatalf("approve again: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	first, _ := repeat["decision"].(map[string]any)
+	if repeat["status"] != string(schemas.ApprovalApproved) || repeat["repeat"] != mine[1].DecisionID || first["decision_id"] != mine[0].DecisionID {
+		t.Fatalf("approve again printed %s: want approved, repeat %s, the decision recorded %s", out, mine[1].DecisionID, mine[0].DecisionID)
+	}
+
+	code, out, errOut = runCLI(t, "deny", id, "--as", "alice", url)
+	if code != 1 || out != "" || !strings.Contains(errOut, string(schemas.CodeApprovalAlreadyDecided)) {
+		t.Fatalf("deny after approve: exit %d, stdout %q, stderr %q; want exit 1 rejected %s", code, out, errOut, schemas.CodeApprovalAlreadyDecided)
+	}
+}
+
+// TestDecideIsNotAnsweredByAWriteNeverStored: a core subscription to the
+// approval record's subject hears every write sent there, a
+// compare-and-set that lost included, which the bucket never stores.
+// While `tollgate approve` waits, such a write arrives holding the
+// approval approved by the command's own principal and option (an answer
+// to its decision, were it stored); then the deny stored before the
+// approve is applied. The command answers the approver's rejection of its
+// approve (exit 1, APPROVAL_ALREADY_DECIDED), never "approved".
+func TestDecideIsNotAnsweredByAWriteNeverStored(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		repeatOnly bool
+	}{{"with the decided events", false}, {"without them", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			count := &pt.Counter{}
+			h := pt.Start(t, pt.Options{Policy: cliPolicy, Tools: []tools.Tool{count}, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
+			turn := h.Send(h.Inbound("s-cli-lost", "alice", pt.Call("count", `{}`)))
+			id := schemas.ApprovalID(turn, 0)
+			pending := h.WaitPending(id)
+			deny := h.Decide(id, "deny", "alice")
+
+			type result struct {
+				code        int
+				out, errOut string
+			}
+			done := make(chan result, 1)
+			go func() {
+				code, out, errOut := runCLI(t, "approve", id, "--as", "alice", "--nats="+h.Env.URL())
+				done <- result{code, out, errOut}
+			}()
+			jstest.Eventually(t, pt.Wait, "the command's approve stored after the deny", func() bool {
+				return len(cliDecisions(h, id)) == 2
+			})
+			forgeLostWrite(t, h, pending, &schemas.DecisionInfo{DecisionID: "d-lost", Principal: "cli:alice", Option: "approve", DecidedAt: time.Now().UTC()})
+			if tc.repeatOnly {
+				runRepeatsOnlyApprover(t, h)
+			} else {
+				pt.Start(t, pt.Options{Env: h.Env, Keys: h.Keys, Policy: cliPolicy, Tools: []tools.Tool{count}, Stages: []string{pt.Approver}})
+			}
+
+			r := <-done
+			if r.code != 1 || r.out != "" || !strings.Contains(r.errOut, string(schemas.CodeApprovalAlreadyDecided)) {
+				t.Fatalf("approve: exit %d, stdout %q, stderr %q; want exit 1 rejected %s", r.code, r.out, r.errOut, schemas.CodeApprovalAlreadyDecided)
+			}
+			if a := h.Approval(id); a.Status != schemas.ApprovalDenied || a.Decision.DecisionID != deny.DecisionID {
+				t.Fatalf("approval %s by %+v, want denied by %s", a.Status, a.Decision, deny.DecisionID)
+			}
+		})
+	}
+}
+
+// forgeLostWrite sends to approval rec's subject the write of a
+// compare-and-set that lost: rec decided approved by decision, expecting a
+// revision that is not the record's last. The bucket refuses it (the test
+// checks), and the record stays as it was; a core subscriber hears it.
+func forgeLostWrite(t *testing.T, h *pt.H, rec *schemas.ApprovalRecord, decision *schemas.DecisionInfo) {
+	t.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	_, rev, err := h.Store.Approvals.Get(ctx, rec.ApprovalID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := *rec
+	lost.Status, lost.Decision = schemas.ApprovalApproved, decision
+	data, err := schemas.Encode(&lost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(topology.ApprovalRevisionSubject(rec.ApprovalID))
+	m.Data = data
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev-1, 10))
+	if _, err := h.JS.PublishMsg(ctx, m); err == nil {
+		t.Fatal("the bucket stored a write expecting a revision not its last")
+	}
+	if now := h.Approval(rec.ApprovalID); now.Status != schemas.ApprovalPending {
+		t.Fatalf("approval %s after the lost write, want pending", now.Status)
 	}
 }

@@ -438,6 +438,18 @@ type DecisionResponse struct {
 // what it can without deciding: the approval exists for this key's
 // transport, the digest is the approval's, the option is offered; a
 // failure there is answered with its code and nothing is published.
+//
+// The verdict is, whichever comes first: the approval's decision when it
+// answers d (schemas.DecidedEvent.Answers), taken from the approval record
+// as the bucket stores it (a revision heard on the record's subject wakes
+// the request, which then reads the record: a write that lost its
+// compare-and-set is heard too, and decides nothing); the approval.decided
+// event the approver publishes as its answer to a repeat of the recorded
+// outcome (Repeat is d); or d's rejection. Another decision that won the
+// race is not d's answer (the approver rejects d, 409
+// APPROVAL_ALREADY_DECIDED); a counted vote that leaves the approval
+// pending is answered when the quorum decides it, or 202 submitted after
+// Config.DecisionWait.
 func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) error {
 	var req DecisionRequest
 	if err := decodeBody(r, &req); err != nil {
@@ -475,8 +487,10 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 	}
 
 	// Wait for the answer before publishing, so that it cannot be missed.
+	revisions := topology.ApprovalRevisionSubject(a.ApprovalID)
 	answers, stop, err := s.answers.wait(s.cfg.JS.Conn(), decisionAnswerPatterns,
 		topology.EventSubject(topology.SubjectDecisionRejected, a.ApprovalID),
+		revisions,
 		topology.EventSubject(topology.SubjectApprovalDecided, a.TurnID))
 	if err != nil {
 		return unavailable(err)
@@ -497,12 +511,30 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 	httpserve.Hold(w, r, s.cfg.DecisionWait)
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.DecisionWait)
 	defer cancel()
+	answer := func(ev *schemas.DecidedEvent) error {
+		out := DecisionResponse{DecisionID: d.DecisionID, ApprovalID: a.ApprovalID, Status: string(ev.Status)}
+		if ev.Decision != nil {
+			dv := decisionView(*ev.Decision)
+			out.Decision = &dv
+		}
+		writeJSON(w, http.StatusOK, out)
+		return nil
+	}
+	var again <-chan time.Time // a read of the record again, while it is not yet stored decided
+	var wait time.Duration
 	for {
 		select {
 		case <-ctx.Done():
 			writeJSON(w, http.StatusAccepted, DecisionResponse{DecisionID: d.DecisionID, ApprovalID: a.ApprovalID, Status: "submitted"})
 			return nil
+		case <-again:
 		case m := <-answers:
+			if m.Subject == revisions {
+				if ev, err := store.DecidedOf(m.Subject, m.Header, m.Data); err != nil || ev == nil {
+					continue // a pending record (a vote counted), a marker, a rewrite
+				}
+				break // a decision written: read the record as stored
+			}
 			_, rec, _ := topology.Read(m.Subject, m.Data, topology.RouteDecisionRejected, topology.RouteApprovalDecided)
 			if rej, ok := rec.(*schemas.DecisionRejected); ok {
 				if rej.DecisionID != d.DecisionID {
@@ -519,25 +551,50 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 			s.approvals.set(a.ApprovalID, a.Decided(ev), recentWrites)
 			s.mu.Unlock()
 			if !ev.Answers(d) {
-				// Another decision won the race: not this request's
-				// answer. The approver rejects d (409
-				// APPROVAL_ALREADY_DECIDED), which comes next.
-				continue
+				continue // as below: not this request's answer
 			}
-			out := DecisionResponse{DecisionID: d.DecisionID, ApprovalID: a.ApprovalID, Status: string(ev.Status)}
-			if ev.Decision != nil {
-				dv := decisionView(*ev.Decision)
-				out.Decision = &dv
-			}
-			writeJSON(w, http.StatusOK, out)
-			return nil
+			// The approver's answer to a repeat (Repeat), or, from an
+			// approver that still publishes every decision, the decision.
+			return answer(ev)
 		}
+		// A revision heard is a write sent, not yet a write stored (nor
+		// ever, if its compare-and-set lost): the answer is the record
+		// as stored.
+		again = nil
+		stored, _, err := s.store.Approvals.Get(ctx, a.ApprovalID)
+		ev := schemas.DecidedOf(stored)
+		if err != nil || ev == nil {
+			wait = min(max(2*wait, storedRetryFirst), storedRetryMax)
+			again = time.After(wait)
+			continue
+		}
+		// The record as decided, for the turn's next view (see view).
+		s.mu.Lock()
+		s.approvals.set(a.ApprovalID, stored, recentWrites)
+		s.mu.Unlock()
+		if !ev.Answers(d) {
+			// Another decision won the race: not this request's
+			// answer. The approver rejects d (409
+			// APPROVAL_ALREADY_DECIDED), which comes next.
+			continue
+		}
+		return answer(ev)
 	}
 }
 
 // decisionAnswerPatterns are the subjects of a decision's answers: its
-// rejection (by approval id) and its approval's decided event (by turn id).
-var decisionAnswerPatterns = []string{topology.SubjectDecisionRejected + "*", topology.SubjectApprovalDecided + "*"}
+// rejection (by approval id), its approval record's revisions (by approval
+// id: the decision as stored) and its approval's decided events (by turn
+// id: the approver's answer to a repeat of the recorded outcome).
+var decisionAnswerPatterns = []string{topology.SubjectDecisionRejected + "*", topology.ApprovalRevisions, topology.SubjectApprovalDecided + "*"}
+
+// After a revision heard holds a decision that the record as stored does
+// not hold yet, postDecision reads the record again: first after
+// storedRetryFirst, doubling up to storedRetryMax.
+const (
+	storedRetryFirst = 5 * time.Millisecond
+	storedRetryMax   = 250 * time.Millisecond
+)
 
 // retriedDecision answers d from its approval's record if the approver
 // already took a decision with d's id (a retry with the same

@@ -2,18 +2,26 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	stageRunner "github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -223,10 +231,26 @@ func TestTheApprovalViewShowsThePreview(t *testing.T) {
 // of each pair is applied and answered 200 with its own decision (its
 // decision id and option, the approval's status that option gives); the
 // other is answered 409 APPROVAL_ALREADY_DECIDED, never 200 with the
-// winner's decision (docs/api.md "Decide").
+// winner's decision (docs/api.md "Decide"). Then the same with an
+// approver that publishes no decided event for a decision it applies
+// (issue 36): the answers come from the approval records, where the write
+// of the decision that lost its compare-and-set is heard too and must not
+// be taken for the verdict.
 func TestADecisionIsAnsweredOnlyWithItsOwnVerdict(t *testing.T) {
-	const pairs = 100
-	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Rate, c.Burst = 10000, 10000 })
+	t.Run("with the decided events", func(t *testing.T) {
+		g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Rate, c.Burst = 10000, 10000 })
+		raceDecisions(t, g, 100)
+	})
+	t.Run("without them", func(t *testing.T) {
+		g := startGateway(t, pipelinetest.Options{Stages: withoutApprover}, func(c *Config) { c.Rate, c.Burst = 10000, 10000 })
+		runRepeatsOnlyApprover(t, g.H)
+		raceDecisions(t, g, 100)
+	})
+}
+
+// raceDecisions races an approve (key a) and a deny (key a2) of alice on
+// each of pairs approvals (TestADecisionIsAnsweredOnlyWithItsOwnVerdict).
+func raceDecisions(t *testing.T, g *gw, pairs int) {
 	calls := make([]CallView, pairs)
 	for i := range calls {
 		_, calls[i] = g.submitGated("a", fmt.Sprintf("s-race-%d", i), "alice")
@@ -429,5 +453,187 @@ func TestAnotherDecidersSameOutcomeIsAnsweredAsApplied(t *testing.T) {
 		if applied != 1 || rec.Decision == nil || (rec.Decision.DecisionID != pair[0].d.DecisionID && rec.Decision.DecisionID != pair[1].d.DecisionID) {
 			t.Errorf("approval %s: %d answers name their own decision as applied, record holds %+v; want exactly one, the record's", calls[i].ApprovalID, applied, rec.Decision)
 		}
+	}
+}
+
+// withoutApprover are the stages a test runs when it runs its own approver.
+var withoutApprover = []string{pipelinetest.Ingest, pipelinetest.Executor, pipelinetest.Redriver}
+
+// repeatsOnly is JetStream as the approver publishes through it once
+// approval.decided is only its answer to a decision that changed no record
+// (issue 36): a decided event without Repeat is acknowledged and dropped,
+// so that a decision's only trace is the revision of its approval record.
+type repeatsOnly struct{ jetstream.JetStream }
+
+func (j repeatsOnly) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if strings.HasPrefix(m.Subject, topology.SubjectApprovalDecided) {
+		if ev, err := schemas.Decode[schemas.DecidedEvent](m.Data); err == nil && ev.Repeat == "" {
+			return &jetstream.PubAck{Stream: topology.StreamEvents}, nil
+		}
+	}
+	return j.JetStream.PublishMsg(ctx, m, opts...)
+}
+
+// runRepeatsOnlyApprover runs the approver stage on h's pipeline (started
+// without its own), publishing through repeatsOnly, until the test ends.
+func runRepeatsOnlyApprover(t *testing.T, h *pipelinetest.H) {
+	t.Helper()
+	a, err := approver.New(approver.Config{
+		JS: repeatsOnly{h.JS}, Store: h.Store, Policy: h.Policy, Keys: h.Keys,
+		Logger: pipelinetest.Logger(), Metrics: stageRunner.NewMetrics(nil),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("approver: %v", err)
+		}
+	})
+}
+
+// forgeLostWrite sends to approval rec's subject the write of a
+// compare-and-set that lost: rec decided by decision, expecting a
+// revision that is not the record's last. The bucket refuses it (the test
+// checks), and the record stays as it was; a core subscriber hears it.
+func forgeLostWrite(t *testing.T, h *pipelinetest.H, rec *schemas.ApprovalRecord, status schemas.ApprovalStatus, decision *schemas.DecisionInfo) {
+	t.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	_, rev, err := h.Store.Approvals.Get(ctx, rec.ApprovalID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := *rec
+	lost.Status, lost.Decision = status, decision
+	data, err := schemas.Encode(&lost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(topology.ApprovalRevisionSubject(rec.ApprovalID))
+	m.Data = data
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev-1, 10))
+	if _, err := h.JS.PublishMsg(ctx, m); err == nil {
+		t.Fatal("the bucket stored a write expecting a revision not its last")
+	}
+	if now := h.Approval(rec.ApprovalID); now.Status != schemas.ApprovalPending {
+		t.Fatalf("approval %s after the lost write, want pending", now.Status)
+	}
+}
+
+// turnApproval is the approval of call 0 of turn as GET /v1/turns shows it.
+func (g *gw) turnApproval(turn string) *ApprovalView {
+	g.t.Helper()
+	resp, body := g.do("GET", "/v1/turns/"+turn, "a", nil)
+	v := want[TurnView](g.t, resp, body, http.StatusOK)
+	if len(v.Calls) == 0 || v.Calls[0].Approval == nil {
+		g.t.Fatalf("turn %s: no approval in %s", turn, body)
+	}
+	return v.Calls[0].Approval
+}
+
+// TestADecisionIsAnsweredByTheRecordWithoutADecidedEvent: the approver
+// publishes no approval.decided event for a decision it applies (only for
+// a repeat, with Repeat set: issue 36). A decision posted is answered 200
+// from the approval record's revision, with its own decision id, and the
+// turn's view shows it decided. Repeats, answered by the approver's
+// announcement only (they change no record): bob's approve is 200 with
+// alice's decision, recorded first, and alice's approve again too; bob's
+// deny is 409 APPROVAL_ALREADY_DECIDED.
+func TestADecisionIsAnsweredByTheRecordWithoutADecidedEvent(t *testing.T) {
+	g := startGateway(t, pipelinetest.Options{Policy: twoDeciders, Stages: withoutApprover}, func(c *Config) {
+		c.DecisionWait = jstest.Scale(20 * time.Second)
+	})
+	runRepeatsOnlyApprover(t, g.H)
+	sub, c := g.submitGated("a", "s-record", "alice")
+	decide := func(who, option string) (*http.Response, []byte) {
+		t.Helper()
+		return g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+			DecisionRequest{Option: option, ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: who}})
+	}
+
+	resp, body := decide("alice", "approve")
+	first := want[DecisionResponse](t, resp, body, http.StatusOK)
+	rec := g.Approval(c.ApprovalID)
+	if first.Status != string(schemas.ApprovalApproved) || first.Decision == nil || first.Decision.DecisionID != first.DecisionID ||
+		rec.Decision == nil || rec.Decision.DecisionID != first.DecisionID {
+		t.Fatalf("alice's approve answered %s; record %s by %+v", body, rec.Status, rec.Decision)
+	}
+	for _, ev := range g.Decided(sub.TurnID) {
+		if ev.Repeat == "" {
+			t.Fatalf("an approval.decided event without Repeat was published: %+v", ev)
+		}
+	}
+	if a := g.turnApproval(sub.TurnID); a.Status != schemas.ApprovalApproved || a.Decision == nil || a.Decision.DecisionID != first.DecisionID {
+		t.Fatalf("the turn's view shows its approval %s by %+v, want approved by %s", a.Status, a.Decision, first.DecisionID)
+	}
+
+	for _, who := range []string{"bob", "alice"} {
+		resp, body := decide(who, "approve")
+		again := want[DecisionResponse](t, resp, body, http.StatusOK)
+		if again.Status != string(schemas.ApprovalApproved) || again.Decision == nil || again.Decision.DecisionID != first.DecisionID || again.DecisionID == first.DecisionID {
+			t.Fatalf("%s's approve after alice's: %s; want 200 approved with alice's decision %s", who, body, first.DecisionID)
+		}
+	}
+	resp, body = decide("bob", "deny")
+	wantProblem(t, resp, body, http.StatusConflict, schemas.CodeApprovalAlreadyDecided)
+}
+
+// TestADecisionIsNotAnsweredByAWriteNeverStored: a core subscription to
+// the approval record's subject hears every write sent there, a
+// compare-and-set that lost included, which the bucket never stores.
+// While alice's approve waits, such a write arrives holding the approval
+// approved by her (an answer to her decision, were it stored); then bob's
+// deny, stored before her approve, is applied. The request is answered
+// 409 APPROVAL_ALREADY_DECIDED, never 200; the turn's view shows the
+// approval denied by bob.
+func TestADecisionIsNotAnsweredByAWriteNeverStored(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		repeatsOnly bool
+	}{{"with the decided events", false}, {"without them", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := startGateway(t, pipelinetest.Options{Policy: twoDeciders, Stages: withoutApprover}, func(c *Config) {
+				c.DecisionWait = jstest.Scale(20 * time.Second)
+			})
+			sub, c := g.submitGated("a", "s-lost", "alice")
+			pending := g.Approval(c.ApprovalID)
+			deny := g.Decision(c.ApprovalID, "deny", "gateway", "bob")
+			g.Submit(deny)
+
+			type answer struct {
+				resp *http.Response
+				body []byte
+			}
+			done := make(chan answer, 1)
+			go func() {
+				resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+					DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+				done <- answer{resp, body}
+			}()
+			jstest.Eventually(t, pipelinetest.Wait, "alice's approve stored after bob's deny", func() bool {
+				return g.count(topology.StreamDecisions, topology.DecisionSubject("gateway", c.ApprovalID)) == 2
+			})
+			forgeLostWrite(t, g.H, pending, schemas.ApprovalApproved,
+				&schemas.DecisionInfo{DecisionID: "d-lost", Principal: "gateway:alice", Option: "approve", DecidedAt: time.Now().UTC()})
+			if tc.repeatsOnly {
+				runRepeatsOnlyApprover(t, g.H)
+			} else {
+				pipelinetest.Start(t, pipelinetest.Options{Env: g.Env, Keys: g.Keys, Policy: twoDeciders, Stages: []string{pipelinetest.Approver}})
+			}
+
+			a := <-done
+			wantProblem(t, a.resp, a.body, http.StatusConflict, schemas.CodeApprovalAlreadyDecided)
+			if rec := g.Approval(c.ApprovalID); rec.Status != schemas.ApprovalDenied || rec.Decision.DecisionID != deny.DecisionID {
+				t.Fatalf("approval %s by %+v, want denied by %s", rec.Status, rec.Decision, deny.DecisionID)
+			}
+			if v := g.turnApproval(sub.TurnID); v.Status != schemas.ApprovalDenied || v.Decision == nil || v.Decision.DecisionID != deny.DecisionID {
+				t.Fatalf("the turn's view shows its approval %s by %+v, want denied by %s", v.Status, v.Decision, deny.DecisionID)
+			}
+		})
 	}
 }

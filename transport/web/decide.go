@@ -124,8 +124,14 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 }
 
 // submit publishes d and returns the approver's verdict: its rejection of
-// d, the decided event naming d, or (when neither comes within
-// DecisionWait, as for a quorum vote) what the stored record says of d.
+// d; the approval record as stored when it holds d (applied, or a vote
+// counted while the approval stays pending), read at once when a revision
+// of the record is heard (a revision heard is a write sent, not yet a write
+// stored, nor ever if its compare-and-set lost, so only the read answers)
+// and every pollEvery besides; the approval.decided event that answers d
+// (DecidedEvent.Answers: the approver's answer to a repeat of the recorded
+// outcome carries d's id in Repeat); or, when none of these comes within
+// DecisionWait, submitted.
 func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *schemas.Decision) (*verdict, error) {
 	v := &verdict{Option: d.Option}
 	// A decision the record already holds (a resubmit after the bus's
@@ -137,8 +143,10 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 		}
 		return v, nil
 	}
+	revisions := topology.ApprovalRevisionSubject(d.ApprovalID)
 	answers, stop, err := s.publishDecision(ctx, d,
 		topology.EventSubject(topology.SubjectDecisionRejected, d.ApprovalID),
+		revisions,
 		topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID))
 	if err != nil {
 		return nil, err
@@ -146,8 +154,21 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 	defer stop()
 	wait, cancel := context.WithTimeout(ctx, s.cfg.DecisionWait)
 	defer cancel()
-	poll := time.NewTicker(250 * time.Millisecond)
+	poll := time.NewTicker(pollEvery)
 	defer poll.Stop()
+	// recorded reports whether the record as stored holds d, and sets v
+	// from it.
+	recorded := func() bool {
+		now, _, err := s.store.Approvals.Get(ctx, d.ApprovalID)
+		if err != nil || !now.Holds(d.DecisionID) {
+			return false
+		}
+		v.State = VerdictApplied
+		if now.Status == schemas.ApprovalPending {
+			v.State = VerdictVote
+		}
+		return true
+	}
 	for {
 		select {
 		case <-wait.Done():
@@ -155,14 +176,16 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 			return v, nil
 		case <-poll.C:
 			// A duplicate publish is answered by nobody: the record tells.
-			if now, _, err := s.store.Approvals.Get(ctx, d.ApprovalID); err == nil && now.Holds(d.DecisionID) {
-				v.State = VerdictApplied
-				if now.Status == schemas.ApprovalPending {
-					v.State = VerdictVote
-				}
+			if recorded() {
 				return v, nil
 			}
 		case m := <-answers:
+			if m.Subject == revisions {
+				if recorded() {
+					return v, nil
+				}
+				continue
+			}
 			_, rec, _ := topology.Read(m.Subject, m.Data, topology.RouteDecisionRejected, topology.RouteApprovalDecided)
 			if rej, ok := rec.(*schemas.DecisionRejected); ok {
 				if rej.DecisionID != d.DecisionID {
@@ -182,6 +205,10 @@ func (s *Server) submit(ctx context.Context, rec *schemas.ApprovalRecord, d *sch
 		}
 	}
 }
+
+// pollEvery is how often submit reads the approval record while it waits
+// for its decision's verdict.
+const pollEvery = 250 * time.Millisecond
 
 // formSession admits a form post that changes something (a decision, a
 // revocation): its body bounded, a live session, the session's CSRF token,
