@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/decisions"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/schemas"
 	tgdiscord "github.com/tollgate-dev/tollgate/transport/discord"
@@ -55,10 +56,10 @@ func TestLeastPrivilegeDiscord(t *testing.T) {
 			t.Fatalf("discord: read back from %s: %v", kv.Bucket(), err)
 		}
 	}
-	events, err := dc.js.CreateOrUpdateConsumer(ctx(t, wait), topology.StreamEvents, jetstream.ConsumerConfig{
+	_, err = dc.js.CreateOrUpdateConsumer(ctx(t, wait), topology.StreamEvents, jetstream.ConsumerConfig{
 		Durable: tgdiscord.Durable, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverNewPolicy,
 		FilterSubjects: []string{
-			topology.SubjectApprovalDecided + "*", topology.SubjectApprovalRequested + "*",
+			topology.SubjectApprovalRequested + "*",
 			topology.SubjectDecisionRejected + "*", topology.SubjectTurnOutcome + "*", topology.SubjectTurnReply + "*",
 		},
 	})
@@ -115,10 +116,16 @@ func TestLeastPrivilegeDiscord(t *testing.T) {
 	if out.State != schemas.TurnCompleted || len(out.Results) != 1 || out.Results[0].Status != schemas.ResultOK {
 		t.Fatalf("outcome of %s: %+v", turn, out)
 	}
-	// The decision, from the transport's own consumer of the events.
-	if ev, err := schemas.Decode[schemas.DecidedEvent](nextEvent(t, events, topology.EventSubject(topology.SubjectApprovalDecided, turn))); err != nil ||
-		ev.Status != schemas.ApprovalApproved || ev.ApprovalID != req.ApprovalID {
-		t.Fatalf("decided event: %+v, %v", ev, err)
+	// The decision, from the transport's own durable on the approvals
+	// bucket's stream (transport/chat closes the prompt on it).
+	decided, err := dc.js.CreateOrUpdateConsumer(ctx(t, wait), topology.StreamApprovals, jetstream.ConsumerConfig{
+		Durable: decisions.Durable(tgdiscord.Durable), AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: topology.ApprovalRevisions,
+	})
+	if err != nil {
+		t.Fatalf("discord: create its decisions consumer: %v", err)
+	}
+	if ev := nextDecision(t, decided, req.ApprovalID); ev.Status != schemas.ApprovalApproved || ev.Decision == nil || ev.Decision.DecisionID != d.DecisionID {
+		t.Fatalf("decision: %+v", ev)
 	}
 	if b, err := os.ReadFile(filepath.Join(sandbox, "discord.txt")); err != nil || string(b) != "approved on discord" {
 		t.Fatalf("the approved write_file did not run: %q, %v", b, err)

@@ -463,6 +463,30 @@ func nextRequests(t *testing.T, cons jetstream.Consumer, turn string) []*schemas
 // nextEvent fetches from the transport's durable consumer (acking all it
 // reads up to it) until an event on subject arrives, and returns its
 // data; the events fetched with it, after it, are left for the next call.
+// nextDecision fetches from cons, a consumer of the approvals bucket's
+// stream, until it delivers the decision of approval id (store.DecidedOf),
+// acknowledging what it passes.
+func nextDecision(t *testing.T, cons jetstream.Consumer, id string) *schemas.DecidedEvent {
+	t.Helper()
+	var got *schemas.DecidedEvent
+	jstest.Eventually(t, wait, "the decision of "+id, func() bool {
+		batch, err := cons.Fetch(16, jetstream.FetchMaxWait(250*time.Millisecond))
+		if err != nil {
+			t.Fatalf("fetch decisions: %v", err)
+		}
+		for m := range batch.Messages() {
+			if err := m.Ack(); err != nil {
+				t.Fatalf("ack: %v", err)
+			}
+			if ev, err := store.DecidedOf(m.Subject(), m.Headers(), m.Data()); err == nil && ev != nil && ev.ApprovalID == id {
+				got = ev
+			}
+		}
+		return got != nil
+	})
+	return got
+}
+
 func nextEvent(t *testing.T, cons jetstream.Consumer, subject string) []byte {
 	t.Helper()
 	var found []byte
@@ -642,9 +666,17 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 		if a, _, err := adminStore.Approvals.Get(ctx(t, wait), id); err != nil || a.Status != schemas.ApprovalAbandoned {
 			t.Fatalf("%s: approval %s after abort: %+v, %v", p.stage, id, a, err)
 		}
-		ev, err := schemas.Decode[schemas.DecidedEvent](lastOn(t, admin, topology.EventSubject(topology.SubjectApprovalDecided, waiting)))
-		if err != nil || ev.Status != schemas.ApprovalAbandoned {
-			t.Fatalf("%s: decided event of %s: %+v, %v", p.stage, id, ev, err)
+		// Its abandoned record's revision is its decided event.
+		kvs, err := admin.js.Stream(ctx(t, wait), topology.StreamApprovals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := kvs.GetLastMsgForSubject(ctx(t, wait), topology.ApprovalRevisionSubject(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev, err := store.DecidedOf(last.Subject, last.Header, last.Data); err != nil || ev == nil || ev.Status != schemas.ApprovalAbandoned {
+			t.Fatalf("%s: the decision of %s: %+v, %v", p.stage, id, ev, err)
 		}
 		if o := loggedOutcome(t, admin, waiting); o.State != schemas.TurnFailed {
 			t.Fatalf("%s: outcome of %s: %+v", p.stage, waiting, o)

@@ -14,13 +14,22 @@ func PromptKey(approvalID string) string { return "prompt." + approvalID }
 
 // prompt posts the prompt of a pending approval of the transport's own
 // turn, once (record prompt.<approval>). A replayed announcement of an
-// approval decided since posts nothing.
+// approval decided since posts nothing. A decision that comes while the
+// prompt is being posted finds no prompt to close (closePrompt): so once
+// the record is written the approval is read again, and a decided one has
+// its prompt closed here (and on a redelivery that finds the prompt
+// posted and still open, in case that read failed).
 func (t *Transport[M]) prompt(ctx context.Context, rec *schemas.ApprovalRecord) error {
 	if rec.Context == nil || rec.Context.Transport != t.cfg.Name || rec.Status != schemas.ApprovalPending {
 		return nil
 	}
-	if p, _, err := t.Record(ctx, PromptKey(rec.ApprovalID)); err != nil || p != nil {
+	if p, _, err := t.Record(ctx, PromptKey(rec.ApprovalID)); err != nil {
 		return err
+	} else if p != nil {
+		if p.Closed {
+			return nil
+		}
+		return t.closeIfDecided(ctx, rec.ApprovalID)
 	}
 	if cur, err := t.Approval(ctx, rec.ApprovalID); err != nil {
 		return err
@@ -37,7 +46,23 @@ func (t *Transport[M]) prompt(ctx context.Context, rec *schemas.ApprovalRecord) 
 	}
 	t.Posted(KindPrompt)
 	p := &Record{Channel: at.Channel, MessageID: id, ApprovalID: rec.ApprovalID, Tool: rec.Tool, Digest: rec.ArgsDigest, Kind: at.Kind, At: t.Now().UTC()}
-	return t.created(t.PutRecord(ctx, PromptKey(rec.ApprovalID), p, 0))
+	if err := t.PutRecord(ctx, PromptKey(rec.ApprovalID), p, 0); err != nil {
+		return t.created(err)
+	}
+	return t.closeIfDecided(ctx, rec.ApprovalID)
+}
+
+// closeIfDecided closes the prompt of approval id (closePrompt) when the
+// approvals bucket holds the approval decided.
+func (t *Transport[M]) closeIfDecided(ctx context.Context, id string) error {
+	cur, err := t.Approval(ctx, id)
+	if err != nil {
+		return err
+	}
+	if ev := schemas.DecidedOf(cur); ev != nil {
+		return t.closePrompt(ctx, ev)
+	}
+	return nil
 }
 
 // created is nil for a record written, or written first by another worker.
@@ -50,7 +75,9 @@ func (t *Transport[M]) created(err error) error {
 
 // closePrompt edits a posted prompt still open once its approval left
 // pending (from whatever transport it was decided), with the status, who
-// decided, when, and their note.
+// decided, when, and their note: the handler of the transport's
+// decisions (decisions.Follower), and of a prompt posted for an approval
+// decided meanwhile (prompt). A prompt not posted (yet) is left to prompt.
 func (t *Transport[M]) closePrompt(ctx context.Context, ev *schemas.DecidedEvent) error {
 	p, rev, err := t.Record(ctx, PromptKey(ev.ApprovalID))
 	if err != nil || p == nil || p.Closed {

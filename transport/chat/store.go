@@ -6,14 +6,32 @@
 // Transport owns the transport's KV buckets (tollgate_<name>_seen for
 // replay records and clicks, tollgate_<name> for what it posted), its
 // counters (tollgate_<name>_posts_total{kind}, one meaning per kind;
-// tollgate_<name>_refused_total{reason}), its durable consumer
-// transport-<name> on TOLLGATE_EVENTS (approval.requested,
-// approval.decided, turn.outcome, turn.reply, decision.rejected) and the
-// five handlers with their once records: a pending approval of its own
-// turns prompted once, the prompt closed once in place with the status,
-// the decider and their note, outcomes and the planner's replies posted
-// once where their audience admits the channel, an approver's rejection
-// shown to its decider. For the platform's inbound side it checks signed
+// tollgate_<name>_refused_total{reason}), its consumers and the five
+// handlers with their once records: a pending approval of its own turns
+// prompted once, the prompt closed once in place with the status, the
+// decider and their note, outcomes and the planner's replies posted once
+// where their audience admits the channel, an approver's rejection shown
+// to its decider.
+//
+// Where each comes from: a turn's requests and outcome from its turn
+// log's awaiting and outcome events (consumers
+// transport-<name>-outcome-<i>, pipeline/outcomes); an approval's
+// decision from its decided revision in KV tollgate_approvals (consumer
+// transport-<name>-decided on KV_tollgate_approvals: every decision the
+// bucket holds, then each new one; pipeline/decisions); the planner's
+// replies, the approver's rejections, and the requests and outcomes an
+// earlier version published, from the durable consumer transport-<name>
+// on TOLLGATE_EVENTS. A published approval.decided is not read: the
+// bucket holds every decision, and the approver's answer to a repeated
+// decision (DecidedEvent.Repeat) repeats one the prompt shows already.
+//
+// Order: a decision that comes before its prompt is posted is not lost. A
+// prompt is posted only for an approval the bucket holds pending, and
+// once the prompt's record is written the approval is read again: decided
+// by then (its decision may have found no prompt to close), the prompt is
+// closed at once.
+//
+// For the platform's inbound side it checks signed
 // requests (ReadSigned), binds clicks to prompts (Check), applies the
 // one "still decidable" rule (Undecidable, after
 // schemas.ApprovalRecord.Decidable), and builds and publishes decisions

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/metrics"
+	"github.com/tollgate-dev/tollgate/pipeline/decisions"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -98,9 +99,10 @@ func (c *Config) Validate() error {
 
 // Transport is the part of a chat transport every platform shares, as a
 // router is to its handlers: the buckets of what it posted and saw, the
-// counters, the durable consumer on TOLLGATE_EVENTS and its five
-// handlers (prompt, close, outcome, reply, rejection), the "still
-// decidable" rule and the decisions a click publishes. A platform
+// counters, the durable consumers (TOLLGATE_EVENTS, the turn logs, the
+// approvals bucket's stream) and the five handlers (prompt, close,
+// outcome, reply, rejection), the "still decidable" rule and the
+// decisions a click publishes. A platform
 // (Platform) supplies the client and the renderer. Safe for concurrent
 // use.
 type Transport[M any] struct {
@@ -111,7 +113,8 @@ type Transport[M any] struct {
 	records   jetstream.KeyValue // tollgate_<name>: prompts, posts, threads
 	approvals jetstream.KeyValue
 	runner    *runner.Runner
-	outcomes  *outcomes.Follower // the turn logs' outcome events
+	outcomes  *outcomes.Follower  // the turn logs' outcome and awaiting events
+	decisions *decisions.Follower // the approvals bucket's decided revisions
 	refused   *prometheus.CounterVec
 	posts     *prometheus.CounterVec
 }
@@ -128,7 +131,9 @@ const (
 
 // New binds to the pipeline's approvals bucket (it must exist), creates
 // the transport's own buckets if missing (Provision), registers the
-// counters and builds the consumer. Nothing is consumed until Run.
+// counters and builds the consumers (creating those of the turn logs and
+// of the approvals bucket's stream that do not exist). Nothing is
+// consumed until Run.
 func New[M any](ctx context.Context, cfg Config, p Platform[M]) (*Transport[M], error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -190,25 +195,39 @@ func New[M any](ctx context.Context, cfg Config, p Platform[M]) (*Transport[M], 
 	if err != nil {
 		return nil, err
 	}
+	t.decisions, err = decisions.New(ctx, decisions.Config{
+		Component: cfg.Name, Durable: decisions.Durable(Durable(cfg.Name)),
+		Description: "Tollgate " + cfg.Title + " transport: approvals' decisions (prompts to close)",
+		JS:          cfg.JS, From: decisions.FromAll,
+		Handler: func(ctx context.Context, ev *schemas.DecidedEvent, _ jetstream.Msg) error {
+			return t.closePrompt(ctx, ev)
+		},
+		Logger: t.log.With("stage", cfg.Name), Metrics: rm, Concurrency: 8,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
 // Durable is the name of transport name's consumer on TOLLGATE_EVENTS.
 func Durable(name string) string { return "transport-" + name }
 
-// ConsumerConfig is the durable consumer of the events a chat transport
-// acts on: approval.requested, approval.decided, turn.outcome, turn.reply
-// and decision.rejected. A turn's requests and outcome come from its turn
-// log's awaiting and outcome events (consumers "<Durable>-outcome-<i>",
-// outcomes.Follower); a published approval.requested or turn.outcome is
-// delivered only when the turn's log does not deliver it (a turn an
-// earlier version moved on, a batch kept in tollgate_batches).
+// ConsumerConfig is the durable consumer of the events on TOLLGATE_EVENTS
+// a chat transport acts on: approval.requested, decision.rejected,
+// turn.outcome and turn.reply. A turn's requests and outcome come from
+// its turn log's awaiting and outcome events (consumers
+// "<Durable>-outcome-<i>", outcomes.Follower); a published
+// approval.requested or turn.outcome is delivered only when the turn's
+// log does not deliver it (a turn an earlier version moved on, a batch
+// kept in tollgate_batches). Decisions come from the approvals bucket's
+// stream (consumer decisions.Durable(Durable(name)), decisions.Follower),
+// not from approval.decided, which the consumer no longer follows.
 func ConsumerConfig(name, title string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:     Durable(name),
-		Description: "Tollgate " + title + " transport: prompts, closes, outcomes, replies, rejections",
+		Description: "Tollgate " + title + " transport: prompts, outcomes, replies, rejections",
 		FilterSubjects: []string{
-			topology.SubjectApprovalDecided + "*",
 			topology.SubjectApprovalRequested + "*",
 			topology.SubjectDecisionRejected + "*",
 			topology.SubjectTurnOutcome + "*",
@@ -220,14 +239,17 @@ func ConsumerConfig(name, title string) jetstream.ConsumerConfig {
 	}
 }
 
-// Run consumes events and the turn logs' outcome events until ctx is
-// cancelled; one consumer failing stops the others (runner.RunAll).
+// Run consumes events, the turn logs' outcome and awaiting events and the
+// approvals' decisions until ctx is cancelled; one consumer failing stops
+// the others (runner.RunAll).
 func (t *Transport[M]) Run(ctx context.Context) error {
-	return runner.RunAll(ctx, append([]*runner.Runner{t.runner}, t.outcomes.Runners()...)...)
+	return runner.RunAll(ctx, append([]*runner.Runner{t.runner, t.decisions.Runner()}, t.outcomes.Runners()...)...)
 }
 
 // Ready reports whether the consumers are running (health checks).
-func (t *Transport[M]) Ready() error { return errors.Join(t.runner.Ready(), t.outcomes.Ready()) }
+func (t *Transport[M]) Ready() error {
+	return errors.Join(t.runner.Ready(), t.outcomes.Ready(), t.decisions.Ready())
+}
 
 // Name is the transport name.
 func (t *Transport[M]) Name() string { return t.cfg.Name }
@@ -271,6 +293,6 @@ func (t *Transport[M]) handleEvent(ctx context.Context, m jetstream.Msg) error {
 		Prompt: func(ctx context.Context, a *schemas.ApprovalRecord) error {
 			return t.outcomes.PublishedRequest(ctx, a, m)
 		},
-		ClosePrompt: t.closePrompt, Outcome: func(ctx context.Context, o *schemas.TurnOutcome) error { return t.outcomes.Published(ctx, o, m) }, Reply: t.DeliverReply, Rejected: t.rejected,
+		Outcome: func(ctx context.Context, o *schemas.TurnOutcome) error { return t.outcomes.Published(ctx, o, m) }, Reply: t.DeliverReply, Rejected: t.rejected,
 	}, m)
 }

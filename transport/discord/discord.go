@@ -39,10 +39,15 @@
 //
 // The command is answered with a message echoing the request (type 4).
 //
-// Prompts. A durable consumer, transport-discord, on TOLLGATE_EVENTS reads
-// approval.requested, approval.decided, turn.outcome, turn.reply and
-// decision.rejected (the chat framework, transport/chat, runs it; this
-// package is its Discord client and renderer). A pending approval of a discord turn is posted once
+// Prompts. The chat framework (transport/chat) runs the transport's
+// consumers; this package is its Discord client and renderer. Requests
+// and outcomes come from the turn logs (durables
+// transport-discord-outcome-<i>), approvals' decisions from the approvals
+// bucket's stream (durable transport-discord-decided on
+// KV_tollgate_approvals), and the planner's replies, the approver's
+// rejections and an earlier version's published requests and outcomes
+// from TOLLGATE_EVENTS (durable transport-discord). A pending approval of
+// a discord turn is posted once
 // (record prompt.<approval> in KV bucket tollgate_discord: channel,
 // message id, digest) with POST /channels/{id}/messages: a
 // personal-audience prompt always into the requester's DM (POST
@@ -57,10 +62,12 @@
 // on the click's interaction, and the prompt stays open. When the
 // clicker's own decision is taken within the answer's budget the click is
 // answered UPDATE_MESSAGE (type 7) with the closed prompt; otherwise
-// DEFERRED_UPDATE_MESSAGE (type 6), and the approval.decided event closes
-// it. Every decided event, from whatever transport, closes a prompt still
-// open with PATCH /channels/{id}/messages/{id} and the bot token
-// (interaction tokens die after 15 minutes).
+// DEFERRED_UPDATE_MESSAGE (type 6), and the approval's decision (its
+// decided revision in KV tollgate_approvals) closes it. Every decision,
+// from whatever transport, closes a prompt still open with PATCH
+// /channels/{id}/messages/{id} and the bot token (interaction tokens die
+// after 15 minutes); a decision made while the prompt is posted closes it
+// as soon as its record is written.
 //
 // Outcomes and replies go to the reply target's channel when the reply
 // target is discord and the channel is no wider than the audience; an
@@ -88,7 +95,8 @@ import (
 // and the principal prefix.
 const Name = "discord"
 
-// Durable is the transport's consumer on TOLLGATE_EVENTS.
+// Durable is the transport's consumer on TOLLGATE_EVENTS, and the prefix
+// of its others (outcomes.Durable, decisions.Durable).
 const Durable = "transport-" + Name
 
 // DefaultAPIURL is the root of Discord's REST API.
@@ -135,7 +143,7 @@ type Transport struct {
 
 // New binds to the pipeline's streams and bucket (they must exist), creates
 // the transport's own buckets if missing (Provision), and builds the
-// consumer. Nothing is consumed until Run.
+// consumers (chat.New). Nothing is consumed until Run.
 func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.JS == nil || cfg.Logger == nil || cfg.BotToken == "" || len(cfg.PublicKey) != ed25519.PublicKeySize {
 		return nil, errors.New("discord: JS, Logger, BotToken and a 32-byte PublicKey are required")
@@ -165,7 +173,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 // Run consumes events until ctx is cancelled.
 func (t *Transport) Run(ctx context.Context) error { return t.core.Run(ctx) }
 
-// Ready reports whether the consumer is running (health checks).
+// Ready reports whether the consumers are running (health checks).
 func (t *Transport) Ready() error { return t.core.Ready() }
 
 // Handler serves Discord's interactions endpoint: POST /discord/interactions.

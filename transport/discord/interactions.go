@@ -344,11 +344,11 @@ const DecisionPrefix = "d-" + Name + "-"
 
 // awaitOwnDecision waits briefly for the approval to be decided by
 // decisionID, and returns the closed prompt (the click's UPDATE_MESSAGE),
-// marking the prompt closed so that the approval.decided event does not
-// edit it again (when that event came first, it already did; the answer
-// shows the same). nil: not decided by it in time (a rejection, another
-// decision, or a slow approver); the approval.decided event closes the
-// prompt then.
+// marking the prompt closed so that the decision's handling (its decided
+// revision in the approvals bucket) does not edit it again (when that came
+// first, it already did; the answer shows the same). nil: not decided by
+// it in time (a rejection, another decision, or a slow approver); the
+// decision closes the prompt when it is handled.
 func (t *Transport) awaitOwnDecision(ctx context.Context, p *chat.Record, decisionID string) *outgoing {
 	deadline := time.Now().Add(ownDecisionWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {

@@ -58,11 +58,12 @@ type fakeSlack struct {
 	convTypes map[string]string        // conversations.info: channel -> "private"/"public"/"im"
 	wsURL     string                   // apps.connections.open answers it (Socket Mode)
 	delay     map[string]time.Duration // answer method only after this long
+	before    map[string]func(call)    // run on each call of method before it is answered
 }
 
 func newFakeSlack(t *testing.T) *fakeSlack {
 	t.Helper()
-	f := &fakeSlack{convTypes: map[string]string{}, delay: map[string]time.Duration{}}
+	f := &fakeSlack{convTypes: map[string]string{}, delay: map[string]time.Duration{}, before: map[string]func(call){}}
 	record := func(method string, answer func(c call) any) func(slacktest.Customize) {
 		return func(c slacktest.Customize) {
 			c.Handle("/"+method, func(w http.ResponseWriter, r *http.Request) {
@@ -76,6 +77,12 @@ func newFakeSlack(t *testing.T) *fakeSlack {
 					_ = json.Unmarshal(body, &cl.json)
 				} else {
 					cl.form, _ = url.ParseQuery(string(body))
+				}
+				f.mu.Lock()
+				before := f.before[method]
+				f.mu.Unlock()
+				if before != nil {
+					before(cl)
 				}
 				f.mu.Lock()
 				if method == "chat.postMessage" && f.limit429 > 0 {
@@ -119,6 +126,14 @@ func newFakeSlack(t *testing.T) *fakeSlack {
 	f.srv.Start()
 	t.Cleanup(f.srv.Stop)
 	return f
+}
+
+// beforeAnswer runs hook on each call of method before the fake answers
+// it (the caller waits meanwhile).
+func (f *fakeSlack) beforeAnswer(method string, hook func(call)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.before[method] = hook
 }
 
 // api is a Web API client of the fake server.

@@ -35,10 +35,14 @@
 // answer is sent as soon as the request is checked and its work recorded;
 // calls to Slack's API (views, ephemeral messages) run afterwards.
 //
-// Prompts. A durable consumer, transport-slack, on TOLLGATE_EVENTS reads
-// approval.requested, approval.decided, turn.outcome, turn.reply and
-// decision.rejected (the chat framework, transport/chat, runs it; this
-// package is its Slack client and renderer). A pending approval of a slack turn is posted once
+// Prompts. The chat framework (transport/chat) runs the transport's
+// consumers; this package is its Slack client and renderer. Requests and
+// outcomes come from the turn logs (durables transport-slack-outcome-<i>),
+// approvals' decisions from the approvals bucket's stream (durable
+// transport-slack-decided on KV_tollgate_approvals), and the planner's
+// replies, the approver's rejections and an earlier version's published
+// requests and outcomes from TOLLGATE_EVENTS (durable transport-slack).
+// A pending approval of a slack turn is posted once
 // (record prompt.<approval> in KV bucket tollgate_slack: channel, ts,
 // digest): a personal-audience prompt always into the requester's DM
 // (conversations.open), never a shared channel; a team or public one into
@@ -48,9 +52,11 @@
 // the approval's) and the approval record (still pending, not expired)
 // before anything is published. The approver decides who may decide: its
 // rejection reaches the clicker as an ephemeral message with the code, and
-// the prompt stays open. Every decided event, from whatever transport,
-// closes the prompt in place (chat.update: no buttons, who and when, and
-// the decider's note as inert text).
+// the prompt stays open. Every decision, from whatever transport (its
+// decided revision in KV tollgate_approvals), closes the prompt in place
+// (chat.update: no buttons, who and when, and the decider's note as inert
+// text); a decision made while the prompt is posted closes it as soon as
+// its record is written.
 //
 // Outcomes and the planner's replies go to the reply target's channel and
 // thread when the reply target is slack and the channel is no wider than the outcome's audience;
@@ -80,7 +86,8 @@ import (
 // transport and the principal prefix.
 const Name = "slack"
 
-// Durable is the transport's consumer on TOLLGATE_EVENTS.
+// Durable is the transport's consumer on TOLLGATE_EVENTS, and the prefix
+// of its others (outcomes.Durable, decisions.Durable).
 const Durable = "transport-" + Name
 
 // Config wires a Transport.
@@ -126,7 +133,7 @@ type Transport struct {
 
 // New binds to the pipeline's streams and bucket (they must exist), creates
 // the transport's own buckets if missing (Provision), and builds the
-// consumer. Nothing is consumed until Run.
+// consumers (chat.New). Nothing is consumed until Run.
 func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.JS == nil || cfg.API == nil || cfg.Logger == nil {
 		return nil, errors.New("slack: JS, API and Logger are required")
@@ -162,7 +169,7 @@ func (t *Transport) Run(ctx context.Context) error {
 	return t.core.Run(ctx)
 }
 
-// Ready reports whether the consumer is running (health checks).
+// Ready reports whether the consumers are running (health checks).
 func (t *Transport) Ready() error { return t.core.Ready() }
 
 // Handler serves Slack's HTTP requests (HTTP mode): POST /slack/events

@@ -34,8 +34,12 @@ const (
 	// moved to awaiting, on tollgate.event.approval.requested.<turn>).
 	EventApprovalRequested Event = "approval.requested"
 	// EventApprovalDecided: an approval left pending: approved, denied,
-	// expired or abandoned (DecidedEvent, on
-	// tollgate.event.approval.decided.<turn>).
+	// expired or abandoned (DecidedEvent: the decision as the revision of
+	// the approval's record in KV tollgate_approvals keeps it, sent as the
+	// event the approver publishes on
+	// tollgate.event.approval.decided.<turn>; a decision recorded before
+	// the subscriber's consumer of the bucket was made, from that
+	// published copy).
 	EventApprovalDecided Event = "approval.decided"
 )
 
@@ -50,9 +54,11 @@ var AllEvents = []Event{EventApprovalRequested, EventApprovalDecided, EventOutco
 // every transport's approvals by accident.
 type Subscriber struct {
 	// ID names the subscriber: [a-z0-9_-]{1,64}, unique. It names its
-	// durable consumer (webhook-<id>), its dead letters
-	// (tollgate.dlq.webhook.<id>) and its metrics. Keep it stable: a new
-	// id is a new consumer that starts with the events stored after it.
+	// durable consumers (webhook-<id> on TOLLGATE_EVENTS,
+	// webhook-<id>-outcome-<i> on the turn logs, webhook-<id>-decided on
+	// KV_tollgate_approvals), its dead letters (tollgate.dlq.webhook.<id>)
+	// and its metrics. Keep it stable: a new id is a new set of consumers
+	// that start with the events stored after them.
 	ID string `json:"id"`
 	// URL receives a POST per event: http or https, with a host, no user
 	// information (put credentials in Headers), no white space or control

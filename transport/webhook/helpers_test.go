@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/webhook"
 )
@@ -287,8 +288,55 @@ func requestApproval(t *testing.T, js jetstream.JetStream, a *schemas.ApprovalRe
 	return id
 }
 
-// decide publishes the decided event of approval id of turn in session.
-func decide(t *testing.T, js jetstream.JetStream, approvalID, turn, session string) string {
+// decide approves a as the approver does today, and returns the decided
+// event's webhook-id: it records the decision (a's record, created
+// pending first if the bucket does not hold it, updated to approved by
+// compare-and-set) and then publishes its decided event.
+func decide(t *testing.T, env *jstest.Env, a *schemas.ApprovalRecord) string {
+	t.Helper()
+	rec := record(t, env, a)
+	publish(t, env.JS, topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID), topology.DecidedMsgID(rec.ApprovalID), schemas.DecidedOf(rec))
+	return topology.DecidedMsgID(rec.ApprovalID)
+}
+
+// record approves a in the approvals bucket as the approver does (a
+// compare-and-set of the pending record, created first if the bucket does
+// not hold it), publishing nothing, and returns the decided record.
+func record(t *testing.T, env *jstest.Env, a *schemas.ApprovalRecord) *schemas.ApprovalRecord {
+	t.Helper()
+	ctx := jstest.Ctx(t)
+	approvals := store.New(env.Buckets).Approvals
+	cur, rev, err := approvals.Get(ctx, a.ApprovalID)
+	if errors.Is(err, store.ErrNotFound) {
+		cur = stored(a)
+		rev, err = approvals.Create(ctx, a.ApprovalID, cur)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := *cur
+	now := time.Now().UTC()
+	next.Status = schemas.ApprovalApproved
+	next.Decision = &schemas.DecisionInfo{DecisionID: "d-" + a.ApprovalID, Principal: "cli:bob", Option: schemas.OptionApprove, DecidedAt: now}
+	if _, err := approvals.Update(ctx, a.ApprovalID, &next, rev); err != nil {
+		t.Fatal(err)
+	}
+	return &next
+}
+
+// stored is a as the executor stores it: versioned, its digest its
+// arguments'.
+func stored(a *schemas.ApprovalRecord) *schemas.ApprovalRecord {
+	c := *a
+	c.V = schemas.ApprovalVersion
+	c.ArgsDigest = schemas.ArgsDigest(c.Args)
+	return &c
+}
+
+// publishDecided publishes a decided event of approval id of turn in
+// session that no record in the bucket stands for (an earlier version's,
+// or one of an approval past retention).
+func publishDecided(t *testing.T, js jetstream.JetStream, approvalID, turn, session string) string {
 	t.Helper()
 	id := topology.DecidedMsgID(approvalID)
 	publish(t, js, topology.EventSubject(topology.SubjectApprovalDecided, turn), id, &schemas.DecidedEvent{
@@ -299,16 +347,26 @@ func decide(t *testing.T, js jetstream.JetStream, approvalID, turn, session stri
 }
 
 // outcome publishes turn's outcome, replied to transport with audience
-// ("" for an outcome that goes nowhere), and returns its id.
+// ("" for an outcome that goes nowhere), and returns its id. Its one
+// result is call 0's, which needed approval 0, as a real outcome names
+// every call.
 func outcome(t *testing.T, js jetstream.JetStream, turn, transport, session string, audience schemas.Audience) string {
 	t.Helper()
-	o := &schemas.TurnOutcome{TurnID: turn, SessionID: session, State: schemas.TurnCompleted, Audience: audience, FinishedAt: time.Now().UTC()}
+	o := &schemas.TurnOutcome{TurnID: turn, SessionID: session, State: schemas.TurnCompleted, Audience: audience, FinishedAt: time.Now().UTC(),
+		Results: []schemas.ToolResult{resultOf(turn, 0)}}
 	if audience != "" {
 		o.Reply = schemas.ReplyTarget{Transport: transport, Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM}}
 	}
 	id := topology.OutcomeMsgID(turn)
 	publish(t, js, topology.EventSubject(topology.SubjectTurnOutcome, turn), id, o)
 	return id
+}
+
+// resultOf is the result of call i of turn, which ran once its approval
+// was given.
+func resultOf(turn string, i int) schemas.ToolResult {
+	return schemas.ToolResult{CallID: schemas.CallID(turn, i), Tool: "write_file", Status: schemas.ResultOK, Output: "ok",
+		ApprovalID: schemas.ApprovalID(turn, i), FinishedAt: time.Now().UTC()}
 }
 
 // putApproval stores a in KV tollgate_approvals, as the executor does.

@@ -86,14 +86,19 @@ func awaitInLog(t *testing.T, env *jstest.Env, keep bool, as ...*schemas.Approva
 }
 
 // finishInLog ends turn's awaiting batch with its outcome, replied to its
-// context's transport, as the redriver does; it returns the outcome's
-// webhook-id.
+// context's transport, as the redriver does (a result for each call); it
+// returns the outcome's webhook-id.
 func finishInLog(t *testing.T, env *jstest.Env, turn string) string {
 	t.Helper()
 	_, _, err := batches(t, env).Log.Mutate(jstest.Ctx(t), turn, func(b *schemas.BatchRecord) error {
 		b.State, b.UpdatedAt = schemas.BatchCompleted, time.Now().UTC()
+		results := []schemas.ToolResult{}
+		for i := range b.Calls {
+			r := resultOf(turn, i)
+			b.Results[i], results = &r, append(results, r)
+		}
 		b.Outcome = &schemas.TurnOutcome{V: schemas.TurnOutcomeVersion, TurnID: turn, SessionID: b.SessionID, State: schemas.TurnCompleted,
-			Results: []schemas.ToolResult{}, Audience: schemas.AudiencePersonal, FinishedAt: b.UpdatedAt,
+			Results: results, Audience: schemas.AudiencePersonal, FinishedAt: b.UpdatedAt,
 			Reply: schemas.ReplyTarget{Transport: b.Context.Transport, Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM}}}
 		return nil
 	})
@@ -111,8 +116,9 @@ func publishRequested(t *testing.T, js jetstream.JetStream, a *schemas.ApprovalR
 }
 
 // settled waits until every consumer of subscriber id (on the events
-// stream and the turn logs) has nothing left to deliver or to ack: every
-// event stored so far has been sent, or passed over, for good.
+// stream, the turn logs and the approvals bucket's stream) has nothing
+// left to deliver or to ack: every event stored so far has been sent, or
+// passed over, for good.
 func settled(t *testing.T, env *jstest.Env, id string) {
 	t.Helper()
 	ctx := jstest.Ctx(t)
@@ -140,7 +146,11 @@ func settled(t *testing.T, env *jstest.Env, id string) {
 				return false, state
 			}
 		}
-		return true, ""
+		approvals, err := env.JS.Stream(ctx, topology.StreamApprovals)
+		if err != nil {
+			return false, err.Error()
+		}
+		return idle(approvals, webhook.DecidedDurable(id))
 	})
 }
 
@@ -281,7 +291,7 @@ func TestADecidedEventWaitsForItsLoggedRequest(t *testing.T) {
 	})
 
 	awaitInLog(t, env, true, a)
-	dec := decide(t, env.JS, a.ApprovalID, a.TurnID, "s1")
+	dec := decide(t, env, a)
 	out := finishInLog(t, env, a.TurnID)
 	rcv.waitFor("/in", out)
 	settled(t, env, "ops")
@@ -367,7 +377,7 @@ func TestADecidedEventWaitsForItsRequestAcrossARestart(t *testing.T) {
 	}
 	first := startDispatcher(t, env.JS, cfg)
 	awaitInLog(t, env, true, a)
-	dec := decide(t, env.JS, a.ApprovalID, a.TurnID, "s1")
+	dec := decide(t, env, a)
 	jstest.Eventually(t, wait, "the request failing", func() bool { return len(sent(rcv, "/in", req)) >= 2 })
 	first.stop()
 
@@ -420,8 +430,8 @@ func TestConsumersWaitingOnEachOtherDoNotStall(t *testing.T) {
 	ba := loggedApproval(b, 0, "cli", "s1")
 	awaitInLog(t, env, true, ba)
 	bReq := topology.RequestedMsgID(ba.ApprovalID)
-	bDec := decide(t, env.JS, ba.ApprovalID, b, "s1")
-	xDec := decide(t, env.JS, schemas.ApprovalID(x, 0), x, "s1")
+	bDec := decide(t, env, ba)
+	xDec := decide(t, env, loggedApproval(x, 0, "cli", "s1"))
 
 	startDispatcher(t, env.JS, cfg)
 	rcv.waitFor("/in", xOut)

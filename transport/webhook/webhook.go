@@ -13,9 +13,9 @@
 //     the stream's max age (30 days) is removed by the server.
 //   - Delivery is at least once. Receivers dedupe by the webhook-id header:
 //     the event's Nats-Msg-Id on TOLLGATE_EVENTS, the one it has or, kept
-//     only in a turn log, would have (requested:<approval>,
-//     decided:<approval>, outcome:<turn>), the same for every attempt and
-//     every subscriber.
+//     only in a turn log or the approvals bucket, would have
+//     (requested:<approval>, decided:<approval>, outcome:<turn>), the same
+//     for every attempt and every subscriber.
 //   - Turns' approval requests and outcomes are read where the turn logs
 //     keep them (docs/protocol.md §4.2a): a request in the log's awaiting
 //     event (the move that made the batch wait), an outcome in its outcome
@@ -28,30 +28,52 @@
 //     tollgate_batches; and, while the publish lasts, every turn) is sent
 //     from its published copy only when the log does not deliver it: each
 //     is sent once, with the same webhook-id and body either way.
+//   - Approvals' decisions are read where the approvals bucket keeps them
+//     (issue 36): an approval's decision is the revision of its record in
+//     KV tollgate_approvals that holds it decided. Each subscriber that
+//     asks for approval.decided has a durable consumer of the bucket's
+//     stream KV_tollgate_approvals (pipeline/decisions),
+//     webhook-<id>-decided, made when the dispatcher starts (after the
+//     stream's last message), which sends each decision as the
+//     approval.decided event the approver published for it: the same
+//     webhook-id (decided:<approval>) and data, byte for byte; its
+//     timestamp is when the revision was stored. A decided event published
+//     on TOLLGATE_EVENTS is sent only when that consumer does not deliver
+//     its decision (recorded before the consumer was made: a subscriber
+//     that read the published events before the upgrade, whose events
+//     consumer still holds some); one that carries repeat, the approver's
+//     answer to a decision that repeated the recorded one, never (the
+//     subscriber got the decision). Each decision is sent once.
 //   - Order: the events consumer sends one event at a time, in stream
-//     order (it allows one unacknowledged message); each log consumer one
-//     event of its partition at a time, a turn's in log order while they
-//     succeed. Across consumers: a turn's approval.decided, and its
-//     outcome, are sent only once the turn's request (for an outcome, its
-//     requests) has been passed by the log consumer that delivers it (its
-//     ack floor has reached the turn's awaiting event: delivered, or given
-//     up and dead-lettered). The event waits for that a while
-//     (requestFirst: an attempt's timeout plus requestGrace; ackSettle for
-//     a logged outcome, which holds its turn in that consumer), then sends
-//     the request itself first, as part of its own attempt (the receiver
-//     dedupes the second copy by webhook-id), so no two consumers can
-//     wait on each other for good. A turn's outcome is also sent only once
-//     the events consumer has passed every event of the turn the
-//     subscriber follows (its ack floor has reached the turn's last such
-//     event). So a turn's approval.requested, approval.decided and outcome
+//     order (it allows one unacknowledged message), and so does the
+//     decisions consumer; each log consumer one event of its partition at
+//     a time, a turn's in log order while they succeed. Across consumers:
+//     a turn's approval.decided, and its outcome, are sent only once the
+//     turn's request (for an outcome, its requests) has been passed by the
+//     consumer that delivers it (its ack floor has reached the request: a
+//     log consumer the turn's awaiting event, the events consumer the
+//     published request; delivered, or given up and dead-lettered). The
+//     event waits for that a while (requestFirst: an attempt's timeout
+//     plus requestGrace; ackSettle for a logged outcome, which holds its
+//     turn in that consumer), then sends the request itself first, as
+//     part of its own attempt (the receiver dedupes the second copy by
+//     webhook-id), so no two consumers can wait on each other for good. A
+//     decision recorded before its turn's batch moved to awaiting (an
+//     approval a standing grant decided as it was created) first waits,
+//     for as long past the decision, for that move. A turn's outcome is
+//     also sent only once the events consumer has passed every event of
+//     the turn the subscriber follows, and the decisions consumer every
+//     decision of the turn's approvals (named by its results) recorded
+//     when the outcome is sent (their ack floors have reached the last
+//     such). So a turn's approval.requested, approval.decided and outcome
 //     arrive in that order, across restarts and across several
 //     dispatchers sharing the consumers. Events of different turns may
 //     arrive in another order than they happened, up to one from the
-//     events consumer and one per partition at once. The price is
-//     head-of-line blocking: while an event is being retried, those that
-//     must come after it wait: the subscriber's later events on the events
-//     consumer, its turn's later events on the others (other subscribers
-//     are not held up).
+//     events consumer, one from the decisions consumer and one per
+//     partition at once. The price is head-of-line blocking: while an
+//     event is being retried, those that must come after it wait: the
+//     subscriber's later events on the same consumer, its turn's later
+//     events on the others (other subscribers are not held up).
 //   - A 2xx answer is delivered. 410 Gone is not retried: the event is
 //     dead-lettered at once (the receiver said it wants no more; remove the
 //     subscriber from the configuration). Any other answer, a 3xx
@@ -60,8 +82,9 @@
 //     is dead-lettered on tollgate.dlq.webhook.<id> with code
 //     WEBHOOK_UNDELIVERABLE (original bytes and headers, as every dead
 //     letter: docs/protocol.md §8; for an event read from a turn log, the
-//     log's event, which may hold several requests) and terminated for
-//     that subscriber.
+//     log's event, which may hold several requests; for a decision, its
+//     revision in the approvals bucket, the decided ApprovalRecord) and
+//     terminated for that subscriber.
 //   - An event that does not decode is dead-lettered with its decoding
 //     code, never sent. An outcome that goes nowhere (empty audience: no
 //     verified context, docs/protocol.md §6 TurnOutcome) is sent to nobody.
@@ -72,7 +95,8 @@
 // the secret's decoded bytes), and the subscriber's own headers. The body
 // is {"type": <event>, "timestamp": <RFC 3339 time the event was stored
 // (a request kept in a turn log: its awaiting event's)>, "data": <the
-// event record with its wire keys, docs/protocol.md §6>}.
+// event record with its wire keys, docs/protocol.md §6>}. (A decision
+// kept in the approvals bucket: the time its revision was stored.)
 package webhook
 
 import (
@@ -100,6 +124,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/metrics"
+	"github.com/tollgate-dev/tollgate/pipeline/decisions"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -117,6 +142,11 @@ func Component(id string) string { return "webhook." + id }
 // TOLLGATE_EVENTS: "webhook-<id>" (a consumer name has no '.').
 func Durable(id string) string { return "webhook-" + id }
 
+// DecidedDurable is the name of subscriber id's durable consumer of the
+// approvals' decisions on KV_tollgate_approvals: "webhook-<id>-decided"
+// (decisions.Durable).
+func DecidedDurable(id string) string { return decisions.Durable(Durable(id)) }
+
 // Delivery results, the result label of tollgate_webhook_deliveries_total.
 const (
 	ResultDelivered     = "delivered"     // a 2xx answer
@@ -133,12 +163,12 @@ type Dispatcher struct {
 	runners []*runner.Runner
 
 	mu      sync.Mutex
-	running []*runner.Runner // Run's: the events consumers' and the outcome followers'
+	running []*runner.Runner // Run's: the events consumers', the outcome followers' and the decisions followers'
 }
 
 // Ready is nil once every subscriber's consumers consume (Run has made
-// them, events consumers and turn-log followers alike): events stored from
-// then on reach every subscriber.
+// them: events consumers, turn-log followers and decisions followers
+// alike): events stored from then on reach every subscriber.
 func (d *Dispatcher) Ready() error {
 	d.mu.Lock()
 	running := d.running
@@ -200,6 +230,7 @@ func New(js jetstream.JetStream, cfg Config) (*Dispatcher, error) {
 		sub.follows = cc.FilterSubjects
 		sub.outcomes = slices.Contains(cc.FilterSubjects, subjectPrefix[EventOutcome]+"*")
 		sub.requests = slices.Contains(cc.FilterSubjects, subjectPrefix[EventApprovalRequested]+"*")
+		sub.decided = slices.Contains(cc.FilterSubjects, subjectPrefix[EventApprovalDecided]+"*")
 		d.subs = append(d.subs, sub)
 		name := Component(s.ID)
 		r, err := runner.New(runner.Config{
@@ -216,7 +247,9 @@ func New(js jetstream.JetStream, cfg Config) (*Dispatcher, error) {
 	return d, nil
 }
 
-// consumer is subscriber s's durable consumer on TOLLGATE_EVENTS.
+// consumer is subscriber s's durable consumer on TOLLGATE_EVENTS. It
+// follows approval.decided too when s asks for it: for the decisions
+// recorded before s's decisions consumer was made (handle).
 func consumer(s Subscriber) jetstream.ConsumerConfig {
 	events := s.Events
 	if len(events) == 0 {
@@ -249,8 +282,10 @@ var subjectPrefix = map[Event]string{
 	EventApprovalDecided:   topology.SubjectApprovalDecided,
 }
 
-// Run creates or updates every subscriber's consumer, and the turn-log
-// followers' of those that ask for approval.requested or outcome, and
+// Run creates or updates every subscriber's consumer, the turn-log
+// followers' of those that ask for approval.requested or outcome, and the
+// decisions followers' of those that ask for approval.decided (creating
+// one that does not exist after the approvals bucket's last message), and
 // delivers events until ctx is cancelled; then it finishes the deliveries
 // under way (a delivery that waits for another consumer stops waiting and
 // is left for redelivery) and returns nil. It returns an error when a
@@ -302,6 +337,26 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		s.follower = f
 		runners = append(runners, f.Runners()...)
 	}
+	// The decisions followers last: a decision recorded before one is
+	// made is taken from its published copy, which the subscriber's events
+	// consumer, made first, holds (handle).
+	for _, s := range d.subs {
+		if !s.decided {
+			continue
+		}
+		name := Component(s.id)
+		f, err := decisions.New(ctx, decisions.Config{
+			Component: name, Durable: DecidedDurable(s.id), Description: "Tollgate outgoing webhooks of subscriber " + s.id + ": approvals' decisions",
+			JS: d.js, Handler: s.decision, From: decisions.FromNow, MaxAckPending: 1, Concurrency: 1,
+			Logger: d.cfg.Logger.With("stage", name), Metrics: d.metrics,
+			MaxAttempts: d.cfg.Retry.Attempts, BaseDelay: d.cfg.Retry.Base, MaxDelay: d.cfg.Retry.Max,
+		})
+		if err != nil {
+			return fmt.Errorf("webhook: subscriber %q: %w", s.id, err)
+		}
+		s.decisions = f
+		runners = append(runners, f.Runner())
+	}
 	d.mu.Lock()
 	d.running = runners
 	d.mu.Unlock()
@@ -343,23 +398,31 @@ type subscriber struct {
 	log                              *slog.Logger
 	delivered, failed, undeliverable prometheus.Counter
 
-	// requestWait bounds how long an event of the events consumer waits
-	// for the log consumer to pass its turn's request (requestFirst).
+	// requestWait bounds how long an event waits for the consumer that
+	// delivers its turn's request to pass it (requestFirst,
+	// publishedRequestFirst), and how long past its revision a decision
+	// waits for the move to awaiting that requests it (awaitRequest).
 	requestWait time.Duration
 
 	consumer jetstream.ConsumerConfig // its events consumer, as its runner has it
 	follows  []string                 // its events consumer's filter subjects
 	outcomes bool                     // it asks for outcomes
 	requests bool                     // it asks for approval.requested
+	decided  bool                     // it asks for approval.decided
 	follower *outcomes.Follower       // the turn logs' awaiting and outcome events: set by Run when outcomes or requests
 	events   jetstream.Stream         // TOLLGATE_EVENTS, for a turn's last event
 	logs     []jetstream.Stream       // the turn logs, by partition: set with follower
 	stopping <-chan struct{}          // closed when Run's context ends: waits stop (errStopping)
 
+	// decisions follows the approvals bucket's decided revisions: set by
+	// Run when decided.
+	decisions *decisions.Follower
+
 	// ahead holds the approval ids of the requests this process sent
-	// ahead of their log consumer (requestFirst), until that consumer has
-	// passed them: the events waiting for them need not wait, and the log
-	// consumer does not send them again.
+	// ahead of their log consumer (requestFirst) or of the events
+	// consumer (publishedRequestFirst), until that consumer has passed
+	// them: the events waiting for them need not wait, and that consumer
+	// does not send them again.
 	aheadMu sync.Mutex
 	ahead   map[string]bool
 }
@@ -420,7 +483,10 @@ func set(xs []string) map[string]bool {
 
 // handle delivers one event of the subscriber's events consumer, if it
 // selects it. A published request or outcome goes through the follower,
-// which drops it when the turn's log delivers it (the package doc).
+// which drops it when the turn's log delivers it; a published decision
+// through the decisions follower, which drops it when the approvals
+// bucket's consumer delivers it, or when it repeats a recorded decision
+// (the package doc).
 func (s *subscriber) handle(ctx context.Context, m jetstream.Msg) error {
 	ev, err := decode(m)
 	if err != nil {
@@ -435,8 +501,30 @@ func (s *subscriber) handle(ctx context.Context, m jetstream.Msg) error {
 		if s.follower != nil && s.requests {
 			return s.follower.PublishedRequest(ctx, rec, m)
 		}
+	case *schemas.DecidedEvent:
+		if s.decisions != nil {
+			return s.decisions.Published(ctx, rec, m)
+		}
 	}
 	return s.deliver(ctx, ev, m)
+}
+
+// decision delivers an approval's decision the decisions follower hands
+// over: from its decided revision in the approvals bucket (m, the
+// revision: sent as the approval.decided event the approver published,
+// stored when the revision was), once its turn's request has been sent
+// (awaitRequest, requestFirst, publishedRequestFirst); or a published
+// approval.decided event the bucket's consumer does not deliver (m
+// itself, sent as it is).
+func (s *subscriber) decision(ctx context.Context, e *schemas.DecidedEvent, m jetstream.Msg) error {
+	if !strings.HasPrefix(m.Subject(), topology.ApprovalRevisionPrefix) {
+		ev, err := decode(m)
+		if err != nil {
+			return err
+		}
+		return s.deliver(ctx, ev, m)
+	}
+	return s.deliver(ctx, decidedEvent(e, storedAt(m)), m)
 }
 
 // requested delivers the approvals the follower hands over: those a
@@ -444,13 +532,19 @@ func (s *subscriber) handle(ctx context.Context, m jetstream.Msg) error {
 // each as its approval.requested event announces it, with the event's
 // webhook-id and the awaiting event's stored time; not those this process
 // sent ahead, requestFirst), or a published approval.requested event
-// whose turn's log does not deliver it (m itself, sent as it is). Every
+// whose turn's log does not deliver it (m itself, sent as it is, unless
+// this process sent it ahead: publishedRequestFirst). Every
 // approval of an awaiting event is tried; the error is then a transient
 // one if any attempt may be retried (the whole event is redelivered, its
 // delivered approvals sent again: at least once), otherwise the
 // permanent ones (the event is dead-lettered).
 func (s *subscriber) requested(ctx context.Context, reqs []*schemas.ApprovalRecord, m jetstream.Msg) error {
 	if _, _, _, logged := topology.ParseTurnLogSubject(m.Subject()); !logged {
+		ids := approvalIDs(reqs)
+		if s.isAhead(ids...) {
+			s.passed(ids) // a decision sent it ahead of this consumer (publishedRequestFirst)
+			return nil
+		}
 		ev, err := decode(m)
 		if err != nil {
 			return err
@@ -485,9 +579,10 @@ func (s *subscriber) deliverRequests(ctx context.Context, reqs []*schemas.Approv
 }
 
 // outcome delivers a turn's outcome the follower hands over, from the
-// turn's log (once the turn's requests and its events on the events
-// consumer have been passed: requestFirst, waitForEvents) or from its
-// published copy. A subscriber that does not ask for outcomes (its
+// turn's log (once the turn's requests, its events on the events
+// consumer and its decisions on the decisions consumer have been passed:
+// requestFirst, waitForEvents, waitForDecisions) or from its published
+// copy. A subscriber that does not ask for outcomes (its
 // follower reads its requests) gets none.
 func (s *subscriber) outcome(ctx context.Context, o *schemas.TurnOutcome, m jetstream.Msg) error {
 	if !s.outcomes {
@@ -514,6 +609,9 @@ func (s *subscriber) outcome(ctx context.Context, o *schemas.TurnOutcome, m jets
 		return err
 	}
 	if err := s.waitForEvents(ctx, o.TurnID); err != nil {
+		return err
+	}
+	if err := s.waitForDecisions(ctx, o); err != nil {
 		return err
 	}
 	return s.send(ctx, ev, m)
@@ -626,6 +724,178 @@ func (s *subscriber) requestFirst(ctx context.Context, turn, id string, wait tim
 	return nil
 }
 
+// awaitRequest returns once turn's batch has moved past running, when its
+// log keeps it: a decision read from the approvals bucket may have been
+// recorded before the move to awaiting that requests it (an approval a
+// standing grant decided as the executor created it, or one decided from
+// the bucket before its batch waited), and its request must reach the
+// subscriber first (requestFirst, which reads that move). It waits while
+// the decision is younger than requestWait (stored, when its revision was
+// stored): a decision read late (after a downtime) does not wait, nor one
+// whose batch never moves on (it failed; the executor stopped). Nothing
+// waits for a subscriber that does not ask for requests, nor for a turn
+// the logs do not keep. Errors reading the log are transient.
+func (s *subscriber) awaitRequest(ctx context.Context, turn string, stored time.Time) error {
+	if !s.requests || len(s.logs) == 0 || !schemas.ValidKey(turn) {
+		return nil
+	}
+	p := topology.TurnLogPartition(turn, len(s.logs))
+	deadline := stored.Add(s.requestWait)
+	for {
+		msg, err := s.logs[p].GetLastMsgForSubject(ctx, topology.TurnLogWildcard(p, turn))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return nil // no log: the request, if any, is published (publishedRequestFirst)
+		case err != nil:
+			return fmt.Errorf("subscriber %s: the log of turn %s: %w", s.id, turn, err)
+		}
+		_, _, event, _ := topology.ParseTurnLogSubject(msg.Subject)
+		if event != string(schemas.BatchQueued) && event != string(schemas.BatchRunning) {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stopping:
+			return errStopping{"waiting for the move to awaiting of turn " + turn}
+		case <-time.After(min(requestPoll, time.Until(deadline))):
+		}
+	}
+}
+
+// publishedRequestFirst is requestFirst for a request published on
+// TOLLGATE_EVENTS that no turn log delivers (a batch kept in
+// tollgate_batches; a turn an earlier version moved to awaiting), before
+// a decision read from the approvals bucket (m): the events consumer
+// sends it, in stream order, so the decision waits (at most requestWait)
+// until that consumer has passed the turn's last published request (its
+// ack floor), or this process has sent it ahead; then, when that request
+// is approval id's, it sends it itself first, under m's attempt count,
+// and records it sent ahead (the events consumer passes it over then:
+// requested). Nothing waits for a subscriber that does not ask for
+// requests, nor for a turn with no published request. Other errors are
+// transient.
+func (s *subscriber) publishedRequestFirst(ctx context.Context, turn, id string, m jetstream.Msg) error {
+	if !s.requests || s.events == nil || !schemas.ValidKey(turn) {
+		return nil
+	}
+	msg, err := s.events.GetLastMsgForSubject(ctx, topology.EventSubject(topology.SubjectApprovalRequested, turn))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("subscriber %s: the published requests of turn %s: %w", s.id, turn, err)
+	}
+	if s.follower != nil {
+		if logged, err := s.follower.DeliversRequest(ctx, turn, id); err != nil || logged {
+			return err // sent from the log: requestFirst
+		}
+	}
+	deadline := time.Now().Add(s.requestWait)
+	for {
+		if s.isAhead(id) {
+			return nil
+		}
+		c, err := s.events.Consumer(ctx, Durable(s.id))
+		if err != nil {
+			return fmt.Errorf("subscriber %s: consumer: %w", s.id, err)
+		}
+		if c.CachedInfo().AckFloor.Stream >= msg.Sequence {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stopping:
+			return errStopping{"waiting for the published requests of turn " + turn}
+		case <-time.After(min(requestPoll, time.Until(deadline))):
+		}
+	}
+	rec, err := schemas.Decode[schemas.ApprovalRecord](msg.Data)
+	if err != nil || rec.ApprovalID != id {
+		return nil // not this approval's (or undecodable: the events consumer dead-letters it)
+	}
+	s.log.Debug("the events consumer has not sent the published request yet: sending it first",
+		"subscriber", s.id, "turn", turn, "approval", id, "requested_seq", msg.Sequence)
+	ev := requestedEvent(rec, msg.Time)
+	if hid := msg.Header.Get(jetstream.MsgIDHeader); hid != "" {
+		ev.id = hid
+	}
+	if err := s.deliver(ctx, ev, m); err != nil {
+		return err
+	}
+	s.markAhead([]string{id})
+	return nil
+}
+
+// waitForDecisions returns once the subscriber's decisions consumer has
+// passed every decision of o's turn's approvals that it delivers (its ack
+// floor has reached the last such revision: sent, or given up and
+// dead-lettered), so that the turn's outcome is sent after them. The
+// turn's approvals are those its results name (ToolResult.ApprovalID, and
+// the approval of each call, schemas.ApprovalID); a decision recorded
+// after the outcome is read is not waited for. The wait is bounded by
+// that consumer's retries of the decision it holds (and requestWait, when
+// that decision waits for a request); it also ends with ctx, and when the
+// dispatcher stops (errStopping). An error reading the bucket or the
+// consumer is transient.
+func (s *subscriber) waitForDecisions(ctx context.Context, o *schemas.TurnOutcome) error {
+	if s.decisions == nil {
+		return nil
+	}
+	var last uint64
+	for _, id := range approvalsOf(o) {
+		seq, err := s.decisions.Decision(ctx, id)
+		if err != nil {
+			return fmt.Errorf("subscriber %s: %w", s.id, err)
+		}
+		last = max(last, seq)
+	}
+	if last == 0 {
+		return nil
+	}
+	for {
+		ok, err := s.decisions.Passed(ctx, last)
+		if err != nil {
+			return fmt.Errorf("subscriber %s: %w", s.id, err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stopping:
+			return errStopping{"waiting for the decisions of turn " + o.TurnID}
+		case <-time.After(eventsPoll):
+		}
+	}
+}
+
+// approvalsOf are the ids of the approvals o's results name: each
+// result's approval, and the approval of each call
+// (schemas.ApprovalID(turn, index)), which exists only for a call that
+// needed one.
+func approvalsOf(o *schemas.TurnOutcome) []string {
+	var ids []string
+	for _, r := range o.Results {
+		if r.ApprovalID != "" {
+			ids = append(ids, r.ApprovalID)
+		}
+		if i, err := strconv.Atoi(strings.TrimPrefix(r.CallID, o.TurnID+"-")); err == nil && i >= 0 && r.CallID == schemas.CallID(o.TurnID, i) {
+			ids = append(ids, schemas.ApprovalID(o.TurnID, i))
+		}
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}
+
 // waitForEvents returns once the subscriber's events consumer has passed
 // the last event of turn it follows (its ack floor: delivered, or given
 // up and dead-lettered), so that the turn's outcome is sent after them.
@@ -672,7 +942,10 @@ func (s *subscriber) waitForEvents(ctx context.Context, turn string) error {
 
 // deliver sends ev (carried by m) to the subscriber, if it selects it; a
 // decided event or a published outcome after its turn's requests
-// (requestFirst). See the package doc for what each answer leads to.
+// (requestFirst; for a decision from the approvals bucket, a request
+// published on TOLLGATE_EVENTS too: publishedRequestFirst), a published
+// outcome after its turn's decisions (waitForDecisions). See the package
+// doc for what each answer leads to.
 func (s *subscriber) deliver(ctx context.Context, ev *event, m jetstream.Msg) error {
 	ok, err := s.selects(ctx, ev)
 	if err != nil || !ok {
@@ -680,9 +953,20 @@ func (s *subscriber) deliver(ctx context.Context, ev *event, m jetstream.Msg) er
 	}
 	switch ev.kind {
 	case EventApprovalDecided:
-		err = s.requestFirst(ctx, ev.turn, ev.approvalID, s.requestWait, m)
+		if ev.bucket {
+			err = s.awaitRequest(ctx, ev.turn, ev.stored)
+		}
+		if err == nil {
+			err = s.requestFirst(ctx, ev.turn, ev.approvalID, s.requestWait, m)
+		}
+		if err == nil && ev.bucket {
+			err = s.publishedRequestFirst(ctx, ev.turn, ev.approvalID, m)
+		}
 	case EventOutcome:
 		err = s.requestFirst(ctx, ev.turn, "", s.requestWait, m)
+		if o, ok := ev.record.(*schemas.TurnOutcome); ok && err == nil {
+			err = s.waitForDecisions(ctx, o)
+		}
 	}
 	if err != nil {
 		return err
@@ -793,6 +1077,7 @@ type event struct {
 	transport  string // "" for a decided event: see selects
 	approvalID string // decided events
 	nowhere    bool   // an outcome with no verified reply target
+	bucket     bool   // a decision read from the approvals bucket
 	record     any
 	stored     time.Time
 }
@@ -846,6 +1131,15 @@ func storedAt(m jetstream.Msg) time.Time {
 func outcomeEvent(o *schemas.TurnOutcome) *event {
 	return &event{kind: EventOutcome, id: topology.OutcomeMsgID(o.TurnID), record: o, session: o.SessionID, turn: o.TurnID,
 		transport: o.Reply.Transport, nowhere: o.Audience == "", stored: o.FinishedAt}
+}
+
+// decidedEvent is the approval.decided event of decision e, read from its
+// revision in the approvals bucket stored at stored: its webhook-id is the
+// published event's message id, topology.DecidedMsgID, so that a receiver
+// dedupes the two.
+func decidedEvent(e *schemas.DecidedEvent, stored time.Time) *event {
+	return &event{kind: EventApprovalDecided, id: topology.DecidedMsgID(e.ApprovalID), record: e,
+		session: e.SessionID, turn: e.TurnID, approvalID: e.ApprovalID, bucket: true, stored: stored}
 }
 
 // requestedEvent is the approval.requested event of a, stored at stored,

@@ -48,6 +48,13 @@ func TestSignedDeliveriesOfARealTurn(t *testing.T) {
 	if got := firstIDs(reqs); !slices.Equal(got, want) {
 		t.Fatalf("webhook-ids in order of arrival = %v, want %v", got, want)
 	}
+	// The approver records the decision and publishes it: it is sent
+	// once, from the bucket (stamped with its revision's time).
+	settled(t, h.Env, "ops")
+	once(t, rcv, "/hooks", want...)
+	if got, at := bodyOf(t, sent(rcv, "/hooks", want[1])[0]).Timestamp, revision(t, h.Env, a.ApprovalID).Time; !got.Equal(at) {
+		t.Errorf("the decision's timestamp %v, want its revision's %v", got, at)
+	}
 	wh, err := standardwebhooks.NewWebhook(secret)
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +132,7 @@ func TestReceiverDownThenUpLosesNothingAndKeepsOrder(t *testing.T) {
 	first.stop()
 
 	want = append(want,
-		decide(t, env.JS, schemas.ApprovalID("t-1", 0), "t-1", "s1"),
+		decide(t, env, approval("t-1", "cli", "s1")),
 		outcome(t, env.JS, "t-1", "cli", "s1", schemas.AudiencePersonal),
 		requestApproval(t, env.JS, approval("t-2", "cli", "s1")),
 	)
@@ -258,9 +265,9 @@ func TestSubscribersGetOnlyTheirEvents(t *testing.T) {
 	ids := map[string]string{
 		"slack requested": requestApproval(t, env.JS, slack),
 		"cli requested":   requestApproval(t, env.JS, cli),
-		"slack decided":   decide(t, env.JS, slack.ApprovalID, slack.TurnID, "s-a"),
-		"cli decided":     decide(t, env.JS, cli.ApprovalID, cli.TurnID, "watched session"),
-		"unknown decided": decide(t, env.JS, schemas.ApprovalID("t-gone", 0), "t-gone", "s-b"),
+		"slack decided":   decide(t, env, slack),
+		"cli decided":     decide(t, env, cli),
+		"unknown decided": publishDecided(t, env.JS, schemas.ApprovalID("t-gone", 0), "t-gone", "s-b"),
 		"slack outcome":   outcome(t, env.JS, slack.TurnID, "slack", "s-a", schemas.AudiencePersonal),
 		"nowhere outcome": outcome(t, env.JS, "t-nowhere", "slack", "watched session", ""),
 		"cli outcome":     outcome(t, env.JS, cli.TurnID, "cli", "watched session", schemas.AudiencePersonal),
@@ -405,7 +412,7 @@ func TestALoggedOutcomeWaitsForItsTurnsEventsAndComesOnce(t *testing.T) {
 		Timeout:     2 * time.Second,
 	})
 	req := requestApproval(t, env.JS, approval("t-1", "cli", "s1"))
-	dec := decide(t, env.JS, schemas.ApprovalID("t-1", 0), "t-1", "s1")
+	dec := decide(t, env, approval("t-1", "cli", "s1"))
 	out := endInLog(t, env, "t-1", "s1")
 	outcome(t, env.JS, "t-1", "cli", "s1", schemas.AudiencePersonal) // its published copy
 	alone := endInLog(t, env, "t-2", "s1")                           // kept in its log alone
@@ -455,8 +462,8 @@ func TestALoggedOutcomeWaitsForItsTurnsEventsAndComesOnce(t *testing.T) {
 }
 
 // endInLog creates turn's batch in its log and ends it with its outcome
-// (replied to cli, personal), as the stages do; it returns the outcome's
-// webhook-id.
+// (replied to cli, personal), as the stages do: one call, which needed
+// approval 0 and ran; it returns the outcome's webhook-id.
 func endInLog(t *testing.T, env *jstest.Env, turn, session string) string {
 	t.Helper()
 	ctx := jstest.Ctx(t)
@@ -466,15 +473,19 @@ func endInLog(t *testing.T, env *jstest.Env, turn, session string) string {
 	}
 	st := store.New(b)
 	now := time.Now().UTC()
+	args := `{"path":"a.txt"}`
 	rec := &schemas.BatchRecord{TurnID: turn, SessionID: session, State: schemas.BatchRunning,
-		Calls: []schemas.ToolCall{}, Approvals: []string{}, Results: []*schemas.ToolResult{}, CreatedAt: now, UpdatedAt: now}
+		Calls:     []schemas.ToolCall{{CallID: schemas.CallID(turn, 0), Index: 0, Tool: "write_file", Args: args, ArgsDigest: schemas.ArgsDigest(args)}},
+		Approvals: []string{schemas.ApprovalID(turn, 0)}, Results: []*schemas.ToolResult{nil}, CreatedAt: now, UpdatedAt: now}
 	rev, err := st.Batches.Log.Create(ctx, turn, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec.State = schemas.BatchCompleted
+	result := resultOf(turn, 0)
+	rec.Results[0] = &result
 	rec.Outcome = &schemas.TurnOutcome{V: schemas.TurnOutcomeVersion, TurnID: turn, SessionID: session, State: schemas.TurnCompleted,
-		Results: []schemas.ToolResult{}, Audience: schemas.AudiencePersonal, FinishedAt: now,
+		Results: []schemas.ToolResult{result}, Audience: schemas.AudiencePersonal, FinishedAt: now,
 		Reply: schemas.ReplyTarget{Transport: "cli", Channel: schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM}}}
 	if _, err := st.Batches.Log.Update(ctx, turn, rec, rev); err != nil {
 		t.Fatal(err)

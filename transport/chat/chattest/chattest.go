@@ -8,7 +8,10 @@
 // prompt posted once (replays post nothing), closed once in place with
 // the status and the decider's note, outcomes and the planner's replies
 // posted once where their audience allows and nowhere else, rejections
-// shown to the decider, and the counters (one meaning per kind).
+// shown to the decider, and the counters (one meaning per kind). A prompt
+// is closed by its approval's decision in the approvals bucket, with or
+// without a published approval.decided, and an approval decided before
+// its request is not prompted.
 package chattest
 
 import (
@@ -26,6 +29,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/decisions"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/chat"
@@ -99,6 +103,8 @@ func TestTransport(t *testing.T, f Features, newTransport Constructor) {
 	jstest.EventuallyState(t, jstest.Wait, "the transport is ready", func() (bool, string) { err := tr.Ready(); return err == nil, fmt.Sprint(err) })
 
 	t.Run("PromptOnceClosedOnceWithTheNote", s.promptLifecycle)
+	t.Run("ADecisionKeptOnlyInTheBucketClosesThePrompt", s.bucketDecision)
+	t.Run("ADecisionBeforeItsRequestPromptsNothing", s.decisionFirst)
 	t.Run("OutcomesAndRepliesOnceWhereTheirAudienceAllows", s.deliveries)
 	t.Run("CountersHaveOneMeaningPerKind", s.counters)
 }
@@ -196,6 +202,64 @@ func (s *suite) promptLifecycle(t *testing.T) {
 		t.Errorf("the outcome was posted %d times: %v", len(got), got)
 	}
 	s.add(chat.KindPrompt, chat.KindClose, chat.KindOutcome)
+}
+
+// decide records a decision on approval id in the approvals bucket as the
+// approver does (a compare-and-set of the pending record: denied by the
+// requester, with the suite's note), publishing nothing: the approver of
+// issue 36's next step publishes no approval.decided for it.
+func (s *suite) decide(h *pipelinetest.H, id string) {
+	h.MutateApproval(id, func(a *schemas.ApprovalRecord) {
+		a.Status = schemas.ApprovalDenied
+		a.Decision = &schemas.DecisionInfo{DecisionID: "d-chattest-" + id, Principal: schemas.Principal(s.f.Name, s.f.User),
+			Option: schemas.OptionDeny, DecidedAt: time.Now().UTC(), Note: note}
+	})
+}
+
+// request announces rec, a pending approval of a turn whose log keeps no
+// request (an earlier version's), on its approval.requested subject.
+func request(h *pipelinetest.H, rec *schemas.ApprovalRecord) {
+	h.Publish(topology.SubjectApprovalRequested+rec.TurnID, topology.RequestedMsgID(rec.ApprovalID), rec.SummaryOnly())
+}
+
+// bucketDecision: a decision kept only in the approvals bucket (no
+// approval.decided is published) closes the prompt once, in place, with
+// the status and the note; a published copy of it (as the approver
+// publishes today) edits nothing more.
+func (s *suite) bucketDecision(t *testing.T) {
+	h := s.h.For(t)
+	rec := h.SeedApproval(s.f.Name, s.f.Name+":chattest-3", s.f.User, "write_file", `{"path": "bucket.txt", "content": "x"}`, time.Now())
+	request(h, rec)
+	prompt := s.await(t, "the prompt", func() []Message { return s.posts(rec.ApprovalID) })
+	Prompted(t, h.JS, s.f.Name, rec.ApprovalID)
+	s.decide(h, rec.ApprovalID)
+	closed := s.await(t, "the closed prompt", func() []Message { return s.edits(prompt.ID) })
+	for _, want := range []string{"Denied", "not today"} {
+		if !strings.Contains(closed.Text, want) {
+			t.Errorf("the closed prompt does not show %q: %s", want, closed.Text)
+		}
+	}
+	h.Publish(topology.SubjectApprovalDecided+rec.TurnID, "", schemas.DecidedOf(h.Approval(rec.ApprovalID)))
+	s.consumed(t)
+	if got := s.edits(prompt.ID); len(got) != 1 {
+		t.Errorf("the prompt was edited %d times: %v", len(got), got)
+	}
+	s.add(chat.KindPrompt, chat.KindClose)
+}
+
+// decisionFirst: an approval decided before the transport reads its
+// request (its decision handled first, with no prompt to close) is never
+// prompted, so no prompt is left open.
+func (s *suite) decisionFirst(t *testing.T) {
+	h := s.h.For(t)
+	rec := h.SeedApproval(s.f.Name, s.f.Name+":chattest-4", s.f.User, "write_file", `{"path": "first.txt", "content": "x"}`, time.Now())
+	s.decide(h, rec.ApprovalID)
+	s.consumed(t) // the decision is handled: there is no prompt to close
+	request(h, rec)
+	s.consumed(t)
+	if got := s.posts(rec.ApprovalID); len(got) != 0 {
+		t.Errorf("an approval decided before its request was prompted: %v", got)
+	}
 }
 
 // deliveries: an outcome or reply goes to its reply target once, and only
@@ -322,13 +386,20 @@ func (s *suite) counter(t *testing.T, metric, label, value string) float64 {
 // after a publish the consumer's info can still say nothing is pending.
 //
 // Its consumers of the turn logs' outcome events (one per partition,
-// outcomes.Durable) must have caught up too.
+// outcomes.Durable) and of the approvals bucket's decided revisions
+// (decisions.Durable) must have caught up too.
 func Consumed(t testing.TB, js jetstream.JetStream, name string) {
 	t.Helper()
 	jstest.EventuallyState(t, jstest.Wait, "consumer "+chat.Durable(name)+" caught up", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		return jstest.CaughtUp(ctx, js, topology.StreamEvents, chat.Durable(name))
+	})
+	decided := decisions.Durable(chat.Durable(name))
+	jstest.EventuallyState(t, jstest.Wait, "consumer "+decided+" caught up", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return jstest.CaughtUp(ctx, js, topology.StreamApprovals, decided)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), jstest.Wait)
 	defer cancel()
