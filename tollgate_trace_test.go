@@ -256,6 +256,7 @@ func TestWithoutATracerProviderNothingIsAdded(t *testing.T) {
 	}
 	stored := func() []pipelinetest.Stored {
 		msgs := append(h.Messages(topology.StreamTurns, ">"), h.Events(">")...)
+		msgs = append(msgs, h.Messages(topology.StreamApprovals, topology.ApprovalRevisions)...)
 		for i := range topology.DefaultTurnLogPartitions {
 			msgs = append(msgs, h.Messages(topology.TurnLogStream(i), ">")...)
 		}
@@ -268,7 +269,7 @@ func TestWithoutATracerProviderNothingIsAdded(t *testing.T) {
 			t.Errorf("approval records trace context %v", requested.Trace)
 		}
 		msgs := stored()
-		if len(msgs) < 6 { // accepted, decided; the batch's running, awaiting (the request), started and outcome events in its turn log
+		if len(msgs) < 6 { // accepted; the approval decided (the bucket keeps its last revision); the batch's running, awaiting (the request), started and outcome events in its turn log
 			t.Fatalf("only %d messages stored", len(msgs))
 		}
 		for _, m := range msgs {

@@ -100,8 +100,9 @@ func cmdChat(cmd *command, args []string) int {
 	// to the outcome: a turn with no calls and no reply says the same.
 
 	// Follow the events from before the message is published, so that
-	// nothing of the turn is missed: TOLLGATE_EVENTS and the turns'
-	// requests and outcomes, which the turn logs keep (transport/eventfeed
+	// nothing of the turn is missed: TOLLGATE_EVENTS, the turns' requests
+	// and outcomes, which the turn logs keep, and the approvals'
+	// decisions, which the approvals bucket keeps (transport/eventfeed
 	// merges them: a request before its decision, each turn's outcome
 	// after its other events).
 	feed := eventfeed.New(c.js, slog.New(slog.DiscardHandler))

@@ -306,7 +306,7 @@ func TestDurableWritesPerTurn(t *testing.T) {
 		want  Writes
 	}{
 		{"the fast turn", rawFast, Writes{Publishes: 4, KV: 1, Total: 5}},
-		{"the approval turn", rawApproval, Writes{Publishes: 8, KV: 3, Total: 11}},
+		{"the approval turn", rawApproval, Writes{Publishes: 7, KV: 3, Total: 10}},
 		{"a failed create is no write", []step{{Op: opCreateExists}, {Op: "kv.get"}, {Op: "stream.get"}, {Op: "consume+ack"}}, Writes{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

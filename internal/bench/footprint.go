@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -136,9 +137,25 @@ func (b *bencher) footprintRun() (footprint, error) {
 	for _, id := range turns {
 		d.publishDecision(schemas.ApprovalID(id, pendingPath.approvalIndex()))
 	}
-	if err := waitFor(budget, fmt.Sprintf("%d decided events", n), func() bool {
-		c, err := countSubject(js, topology.StreamEvents, topology.SubjectApprovalDecided+"*")
-		return err == nil && c >= uint64(n)
+	// Each decision is its approval record's revision (no event is
+	// published for it): wait until every record is decided.
+	approvals, err := js.KeyValue(context.Background(), topology.BucketApprovals)
+	if err != nil {
+		return fp, err
+	}
+	undecided := slices.Clone(turns)
+	if err := waitFor(budget, fmt.Sprintf("%d decided approvals", n), func() bool {
+		undecided = slices.DeleteFunc(undecided, func(id string) bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			e, err := approvals.Get(ctx, schemas.ApprovalID(id, pendingPath.approvalIndex()))
+			if err != nil {
+				return false
+			}
+			a, err := schemas.Decode[schemas.ApprovalRecord](e.Value())
+			return err == nil && a.Status.Decided()
+		})
+		return len(undecided) == 0
 	}); err != nil {
 		return fp, err
 	}
@@ -189,23 +206,6 @@ func waitIdle(js jetstream.JetStream, stream, consumer string, timeout time.Dura
 		time.Sleep(20 * time.Millisecond)
 		return false
 	})
-}
-
-// countSubject counts the messages of stream on subjects matching filter,
-// with a short-lived consumer that is never read (its pending count).
-func countSubject(js jetstream.JetStream, stream, filter string) (uint64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	time.Sleep(200 * time.Millisecond)
-	c, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
-		InactiveThreshold: 30 * time.Second,
-	})
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = js.DeleteConsumer(context.WithoutCancel(ctx), stream, c.CachedInfo().Name) }()
-	return c.CachedInfo().NumPending, nil
 }
 
 var _ = nats.Connect

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -158,7 +159,16 @@ func (l rawLayout) buckets() []string {
 // awaiting events (b), one durable consumer each.
 func (l rawLayout) stageConfigs() map[string]rawStageConfig {
 	if !l.oneWritePerFact() {
-		return rawStageConfigs
+		if !l.state {
+			return rawStageConfigs
+		}
+		// The approvals are keys of the state stream: the redriver's
+		// durable on their revisions follows them there.
+		out := maps.Clone(rawStageConfigs)
+		r := out["redriver"]
+		r.sources = append([]rawSource{{"KV_" + stateBucket, []string{"$KV." + stateBucket + "." + strings.TrimPrefix(topology.BucketApprovals, "tollgate_") + ".>"}}}, r.sources[1:]...)
+		out["redriver"] = r
+		return out
 	}
 	approvals := rawSource{"KV_" + topology.BucketApprovals, []string{"$KV." + topology.BucketApprovals + ".>"}}
 	redriver := []rawSource{approvals}

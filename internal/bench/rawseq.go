@@ -91,7 +91,11 @@ var rawFast = []step{
 // rawApproval: an echo call (run at once) and a write_file call (needs
 // approval, approved by the decider). The executor announces nothing when
 // the batch moves to awaiting (issue 36: the turn log's awaiting append is
-// the fact), so the decided event is the redriver's one trigger: it reads
+// the fact), and the approver nothing when it decides (the approval
+// record's revision is the decided event: its Fact decided, which the
+// raw stages send as a Bench-Fact header on the KV write, where the
+// redriver's durable on the bucket's stream tells it from the creation),
+// so the decision's revision is the redriver's one trigger: it reads
 // the turn's last event and the approval, moves the batch to started (the
 // log's started append is the fact: no redrive outcome is published for
 // it), runs the approved call and completes the batch. The awaiting
@@ -117,8 +121,7 @@ var rawApproval = []step{
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
 	{Stage: "approver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025},
-	{Stage: "approver", Op: "publish", On: "tollgate.event.approval.decided.<turn>", MsgID: true, Bytes: 227},
+	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025, Fact: factDecided}, // the decision: its revision is the decided event
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
 	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
@@ -126,7 +129,7 @@ var rawApproval = []step{
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 1360}, // call 1's result and the outcome
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"}, // the release: no turn queued, nothing written
-	{Stage: "redriver", Op: "consume+ack", On: "TOLLGATE_EVENTS/redriver", Trigger: topology.SubjectApprovalDecided},
+	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factDecided},
 }
 
 // rawSequence returns the raw sequence of p (a copy).

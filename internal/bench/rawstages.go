@@ -96,7 +96,7 @@ var rawStageConfigs = map[string]rawStageConfig{
 	"ingest":   {[]rawSource{{topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}}}, 4},
 	"executor": {[]rawSource{{topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, 16},
 	"approver": {[]rawSource{{topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}}}, 8},
-	"redriver": {[]rawSource{{topology.StreamEvents, []string{topology.SubjectApprovalDecided + "*", topology.SubjectBatchAwaiting + "*"}}}, 16},
+	"redriver": {[]rawSource{{topology.StreamApprovals, []string{topology.ApprovalRevisions}}, {topology.StreamEvents, []string{topology.SubjectBatchAwaiting + "*"}}}, 16},
 }
 
 // rawGroup is the operations a stage performs for a message whose subject
@@ -435,6 +435,12 @@ func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
 		id.turn = schemas.TurnIDOfApproval(id.approval)
 	case "redriver":
 		id.turn = lastToken(subj) // the session key is read from the batch value
+		if strings.HasPrefix(subj, "$KV.") {
+			// A decision's revision (in the approvals bucket, or the state
+			// stream): its key ends in the approval id.
+			id.approval = id.turn
+			id.turn = schemas.TurnIDOfApproval(id.approval)
+		}
 	}
 	if r.layout.oneWritePerFact() {
 		// The designs' writes name their turn and session in headers
@@ -802,11 +808,37 @@ func (r *rawStages) update(ctx context.Context, kv jetstream.KeyValue, pb, key s
 	case r.w != nil && r.layout.oneWritePerFact():
 		return r.w.kvWrite(ctx, pb, key, value, rev, pb+"/"+key+":"+op.Fact, r.factHeader(id, op))
 	case r.w != nil:
-		return r.w.kvWrite(ctx, pb, key, value, rev, "", nil)
+		return r.w.kvWrite(ctx, pb, key, value, rev, "", factOf(op))
+	case op.Fact != "":
+		// A fact the bucket's change stream announces (today's decision):
+		// the write carries it as a header, which KeyValue.Update cannot.
+		m := nats.NewMsg("$KV." + pb + "." + key)
+		m.Data, m.Header = value, factOf(op)
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+		ack, err := r.js.PublishMsg(ctx, m)
+		var api *jetstream.APIError
+		if errors.As(err, &api) && api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			return 0, fmt.Errorf("%s/%s: %w", pb, key, errWrongLast)
+		}
+		if err != nil {
+			return 0, err
+		}
+		return ack.Sequence, nil
 	case rev == 0:
 		return kv.Create(ctx, key, value)
 	}
 	return kv.Update(ctx, key, value, rev)
+}
+
+// factOf is the Bench-Fact header of op's write in today's layouts (nil
+// for a write that names no fact).
+func factOf(op step) nats.Header {
+	if op.Fact == "" {
+		return nil
+	}
+	h := nats.Header{}
+	h.Set(hdrFact, op.Fact)
+	return h
 }
 
 // conflict reports a failed KV compare-and-set, however it was made.

@@ -19,10 +19,11 @@ import (
 // The write kill fault (Config.WriteKills): a stage is SIGKILLed right
 // after it made the k-th durable write of a turn, for every k of both
 // paths in turn: the plain path (calls that run at once: accepted turn,
-// session taken, batch created running, completed, outcome) and the
-// approval path (kind "single": accepted turn, session taken, batch
-// running, approval created, batch awaiting, approval requested, approval
-// decided, decided event, batch started, completed, outcome). The
+// session taken, batch created running, the outcome that completes it)
+// and the approval path (kind "single": accepted turn, session taken,
+// batch running, approval created, batch awaiting with its request,
+// approval decided (the record's revision is the decided event), batch
+// started, the call's result, the outcome). The
 // harness's own writes (the inbound message, the decision) are not
 // counted. A turn's release writes its session only to pass it to a turn
 // queued behind (batch.Engine.Release), so it is no position: a kill
@@ -56,7 +57,7 @@ const (
 	writeKillSingle = "single"
 )
 
-var writeKillWrites = map[string]int{writeKillPlain: 5, writeKillSingle: 10}
+var writeKillWrites = map[string]int{writeKillPlain: 5, writeKillSingle: 9}
 
 // WriteKillPlan is one planned write kill: the stage that makes the
 // turn's K-th write is killed right after it, for Down.

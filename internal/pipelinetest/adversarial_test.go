@@ -103,8 +103,8 @@ func TestAdversarial(t *testing.T) {
 				if a := h.Approval(id); a.Status != schemas.ApprovalDenied || a.Decision == nil || a.Decision.DecisionID != d.DecisionID {
 					t.Errorf("approval %s decided by %+v after the replay, want denied by %s", a.Status, a.Decision, d.DecisionID)
 				}
-				h.WaitConsumed(pt.Redriver, reannounce(h, turn))
-				if n := len(h.Decided(turn)); n != 1 {
+				h.WaitConsumedIn(pt.Redriver, topology.StreamEvents, reannounce(h, turn))
+				if n := len(h.Decisions(turn)); n != 1 {
 					t.Errorf("%d decided events after the replay, want 1", n)
 				}
 				if n := len(h.Outcomes(turn)); n != 1 {
@@ -272,7 +272,7 @@ func TestAdversarial(t *testing.T) {
 				if a := h.Approval(id); a.Status != schemas.ApprovalExpired {
 					t.Errorf("the late decision moved the approval to %s", a.Status)
 				}
-				h.WaitConsumed(pt.Redriver, reannounce(h, turn))
+				h.WaitConsumedIn(pt.Redriver, topology.StreamEvents, reannounce(h, turn))
 				got.Runs = expiring.Runs(schemas.CallID(turn, 0))
 				return got
 			},
@@ -299,7 +299,7 @@ func TestAdversarial(t *testing.T) {
 					t.Errorf("the superseding turn ended %s", nb.State)
 				}
 				got.Rejected = decide(h, h.Decision(id, schemas.OptionApprove, "cli", "alice"))
-				h.WaitConsumed(pt.Redriver, reannounce(h, old))
+				h.WaitConsumedIn(pt.Redriver, topology.StreamEvents, reannounce(h, old))
 				got.Runs = guarded.Runs(schemas.CallID(old, 0))
 				return got
 			},
@@ -319,7 +319,7 @@ func TestAdversarial(t *testing.T) {
 				r := redriverOnly(t, h, policyWith("required"), count)
 				got := ended(r, count, old, seen{Rejected: rej})
 				// Told again, it does not run again.
-				r.WaitConsumed(pt.Redriver, reannounce(r, old))
+				r.WaitConsumedIn(pt.Redriver, topology.StreamEvents, reannounce(r, old))
 				got.Runs = count.Runs(schemas.CallID(old, 0))
 				if nb, _ := r.WaitTerminal(next); nb.State != schemas.BatchCompleted {
 					t.Errorf("the newer turn ended %s", nb.State)
@@ -448,7 +448,7 @@ func approvedWithoutRedriver(t *testing.T, session string, count *pt.Counter) (h
 	turn, approvalID = requested(h, session, "guarded")
 	rejected = decide(h, h.Decision(approvalID, schemas.OptionApprove, "cli", "alice"))
 	h.WaitApproval(approvalID, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
-	if n := len(h.Decided(turn)); n != 1 {
+	if n := len(h.Decisions(turn)); n != 1 {
 		t.Fatalf("%d decided events before the redriver starts, want 1", n)
 	}
 	return h, turn, approvalID, rejected
@@ -551,7 +551,7 @@ func denyAfter(h *pt.H, count *pt.Counter, turn, id string, got seen) seen {
 	if a := h.Approval(id); a.Status != schemas.ApprovalPending || a.Decision != nil || len(a.Votes) != 0 {
 		h.T.Errorf("approval %s decision %+v after the attack, want pending and untouched", a.Status, a.Decision)
 	}
-	h.WaitConsumed(pt.Redriver, reannounce(h, turn))
+	h.WaitConsumedIn(pt.Redriver, topology.StreamEvents, reannounce(h, turn))
 	if b := h.Batch(turn); b.State != schemas.BatchAwaiting {
 		h.T.Errorf("batch %s after the attack and a recovery pass, want awaiting", b.State)
 	}

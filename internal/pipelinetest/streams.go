@@ -479,13 +479,32 @@ var moreConsumers = map[string][]topology.ConsumerSpec{
 
 // WaitConsumed waits until stage has acknowledged (or terminated) every
 // message of its stream up to and including seq: proof that the stage has
-// finished with it.
+// finished with it. The redriver's stream is the approvals bucket's
+// (WaitConsumedIn names another).
 func (h *H) WaitConsumed(stage string, seq uint64) {
 	h.T.Helper()
 	sc, ok := consumers[stage]
 	if !ok {
 		h.T.Fatalf("pipelinetest: unknown stage %q", stage)
 	}
+	h.waitConsumed(stage, sc, seq)
+}
+
+// WaitConsumedIn is WaitConsumed for stage's consumer on stream (the
+// redriver's on TOLLGATE_EVENTS, which takes batch-awaiting notices).
+func (h *H) WaitConsumedIn(stage, stream string, seq uint64) {
+	h.T.Helper()
+	for _, sc := range append([]topology.ConsumerSpec{consumers[stage]}, moreConsumers[stage]...) {
+		if sc.Stream == stream {
+			h.waitConsumed(stage, sc, seq)
+			return
+		}
+	}
+	h.T.Fatalf("pipelinetest: stage %q has no consumer on %s", stage, stream)
+}
+
+func (h *H) waitConsumed(stage string, sc topology.ConsumerSpec, seq uint64) {
+	h.T.Helper()
 	jstest.Eventually(h.T, h.wait, fmt.Sprintf("%s consumed up to seq %d", stage, seq), func() bool {
 		ctx, cancel := h.Ctx()
 		defer cancel()

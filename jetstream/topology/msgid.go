@@ -40,8 +40,17 @@ func DecisionMsgID(decisionID string) string { return decisionID }
 func RequestedMsgID(approvalID string) string { return "requested:" + approvalID }
 
 // DecidedMsgID is the id of the decided event of approvalID (decided by a
-// person, expired or abandoned): "decided:<approval>".
+// person, expired or abandoned) that an earlier version published:
+// "decided:<approval>". This version's decision is the approval record's
+// revision; it publishes a decided event only as an answer (RepeatMsgID).
 func DecidedMsgID(approvalID string) string { return "decided:" + approvalID }
+
+// RepeatMsgID is the id of the decided event that answers decision
+// decisionID on approvalID, which changed no record (an idempotent
+// success): "decided:<approval>:<decision>", one per decision.
+func RepeatMsgID(approvalID, decisionID string) string {
+	return "decided:" + approvalID + ":" + decisionID
+}
 
 // VotedMsgID is the id of the voted event of decision decisionID on
 // approvalID: "voted:<approval>:<decision id>".

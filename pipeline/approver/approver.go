@@ -13,8 +13,14 @@
 // already applied is an idempotent success; any other decision on a decided
 // approval is rejected with APPROVAL_ALREADY_DECIDED (or APPROVAL_EXPIRED).
 // Every rejection is published on tollgate.event.decision.rejected.<id> so
-// the sender can be told; every applied decision on
-// tollgate.event.approval.decided.<turn>.
+// the sender can be told. An applied decision is its compare-and-set: the
+// approval record's revision that holds it decided is the decision's
+// event (docs/protocol.md §4.2b; store.DecidedOf), which the redriver and
+// every other reader consume from the bucket's stream, and nothing else
+// is published for it. A decision that changes no record (an idempotent
+// success: the recorded outcome repeated, or a decision applied before
+// and delivered again) is answered on tollgate.event.approval.decided.<turn>,
+// the recorded decision with DecidedEvent.Repeat set to its id.
 package approver
 
 import (
@@ -159,12 +165,11 @@ func (a *Approver) Handle(ctx context.Context, m jetstream.Msg) error {
 const ExpiryPrincipal = "tollgate:expiry"
 
 // Expire moves approval id from pending to expired if its expiry has
-// passed (compare-and-set), and publishes its decided event (status
-// expired): that event tells the redriver to evaluate the batch, where the
-// call gets an expired result, and tells transports the prompt can no
-// longer be answered. It is idempotent: an approval already expired gets
-// its event re-published (deduplicated by message id); one decided
-// otherwise, or not yet due, is left alone.
+// passed (compare-and-set). That revision is its decided event (status
+// expired): it tells the redriver to evaluate the batch, where the call
+// gets an expired result, and tells transports the prompt can no longer
+// be answered. It is idempotent: an approval already expired, decided
+// otherwise, or not yet due is left alone.
 func (a *Approver) Expire(ctx context.Context, id string) error {
 	now := a.now()
 	changed := false
@@ -195,21 +200,21 @@ func (a *Approver) Expire(ctx context.Context, id string) error {
 		a.cfg.Logger.Info("approval expired", "approval", id, "turn", rec.TurnID, "expired_at", rec.ExpiresAt)
 		a.decisions.WithLabelValues("expired_unanswered").Inc()
 	}
-	// Published whether this call or an earlier one made the change: an
-	// earlier attempt may have stored "expired" and then failed to publish
-	// (the event has one message id per approval, so a repeat within the
-	// dedupe window is stored once).
-	return a.publishDecided(ctx, rec, "")
+	return nil
 }
 
-func (a *Approver) publishDecided(ctx context.Context, rec *schemas.ApprovalRecord, repeat string) error {
+// publishAnswer answers decision id, which changed no record (an
+// idempotent success), on the decided subject of decided record rec: the
+// recorded decision, Repeat set to id (message id topology.RepeatMsgID, one
+// per decision).
+func (a *Approver) publishAnswer(ctx context.Context, rec *schemas.ApprovalRecord, id string) error {
 	ev := schemas.DecidedOf(rec)
 	if ev == nil {
-		return fmt.Errorf("approver: announce approval %s: it is %s, not decided", rec.ApprovalID, rec.Status)
+		return fmt.Errorf("approver: answer decision %s on approval %s: it is %s, not decided", id, rec.ApprovalID, rec.Status)
 	}
-	ev.Repeat = repeat
+	ev.Repeat = id
 	subj := topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID)
-	return bus.Publish(ctx, a.cfg.JS, subj, topology.DecidedMsgID(rec.ApprovalID), ev)
+	return bus.Publish(ctx, a.cfg.JS, subj, topology.RepeatMsgID(rec.ApprovalID, id), ev)
 }
 
 // publishVoted announces the quorum vote of decision id that rec counts
@@ -228,8 +233,9 @@ func (a *Approver) publishVoted(ctx context.Context, rec *schemas.ApprovalRecord
 	return bus.Publish(ctx, a.cfg.JS, subj, topology.VotedMsgID(rec.ApprovalID, id), ev)
 }
 
-// Apply applies d, publishing a decided event or a rejection. It returns an
-// error only for transient failures (to be retried).
+// Apply applies d: its compare-and-set, or a rejection published, or, for
+// an idempotent success, its answer (publishAnswer). It returns an error
+// only for transient failures (to be retried).
 func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 	res, err := a.apply(ctx, d)
 	if err != nil {
@@ -248,8 +254,8 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 			return err
 		}
 	}
-	if res.decided != nil {
-		if err := a.publishDecided(ctx, res.decided, res.repeat); err != nil {
+	if res.answered != nil {
+		if err := a.publishAnswer(ctx, res.answered, d.DecisionID); err != nil {
 			return err
 		}
 	}
@@ -266,8 +272,7 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 
 type result struct {
 	rejected *schemas.Error          // publish a rejection
-	decided  *schemas.ApprovalRecord // publish (or re-publish) its decided event
-	repeat   string                  // the decided event answers this repeat (DecidedEvent.Repeat)
+	answered *schemas.ApprovalRecord // the decision changed no record: answer it (publishAnswer)
 	voted    *schemas.ApprovalRecord // publish (or re-publish) the voted event of the decision
 	label    string
 }
@@ -312,14 +317,12 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		if rejected != nil && !errors.As(rejected, &res.rejected) {
 			return result{}, fmt.Errorf("approver: rejection without a code: %w", rejected) // Authorize's are *schemas.Error
 		}
-		if v.Announce {
-			res.decided = rec
-			if rejected == nil && v.Effect == Idempotent && rec.Status.Decided() && !rec.Holds(d.DecisionID) {
-				// A repeat of the recorded outcome (by its decider or by
-				// anyone else authorized): the announcement says so, so that
-				// the repeat's sender is answered (DecidedEvent.Answers).
-				res.repeat = d.DecisionID
-			}
+		if rejected == nil && v.Effect == Idempotent && rec != nil && rec.Status.Decided() {
+			// No record changed (a repeat of the recorded outcome, by its
+			// decider or anyone else authorized, or a decision applied
+			// before and delivered again): no revision answers its sender,
+			// so the approver does (DecidedEvent.Answers).
+			res.answered = rec
 		}
 		if rejected == nil && rec != nil && rec.Status == schemas.ApprovalPending && (v.Effect == Vote || v.Effect == Idempotent) {
 			// A counted vote (or its redelivery: the event's message id

@@ -142,7 +142,7 @@ func TestRejectedDecisionsArePublishedWithACodeAndRunNothing(t *testing.T) {
 					t.Fatalf("file %s: exists=%v %q", s.file, ok, c)
 				}
 			}
-			for _, ev := range h.Decided(s.turn) {
+			for _, ev := range h.Decisions(s.turn) {
 				if ev.Decision != nil && ev.Decision.DecisionID == d.DecisionID {
 					t.Fatalf("rejected decision %s produced a decided event", d.DecisionID)
 				}
@@ -201,14 +201,31 @@ func TestRepeatedIdenticalApproveIsAnIdempotentSuccess(t *testing.T) {
 	first := h.Decide(id, schemas.OptionApprove, "alice")
 	h.WaitTerminal(turn)
 	second := h.Decision(id, schemas.OptionApprove, "cli", "alice")
-	seq := h.Submit(second)
+	h.Submit(second)
+	third := h.Decision(id, schemas.OptionApprove, "cli", "alice")
+	seq := h.Submit(third)
 	h.WaitConsumed(pt.Approver, seq)
 	h.WaitIdle(pt.Redriver)
+
+	// The applied decision is its record's revision and is published
+	// nowhere; each repeat, which changed no record, is answered with a
+	// decided event of its own (both stored: one message id each), the
+	// recorded decision with Repeat naming it.
+	published := h.Decided(turn)
+	if len(published) != 2 {
+		t.Fatalf("published decided events %+v, want one answer per repeat", published)
+	}
+	for i, d := range []*schemas.Decision{second, third} {
+		ev := published[i]
+		if ev.Repeat != d.DecisionID || ev.Decision == nil || ev.Decision.DecisionID != first.DecisionID || !ev.Answers(d) {
+			t.Fatalf("answer %d: %+v, want the recorded decision %s answering %s", i, ev, first.DecisionID, d.DecisionID)
+		}
+	}
 
 	if rej := h.Rejections(id); len(rej) != 0 {
 		t.Fatalf("identical repeat rejected: %+v", rej[0])
 	}
-	if evs := h.Decided(turn); len(evs) != 1 || evs[0].Status != schemas.ApprovalApproved {
+	if evs := h.Decisions(turn); len(evs) != 1 || evs[0].Status != schemas.ApprovalApproved {
 		t.Fatalf("decided events %+v, want exactly one approved", evs)
 	}
 	if a := h.Approval(id); a.Status != schemas.ApprovalApproved || a.Decision.DecisionID != first.DecisionID {
@@ -220,8 +237,8 @@ func TestRepeatedIdenticalApproveIsAnIdempotentSuccess(t *testing.T) {
 	if got := h.Metric("tollgate_decisions_total", map[string]string{"result": "applied"}); got != 1 {
 		t.Fatalf("applied decisions %v, want 1", got)
 	}
-	if got := h.Metric("tollgate_decisions_total", map[string]string{"result": "idempotent"}); got != 1 {
-		t.Fatalf("idempotent decisions %v, want 1", got)
+	if got := h.Metric("tollgate_decisions_total", map[string]string{"result": "idempotent"}); got != 2 {
+		t.Fatalf("idempotent decisions %v, want 2", got)
 	}
 }
 
@@ -405,7 +422,7 @@ func TestConcurrentConflictingDecisionsApplyExactlyOne(t *testing.T) {
 						t.Fatalf("rejection %+v of a %s decision; winner chose %s", r, byID[r.DecisionID].Option, winner.Option)
 					}
 				}
-				if evs := h.Decided(turn); len(evs) != 1 {
+				if evs := h.Decisions(turn); len(evs) != 1 {
 					t.Fatalf("%d decided events, want 1", len(evs))
 				}
 				content, written := h.File(session + ".txt")

@@ -33,12 +33,13 @@ type Verdict struct {
 	// record given to Authorize was read at; nil: nothing is stored. It is
 	// a copy: the record given to Authorize is never changed.
 	Next *schemas.ApprovalRecord
-	// Announce: publish the approval's decided event (of Next when set,
-	// otherwise of the record as given), so the redriver and the
-	// transports learn the approval left pending. It is set for an applied
-	// decision and, so that an announcement lost after its record was
-	// stored is made again, for an idempotent repeat of the outcome and a
-	// decision on an expired approval.
+	// Announce: the approval has left pending (Next when set, otherwise
+	// the record as given), by this decision or before it: set for an
+	// applied decision, an idempotent repeat of the outcome and a decision
+	// on an expired approval. The stored revision that left pending is
+	// the decided event the redriver and the transports read
+	// (store.DecidedOf); the approver publishes one only to answer a
+	// decision that changed no record.
 	Announce bool
 	// Quorum is the number of distinct approvals the approval needs: the
 	// larger of the one recorded at the request and the policy's now (a

@@ -141,7 +141,7 @@ func TestOnlyAuthorizedDecidersDecide(t *testing.T) {
 				if b := h.Batch(turn); b.State != schemas.BatchAwaiting {
 					t.Fatalf("batch %s after a rejected decision", b.State)
 				}
-				if n := len(h.Decided(turn)); n != 0 {
+				if n := len(h.Decisions(turn)); n != 0 {
 					t.Fatalf("%d decided events after a rejected decision", n)
 				}
 				if n := count[tc.tool].Runs(call); n != 0 {
@@ -204,7 +204,7 @@ func TestMultiApproverQuorum(t *testing.T) {
 				h.T.Fatalf("vote %d %+v, want an approve by %s at verified", i, a.Votes[i], p)
 			}
 		}
-		if evs := h.Decided(turn); len(evs) != 0 {
+		if evs := h.Decisions(turn); len(evs) != 0 {
 			h.T.Fatalf("%d decided events before the quorum was reached", len(evs))
 		}
 		if b := h.Batch(turn); b.State != schemas.BatchAwaiting {
@@ -255,7 +255,7 @@ func TestMultiApproverQuorum(t *testing.T) {
 		if a.Status != schemas.ApprovalApproved || a.Decision == nil || a.Decision.DecisionID != last.DecisionID || len(a.Votes) != 2 || a.Votes[1].Principal != "cli:oscar" {
 			t.Fatalf("approval %s decision %+v votes %+v", a.Status, a.Decision, a.Votes)
 		}
-		evs := h.Decided(turn)
+		evs := h.Decisions(turn)
 		if len(evs) != 1 || evs[0].Status != schemas.ApprovalApproved || evs[0].Decision == nil || evs[0].Decision.Principal != "cli:oscar" {
 			t.Fatalf("decided events %+v, want one approved by the second member", evs)
 		}
@@ -295,7 +295,7 @@ func TestMultiApproverQuorum(t *testing.T) {
 		if a.Status != schemas.ApprovalDenied || a.Decision == nil || a.Decision.DecisionID != deny.DecisionID {
 			t.Fatalf("approval %s decided by %+v, want denied by %s", a.Status, a.Decision, deny.DecisionID)
 		}
-		if evs := h.Decided(turn); len(evs) != 1 || evs[0].Status != schemas.ApprovalDenied {
+		if evs := h.Decisions(turn); len(evs) != 1 || evs[0].Status != schemas.ApprovalDenied {
 			t.Fatalf("decided events %+v, want one denied", evs)
 		}
 		// The quorum can no longer be reached: a later approve conflicts.
@@ -346,7 +346,7 @@ func TestMultiApproverQuorum(t *testing.T) {
 		if a.Status != schemas.ApprovalApproved || len(a.Votes) != 2 || a.Votes[0].Principal == a.Votes[1].Principal {
 			t.Fatalf("approval %s votes %+v, want approved by two distinct members", a.Status, a.Votes)
 		}
-		if evs := h.Decided(turn); len(evs) != 1 {
+		if evs := h.Decisions(turn); len(evs) != 1 {
 			t.Fatalf("%d decided events, want 1", len(evs))
 		}
 		if rej := h.Rejections(id); len(rej) != 0 {

@@ -408,11 +408,8 @@ func (e *Engine) abandon(ctx context.Context, b *schemas.BatchRecord, principal 
 		if !changed {
 			continue // already decided; or abandoned and announced by an earlier finish
 		}
-		e.cfg.Logger.Info("approval abandoned", "approval", id, "turn", b.TurnID, "by", principal)
-		ev := schemas.DecidedOf(rec)
-		if err := bus.Publish(ctx, e.cfg.JS, topology.EventSubject(topology.SubjectApprovalDecided, b.TurnID), topology.DecidedMsgID(id), ev); err != nil {
-			return err
-		}
+		// The abandoned record's revision is its decided event.
+		e.cfg.Logger.Info("approval abandoned", "approval", id, "turn", b.TurnID, "by", principal, "status", rec.Status)
 	}
 	return nil
 }

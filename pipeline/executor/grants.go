@@ -3,8 +3,6 @@ package executor
 import (
 	"context"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -46,23 +44,19 @@ func (x *Executor) grantOrOffer(ctx context.Context, b *schemas.BatchRecord, cal
 	return nil
 }
 
-// announceGranted publishes what a person's decision would have: its
-// decided event and the grant's used event; and for a batch whose log
-// keeps no request (b kept in tollgate_batches), first the approval as
-// stored on the requested subject, so the streams hold the record for
-// replay (transports prompt only for a pending one). A log-kept batch's
-// awaiting event keeps that record. Each carries a message id, so a
-// redelivery publishes each once.
+// announceGranted publishes what the record's creation, already decided
+// (its revision is its decided event), does not say: the grant's used
+// event; and for a batch whose log keeps no request (b kept in
+// tollgate_batches), first the approval as stored on the requested
+// subject, so the streams hold the record for replay (transports prompt
+// only for a pending one). A log-kept batch's awaiting event keeps that
+// record. Each carries a message id, so a redelivery publishes each once.
 func (x *Executor) announceGranted(ctx context.Context, b *schemas.BatchRecord, rec *schemas.ApprovalRecord) error {
 	js := x.cfg.JS
 	if b.Bucketed() {
 		if err := x.publishRequested(ctx, rec); err != nil {
 			return err
 		}
-	}
-	ev := schemas.DecidedOf(rec)
-	if err := bus.Publish(ctx, js, topology.EventSubject(topology.SubjectApprovalDecided, rec.TurnID), topology.DecidedMsgID(rec.ApprovalID), ev); err != nil {
-		return err
 	}
 	return grants.Publish(ctx, js, &schemas.GrantEvent{
 		Kind: schemas.GrantUsed, GrantID: rec.Decision.Grant.GrantID, Tool: rec.Tool,

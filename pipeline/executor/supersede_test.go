@@ -35,7 +35,7 @@ func TestSupersedeAbandonsTheWaitingBatchAndTheNewTurnRuns(t *testing.T) {
 	if a := h.Approval(id); a.Status != schemas.ApprovalAbandoned || a.Decision == nil || a.Decision.Principal != "tollgate:superseded-by:"+next {
 		t.Fatalf("approval %s decision %+v", a.Status, a.Decision)
 	}
-	if evs := h.Decided(old); len(evs) != 1 || evs[0].Status != schemas.ApprovalAbandoned {
+	if evs := h.Decisions(old); len(evs) != 1 || evs[0].Status != schemas.ApprovalAbandoned {
 		t.Fatalf("decided events %+v, want one announcing the prompt abandoned", evs)
 	}
 	nb, nout := h.WaitTerminal(next)

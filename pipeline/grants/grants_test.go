@@ -165,7 +165,7 @@ func TestSessionGrantApprovesTheNextCallWithoutAPrompt(t *testing.T) {
 			t.Fatalf("a prompt was announced for the granted call: %+v", r)
 		}
 	}
-	dec := f.Decided(turn2)
+	dec := f.Decisions(turn2)
 	if len(dec) != 1 || dec[0].Decision == nil || dec[0].Decision.Grant == nil || dec[0].Decision.Grant.GrantID != g.GrantID {
 		t.Fatalf("decided events %+v", dec)
 	}

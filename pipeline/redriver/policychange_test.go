@@ -209,7 +209,7 @@ func TestRedriveRechecksTheCurrentPolicyBeforeEachApprovedCall(t *testing.T) {
 					t.Fatalf("a decision under A was rejected: %+v", rej[0])
 				}
 			}
-			if n := len(h.Decided(turn)); n != len(tc.calls) {
+			if n := len(h.Decisions(turn)); n != len(tc.calls) {
 				t.Fatalf("%d decided events in the stream, want %d", n, len(tc.calls))
 			}
 			if tc.started {

@@ -47,7 +47,7 @@ func TestSweepRedrivesABatchWhoseDecidedEventWasLost(t *testing.T) {
 	if n := count.Runs(schemas.CallID(turn, 0)); n != 1 {
 		t.Fatalf("the approved call ran %d times, want 1", n)
 	}
-	if n := len(h.Decided(turn)); n != 0 {
+	if n := len(h.Decisions(turn)); n != 0 {
 		t.Fatalf("%d decided events: the test meant to have none", n)
 	}
 	if sweepActions(h, "redrive") < 1 {

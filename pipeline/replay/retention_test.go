@@ -98,7 +98,7 @@ func TestARebuildOfAnExpiredTurnWritesItAsItEnded(t *testing.T) {
 	count := &pt.Counter{}
 	h := pt.Start(t, pt.Options{Policy: testPolicy, Tools: []tools.Tool{count}, Retention: retention})
 	turn := approvedTurn(t, h, count, "kept", 0)
-	streams := []string{topology.StreamTurns, topology.StreamEvents}
+	streams := []string{topology.StreamTurns, topology.StreamEvents, topology.StreamDecisions}
 	for i := range h.Store.Batches.Log.Log.Partitions() {
 		streams = append(streams, topology.TurnLogStream(i))
 	}

@@ -225,11 +225,14 @@ func redeliver(h *pt.H, turn string, decided bool) {
 	if !decided {
 		return
 	}
-	events := h.Events(topology.EventSubject(topology.SubjectApprovalDecided, turn))
-	if len(events) == 0 {
-		h.T.Fatalf("no decided event of %s stored", turn)
+	// The decision heard again: its record written again as it is (a new
+	// revision of the same decided record).
+	decisions := h.Decisions(turn)
+	if len(decisions) == 0 {
+		h.T.Fatalf("no decision of %s stored", turn)
 	}
-	h.WaitConsumed(pt.Redriver, h.PublishRaw(events[0].Subject, h.NextID("again"), events[0].Data, nil))
+	h.MutateApproval(decisions[0].ApprovalID, func(*schemas.ApprovalRecord) {})
+	h.WaitIdle(pt.Redriver)
 }
 
 // journalFile is where an example appends "<tool> <call id>" for each

@@ -1,51 +1,97 @@
 // Package eventfeed serves a process's live event streams (the gateway's
 // Server-Sent Events, the web inbox's live updates, `tollgate chat`) from
-// one set of consumers, made on first use: an ordered consumer of
-// TOLLGATE_EVENTS and one of each turn-log partition's outcome and
-// awaiting events (tollgate.turnlog.<i>.*.outcome and .awaiting,
-// docs/protocol.md §4.2a). Their events are merged in the order they
-// arrive and handed in memory to every subscriber whose subject filters
-// they match.
+// one set of consumers, made on first use: ordered consumers of
+// TOLLGATE_EVENTS, of each turn-log partition's outcome and awaiting
+// events (tollgate.turnlog.<i>.*.outcome and .awaiting, docs/protocol.md
+// §4.2a) and of the approvals bucket's stream (KV_tollgate_approvals,
+// every approval's revisions: topology.ApprovalRevisions). Their events
+// are merged in the order they arrive and handed in memory to every
+// subscriber whose subject filters they match.
 //
-// A turn's outcome is made durable once, by the write that ends its batch
-// in its turn's log, and the approvals a batch requests by its move to
-// awaiting there. The feed hands each out as the event it replaces, byte
-// for byte what is (or was) published on that subject: the outcome as
+// Each fact is made durable once (issue 36): a turn's outcome by the
+// write that ends its batch in its turn's log, the approvals a batch
+// requests by its move to awaiting there, an approval's decision by the
+// revision of its record in tollgate_approvals that leaves pending. The
+// feed hands each out as the event it replaces, byte for byte what is (or
+// was) published on that subject: the outcome as
 // tollgate.event.turn.outcome.<turn>, data the TurnOutcome alone
 // (schemas.Encode); each request the awaiting event keeps, in the order it
 // lists them, as tollgate.event.approval.requested.<turn>, data the
-// ApprovalRecord (store.DecodeRequested, schemas.Encode). An awaiting
-// event that keeps none (an earlier version's, or a second move to
-// awaiting) stands for no event. A published copy (for a batch kept in
-// tollgate_batches, or a turn of an earlier version; this version's
-// approval requests too, while they are still published) is handed out
-// only when its turn's log does not keep that outcome or request: each
-// comes once.
+// ApprovalRecord (store.DecodeRequested, schemas.Encode); each decision as
+// tollgate.event.approval.decided.<turn>, data the DecidedEvent
+// (store.DecidedOf, schemas.Encode: Repeat empty). An awaiting event that
+// keeps none (an earlier version's, or a second move to awaiting) stands
+// for no event, nor does any revision but a decision (a pending record, a
+// vote, a delete marker, a retire rewrite).
+//
+// A published copy is handed out only when the feed does not hand out the
+// fact it copies. An outcome or a request: when its turn's log does not
+// keep it (a batch kept in tollgate_batches, or a turn of an earlier
+// version; this version's approval requests too, while they are still
+// published). An approval.decided event without Repeat: when the bucket
+// no longer holds its decision (a record of version 1, or one an earlier
+// version decided and Retire wrote again), or holds it at or before the
+// subscriber's origin (below). An approval.decided event with Repeat (the
+// approver's answer to a decision that changed no record) is an event of
+// its own, handed out as published. Each comes once.
+//
+// A subscriber's origin is where its reading of the bucket began before
+// any of its events: the feed's position in the bucket when it
+// subscribed with New; for an id of an earlier version (no approvals
+// place), the position its TOLLGATE_EVENTS event was stored at
+// (cursor.go); else 0. The approver stores a decision, then publishes its
+// copy: a decision stored at or before the origin whose copy comes after
+// the subscriber's place in TOLLGATE_EVENTS is handed out from the copy,
+// all others from the bucket. An id this version handed out names no
+// origin (0): a subscriber resuming from it has every decision the bucket
+// holds from the bucket and passes over their copies. (A decision whose
+// storing and publishing the client's first subscription fell between was
+// stored before that subscription began: a resume does not hand out its
+// copy either.)
 //
 // Order: each stream's events keep their order, so a turn's requests come
 // before its outcome. A turn's outcome comes after every event of that
 // turn stored before it ended (its approvals requested and decided, its
 // redrives): the feed holds an outcome from a log until it has handed out
 // the turn's last event in TOLLGATE_EVENTS at the time the outcome
-// arrived (one direct get per outcome). An approval's decided and voted
-// events come after its request: the feed holds one whose request a log
-// keeps until it has handed out that partition up to the awaiting event
-// (one direct get per such event, and per published request, to read the
-// awaiting event). A stream's later events wait behind a held one. Should
-// TOLLGATE_EVENTS wait for a partition whose held outcome waits for
-// TOLLGATE_EVENTS, the outcome goes first.
+// arrived (one direct get per outcome), and the bucket up to the latest
+// revision of each approval the outcome's batch record lists (one direct
+// get per approval: a decided record is never changed again, so that is
+// its decision, stored before the outcome; for a failed batch also of the
+// approval ids it may have created without recording them,
+// schemas.ApprovalID, which its failure abandons). An approval's decided
+// and voted events come after its request: the feed holds one whose
+// request a log keeps until it has handed out that partition up to the
+// awaiting event (one direct get per such event, and per published
+// request, to read the awaiting event). A decision from the bucket whose
+// request no log keeps yet, of a batch in its log that has not moved to
+// awaiting (a standing grant's decision, written as its approval is
+// created, before the move that keeps its request), waits for the turn's
+// next event in that partition (the move, or the turn's end), for
+// requestWait at most; one whose request no log keeps, until the feed
+// has handed out TOLLGATE_EVENTS up to the turn's last published request
+// (a direct get each). A published decided event without Repeat costs one
+// more direct get, of its approval's revision. A stream's later events
+// wait behind a held one. Should the waits go round in a circle, an
+// outcome on the circle goes first: that takes a message stored after one
+// that waits for it (an event of a turn stored after its outcome; a
+// decision stored before its request), and only then can the outcome come
+// before one of its turn's events. A subscriber catching up reads what
+// the streams hold when it reads them: an event whose awaited message was
+// stored after the feed's position when it subscribed (a request after
+// its decision, in that moment) is not held for it.
 //
 // Each event carries the feed's position after it, a Cursor (the SSE id):
 // a subscriber that starts there (Options.After) gets the events handed
 // out after it and no other. The requests of one awaiting event share its
 // sequence: each but the last carries a split position (cursor.go), which
 // names the event and how many of its requests were out, so a subscriber
-// resuming after one of them gets the next one, each once. A subscriber that starts
-// behind the feed (a client resuming with Last-Event-ID, or a turn's
-// stream from its first event) first reads the events it missed from the
-// streams, through consumers of its own that are deleted as soon as it
-// has caught up, by the same rules of order, then goes on with the feed's
-// events: each event once, none missed.
+// resuming after one of them gets the next one, each once. A subscriber
+// that starts behind the feed (a client resuming with Last-Event-ID, or a
+// turn's stream from its first event) first reads the events it missed
+// from the streams, through consumers of its own that are deleted as soon
+// as it has caught up, by the same rules of order, then goes on with the
+// feed's events: each event once, none missed.
 //
 // Each subscriber has a bounded buffer: one that does not keep up is cut
 // off (Next answers ErrSlow) and never holds up the others; it resumes
@@ -66,6 +112,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -103,6 +150,16 @@ const replayIdle = 30 * time.Second
 // lookupWait bounds the feed's reads of a turn's events and outcome.
 const lookupWait = 5 * time.Second
 
+// requestWait bounds how long the feed holds a decision stored before its
+// batch moved to awaiting (a standing grant's) for that move, which keeps
+// its request: a batch whose stage stopped before the move would hold
+// every later decision. Past it, the decision goes before its request.
+const requestWait = 10 * time.Second
+
+// unmoved is the waitSeq of a decision that waits for its batch's move to
+// awaiting, at a sequence not known yet.
+const unmoved = ^uint64(0)
+
 // maxPartitions bounds the turn-log partitions a cursor names.
 const maxPartitions = topology.MaxTurnLogPartitions
 
@@ -112,26 +169,49 @@ type Event struct {
 	// resumes after it. Its String is the SSE id.
 	ID Cursor
 	// Source is the stream it was read from (0: TOLLGATE_EVENTS; 1+i:
-	// TOLLGATE_TURNLOG_<i>), Seq its sequence there.
+	// TOLLGATE_TURNLOG_<i>; the last, len(ID)-1: KV_tollgate_approvals),
+	// Seq its sequence there.
 	Source int
 	Seq    uint64
 	// Subject is a TOLLGATE_EVENTS subject: a turn's outcome read from
 	// its log is tollgate.event.turn.outcome.<turn>, a request read from
-	// its awaiting event tollgate.event.approval.requested.<turn>.
+	// its awaiting event tollgate.event.approval.requested.<turn>, a
+	// decision read from the approvals bucket
+	// tollgate.event.approval.decided.<turn>.
 	Subject string
 	// Data is the event's record (msgpack): for an outcome, the
-	// TurnOutcome alone; for a request, its ApprovalRecord.
+	// TurnOutcome alone; for a request, its ApprovalRecord; for a
+	// decision, its DecidedEvent.
 	Data []byte
 
-	skip  bool   // a message that stands for no event (a published copy a log keeps): advances the position only
-	more  bool   // (request from a log) another of its awaiting event's requests follows: the position stays before that event
-	part  int    // (request from a log) its place among its awaiting event's requests, from 1
-	after uint64 // (outcome from a log) the turn's last TOLLGATE_EVENTS sequence it waits for
-	// (an approval's decided or voted event) the partition and sequence of
-	// the awaiting event that keeps its request, which it waits for (0:
-	// none).
-	waitPart int
+	skip     bool   // a message that stands for no event (a published copy a log keeps, a revision that decides nothing): advances the position only
+	more     bool   // (request from a log) another of its awaiting event's requests follows: the position stays before that event
+	part     int    // (request from a log) its place among its awaiting event's requests, from 1
+	after    uint64 // (outcome from a log) the turn's last TOLLGATE_EVENTS sequence it waits for
+	afterDec uint64 // (outcome from a log) the bucket sequence it waits for: its approvals' latest revisions
+	// (an approval's decided or voted event) the source and sequence of
+	// the message that keeps its request, which it waits for (waitSeq 0:
+	// none): a partition's awaiting event, or for a decision from the
+	// bucket whose request no log keeps, the turn's last published
+	// request in TOLLGATE_EVENTS. For a decision from the bucket stored
+	// before its batch moved to awaiting, waitSeq is unmoved and waitTurn
+	// the turn: it waits for the next event of the turn the partition
+	// hands out after waitFrom (the move, or the turn's end), at most
+	// requestWait.
+	waitSrc  int
 	waitSeq  uint64
+	waitTurn string
+	waitFrom uint64
+	turn     string // (from a log) the turn of its message
+	id       string // (a decision from the bucket) its approval
+	// (replayed) when its message was stored: the replay hands out, of
+	// the streams' next events that may go, the earliest stored.
+	at time.Time
+	// (a published decided event without Repeat) the bucket sequence of
+	// the revision that holds its decision (0: the bucket holds it no
+	// more): a subscriber whose origin is before it gets the decision
+	// from the bucket, not this copy.
+	dup uint64
 }
 
 // source is one stream the feed follows.
@@ -141,28 +221,32 @@ type source struct {
 	cc      jetstream.ConsumeContext
 }
 
-// Feed hands the events of TOLLGATE_EVENTS, and the turns' outcomes and
-// requests from the turn logs, to its subscribers. A process makes one
-// and shares it between every surface that streams events.
+// Feed hands the events of TOLLGATE_EVENTS, the turns' outcomes and
+// requests from the turn logs and the approvals' decisions from their
+// bucket to its subscribers. A process makes one and shares it between
+// every surface that streams events.
 type Feed struct {
 	js  jetstream.JetStream
 	log *slog.Logger
 
 	mu     sync.Mutex
 	gen    int       // bumped by every start: callbacks of an earlier one are ignored
-	srcs   []*source // nil: not following yet (or closed); [0] events, [1+i] turn log i
+	srcs   []*source // nil: not following yet (or closed); [0] events, [1+i] turn log i, [len-1] the approvals bucket
 	last   Cursor    // per source, the last message handed out (or where the feed started)
 	seen   Cursor    // per source, the last message received (held ones included)
-	held   [][]Event // per partition, its events from a held outcome on (waiting for the events stream), in order
+	held   [][]Event // per partition, its events from a held outcome on (waiting for the events stream or the bucket), in order
 	wait   []Event   // the events stream's, from a held decision or vote on (waiting for a partition), in order
+	decs   []Event   // the bucket's, from a held decision on (waiting for a partition or the events stream), in order
 	subs   map[*Sub]struct{}
 	owners map[string]int // open streams by owner
 
-	beforeLog func(subject string) // (tests) called with each turn-log message the feed follows, before it reads it
+	beforeMsg   func(subject string) // (tests) called with each message the feed follows, before it reads it
+	requestWait time.Duration        // (tests) requestWait, when set
 }
 
 // New returns a Feed reading over js; it starts following the streams on
-// its first subscriber. The turn-log streams must exist (topology.Ensure).
+// its first subscriber. The turn-log streams and the approvals bucket
+// must exist (topology.Ensure).
 func New(js jetstream.JetStream, logger *slog.Logger) *Feed {
 	return &Feed{js: js, log: logger, subs: map[*Sub]struct{}{}, owners: map[string]int{}}
 }
@@ -172,16 +256,19 @@ type Options struct {
 	// Filters are the subjects (NATS wildcards allowed) the subscriber
 	// wants, in TOLLGATE_EVENTS's namespace (a turn's outcome from its log
 	// matches as tollgate.event.turn.outcome.<turn>, a request from its
-	// log as tollgate.event.approval.requested.<turn>); none means every
-	// event.
+	// log as tollgate.event.approval.requested.<turn>, a decision from the
+	// approvals bucket as tollgate.event.approval.decided.<turn>); none
+	// means every event.
 	Filters []string
 	// After: the subscriber gets the events handed out after this cursor
 	// (an Event.ID, or ParseCursor of an SSE id); nil: from the first
-	// message of every stream. A cursor of one sequence (an SSE id of an
-	// earlier version, a TOLLGATE_EVENTS sequence) reads TOLLGATE_EVENTS
-	// after it and the turn logs from the time it was stored. A cursor of
-	// another length than 1 or the feed's streams, or beyond a stream's
-	// last message, is refused with code schemas.CodeInvalidInput.
+	// message of every stream. A cursor of an earlier version is read as
+	// cursor.go says: of one sequence (a TOLLGATE_EVENTS sequence), it
+	// reads TOLLGATE_EVENTS after it, and the turn logs and the bucket
+	// from the time it was stored; of every stream but the approvals
+	// bucket, the bucket from that time. A cursor of another length than
+	// those, or beyond a stream's last message, is refused with code
+	// schemas.CodeInvalidInput.
 	After Cursor
 	// New, when set, ignores After: only events handed out from now on.
 	New bool
@@ -237,23 +324,15 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 	f.mu.Unlock()
 
 	n := len(srcs)
-	from, bare, since := make(Cursor, n), false, time.Time{}
-	switch {
-	case o.New, len(o.After) == 0:
-	case len(o.After) == 1:
-		from[0], bare = o.After[0], true
-	case len(o.After) == n:
-		copy(from, o.After)
-	default:
-		return nil, schemas.Errorf(schemas.CodeInvalidInput, "event id %s names %d positions, want %d (or one, an events stream sequence)", o.After, len(o.After), n)
-	}
-	var sp split
-	if !o.New {
+	dec := n - 1
+	from, sp, form := make(Cursor, n), split{}, formFull
+	if !o.New && len(o.After) > 0 {
 		var err error
-		if sp, err = splitOf(from); err != nil {
+		if from, sp, form, err = placeCursor(o.After, n); err != nil {
 			return nil, schemas.Errorf(schemas.CodeInvalidInput, "event id %s: %v", o.After, err)
 		}
 	}
+	var since time.Time
 	if !o.New {
 		for i, s := range srcs {
 			if from[i] <= last[i] {
@@ -269,16 +348,24 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 				return nil, schemas.Errorf(schemas.CodeInvalidInput, "event id %s is beyond the last message of %s (%d)", o.After, info.Config.Name, info.State.LastSeq)
 			}
 		}
-		if bare && from[0] > 0 {
+		if form != formFull && from[0] > 0 {
 			m, err := srcs[0].stream.GetMsg(ctx, from[0])
 			switch {
 			case err == nil:
 				since = m.Time
-			case !errors.Is(err, jetstream.ErrMsgNotFound): // gone: the logs from their start
+			case !errors.Is(err, jetstream.ErrMsgNotFound): // gone: the logs and the bucket from their start
 				return nil, fmt.Errorf("eventfeed: read event %d: %w", from[0], err)
 			}
 		}
+		if form != formFull && !since.IsZero() && len(decFilters(filters)) > 0 {
+			b, err := positionAt(ctx, srcs[dec].stream, topology.ApprovalRevisions, since)
+			if err != nil {
+				return nil, err
+			}
+			from[dec] = b
+		}
 	}
+	bare := form == formBare
 
 	s := &Sub{f: f, filters: filters, owner: o.Owner, ch: make(chan Event, cmp.Or(o.Buffer, Buffer)), done: make(chan struct{}), split: sp}
 	f.mu.Lock()
@@ -295,9 +382,15 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 	s.until, s.after = slices.Clone(f.last), make(Cursor, n)
 	for i := range n {
 		s.after[i] = max(from[i], f.last[i])
-		if o.New || (bare && i > 0) {
+		if o.New || (bare && i > 0 && i < dec) {
 			s.after[i] = f.last[i]
 		}
+	}
+	switch {
+	case o.New:
+		s.origin = f.last[dec]
+	case form != formFull:
+		s.origin = from[dec]
 	}
 	f.owners[o.Owner]++
 	f.subs[s] = struct{}{}
@@ -310,6 +403,48 @@ func (f *Feed) Subscribe(ctx context.Context, o Options) (*Sub, error) {
 		}
 	}
 	return s, nil
+}
+
+// positionAt is the position in stream (its messages on filter) at time
+// t: the sequence before the first message stored after t, or the last
+// message when none is. A consumer of its own reads it, deleted at once.
+func positionAt(ctx context.Context, stream jetstream.Stream, filter string, t time.Time) (uint64, error) {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("eventfeed: stream info: %w", err)
+	}
+	name := info.Config.Name
+	start := t.Add(time.Nanosecond)
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Name:          "position-" + rand.Text(),
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start,
+		AckPolicy:     jetstream.AckNonePolicy,
+		FilterSubject: filter,
+		MemoryStorage: true, Replicas: 1,
+		InactiveThreshold: replayIdle,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("eventfeed: a consumer of %s: %w", name, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = stream.DeleteConsumer(dctx, cons.CachedInfo().Name) // else the server drops it when idle
+	}()
+	batch, err := cons.FetchNoWait(1)
+	if err != nil {
+		return 0, fmt.Errorf("eventfeed: read %s: %w", name, err)
+	}
+	pos := info.State.LastSeq
+	for m := range batch.Messages() {
+		if meta, err := m.Metadata(); err == nil {
+			pos = meta.Sequence.Stream - 1
+		}
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+		return 0, fmt.Errorf("eventfeed: read %s: %w", name, err)
+	}
+	return pos, nil
 }
 
 // startLocked follows the streams from their last messages, if not yet.
@@ -325,10 +460,16 @@ func (f *Feed) startLocked(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("eventfeed: %w", err)
 	}
+	approvals, err := f.js.Stream(ctx, topology.StreamApprovals)
+	if err != nil {
+		return fmt.Errorf("eventfeed: stream %s: %w", topology.StreamApprovals, err)
+	}
 	srcs := []*source{{stream: events, filters: []string{Subjects}}}
 	for i, l := range logs {
 		srcs = append(srcs, &source{stream: l, filters: []string{topology.TurnLogOutcomeFilter(i), topology.TurnLogAwaitingFilter(i)}})
 	}
+	srcs = append(srcs, &source{stream: approvals, filters: []string{topology.ApprovalRevisions}})
+	dec := len(srcs) - 1
 	f.gen++
 	gen := f.gen
 	last := make(Cursor, len(srcs))
@@ -349,8 +490,13 @@ func (f *Feed) startLocked(ctx context.Context) error {
 			stop()
 			return fmt.Errorf("eventfeed: consumer of %s: %w", s.stream.CachedInfo().Config.Name, err)
 		}
-		hand := func(m jetstream.Msg) { f.handEvent(gen, m) }
-		if i > 0 {
+		var hand func(jetstream.Msg)
+		switch {
+		case i == 0:
+			hand = func(m jetstream.Msg) { f.handEvent(gen, m) }
+		case i == dec:
+			hand = func(m jetstream.Msg) { f.handDecision(gen, dec, m) }
+		default:
 			hand = func(m jetstream.Msg) { f.handLog(gen, i-1, m) }
 		}
 		s.cc, err = cons.Consume(hand, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -361,7 +507,7 @@ func (f *Feed) startLocked(ctx context.Context) error {
 			return fmt.Errorf("eventfeed: consume %s: %w", s.stream.CachedInfo().Config.Name, err)
 		}
 	}
-	f.srcs, f.last, f.seen, f.held, f.wait = srcs, last, slices.Clone(last), make([][]Event, len(logs)), nil
+	f.srcs, f.last, f.seen, f.held, f.wait, f.decs = srcs, last, slices.Clone(last), make([][]Event, len(logs)), nil, nil
 	return nil
 }
 
@@ -372,6 +518,9 @@ func (f *Feed) handEvent(gen int, m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		return
+	}
+	if f.beforeMsg != nil {
+		f.beforeMsg(m.Subject())
 	}
 	ev := f.presentEvent(meta.Sequence.Stream, m.Subject(), m.Data())
 	f.mu.Lock()
@@ -387,33 +536,44 @@ func (f *Feed) handEvent(gen int, m jetstream.Msg) {
 // presentEvent is the event a TOLLGATE_EVENTS message stands for: passed
 // over (skip) when it is a published outcome or request that its turn's
 // log keeps (the log's is handed out); an approval's decided or voted
-// event whose request a log keeps waits for that awaiting event; any
-// other is handed out as it is.
+// event whose request a log keeps waits for that awaiting event; a
+// decided event without Repeat carries the bucket revision of its
+// decision (dup); any other is handed out as it is.
 func (f *Feed) presentEvent(seq uint64, subject string, data []byte) Event {
 	ev := Event{Seq: seq, Subject: subject, Data: data}
 	if turn, ok := strings.CutPrefix(subject, topology.SubjectTurnOutcome); ok {
 		ev.skip = f.logHolds(turn)
 		return ev
 	}
-	turn, id, requested, ok := approvalOf(subject, data)
+	a, ok := approvalOf(subject, data)
 	if !ok {
 		return ev
 	}
-	p, at, kept := f.loggedRequest(turn, id)
+	if a.copy {
+		ev.dup = f.decisionSeq(a.id)
+	}
+	p, at, kept := f.loggedRequest(a.turn, a.id)
 	switch {
 	case !kept:
-	case requested:
+	case a.requested:
 		ev.skip = true
 	default:
-		ev.waitPart, ev.waitSeq = p, at
+		ev.waitSrc, ev.waitSeq = 1+p, at
 	}
 	return ev
 }
 
+// approval is what approvalOf reads of an approval's event.
+type approval struct {
+	turn, id  string
+	requested bool // an approval.requested event
+	copy      bool // an approval.decided event without Repeat: a copy of a revision of the bucket
+}
+
 // approvalOf reads the turn and approval of an approval's requested,
-// decided or voted event (requested says which); false for any other
-// event, or one that does not decode (handed out as it is).
-func approvalOf(subject string, data []byte) (turn, id string, requested, ok bool) {
+// decided or voted event; false for any other event, or one that does
+// not decode (handed out as it is).
+func approvalOf(subject string, data []byte) (approval, bool) {
 	var prefix string
 	for _, p := range []string{topology.SubjectApprovalRequested, topology.SubjectApprovalDecided, topology.SubjectApprovalVoted} {
 		if strings.HasPrefix(subject, p) {
@@ -421,21 +581,22 @@ func approvalOf(subject string, data []byte) (turn, id string, requested, ok boo
 		}
 	}
 	if prefix == "" {
-		return "", "", false, false
+		return approval{}, false
 	}
 	_, rec, err := topology.Read(subject, data, topology.RouteApprovalRequested, topology.RouteApprovalDecided, topology.RouteApprovalVoted)
 	if err != nil {
-		return "", "", false, false
+		return approval{}, false
 	}
+	a := approval{turn: strings.TrimPrefix(subject, prefix), requested: prefix == topology.SubjectApprovalRequested}
 	switch r := rec.(type) {
 	case *schemas.ApprovalRecord:
-		id = r.ApprovalID
+		a.id = r.ApprovalID
 	case *schemas.DecidedEvent:
-		id = r.ApprovalID
+		a.id, a.copy = r.ApprovalID, r.Repeat == ""
 	case *schemas.VotedEvent:
-		id = r.ApprovalID
+		a.id = r.ApprovalID
 	}
-	return strings.TrimPrefix(subject, prefix), id, prefix == topology.SubjectApprovalRequested, id != ""
+	return a, a.id != ""
 }
 
 // handLog takes an event of turn-log partition p (presentLog): it waits
@@ -446,8 +607,8 @@ func (f *Feed) handLog(gen, p int, m jetstream.Msg) {
 	if err != nil {
 		return
 	}
-	if f.beforeLog != nil {
-		f.beforeLog(m.Subject())
+	if f.beforeMsg != nil {
+		f.beforeMsg(m.Subject())
 	}
 	evs := f.presentLog(p, meta.Sequence.Stream, m.Subject(), m.Data())
 	f.mu.Lock()
@@ -467,29 +628,37 @@ func (f *Feed) handLog(gen, p int, m jetstream.Msg) {
 // passed over (one skip).
 func (f *Feed) presentLog(p int, seq uint64, subject string, data []byte) []Event {
 	_, turn, event, ok := topology.ParseTurnLogSubject(subject)
+	evs := []Event{{Source: 1 + p, Seq: seq, skip: true}}
 	switch {
 	case ok && event == store.EventOutcome:
-		return []Event{f.presentOutcome(p, seq, turn, subject, data)}
+		evs = []Event{f.presentOutcome(p, seq, turn, subject, data)}
 	case ok && event == store.EventAwaiting:
-		if evs := f.presentRequests(p, seq, turn, subject, data); len(evs) > 0 {
-			return evs
+		if reqs := f.presentRequests(p, seq, turn, subject, data); len(reqs) > 0 {
+			evs = reqs
 		}
 	}
-	return []Event{{Source: 1 + p, Seq: seq, skip: true}}
+	for i := range evs {
+		evs[i].turn = turn
+	}
+	return evs
 }
 
 // presentOutcome is the event a turn log's outcome message stands for:
-// the turn's outcome event, waiting for the turn's last event in
-// TOLLGATE_EVENTS; a message that holds no outcome is passed over (skip),
-// with a warning.
+// the turn's outcome event (the outcome read as store.DecodeOutcome
+// reads it), waiting for the turn's last event in TOLLGATE_EVENTS and
+// its approvals' latest revisions in the bucket; a message that holds no
+// outcome is passed over (skip), with a warning.
 func (f *Feed) presentOutcome(p int, seq uint64, turn, subject string, data []byte) Event {
 	ev := Event{Source: 1 + p, Seq: seq, skip: true}
-	o, err := store.DecodeOutcome(turn, data)
-	if errors.Is(err, store.ErrNoOutcome) {
+	b, err := schemas.DecodeBatch(data)
+	switch {
+	case err != nil:
+	case b.TurnID != turn:
+		err = schemas.Errorf(schemas.CodeInvalidInput, "the outcome event of turn %s holds turn %s's batch", turn, b.TurnID)
+	case b.Outcome == nil:
 		return ev // its published outcome is handed out (logHolds)
-	}
-	if err == nil {
-		ev.Data, err = schemas.Encode(o)
+	default:
+		ev.Data, err = schemas.Encode(b.Outcome)
 	}
 	if err != nil {
 		f.log.Warn("eventfeed: an outcome event that holds no outcome is passed over", "subject", subject, "seq", seq, "err", err)
@@ -497,6 +666,7 @@ func (f *Feed) presentOutcome(p int, seq uint64, turn, subject string, data []by
 	}
 	ev.Subject, ev.skip = topology.EventSubject(topology.SubjectTurnOutcome, turn), false
 	ev.after = f.lastEventOf(turn)
+	ev.afterDec = f.lastRevisionOf(b)
 	return ev
 }
 
@@ -526,28 +696,139 @@ func (f *Feed) presentRequests(p int, seq uint64, turn, subject string, data []b
 	return out
 }
 
+// handDecision takes a message of the approvals bucket, source dec
+// (presentDecision): it waits behind the bucket's held ones, then is
+// handed to the subscribers that want it. The ordered consumer calls it
+// once per message, in order.
+func (f *Feed) handDecision(gen, dec int, m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	if f.beforeMsg != nil {
+		f.beforeMsg(m.Subject())
+	}
+	ev := f.presentDecision(dec, meta.Sequence.Stream, m.Subject(), m.Headers(), m.Data())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if gen != f.gen || ev.Seq <= f.seen[dec] {
+		return
+	}
+	f.seen[dec] = ev.Seq
+	f.decs = append(f.decs, ev)
+	f.releaseLocked()
+	if ev.waitSeq != unmoved {
+		return
+	}
+	// Held for its batch's move to awaiting: the partition may have handed
+	// the move out since it was looked up (from now on, handLogLocked sees
+	// it), so look again; and stop waiting after requestWait.
+	time.AfterFunc(cmp.Or(f.requestWait, requestWait), func() { f.stopWaiting(gen, ev.Seq) })
+	f.mu.Unlock()
+	again := ev
+	f.waitForRequest(&again, ev.waitTurn)
+	f.mu.Lock()
+	if gen != f.gen || again.waitSeq == unmoved {
+		return
+	}
+	for i, d := range f.decs {
+		if d.Seq == ev.Seq && d.waitSeq == unmoved {
+			f.decs[i].waitSrc, f.decs[i].waitSeq, f.decs[i].waitTurn = again.waitSrc, again.waitSeq, ""
+			f.releaseLocked()
+			return
+		}
+	}
+}
+
+// stopWaiting lets the bucket's held decision at seq go, if it still
+// waits for its batch's move to awaiting (requestWait).
+func (f *Feed) stopWaiting(gen int, seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if gen != f.gen {
+		return
+	}
+	for i, d := range f.decs {
+		if d.Seq == seq && d.waitSeq == unmoved {
+			f.log.Warn("eventfeed: a decision's batch did not move to awaiting in time: the decision goes before its request", "subject", d.Subject, "seq", d.Seq, "turn", d.waitTurn)
+			f.decs[i].waitSeq, f.decs[i].waitTurn = 0, ""
+			f.releaseLocked()
+			return
+		}
+	}
+}
+
+// presentDecision is the event a message of the approvals bucket (source
+// src) stands for: a decision (store.DecidedOf) is its approval.decided
+// event, waiting for its request (the awaiting event that keeps it; the
+// turn's move to awaiting, when its batch has not moved yet; or the
+// turn's last published request); any other revision is passed over
+// (skip), one that does not decode with a warning.
+func (f *Feed) presentDecision(src int, seq uint64, subject string, h nats.Header, data []byte) Event {
+	ev := Event{Source: src, Seq: seq, skip: true}
+	d, err := store.DecidedOf(subject, h, data)
+	if err == nil && d != nil && !schemas.ValidKey(d.TurnID) {
+		err = schemas.Errorf(schemas.CodeMalformed, "approval %s names turn %q", d.ApprovalID, d.TurnID)
+	}
+	var b []byte
+	if err == nil && d != nil {
+		b, err = schemas.Encode(d)
+	}
+	switch {
+	case schemas.CodeOf(err) == schemas.CodeSchemaVersionUnsupported:
+		// A version 1 record (an earlier version's): its decision's
+		// published copy is handed out (decisionSeq).
+		f.log.Debug("eventfeed: an approval's revision of an earlier version is passed over", "subject", subject, "seq", seq, "err", err)
+		return ev
+	case err != nil:
+		f.log.Warn("eventfeed: an approval's revision that does not decode is passed over", "subject", subject, "seq", seq, "err", err)
+		return ev
+	case d == nil:
+		return ev
+	}
+	ev.Subject, ev.Data, ev.skip = topology.EventSubject(topology.SubjectApprovalDecided, d.TurnID), b, false
+	ev.id = d.ApprovalID
+	f.waitForRequest(&ev, d.TurnID)
+	return ev
+}
+
+// waitForRequest sets what ev, a decision of turn's approval ev.id from
+// the bucket, waits for: the awaiting event that keeps its request; when
+// its batch has not moved to awaiting yet, that move; else the turn's
+// last published request.
+func (f *Feed) waitForRequest(ev *Event, turn string) {
+	if p, at, kept := f.loggedRequest(turn, ev.id); kept {
+		ev.waitSrc, ev.waitSeq, ev.waitTurn = 1+p, at, ""
+	} else if p, last, ok := f.unmovedBatch(turn); ok {
+		ev.waitSrc, ev.waitSeq, ev.waitTurn, ev.waitFrom = 1+p, unmoved, turn, last
+	} else {
+		ev.waitSrc, ev.waitSeq, ev.waitTurn = 0, f.lastRequestOf(turn), ""
+	}
+}
+
 // releaseLocked hands out, in each stream's order, the held events that
-// may go: TOLLGATE_EVENTS's once the one at their head finds the feed
-// past the awaiting event it waits for; each partition's once the outcome
-// at its head finds the feed past its turn's events. When TOLLGATE_EVENTS
-// waits for a partition whose head waits for TOLLGATE_EVENTS, neither
-// could ever go: that outcome goes first (the event it waits for is at or
-// after a decision on a request stored after the outcome: its turn had
-// ended).
+// may go: TOLLGATE_EVENTS's and the bucket's once the one at their head
+// finds the feed past the message keeping its request; each partition's
+// once the outcome at its head finds the feed past its turn's events and
+// decisions. When the heads wait for each other round a circle, none
+// could ever go: an outcome on it goes first (package doc).
 func (f *Feed) releaseLocked() {
+	dec := len(f.srcs) - 1
 	for {
 		moved := false
-		for len(f.wait) > 0 && (f.wait[0].waitSeq == 0 || f.wait[0].waitSeq <= f.last[1+f.wait[0].waitPart]) {
-			ev := f.wait[0]
-			f.wait = f.wait[1:]
-			f.last[0] = ev.Seq
-			if !ev.skip {
-				f.handLocked(ev)
+		for _, q := range []*[]Event{&f.wait, &f.decs} {
+			for len(*q) > 0 && reached(f.last, (*q)[0]) {
+				ev := (*q)[0]
+				*q = (*q)[1:]
+				f.last[ev.Source] = ev.Seq
+				if !ev.skip {
+					f.handLocked(ev)
+				}
+				moved = true
 			}
-			moved = true
 		}
 		for p, q := range f.held {
-			for len(q) > 0 && q[0].after <= f.last[0] {
+			for len(q) > 0 && q[0].after <= f.last[0] && q[0].afterDec <= f.last[dec] {
 				f.handLogLocked(q[0])
 				q, moved = q[1:], true
 			}
@@ -556,24 +837,143 @@ func (f *Feed) releaseLocked() {
 		if moved {
 			continue
 		}
-		if len(f.wait) == 0 || len(f.held[f.wait[0].waitPart]) == 0 {
+		i, ok := onCycle(len(f.srcs), f.waitsLocked)
+		if !ok {
 			return
 		}
-		p := f.wait[0].waitPart
-		f.log.Debug("eventfeed: an outcome and a decision wait for each other: the outcome goes first", "stream", topology.TurnLogStream(p), "seq", f.held[p][0].Seq)
+		p := i - 1
+		f.log.Debug("eventfeed: held events wait for each other: an outcome goes first", "stream", topology.TurnLogStream(p), "seq", f.held[p][0].Seq)
 		f.handLogLocked(f.held[p][0])
 		f.held[p] = f.held[p][1:]
 	}
 }
 
+// reached reports whether ev, at the head of TOLLGATE_EVENTS's or the
+// bucket's held events, may go at position pos: it waits for nothing, or
+// pos is past the message it waits for.
+func reached(pos Cursor, ev Event) bool {
+	return ev.waitSeq == 0 || ev.waitSeq <= pos[ev.waitSrc]
+}
+
+// waitsLocked are the sources whose held head the held head of source i
+// waits for (none when i holds nothing, or waits only for messages the
+// feed has not received yet).
+func (f *Feed) waitsLocked(i int) []int {
+	dec := len(f.srcs) - 1
+	var q []Event
+	switch {
+	case i == 0:
+		q = f.wait
+	case i == dec:
+		q = f.decs
+	default:
+		q = f.held[i-1]
+	}
+	if len(q) == 0 {
+		return nil
+	}
+	held := func(j int) bool {
+		switch {
+		case j == 0:
+			return len(f.wait) > 0
+		case j == dec:
+			return len(f.decs) > 0
+		}
+		return len(f.held[j-1]) > 0
+	}
+	ev := q[0]
+	return headWaits(i, dec, ev, reached(f.last, ev) || !held(ev.waitSrc), func(j int, seq uint64) bool {
+		return seq > f.last[j] && held(j)
+	})
+}
+
+// headWaits is the one rule of which sources the head ev of source i
+// waits for (dec: the bucket's source), live (waitsLocked) and in
+// catch-up (Sub.waitsFor): an event of TOLLGATE_EVENTS or the bucket for
+// the source of the message that keeps its request, unless done; a turn
+// log's outcome for TOLLGATE_EVENTS and the bucket, each up to its seq,
+// where need says it is not yet there.
+func headWaits(i, dec int, ev Event, done bool, need func(j int, seq uint64) bool) []int {
+	var out []int
+	switch {
+	case i == 0 || i == dec:
+		if !done {
+			out = append(out, ev.waitSrc)
+		}
+	default:
+		if need(0, ev.after) {
+			out = append(out, 0)
+		}
+		if need(dec, ev.afterDec) {
+			out = append(out, dec)
+		}
+	}
+	return out
+}
+
+// onCycle finds a turn-log partition's source (1 ≤ i < n-1) on a circle
+// of waits among n sources, waits(i) being the sources the head of i
+// waits for; false when there is none. Every circle has one: the events
+// stream's and the bucket's heads wait only for partitions' messages or
+// the events stream's, a partition's (an outcome) only for the events
+// stream's and the bucket's, so a circle through the events stream and
+// the bucket alone would have the events stream wait for the bucket.
+func onCycle(n int, waits func(int) []int) (int, bool) {
+	const (
+		unseen = iota
+		open
+		closed
+	)
+	state := make([]int, n)
+	var path []int
+	var visit func(i int) (int, bool)
+	visit = func(i int) (int, bool) {
+		state[i] = open
+		path = append(path, i)
+		for _, j := range waits(i) {
+			switch state[j] {
+			case open:
+				for _, c := range path[slices.Index(path, j):] {
+					if c > 0 && c < n-1 {
+						return c, true
+					}
+				}
+			case unseen:
+				if c, ok := visit(j); ok {
+					return c, true
+				}
+			}
+		}
+		path = path[:len(path)-1]
+		state[i] = closed
+		return 0, false
+	}
+	for i := range n {
+		if state[i] == unseen {
+			if c, ok := visit(i); ok {
+				return c, true
+			}
+		}
+	}
+	return 0, false
+}
+
 // handLogLocked hands out ev, a turn log's event: the position moves to
-// its message once the last event it stands for is out.
+// its message once the last event it stands for is out. A held decision
+// that waits for its turn's move to awaiting waits for this message, the
+// turn's first since (the partition's consumer follows only the moves to
+// awaiting and the ends).
 func (f *Feed) handLogLocked(ev Event) {
 	if !ev.more {
 		f.last[ev.Source] = ev.Seq
 	}
 	if !ev.skip {
 		f.handLocked(ev)
+	}
+	for i, d := range f.decs {
+		if d.waitSeq == unmoved && d.waitSrc == ev.Source && d.waitTurn == ev.turn && ev.Seq > d.waitFrom {
+			f.decs[i].waitSeq, f.decs[i].waitTurn = ev.Seq, "" // the move (or the turn's end) is out
+		}
 	}
 }
 
@@ -585,7 +985,7 @@ func (f *Feed) handLocked(ev Event) {
 		ev.ID[ev.Source] = splitAt(ev.Seq, ev.part)
 	}
 	for s := range f.subs {
-		if ev.Seq <= s.after[ev.Source] || s.split.covers(ev) || !s.wants(ev.Subject) {
+		if ev.Seq <= s.after[ev.Source] || s.split.covers(ev) || ev.dup > s.origin || !s.wants(ev.Subject) {
 			continue
 		}
 		select {
@@ -596,16 +996,21 @@ func (f *Feed) handLocked(ev Event) {
 	}
 }
 
+// streams are the feed's sources (nil before it starts).
+func (f *Feed) streams() []*source {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.srcs
+}
+
 // logs are the turn-log streams the feed follows (none before it starts).
 func (f *Feed) logs() []jetstream.Stream {
-	f.mu.Lock()
-	srcs := f.srcs
-	f.mu.Unlock()
-	if len(srcs) < 2 {
+	srcs := f.streams()
+	if len(srcs) < 3 {
 		return nil
 	}
-	logs := make([]jetstream.Stream, len(srcs)-1)
-	for i, s := range srcs[1:] {
+	logs := make([]jetstream.Stream, len(srcs)-2)
+	for i, s := range srcs[1 : len(srcs)-1] {
 		logs[i] = s.stream
 	}
 	return logs
@@ -633,7 +1038,7 @@ func (f *Feed) logHolds(turn string) bool {
 // id, in which partition and at which sequence (store.LoggedRequest: the
 // awaiting event that moved its batch to awaiting). Should the log not
 // be read, false (a published copy is handed out, a decision is not
-// held), with a warning.
+// held for the log), with a warning.
 func (f *Feed) loggedRequest(turn, id string) (p int, seq uint64, ok bool) {
 	logs := f.logs()
 	if len(logs) == 0 || !schemas.ValidKey(turn) {
@@ -650,26 +1055,122 @@ func (f *Feed) loggedRequest(turn, id string) (p int, seq uint64, ok bool) {
 	return p, seq, ok
 }
 
+// unmovedBatch reports whether turn's batch is in its log and has not
+// moved to awaiting yet (its last event is queued or running): a decision
+// stored now (a standing grant's, written decided as its approval is
+// created) has its request kept by that move, in partition p after the
+// sequence last. Should the log not be read, false, with a warning.
+func (f *Feed) unmovedBatch(turn string) (p int, last uint64, ok bool) {
+	logs := f.logs()
+	if len(logs) == 0 || !schemas.ValidKey(turn) {
+		return 0, 0, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
+	defer cancel()
+	p = topology.TurnLogPartition(turn, len(logs))
+	m, err := logs[p].GetLastMsgForSubject(ctx, topology.TurnLogWildcard(p, turn))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return p, 0, false
+	case err != nil:
+		f.log.Warn("eventfeed: the turn's log could not be read: its decision is not held for its request", "turn", turn, "err", err)
+		return p, 0, false
+	}
+	_, _, event, _ := topology.ParseTurnLogSubject(m.Subject)
+	return p, m.Sequence, event == string(schemas.BatchQueued) || event == string(schemas.BatchRunning)
+}
+
 // lastEventOf is the sequence of turn's last event in TOLLGATE_EVENTS (0:
 // none). Should it not be read, 0 (the outcome is not held), with a
 // warning.
 func (f *Feed) lastEventOf(turn string) uint64 {
-	f.mu.Lock()
-	srcs := f.srcs
-	f.mu.Unlock()
+	return f.lastOn(0, turnEvents(turn), turn, "the turn's last event could not be read: its outcome is not held for it")
+}
+
+// lastRequestOf is the sequence of turn's last published request in
+// TOLLGATE_EVENTS (0: none). Should it not be read, 0 (the decision is
+// not held), with a warning.
+func (f *Feed) lastRequestOf(turn string) uint64 {
+	return f.lastOn(0, topology.EventSubject(topology.SubjectApprovalRequested, turn), turn, "the turn's published requests could not be read: its decision is not held for them")
+}
+
+// lastOn is the sequence of the last message on subject (of turn) in the
+// feed's source i, 0 when there is none; should it not be read, 0, with
+// the warning why.
+func (f *Feed) lastOn(i int, subject, turn, why string) uint64 {
+	srcs := f.streams()
 	if len(srcs) == 0 || !schemas.ValidKey(turn) {
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
 	defer cancel()
-	m, err := srcs[0].stream.GetLastMsgForSubject(ctx, turnEvents(turn))
+	m, err := srcs[i].stream.GetLastMsgForSubject(ctx, subject)
 	switch {
 	case err == nil:
 		return m.Sequence
 	case !errors.Is(err, jetstream.ErrMsgNotFound):
-		f.log.Warn("eventfeed: the turn's last event could not be read: its outcome is not held for it", "turn", turn, "err", err)
+		f.log.Warn("eventfeed: "+why, "turn", turn, "subject", subject, "err", err)
 	}
 	return 0
+}
+
+// lastRevisionOf is the latest bucket sequence among the revisions of
+// the approvals that batch b (an outcome event's) lists, and for a failed
+// batch also of those it may have created unrecorded (whose ids the
+// failure abandons: schemas.ApprovalID of each call without one); 0 for
+// none. One that is not read counts as none, with a warning (the outcome
+// is not held for it).
+func (f *Feed) lastRevisionOf(b *schemas.BatchRecord) uint64 {
+	srcs := f.streams()
+	if len(srcs) == 0 {
+		return 0
+	}
+	bucket := srcs[len(srcs)-1].stream
+	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
+	defer cancel()
+	var last uint64
+	for i, id := range b.Approvals {
+		if id == "" && b.State == schemas.BatchFailed {
+			id = schemas.ApprovalID(b.TurnID, i)
+		}
+		if !schemas.ValidKey(id) {
+			continue
+		}
+		m, err := bucket.GetLastMsgForSubject(ctx, topology.ApprovalRevisionSubject(id))
+		switch {
+		case err == nil:
+			last = max(last, m.Sequence)
+		case !errors.Is(err, jetstream.ErrMsgNotFound):
+			f.log.Warn("eventfeed: an approval's revision could not be read: its turn's outcome is not held for it", "turn", b.TurnID, "approval", id, "err", err)
+		}
+	}
+	return last
+}
+
+// decisionSeq is the bucket sequence of the revision that holds approval
+// id's decision (store.DecidedOf); 0 when its latest revision is no
+// decision (a rewrite, a delete, an earlier version's record) or there is
+// none. Should it not be read, 0 (its published copy is handed out: a
+// repeat rather than a loss), with a warning.
+func (f *Feed) decisionSeq(id string) uint64 {
+	srcs := f.streams()
+	if len(srcs) == 0 || !schemas.ValidKey(id) {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lookupWait)
+	defer cancel()
+	m, err := srcs[len(srcs)-1].stream.GetLastMsgForSubject(ctx, topology.ApprovalRevisionSubject(id))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0
+	case err != nil:
+		f.log.Warn("eventfeed: an approval's revision could not be read: its published decision is handed out", "approval", id, "err", err)
+		return 0
+	}
+	if d, err := store.DecidedOf(m.Subject, m.Header, m.Data); err != nil || d == nil {
+		return 0
+	}
+	return m.Sequence
 }
 
 // turnEvents is the subject of every event of turn in TOLLGATE_EVENTS
@@ -684,7 +1185,7 @@ func (f *Feed) Close() {
 	for _, s := range f.srcs {
 		s.cc.Stop()
 	}
-	f.srcs, f.held, f.wait = nil, nil, nil
+	f.srcs, f.held, f.wait, f.decs = nil, nil, nil, nil
 	f.gen++
 	for s := range f.subs {
 		s.cutLocked(ErrClosed)
@@ -706,6 +1207,7 @@ type Sub struct {
 	owner   string
 	after   Cursor // per source, the feed hands over only messages after this one
 	split   split  // and, of the message right after its partition's, not the requests a split position says it had
+	origin  uint64 // and no published decided copy of a revision after this one of the bucket (package doc)
 	ch      chan Event
 	done    chan struct{} // closed when cut off; err says why
 	err     error
@@ -789,13 +1291,19 @@ func (s *Sub) wants(subject string) bool {
 // bare cursor, the turn logs' from since (zero: their start).
 func (s *Sub) startReplay(ctx context.Context, srcs []*source, from Cursor, bare bool, since time.Time) error {
 	s.cur = slices.Clone(from)
-	logs := logFilters(s.filters, len(srcs)-1)
+	dec := len(srcs) - 1
+	logs := logFilters(s.filters, len(srcs)-2)
 	for i, src := range srcs {
-		filters := s.filters
-		if i > 0 {
+		var filters []string
+		switch {
+		case i == 0:
+			filters = s.filters
+		case i == dec:
+			filters = decFilters(s.filters)
+		default:
 			filters = logs[i-1]
 		}
-		byTime := bare && i > 0
+		byTime := bare && i > 0 && i < dec
 		if len(filters) == 0 || (!byTime && from[i] >= s.until[i]) || s.until[i] == 0 {
 			s.cur[i] = max(s.cur[i], s.until[i]) // nothing it wants in between
 			continue
@@ -848,6 +1356,7 @@ func (s *Sub) fill(ctx context.Context, r *replaySource) error {
 	if err != nil {
 		return fmt.Errorf("eventfeed: replay: %w", err)
 	}
+	dec := len(s.cur) - 1
 	n := 0
 	for m := range batch.Messages() {
 		n++
@@ -856,15 +1365,21 @@ func (s *Sub) fill(ctx context.Context, r *replaySource) error {
 			continue
 		}
 		seq := meta.Sequence.Stream
-		if seq > s.until[r.i] {
+		var evs []Event
+		switch {
+		case seq > s.until[r.i]:
 			r.done = true // the feed hands this one and the later ones over
-			continue
+		case r.i == 0:
+			evs = []Event{s.f.presentEvent(seq, m.Subject(), m.Data())}
+		case r.i == dec:
+			evs = []Event{s.f.presentDecision(dec, seq, m.Subject(), m.Headers(), m.Data())}
+		default:
+			evs = s.f.presentLog(r.i-1, seq, m.Subject(), m.Data())
 		}
-		if r.i == 0 {
-			r.buf = append(r.buf, s.f.presentEvent(seq, m.Subject(), m.Data()))
-			continue
+		for i := range evs {
+			evs[i].at = meta.Timestamp
 		}
-		r.buf = append(r.buf, s.f.presentLog(r.i-1, seq, m.Subject(), m.Data())...)
+		r.buf = append(r.buf, evs...)
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 		return fmt.Errorf("eventfeed: replay: %w", err)
@@ -876,15 +1391,17 @@ func (s *Sub) fill(ctx context.Context, r *replaySource) error {
 }
 
 // nextReplayed takes the next missed event, by the feed's rules: the
-// rest of an awaiting event's requests once one is out; else a turn log's
-// next event, unless it is an outcome whose turn's last event the events
-// replayed have not passed (while there are more); else the next event of
-// TOLLGATE_EVENTS, unless it waits for an awaiting event the replay has
-// not passed; else, when that partition's next event is such an outcome
-// (each waits for the other), the outcome. false: nothing to hand out
-// this time (a passed-over message, or the replay just ended).
+// rest of an awaiting event's requests once one is out; else, of the
+// streams' next events that may go (waitsFor: an outcome once the replay
+// has passed its turn's last event and its approvals' latest revisions,
+// while there are more of those streams to replay; an event of
+// TOLLGATE_EVENTS or the bucket once it has passed the message keeping
+// its request), the earliest stored, so that events of different streams
+// come in the order they happened where the rules leave it open; else,
+// the heads waiting for each other round a circle, an outcome on it.
+// false: nothing to hand out this time (a passed-over message, or the
+// replay just ended).
 func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
-	var events *replaySource
 	for _, r := range s.replay {
 		if len(r.buf) == 0 && !r.done {
 			if err := s.fill(ctx, r); err != nil {
@@ -892,27 +1409,26 @@ func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
 				return Event{}, false, err
 			}
 		}
-		if r.i == 0 {
-			events = r
-		}
 	}
-	eventsLeft := events != nil && len(events.buf) > 0
 	pick := s.group
 	if pick != nil && len(pick.buf) == 0 {
 		pick = nil // (cannot be: an event's requests are read at once)
 	}
-	for _, r := range s.replay {
-		if pick == nil && r.i > 0 && len(r.buf) > 0 && (!eventsLeft || r.buf[0].after <= s.cur[0]) {
-			pick = r
+	if pick == nil {
+		for _, r := range s.replay {
+			if len(r.buf) > 0 && s.waitsFor(r) == nil && (pick == nil || r.buf[0].at.Before(pick.buf[0].at)) {
+				pick = r
+			}
 		}
 	}
-	if pick == nil && eventsLeft {
-		pick = events
-		if ev := events.buf[0]; !s.passed(ev.waitPart, ev.waitSeq) {
-			pick = s.replayOf(1 + ev.waitPart)
-			if pick != nil && len(pick.buf) == 0 {
-				pick = nil
+	if pick == nil {
+		if i, ok := onCycle(len(s.cur), func(i int) []int {
+			if r := s.replayOf(i); r != nil {
+				return s.waitsFor(r)
 			}
+			return nil
+		}); ok {
+			pick = s.replayOf(i)
 		}
 	}
 	if pick == nil {
@@ -933,7 +1449,7 @@ func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
 	} else {
 		s.cur[pick.i] = ev.Seq
 	}
-	if ev.skip || s.split.covers(ev) {
+	if ev.skip || s.split.covers(ev) || ev.dup > s.origin {
 		return Event{}, false, nil
 	}
 	ev.ID = slices.Clone(s.cur)
@@ -943,14 +1459,34 @@ func (s *Sub) nextReplayed(ctx context.Context) (Event, bool, error) {
 	return ev, true, nil
 }
 
-// passed reports whether the replay has handed out partition p up to its
-// message seq (0: none), or never will: it reads nothing of p at or
+// waitsFor are the replayed streams that r's next event waits for, each
+// with more to replay (none: it may go): a turn log's outcome waits for
+// TOLLGATE_EVENTS up to its turn's last event and for the bucket up to
+// its approvals' latest revisions; an event of TOLLGATE_EVENTS or the
+// bucket for the stream of the message that keeps its request, up to it.
+func (s *Sub) waitsFor(r *replaySource) []int {
+	if len(r.buf) == 0 {
+		return nil
+	}
+	dec := len(s.cur) - 1
+	ev := r.buf[0]
+	left := func(i int) bool {
+		q := s.replayOf(i)
+		return q != nil && len(q.buf) > 0
+	}
+	return headWaits(r.i, dec, ev, s.passed(ev.waitSrc, ev.waitSeq), func(j int, seq uint64) bool {
+		return seq > s.cur[j] && left(j)
+	})
+}
+
+// passed reports whether the replay has handed out source i up to its
+// message seq (0: none), or never will: it reads nothing of i at or
 // before seq up to s.until (the feed hands out what comes after).
-func (s *Sub) passed(p int, seq uint64) bool {
-	if seq == 0 || s.cur[1+p] >= seq || seq > s.until[1+p] {
+func (s *Sub) passed(i int, seq uint64) bool {
+	if seq == 0 || s.cur[i] >= seq || seq > s.until[i] {
 		return true
 	}
-	r := s.replayOf(1 + p)
+	r := s.replayOf(i)
 	return r == nil || (len(r.buf) > 0 && r.buf[0].Seq > seq) || (len(r.buf) == 0 && r.done)
 }
 
@@ -1017,6 +1553,31 @@ func logFilters(filters []string, parts int) [][]string {
 				out[p] = append(out[p], e.all(p))
 			} else {
 				out[p] = append(out[p], turns[p]...)
+			}
+		}
+	}
+	return out
+}
+
+// decFilters are the subjects of the approvals bucket's revisions that
+// filters want (none: the bucket is not read): every approval's for a
+// filter that matches every turn's approval-decided events; for one that
+// names a turn, each approval id the turn can have (schemas.ApprovalID
+// of each of schemas.MaxCalls calls: an approval id is one token, which
+// no wildcard of the turn's can name).
+func decFilters(filters []string) []string {
+	var out []string
+	for _, f := range filters {
+		turn, ok := filterTurn(f, topology.SubjectApprovalDecided)
+		switch {
+		case !ok:
+		case turn == "*":
+			return []string{topology.ApprovalRevisions}
+		default:
+			for i := range schemas.MaxCalls {
+				if s := topology.ApprovalRevisionSubject(schemas.ApprovalID(turn, i)); !slices.Contains(out, s) {
+					out = append(out, s)
+				}
 			}
 		}
 	}

@@ -186,21 +186,26 @@ func TestStreamsPerOwnerAreCapped(t *testing.T) {
 }
 
 // A position beyond a stream's last message is INVALID_INPUT, the largest
-// uint64 included, and so is a cursor naming another number of streams;
-// the last message itself is a valid position.
+// uint64 included, the approvals bucket's place too, and so is a cursor
+// naming another number of streams than the feed's (the events stream,
+// 4 turn logs, the approvals), an earlier version's (no approvals) or one;
+// the last message itself is a valid position, in each form.
 func TestAPositionBeyondTheStreamIsInvalid(t *testing.T) {
 	env, f := newFeed(t)
 	last := publish(t, env, "tollgate.event.test.a.t-1", 3)
-	for _, after := range []Cursor{{last + 1}, {1 << 63}, {^uint64(0)}, {last, 0, 0, 0, 1}, {0, 0, 0, 0, 0, 0}, {last, 0}} {
+	for _, after := range []Cursor{{last + 1}, {1 << 63}, {^uint64(0)}, {last, 0, 0, 0, 1}, {last, 0, 0, 0, 0, 1}, {last + 1, 0, 0, 0, 0, 0},
+		{0, 0, 0, 0, 0, 0, 0}, {last, 0}, {last, 0, 0}, {last, 0, 0, 0, 0, splitAt(1, 1)}} {
 		if _, err := f.Subscribe(context.Background(), Options{After: after}); schemas.CodeOf(err) != schemas.CodeInvalidInput {
 			t.Errorf("After %s: %v, want INVALID_INPUT", after, err)
 		}
 	}
-	s, err := f.Subscribe(context.Background(), Options{After: Cursor{last, 0, 0, 0, 0}})
-	if err != nil {
-		t.Fatalf("After the last event: %v", err)
+	for _, after := range []Cursor{{last}, {last, 0, 0, 0, 0}, {last, 0, 0, 0, 0, 0}} {
+		s, err := f.Subscribe(context.Background(), Options{After: after})
+		if err != nil {
+			t.Fatalf("After the last event, %s: %v", after, err)
+		}
+		s.Close()
 	}
-	s.Close()
 }
 
 // However many subscribers come and go, with or without events to read
@@ -223,7 +228,13 @@ func TestSubscribersShareOneConsumer(t *testing.T) {
 	before := consumers()
 	last := publish(t, env, "tollgate.event.test.a.t-1", 5)
 	for i := range 100 {
-		s, err := f.Subscribe(ctx, Options{After: Cursor{uint64(i % 5), 0, 0, 0, 0}})
+		// This version's ids, and the earlier one's, which read the
+		// approvals bucket from a position a consumer of their own finds.
+		after := Cursor{uint64(i % 5), 0, 0, 0, 0, 0}
+		if i%2 == 1 {
+			after = after[:5]
+		}
+		s, err := f.Subscribe(ctx, Options{After: after})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,13 +244,17 @@ func TestSubscribersShareOneConsumer(t *testing.T) {
 	if n := consumers(); n != before+1 {
 		t.Fatalf("%d consumers on %s after 100 subscribers came and went, want %d (one: the feed's)", n, topology.StreamEvents, before+1)
 	}
+	names := []string{topology.StreamApprovals}
 	for i := range 4 {
-		info, err := env.JS.Stream(ctx, topology.TurnLogStream(i))
+		names = append(names, topology.TurnLogStream(i))
+	}
+	for _, name := range names {
+		info, err := env.JS.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n := info.CachedInfo().State.Consumers; n != 1 {
-			t.Fatalf("%d consumers on %s, want one: the feed's", n, topology.TurnLogStream(i))
+			t.Fatalf("%d consumers on %s, want one: the feed's", n, name)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 type turns struct {
 	t   *testing.T
 	env *jstest.Env
+	b   topology.Buckets
 	st  *store.Store
 }
 
@@ -29,7 +30,7 @@ func newTurns(t *testing.T, env *jstest.Env) *turns {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &turns{t: t, env: env, st: store.New(b)}
+	return &turns{t: t, env: env, b: b, st: store.New(b)}
 }
 
 // outcome is turn's outcome as a stage builds it.
@@ -304,7 +305,7 @@ func TestCursorStringAndParse(t *testing.T) {
 }
 
 func FuzzParseCursor(f *testing.F) {
-	for _, s := range []string{"1", "1.2.3.4.5", "", "1..", "99999999999999999999"} {
+	for _, s := range []string{"1", "1.2.3.4.5", "1.2.3.4.5.6", "5.281474976710663.0.0.0.9", "", "1..", "99999999999999999999"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

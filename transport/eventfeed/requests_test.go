@@ -34,7 +34,34 @@ func turnContext(turn string) *schemas.TurnContext {
 // event's sequence.
 func (w *turns) await(turn string, n int, keep bool) ([]*schemas.ApprovalRecord, uint64) {
 	w.t.Helper()
-	ctx := jstest.Ctx(w.t)
+	reqs, _, seq := w.move(turn, n, keep, false)
+	return reqs, seq
+}
+
+// move is await; with stored, the approvals' records are created in the
+// bucket before the batch moves to awaiting, as the executor does, and
+// returned whole.
+func (w *turns) move(turn string, n int, keep, stored bool) (reqs, records []*schemas.ApprovalRecord, seq uint64) {
+	w.t.Helper()
+	b, rev, records := w.begin(turn, n)
+	if stored {
+		for _, a := range records {
+			if _, err := w.st.Approvals.Create(jstest.Ctx(w.t), a.ApprovalID, a); err != nil {
+				w.t.Fatal(err)
+			}
+		}
+	}
+	for _, a := range records {
+		reqs = append(reqs, a.SummaryOnly())
+	}
+	return reqs, records, w.moveTo(b, rev, records, keep)
+}
+
+// begin creates turn's batch in its log, running, with n calls that each
+// need an approval, and returns it, its revision and the approvals'
+// records (not stored) as the executor makes them.
+func (w *turns) begin(turn string, n int) (*schemas.BatchRecord, uint64, []*schemas.ApprovalRecord) {
+	w.t.Helper()
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	b := &schemas.BatchRecord{TurnID: turn, SessionID: "s-" + turn, State: schemas.BatchRunning, Context: turnContext(turn),
 		Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n), CreatedAt: now, UpdatedAt: now}
@@ -42,27 +69,35 @@ func (w *turns) await(turn string, n int, keep bool) ([]*schemas.ApprovalRecord,
 		args := fmt.Sprintf(`{"path":"f%d.txt"}`, i)
 		b.Calls = append(b.Calls, schemas.ToolCall{CallID: schemas.CallID(turn, i), Index: i, Tool: "write_file", Args: args, ArgsDigest: schemas.ArgsDigest(args)})
 	}
-	rev, err := w.st.Batches.Log.Create(ctx, turn, b)
+	rev, err := w.st.Batches.Log.Create(jstest.Ctx(w.t), turn, b)
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	var reqs []*schemas.ApprovalRecord
+	var records []*schemas.ApprovalRecord
 	for i, c := range b.Calls {
-		a := &schemas.ApprovalRecord{V: schemas.ApprovalVersion, ApprovalID: schemas.ApprovalID(turn, i), TurnID: turn, SessionID: b.SessionID,
+		records = append(records, &schemas.ApprovalRecord{V: schemas.ApprovalVersion, ApprovalID: schemas.ApprovalID(turn, i), TurnID: turn, SessionID: b.SessionID,
 			CallID: c.CallID, Context: b.Context, Tool: c.Tool, Args: c.Args, ArgsDigest: c.ArgsDigest, PolicyVersion: "p-1",
-			Options: []string{schemas.OptionApprove, schemas.OptionDeny}, Status: schemas.ApprovalPending, RequestedAt: now, ExpiresAt: now.Add(time.Hour)}
+			Options: []string{schemas.OptionApprove, schemas.OptionDeny}, Status: schemas.ApprovalPending, RequestedAt: now, ExpiresAt: now.Add(time.Hour)})
+	}
+	return b, rev, records
+}
+
+// moveTo moves b (at revision rev) to awaiting records, keeping them as
+// its requests when keep, and returns the awaiting event's sequence.
+func (w *turns) moveTo(b *schemas.BatchRecord, rev uint64, records []*schemas.ApprovalRecord, keep bool) uint64 {
+	w.t.Helper()
+	for i, a := range records {
 		b.Approvals[i] = a.ApprovalID
 		if keep {
 			b.Requested = append(b.Requested, a.AsRequested())
 		}
-		reqs = append(reqs, a.SummaryOnly())
 	}
 	b.State = schemas.BatchAwaiting
-	seq, err := w.st.Batches.Log.Update(ctx, turn, b, rev)
+	seq, err := w.st.Batches.Log.Update(jstest.Ctx(w.t), b.TurnID, b, rev)
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	return reqs, seq
+	return seq
 }
 
 // touch writes turn's awaiting batch again, staying awaiting: another
@@ -128,8 +163,9 @@ func encoded(t *testing.T, r schemas.Record) []byte {
 	return b
 }
 
-// kinds names each event: "requested <approval>", "decided <approval>",
-// "outcome <turn>", else its subject.
+// kinds names each event: "requested <approval>", "decided <approval>"
+// ("repeat <approval>" with Repeat set), "outcome <turn>", else its
+// subject.
 func kinds(t *testing.T, evs []Event) []string {
 	t.Helper()
 	var out []string
@@ -146,6 +182,10 @@ func kinds(t *testing.T, evs []Event) []string {
 			d, err := schemas.Decode[schemas.DecidedEvent](ev.Data)
 			if err != nil {
 				t.Fatalf("%s: %v", ev.Subject, err)
+			}
+			if d.Repeat != "" {
+				out = append(out, "repeat "+d.ApprovalID)
+				continue
 			}
 			out = append(out, "decided "+d.ApprovalID)
 		case strings.HasPrefix(ev.Subject, topology.SubjectTurnOutcome):
@@ -352,7 +392,7 @@ type gate struct {
 // the gate opens (or the test ends). f must not be following yet.
 func holdLog(t *testing.T, f *Feed, subject string) *gate {
 	g := &gate{subject: subject, reached: make(chan struct{}, 1), open: make(chan struct{})}
-	f.beforeLog = func(s string) {
+	f.beforeMsg = func(s string) {
 		if s != g.subject {
 			return
 		}
@@ -484,12 +524,14 @@ func TestSplitPositionsAreCheckedWhenParsed(t *testing.T) {
 		ok   bool
 		want split
 	}{
-		{"no split", Cursor{5, 3, 0}, true, split{}},
-		{"after the first of the requests at 7", Cursor{5, splitAt(7, 1), 0}, true, split{src: 1, seq: 7, k: 1}},
-		{"in the events stream's place", Cursor{splitAt(7, 1), 3, 0}, false, split{}},
-		{"two splits", Cursor{5, splitAt(7, 1), splitAt(9, 2)}, false, split{}},
-		{"at no message", Cursor{5, splitAt(0, 1), 0}, false, split{}},
-		{"more requests than calls", Cursor{5, splitAt(7, 33), 0}, false, split{}},
+		{"no split", Cursor{5, 3, 0, 9}, true, split{}},
+		{"after the first of the requests at 7", Cursor{5, splitAt(7, 1), 0, 9}, true, split{src: 1, seq: 7, k: 1}},
+		{"in the last partition's place", Cursor{5, 3, splitAt(7, 2), 9}, true, split{src: 2, seq: 7, k: 2}},
+		{"in the events stream's place", Cursor{splitAt(7, 1), 3, 0, 9}, false, split{}},
+		{"in the approvals' place", Cursor{5, 3, 0, splitAt(9, 1)}, false, split{}},
+		{"two splits", Cursor{5, splitAt(7, 1), splitAt(9, 2), 9}, false, split{}},
+		{"at no message", Cursor{5, splitAt(0, 1), 0, 9}, false, split{}},
+		{"more requests than calls", Cursor{5, splitAt(7, 33), 0, 9}, false, split{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			from := slices.Clone(tc.c)

@@ -21,17 +21,23 @@ const eventPrefix = "tollgate.event."
 
 // event is one stored event as an SSE message: id is the feed's cursor
 // after it (eventfeed.Cursor: the events stream's sequence, then each
-// turn-log partition's, dot-separated; opaque to clients), kind the subject without prefix and last token (approval.requested,
-// approval.decided, redrive.deferred, turn.outcome, ...), data the payload
-// as JSON with the wire field names of docs/protocol.md §6.
+// turn-log partition's, then the approvals bucket's, dot-separated;
+// opaque to clients), kind the subject without prefix and last token
+// (approval.requested, approval.decided, redrive.deferred, turn.outcome,
+// ...), data the payload as JSON with the wire field names of
+// docs/protocol.md §6.
 //
-// The streams are of TOLLGATE_EVENTS and of the turns' outcomes, which
-// the feed reads from the turn logs (transport/eventfeed). A turn of this version has no
-// batch.awaiting and no redrive.started event (issue 36: its moves to
-// awaiting and to started are writes of its turn's log, which no stream
-// here follows): approval.requested tells a client that the turn waits,
-// and GET /v1/turns/{id} (with ?wait=) or turn.outcome that it moved on.
-// Both kinds still come for a turn of an earlier version (and a
+// The streams are of TOLLGATE_EVENTS, of the turns' requests and
+// outcomes, which the feed reads from the turn logs, and of the
+// approvals' decisions, which it reads from the approvals bucket
+// (transport/eventfeed): each as the event it replaces, byte for byte, so
+// a client sees the same approval.requested, approval.decided and
+// turn.outcome events whichever stream keeps them. A turn of this version
+// has no batch.awaiting and no redrive.started event (issue 36: its moves
+// to awaiting and to started are writes of its turn's log, which no
+// stream here follows): approval.requested tells a client that the turn
+// waits, and GET /v1/turns/{id} (with ?wait=) or turn.outcome that it
+// moved on. Both kinds still come for a turn of an earlier version (and a
 // batch.awaiting for `tollgate replay`'s nudges), and pass as any event.
 type event struct {
 	id      string
@@ -42,10 +48,11 @@ type event struct {
 
 // lastEventID reads Last-Event-ID (header, or ?last_event_id= for clients
 // that cannot set headers): the id of the last event the client has (an
-// eventfeed.Cursor; a bare decimal, an id of an earlier version, is a
-// TOLLGATE_EVENTS sequence); nil when absent. A value that is not an id is
-// INVALID_INPUT (one beyond a stream's last message, or naming another
-// number of streams, is refused by the feed, also INVALID_INPUT).
+// eventfeed.Cursor; an id of an earlier version, without the approvals
+// bucket's place or a bare TOLLGATE_EVENTS sequence, resumes too); nil
+// when absent. A value that is not an id is INVALID_INPUT (one beyond a
+// stream's last message, or naming another number of streams, is refused
+// by the feed, also INVALID_INPUT).
 func lastEventID(r *http.Request) (eventfeed.Cursor, error) {
 	v := r.Header.Get("Last-Event-ID")
 	if v == "" {

@@ -12,6 +12,7 @@ import (
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/eventfeed"
 )
 
@@ -49,10 +50,11 @@ func TestTurnEventsResumeAfterADisconnect(t *testing.T) {
 	}
 	// The events stored for the turn, in order: its request, which its
 	// turn log's awaiting event keeps (a published copy is passed over),
-	// then those of TOLLGATE_EVENTS, then its outcome, which only its turn
-	// log's outcome event keeps (none is published); and the same as one
-	// stream from the first gives (an id is a position in the stream that
-	// sent it, so events are compared by kind and data).
+	// then its decision, which its approval's record keeps, and those of
+	// TOLLGATE_EVENTS, then its outcome, which only its turn log's outcome
+	// event keeps (none is published); and the same as one stream from the
+	// first gives (an id is a position in the stream that sent it, so
+	// events are compared by kind and data).
 	if n := len(g.PublishedOutcomes(sub.TurnID)); n != 0 {
 		t.Fatalf("turn %s has %d published outcomes, want none: its log keeps it", sub.TurnID, n)
 	}
@@ -60,15 +62,29 @@ func TestTurnEventsResumeAfterADisconnect(t *testing.T) {
 	if !ok {
 		t.Fatalf("turn %s's log keeps no request of %s", sub.TurnID, c.ApprovalID)
 	}
-	wantKinds, wantKeys := []string{"approval.requested"}, []placed{request}
-	var gotKinds []string
+	// Its decision is its approval's revision in the approvals bucket
+	// (its published copy passed over); the other events of TOLLGATE_EVENTS
+	// come in their order, the two streams' in the order they were stored.
+	decision, _, ok := g.decision(c.ApprovalID)
+	if !ok {
+		t.Fatalf("the bucket holds no decision of %s", c.ApprovalID)
+	}
+	mid := []placed{decision}
 	for _, m := range g.Events("tollgate.event.*.*." + sub.TurnID) {
 		if strings.HasPrefix(m.Subject, topology.SubjectApprovalRequested) {
 			continue // its log keeps it
 		}
-		wantKinds = append(wantKinds, turnEventKind(m.Subject))
-		wantKeys = append(wantKeys, placed{src: 0, seq: m.Seq})
+		if d, err := schemas.Decode[schemas.DecidedEvent](m.Data); err == nil && d.Repeat == "" && d.ApprovalID == c.ApprovalID {
+			continue // a copy of the bucket's revision
+		}
+		mid = append(mid, placed{src: 0, seq: m.Seq, kind: turnEventKind(m.Subject)})
 	}
+	slices.SortStableFunc(mid, func(a, b placed) int { return g.stored(a).Time.Compare(g.stored(b).Time) })
+	wantKinds, wantKeys := []string{"approval.requested"}, []placed{request}
+	for _, pl := range mid {
+		wantKinds, wantKeys = append(wantKinds, pl.kind), append(wantKeys, pl)
+	}
+	var gotKinds []string
 	wantKinds = append(wantKinds, "turn.outcome")
 	wantKeys = append(wantKeys, placed{src: 1 + topology.TurnLogPartition(sub.TurnID, g.partitions()), seq: g.OutcomeEvent(sub.TurnID).Seq})
 	for i, ev := range seen {
@@ -77,8 +93,8 @@ func TestTurnEventsResumeAfterADisconnect(t *testing.T) {
 		if err := json.Unmarshal([]byte(ev.data), &payload); err != nil || payload["turn_id"] != sub.TurnID {
 			t.Errorf("event %s %s: data %s", ev.id, ev.kind, ev.data)
 		}
-		if _, err := eventfeed.ParseCursor(ev.id); err != nil || strings.Count(ev.id, ".") != 4 {
-			t.Errorf("event %d's id %q is not a cursor of the events stream and 4 turn logs: %v", i, ev.id, err)
+		if _, err := eventfeed.ParseCursor(ev.id); err != nil || strings.Count(ev.id, ".") != 5 {
+			t.Errorf("event %d's id %q is not a cursor of the events stream, 4 turn logs and the approvals: %v", i, ev.id, err)
 		}
 	}
 	if !slices.Equal(gotKinds, wantKinds) {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -57,7 +59,8 @@ func (g *gw) keyID(name string) string {
 }
 
 // consumers is how many consumers each stream the event feed reads has:
-// TOLLGATE_EVENTS, then each turn log (where the turns' outcomes are).
+// TOLLGATE_EVENTS, then each turn log (where the turns' outcomes are),
+// then the approvals bucket's (where the decisions are).
 func (g *gw) consumers() []int {
 	g.t.Helper()
 	ctx := jstest.Ctx(g.t)
@@ -65,6 +68,7 @@ func (g *gw) consumers() []int {
 	for i := range g.partitions() {
 		names = append(names, topology.TurnLogStream(i))
 	}
+	names = append(names, topology.StreamApprovals)
 	var out []int
 	for _, name := range names {
 		st, err := g.JS.Stream(ctx, name)
@@ -114,9 +118,10 @@ func TestEventStreamsPerKeyAreCapped(t *testing.T) {
 
 // Streams opened and dropped (200 of them, turn streams read from the
 // stream, session streams resumed after an event, new-events streams)
-// leave TOLLGATE_EVENTS, and each turn log (a turn's outcome is read
-// there), with the consumers it had plus the gateway's one: a read-only
-// key cannot use up the streams' consumers.
+// leave TOLLGATE_EVENTS, each turn log (a turn's outcome is read there)
+// and the approvals bucket's stream (its decisions) with the consumers it
+// had plus the gateway's one: a read-only key cannot use up the streams'
+// consumers.
 func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Rate, c.Burst = 1000, 1000 })
 	sub := g.submit("a", submitBody("s-drop", "alice", call("echo", `{"text":"1"}`)))
@@ -146,7 +151,7 @@ func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 		after := g.consumers()
 		for i, n := range after {
 			if n > before[i]+1 {
-				return false, fmt.Sprintf("consumers of %s and the turn logs %v, before %v", topology.StreamEvents, after, before)
+				return false, fmt.Sprintf("consumers of %s, the turn logs and %s %v, before %v", topology.StreamEvents, topology.StreamApprovals, after, before)
 			}
 		}
 		return true, ""
@@ -158,16 +163,20 @@ func TestDroppedStreamsLeaveNoConsumers(t *testing.T) {
 // the feed promises (checkOrder): those stored while the client was
 // away and those stored after it came back. Each event is the stored
 // message it stands for: a turn's outcome its turn log's outcome event
-// (none is published), any other event TOLLGATE_EVENTS's.
+// (none is published), a request its log's awaiting event, a decision
+// its approval's revision in the approvals bucket (a published copy
+// passed over), any other event TOLLGATE_EVENTS's.
 func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 	g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Heartbeat = 200 * time.Millisecond })
 	// The first turn waits for an approval: its request is in its log's
-	// awaiting event, its approval.decided in TOLLGATE_EVENTS; the turns
-	// after it only have their outcomes, in their logs.
+	// awaiting event, its decision in the approvals bucket (and, while the
+	// approver publishes it, an approval.decided in TOLLGATE_EVENTS); the
+	// turns after it only have their outcomes, in their logs; the last
+	// waits for an approval again, decided while the stream is open.
+	approvals := map[string][]string{} // turn -> its approvals
 	first, c := g.submitGated("a", "s-resume", "alice")
-	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
-		DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
-	want[DecisionResponse](t, resp, body, 200)
+	approvals[first.TurnID] = []string{c.ApprovalID}
+	g.approveCall(c)
 	g.WaitOutcome(first.TurnID)
 	turns := []string{first.TurnID}
 	for i := range 2 {
@@ -176,27 +185,37 @@ func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 		turns = append(turns, sub.TurnID)
 	}
 	// An id of an earlier version (a bare TOLLGATE_EVENTS sequence: the
-	// first turn's approval.decided) resumes after that event, with the
-	// outcomes the turn logs stored since it was (the first turn's
-	// included: it ended after its approval was decided).
-	decided := g.Events(topology.SubjectApprovalDecided + first.TurnID)
-	if len(decided) != 1 {
-		t.Fatalf("%d approval.decided events of %s, want 1", len(decided), first.TurnID)
+	// first turn's approval.decided, or where none is published, an event
+	// stored after its outcome) resumes after that event, with the
+	// requests, outcomes and decisions the turn logs and the bucket stored
+	// since it was (the first turn's outcome included when it ended after
+	// its approval.decided was published; not its decision: that was
+	// stored before).
+	var after uint64
+	published := false
+	switch decided := g.Events(topology.SubjectApprovalDecided + first.TurnID); len(decided) {
+	case 0:
+		ack, err := g.JS.Publish(jstest.Ctx(t), "tollgate.event.test.mark.t-none", []byte("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		after = ack.Sequence
+	case 1:
+		after, published = decided[0].Seq, true
+	default:
+		t.Fatalf("%d approval.decided events of %s, want at most 1", len(decided), first.TurnID)
 	}
-	after := decided[0].Seq
 	since := g.storedAt(after)
 	stream := g.openSSE("/v1/events?session=s-resume", "a", "Last-Event-ID", strconv.FormatUint(after, 10))
-	last := g.submit("a", submitBody("s-resume", "alice", call("echo", `{"text":"last"}`)))
+	last, c := g.submitGated("a", "s-resume", "alice")
+	approvals[last.TurnID] = []string{c.ApprovalID}
+	g.approveCall(c)
 	g.WaitOutcome(last.TurnID)
 	turns = append(turns, last.TurnID)
 
 	var wantKeys []placed
-	for _, m := range g.Events("tollgate.event.>") {
-		if turn := turnOfEvent(m.Subject); m.Seq > after && slices.Contains(turns, turn) {
-			wantKeys = append(wantKeys, placed{src: 0, seq: m.Seq})
-		}
-	}
 	parts := g.partitions()
+	fromBucket := map[string]bool{} // an approval whose decision the stream has from the bucket
 	for _, turn := range turns {
 		if n := len(g.PublishedOutcomes(turn)); n != 0 {
 			t.Fatalf("turn %s has %d published outcomes, want none: its log keeps it", turn, n)
@@ -204,9 +223,32 @@ func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 		if ev := g.OutcomeEvent(turn); !ev.Time.Before(since) {
 			wantKeys = append(wantKeys, placed{src: 1 + topology.TurnLogPartition(turn, parts), seq: ev.Seq})
 		}
+		for _, id := range approvals[turn] {
+			if pl, _, ok := g.loggedRequest(turn, id); !ok {
+				t.Fatalf("turn %s's log keeps no request of %s", turn, id)
+			} else if !g.stored(pl).Time.Before(since) {
+				wantKeys = append(wantKeys, pl)
+			}
+			if pl, _, ok := g.decision(id); !ok {
+				t.Fatalf("the bucket holds no decision of %s", id)
+			} else if g.stored(pl).Time.After(since) {
+				wantKeys, fromBucket[id] = append(wantKeys, pl), true
+			}
+		}
 	}
-	if len(wantKeys) != len(turns) {
-		t.Fatalf("%d events stored after %d, want the %d outcomes: %v", len(wantKeys), after, len(turns), wantKeys)
+	for _, m := range g.Events("tollgate.event.>") {
+		if turn := turnOfEvent(m.Subject); m.Seq <= after || !slices.Contains(turns, turn) {
+			continue
+		}
+		if d, err := schemas.Decode[schemas.DecidedEvent](m.Data); err == nil && d.Repeat == "" && fromBucket[d.ApprovalID] {
+			continue // a copy: the bucket's revision stands for it
+		}
+		wantKeys = append(wantKeys, placed{src: 0, seq: m.Seq})
+	}
+	// Stored after the id: the last turn's request, decision and outcome;
+	// after a published decision, the outcomes of the turns before too.
+	if n, want := len(wantKeys), 3; n != want && (!published || n < len(turns)+1 || n > len(turns)+2) {
+		t.Fatalf("%d events stored after %d, want the last turn's request, decision and outcome, and after a published decision the outcomes before: %v", n, after, wantKeys)
 	}
 	// read reads n events, then checks that the stream has no more: the
 	// next thing it sends is a heartbeat.
@@ -226,7 +268,7 @@ func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 		t.Fatalf("events after %d: got %v, want %v", after, got, wantKeys)
 	}
 	// The id of any event this version sent resumes exactly after it.
-	for _, k := range []int{0, 1, len(got) - 2} {
+	for k := range got[:len(got)-1] {
 		rest := read(g.openSSE("/v1/events?session=s-resume", "a", "Last-Event-ID", got[k].id.String()), len(got)-k-1)
 		checkOrder(t, rest)
 		if !sameEvents(rest, got[k+1:]) {
@@ -238,9 +280,11 @@ func TestSessionStreamResumesExactlyAfterTheID(t *testing.T) {
 // placed is an SSE event as the stored message it stands for: the stream
 // the feed read it from (0: TOLLGATE_EVENTS; 1+p: turn-log partition p,
 // whose outcome events keep the turns' outcomes and awaiting events their
-// requests) and its sequence there, which is that stream's place in the
-// event's id (the feed's position after the event; for a request that is
-// not the last of its awaiting event, before it).
+// requests; 1+P, after the P partitions: KV_tollgate_approvals, whose
+// revisions keep the approvals' decisions) and its sequence there, which
+// is that stream's place in the event's id (the feed's position after the
+// event; for a request that is not the last of its awaiting event,
+// before it).
 type placed struct {
 	src        int
 	seq        uint64
@@ -263,16 +307,61 @@ func (g *gw) partitions() int {
 // storedAt is when TOLLGATE_EVENTS stored its message seq.
 func (g *gw) storedAt(seq uint64) time.Time {
 	g.t.Helper()
+	return g.stored(placed{src: 0, seq: seq}).Time
+}
+
+// approveCall approves c's approval as alice, through the API.
+func (g *gw) approveCall(c CallView) {
+	g.t.Helper()
+	resp, body := g.do("POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "a",
+		DecisionRequest{Option: "approve", ArgsDigest: c.ArgsDigest, Decider: SenderIn{ID: "alice"}})
+	want[DecisionResponse](g.t, resp, body, 200)
+}
+
+// stored is the message pl stands for, in its stream.
+func (g *gw) stored(pl placed) *jetstream.RawStreamMsg {
+	g.t.Helper()
 	ctx := jstest.Ctx(g.t)
-	st, err := g.JS.Stream(ctx, topology.StreamEvents)
+	name := topology.StreamEvents
+	switch parts := g.partitions(); {
+	case pl.src == 1+parts:
+		name = topology.StreamApprovals
+	case pl.src > 0:
+		name = topology.TurnLogStream(pl.src - 1)
+	}
+	st, err := g.JS.Stream(ctx, name)
 	if err != nil {
 		g.t.Fatal(err)
 	}
-	m, err := st.GetMsg(ctx, seq)
+	m, err := st.GetMsg(ctx, pl.seq)
 	if err != nil {
-		g.t.Fatalf("%s #%d: %v", topology.StreamEvents, seq, err)
+		g.t.Fatalf("%s #%d: %v", name, pl.seq, err)
 	}
-	return m.Time
+	return m
+}
+
+// decision is where the approvals bucket keeps approval id's decision:
+// its revision, as the feed hands it out (ok false: its latest revision
+// is no decision).
+func (g *gw) decision(id string) (pl placed, data []byte, ok bool) {
+	g.t.Helper()
+	ctx := jstest.Ctx(g.t)
+	st, err := g.JS.Stream(ctx, topology.StreamApprovals)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, topology.ApprovalRevisionSubject(id))
+	if err != nil {
+		return placed{}, nil, false
+	}
+	d, err := store.DecidedOf(m.Subject, m.Header, m.Data)
+	if err != nil || d == nil {
+		return placed{}, nil, false
+	}
+	if data, err = schemas.Encode(d); err != nil {
+		g.t.Fatal(err)
+	}
+	return placed{src: 1 + g.partitions(), seq: m.Sequence, kind: "approval.decided", turn: d.TurnID}, data, true
 }
 
 // loggedRequest is where turn's log keeps the request of approval id:
@@ -313,7 +402,10 @@ func (g *gw) loggedRequest(turn, id string) (pl placed, data []byte, ok bool) {
 // kind and its data, a TOLLGATE_EVENTS event's as stored, a turn's
 // outcome's as its turn log's outcome event keeps it (the outcome in the
 // batch record; never a published copy), a request its turn's log keeps
-// as its awaiting event keeps it (a published copy passed over).
+// as its awaiting event keeps it (a published copy passed over), a
+// decision (an approval.decided event without repeat) as the revision of
+// its record in the approvals bucket keeps it (a published copy passed
+// over; the bucket holds every decision these tests make).
 func (g *gw) place(evs []sseEvent) []placed {
 	g.t.Helper()
 	ctx := jstest.Ctx(g.t)
@@ -328,12 +420,13 @@ func (g *gw) place(evs []sseEvent) []placed {
 	out := make([]placed, 0, len(evs))
 	for _, ev := range evs {
 		id, err := eventfeed.ParseCursor(ev.id)
-		if err != nil || len(id) != 1+len(logs) {
-			g.t.Fatalf("event %s %s: id %q is not a cursor of the events stream and %d turn logs (%v)", ev.kind, ev.data, ev.id, len(logs), err)
+		if err != nil || len(id) != 2+len(logs) {
+			g.t.Fatalf("event %s %s: id %q is not a cursor of the events stream, %d turn logs and the approvals (%v)", ev.kind, ev.data, ev.id, len(logs), err)
 		}
 		var p struct {
 			TurnID     string `json:"turn_id"`
 			ApprovalID string `json:"approval_id"`
+			Repeat     string `json:"repeat"`
 		}
 		if err := json.Unmarshal([]byte(ev.data), &p); err != nil || p.TurnID == "" {
 			g.t.Fatalf("event %s %s: no turn_id (%v)", ev.kind, ev.data, err)
@@ -352,6 +445,18 @@ func (g *gw) place(evs []sseEvent) []placed {
 				g.t.Fatalf("event %s: id %s is past its awaiting event", pl, id)
 			}
 			subject, data = topology.EventSubject(topology.SubjectApprovalRequested, pl.turn), request
+		case ev.kind == "approval.decided" && p.Repeat == "":
+			pl.src = 1 + len(logs)
+			pl.seq = id[pl.src]
+			m := g.stored(pl)
+			d, err := store.DecidedOf(m.Subject, m.Header, m.Data)
+			if err != nil || d == nil || d.ApprovalID != p.ApprovalID {
+				g.t.Fatalf("event %s: %s #%d is not the decision of %s: %+v, %v", pl, topology.StreamApprovals, pl.seq, p.ApprovalID, d, err)
+			}
+			if data, err = schemas.Encode(d); err != nil {
+				g.t.Fatal(err)
+			}
+			subject = topology.EventSubject(topology.SubjectApprovalDecided, pl.turn)
 		case ev.kind == "turn.outcome":
 			part := topology.TurnLogPartition(pl.turn, len(logs))
 			pl.src = 1 + part
@@ -475,9 +580,12 @@ func TestSessionStreamHasTheTurnStreamsEvents(t *testing.T) {
 			}
 		}
 	}
+	// The same events; the order of a decision (from the approvals
+	// bucket) and the redrive it caused (from TOLLGATE_EVENTS) is the
+	// order they reached the feed live, their stored order catching up.
 	inSession := read(session)
 	ofTurn := read(g.openSSE("/v1/turns/"+sub.TurnID+"/events", "a"))
-	if !slices.Equal(inSession, ofTurn) {
+	if !slices.Equal(slices.Sorted(slices.Values(inSession)), slices.Sorted(slices.Values(ofTurn))) {
 		t.Fatalf("the session stream has %v, the turn's %v", inSession, ofTurn)
 	}
 	if !slices.ContainsFunc(ofTurn, func(s string) bool { return strings.HasPrefix(s, "redrive.deferred ") }) {
@@ -490,15 +598,17 @@ func TestSessionStreamHasTheTurnStreamsEvents(t *testing.T) {
 	}
 }
 
-// A Last-Event-ID that is no event's id (beyond the stream's last, past
-// uint64, negative, not a number) is 400 INVALID_INPUT on both streams.
+// A Last-Event-ID that is no event's id (beyond the stream's last, the
+// approvals bucket's included, past uint64, negative, not a number, naming
+// another number of streams, a split position in the approvals' place) is
+// 400 INVALID_INPUT on both streams.
 func TestLastEventIDOutOfRangeIsInvalidInput(t *testing.T) {
 	g := startGateway(t, pipelinetest.Options{}, nil)
 	sub := g.submit("a", submitBody("s-bad-id", "alice", call("echo", `{"text":"1"}`)))
 	g.WaitOutcome(sub.TurnID)
 	for _, path := range []string{"/v1/events?session=s-bad-id", "/v1/turns/" + sub.TurnID + "/events"} {
 		for _, id := range []string{"18446744073709551615", "18446744073709551616", "9223372036854775808", "99999999", "-1", "1e3", "x",
-			"1.0.0.0.99999999", "1.0.0", "1.0.0.0.0.0", "1..0.0.0", "1.0.0.0."} {
+			"1.0.0.0.99999999", "1.0.0.0.0.99999999", "1.0.0", "1.0.0.0.0.0.0", "1..0.0.0", "1.0.0.0.", "1.0.0.0.0.281474976710657"} {
 			resp, body := g.tryOpen(path, "a", "Last-Event-ID", id)
 			if resp.StatusCode != http.StatusBadRequest {
 				t.Errorf("%s with Last-Event-ID %s: %d %s", path, id, resp.StatusCode, body)

@@ -27,8 +27,11 @@ const (
 
 // startAfter is the position the live stream starts after: the
 // Last-Event-ID header (a reconnecting EventSource sends it), else ?after=
-// (the page's position when it was rendered); an eventfeed.Cursor, a bare
-// decimal being an events stream sequence of an earlier version.
+// (the page's position when it was rendered: eventfeed.Feed.Position, the
+// approvals bucket's place included, so a decision stored after the page
+// was read comes live); an eventfeed.Cursor, one of an earlier version
+// (without the approvals bucket's place, or a bare events stream
+// sequence) resuming too.
 func startAfter(r *http.Request) (eventfeed.Cursor, error) {
 	v := r.Header.Get("Last-Event-ID")
 	if v == "" {
@@ -40,7 +43,9 @@ func startAfter(r *http.Request) (eventfeed.Cursor, error) {
 // live streams Server-Sent Events from the process's event feed, after
 // the position startAfter gives, to a signed-in person: a prompt for each
 // new approval they may decide, an update when one of those is decided,
-// expires or is abandoned, or its turn ends. Each event's id is the feed's
+// expires or is abandoned (the feed's approval.decided: the decision's
+// revision in the approvals bucket, or an answer to a repeated decision),
+// or its turn ends. Each event's id is the feed's
 // cursor after it, so a client that reconnects with Last-Event-ID misses nothing.
 // The stream ends (after a signedout event) when the session does, and
 // ends plainly when the browser falls behind the feed (it reconnects and
