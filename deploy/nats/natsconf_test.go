@@ -372,24 +372,6 @@ func stored(t *testing.T, admin *client, stream, subject string) uint64 {
 	return info.State.Subjects[subject]
 }
 
-// lastOn waits for a message on subject in the events stream and returns
-// the latest one's data.
-func lastOn(t *testing.T, admin *client, subject string) []byte {
-	t.Helper()
-	s, err := admin.js.Stream(ctx(t, wait), topology.StreamEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data []byte
-	eventually(t, "an event on "+subject, func(c context.Context) bool {
-		m, err := s.GetLastMsgForSubject(c, subject)
-		if err == nil {
-			data = m.Data
-		}
-		return err == nil
-	})
-	return data
-}
 
 // loggedEvent waits for turn's last event named event in its turn log
 // (docs/protocol.md 4.2a) and returns its record.

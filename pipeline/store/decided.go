@@ -31,7 +31,8 @@ const RewriteRetire = "retire"
 // TTL (Retire, marked RewriteHeader): so each approval's decision is one
 // revision, and a reader that follows the stream hears it once. DecidedOf
 // answers nil, nil for every other message: a pending record (created, or
-// holding a vote), a delete or purge marker, a rewrite. A message that
+// holding a vote), a delete or purge marker, a rewrite, a version 1 record
+// (an earlier version's, whose decision it published). A message that
 // does not decode, or holds the record of another approval than its
 // subject names, is an error with a code (schemas.CodeMalformed or
 // the decoder's), never guessed at: a reader logs and passes it over.
@@ -43,9 +44,16 @@ func DecidedOf(subject string, h nats.Header, data []byte) (*schemas.DecidedEven
 	if !ok {
 		return nil, schemas.Errorf(schemas.CodeMalformed, "%s is not an approval's revision subject", subject)
 	}
-	rec, err := schemas.Decode[schemas.ApprovalRecord](data)
-	if err != nil {
+	rec, legacy, err := schemas.DecodeApproval(data)
+	switch {
+	case err != nil:
 		return nil, err
+	case legacy != nil:
+		// A version 1 record: an earlier version's, which published its
+		// decision; this one restores such a record to the current
+		// version before it writes it (the approver's compatibility
+		// path), so its own decisions are never version 1.
+		return nil, nil
 	}
 	if rec.ApprovalID != id {
 		return nil, schemas.Errorf(schemas.CodeMalformed, "the revision at %s holds approval %q", subject, rec.ApprovalID)

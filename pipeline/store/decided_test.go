@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"bytes"
+	"os"
 	"testing"
 	"time"
 
@@ -196,4 +197,24 @@ func encodedF(f *testing.F, v schemas.Record) []byte {
 		f.Fatal(err)
 	}
 	return b
+}
+
+// A version 1 record (an earlier version's, decided or not) stands for no
+// decision: that version published its decided event, and this one
+// restores such a record to the current version before it writes it. A
+// reader following the bucket passes it over instead of dead-lettering
+// it.
+func TestAVersion1RecordIsNoDecision(t *testing.T) {
+	data, err := os.ReadFile("../../schemas/testdata/approval_record.v1.msgpack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, v1, err := schemas.DecodeApproval(data)
+	if err != nil || v1 == nil {
+		t.Fatalf("the golden v1 record decodes as %+v, %v", v1, err)
+	}
+	ev, err := store.DecidedOf(topology.ApprovalRevisionSubject(v1.ApprovalID), nil, data)
+	if err != nil || ev != nil {
+		t.Fatalf("DecidedOf(v1) = %+v, %v; want no decision and no error", ev, err)
+	}
 }
