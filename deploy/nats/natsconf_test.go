@@ -372,7 +372,6 @@ func stored(t *testing.T, admin *client, stream, subject string) uint64 {
 	return info.State.Subjects[subject]
 }
 
-
 // loggedEvent waits for turn's last event named event in its turn log
 // (docs/protocol.md 4.2a) and returns its record.
 func loggedEvent(t *testing.T, admin *client, turn, event string) []byte {
