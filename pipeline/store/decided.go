@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -31,8 +32,9 @@ const RewriteRetire = "retire"
 // TTL (Retire, marked RewriteHeader): so each approval's decision is one
 // revision, and a reader that follows the stream hears it once. DecidedOf
 // answers nil, nil for every other message: a pending record (created, or
-// holding a vote), a delete or purge marker, a rewrite, a version 1 record
-// (an earlier version's, whose decision it published). A message that
+// holding a vote; only its version and status are read), a delete or purge
+// marker, a rewrite, a version 1 record (an earlier version's, whose
+// decision it published). A message that
 // does not decode, or holds the record of another approval than its
 // subject names, is an error with a code (schemas.CodeMalformed or
 // the decoder's), never guessed at: a reader logs and passes it over.
@@ -43,6 +45,17 @@ func DecidedOf(subject string, h nats.Header, data []byte) (*schemas.DecidedEven
 	id, ok := strings.CutPrefix(subject, topology.ApprovalRevisionPrefix)
 	if !ok {
 		return nil, schemas.Errorf(schemas.CodeMalformed, "%s is not an approval's revision subject", subject)
+	}
+	// The most frequent revision is a pending record (each approval's
+	// creation, each vote): no decision. Its status is read first, the
+	// rest skipped; only a record that may be decided is decoded and
+	// checked whole.
+	var head struct {
+		V      schemas.Version        `msgpack:"v"`
+		Status schemas.ApprovalStatus `msgpack:"status"`
+	}
+	if msgpack.Unmarshal(data, &head) == nil && head.V == schemas.ApprovalVersion && head.Status == schemas.ApprovalPending {
+		return nil, nil
 	}
 	rec, legacy, err := schemas.DecodeApproval(data)
 	switch {
