@@ -23,7 +23,9 @@ import (
 // and the approval path (kind "single": accepted turn, session taken,
 // batch running, approval created, batch awaiting with its request,
 // approval decided (the record's revision is the decided event), batch
-// started, the call's result, the outcome). The
+// started, the outcome with the call's result). Every turn of a path
+// makes at least these (a plain turn of several calls, or one queued
+// behind a busy session, makes more), so each position fires. The
 // harness's own writes (the inbound message, the decision) are not
 // counted. A turn's release writes its session only to pass it to a turn
 // queued behind (batch.Engine.Release), so it is no position: a kill
@@ -57,7 +59,7 @@ const (
 	writeKillSingle = "single"
 )
 
-var writeKillWrites = map[string]int{writeKillPlain: 5, writeKillSingle: 9}
+var writeKillWrites = map[string]int{writeKillPlain: 4, writeKillSingle: 8}
 
 // WriteKillPlan is one planned write kill: the stage that makes the
 // turn's K-th write is killed right after it, for Down.
@@ -83,7 +85,7 @@ type WriteKill struct {
 }
 
 // planWriteKills adds c.WriteKills write kills, going round the positions
-// of both paths (plain 1..5, then single 1..10, from a seed-drawn start),
+// of both paths (plain 1..4, then single 1..8, from a seed-drawn start),
 // each on a turn of that path drawn from its share of the fault window. It
 // draws from a random source of its own, so the turn mix and the other
 // faults of a seed are those it had before them.
