@@ -1,23 +1,15 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/approver"
-	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -79,43 +71,6 @@ func TestDecideAnswersOnlyItsOwnDecision(t *testing.T) {
 	}
 }
 
-// repeatsOnly is JetStream as the approver publishes through it once
-// approval.decided is only its answer to a decision that changed no record
-// (issue 36): a decided event without Repeat is acknowledged and dropped,
-// so that a decision's only trace is the revision of its approval record.
-type repeatsOnly struct{ jetstream.JetStream }
-
-func (j repeatsOnly) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	if strings.HasPrefix(m.Subject, topology.SubjectApprovalDecided) {
-		if ev, err := schemas.Decode[schemas.DecidedEvent](m.Data); err == nil && ev.Repeat == "" {
-			return &jetstream.PubAck{Stream: topology.StreamEvents}, nil
-		}
-	}
-	return j.JetStream.PublishMsg(ctx, m, opts...)
-}
-
-// runRepeatsOnlyApprover runs the approver stage on h's pipeline (started
-// without its own), publishing through repeatsOnly, until the test ends.
-func runRepeatsOnlyApprover(t *testing.T, h *pt.H) {
-	t.Helper()
-	a, err := approver.New(approver.Config{
-		JS: repeatsOnly{h.JS}, Store: h.Store, Policy: h.Policy, Keys: h.Keys,
-		Logger: pt.Logger(), Metrics: runner.NewMetrics(nil),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("approver: %v", err)
-		}
-	})
-}
-
 // cliDecisions are the decisions stored on the cli transport's subject
 // of approval id, in order.
 func cliDecisions(h *pt.H, id string) []*schemas.Decision {
@@ -133,7 +88,7 @@ func cliDecisions(h *pt.H, id string) []*schemas.Decision {
 // a deny after it is rejected APPROVAL_ALREADY_DECIDED.
 func TestDecideIsAnsweredByTheRecordWithoutADecidedEvent(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: cliPolicy, Tools: []tools.Tool{&pt.Counter{}}, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
-	runRepeatsOnlyApprover(t, h)
+	h.RunApprover()
 	turn := h.Send(h.Inbound("s-cli-record", "alice", pt.Call("count", `{}`)))
 	id := schemas.ApprovalID(turn, 0)
 	h.WaitPending(id)
@@ -189,7 +144,7 @@ func TestDecideIsNotAnsweredByAWriteNeverStored(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		repeatOnly bool
-	}{{"with the decided events", false}, {"without them", true}} {
+	}{{"the approver as a pipeline stage", false}, {"the approver run on its own", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			count := &pt.Counter{}
 			h := pt.Start(t, pt.Options{Policy: cliPolicy, Tools: []tools.Tool{count}, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
@@ -210,9 +165,9 @@ func TestDecideIsNotAnsweredByAWriteNeverStored(t *testing.T) {
 			jstest.Eventually(t, pt.Wait, "the command's approve stored after the deny", func() bool {
 				return len(cliDecisions(h, id)) == 2
 			})
-			forgeLostWrite(t, h, pending, &schemas.DecisionInfo{DecisionID: "d-lost", Principal: "cli:alice", Option: "approve", DecidedAt: time.Now().UTC()})
+			h.ForgeLostWrite(pending, schemas.ApprovalApproved, &schemas.DecisionInfo{DecisionID: "d-lost", Principal: "cli:alice", Option: "approve", DecidedAt: time.Now().UTC()})
 			if tc.repeatOnly {
-				runRepeatsOnlyApprover(t, h)
+				h.RunApprover()
 			} else {
 				pt.Start(t, pt.Options{Env: h.Env, Keys: h.Keys, Policy: cliPolicy, Tools: []tools.Tool{count}, Stages: []string{pt.Approver}})
 			}
@@ -225,34 +180,5 @@ func TestDecideIsNotAnsweredByAWriteNeverStored(t *testing.T) {
 				t.Fatalf("approval %s by %+v, want denied by %s", a.Status, a.Decision, deny.DecisionID)
 			}
 		})
-	}
-}
-
-// forgeLostWrite sends to approval rec's subject the write of a
-// compare-and-set that lost: rec decided approved by decision, expecting a
-// revision that is not the record's last. The bucket refuses it (the test
-// checks), and the record stays as it was; a core subscriber hears it.
-func forgeLostWrite(t *testing.T, h *pt.H, rec *schemas.ApprovalRecord, decision *schemas.DecisionInfo) {
-	t.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	_, rev, err := h.Store.Approvals.Get(ctx, rec.ApprovalID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := *rec
-	lost.Status, lost.Decision = schemas.ApprovalApproved, decision
-	data, err := schemas.Encode(&lost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(topology.ApprovalRevisionSubject(rec.ApprovalID))
-	m.Data = data
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev-1, 10))
-	if _, err := h.JS.PublishMsg(ctx, m); err == nil {
-		t.Fatal("the bucket stored a write expecting a revision not its last")
-	}
-	if now := h.Approval(rec.ApprovalID); now.Status != schemas.ApprovalPending {
-		t.Fatalf("approval %s after the lost write, want pending", now.Status)
 	}
 }

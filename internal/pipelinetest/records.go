@@ -18,6 +18,8 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -301,6 +303,36 @@ func (h *H) PutRawBatch(turnID string, data []byte) {
 	}
 }
 
+// ForgeLostWrite sends to approval rec's subject the write of a
+// compare-and-set that lost: rec with status and decision, expecting a
+// revision that is not the record's last. The bucket refuses it (checked),
+// and the record stays as it was; a core subscriber of the subject hears
+// it (docs/protocol.md §4.2b: a heard revision is a wake-up only).
+func (h *H) ForgeLostWrite(rec *schemas.ApprovalRecord, status schemas.ApprovalStatus, decision *schemas.DecisionInfo) {
+	h.T.Helper()
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	_, rev, err := h.Store.Approvals.Get(ctx, rec.ApprovalID)
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	lost := *rec
+	lost.Status, lost.Decision = status, decision
+	data, err := schemas.Encode(&lost)
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	m := nats.NewMsg(topology.ApprovalRevisionSubject(rec.ApprovalID))
+	m.Data = data
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev-1, 10))
+	if _, err := h.JS.PublishMsg(ctx, m); err == nil {
+		h.T.Fatal("pipelinetest: the bucket stored a write expecting a revision not its last")
+	}
+	if now := h.Approval(rec.ApprovalID); now.Status != schemas.ApprovalPending {
+		h.T.Fatalf("pipelinetest: approval %s after the lost write, want pending", now.Status)
+	}
+}
+
 // PutApproval creates approval record rec in KV as it is (no turn need
 // be behind it), as the approver's or the executor's write would leave it.
 func (h *H) PutApproval(rec *schemas.ApprovalRecord) {
@@ -370,4 +402,27 @@ func (h *H) EndInLog(o *schemas.TurnOutcome) {
 	if _, err := h.Store.Batches.Log.Update(ctx, o.TurnID, b, rev); err != nil {
 		h.T.Fatalf("pipelinetest: end the batch of %s in its log: %v", o.TurnID, err)
 	}
+}
+
+// RunApprover runs an approver stage of its own on h's store, policy and
+// keys (for a harness started without one, so that it starts after a test
+// has set something up), until the test ends.
+func (h *H) RunApprover() {
+	h.T.Helper()
+	a, err := approver.New(approver.Config{
+		JS: h.JS, Store: h.Store, Policy: h.Policy, Keys: h.Keys,
+		Logger: Logger(), Metrics: runner.NewMetrics(nil),
+	})
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	h.T.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			h.T.Errorf("pipelinetest: approver: %v", err)
+		}
+	})
 }

@@ -33,14 +33,6 @@ type Verdict struct {
 	// record given to Authorize was read at; nil: nothing is stored. It is
 	// a copy: the record given to Authorize is never changed.
 	Next *schemas.ApprovalRecord
-	// Announce: the approval has left pending (Next when set, otherwise
-	// the record as given), by this decision or before it: set for an
-	// applied decision, an idempotent repeat of the outcome and a decision
-	// on an expired approval. The stored revision that left pending is
-	// the decided event the redriver and the transports read
-	// (store.DecidedOf); the approver publishes one only to answer a
-	// decision that changed no record.
-	Announce bool
 	// Quorum is the number of distinct approvals the approval needs: the
 	// larger of the one recorded at the request and the policy's now (a
 	// deploy that raised it applies to pending approvals; the redriver
@@ -80,16 +72,17 @@ const NotFoundMeaning = "it is unknown, or its turn ended longer ago than the re
 //   - OPTION_NOT_OFFERED: d's option is not among rec's options, or is a
 //     grant option the policy no longer offers for rec's call;
 //   - on a decided approval: a decision with the outcome already recorded
-//     is Idempotent (announced again); on an expired one APPROVAL_EXPIRED
-//     (announced again); otherwise APPROVAL_ALREADY_DECIDED;
+//     is Idempotent (the approver answers it: no record changes); on an
+//     expired one APPROVAL_EXPIRED; otherwise APPROVAL_ALREADY_DECIDED;
 //   - APPROVAL_EXPIRED: rec's expiry is at or before now; Next is rec moved
-//     to expired by ExpiryPrincipal, to be stored and announced;
+//     to expired by ExpiryPrincipal, to be stored (its revision is the
+//     decided event);
 //   - accepted: an approve where Quorum is above one counts distinct
 //     principals: the same principal's second approve is Idempotent; one
 //     that leaves the count below Quorum is a Vote (Next records it, still
-//     pending, not announced); the one that reaches it is Applied. Any
-//     other approve or deny is Applied at once: Next is rec decided by d,
-//     announced.
+//     pending); the one that reaches it is Applied. Any other approve or
+//     deny is Applied at once: Next is rec decided by d (its stored
+//     revision is the decision's event, docs/protocol.md §4.2b).
 func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Policy, keys *seal.KeyRing, now time.Time) (Verdict, error) {
 	switch {
 	case d == nil:
@@ -123,9 +116,9 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 	if rec.Status.Decided() {
 		switch rec.Status {
 		case want:
-			return Verdict{Effect: Idempotent, Announce: true, Quorum: quorum}, nil
+			return Verdict{Effect: Idempotent, Quorum: quorum}, nil
 		case schemas.ApprovalExpired:
-			return Verdict{Announce: true, Quorum: quorum}, rec.Decidable(now)
+			return Verdict{Quorum: quorum}, rec.Decidable(now)
 		default:
 			return Verdict{Quorum: quorum}, rec.Decidable(now)
 		}
@@ -135,7 +128,7 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 		// Pending, but its expiry has passed (schemas' one rule).
 		next.Status = schemas.ApprovalExpired
 		next.Decision = &schemas.DecisionInfo{Principal: ExpiryPrincipal, DecidedAt: now}
-		return Verdict{Next: &next, Announce: true, Quorum: quorum}, err
+		return Verdict{Next: &next, Quorum: quorum}, err
 	}
 	principal := schemas.Principal(d.Transport, d.Decider.ID)
 	vote := schemas.DecisionInfo{DecisionID: d.DecisionID, Principal: principal, Option: d.Option, DecidedAt: now, Assurance: d.Decider.Assurance(), Note: d.Note}
@@ -149,7 +142,7 @@ func Authorize(rec *schemas.ApprovalRecord, d *schemas.Decision, pol *policy.Pol
 		}
 	}
 	next.Status, next.Decision = want, &vote
-	return Verdict{Effect: Applied, Next: &next, Announce: true, Quorum: quorum}, nil
+	return Verdict{Effect: Applied, Next: &next, Quorum: quorum}, nil
 }
 
 // statusOf is the status option gives an approval: approve and grant

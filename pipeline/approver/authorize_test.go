@@ -125,7 +125,6 @@ func TestAuthorize(t *testing.T) {
 		next     schemas.ApprovalStatus // status of Verdict.Next; "" for no Next
 		votes    int                    // votes in Verdict.Next
 		by       string                 // principal of Verdict.Next's decision
-		announce bool
 	}{
 		// Malformed or missing.
 		{name: "no decision at all", setup: func(r *rec, _ *dec) (*rec, *dec) { return r, nil }, code: schemas.CodeInvalidInput},
@@ -213,20 +212,20 @@ func TestAuthorize(t *testing.T) {
 		}, code: schemas.CodeApprovalAlreadyDecided},
 		{name: "a decision on an approval already expired", setup: func(r *rec, d *dec) (*rec, *dec) {
 			return decided(r, schemas.ApprovalExpired, "", "expiry"), d
-		}, code: schemas.CodeApprovalExpired, announce: true},
+		}, code: schemas.CodeApprovalExpired},
 		{name: "a decision at the instant the approval expires", setup: func(r *rec, d *dec) (*rec, *dec) {
 			r.ExpiresAt = authNow
 			return r, d
-		}, code: schemas.CodeApprovalExpired, next: schemas.ApprovalExpired, by: approver.ExpiryPrincipal, announce: true},
+		}, code: schemas.CodeApprovalExpired, next: schemas.ApprovalExpired, by: approver.ExpiryPrincipal},
 		{name: "a decision after the approval expired that nobody recorded yet", setup: func(r *rec, d *dec) (*rec, *dec) {
 			r.ExpiresAt = authNow.Add(-time.Second)
 			return r, d
-		}, code: schemas.CodeApprovalExpired, next: schemas.ApprovalExpired, by: approver.ExpiryPrincipal, announce: true},
+		}, code: schemas.CodeApprovalExpired, next: schemas.ApprovalExpired, by: approver.ExpiryPrincipal},
 		{name: "a quorum vote after the approval expired", tool: "quorum_op", setup: func(r *rec, d *dec) (*rec, *dec) {
 			r.ExpiresAt = authNow.Add(-time.Second)
 			d.Decider.ID = "olga"
 			return r, d
-		}, code: schemas.CodeApprovalExpired, next: schemas.ApprovalExpired, by: approver.ExpiryPrincipal, announce: true},
+		}, code: schemas.CodeApprovalExpired, next: schemas.ApprovalExpired, by: approver.ExpiryPrincipal},
 
 		// The order of the checks: authority before the call, the call before the state.
 		{name: "an unauthorized decider on a decided approval is told it is not authorized", setup: func(r *rec, d *dec) (*rec, *dec) {
@@ -245,37 +244,37 @@ func TestAuthorize(t *testing.T) {
 		}, code: schemas.CodeArgsDigestMismatch},
 
 		// Accepted.
-		{name: "the requester approves", effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:alice", announce: true},
+		{name: "the requester approves", effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:alice"},
 		{name: "the global approver denies", setup: func(r *rec, d *dec) (*rec, *dec) {
 			d.Decider.ID, d.Option = "bob", deny
 			return r, d
-		}, effect: approver.Applied, next: schemas.ApprovalDenied, by: "cli:bob", announce: true},
+		}, effect: approver.Applied, next: schemas.ApprovalDenied, by: "cli:bob"},
 		{name: "the tool's own approver approves with the digest the approval binds", setup: func(r *rec, d *dec) (*rec, *dec) {
 			d.Decider.ID, d.ArgsDigest = "carol", r.ArgsDigest
 			return r, d
-		}, effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:carol", announce: true},
+		}, effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:carol"},
 		{name: "the requester approves from the turn's own dm", setup: func(r *rec, d *dec) (*rec, *dec) {
 			d.Channel = &schemas.Channel{ID: "dm-alice", Kind: schemas.ChannelDM}
 			return r, d
-		}, effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:alice", announce: true},
+		}, effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:alice"},
 		{name: "a strongly verified group member where the rule needs a second factor", tool: "strong_op", setup: func(r *rec, d *dec) (*rec, *dec) {
 			d.Decider.ID, d.Decider.Strong = "oscar", true
 			return r, d
-		}, effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:oscar", announce: true},
+		}, effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:oscar"},
 		{name: "a decision long after the request on an approval that never expires", setup: func(r *rec, d *dec) (*rec, *dec) {
 			r.RequestedAt, r.ExpiresAt = authNow.AddDate(-1, 0, 0), time.Time{}
 			return r, d
-		}, effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:alice", announce: true},
+		}, effect: approver.Applied, next: schemas.ApprovalApproved, by: "cli:alice"},
 		{name: "the same approve again", setup: func(r *rec, d *dec) (*rec, *dec) {
 			return decided(r, schemas.ApprovalApproved, approve, "alice"), d
-		}, effect: approver.Idempotent, announce: true},
+		}, effect: approver.Idempotent},
 		{name: "another decider's approve on an approved approval", setup: func(r *rec, d *dec) (*rec, *dec) {
 			return decided(r, schemas.ApprovalApproved, approve, "bob"), d
-		}, effect: approver.Idempotent, announce: true},
+		}, effect: approver.Idempotent},
 		{name: "the same deny again", setup: func(r *rec, d *dec) (*rec, *dec) {
 			d.Option = deny
 			return decided(r, schemas.ApprovalDenied, deny, "alice"), d
-		}, effect: approver.Idempotent, announce: true},
+		}, effect: approver.Idempotent},
 
 		// Quorum.
 		{name: "the first of two approves a quorum needs", tool: "quorum_op", setup: func(r *rec, d *dec) (*rec, *dec) {
@@ -291,12 +290,12 @@ func TestAuthorize(t *testing.T) {
 			r.Votes = append(make([]schemas.DecisionInfo, 0, 4), vote("olga")) // room to append in place
 			d.Decider.ID = "oscar"
 			return r, d
-		}, effect: approver.Applied, next: schemas.ApprovalApproved, votes: 2, by: "cli:oscar", announce: true},
+		}, effect: approver.Applied, next: schemas.ApprovalApproved, votes: 2, by: "cli:oscar"},
 		{name: "one deny where a quorum of approves is needed", tool: "quorum_op", setup: func(r *rec, d *dec) (*rec, *dec) {
 			r.Votes = []schemas.DecisionInfo{vote("olga")}
 			d.Decider.ID, d.Option = "oscar", deny
 			return r, d
-		}, effect: approver.Applied, next: schemas.ApprovalDenied, votes: 1, by: "cli:oscar", announce: true},
+		}, effect: approver.Applied, next: schemas.ApprovalDenied, votes: 1, by: "cli:oscar"},
 		{name: "a quorum the policy raised after the request", tool: "quorum_op", setup: func(r *rec, d *dec) (*rec, *dec) {
 			r.Quorum = 1
 			d.Decider.ID = "olga"
@@ -326,8 +325,8 @@ func TestAuthorize(t *testing.T) {
 			if got := schemas.CodeOf(err); got != tc.code || (err != nil) != (tc.code != "") {
 				t.Fatalf("error %v, want code %q", err, tc.code)
 			}
-			if v.Effect != tc.effect || v.Announce != tc.announce {
-				t.Fatalf("verdict %+v, want effect %q announce %v", v, tc.effect, tc.announce)
+			if v.Effect != tc.effect {
+				t.Fatalf("verdict %+v, want effect %q", v, tc.effect)
 			}
 			if tc.next == "" {
 				if v.Next != nil {

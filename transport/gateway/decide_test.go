@@ -2,26 +2,18 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/approver"
-	stageRunner "github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -237,13 +229,13 @@ func TestTheApprovalViewShowsThePreview(t *testing.T) {
 // of the decision that lost its compare-and-set is heard too and must not
 // be taken for the verdict.
 func TestADecisionIsAnsweredOnlyWithItsOwnVerdict(t *testing.T) {
-	t.Run("with the decided events", func(t *testing.T) {
+	t.Run("the approver as a pipeline stage", func(t *testing.T) {
 		g := startGateway(t, pipelinetest.Options{}, func(c *Config) { c.Rate, c.Burst = 10000, 10000 })
 		raceDecisions(t, g, 100)
 	})
-	t.Run("without them", func(t *testing.T) {
+	t.Run("the approver run on its own", func(t *testing.T) {
 		g := startGateway(t, pipelinetest.Options{Stages: withoutApprover}, func(c *Config) { c.Rate, c.Burst = 10000, 10000 })
-		runRepeatsOnlyApprover(t, g.H)
+		g.H.RunApprover()
 		raceDecisions(t, g, 100)
 	})
 }
@@ -459,72 +451,6 @@ func TestAnotherDecidersSameOutcomeIsAnsweredAsApplied(t *testing.T) {
 // withoutApprover are the stages a test runs when it runs its own approver.
 var withoutApprover = []string{pipelinetest.Ingest, pipelinetest.Executor, pipelinetest.Redriver}
 
-// repeatsOnly is JetStream as the approver publishes through it once
-// approval.decided is only its answer to a decision that changed no record
-// (issue 36): a decided event without Repeat is acknowledged and dropped,
-// so that a decision's only trace is the revision of its approval record.
-type repeatsOnly struct{ jetstream.JetStream }
-
-func (j repeatsOnly) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	if strings.HasPrefix(m.Subject, topology.SubjectApprovalDecided) {
-		if ev, err := schemas.Decode[schemas.DecidedEvent](m.Data); err == nil && ev.Repeat == "" {
-			return &jetstream.PubAck{Stream: topology.StreamEvents}, nil
-		}
-	}
-	return j.JetStream.PublishMsg(ctx, m, opts...)
-}
-
-// runRepeatsOnlyApprover runs the approver stage on h's pipeline (started
-// without its own), publishing through repeatsOnly, until the test ends.
-func runRepeatsOnlyApprover(t *testing.T, h *pipelinetest.H) {
-	t.Helper()
-	a, err := approver.New(approver.Config{
-		JS: repeatsOnly{h.JS}, Store: h.Store, Policy: h.Policy, Keys: h.Keys,
-		Logger: pipelinetest.Logger(), Metrics: stageRunner.NewMetrics(nil),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("approver: %v", err)
-		}
-	})
-}
-
-// forgeLostWrite sends to approval rec's subject the write of a
-// compare-and-set that lost: rec decided by decision, expecting a
-// revision that is not the record's last. The bucket refuses it (the test
-// checks), and the record stays as it was; a core subscriber hears it.
-func forgeLostWrite(t *testing.T, h *pipelinetest.H, rec *schemas.ApprovalRecord, status schemas.ApprovalStatus, decision *schemas.DecisionInfo) {
-	t.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	_, rev, err := h.Store.Approvals.Get(ctx, rec.ApprovalID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := *rec
-	lost.Status, lost.Decision = status, decision
-	data, err := schemas.Encode(&lost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(topology.ApprovalRevisionSubject(rec.ApprovalID))
-	m.Data = data
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev-1, 10))
-	if _, err := h.JS.PublishMsg(ctx, m); err == nil {
-		t.Fatal("the bucket stored a write expecting a revision not its last")
-	}
-	if now := h.Approval(rec.ApprovalID); now.Status != schemas.ApprovalPending {
-		t.Fatalf("approval %s after the lost write, want pending", now.Status)
-	}
-}
-
 // turnApproval is the approval of call 0 of turn as GET /v1/turns shows it.
 func (g *gw) turnApproval(turn string) *ApprovalView {
 	g.t.Helper()
@@ -548,7 +474,7 @@ func TestADecisionIsAnsweredByTheRecordWithoutADecidedEvent(t *testing.T) {
 	g := startGateway(t, pipelinetest.Options{Policy: twoDeciders, Stages: withoutApprover}, func(c *Config) {
 		c.DecisionWait = jstest.Scale(20 * time.Second)
 	})
-	runRepeatsOnlyApprover(t, g.H)
+	g.H.RunApprover()
 	sub, c := g.submitGated("a", "s-record", "alice")
 	decide := func(who, option string) (*http.Response, []byte) {
 		t.Helper()
@@ -595,7 +521,7 @@ func TestADecisionIsNotAnsweredByAWriteNeverStored(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		repeatsOnly bool
-	}{{"with the decided events", false}, {"without them", true}} {
+	}{{"the approver as a pipeline stage", false}, {"the approver run on its own", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := startGateway(t, pipelinetest.Options{Policy: twoDeciders, Stages: withoutApprover}, func(c *Config) {
 				c.DecisionWait = jstest.Scale(20 * time.Second)
@@ -618,10 +544,10 @@ func TestADecisionIsNotAnsweredByAWriteNeverStored(t *testing.T) {
 			jstest.Eventually(t, pipelinetest.Wait, "alice's approve stored after bob's deny", func() bool {
 				return g.count(topology.StreamDecisions, topology.DecisionSubject("gateway", c.ApprovalID)) == 2
 			})
-			forgeLostWrite(t, g.H, pending, schemas.ApprovalApproved,
+			g.ForgeLostWrite(pending, schemas.ApprovalApproved,
 				&schemas.DecisionInfo{DecisionID: "d-lost", Principal: "gateway:alice", Option: "approve", DecidedAt: time.Now().UTC()})
 			if tc.repeatsOnly {
-				runRepeatsOnlyApprover(t, g.H)
+				g.H.RunApprover()
 			} else {
 				pipelinetest.Start(t, pipelinetest.Options{Env: g.Env, Keys: g.Keys, Policy: twoDeciders, Stages: []string{pipelinetest.Approver}})
 			}

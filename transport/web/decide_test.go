@@ -1,22 +1,12 @@
 package web_test
 
 import (
-	"context"
-	"errors"
 	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/approver"
-	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/transport/web"
@@ -48,72 +38,6 @@ func (in *inbox) startApprover(t *testing.T) {
 	pipelinetest.Start(t, pipelinetest.Options{Env: in.Env, Keys: in.Keys, Policy: testPolicy, Tools: all, Stages: []string{pipelinetest.Approver}})
 }
 
-// repeatsOnly is JetStream as the approver publishes through it once
-// approval.decided is only its answer to a decision that changed no record
-// (issue 36): a decided event without Repeat is acknowledged and dropped,
-// so that a decision's only trace is the revision of its approval record.
-type repeatsOnly struct{ jetstream.JetStream }
-
-func (j repeatsOnly) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	if strings.HasPrefix(m.Subject, topology.SubjectApprovalDecided) {
-		if ev, err := schemas.Decode[schemas.DecidedEvent](m.Data); err == nil && ev.Repeat == "" {
-			return &jetstream.PubAck{Stream: topology.StreamEvents}, nil
-		}
-	}
-	return j.JetStream.PublishMsg(ctx, m, opts...)
-}
-
-// runRepeatsOnlyApprover runs the approver stage on h's pipeline (started
-// without its own), publishing through repeatsOnly, until the test ends.
-func runRepeatsOnlyApprover(t *testing.T, h *pipelinetest.H) {
-	t.Helper()
-	a, err := approver.New(approver.Config{
-		JS: repeatsOnly{h.JS}, Store: h.Store, Policy: h.Policy, Keys: h.Keys,
-		Logger: pipelinetest.Logger(), Metrics: runner.NewMetrics(nil),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("approver: %v", err)
-		}
-	})
-}
-
-// forgeLostWrite sends to approval rec's subject the write of a
-// compare-and-set that lost: rec decided by decision, expecting a
-// revision that is not the record's last. The bucket refuses it (the test
-// checks), and the record stays as it was; a core subscriber hears it.
-func forgeLostWrite(t *testing.T, h *pipelinetest.H, rec *schemas.ApprovalRecord, status schemas.ApprovalStatus, decision *schemas.DecisionInfo) {
-	t.Helper()
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	_, rev, err := h.Store.Approvals.Get(ctx, rec.ApprovalID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := *rec
-	lost.Status, lost.Decision = status, decision
-	data, err := schemas.Encode(&lost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(topology.ApprovalRevisionSubject(rec.ApprovalID))
-	m.Data = data
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev-1, 10))
-	if _, err := h.JS.PublishMsg(ctx, m); err == nil {
-		t.Fatal("the bucket stored a write expecting a revision not its last")
-	}
-	if now := h.Approval(rec.ApprovalID); now.Status != schemas.ApprovalPending {
-		t.Fatalf("approval %s after the lost write, want pending", now.Status)
-	}
-}
-
 // TestADecisionIsAnsweredByTheRecordWithoutADecidedEvent: the approver
 // publishes no approval.decided event for a decision it applies (only for
 // a repeat, with Repeat set: issue 36). Alice's approve is answered
@@ -124,7 +48,7 @@ func forgeLostWrite(t *testing.T, h *pipelinetest.H, rec *schemas.ApprovalRecord
 // completing the quorum, as applied.
 func TestADecisionIsAnsweredByTheRecordWithoutADecidedEvent(t *testing.T) {
 	in := startInboxStages(t, withoutApprover)
-	runRepeatsOnlyApprover(t, in.H)
+	in.H.RunApprover()
 	alice, bob, dave := in.browser(), in.browser(), in.browser()
 	alice.signIn("alice")
 	bob.signIn("bob")
@@ -174,7 +98,7 @@ func TestADecisionIsNotAnsweredByAWriteNeverStored(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		repeatsOnly bool
-	}{{"with the decided events", false}, {"without them", true}} {
+	}{{"the approver as a pipeline stage", false}, {"the approver run on its own", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := startInboxStages(t, withoutApprover)
 			alice := in.browser()
@@ -195,10 +119,10 @@ func TestADecisionIsNotAnsweredByAWriteNeverStored(t *testing.T) {
 			jstest.Eventually(t, pipelinetest.Wait, "alice's approve stored after bob's deny", func() bool {
 				return in.webDecisions(a.ApprovalID) == 2
 			})
-			forgeLostWrite(t, in.H, a, schemas.ApprovalApproved,
+			in.ForgeLostWrite(a, schemas.ApprovalApproved,
 				&schemas.DecisionInfo{DecisionID: "d-lost", Principal: "web:alice", Option: "approve", DecidedAt: time.Now().UTC()})
 			if tc.repeatsOnly {
-				runRepeatsOnlyApprover(t, in.H)
+				in.H.RunApprover()
 			} else {
 				in.startApprover(t)
 			}
