@@ -121,10 +121,10 @@ func TestAuthorize(t *testing.T) {
 		setup func(r *rec, d *dec) (*rec, *dec)
 		code  schemas.Code // "" accepted
 		// Accepted, or rejected with a record change:
-		effect   approver.Effect
-		next     schemas.ApprovalStatus // status of Verdict.Next; "" for no Next
-		votes    int                    // votes in Verdict.Next
-		by       string                 // principal of Verdict.Next's decision
+		effect approver.Effect
+		next   schemas.ApprovalStatus // status of Verdict.Next; "" for no Next
+		votes  int                    // votes in Verdict.Next
+		by     string                 // principal of Verdict.Next's decision
 	}{
 		// Malformed or missing.
 		{name: "no decision at all", setup: func(r *rec, _ *dec) (*rec, *dec) { return r, nil }, code: schemas.CodeInvalidInput},
