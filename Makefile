@@ -95,19 +95,15 @@ e2e: build
 
 ## chaos: the long chaos run (internal/chaos): replicated stage processes against a real nats-server,
 ## SIGKILLs of workers and broker restarts under load, then the safety checks. Parameters:
-## CHAOS_TURNS, CHAOS_KILLS, CHAOS_RESTARTS, CHAOS_REPLICAS, CHAOS_SEED (replay); CHAOS_BATCH_KILLS (2:
-## broker SIGKILLs as a large atomic batch of turns commits; one server only), CHAOS_WRITE_KILLS (15: the stage
-## that made a turn's k-th durable write SIGKILLed right after it, every k of both paths), CHAOS_GROUP_COMMIT (0: the stages
-## without the group committer); CHAOS_CLUSTER=3 runs it on a
+## CHAOS_TURNS, CHAOS_KILLS, CHAOS_RESTARTS, CHAOS_REPLICAS, CHAOS_SEED (replay); CHAOS_WRITE_KILLS (12: the stage
+## that made a turn's k-th durable write SIGKILLed right after it, every k of both paths); CHAOS_CLUSTER=3 runs it on a
 ## three-node cluster (broker restarts then kill the TOLLGATE_TURNS leader node), CHAOS_STREAM_REPLICAS
 ## (default: the node count); CHAOS_PLANNER=1 sends CHAOS_PLANNER_PERCENT (30) of the turns as text through
 ## replicated planner processes against a scripted model (killed like the workers); logs in results/chaos/
 CHAOS_TURNS    ?= 5000
 CHAOS_KILLS    ?= 50
 CHAOS_RESTARTS ?= 2
-CHAOS_BATCH_KILLS ?= 2
 CHAOS_WRITE_KILLS ?= 12
-CHAOS_GROUP_COMMIT ?=
 CHAOS_REPLICAS ?= 2
 CHAOS_CLUSTER  ?=
 CHAOS_STREAM_REPLICAS ?=
@@ -121,7 +117,7 @@ chaos: build
 	TOLLGATE_CHAOS_LONG=1 TOLLGATE_CHAOS_BIN=$(CURDIR)/$(BIN) TOLLGATE_CHAOS_DIR=$(CURDIR)/results/chaos \
 	TOLLGATE_CHAOS_TURNS=$(CHAOS_TURNS) TOLLGATE_CHAOS_KILLS=$(CHAOS_KILLS) TOLLGATE_CHAOS_RESTARTS=$(CHAOS_RESTARTS) \
 	TOLLGATE_CHAOS_REPLICAS=$(CHAOS_REPLICAS) TOLLGATE_CHAOS_SEED=$(CHAOS_SEED) \
-	TOLLGATE_CHAOS_BATCH_KILLS=$(CHAOS_BATCH_KILLS) TOLLGATE_CHAOS_WRITE_KILLS=$(CHAOS_WRITE_KILLS) TOLLGATE_CHAOS_GROUP_COMMIT=$(CHAOS_GROUP_COMMIT) \
+	TOLLGATE_CHAOS_WRITE_KILLS=$(CHAOS_WRITE_KILLS) \
 	TOLLGATE_CHAOS_PLANNER=$(CHAOS_PLANNER) TOLLGATE_CHAOS_PLANNER_PERCENT=$(CHAOS_PLANNER_PERCENT) \
 	TOLLGATE_CHAOS_CLUSTER=$(CHAOS_CLUSTER) TOLLGATE_CHAOS_STREAM_REPLICAS=$(CHAOS_STREAM_REPLICAS) \
 	TOLLGATE_CHAOS_LEADER_PAUSES=$(CHAOS_LEADER_PAUSES) TOLLGATE_CHAOS_PARTITIONS=$(CHAOS_PARTITIONS) \
@@ -201,7 +197,7 @@ bench-cluster: build
 
 ## bench-layout: the raw turn (the stages' JetStream operations, no Tollgate code) in storage layouts, both sync
 ## settings: today's and the two one-write-per-fact designs, (a) records are the log and (b) the turn's events are the
-## log, at 1 and 4 partitions; BENCH_LAYOUTS also offers group-commit and state, and
+## log, at 1 and 4 partitions; BENCH_LAYOUTS also offers state, and
 ## BENCH_LAYOUT_PARTITIONS other partition counts (internal/bench/layout.go, docs/bench.md)
 bench-layout: build
 	BENCH_BIN=$(CURDIR)/$(BIN) BENCH_OUT=$(BENCH_OUT) BENCH_PHASES=layout $(BIN)/tollgate-bench

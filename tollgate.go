@@ -71,7 +71,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/health"
-	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -183,17 +182,6 @@ type Config struct {
 	// turn whose records are gone would run it again (docs/operations.md,
 	// "Retention").
 	Retention time.Duration
-
-	// GroupCommit turns the group committer on (--group-commit,
-	// TOLLGATE_GROUP_COMMIT): the writes of the stages that wait at the
-	// same time on one stream or bucket are committed as one atomic batch
-	// (jetstream/groupcommit; docs/protocol.md, "Group commit"). Off (the
-	// default, as in the binaries), every stream publish and KV write is
-	// its own acknowledged write. Off by default because it is measured
-	// not to pay on nats-server 2.15: about 30 % fewer turns/s in the
-	// default flush mode and no gain under sync_interval: always, on one
-	// server or three (docs/bench.md, "Group commit").
-	GroupCommit bool
 }
 
 // retention is c.Retention with its default applied; 0 keeps every record.
@@ -353,15 +341,6 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	buckets, err := topology.OpenBuckets(ctx, cfg.JS)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.GroupCommit {
-		gc, err := groupcommit.New(cfg.JS, groupcommit.Config{
-			Streams: append(topo.Streams(), topo.BucketStreams()...), Logger: log.With("component", "groupcommit"), Registerer: reg,
-		})
-		if err != nil {
-			return nil, err
-		}
-		cfg.JS = gc.JetStream() // every stage's writes, below
 	}
 	compat, err := legacy.New(cfg.Keys, log, reg)
 	if err != nil {

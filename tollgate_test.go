@@ -494,26 +494,3 @@ func TestAProviderServiceThatStopsEarlyDoesNotStopTheStages(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
-
-// The group committer is opt-in (Config.GroupCommit), as in the binaries:
-// a zero Config builds no committer, so none of its metrics is registered;
-// with GroupCommit one is built and its metrics are in the registerer.
-func TestGroupCommitIsOptIn(t *testing.T) {
-	env := jstest.Start(t)
-	for _, tc := range []struct {
-		name string
-		on   bool
-	}{{"a zero config builds no committer", false}, {"GroupCommit builds one", true}} {
-		t.Run(tc.name, func(t *testing.T) {
-			reg := prometheus.NewRegistry()
-			cfg := config(t, env)
-			cfg.Registerer, cfg.GroupCommit = reg, tc.on
-			if _, err := tollgate.New(context.Background(), cfg); err != nil {
-				t.Fatal(err)
-			}
-			if got := series(t, reg)["tollgate_group_commit_passthrough_writes_total"] > 0; got != tc.on {
-				t.Errorf("committer metrics registered: %v, want %v", got, tc.on)
-			}
-		})
-	}
-}

@@ -173,7 +173,7 @@ func TestOneApprovalTurnIsOneTrace(t *testing.T) {
 	}
 	ingest := one("ingest", "")
 	childOf(ingest, transport.SpanContext(), "the transport's span")
-	executors := spans.of("executor", topology.SubjectTurnAccepted)
+	executors := spans.of("executor", topology.SubjectTurnOrder)
 	if len(executors) == 0 {
 		t.Fatalf("no executor span of the accepted turn: %v", names(spans))
 	}

@@ -188,12 +188,14 @@ func Read(ctx context.Context, js jetstream.JetStream, q Query, log *slog.Logger
 	if q.Approval == "" {
 		// The turns stream is keyed by session, not turn: a turn's own
 		// session key narrows the read when one of its requested events or
-		// its batch carried its context.
-		filter := topology.SubjectTurnAccepted + "*"
+		// its batch carried its context. A turn is accepted into its
+		// session's order; an earlier version published it on the
+		// accepted subject.
+		filters := []string{topology.OrderFilter(topology.OrderExec), topology.SubjectTurnAccepted + "*"}
 		if k := keys[q.Turn]; q.Turn != "" && k != "" {
-			filter = topology.AcceptedSubject(k)
+			filters = []string{topology.OrderSubject(topology.OrderExec, k), topology.AcceptedSubject(k)}
 		}
-		err = readStream(ctx, js, topology.StreamTurns, []string{filter}, q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
+		err = readStream(ctx, js, topology.StreamTurns, filters, q.Since, q.Until, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
 			t, err := schemas.Decode[schemas.AcceptedTurn](m.Data())
 			if err != nil {
 				log.Warn("audit: skipped an undecodable event", "subject", m.Subject(), "seq", meta.Sequence.Stream, "err", err)

@@ -223,7 +223,9 @@ type ToolCall struct {
 	ArgsDigest string `msgpack:"args_digest"`
 }
 
-// AcceptedTurn is what ingest publishes on tollgate.turn.accepted.
+// AcceptedTurn is what ingest appends to its session's order
+// (tollgate.turn.order.<kind>.<session key>; step batches and follow-ups
+// travel on tollgate.turn.accepted.<session key>).
 type AcceptedTurn struct {
 	V          Version      `msgpack:"v"`
 	TurnID     string       `msgpack:"turn_id"`

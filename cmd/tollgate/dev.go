@@ -140,7 +140,6 @@ func cmdDev(cmd *command, args []string) int {
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
 		Instance: scaffold.Instance(), Topology: topo, Retention: c.Retention, ClaimLease: c.ClaimLease, ToolTimeout: c.ToolTimeout, Planner: plannerOpts,
-		GroupCommit: c.GroupCommit,
 	})
 	if err != nil {
 		log.Error("build stages", "err", err)

@@ -187,6 +187,7 @@ func testDiscordRefusals(t *testing.T, url string, admin *client, adminKV topolo
 		r.noPublish("discord cannot decide as the Slack transport", dc, topology.StreamDecisions, topology.DecisionSubject(tgslack.Name, "a-forged-0")),
 		r.noPublish("discord cannot decide as the web approval inbox", dc, topology.StreamDecisions, topology.DecisionSubject("web", "a-forged-0")),
 		r.noPublish("discord cannot publish an accepted turn", dc, topology.StreamTurns, topology.AcceptedSubject(forgedSession)),
+		r.noPublish("discord cannot append to a session's order", dc, topology.StreamTurns, topology.OrderSubject(topology.OrderExec, forgedSession)),
 		r.noPublish("discord cannot publish a turn outcome", dc, topology.StreamEvents, topology.EventSubject(topology.SubjectTurnOutcome, forged)),
 		r.noPublish("discord cannot dead-letter as the Slack transport", dc, topology.StreamDLQ, topology.DLQSubject(tgslack.Name)),
 		noPut("discord cannot write an approval", dc, adminKV.Approvals, "a-forged-0"),

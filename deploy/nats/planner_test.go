@@ -203,6 +203,7 @@ func testPlannerAndSlackRefusals(t *testing.T, url string, admin *client, adminK
 	cases := []refusal{
 		r.noPublish("planner cannot publish an accepted turn", pl, topology.StreamTurns, topology.AcceptedSubject(forgedSession)),
 		r.noPublish("planner cannot publish a planner turn", pl, topology.StreamTurns, topology.PlanSubject(forgedSession)),
+		r.noPublish("planner cannot append to a session's order", pl, topology.StreamTurns, topology.OrderSubject(topology.OrderPlan, forgedSession)),
 		r.noPublish("planner cannot schedule a message", pl, topology.StreamTurns, topology.SubjectTurnSchedule+forged+"-p0"),
 		r.noPublish("planner cannot publish an inbound message", pl, topology.StreamInbound, topology.InboundSubject("cli", forgedSession)),
 		r.noPublish("planner cannot submit a decision", pl, topology.StreamDecisions, topology.DecisionSubject(tgslack.Name, "a-forged-0")),
@@ -230,6 +231,7 @@ func testPlannerAndSlackRefusals(t *testing.T, url string, admin *client, adminK
 		r.noPublish("slack cannot decide as the cli transport", sl, topology.StreamDecisions, topology.DecisionSubject("cli", "a-forged-0")),
 		r.noPublish("slack cannot publish an accepted turn", sl, topology.StreamTurns, topology.AcceptedSubject(forgedSession)),
 		r.noPublish("slack cannot publish a planner turn", sl, topology.StreamTurns, topology.PlanSubject(forgedSession)),
+		r.noPublish("slack cannot append to a session's order", sl, topology.StreamTurns, topology.OrderSubject(topology.OrderExec, forgedSession)),
 		r.noPublish("slack cannot publish a step batch", sl, topology.StreamTurns, topology.StepSubject(forged+"-p0")),
 		r.noPublish("slack cannot publish a reply", sl, topology.StreamEvents, topology.SubjectTurnReply+forged),
 		r.noPublish("slack cannot dead-letter as another stage", sl, topology.StreamDLQ, topology.DLQSubject("approver")),

@@ -189,11 +189,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r, nil
 }
 
-// nameGroupCommitOn names the figures of Tollgate with its group
-// committer on (--group-commit; "tollgate" is the default, off), measured
-// beside "tollgate" in the same rounds.
-const nameGroupCommitOn = "tollgate, group commit on"
-
 // scenario is one throughput figure's measurement.
 type scenario struct {
 	name, mode, unit string
@@ -213,12 +208,7 @@ func (b *bencher) throughput(ctx context.Context, r *Report, st storage) {
 	)
 	for _, p := range []*path{&fast, &appr} {
 		sc = append(sc, scenario{name: "raw turn", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurn(*p, st) }},
-			scenario{name: "tollgate", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeAllInOne, *p, st, false) }},
-			scenario{name: nameGroupCommitOn, mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) {
-				on := st
-				on.GroupCommit = true
-				return b.tollgate(modeAllInOne, *p, on, false)
-			}})
+			scenario{name: "tollgate", mode: modeAllInOne, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeAllInOne, *p, st, false) }})
 		if b.cfg.Phases["procs"] && st.Nodes <= 1 {
 			sc = append(sc, scenario{name: "raw turn", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.rawTurnProcs(*p, st) }},
 				scenario{name: "tollgate", mode: modeProcesses, unit: "turns/s", path: p, run: func() (sample, error) { return b.tollgate(modeProcesses, *p, st, false) }})

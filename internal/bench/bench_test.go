@@ -102,7 +102,7 @@ func runSmoke(t *testing.T, cfg Config, figures int) *Report {
 // that it does not rot between `make bench` runs, and writes the report.
 // (The sync phase is the throughput phase on servers with SyncAlways.)
 func TestBenchSmoke(t *testing.T) {
-	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*3) // raw turn, tollgate and tollgate with group commit on, per path
+	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*2) // raw turn and tollgate, per path
 	if len(r.Latency) != 4 {
 		t.Errorf("%d latency rows, want 4", len(r.Latency))
 	}
@@ -130,7 +130,7 @@ func TestBenchSmokeProcesses(t *testing.T) {
 	// directories of its own; they check that every figure is produced,
 	// not how fast.
 	t.Parallel()
-	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*5)
+	r := runSmoke(t, smokeConfig(t, "throughput", "procs", "footprint"), 2+2*4)
 	if f := r.Footprint; f == nil || f.Outcomes < 20 || f.RSSPending["approver"] == 0 || f.ApprovalMsgs == 0 {
 		t.Errorf("footprint: %+v", f)
 	}
@@ -394,10 +394,7 @@ func TestClosedLoopWindowWaitsForMinTurns(t *testing.T) {
 func TestBenchSmokeLayout(t *testing.T) {
 	t.Parallel() // see TestBenchSmokeProcesses
 	cfg := smokeConfig(t, phaseLayout)
-	// Today's layout, the two one-write-per-fact designs, and of the
-	// group-commit layouts the one that takes every lever (the state
-	// stream and the committer: their code paths together), to keep make
-	// test short; group-commit is a subset of it.
+	// Every layout.
 	cfg.Layouts = []string{"today", "state", "records", "events"}
 	cfg.LayoutPartitions = []int{2}
 	r, err := Run(context.Background(), cfg)

@@ -64,8 +64,7 @@ type Config struct {
 	// resident memory), cluster (not in AllPhases: the throughput figures again on a
 	// three-node cluster on loopback with R3 streams and buckets, both
 	// sync settings; `make bench-cluster`), layout (not in AllPhases: the
-	// raw turn in the storage layouts the group committer could use, both
-	// sync settings; layout.go).
+	// raw turn in other storage layouts, both sync settings; layout.go).
 	Phases map[string]bool
 	// Layouts are the layout phase's raw-turn layouts (layoutKinds'
 	// names), and LayoutPartitions the partition counts P at which it
@@ -194,7 +193,7 @@ func (c Config) validate() error {
 	}
 	for _, l := range c.Layouts {
 		if _, ok := layoutKinds[l]; !ok {
-			return fmt.Errorf("bench: unknown layout %q (want today, group-commit, state, records, events)", l)
+			return fmt.Errorf("bench: unknown layout %q (want today, state, records, events)", l)
 		}
 	}
 	if c.Phases[phaseLayout] && (len(c.Layouts) == 0 || len(c.LayoutPartitions) == 0) {

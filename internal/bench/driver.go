@@ -188,7 +188,7 @@ func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, d
 		return nil, err
 	}
 	if p == plannerPath {
-		if err := sub(topology.SubjectTurnPlan+">", d.onPlanned); err != nil {
+		if err := sub(topology.OrderFilter(topology.OrderPlan), d.onPlanned); err != nil {
 			return nil, err
 		}
 		if err := sub(topology.SubjectTurnAccepted+">", d.onStepAccepted); err != nil {
@@ -324,10 +324,10 @@ func (d *driver) outcome(id string) {
 	}
 }
 
-// onPlanned times a planner turn's publish for the planner (its message
-// id is topology.PlanMsgID of the turn).
+// onPlanned times a planner turn's append to its session's order, for
+// the planner (its message id is topology.OrderMsgID of the turn).
 func (d *driver) onPlanned(m *nats.Msg) {
-	if id, ok := strings.CutPrefix(headerOf(m, jetstream.MsgIDHeader), "plan:"); ok {
+	if id, ok := strings.CutPrefix(headerOf(m, jetstream.MsgIDHeader), topology.OrderMsgID("")); ok {
 		d.mark(id, time.Now(), func(t *turn) *time.Time { return &t.planned })
 	}
 }

@@ -35,10 +35,6 @@ import (
 type storage struct {
 	Sync  bool
 	Nodes int
-	// GroupCommit runs Tollgate with its group committer on
-	// (--group-commit; off by default), for the side-by-side; not in
-	// String: the figure's name says it.
-	GroupCommit bool
 }
 
 var (
@@ -292,7 +288,6 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string, plan *planner.Op
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: policy.Default(), Keys: keys, Tools: ts, Providers: ps,
 		Logger: log, Registerer: reg, Instance: "bench", Topology: e.st.topology(), Planner: plan,
-		GroupCommit: e.st.GroupCommit,
 	})
 	if err != nil {
 		nc.Close()

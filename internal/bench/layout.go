@@ -14,26 +14,25 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 )
 
 // The layout phase (BENCH_PHASES=layout, not in AllPhases) measures
 // storage layouts on the raw turn, before any of them is built into
-// Tollgate (docs/bench.md, "Group commit" and "One write per fact"). The
-// layouts (BENCH_LAYOUTS, a comma-separated list of these names; the
-// default is today,records,events):
+// Tollgate (docs/bench.md, "Group commit" and "One write per fact"). Every
+// write is acknowledged alone. The layouts (BENCH_LAYOUTS, a
+// comma-separated list of these names; the default is
+// today,records,events):
 //
-//   - today: the raw turn as it is (every write acknowledged alone);
-//   - group-commit: today's writes through a group committer
-//     (jetstream/groupcommit, the configuration Tollgate uses), one per
-//     stream;
+//   - today: the raw turn as it is;
 //   - state: the four buckets the stages write on a turn's path
 //     (approvals, batches, sessions, claims) as one bucket, stateBucket,
-//     their records under typed key prefixes ("batches.<turn>"), through a
-//     group committer, so that every KV write of every turn in flight meets
-//     on one stream (today's batch records are in the turn logs, which stay
-//     where they are: the KV writes left are the approvals' and sessions');
+//     their records under typed key prefixes ("batches.<turn>"), so that
+//     every KV write of every turn in flight is on one stream (today's
+//     batch records are in the turn logs, which stay where they are: the
+//     KV writes left are the approvals' and sessions'; docs/bench.md
+//     records it measured through the group committer an earlier version
+//     had);
 //   - records: design (a) of one write per fact, records are the log
 //     (rawseq.go: recordsFast, recordsApproval);
 //   - events: design (b), the turn's events are the log (eventsFast,
@@ -61,17 +60,15 @@ const (
 
 // rawLayout is how the raw turn stores its writes.
 type rawLayout struct {
-	groupCommit bool // writes go through a group committer
-	state       bool // the four hot buckets are one (stateBucket)
-	design      design
-	partitions  int // records and events: P, the streams the state writes are spread over
+	state      bool // the four hot buckets are one (stateBucket)
+	design     design
+	partitions int // records and events: P, the streams the state writes are spread over
 }
 
 // layoutKinds are the layouts BENCH_LAYOUTS names (records and events
 // get their partitions from BENCH_LAYOUT_PARTITIONS).
 var layoutKinds = map[string]rawLayout{
-	"today": {}, "group-commit": {groupCommit: true},
-	"state":   {groupCommit: true, state: true},
+	"today": {}, "state": {state: true},
 	"records": {design: designRecords}, "events": {design: designEvents},
 }
 
@@ -83,14 +80,10 @@ func (l rawLayout) String() string {
 	case designEvents:
 		return fmt.Sprintf("raw turn, (b) the turn's events are the log, P=%d", l.partitions)
 	}
-	name := "raw turn, today's layout"
 	if l.state {
-		name = "raw turn, state stream"
+		return "raw turn, state stream"
 	}
-	if l.groupCommit {
-		name += ", group commit"
-	}
-	return name
+	return "raw turn, today's layout"
 }
 
 // oneWritePerFact reports whether l is one of the two designs.
@@ -251,7 +244,7 @@ func bucketStreamAs(st storage, like, bucket, desc string) jetstream.StreamConfi
 }
 
 // stateBucketStream is stateBucket's stream, configured as Tollgate's
-// bucket streams are on st (allow_atomic among them).
+// bucket streams are on st.
 func stateBucketStream(st storage) jetstream.StreamConfig {
 	return bucketStreamAs(st, "", stateBucket, "bench: the state-stream layout")
 }
@@ -288,15 +281,13 @@ func ensureLayout(ctx context.Context, js jetstream.JetStream, st storage, l raw
 	return nil
 }
 
-// rawWriter makes the raw stages' writes in a layout other than today's
-// unbatched one: every stream publish and KV create or update is a publish
-// (a KV write with Nats-Expected-Last-Subject-Sequence, as nats.go's
-// KeyValue makes it), through the committer when there is one.
+// rawWriter makes the raw stages' writes in a layout other than today's:
+// every stream publish and KV create or update is a publish (a KV write
+// with Nats-Expected-Last-Subject-Sequence, as nats.go's KeyValue makes
+// it), acknowledged alone.
 type rawWriter struct {
 	js      jetstream.JetStream
-	gc      *groupcommit.Committer
-	streams []jetstream.StreamConfig // what gc commits
-	handles sync.Map                 // stream name -> jetstream.Stream, for read-backs
+	handles sync.Map // stream name -> jetstream.Stream, for read-backs
 	// send, if set, stores a write instead of publish's client (tests:
 	// a lost acknowledgement).
 	send func(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error)
@@ -306,26 +297,7 @@ type rawWriter struct {
 	retries, own atomic.Int64
 }
 
-// newRawWriter returns the writer of layout l on js.
-func newRawWriter(js jetstream.JetStream, st storage, l rawLayout) (*rawWriter, error) {
-	w := &rawWriter{js: js}
-	if !l.groupCommit {
-		return w, nil
-	}
-	w.streams = append(st.topology().Streams(), st.topology().BucketStreams()...)
-	if l.state {
-		w.streams = append(w.streams, stateBucketStream(st))
-	}
-	gc, err := groupcommit.New(js, groupcommit.Config{Streams: w.streams})
-	if err != nil {
-		return nil, err
-	}
-	w.gc = gc
-	return w, nil
-}
-
-// logStats logs, for each stream the committer wrote to, its batches and
-// single writes, and the writer's retries and recognised own writes.
+// logStats logs the writer's retries and recognised own writes.
 func (w *rawWriter) logStats(logf func(string, ...any), what string) {
 	if w == nil {
 		return
@@ -333,23 +305,12 @@ func (w *rawWriter) logStats(logf func(string, ...any), what string) {
 	if n, o := w.retries.Load(), w.own.Load(); n+o > 0 {
 		logf("bench: %s: %d retried writes, %d refused writes recognised as the writer's own", what, n, o)
 	}
-	if w.gc == nil {
-		return
-	}
-	for _, sc := range w.streams {
-		if gs := w.gc.Stats(sc.Name); gs.Batches+gs.SingleWrites > 0 {
-			logf("bench: %s %s: %d batches of %d writes, %d single, %d refused", what, sc.Name, gs.Batches, gs.BatchedWrites, gs.SingleWrites, gs.Refused)
-		}
-	}
 }
 
 // publish stores m and returns its acknowledgement.
 func (w *rawWriter) publish(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
-	switch {
-	case w.send != nil:
+	if w.send != nil {
 		return w.send(ctx, m)
-	case w.gc != nil:
-		return w.gc.PublishMsg(ctx, m)
 	}
 	return w.js.PublishMsg(ctx, m)
 }
@@ -487,7 +448,7 @@ func (b *bencher) rawTurnLayout(p path, st storage, l rawLayout) (sample, error)
 	if err := ensureLayout(ctx, js, st, l); err != nil {
 		return sample{}, err
 	}
-	r, err := startRawStagesIn(js, l.sequence(p, b.seqs[p]), p, st, l)
+	r, err := startRawStagesIn(js, l.sequence(p, b.seqs[p]), p, l)
 	if err != nil {
 		return sample{}, err
 	}

@@ -74,7 +74,6 @@ func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
 			"TOLLGATE_SANDBOX="+filepath.Join(e.dir, "sandbox"),
 			"TOLLGATE_METRICS_ADDR=",
 			"TOLLGATE_LOG_LEVEL="+logLevel,
-			"TOLLGATE_GROUP_COMMIT="+strconv.FormatBool(e.st.GroupCommit),
 		)
 		return cmd
 	}})

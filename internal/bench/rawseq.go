@@ -10,7 +10,11 @@ import (
 // The raw turns: the JetStream operations one Tollgate turn performs, in
 // order, as traced from the real stages (traceTurn) for the second turn of
 // a session (the session's record exists and is free), another session's
-// turn between the two. Placeholders:
+// turn between the two. Ingest appends the turn to its session's order
+// (jetstream/turnorder: a publish by compare-and-set against the session's
+// last entry, which the ingest that appended the session's first turn
+// remembers, so it reads nothing first; the raw ingest appends through the
+// same writer). Placeholders:
 // <turn> the turn id, <session> the session key, <approval> the approval id
 // of the call that needs one, <p> the turn's partition of the turn logs.
 // Byte sizes are those of the built-in policy's turns; each run replaces
@@ -76,7 +80,7 @@ const sessionRecordBytes = 89
 // rawFast: one echo call, run at once.
 var rawFast = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 213},
-	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 713},
+	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 713}, // after the session's last entry, which ingest remembers
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
@@ -85,7 +89,7 @@ var rawFast = []step{
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855}, // call 0 claimed
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 942}, // call 0's result and the outcome
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},                                      // the release: no turn queued, nothing written
-	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
+	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnOrder},
 }
 
 // rawApproval: an echo call (run at once) and a write_file call (needs
@@ -108,7 +112,7 @@ var rawFast = []step{
 // decision is submitted, so it shows the group once.
 var rawApproval = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 273},
-	{Stage: "ingest", Op: "publish", On: "tollgate.turn.accepted.<session>", MsgID: true, Bytes: 898},
+	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
@@ -118,7 +122,7 @@ var rawApproval = []step{
 	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},                                     // no standing grant covers it
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.awaiting", MsgID: true, Bytes: 1591}, // call 0's result, call 1's request
-	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnAccepted},
+	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnOrder},
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
 	{Stage: "approver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
 	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025, Fact: factDecided}, // the decision: its revision is the decided event

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -48,8 +49,13 @@ type rawStages struct {
 	// other layouts Tollgate's, where its stages keep the batch records
 	// (bound as they bind them: topology.OpenTurnLogs); parts is their
 	// number of partitions (design (a): its batch buckets').
-	log     *turnlog.Log
-	parts   int
+	log   *turnlog.Log
+	parts int
+	// order appends the turns of today's sequence to their sessions'
+	// orders as ingest does (jetstream/turnorder: a compare-and-set
+	// against the session's last entry, which it remembers); nil in the
+	// designs, whose ingest publishes as it did when they were measured.
+	order   *turnorder.Writer
 	configs map[string]rawStageConfig // the consumers of each stage (layout.stageConfigs)
 
 	ctx     context.Context
@@ -94,7 +100,7 @@ type rawStageConfig struct {
 // rawStageConfigs are Tollgate's stages' consumers today.
 var rawStageConfigs = map[string]rawStageConfig{
 	"ingest":   {[]rawSource{{topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}}}, 4},
-	"executor": {[]rawSource{{topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, 16},
+	"executor": {[]rawSource{{topology.StreamTurns, []string{topology.OrderFilter(topology.OrderExec), topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, 16},
 	"approver": {[]rawSource{{topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}}}, 8},
 	"redriver": {[]rawSource{{topology.StreamApprovals, []string{topology.ApprovalRevisions}}, {topology.StreamEvents, []string{topology.SubjectBatchAwaiting + "*"}}}, 16},
 }
@@ -138,12 +144,12 @@ var zeros = make([]byte, 1<<20)
 // startRawStages starts the raw stages (all four if none are named) on js
 // for the sequence seq of path p.
 func startRawStages(js jetstream.JetStream, seq []step, p path, stages ...string) (*rawStages, error) {
-	return startRawStagesIn(js, seq, p, single, rawLayout{}, stages...)
+	return startRawStagesIn(js, seq, p, rawLayout{}, stages...)
 }
 
-// startRawStagesIn is startRawStages with the writes stored in layout l on
-// servers of storage st (layout.go).
-func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l rawLayout, stages ...string) (*rawStages, error) {
+// startRawStagesIn is startRawStages with the writes stored in layout l
+// (layout.go).
+func startRawStagesIn(js jetstream.JetStream, seq []step, p path, l rawLayout, stages ...string) (*rawStages, error) {
 	if len(stages) == 0 {
 		stages = stageNames
 	}
@@ -151,12 +157,7 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 	r := &rawStages{js: js, kv: map[string]jetstream.KeyValue{}, path: p, plan: rawPlan(seq), ctx: ctx, stop: cancel, running: map[string]*rawRun{},
 		layout: l, configs: l.stageConfigs()}
 	if l != (rawLayout{}) {
-		w, err := newRawWriter(js, st, l)
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		r.w = w
+		r.w = &rawWriter{js: js}
 	}
 	r.parts = l.partitions
 	switch l.design {
@@ -173,8 +174,7 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 	case designToday:
 		// Today's batch records are appends to Tollgate's turn logs,
 		// made as its stages make them: one compare-and-set publish each,
-		// not through a group committer (the streams allow no atomic
-		// batch), in every layout of today's sequence.
+		// in every layout of today's sequence.
 		streams, err := topology.OpenTurnLogs(ctx, js)
 		if err != nil {
 			cancel()
@@ -182,6 +182,10 @@ func startRawStagesIn(js jetstream.JetStream, seq []step, p path, st storage, l 
 		}
 		r.log = turnlog.Bind(js, streams)
 		r.parts = r.log.Partitions()
+		if r.order, err = turnorder.New(ctx, js); err != nil {
+			cancel()
+			return nil, err
+		}
 	}
 	for _, b := range l.buckets() {
 		kv, err := js.KeyValue(ctx, b)
@@ -427,6 +431,9 @@ func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
 		}
 	case "executor":
 		id.turn, id.session = m.Headers().Get(jetstream.MsgIDHeader), lastToken(subj)
+		if t, ok := strings.CutPrefix(id.turn, topology.OrderMsgID("")); ok {
+			id.turn = t // an entry of the session's order
+		}
 		if d := m.Data(); len(d) >= 8 {
 			id.inboundSeq = binary.BigEndian.Uint64(d)
 		}
@@ -523,12 +530,20 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			if op.Fact != "" {
 				payload[sessionKeyLen] = op.Fact[0] // the record's state (ended: factOutcome)
 			}
-		case op.Op == "publish" && strings.HasPrefix(target, topology.SubjectTurnAccepted) && op.Bytes >= 8:
+		case op.Op == "publish" && (strings.HasPrefix(target, topology.SubjectTurnAccepted) || strings.HasPrefix(target, topology.SubjectTurnOrder)) && op.Bytes >= 8:
 			payload = make([]byte, op.Bytes)
 			binary.BigEndian.PutUint64(payload, id.inboundSeq)
 		}
 		switch op.Op {
 		case "publish":
+			if kind, key, ok := topology.ParseOrderSubject(target); ok && r.order != nil {
+				// The accepted turn, appended to its session's order.
+				if _, err := r.order.Append(ctx, turnorder.Append{Kind: kind, Key: key, Turn: id.turn, Arrival: id.inboundSeq,
+					Data: payload, Header: r.factHeader(id, op)}); err != nil {
+					r.fail(err)
+				}
+				continue
+			}
 			msgID := target
 			if strings.HasPrefix(target, topology.SubjectTurnAccepted) {
 				msgID = topology.AcceptedMsgID(id.turn)
@@ -539,8 +554,8 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			}
 			msg := &nats.Msg{Subject: target, Data: payload}
 			if r.w != nil {
-				// A group committer answers each write once it is
-				// stored: the stage waits, as Tollgate's does with it.
+				// Through the layout's writer, with the designs' fact
+				// headers; the stage waits for the acknowledgement.
 				msg.Header = r.factHeader(id, op)
 				if op.MsgID {
 					msg.Header.Set(jetstream.MsgIDHeader, msgID)

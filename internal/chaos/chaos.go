@@ -19,7 +19,6 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/chaos/toolsvc"
 	"github.com/tollgate-dev/tollgate/internal/childproc"
-	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
@@ -43,19 +42,15 @@ type harness struct {
 
 	nodes  []*node // the nats-server, or the nodes of the cluster
 	stages map[string][]*slot
-	// batches is the batch kill fault's gate and committer hook.
-	batches *batchKiller
 
-	mu          sync.Mutex
-	procs       []*childproc.Proc
-	lastFault   time.Time
-	kills       int
-	killsOf     map[string]int // kills by binary
-	restarts    int
-	batchKills  int // restarts that were batch kills
-	batchMisses int // batch kills with no large batch to kill in
-	pauses      int // leader pauses (SIGSTOP, then SIGCONT)
-	partitions  int // nodes cut off from their peers, then healed
+	mu         sync.Mutex
+	procs      []*childproc.Proc
+	lastFault  time.Time
+	kills      int
+	killsOf    map[string]int // kills by binary
+	restarts   int
+	pauses     int // leader pauses (SIGSTOP, then SIGCONT)
+	partitions int // nodes cut off from their peers, then healed
 	// routeProxies carry every route of a cluster (partition.go).
 	routeProxies []*routeProxy
 	skipped      int
@@ -109,7 +104,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, errors.New("chaos: WorkDir is required")
 	}
 	h := &harness{cfg: cfg, plan: NewPlan(cfg), dir: cfg.WorkDir, stages: map[string][]*slot{}, killsOf: map[string]int{}}
-	h.batches = newBatchKiller(h)
 	h.logf("parameters: %s", cfg.Params())
 	h.logf("replay with: %s", cfg.Replay())
 	h.logf("work dir: %s", h.dir)
@@ -147,17 +141,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	d := newDriver(h, js, store.New(buckets))
-	// The turns are published through a group committer, as a transport
-	// with one would: turns published at the same time share an atomic
-	// batch (the batch kill fault makes them), from the size it kills in.
-	gc, err := groupcommit.New(js, groupcommit.Config{
-		Streams:  []jetstream.StreamConfig{{Name: topology.StreamInbound, Subjects: []string{topology.SubjectInboundPrefix + ">"}}},
-		MinBatch: cfg.batchKillMin(), OnBatch: h.batches.onBatch,
-	})
-	if err != nil {
-		return nil, err
-	}
-	d.pub = gc.JetStream()
 
 	driveCtx, stopDrive := context.WithTimeout(ctx, cfg.MaxDuration)
 	defer stopDrive()
@@ -205,7 +188,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.Params, r.Replay = cfg.Params(), cfg.Replay()
 	h.mu.Lock()
 	r.Kills, r.BrokerRestarts, r.FaultsSkipped, r.LastFault = h.kills, h.restarts, h.skipped, h.lastFault
-	r.BatchKills, r.BatchKillMisses = h.batchKills, h.batchMisses
 	r.LeaderPauses, r.Partitions = h.pauses, h.partitions
 	r.KillsOf = maps.Clone(h.killsOf)
 	r.WriteKills = writeKills
@@ -400,8 +382,6 @@ func (h *harness) injectFaults(ctx context.Context, d *driver) {
 			err = h.partitionNode(ctx, d.js, f.Down)
 		case f.Pause:
 			err = h.pauseLeader(ctx, d.js, f.Down)
-		case f.Batch:
-			err = h.batchKill(ctx, f)
 		case f.Broker:
 			err = h.restartBroker(ctx, d.js, f.Down)
 		default:
@@ -523,9 +503,6 @@ func (h *harness) gather(ctx context.Context, js jetstream.JetStream, d *driver)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", topology.StreamDLQ, err)
-	}
-	if f.Batches, err = h.gatherBatches(ctx, js); err != nil {
-		return nil, err
 	}
 	if f.Ledger, f.BadLedger, err = readLedger(h.ledgerPath); err != nil {
 		return nil, err

@@ -207,9 +207,6 @@ func runChaos(t *testing.T, cfg Config) {
 	if r.Kills+r.BrokerRestarts == 0 && cfg.Kills+cfg.BrokerRestarts > 0 {
 		t.Errorf("no fault was injected")
 	}
-	if want := cfg.withDefaults().BatchKills; r.BatchKills != want {
-		t.Errorf("%d batch kills injected, want %d (%d found no batch of turns to kill in)", r.BatchKills, want, r.BatchKillMisses)
-	}
 	// Each planned write kill's turn makes at least the writes its
 	// position counts, so each fires (a turn the drive never sent is
 	// reported as a lost or unsent turn already).
@@ -293,19 +290,13 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 	if reflect.DeepEqual(a, NewPlan(c)) {
 		t.Fatal("plans of two seeds are equal")
 	}
-	if len(a.Turns) != 500 || len(a.Faults) != c.Kills+c.BrokerRestarts+c.BatchKills {
+	if len(a.Turns) != 500 || len(a.Faults) != c.Kills+c.BrokerRestarts {
 		t.Fatalf("%d turns, %d faults", len(a.Turns), len(a.Faults))
 	}
-	// The batch kills come from a random source of their own: a seed's
-	// turns and other faults are those it had before them.
-	c1 := c0
-	c1.BatchKills = 0
-	others := slices.DeleteFunc(slices.Clone(a.Faults), func(f Fault) bool { return f.Batch })
-	if p := NewPlan(c1); !reflect.DeepEqual(p.Turns, a.Turns) || !reflect.DeepEqual(p.Faults, others) {
-		t.Fatal("the batch kills changed the seed's turns or faults")
-	}
-	// The write kills too, and they go round every position of both
-	// paths, each on a turn of its path of its own.
+	// The write kills come from a random source of their own (a seed's
+	// turns and other faults are those it had before them), and they go
+	// round every position of both paths, each on a turn of its path of
+	// its own.
 	c2 := c0
 	c2.WriteKills = 0
 	if p := NewPlan(c2); !reflect.DeepEqual(p.Turns, a.Turns) || !reflect.DeepEqual(p.Faults, a.Faults) || len(p.WriteKills) != 0 {
@@ -321,18 +312,6 @@ func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
 	}
 	if want := writeKillWrites[writeKillPlain] + writeKillWrites[writeKillSingle]; c0.WriteKills != want || len(positions) != want {
 		t.Errorf("%d write kills planned at %d positions, want every one of the %d", len(a.WriteKills), len(positions), want)
-	}
-	batch := 0
-	for _, f := range a.Faults {
-		if f.Batch {
-			batch++
-			if !f.Broker {
-				t.Errorf("batch kill %v is not a broker kill", f)
-			}
-		}
-	}
-	if batch != c.BatchKills {
-		t.Errorf("%d batch kills planned, want %d", batch, c.BatchKills)
 	}
 	kinds := map[string]int{}
 	tools, crashes := map[string]int{}, 0
@@ -404,7 +383,7 @@ func TestLeaderPausesArePlannedInAClusterOnly(t *testing.T) {
 			} else {
 				cuts = append(cuts, f)
 			}
-			if !f.Broker || !f.Leader || f.Batch || f.Down < 10*time.Second {
+			if !f.Broker || !f.Leader || f.Down < 10*time.Second {
 				t.Errorf("%v: want a broker fault on a leader, longer than an election", f)
 			}
 		}

@@ -30,9 +30,6 @@ type Facts struct {
 	Planner *PlannerFacts
 	// Grants are the grant records in KV at the end, by id.
 	Grants map[string]*schemas.Grant
-	// Batches are the atomic batches of turns the broker was killed in
-	// (Config.BatchKills) and what TOLLGATE_INBOUND holds of them.
-	Batches []BatchFact
 }
 
 // TurnFact is one planned turn and what Tollgate stored for it.
@@ -84,9 +81,6 @@ type Report struct {
 	StepBatchMismatch   int // step batches whose calls are not their recorded step's
 	WrongReplies        int // completed planner turns without a reply event, replies of other turns, replies not under the turn's context
 	RanAfterGrantEnded  int // executions of calls a grant approved that ran after the grant was revoked or expired
-	// Batch kills.
-	PartialBatches    int // killed atomic batches stored in part
-	BatchTurnsNotOnce int // turns of a killed batch stored never or more than once in TOLLGATE_INBOUND
 
 	// WriteKills are the write kills (Config.WriteKills) and what each did.
 	WriteKills []WriteKill
@@ -118,20 +112,13 @@ type Report struct {
 	LeaderPauses int
 	// Partitions: nodes cut off from their peers while leading the
 	// busiest stream, for longer than an election, then healed.
-	Partitions int
-	// BatchKills of the BrokerRestarts killed the broker as an atomic
-	// batch of BatchSizes turns committed; the server then stored
-	// BatchesStoredWhole of them whole and BatchesStoredNone not at all.
-	// BatchKillMisses found no large batch to kill in.
-	BatchKills, BatchKillMisses           int
-	BatchSizes                            []int
-	BatchesStoredWhole, BatchesStoredNone int
-	KillsOf                               map[string]int // worker kills by binary
-	ToolCrashes                           int            // tool service replicas that exited after a crash call
-	ClusterNodes                          int            // nats-server processes; in a cluster a broker restart kills the TOLLGATE_TURNS leader
-	FaultsSkipped                         int
-	LastFault, AllTerminal                time.Time
-	Wall                                  time.Duration
+	Partitions             int
+	KillsOf                map[string]int // worker kills by binary
+	ToolCrashes            int            // tool service replicas that exited after a crash call
+	ClusterNodes           int            // nats-server processes; in a cluster a broker restart kills the TOLLGATE_TURNS leader
+	FaultsSkipped          int
+	LastFault, AllTerminal time.Time
+	Wall                   time.Duration
 
 	Examples map[string][]string // up to 10 per kind of violation
 	Notes    map[string][]string // up to 10 per kind of remark (not violations)
@@ -162,8 +149,6 @@ func (r *Report) violations() []violation {
 		{"step batches unlike their step", r.StepBatchMismatch},
 		{"replies missing or misaddressed", r.WrongReplies},
 		{"executions after their grant ended", r.RanAfterGrantEnded},
-		{"killed batches stored in part", r.PartialBatches},
-		{"killed batches' turns not stored once", r.BatchTurnsNotOnce},
 	}
 }
 
@@ -202,7 +187,6 @@ func Check(f *Facts) *Report {
 		r.Rejections[string(c)] = n
 	}
 	r.BadLedgerLines = len(f.BadLedger)
-	checkBatches(f, r)
 	for _, l := range f.BadLedger {
 		r.example("bad ledger line", "%q", l)
 	}
@@ -601,8 +585,6 @@ func (r *Report) Print(w io.Writer) {
 	if r.LeaderPauses > 0 {
 		p("leader pauses: %d nodes stopped (SIGSTOP) while leading the busiest stream, for longer than an election, then continued (see the cluster notes)", r.LeaderPauses)
 	}
-	p("batch kills: %d of the broker restarts killed nats-server as an atomic batch of turns committed (sizes %v): %d stored whole, %d not at all; %d found no batch of turns to kill in",
-		r.BatchKills, r.BatchSizes, r.BatchesStoredWhole, r.BatchesStoredNone, r.BatchKillMisses)
 	if len(r.WriteKills) > 0 {
 		fired, at := 0, map[string][]int{}
 		for _, w := range r.WriteKills {

@@ -269,31 +269,6 @@ func TestCheckAcceptsAModelStepRepeatedBeforeItsRecord(t *testing.T) {
 	}
 }
 
-// A killed batch stored whole or not at all passes; one stored in part, or
-// with a turn stored twice or never, is a violation.
-func TestCheckKilledBatches(t *testing.T) {
-	batch := func(id string, seqs []int, stored map[string]int) BatchFact {
-		return BatchFact{KilledBatch: KilledBatch{ID: id, MsgIDs: []string{"m1", "m2", "m3"}}, StoredSeqs: seqs, Stored: stored}
-	}
-	once := map[string]int{"m1": 1, "m2": 1, "m3": 1}
-	f := synth()
-	f.Batches = []BatchFact{batch("whole", []int{1, 2, 3}, once), batch("none", nil, once)}
-	r := Check(f)
-	if r.Violations() != 0 || r.BatchesStoredWhole != 1 || r.BatchesStoredNone != 1 || len(r.BatchSizes) != 2 {
-		t.Fatalf("clean batches: %d violations, whole %d, none %d, sizes %v", r.Violations(), r.BatchesStoredWhole, r.BatchesStoredNone, r.BatchSizes)
-	}
-	f.Batches = []BatchFact{
-		batch("part", []int{1, 2}, once),
-		batch("gap", []int{1, 3}, once),
-		batch("twice", nil, map[string]int{"m1": 2, "m2": 1, "m3": 1}),
-		batch("lost", []int{1, 2, 3}, map[string]int{"m1": 1, "m3": 1}),
-	}
-	r = Check(f)
-	if r.PartialBatches != 2 || r.BatchTurnsNotOnce != 2 || r.Violations() != 4 {
-		t.Fatalf("partial %d (want 2), not once %d (want 2), violations %d (want 4)", r.PartialBatches, r.BatchTurnsNotOnce, r.Violations())
-	}
-}
-
 // A step batch leaves out the calls the planner refused (a tool the
 // catalog lacked while the tool service was down) and numbers the rest
 // from 0: the harness maps each batch call to the planned call its

@@ -4,9 +4,8 @@
 // replicas in one queue group) among the tools, drives a seeded mix of
 // turns through the documented protocol, SIGKILLs and restarts random
 // workers (tool service replicas included) and the broker while it runs
-// (also as a large atomic batch of turns commits: batchkill.go; and the
-// stage that made a turn's k-th durable write, right after it, for every
-// k of both paths: writekill.go),
+// (and the stage that made a turn's k-th durable write, right after it,
+// for every k of both paths: writekill.go),
 // and then checks, from a ledger of every tool execution (in-process and
 // remote), the KV records and the event streams, that no accepted turn was
 // lost, no call ran twice or without its approval or under another turn's
@@ -45,10 +44,6 @@ type Config struct {
 	Turns          int   // turns to drive
 	Kills          int   // worker SIGKILLs (stage processes and tool service replicas, in turn)
 	BrokerRestarts int   // nats-server SIGKILL + restart (in a cluster: of the node leading TOLLGATE_TURNS)
-	// BatchKills are nats-server SIGKILLs (and restarts) while a large
-	// atomic batch of turns is being committed (see batchkill.go); one
-	// server only (none in a cluster).
-	BatchKills int
 	// LeaderPauses (in a cluster only) SIGSTOP the node leading the
 	// busiest stream for longer than an election, then SIGCONT it: a
 	// leader that stops answering without dying, and comes back with a
@@ -62,10 +57,7 @@ type Config struct {
 	// WriteKills SIGKILL the stage that made a turn's k-th durable write
 	// right after it, going round every k of the plain and the approval
 	// path (writekill.go); 0: none.
-	WriteKills int
-	// NoGroupCommit runs the stages with --group-commit=false; by default
-	// the harness runs them with the group committer on.
-	NoGroupCommit   bool
+	WriteKills      int
 	Replicas        int // processes per stage, and of the remote tool service
 	Concurrency     int // sessions driven at once
 	MaxSessionTurns int // a session has 1..MaxSessionTurns turns
@@ -125,7 +117,7 @@ type Config struct {
 // Defaults are the long form's parameters (`make chaos`).
 func Defaults() Config {
 	return Config{
-		Turns: 5000, Kills: 50, BrokerRestarts: 2, BatchKills: 2, WriteKills: writeKillPositions(), Replicas: 2, Concurrency: 32,
+		Turns: 5000, Kills: 50, BrokerRestarts: 2, WriteKills: writeKillPositions(), Replicas: 2, Concurrency: 32,
 		MaxSessionTurns: 6, BurstPercent: 40, ExpiresAfter: 2 * time.Second, ToolCrashes: 5,
 		FaultFrom: 0.05, FaultTo: 0.9,
 		StallTimeout: 4 * time.Minute, MaxDuration: 60 * time.Minute,
@@ -154,9 +146,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WriteKills < 0 {
 		c.WriteKills = 0
-	}
-	if c.BatchKills < 0 || c.Clustered() {
-		c.BatchKills = 0
 	}
 	if c.LeaderPauses < 0 || !c.Clustered() {
 		c.LeaderPauses = 0
@@ -209,12 +198,8 @@ func (c Config) Params() string {
 	if len(c.KillOnly) > 0 {
 		planner += " kill_only=" + strings.Join(c.KillOnly, ",")
 	}
-	gc := "on"
-	if c.NoGroupCommit {
-		gc = "off"
-	}
-	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d batch_kills=%d write_kills=%d leader_pauses=%d partitions=%d group_commit=%s replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
-		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.BatchKills, c.WriteKills, c.LeaderPauses, c.Partitions, gc, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
+	return fmt.Sprintf("seed=%d turns=%d kills=%d broker_restarts=%d write_kills=%d leader_pauses=%d partitions=%d replicas=%d cluster_nodes=%d stream_replicas=%d concurrency=%d max_session_turns=%d burst=%d%% expires_after=%v tool_crashes=%d faults_in=[%.2f,%.2f) stall_timeout=%v race_binaries=%v planner=%s",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.WriteKills, c.LeaderPauses, c.Partitions, c.Replicas, c.ClusterNodes, c.StreamReplicas, c.Concurrency, c.MaxSessionTurns, c.BurstPercent,
 		c.ExpiresAfter, c.ToolCrashes, c.FaultFrom, c.FaultTo, c.StallTimeout, c.RaceBinaries, planner)
 }
 
@@ -223,11 +208,8 @@ func (c Config) Clustered() bool { return c.ClusterNodes > 1 }
 
 // Replay is the command line that replays a run.
 func (c Config) Replay() string {
-	s := fmt.Sprintf("make chaos CHAOS_SEED=%d CHAOS_TURNS=%d CHAOS_KILLS=%d CHAOS_RESTARTS=%d CHAOS_BATCH_KILLS=%d CHAOS_WRITE_KILLS=%d CHAOS_REPLICAS=%d",
-		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.BatchKills, c.WriteKills, c.Replicas)
-	if c.NoGroupCommit {
-		s += " CHAOS_GROUP_COMMIT=0"
-	}
+	s := fmt.Sprintf("make chaos CHAOS_SEED=%d CHAOS_TURNS=%d CHAOS_KILLS=%d CHAOS_RESTARTS=%d CHAOS_WRITE_KILLS=%d CHAOS_REPLICAS=%d",
+		c.Seed, c.Turns, c.Kills, c.BrokerRestarts, c.WriteKills, c.Replicas)
 	if c.Clustered() {
 		s += fmt.Sprintf(" CHAOS_CLUSTER=%d CHAOS_STREAM_REPLICAS=%d CHAOS_LEADER_PAUSES=%d CHAOS_PARTITIONS=%d", c.ClusterNodes, c.StreamReplicas, c.LeaderPauses, c.Partitions)
 	}
@@ -238,7 +220,7 @@ func (c Config) Replay() string {
 }
 
 // FromEnv overrides c with the TOLLGATE_CHAOS_* variables that are set:
-// SEED, TURNS, KILLS, RESTARTS, BATCH_KILLS, WRITE_KILLS, GROUP_COMMIT (0: off), REPLICAS, CLUSTER, STREAM_REPLICAS,
+// SEED, TURNS, KILLS, RESTARTS, WRITE_KILLS, REPLICAS, CLUSTER, STREAM_REPLICAS,
 // CONCURRENCY, MAX_SESSION_TURNS, BURST_PERCENT, EXPIRES_AFTER,
 // TOOL_CRASHES, STALL_TIMEOUT, MAX_DURATION, BIN, RACE (1), PLANNER (1),
 // PLANNER_PERCENT.
@@ -268,17 +250,9 @@ func (c Config) FromEnv() (Config, error) {
 	num("TURNS", &c.Turns)
 	num("KILLS", &c.Kills)
 	num("RESTARTS", &c.BrokerRestarts)
-	num("BATCH_KILLS", &c.BatchKills)
 	num("LEADER_PAUSES", &c.LeaderPauses)
 	num("PARTITIONS", &c.Partitions)
 	num("WRITE_KILLS", &c.WriteKills)
-	if s := os.Getenv("TOLLGATE_CHAOS_GROUP_COMMIT"); s != "" {
-		on, perr := strconv.ParseBool(s)
-		if perr != nil && err == nil {
-			err = fmt.Errorf("TOLLGATE_CHAOS_GROUP_COMMIT: %w", perr)
-		}
-		c.NoGroupCommit = !on
-	}
 	num("REPLICAS", &c.Replicas)
 	num("CLUSTER", &c.ClusterNodes)
 	num("STREAM_REPLICAS", &c.StreamReplicas)

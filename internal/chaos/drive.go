@@ -57,11 +57,8 @@ type turnState struct {
 
 // driver publishes turns and decisions and follows their progress.
 type driver struct {
-	h  *harness
-	js jetstream.JetStream
-	// pub publishes the turns and decisions: js through the harness's
-	// group committer on TOLLGATE_INBOUND (set before the drive).
-	pub   jetstream.JetStream
+	h     *harness
+	js    jetstream.JetStream
 	st    *store.Store
 	turns []*turnState
 	byID  map[string]*turnState // read-only once built
@@ -84,7 +81,7 @@ type driver struct {
 }
 
 func newDriver(h *harness, js jetstream.JetStream, st *store.Store) *driver {
-	d := &driver{h: h, js: js, pub: js, st: st, byID: map[string]*turnState{},
+	d := &driver{h: h, js: js, st: st, byID: map[string]*turnState{},
 		handled: map[string]bool{}, rejections: map[schemas.Code]int{}, lastProgress: time.Now(),
 		grants: map[string][]string{}, revocations: map[string]*sync.Once{}}
 	for i := range h.plan.Turns {
@@ -116,8 +113,8 @@ func (d *driver) publish(ctx context.Context, subject, msgID string, data []byte
 	for {
 		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
-		m.Header.Set(jetstream.MsgIDHeader, msgID) // a header, not an option: the committer takes it
-		ack, err := d.pub.PublishMsg(actx, m)
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+		ack, err := d.js.PublishMsg(actx, m)
 		cancel()
 		if err == nil {
 			return ack, nil
@@ -156,7 +153,6 @@ func (d *driver) send(ctx context.Context, t *turnState) error {
 	if err != nil {
 		return err
 	}
-	d.h.batches.wait(ctx) // a batch kill gathers turns here
 	ack, err := d.publish(ctx, topology.InboundSubject(transport, m.SessionID), topology.InboundMsgID(transport, t.msgID), data)
 	if err != nil {
 		return err

@@ -120,20 +120,13 @@ func (t TurnPlan) StepCall(n int, args string) (int, bool) {
 
 // Fault is one injected fault.
 type Fault struct {
-	AtTurn int           // injected once this many turns have been published...
-	Jitter time.Duration // ...and this much later
-	Broker bool          // the nats-server (in a cluster: the node leading TOLLGATE_TURNS); else Stage/Replica
-	Leader bool          // Broker in a cluster
-	// Batch (with Broker): the kill waits for a large atomic batch of
-	// turns to be committed and lands as it commits (Config.BatchKills),
-	// KillDelay after the batch's commit message goes out (every other
-	// batch kill: up to 20 ms later): 0 most often kills the server before
-	// it stores the batch, a later kill while or after it does.
-	Batch     bool
-	KillDelay time.Duration
-	Stage     string
-	Replica   int
-	Down      time.Duration // how long the process stays dead before it is restarted
+	AtTurn  int           // injected once this many turns have been published...
+	Jitter  time.Duration // ...and this much later
+	Broker  bool          // the nats-server (in a cluster: the node leading TOLLGATE_TURNS); else Stage/Replica
+	Leader  bool          // Broker in a cluster
+	Stage   string
+	Replica int
+	Down    time.Duration // how long the process stays dead before it is restarted
 	// Pause (with Broker, in a cluster): SIGSTOP the node leading the
 	// busiest stream for Down, then SIGCONT; nothing is killed.
 	Pause bool
@@ -155,9 +148,6 @@ func (f Fault) String() string {
 	}
 	if !f.Broker {
 		target = fmt.Sprintf("%s-%d", f.Stage, f.Replica)
-	}
-	if f.Batch {
-		target += fmt.Sprintf(" %v after a large atomic batch of turns starts its commit", f.KillDelay.Round(time.Microsecond))
 	}
 	return fmt.Sprintf("kill %s at turn %d+%v, down %v", target, f.AtTurn, f.Jitter.Round(time.Millisecond), f.Down.Round(time.Millisecond))
 }
@@ -273,7 +263,6 @@ func NewPlan(c Config) Plan {
 		}
 		p.Faults = append(p.Faults, f)
 	}
-	planBatchKills(c, &p, from, to)
 	planLeaderPauses(c, &p, from, to)
 	planPartitions(c, &p, from, to)
 	planWriteKills(c, &p, from, to)
@@ -308,21 +297,6 @@ func planLeaderFaults(p *Plan, from, to, n int, rng *rand.Rand, kind func(*Fault
 		}
 		kind(&f)
 		p.Faults = append(p.Faults, f)
-	}
-}
-
-// planBatchKills adds the batch kills, each at a random turn of its share
-// of the fault window. It draws from a random source of its own, so the
-// turn mix and the other faults of a seed are those it had before them.
-func planBatchKills(c Config, p *Plan, from, to int) {
-	rng := rand.New(rand.NewPCG(uint64(c.Seed), 0xba_7c_41_11))
-	for i := range c.BatchKills {
-		span := max((to-from)/c.BatchKills, 1)
-		p.Faults = append(p.Faults, Fault{
-			AtTurn: from + span*i + rng.IntN(span), Broker: true, Batch: true,
-			Down:      200*time.Millisecond + jitter(rng, 1300*time.Millisecond),
-			KillDelay: time.Duration(i%2) * jitter(rng, 20*time.Millisecond),
-		})
 	}
 }
 

@@ -257,7 +257,6 @@ func (h *harness) procEnv(bin string) []string {
 		"TOLLGATE_LEDGER="+h.ledgerPath,
 		"TOLLGATE_SEAL_KEY_FILE="+h.sealKeyPath,
 		"TOLLGATE_METRICS_ADDR=", // no metrics listener: nothing to collide on
-		"TOLLGATE_GROUP_COMMIT="+strconv.FormatBool(!h.cfg.NoGroupCommit),
 		"TOLLGATE_LOG_LEVEL=info",
 	)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -170,7 +171,7 @@ func (h *harness) armWriteKills(ctx context.Context, nc *nats.Conn, d *driver) (
 			w.prev = rec
 		}
 		subjects := []string{
-			topology.AcceptedSubject(w.sess),
+			topology.OrderWildcard(w.sess),
 			"$KV." + topology.BucketSessions + "." + w.sess,
 			"tollgate.event.*.*." + t.id,
 			topology.SubjectTurnLogPrefix + "*." + t.id + ".>",
@@ -223,8 +224,9 @@ func (w *writeWatch) run(ctx context.Context) {
 func (w *writeWatch) writer(m *nats.Msg) (stage, what string) {
 	turn := w.turn.id
 	switch {
-	case strings.HasPrefix(m.Subject, topology.SubjectTurnAccepted):
-		if at, err := schemas.Decode[schemas.AcceptedTurn](m.Data); err != nil || at.TurnID != turn {
+	case strings.HasPrefix(m.Subject, topology.SubjectTurnOrder):
+		// The turn's entry in its session's order: ingest accepted it.
+		if e, err := turnorder.Stamp(m.Subject, m.Header); err != nil || e.Turn != turn {
 			return "", ""
 		}
 		return "ingest", "accepted turn"

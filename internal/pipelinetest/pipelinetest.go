@@ -105,13 +105,6 @@ type Options struct {
 	// Retention, when set, is tollgate.Config.Retention, and the streams'
 	// max age (which it may not be shorter than) is cut to it.
 	Retention time.Duration
-	// NoGroupCommit runs the stages with the group committer off, as the
-	// binaries run by default and as versions before it wrote. The
-	// harness turns it on otherwise (tollgate.Config.GroupCommit, opt-in
-	// in the product), so that the safety suites run the path with more
-	// moving parts; the end-to-end tests, which run the binaries, cover
-	// the default.
-	NoGroupCommit bool
 }
 
 // Keys returns the test binary's key ring: one random key, "k1", made once
@@ -225,7 +218,7 @@ func Start(t testing.TB, o Options) *H {
 		Instance: "test", Topology: topo, Retention: o.Retention,
 		ClaimLease: o.ClaimLease, ToolTimeout: o.ToolTimeout, OrderWait: o.OrderWait,
 		PreviewDeadline: o.PreviewDeadline,
-		SweepInterval:   o.SweepInterval, SweepAfter: o.SweepAfter, Planner: o.Planner, GroupCommit: !o.NoGroupCommit,
+		SweepInterval:   o.SweepInterval, SweepAfter: o.SweepAfter, Planner: o.Planner,
 	})
 	if err != nil {
 		t.Fatalf("pipelinetest: %v", err)

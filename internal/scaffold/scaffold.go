@@ -98,12 +98,6 @@ type Common struct {
 	// uncertain; how long one tool run may take, below the lease); zero
 	// is the default (2m, 1m).
 	ClaimLease, ToolTimeout time.Duration
-	// GroupCommit: the stages' writes that wait at the same time on one
-	// stream are committed as one atomic batch (tollgate.Config's
-	// GroupCommit). Off by default (--group-commit turns it on): measured,
-	// it does not pay on nats-server 2.15 (docs/operations.md, "Group
-	// commit").
-	GroupCommit bool
 }
 
 // Register adds the common flags to fs with defaults from TOLLGATE_*
@@ -123,8 +117,6 @@ func (c *Common) Register(fs *flag.FlagSet, metricsDefault string) {
 		"how long a claimed call with no recorded result is held before it is reported uncertain and never run again; 0 for 2m (env TOLLGATE_CLAIM_LEASE)")
 	DurationVar(fs, &c.ToolTimeout, "tool-timeout", "TOLLGATE_TOOL_TIMEOUT", 0,
 		"how long one tool run may take, below the claim lease; 0 for 1m (env TOLLGATE_TOOL_TIMEOUT)")
-	BoolVar(fs, &c.GroupCommit, "group-commit", "TOLLGATE_GROUP_COMMIT", false,
-		"commit the writes that wait at the same time on one stream as one atomic batch (off: each write alone; docs/operations.md, Group commit) (env TOLLGATE_GROUP_COMMIT)")
 	StringVar(fs, &c.ToolsFile, "tools", "TOLLGATE_TOOLS", "", "tools file naming MCP servers whose tools to offer (docs/tools.md); empty for none (env TOLLGATE_TOOLS)")
 	OTLPFlag(fs, &c.OTLP)
 }

@@ -24,7 +24,6 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	t.Setenv("TOLLGATE_INBOX_PREFIX", "_INBOX_executor")
 	t.Setenv("TOLLGATE_JS_API_PREFIX", "JS.TOLLGATE.API")
 	t.Setenv("TOLLGATE_RETENTION", "1440h")
-	t.Setenv("TOLLGATE_GROUP_COMMIT", "false")
 	var c scaffold.Common
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	c.Register(fs, "127.0.0.1:1")
@@ -42,10 +41,10 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	// A flag beats the environment.
 	fs = flag.NewFlagSet("y", flag.ContinueOnError)
 	c.Register(fs, "127.0.0.1:1")
-	if err := fs.Parse([]string{"--nats", "nats://127.0.0.1:6222", "--metrics", "", "--tool-services", "--tools", "", "--group-commit"}); err != nil {
+	if err := fs.Parse([]string{"--nats", "nats://127.0.0.1:6222", "--metrics", "", "--tool-services", "--tools", ""}); err != nil {
 		t.Fatal(err)
 	}
-	if c.NATSURL != "nats://127.0.0.1:6222" || c.MetricsAddr != "" || !c.ToolServices || c.ToolsFile != "" || !c.GroupCommit {
+	if c.NATSURL != "nats://127.0.0.1:6222" || c.MetricsAddr != "" || !c.ToolServices || c.ToolsFile != "" {
 		t.Fatalf("flags did not override the environment: %+v", c)
 	}
 }
@@ -78,31 +77,5 @@ func TestAccountConnectUsesItsPrefixes(t *testing.T) {
 				t.Errorf("API prefix %q, want %q", got, tc.api)
 			}
 		})
-	}
-}
-
-// --group-commit is off unless TOLLGATE_GROUP_COMMIT or the flag turns
-// it on.
-func TestGroupCommitIsOffByDefault(t *testing.T) {
-	for _, tc := range []struct {
-		env  string
-		args []string
-		want bool
-	}{
-		{"", nil, false},
-		{"true", nil, true},
-		{"false", []string{"--group-commit"}, true},
-		{"true", []string{"--group-commit=false"}, false},
-	} {
-		t.Setenv("TOLLGATE_GROUP_COMMIT", tc.env)
-		var c scaffold.Common
-		fs := flag.NewFlagSet("x", flag.ContinueOnError)
-		c.Register(fs, "127.0.0.1:1")
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		if c.GroupCommit != tc.want {
-			t.Errorf("env %q, flags %v: group commit %v, want %v", tc.env, tc.args, c.GroupCommit, tc.want)
-		}
 	}
 }

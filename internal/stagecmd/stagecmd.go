@@ -237,7 +237,7 @@ func runStage(ctx context.Context, stage string, c scaffold.Common, log *slog.Lo
 	p, err := tollgate.New(ctx, tollgate.Config{
 		JS: js, Policy: pol, Keys: keys, Tools: ts, Providers: ps, Logger: log, Registerer: reg,
 		Instance: scaffold.Instance(), Topology: topo, Stages: []string{stage}, CheckOnly: c.NoProvision, Retention: c.Retention,
-		ClaimLease: c.ClaimLease, ToolTimeout: c.ToolTimeout, GroupCommit: c.GroupCommit,
+		ClaimLease: c.ClaimLease, ToolTimeout: c.ToolTimeout,
 		Planner: plannerOpts, PlanText: c.PlanText,
 	})
 	if err != nil {

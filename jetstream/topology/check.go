@@ -178,7 +178,10 @@ func streamDiff(have, want jetstream.StreamConfig) []FieldDiff {
 	field(&d, "discard", have.Discard, want.Discard)
 	field(&d, "allow_msg_schedules", have.AllowMsgSchedules, want.AllowMsgSchedules)
 	field(&d, "allow_rollup_hdrs", have.AllowRollup, want.AllowRollup)
-	field(&d, "allow_atomic", have.AllowAtomicPublish, want.AllowAtomicPublish)
+	// allow_atomic is not compared: an earlier version turned it on for
+	// its group committer, since removed, and a stream that still allows
+	// atomic batch publish is harmless (nothing sends one), so it is
+	// neither drift nor a reason to rewrite the stream.
 	field(&d, "max_msgs", have.MaxMsgs, -1)
 	field(&d, "max_bytes", have.MaxBytes, -1)
 	field(&d, "max_msgs_per_subject", have.MaxMsgsPerSubject, -1)
@@ -208,7 +211,7 @@ func bucketDiff(have, want jetstream.StreamConfig) []FieldDiff {
 	field(&d, "deny_delete", have.DenyDelete, true)
 	field(&d, "max_age", have.MaxAge, 0)
 	field(&d, "allow_msg_ttl", have.AllowMsgTTL, want.AllowMsgTTL)
-	field(&d, "allow_atomic", have.AllowAtomicPublish, want.AllowAtomicPublish)
+	// Nor allow_atomic, as in streamDiff.
 	field(&d, "discard", have.Discard, jetstream.DiscardNew)
 	field(&d, "max_msgs", have.MaxMsgs, -1)
 	field(&d, "max_bytes", have.MaxBytes, -1)

@@ -22,13 +22,16 @@ func IngestConsumer() ConsumerSpec {
 	}}
 }
 
-// ExecutorConsumer reads accepted turns and session-ready notices. Not the
-// schedule subject: a scheduled follow-up arrives on the accepted subject
-// when it is due.
+// ExecutorConsumer reads the executor's entries of the sessions' orders
+// (OrderFilter(OrderExec): the turns ingest accepts), the accepted subject
+// (the planner's step batches, scheduled follow-ups when they are due, and
+// the turns an earlier version accepted there) and session-ready notices.
+// Not the schedule subject: a scheduled follow-up arrives on the accepted
+// subject when it is due.
 func ExecutorConsumer() ConsumerSpec {
 	return ConsumerSpec{Stream: StreamTurns, Config: jetstream.ConsumerConfig{
 		Durable:        ConsumerExecutor,
-		FilterSubjects: []string{SubjectTurnAccepted + "*", SubjectTurnReady + "*"},
+		FilterSubjects: []string{OrderFilter(OrderExec), SubjectTurnAccepted + "*", SubjectTurnReady + "*"},
 	}}
 }
 

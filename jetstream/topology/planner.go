@@ -65,12 +65,15 @@ func StepMsgID(batchID string) string { return "step:" + batchID }
 // ReplyMsgID is the message id of the reply event of turnID.
 func ReplyMsgID(turnID string) string { return "reply:" + turnID }
 
-// PlannerConsumers returns the planner's two durable consumers.
+// PlannerConsumers returns the planner's two durable consumers. The first
+// reads the planner's entries of the sessions' orders (OrderFilter(OrderPlan):
+// the planner turns ingest accepts), the plan subject (planner turns an
+// earlier version accepted there) and loop-ready notices.
 func PlannerConsumers() []ConsumerSpec {
 	return []ConsumerSpec{
 		{Stream: StreamTurns, Config: jetstream.ConsumerConfig{
 			Durable:        ConsumerPlanner,
-			FilterSubjects: []string{SubjectTurnPlan + "*", SubjectPlanReady + "*"},
+			FilterSubjects: []string{OrderFilter(OrderPlan), SubjectTurnPlan + "*", SubjectPlanReady + "*"},
 		}},
 		{Stream: StreamEvents, Config: jetstream.ConsumerConfig{
 			Durable:       ConsumerPlannerOutcomes,

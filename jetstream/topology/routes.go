@@ -40,6 +40,8 @@ const (
 	RouteTurnReply               // ReplyEvent, tollgate.event.turn.reply.<turn>
 	RouteGrantEvent              // GrantEvent, tollgate.event.grant.<kind>.<grant>
 	RouteApprovalRevision        // ApprovalRecord, $KV.tollgate_approvals.<approval>: a write of the record (a decided one is the decision)
+	RouteTurnOrder               // AcceptedTurn, tollgate.turn.order.exec.<session key>: an entry of the session's order the executor runs
+	RouteTurnOrderPlan           // AcceptedTurn, tollgate.turn.order.plan.<session key>: an entry the planner runs
 	numRoutes
 )
 
@@ -94,6 +96,8 @@ var routes = [numRoutes]route{
 	RouteTurnReply:         {SubjectTurnReply, "turn.reply", KeyTurn, decoder[schemas.ReplyEvent]()},
 	RouteGrantEvent:        {SubjectGrantEvent, "grant", KeyGrant, decoder[schemas.GrantEvent]()},
 	RouteApprovalRevision:  {ApprovalRevisionPrefix, "approval.revision", KeyApproval, decoder[schemas.ApprovalRecord]()},
+	RouteTurnOrder:         {SubjectTurnOrder + OrderExec + ".", "turn.order.exec", KeySession, decoder[schemas.AcceptedTurn]()},
+	RouteTurnOrderPlan:     {SubjectTurnOrder + OrderPlan + ".", "turn.order.plan", KeySession, decoder[schemas.AcceptedTurn]()},
 }
 
 // RouteOf is the route of subject, or RouteNone. No prefix in the table is

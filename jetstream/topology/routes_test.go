@@ -54,6 +54,8 @@ func TestRoutesDecodeTheirRecord(t *testing.T) {
 		{topology.SubjectTurnReply + "t-1", topology.RouteTurnReply, reply, "*schemas.ReplyEvent", topology.KeyTurn},
 		{topology.SubjectGrantEvent + "created.g-1", topology.RouteGrantEvent, golden(t, "grant_event.v1.msgpack"), "*schemas.GrantEvent", topology.KeyGrant},
 		{topology.ApprovalRevisionSubject("a-1"), topology.RouteApprovalRevision, golden(t, "approval_record.v2.msgpack"), "*schemas.ApprovalRecord", topology.KeyApproval},
+		{topology.OrderSubject(topology.OrderExec, "k"), topology.RouteTurnOrder, golden(t, "accepted_turn.v1.msgpack"), "*schemas.AcceptedTurn", topology.KeySession},
+		{topology.OrderSubject(topology.OrderPlan, "k"), topology.RouteTurnOrderPlan, golden(t, "accepted_turn.v1.msgpack"), "*schemas.AcceptedTurn", topology.KeySession},
 	}
 	seen := map[topology.Route]bool{}
 	for _, tt := range tests {

@@ -229,15 +229,7 @@ func (c Config) streamBase(name, desc string, subjects ...string) jetstream.Stre
 
 // Streams returns the stream configurations Ensure creates.
 func (c Config) Streams() []jetstream.StreamConfig {
-	mk := func(name, desc string, subjects ...string) jetstream.StreamConfig {
-		sc := c.streamBase(name, desc, subjects...)
-		// Atomic batch publish (nats-server 2.12+): the stages' group
-		// committer (jetstream/groupcommit) commits the writes that
-		// wait together as one batch. A server lets it be turned on
-		// and off for an existing stream.
-		sc.AllowAtomicPublish = true
-		return sc
-	}
+	mk := c.streamBase
 	turns := mk(StreamTurns, "Tollgate: accepted turns, session-ready notices and scheduled follow-ups", "tollgate.turn.>")
 	// Delayed follow-up work is a message schedule (nats-server 2.12+):
 	// the server publishes it on the accepted subject when it is due.
@@ -302,8 +294,7 @@ func (c Config) Buckets() []jetstream.KeyValueConfig {
 // BucketStreams returns the configurations of the streams that back the
 // buckets: what nats.go's CreateKeyValue makes of Buckets(), except that
 // AllowDirect follows DirectGets, and that per-message TTLs are allowed
-// (AllowMsgTTL, nats-server 2.11+) and atomic batches (AllowAtomicPublish,
-// 2.12+, for the group committer): an ended record is written with a TTL
+// (AllowMsgTTL, nats-server 2.11+): an ended record is written with a TTL
 // and leaves the bucket when it runs out (pipeline/store, Store.Retain).
 // The buckets themselves have no MaxAge and no size limits: a record that
 // has not ended never expires. No subject delete markers either: nothing
@@ -338,9 +329,6 @@ func (c Config) bucketStream(kc jetstream.KeyValueConfig) jetstream.StreamConfig
 		AllowDirect:       c.DirectGets(),
 		Discard:           jetstream.DiscardNew,
 		AllowMsgTTL:       true,
-		// The group committer batches KV creates and updates too (a
-		// compare-and-set per key inside the batch).
-		AllowAtomicPublish: true,
 	}
 }
 

@@ -127,8 +127,7 @@ func TurnLogWildcard(i int, turn string) string {
 }
 
 // TurnLogStreams are c's turn-log streams, one per partition: Tollgate's
-// stream limits, history and duplicate window (Streams), no atomic batch
-// (each append is one compare-and-set), and direct gets as the buckets
+// stream limits, history and duplicate window (Streams), and direct gets as the buckets
 // have them (DirectGets: a turn's last event is read back at once by
 // another stage, so a replicated log is read from its leader).
 func (c Config) TurnLogStreams() []jetstream.StreamConfig {

@@ -53,6 +53,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -218,7 +219,7 @@ func (l *Log) Append(ctx context.Context, a Append) (uint64, error) {
 		switch {
 		case err == nil:
 			return ack.Sequence, nil
-		case wrongLast(err):
+		case bus.WrongLast(err):
 			last, rerr := l.last(ctx, p, a.Turn)
 			if rerr == nil && last.Name == a.Event && last.MsgID == a.MsgID {
 				l.own.Add(1)
@@ -228,7 +229,7 @@ func (l *Log) Append(ctx context.Context, a Append) (uint64, error) {
 				return 0, fmt.Errorf("turnlog: append %s refused, and its read-back failed: %w", subject, rerr)
 			}
 			return 0, fmt.Errorf("append %s after %d: %w", subject, a.After, ErrConflict)
-		case ctx.Err() != nil || !unknownOutcome(err):
+		case ctx.Err() != nil || !bus.UnknownOutcome(err):
 			return 0, fmt.Errorf("turnlog: append %s: %w", subject, err)
 		}
 	}
@@ -295,19 +296,6 @@ func validEvent(name string) bool {
 		}
 	}
 	return true
-}
-
-// wrongLast reports a refused compare-and-set (10071).
-func wrongLast(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
-}
-
-// unknownOutcome reports a publish that may have been stored: no
-// acknowledgement came.
-func unknownOutcome(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // Watcher follows the turn logs (Watch).

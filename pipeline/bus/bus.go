@@ -24,11 +24,7 @@ import (
 
 // Publish encodes r and publishes it on subject with Nats-Msg-Id msgID,
 // waiting for the stream's acknowledgement. An empty msgID publishes without
-// dedupe. It returns only once the message is stored (or fails). With a
-// group committer's js (jetstream/groupcommit, the stages' default) the
-// message may be stored in one atomic batch with other writers' messages;
-// the answer is still this message's own (a duplicate msgID is
-// acknowledged as one, a refusal is its own refusal).
+// dedupe. It returns only once the message is stored (or fails).
 func Publish(ctx context.Context, js jetstream.JetStream, subject, msgID string, r schemas.Record) error {
 	data, err := schemas.Encode(r)
 	if err != nil {
@@ -47,16 +43,15 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, msgID string,
 func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte, hdr nats.Header) error {
 	m := &nats.Msg{Subject: subject, Data: data, Header: tracing.Inject(ctx, hdr)}
 	if msgID != "" {
-		// As a header, not a publish option: a group committer's
-		// JetStream (jetstream/groupcommit) batches only publishes that
-		// carry everything in their headers.
+		// In a copy of the headers: hdr is the caller's, and
+		// jetstream.WithMsgID would set the header in it.
 		h := make(nats.Header, len(m.Header)+1)
 		maps.Copy(h, m.Header)
 		h.Set(jetstream.MsgIDHeader, msgID)
 		m.Header = h
 	}
 	if _, err := js.PublishMsg(ctx, m); err != nil {
-		if tooLarge(err) {
+		if TooLarge(err) {
 			return schemas.Errorf(schemas.CodePayloadTooLarge, "publish %s (msg id %q): %w", subject, msgID, err)
 		}
 		return fmt.Errorf("publish %s (msg id %q): %w", subject, msgID, err)
@@ -69,8 +64,12 @@ func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID stri
 // does not name.
 const jsErrCodeHeaderExceedsMaximum jetstream.ErrorCode = 10097
 
-// tooLarge reports whether err refuses a message for its size.
-func tooLarge(err error) bool {
+// TooLarge reports whether err is a publish refused for the message's
+// size (over the connection's max payload, the stream's message size
+// limit, or JetStream's 64 KiB limit on a header block): a refusal no
+// retry cures. Writers that publish without PublishRaw classify their
+// errors with it.
+func TooLarge(err error) bool {
 	if err == nil {
 		return false
 	}
@@ -130,4 +129,23 @@ func Scan(ctx context.Context, js jetstream.JetStream, stream, filter string, fn
 		left -= uint64(n)
 	}
 	return nil
+}
+
+// WrongLast reports a publish refused by its compare-and-set: the
+// subject's (or the stream's) last sequence was not the one the publish
+// expected (JetStream 10071, or 10164 for a constant's). The stream's
+// state has moved on: read it again and decide again.
+func WrongLast(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// UnknownOutcome reports a publish whose outcome is unknown: no
+// acknowledgement came (a timeout, no stream response, no responders), so
+// the message may or may not be stored. Send it again with the same
+// message id, and the stream's duplicate window recognises it.
+func UnknownOutcome(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }

@@ -198,11 +198,13 @@ func (x *Executor) Run(ctx context.Context) error {
 	return r.Run(ctx)
 }
 
-// Handle processes one message from TOLLGATE_TURNS. A turn whose previews
-// are still running in this process waits for them without reading
-// anything (previews.go).
+// Handle processes one message from TOLLGATE_TURNS: an accepted turn (an
+// entry of its session's order, or on the accepted subject: a step batch,
+// a due follow-up, a turn an earlier version accepted there) or a ready
+// notice. A turn whose previews are still running in this process waits
+// for them without reading anything (previews.go).
 func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
-	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteTurnAccepted, topology.RouteTurnReady)
+	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteTurnOrder, topology.RouteTurnAccepted, topology.RouteTurnReady)
 	switch rec := rec.(type) {
 	case *schemas.AcceptedTurn:
 		if err := x.previewsPending(rec.TurnID); err != nil {

@@ -390,7 +390,7 @@ func TestRedeliveredAcceptedTurnRunsItsCallsOnce(t *testing.T) {
 
 	// The accepted turn as stored, republished under fresh message ids
 	// (bypassing the stream's dedupe) while the batch awaits approval...
-	accepted := h.Messages(topology.StreamTurns, topology.SubjectTurnAccepted+">")
+	accepted := h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">")
 	if len(accepted) != 1 {
 		t.Fatalf("%d accepted turns stored, want 1", len(accepted))
 	}

@@ -6,9 +6,11 @@
 // principal, channel and thread, audience (dm -> personal, private -> team,
 // public -> public: there is no default), trust boundary, whether the
 // requester can answer approval prompts, and provenance. The accepted turn
-// is published with the turn id as message id; the turn id is derived from
-// (transport, message id), so a redelivered or re-sent message is the same
-// turn. The TurnContext's times come from the stored message (its stream
+// is appended to its session's order (package jetstream/turnorder, message
+// id topology.OrderMsgID of the turn id): the one sequence in which the
+// session's turns run, each entry naming the one before it. The turn id
+// is derived from (transport, message id), so a redelivered or re-sent
+// message is the same turn. The TurnContext's times come from the stored message (its stream
 // timestamp, not the wall clock); only provenance.ingested_by can differ
 // between two ingests of one message, and the executor keeps the first
 // batch it records for a turn.
@@ -23,17 +25,21 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
+	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // Stage is the ingest stage name.
@@ -68,7 +74,12 @@ func (c Config) Validate() error {
 }
 
 // Ingest is the ingest stage.
-type Ingest struct{ cfg Config }
+type Ingest struct {
+	cfg Config
+
+	mu     sync.Mutex
+	orders *turnorder.Writer // order's
+}
 
 // New returns an Ingest.
 func New(cfg Config) (*Ingest, error) {
@@ -110,10 +121,15 @@ func (in *Ingest) Run(ctx context.Context) error {
 }
 
 // Handle accepts one inbound message: it applies the admission rule
-// (policy.(*Policy).Admit), seals the turn's TurnContext and publishes the
-// accepted turn (to the planner when Config.Plan is set and the turn has
-// text and no calls). Admit's coded errors are permanent (the runner
-// dead-letters the message); sealing and publishing errors are retried.
+// (policy.(*Policy).Admit), seals the turn's TurnContext and appends the
+// accepted turn to its session's order (jetstream/turnorder: kind
+// topology.OrderPlan when Config.Plan is set and the turn has text and no
+// calls, topology.OrderExec otherwise), with the inbound message's
+// stream sequence as its arrival. Admit's coded errors are permanent (the
+// runner dead-letters the message), and so is a turn too large to store
+// (PAYLOAD_TOO_LARGE); sealing and appending errors are retried: the
+// append recognises an earlier attempt of itself (turnorder's contract),
+// so a redelivered message is one entry.
 func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	var prov schemas.Provenance
 	if meta, err := m.Metadata(); err == nil {
@@ -127,17 +143,45 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	if err := in.cfg.Keys.Seal(t.Context); err != nil {
 		return err
 	}
-	key := schemas.SessionKeyOf(t.Context)
-	subj, msgID := topology.AcceptedSubject(key), topology.AcceptedMsgID(t.TurnID)
+	kind := topology.OrderExec
 	if in.cfg.Plan && len(t.Calls) == 0 && t.Text != "" {
-		subj, msgID = topology.PlanSubject(key), topology.PlanMsgID(t.TurnID)
+		kind = topology.OrderPlan
 	}
-	if err := bus.Publish(ctx, in.cfg.JS, subj, msgID, t); err != nil {
+	data, err := schemas.Encode(t)
+	if err != nil {
 		return err
 	}
-	in.cfg.Logger.Debug("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID,
+	w, err := in.order(ctx)
+	if err != nil {
+		return err
+	}
+	key := schemas.SessionKeyOf(t.Context)
+	e, err := w.Append(ctx, turnorder.Append{Kind: kind, Key: key, Turn: t.TurnID, Arrival: prov.StreamSeq,
+		Data: data, Header: tracing.Inject(ctx, nil)})
+	if err != nil {
+		if bus.TooLarge(err) {
+			return schemas.Errorf(schemas.CodePayloadTooLarge, "accept turn %s: %w", t.TurnID, err)
+		}
+		return fmt.Errorf("accept turn %s: %w", t.TurnID, err)
+	}
+	in.cfg.Logger.Debug("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID, "kind", kind, "after", e.After,
 		"principal", t.Context.Requester.Principal, "audience", t.Context.Audience, "calls", len(t.Calls))
 	return nil
+}
+
+// order returns the stage's writer of the sessions' orders, made on first
+// use (a stream lookup).
+func (in *Ingest) order(ctx context.Context) (*turnorder.Writer, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.orders == nil {
+		w, err := turnorder.New(ctx, in.cfg.JS)
+		if err != nil {
+			return nil, err
+		}
+		in.orders = w
+	}
+	return in.orders, nil
 }
 
 // Admit is the admission rule, whose one home is policy.(*Policy).Admit:

@@ -12,6 +12,7 @@ import (
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -232,6 +233,53 @@ func TestAdmitIsIngestsAdmissionRule(t *testing.T) {
 	}
 }
 
+// TestEachTurnJoinsItsSessionsOrderOnce: ingest appends every turn it
+// accepts to its session's order, each entry naming the one before it and
+// carrying the session's arrival watermark (the inbound sequence), and a
+// message delivered again is not a second entry.
+func TestEachTurnJoinsItsSessionsOrderOnce(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: ingestPolicy})
+	var turns []string
+	var seqs []uint64
+	for i := range 3 {
+		m := h.Inbound("ordered", "alice", pt.Call("echo", `{"text":"in order"}`))
+		data, err := schemas.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		turns = append(turns, schemas.TurnID("cli", m.MessageID))
+		seqs = append(seqs, h.PublishRaw(topology.InboundSubject("cli", m.SessionID), m.MessageID, data, nil))
+		h.WaitTerminal(turns[i])
+		if i == 1 {
+			// The same message again under another message id (a
+			// transport's retry): the same turn, and no second entry.
+			h.WaitConsumed(pt.Ingest, h.PublishRaw(topology.InboundSubject("cli", m.SessionID), m.MessageID+"-again", data, nil))
+		}
+	}
+	other := h.Send(h.Inbound("other", "bob", pt.Call("echo", `{"text":"elsewhere"}`)))
+	h.WaitTerminal(other)
+	h.WaitIdle(pt.Ingest, pt.Executor)
+
+	key := schemas.SessionKeyOf(h.WaitBatch(turns[0], "any", func(*schemas.BatchRecord) bool { return true }).Context)
+	entries := h.Messages(topology.StreamTurns, topology.OrderWildcard(key))
+	if len(entries) != len(turns) {
+		t.Fatalf("%d entries in the session's order, want %d (one per turn)", len(entries), len(turns))
+	}
+	for i, m := range entries {
+		e, err := turnorder.Stamp(m.Subject, m.Header)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := turnorder.Entry{Kind: topology.OrderExec, Key: key, Turn: turns[i], Arrival: seqs[i]}
+		if i > 0 {
+			want.After, want.AfterSeq = turns[i-1], entries[i-1].Seq
+		}
+		if e.Kind != want.Kind || e.Key != want.Key || e.Turn != want.Turn || e.After != want.After || e.AfterSeq != want.AfterSeq || e.Arrival != want.Arrival {
+			t.Fatalf("entry %d is %+v, want %+v", i, e, want)
+		}
+	}
+}
+
 func TestSameTransportMessageIsOneTurn(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: ingestPolicy})
 	m := h.Inbound("dup", "alice", pt.Call("echo", `{"text":"once"}`))
@@ -251,7 +299,7 @@ func TestSameTransportMessageIsOneTurn(t *testing.T) {
 	b, _ := h.WaitTerminal(turn)
 	h.WaitIdle(pt.Executor)
 
-	accepted := pt.DecodeAll[schemas.AcceptedTurn](t, h.Messages(topology.StreamTurns, topology.SubjectTurnAccepted+">"))
+	accepted := pt.DecodeAll[schemas.AcceptedTurn](t, h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">"))
 	if len(accepted) != 1 || accepted[0].TurnID != turn {
 		t.Fatalf("%d accepted turns, want exactly 1 for %s", len(accepted), turn)
 	}
@@ -327,7 +375,7 @@ func TestBadInboundIsDeadLetteredAndIngestKeepsGoing(t *testing.T) {
 		})
 	}
 	h.WaitIdle(pt.Ingest, pt.Executor)
-	accepted := h.Messages(topology.StreamTurns, topology.SubjectTurnAccepted+">")
+	accepted := h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">")
 	if len(accepted) != len(tests) {
 		t.Fatalf("%d accepted turns, want only the %d valid ones", len(accepted), len(tests))
 	}

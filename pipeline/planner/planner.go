@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -234,10 +235,15 @@ func (p *Planner) Run(ctx context.Context) error {
 	return runner.RunAll(ctx, append(rs, follower.Runners()...)...)
 }
 
+// turnRoutes are the routes of the planner's turns consumer: planner
+// turns in the sessions' orders and on the plan subject (where an earlier
+// version accepted them), and loop-ready notices.
+var turnRoutes = []topology.Route{topology.RouteTurnOrderPlan, topology.RouteTurnPlan, topology.RoutePlanReady}
+
 // Handle processes one message of the planner's turns consumer: a planner
 // turn (Accept) or a loop-ready notice (Drive).
 func (p *Planner) Handle(ctx context.Context, m jetstream.Msg) error {
-	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteTurnPlan, topology.RoutePlanReady)
+	_, rec, err := topology.Read(m.Subject(), m.Data(), turnRoutes...)
 	switch rec := rec.(type) {
 	case *schemas.AcceptedTurn:
 		return p.Accept(ctx, rec)
@@ -288,7 +294,7 @@ func (p *Planner) stepOutcome(ctx context.Context, o *schemas.TurnOutcome) error
 // session's next loop runs (the runner's OnDeadLetter hook).
 func (p *Planner) abort(ctx context.Context, m jetstream.Msg, code schemas.Code, cause error) error {
 	var turnID string
-	switch route, rec, _ := topology.Read(m.Subject(), m.Data(), topology.RouteTurnPlan, topology.RoutePlanReady); rec := rec.(type) {
+	switch route, rec, _ := topology.Read(m.Subject(), m.Data(), turnRoutes...); rec := rec.(type) {
 	case *schemas.AcceptedTurn:
 		turnID = rec.TurnID
 	case *schemas.TurnNotice:
@@ -297,7 +303,7 @@ func (p *Planner) abort(ctx context.Context, m jetstream.Msg, code schemas.Code,
 		switch step := outcomes.Turn(m.Subject()); {
 		case step != "": // a step batch's outcome event in its turn log
 			turnID, _, _ = schemas.PlannerStepOf(step)
-		case route != topology.RouteTurnPlan && route != topology.RoutePlanReady:
+		case !slices.Contains(turnRoutes, route):
 			turnID, _, _ = schemas.PlannerStepOf(strings.TrimPrefix(m.Subject(), topology.SubjectTurnOutcome))
 		}
 	}

@@ -157,7 +157,7 @@ func TestVersion1BatchesFinishAfterTheUpgrade(t *testing.T) {
 // acceptedTurn is turn's accepted message, as ingest published it.
 func acceptedTurn(t *testing.T, h *pt.H, turn string) *schemas.AcceptedTurn {
 	t.Helper()
-	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnAccepted+">") {
+	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">") {
 		if at, err := schemas.Decode[schemas.AcceptedTurn](m.Data); err == nil && at.TurnID == turn {
 			return at
 		}

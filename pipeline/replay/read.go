@@ -21,7 +21,10 @@ import (
 )
 
 // Range selects the turns a replay covers by their accepted message on
-// TOLLGATE_TURNS (tollgate.turn.accepted.<session key>): its stream time
+// TOLLGATE_TURNS (the entry of its session's order,
+// tollgate.turn.order.exec.<session key>, or where an earlier version
+// published it and where step batches and follow-ups arrive,
+// tollgate.turn.accepted.<session key>): its stream time
 // within [Since, Until] and its stream sequence within [FromSeq, ToSeq],
 // bounds inclusive, a zero bound open. Every selected turn is then replayed
 // from all of its events, whenever they were stored: a turn is never cut in
@@ -182,7 +185,7 @@ func read(ctx context.Context, js jetstream.JetStream, r Range, j *Judge) (*Hist
 	h := &History{}
 	byID := map[string]*Turn{}
 	start := startAt{seq: r.FromSeq, time: r.Since}
-	err := scan(ctx, js, topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*"}, start, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+	err := scan(ctx, js, topology.StreamTurns, []string{topology.OrderFilter(topology.OrderExec), topology.SubjectTurnAccepted + "*"}, start, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 		seq := meta.Sequence.Stream
 		if (r.ToSeq != 0 && seq > r.ToSeq) || (!r.Until.IsZero() && meta.Timestamp.After(r.Until)) {
 			return false, nil

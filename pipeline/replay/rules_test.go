@@ -345,7 +345,7 @@ func TestALostRunningBatchIsRebuiltWithItsCallsClaimed(t *testing.T) {
 	ctx, cancel := h.Ctx()
 	defer cancel()
 	accepted := map[string]*schemas.AcceptedTurn{}
-	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnAccepted+">") {
+	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">") {
 		if at, err := schemas.Decode[schemas.AcceptedTurn](m.Data); err == nil {
 			accepted[at.TurnID] = at
 		}

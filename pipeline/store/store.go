@@ -100,8 +100,8 @@ func New(b topology.Buckets) *Store {
 // Retain makes ended records leave KV d after they ended: terminal batches,
 // idle sessions, claims with a result and decided approvals from their
 // write; records an earlier version ended without a TTL from their Retire.
-// Every write of every bucket is published through js (the buckets'
-// JetStream, or a group committer's: Bucket.JS). d is rounded down to whole seconds (the TTL's
+// Every write of every bucket is published through js, the buckets'
+// JetStream (Bucket.JS). d is rounded down to whole seconds (the TTL's
 // resolution); less than a second keeps every record. Call it before the
 // store is used: it is not safe to call concurrently with writes.
 func (s *Store) Retain(js jetstream.JetStream, d time.Duration) {
@@ -158,9 +158,7 @@ type Bucket[T any, P schemas.Ptr[T]] struct {
 	// carry it (see the package doc). Zero keeps every record.
 	TTL time.Duration
 	// JS, when set, publishes Create's, Update's and Retire's writes
-	// (required with TTL): a group committer's JetStream
-	// (jetstream/groupcommit) commits the writes that wait at the same
-	// time in one atomic batch. Nil: they go through KV.
+	// (required with TTL), each alone. Nil: they go through KV.
 	JS jetstream.JetStream
 	// Ended reports whether a record has ended, so that writing it starts
 	// its TTL; nil: records end only by Retire.
@@ -191,10 +189,7 @@ func isConflict(err error) bool {
 // is rev (0: the key has no message), with the TTL ttl when positive; the
 // bucket's one revision per key (history 1) makes it replace the key's
 // only earlier revision. It is the publish nats.go's KeyValue.Update
-// makes, with the compare-and-set and the TTL as headers, so that a group
-// committer's JetStream (jetstream/groupcommit) can commit it in one
-// atomic batch with other writes to the bucket, each keeping its own
-// revision check.
+// makes, with the compare-and-set and the TTL as headers.
 func (b Bucket[T, P]) put(ctx context.Context, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
 	return b.write(ctx, key, data, rev, ttl, "")
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/tollgate-dev/tollgate/jetstream/groupcommit"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -21,24 +20,42 @@ import (
 
 var now = time.Date(2026, 3, 14, 9, 26, 53, 0, time.UTC)
 
-// newStore is a store over a fresh server, writing through KV, or through
-// a group committer (as the stages do) while groupCommit is set (by
-// TestThroughGroupCommit).
+// newStore is a store over a fresh server, writing through KV, or, while
+// published is set (by TestThroughJetStream), through JetStream publishes
+// as the stages do (Store.Retain).
 func newStore(t *testing.T) (*store.Store, context.Context) {
 	t.Helper()
 	env := jstest.Start(t)
 	s := store.New(env.Buckets)
-	if groupCommit {
-		gc, err := groupcommit.New(env.JS, groupcommit.Config{Streams: env.Topology.BucketStreams(), MinBatch: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Retain(gc.JetStream(), 0)
+	if published {
+		s.Retain(env.JS, 0)
 	}
 	return s, jstest.Ctx(t)
 }
 
-var groupCommit bool
+var published bool
+
+// The store's contract holds when its writes are JetStream publishes with
+// the compare-and-set as a header (Bucket.JS, set by Store.Retain), as the
+// stages make them, and not KV calls: the same tests, that way.
+func TestThroughJetStream(t *testing.T) {
+	published = true
+	t.Cleanup(func() { published = false })
+	for name, test := range map[string]func(*testing.T){
+		"CreateThenGet":                TestCreateThenGet,
+		"CreateExistingKey":            TestCreateExistingKey,
+		"CreateAfterDelete":            TestCreateAfterDelete,
+		"ConcurrentCreateHasOneWinner": TestConcurrentCreateHasOneWinner,
+		"Update":                       TestUpdate,
+		"UpdateRejectsInvalidRecord":   TestUpdateRejectsInvalidRecord,
+		"MutateUnderContention":        TestMutateUnderContention,
+		"MutateSkip":                   TestMutateSkip,
+		"MutateError":                  TestMutateError,
+		"MutateFromAKnownRevision":     TestMutateFromAKnownRevision,
+	} {
+		t.Run(name, test)
+	}
+}
 
 func session(id string) *schemas.SessionRecord {
 	return &schemas.SessionRecord{SessionID: id, Active: "t-00000000000000000001", Queue: []string{}, UpdatedAt: now}

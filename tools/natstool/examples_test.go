@@ -213,7 +213,7 @@ func startWithExample(t *testing.T, ex example, delay time.Duration, o pt.Option
 func redeliver(h *pt.H, turn string, decided bool) {
 	h.T.Helper()
 	var accepted []pt.Stored
-	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnAccepted+">") {
+	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">") {
 		if at, err := schemas.Decode[schemas.AcceptedTurn](m.Data); err == nil && at.TurnID == turn {
 			accepted = append(accepted, m)
 		}

@@ -1,0 +1,322 @@
+package turnorder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+func newWriter(t testing.TB, js jetstream.JetStream, opts ...Option) *Writer {
+	t.Helper()
+	w, err := New(jstest.Ctx(t), js, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func mustAppend(t testing.TB, w *Writer, a Append) *Entry {
+	t.Helper()
+	e, err := w.Append(jstest.Ctx(t), a)
+	if err != nil {
+		t.Fatalf("append %s to %s: %v", a.Turn, a.Key, err)
+	}
+	return e
+}
+
+// entries reads every entry of session key's order, in stream order, each
+// as Stamp reads it from the stored message.
+func entries(t testing.TB, js jetstream.JetStream, key string) []*Entry {
+	t.Helper()
+	ctx := jstest.Ctx(t)
+	s, err := js.Stream(ctx, topology.StreamTurns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*Entry
+	for seq := uint64(1); ; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(topology.OrderWildcard(key)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := entryOf(m)
+		if err != nil {
+			t.Fatalf("entry at %d: %v", m.Sequence, err)
+		}
+		out = append(out, e)
+		seq = m.Sequence + 1
+	}
+}
+
+// checkLine fails unless es is one line: each entry names the one before
+// it, by turn and by sequence, and the first names none.
+func checkLine(t testing.TB, es []*Entry) {
+	t.Helper()
+	for i, e := range es {
+		var want Entry
+		if i > 0 {
+			want = Entry{After: es[i-1].Turn, AfterSeq: es[i-1].Seq}
+		}
+		if e.After != want.After || e.AfterSeq != want.AfterSeq {
+			t.Fatalf("entry %d (%s at %d) names %q at %d before it, want %q at %d", i, e.Turn, e.Seq, e.After, e.AfterSeq, want.After, want.AfterSeq)
+		}
+	}
+}
+
+func TestEachEntryNamesTheOneBeforeIt(t *testing.T) {
+	env := jstest.Start(t)
+	w := newWriter(t, env.JS)
+	a := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k1", Turn: "t-1", Arrival: 5, Data: []byte("one")})
+	mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k2", Turn: "u-1", Arrival: 6, Data: []byte("other session")})
+	b := mustAppend(t, w, Append{Kind: topology.OrderPlan, Key: "k1", Turn: "t-2", Data: []byte("a follow-up: not ordered by arrival")})
+	c := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k1", Turn: "t-3", Arrival: 9, Data: []byte("three")})
+	if a.After != "" || a.AfterSeq != 0 || b.After != "t-1" || b.AfterSeq != a.Seq || c.After != "t-2" || c.AfterSeq != b.Seq {
+		t.Fatalf("appends answered %+v, %+v, %+v: want a line t-1, t-2, t-3", a, b, c)
+	}
+
+	got := entries(t, env.JS, "k1")
+	checkLine(t, got)
+	var turns, kinds, data []string
+	var arrivals []uint64
+	for _, e := range got {
+		turns, kinds, data, arrivals = append(turns, e.Turn), append(kinds, e.Kind), append(data, string(e.Data)), append(arrivals, e.Arrival)
+	}
+	if !slices.Equal(turns, []string{"t-1", "t-2", "t-3"}) || !slices.Equal(kinds, []string{"exec", "plan", "exec"}) ||
+		!slices.Equal(data, []string{"one", "a follow-up: not ordered by arrival", "three"}) {
+		t.Fatalf("session k1's order is %v %v %v", turns, kinds, data)
+	}
+	if !slices.Equal(arrivals, []uint64{5, 5, 9}) {
+		t.Fatalf("arrival watermarks %v, want 5 5 9 (a follow-up keeps the session's)", arrivals)
+	}
+	if other := entries(t, env.JS, "k2"); len(other) != 1 || other[0].After != "" || other[0].Turn != "u-1" {
+		t.Fatalf("session k2's order is %+v: another session's appends must not touch it", other)
+	}
+	last, err := w.Last(jstest.Ctx(t), "k1")
+	if err != nil || last.Turn != "t-3" || last.Seq != c.Seq || last.Arrival != 9 {
+		t.Fatalf("Last(k1) = %+v, %v; want t-3 at %d", last, err, c.Seq)
+	}
+	if _, err := w.Last(jstest.Ctx(t), "k3"); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("Last of a session with no entry: %v, want ErrEmpty", err)
+	}
+}
+
+func TestConcurrentWritersAppendOneLine(t *testing.T) {
+	env := jstest.Start(t)
+	const writers, each = 4, 15
+	var wg sync.WaitGroup
+	ws := make([]*Writer, writers)
+	errs := make(chan error, writers*each)
+	for i := range ws {
+		ws[i] = newWriter(t, env.JS)
+	}
+	for i, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range each {
+				turn := fmt.Sprintf("t-%d-%d", i, j)
+				if _, err := w.Append(jstest.Ctx(t), Append{Kind: topology.OrderExec, Key: "k", Turn: turn, Arrival: uint64(1 + i*each + j)}); err != nil {
+					errs <- fmt.Errorf("%s: %w", turn, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	got := entries(t, env.JS, "k")
+	checkLine(t, got)
+	seen := map[string]int{}
+	var watermark uint64
+	for _, e := range got {
+		seen[e.Turn]++
+		if e.Arrival < watermark {
+			t.Fatalf("watermark fell from %d to %d at %s", watermark, e.Arrival, e.Turn)
+		}
+		watermark = e.Arrival
+	}
+	if len(got) != writers*each || len(seen) != writers*each {
+		t.Fatalf("%d entries of %d turns, want each of %d turns once", len(got), len(seen), writers*each)
+	}
+	var conflicts int64
+	for _, w := range ws {
+		conflicts += w.Stats().Conflicts
+	}
+	t.Logf("%d appends made again after another writer's", conflicts)
+}
+
+func TestAStaleMemoryCostsOneRefusal(t *testing.T) {
+	env := jstest.Start(t)
+	a, b := newWriter(t, env.JS), newWriter(t, env.JS)
+	mustAppend(t, a, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-1"})
+	mustAppend(t, b, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-2"})
+	e := mustAppend(t, a, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-3"}) // a remembers t-1 as the last
+	if e.After != "t-2" {
+		t.Fatalf("t-3 follows %q, want t-2 (the last entry, which writer a did not write)", e.After)
+	}
+	if s := a.Stats(); s.Conflicts != 1 || s.Own != 0 {
+		t.Fatalf("writer a's stats %+v, want one conflict", s)
+	}
+	checkLine(t, entries(t, env.JS, "k"))
+}
+
+// lostAck publishes a message and then reports that no acknowledgement
+// came, the first n times.
+func lostAck(js jetstream.JetStream, n int32) func(context.Context, *nats.Msg) (*jetstream.PubAck, error) {
+	var lost atomic.Int32
+	return func(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
+		ack, err := js.PublishMsg(ctx, m)
+		if err == nil && lost.Add(1) <= n {
+			return nil, nats.ErrTimeout
+		}
+		return ack, err
+	}
+}
+
+func TestAnAppendWhoseAcknowledgementWasLostIsStoredOnce(t *testing.T) {
+	t.Run("read back as the last entry", func(t *testing.T) {
+		env := jstest.Start(t)
+		w := newWriter(t, env.JS, withPublish(lostAck(env.JS, 1)))
+		mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-1"})
+		e := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-2"})
+		got := entries(t, env.JS, "k")
+		if len(got) != 2 || got[1].Turn != "t-2" || e.Seq != got[1].Seq || e.After != "t-1" {
+			t.Fatalf("entries %+v, answer %+v: want t-2 once, after t-1", got, e)
+		}
+		if s := w.Stats(); s.Retries != 1 || s.Own != 1 {
+			t.Fatalf("stats %+v, want one retry recognised as the writer's own", s)
+		}
+	})
+	t.Run("made again after another writer appended behind it", func(t *testing.T) {
+		env := jstest.Start(t)
+		// The first attempt of t-1 is stored, its answer lost, and the
+		// stage gives up (one attempt); another writer appends t-2; the
+		// stage makes t-1's append again, knowing only the empty session.
+		w := newWriter(t, env.JS, withPublish(lostAck(env.JS, 1)), WithAttempts(1, jstest.Scale(DefaultAttemptTimeout)), WithRemembered(0))
+		if _, err := w.Append(jstest.Ctx(t), Append{Kind: topology.OrderExec, Key: "k", Turn: "t-1", Arrival: 3}); err == nil {
+			t.Fatal("an append whose only attempt got no answer succeeded")
+		}
+		mustAppend(t, newWriter(t, env.JS), Append{Kind: topology.OrderExec, Key: "k", Turn: "t-2", Arrival: 4})
+		e := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-1", Arrival: 3})
+		got := entries(t, env.JS, "k")
+		if len(got) != 2 || got[0].Turn != "t-1" || got[1].Turn != "t-2" {
+			t.Fatalf("entries %+v: want t-1 once, then t-2", got)
+		}
+		if e.Seq != got[0].Seq || e.After != "" || e.Arrival != 3 {
+			t.Fatalf("the repeated append answered %+v, want t-1's stored entry at %d", e, got[0].Seq)
+		}
+		checkLine(t, got)
+	})
+}
+
+func TestInvalidAppendsAreRefusedBeforeAnyWrite(t *testing.T) {
+	env := jstest.Start(t)
+	w := newWriter(t, env.JS)
+	for _, a := range []Append{
+		{Kind: "run", Key: "k", Turn: "t-1"},
+		{Kind: topology.OrderExec, Key: "a.b", Turn: "t-1"},
+		{Kind: topology.OrderExec, Key: "k", Turn: "t>1"},
+		{Kind: topology.OrderExec, Key: "", Turn: "t-1"},
+	} {
+		if _, err := w.Append(jstest.Ctx(t), a); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Append(%+v) = %v, want ErrInvalid", a, err)
+		}
+	}
+	if _, err := w.Last(jstest.Ctx(t), "k.*"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Last of a wildcard: %v, want ErrInvalid", err)
+	}
+	if got := entries(t, env.JS, "k"); len(got) != 0 {
+		t.Fatalf("refused appends stored %d entries", len(got))
+	}
+}
+
+func TestStampRefusesWhatNoAppendWrites(t *testing.T) {
+	subject := topology.OrderSubject(topology.OrderExec, "k")
+	hdr := func(kv ...string) nats.Header {
+		h := nats.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			h.Set(kv[i], kv[i+1])
+		}
+		return h
+	}
+	id := jetstream.MsgIDHeader
+	for _, tc := range []struct {
+		name    string
+		subject string
+		hdr     nats.Header
+		want    *Entry
+	}{
+		{"a session's first entry", subject, hdr(id, "order:t-1", topology.HeaderOrderArrival, "4"),
+			&Entry{Kind: "exec", Key: "k", Turn: "t-1", MsgID: "order:t-1", Arrival: 4}},
+		{"an entry after another", subject, hdr(id, "order:t-2", topology.HeaderOrderAfter, "t-1", jetstream.ExpectedLastSubjSeqHeader, "7"),
+			&Entry{Kind: "exec", Key: "k", Turn: "t-2", MsgID: "order:t-2", After: "t-1", AfterSeq: 7}},
+		{"another subject", topology.AcceptedSubject("k"), hdr(id, "order:t-1"), nil},
+		{"a message id of another kind", subject, hdr(id, "t-1"), nil},
+		{"no message id", subject, hdr(), nil},
+		{"a turn before it that is no turn id", subject, hdr(id, "order:t-2", topology.HeaderOrderAfter, "t.1", jetstream.ExpectedLastSubjSeqHeader, "7"), nil},
+		{"a turn before it without its sequence", subject, hdr(id, "order:t-2", topology.HeaderOrderAfter, "t-1"), nil},
+		{"a sequence without its turn", subject, hdr(id, "order:t-2", jetstream.ExpectedLastSubjSeqHeader, "7"), nil},
+		{"a watermark that is no number", subject, hdr(id, "order:t-2", topology.HeaderOrderArrival, "-1"), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Stamp(tc.subject, tc.hdr)
+			if tc.want == nil {
+				if schemas.CodeOf(err) != schemas.CodeMalformed {
+					t.Fatalf("Stamp = %+v, %v; want MALFORMED", got, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("Stamp = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzStamp(f *testing.F) {
+	f.Add("tollgate.turn.order.exec.k", "order:t-1", "", "", "")
+	f.Add("tollgate.turn.order.plan.k", "order:t-2", "t-1", "7", "9")
+	f.Add("tollgate.turn.order.exec.k", "order:t-2", "t-1", "x", "")
+	f.Fuzz(func(t *testing.T, subject, msgID, after, afterSeq, arrival string) {
+		h := nats.Header{}
+		for k, v := range map[string]string{jetstream.MsgIDHeader: msgID, topology.HeaderOrderAfter: after,
+			jetstream.ExpectedLastSubjSeqHeader: afterSeq, topology.HeaderOrderArrival: arrival} {
+			if v != "" {
+				h.Set(k, v)
+			}
+		}
+		e, err := Stamp(subject, h)
+		if err != nil {
+			if schemas.CodeOf(err) != schemas.CodeMalformed {
+				t.Fatalf("Stamp failed without MALFORMED: %v", err)
+			}
+			return
+		}
+		if !schemas.ValidKey(e.Key) || !schemas.ValidKey(e.Turn) || (e.After == "") != (e.AfterSeq == 0) || (e.After != "" && !schemas.ValidKey(e.After)) {
+			t.Fatalf("Stamp accepted %+v", e)
+		}
+		if topology.OrderSubject(e.Kind, e.Key) != subject || topology.OrderMsgID(e.Turn) != msgID {
+			t.Fatalf("Stamp read %+v from %s, %s", e, subject, msgID)
+		}
+	})
+}
