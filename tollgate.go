@@ -385,6 +385,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if p.Ingest, err = ingest.New(ingest.Config{
 		JS: cfg.JS, Policy: cfg.Policy, Keys: cfg.Keys, Logger: stageLog(StageIngest), Metrics: metrics,
 		Instance: StageIngest + "@" + cfg.Instance, TracerProvider: cfg.TracerProvider, Plan: cfg.Planner != nil || cfg.PlanText,
+		Registerer: regOf(StageIngest), OrderWait: cfg.OrderWait, Now: now,
 	}); err != nil {
 		return nil, err
 	}

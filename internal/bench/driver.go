@@ -327,7 +327,7 @@ func (d *driver) outcome(id string) {
 // onPlanned times a planner turn's append to its session's order, for
 // the planner (its message id is topology.OrderMsgID of the turn).
 func (d *driver) onPlanned(m *nats.Msg) {
-	if id, ok := strings.CutPrefix(headerOf(m, jetstream.MsgIDHeader), topology.OrderMsgID("")); ok {
+	if id, _, ok := topology.ParseOrderMsgID(headerOf(m, jetstream.MsgIDHeader)); ok {
 		d.mark(id, time.Now(), func(t *turn) *time.Time { return &t.planned })
 	}
 }

@@ -431,7 +431,7 @@ func (r *rawStages) ids(stage string, m jetstream.Msg) rawIDs {
 		}
 	case "executor":
 		id.turn, id.session = m.Headers().Get(jetstream.MsgIDHeader), lastToken(subj)
-		if t, ok := strings.CutPrefix(id.turn, topology.OrderMsgID("")); ok {
+		if t, _, ok := topology.ParseOrderMsgID(id.turn); ok {
 			id.turn = t // an entry of the session's order
 		}
 		if d := m.Data(); len(d) >= 8 {

@@ -1,6 +1,9 @@
 package topology
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // A session's order: the one sequence in which its turns run, kept on
 // TOLLGATE_TURNS (package jetstream/turnorder is its one writer).
@@ -71,3 +74,31 @@ func ParseOrderSubject(subject string) (kind, sessionKey string, ok bool) {
 // (AcceptedMsgID) so that a turn an earlier version accepted can still be
 // appended to its session's order in the duplicate window.
 func OrderMsgID(turnID string) string { return "order:" + turnID }
+
+// OrderRepeatMsgID is the id of a repeated entry of turnID: a later
+// delivery of the inbound message it was accepted from, stored at
+// TOLLGATE_INBOUND sequence arrival, that must raise its session's arrival
+// watermark (a transport's retry under another message id):
+// "order:<turn>:<arrival>", one per delivery.
+func OrderRepeatMsgID(turnID string, arrival uint64) string {
+	return OrderMsgID(turnID) + ":" + strconv.FormatUint(arrival, 10)
+}
+
+// ParseOrderMsgID is the inverse of OrderMsgID and OrderRepeatMsgID: the
+// turn (not checked as a key) and, for a repeat, the arrival (0
+// otherwise); ok is false for any other id.
+func ParseOrderMsgID(id string) (turn string, arrival uint64, ok bool) {
+	rest, found := strings.CutPrefix(id, OrderMsgID(""))
+	if !found {
+		return "", 0, false
+	}
+	turn, n, repeat := strings.Cut(rest, ":")
+	if !repeat {
+		return turn, 0, true
+	}
+	arrival, err := strconv.ParseUint(n, 10, 64)
+	if err != nil || arrival == 0 || strconv.FormatUint(arrival, 10) != n {
+		return "", 0, false
+	}
+	return turn, arrival, true
+}

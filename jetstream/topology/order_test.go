@@ -27,3 +27,25 @@ func TestOrderSubjectsRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+func TestOrderMessageIDsRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name, id, turn string
+		arrival        uint64
+		ok             bool
+	}{
+		{"an entry", topology.OrderMsgID("t-1"), "t-1", 0, true},
+		{"a repeat", topology.OrderRepeatMsgID("t-1", 42), "t-1", 42, true},
+		{"a repeat without its arrival", "order:t-1:", "", 0, false},
+		{"a repeat at zero", "order:t-1:0", "", 0, false},
+		{"a repeat with a padded number", "order:t-1:042", "", 0, false},
+		{"an accepted turn's id", topology.AcceptedMsgID("t-1"), "", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			turn, arrival, ok := topology.ParseOrderMsgID(tc.id)
+			if turn != tc.turn || arrival != tc.arrival || ok != tc.ok {
+				t.Fatalf("ParseOrderMsgID(%q) = %q %d %v, want %q %d %v", tc.id, turn, arrival, ok, tc.turn, tc.arrival, tc.ok)
+			}
+		})
+	}
+}

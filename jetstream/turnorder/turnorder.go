@@ -23,7 +23,8 @@
 //     highest Arrival of any entry up to and including it). The stored
 //     Nats-Expected-Last-Subject-Sequence header is the sequence of the
 //     entry before it. Stamp reads these back from a delivered message.
-//   - Every append carries the message id topology.OrderMsgID(turn). An
+//   - Every append carries the message id topology.OrderMsgID(turn) (a
+//     repeat: topology.OrderRepeatMsgID, Append.Repeat). An
 //     append whose outcome is unknown (no acknowledgement) is sent again,
 //     the same message, up to the writer's attempts. A refused
 //     compare-and-set (10071: another entry came first, or the writer's
@@ -54,7 +55,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,6 +124,11 @@ type Append struct {
 	Arrival uint64
 	Data    []byte      // the encoded AcceptedTurn
 	Header  nats.Header // more headers (a trace context), stored with it
+	// Repeat appends a turn that is in the order already again, for a
+	// later delivery of its inbound message (Arrival, which must be set),
+	// so that the session's watermark covers that delivery: message id
+	// topology.OrderRepeatMsgID(Turn, Arrival), one entry per delivery.
+	Repeat bool
 }
 
 // Writer appends to and reads the sessions' orders of one TOLLGATE_TURNS,
@@ -181,6 +186,12 @@ func (w *Writer) Append(ctx context.Context, a Append) (*Entry, error) {
 		return nil, fmt.Errorf("%w: kind %q, session %q, turn %q", ErrInvalid, a.Kind, a.Key, a.Turn)
 	}
 	msgID := topology.OrderMsgID(a.Turn)
+	if a.Repeat {
+		if a.Arrival == 0 {
+			return nil, fmt.Errorf("%w: a repeated entry of %s without its arrival", ErrInvalid, a.Turn)
+		}
+		msgID = topology.OrderRepeatMsgID(a.Turn, a.Arrival)
+	}
 	last := w.lasts.get(a.Key)
 	for conflicts := 0; ; {
 		if last == nil {
@@ -290,6 +301,29 @@ func (w *Writer) Last(ctx context.Context, key string) (*Entry, error) {
 	return entryOf(m)
 }
 
+// Watermark is the arrival watermark of the session with key key: that
+// of the last entry the Writer remembers of it, or of its last entry as
+// read (0 for a session with none). A remembered entry may be stale
+// (another writer appended since): its watermark is then lower, never
+// higher, than the session's. Forget makes the next call read.
+func (w *Writer) Watermark(ctx context.Context, key string) (uint64, error) {
+	if e := w.lasts.get(key); e != nil {
+		return e.Arrival, nil
+	}
+	e, err := w.Last(ctx, key)
+	switch {
+	case errors.Is(err, ErrEmpty):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	w.lasts.put(key, e)
+	return e.Arrival, nil
+}
+
+// Forget drops what the Writer remembers of the session with key key.
+func (w *Writer) Forget(key string) { w.lasts.forget(key) }
+
 // entryAt reads the entry stored at seq.
 func (w *Writer) entryAt(ctx context.Context, seq uint64) (*Entry, error) {
 	m, err := w.stream.GetMsg(ctx, seq)
@@ -313,7 +347,7 @@ func entryOf(m *jetstream.RawStreamMsg) (*Entry, error) {
 // before it and the session's watermark after it (Entry's Kind, Key,
 // Turn, After, AfterSeq, Arrival and MsgID; the caller knows the rest). A
 // subject outside the orders, or headers that are not an append's (a
-// message id that is not topology.OrderMsgID of a turn id, an After that
+// message id that is not topology.OrderMsgID (or OrderRepeatMsgID) of a turn id, an After that
 // is not a turn id, a number that does not parse, an After without its
 // sequence), is MALFORMED: such a message was not written by this
 // package.
@@ -323,7 +357,7 @@ func Stamp(subject string, hdr nats.Header) (*Entry, error) {
 		return nil, schemas.Errorf(schemas.CodeMalformed, "%s is not a session's order", subject)
 	}
 	e := &Entry{Kind: kind, Key: key, After: hdr.Get(topology.HeaderOrderAfter), MsgID: hdr.Get(jetstream.MsgIDHeader)}
-	turn, ok := strings.CutPrefix(e.MsgID, topology.OrderMsgID(""))
+	turn, _, ok := topology.ParseOrderMsgID(e.MsgID)
 	if !ok || !schemas.ValidKey(turn) {
 		return nil, schemas.Errorf(schemas.CodeMalformed, "entry of session %s has message id %q: not an order entry's", key, e.MsgID)
 	}

@@ -226,6 +226,31 @@ func TestAnAppendWhoseAcknowledgementWasLostIsStoredOnce(t *testing.T) {
 	})
 }
 
+// TestARepeatRaisesTheWatermarkOncePerDelivery: a turn appended again for a
+// later delivery of its message is one more entry, once however often that
+// delivery is appended.
+func TestARepeatRaisesTheWatermarkOncePerDelivery(t *testing.T) {
+	env := jstest.Start(t)
+	w := newWriter(t, env.JS)
+	mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-1", Arrival: 4})
+	if e := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-1", Arrival: 6}); e.Arrival != 4 {
+		t.Fatalf("a second delivery's append answered %+v: want the turn's stored entry (watermark 4)", e)
+	}
+	for range 2 {
+		if e := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k", Turn: "t-1", Arrival: 6, Repeat: true}); e.Arrival != 6 || e.MsgID != "order:t-1:6" {
+			t.Fatalf("the repeat answered %+v", e)
+		}
+	}
+	got := entries(t, env.JS, "k")
+	if len(got) != 2 || got[1].Turn != "t-1" || got[1].Arrival != 6 {
+		t.Fatalf("entries %+v: want t-1, then its repeat once, at watermark 6", got)
+	}
+	checkLine(t, got)
+	if _, err := w.Append(jstest.Ctx(t), Append{Kind: topology.OrderExec, Key: "k", Turn: "t-1", Repeat: true}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a repeat without its arrival: %v, want ErrInvalid", err)
+	}
+}
+
 func TestInvalidAppendsAreRefusedBeforeAnyWrite(t *testing.T) {
 	env := jstest.Start(t)
 	w := newWriter(t, env.JS)
@@ -268,7 +293,10 @@ func TestStampRefusesWhatNoAppendWrites(t *testing.T) {
 		{"an entry after another", subject, hdr(id, "order:t-2", topology.HeaderOrderAfter, "t-1", jetstream.ExpectedLastSubjSeqHeader, "7"),
 			&Entry{Kind: "exec", Key: "k", Turn: "t-2", MsgID: "order:t-2", After: "t-1", AfterSeq: 7}},
 		{"another subject", topology.AcceptedSubject("k"), hdr(id, "order:t-1"), nil},
+		{"a repeated entry", subject, hdr(id, "order:t-1:9", topology.HeaderOrderAfter, "t-1", jetstream.ExpectedLastSubjSeqHeader, "7", topology.HeaderOrderArrival, "9"),
+			&Entry{Kind: "exec", Key: "k", Turn: "t-1", MsgID: "order:t-1:9", After: "t-1", AfterSeq: 7, Arrival: 9}},
 		{"a message id of another kind", subject, hdr(id, "t-1"), nil},
+		{"a repeat without its arrival", subject, hdr(id, "order:t-1:"), nil},
 		{"no message id", subject, hdr(), nil},
 		{"a turn before it that is no turn id", subject, hdr(id, "order:t-2", topology.HeaderOrderAfter, "t.1", jetstream.ExpectedLastSubjSeqHeader, "7"), nil},
 		{"a turn before it without its sequence", subject, hdr(id, "order:t-2", topology.HeaderOrderAfter, "t-1"), nil},
@@ -297,6 +325,7 @@ func FuzzStamp(f *testing.F) {
 	f.Add("tollgate.turn.order.exec.k", "order:t-1", "", "", "")
 	f.Add("tollgate.turn.order.plan.k", "order:t-2", "t-1", "7", "9")
 	f.Add("tollgate.turn.order.exec.k", "order:t-2", "t-1", "x", "")
+	f.Add("tollgate.turn.order.exec.k", "order:t-2:12", "t-1", "7", "12")
 	f.Fuzz(func(t *testing.T, subject, msgID, after, afterSeq, arrival string) {
 		h := nats.Header{}
 		for k, v := range map[string]string{jetstream.MsgIDHeader: msgID, topology.HeaderOrderAfter: after,
@@ -315,7 +344,12 @@ func FuzzStamp(f *testing.F) {
 		if !schemas.ValidKey(e.Key) || !schemas.ValidKey(e.Turn) || (e.After == "") != (e.AfterSeq == 0) || (e.After != "" && !schemas.ValidKey(e.After)) {
 			t.Fatalf("Stamp accepted %+v", e)
 		}
-		if topology.OrderSubject(e.Kind, e.Key) != subject || topology.OrderMsgID(e.Turn) != msgID {
+		turn, delivery, _ := topology.ParseOrderMsgID(msgID)
+		want := topology.OrderMsgID(turn)
+		if delivery != 0 {
+			want = topology.OrderRepeatMsgID(turn, delivery)
+		}
+		if topology.OrderSubject(e.Kind, e.Key) != subject || e.Turn != turn || want != msgID {
 			t.Fatalf("Stamp read %+v from %s, %s", e, subject, msgID)
 		}
 	})

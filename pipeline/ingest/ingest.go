@@ -28,14 +28,17 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
+	"github.com/tollgate-dev/tollgate/pipeline/sessionorder"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -63,6 +66,15 @@ type Config struct {
 	// TracerProvider traces each message the stage handles
 	// (runner.Config.TracerProvider); nil is otel's global provider.
 	TracerProvider trace.TracerProvider
+	// Registerer gets the session-order metrics (sessionorder.Gate); nil
+	// registers nothing.
+	Registerer prometheus.Registerer
+	// OrderWait is how long an earlier inbound message of a session that
+	// has not joined its order holds later ones back (sessionorder's
+	// wait; zero is sessionorder.DefaultWait).
+	OrderWait time.Duration
+	// Now is the clock the order wait is measured with (nil: time.Now).
+	Now func() time.Time
 }
 
 // Validate reports missing wiring.
@@ -75,7 +87,8 @@ func (c Config) Validate() error {
 
 // Ingest is the ingest stage.
 type Ingest struct {
-	cfg Config
+	cfg  Config
+	gate *sessionorder.Gate
 
 	mu     sync.Mutex
 	orders *turnorder.Writer // order's
@@ -89,7 +102,15 @@ func New(cfg Config) (*Ingest, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 4
 	}
-	return &Ingest{cfg: cfg}, nil
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	gate, err := sessionorder.NewGate(sessionorder.GateConfig{JS: cfg.JS, Policy: cfg.Policy, Now: cfg.Now, Logger: cfg.Logger,
+		Registerer: cfg.Registerer, Wait: cfg.OrderWait})
+	if err != nil {
+		return nil, err
+	}
+	return &Ingest{cfg: cfg, gate: gate}, nil
 }
 
 // Run consumes inbound messages, and with Config.Plan the planner's step
@@ -125,8 +146,11 @@ func (in *Ingest) Run(ctx context.Context) error {
 // accepted turn to its session's order (jetstream/turnorder: kind
 // topology.OrderPlan when Config.Plan is set and the turn has text and no
 // calls, topology.OrderExec otherwise), with the inbound message's
-// stream sequence as its arrival. Admit's coded errors are permanent (the
-// runner dead-letters the message), and so is a turn too large to store
+// stream sequence as its arrival, once every earlier inbound message of
+// its session has joined the order or never will (sessionorder.Gate:
+// otherwise an *sessionorder.OutOfOrder, a waiting error, and the message
+// is tried again shortly). Admit's coded errors are permanent (the runner
+// dead-letters the message), and so is a turn too large to store
 // (PAYLOAD_TOO_LARGE); sealing and appending errors are retried: the
 // append recognises an earlier attempt of itself (turnorder's contract),
 // so a redelivered message is one entry.
@@ -156,8 +180,27 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 		return err
 	}
 	key := schemas.SessionKeyOf(t.Context)
-	e, err := w.Append(ctx, turnorder.Append{Kind: kind, Key: key, Turn: t.TurnID, Arrival: prov.StreamSeq,
-		Data: data, Header: tracing.Inject(ctx, nil)})
+	watermark, err := w.Watermark(ctx, key)
+	if err != nil {
+		return err
+	}
+	if err := in.gate.Check(ctx, t, watermark); err != nil {
+		var wait *sessionorder.OutOfOrder
+		if errors.As(err, &wait) {
+			w.Forget(key) // another replica may have appended since: read the order afresh
+		}
+		return err
+	}
+	a := turnorder.Append{Kind: kind, Key: key, Turn: t.TurnID, Arrival: prov.StreamSeq, Data: data, Header: tracing.Inject(ctx, nil)}
+	e, err := w.Append(ctx, a)
+	if err == nil && prov.StreamSeq > e.Arrival {
+		// The turn joined the order from an earlier delivery of its
+		// message (a transport's retry under another message id, inside
+		// the duplicate window): this delivery must raise the session's
+		// watermark too, or later messages would wait behind it.
+		a.Repeat = true
+		e, err = w.Append(ctx, a)
+	}
 	if err != nil {
 		if bus.TooLarge(err) {
 			return schemas.Errorf(schemas.CodePayloadTooLarge, "accept turn %s: %w", t.TurnID, err)

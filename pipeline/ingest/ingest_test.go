@@ -235,8 +235,10 @@ func TestAdmitIsIngestsAdmissionRule(t *testing.T) {
 
 // TestEachTurnJoinsItsSessionsOrderOnce: ingest appends every turn it
 // accepts to its session's order, each entry naming the one before it and
-// carrying the session's arrival watermark (the inbound sequence), and a
-// message delivered again is not a second entry.
+// carrying the session's arrival watermark (the inbound sequence). The
+// same message sent again under another message id (a transport's retry)
+// is one entry more of the same turn, which raises the watermark (and
+// runs nothing again).
 func TestEachTurnJoinsItsSessionsOrderOnce(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: ingestPolicy})
 	var turns []string
@@ -247,13 +249,16 @@ func TestEachTurnJoinsItsSessionsOrderOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		turns = append(turns, schemas.TurnID("cli", m.MessageID))
+		turn := schemas.TurnID("cli", m.MessageID)
+		turns = append(turns, turn)
 		seqs = append(seqs, h.PublishRaw(topology.InboundSubject("cli", m.SessionID), m.MessageID, data, nil))
-		h.WaitTerminal(turns[i])
+		h.WaitTerminal(turn)
 		if i == 1 {
 			// The same message again under another message id (a
-			// transport's retry): the same turn, and no second entry.
-			h.WaitConsumed(pt.Ingest, h.PublishRaw(topology.InboundSubject("cli", m.SessionID), m.MessageID+"-again", data, nil))
+			// transport's retry): the same turn, a repeated entry.
+			turns = append(turns, turn)
+			seqs = append(seqs, h.PublishRaw(topology.InboundSubject("cli", m.SessionID), m.MessageID+"-again", data, nil))
+			h.WaitConsumed(pt.Ingest, seqs[len(seqs)-1])
 		}
 	}
 	other := h.Send(h.Inbound("other", "bob", pt.Call("echo", `{"text":"elsewhere"}`)))
@@ -263,7 +268,13 @@ func TestEachTurnJoinsItsSessionsOrderOnce(t *testing.T) {
 	key := schemas.SessionKeyOf(h.WaitBatch(turns[0], "any", func(*schemas.BatchRecord) bool { return true }).Context)
 	entries := h.Messages(topology.StreamTurns, topology.OrderWildcard(key))
 	if len(entries) != len(turns) {
-		t.Fatalf("%d entries in the session's order, want %d (one per turn)", len(entries), len(turns))
+		t.Fatalf("%d entries in the session's order, want %d (one per delivery)", len(entries), len(turns))
+	}
+	if id := entries[2].Header.Get("Nats-Msg-Id"); id != topology.OrderRepeatMsgID(turns[2], seqs[2]) {
+		t.Fatalf("the repeated entry's message id is %q", id)
+	}
+	if n := len(h.Outcomes(turns[1])); n != 1 {
+		t.Fatalf("the repeated turn has %d outcomes, want 1", n)
 	}
 	for i, m := range entries {
 		e, err := turnorder.Stamp(m.Subject, m.Header)
@@ -299,9 +310,11 @@ func TestSameTransportMessageIsOneTurn(t *testing.T) {
 	b, _ := h.WaitTerminal(turn)
 	h.WaitIdle(pt.Executor)
 
+	// One entry per delivery in the session's order (the second raises
+	// the session's arrival watermark), both of the one turn.
 	accepted := pt.DecodeAll[schemas.AcceptedTurn](t, h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">"))
-	if len(accepted) != 1 || accepted[0].TurnID != turn {
-		t.Fatalf("%d accepted turns, want exactly 1 for %s", len(accepted), turn)
+	if len(accepted) != 2 || accepted[0].TurnID != turn || accepted[1].TurnID != turn {
+		t.Fatalf("%d entries, want 2 (one per delivery), both of %s", len(accepted), turn)
 	}
 	if got := accepted[0].Context.Provenance; got.StreamSeq != seq1 || got.Transport != "cli" || got.MessageID != m.MessageID || got.IngestedBy != "ingest@test" {
 		t.Fatalf("provenance %+v, want stream seq %d of the first delivery", got, seq1)

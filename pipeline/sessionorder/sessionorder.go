@@ -23,8 +23,8 @@
 //
 //   - its turn is the session's active turn or already queued, or its batch
 //     record has left the queued state (running, waiting, finished); or
-//   - it can never become a turn: ingest's admission rule, ingest.Admit,
-//     refuses it (it does not decode, arrived on the wrong subject, or its
+//   - it can never become a turn: ingest's admission rule,
+//     policy.(*Policy).Admit, refuses it (it does not decode, arrived on the wrong subject, or its
 //     calls are invalid; Admit is deterministic for a given policy); or
 //   - it has waited longer than Checker.Wait (a message ingest gave up on
 //     for a non-deterministic reason, such as a panic or retries exhausted,
@@ -47,6 +47,11 @@
 // agent loop) carry their submitting turn's context and so its inbound
 // sequence; they are not arrival-ordered messages and skip the check, as do
 // contexts without an inbound sequence.
+//
+// The same rule is applied earlier too, by Gate, where ingest appends a
+// turn to its session's order (docs/protocol.md §5.4), against the
+// watermark the order's last entry carries: the order is then arrival
+// order, and a later version lets the order alone decide.
 package sessionorder
 
 import (
@@ -64,7 +69,6 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
-	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -113,9 +117,7 @@ type Config struct {
 type Checker struct {
 	cfg     Config
 	skipped prometheus.Counter
-
-	mu      sync.Mutex
-	inbound jetstream.Stream
+	inbound inbound
 }
 
 // New returns a Checker.
@@ -126,14 +128,20 @@ func New(cfg Config) (*Checker, error) {
 	if cfg.Wait <= 0 {
 		cfg.Wait = DefaultWait
 	}
-	c := &Checker{cfg: cfg, skipped: prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tollgate_session_order_skipped_total",
-		Help: "Earlier inbound messages of a session that a later turn stopped waiting for after the order wait (package sessionorder).",
-	})}
+	c := &Checker{cfg: cfg, skipped: newSkipped(), inbound: inbound{js: cfg.JS}}
 	if err := metrics.Register(cfg.Registerer, &c.skipped); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// newSkipped is tollgate_session_order_skipped_total, which a Checker and
+// a Gate registered on one registry share (metrics.Register).
+func newSkipped() prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tollgate_session_order_skipped_total",
+		Help: "Earlier inbound messages of a session that a later turn stopped waiting for after the order wait (package sessionorder).",
+	})
 }
 
 // ArrivalSeq is the inbound sequence that orders b in its session, or 0
@@ -145,18 +153,24 @@ func ArrivalSeq(b *schemas.BatchRecord) uint64 {
 	return b.Context.Provenance.StreamSeq
 }
 
-// inboundStream returns the TOLLGATE_INBOUND handle, looked up once.
-func (c *Checker) inboundStream(ctx context.Context) (jetstream.Stream, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.inbound != nil {
-		return c.inbound, nil
+// inbound is the TOLLGATE_INBOUND handle, looked up once.
+type inbound struct {
+	js jetstream.JetStream
+	mu sync.Mutex
+	s  jetstream.Stream
+}
+
+func (in *inbound) stream(ctx context.Context) (jetstream.Stream, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.s != nil {
+		return in.s, nil
 	}
-	s, err := c.cfg.JS.Stream(ctx, topology.StreamInbound)
+	s, err := in.js.Stream(ctx, topology.StreamInbound)
 	if err != nil {
 		return nil, fmt.Errorf("session order: stream %s: %w", topology.StreamInbound, err)
 	}
-	c.inbound = s
+	in.s = s
 	return s, nil
 }
 
@@ -181,35 +195,50 @@ func (c *Checker) Check(ctx context.Context, b *schemas.BatchRecord) (*batch.Ses
 	if sess.InboundSeq >= seq-1 {
 		return snap, nil
 	}
-	stream, err := c.inboundStream(ctx)
+	stream, err := c.inbound.stream(ctx)
 	if err != nil {
 		return nil, err
 	}
-	filter := topology.InboundSessionFilter(key) // a legacy key: shared by transports
-	if b.Context.SessionKey != "" {
-		filter = topology.InboundSessionSubject(b.Context.Transport, key)
+	err = earlier(ctx, stream, b.TurnID, b.Context, sess.InboundSeq, seq, func(m *jetstream.RawStreamMsg) (bool, error) {
+		return c.settled(ctx, b.TurnID, sess, m)
+	})
+	if err != nil {
+		return nil, err
 	}
-	for from := sess.InboundSeq + 1; from < seq; {
+	return snap, nil
+}
+
+// earlier hands settled each inbound message of the session of tc stored
+// after watermark and before seq (the turn's own), in order, and returns
+// an *OutOfOrder for the first it does not find settled, nil when all
+// are.
+func earlier(ctx context.Context, stream jetstream.Stream, turn string, tc *schemas.TurnContext, watermark, seq uint64, settled func(*jetstream.RawStreamMsg) (bool, error)) error {
+	key := schemas.SessionKeyOf(tc)
+	filter := topology.InboundSessionFilter(key) // a legacy key: shared by transports
+	if tc.SessionKey != "" {
+		filter = topology.InboundSessionSubject(tc.Transport, key)
+	}
+	for from := watermark + 1; from < seq; {
 		m, err := stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return snap, nil
+			return nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("session order: next inbound message of %s after %d: %w", key, from-1, err)
+			return fmt.Errorf("session order: next inbound message of %s after %d: %w", key, from-1, err)
 		}
 		if m.Sequence >= seq {
-			return snap, nil
+			return nil
 		}
-		settled, err := c.settled(ctx, b.TurnID, sess, m)
+		ok, err := settled(m)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if !settled {
-			return nil, &OutOfOrder{Turn: b.TurnID, Seq: seq, Earlier: m.Sequence}
+		if !ok {
+			return &OutOfOrder{Turn: turn, Seq: seq, Earlier: m.Sequence}
 		}
 		from = m.Sequence + 1
 	}
-	return snap, nil
+	return nil
 }
 
 // settled reports whether the earlier inbound message m of session sess
@@ -217,7 +246,7 @@ func (c *Checker) Check(ctx context.Context, b *schemas.BatchRecord) (*batch.Ses
 func (c *Checker) settled(ctx context.Context, self string, sess *schemas.SessionRecord, m *jetstream.RawStreamMsg) (bool, error) {
 	// Admit is deterministic for a given policy: a message it refuses is
 	// dead-lettered by ingest and never becomes a turn.
-	t, err := ingest.Admit(m.Subject, m.Data, c.cfg.Policy, schemas.Provenance{StreamSeq: m.Sequence, ReceivedAt: m.Time})
+	t, err := c.cfg.Policy.Admit(m.Subject, m.Data, schemas.Provenance{StreamSeq: m.Sequence, ReceivedAt: m.Time})
 	if err != nil {
 		return true, nil
 	}
