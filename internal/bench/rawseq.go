@@ -14,7 +14,10 @@ import (
 // (jetstream/turnorder: a publish by compare-and-set against the session's
 // last entry, which the ingest that appended the session's first turn
 // remembers, so it reads nothing first; the raw ingest appends through the
-// same writer). Placeholders:
+// same writer). Before the append it looks up the session's first inbound
+// message after the order's arrival watermark (pipeline/sessionorder,
+// Gate: one stream message get with a subject filter), which under load,
+// as in the trace, is the turn's own message with others' in between. Placeholders:
 // <turn> the turn id, <session> the session key, <approval> the approval id
 // of the call that needs one, <p> the turn's partition of the turn logs.
 // Byte sizes are those of the built-in policy's turns; each run replaces
@@ -80,6 +83,7 @@ const sessionRecordBytes = 89
 // rawFast: one echo call, run at once.
 var rawFast = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 213},
+	{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},     // arrival order: the session's next message after the order's watermark
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 713}, // after the session's last entry, which ingest remembers
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
@@ -112,6 +116,7 @@ var rawFast = []step{
 // decision is submitted, so it shows the group once.
 var rawApproval = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 273},
+	{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
