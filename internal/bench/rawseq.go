@@ -48,14 +48,15 @@ import (
 // reads the session record, finds no turn queued and writes nothing. On a
 // session's first turn the read finds nothing and the record is created
 // instead, in Tollgate (Acquire) as in the raw program.
-// Between the session record's read and its update, the executor looks up
-// the session's first inbound message after the record's watermark (one
-// stream message get with a subject filter): under load a session's
-// previous turn is rarely the inbound message just before, and the trace
-// puts another session's turn between the two it runs, so the traced turn
-// does this lookup as the loaded pipeline does. (A turn whose previous
-// inbound message is its session's own skips it; the bench's sessions
-// rarely take that path.)
+// The executor's session-order check needs no look-up of inbound messages:
+// the turn came as an entry of its session's order, which names the turn
+// before it, and the session record it reads names that turn (ended), so
+// its arrival order is settled (sessionorder.Checker.CheckAfter). The
+// look-up of the session's next inbound message after the order's
+// watermark is ingest's (above): under load a session's previous turn is
+// rarely the inbound message just before, and the trace puts another
+// session's turn between the two it runs, so the traced turn does it as
+// the loaded pipeline does.
 //
 // A call's execution claim is in its batch record (pipeline/batch, Run):
 // the executor's move to running claims the call it runs at once, and the
@@ -86,8 +87,7 @@ var rawFast = []step{
 	{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},     // arrival order: the session's next message after the order's watermark
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 713}, // after the session's last entry, which ingest remembers
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
-	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"}, // names the turn before it in the order: arrival order settled
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                          // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855}, // call 0 claimed
@@ -119,8 +119,7 @@ var rawApproval = []step{
 	{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},
-	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
+	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"}, // names the turn before it in the order: arrival order settled
 	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                           // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed

@@ -33,6 +33,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
@@ -204,13 +205,23 @@ func (x *Executor) Run(ctx context.Context) error {
 // notice. A turn whose previews are still running in this process waits
 // for them without reading anything (previews.go).
 func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
-	_, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteTurnOrder, topology.RouteTurnAccepted, topology.RouteTurnReady)
+	route, rec, err := topology.Read(m.Subject(), m.Data(), topology.RouteTurnOrder, topology.RouteTurnAccepted, topology.RouteTurnReady)
 	switch rec := rec.(type) {
 	case *schemas.AcceptedTurn:
 		if err := x.previewsPending(rec.TurnID); err != nil {
 			return err
 		}
-		return x.Accept(ctx, rec)
+		var after *string
+		if route == topology.RouteTurnOrder {
+			// An entry of its session's order: the turn before it settles
+			// its arrival order (sessionorder.Checker.CheckAfter). An entry
+			// whose stamp does not read (not this writer's) is checked as
+			// an unstamped turn is.
+			if e, err := turnorder.Stamp(m.Subject(), m.Headers()); err == nil && e.Turn == rec.TurnID {
+				after = &e.After
+			}
+		}
+		return x.accept(ctx, rec, after)
 	case *schemas.TurnNotice:
 		if err := schemas.CheckTurnKey(rec.TurnID); err != nil {
 			return err
@@ -259,6 +270,12 @@ func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 // Accept records the batch of an accepted turn (once) and advances it. A
 // turn whose NotBefore is still ahead is not recorded yet (see due.go).
 func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
+	return x.accept(ctx, t, nil)
+}
+
+// accept is Accept; after, when not nil, is the turn before t in its
+// session's order (t came as an entry of it), for the order check.
+func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, after *string) error {
 	if err := schemas.CheckTurnKey(t.TurnID); err != nil {
 		return err
 	}
@@ -275,7 +292,7 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	if t.Context != nil {
 		rec.SessionID = t.Context.SessionID
 	}
-	if started, err := x.startAtOnce(ctx, rec); started || err != nil {
+	if started, err := x.startAtOnce(ctx, rec, after); started || err != nil {
 		return err
 	}
 	rev, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec)
@@ -319,14 +336,14 @@ func (x *Executor) advanceExisting(ctx context.Context, turnID string) error {
 // Between the session's write and the batch's creation the turn holds its
 // session with no batch record. A redelivery finds the session held by the
 // turn and creates the batch; a dead-lettered turn releases it (abort).
-func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (bool, error) {
+func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord, after *string) (bool, error) {
 	eng := x.cfg.Engine
 	if b.Origin != "" || b.Context == nil || eng.Authorize(b) != nil || checkCalls(b) != nil {
 		// A follow-up may run inside its agent loop's hold (heldBy); a
 		// batch that fails at once is failed from its queued record.
 		return false, nil
 	}
-	active, err := x.takeSession(ctx, b, nil, false)
+	active, err := x.takeSession(ctx, b, nil, false, after)
 	var wait *sessionorder.OutOfOrder
 	switch {
 	case errors.As(err, &wait):
@@ -367,9 +384,18 @@ func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord) (boo
 // batch.Engine.Acquire, which queues b behind a busy session, or with
 // queue false AcquireIfFree, which then writes nothing. It reports whether
 // b holds its session now; an *sessionorder.OutOfOrder error when an
-// earlier turn of the session must get in first.
-func (x *Executor) takeSession(ctx context.Context, b *schemas.BatchRecord, snap *batch.SessionSnapshot, queue bool) (bool, error) {
-	checked, err := x.order.Check(ctx, b)
+// earlier turn of the session must get in first. after, when not nil, is
+// the turn before b in its session's order (b came as an entry of it):
+// the rule is then sessionorder.Checker.CheckAfter, which needs no look-up
+// of inbound messages when that turn is settled.
+func (x *Executor) takeSession(ctx context.Context, b *schemas.BatchRecord, snap *batch.SessionSnapshot, queue bool, after *string) (bool, error) {
+	var checked *batch.SessionSnapshot
+	var err error
+	if after != nil {
+		checked, err = x.order.CheckAfter(ctx, b, *after)
+	} else {
+		checked, err = x.order.Check(ctx, b)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -459,7 +485,7 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 		}
 		if held == "" {
 			var active bool
-			active, err = x.takeSession(ctx, b, snap, true)
+			active, err = x.takeSession(ctx, b, snap, true, nil)
 			if err != nil {
 				return err
 			}

@@ -11,6 +11,7 @@ import (
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -187,5 +188,60 @@ func TestSessionOrderStopsWaitingForAMessageThatNeverBecomesATurn(t *testing.T) 
 	}
 	if b := h.Batch(schemas.TurnID("cli", lost.MessageID)); b != nil {
 		t.Fatalf("the lost message became a batch: %+v", b)
+	}
+}
+
+// TestAnEntryWaitsForTheTurnItNamesInItsSessionsOrder: turns that came as
+// entries of their session's order are checked against the turn each
+// names before it. While that turn is not settled (here: not yet due, so
+// neither recorded nor in the session), the later entry waits; then both
+// run, in order.
+func TestAnEntryWaitsForTheTurnItNamesInItsSessionsOrder(t *testing.T) {
+	f := newOrderFixture(t, pt.Options{})
+	h := f.h
+	const session = "entries"
+	key := schemas.SessionKey("cli", session)
+	w, err := turnorder.New(jstest.Ctx(t), h.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := func(m *schemas.InboundMessage, seq uint64, notBefore time.Time) string {
+		t.Helper()
+		at, err := ingest.Accept(m, h.Policy, schemas.Provenance{StreamSeq: seq, ReceivedAt: time.Now().UTC(), IngestedBy: "test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Keys.Seal(at.Context); err != nil {
+			t.Fatal(err)
+		}
+		at.NotBefore = notBefore
+		data, err := schemas.Encode(at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Append(jstest.Ctx(t), turnorder.Append{Kind: topology.OrderExec, Key: key, Turn: at.TurnID, Arrival: seq, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+		return at.TurnID
+	}
+	m1, m2 := h.Inbound(session, "alice", pt.Call("count", `{"n":1}`)), h.Inbound(session, "alice", pt.Call("count", `{"n":2}`))
+	s1 := f.arrive(m1)
+	f.arrive(h.Inbound("other", "bob", pt.Call("count", `{}`)))
+	s2 := f.arrive(m2)
+	t1 := entry(m1, s1, time.Now().Add(1500*time.Millisecond)) // not due yet: unsettled for a while
+	t2 := entry(m2, s2, time.Time{})
+	jstest.Eventually(t, jstest.Wait, "the executor holds the second entry back at least once", func() bool {
+		return h.Metric("tollgate_messages_retried_total", map[string]string{"stage": pt.Executor}) >= 2
+	})
+	if n := f.count.Total(); n != 0 {
+		t.Fatalf("%d calls ran before the first entry was due: %v", n, f.ran())
+	}
+	for _, turn := range []string{t1, t2} {
+		if b, _ := h.WaitTerminal(turn); b.State != schemas.BatchCompleted {
+			t.Fatalf("turn %s ended %s", turn, b.State)
+		}
+	}
+	if got, want := f.ran(), []string{t1, t2}; !slices.Equal(got, want) {
+		t.Fatalf("calls ran in order %v, want the order's %v", got, want)
 	}
 }

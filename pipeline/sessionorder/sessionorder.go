@@ -208,6 +208,45 @@ func (c *Checker) Check(ctx context.Context, b *schemas.BatchRecord) (*batch.Ses
 	return snap, nil
 }
 
+// CheckAfter is Check for b accepted as an entry of its session's order
+// whose entry names after before it (jetstream/turnorder, Entry.After).
+// Ingest appended the entries in arrival order (Gate), each only after
+// the earlier inbound messages of its session, so b's earlier messages
+// are settled once the turn after is: active or queued in the session
+// record, or its batch past queued (ended, most often: the record still
+// names it). That needs the session record only, which Check reads
+// anyway, and no look-up of inbound messages. When after is not settled
+// that way (its batch not recorded yet, or queued and not in the record),
+// or names nothing (the session's first entry: earlier turns, if any, an
+// earlier version accepted outside the order), CheckAfter is Check.
+func (c *Checker) CheckAfter(ctx context.Context, b *schemas.BatchRecord, after string) (*batch.SessionSnapshot, error) {
+	if ArrivalSeq(b) == 0 || after == "" || after == b.TurnID {
+		return c.Check(ctx, b)
+	}
+	key := schemas.SessionKeyOf(b.Context)
+	sess, rev, err := c.cfg.Store.Sessions.Get(ctx, key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return c.Check(ctx, b)
+	case err != nil:
+		return nil, fmt.Errorf("session order: load session %s: %w", key, err)
+	}
+	snap := &batch.SessionSnapshot{Rec: sess, Rev: rev}
+	if sess.Active == after || slices.Contains(sess.Queue, after) {
+		return snap, nil
+	}
+	prev, _, err := c.cfg.Store.Batches.Get(ctx, after)
+	switch {
+	case err == nil && prev.State != schemas.BatchQueued:
+		return snap, nil
+	case err == nil || errors.Is(err, store.ErrNotFound):
+		return c.Check(ctx, b)
+	case schemas.Permanent(err):
+		return snap, nil // an undecodable batch is dead-lettered, never run
+	}
+	return nil, fmt.Errorf("session order: load batch %s: %w", after, err)
+}
+
 // earlier hands settled each inbound message of the session of tc stored
 // after watermark and before seq (the turn's own), in order, and returns
 // an *OutOfOrder for the first it does not find settled, nil when all
