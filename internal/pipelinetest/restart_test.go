@@ -51,8 +51,8 @@ func TestEveryAcknowledgedTurnReachesOneOutcomeAcrossARestart(t *testing.T) {
 		turns[schemas.TurnID(m.Transport, m.MessageID)] = true
 	}
 
-	load := jstest.StartLoad(t, env.NC, time.Second, msgs)
-	ackedBefore, unsettled := load.RestartMidLoad(env, restartAfter)
+	load := jstest.StartLoad(t, env.NC, time.Second, msgs, restartAfter)
+	ackedBefore, unsettled := load.RestartMidLoad(env)
 	_, failed := load.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), pt.Wait)
 	defer cancel()

@@ -41,8 +41,8 @@ func TestAcknowledgedTurnsSurviveARestartMidLoad(t *testing.T) {
 		}
 	}
 
-	load := jstest.StartLoad(t, env.NC, time.Second, msgs)
-	ackedBefore, unsettled := load.RestartMidLoad(env, restartAfter)
+	load := jstest.StartLoad(t, env.NC, time.Second, msgs, restartAfter)
+	ackedBefore, unsettled := load.RestartMidLoad(env)
 	if c := env.Server.JetStreamConfig(); c == nil || !c.SyncAlways {
 		t.Fatalf("after the restart: JetStream config %+v, want SyncAlways", c)
 	}
