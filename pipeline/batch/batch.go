@@ -113,12 +113,15 @@ type Engine struct {
 
 	// worker is cfg.Worker plus a random suffix, unique to this engine, so
 	// a claim can be recognised as its own; started holds the call ids
-	// whose tool this engine started (see claimed); inflight the call ids
+	// whose tool this engine started, with when (see judgeClaim; entries
+	// older than the claim lease are dropped by markStarted, as the rule
+	// no longer asks about them); inflight the call ids
 	// an Execute of this engine is claiming or running right now, so that
 	// two goroutines of one engine (the executor and the redriver share
 	// one in a single process) never both take its own claim for theirs.
 	worker   string
-	started  sync.Map
+	started  sync.Map // call id -> time.Time
+	starts   atomic.Uint64
 	inflight sync.Map
 
 	// ended counts batches this engine made terminal, by state; results

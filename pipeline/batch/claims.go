@@ -118,7 +118,7 @@ func (e *Engine) ExecuteIn(ctx context.Context, b *schemas.BatchRecord, resumed 
 // runClaimed runs call under the claim this engine holds (at revision rev)
 // and records the result in it.
 func (e *Engine) runClaimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, call schemas.ToolCall, approvalID string, claim *schemas.ExecutionClaim, rev uint64) (*schemas.ToolResult, error) {
-	e.started.Store(call.CallID, struct{}{})
+	e.markStarted(call.CallID)
 	out, runErr := e.run(ctx, tool, tc, call)
 	res, again := e.resultOf(tool, call, approvalID, out, runErr)
 	if again {
@@ -291,8 +291,9 @@ func hasTurnPrefix(callID, turnID string) bool {
 //
 // A claim this engine created without starting the tool (its create was
 // stored but the reply was lost, e.g. across a broker restart) is its own
-// to use: the tool certainly did not run, so it runs now (or gets refused
-// recorded) instead of waiting out the lease and being reported uncertain.
+// to use within the lease: the tool certainly did not run, so it runs now
+// (or gets refused recorded) instead of waiting out the lease and being
+// reported uncertain.
 func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tools.Tool, refused *schemas.ToolResult, call schemas.ToolCall, approvalID string) (*schemas.ToolResult, error) {
 	for {
 		c, rev, err := e.cfg.Store.Claims.Get(ctx, call.CallID)
@@ -345,7 +346,7 @@ func (e *Engine) claimed(ctx context.Context, tc *schemas.TurnContext, tool tool
 type claimAction int
 
 const (
-	claimOwn       claimAction = iota // this engine's, its tool not started: run it
+	claimOwn       claimAction = iota // this engine's within the lease, its tool not started: run it
 	claimHeld                         // another's within the lease: ErrClaimHeld
 	claimTakeOver                     // past the lease, a retry-safe tool: take it over, run again
 	claimUncertain                    // past the lease: EXECUTION_UNCERTAIN, never run again
@@ -355,17 +356,45 @@ const (
 // a record of tollgate_claims (a version 1 batch, Execute) or an entry of
 // the batch record (Run): the claim of call callID by worker at claimedAt,
 // tool the call's tool (nil when it cannot run now).
+//
+// An own claim is the engine's to use only within the lease: past it, it
+// is judged like anyone's (taken over or uncertain), so the engine need
+// remember the calls it started for one lease only (markStarted).
 func (e *Engine) judgeClaim(callID, worker string, claimedAt time.Time, tool tools.Tool) claimAction {
 	_, started := e.started.Load(callID)
+	age := e.Now().Sub(claimedAt)
 	switch {
-	case worker == e.worker && !started:
+	case worker == e.worker && !started && age < e.cfg.ClaimLease:
 		return claimOwn
-	case e.Now().Sub(claimedAt) < e.cfg.ClaimLease:
+	case age < e.cfg.ClaimLease:
 		return claimHeld
 	case tool != nil && tools.RetrySafe(tool):
 		return claimTakeOver
 	}
 	return claimUncertain
+}
+
+// pruneEvery is how many starts pass between two sweeps of started.
+const pruneEvery = 1024
+
+// markStarted records that this engine starts call callID's tool now.
+// Every pruneEvery starts it drops the entries older than the claim
+// lease (plus the tool timeout, for a run still going): judgeClaim no
+// longer asks about those calls, and a long-running engine must not keep
+// one entry per call it ever ran.
+func (e *Engine) markStarted(callID string) {
+	now := e.Now()
+	e.started.Store(callID, now)
+	if e.starts.Add(1)%pruneEvery != 0 {
+		return
+	}
+	horizon := now.Add(-e.cfg.ClaimLease - e.cfg.ToolTimeout)
+	e.started.Range(func(k, v any) bool {
+		if at, ok := v.(time.Time); ok && at.Before(horizon) {
+			e.started.Delete(k)
+		}
+		return true
+	})
 }
 
 // held is the ErrClaimHeld of call callID, claimed by worker at claimedAt.

@@ -3,3 +3,17 @@ package batch
 // SetBeforeQueue makes Acquire call f after it read the session and its
 // holder and before the write that queues turn behind the holder.
 func (e *Engine) SetBeforeQueue(f func(turn string)) { e.beforeQueue.Store(&f) }
+
+// MarkStarted records that e starts call id's tool now (as a run does).
+func (e *Engine) MarkStarted(id string) { e.markStarted(id) }
+
+// Started returns how many calls e remembers starting.
+func (e *Engine) Started() int {
+	n := 0
+	e.started.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
+// PruneEvery is how many starts pass between two sweeps of the calls an
+// engine remembers starting.
+const PruneEvery = pruneEvery

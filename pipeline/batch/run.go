@@ -59,7 +59,7 @@ func (e *Engine) claim(b *schemas.BatchRecord, i int) {
 // A claim without a result is read as a claim in tollgate_claims was: the
 // claiming engine's own claim, whose tool it has not started (its claim
 // rode on a state write, or a write's acknowledgement was lost), is run by
-// it; another's is held for the engine's ClaimLease (ErrClaimHeld), then
+// it within the lease; another's is held for the engine's ClaimLease (ErrClaimHeld), then
 // the call is reported needs_attention EXECUTION_UNCERTAIN, never run
 // again, unless its tool is retry-safe (tools.Retryable), when its claim
 // is taken over by compare-and-set and it runs again. A stage that dies
@@ -329,7 +329,7 @@ func (r *Run) claimFrom(ctx context.Context, i int, prev *schemas.CallClaim) (bo
 func (r *Run) runClaimed(ctx context.Context, tool tools.Tool, i int, approvalID string) error {
 	e, b := r.e, r.known.Batch
 	call := b.Calls[i]
-	e.started.Store(call.CallID, struct{}{})
+	e.markStarted(call.CallID)
 	r.ran = true
 	out, runErr := e.run(ctx, tool, b.Context, call)
 	res, again := e.resultOf(tool, call, approvalID, out, runErr)

@@ -464,3 +464,55 @@ func TestARunKeepsTheResultsOfCallsThatRanWhenItGivesUp(t *testing.T) {
 		t.Fatalf("runs %d and %d, want each once", n, m)
 	}
 }
+
+// An engine remembers the calls it started for one claim lease (plus the
+// tool timeout) only: a long-running engine must not keep one entry per
+// call it ever ran. Past the lease its own claim is judged like anyone's,
+// so forgetting cannot make it run a call twice: a claim whose tool it
+// started, and one it never started, are both reported uncertain.
+func TestAnEngineForgetsTheCallsItStartedOnceTheirLeaseHasPassed(t *testing.T) {
+	f := newFixture(t)
+	turn := schemas.TurnID("cli", "forgets")
+	c0, c1 := call(turn, 0, "count", `{}`), call(turn, 1, "count", `{"b":1}`)
+	k := running(t, f, f.eng, turn, 0, c0, c1)
+	run := f.eng.NewRun(k, nil, true)
+	if err := run.Execute(ctx(t), 0, ""); err != nil || run.Results()[0] == nil || run.Results()[0].Status != schemas.ResultOK {
+		t.Fatalf("own claim: %+v %v", run.Results()[0], err)
+	}
+	if n := f.eng.Started(); n != 1 {
+		t.Fatalf("the engine remembers %d started calls, want 1", n)
+	}
+
+	// Within the lease nothing is forgotten, however many calls start.
+	for i := range batch.PruneEvery {
+		f.eng.MarkStarted(fmt.Sprintf("within-%d", i))
+	}
+	if n := f.eng.Started(); n != 1+batch.PruneEvery {
+		t.Fatalf("within the lease the engine remembers %d started calls, want %d", n, 1+batch.PruneEvery)
+	}
+	// Past the lease and the tool timeout, the next sweep forgets them.
+	f.clock.Advance(lease + 2*time.Second)
+	for i := range batch.PruneEvery {
+		f.eng.MarkStarted(fmt.Sprintf("later-%d", i))
+	}
+	if n := f.eng.Started(); n != batch.PruneEvery {
+		t.Fatalf("past the lease the engine remembers %d started calls, want only the %d started since", n, batch.PruneEvery)
+	}
+
+	// Its own claims, from the record as it was before the result was
+	// written (a run that died before its write), past the lease.
+	for i, c := range []schemas.ToolCall{c0, c1} {
+		b := k.Batch
+		if i == 1 {
+			b.SetClaim(1, &schemas.CallClaim{Worker: f.eng.Worker(), ClaimedAt: b.ClaimOf(0).ClaimedAt})
+		}
+		again := f.eng.NewRun(batch.Known{Batch: b, BatchRev: k.BatchRev}, nil, true)
+		err := again.Execute(ctx(t), i, "")
+		if r := again.Results()[i]; err != nil || r == nil || r.Code != schemas.CodeExecutionUncertain {
+			t.Fatalf("call %d: own claim past the lease: %+v %v, want EXECUTION_UNCERTAIN", i, r, err)
+		}
+		if n := f.count.Runs(c.CallID); n != 1-i {
+			t.Fatalf("call %d ran %d times, want %d", i, n, 1-i)
+		}
+	}
+}

@@ -586,7 +586,13 @@ type callPlan struct {
 // stopped) reuses the approvals that exist instead of evaluating their
 // calls again under a policy that may have changed since: run requests
 // them with the others in the move to awaiting (the attempt that created
-// them died before it). It writes nothing.
+// them died before it). Likewise a call an earlier attempt claimed is
+// run (batch.Run.Execute), not evaluated: its tool may have started, so
+// only the claim's rule (held, uncertain, taken over, or refused if the
+// claim is this engine's and its tool never started) may settle it —
+// never a catalog that lost the tool since (TOOL_NOT_FOUND would report
+// a call that ran as one that did not) nor a policy changed since. It
+// writes nothing.
 func (x *Executor) evaluate(ctx context.Context, b *schemas.BatchRecord, resumed bool) ([]callPlan, error) {
 	eng, tc := x.cfg.Engine, b.Context
 	plans := make([]callPlan, len(b.Calls))
@@ -603,6 +609,14 @@ func (x *Executor) evaluate(ctx context.Context, b *schemas.BatchRecord, resumed
 			}
 			if !errors.Is(err, store.ErrNotFound) {
 				return nil, err
+			}
+			claimed, err := x.claimed(ctx, b, i)
+			if err != nil {
+				return nil, err
+			}
+			if claimed {
+				plans[i].run = true
+				continue
 			}
 		}
 		tool, spec, unrunnable := eng.Tools().Check(ctx, call.Tool, call.Args)
@@ -627,6 +641,24 @@ func (x *Executor) evaluate(ctx context.Context, b *schemas.BatchRecord, resumed
 		}
 	}
 	return plans, nil
+}
+
+// claimed reports whether call i of b has a claim: in the batch record,
+// or, for a version 1 batch, in tollgate_claims.
+func (x *Executor) claimed(ctx context.Context, b *schemas.BatchRecord, i int) (bool, error) {
+	if !b.Legacy() {
+		return b.ClaimOf(i) != nil, nil
+	}
+	_, _, err := x.cfg.Store.Claims.Get(ctx, b.Calls[i].CallID)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case schemas.Permanent(err): // a claim that does not decode is still a claim
+		return true, nil
+	}
+	return false, fmt.Errorf("load claim %s: %w", b.Calls[i].CallID, err)
 }
 
 // run evaluates (unless plans are given: evaluate's, from before the move

@@ -2,7 +2,9 @@ package executor_test
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -96,5 +98,92 @@ func TestABucketedBatchHasItsRequestPublished(t *testing.T) {
 	pub := h.PublishedRequests(at.TurnID)
 	if len(pub) != 1 || pub[0].ApprovalID != id || pub[0].Status != schemas.ApprovalPending {
 		t.Fatalf("published requests %+v, want the pending %s", pub, id)
+	}
+}
+
+// A call an executor claimed before it died may have started: whatever
+// the catalog or the policy says when its run is resumed, only the
+// claim's rule settles it. Here its tool has left the catalog since (the
+// tool's service is down), and, in one case, the policy now denies it: a
+// claim within its lease keeps the call waiting, and one past its lease
+// is reported EXECUTION_UNCERTAIN, never TOOL_NOT_FOUND or POLICY_DENIED
+// (found by make chaos: a call that ran was reported failed
+// TOOL_NOT_FOUND). A call without a claim is still refused at once.
+func TestAResumedRunReportsAClaimedCallByItsClaimNotByTheCatalog(t *testing.T) {
+	const lease = 2 * time.Second
+	never := `{"version": "now", "tools": {"gone": {"approval": "never"}},
+	  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}}`
+	denies := `{"version": "now", "tools": {"gone": {"approval": "never", "audiences": {"personal": "deny"}}},
+	  "transports": {"cli": {"trust_boundary": "local", "interactive": true}}}`
+	for _, tc := range []struct {
+		name    string
+		policy  string
+		legacy  bool          // the claim a record of tollgate_claims, the batch version 1
+		claimed bool          // the call has a claim
+		age     time.Duration // how long ago it was claimed
+		want    schemas.Code  // "": the call waits (ErrClaimHeld)
+	}{
+		{name: "a claim past its lease is uncertain", policy: never, claimed: true, age: 2 * lease, want: schemas.CodeExecutionUncertain},
+		{name: "a claim past its lease is uncertain though the policy now denies the call", policy: denies, claimed: true, age: 2 * lease, want: schemas.CodeExecutionUncertain},
+		{name: "a claim within its lease keeps the call waiting", policy: never, claimed: true},
+		{name: "a version 1 claim past its lease is uncertain", policy: never, legacy: true, claimed: true, age: 2 * lease, want: schemas.CodeExecutionUncertain},
+		{name: "a version 1 claim within its lease keeps the call waiting", policy: never, legacy: true, claimed: true},
+		{name: "a call without a claim is refused", policy: never, want: schemas.CodeToolNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// No tool named "gone" in the catalog.
+			h := pt.Start(t, pt.Options{Stages: []string{}, Policy: tc.policy, ClaimLease: lease, ToolTimeout: lease / 2})
+			at := h.Accept(h.Inbound("claimed", "alice", pt.Call("gone", `{}`), pt.Call("gone", `{"b":2}`)))
+			ctx := context.Background()
+			n := len(at.Calls)
+			b := &schemas.BatchRecord{TurnID: at.TurnID, SessionID: at.Context.SessionID, Context: at.Context, Calls: at.Calls,
+				State: schemas.BatchRunning, Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n), UpdatedAt: time.Now().UTC()}
+			claimedAt := time.Now().UTC().Add(-tc.age)
+			if tc.claimed && !tc.legacy {
+				b.SetClaim(0, &schemas.CallClaim{Worker: "executor@dead", ClaimedAt: claimedAt})
+			}
+			if _, err := h.Store.Batches.Create(ctx, at.TurnID, b); err != nil {
+				t.Fatal(err)
+			}
+			if tc.legacy {
+				h.MakeLegacy(at.TurnID)
+				if tc.claimed {
+					c := at.Calls[0]
+					claim := &schemas.ExecutionClaim{CallID: c.CallID, TurnID: at.TurnID, Tool: c.Tool, ArgsDigest: c.ArgsDigest,
+						Worker: "executor@dead", ClaimedAt: claimedAt}
+					if _, err := h.Store.Claims.Create(ctx, c.CallID, claim); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if _, err := h.Engine.Acquire(ctx, batch.SessionOf(b.Context), b.TurnID, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+
+			err := h.Executor.Advance(ctx, at.TurnID)
+			got := h.Batch(at.TurnID)
+			if tc.want == "" {
+				if !errors.Is(err, batch.ErrClaimHeld) {
+					t.Fatalf("Advance: %v, want ErrClaimHeld", err)
+				}
+				if got.State != schemas.BatchRunning || got.Results[0] != nil {
+					t.Fatalf("batch %s, result %+v: want running, the claimed call without a result", got.State, got.Results[0])
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Advance: %v", err)
+			}
+			if !got.State.Terminal() {
+				t.Fatalf("batch %s, want ended", got.State)
+			}
+			if r := got.Results[0]; r == nil || r.Code != tc.want {
+				t.Fatalf("claimed call's result %+v, want %s", r, tc.want)
+			}
+			// The call beside it, never claimed, is refused as before.
+			if r := got.Results[1]; r == nil || r.Code != schemas.CodeToolNotFound && r.Code != schemas.CodePolicyDenied {
+				t.Fatalf("unclaimed call's result %+v, want refused", r)
+			}
+		})
 	}
 }
