@@ -377,6 +377,17 @@ func exampleBatchAwaiting() *schemas.BatchRecord {
 	return b
 }
 
+// exampleBatchOrdered is a batch whose turn came as an entry of its
+// session's order, queued behind the entry before it.
+func exampleBatchOrdered() *schemas.BatchRecord {
+	b := exampleBatch()
+	b.State, b.Code, b.Reason, b.Outcome, b.Claims = schemas.BatchQueued, "", "", nil, nil
+	b.Results = make([]*schemas.ToolResult, len(b.Calls))
+	b.Approvals = make([]string, len(b.Calls))
+	b.OrderSeq, b.OrderAfter = 7301, schemas.TurnID(exTransport, "m0")
+	return b
+}
+
 // exampleBatchV1 is exampleBatch as version 1 wrote it: no claims (they
 // were records of tollgate_claims) and no outcome (it was only published).
 func exampleBatchV1() *schemas.BatchRecordV1 {
@@ -457,6 +468,7 @@ var recordTypes = []recordType{
 	{"batch_record.v2.msgpack", 2, func() schemas.Record { return exampleBatch() }, decodeAs[schemas.BatchRecord]},
 	{"batch_record.v1.msgpack", 1, func() schemas.Record { return exampleBatchV1() }, decodeAs[schemas.BatchRecordV1]},
 	{"batch_record.v2-awaiting.msgpack", 2, func() schemas.Record { return exampleBatchAwaiting() }, decodeAs[schemas.BatchRecord]},
+	{"batch_record.v2-ordered.msgpack", 2, func() schemas.Record { return exampleBatchOrdered() }, decodeAs[schemas.BatchRecord]},
 	{"session_record.v1.msgpack", 1, func() schemas.Record { return exampleSession() }, decodeAs[schemas.SessionRecord]},
 	{"execution_claim.v1.msgpack", 1, func() schemas.Record { return exampleClaim() }, decodeAs[schemas.ExecutionClaim]},
 	{"turn_notice.v1.msgpack", 1, func() schemas.Record { return exampleNotice() }, decodeAs[schemas.TurnNotice]},

@@ -130,11 +130,12 @@ func DecodeBatch(data []byte) (*BatchRecord, error) {
 }
 
 // AsLegacyBatch returns b marked as a version 1 record, without claims
-// or outcome (for tests and tools that write what an earlier version
-// wrote).
+// or outcome or a place in a session's order (for tests and tools that
+// write what an earlier version wrote).
 func AsLegacyBatch(b *BatchRecord) *BatchRecord {
 	c := *b
 	c.Claims, c.Outcome, c.legacy = nil, nil, true
+	c.OrderSeq, c.OrderAfter = 0, ""
 	return &c
 }
 
@@ -151,10 +152,12 @@ func AsCurrentBatch(b *BatchRecord) *BatchRecord {
 
 // AsBucketedBatch returns b marked as kept in KV bucket tollgate_batches
 // (Bucketed), as the version before the turn logs wrote it: without an
-// outcome (that version only published it; for tests and tools).
+// outcome (that version only published it) and without a place in a
+// session's order (for tests and tools).
 func AsBucketedBatch(b *BatchRecord) *BatchRecord {
 	c := *b
 	c.Outcome, c.bucketed = nil, true
+	c.OrderSeq, c.OrderAfter = 0, ""
 	return &c
 }
 

@@ -649,6 +649,17 @@ type BatchRecord struct {
 	// from a turn log carries none (pipeline/store), so no later write
 	// repeats it.
 	Requested []*ApprovalRecord `msgpack:"requested,omitempty"`
+	// OrderSeq and OrderAfter place the batch in its session's order
+	// (docs/protocol.md §5.4): OrderSeq is the TOLLGATE_TURNS sequence of
+	// the order entry its turn came as, OrderAfter the turn of the entry
+	// before that one ("" for the session's first entry). Zero and empty
+	// on a batch whose turn did not come as an entry (a planner's step
+	// batch, a due follow-up, a turn an earlier version accepted on the
+	// accepted subject) and on every batch an earlier version wrote. Set
+	// by the batch's first write and never changed: whoever ends the
+	// batch finds the session's next entry after OrderSeq.
+	OrderSeq   uint64 `msgpack:"order_seq,omitempty"`
+	OrderAfter string `msgpack:"order_after,omitempty"`
 
 	// legacy marks a record read as version 1 (BatchRecordV1): its calls'
 	// claims are in KV bucket tollgate_claims, and it is written back as

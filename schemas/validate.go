@@ -348,6 +348,12 @@ func (b *BatchRecord) validate() error {
 	case len(b.Claims) != 0 && b.V == BatchLegacyVersion:
 		return Errorf(CodeInvalidInput, "a version %d batch record keeps its claims in tollgate_claims, not in the record", BatchLegacyVersion)
 	}
+	switch {
+	case b.OrderAfter != "" && b.OrderSeq == 0:
+		return Errorf(CodeInvalidInput, "order_after %q without the order_seq of the batch's entry", b.OrderAfter)
+	case b.OrderAfter != "" && !ValidKey(b.OrderAfter):
+		return Errorf(CodeInvalidInput, "order_after %q is not a turn id", b.OrderAfter)
+	}
 	for i, c := range b.Claims {
 		if c != nil {
 			if err := checkString(fmt.Sprintf("claims[%d].worker", i), c.Worker, MaxIDBytes, true, false); err != nil {

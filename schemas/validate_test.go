@@ -243,6 +243,8 @@ func TestRecordValidation(t *testing.T) {
 			return b
 		}(), schemas.CodeInvalidInput},
 		{"batch with an unknown state", func() schemas.Record { b := exampleBatch(); b.State = "paused"; return b }(), schemas.CodeInvalidInput},
+		{"batch placed after a turn without its entry's sequence", func() schemas.Record { b := exampleBatchOrdered(); b.OrderSeq = 0; return b }(), schemas.CodeInvalidInput},
+		{"batch placed after something that is not a turn id", func() schemas.Record { b := exampleBatchOrdered(); b.OrderAfter = "t 1.>"; return b }(), schemas.CodeInvalidInput},
 		{"running batch with an outcome", func() schemas.Record { b := exampleBatch(); b.State = schemas.BatchRunning; return b }(), schemas.CodeInvalidInput},
 		{"failed batch with a completed outcome", func() schemas.Record { b := exampleBatch(); b.Outcome.State = schemas.TurnCompleted; return b }(), schemas.CodeInvalidInput},
 		{"completed batch with a failed outcome", func() schemas.Record { b := exampleBatch(); b.State = schemas.BatchCompleted; return b }(), schemas.CodeInvalidInput},

@@ -113,6 +113,24 @@ func TestEachEntryNamesTheOneBeforeIt(t *testing.T) {
 	if _, err := w.Last(jstest.Ctx(t), "k3"); !errors.Is(err, ErrEmpty) {
 		t.Fatalf("Last of a session with no entry: %v, want ErrEmpty", err)
 	}
+
+	// Next walks the session's line, passing over another session's
+	// entries, and finds none after the last.
+	for _, tc := range []struct {
+		after uint64
+		want  *Entry // nil: ErrEmpty
+	}{{0, a}, {a.Seq, b}, {b.Seq - 1, b}, {b.Seq, c}, {c.Seq, nil}} {
+		e, err := w.Next(jstest.Ctx(t), "k1", tc.after)
+		switch {
+		case tc.want == nil && !errors.Is(err, ErrEmpty):
+			t.Fatalf("Next(k1, %d) = %+v, %v; want ErrEmpty", tc.after, e, err)
+		case tc.want != nil && (err != nil || e.Turn != tc.want.Turn || e.Seq != tc.want.Seq || e.After != tc.want.After || string(e.Data) != string(tc.want.Data)):
+			t.Fatalf("Next(k1, %d) = %+v, %v; want %s at %d", tc.after, e, err, tc.want.Turn, tc.want.Seq)
+		}
+	}
+	if _, err := w.Next(jstest.Ctx(t), "k 1", 0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Next of an invalid session key: %v, want ErrInvalid", err)
+	}
 }
 
 func TestConcurrentWritersAppendOneLine(t *testing.T) {

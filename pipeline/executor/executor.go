@@ -211,17 +211,20 @@ func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
 		if err := x.previewsPending(rec.TurnID); err != nil {
 			return err
 		}
-		var after *string
+		var entry *turnorder.Entry
 		if route == topology.RouteTurnOrder {
 			// An entry of its session's order: the turn before it settles
-			// its arrival order (sessionorder.Checker.CheckAfter). An entry
-			// whose stamp does not read (not this writer's) is checked as
-			// an unstamped turn is.
+			// its arrival order (sessionorder.Checker.CheckAfter), and the
+			// batch records its place. An entry whose stamp does not read
+			// (not this writer's) is checked as an unstamped turn is.
 			if e, err := turnorder.Stamp(m.Subject(), m.Headers()); err == nil && e.Turn == rec.TurnID {
-				after = &e.After
+				if md, err := m.Metadata(); err == nil {
+					e.Seq = md.Sequence.Stream
+					entry = e
+				}
 			}
 		}
-		return x.accept(ctx, rec, after)
+		return x.accept(ctx, rec, entry)
 	case *schemas.TurnNotice:
 		if err := schemas.CheckTurnKey(rec.TurnID); err != nil {
 			return err
@@ -273,9 +276,11 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	return x.accept(ctx, t, nil)
 }
 
-// accept is Accept; after, when not nil, is the turn before t in its
-// session's order (t came as an entry of it), for the order check.
-func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, after *string) error {
+// accept is Accept; entry, when not nil, is the entry of its session's
+// order that t came as (its stamp and sequence): the turn before it is
+// the order check's, and the batch records its place (OrderSeq,
+// OrderAfter) unless the entry is a repeat.
+func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *turnorder.Entry) error {
 	if err := schemas.CheckTurnKey(t.TurnID); err != nil {
 		return err
 	}
@@ -291,6 +296,15 @@ func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, after *s
 	}
 	if t.Context != nil {
 		rec.SessionID = t.Context.SessionID
+	}
+	var after *string
+	if entry != nil {
+		after = &entry.After
+		if !entry.Repeated() {
+			// A repeated entry raises the session's watermark only: the
+			// turn's place is its first entry's.
+			rec.OrderSeq, rec.OrderAfter = entry.Seq, entry.After
+		}
 	}
 	if started, err := x.startAtOnce(ctx, rec, after); started || err != nil {
 		return err

@@ -288,6 +288,24 @@ func TestEachTurnJoinsItsSessionsOrderOnce(t *testing.T) {
 		if e.Kind != want.Kind || e.Key != want.Key || e.Turn != want.Turn || e.After != want.After || e.AfterSeq != want.AfterSeq || e.Arrival != want.Arrival {
 			t.Fatalf("entry %d is %+v, want %+v", i, e, want)
 		}
+		if e.Repeated() != (i == 2) {
+			t.Fatalf("entry %d reads as repeated: %v", i, e.Repeated())
+		}
+	}
+	// Each turn's batch records its place: its first entry, and the turn
+	// before that one; the repeated entry places nothing.
+	for i, turn := range turns {
+		if i == 2 {
+			continue
+		}
+		b := h.Batch(turn)
+		if b.OrderSeq != entries[i].Seq || b.OrderAfter != entries[i].Header.Get(topology.HeaderOrderAfter) {
+			t.Fatalf("turn %d's batch is placed at %d after %q, want its entry %d after %q",
+				i, b.OrderSeq, b.OrderAfter, entries[i].Seq, entries[i].Header.Get(topology.HeaderOrderAfter))
+		}
+	}
+	if b := h.Batch(other); b.OrderSeq == 0 || b.OrderAfter != "" {
+		t.Fatalf("another session's first turn is placed at %d after %q, want its entry after none", b.OrderSeq, b.OrderAfter)
 	}
 }
 
