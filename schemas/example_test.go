@@ -388,6 +388,19 @@ func exampleBatchOrdered() *schemas.BatchRecord {
 	return b
 }
 
+// examplePlannerTurn is a planner turn superseded at its second step,
+// placed in its session's order.
+func examplePlannerTurn() *schemas.PlannerTurn {
+	return &schemas.PlannerTurn{
+		V: 1, TurnID: exTurnID, SessionID: exSession, Context: exampleContext(), Text: "summarise the quarter and mail it",
+		State: schemas.PlannerFailed, Step: 1, TokensIn: 1200, TokensOut: 340,
+		Code: schemas.CodeTurnSuperseded, Reason: "superseded by a newer turn of the session",
+		SupersededBy: schemas.TurnID(exTransport, "m2"), Reply: "The summary so far: revenue up 4%.",
+		StartedAt: t1, UpdatedAt: t1,
+		OrderSeq: 7301, OrderAfter: schemas.TurnID(exTransport, "m0"),
+	}
+}
+
 // exampleBatchV1 is exampleBatch as version 1 wrote it: no claims (they
 // were records of tollgate_claims) and no outcome (it was only published).
 func exampleBatchV1() *schemas.BatchRecordV1 {
@@ -469,6 +482,7 @@ var recordTypes = []recordType{
 	{"batch_record.v1.msgpack", 1, func() schemas.Record { return exampleBatchV1() }, decodeAs[schemas.BatchRecordV1]},
 	{"batch_record.v2-awaiting.msgpack", 2, func() schemas.Record { return exampleBatchAwaiting() }, decodeAs[schemas.BatchRecord]},
 	{"batch_record.v2-ordered.msgpack", 2, func() schemas.Record { return exampleBatchOrdered() }, decodeAs[schemas.BatchRecord]},
+	{"planner_turn.v1.msgpack", 1, func() schemas.Record { return examplePlannerTurn() }, decodeAs[schemas.PlannerTurn]},
 	{"session_record.v1.msgpack", 1, func() schemas.Record { return exampleSession() }, decodeAs[schemas.SessionRecord]},
 	{"execution_claim.v1.msgpack", 1, func() schemas.Record { return exampleClaim() }, decodeAs[schemas.ExecutionClaim]},
 	{"turn_notice.v1.msgpack", 1, func() schemas.Record { return exampleNotice() }, decodeAs[schemas.TurnNotice]},

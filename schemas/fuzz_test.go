@@ -106,6 +106,10 @@ func FuzzDecodeBatchRecord(f *testing.F) {
 	fuzzDecode[schemas.BatchRecord](f, "batch_record.v2.msgpack")
 }
 
+func FuzzDecodePlannerTurn(f *testing.F) {
+	fuzzDecode[schemas.PlannerTurn](f, "planner_turn.v1.msgpack")
+}
+
 func FuzzDecodeBatchRecordV1(f *testing.F) {
 	fuzzDecode[schemas.BatchRecordV1](f, "batch_record.v1.msgpack")
 }

@@ -56,6 +56,13 @@ type PlannerTurn struct {
 	SupersededBy string    `msgpack:"superseded_by,omitempty"`
 	StartedAt    time.Time `msgpack:"started_at"` // when the loop started (wall-time budget)
 	UpdatedAt    time.Time `msgpack:"updated_at"`
+	// OrderSeq and OrderAfter are the turn's place in its session's order
+	// (BatchRecord's fields of the same names), kept until the loop's
+	// batch record is created with them. Zero and empty for a turn that
+	// did not come as an entry, and on every record an earlier version
+	// wrote.
+	OrderSeq   uint64 `msgpack:"order_seq,omitempty"`
+	OrderAfter string `msgpack:"order_after,omitempty"`
 }
 
 // PlannerCall is one tool call the model asked for in a step. A call that
@@ -236,6 +243,9 @@ func (t *PlannerTurn) validate() error {
 	case PlannerQueued, PlannerRunning, PlannerCompleted, PlannerFailed:
 	default:
 		return Errorf(CodeInvalidInput, "state %q is not a planner state", t.State)
+	}
+	if err := checkPlace(t.OrderSeq, t.OrderAfter); err != nil {
+		return err
 	}
 	return firstErr(
 		checkString("turn_id", t.TurnID, MaxIDBytes, true, false),

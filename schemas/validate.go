@@ -348,11 +348,8 @@ func (b *BatchRecord) validate() error {
 	case len(b.Claims) != 0 && b.V == BatchLegacyVersion:
 		return Errorf(CodeInvalidInput, "a version %d batch record keeps its claims in tollgate_claims, not in the record", BatchLegacyVersion)
 	}
-	switch {
-	case b.OrderAfter != "" && b.OrderSeq == 0:
-		return Errorf(CodeInvalidInput, "order_after %q without the order_seq of the batch's entry", b.OrderAfter)
-	case b.OrderAfter != "" && !ValidKey(b.OrderAfter):
-		return Errorf(CodeInvalidInput, "order_after %q is not a turn id", b.OrderAfter)
+	if err := checkPlace(b.OrderSeq, b.OrderAfter); err != nil {
+		return err
 	}
 	for i, c := range b.Claims {
 		if c != nil {
@@ -371,6 +368,19 @@ func (b *BatchRecord) validate() error {
 		checkString("turn_id", b.TurnID, MaxIDBytes, true, false),
 		checkFollowUpDepth(b.FollowUpDepth),
 	)
+}
+
+// checkPlace checks a place in a session's order (order_seq,
+// order_after): a turn before it only with the entry's sequence, and a
+// turn id.
+func checkPlace(seq uint64, after string) error {
+	switch {
+	case after != "" && seq == 0:
+		return Errorf(CodeInvalidInput, "order_after %q without the order_seq of the turn's entry", after)
+	case after != "" && !ValidKey(after):
+		return Errorf(CodeInvalidInput, "order_after %q is not a turn id", after)
+	}
+	return nil
 }
 
 // checkOutcome: an outcome only on a terminal version 2 record, for its

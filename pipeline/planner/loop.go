@@ -11,6 +11,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/sessionorder"
@@ -36,6 +37,13 @@ func (p *Planner) authorize(tc *schemas.TurnContext, turnID string) error {
 // Accept records the planner turn of t (once) and drives it. A turn whose
 // TurnContext does not verify is failed closed at once: no model is asked.
 func (p *Planner) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
+	return p.accept(ctx, t, nil)
+}
+
+// accept is Accept of a turn that came as entry of its session's order
+// (nil: it did not, or the entry places nothing): the planner turn, and
+// then the loop's batch record, keep its place (OrderSeq, OrderAfter).
+func (p *Planner) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *turnorder.Entry) error {
 	if err := schemas.CheckTurnKey(t.TurnID); err != nil {
 		return err
 	}
@@ -43,6 +51,9 @@ func (p *Planner) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 	tr := &schemas.PlannerTurn{TurnID: t.TurnID, Context: t.Context, Text: t.Text, State: schemas.PlannerQueued, UpdatedAt: now}
 	if t.Context != nil {
 		tr.SessionID = t.Context.SessionID
+	}
+	if entry != nil {
+		tr.OrderSeq, tr.OrderAfter = entry.Seq, entry.After
 	}
 	if err := p.authorize(t.Context, t.TurnID); err != nil {
 		p.cfg.Logger.Warn("planner turn failed closed", "turn", t.TurnID, "err", err)
@@ -617,13 +628,15 @@ func (p *Planner) terminalBatch(ctx context.Context, tr *schemas.PlannerTurn) (*
 }
 
 // batchRecord is the batch record of planner turn tr as planBatch creates
-// it: queued, no calls of its own, Plan set.
+// it: queued, no calls of its own, Plan set, at the turn's place in its
+// session's order.
 func (p *Planner) batchRecord(tr *schemas.PlannerTurn) *schemas.BatchRecord {
 	now := p.now()
 	return &schemas.BatchRecord{
 		TurnID: tr.TurnID, SessionID: tr.SessionID, Context: tr.Context, Text: tr.Text,
 		Calls: []schemas.ToolCall{}, Approvals: []string{}, Results: []*schemas.ToolResult{},
 		State: schemas.BatchQueued, Plan: true, CreatedAt: now, UpdatedAt: now,
+		OrderSeq: tr.OrderSeq, OrderAfter: tr.OrderAfter,
 	}
 }
 

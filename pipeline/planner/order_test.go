@@ -179,6 +179,20 @@ func TestLoopsAndCallTurnsOfASessionEndInArrivalOrder(t *testing.T) {
 	for i := 1; i < len(turns); i++ {
 		f.ranAfter(turns[i-1], turns[i])
 	}
+	// Every turn's batch, a loop's as a call turn's, keeps its place in
+	// the one order: after the turn before it, at a later entry.
+	var seq uint64
+	for i, turn := range turns {
+		b := f.Batch(turn)
+		want := ""
+		if i > 0 {
+			want = turns[i-1]
+		}
+		if b.OrderAfter != want || b.OrderSeq <= seq {
+			t.Fatalf("turn %d (plan %v) is placed at %d after %q, want after %q past %d", i, b.Plan, b.OrderSeq, b.OrderAfter, want, seq)
+		}
+		seq = b.OrderSeq
+	}
 }
 
 func TestACallTurnSupersedesAWaitingLoop(t *testing.T) {
