@@ -126,6 +126,34 @@ func (e *Entry) Repeated() bool {
 	return ok && arrival != 0
 }
 
+// Place is the place in its session's order that e gives its turn: its
+// sequence and the turn before it. A repeated entry, and a nil one,
+// place nothing (0, "").
+func (e *Entry) Place() (seq uint64, after string) {
+	if e == nil || e.Repeated() {
+		return 0, ""
+	}
+	return e.Seq, e.After
+}
+
+// Delivered is the entry of turn that m, delivered by a consumer of an
+// order subject, is: its stamp (Stamp) and stream sequence. It is nil when
+// the stamp does not read or names another turn (not this package's
+// writing), or m carries no metadata: the caller then treats the turn as
+// one that came outside the order.
+func Delivered(m jetstream.Msg, turn string) *Entry {
+	e, err := Stamp(m.Subject(), m.Headers())
+	if err != nil || e.Turn != turn {
+		return nil
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return nil
+	}
+	e.Seq = md.Sequence.Stream
+	return e
+}
+
 // Append is one turn to append to its session's order.
 type Append struct {
 	Kind string // topology.OrderExec or topology.OrderPlan

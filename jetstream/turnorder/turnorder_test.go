@@ -372,3 +372,23 @@ func FuzzStamp(f *testing.F) {
 		}
 	})
 }
+
+func TestAnEntryPlacesItsTurnUnlessItIsARepeat(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		e     *Entry
+		seq   uint64
+		after string
+	}{
+		{"a first entry", &Entry{Turn: "t-1", Seq: 4, MsgID: topology.OrderMsgID("t-1")}, 4, ""},
+		{"an entry after another", &Entry{Turn: "t-2", Seq: 9, After: "t-1", AfterSeq: 4, MsgID: topology.OrderMsgID("t-2")}, 9, "t-1"},
+		{"a repeated entry", &Entry{Turn: "t-1", Seq: 12, After: "t-2", AfterSeq: 9, MsgID: topology.OrderRepeatMsgID("t-1", 30)}, 0, ""},
+		{"no entry", nil, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if seq, after := tc.e.Place(); seq != tc.seq || after != tc.after {
+				t.Fatalf("Place() = %d, %q; want %d, %q", seq, after, tc.seq, tc.after)
+			}
+		})
+	}
+}

@@ -217,12 +217,7 @@ func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
 			// its arrival order (sessionorder.Checker.CheckAfter), and the
 			// batch records its place. An entry whose stamp does not read
 			// (not this writer's) is checked as an unstamped turn is.
-			if e, err := turnorder.Stamp(m.Subject(), m.Headers()); err == nil && e.Turn == rec.TurnID {
-				if md, err := m.Metadata(); err == nil {
-					e.Seq = md.Sequence.Stream
-					entry = e
-				}
-			}
+			entry = turnorder.Delivered(m, rec.TurnID)
 		}
 		return x.accept(ctx, rec, entry)
 	case *schemas.TurnNotice:
@@ -300,12 +295,8 @@ func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *t
 	var after *string
 	if entry != nil {
 		after = &entry.After
-		if !entry.Repeated() {
-			// A repeated entry raises the session's watermark only: the
-			// turn's place is its first entry's.
-			rec.OrderSeq, rec.OrderAfter = entry.Seq, entry.After
-		}
 	}
+	rec.OrderSeq, rec.OrderAfter = entry.Place() // a repeat places nothing: the turn's place is its first entry's
 	if started, err := x.startAtOnce(ctx, rec, after); started || err != nil {
 		return err
 	}

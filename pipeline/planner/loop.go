@@ -41,8 +41,8 @@ func (p *Planner) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 }
 
 // accept is Accept of a turn that came as entry of its session's order
-// (nil: it did not, or the entry places nothing): the planner turn, and
-// then the loop's batch record, keep its place (OrderSeq, OrderAfter).
+// (nil: it did not): the planner turn, and then the loop's batch record,
+// keep the place the entry gives it (turnorder.Entry.Place).
 func (p *Planner) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *turnorder.Entry) error {
 	if err := schemas.CheckTurnKey(t.TurnID); err != nil {
 		return err
@@ -52,9 +52,7 @@ func (p *Planner) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *tu
 	if t.Context != nil {
 		tr.SessionID = t.Context.SessionID
 	}
-	if entry != nil {
-		tr.OrderSeq, tr.OrderAfter = entry.Seq, entry.After
-	}
+	tr.OrderSeq, tr.OrderAfter = entry.Place()
 	if err := p.authorize(t.Context, t.TurnID); err != nil {
 		p.cfg.Logger.Warn("planner turn failed closed", "turn", t.TurnID, "err", err)
 		tr.State, tr.Code, tr.Reason = schemas.PlannerFailed, schemas.CodeOf(err), schemas.ReasonOf(err)

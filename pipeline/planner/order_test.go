@@ -160,7 +160,7 @@ func TestALoopWaitsForTheCallTurnBeforeIt(t *testing.T) {
 // that become turns within the order wait, and a turn stops waiting for one
 // that has not after it (docs/protocol.md §11, package sessionorder). With
 // startOrder's short wait a loaded machine let the executor pass a loop the
-// planner had not recorded within 300ms (logged "never became a turn"), as
+// planner had not recorded within 300ms (logged "was not settled within the order wait"), as
 // documented; this test is about the order, not about that wait.
 func TestLoopsAndCallTurnsOfASessionEndInArrivalOrder(t *testing.T) {
 	f := startOrderWait(t, testPolicy, 0)

@@ -247,7 +247,11 @@ func (p *Planner) Handle(ctx context.Context, m jetstream.Msg) error {
 	route, rec, err := topology.Read(m.Subject(), m.Data(), turnRoutes...)
 	switch rec := rec.(type) {
 	case *schemas.AcceptedTurn:
-		return p.accept(ctx, rec, placeOf(route, m, rec.TurnID))
+		var entry *turnorder.Entry
+		if route == topology.RouteTurnOrderPlan {
+			entry = turnorder.Delivered(m, rec.TurnID)
+		}
+		return p.accept(ctx, rec, entry)
 	case *schemas.TurnNotice:
 		if err := schemas.CheckTurnKey(rec.TurnID); err != nil {
 			return err
@@ -255,26 +259,6 @@ func (p *Planner) Handle(ctx context.Context, m jetstream.Msg) error {
 		return p.Drive(ctx, rec.TurnID)
 	}
 	return err
-}
-
-// placeOf is the place in its session's order of turn, delivered as m on
-// route: the entry's sequence and the turn before it, or nil when m is
-// no entry (a turn on the planner's subject), a repeated entry (it
-// places nothing), or an entry whose stamp does not read.
-func placeOf(route topology.Route, m jetstream.Msg, turn string) *turnorder.Entry {
-	if route != topology.RouteTurnOrderPlan {
-		return nil
-	}
-	e, err := turnorder.Stamp(m.Subject(), m.Headers())
-	if err != nil || e.Turn != turn || e.Repeated() {
-		return nil
-	}
-	md, err := m.Metadata()
-	if err != nil {
-		return nil
-	}
-	e.Seq = md.Sequence.Stream
-	return e
 }
 
 // HandleOutcome processes one turn outcome: for a step batch of a planner

@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -48,9 +47,7 @@ import (
 // read it) only makes the check stricter; a caller that is told to wait
 // reads the session's last entry afresh before it asks again.
 type Gate struct {
-	cfg     GateConfig
-	skipped prometheus.Counter
-	inbound inbound
+	rule *rule
 }
 
 // GateConfig wires a Gate.
@@ -72,20 +69,18 @@ func NewGate(cfg GateConfig) (*Gate, error) {
 	if cfg.JS == nil || cfg.Policy == nil || cfg.Now == nil || cfg.Logger == nil {
 		return nil, errors.New("sessionorder: JS, Policy, Now and Logger are required")
 	}
-	if cfg.Wait <= 0 {
-		cfg.Wait = DefaultWait
-	}
-	g := &Gate{cfg: cfg, skipped: newSkipped(), inbound: inbound{js: cfg.JS}}
-	if err := metrics.Register(cfg.Registerer, &g.skipped); err != nil {
+	r, err := newRule(cfg.JS, cfg.Policy, cfg.Now, cfg.Logger, cfg.Registerer, cfg.Wait)
+	if err != nil {
 		return nil, err
 	}
-	return g, nil
+	return &Gate{rule: r}, nil
 }
 
 // Check returns nil when t may join its session's order after an entry
 // whose arrival watermark is watermark, an *OutOfOrder when an earlier
 // inbound message of the session must join first, or another error when
-// the lookups fail.
+// the lookups fail. Nothing but the order wait settles an admitted
+// message of another turn: ingest alone appends, in this order.
 func (g *Gate) Check(ctx context.Context, t *schemas.AcceptedTurn, watermark uint64) error {
 	if t.Origin != "" || t.Context == nil {
 		return nil
@@ -94,27 +89,7 @@ func (g *Gate) Check(ctx context.Context, t *schemas.AcceptedTurn, watermark uin
 	if seq == 0 || watermark+1 >= seq {
 		return nil
 	}
-	stream, err := g.inbound.stream(ctx)
-	if err != nil {
-		return err
-	}
-	return earlier(ctx, stream, t.TurnID, t.Context, watermark, seq, func(m *jetstream.RawStreamMsg) (bool, error) {
-		e, err := g.cfg.Policy.Admit(m.Subject, m.Data, schemas.Provenance{StreamSeq: m.Sequence, ReceivedAt: m.Time})
-		switch {
-		case err != nil:
-			return true, nil // never a turn: ingest dead-letters it
-		case e.TurnID == t.TurnID:
-			return true, nil // an earlier delivery of the same message: this turn
-		}
-		age := g.cfg.Now().Sub(m.Time)
-		if age <= g.cfg.Wait {
-			return false, nil
-		}
-		if watermark > 0 {
-			g.skipped.Inc()
-			g.cfg.Logger.Warn("session order: an earlier inbound message never joined its session's order; letting later turns pass it",
-				"session", t.Context.SessionID, "inbound_seq", m.Sequence, "turn", e.TurnID, "waited", age)
-		}
-		return true, nil
-	})
+	// A session whose order has no entries yet passes its old messages
+	// over silently: an earlier version ran them.
+	return g.rule.check(ctx, t.TurnID, t.Context, watermark, seq, watermark > 0, nil)
 }

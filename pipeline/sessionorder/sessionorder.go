@@ -60,14 +60,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -115,9 +112,8 @@ type Config struct {
 
 // Checker applies the session-order rule (see the package doc).
 type Checker struct {
-	cfg     Config
-	skipped prometheus.Counter
-	inbound inbound
+	cfg  Config
+	rule *rule
 }
 
 // New returns a Checker.
@@ -125,23 +121,11 @@ func New(cfg Config) (*Checker, error) {
 	if cfg.JS == nil || cfg.Store == nil || cfg.Policy == nil || cfg.Now == nil || cfg.Logger == nil {
 		return nil, errors.New("sessionorder: JS, Store, Policy, Now and Logger are required")
 	}
-	if cfg.Wait <= 0 {
-		cfg.Wait = DefaultWait
-	}
-	c := &Checker{cfg: cfg, skipped: newSkipped(), inbound: inbound{js: cfg.JS}}
-	if err := metrics.Register(cfg.Registerer, &c.skipped); err != nil {
+	r, err := newRule(cfg.JS, cfg.Policy, cfg.Now, cfg.Logger, cfg.Registerer, cfg.Wait)
+	if err != nil {
 		return nil, err
 	}
-	return c, nil
-}
-
-// newSkipped is tollgate_session_order_skipped_total, which a Checker and
-// a Gate registered on one registry share (metrics.Register).
-func newSkipped() prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tollgate_session_order_skipped_total",
-		Help: "Earlier inbound messages of a session that a later turn stopped waiting for after the order wait (package sessionorder).",
-	})
+	return &Checker{cfg: cfg, rule: r}, nil
 }
 
 // ArrivalSeq is the inbound sequence that orders b in its session, or 0
@@ -151,27 +135,6 @@ func ArrivalSeq(b *schemas.BatchRecord) uint64 {
 		return 0
 	}
 	return b.Context.Provenance.StreamSeq
-}
-
-// inbound is the TOLLGATE_INBOUND handle, looked up once.
-type inbound struct {
-	js jetstream.JetStream
-	mu sync.Mutex
-	s  jetstream.Stream
-}
-
-func (in *inbound) stream(ctx context.Context) (jetstream.Stream, error) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.s != nil {
-		return in.s, nil
-	}
-	s, err := in.js.Stream(ctx, topology.StreamInbound)
-	if err != nil {
-		return nil, fmt.Errorf("session order: stream %s: %w", topology.StreamInbound, err)
-	}
-	in.s = s
-	return s, nil
 }
 
 // Check returns nil when every earlier inbound message of b's session is
@@ -195,12 +158,8 @@ func (c *Checker) Check(ctx context.Context, b *schemas.BatchRecord) (*batch.Ses
 	if sess.InboundSeq >= seq-1 {
 		return snap, nil
 	}
-	stream, err := c.inbound.stream(ctx)
-	if err != nil {
-		return nil, err
-	}
-	err = earlier(ctx, stream, b.TurnID, b.Context, sess.InboundSeq, seq, func(m *jetstream.RawStreamMsg) (bool, error) {
-		return c.settled(ctx, b.TurnID, sess, m)
+	err = c.rule.check(ctx, b.TurnID, b.Context, sess.InboundSeq, seq, true, func(turn string) (verdict, error) {
+		return c.placed(ctx, sess, turn)
 	})
 	if err != nil {
 		return nil, err
@@ -247,76 +206,28 @@ func (c *Checker) CheckAfter(ctx context.Context, b *schemas.BatchRecord, after 
 	return nil, fmt.Errorf("session order: load batch %s: %w", after, err)
 }
 
-// earlier hands settled each inbound message of the session of tc stored
-// after watermark and before seq (the turn's own), in order, and returns
-// an *OutOfOrder for the first it does not find settled, nil when all
-// are.
-func earlier(ctx context.Context, stream jetstream.Stream, turn string, tc *schemas.TurnContext, watermark, seq uint64, settled func(*jetstream.RawStreamMsg) (bool, error)) error {
-	key := schemas.SessionKeyOf(tc)
-	filter := topology.InboundSessionFilter(key) // a legacy key: shared by transports
-	if tc.SessionKey != "" {
-		filter = topology.InboundSessionSubject(tc.Transport, key)
-	}
-	for from := watermark + 1; from < seq; {
-		m, err := stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("session order: next inbound message of %s after %d: %w", key, from-1, err)
-		}
-		if m.Sequence >= seq {
-			return nil
-		}
-		ok, err := settled(m)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return &OutOfOrder{Turn: turn, Seq: seq, Earlier: m.Sequence}
-		}
-		from = m.Sequence + 1
-	}
-	return nil
-}
-
-// settled reports whether the earlier inbound message m of session sess
-// can no longer become a turn that should run before turn self.
-func (c *Checker) settled(ctx context.Context, self string, sess *schemas.SessionRecord, m *jetstream.RawStreamMsg) (bool, error) {
-	// Admit is deterministic for a given policy: a message it refuses is
-	// dead-lettered by ingest and never becomes a turn.
-	t, err := c.cfg.Policy.Admit(m.Subject, m.Data, schemas.Provenance{StreamSeq: m.Sequence, ReceivedAt: m.Time})
-	if err != nil {
-		return true, nil
-	}
-	turn := t.TurnID
-	if turn == self {
-		// An earlier delivery of the same transport message (a transport
-		// retry under another Nats-Msg-Id): one turn, already this one.
-		return true, nil
-	}
+// placed is the Checker's verdict on turn, the turn an earlier inbound
+// message of session sess becomes: settled when the session record has
+// it active or queued, or its batch has left queued; waiting while its
+// batch is queued and not in the record (its stage is between creating
+// the batch and queuing it, or the record read is older than its
+// queuing: either way it comes first, however long that takes);
+// undecided when it has no batch yet (ingest has not accepted it, or its
+// stage has not seen it: the order wait bounds that).
+func (c *Checker) placed(ctx context.Context, sess *schemas.SessionRecord, turn string) (verdict, error) {
 	if sess.Active == turn || slices.Contains(sess.Queue, turn) {
-		return true, nil
+		return settled, nil
 	}
 	b, _, err := c.cfg.Store.Batches.Get(ctx, turn)
 	switch {
+	case err == nil && b.State == schemas.BatchQueued:
+		return waits, nil
 	case err == nil:
-		// Queued but not in the session record: its stage is between
-		// creating the batch and queuing it (or the record we read is
-		// older than its queuing). Either way it comes first.
-		return b.State != schemas.BatchQueued, nil
+		return settled, nil
 	case schemas.Permanent(err):
-		return true, nil // an undecodable batch is dead-lettered, never run
+		return settled, nil // an undecodable batch is dead-lettered, never run
 	case !errors.Is(err, store.ErrNotFound):
-		return false, fmt.Errorf("session order: load batch %s: %w", turn, err)
+		return undecided, fmt.Errorf("session order: load batch %s: %w", turn, err)
 	}
-	// No batch yet: ingest has not accepted it, or its stage has not seen
-	// the accepted turn. Wait, for a while.
-	if age := c.cfg.Now().Sub(m.Time); age > c.cfg.Wait {
-		c.skipped.Inc()
-		c.cfg.Logger.Warn("session order: an earlier inbound message never became a turn; letting later turns pass it",
-			"session", sess.SessionID, "inbound_seq", m.Sequence, "turn", turn, "waited", age)
-		return true, nil
-	}
-	return false, nil
+	return undecided, nil
 }
