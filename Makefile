@@ -95,7 +95,7 @@ e2e: build
 
 ## chaos: the long chaos run (internal/chaos): replicated stage processes against a real nats-server,
 ## SIGKILLs of workers and broker restarts under load, then the safety checks. Parameters:
-## CHAOS_TURNS, CHAOS_KILLS, CHAOS_RESTARTS, CHAOS_REPLICAS, CHAOS_SEED (replay); CHAOS_WRITE_KILLS (12: the stage
+## CHAOS_TURNS, CHAOS_KILLS, CHAOS_RESTARTS, CHAOS_REPLICAS, CHAOS_SEED (replay); CHAOS_WRITE_KILLS (10: the stage
 ## that made a turn's k-th durable write SIGKILLed right after it, every k of both paths); CHAOS_CLUSTER=3 runs it on a
 ## three-node cluster (broker restarts then kill the TOLLGATE_TURNS leader node), CHAOS_STREAM_REPLICAS
 ## (default: the node count); CHAOS_PLANNER=1 sends CHAOS_PLANNER_PERCENT (30) of the turns as text through
@@ -103,7 +103,7 @@ e2e: build
 CHAOS_TURNS    ?= 5000
 CHAOS_KILLS    ?= 50
 CHAOS_RESTARTS ?= 2
-CHAOS_WRITE_KILLS ?= 12
+CHAOS_WRITE_KILLS ?= 10
 CHAOS_REPLICAS ?= 2
 CHAOS_CLUSTER  ?=
 CHAOS_STREAM_REPLICAS ?=

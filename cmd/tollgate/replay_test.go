@@ -32,6 +32,7 @@ func TestReplayCommand(t *testing.T) {
 	// As an earlier version left it: in tollgate_batches (a batch kept in
 	// its turn's log is never rebuilt), which is then lost.
 	h.MakeBucketed(turn)
+	h.RecordSessions(turn) // and the session record it kept
 	ctx, cancel := h.Ctx()
 	defer cancel()
 	if err := h.JS.DeleteKeyValue(ctx, topology.BucketBatches); err != nil {

@@ -919,7 +919,9 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 			request(ingest, apiOf(ingest)+"CONSUMER.MSG.NEXT.TOLLGATE_TURNS.executor"), nothing},
 
 		noPublish("executor cannot publish an accepted turn", executor, topology.StreamTurns, forgedAccepted),
-		noPublish("executor cannot append to a session's order", executor, topology.StreamTurns, topology.OrderSubject(topology.OrderExec, "s-forged")),
+		// The executor appends exec entries (a due follow-up, an earlier
+		// version's accepted turn), never a planner turn.
+		noPublish("executor cannot append a planner turn to a session's order", executor, topology.StreamTurns, topology.OrderSubject(topology.OrderPlan, "s-forged")),
 		noPublish("executor cannot submit a decision", executor, topology.StreamDecisions, forgedDecision),
 		noPublish("executor cannot publish a decision rejection", executor, topology.StreamEvents, forgedRejection),
 

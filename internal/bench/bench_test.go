@@ -290,23 +290,25 @@ func TestNotOK(t *testing.T) {
 // update, not reads, failed creates or consumer acknowledgements. The
 // batch record's writes are appends to the turn's log: fast 2 (created
 // running with call 0 claimed, completed), approval 4 (and awaiting,
-// started). A turn whose session is free is created running: the queued
-// record that came first (a write of its own) is only written for a turn
-// that must wait. The session's KV write is its acquire alone: a turn
-// that ends with none queued behind it writes nothing to its session (the
-// terminal batch is the release). No event is published
-// for the awaiting and started appends (issue 36, one write per fact):
-// the approval turn's publishes are the inbound message, the accepted
-// turn, the requested event, the decision and the decided event. Nor is
-// the outcome published: the turn log's outcome append keeps it.
+// started). A turn whose turn has come (its predecessor in its session's
+// order ended) is created running: the queued record that came first (a
+// write of its own) is only written for a turn that must wait. Nothing
+// is written for the session: the order's entry (the accepted turn) and
+// the batches' ends are its state (docs/protocol.md §1.4). No event is
+// published for the awaiting and started appends (issue 36, one write
+// per fact): the approval turn's publishes are the inbound message, the
+// accepted turn, the turn log's appends (running, awaiting, started,
+// outcome) and the decision; its KV writes the approval's creation and
+// its decision. Nor is the outcome published: the turn log's outcome
+// append keeps it.
 func TestDurableWritesPerTurn(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		steps []step
 		want  Writes
 	}{
-		{"the fast turn", rawFast, Writes{Publishes: 4, KV: 1, Total: 5}},
-		{"the approval turn", rawApproval, Writes{Publishes: 7, KV: 3, Total: 10}},
+		{"the fast turn", rawFast, Writes{Publishes: 4, KV: 0, Total: 4}},
+		{"the approval turn", rawApproval, Writes{Publishes: 7, KV: 2, Total: 9}},
 		{"a failed create is no write", []step{{Op: opCreateExists}, {Op: "kv.get"}, {Op: "stream.get"}, {Op: "consume+ack"}}, Writes{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -33,30 +33,21 @@ import (
 // earlier version may have created it (a redelivered turn accepted before
 // the upgrade): a read, found empty, on every turn.
 //
-// The executor reads the session record (for the session-order check, see
-// pipeline/sessionorder). The record still names the session's previous
-// turn: a turn that ends with no turn queued behind it writes nothing to
-// its session (batch.Engine.Release; the terminal batch is the release).
-// That turn has ended, which the engine that ended it remembers (the
+// The turn runs once its predecessor in its session's order has ended
+// (batch.Engine.ItsTurn, docs/protocol.md §1.4): the entry names it, and
+// the engine that ended it remembers it ended, and at which place (the
 // executor's and the redriver's, one engine in one process), so the
-// executor takes the session for the turn by compare-and-set at the
-// revision it read. (A stage process that did not end the previous turn
-// reads its last event first: one stream.get more, not in the traced
-// all-in-one turn.) Only then does it create the batch, already running
-// with call 0 claimed (executor's startAtOnce: a turn that must wait for
-// its session is created queued instead). At the turn's end, the release
-// reads the session record, finds no turn queued and writes nothing. On a
-// session's first turn the read finds nothing and the record is created
-// instead, in Tollgate (Acquire) as in the raw program.
-// The executor's session-order check needs no look-up of inbound messages:
-// the turn came as an entry of its session's order, which names the turn
-// before it, and the session record it reads names that turn (ended), so
-// its arrival order is settled (sessionorder.Checker.CheckAfter). The
-// look-up of the session's next inbound message after the order's
-// watermark is ingest's (above): under load a session's previous turn is
-// rarely the inbound message just before, and the trace puts another
-// session's turn between the two it runs, so the traced turn does it as
-// the loaded pipeline does.
+// executor reads nothing for it. (A stage process that did not end the
+// previous turn reads its last event first: one stream.get more, not in
+// the traced all-in-one turn.) No session record is read or written. The
+// executor creates the batch already running with call 0 claimed
+// (startAtOnce: a turn that must wait is created queued instead). Whoever
+// ends the batch reads the session's next entry after the turn's own (a
+// message get with next_by_subj on the order's wildcard, from the stream
+// leader): under load another turn of the session may be waiting there,
+// and is announced; in the trace there is none. The raw stages make the
+// same get (its start is the turn's inbound sequence: the same request,
+// answered from the subject index).
 //
 // A call's execution claim is in its batch record (pipeline/batch, Run):
 // the executor's move to running claims the call it runs at once, and the
@@ -68,7 +59,6 @@ import (
 // retention started when it was decided (with the TTL), so retire costs
 // reads, not writes.
 //
-// sessionRecordBytes is the size of a new session record.
 // Before it creates an approval, the executor looks up the standing grants
 // of the call's tool and requester (one read of their grant index, which
 // finds none in the bench: pipeline/grants).
@@ -79,20 +69,16 @@ import (
 // recovery sweep); the raw approver and redriver run the same watches and
 // discard what they receive.
 
-const sessionRecordBytes = 89
-
 // rawFast: one echo call, run at once.
 var rawFast = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.inbound.cli.<session>", MsgID: true, Bytes: 213},
 	{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},     // arrival order: the session's next message after the order's watermark
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 713}, // after the session's last entry, which ingest remembers
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"}, // names the turn before it in the order: arrival order settled
-	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                          // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855}, // call 0 claimed
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 942}, // call 0's result and the outcome
-	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"},                                      // the release: no turn queued, nothing written
+	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNS next tollgate.turn.order.*.<session>"},          // the session's next turn: none waits
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnOrder},
 }
 
@@ -119,8 +105,6 @@ var rawApproval = []step{
 	{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_sessions/<session>"}, // names the turn before it in the order: arrival order settled
-	{Stage: "executor", Op: "kv.update", On: "tollgate_sessions/<session>", Bytes: 110},
 	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                           // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed
 	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},                                     // no standing grant covers it
@@ -136,7 +120,7 @@ var rawApproval = []step{
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 1360}, // call 1's result and the outcome
 	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_sessions/<session>"}, // the release: no turn queued, nothing written
+	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNS next tollgate.turn.order.*.<session>"}, // the session's next turn: none waits
 	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factDecided},
 }
 

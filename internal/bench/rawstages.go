@@ -622,20 +622,6 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 				})
 				e = e2
 			}
-			if errors.Is(err, jetstream.ErrKeyNotFound) && bucket == topology.BucketSessions {
-				// A session's first turn: Tollgate (Acquire) creates the
-				// record instead of updating it; so does the raw turn.
-				rev, cerr := r.create(ctx, kv, pb, pk, zeros[:sessionRecordBytes], id, op)
-				switch {
-				case cerr == nil:
-					revs[target], skip = rev, target
-				case conflict(cerr):
-					r.conflicts.Add(1)
-				default:
-					r.fail(cerr)
-				}
-				continue
-			}
 			if err == nil && key == id.pred && !recordEnded(e.Value()) {
 				r.waits.Add(1)
 				e, err = nil, r.poll(ctx, func() (ended bool, err error) {

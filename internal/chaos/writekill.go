@@ -20,17 +20,17 @@ import (
 // The write kill fault (Config.WriteKills): a stage is SIGKILLed right
 // after it made the k-th durable write of a turn, for every k of both
 // paths in turn: the plain path (calls that run at once: accepted turn,
-// session taken, batch created running, the outcome that completes it)
-// and the approval path (kind "single": accepted turn, session taken,
-// batch running, approval created, batch awaiting with its request,
-// approval decided (the record's revision is the decided event), batch
-// started, the outcome with the call's result). Every turn of a path
-// makes at least these (a plain turn of several calls, or one queued
-// behind a busy session, makes more), so each position fires. The
-// harness's own writes (the inbound message, the decision) are not
-// counted. A turn's release writes its session only to pass it to a turn
-// queued behind (batch.Engine.Release), so it is no position: a kill
-// after the terminal write already covers a release cut short.
+// batch created running, the outcome that completes it) and the approval
+// path (kind "single": accepted turn, batch running, approval created,
+// batch awaiting with its request, approval decided (the record's
+// revision is the decided event), batch started, the outcome with the
+// call's result). Every turn of a path makes at least these (a plain turn
+// of several calls, or one that waits behind its session's earlier turn,
+// makes more), so each position fires. The harness's own writes (the
+// inbound message, the decision) are not counted. A turn writes nothing
+// to its session: its entry in the session's order is the accepted turn,
+// and the end of the batch before it is what lets it run (a kill after
+// that terminal write covers a wake cut short).
 //
 // The harness watches the target turn's writes as they are published (a
 // core NATS subscription on each subject the turn's writes go to, one
@@ -60,7 +60,7 @@ const (
 	writeKillSingle = "single"
 )
 
-var writeKillWrites = map[string]int{writeKillPlain: 4, writeKillSingle: 8}
+var writeKillWrites = map[string]int{writeKillPlain: 3, writeKillSingle: 7}
 
 // WriteKillPlan is one planned write kill: the stage that makes the
 // turn's K-th write is killed right after it, for Down.
@@ -80,13 +80,13 @@ type WriteKill struct {
 	WriteKillPlan
 	TurnID string
 	Fired  bool   // the turn made its K-th write and the stage was killed
-	Write  string // what the K-th write was ("turnlog running", "session taken", ...)
+	Write  string // what the K-th write was ("turnlog running", "approval created", ...)
 	Stage  string // the stage killed
 	Killed int    // its processes killed
 }
 
 // planWriteKills adds c.WriteKills write kills, going round the positions
-// of both paths (plain 1..4, then single 1..8, from a seed-drawn start),
+// of both paths (plain 1..3, then single 1..7, from a seed-drawn start),
 // each on a turn of that path drawn from its share of the fault window. It
 // draws from a random source of its own, so the turn mix and the other
 // faults of a seed are those it had before them.
@@ -137,8 +137,7 @@ type writeWatch struct {
 	subs  []*nats.Subscription
 	msgs  chan *nats.Msg
 	phase string // the stage that moves the batch now: executor, then redriver
-	prev  *schemas.SessionRecord
-	n     int // stage writes seen
+	n     int    // stage writes seen
 	out   *WriteKill
 }
 
@@ -166,13 +165,8 @@ func (h *harness) armWriteKills(ctx context.Context, nc *nats.Conn, d *driver) (
 		w := &writeWatch{h: h, plan: p, turn: t, sess: schemas.SessionKey(transport, t.sessionID), msgs: make(chan *nats.Msg, 256),
 			phase: "executor", out: &WriteKill{WriteKillPlan: p, TurnID: t.id}}
 		watches = append(watches, w)
-		rec, _, gerr := d.st.Sessions.Get(ctx, w.sess)
-		if gerr == nil {
-			w.prev = rec
-		}
 		subjects := []string{
 			topology.OrderWildcard(w.sess),
-			"$KV." + topology.BucketSessions + "." + w.sess,
 			"tollgate.event.*.*." + t.id,
 			topology.SubjectTurnLogPrefix + "*." + t.id + ".>",
 		}
@@ -230,28 +224,6 @@ func (w *writeWatch) writer(m *nats.Msg) (stage, what string) {
 			return "", ""
 		}
 		return "ingest", "accepted turn"
-	case strings.HasPrefix(m.Subject, "$KV."+topology.BucketSessions+"."):
-		cur, err := schemas.Decode[schemas.SessionRecord](m.Data)
-		if err != nil {
-			return "", ""
-		}
-		prev := w.prev
-		w.prev = cur
-		in := func(s *schemas.SessionRecord) bool {
-			return s != nil && (s.Active == turn || slices.Contains(s.Queue, turn))
-		}
-		switch {
-		case !in(prev) && in(cur):
-			return "executor", "session taken"
-		case prev != nil && prev.Active == turn && cur.Active != turn:
-			if cur.Active != "" && !slices.Contains(prev.Queue, cur.Active) {
-				// A later turn took the session after this one ended (a
-				// turn's end writes nothing when none is queued): its write.
-				return "", ""
-			}
-			return w.phase, "session released"
-		}
-		return "", "" // another turn's write, or the turn promoted by its predecessor's release
 	case strings.HasPrefix(m.Subject, topology.SubjectTurnLogPrefix):
 		_, _, state, ok := topology.ParseTurnLogSubject(m.Subject)
 		if !ok {

@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
@@ -179,19 +180,25 @@ func (h *H) SessionOn(transport, sessionID string) *schemas.SessionRecord {
 	return getOrNil(h, h.Store.Sessions, schemas.SessionKey(transport, sessionID))
 }
 
-// SessionFree reports whether the cli session sessionID is free: no
-// record, or no turn queued and either none active or an active turn whose
-// batch has ended. (A turn that ends with none queued behind it writes
-// nothing to its session: batch.Engine.Release; the record keeps naming
-// it until the recovery sweep retires it, batch.Engine.RetireSession.)
+// SessionFree reports whether the cli session sessionID is free: every
+// turn of its order (Order) has ended, and its session record (which only
+// an earlier version's turns, and a first entry queued behind one, write)
+// is absent, or has no turn queued and either none active or an active
+// turn whose batch has ended (a turn's end writes nothing when none is
+// queued behind it).
 func (h *H) SessionFree(sessionID string) bool {
 	h.T.Helper()
 	return h.SessionFreeAt(schemas.SessionKey("cli", sessionID))
 }
 
-// SessionFreeAt is SessionFree for the session record at key.
+// SessionFreeAt is SessionFree for the session with key key.
 func (h *H) SessionFreeAt(key string) bool {
 	h.T.Helper()
+	for _, turn := range h.OrderAt(key) {
+		if b := h.Batch(turn); b == nil || !b.State.Terminal() {
+			return false
+		}
+	}
 	s := getOrNil(h, h.Store.Sessions, key)
 	if s == nil {
 		return true
@@ -204,6 +211,64 @@ func (h *H) SessionFreeAt(key string) bool {
 	}
 	b := h.Batch(s.Active)
 	return b != nil && b.State.Terminal()
+}
+
+// RecordSessions writes the session records an earlier version kept for
+// turns, taken in the order given: per session, the first turn whose batch
+// has not ended holds it (active) and the later ones not ended are queued
+// behind it. This version writes no session record for a turn with a
+// place in its session's order; a test that makes batches an earlier
+// version's (MakeBucketed, MakeLegacy) writes what that version wrote
+// with them. A session whose turns have all ended gets no record.
+func (h *H) RecordSessions(turns ...string) {
+	h.T.Helper()
+	recs := map[string]*schemas.SessionRecord{}
+	var keys []string
+	for _, turn := range turns {
+		b := h.Batch(turn)
+		if b == nil || b.State.Terminal() {
+			continue
+		}
+		key := schemas.SessionKeyOf(b.Context)
+		r := recs[key]
+		if r == nil {
+			r = &schemas.SessionRecord{SessionID: b.SessionID, Active: turn, UpdatedAt: time.Now().UTC()}
+			recs[key], keys = r, append(keys, key)
+			continue
+		}
+		r.Queue = append(r.Queue, turn)
+	}
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	for _, key := range keys {
+		if _, err := h.Store.Sessions.Create(ctx, key, recs[key]); err != nil {
+			h.T.Fatalf("pipelinetest: session record %s: %v", key, err)
+		}
+	}
+}
+
+// Order returns the turns of the cli session sessionID's order, one per
+// entry that places its turn, in order (docs/protocol.md §5.4): repeated
+// entries, and later entries of a turn already in it, are left out.
+func (h *H) Order(sessionID string) []string {
+	h.T.Helper()
+	return h.OrderAt(schemas.SessionKey("cli", sessionID))
+}
+
+// OrderAt is Order for the session with key key.
+func (h *H) OrderAt(key string) []string {
+	h.T.Helper()
+	var turns []string
+	for _, m := range h.Messages(topology.StreamTurns, topology.OrderWildcard(key)) {
+		e, err := turnorder.Stamp(m.Subject, m.Header)
+		if err != nil {
+			h.T.Fatalf("pipelinetest: entry %d of session %s: %v", m.Seq, key, err)
+		}
+		if !e.Repeated() && !slices.Contains(turns, e.Turn) {
+			turns = append(turns, e.Turn)
+		}
+	}
+	return turns
 }
 
 // getOrNil reads key from b: nil if absent, a test failure on any other error.

@@ -1,11 +1,11 @@
 package pipelinetest_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -76,12 +76,14 @@ func TestASessionBelongsToItsTransport(t *testing.T) {
 			if a := h.Approval(approval); a.Status != schemas.ApprovalPending {
 				t.Fatalf("victim's approval is %s (decision %+v), want still pending", a.Status, a.Decision)
 			}
-			s := h.SessionOn("slack", thread)
-			if s == nil || s.Active != victim || len(s.Queue) != 0 {
-				t.Fatalf("victim's session record %+v, want %s active and nothing queued", s, victim)
+			if got := h.OrderAt(schemas.SessionKey("slack", thread)); !slices.Equal(got, []string{victim}) {
+				t.Fatalf("victim's session's order %v, want only %s", got, victim)
 			}
-			if own := h.SessionOn(tt.transport, thread); own == nil || (own.Active != attacker && own.Active != "") {
-				t.Fatalf("attacker's session record %+v, want its own session", own)
+			if own := h.OrderAt(schemas.SessionKey(tt.transport, thread)); !slices.Contains(own, attacker) {
+				t.Fatalf("attacker's session's order %v, want its own turn %s there", own, attacker)
+			}
+			if b := h.Batch(attacker); b.OrderAfter == victim {
+				t.Fatalf("the attacker's turn was placed behind the victim's")
 			}
 		})
 	}
@@ -95,9 +97,10 @@ func TestASessionBelongsToItsTransport(t *testing.T) {
 }
 
 // Turns accepted by the previous version carry contexts without a session
-// key; their session records are under the legacy key. After the upgrade a
-// pending approval still resumes its batch, and the turn queued behind it
-// in the legacy session runs once the first ends (docs/protocol.md §3.1).
+// key; their session is under the legacy key. Taken from the accepted
+// subject after the upgrade, they join the legacy session's order (the
+// executor appends them): a pending approval still resumes its batch, and
+// the turn behind it runs once the first ends (docs/protocol.md §3.1).
 // The turns are published as the previous version's ingest published them:
 // sealed contexts without session_key, on the accepted subject of the
 // legacy key.
@@ -119,15 +122,14 @@ func TestLegacySessionsFinishAcrossTheUpgrade(t *testing.T) {
 	first := legacy(pt.Call("guarded", `{"n":1}`))
 	h.WaitPending(schemas.ApprovalID(first, 0))
 	second := legacy(pt.Call("echo", `{"text":"queued before the upgrade"}`))
-	h.WaitBatch(second, "queued in the legacy session", func(b *schemas.BatchRecord) bool { return b.State == schemas.BatchQueued })
-	jstest.Eventually(t, pt.Wait, "the legacy session record holds the first turn and queues the second", func() bool {
-		ctx, cancel := h.Ctx()
-		defer cancel()
-		s, _, err := h.Store.Sessions.Get(ctx, schemas.LegacySessionKey(session))
-		return err == nil && s.Active == first && len(s.Queue) == 1 && s.Queue[0] == second
+	h.WaitBatch(second, "queued behind the first in the legacy session's order", func(b *schemas.BatchRecord) bool {
+		return b.State == schemas.BatchQueued && b.OrderAfter == first
 	})
-	if h.Session(session) != nil {
-		t.Fatalf("a legacy turn created a record under the scoped key")
+	if got := h.OrderAt(schemas.LegacySessionKey(session)); !slices.Equal(got, []string{first, second}) {
+		t.Fatalf("the legacy session's order %v, want [%s %s]", got, first, second)
+	}
+	if h.Session(session) != nil || len(h.Order(session)) != 0 {
+		t.Fatalf("a legacy turn joined the scoped session")
 	}
 
 	h.Decide(schemas.ApprovalID(first, 0), schemas.OptionApprove, "alice")
@@ -169,7 +171,7 @@ func TestAMessageForgedUnderAnotherTransportsKeyHoldsNothingBack(t *testing.T) {
 	if o := h.WaitOutcome(victim); o.State != schemas.TurnCompleted {
 		t.Fatalf("victim's turn ended %s (%s), want completed", o.State, o.Code)
 	}
-	if s := h.SessionOn("slack", thread); s == nil || !h.SessionFreeAt(schemas.SessionKey("slack", thread)) {
-		t.Fatalf("victim's session record %+v, want free with nothing queued", s)
+	if !h.SessionFreeAt(schemas.SessionKey("slack", thread)) {
+		t.Fatalf("victim's session is not free after its one turn ended")
 	}
 }

@@ -31,6 +31,13 @@ func ScheduleMsgID(turnID string) string { return "schedule:" + turnID }
 // "ready:<turn>".
 func ReadyMsgID(turnID string) string { return "ready:" + turnID }
 
+// ReadyAfterMsgID is the id of the ready notice that the end of turn
+// after, the turn before turnID in its session's order, sends turnID:
+// "ready:<turn>:after:<after>". It is not deduplicated against an
+// announcement of turnID made before after ended (a repeated or early
+// one, which found its turn not come), only against repeats of itself.
+func ReadyAfterMsgID(turnID, after string) string { return "ready:" + turnID + ":after:" + after }
+
 // DecisionMsgID is the id a transport gives a Decision on
 // SubjectDecisionSubmit: its decision id.
 func DecisionMsgID(decisionID string) string { return decisionID }

@@ -54,6 +54,13 @@ func PlanMsgID(turnID string) string { return "plan:" + turnID }
 // PlanReadyMsgID is the message id of the loop-ready notice of turnID.
 func PlanReadyMsgID(turnID string) string { return "planready:" + turnID }
 
+// PlanReadyAfterMsgID is PlanReadyMsgID for the notice the end of turn
+// after, the turn before turnID in its session's order, sends it (see
+// ReadyAfterMsgID).
+func PlanReadyAfterMsgID(turnID, after string) string {
+	return "planready:" + turnID + ":after:" + after
+}
+
 // StepSubject is where the planner publishes the step batch with turn id
 // batchID.
 func StepSubject(batchID string) string { return SubjectTurnStep + batchID }

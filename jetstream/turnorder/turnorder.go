@@ -396,6 +396,14 @@ func (w *Writer) Watermark(ctx context.Context, key string) (uint64, error) {
 // Forget drops what the Writer remembers of the session with key key.
 func (w *Writer) Forget(key string) { w.lasts.forget(key) }
 
+// At reads the entry stored at TOLLGATE_TURNS sequence seq (a message
+// there that is not an order entry is MALFORMED, as Stamp says), from the
+// stream leader: a reader stepping back through a session's order over
+// the entries that place nothing (Entry.Place).
+func (w *Writer) At(ctx context.Context, seq uint64) (*Entry, error) {
+	return w.entryAt(ctx, seq)
+}
+
 // entryAt reads the entry stored at seq.
 func (w *Writer) entryAt(ctx context.Context, seq uint64) (*Entry, error) {
 	m, err := w.stream.GetMsg(ctx, seq)

@@ -1,15 +1,17 @@
 // Package batch holds the batch logic that the executor and the redriver
 // share: running a call at most once (execution claims), ending a batch in
-// exactly one terminal state, publishing its outcome, and the per-session
-// queue that runs a session's batches one at a time in arrival order.
+// exactly one terminal state, publishing its outcome, and the session
+// order that runs a session's batches one at a time in arrival order.
 //
 // Every function here is idempotent: called again after a crash or a
 // redelivery, it converges to the same records and publishes with the same
 // message ids.
 //
-// The package is in three parts: execution claims (claims.go: Execute),
-// the end of a batch (end.go) and the session queue (session.go: Acquire,
-// Release, Announce).
+// The package is in four parts: execution claims (claims.go: Execute),
+// the end of a batch (end.go), the session order (order.go: Place,
+// ItsTurn, and the end of a batch announcing the next turn) and an
+// earlier version's session record (session.go: Acquire, Release,
+// Announce).
 //
 // # Ending a batch
 //
@@ -21,8 +23,9 @@
 // published); for a batch kept in tollgate_batches, or one an earlier
 // version ended without it, Finish publishes it on
 // tollgate.event.turn.outcome.<turn> (a repeat finds it stored or is
-// deduplicated by its message id). "session" says whether it releases the
-// turn's session to the next queued turn.
+// deduplicated by its message id). "session" says whether it announces
+// the session's next turn (order.go; for an earlier version's batch, the
+// session record's release).
 //
 //	function      called by                        from state    writes                              outcome  session
 //	End           redriver, failing a batch        not terminal  state, results, code; a failed      no       kept
@@ -52,6 +55,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/metrics"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -109,7 +113,8 @@ type Engine struct {
 	cfg Config
 
 	mu     sync.Mutex
-	events jetstream.Stream // handle on the events stream, bound on first use
+	events jetstream.Stream  // handle on the events stream, bound on first use
+	orders *turnorder.Writer // the sessions' orders, made on first use (Orders)
 
 	// worker is cfg.Worker plus a random suffix, unique to this engine, so
 	// a claim can be recognised as its own; started holds the call ids

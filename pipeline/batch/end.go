@@ -48,6 +48,15 @@ func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*sch
 		if b.State.Terminal() {
 			return store.ErrSkip
 		}
+		if b.State == schemas.BatchQueued && b.OrderSeq != 0 {
+			// A batch ends only in its turn (order.go), so that every
+			// batch placed before a terminal one is terminal too.
+			if its, err := e.ItsTurn(ctx, b); err != nil {
+				return err
+			} else if !its {
+				return ErrNotItsTurn
+			}
+		}
 		ended = true
 		for i := range b.Results {
 			if i < len(results) && results[i] != nil {
@@ -82,7 +91,7 @@ func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*sch
 		return nil, false, fmt.Errorf("end batch %s: %w", turnID, err)
 	}
 	if ended {
-		e.recent.add(turnID)
+		e.recent.add(turnID, b.OrderSeq)
 		e.ended.WithLabelValues(string(b.State)).Inc()
 		for _, r := range b.Results {
 			if r != nil {
@@ -128,6 +137,13 @@ func (e *Engine) Abort(ctx context.Context, turnID string, code schemas.Code, re
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
+	if errors.Is(err, ErrNotItsTurn) {
+		// A queued batch whose turn has not come is not ended out of
+		// turn: it stays queued, and its predecessor's end announces it
+		// (it then runs, or fails on its own checks).
+		e.cfg.Logger.Warn("batch not aborted: it waits for its turn", "turn", turnID, "code", code)
+		return nil
+	}
 	if schemas.Permanent(err) {
 		// The batch cannot be closed at all (e.g. its record does not
 		// decode): retrying would not help. Say so; the message is
@@ -166,8 +182,9 @@ func TurnOf(data []byte) string {
 // Finish finishes a terminal batch: a failed batch's pending approvals are
 // abandoned (announced), its approvals' and claims' retention is started
 // (retire), the turn's outcome is announced where its ending write did not
-// keep it, and its session is released (Release: a write only when a turn
-// is queued behind it).
+// keep it, and the session's next turn is announced if its batch waits
+// (order.go: a read of the session's next entry; an earlier version's
+// batch releases its session record instead, Release).
 //
 // A batch ended in its turn log keeps its outcome in that write (the log's
 // outcome event, schemas.BatchRecord.Outcome): that event is the outcome,
@@ -204,7 +221,19 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 		// and never took the session itself: there is nothing to release.
 		return nil
 	}
-	return e.release(ctx, SessionOf(b.Context), b.TurnID, false)
+	if b.OrderSeq == 0 || b.OrderAfter == "" {
+		// A batch without a place held the session record (an earlier
+		// version's turn); a session's first entry may have joined the
+		// record's queue behind one (ItsTurn). Release writes only when
+		// the record names this turn with turns queued behind it.
+		if err := e.release(ctx, SessionOf(b.Context), b.TurnID, false); err != nil {
+			return err
+		}
+	}
+	if b.OrderSeq == 0 {
+		return nil
+	}
+	return e.wake(ctx, b) // order.go
 }
 
 // announce retires b's records and, for a batch whose ending write did not

@@ -1,5 +1,7 @@
 package batch
 
+import "context"
+
 // SetBeforeQueue makes Acquire call f after it read the session and its
 // holder and before the write that queues turn behind the holder.
 func (e *Engine) SetBeforeQueue(f func(turn string)) { e.beforeQueue.Store(&f) }
@@ -17,3 +19,9 @@ func (e *Engine) Started() int {
 // PruneEvery is how many starts pass between two sweeps of the calls an
 // engine remembers starting.
 const PruneEvery = pruneEvery
+
+// AcquireIfFree takes a free session for a turn with no batch record, as
+// earlier versions' executors did (acquireIfFree).
+func (e *Engine) AcquireIfFree(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
+	return e.acquireIfFree(ctx, sess, turnID, inboundSeq, snap)
+}

@@ -48,18 +48,15 @@ func (e *Engine) Acquire(ctx context.Context, sess Session, turnID string, inbou
 	return e.acquire(ctx, sess, turnID, inboundSeq, snap, true)
 }
 
-// AcquireIfFree is Acquire for a turn that has no batch record yet: it
+// acquireIfFree is Acquire for a turn that has no batch record yet: it
 // makes turnID its session's active turn if the session is free (or
 // already held by turnID) and reports true, and otherwise writes nothing
-// and reports false. A turn joins a session's queue only once its batch
-// record exists (the queue's promotion reads it, see Release), so the
-// caller of a false answer creates the batch queued and then calls
-// Acquire. A true answer leaves turnID holding its session with no batch
-// record until the caller creates it: a caller that stops in between
-// either comes back (its message is redelivered, AcquireIfFree answers
-// true again without writing) or gives up on the turn and releases the
-// session (Engine.ReleaseUnrecorded).
-func (e *Engine) AcquireIfFree(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
+// and reports false. Earlier versions' executors took a free session so
+// before creating the batch; this version never does (a turn with a place
+// runs by its session's order, order.go), and tests use it (export_test.go)
+// to leave what those versions left: a session held by a turn with no
+// batch record, which its redelivery or ReleaseUnrecorded resolves.
+func (e *Engine) acquireIfFree(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
 	return e.acquire(ctx, sess, turnID, inboundSeq, snap, false)
 }
 
@@ -146,7 +143,7 @@ func (e *Engine) passOn(ctx context.Context, sess Session, holder string, ended 
 
 // turnEnded reports whether turn's batch record is terminal. A turn with no
 // record has not ended: it took its free session and its record is about
-// to be created (AcquireIfFree), and if it is given up on its session is
+// to be created (an earlier version's acquireIfFree), and if it is given up on its session is
 // released (ReleaseUnrecorded). A record that does not decode has not
 // ended either: its stages fail closed on it and end it with the code.
 func (e *Engine) turnEnded(ctx context.Context, turn string) (bool, error) {
@@ -228,11 +225,25 @@ func (e *Engine) Announce(ctx context.Context, sess Session, turnID string) erro
 // message id topology.PlanReadyMsgID) for a planner turn's record
 // (BatchRecord.Plan), the executor's ready notice (Announce) otherwise.
 func (e *Engine) AnnounceBatch(ctx context.Context, sess Session, b *schemas.BatchRecord) error {
-	if !b.Plan {
-		return e.Announce(ctx, sess, b.TurnID)
-	}
+	return e.announceBatch(ctx, sess, b, "")
+}
+
+// announceBatch is AnnounceBatch; after, if not "", is the turn whose end
+// announces b (its predecessor in its session's order), named in the
+// notice's message id (topology.ReadyAfterMsgID).
+func (e *Engine) announceBatch(ctx context.Context, sess Session, b *schemas.BatchRecord, after string) error {
 	n := &schemas.TurnNotice{TurnID: b.TurnID, SessionID: sess.ID, Kind: schemas.NoticeReady, At: e.Now()}
-	return bus.Publish(ctx, e.cfg.JS, topology.PlanReadySubject(sess.Key), topology.PlanReadyMsgID(b.TurnID), n)
+	subj, id := topology.ReadySubject(sess.Key), topology.ReadyMsgID(b.TurnID)
+	if b.Plan {
+		subj, id = topology.PlanReadySubject(sess.Key), topology.PlanReadyMsgID(b.TurnID)
+	}
+	if after != "" {
+		id = topology.ReadyAfterMsgID(b.TurnID, after)
+		if b.Plan {
+			id = topology.PlanReadyAfterMsgID(b.TurnID, after)
+		}
+	}
+	return bus.Publish(ctx, e.cfg.JS, subj, id, n)
 }
 
 // Release ends turnID's hold on its session, if it has ended: the next
@@ -288,7 +299,7 @@ func (e *Engine) RetireSession(ctx context.Context, sess Session) (bool, error) 
 
 // ReleaseUnrecorded releases sess if turnID holds it and has no batch
 // record: a turn given up on (its accepted message dead-lettered) between
-// AcquireIfFree and the creation of its batch must not hold its session
+// an earlier version's acquireIfFree and the creation of its batch must not hold its session
 // for good, and no sweep finds a session whose turn has no record. It
 // does nothing when turnID has a batch record (ending that batch releases
 // the session); when turnID does not hold the session it changes nothing
@@ -343,7 +354,7 @@ func (e *Engine) release(ctx context.Context, sess Session, turnID string, free 
 		case errors.Is(err, store.ErrNotFound) && !promoted:
 			// The session's active turn, which this release did not
 			// promote, has no record yet: it took its free session
-			// (AcquireIfFree) and its executor is about to create its
+			// (an earlier version's acquireIfFree) and its executor is about to create its
 			// batch, or will release it if it gives up on the turn
 			// (ReleaseUnrecorded). It holds the session: leave it.
 			return nil
@@ -374,19 +385,20 @@ func (e *Engine) release(ctx context.Context, sess Session, turnID string, free 
 // than the sessions it runs at once.
 const recentEnded = 8192
 
-// endedTurns is a bounded set of turn ids, the oldest forgotten first.
+// endedTurns is a bounded set of turn ids, each with its batch's place
+// (OrderSeq, 0 for none), the oldest forgotten first.
 type endedTurns struct {
 	mu   sync.Mutex
-	set  map[string]struct{}
+	set  map[string]uint64
 	ring []string
 	next int
 }
 
 func newEndedTurns(n int) endedTurns {
-	return endedTurns{set: make(map[string]struct{}, n), ring: make([]string, n)}
+	return endedTurns{set: make(map[string]uint64, n), ring: make([]string, n)}
 }
 
-func (t *endedTurns) add(turn string) {
+func (t *endedTurns) add(turn string, seq uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.set[turn]; ok {
@@ -396,13 +408,19 @@ func (t *endedTurns) add(turn string) {
 		delete(t.set, old)
 	}
 	t.ring[t.next] = turn
-	t.set[turn] = struct{}{}
+	t.set[turn] = seq
 	t.next = (t.next + 1) % len(t.ring)
 }
 
 func (t *endedTurns) has(turn string) bool {
+	_, ok := t.seq(turn)
+	return ok
+}
+
+// seq is the place of turn's batch, if the set holds turn.
+func (t *endedTurns) seq(turn string) (uint64, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	_, ok := t.set[turn]
-	return ok
+	s, ok := t.set[turn]
+	return s, ok
 }

@@ -12,14 +12,15 @@
 // While it runs, the executor also answers topology.SubjectToolsList with
 // its tools and their policy modes (toolslist.go; `tollgate tools`).
 //
-// A session runs one batch at a time: a turn whose session is free takes
-// it and has its batch created already running (startAtOnce); a turn whose
-// session is busy is created queued (pipeline/batch) and runs when a ready
-// notice says its turn has come.
+// A session runs one batch at a time, in the order of its entries
+// (docs/protocol.md §1.4; the rule is pipeline/batch's order.go): a turn
+// whose turn has come (the batch before it ended) has its batch created
+// already running (startAtOnce); one whose turn has not come is created
+// queued at its place and runs when the end of the batch before it
+// announces it. Nothing is written for the session.
 package executor
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -211,15 +212,13 @@ func (x *Executor) Handle(ctx context.Context, m jetstream.Msg) error {
 		if err := x.previewsPending(rec.TurnID); err != nil {
 			return err
 		}
-		var entry *turnorder.Entry
-		if route == topology.RouteTurnOrder {
-			// An entry of its session's order: the turn before it settles
-			// its arrival order (sessionorder.Checker.CheckAfter), and the
-			// batch records its place. An entry whose stamp does not read
-			// (not this writer's) is checked as an unstamped turn is.
-			entry = turnorder.Delivered(m, rec.TurnID)
+		if route != topology.RouteTurnOrder {
+			return x.acceptOutside(ctx, rec, m.Data())
 		}
-		return x.accept(ctx, rec, entry)
+		// An entry of its session's order: the batch records its place
+		// and runs once its turn has come (batch.Engine.ItsTurn). An entry
+		// whose stamp does not read (not this writer's) places nothing.
+		return x.accept(ctx, rec, turnorder.Delivered(m, rec.TurnID))
 	case *schemas.TurnNotice:
 		if err := schemas.CheckTurnKey(rec.TurnID); err != nil {
 			return err
@@ -257,6 +256,16 @@ func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 	if err := x.cfg.Engine.Abort(ctx, turnID, code, cause.Error()); err != nil {
 		return err
 	}
+	if e := turnorder.Delivered(m, turnID); e != nil && !e.Repeated() {
+		// An entry given up on before its batch was created: its batch is
+		// created failed at its place, so that the session's next turn
+		// (which waits for it to end) runs.
+		if t, err := schemas.Decode[schemas.AcceptedTurn](m.Data()); err == nil && t.TurnID == turnID {
+			if err := x.abortUnrecorded(ctx, t, e, code, cause); err != nil {
+				return err
+			}
+		}
+	}
 	// An accepted turn given up on before its batch was created may hold
 	// its session (startAtOnce): let the session's later turns run.
 	if t, err := schemas.Decode[schemas.AcceptedTurn](m.Data()); err == nil && t.TurnID == turnID && t.Context != nil {
@@ -272,9 +281,10 @@ func (x *Executor) Accept(ctx context.Context, t *schemas.AcceptedTurn) error {
 }
 
 // accept is Accept; entry, when not nil, is the entry of its session's
-// order that t came as (its stamp and sequence): the turn before it is
-// the order check's, and the batch records its place (OrderSeq,
-// OrderAfter) unless the entry is a repeat.
+// order that t came as (its stamp and sequence): the batch records the
+// place it gives (batch.Engine.Place) and starts once its turn has come.
+// A repeated entry places nothing: it goes on from the batch its turn's
+// first entry created, or, with none yet, leaves the turn to that entry.
 func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *turnorder.Entry) error {
 	if err := schemas.CheckTurnKey(t.TurnID); err != nil {
 		return err
@@ -283,21 +293,23 @@ func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *t
 	if err := notDue(t, now); err != nil {
 		return err
 	}
-	n := len(t.Calls)
-	rec := &schemas.BatchRecord{
-		TurnID: t.TurnID, Context: t.Context, Text: t.Text, Calls: t.Calls, Origin: t.Origin, FollowUpDepth: t.FollowUpDepth,
-		State: schemas.BatchQueued, Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n),
-		CreatedAt: now, UpdatedAt: now,
+	if entry != nil && entry.Repeated() {
+		_, _, err := x.cfg.Store.Batches.Get(ctx, t.TurnID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil // the turn's first entry, earlier in the order, creates its batch
+		}
+		return x.advanceExisting(ctx, t.TurnID)
 	}
-	if t.Context != nil {
-		rec.SessionID = t.Context.SessionID
-	}
-	var after *string
+	rec := newBatch(t, now)
+	var placed batch.Placed
 	if entry != nil {
-		after = &entry.After
+		var err error
+		if placed, err = x.cfg.Engine.Place(ctx, entry); err != nil {
+			return err
+		}
+		rec.OrderSeq, rec.OrderAfter = placed.Seq, placed.After
 	}
-	rec.OrderSeq, rec.OrderAfter = entry.Place() // a repeat places nothing: the turn's place is its first entry's
-	if started, err := x.startAtOnce(ctx, rec, after); started || err != nil {
+	if started, err := x.startAtOnce(ctx, rec, placed); started || err != nil {
 		return err
 	}
 	rev, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec)
@@ -309,6 +321,106 @@ func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *t
 	default:
 		return err
 	}
+}
+
+// newBatch is the queued batch record of accepted turn t, created at now.
+func newBatch(t *schemas.AcceptedTurn, now time.Time) *schemas.BatchRecord {
+	n := len(t.Calls)
+	rec := &schemas.BatchRecord{
+		TurnID: t.TurnID, Context: t.Context, Text: t.Text, Calls: t.Calls, Origin: t.Origin, FollowUpDepth: t.FollowUpDepth,
+		State: schemas.BatchQueued, Approvals: make([]string, n), Results: make([]*schemas.ToolResult, n),
+		CreatedAt: now, UpdatedAt: now,
+	}
+	if t.Context != nil {
+		rec.SessionID = t.Context.SessionID
+	}
+	return rec
+}
+
+// abortUnrecorded creates the batch of t, whose entry e was given up on
+// (dead-lettered) before its batch was created, failed with code at the
+// place e gives it, and finishes it (its outcome, and the session's next
+// turn announced). Nothing runs. A batch that exists meanwhile is left
+// to Abort. Like End, it ends the batch only in its turn: until then the
+// batch is created queued, and runs or fails when its turn comes.
+func (x *Executor) abortUnrecorded(ctx context.Context, t *schemas.AcceptedTurn, e *turnorder.Entry, code schemas.Code, cause error) error {
+	eng := x.cfg.Engine
+	if _, _, err := x.cfg.Store.Batches.Get(ctx, t.TurnID); !errors.Is(err, store.ErrNotFound) {
+		return nil // it exists (Abort ended it or left it in its turn), or cannot be read
+	}
+	placed, err := eng.Place(ctx, e)
+	if err != nil {
+		return err
+	}
+	rec := newBatch(t, eng.Now())
+	rec.OrderSeq, rec.OrderAfter = placed.Seq, placed.After
+	if _, err := x.cfg.Store.Batches.Create(ctx, t.TurnID, rec); err != nil && !errors.Is(err, store.ErrExists) {
+		return err
+	}
+	return eng.Abort(ctx, t.TurnID, code, cause.Error())
+}
+
+// acceptOutside handles t, an accepted turn on the accepted subject rather
+// than an entry of its session's order: a step batch of an agent loop
+// that is running runs inside the loop's hold (accept, then heldBy); a turn
+// whose batch exists (an earlier version's executor created it) goes on
+// from it; every other one (a due follow-up, a step whose loop has ended,
+// a turn an earlier version's ingest accepted there) joins its session's
+// order (enter), and runs when that entry is delivered: one write more,
+// for those only.
+func (x *Executor) acceptOutside(ctx context.Context, t *schemas.AcceptedTurn, data []byte) error {
+	if err := schemas.CheckTurnKey(t.TurnID); err != nil {
+		return err
+	}
+	if err := notDue(t, x.cfg.Engine.Now()); err != nil {
+		return err
+	}
+	if t.Context == nil {
+		return x.accept(ctx, t, nil) // in no session: it fails closed at once
+	}
+	if loop, held, err := x.loopRunning(ctx, t.TurnID, t.Origin); err != nil {
+		return err
+	} else if held {
+		x.cfg.Logger.Debug("step batch runs inside its loop", "turn", t.TurnID, "loop", loop)
+		return x.accept(ctx, t, nil)
+	}
+	_, _, err := x.cfg.Store.Batches.Get(ctx, t.TurnID)
+	switch {
+	case err == nil || schemas.Permanent(err):
+		return x.advanceExisting(ctx, t.TurnID)
+	case !errors.Is(err, store.ErrNotFound):
+		return err
+	}
+	return x.enter(ctx, t, data)
+}
+
+// enter appends t to its session's order (turnorder, message id
+// order:<turn>: a redelivery appends nothing new), as ingest appends the
+// turns it accepts. A turn ordered by arrival (one an earlier version's
+// ingest accepted) first waits for the earlier inbound messages of its
+// session (sessionorder.Checker.Check).
+func (x *Executor) enter(ctx context.Context, t *schemas.AcceptedTurn, data []byte) error {
+	w, err := x.cfg.Engine.Orders(ctx)
+	if err != nil {
+		return err
+	}
+	probe := newBatch(t, x.cfg.Engine.Now())
+	arrival := sessionorder.ArrivalSeq(probe)
+	if arrival != 0 {
+		if _, err := x.order.Check(ctx, probe); err != nil {
+			return err
+		}
+	}
+	a := turnorder.Append{Kind: topology.OrderExec, Key: schemas.SessionKeyOf(t.Context), Turn: t.TurnID,
+		Arrival: arrival, Data: data, Header: tracing.Inject(ctx, nil)}
+	if _, err := w.Append(ctx, a); err != nil {
+		if bus.TooLarge(err) {
+			return schemas.Errorf(schemas.CodePayloadTooLarge, "turn %s: join its session's order: %w", t.TurnID, err)
+		}
+		return fmt.Errorf("turn %s: join its session's order: %w", t.TurnID, err)
+	}
+	x.cfg.Logger.Debug("turn joined its session's order", "turn", t.TurnID, "origin", t.Origin)
+	return nil
 }
 
 // advanceExisting is Advance for a turn whose batch record a create just
@@ -329,36 +441,26 @@ func (x *Executor) advanceExisting(ctx context.Context, turnID string) error {
 
 // startAtOnce creates the batch of a new accepted turn b (queued, not
 // stored yet) already running, when nothing stands between the turn and
-// its calls: it is no follow-up, it passes the batch checks, every earlier
-// inbound message of its session is settled (sessionorder), and its
-// session is free. Then the turn takes its session first
-// (batch.Engine.AcquireIfFree) and its batch's first record is running,
-// with the call that runs at once claimed: one write instead of two (a
-// queued record, then running). It reports whether it handled the turn;
-// when it did not, it has written nothing, and the turn takes the queued
-// path (Accept), which checks again and queues or waits.
-//
-// Between the session's write and the batch's creation the turn holds its
-// session with no batch record. A redelivery finds the session held by the
-// turn and creates the batch; a dead-lettered turn releases it (abort).
-func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord, after *string) (bool, error) {
+// its calls: it came as an entry of its session's order (placed, its
+// place), it passes the batch checks, and its turn has come
+// (batch.Engine.ItsTurnNow: its predecessor has ended). Then the batch's
+// first record is running, with the call that runs at once claimed: one
+// write, and none for the session. It reports whether it handled the
+// turn; when it did not, it has written nothing, and the turn takes the
+// queued path (accept), which writes the batch queued and looks again.
+func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord, placed batch.Placed) (bool, error) {
 	eng := x.cfg.Engine
-	if b.Origin != "" || b.Context == nil || eng.Authorize(b) != nil || checkCalls(b) != nil {
-		// A follow-up may run inside its agent loop's hold (heldBy); a
-		// batch that fails at once is failed from its queued record.
+	if b.OrderSeq == 0 || b.Context == nil || eng.Authorize(b) != nil || checkCalls(b) != nil {
+		// A step batch may run inside its agent loop's hold (heldBy); a
+		// batch that fails at once is failed from its queued record, in
+		// its turn.
 		return false, nil
 	}
-	active, err := x.takeSession(ctx, b, nil, false, after)
-	var wait *sessionorder.OutOfOrder
-	switch {
-	case errors.As(err, &wait):
-		// It waits for an earlier turn with its batch record queued, as a
-		// later turn's order check expects of a turn that has been
-		// accepted (sessionorder: a queued record holds it back without a
-		// time limit).
-		return false, nil
-	case err != nil || !active:
-		return false, err
+	if !placed.AfterEnded {
+		its, err := eng.ItsTurnNow(ctx, b)
+		if err != nil || !its {
+			return false, err
+		}
 	}
 	plans, err := x.evaluate(ctx, b, false)
 	if err != nil {
@@ -383,35 +485,22 @@ func (x *Executor) startAtOnce(ctx context.Context, b *schemas.BatchRecord, afte
 	return true, x.run(ctx, b, batch.Known{Batch: b, BatchRev: rev}, false, plans)
 }
 
-// takeSession applies the session-order rule (package sessionorder) to b,
-// queued or new and not stored yet, and takes its session for it, from
-// snap when it holds the session record as just read (nil: read it):
-// batch.Engine.Acquire, which queues b behind a busy session, or with
-// queue false AcquireIfFree, which then writes nothing. It reports whether
-// b holds its session now; an *sessionorder.OutOfOrder error when an
-// earlier turn of the session must get in first. after, when not nil, is
-// the turn before b in its session's order (b came as an entry of it):
-// the rule is then sessionorder.Checker.CheckAfter, which needs no look-up
-// of inbound messages when that turn is settled.
-func (x *Executor) takeSession(ctx context.Context, b *schemas.BatchRecord, snap *batch.SessionSnapshot, queue bool, after *string) (bool, error) {
-	var checked *batch.SessionSnapshot
-	var err error
-	if after != nil {
-		checked, err = x.order.CheckAfter(ctx, b, *after)
-	} else {
-		checked, err = x.order.Check(ctx, b)
-	}
+// takeSession applies the session-order rule of an earlier version
+// (package sessionorder, the session record) to b, a queued batch without
+// a place, and takes its session for it, from snap when it holds the
+// session record as just read (nil: read it): batch.Engine.Acquire, which
+// queues b behind a busy session. It reports whether b holds its session
+// now; an *sessionorder.OutOfOrder error when an earlier turn of the
+// session must get in first.
+func (x *Executor) takeSession(ctx context.Context, b *schemas.BatchRecord, snap *batch.SessionSnapshot) (bool, error) {
+	checked, err := x.order.Check(ctx, b)
 	if err != nil {
 		return false, err
 	}
 	if checked != nil {
 		snap = checked
 	}
-	acquire := x.cfg.Engine.Acquire
-	if !queue {
-		acquire = x.cfg.Engine.AcquireIfFree
-	}
-	active, err := acquire(ctx, batch.SessionOf(b.Context), b.TurnID, sessionorder.ArrivalSeq(b), snap)
+	active, err := x.cfg.Engine.Acquire(ctx, batch.SessionOf(b.Context), b.TurnID, sessionorder.ArrivalSeq(b), snap)
 	if active && b.Context != nil && b.Context.SessionKey == "" {
 		x.cfg.Logger.Info("turn sealed before sessions were scoped by transport: it runs in its legacy session",
 			"turn", b.TurnID, "session", b.SessionID, "transport", b.Context.Transport)
@@ -472,6 +561,20 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 		return nil
 	}
 
+	if b.State == schemas.BatchQueued && b.OrderSeq != 0 {
+		// Its turn comes first: a batch leaves queued, even to fail,
+		// only in its turn (batch.Engine.ItsTurn). Read after the
+		// batch's queued write, so that a predecessor that ended
+		// meanwhile is seen here or announces this turn.
+		its, err := eng.ItsTurn(ctx, b)
+		if err != nil {
+			return err
+		}
+		if !its {
+			x.cfg.Logger.Debug("turn waits for its turn in its session's order", "turn", b.TurnID, "after", b.OrderAfter)
+			return x.supersedeActive(ctx, b)
+		}
+	}
 	if err := eng.Authorize(b); err != nil {
 		return x.fail(ctx, b, err)
 	}
@@ -484,19 +587,25 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 	resumed := b.State == schemas.BatchRunning
 	var known batch.Known // the records as last read or written, for run
 	if b.State == schemas.BatchQueued {
-		held, snap, err := x.heldBy(ctx, b)
-		if err != nil {
-			return err
-		}
-		if held == "" {
-			var active bool
-			active, err = x.takeSession(ctx, b, snap, true, nil)
+		var held string
+		if b.OrderSeq == 0 {
+			// No place: a step batch, which runs inside its loop's hold,
+			// or a batch an earlier version queued in the session record.
+			var snap *batch.SessionSnapshot
+			var err error
+			held, snap, err = x.heldBy(ctx, b)
 			if err != nil {
 				return err
 			}
-			if !active {
-				x.cfg.Logger.Info("turn queued behind its session's batch", "turn", b.TurnID, "session", b.SessionID)
-				return x.supersedeActive(ctx, b)
+			if held == "" {
+				active, err := x.takeSession(ctx, b, snap)
+				if err != nil {
+					return err
+				}
+				if !active {
+					x.cfg.Logger.Info("turn queued behind its session's batch", "turn", b.TurnID, "session", b.SessionID)
+					return x.supersedeActive(ctx, b)
+				}
 			}
 		}
 		// The calls are evaluated before the batch moves to running, so
@@ -535,16 +644,16 @@ func (x *Executor) advance(ctx context.Context, b *schemas.BatchRecord, rev uint
 	return x.run(ctx, b, known, resumed, nil)
 }
 
-// heldBy reports whether queued batch b is a step of an agent loop that
-// holds b's session now, and if so returns the loop's turn id: the step then
-// runs inside that hold instead of queuing behind it (which would deadlock:
-// the loop ends only after its step). Otherwise it returns "" and, for a
-// follow-up, the session record it read, for Acquire. A step whose loop does
-// not hold the session (a loop started by a version before loops held their
-// sessions, or one that has ended) queues like any follow-up.
+// heldBy reports whether queued batch b, which has no place, is a step of
+// an agent loop that is running now, and if so returns the loop's turn
+// id: the step then runs inside the loop's turn instead of waiting behind
+// it (which would deadlock: the loop ends only after its step).
+// Otherwise it returns "" and the session record it read, for Acquire (a
+// batch an earlier version queued there; a step whose loop ended after
+// the step was accepted waits there too).
 func (x *Executor) heldBy(ctx context.Context, b *schemas.BatchRecord) (string, *batch.SessionSnapshot, error) {
-	if b.Origin == "" {
-		return "", nil, nil
+	if loop, held, err := x.loopRunning(ctx, b.TurnID, b.Origin); err != nil || held {
+		return loop, nil, err
 	}
 	key := schemas.SessionKeyOf(b.Context)
 	sess, rev, err := x.cfg.Store.Sessions.Get(ctx, key)
@@ -554,21 +663,29 @@ func (x *Executor) heldBy(ctx context.Context, b *schemas.BatchRecord) (string, 
 	case err != nil:
 		return "", nil, fmt.Errorf("load session %s: %w", key, err)
 	}
-	if root, _, ok := schemas.PlannerStepOf(b.TurnID); ok && root == b.Origin && sess.Active == root {
-		// A loop that has ended still names the session until another
-		// turn takes it (a turn's end writes nothing to a session with no
-		// turn queued: batch.Engine.Release): its hold is over, and a
-		// step that comes after it takes the session like any follow-up.
-		loop, _, err := x.cfg.Store.Batches.Get(ctx, root)
-		switch {
-		case err == nil && loop.State.Terminal():
-		case err != nil && !errors.Is(err, store.ErrNotFound) && !schemas.Permanent(err):
-			return "", nil, fmt.Errorf("load the loop %s of step %s: %w", root, b.TurnID, err)
-		default:
-			return root, nil, nil
-		}
-	}
 	return "", &batch.SessionSnapshot{Rec: sess, Rev: rev}, nil
+}
+
+// loopRunning reports whether turn (with origin) is a step batch of an
+// agent loop whose batch has not ended (the loop runs: it started in its
+// turn and waits for this step), and names the loop. A loop batch that
+// does not exist yet counts as running (an earlier version's loop kept
+// no batch until it ended), one that does not decode as ended.
+func (x *Executor) loopRunning(ctx context.Context, turn, origin string) (string, bool, error) {
+	root, _, ok := schemas.PlannerStepOf(turn)
+	if !ok || origin == "" || root != origin {
+		return "", false, nil
+	}
+	loop, _, err := x.cfg.Store.Batches.Get(ctx, root)
+	switch {
+	case err == nil:
+		return root, !loop.State.Terminal() && loop.State != schemas.BatchQueued, nil
+	case errors.Is(err, store.ErrNotFound):
+		return root, true, nil
+	case schemas.Permanent(err):
+		return root, false, nil
+	}
+	return "", false, fmt.Errorf("load the loop %s of step %s: %w", root, turn, err)
 }
 
 // callPlan is what the executor does with one call of a running batch
@@ -846,32 +963,54 @@ func (x *Executor) supersedes(b *schemas.BatchRecord) bool {
 }
 
 // supersedeActive applies the supersede session policy for b, which just
-// queued behind its session's active turn: a batch waiting on approvals has
-// them abandoned, an agent loop is marked superseded
-// (batch.Engine.SupersedeActive), so the session moves on to b.
+// started waiting behind its session's turn: a batch waiting on approvals
+// has them abandoned, an agent loop is marked superseded, so the session
+// moves on to b (batch.Engine.SupersedeBefore for a batch with a place,
+// SupersedeActive, by the session record, for one an earlier version
+// queued there).
 func (x *Executor) supersedeActive(ctx context.Context, b *schemas.BatchRecord) error {
 	if !x.supersedes(b) {
 		return nil
+	}
+	if b.OrderSeq != 0 {
+		return x.cfg.Engine.SupersedeBefore(ctx, b)
 	}
 	return x.cfg.Engine.SupersedeActive(ctx, batch.SessionOf(b.Context), b.TurnID)
 }
 
 // supersedeSelf applies the supersede policy to b, which just started
-// waiting on approvals: if a newer turn of the session is already queued
-// behind the turn that holds the session (b, or the agent loop b is a step
-// of), b's approvals are abandoned at once (and the loop is marked
-// superseded).
+// waiting on approvals: if a newer turn of the session is already in the
+// order after the turn that holds the session (b, or the agent loop b is
+// a step of), b's approvals are abandoned at once (and the loop is marked
+// superseded). For a holder without a place (an earlier version's turn)
+// the session record's queue says so.
 func (x *Executor) supersedeSelf(ctx context.Context, b *schemas.BatchRecord) error {
 	if !x.supersedes(b) {
 		return nil
 	}
-	holder := cmp.Or(b.HeldBy, b.TurnID)
-	s, _, err := x.cfg.Store.Sessions.Get(ctx, schemas.SessionKeyOf(b.Context))
-	if err != nil || s.Active != holder || len(s.Queue) == 0 {
-		return ignoreNotFound(err)
+	holder := b
+	if b.HeldBy != "" {
+		loop, _, err := x.cfg.Store.Batches.Get(ctx, b.HeldBy)
+		if err != nil {
+			return ignoreNotFound(err)
+		}
+		holder = loop
 	}
-	by := s.Queue[len(s.Queue)-1]
-	x.cfg.Logger.Info("waiting batch superseded by a queued turn", "turn", b.TurnID, "by", by)
+	var by string
+	if holder.OrderSeq != 0 {
+		next, _, err := x.cfg.Engine.Next(ctx, holder)
+		if err != nil || next == nil {
+			return err
+		}
+		by = next.Turn
+	} else {
+		s, _, err := x.cfg.Store.Sessions.Get(ctx, schemas.SessionKeyOf(b.Context))
+		if err != nil || s.Active != holder.TurnID || len(s.Queue) == 0 {
+			return ignoreNotFound(err)
+		}
+		by = s.Queue[len(s.Queue)-1]
+	}
+	x.cfg.Logger.Info("waiting batch superseded by a newer turn", "turn", b.TurnID, "by", by)
 	if b.HeldBy != "" {
 		return x.cfg.Engine.SupersedeLoop(ctx, b.HeldBy, by)
 	}

@@ -480,15 +480,20 @@ func TestSessionRunsOneBatchAtATimeInArrivalOrder(t *testing.T) {
 	second := h.Send(h.Inbound("ordered", "alice", pt.Call("echo", `{"text":"2"}`)))
 	third := h.Send(h.Inbound("ordered", "alice", pt.Call("echo", `{"text":"3"}`)))
 
-	// Processing of both later turns is finished once the session queue
-	// holds them.
-	var s *schemas.SessionRecord
+	// Both later turns wait, each at its place in the session's order:
+	// queued, behind the turn before it.
 	jstest.Eventually(t, pt.Wait, "both later turns queued", func() bool {
-		s = h.Session("ordered")
-		return s != nil && len(s.Queue) == 2
+		b2, b3 := h.Batch(second), h.Batch(third)
+		return b2 != nil && b3 != nil
 	})
-	if s.Active != first || !slices.Equal(s.Queue, []string{second, third}) {
-		t.Fatalf("session active %s queue %v, want %s then [%s %s]", s.Active, s.Queue, first, second, third)
+	if got := h.Order("ordered"); !slices.Equal(got, []string{first, second, third}) {
+		t.Fatalf("the session's order is %v, want [%s %s %s]", got, first, second, third)
+	}
+	if b2, b3 := h.Batch(second), h.Batch(third); b2.OrderAfter != first || b3.OrderAfter != second {
+		t.Fatalf("the later turns wait behind %q and %q, want %s and %s", b2.OrderAfter, b3.OrderAfter, first, second)
+	}
+	if s := h.Session("ordered"); s != nil {
+		t.Fatalf("a session record was written: %+v (the order alone decides)", s)
 	}
 	for _, turn := range []string{second, third} {
 		if b := h.Batch(turn); b.State != schemas.BatchQueued || b.Results[0] != nil {

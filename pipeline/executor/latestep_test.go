@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -10,37 +11,23 @@ import (
 )
 
 // A step batch of an agent loop that comes after its loop has ended finds
-// the session record still naming the loop (a turn's end writes nothing
-// to a session with no turn queued). The loop's hold is over: the step
-// takes the session like any follow-up, and does not run "inside" a hold
-// that no longer exists, beside a turn that took the free session.
-func TestAStepAfterItsLoopEndedTakesTheSession(t *testing.T) {
+// no hold to run inside: it joins its session's order (one entry more,
+// after the loop's) and runs there like any turn, never "inside" a hold
+// that no longer exists, beside a turn that came after the loop.
+func TestAStepAfterItsLoopEndedJoinsTheSessionsOrder(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
 	const session = "late-step"
 	loop := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"the loop"}`)))
 	ended, _ := h.WaitTerminal(loop)
-	if s := h.Session(session); s == nil || s.Active != loop {
-		t.Fatalf("session %+v, want it still naming the ended %s", s, loop)
-	}
 
 	step := schemas.PlannerStepTurnID(loop, 0)
-	b := &schemas.BatchRecord{
-		TurnID: step, SessionID: ended.SessionID, Context: ended.Context, Origin: loop,
-		State: schemas.BatchQueued, UpdatedAt: ended.UpdatedAt,
-	}
+	at := &schemas.AcceptedTurn{TurnID: step, Context: ended.Context, Origin: loop, FollowUpDepth: 1}
 	for i, c := range ended.Calls {
 		c.CallID = schemas.CallID(step, i)
-		b.Calls = append(b.Calls, c)
-	}
-	b.Approvals, b.Results = make([]string, len(b.Calls)), make([]*schemas.ToolResult, len(b.Calls))
-	ctx, cancel := h.Ctx()
-	defer cancel()
-	if _, err := h.Store.Batches.Create(ctx, step, b); err != nil {
-		t.Fatal(err)
+		at.Calls = append(at.Calls, c)
 	}
 	key := schemas.SessionKeyOf(ended.Context)
-	h.Publish(topology.ReadySubject(key), topology.ReadyMsgID(step),
-		&schemas.TurnNotice{TurnID: step, SessionID: ended.SessionID, Kind: schemas.NoticeReady, At: ended.UpdatedAt})
+	h.Publish(topology.AcceptedSubject(key), step, at)
 
 	got, out := h.WaitTerminal(step)
 	if out.State != schemas.TurnCompleted || got.Results[0].Output != "the loop" {
@@ -49,7 +36,13 @@ func TestAStepAfterItsLoopEndedTakesTheSession(t *testing.T) {
 	if got.HeldBy != "" {
 		t.Fatalf("the step ran inside the hold of %q, a loop that had ended", got.HeldBy)
 	}
-	if s := h.Session(session); s == nil || s.Active != step {
-		t.Fatalf("session %+v, want the step to have taken it", s)
+	if got.OrderSeq == 0 || got.OrderAfter != loop {
+		t.Fatalf("the step's place is %d after %q, want an entry after the loop %s", got.OrderSeq, got.OrderAfter, loop)
+	}
+	if order := h.Order(session); !slices.Equal(order, []string{loop, step}) {
+		t.Fatalf("the session's order is %v, want [%s %s]", order, loop, step)
+	}
+	if s := h.Session(session); s != nil {
+		t.Fatalf("a session record was written: %+v", s)
 	}
 }

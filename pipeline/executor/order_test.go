@@ -24,11 +24,13 @@ const orderPolicy = `{
   "transports": {"cli": {"trust_boundary": "local", "interactive": true}}
 }`
 
-// orderFixture plays the transport and ingest: it stores inbound messages
-// (for their arrival sequence) and publishes the accepted turns ingest would
-// make of them, in whatever order a test wants, to an executor (with the
-// redriver, which releases sessions) that must still run them in arrival
-// order.
+// orderFixture plays the transport and an earlier version's ingest: it
+// stores inbound messages (for their arrival sequence) and publishes the
+// accepted turns ingest would make of them on the accepted subject, in
+// whatever order a test wants, to an executor (with the redriver) that
+// must still run them in arrival order: it appends each to its session's
+// order only once every earlier inbound message of the session is
+// settled.
 type orderFixture struct {
 	h     *pt.H
 	count *pt.Counter
@@ -94,8 +96,8 @@ func TestSessionTurnsRunInArrivalOrderWhateverOrderTheyAreAcceptedIn(t *testing.
 	if n := f.count.Total(); n != 0 {
 		t.Fatalf("%d calls ran before the session's first turn was even accepted: %v", n, f.ran())
 	}
-	if b := h.Batch(t3); b == nil || b.State != schemas.BatchQueued {
-		t.Fatalf("turn 3 is %+v, want its batch recorded and queued", b)
+	if order := h.Order(session); len(order) != 0 {
+		t.Fatalf("the session's order holds %v before its first turn was accepted, want nothing", order)
 	}
 
 	t1 := f.accept(msgs[0], seqs[0])
@@ -107,8 +109,11 @@ func TestSessionTurnsRunInArrivalOrderWhateverOrderTheyAreAcceptedIn(t *testing.
 	if got, want := f.ran(), []string{t1, t2, t3}; !slices.Equal(got, want) {
 		t.Fatalf("calls ran in order %v, want arrival order %v", got, want)
 	}
-	if s := h.Session(session); s == nil || s.InboundSeq != seqs[2] || !h.SessionFree(session) {
-		t.Fatalf("session record %+v, want free with watermark %d", s, seqs[2])
+	if got, want := h.Order(session), []string{t1, t2, t3}; !slices.Equal(got, want) {
+		t.Fatalf("the session's order is %v, want arrival order %v", got, want)
+	}
+	if !h.SessionFree(session) {
+		t.Fatal("the session is not free after its last turn ended")
 	}
 }
 
@@ -162,8 +167,8 @@ func TestSessionOrderDoesNotWaitForMessagesThatCanNeverBeTurns(t *testing.T) {
 			if b, _ := h.WaitTerminal(turn); b.State != schemas.BatchCompleted {
 				t.Fatalf("turn ended %s", b.State)
 			}
-			if s := h.Session(session); s.InboundSeq != seq {
-				t.Fatalf("watermark %d, want %d", s.InboundSeq, seq)
+			if got := h.Order(session); !slices.Equal(got, []string{turn}) {
+				t.Fatalf("the session's order is %v, want the one turn %s", got, turn)
 			}
 		})
 	}
@@ -191,11 +196,11 @@ func TestSessionOrderStopsWaitingForAMessageThatNeverBecomesATurn(t *testing.T) 
 	}
 }
 
-// TestAnEntryWaitsForTheTurnItNamesInItsSessionsOrder: turns that came as
-// entries of their session's order are checked against the turn each
-// names before it. While that turn is not settled (here: not yet due, so
-// neither recorded nor in the session), the later entry waits; then both
-// run, in order.
+// TestAnEntryWaitsForTheTurnItNamesInItsSessionsOrder: a turn that came
+// as an entry of its session's order runs once the turn before it has
+// ended. While that turn has not (here: not yet due, so not even
+// recorded), the later entry waits, queued at its place; the first one's
+// end announces it, and both run, in order.
 func TestAnEntryWaitsForTheTurnItNamesInItsSessionsOrder(t *testing.T) {
 	f := newOrderFixture(t, pt.Options{})
 	h := f.h
@@ -230,9 +235,12 @@ func TestAnEntryWaitsForTheTurnItNamesInItsSessionsOrder(t *testing.T) {
 	s2 := f.arrive(m2)
 	t1 := entry(m1, s1, time.Now().Add(1500*time.Millisecond)) // not due yet: unsettled for a while
 	t2 := entry(m2, s2, time.Time{})
-	jstest.Eventually(t, jstest.Wait, "the executor holds the second entry back at least once", func() bool {
-		return h.Metric("tollgate_messages_retried_total", map[string]string{"stage": pt.Executor}) >= 2
+	b2 := h.WaitBatch(t2, "the second entry waits behind the first", func(b *schemas.BatchRecord) bool {
+		return b.State == schemas.BatchQueued
 	})
+	if b2.OrderAfter != t1 || b2.OrderSeq == 0 {
+		t.Fatalf("the second entry's place is %d after %q, want after %s", b2.OrderSeq, b2.OrderAfter, t1)
+	}
 	if n := f.count.Total(); n != 0 {
 		t.Fatalf("%d calls ran before the first entry was due: %v", n, f.ran())
 	}

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/executor"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -15,9 +14,10 @@ import (
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 )
 
-// A turn whose session is free takes its session first and is created
-// running, its call claimed: its log holds two events, running and
-// completed, and no queued record is ever written for it.
+// A turn whose turn has come (its session's earlier turn ended) is
+// created running, its call claimed: its log holds two events, running
+// and completed, and no queued record, nor any session record, is ever
+// written for it.
 func TestATurnOfAFreeSessionIsCreatedRunning(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
 	for i, text := range []string{"first of its session", "second, the session free again"} {
@@ -34,25 +34,27 @@ func TestATurnOfAFreeSessionIsCreatedRunning(t *testing.T) {
 		}
 	}
 	h.WaitIdle(pt.Executor)
-	if !h.SessionFree("at-once") {
-		t.Fatalf("session %+v, want free", h.Session("at-once"))
+	if s := h.Session("at-once"); s != nil || !h.SessionFree("at-once") {
+		t.Fatalf("session record %+v, want none, and the session free", s)
 	}
 }
 
-// A turn whose session is held by another batch is created queued, as
-// before: a queued turn must have its record before it joins the queue,
-// because the queue's promotion reads it. It runs once the batch ahead of
-// it ends: queued, running, completed.
+// A turn whose predecessor in its session's order has not ended is
+// created queued, at its place: its record must exist before the
+// predecessor's end looks for it (batch.Engine's wake). It runs once the
+// batch ahead of it ends: queued, running, completed.
 func TestATurnBehindItsSessionsBatchIsCreatedQueued(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
 	ahead := h.Send(h.Inbound("busy", "alice", pt.Call("write_file", `{"path":"q.txt","content":"1"}`)))
 	id := schemas.ApprovalID(ahead, 0)
 	h.WaitPending(id)
 	behind := h.Send(h.Inbound("busy", "alice", pt.Call("echo", `{"text":"after"}`)))
-	jstest.Eventually(t, pt.Wait, "the second turn queued behind the first", func() bool {
-		s := h.Session("busy")
-		return s != nil && s.Active == ahead && slices.Contains(s.Queue, behind)
+	b := h.WaitBatch(behind, "the second turn queued behind the first", func(b *schemas.BatchRecord) bool {
+		return b.State == schemas.BatchQueued
 	})
+	if b.OrderAfter != ahead {
+		t.Fatalf("the queued turn waits behind %q, want %s", b.OrderAfter, ahead)
+	}
 	if got := h.LogEvents(behind); !slices.Equal(got, []string{"queued"}) {
 		t.Fatalf("log events of the queued turn %v, want [queued]", got)
 	}
@@ -68,11 +70,10 @@ func TestATurnBehindItsSessionsBatchIsCreatedQueued(t *testing.T) {
 	}
 }
 
-// An executor that stops after the turn took its session and before the
-// batch is created leaves the session held by a turn with no record. The
-// redelivered turn finds its session held by itself, creates the batch
-// and runs the call once.
-func TestATurnCutOffBetweenItsSessionAndItsBatchRunsOnceOnRedelivery(t *testing.T) {
+// An executor that stops after it judged the turn's turn come and before
+// the batch is created has written nothing: no session record, no batch.
+// The redelivered turn creates the batch and runs the call once.
+func TestATurnCutOffBeforeItsBatchRunsOnceOnRedelivery(t *testing.T) {
 	count := &pt.Counter{ToolName: "free"}
 	h := pt.Start(t, pt.Options{Policy: testPolicy, Tools: []tools.Tool{count}})
 	cut, resume := make(chan string), make(chan struct{})
@@ -91,8 +92,8 @@ func TestATurnCutOffBetweenItsSessionAndItsBatchRunsOnceOnRedelivery(t *testing.
 	}
 	s, b := h.Session("cut"), h.Batch(turn)
 	close(resume)
-	if s == nil || s.Active != turn || b != nil {
-		t.Fatalf("cut off: session %+v, batch %+v; want the session held by %s and no batch", s, b, turn)
+	if s != nil || b != nil {
+		t.Fatalf("cut off: session %+v, batch %+v; want neither written", s, b)
 	}
 	if b, out := h.WaitTerminal(turn); out.State != schemas.TurnCompleted || b.Results[0].Status != schemas.ResultOK {
 		t.Fatalf("outcome %s, result %+v", out.State, b.Results[0])
@@ -109,11 +110,13 @@ func TestATurnCutOffBetweenItsSessionAndItsBatchRunsOnceOnRedelivery(t *testing.
 	}
 }
 
-// A turn given up on (dead-lettered) after it took its session and before
-// its batch was created releases the session: the session's next turn
-// runs instead of queuing for good behind a turn with no record.
-func TestATurnDeadLetteredBeforeItsBatchReleasesItsSession(t *testing.T) {
-	h := pt.Start(t, pt.Options{Policy: testPolicy})
+// A turn given up on (dead-lettered) before its batch was created gets
+// its batch failed at its place, with the dead letter's code and nothing
+// run: its outcome says so, and the session's next turn, which waits for
+// it to end, runs.
+func TestATurnDeadLetteredBeforeItsBatchIsFailedAtItsPlace(t *testing.T) {
+	count := &pt.Counter{ToolName: "free"}
+	h := pt.Start(t, pt.Options{Policy: testPolicy, Tools: []tools.Tool{count}})
 	var doomed atomic.Pointer[string]
 	executor.SetBeforeCreate(h.Executor, func(turn string) error {
 		if doomed.CompareAndSwap(nil, &turn) || *doomed.Load() == turn {
@@ -121,34 +124,38 @@ func TestATurnDeadLetteredBeforeItsBatchReleasesItsSession(t *testing.T) {
 		}
 		return nil
 	})
-	first := h.Send(h.Inbound("doomed", "alice", pt.Call("echo", `{"text":"never"}`)))
+	first := h.Send(h.Inbound("doomed", "alice", pt.Call("free", `{}`)))
 	h.WaitDLQ(executor.Stage, 1)
 	if p := doomed.Load(); p == nil || *p != first {
 		t.Fatalf("gave up on %v, want %s", p, first)
 	}
 	next := h.Send(h.Inbound("doomed", "alice", pt.Call("echo", `{"text":"next"}`)))
-	if b, out := h.WaitTerminal(next); out.State != schemas.TurnCompleted || b.Results[0].Output != "next" {
-		t.Fatalf("the next turn ended %s %+v", out.State, b.Results[0])
+	if b, out := h.WaitTerminal(next); out.State != schemas.TurnCompleted || b.Results[0].Output != "next" || b.OrderAfter != first {
+		t.Fatalf("the next turn ended %s %+v after %q", out.State, b.Results[0], b.OrderAfter)
 	}
-	if b := h.Batch(first); b != nil {
-		t.Fatalf("the dead-lettered turn has a batch %+v", b)
+	b, out := h.WaitTerminal(first)
+	if out.State != schemas.TurnFailed || b.Code != schemas.CodeInvalidInput || b.OrderSeq == 0 {
+		t.Fatalf("the dead-lettered turn ended %s %s at place %d, want failed INVALID_INPUT at its entry's", out.State, b.Code, b.OrderSeq)
+	}
+	if r := b.Results[0]; r.Status != schemas.ResultFailed || count.Runs(schemas.CallID(first, 0)) != 0 {
+		t.Fatalf("the dead-lettered turn's call: %+v, ran %d times; want failed, never run", r, count.Runs(schemas.CallID(first, 0)))
 	}
 	h.WaitIdle(pt.Executor)
 	if !h.SessionFree("doomed") {
-		t.Fatalf("session %+v, want free", h.Session("doomed"))
+		t.Fatal("session not free")
 	}
 }
 
-// A session held by a turn whose batch is not created yet is not passed
-// on by a release that did not promote that turn: the recovery sweep's
-// release of a session with a queued turn (Engine.Release with no turn)
-// once took the missing record for a removed one and promoted the queued
-// turn, which then ran before the turn ahead of it (make chaos's write
-// kills found it). The queued turn runs only after the first one ends.
-func TestASessionHeldBeforeItsBatchExistsIsNotPassedOn(t *testing.T) {
+// A turn whose predecessor has no batch yet waits: an announcement of it
+// (the recovery sweep's, or a repeated one) does not start it, because
+// its predecessor has not ended. It runs only after the first one ends.
+// (With the session record, the sweep's release once took the missing
+// record for a removed one and promoted the queued turn, which then ran
+// before the turn ahead of it: make chaos's write kills found it.)
+func TestATurnWhosePredecessorHasNoBatchYetWaits(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
-	// The first turn's executor stops between the session and the batch
-	// (fails there) until hold is cleared: its message comes back, and
+	// The first turn's executor stops before creating its batch (fails
+	// there) until hold is cleared: its message comes back, and
 	// meanwhile the second turn is handled.
 	var hold atomic.Bool
 	hold.Store(true)
@@ -162,22 +169,24 @@ func TestASessionHeldBeforeItsBatchExistsIsNotPassedOn(t *testing.T) {
 	})
 	first := h.Send(h.Inbound("held", "alice", pt.Call("echo", `{"text":"first"}`)))
 	second := h.Send(h.Inbound("held", "alice", pt.Call("echo", `{"text":"second"}`)))
-	jstest.Eventually(t, pt.Wait, "the second turn queued behind the first, which has no batch", func() bool {
-		s := h.Session("held")
-		return s != nil && s.Active == first && slices.Contains(s.Queue, second)
+	b2 := h.WaitBatch(second, "the second turn queued behind the first, which has no batch", func(b *schemas.BatchRecord) bool {
+		return b.State == schemas.BatchQueued
 	})
-	sess := batch.Session{ID: "held", Key: schemas.SessionKey("cli", "held")}
+	sess := batch.SessionOf(b2.Context)
 	ctx, cancel := h.Ctx()
 	defer cancel()
-	for range 2 { // the sweep, twice
-		if err := h.Engine.Release(ctx, sess, ""); err != nil {
+	for range 2 { // the sweep's announcement, twice
+		if err := h.Engine.AnnounceBatch(ctx, sess, b2); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s, b1, b2 := h.Session("held"), h.Batch(first), h.Batch(second)
+	if its, err := h.Engine.ItsTurn(ctx, b2); err != nil || its {
+		t.Fatalf("ItsTurn of the second turn = %v, %v; want false while the first has no batch", its, err)
+	}
+	b1 := h.Batch(first)
 	hold.Store(false)
-	if s.Active != first || !slices.Equal(s.Queue, []string{second}) || b1 != nil || b2 == nil || b2.State != schemas.BatchQueued {
-		t.Fatalf("after the sweep's release: session %+v, batches %+v and %+v; want the first turn holding it with no batch and the second queued", s, b1, b2)
+	if b1 != nil || b2.OrderAfter != first {
+		t.Fatalf("batches %+v and %+v; want the first with none and the second queued behind it", b1, b2)
 	}
 	_, out1 := h.WaitTerminal(first)
 	b2, out2 := h.WaitTerminal(second)

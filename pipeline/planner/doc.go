@@ -17,33 +17,34 @@
 //
 // # Session order
 //
-// A session has one queue, whichever stage runs its turns: the session
-// record (schemas.SessionRecord, batch.Engine.Acquire and Release), shared
-// with the executor. A planner turn T joins it like a turn with calls:
+// A session has one order, whichever stage runs its turns: its entries in
+// TOLLGATE_TURNS (docs/protocol.md §1.4, §5.4), shared with the executor.
+// A planner turn T comes as an entry (topology.OrderPlan) and keeps its
+// place (schemas.PlannerTurn's, then its batch record's OrderSeq and
+// OrderAfter, batch.Engine.Place):
 //
 //   - T's batch record is created first, queued, with Plan set and no calls
 //     of its own (the executor never runs such a record; it is the
 //     planner's);
-//   - every earlier inbound message of the session must be settled (package
-//     sessionorder, the executor's arrival-order rule): otherwise T's
-//     message is NAKed and tried again shortly;
-//   - T then takes the session (Acquire, raising the arrival watermark) or
-//     is queued behind the session's active turn, a turn with calls or
-//     another loop, and is announced on topology.PlanReadySubject when the
-//     session is released to it (batch.Engine.AnnounceBatch).
+//   - T's loop starts once its turn has come (batch.Engine.ItsTurn: the
+//     batch before it in the order, a turn with calls or another loop, has
+//     ended); until then T waits, and the end of the batch before it
+//     announces it on topology.PlanReadySubject.
 //
-// The loop holds the session from its first model step to its end. Its step
-// batches run inside that hold: the executor runs a step batch of T without
-// queuing it while T is the session's active turn (BatchRecord.HeldBy), so
-// no other batch of the session runs between or beside T's steps, and a
-// turn that arrives meanwhile, with calls or without, waits in the queue for
-// as long as the loop runs (a person may take days), not for the order
-// wait. T's end (batch.Engine.Finish of its terminal batch record) releases
-// the session to the next queued turn.
+// The loop holds the session from its first model step to its end: no
+// later batch of the session runs until T's batch ends. Its step batches
+// run inside T's turn: the executor runs a step batch of T at once while
+// T's batch is running (BatchRecord.HeldBy), so no other batch of the
+// session runs between or beside T's steps, and a turn that arrives
+// meanwhile, with calls or without, waits for as long as the loop runs (a
+// person may take days). T's end (batch.Engine.Finish of its terminal
+// batch record) announces the session's next turn. A turn an earlier
+// version recorded without a place takes the session record's queue, as
+// it did then (batch.Engine.Acquire and Release).
 //
 // Where the session policy says supersede (policy sessions.busy), a turn
-// queued behind the running loop supersedes it instead
-// (batch.Engine.SupersedeActive): the loop is marked on its batch record
+// that waits behind the running loop supersedes it instead
+// (batch.Engine.SupersedeBefore): the loop is marked on its batch record
 // (SupersededBy), takes no further model step and fails TURN_SUPERSEDED,
 // and if its step batch waits on approvals they are abandoned, so the model
 // never acts on them.

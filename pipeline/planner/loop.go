@@ -52,10 +52,33 @@ func (p *Planner) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *tu
 	if t.Context != nil {
 		tr.SessionID = t.Context.SessionID
 	}
-	tr.OrderSeq, tr.OrderAfter = entry.Place()
+	if entry != nil && entry.Repeated() {
+		// A repeat places nothing: the turn's first entry, earlier in the
+		// order, records it.
+		if _, _, err := p.turns.Get(ctx, t.TurnID); errors.Is(err, store.ErrNotFound) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		return p.Drive(ctx, t.TurnID)
+	}
+	placed, err := p.cfg.Engine.Place(ctx, entry)
+	if err != nil {
+		return err
+	}
+	tr.OrderSeq, tr.OrderAfter = placed.Seq, placed.After
 	if err := p.authorize(t.Context, t.TurnID); err != nil {
 		p.cfg.Logger.Warn("planner turn failed closed", "turn", t.TurnID, "err", err)
 		tr.State, tr.Code, tr.Reason = schemas.PlannerFailed, schemas.CodeOf(err), schemas.ReasonOf(err)
+		if tr.OrderSeq != 0 && tr.SessionID != "" {
+			// It ends in its turn, as every placed batch does: the
+			// failed turn is recorded, and Drive ends its batch now or
+			// when its predecessor's end announces it.
+			if _, err := p.turns.Create(ctx, t.TurnID, tr); err != nil && !errors.Is(err, store.ErrExists) {
+				return err
+			}
+			return p.Drive(ctx, t.TurnID)
+		}
 		return p.endBatch(ctx, tr)
 	}
 	if _, err := p.turns.Create(ctx, t.TurnID, tr); err != nil && !errors.Is(err, store.ErrExists) {
@@ -498,6 +521,10 @@ func (p *Planner) finish(ctx context.Context, tr *schemas.PlannerTurn) error {
 		}
 	}
 	b, err := p.terminalBatch(ctx, tr)
+	if errors.Is(err, batch.ErrNotItsTurn) {
+		p.cfg.Logger.Info("planner turn ends in its turn: it waits for its session's earlier turn", "turn", tr.TurnID)
+		return nil // its predecessor's end announces it, and Drive finishes it then
+	}
 	if err != nil {
 		return err
 	}
@@ -591,6 +618,14 @@ func (p *Planner) terminalBatch(ctx context.Context, tr *schemas.PlannerTurn) (*
 	}
 	for {
 		b, rev, err := p.cfg.Store.Batches.Get(ctx, tr.TurnID)
+		if errors.Is(err, store.ErrNotFound) && tr.OrderSeq != 0 {
+			// A placed batch ends only in its turn: created queued first
+			// (planBatch), and ended below once its turn has come.
+			if _, _, err := p.planBatch(ctx, tr); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if errors.Is(err, store.ErrNotFound) {
 			now := p.now()
 			rec := p.batchRecord(tr)
@@ -612,6 +647,14 @@ func (p *Planner) terminalBatch(ctx context.Context, tr *schemas.PlannerTurn) (*
 		b, _, err = p.cfg.Store.Batches.MutateFrom(ctx, tr.TurnID, b, rev, func(b *schemas.BatchRecord) error {
 			if b.State.Terminal() {
 				return store.ErrSkip
+			}
+			if b.State == schemas.BatchQueued && b.OrderSeq != 0 {
+				// As batch.Engine.End: a placed batch ends only in its turn.
+				if its, err := p.cfg.Engine.ItsTurn(ctx, b); err != nil {
+					return err
+				} else if !its {
+					return batch.ErrNotItsTurn
+				}
 			}
 			b.State, b.Code, b.Reason, b.UpdatedAt = state, tr.Code, tr.Reason, p.now()
 			if !b.Bucketed() {
@@ -639,13 +682,13 @@ func (p *Planner) batchRecord(tr *schemas.PlannerTurn) *schemas.BatchRecord {
 }
 
 // start tries to start the loop of queued planner turn tr: its batch record
-// exists (planBatch), every earlier inbound message of its session is
-// settled (sessionorder: otherwise an *sessionorder.OutOfOrder, a waiting
-// error, is returned), and the turn holds its session's queue
-// (batch.Engine.Acquire). It reports whether the loop may run; if the turn
-// was queued behind the session's active turn instead, it applies the
-// session policy (supersede) and reports false: the release of the session
-// announces the turn on topology.PlanReadySubject.
+// exists (planBatch) and its turn has come (batch.Engine.ItsTurn: the
+// batch before it in its session's order has ended). It reports whether the
+// loop may run; if it must wait, it applies the session policy (supersede)
+// and reports false: the end of the turn before it announces the turn on
+// topology.PlanReadySubject. A turn without a place (one an earlier version
+// recorded) takes the session record's queue instead, as it did then
+// (sessionorder, batch.Engine.Acquire).
 func (p *Planner) start(ctx context.Context, tr *schemas.PlannerTurn) (bool, error) {
 	b, rev, err := p.planBatch(ctx, tr)
 	if err != nil {
@@ -655,30 +698,45 @@ func (p *Planner) start(ctx context.Context, tr *schemas.PlannerTurn) (bool, err
 	case b.State.Terminal():
 		return false, fmt.Errorf("planner turn %s is queued but its batch is %s", tr.TurnID, b.State)
 	case b.State != schemas.BatchQueued:
-		return true, nil // started before a crash: the session is held
+		return true, nil // started before a crash: its turn had come
 	}
-	// Only a turn of a legacy session (a context sealed before sessions
-	// were scoped by transport) can share a session with a legacy loop
-	// queue: a scoped session never existed when loops queued there.
-	if tr.Context == nil || tr.Context.SessionKey == "" {
-		if pass, err := p.legacyGate(ctx, tr.SessionID, tr.TurnID); err != nil || !pass {
+	supersede := tr.Context != nil && p.cfg.Policy.Busy(tr.Context.Transport) == policy.BusySupersede
+	if b.OrderSeq != 0 {
+		its, err := p.cfg.Engine.ItsTurn(ctx, b)
+		if err != nil {
 			return false, err
 		}
-	}
-	snap, err := p.order.Check(ctx, b)
-	if err != nil {
-		return false, err
-	}
-	active, err := p.cfg.Engine.Acquire(ctx, batch.SessionOf(tr.Context), tr.TurnID, sessionorder.ArrivalSeq(b), snap)
-	if err != nil {
-		return false, err
-	}
-	if !active {
-		p.cfg.Logger.Info("planner turn queued behind its session's turn", "turn", tr.TurnID, "session", tr.SessionID)
-		if tr.Context != nil && p.cfg.Policy.Busy(tr.Context.Transport) == policy.BusySupersede {
-			return false, p.cfg.Engine.SupersedeActive(ctx, batch.SessionOf(tr.Context), tr.TurnID)
+		if !its {
+			p.cfg.Logger.Info("planner turn waits for its session's earlier turn", "turn", tr.TurnID, "after", b.OrderAfter)
+			if supersede {
+				return false, p.cfg.Engine.SupersedeBefore(ctx, b)
+			}
+			return false, nil
 		}
-		return false, nil
+	} else {
+		// Only a turn of a legacy session (a context sealed before sessions
+		// were scoped by transport) can share a session with a legacy loop
+		// queue: a scoped session never existed when loops queued there.
+		if tr.Context == nil || tr.Context.SessionKey == "" {
+			if pass, err := p.legacyGate(ctx, tr.SessionID, tr.TurnID); err != nil || !pass {
+				return false, err
+			}
+		}
+		snap, err := p.order.Check(ctx, b)
+		if err != nil {
+			return false, err
+		}
+		active, err := p.cfg.Engine.Acquire(ctx, batch.SessionOf(tr.Context), tr.TurnID, sessionorder.ArrivalSeq(b), snap)
+		if err != nil {
+			return false, err
+		}
+		if !active {
+			p.cfg.Logger.Info("planner turn queued behind its session's turn", "turn", tr.TurnID, "session", tr.SessionID)
+			if supersede {
+				return false, p.cfg.Engine.SupersedeActive(ctx, batch.SessionOf(tr.Context), tr.TurnID)
+			}
+			return false, nil
+		}
 	}
 	if _, _, err := p.cfg.Store.Batches.MutateFrom(ctx, tr.TurnID, b, rev, func(b *schemas.BatchRecord) error {
 		if b.State != schemas.BatchQueued {

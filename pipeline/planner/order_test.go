@@ -45,14 +45,16 @@ func startOrderWait(t *testing.T, policy string, wait time.Duration) *fixture {
 	return f
 }
 
-// waitQueued waits until session's record has active as its active turn and
-// queued in its queue.
+// waitQueued waits until queued's batch waits, queued, right behind
+// active in session's order.
 func (f *fixture) waitQueued(session, active, queued string) {
 	f.T.Helper()
-	jstest.Eventually(f.T, pipelinetest.Wait, queued+" queued behind "+active, func() bool {
-		s := f.Session(session)
-		return s != nil && s.Active == active && slices.Contains(s.Queue, queued)
+	f.WaitBatch(queued, "queued behind "+active, func(b *schemas.BatchRecord) bool {
+		return b.State == schemas.BatchQueued && b.OrderAfter == active
 	})
+	if got := f.Order(session); !slices.Contains(got, active) || !slices.Contains(got, queued) {
+		f.T.Fatalf("the session's order %v holds not both %s and %s", got, active, queued)
+	}
 }
 
 // startedAt is when turnID's batch started running: the time of the

@@ -317,7 +317,34 @@ func (p *Planner) abort(ctx context.Context, m jetstream.Msg, code schemas.Code,
 	}
 	err := p.end(ctx, turnID, schemas.PlannerFailed, code, cause.Error(), nil)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil
+		return p.abortUnrecorded(ctx, m, turnID, code, cause)
 	}
 	return err
+}
+
+// abortUnrecorded records the planner turn of an entry of its session's
+// order given up on before the turn was recorded, failed with code at the
+// place the entry gives it, and drives it to its end (Drive: its batch
+// ends in its turn), so that the session's next turn, which waits for it,
+// runs. A message that is no such entry is left as it is.
+func (p *Planner) abortUnrecorded(ctx context.Context, m jetstream.Msg, turnID string, code schemas.Code, cause error) error {
+	e := turnorder.Delivered(m, turnID)
+	if e == nil || e.Repeated() {
+		return nil
+	}
+	t, err := schemas.Decode[schemas.AcceptedTurn](m.Data())
+	if err != nil || t.TurnID != turnID || t.Context == nil || t.Context.SessionID == "" {
+		return nil
+	}
+	placed, err := p.cfg.Engine.Place(ctx, e)
+	if err != nil {
+		return err
+	}
+	tr := &schemas.PlannerTurn{TurnID: turnID, SessionID: t.Context.SessionID, Context: t.Context, Text: t.Text,
+		State: schemas.PlannerFailed, Code: code, Reason: clip(cause.Error(), 1024), UpdatedAt: p.now(),
+		OrderSeq: placed.Seq, OrderAfter: placed.After}
+	if _, err := p.turns.Create(ctx, turnID, tr); err != nil && !errors.Is(err, store.ErrExists) {
+		return err
+	}
+	return p.Drive(ctx, turnID)
 }

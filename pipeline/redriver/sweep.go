@@ -43,10 +43,13 @@ import (
 //   - started: Redrive, which resumes it (execution claims keep each call at
 //     most once; a call whose claim has no result is reported
 //     needs_attention after the claim lease, never run blindly);
-//   - queued: Engine.Release(session, ""), which promotes or re-announces
-//     the session's active turn if its release was lost; a queued batch
-//     in no session queue at all is announced, so that its stage takes
-//     the session for it;
+//   - queued, with a place in its session's order: announced if the batch
+//     before it has ended (the ender's announcement was lost) or it is
+//     its session's first entry; its stage starts it (batch.Engine.ItsTurn);
+//   - queued, without a place (an earlier version's): Engine.Release(session,
+//     ""), which promotes or re-announces the session's active turn if its
+//     release was lost; a queued batch in no session queue at all is
+//     announced, so that its stage takes the session for it;
 //   - running, for longer than the claim lease: a ready notice for the
 //     turn, so an executor resumes it.
 //
@@ -373,6 +376,22 @@ func (s *sweeper) act(ctx context.Context, turn string, e sweepEntry, now time.T
 			return "", err
 		}
 		sess := batch.SessionOf(b.Context)
+		if b.OrderSeq != 0 {
+			// A batch with a place waits for the batch before it in its
+			// session's order; if that one has ended (its wake lost), or
+			// it is its session's first entry, it is announced and its
+			// stage starts it (batch.Engine.ItsTurn decides).
+			its := b.OrderAfter == ""
+			if !its {
+				if its, err = r.cfg.Engine.ItsTurnNow(ctx, b); err != nil {
+					return "", err
+				}
+			}
+			if !its {
+				return "", nil
+			}
+			return "announce", r.cfg.Engine.AnnounceBatch(ctx, sess, b)
+		}
 		if err := r.cfg.Engine.Release(ctx, sess, ""); err != nil {
 			return "", err
 		}

@@ -82,21 +82,28 @@ func TestSweepLeavesABatchWaitingForAPersonAlone(t *testing.T) {
 	if n := sweepActions(h, "redrive") + sweepActions(h, "error") + sweepActions(h, "retire"); n != 0 {
 		t.Fatalf("%v sweep actions on a batch that needs none", n)
 	}
-	if s := h.Session("still-waiting"); s == nil || s.Active != turn {
-		t.Fatalf("session %+v: the sweep let go of a session whose turn waits", s)
+	if h.SessionFree("still-waiting") {
+		t.Fatal("the session is free while its turn waits for a person")
 	}
 }
 
-// A turn that ends with none queued behind it writes nothing to its
-// session (the terminal batch is the release); the sweep retires the idle
-// record, and a turn that comes after takes the session either way.
+// An earlier version's session record, left naming a turn that has ended
+// (a turn's end wrote nothing when none was queued behind it): the sweep
+// retires the idle record, and a turn that comes after runs either way
+// (this version writes no session record for it).
 func TestSweepRetiresAnIdleSession(t *testing.T) {
 	count := &pt.Counter{}
 	h := pt.Start(t, sweepOptions(count))
 	const session = "goes-idle"
 	first := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"one"}`)))
-	if b, _ := h.WaitTerminal(first); b.State != schemas.BatchCompleted {
+	b, _ := h.WaitTerminal(first)
+	if b.State != schemas.BatchCompleted {
 		t.Fatalf("first turn %s", b.State)
+	}
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, err := h.Store.Sessions.Create(ctx, schemas.SessionKeyOf(b.Context), &schemas.SessionRecord{SessionID: session, Active: first, UpdatedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
 	}
 	jstest.Eventually(t, 10*time.Second, "the sweep retired the idle session", func() bool {
 		s := h.Session(session)
@@ -120,20 +127,34 @@ func queueBehindAWaitingTurn(h *pt.H, session string) (first, second string) {
 	first = h.Send(h.Inbound(session, "alice", pt.Call("count", `{}`)))
 	h.WaitState(first, schemas.BatchAwaiting)
 	second = h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"next"}`)))
-	h.WaitState(second, schemas.BatchQueued)
-	h.WaitBatch(second, "queued in its session", func(*schemas.BatchRecord) bool {
-		s := h.Session(session)
-		return s != nil && s.Active == first && len(s.Queue) == 1 && s.Queue[0] == second
+	h.WaitBatch(second, "queued behind the first", func(b *schemas.BatchRecord) bool {
+		return b.State == schemas.BatchQueued && b.OrderAfter == first
 	})
 	return first, second
 }
 
-// The lazy release's own loss: a turn ended with a turn queued behind it
-// and its stage died before the release passed the session on (nothing
-// was written to the session at all). The sweep passes it on.
-func TestSweepPassesOnASessionWhoseEndedTurnDidNotRelease(t *testing.T) {
+// asEarlierVersion makes first and second of queueBehindAWaitingTurn what
+// an earlier version left: batches without a place, the session record
+// holding first active and queue behind it.
+func asEarlierVersion(h *pt.H, session, first string, queue ...string) {
+	h.T.Helper()
+	for _, turn := range append([]string{first}, queue...) {
+		h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.OrderSeq, b.OrderAfter = 0, "" })
+	}
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, err := h.Store.Sessions.Create(ctx, schemas.SessionKey("cli", session), &schemas.SessionRecord{SessionID: session,
+		Active: first, Queue: queue, UpdatedAt: time.Now().UTC()}); err != nil {
+		h.T.Fatal(err)
+	}
+}
+
+// The wake's loss: a turn ended with a turn queued behind it in its
+// session's order, and its stage died before it announced the next one
+// (here: the end written without the stage). The sweep announces it.
+func TestSweepAnnouncesAQueuedTurnWhosePredecessorEndedWithoutWakingIt(t *testing.T) {
 	h := pt.Start(t, sweepOptions(&pt.Counter{}))
-	first, second := queueBehindAWaitingTurn(h, "cut-release")
+	first, second := queueBehindAWaitingTurn(h, "cut-wake")
 	h.MutateBatch(first, func(b *schemas.BatchRecord) {
 		b.State = schemas.BatchFailed
 	})
@@ -141,23 +162,21 @@ func TestSweepPassesOnASessionWhoseEndedTurnDidNotRelease(t *testing.T) {
 	if b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
 		t.Fatalf("queued turn ended %s: %+v", b.State, b.Results[0])
 	}
-	if sweepActions(h, "release")+sweepActions(h, "retire") < 1 {
+	if sweepActions(h, "announce") < 1 {
 		t.Fatal("the queued turn ran, but not through the sweep")
 	}
 }
 
+// An earlier version's lost ready notice: the first turn ended and its
+// release passed the session on in the session record, then the worker
+// died before publishing the ready notice. The sweep re-announces it.
 func TestSweepAnnouncesAQueuedTurnWhoseReadyNoticeWasLost(t *testing.T) {
 	h := pt.Start(t, sweepOptions(&pt.Counter{}))
 	const session = "lost-release"
 	first, second := queueBehindAWaitingTurn(h, session)
-
-	// The first turn ended and its release passed the session on in KV,
-	// then the worker died before publishing the ready notice.
+	asEarlierVersion(h, session, second)
 	h.MutateBatch(first, func(b *schemas.BatchRecord) {
 		b.State = schemas.BatchFailed
-	})
-	h.MutateSession(session, func(s *schemas.SessionRecord) {
-		s.Active, s.Queue = second, nil
 	})
 	b, _ := h.WaitTerminal(second)
 	if b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
@@ -201,16 +220,16 @@ func TestSweepPassesAreCappedAndStillReachEveryBatch(t *testing.T) {
 	}
 }
 
-// A queued batch in no session queue (its stage never took the session
-// for it, or the record was rebuilt without it) behind a turn that has
-// ended: the sweep announces it, and its stage takes the free session.
+// An earlier version's queued batch in no session queue (its stage never
+// took the session for it, or the record was rebuilt without it) behind a
+// turn that has ended: the sweep announces it, and its stage takes the
+// free session.
 func TestSweepAnnouncesAQueuedTurnInNoSessionQueue(t *testing.T) {
 	h := pt.Start(t, sweepOptions(&pt.Counter{}))
 	const session = "in-no-queue"
 	first, second := queueBehindAWaitingTurn(h, session)
-	h.MutateSession(session, func(s *schemas.SessionRecord) {
-		s.Queue = nil
-	})
+	asEarlierVersion(h, session, first)
+	h.MutateBatch(second, func(b *schemas.BatchRecord) { b.OrderSeq, b.OrderAfter = 0, "" })
 	h.MutateBatch(first, func(b *schemas.BatchRecord) {
 		b.State = schemas.BatchFailed
 	})

@@ -76,6 +76,13 @@ func TestVersion1BatchesFinishAfterTheUpgrade(t *testing.T) {
 	h.MakeLegacy(awaiting)
 	claim(awaiting, 0, time.Minute, h.Batch(awaiting).Results[0]) // its free call ran under the previous version
 	h.MakeLegacy(queued)
+	// The previous version's session record: the awaiting batch holds
+	// its session, the queued one waits behind it (this version wrote
+	// neither: it placed them in the session's order).
+	if _, err := h.Store.Sessions.Create(ctx, schemas.SessionKeyOf(h.Batch(awaiting).Context), &schemas.SessionRecord{SessionID: "up-1",
+		Active: awaiting, Queue: []string{queued}, UpdatedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
 	for _, turn := range []string{orphaned, recorded} {
 		h.MakeLegacy(turn)
 		h.MutateBatch(turn, func(b *schemas.BatchRecord) { b.State = schemas.BatchStarted })
@@ -212,6 +219,14 @@ func TestBucketedBatchesFinishAfterTheUpgrade(t *testing.T) {
 	for _, turn := range []string{awaiting, queued, orphaned, recorded, unclaimed} {
 		h.MakeBucketed(turn)
 	}
+	// The session record that version kept: the awaiting batch holds its
+	// session, the queued one waits behind it.
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	if _, err := h.Store.Sessions.Create(ctx, schemas.SessionKeyOf(h.Batch(awaiting).Context), &schemas.SessionRecord{SessionID: "b2-1",
+		Active: awaiting, Queue: []string{queued}, UpdatedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
 	ranBefore := &schemas.ToolResult{CallID: schemas.CallID(recorded, 0), Tool: "count", Status: schemas.ResultOK, Output: "ran before the upgrade",
 		ApprovalID: schemas.ApprovalID(recorded, 0), FinishedAt: time.Now().UTC()}
 	h.MutateBatch(orphaned, func(b *schemas.BatchRecord) {
@@ -244,7 +259,7 @@ func TestBucketedBatchesFinishAfterTheUpgrade(t *testing.T) {
 		orphaned: {schemas.ResultNeedsAttention, schemas.CodeExecutionUncertain},
 		recorded: {schemas.ResultOK, ""}, unclaimed: {schemas.ResultOK, ""}, later: {schemas.ResultOK, ""},
 	}
-	ctx, cancel := h3.Ctx()
+	ctx, cancel = h3.Ctx()
 	defer cancel()
 	for turn, w := range want {
 		b, out := h3.WaitTerminal(turn)
@@ -266,8 +281,8 @@ func TestBucketedBatchesFinishAfterTheUpgrade(t *testing.T) {
 	if b := h3.Batch(recorded); b.Results[0].Output != "ran before the upgrade" {
 		t.Errorf("a call whose record held its result: %+v, want that result", b.Results[0])
 	}
-	if a, l := h3.Batch(awaiting), h3.Batch(later); !a.UpdatedAt.Before(l.Results[0].FinishedAt) {
-		t.Errorf("the later turn's call finished at %v, before the earlier batch ended at %v", l.Results[0].FinishedAt, a.UpdatedAt)
+	if q, l := h3.Batch(queued), h3.Batch(later); !q.UpdatedAt.Before(l.Results[0].FinishedAt) {
+		t.Errorf("the later turn's call finished at %v, before the earlier version's queued batch ended at %v", l.Results[0].FinishedAt, q.UpdatedAt)
 	}
 	h3.WaitIdle(pt.AllStages...)
 	for call, n := range map[string]int{

@@ -450,7 +450,8 @@ func judgeApproval(raw []byte, want *schemas.ApprovalRecord) judgement[*schemas.
 	return j
 }
 
-// sessions considers every session with an unfinished turn in the report:
+// sessions considers every session with an unfinished turn without a
+// place in its session's order (an earlier version's) in the report:
 // a missing session record is created (create-only) with the first such
 // turn active and the others queued in accepted order, as the executor
 // would have left it. It returns the sessions it created (or would).
@@ -459,7 +460,10 @@ func (a *applier) sessions(ctx context.Context) (map[string]bool, error) {
 	turns := map[string][]string{}
 	ids := map[string]string{} // session key -> session id
 	for _, tr := range a.rep.Turns {
-		if tr.rec == nil || tr.rec.State.Terminal() || tr.SessionID == "" {
+		if tr.rec == nil || tr.rec.State.Terminal() || tr.SessionID == "" || tr.rec.OrderSeq != 0 {
+			// A batch with a place waits in its session's order
+			// (TOLLGATE_TURNS), which no bucket loss touches: no
+			// session record is rebuilt for it.
 			continue
 		}
 		// Grouped by session key (the turn's sealed context): two
@@ -526,6 +530,12 @@ func (a *applier) nudge(ctx context.Context, sessionCreated map[string]bool) err
 		case schemas.BatchRunning:
 			continue // the executor working on it finishes it
 		case schemas.BatchQueued:
+			if tr.rec.OrderSeq != 0 {
+				// Its stage starts it if its turn has come
+				// (batch.Engine.ItsTurn), and leaves it queued otherwise.
+				n.Kind, subject = schemas.NoticeReady, topology.ReadySubject(key)
+				break
+			}
 			if a.active[key] != tr.TurnID {
 				continue // the turn before it hands the session on when it ends
 			}

@@ -223,6 +223,7 @@ func TestRebuildBringsBackEveryRecordFromTheStreams(t *testing.T) {
 	for _, turn := range turns {
 		h.MakeBucketed(turn)
 	}
+	h.RecordSessions(turns...) // and the session records it kept with them
 	approvals := []string{schemas.ApprovalID(pending, 2), schemas.ApprovalID(waiting, 0), schemas.ApprovalID(waiting, 1),
 		schemas.ApprovalID(done, 0), schemas.ApprovalID(voted, 0), schemas.ApprovalID(halfway, 0)}
 	before := map[string][]byte{}

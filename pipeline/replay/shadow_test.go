@@ -103,6 +103,7 @@ func TestDryRunReportsWhatEachBatchWouldDoAndDoesNothing(t *testing.T) {
 	// An earlier version's batch, in tollgate_batches, lost from it (a
 	// turn's log is never lost that way, nor rebuilt).
 	h.MakeBucketed(lost)
+	h.RecordSessions(claimedV1, lost) // the session records the earlier versions kept for theirs
 	deleteKey(h, true, lost)
 
 	pol, err := policy.Parse([]byte(laterPolicy))

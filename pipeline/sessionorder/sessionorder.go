@@ -48,10 +48,15 @@
 // sequence; they are not arrival-ordered messages and skip the check, as do
 // contexts without an inbound sequence.
 //
-// The same rule is applied earlier too, by Gate, where ingest appends a
+// Today the rule's main use is earlier, by Gate, where ingest appends a
 // turn to its session's order (docs/protocol.md §5.4), against the
 // watermark the order's last entry carries: the order is then arrival
-// order, and a later version lets the order alone decide.
+// order, and the order alone decides when a turn runs (batch.Engine.ItsTurn,
+// docs/protocol.md §1.4). The Checker serves the turns that are not
+// entries yet: a turn an earlier version's ingest accepted on the accepted
+// subject, checked before the executor appends it to the order, and a
+// batch an earlier version queued, checked before it takes its session
+// record's queue.
 package sessionorder
 
 import (
@@ -165,45 +170,6 @@ func (c *Checker) Check(ctx context.Context, b *schemas.BatchRecord) (*batch.Ses
 		return nil, err
 	}
 	return snap, nil
-}
-
-// CheckAfter is Check for b accepted as an entry of its session's order
-// whose entry names after before it (jetstream/turnorder, Entry.After).
-// Ingest appended the entries in arrival order (Gate), each only after
-// the earlier inbound messages of its session, so b's earlier messages
-// are settled once the turn after is: active or queued in the session
-// record, or its batch past queued (ended, most often: the record still
-// names it). That needs the session record only, which Check reads
-// anyway, and no look-up of inbound messages. When after is not settled
-// that way (its batch not recorded yet, or queued and not in the record),
-// or names nothing (the session's first entry: earlier turns, if any, an
-// earlier version accepted outside the order), CheckAfter is Check.
-func (c *Checker) CheckAfter(ctx context.Context, b *schemas.BatchRecord, after string) (*batch.SessionSnapshot, error) {
-	if ArrivalSeq(b) == 0 || after == "" || after == b.TurnID {
-		return c.Check(ctx, b)
-	}
-	key := schemas.SessionKeyOf(b.Context)
-	sess, rev, err := c.cfg.Store.Sessions.Get(ctx, key)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return c.Check(ctx, b)
-	case err != nil:
-		return nil, fmt.Errorf("session order: load session %s: %w", key, err)
-	}
-	snap := &batch.SessionSnapshot{Rec: sess, Rev: rev}
-	if sess.Active == after || slices.Contains(sess.Queue, after) {
-		return snap, nil
-	}
-	prev, _, err := c.cfg.Store.Batches.Get(ctx, after)
-	switch {
-	case err == nil && prev.State != schemas.BatchQueued:
-		return snap, nil
-	case err == nil || errors.Is(err, store.ErrNotFound):
-		return c.Check(ctx, b)
-	case schemas.Permanent(err):
-		return snap, nil // an undecodable batch is dead-lettered, never run
-	}
-	return nil, fmt.Errorf("session order: load batch %s: %w", after, err)
 }
 
 // placed is the Checker's verdict on turn, the turn an earlier inbound

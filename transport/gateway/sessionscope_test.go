@@ -24,7 +24,8 @@ const scopePolicy = `{
 // An API key that sends a Slack thread's session id over POST /v1/turns
 // gets a session of the gateway transport (security rule 12): its turn is
 // not queued behind the Slack user's waiting call, does not supersede the
-// Slack user's pending approval, and the Slack session record is untouched.
+// Slack user's pending approval, and the Slack session's order holds
+// only the Slack user's turn.
 func TestAnAPIKeyCannotJoinASlackThreadsSession(t *testing.T) {
 	g := startGateway(t, pipelinetest.Options{Policy: scopePolicy}, nil)
 	const thread = "slack:T024BE7LD:C0123ABC:1710408400.000050"
@@ -42,8 +43,8 @@ func TestAnAPIKeyCannotJoinASlackThreadsSession(t *testing.T) {
 	if a := g.Approval(approval); a.Status != schemas.ApprovalPending {
 		t.Fatalf("the Slack user's approval is %s (%+v), want pending", a.Status, a.Decision)
 	}
-	if s := g.SessionOn("slack", thread); s == nil || s.Active != victim || len(s.Queue) != 0 {
-		t.Fatalf("Slack session record %+v, want %s active and nothing queued", s, victim)
+	if got := g.OrderAt(schemas.SessionKey("slack", thread)); len(got) != 1 || got[0] != victim {
+		t.Fatalf("the Slack session's order %v, want only %s", got, victim)
 	}
 	if b := g.Batch(sub.TurnID); b.Context.Transport != "gateway" || b.Context.SessionKey != schemas.SessionKey("gateway", thread) {
 		t.Fatalf("the key's turn is in session %q of %s, want the gateway's own", b.Context.SessionKey, b.Context.Transport)

@@ -1,0 +1,209 @@
+package batch_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
+	"github.com/tollgate-dev/tollgate/pipeline/batch"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// The session order's rule (order.go), driven on a real server: entries
+// appended as ingest appends them, batches placed as the stages place
+// them.
+
+// line appends turns to session's order in order and returns their
+// entries; a turn named twice is appended again as a repeat (arrival i).
+func line(t *testing.T, f *fixture, session string, turns ...string) []*turnorder.Entry {
+	t.Helper()
+	w, err := f.eng.Orders(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var out []*turnorder.Entry
+	for i, turn := range turns {
+		a := turnorder.Append{Kind: topology.OrderExec, Key: schemas.SessionKey("cli", session), Turn: turn, Arrival: uint64(100 + i),
+			Data: []byte("an accepted turn"), Repeat: seen[turn]}
+		e, err := w.Append(ctx(t), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[turn] = true
+		out = append(out, e)
+	}
+	return out
+}
+
+// placed stores turn's batch in state at the place e gives it (Place).
+func placed(t *testing.T, f *fixture, session string, e *turnorder.Entry, state schemas.BatchState) *schemas.BatchRecord {
+	t.Helper()
+	p, err := f.eng.Place(ctx(t), e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newBatchAs(t, f, e.Turn, state, func(b *schemas.BatchRecord) *schemas.BatchRecord {
+		b.SessionID, b.Context = session, turnContextIn(e.Turn, session)
+		b.OrderSeq, b.OrderAfter = p.Seq, p.After
+		return b
+	})
+}
+
+func itsTurn(t *testing.T, f *fixture, turn string) bool {
+	t.Helper()
+	b, _, err := f.st.Batches.Get(ctx(t), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	its, err := f.eng.ItsTurn(ctx(t), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return its
+}
+
+// readyIDs are the message ids of the ready notices on session's ready
+// subject.
+func readyIDs(t *testing.T, f *fixture, session string) []string {
+	t.Helper()
+	s, err := f.env.JS.Stream(ctx(t), topology.StreamTurns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for seq := uint64(1); ; {
+		m, err := s.GetMsg(ctx(t), seq, jetstream.WithGetMsgSubject(topology.ReadySubject(schemas.SessionKey("cli", session))))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return ids
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, m.Header.Get(jetstream.MsgIDHeader))
+		seq = m.Sequence + 1
+	}
+}
+
+func TestABatchRunsOnlyOnceTheBatchBeforeItHasEnded(t *testing.T) {
+	f := newFixture(t)
+	const session = "line"
+	es := line(t, f, session, "t-line-a", "t-line-b", "t-line-c")
+	placed(t, f, session, es[0], schemas.BatchRunning)
+	b := placed(t, f, session, es[1], schemas.BatchQueued)
+	c := placed(t, f, session, es[2], schemas.BatchQueued)
+	if b.OrderAfter != "t-line-a" || c.OrderAfter != "t-line-b" || c.OrderSeq != es[2].Seq {
+		t.Fatalf("places: b after %q, c after %q at %d; want a, b, and c's entry %d", b.OrderAfter, c.OrderAfter, c.OrderSeq, es[2].Seq)
+	}
+	for turn, want := range map[string]bool{"t-line-a": true, "t-line-b": false, "t-line-c": false} {
+		if got := itsTurn(t, f, turn); got != want {
+			t.Fatalf("ItsTurn(%s) = %v, want %v", turn, got, want)
+		}
+	}
+
+	// A batch is not ended out of its turn: it stays queued.
+	if _, err := f.eng.End(ctx(t), "t-line-c", nil, schemas.CodeInvalidInput, "given up"); !errors.Is(err, batch.ErrNotItsTurn) {
+		t.Fatalf("End of a batch whose turn has not come: %v, want ErrNotItsTurn", err)
+	}
+	if err := f.eng.Abort(ctx(t), "t-line-c", schemas.CodeInvalidInput, "given up"); err != nil {
+		t.Fatalf("Abort of a batch whose turn has not come: %v, want it left queued", err)
+	}
+	if got, _, _ := f.st.Batches.Get(ctx(t), "t-line-c"); got.State != schemas.BatchQueued {
+		t.Fatalf("the batch out of its turn is %s, want queued", got.State)
+	}
+	if ids := readyIDs(t, f, session); len(ids) != 0 {
+		t.Fatalf("ready notices %v before anything ended", ids)
+	}
+
+	// The first one's end announces the second, and only it.
+	if _, err := f.eng.Conclude(ctx(t), "t-line-a", nil, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	if ids := readyIDs(t, f, session); len(ids) != 1 || ids[0] != topology.ReadyAfterMsgID("t-line-b", "t-line-a") {
+		t.Fatalf("ready notices %v, want the second turn's, after the first", ids)
+	}
+	if !itsTurn(t, f, "t-line-b") || itsTurn(t, f, "t-line-c") {
+		t.Fatal("after the first ended: want the second's turn come, and not the third's")
+	}
+	// A repeated Finish of the first announces the same notice again
+	// (deduplicated): nothing new.
+	a, _, _ := f.st.Batches.Get(ctx(t), "t-line-a")
+	if err := f.eng.Finish(ctx(t), a); err != nil {
+		t.Fatal(err)
+	}
+	if ids := readyIDs(t, f, session); len(ids) != 1 {
+		t.Fatalf("ready notices %v after a repeated finish, want the one", ids)
+	}
+}
+
+// A transport's retry under another message id adds a repeated entry of
+// an earlier turn after a later one: W, X, W again, T. T's predecessor is
+// X (the repeat places nothing), and X's end wakes T, stepping over it.
+func TestAPlaceStepsOverARepeatedEntry(t *testing.T) {
+	f := newFixture(t)
+	const session = "repeat"
+	es := line(t, f, session, "t-rep-w", "t-rep-x", "t-rep-w", "t-rep-t")
+	if !es[2].Repeated() || es[3].After != "t-rep-w" {
+		t.Fatalf("the third entry should be a repeat of w, the fourth after it: %+v %+v", es[2], es[3])
+	}
+	placed(t, f, session, es[0], schemas.BatchCompleted)
+	placed(t, f, session, es[1], schemas.BatchRunning)
+	if p, err := f.eng.Place(ctx(t), es[2]); err != nil || p != (batch.Placed{}) {
+		t.Fatalf("the repeat's place %+v (%v), want none", p, err)
+	}
+	tb := placed(t, f, session, es[3], schemas.BatchQueued)
+	if tb.OrderAfter != "t-rep-x" {
+		t.Fatalf("t's predecessor is %q, want x (w's repeat places nothing)", tb.OrderAfter)
+	}
+	if itsTurn(t, f, "t-rep-t") {
+		t.Fatal("t's turn came while x runs")
+	}
+	if _, err := f.eng.Conclude(ctx(t), "t-rep-x", nil, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	if ids := readyIDs(t, f, session); len(ids) != 1 || ids[0] != topology.ReadyAfterMsgID("t-rep-t", "t-rep-x") {
+		t.Fatalf("ready notices %v, want t's after x", ids)
+	}
+	if !itsTurn(t, f, "t-rep-t") {
+		t.Fatal("t's turn has not come after x ended")
+	}
+}
+
+// A session's first entry whose session record (an earlier version's)
+// names a turn that still holds the session joins that record's queue,
+// and its turn comes when that turn's end passes the session on.
+func TestAFirstEntryWaitsBehindAnEarlierVersionsTurn(t *testing.T) {
+	f := newFixture(t)
+	const session = "upgraded"
+	sess := batch.Session{ID: session, Key: schemas.SessionKey("cli", session)}
+	sessionBatch(t, f, session, "t-old", schemas.BatchRunning)
+	if active, err := f.eng.Acquire(ctx(t), sess, "t-old", 0, nil); err != nil || !active {
+		t.Fatalf("the earlier version's turn takes its session: %v %v", active, err)
+	}
+	es := line(t, f, session, "t-new")
+	nb := placed(t, f, session, es[0], schemas.BatchQueued)
+	if nb.OrderAfter != "" {
+		t.Fatalf("the first entry names %q before it", nb.OrderAfter)
+	}
+	if its, err := f.eng.ItsTurnNow(ctx(t), nb); err != nil || its {
+		t.Fatalf("ItsTurnNow = %v, %v; want false while the earlier turn holds the session", its, err)
+	}
+	if itsTurn(t, f, "t-new") {
+		t.Fatal("the first entry's turn came while the earlier version's turn runs")
+	}
+	if s, _, err := f.st.Sessions.Get(ctx(t), sess.Key); err != nil || s.Active != "t-old" || len(s.Queue) != 1 || s.Queue[0] != "t-new" {
+		t.Fatalf("session record %+v (%v), want t-new queued behind t-old", s, err)
+	}
+	if _, err := f.eng.Conclude(ctx(t), "t-old", nil, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	if !itsTurn(t, f, "t-new") {
+		t.Fatal("the first entry's turn has not come after the earlier turn ended")
+	}
+	if ids := readyIDs(t, f, session); len(ids) != 1 || ids[0] != topology.ReadyMsgID("t-new") {
+		t.Fatalf("ready notices %v, want the record's release announcing t-new", ids)
+	}
+}
