@@ -48,14 +48,8 @@ func (e *Engine) end(ctx context.Context, turnID string, k Known, results []*sch
 		if b.State.Terminal() {
 			return store.ErrSkip
 		}
-		if b.State == schemas.BatchQueued && b.OrderSeq != 0 {
-			// A batch ends only in its turn (order.go), so that every
-			// batch placed before a terminal one is terminal too.
-			if its, err := e.ItsTurn(ctx, b); err != nil {
-				return err
-			} else if !its {
-				return ErrNotItsTurn
-			}
+		if err := e.MayEnd(ctx, b); err != nil {
+			return err // a batch ends only in its turn (order.go)
 		}
 		ended = true
 		for i := range b.Results {

@@ -159,6 +159,24 @@ func (e *Engine) ItsTurn(ctx context.Context, b *schemas.BatchRecord) (bool, err
 	return e.itsTurn(ctx, b, true)
 }
 
+// MayEnd returns ErrNotItsTurn when b is a queued batch with a place
+// whose turn has not come (ItsTurn): the one check every writer that ends
+// a batch makes first (End here; the planner's end of a loop's record),
+// so that a terminal batch always had its turn. Any other batch may end.
+func (e *Engine) MayEnd(ctx context.Context, b *schemas.BatchRecord) error {
+	if b.State != schemas.BatchQueued || b.OrderSeq == 0 {
+		return nil
+	}
+	its, err := e.ItsTurn(ctx, b)
+	switch {
+	case err != nil:
+		return err
+	case !its:
+		return ErrNotItsTurn
+	}
+	return nil
+}
+
 // ItsTurnNow is ItsTurn for a batch that is not stored yet: it writes
 // nothing, and reports false where ItsTurn would join the session
 // record's queue (the batch must exist before it joins).
@@ -204,23 +222,12 @@ func (e *Engine) itsTurn(ctx context.Context, b *schemas.BatchRecord, join bool)
 	return e.Acquire(ctx, sess, b.TurnID, arrival, &SessionSnapshot{Rec: s, Rev: rev})
 }
 
-// predecessorEnded reports whether turn's batch is terminal, for the order: a batch
-// that does not decode counts as ended (it never runs, and must not hold
-// its session's later turns back), one that does not exist yet has not.
+// predecessorEnded reports whether turn's batch is terminal, for the order:
+// a batch that does not decode counts as ended (it never runs, and must
+// not hold its session's later turns back), one that does not exist yet
+// has not.
 func (e *Engine) predecessorEnded(ctx context.Context, turn string) (bool, error) {
-	if e.recent.has(turn) {
-		return true, nil
-	}
-	ended, err := e.cfg.Store.Batches.Ended(ctx, turn)
-	switch {
-	case err == nil:
-		return ended, nil
-	case errors.Is(err, store.ErrNotFound):
-		return false, nil
-	case schemas.Permanent(err):
-		return true, nil
-	}
-	return false, fmt.Errorf("load the batch before: %s: %w", turn, err)
+	return e.batchEnded(ctx, turn, true)
 }
 
 // Next is the session's next placing entry after b's (a batch with a

@@ -147,17 +147,26 @@ func (e *Engine) passOn(ctx context.Context, sess Session, holder string, ended 
 // released (ReleaseUnrecorded). A record that does not decode has not
 // ended either: its stages fail closed on it and end it with the code.
 func (e *Engine) turnEnded(ctx context.Context, turn string) (bool, error) {
+	return e.batchEnded(ctx, turn, false)
+}
+
+// batchEnded reports whether turn's batch is terminal: true when this
+// engine ended it lately (an ended batch stays ended), false when it has
+// no record, undecodable for a record that does not decode.
+func (e *Engine) batchEnded(ctx context.Context, turn string, undecodable bool) (bool, error) {
 	if e.recent.has(turn) {
-		return true, nil // this engine ended it, and an ended batch stays ended
+		return true, nil
 	}
 	ended, err := e.cfg.Store.Batches.Ended(ctx, turn)
 	switch {
 	case err == nil:
 		return ended, nil
-	case errors.Is(err, store.ErrNotFound), schemas.Permanent(err):
+	case errors.Is(err, store.ErrNotFound):
 		return false, nil
+	case schemas.Permanent(err):
+		return undecodable, nil
 	}
-	return false, fmt.Errorf("load active turn %s: %w", turn, err)
+	return false, fmt.Errorf("load the batch of turn %s: %w", turn, err)
 }
 
 // SessionSnapshot is a session record as its caller just read it, handed

@@ -256,19 +256,22 @@ func (x *Executor) abort(ctx context.Context, m jetstream.Msg, code schemas.Code
 	if err := x.cfg.Engine.Abort(ctx, turnID, code, cause.Error()); err != nil {
 		return err
 	}
+	t, err := schemas.Decode[schemas.AcceptedTurn](m.Data())
+	if err != nil || t.TurnID != turnID {
+		return nil
+	}
 	if e := turnorder.Delivered(m, turnID); e != nil && !e.Repeated() {
 		// An entry given up on before its batch was created: its batch is
 		// created failed at its place, so that the session's next turn
 		// (which waits for it to end) runs.
-		if t, err := schemas.Decode[schemas.AcceptedTurn](m.Data()); err == nil && t.TurnID == turnID {
-			if err := x.abortUnrecorded(ctx, t, e, code, cause); err != nil {
-				return err
-			}
+		if err := x.abortUnrecorded(ctx, t, e, code, cause); err != nil {
+			return err
 		}
 	}
-	// An accepted turn given up on before its batch was created may hold
-	// its session (startAtOnce): let the session's later turns run.
-	if t, err := schemas.Decode[schemas.AcceptedTurn](m.Data()); err == nil && t.TurnID == turnID && t.Context != nil {
+	// A turn an earlier version's executor took a session for before
+	// creating its batch may hold that session record: let the session's
+	// later turns run.
+	if t.Context != nil {
 		return x.cfg.Engine.ReleaseUnrecorded(ctx, batch.SessionOf(t.Context), turnID)
 	}
 	return nil
@@ -294,11 +297,11 @@ func (x *Executor) accept(ctx context.Context, t *schemas.AcceptedTurn, entry *t
 		return err
 	}
 	if entry != nil && entry.Repeated() {
-		_, _, err := x.cfg.Store.Batches.Get(ctx, t.TurnID)
-		if errors.Is(err, store.ErrNotFound) {
+		err := x.Advance(ctx, t.TurnID)
+		if schemas.CodeOf(err) == schemas.CodeBatchRecordMissing {
 			return nil // the turn's first entry, earlier in the order, creates its batch
 		}
-		return x.advanceExisting(ctx, t.TurnID)
+		return err
 	}
 	rec := newBatch(t, now)
 	var placed batch.Placed
@@ -384,12 +387,8 @@ func (x *Executor) acceptOutside(ctx context.Context, t *schemas.AcceptedTurn, d
 		x.cfg.Logger.Debug("step batch runs inside its loop", "turn", t.TurnID, "loop", loop)
 		return x.accept(ctx, t, nil)
 	}
-	_, _, err := x.cfg.Store.Batches.Get(ctx, t.TurnID)
-	switch {
-	case err == nil || schemas.Permanent(err):
-		return x.advanceExisting(ctx, t.TurnID)
-	case !errors.Is(err, store.ErrNotFound):
-		return err
+	if err := x.Advance(ctx, t.TurnID); schemas.CodeOf(err) != schemas.CodeBatchRecordMissing {
+		return err // it has a batch: go on from it
 	}
 	return x.enter(ctx, t, data)
 }

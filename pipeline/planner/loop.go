@@ -648,13 +648,8 @@ func (p *Planner) terminalBatch(ctx context.Context, tr *schemas.PlannerTurn) (*
 			if b.State.Terminal() {
 				return store.ErrSkip
 			}
-			if b.State == schemas.BatchQueued && b.OrderSeq != 0 {
-				// As batch.Engine.End: a placed batch ends only in its turn.
-				if its, err := p.cfg.Engine.ItsTurn(ctx, b); err != nil {
-					return err
-				} else if !its {
-					return batch.ErrNotItsTurn
-				}
+			if err := p.cfg.Engine.MayEnd(ctx, b); err != nil {
+				return err // as batch.Engine.End: a placed batch ends only in its turn
 			}
 			b.State, b.Code, b.Reason, b.UpdatedAt = state, tr.Code, tr.Reason, p.now()
 			if !b.Bucketed() {
