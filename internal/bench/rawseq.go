@@ -28,10 +28,10 @@ import (
 // 36): each write of it is an append (log.append) of the whole record to
 // tollgate.turnlog.<p>.<turn>.<state>, by compare-and-set against the
 // turn's last event (jetstream/turnlog), and a read of it is a get of the
-// turn's last event (a stream.get on its wildcard). Before it creates the
-// batch, the executor reads the turn's key in tollgate_batches, where an
-// earlier version may have created it (a redelivered turn accepted before
-// the upgrade): a read, found empty, on every turn.
+// turn's last event (a stream.get on its wildcard). The executor creates
+// the batch of a turn that came as an entry of its session's order without
+// reading tollgate_batches first (store.Batches.Create: no version that
+// places turns keeps batches there).
 //
 // The turn runs once its predecessor in its session's order has ended
 // (batch.Engine.ItsTurn, docs/protocol.md §1.4): the entry names it, and
@@ -56,8 +56,10 @@ import (
 // result. After the outcome, the stage that ends the batch retires the
 // turn's approvals (batch.Engine's retire): each is read, and written
 // again with a TTL only if it has none. Today none needs it: an approval's
-// retention started when it was decided (with the TTL), so retire costs
-// reads, not writes.
+// retention started when it was decided (with the TTL). The redriver reads
+// neither the approval its trigger decided nor, to retire it, its
+// retention: the decided revision it consumed holds both (the record, and
+// the TTL header; store.DecisionOf, batch.Known.Retained).
 //
 // Before it creates an approval, the executor looks up the standing grants
 // of the call's tool and requester (one read of their grant index, which
@@ -75,7 +77,6 @@ var rawFast = []step{
 	{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},     // arrival order: the session's next message after the order's watermark
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 713}, // after the session's last entry, which ingest remembers
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                          // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855}, // call 0 claimed
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 942}, // call 0's result and the outcome
 	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNS next tollgate.turn.order.*.<session>"},          // the session's next turn: none waits
@@ -90,7 +91,8 @@ var rawFast = []step{
 // raw stages send as a Bench-Fact header on the KV write, where the
 // redriver's durable on the bucket's stream tells it from the creation),
 // so the decision's revision is the redriver's one trigger: it reads
-// the turn's last event and the approval, moves the batch to started (the
+// the turn's last event (the approval is the revision itself), moves the
+// batch to started (the
 // log's started append is the fact: no redrive outcome is published for
 // it), runs the approved call and completes the batch. The awaiting
 // append is also the approval's request (it keeps the record: no
@@ -105,7 +107,6 @@ var rawApproval = []step{
 	{Stage: "ingest", Op: "stream.get", On: "TOLLGATE_INBOUND next tollgate.inbound.cli.<session>"},
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
-	{Stage: "executor", Op: "kv.get", On: "tollgate_batches/<turn>"},                                           // no earlier version's batch of the turn
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed
 	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},                                     // no standing grant covers it
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},
@@ -116,11 +117,9 @@ var rawApproval = []step{
 	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025, Fact: factDecided}, // the decision: its revision is the decided event
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
 	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 1360}, // call 1's result and the outcome
-	{Stage: "redriver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNS next tollgate.turn.order.*.<session>"}, // the session's next turn: none waits
+	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNS next tollgate.turn.order.*.<session>"},           // the session's next turn: none waits
 	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factDecided},
 }
 

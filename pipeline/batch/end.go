@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -32,6 +33,12 @@ func (e *Engine) End(ctx context.Context, turnID string, results []*schemas.Tool
 type Known struct {
 	Batch    *schemas.BatchRecord
 	BatchRev uint64
+	// Retained are approvals of the batch whose retention the stage saw
+	// started: it read the revision that decided each, written with the
+	// bucket's TTL (store.Decision.Retained). The batch's end does not
+	// read them again to retire them (Finish). Only what the stage read
+	// belongs here: a wrong entry would leave an approval without its TTL.
+	Retained []string
 }
 
 // end is End from what k holds, also reporting whether this call made the
@@ -112,7 +119,7 @@ func (e *Engine) ConcludeFrom(ctx context.Context, turnID string, k Known, resul
 	if err != nil {
 		return nil, err
 	}
-	return b, e.finish(ctx, b, !ended)
+	return b, e.finish(ctx, b, !ended, k.Retained)
 }
 
 // Abort ends the batch of turnID failed with code, unless it is already
@@ -193,12 +200,12 @@ func TurnOf(data []byte) string {
 // It is safe to call any number of times, and a crash at any point of it
 // is made good by the Finish of a redelivered trigger.
 func (e *Engine) Finish(ctx context.Context, b *schemas.BatchRecord) error {
-	return e.finish(ctx, b, true)
+	return e.finish(ctx, b, true, nil)
 }
 
 // finish is Finish; lookup says whether an earlier published outcome may
-// exist.
-func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool) error {
+// exist; retained are approvals whose retention has started (Known).
+func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool, retained []string) error {
 	if !b.State.Terminal() {
 		return fmt.Errorf("finish batch %s: state %s is not terminal", b.TurnID, b.State)
 	}
@@ -207,7 +214,7 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 			return err
 		}
 	}
-	if err := e.announce(ctx, b, lookup); err != nil {
+	if err := e.announce(ctx, b, lookup, retained); err != nil {
 		return err
 	}
 	if b.HeldBy != "" {
@@ -232,12 +239,12 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 
 // announce retires b's records and, for a batch whose ending write did not
 // keep its outcome, publishes the outcome (see Finish).
-func (e *Engine) announce(ctx context.Context, b *schemas.BatchRecord, lookup bool) error {
+func (e *Engine) announce(ctx context.Context, b *schemas.BatchRecord, lookup bool, retained []string) error {
 	if b.Outcome != nil && !b.Bucketed() {
 		// The turn log's outcome event holds it: written once, read there.
 		// Retiring is cheap to repeat (a read for a record retired
 		// already), so every Finish does it.
-		return e.retire(ctx, b)
+		return e.retire(ctx, b, retained)
 	}
 	subj := topology.EventSubject(topology.SubjectTurnOutcome, b.TurnID)
 	if lookup {
@@ -246,7 +253,7 @@ func (e *Engine) announce(ctx context.Context, b *schemas.BatchRecord, lookup bo
 			return err
 		}
 	}
-	if err := e.retire(ctx, b); err != nil {
+	if err := e.retire(ctx, b, retained); err != nil {
 		return err
 	}
 	return bus.Publish(ctx, e.cfg.JS, subj, topology.OutcomeMsgID(b.TurnID), Outcome(e.cfg.Keys, b))
@@ -266,13 +273,16 @@ func (e *Engine) announce(ctx context.Context, b *schemas.BatchRecord, lookup bo
 // crash in between is made good by the Finish of a redelivered trigger,
 // which finds no outcome yet; a Finish after that outcome does not look at
 // them again. Where the turn log keeps the outcome, every Finish runs it.
-func (e *Engine) retire(ctx context.Context, b *schemas.BatchRecord) error {
+// An approval in retained (Known.Retained) is not read: the stage saw the
+// write that started its retention (the redriver, the decision it was
+// triggered by).
+func (e *Engine) retire(ctx context.Context, b *schemas.BatchRecord, retained []string) error {
 	for i, call := range b.Calls {
 		id := b.Approvals[i]
 		if id == "" && b.State == schemas.BatchFailed {
 			id = schemas.ApprovalID(b.TurnID, i)
 		}
-		if id != "" {
+		if id != "" && !slices.Contains(retained, id) {
 			if err := e.cfg.Store.Approvals.Retire(ctx, id); err != nil {
 				return err
 			}

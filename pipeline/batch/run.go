@@ -153,7 +153,7 @@ func (r *Run) Keep(ctx context.Context) error {
 			return nil
 		})
 		if err == nil {
-			r.known = Known{Batch: b, BatchRev: rev}
+			r.known.Batch, r.known.BatchRev = b, rev
 		}
 		return err
 	})
@@ -176,7 +176,9 @@ func (r *Run) KeepOnError(ctx context.Context, err error) error {
 // copyKnown is the run's Known with a copy of the batch (a write may
 // change it in place).
 func (r *Run) copyKnown() Known {
-	return Known{Batch: cloneBatch(r.known.Batch), BatchRev: r.known.BatchRev}
+	k := r.known
+	k.Batch = cloneBatch(r.known.Batch)
+	return k
 }
 
 // hard runs op until it succeeds or fails permanently, each attempt
@@ -383,7 +385,7 @@ func (r *Run) writeOnce(ctx context.Context, fn func(*schemas.BatchRecord) bool)
 	if err != nil {
 		return false, err
 	}
-	r.known = Known{Batch: b, BatchRev: rev}
+	r.known.Batch, r.known.BatchRev = b, rev
 	r.adopt()
 	return wrote, nil
 }

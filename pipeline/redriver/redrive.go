@@ -195,18 +195,25 @@ func revisionTurn(m jetstream.Msg) string {
 }
 
 // HandleRevision processes one revision of the approvals bucket: a
-// decision (store.DecidedOf) evaluates its batch's barrier, as Handle does
+// decision (store.DecisionOf) evaluates its batch's barrier, as Handle does
 // a decided event; every other revision (a pending record, a vote, a
 // marker, a rewrite) is acknowledged with nothing done. A revision that
 // does not decode, or holds another approval than its key, is
 // dead-lettered with its code and touches no batch.
+//
+// The decided record the revision holds is the approval the barrier reads
+// (a decided record never changes again), so it is not read a second time;
+// the batch's other approvals are read. Where the revision was written
+// with the bucket's TTL, the batch's end does not read the approval to
+// retire it either (batch.Known.Retained).
 func (r *Redriver) HandleRevision(ctx context.Context, m jetstream.Msg) error {
-	ev, err := store.DecidedOf(m.Subject(), m.Headers(), m.Data())
-	if err != nil || ev == nil {
+	d, err := store.DecisionOf(m.Subject(), m.Headers(), m.Data())
+	if err != nil || d == nil {
 		return err
 	}
-	trace.SpanFromContext(ctx).SetAttributes(tracing.AttrTurnID.String(ev.TurnID))
-	return r.handle(ctx, m, ev.TurnID, "decided:"+ev.ApprovalID)
+	a := d.Record
+	trace.SpanFromContext(ctx).SetAttributes(tracing.AttrTurnID.String(a.TurnID))
+	return r.handle(ctx, m, a.TurnID, "decided:"+a.ApprovalID, d)
 }
 
 // Handle processes one event: it names a turn whose barrier is evaluated.
@@ -223,14 +230,16 @@ func (r *Redriver) Handle(ctx context.Context, m jetstream.Msg) error {
 	default:
 		return err
 	}
-	return r.handle(ctx, m, turnID, trigger)
+	return r.handle(ctx, m, turnID, trigger, nil)
 }
 
-func (r *Redriver) handle(ctx context.Context, m jetstream.Msg, turnID, trigger string) error {
+// handle redrives turnID for message m; d, when not nil, is the decision
+// m holds (HandleRevision).
+func (r *Redriver) handle(ctx context.Context, m jetstream.Msg, turnID, trigger string, d *store.Decision) error {
 	if err := schemas.CheckTurnKey(turnID); err != nil {
 		return err
 	}
-	err := r.Redrive(ctx, turnID, trigger)
+	err := r.redrive(ctx, turnID, trigger, d)
 	var early *errBeforeAwaiting
 	if errors.As(err, &early) {
 		if md, merr := m.Metadata(); merr == nil {
@@ -312,7 +321,27 @@ func (r *Redriver) abortDecision(ctx context.Context, m jetstream.Msg, code sche
 // Redrive evaluates the batch barrier of turnID and acts on it. It is
 // idempotent; trigger is recorded on the published outcome.
 func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
+	return r.redrive(ctx, turnID, trigger, nil)
+}
+
+// redrive is Redrive; d, when not nil, is a decision of one of the batch's
+// approvals as the trigger held it (HandleRevision), read from there
+// rather than from the bucket.
+func (r *Redriver) redrive(ctx context.Context, turnID, trigger string, d *store.Decision) error {
 	eng := r.cfg.Engine
+	get := r.approval
+	var known []string
+	if d != nil {
+		get = func(ctx context.Context, id string) (*schemas.ApprovalRecord, error) {
+			if id == d.Record.ApprovalID {
+				return d.Record, nil
+			}
+			return r.approval(ctx, id)
+		}
+		if d.Retained {
+			known = []string{d.Record.ApprovalID}
+		}
+	}
 	b, rev, err := r.cfg.Store.Batches.Get(ctx, turnID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -330,7 +359,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	case schemas.BatchStarted:
 		// Started by an attempt that died before finishing (or is still
 		// running): carry on; claims keep each call at most once.
-		return r.run(ctx, b, nil, nil, batch.Known{Batch: b, BatchRev: rev}, true)
+		return r.run(ctx, b, nil, nil, batch.Known{Batch: b, BatchRev: rev, Retained: known}, true, get)
 	case schemas.BatchQueued, schemas.BatchRunning:
 		// The executor has not finished writing its approvals: wait for
 		// it (errBeforeAwaiting).
@@ -338,7 +367,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	}
 
 	// Awaiting: check authority, then the barrier.
-	v, err := Evaluate(ctx, eng.Keys(), b, r.approval)
+	v, err := Evaluate(ctx, eng.Keys(), b, get)
 	if err != nil {
 		return err
 	}
@@ -377,7 +406,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	}
 	startedRev, err := r.cfg.Store.Batches.Update(ctx, turnID, b, rev)
 	if errors.Is(err, store.ErrConflict) {
-		return r.Redrive(ctx, turnID, trigger)
+		return r.redrive(ctx, turnID, trigger, d)
 	}
 	if err != nil {
 		return err
@@ -386,7 +415,7 @@ func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
 	// `started`): no redrive outcome is published for it. Decided
 	// approvals never change again, so those just read are current.
 	r.outcomes.WithLabelValues(string(schemas.RedriveStarted)).Inc()
-	return r.run(ctx, b, approvals, plans, batch.Known{Batch: b, BatchRev: startedRev}, false)
+	return r.run(ctx, b, approvals, plans, batch.Known{Batch: b, BatchRev: startedRev, Retained: known}, false, get)
 }
 
 // ApprovalSource reads approval record id. A missing record is an error
@@ -554,16 +583,17 @@ func (r *Redriver) plan(ctx context.Context, b *schemas.BatchRecord, approvals [
 // run runs started batch b (known holds it at its revision) and completes
 // it. approvals and plans are those the move to started was made on, or
 // nil for a batch found started (resumed: an earlier attempt moved it and
-// may have claimed its calls), which is evaluated again. The approved
+// may have claimed its calls), which is evaluated again with its approvals
+// read through get. The approved
 // calls run in order through a batch.Run, at most once each, under the
 // batch's persisted TurnContext only; the first was claimed by the move to
 // started. A call's claim is a compare-and-set of the batch, so a batch
 // ended meanwhile (aborted by a stage giving up on one of its messages)
 // starts no call after the turn's outcome said it would not.
-func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord, plans []CallPlan, known batch.Known, resumed bool) error {
+func (r *Redriver) run(ctx context.Context, b *schemas.BatchRecord, approvals []*schemas.ApprovalRecord, plans []CallPlan, known batch.Known, resumed bool, get ApprovalSource) error {
 	eng := r.cfg.Engine
 	if approvals == nil {
-		v, err := Evaluate(ctx, eng.Keys(), b, r.approval)
+		v, err := Evaluate(ctx, eng.Keys(), b, get)
 		if err != nil {
 			return err
 		}

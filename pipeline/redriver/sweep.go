@@ -202,6 +202,12 @@ func (s *sweeper) run(ctx context.Context) error {
 				caughtUp()
 				continue
 			}
+			if store.Terminal(ev.Name) {
+				// The batch ended (its event's name says so): nothing to
+				// sweep, and nothing to decode.
+				s.forget(ev.Turn)
+				continue
+			}
 			s.apply(ev.Turn, ev.Data)
 		case e, ok := <-sw.Updates():
 			if !ok {

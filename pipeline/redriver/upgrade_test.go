@@ -54,9 +54,12 @@ func TestVersion1BatchesFinishAfterTheUpgrade(t *testing.T) {
 		h2.Decide(id, schemas.OptionApprove, "alice")
 		h2.WaitApproval(id, "approved", func(a *schemas.ApprovalRecord) bool { return a.Status == schemas.ApprovalApproved })
 	}
-	m := h2.Inbound("up-5", "alice", pt.Call("free", `{"n":5}`))
-	running := schemas.TurnID(m.Transport, m.MessageID)
-	h2.WaitConsumed(pt.Ingest, h2.Publish(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), m))
+	// The turn is published as the previous version's ingest published
+	// turns: on the accepted subject, not as an entry of its session's
+	// order (no version that places turns kept batches in the bucket).
+	at := h2.Accept(h2.Inbound("up-5", "alice", pt.Call("free", `{"n":5}`)))
+	running := at.TurnID
+	h2.Publish(topology.AcceptedSubject(schemas.SessionKeyOf(at.Context)), topology.AcceptedMsgID(running), at)
 	h2.Stop()
 
 	// What the previous version left: version 1 records, claims in
@@ -91,7 +94,6 @@ func TestVersion1BatchesFinishAfterTheUpgrade(t *testing.T) {
 	ranBefore := &schemas.ToolResult{CallID: schemas.CallID(recorded, 0), Tool: "count", Status: schemas.ResultOK, Output: "ran before the upgrade",
 		ApprovalID: schemas.ApprovalID(recorded, 0), FinishedAt: time.Now().UTC()}
 	claim(recorded, 0, time.Hour, ranBefore) // its redriver recorded the result, then died
-	at := acceptedTurn(t, h, running)
 	now := time.Now().UTC()
 	if _, err := h.Store.Batches.Create(ctx, running, schemas.AsLegacyBatch(&schemas.BatchRecord{TurnID: running, SessionID: at.Context.SessionID,
 		Context: at.Context, Text: at.Text, Calls: at.Calls, State: schemas.BatchRunning,
@@ -159,18 +161,6 @@ func TestVersion1BatchesFinishAfterTheUpgrade(t *testing.T) {
 	if n := h3.Metric("tollgate_legacy_batch_runs_total", nil); n < 5 {
 		t.Errorf("%v runs of version 1 batches counted, want at least 5", n)
 	}
-}
-
-// acceptedTurn is turn's accepted message, as ingest published it.
-func acceptedTurn(t *testing.T, h *pt.H, turn string) *schemas.AcceptedTurn {
-	t.Helper()
-	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">") {
-		if at, err := schemas.Decode[schemas.AcceptedTurn](m.Data); err == nil && at.TurnID == turn {
-			return at
-		}
-	}
-	t.Fatalf("no accepted turn %s", turn)
-	return nil
 }
 
 // Batches written by the version before the turn logs (version 2 records

@@ -344,23 +344,20 @@ func TestATurnTheExecutorNeverSawIsRebuiltQueuedAndNudgedReady(t *testing.T) {
 func TestALostRunningBatchIsRebuiltWithItsCallsClaimed(t *testing.T) {
 	free := &pt.Counter{ToolName: "free"}
 	h := start(t, nil, []string{pt.Ingest}, free) // the executor is down
+	// Two turns as an earlier version (the batches in tollgate_batches)
+	// accepted them: on the accepted subject, not in the session's order.
 	var turns []string
+	accepted := map[string]*schemas.AcceptedTurn{}
 	for i := range 2 {
-		m := h.Inbound("s-lost", "alice", pt.Call("free", fmt.Sprintf(`{"n":%d}`, i)))
-		turns = append(turns, schemas.TurnID(m.Transport, m.MessageID))
-		h.WaitConsumed(pt.Ingest, h.Publish(topology.InboundSubject(m.Transport, m.SessionID), topology.InboundMsgID(m.Transport, m.MessageID), m))
+		at := h.Accept(h.Inbound("s-lost", "alice", pt.Call("free", fmt.Sprintf(`{"n":%d}`, i))))
+		turns, accepted[at.TurnID] = append(turns, at.TurnID), at
+		h.Publish(topology.AcceptedSubject(schemas.SessionKeyOf(at.Context)), topology.AcceptedMsgID(at.TurnID), at)
 	}
-	// What an executor of an earlier version (the batches in
-	// tollgate_batches) that died mid-call left: the first turn running,
-	// its call claimed and no result; then the batches bucket is lost.
+	// What an executor of that version that died mid-call left: the first
+	// turn running, its call claimed and no result; then the batches
+	// bucket is lost.
 	ctx, cancel := h.Ctx()
 	defer cancel()
-	accepted := map[string]*schemas.AcceptedTurn{}
-	for _, m := range h.Messages(topology.StreamTurns, topology.SubjectTurnOrder+">") {
-		if at, err := schemas.Decode[schemas.AcceptedTurn](m.Data); err == nil {
-			accepted[at.TurnID] = at
-		}
-	}
 	for i, turn := range turns {
 		at := accepted[turn]
 		if at == nil {

@@ -27,7 +27,8 @@ import (
 // the bucket: one read for a new turn, two for an earlier version's.
 // Create refuses a turn that has a batch in either place (ErrExists), so a
 // redelivered accepted turn whose batch an earlier version created in the
-// bucket is never given a second one in the log. Update, Mutate and
+// bucket is never given a second one in the log (a turn placed in its
+// session's order has none there: Create). Update, Mutate and
 // MutateFrom write where the record they write is kept (Bucketed). A record
 // sent to the wrong place (one built afresh for a turn whose batch is in
 // the bucket) fails its compare-and-set there (ErrConflict: the place has
@@ -81,7 +82,17 @@ func (b Batches) Ended(ctx context.Context, turn string) (bool, error) {
 // log is found to hold no batch of the turn, else in the turn's log once
 // the bucket is found to hold none. ErrExists when the turn has a batch
 // in either.
+//
+// A record with a place in its session's order (OrderSeq) is appended to
+// the log without reading the bucket: the turn came as an entry of the
+// order, and every version that writes those entries keeps its batches
+// in the turn logs (the order came after them), so no version has a batch
+// of that turn in the bucket. The log's own compare-and-set still refuses
+// a second batch there. That is one read fewer for almost every turn.
 func (b Batches) Create(ctx context.Context, turn string, rec *schemas.BatchRecord) (uint64, error) {
+	if rec.OrderSeq != 0 && !rec.Bucketed() {
+		return b.Log.Create(ctx, turn, rec)
+	}
 	if rec.Bucketed() {
 		// Get reads the log first: a record created in the bucket beside
 		// one in the log would never be read.

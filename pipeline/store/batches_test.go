@@ -3,10 +3,12 @@ package store_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -397,5 +399,51 @@ func TestTheOutcomeIsReadFromTheEventThatEndedTheBatch(t *testing.T) {
 	}
 	if _, err := s.Batches.Log.Outcome(ctx, old); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("outcome of a batch an earlier version ended: %v, want ErrNotFound", err)
+	}
+}
+
+// A batch placed in its session's order (OrderSeq) is created in its
+// turn's log without a read of the bucket: no version that places turns
+// keeps batches there. An unplaced one still reads the bucket first. The
+// log's compare-and-set still refuses a second placed batch.
+func TestAPlacedBatchIsCreatedWithoutReadingTheBucket(t *testing.T) {
+	env := jstest.Start(t)
+	s, ctx := store.New(env.Buckets), jstest.Ctx(t)
+	// Every read of the bucket is a direct get on its stream.
+	gets, err := env.NC.SubscribeSync("$JS.API.DIRECT.GET.KV_" + s.Batches.KV.Bucket() + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	placedID, unplacedID := "t-00000000000000000021", "t-00000000000000000022"
+	placed := batch(placedID, schemas.BatchRunning)
+	placed.OrderSeq, placed.OrderAfter = 7, "t-00000000000000000020"
+	rev, err := s.Batches.Create(ctx, placedID, placed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := batch(placedID, schemas.BatchQueued)
+	again.OrderSeq = 7
+	if _, err := s.Batches.Create(ctx, placedID, again); !errors.Is(err, store.ErrExists) {
+		t.Fatalf("a second placed create: %v, want ErrExists", err)
+	}
+	if got, _ := inLog(t, ctx, s, placedID); got.State != schemas.BatchRunning || got.OrderSeq != 7 {
+		t.Fatalf("the log's batch: %s at %d, want the first create's running at 7 (@%d)", got.State, got.OrderSeq, rev)
+	}
+	// The later fact: an unplaced create, which reads the bucket once.
+	if _, err := s.Batches.Create(ctx, unplacedID, batch(unplacedID, schemas.BatchRunning)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := gets.NextMsg(jstest.Wait)
+	if err != nil {
+		t.Fatalf("the unplaced create read nothing of the bucket: %v", err)
+	}
+	if !strings.HasSuffix(m.Subject, "."+unplacedID) {
+		t.Fatalf("the first read of the bucket was %s; want the unplaced turn's (the placed creates read nothing)", m.Subject)
+	}
+	if n, _, _ := gets.Pending(); n != 0 {
+		t.Fatalf("%d more reads of the bucket; want the unplaced create's one", n)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -39,6 +40,30 @@ const RewriteRetire = "retire"
 // subject names, is an error with a code (schemas.CodeMalformed or
 // the decoder's), never guessed at: a reader logs and passes it over.
 func DecidedOf(subject string, h nats.Header, data []byte) (*schemas.DecidedEvent, error) {
+	d, err := DecisionOf(subject, h, data)
+	if err != nil || d == nil {
+		return nil, err
+	}
+	return schemas.DecidedOf(d.Record), nil
+}
+
+// Decision is an approval's decision as its revision holds it
+// (DecisionOf).
+type Decision struct {
+	// Record is the decided approval record, decoded and checked whole.
+	// A decided record never changes again, so it is the approval as any
+	// later read finds it while the key lasts.
+	Record *schemas.ApprovalRecord
+	// Retained says that the revision was written with a TTL (the
+	// approvals bucket's retention started with the decision): retiring
+	// the approval (Bucket.Retire) has nothing to write, nor to read.
+	Retained bool
+}
+
+// DecisionOf is DecidedOf's record: the decision that a message of the
+// approvals bucket's stream holds, nil, nil for every message DecidedOf
+// answers nil, and DecidedOf's errors.
+func DecisionOf(subject string, h nats.Header, data []byte) (*Decision, error) {
 	if h.Get(kvOperationHeader) != "" || h.Get(RewriteHeader) != "" {
 		return nil, nil
 	}
@@ -71,5 +96,5 @@ func DecidedOf(subject string, h nats.Header, data []byte) (*schemas.DecidedEven
 	if rec.ApprovalID != id {
 		return nil, schemas.Errorf(schemas.CodeMalformed, "the revision at %s holds approval %q", subject, rec.ApprovalID)
 	}
-	return schemas.DecidedOf(rec), nil
+	return &Decision{Record: rec, Retained: h.Get(jetstream.MsgTTLHeader) != ""}, nil
 }
