@@ -302,16 +302,32 @@ func startAllInOne(e *env, keys *seal.KeyRing, logLevel string, plan *planner.Op
 }
 
 // resume runs stage if it is not running.
-func (a *allInOne) resume(stage string) {
+func (a *allInOne) resume(stage string) error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.running[stage] != nil {
-		return
+		a.mu.Unlock()
+		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &stageRun{cancel: cancel, done: make(chan error, 1)}
 	a.running[stage] = r
 	go func() { r.done <- a.p.RunStages(ctx, stage) }()
+	a.mu.Unlock()
+	watching := func() error { return nil }
+	switch stage {
+	case tollgate.StageApprover:
+		watching = a.p.Approver.Watching
+	case tollgate.StageRedriver:
+		watching = a.p.Redriver.Sweeping
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for err := watching(); err != nil; err = watching() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %w", stage, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
 }
 
 // pause drains stage and waits until it has stopped.

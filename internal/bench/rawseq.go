@@ -61,6 +61,11 @@ import (
 // retention: the decided revision it consumed holds both (the record, and
 // the TTL header; store.DecisionOf, batch.Known.Retained).
 //
+// The approver applies a decision on the approval's revision its pending
+// tracker's watch delivered (approver.PendingTracker.Latest), by
+// compare-and-set at that revision: it reads the bucket only when the
+// watch has not delivered it yet, or after a conflict.
+//
 // Before it creates an approval, the executor looks up the standing grants
 // of the call's tool and requester (one read of their grant index, which
 // finds none in the bench: pipeline/grants).
@@ -113,8 +118,7 @@ var rawApproval = []step{
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.awaiting", MsgID: true, Bytes: 1591}, // call 0's result, call 1's request
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnOrder},
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
-	{Stage: "approver", Op: "kv.get", On: "tollgate_approvals/<approval>"},
-	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025, Fact: factDecided}, // the decision: its revision is the decided event
+	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025, Fact: factDecided}, // on the revision its watch delivered: the decision's revision is the decided event
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
 	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed

@@ -58,6 +58,12 @@ type rawStages struct {
 	order   *turnorder.Writer
 	configs map[string]rawStageConfig // the consumers of each stage (layout.stageConfigs)
 
+	// watched is the last revision of each approval that the approver's
+	// watch of the approvals bucket delivered (key -> uint64): the raw
+	// approver's compare-and-set is made at it, as Tollgate's approver
+	// makes it at its pending tracker's (approver.PendingTracker.Latest).
+	watched sync.Map
+
 	ctx     context.Context
 	stop    context.CancelFunc
 	watchWG sync.WaitGroup
@@ -249,7 +255,29 @@ func (r *rawStages) watch(ctx context.Context, bucket string) error {
 	if err != nil {
 		return err
 	}
-	drain(r, ctx, w.Updates(), func() { _ = w.Stop() })
+	if bucket != topology.BucketApprovals {
+		drain(r, ctx, w.Updates(), func() { _ = w.Stop() })
+		return nil
+	}
+	// The approver keeps each approval's last revision (rawStages.watched).
+	r.watchWG.Add(1)
+	go func() {
+		defer r.watchWG.Done()
+		defer func() { _ = w.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e != nil && e.Operation() == jetstream.KeyValuePut {
+					r.watched.Store(e.Key(), e.Revision())
+				}
+			}
+		}
+	}()
 	return nil
 }
 
@@ -275,11 +303,14 @@ func drain[T any](r *rawStages, ctx context.Context, updates <-chan T, stop func
 
 func (r *rawStages) consumer(stage string) string { return rawConsumer(stage) }
 
-// resume starts stage if it is not running (errors are counted).
-func (r *rawStages) resume(stage string) {
+// resume starts stage if it is not running (errors are counted, and
+// returned). Its watches are not stopped by pause: it is ready at once.
+func (r *rawStages) resume(stage string) error {
 	if err := r.start(stage); err != nil {
 		r.fail(err)
+		return err
 	}
+	return nil
 }
 
 func (r *rawStages) start(stage string) error {
@@ -643,6 +674,15 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			if target == skip {
 				skip = ""
 				continue
+			}
+			if _, read := revs[target]; !read && stage == "approver" && bucket == topology.BucketApprovals {
+				// At the revision the watch delivered; one the watch has
+				// not delivered yet is read, as Tollgate's approver does.
+				if v, ok := r.watched.Load(pk); ok {
+					revs[target] = v.(uint64)
+				} else if e, err := kv.Get(ctx, pk); err == nil {
+					revs[target] = e.Revision()
+				}
 			}
 			rev, err := r.update(ctx, kv, pb, pk, payload, revs[target], id, op)
 			switch {

@@ -21,7 +21,10 @@ var stageOfConsumer = map[string]string{
 // Tollgate's all-in-one stages, or the raw ones.
 type stager interface {
 	pause(stage string) error
-	resume(stage string)
+	// resume starts stage again, and returns once it is ready: its
+	// watches (the approver's of the approvals, the redriver's of the
+	// turn logs) have caught up, as they have in a pipeline that runs.
+	resume(stage string) error
 	consumer(stage string) string // the stage's durable consumer
 }
 
@@ -59,12 +62,18 @@ func traceTurn(parent string, keys *seal.KeyRing, p path) ([]step, error) {
 // message of the turn: the redriver runs once, after the approver. (A
 // decided event that comes before the executor's awaiting append, which
 // the stages run one at a time never produce, is NAKed until the batch
-// waits, and then handled as traced.)
+// waits, and then handled as traced.) "ready:<stage>" resumes stage
+// before the message it handles is published, and waits until it is
+// ready: the approver applies a decision on the approval's revision its
+// watch delivered (the pending tracker, which starts with the stage), as
+// a running approver does, so the watch must have caught up before the
+// decision comes. Nothing else works meanwhile, so nothing is
+// misattributed.
 func traceSchedule(p path) []string {
 	if p != approvalPath {
 		return []string{"send", "ingest", "executor"}
 	}
-	return []string{"send", "ingest", "executor", "decide", "approver", "redriver"}
+	return []string{"send", "ingest", "executor", "ready:approver", "decide", "approver", "redriver"}
 }
 
 // traceOn traces a turn of path p on e, whose stages st (Tollgate's, or the
@@ -108,13 +117,19 @@ func traceOn(e *env, st stager, p path, raw bool) ([]step, error) {
 				if err := d.waitAsync(traceWait); err != nil {
 					return nil, err
 				}
+			case "ready:approver":
+				if err := st.resume("approver"); err != nil {
+					return nil, err
+				}
 			case "decide":
 				d.publishDecision(schemas.ApprovalID(t.id, p.approvalIndex()))
 				if err := d.waitAsync(traceWait); err != nil {
 					return nil, err
 				}
 			default:
-				st.resume(s)
+				if err := st.resume(s); err != nil {
+					return nil, err
+				}
 				if err := waitIdle(js, stageConsumer[s].Stream, st.consumer(s), traceWait); err != nil {
 					return nil, err
 				}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,53 @@ type PendingTracker struct {
 	// watching is set while Run's watch runs and has delivered every
 	// record present when it started (Watching).
 	watching atomic.Bool
+
+	// latest is the last revision the watch delivered of pending
+	// approvals, at most maxLatest of them (Latest).
+	latestMu sync.Mutex
+	latest   map[string]revision
+}
+
+// revision is a stored approval record and its revision.
+type revision struct {
+	data []byte
+	rev  uint64
+}
+
+// maxLatest bounds the pending revisions the tracker keeps for Latest
+// (about 1 KiB each): past it, an arbitrary one is dropped, and a decision
+// on it reads the bucket as before.
+const maxLatest = 4096
+
+// Latest returns the last revision of pending approval id that the watch
+// delivered (its stored bytes and revision), if the tracker keeps one.
+// It may be stale: the record may have changed since, and the watch not
+// delivered that yet. The approver decides a write on it only by
+// compare-and-set at that revision, which a stale one fails
+// (Approver.apply).
+func (p *PendingTracker) Latest(id string) ([]byte, uint64, bool) {
+	p.latestMu.Lock()
+	defer p.latestMu.Unlock()
+	r, ok := p.latest[id]
+	return r.data, r.rev, ok
+}
+
+// keep records the revision of key the watch delivered: a pending one is
+// kept, any other drops the key.
+func (p *PendingTracker) keep(key string, pending bool, data []byte, rev uint64) {
+	p.latestMu.Lock()
+	defer p.latestMu.Unlock()
+	if !pending {
+		delete(p.latest, key)
+		return
+	}
+	if _, ok := p.latest[key]; !ok && len(p.latest) >= maxLatest {
+		for k := range p.latest {
+			delete(p.latest, k)
+			break
+		}
+	}
+	p.latest[key] = revision{data: data, rev: rev}
 }
 
 // Watching is nil while Run's watch of the approvals bucket runs and has
@@ -90,7 +138,7 @@ func NewPendingTracker(kv jetstream.KeyValue, decode func([]byte) (*schemas.Appr
 	if now == nil {
 		now = time.Now
 	}
-	return &PendingTracker{kv: kv, decode: decode, log: log, gauge: g, overdue: overdue, expire: expire, now: now, pending: map[string]time.Time{}, retry: map[string]time.Time{}}, nil
+	return &PendingTracker{kv: kv, decode: decode, log: log, gauge: g, overdue: overdue, expire: expire, now: now, pending: map[string]time.Time{}, retry: map[string]time.Time{}, latest: map[string]revision{}}, nil
 }
 
 // expiryRetry is how long a failed expiry waits before it is tried again.
@@ -190,6 +238,7 @@ func (p *PendingTracker) apply(e jetstream.KeyValueEntry) {
 			isPending, expires = rec.Status == schemas.ApprovalPending, rec.ExpiresAt
 		}
 	}
+	p.keep(key, isPending, e.Value(), e.Revision())
 	if isPending {
 		if old, ok := p.pending[key]; !ok || !old.Equal(expires) {
 			p.pending[key] = expires
