@@ -95,9 +95,12 @@ var rawFast = []step{
 // record's revision is the decided event: its Fact decided, which the
 // raw stages send as a Bench-Fact header on the KV write, where the
 // redriver's durable on the bucket's stream tells it from the creation),
-// so the decision's revision is the redriver's one trigger: it reads
-// the turn's last event (the approval is the revision itself), moves the
-// batch to started (the
+// so the decision's revision is the redriver's one trigger: it takes the
+// batch from the turn's awaiting event that its recovery sweep's watch of
+// the turn logs delivered (reading the turn's last event only when the
+// watch has not delivered it yet) and the approval from the revision
+// itself, moves the batch to started by compare-and-set after that event
+// (the
 // log's started append is the fact: no redrive outcome is published for
 // it), runs the approved call and completes the batch. The awaiting
 // append is also the approval's request (it keeps the record: no
@@ -120,8 +123,7 @@ var rawApproval = []step{
 	{Stage: "client", Op: "publish", On: "tollgate.decision.submit.cli.<approval>", MsgID: true, Bytes: 150},
 	{Stage: "approver", Op: "kv.update", On: "tollgate_approvals/<approval>", Bytes: 1025, Fact: factDecided}, // on the revision its watch delivered: the decision's revision is the decided event
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
-	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNLOG_<p> last tollgate.turnlog.<p>.<turn>.>"},
-	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed
+	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed, after the awaiting event its watch delivered
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 1360}, // call 1's result and the outcome
 	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNS next tollgate.turn.order.*.<session>"},           // the session's next turn: none waits
 	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factDecided},

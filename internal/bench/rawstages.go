@@ -63,6 +63,11 @@ type rawStages struct {
 	// approver's compare-and-set is made at it, as Tollgate's approver
 	// makes it at its pending tracker's (approver.PendingTracker.Latest).
 	watched sync.Map
+	// awaiting is the last event of each turn whose log's last event the
+	// redriver's watch delivered as awaiting (turn -> turnlog.Event): the
+	// raw redriver's start is appended after it, as Tollgate's redriver
+	// appends after its sweep's (Redriver.redrive, watched).
+	awaiting sync.Map
 
 	ctx     context.Context
 	stop    context.CancelFunc
@@ -243,7 +248,27 @@ func (r *rawStages) watchLogs(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	drain(r, ctx, w.Updates(), w.Stop)
+	r.watchWG.Add(1)
+	go func() {
+		defer r.watchWG.Done()
+		defer w.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-w.Updates():
+				switch {
+				case !ok:
+					return
+				case ev == nil:
+				case ev.Name == topology.EventTurnAwaiting:
+					r.awaiting.Store(ev.Turn, *ev)
+				default:
+					r.awaiting.Delete(ev.Turn)
+				}
+			}
+		}
+	}()
 	return nil
 }
 
@@ -603,6 +628,24 @@ func (r *rawStages) handle(ctx context.Context, stage string, groups []rawGroup,
 			// Design (b): a compare-and-set against the turn's last event.
 			last := turnWildcard(target)
 			tok := strings.Split(target, ".") // tollgate.turnlog.<p>.<turn>.<event>
+			if _, read := revs[last]; !read && stage == "redriver" {
+				// After the awaiting event the watch delivered; one it has
+				// not delivered yet is read, as Tollgate's redriver does.
+				if v, ok := r.awaiting.Load(tok[3]); ok {
+					ev := v.(turnlog.Event)
+					revs[last] = ev.Seq
+					if id.session == "" && len(ev.Data) >= sessionKeyLen {
+						id.session = string(ev.Data[:sessionKeyLen])
+					}
+				} else if st, err := r.stream(ctx, topology.StreamTurnLogPrefix+tok[2]); err == nil {
+					if m, err := st.GetLastMsgForSubject(ctx, last); err == nil {
+						revs[last] = m.Sequence
+						if id.session == "" && len(m.Data) >= sessionKeyLen {
+							id.session = string(m.Data[:sessionKeyLen])
+						}
+					}
+				}
+			}
 			seq, err := r.log.Append(ctx, turnlog.Append{Turn: tok[3], Event: tok[4], After: revs[last],
 				MsgID: target, Header: r.factHeader(id, op), Data: payload})
 			switch {

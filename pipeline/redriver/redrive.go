@@ -168,6 +168,12 @@ func (r *Redriver) Run(ctx context.Context) error {
 		sweepCtx, stopSweep := context.WithCancel(ctx)
 		done := runner.Background(sweepCtx, r.cfg.Logger, "recovery sweep", r.sweep.run)
 		swept = func() { stopSweep(); done() }
+		// Decisions are taken once the sweep's watch has caught up with
+		// the turn logs (for at most sweepCatchUp): then a decision on a
+		// batch whose awaiting event the watch holds is redriven without
+		// reading the batch (redrive, watched). One taken earlier reads
+		// it, as always.
+		r.waitSweeping(ctx, sweepCatchUp)
 	}
 	errs := make(chan error, len(runners))
 	for _, rn := range runners {
@@ -181,6 +187,30 @@ func (r *Redriver) Run(ctx context.Context) error {
 	}
 	swept()
 	return first
+}
+
+// sweepCatchUp bounds how long Run waits for the sweep's watch to catch
+// up before it takes decisions (usually milliseconds; a watch over very
+// many open batches may take longer, and then the first decisions read
+// their batches).
+const sweepCatchUp = 5 * time.Second
+
+// waitSweeping returns once the sweep's watches have caught up, after
+// max, or when ctx ends.
+func (r *Redriver) waitSweeping(ctx context.Context, max time.Duration) {
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for r.Sweeping() != nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // revisionTurn shards the approvals bucket's revisions by turn (the
@@ -239,7 +269,7 @@ func (r *Redriver) handle(ctx context.Context, m jetstream.Msg, turnID, trigger 
 	if err := schemas.CheckTurnKey(turnID); err != nil {
 		return err
 	}
-	err := r.redrive(ctx, turnID, trigger, d)
+	err := r.redrive(ctx, turnID, trigger, d, d != nil)
 	var early *errBeforeAwaiting
 	if errors.As(err, &early) {
 		if md, merr := m.Metadata(); merr == nil {
@@ -321,13 +351,19 @@ func (r *Redriver) abortDecision(ctx context.Context, m jetstream.Msg, code sche
 // Redrive evaluates the batch barrier of turnID and acts on it. It is
 // idempotent; trigger is recorded on the published outcome.
 func (r *Redriver) Redrive(ctx context.Context, turnID, trigger string) error {
-	return r.redrive(ctx, turnID, trigger, nil)
+	return r.redrive(ctx, turnID, trigger, nil, false)
 }
 
 // redrive is Redrive; d, when not nil, is a decision of one of the batch's
 // approvals as the trigger held it (HandleRevision), read from there
-// rather than from the bucket.
-func (r *Redriver) redrive(ctx context.Context, turnID, trigger string, d *store.Decision) error {
+// rather than from the bucket. With watched, the batch is taken from the
+// awaiting event the recovery sweep's watch of the turn logs last
+// delivered of the turn, when it keeps one, rather than read: one read
+// fewer per decision. Only the move to started is made from it, a
+// compare-and-set at that event's sequence, which fails if the log has
+// moved on (the watch lags); every other verdict, and every attempt after
+// a conflict, is made on a fresh read.
+func (r *Redriver) redrive(ctx context.Context, turnID, trigger string, d *store.Decision, watched bool) error {
 	eng := r.cfg.Engine
 	get := r.approval
 	var known []string
@@ -342,7 +378,11 @@ func (r *Redriver) redrive(ctx context.Context, turnID, trigger string, d *store
 			known = []string{d.Record.ApprovalID}
 		}
 	}
-	b, rev, err := r.cfg.Store.Batches.Get(ctx, turnID)
+	b, rev, fromWatch := r.watchedBatch(turnID, watched)
+	var err error
+	if !fromWatch {
+		b, rev, err = r.cfg.Store.Batches.Get(ctx, turnID)
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return r.publish(ctx, &schemas.RedriveOutcome{TurnID: turnID, Kind: schemas.RedriveFailed,
@@ -370,6 +410,9 @@ func (r *Redriver) redrive(ctx context.Context, turnID, trigger string, d *store
 	v, err := Evaluate(ctx, eng.Keys(), b, get)
 	if err != nil {
 		return err
+	}
+	if fromWatch && v.Kind != schemas.RedriveStarted {
+		return r.redrive(ctx, turnID, trigger, d, false)
 	}
 	switch v.Kind {
 	case schemas.RedriveFailed:
@@ -406,7 +449,7 @@ func (r *Redriver) redrive(ctx context.Context, turnID, trigger string, d *store
 	}
 	startedRev, err := r.cfg.Store.Batches.Update(ctx, turnID, b, rev)
 	if errors.Is(err, store.ErrConflict) {
-		return r.redrive(ctx, turnID, trigger, d)
+		return r.redrive(ctx, turnID, trigger, d, false)
 	}
 	if err != nil {
 		return err
@@ -416,6 +459,24 @@ func (r *Redriver) redrive(ctx context.Context, turnID, trigger string, d *store
 	// approvals never change again, so those just read are current.
 	r.outcomes.WithLabelValues(string(schemas.RedriveStarted)).Inc()
 	return r.run(ctx, b, approvals, plans, batch.Known{Batch: b, BatchRev: startedRev, Retained: known}, false, get)
+}
+
+// watchedBatch is the batch of turnID as the recovery sweep's watch last
+// delivered it, with its sequence, when watched is set and the sweep keeps
+// the turn's awaiting event (see redrive); ok is false otherwise.
+func (r *Redriver) watchedBatch(turnID string, watched bool) (*schemas.BatchRecord, uint64, bool) {
+	if !watched {
+		return nil, 0, false
+	}
+	ev, ok := r.sweep.awaitingEvent(turnID)
+	if !ok {
+		return nil, 0, false
+	}
+	b, err := store.DecodeLogBatch(ev.Data)
+	if err != nil || b.TurnID != turnID || b.State != schemas.BatchAwaiting {
+		return nil, 0, false
+	}
+	return b, ev.Seq, true
 }
 
 // ApprovalSource reads approval record id. A missing record is an error

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -120,6 +121,46 @@ type sweeper struct {
 	// watching is set while run's watch runs and has delivered every
 	// batch present when it started (Sweeping).
 	watching atomic.Bool
+
+	// awaiting is the last event of turns whose batch awaits its
+	// approvals, as the turn-log watch delivered it, at most maxAwaiting
+	// of them (awaitingEvent).
+	awaitingMu sync.Mutex
+	awaiting   map[string]turnlog.Event
+}
+
+// maxAwaiting bounds the awaiting events the sweep keeps for the redrive
+// of a decision (about 2 KiB each): past it, an arbitrary one is
+// dropped, and a decision on its batch reads the turn's log as before.
+const maxAwaiting = 4096
+
+// awaitingEvent is the last event of turn's log that the watch delivered,
+// when that event moved the batch to awaiting and the sweep keeps it. It
+// may be stale (a later event not delivered yet): the redriver acts on it
+// only by a compare-and-set at its sequence (Redriver.redrive).
+func (s *sweeper) awaitingEvent(turn string) (turnlog.Event, bool) {
+	s.awaitingMu.Lock()
+	defer s.awaitingMu.Unlock()
+	ev, ok := s.awaiting[turn]
+	return ev, ok
+}
+
+// keepAwaiting records ev, the last event of its turn that the watch
+// delivered: an awaiting event is kept, any other drops the turn's.
+func (s *sweeper) keepAwaiting(ev *turnlog.Event) {
+	s.awaitingMu.Lock()
+	defer s.awaitingMu.Unlock()
+	if ev.Name != store.EventAwaiting {
+		delete(s.awaiting, ev.Turn)
+		return
+	}
+	if _, ok := s.awaiting[ev.Turn]; !ok && len(s.awaiting) >= maxAwaiting {
+		for k := range s.awaiting {
+			delete(s.awaiting, k)
+			break
+		}
+	}
+	s.awaiting[ev.Turn] = turnlog.Event{Turn: ev.Turn, Name: ev.Name, Seq: ev.Seq, Data: ev.Data}
 }
 
 // Sweeping is nil while the recovery sweep runs: its watches of the turn
@@ -137,7 +178,7 @@ func (r *Redriver) Sweeping() error {
 
 func newSweeper(r *Redriver) *sweeper {
 	s := &sweeper{
-		r: r, every: r.cfg.SweepInterval, after: r.cfg.SweepAfter, open: map[string]*sweepEntry{},
+		r: r, every: r.cfg.SweepInterval, after: r.cfg.SweepAfter, open: map[string]*sweepEntry{}, awaiting: map[string]turnlog.Event{},
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_sweep_actions_total",
 			Help: "Recovery-sweep actions on batches whose driving message was lost (redrive, release, announce), idle sessions retired (retire), and failed attempts (error).",
@@ -202,6 +243,7 @@ func (s *sweeper) run(ctx context.Context) error {
 				caughtUp()
 				continue
 			}
+			s.keepAwaiting(ev)
 			if store.Terminal(ev.Name) {
 				// The batch ended (its event's name says so): nothing to
 				// sweep, and nothing to decode.

@@ -134,14 +134,25 @@ func (b BatchLog) Get(ctx context.Context, turn string) (*schemas.BatchRecord, u
 	case err != nil:
 		return nil, 0, fmt.Errorf("get the batch of %s: %w", turn, err)
 	}
-	rec, err := schemas.DecodeBatch(ev.Data)
+	rec, err := DecodeLogBatch(ev.Data)
 	if err != nil {
 		return nil, ev.Seq, fmt.Errorf("decode the batch of %s@%d (%s): %w", turn, ev.Seq, ev.Name, err)
 	}
-	// The requests are the awaiting event's, not the batch's state: a
-	// write made from this record must not carry them again.
-	rec.Requested = nil
 	return rec, ev.Seq, nil
+}
+
+// DecodeLogBatch is the batch record that a turn-log event's data holds,
+// as Get returns it: without the approvals an awaiting event requested
+// (those are the event's, not the batch's state: a write made from this
+// record must not carry them again). A *schemas.Error when it does not
+// decode.
+func DecodeLogBatch(data []byte) (*schemas.BatchRecord, error) {
+	rec, err := schemas.DecodeBatch(data)
+	if err != nil {
+		return nil, err
+	}
+	rec.Requested = nil
+	return rec, nil
 }
 
 // Create appends turn's first event, rec; ErrExists when turn has one.
