@@ -123,9 +123,20 @@ type driver struct {
 	decisions chan string      // approval ids to decide
 	decWG     sync.WaitGroup
 	subs      []*nats.Subscription
-	pubErrs   atomic.Int64
-	requested atomic.Int64
-	outcomes  atomic.Int64
+	// inOrder, on the planner path, carries every subscription's messages
+	// to one goroutine, in the order the connection read them (handlers
+	// by subscription): a planner turn's moments (its order entry, its
+	// step batch accepted, the step's outcome) then reach it before the
+	// turn's own outcome, which the server routed after them. Separate
+	// async subscriptions each have a goroutine of their own, and under
+	// load one ran the turn's end before another marked its step.
+	inOrder    chan *nats.Msg
+	handlersMu sync.Mutex
+	handlers   map[*nats.Subscription]nats.MsgHandler
+	dispatched chan struct{}
+	pubErrs    atomic.Int64
+	requested  atomic.Int64
+	outcomes   atomic.Int64
 	// watchBatches: sampleLatency watches the batch writes (onTurnLog).
 	watchBatches atomic.Bool
 
@@ -162,7 +173,32 @@ type latencies struct {
 func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, decide bool) (*driver, error) {
 	d := &driver{nc: nc, js: js, run: run, path: p, raw: raw, decide: decide,
 		turns: map[string]*turn{}, decisions: make(chan string, 1<<16)}
+	if p == plannerPath {
+		d.inOrder, d.handlers, d.dispatched = make(chan *nats.Msg, 1<<18), map[*nats.Subscription]nats.MsgHandler{}, make(chan struct{})
+		go func() {
+			defer close(d.dispatched)
+			for m := range d.inOrder {
+				d.handlersMu.Lock()
+				fn := d.handlers[m.Sub]
+				d.handlersMu.Unlock()
+				if fn != nil {
+					fn(m)
+				}
+			}
+		}()
+	}
 	sub := func(subj string, fn nats.MsgHandler) error {
+		if d.inOrder != nil {
+			d.handlersMu.Lock() // held until fn is registered: the dispatcher waits for it
+			defer d.handlersMu.Unlock()
+			s, err := nc.ChanSubscribe(subj, d.inOrder)
+			if err != nil {
+				return err
+			}
+			d.handlers[s] = fn
+			d.subs = append(d.subs, s)
+			return nil
+		}
 		s, err := nc.Subscribe(subj, fn)
 		if err != nil {
 			return err
@@ -244,6 +280,10 @@ func batchTurn(subject string) string {
 func (d *driver) close() {
 	for _, s := range d.subs {
 		_ = s.Unsubscribe()
+	}
+	if d.inOrder != nil {
+		close(d.inOrder)
+		<-d.dispatched
 	}
 	close(d.decisions)
 	d.decWG.Wait()
