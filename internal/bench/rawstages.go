@@ -248,27 +248,15 @@ func (r *rawStages) watchLogs(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.watchWG.Add(1)
-	go func() {
-		defer r.watchWG.Done()
-		defer w.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case ev, ok := <-w.Updates():
-				switch {
-				case !ok:
-					return
-				case ev == nil:
-				case ev.Name == topology.EventTurnAwaiting:
-					r.awaiting.Store(ev.Turn, *ev)
-				default:
-					r.awaiting.Delete(ev.Turn)
-				}
-			}
+	drain(r, ctx, w.Updates(), w.Stop, func(ev *turnlog.Event) {
+		switch {
+		case ev == nil:
+		case ev.Name == topology.EventTurnAwaiting:
+			r.awaiting.Store(ev.Turn, *ev)
+		default:
+			r.awaiting.Delete(ev.Turn)
 		}
-	}()
+	})
 	return nil
 }
 
@@ -280,35 +268,22 @@ func (r *rawStages) watch(ctx context.Context, bucket string) error {
 	if err != nil {
 		return err
 	}
-	if bucket != topology.BucketApprovals {
-		drain(r, ctx, w.Updates(), func() { _ = w.Stop() })
-		return nil
-	}
-	// The approver keeps each approval's last revision (rawStages.watched).
-	r.watchWG.Add(1)
-	go func() {
-		defer r.watchWG.Done()
-		defer func() { _ = w.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e != nil && e.Operation() == jetstream.KeyValuePut {
-					r.watched.Store(e.Key(), e.Revision())
-				}
+	var each func(jetstream.KeyValueEntry)
+	if bucket == topology.BucketApprovals {
+		// The approver keeps each approval's last revision (rawStages.watched).
+		each = func(e jetstream.KeyValueEntry) {
+			if e != nil && e.Operation() == jetstream.KeyValuePut {
+				r.watched.Store(e.Key(), e.Revision())
 			}
 		}
-	}()
+	}
+	drain(r, ctx, w.Updates(), func() { _ = w.Stop() }, each)
 	return nil
 }
 
 // drain reads a watch's updates, as its reader would, until ctx ends or
-// they close, then stops it.
-func drain[T any](r *rawStages, ctx context.Context, updates <-chan T, stop func()) {
+// they close, then stops it; each, when not nil, is given every update.
+func drain[T any](r *rawStages, ctx context.Context, updates <-chan T, stop func(), each func(T)) {
 	r.watchWG.Add(1)
 	go func() {
 		defer r.watchWG.Done()
@@ -317,9 +292,12 @@ func drain[T any](r *rawStages, ctx context.Context, updates <-chan T, stop func
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-updates:
+			case u, ok := <-updates:
 				if !ok {
 					return
+				}
+				if each != nil {
+					each(u)
 				}
 			}
 		}

@@ -303,7 +303,7 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		watched := false
 		if schemas.ValidKey(d.ApprovalID) { // otherwise there is no such record
 			if !fresh {
-				rec, rev, watched = a.watched(d.ApprovalID)
+				rec, rev, watched = a.watchedRevision(d.ApprovalID)
 			}
 			if !watched {
 				var err error
@@ -369,9 +369,9 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 	}
 }
 
-// watched is approval id as the pending tracker last saw it (apply), when
-// it keeps it and it decodes.
-func (a *Approver) watched(id string) (*schemas.ApprovalRecord, uint64, bool) {
+// watchedRevision is approval id as the pending tracker last saw it
+// (apply), when it keeps it and it decodes.
+func (a *Approver) watchedRevision(id string) (*schemas.ApprovalRecord, uint64, bool) {
 	data, rev, ok := a.pending.Latest(id)
 	if !ok {
 		return nil, 0, false

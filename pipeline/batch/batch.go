@@ -113,8 +113,8 @@ type Engine struct {
 	cfg Config
 
 	mu     sync.Mutex
-	events jetstream.Stream  // handle on the events stream, bound on first use
-	orders *turnorder.Writer // the sessions' orders, made on first use (Orders)
+	events jetstream.Stream // handle on the events stream, bound on first use
+	orders *turnorder.Lazy  // the sessions' orders, made on first use (Orders)
 
 	// worker is cfg.Worker plus a random suffix, unique to this engine, so
 	// a claim can be recognised as its own; started holds the call ids
@@ -157,7 +157,7 @@ func New(cfg Config) (*Engine, error) {
 	nonce := make([]byte, 4)
 	rand.Read(nonce)
 	e := &Engine{
-		cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce), recent: newEndedTurns(recentEnded),
+		cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce), recent: newEndedTurns(recentEnded), orders: turnorder.NewLazy(cfg.JS),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_turns_ended_total",
 			Help: "Turns made terminal, by batch state (completed, failed).",

@@ -56,16 +56,7 @@ var ErrNotItsTurn = errors.New("batch: the batch waits for its turn in its sessi
 // Orders is the engine's reader (and writer) of the sessions' orders, made
 // on first use (a stream lookup).
 func (e *Engine) Orders(ctx context.Context) (*turnorder.Writer, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.orders == nil {
-		w, err := turnorder.New(ctx, e.cfg.JS)
-		if err != nil {
-			return nil, err
-		}
-		e.orders = w
-	}
-	return e.orders, nil
+	return e.orders.Get(ctx)
 }
 
 // Placed is the place an entry gives its turn (Place): the entry's

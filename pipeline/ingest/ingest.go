@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -90,8 +89,7 @@ type Ingest struct {
 	cfg  Config
 	gate *sessionorder.Gate
 
-	mu     sync.Mutex
-	orders *turnorder.Writer // order's
+	orders *turnorder.Lazy // the sessions' orders, made on first use
 }
 
 // New returns an Ingest.
@@ -110,7 +108,7 @@ func New(cfg Config) (*Ingest, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Ingest{cfg: cfg, gate: gate}, nil
+	return &Ingest{cfg: cfg, gate: gate, orders: turnorder.NewLazy(cfg.JS)}, nil
 }
 
 // Run consumes inbound messages, and with Config.Plan the planner's step
@@ -175,7 +173,7 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	w, err := in.order(ctx)
+	w, err := in.orders.Get(ctx)
 	if err != nil {
 		return err
 	}
@@ -210,21 +208,6 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	in.cfg.Logger.Debug("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID, "kind", kind, "after", e.After,
 		"principal", t.Context.Requester.Principal, "audience", t.Context.Audience, "calls", len(t.Calls))
 	return nil
-}
-
-// order returns the stage's writer of the sessions' orders, made on first
-// use (a stream lookup).
-func (in *Ingest) order(ctx context.Context) (*turnorder.Writer, error) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.orders == nil {
-		w, err := turnorder.New(ctx, in.cfg.JS)
-		if err != nil {
-			return nil, err
-		}
-		in.orders = w
-	}
-	return in.orders, nil
 }
 
 // Admit is the admission rule, whose one home is policy.(*Policy).Admit:
