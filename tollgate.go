@@ -169,7 +169,7 @@ type Config struct {
 	OrderWait       time.Duration // executor.Config.OrderWait and planner.Config.OrderWait
 	PreviewDeadline time.Duration // executor.Config.PreviewDeadline
 	PreviewsPerTool int           // executor.Config.PreviewsPerTool
-	SweepInterval   time.Duration // redriver.Config.SweepInterval (negative: no sweep)
+	SweepInterval   time.Duration // redriver.Config.SweepInterval (negative: no sweep passes; its watch still runs)
 	SweepAfter      time.Duration // redriver.Config.SweepAfter
 
 	// Retention is how long ended records stay in KV (store.Store.Retain):
@@ -286,7 +286,6 @@ type Pipeline struct {
 	js      jetstream.JetStream
 	topo    topology.Config
 	metrics *runner.Metrics
-	sweeps  bool // the redriver's recovery sweep is on
 }
 
 // New validates cfg, ensures the topology and builds the pipeline. See the
@@ -311,7 +310,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if topo == (topology.Config{}) {
 		topo = topology.DefaultConfig()
 	}
-	p := &Pipeline{stages: cfg.Stages, js: cfg.JS, topo: topo, sweeps: cfg.SweepInterval >= 0}
+	p := &Pipeline{stages: cfg.Stages, js: cfg.JS, topo: topo}
 	if p.stages == nil {
 		p.stages = AllStages()
 		if cfg.Planner != nil {
@@ -507,7 +506,9 @@ func (p *Pipeline) Checks() []health.Check {
 			checks = append(checks, health.Check{Name: s + "/pending-tracker", Stage: s, Check: func(context.Context) error {
 				return p.Approver.Watching()
 			}})
-		case s == StageRedriver && p.sweeps:
+		case s == StageRedriver:
+			// The sweep's watch runs even with its passes off: it wakes the
+			// sessions' queued turns.
 			checks = append(checks, health.Check{Name: s + "/sweep", Stage: s, Check: func(context.Context) error {
 				return p.Redriver.Sweeping()
 			}})

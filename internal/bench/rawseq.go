@@ -42,12 +42,11 @@ import (
 // the traced all-in-one turn.) No session record is read or written. The
 // executor creates the batch already running with call 0 claimed
 // (startAtOnce: a turn that must wait is created queued instead). Whoever
-// ends the batch reads the session's next entry after the turn's own (a
-// message get with next_by_subj on the order's wildcard, from the stream
-// leader): under load another turn of the session may be waiting there,
-// and is announced; in the trace there is none. The raw stages make the
-// same get (its start is the turn's inbound sequence: the same request,
-// answered from the subject index).
+// ends the batch reads nothing for the session: a turn queued behind it
+// is woken by the redriver's watch of the turn logs, which delivers the
+// end (batch.Engine.Wake); in the trace none waits. (Until session 30 the
+// ender read the session's next entry, a message get with next_by_subj
+// on the order's wildcard: one JetStream API request per turn.)
 //
 // A call's execution claim is in its batch record (pipeline/batch, Run):
 // the executor's move to running claims the call it runs at once, and the
@@ -84,7 +83,6 @@ var rawFast = []step{
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 855}, // call 0 claimed
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 942}, // call 0's result and the outcome
-	{Stage: "executor", Op: "stream.get", On: "TOLLGATE_TURNS next tollgate.turn.order.*.<session>"},          // the session's next turn: none waits
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnOrder},
 }
 
@@ -125,7 +123,6 @@ var rawApproval = []step{
 	{Stage: "approver", Op: "consume+ack", On: "TOLLGATE_DECISIONS/approver", Trigger: topology.SubjectDecisionSubmit},
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.started", MsgID: true, Bytes: 1204}, // call 1 claimed, after the awaiting event its watch delivered
 	{Stage: "redriver", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.outcome", MsgID: true, Bytes: 1360}, // call 1's result and the outcome
-	{Stage: "redriver", Op: "stream.get", On: "TOLLGATE_TURNS next tollgate.turn.order.*.<session>"},           // the session's next turn: none waits
 	{Stage: "redriver", Op: "consume+ack", On: "KV_tollgate_approvals/redriver", Trigger: "fact:" + factDecided},
 }
 

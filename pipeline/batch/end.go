@@ -183,9 +183,10 @@ func TurnOf(data []byte) string {
 // Finish finishes a terminal batch: a failed batch's pending approvals are
 // abandoned (announced), its approvals' and claims' retention is started
 // (retire), the turn's outcome is announced where its ending write did not
-// keep it, and the session's next turn is announced if its batch waits
-// (order.go: a read of the session's next entry; an earlier version's
-// batch releases its session record instead, Release).
+// keep it, and an earlier version's batch releases its session record
+// (Release). A batch with a place reads nothing for its session: the
+// turn queued after it is woken by the redriver's watch of its terminal
+// write (Wake, order.go).
 //
 // A batch ended in its turn log keeps its outcome in that write (the log's
 // outcome event, schemas.BatchRecord.Outcome): that event is the outcome,
@@ -231,10 +232,10 @@ func (e *Engine) finish(ctx context.Context, b *schemas.BatchRecord, lookup bool
 			return err
 		}
 	}
-	if b.OrderSeq == 0 {
-		return nil
-	}
-	return e.wake(ctx, b) // order.go
+	// A batch with a place wakes the turn after it by its terminal write
+	// alone: the redriver's watch of the turn logs delivers it (Wake,
+	// order.go).
+	return nil
 }
 
 // announce retires b's records and, for a batch whose ending write did not

@@ -34,19 +34,35 @@ import (
 //   - A batch whose turn has not come is written queued (its first
 //     write), and its predecessor is read again after that write (ItsTurn
 //     once more): if it ended meanwhile, the batch starts.
-//   - Whoever ends a batch with a place reads its session's next placing
-//     entry (turnorder.Writer.Next, from the stream leader) and, if that
-//     turn's batch is queued, announces it (AnnounceBatch): Finish does,
-//     on every call.
+//   - A queued batch whose predecessor has ended is woken (Wake: announced,
+//     its notice's message id naming the predecessor) by the redriver's
+//     watch of the turn logs (pipeline/redriver, sweep.go), which receives
+//     every batch write: when it delivers a predecessor's terminal event
+//     it wakes the queued batches it holds placed after it, and when it
+//     delivers a batch's queued event it registers the batch under its
+//     predecessor first and then reads that predecessor (Wake).
+//     Whoever ends a batch reads and announces nothing.
 //
-// The ender writes (the terminal batch) before it reads (the next batch),
-// and the waiter writes (its queued batch) before it reads (its
-// predecessor): with reads that see every acknowledged write, one of the
-// two sees the other, so a queued batch whose predecessor ended is always
-// either started by its own stage or announced by the ender. The recovery
-// sweep announces, besides, a queued batch whose predecessor has ended.
-// No session record is written on this path: a turn's start costs no
-// write of its own.
+// The waiter writes (its queued batch) before it reads (its predecessor),
+// and the ender's terminal write reaches the watch after it is stored:
+// if the waiter's read did not see the end, the end was stored after the
+// queued write. The watch then either holds the queued batch when the
+// end is delivered (and wakes it), or receives the queued event after
+// the end was stored (its read sees the end): the turn logs' partitions
+// deliver in no order among themselves, and the register-then-read on
+// the queued event covers either order. So a queued batch whose
+// predecessor ended is always started by its own stage or woken by the
+// watch. The recovery sweep's pass announces, besides, a queued batch
+// whose predecessor has ended (a wake lost with a redriver that died
+// after the delivery). No session record is written or read on this
+// path, and ending a batch costs no read: a turn's start and end cost no
+// request of their own.
+//
+// (Before session 30, the ender read its session's next entry,
+// turnorder.Writer.Next, and announced a queued one. That read was one
+// JetStream API request on every turn's end, about a tenth of a fast
+// turn's CPU, for a wake that is needed only when a session's turns
+// overlap: docs/bench.md, "The ender's read".)
 
 // ErrNotItsTurn is End's refusal to end a queued batch with a place whose
 // turn has not come (ItsTurn): it stays queued, and runs or ends when its
@@ -260,18 +276,29 @@ func (e *Engine) Next(ctx context.Context, b *schemas.BatchRecord) (*turnorder.E
 	}
 }
 
-// wake announces the session's next turn after b, a batch with a place
-// that has ended, if that turn's batch is queued (AnnounceBatch, its
-// message id naming b: topology.ReadyAfterMsgID, so that an earlier
-// announcement of that turn does not swallow it). A next
-// turn with no batch yet reads b ended when its stage creates it; one
-// that runs or has ended needs nothing.
-func (e *Engine) wake(ctx context.Context, b *schemas.BatchRecord) error {
-	_, nb, err := e.Next(ctx, b)
-	if err != nil || nb == nil || nb.State != schemas.BatchQueued {
-		return err
+// Wake announces turn's batch when it is queued with a place behind a
+// predecessor (OrderAfter) whose batch has ended, with the notice's
+// message id naming that predecessor (topology.ReadyAfterMsgID: an
+// earlier announcement of the turn does not swallow it, and two wakers
+// of one end make one notice). It reports whether it announced. A batch
+// that is gone or does not decode, one that is not queued, one without a
+// predecessor (a session's first entry: ItsTurn's session-record path)
+// and one whose predecessor has not ended are left alone. The redriver's
+// turn-log watch calls it (see the rule above); its stage's ItsTurn
+// decides again when the notice arrives, so a wake is never a start.
+func (e *Engine) Wake(ctx context.Context, turn string) (bool, error) {
+	b, _, err := e.cfg.Store.Batches.Get(ctx, turn)
+	if err != nil {
+		return false, ignoreGone(err)
 	}
-	return e.announceBatch(ctx, SessionOf(nb.Context), nb, b.TurnID)
+	if b.State != schemas.BatchQueued || b.OrderSeq == 0 || b.OrderAfter == "" {
+		return false, nil
+	}
+	ended, err := e.predecessorEnded(ctx, b.OrderAfter)
+	if err != nil || !ended {
+		return false, err
+	}
+	return true, e.announceBatch(ctx, SessionOf(b.Context), b, b.OrderAfter)
 }
 
 // maxWalkBack bounds SupersedeBefore's walk.

@@ -118,9 +118,21 @@ func TestABatchRunsOnlyOnceTheBatchBeforeItHasEnded(t *testing.T) {
 		t.Fatalf("ready notices %v before anything ended", ids)
 	}
 
-	// The first one's end announces the second, and only it.
+	// A wake before the first ended announces nothing.
+	if woke := wake(t, f, "t-line-b"); woke {
+		t.Fatal("Wake announced the second turn while the first runs")
+	}
+	// The first one's end announces nothing itself (the redriver's watch
+	// of the turn logs wakes the turn after it); the wake of the second
+	// announces it, after the first, and the third's wake nothing.
 	if _, err := f.eng.Conclude(ctx(t), "t-line-a", nil, "", ""); err != nil {
 		t.Fatal(err)
+	}
+	if ids := readyIDs(t, f, session); len(ids) != 0 {
+		t.Fatalf("ready notices %v from the end itself, want none", ids)
+	}
+	if !wake(t, f, "t-line-b") || wake(t, f, "t-line-c") {
+		t.Fatal("after the first ended: want the second woken, and not the third")
 	}
 	if ids := readyIDs(t, f, session); len(ids) != 1 || ids[0] != topology.ReadyAfterMsgID("t-line-b", "t-line-a") {
 		t.Fatalf("ready notices %v, want the second turn's, after the first", ids)
@@ -128,15 +140,36 @@ func TestABatchRunsOnlyOnceTheBatchBeforeItHasEnded(t *testing.T) {
 	if !itsTurn(t, f, "t-line-b") || itsTurn(t, f, "t-line-c") {
 		t.Fatal("after the first ended: want the second's turn come, and not the third's")
 	}
-	// A repeated Finish of the first announces the same notice again
-	// (deduplicated): nothing new.
+	// A second wake of the second (another redriver's watch) publishes the
+	// same notice again (deduplicated): nothing new; nor does a repeated
+	// Finish of the first.
 	a, _, _ := f.st.Batches.Get(ctx(t), "t-line-a")
 	if err := f.eng.Finish(ctx(t), a); err != nil {
 		t.Fatal(err)
 	}
-	if ids := readyIDs(t, f, session); len(ids) != 1 {
-		t.Fatalf("ready notices %v after a repeated finish, want the one", ids)
+	if !wake(t, f, "t-line-b") {
+		t.Fatal("a second wake of the queued second turn announced nothing")
 	}
+	if ids := readyIDs(t, f, session); len(ids) != 1 {
+		t.Fatalf("ready notices %v after a second wake, want the one", ids)
+	}
+	// An ended batch (also its session's first entry) and one that is
+	// gone are not woken.
+	for _, turn := range []string{"t-line-a", "t-line-none"} {
+		if wake(t, f, turn) {
+			t.Fatalf("Wake(%s) announced", turn)
+		}
+	}
+}
+
+// wake is Engine.Wake of turn.
+func wake(t *testing.T, f *fixture, turn string) bool {
+	t.Helper()
+	woke, err := f.eng.Wake(ctx(t), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return woke
 }
 
 // A transport's retry under another message id adds a repeated entry of
@@ -163,6 +196,9 @@ func TestAPlaceStepsOverARepeatedEntry(t *testing.T) {
 	}
 	if _, err := f.eng.Conclude(ctx(t), "t-rep-x", nil, "", ""); err != nil {
 		t.Fatal(err)
+	}
+	if !wake(t, f, "t-rep-t") {
+		t.Fatal("t was not woken after x ended")
 	}
 	if ids := readyIDs(t, f, session); len(ids) != 1 || ids[0] != topology.ReadyAfterMsgID("t-rep-t", "t-rep-x") {
 		t.Fatalf("ready notices %v, want t's after x", ids)

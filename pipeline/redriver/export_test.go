@@ -31,3 +31,11 @@ func KeepAwaiting(r *Redriver, ev turnlog.Event) { r.sweep.keepAwaiting(&ev) }
 func RedriveWatched(ctx context.Context, r *Redriver, turnID string, d *store.Decision) error {
 	return r.redrive(ctx, turnID, "test", d, true)
 }
+
+// SetWatchWakes turns the sweep watch's wakes of queued turns on or off
+// (tests only: off, only the pass announces them).
+func SetWatchWakes(r *Redriver, on bool) { r.sweep.noWakes.Store(!on) }
+
+// SweepForget makes the sweep forget turn, as a redriver whose watch has
+// not delivered it yet.
+func SweepForget(r *Redriver, turn string) { r.sweep.forget(turn) }

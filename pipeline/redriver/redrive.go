@@ -65,8 +65,9 @@ type Config struct {
 	// (runner.Config.TracerProvider); nil is otel's global provider.
 	TracerProvider trace.TracerProvider
 	// The recovery sweep (sweep.go): how often it looks (default
-	// DefaultSweepInterval; negative disables it) and how long a batch must
-	// be untouched before it acts (default DefaultSweepAfter).
+	// DefaultSweepInterval; negative: no passes, while its watch still
+	// runs and wakes queued turns) and how long a batch must be untouched
+	// before it acts (default DefaultSweepAfter).
 	SweepInterval time.Duration
 	SweepAfter    time.Duration
 }
@@ -163,18 +164,16 @@ func (r *Redriver) Run(ctx context.Context) error {
 	}
 	// The sweep stops with ctx and is waited for, so nothing of this stage
 	// runs after Run returns.
-	swept := func() {}
-	if r.cfg.SweepInterval >= 0 {
-		sweepCtx, stopSweep := context.WithCancel(ctx)
-		done := runner.Background(sweepCtx, r.cfg.Logger, "recovery sweep", r.sweep.run)
-		swept = func() { stopSweep(); done() }
-		// Decisions are taken once the sweep's watch has caught up with
-		// the turn logs (for at most sweepCatchUp): then a decision on a
-		// batch whose awaiting event the watch holds is redriven without
-		// reading the batch (redrive, watched). One taken earlier reads
-		// it, as always.
-		r.waitSweeping(ctx, sweepCatchUp)
-	}
+	// The sweep's watch runs even with its passes off: it wakes the turns
+	// queued in their sessions' orders (sweep.go).
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	done := runner.Background(sweepCtx, r.cfg.Logger, "recovery sweep", r.sweep.run)
+	swept := func() { stopSweep(); done() }
+	// Decisions are taken once the sweep's watch has caught up with the
+	// turn logs (for at most sweepCatchUp): then a decision on a batch
+	// whose awaiting event the watch holds is redriven without reading the
+	// batch (redrive, watched). One taken earlier reads it, as always.
+	r.waitSweeping(ctx, sweepCatchUp)
 	errs := make(chan error, len(runners))
 	for _, rn := range runners {
 		go func() { errs <- rn.Run(ctx) }()

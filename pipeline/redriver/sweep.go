@@ -69,6 +69,19 @@ import (
 // a running loop is driven by the planner's own messages, and its step
 // batches are swept as batches of their own.
 //
+// The same watch wakes the turns queued in their sessions' orders
+// (batch.Engine.Wake, the rule in pipeline/batch/order.go): it keeps each
+// queued batch with a place under its predecessor; when it delivers a
+// batch's terminal write it wakes the batches kept under it, and when it
+// delivers a queued write it keeps the batch and then has its predecessor
+// read (the partitions of the turn logs deliver in no order among
+// themselves: the end may have come first). Wakes run on a few workers
+// beside the watch (wakeWorkers) from a bounded queue (maxWakes): one
+// that does not fit is left to the pass, which announces a queued batch
+// whose predecessor has ended. The watch runs even where the passes are
+// off (Config.SweepInterval negative): it is how queued turns start.
+// Action "wake", a normal start, not a recovery.
+//
 // Several redrivers may sweep the same bucket; every action is idempotent.
 // Actions are counted in tollgate_sweep_actions_total{action}, as are looks
 // at a batch that rightly waits for a person (action "waiting").
@@ -90,6 +103,12 @@ const (
 
 	actionWaiting = "waiting"
 	actionRetire  = "retire"
+	actionWake    = "wake"
+
+	// wakeWorkers is how many wakes run at once; maxWakes bounds the
+	// wakes waiting for a worker (past it, the pass finds the batch).
+	wakeWorkers = 4
+	maxWakes    = 4096
 
 	// sessionKey prefixes a session's key among the sweep's entries,
 	// which are otherwise keyed by turn id (a space is in neither).
@@ -104,6 +123,7 @@ type sweepEntry struct {
 	updated time.Time
 	next    time.Time     // earliest next look
 	backoff time.Duration // current back-off
+	after   string        // a queued batch's predecessor in its session's order (kept in waiters)
 }
 
 type sweeper struct {
@@ -114,6 +134,12 @@ type sweeper struct {
 
 	mu   sync.Mutex
 	open map[string]*sweepEntry
+	// waiters are the queued batches with a place, by predecessor: the
+	// turns a predecessor's end wakes.
+	waiters map[string]map[string]struct{}
+
+	wakes   chan string // turns to wake (Engine.Wake), for the wake workers
+	noWakes atomic.Bool // tests: the watch wakes nothing (the pass's fallback)
 
 	maxLooks  atomic.Int64 // per pass; maxSweepLooks (tests lower it)
 	mostLooks atomic.Int64 // the most batches one pass looked at (tests)
@@ -167,10 +193,11 @@ func (s *sweeper) keepAwaiting(ev *turnlog.Event) {
 // logs and the batches and sessions buckets run and have caught up with
 // the records present when they started.
 // Otherwise it says that the sweep is not running (not started, catching
-// up, or between a watch that ended and its restart). It is nil when the
-// sweep is off (Config.SweepInterval negative).
+// up, or between a watch that ended and its restart). The watches run,
+// and wake queued turns, even with the passes off (Config.SweepInterval
+// negative).
 func (r *Redriver) Sweeping() error {
-	if r.cfg.SweepInterval < 0 || r.sweep.watching.Load() {
+	if r.sweep.watching.Load() {
 		return nil
 	}
 	return errors.New("recovery sweep: not watching the turn logs and the batches and sessions buckets")
@@ -179,6 +206,7 @@ func (r *Redriver) Sweeping() error {
 func newSweeper(r *Redriver) *sweeper {
 	s := &sweeper{
 		r: r, every: r.cfg.SweepInterval, after: r.cfg.SweepAfter, open: map[string]*sweepEntry{}, awaiting: map[string]turnlog.Event{},
+		waiters: map[string]map[string]struct{}{}, wakes: make(chan string, maxWakes),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_sweep_actions_total",
 			Help: "Recovery-sweep actions on batches whose driving message was lost (redrive, release, announce), idle sessions retired (retire), and failed attempts (error).",
@@ -191,7 +219,9 @@ func newSweeper(r *Redriver) *sweeper {
 // run watches the batches bucket and sweeps until ctx is cancelled. The
 // passes run beside the watch, one at a time, so that a long pass never
 // stops the watch from being read (unread watch messages pile up in the
-// client's buffer, and past its limit the watch has to start over).
+// client's buffer, and past its limit the watch has to start over); so do
+// the wakes. With SweepInterval negative it watches and wakes, and makes
+// no passes.
 func (s *sweeper) run(ctx context.Context) error {
 	w, err := s.r.cfg.Store.Batches.KV.WatchAll(ctx)
 	if err != nil {
@@ -209,10 +239,23 @@ func (s *sweeper) run(ctx context.Context) error {
 	}
 	defer sw.Stop()
 	defer s.watching.Store(false)
-	tick := time.NewTicker(s.every)
-	defer tick.Stop()
+	var ticks <-chan time.Time
+	if s.every >= 0 {
+		tick := time.NewTicker(max(s.every, time.Millisecond))
+		defer tick.Stop()
+		ticks = tick.C
+	}
 	var passes sync.WaitGroup
 	defer passes.Wait()
+	wctx, stopWakes := context.WithCancel(ctx)
+	defer stopWakes() // before passes.Wait: the wake workers are counted there
+	for range wakeWorkers {
+		passes.Add(1)
+		go func() {
+			defer passes.Done()
+			s.wakeLoop(wctx)
+		}()
+	}
 	busy := make(chan struct{}, 1)
 	bucketDone, logsDone, sessionsDone := false, false, false
 	caughtUp := func() { s.watching.Store(bucketDone && logsDone && sessionsDone) }
@@ -246,8 +289,9 @@ func (s *sweeper) run(ctx context.Context) error {
 			s.keepAwaiting(ev)
 			if store.Terminal(ev.Name) {
 				// The batch ended (its event's name says so): nothing to
-				// sweep, and nothing to decode.
-				s.forget(ev.Turn)
+				// sweep, and nothing to decode; the turns queued after it
+				// are woken.
+				s.ended(ev.Turn)
 				continue
 			}
 			s.apply(ev.Turn, ev.Data)
@@ -265,7 +309,7 @@ func (s *sweeper) run(ctx context.Context) error {
 				continue
 			}
 			s.applySession(e.Key(), e.Value())
-		case <-tick.C:
+		case <-ticks:
 			select {
 			case busy <- struct{}{}:
 			default:
@@ -285,31 +329,125 @@ func (s *sweeper) run(ctx context.Context) error {
 func (s *sweeper) forget(turn string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.dropLocked(turn)
+}
+
+// ended drops turn, whose batch ended, and wakes the batches queued after
+// it.
+func (s *sweeper) ended(turn string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endedLocked(turn)
+}
+
+func (s *sweeper) endedLocked(turn string) {
+	s.dropLocked(turn)
+	for w := range s.waiters[turn] {
+		s.queueWake(w)
+	}
+}
+
+// dropLocked drops turn's entry and its place among its predecessor's
+// waiters.
+func (s *sweeper) dropLocked(turn string) {
+	if e := s.open[turn]; e != nil && e.after != "" {
+		s.unwaitLocked(e.after, turn)
+	}
 	delete(s.open, turn)
+}
+
+func (s *sweeper) unwaitLocked(after, turn string) {
+	if ws := s.waiters[after]; ws != nil {
+		delete(ws, turn)
+		if len(ws) == 0 {
+			delete(s.waiters, after)
+		}
+	}
+}
+
+// queueWake hands turn to the wake workers, or leaves it to the pass when
+// maxWakes wakes already wait.
+func (s *sweeper) queueWake(turn string) {
+	if s.noWakes.Load() {
+		return
+	}
+	select {
+	case s.wakes <- turn:
+	default:
+		s.r.cfg.Logger.Debug("sweep: wake queue full; the pass will find the queued turn", "turn", turn)
+	}
+}
+
+// wakeLoop wakes the turns queueWake hands it until ctx ends.
+func (s *sweeper) wakeLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case turn := <-s.wakes:
+			woke, err := s.r.cfg.Engine.Wake(ctx, turn)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.actions.WithLabelValues("error").Inc()
+				s.r.cfg.Logger.Warn("sweep: waking a queued turn failed; the pass will look again", "turn", turn, "err", err)
+			case woke:
+				s.actions.WithLabelValues(actionWake).Inc()
+				s.r.cfg.Logger.Debug("sweep: woke a queued turn whose predecessor ended", "turn", turn)
+			}
+		}
+	}
 }
 
 // apply records one write of turn's batch record, as stored. A turn's
 // writes reach it in the order they were made (one key of the bucket, or
 // one turn's log, which is in one partition), so the last applied is the
 // batch.
+//
+// A queued batch with a place is kept under its predecessor (waiters) and
+// then woken, once per predecessor it is kept under: the predecessor may
+// have ended before this write was delivered (Engine.Wake reads it).
 func (s *sweeper) apply(turn string, data []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := turn
 	var b batchHead
-	if err := msgpack.Unmarshal(data, &b); err != nil || (b.V != schemas.BatchVersion && b.V != schemas.BatchLegacyVersion) || b.State.Terminal() {
+	if err := msgpack.Unmarshal(data, &b); err != nil || (b.V != schemas.BatchVersion && b.V != schemas.BatchLegacyVersion) {
 		// An undecodable record is never acted on by guesswork; the stage
 		// that reads it dead-letters its message with the code.
-		delete(s.open, key)
+		s.dropLocked(turn)
+		return
+	}
+	if b.State.Terminal() {
+		s.endedLocked(turn)
 		return
 	}
 	if b.Plan && b.State != schemas.BatchQueued {
 		// A running agent loop waits on its model and its step batches (each
 		// swept as a batch of its own); the planner's own messages drive it.
-		delete(s.open, key)
+		s.dropLocked(turn)
 		return
 	}
-	s.open[key] = &sweepEntry{state: b.State, updated: b.UpdatedAt, next: b.UpdatedAt.Add(s.after)}
+	e := &sweepEntry{state: b.State, updated: b.UpdatedAt, next: b.UpdatedAt.Add(s.after)}
+	if b.State == schemas.BatchQueued && b.OrderSeq != 0 {
+		e.after = b.OrderAfter
+	}
+	old := s.open[turn]
+	s.open[turn] = e
+	switch {
+	case old != nil && old.after == e.after:
+		return // kept already (or never)
+	case old != nil && old.after != "":
+		s.unwaitLocked(old.after, turn)
+	}
+	if e.after == "" {
+		return
+	}
+	ws := s.waiters[e.after]
+	if ws == nil {
+		ws = map[string]struct{}{}
+		s.waiters[e.after] = ws
+	}
+	ws[turn] = struct{}{}
+	s.queueWake(turn)
 }
 
 // applySession records one write of the session record at key: a
@@ -334,10 +472,12 @@ func (s *sweeper) applySession(key string, data []byte) {
 // context and the calls; before it acts, the sweep reads the whole record
 // through the store, which decodes and validates it.
 type batchHead struct {
-	V         schemas.Version    `msgpack:"v"`
-	State     schemas.BatchState `msgpack:"state"`
-	UpdatedAt time.Time          `msgpack:"updated_at"`
-	Plan      bool               `msgpack:"plan"`
+	V          schemas.Version    `msgpack:"v"`
+	State      schemas.BatchState `msgpack:"state"`
+	UpdatedAt  time.Time          `msgpack:"updated_at"`
+	Plan       bool               `msgpack:"plan"`
+	OrderSeq   uint64             `msgpack:"order_seq"`
+	OrderAfter string             `msgpack:"order_after"`
 }
 
 // sweep acts on every due entry.

@@ -133,6 +133,24 @@ func queueBehindAWaitingTurn(h *pt.H, session string) (first, second string) {
 	return first, second
 }
 
+// endAndRunNext ends first of queueBehindAWaitingTurn as no stage would
+// (its batch written failed), and waits for second to run.
+func endAndRunNext(h *pt.H, first, second string) {
+	h.T.Helper()
+	h.MutateBatch(first, func(b *schemas.BatchRecord) {
+		b.State = schemas.BatchFailed
+	})
+	waitNextRan(h, second)
+}
+
+// waitNextRan waits for second of queueBehindAWaitingTurn to complete.
+func waitNextRan(h *pt.H, second string) {
+	h.T.Helper()
+	if b, _ := h.WaitTerminal(second); b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
+		h.T.Fatalf("queued turn ended %s: %+v", b.State, b.Results[0])
+	}
+}
+
 // asEarlierVersion makes first and second of queueBehindAWaitingTurn what
 // an earlier version left: batches without a place, the session record
 // holding first active and queue behind it.
@@ -149,21 +167,60 @@ func asEarlierVersion(h *pt.H, session, first string, queue ...string) {
 	}
 }
 
-// The wake's loss: a turn ended with a turn queued behind it in its
-// session's order, and its stage died before it announced the next one
-// (here: the end written without the stage). The sweep announces it.
-func TestSweepAnnouncesAQueuedTurnWhosePredecessorEndedWithoutWakingIt(t *testing.T) {
-	h := pt.Start(t, sweepOptions(&pt.Counter{}))
-	first, second := queueBehindAWaitingTurn(h, "cut-wake")
+// watchOnly keeps the sweep's passes from acting during a test: what
+// happens is the watch's doing.
+func watchOnly(count *pt.Counter) pt.Options {
+	return pt.Options{Policy: countPolicy, Tools: []tools.Tool{count}, SweepInterval: time.Hour, SweepAfter: time.Hour}
+}
+
+// A turn queued behind another in its session's order is woken by the
+// redriver's watch of the turn logs when that turn's end is delivered:
+// here the end is written without any stage (nobody that ended it could
+// announce the next), and the sweep's passes do not act.
+func TestAQueuedTurnIsWokenWhenTheWatchDeliversItsPredecessorsEnd(t *testing.T) {
+	h := pt.Start(t, watchOnly(&pt.Counter{}))
+	first, second := queueBehindAWaitingTurn(h, "watch-wake")
+	endAndRunNext(h, first, second)
+	if sweepActions(h, "wake") < 1 || sweepActions(h, "announce") != 0 {
+		t.Fatalf("the queued turn ran with %v wakes and %v announcements by a pass, want a wake and no pass",
+			sweepActions(h, "wake"), sweepActions(h, "announce"))
+	}
+}
+
+// The turn logs' partitions deliver in no order among themselves: the
+// watch may deliver a queued batch after its predecessor's end (here, a
+// watch that had not delivered the queued batch when the end came, as a
+// redriver started in between). Keeping the batch, it reads the
+// predecessor and wakes it.
+func TestAQueuedTurnDeliveredAfterItsPredecessorsEndIsWoken(t *testing.T) {
+	h := pt.Start(t, watchOnly(&pt.Counter{}))
+	first, second := queueBehindAWaitingTurn(h, "late-queued")
+	redriver.SetWatchWakes(h.Redriver, false)
 	h.MutateBatch(first, func(b *schemas.BatchRecord) {
 		b.State = schemas.BatchFailed
 	})
-	b, _ := h.WaitTerminal(second)
-	if b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
-		t.Fatalf("queued turn ended %s: %+v", b.State, b.Results[0])
+	redriver.SweepForget(h.Redriver, second)
+	redriver.SetWatchWakes(h.Redriver, true)
+	// A later write of the queued batch (as the catch-up of a restarted
+	// watch delivers it): the first the watch has of it.
+	h.MutateBatch(second, func(b *schemas.BatchRecord) { b.UpdatedAt = time.Now().UTC() })
+	waitNextRan(h, second)
+	if sweepActions(h, "wake") < 1 {
+		t.Fatal("the queued turn ran, but not by the watch's wake")
 	}
-	if sweepActions(h, "announce") < 1 {
-		t.Fatal("the queued turn ran, but not through the sweep")
+}
+
+// The wake's loss: a turn ended with a turn queued behind it in its
+// session's order, and its wake never came (here: the watch wakes
+// nothing, as with a redriver that died after the end's delivery). The
+// sweep's pass announces it.
+func TestSweepAnnouncesAQueuedTurnWhosePredecessorEndedWithoutWakingIt(t *testing.T) {
+	h := pt.Start(t, sweepOptions(&pt.Counter{}))
+	redriver.SetWatchWakes(h.Redriver, false)
+	first, second := queueBehindAWaitingTurn(h, "cut-wake")
+	endAndRunNext(h, first, second)
+	if sweepActions(h, "announce") < 1 || sweepActions(h, "wake") != 0 {
+		t.Fatal("the queued turn ran, but not through the sweep's pass")
 	}
 }
 
@@ -175,13 +232,7 @@ func TestSweepAnnouncesAQueuedTurnWhoseReadyNoticeWasLost(t *testing.T) {
 	const session = "lost-release"
 	first, second := queueBehindAWaitingTurn(h, session)
 	asEarlierVersion(h, session, second)
-	h.MutateBatch(first, func(b *schemas.BatchRecord) {
-		b.State = schemas.BatchFailed
-	})
-	b, _ := h.WaitTerminal(second)
-	if b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
-		t.Fatalf("queued turn ended %s: %+v", b.State, b.Results[0])
-	}
+	endAndRunNext(h, first, second)
 	if sweepActions(h, "release") < 1 {
 		t.Fatal("the queued turn ran, but not through the sweep")
 	}
@@ -230,13 +281,7 @@ func TestSweepAnnouncesAQueuedTurnInNoSessionQueue(t *testing.T) {
 	first, second := queueBehindAWaitingTurn(h, session)
 	asEarlierVersion(h, session, first)
 	h.MutateBatch(second, func(b *schemas.BatchRecord) { b.OrderSeq, b.OrderAfter = 0, "" })
-	h.MutateBatch(first, func(b *schemas.BatchRecord) {
-		b.State = schemas.BatchFailed
-	})
-	b, _ := h.WaitTerminal(second)
-	if b.State != schemas.BatchCompleted || b.Results[0].Output != "next" {
-		t.Fatalf("queued turn ended %s: %+v", b.State, b.Results[0])
-	}
+	endAndRunNext(h, first, second)
 	if sweepActions(h, "announce") < 1 {
 		t.Fatal("the queued turn ran, but not through the sweep's announcement")
 	}
