@@ -44,9 +44,11 @@
 //     entry of the same turn: its stages act on a turn once (its batch
 //     record is created once), so a repeated entry runs nothing twice.
 //
-// A Writer remembers the last entry it wrote of each of its most recent
-// sessions, so a session busy with one ingest writes without reading
-// first; a stale memory costs one refused append and a read.
+// A Writer remembers the last entry it wrote or read of each of its most
+// recent sessions (a session found empty too), so a session busy with one
+// ingest writes without reading first, and a new session's first append
+// follows its watermark's read without a second one; a stale memory costs
+// one refused append and a read.
 //
 // Last reads a session's last entry, and Next the entry after a given
 // one, from the stream leader where the stream has replicas
@@ -385,7 +387,12 @@ func (w *Writer) Watermark(ctx context.Context, key string) (uint64, error) {
 	e, err := w.Last(ctx, key)
 	switch {
 	case errors.Is(err, ErrEmpty):
-		return 0, nil
+		// Remembered as empty, so that the append that follows (ingest
+		// reads the watermark, then appends) names "no entry" without
+		// reading again: a new session's first turn reads its order once.
+		// Like any memory it may be stale; the append's compare-and-set
+		// then refuses it and reads.
+		e = &Entry{}
 	case err != nil:
 		return 0, err
 	}

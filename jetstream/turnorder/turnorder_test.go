@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -391,4 +392,61 @@ func TestAnEntryPlacesItsTurnUnlessItIsARepeat(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestANewSessionsOrderIsReadOnce: ingest reads a session's watermark and
+// then appends; for a session with no entry the append follows that one
+// read (a message get on TOLLGATE_TURNS) without a second. A memory of the
+// empty session made stale by another writer is refused and read again,
+// like any other.
+func TestANewSessionsOrderIsReadOnce(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := jstest.Ctx(t)
+	gets, err := env.NC.SubscribeSync("$JS.API.STREAM.MSG.GET." + topology.StreamTurns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	w := newWriter(t, env.JS)
+	if wm, err := w.Watermark(ctx, "new"); err != nil || wm != 0 {
+		t.Fatalf("a new session's watermark: %d, %v; want 0", wm, err)
+	}
+	e := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "new", Turn: "t-1", Arrival: 5})
+	if e.After != "" || e.Arrival != 5 {
+		t.Fatalf("the first entry %+v: want none before it, watermark 5", e)
+	}
+	// The later fact: another new session's read, made after the append.
+	if _, err := w.Watermark(ctx, "later"); err != nil {
+		t.Fatal(err)
+	}
+	var before []string
+	for {
+		m, err := gets.NextMsg(jstest.Wait)
+		if err != nil {
+			t.Fatalf("the later session's read never came (reads before it: %q): %v", before, err)
+		}
+		if strings.Contains(string(m.Data), topology.OrderWildcard("later")) {
+			break
+		}
+		before = append(before, string(m.Data))
+	}
+	if len(before) != 1 {
+		t.Fatalf("the new session's order was read %d times: %q; want once (its watermark), the append reading nothing", len(before), before)
+	}
+
+	// Stale: writer a finds the session empty, b appends, a appends.
+	a, b := newWriter(t, env.JS), newWriter(t, env.JS)
+	if _, err := a.Watermark(ctx, "raced"); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, b, Append{Kind: topology.OrderExec, Key: "raced", Turn: "t-2"})
+	if e := mustAppend(t, a, Append{Kind: topology.OrderExec, Key: "raced", Turn: "t-3"}); e.After != "t-2" {
+		t.Fatalf("t-3 follows %q, want t-2 (appended after writer a found the session empty)", e.After)
+	}
+	if s := a.Stats(); s.Conflicts != 1 {
+		t.Fatalf("writer a's stats %+v, want the one refusal of its stale memory", s)
+	}
+	checkLine(t, entries(t, env.JS, "raced"))
 }
