@@ -370,9 +370,16 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if !slices.Contains(p.stages, StageExecutor) && slices.Contains(p.stages, StageRedriver) {
 		worker = StageRedriver
 	}
+	// The engine's metrics (turns ended, call results, the session
+	// records' view) belong to every process that runs a stage using it:
+	// a planner-only process ends turns too.
+	var engineReg prometheus.Registerer
+	if slices.ContainsFunc(p.stages, func(s string) bool { return s == StageExecutor || s == StageRedriver || s == StagePlanner }) {
+		engineReg = reg
+	}
 	if p.Engine, err = batch.New(batch.Config{
 		JS: cfg.JS, Store: p.Store, Tools: p.Tools, Keys: cfg.Keys, Worker: worker + "@" + cfg.Instance, Logger: log,
-		ClaimLease: cfg.ClaimLease, ToolTimeout: cfg.ToolTimeout, Now: now, Registerer: regOf(worker),
+		ClaimLease: cfg.ClaimLease, ToolTimeout: cfg.ToolTimeout, Now: now, Registerer: engineReg,
 	}); err != nil {
 		return nil, err
 	}

@@ -553,6 +553,12 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 	jstest.Eventually(t, wait, "the approver's KV watch counts the pending approval", func() bool {
 		return gauge(t, stages["approver"].reg, "tollgate_approvals_pending") == 1
 	})
+	// The executor's view of the session records: its KV watch is allowed
+	// (pipeline/batch/records.go), so a session's first entry reads no
+	// record.
+	jstest.Eventually(t, wait, "the executor's view of the session records is current", func() bool {
+		return gauge(t, stages["executor"].reg, "tollgate_session_records_view_current") == 1
+	})
 
 	// As `tollgate approve` does: subscribe to the answers (the
 	// approval's revisions, its rejections), then decide.

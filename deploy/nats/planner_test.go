@@ -50,6 +50,11 @@ func TestLeastPrivilegePlannerAndSlack(t *testing.T) {
 			}
 		})
 	sl := dial(t, ns, "slack")
+	// The planner's view of the session records: its KV watch is allowed
+	// (pipeline/batch/records.go).
+	eventually(t, "the planner's view of the session records is current", func(context.Context) bool {
+		return gauge(t, stages["planner"].reg, "tollgate_session_records_view_current") == 1
+	})
 
 	// ---- the Slack transport's own buckets: bound, read and written --
 	seen, records, err := tgslack.Provision(ctx(t, wait), sl.js, 1)

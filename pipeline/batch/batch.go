@@ -143,6 +143,10 @@ type Engine struct {
 	// engine ended it (a terminal batch never changes again).
 	recent endedTurns
 
+	// records is the view of the session records' keys (records.go):
+	// current only while a stage follows it (FollowRecords).
+	records *recordView
+
 	// beforeQueue, if set, is called by Acquire after it read the session
 	// and its holder and before the write that queues a turn (tests: the
 	// holder's end in between).
@@ -158,6 +162,10 @@ func New(cfg Config) (*Engine, error) {
 	rand.Read(nonce)
 	e := &Engine{
 		cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce), recent: newEndedTurns(recentEnded), orders: turnorder.NewLazy(cfg.JS),
+		records: &recordView{kv: cfg.Store.Sessions.KV, log: cfg.Logger, gauge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tollgate_session_records_view_current",
+			Help: "1 while the stage's view of the session records (tollgate_sessions' keys) is current and a session's first entry reads no record it does not hold; 0 while first entries read their session record.",
+		})},
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_turns_ended_total",
 			Help: "Turns made terminal, by batch state (completed, failed).",
@@ -171,6 +179,9 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	if err := metrics.Register(cfg.Registerer, &e.results); err != nil {
+		return nil, err
+	}
+	if err := metrics.Register(cfg.Registerer, &e.records.gauge); err != nil {
 		return nil, err
 	}
 	e.legacyRuns = prometheus.NewCounter(prometheus.CounterOpts{

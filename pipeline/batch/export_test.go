@@ -25,3 +25,19 @@ const PruneEvery = pruneEvery
 func (e *Engine) AcquireIfFree(ctx context.Context, sess Session, turnID string, inboundSeq uint64, snap *SessionSnapshot) (bool, error) {
 	return e.acquireIfFree(ctx, sess, turnID, inboundSeq, snap)
 }
+
+// RecordsCurrent reports whether e's view of the session records is
+// current (records.go).
+func (e *Engine) RecordsCurrent() bool {
+	e.records.mu.Lock()
+	defer e.records.mu.Unlock()
+	return e.records.current
+}
+
+// RecordKnown reports whether e's view holds a record of session key.
+func (e *Engine) RecordKnown(key string) bool {
+	e.records.mu.Lock()
+	defer e.records.mu.Unlock()
+	_, ok := e.records.keys[key]
+	return ok
+}

@@ -24,9 +24,10 @@ import (
 //     once its turn has come (ItsTurn): its predecessor's batch is
 //     terminal; or it has none (its session's first entry) and the session
 //     record, which only earlier versions wrote, names no turn that still
-//     holds the session (otherwise the batch joins that record's queue by
-//     Acquire, and the record's release passes the session on to it, as
-//     before). End refuses a queued batch whose turn has not come
+//     holds the session (read unless the records' view, records.go,
+//     shows the session without one; otherwise the batch joins that
+//     record's queue by Acquire, and the record's release passes the
+//     session on to it, as before). End refuses a queued batch whose turn has not come
 //     (ErrNotItsTurn). So a terminal batch had its turn, and by induction
 //     every batch placed before it is terminal: of a session's placed
 //     batches at most one is out of queued and not terminal, and they
@@ -199,6 +200,9 @@ func (e *Engine) itsTurn(ctx context.Context, b *schemas.BatchRecord, join bool)
 		return e.predecessorEnded(ctx, b.OrderAfter)
 	}
 	sess := SessionOf(b.Context)
+	if e.records.absent(sess.Key) {
+		return true, nil // no earlier version's record (records.go): nothing to read
+	}
 	s, rev, err := e.cfg.Store.Sessions.Get(ctx, sess.Key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):

@@ -2,10 +2,13 @@ package batch_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
 	"github.com/tollgate-dev/tollgate/pipeline/batch"
@@ -241,5 +244,92 @@ func TestAFirstEntryWaitsBehindAnEarlierVersionsTurn(t *testing.T) {
 	}
 	if ids := readyIDs(t, f, session); len(ids) != 1 || ids[0] != topology.ReadyMsgID("t-new") {
 		t.Fatalf("ready notices %v, want the record's release announcing t-new", ids)
+	}
+}
+
+// TestAFirstEntryReadsNoSessionRecordWhileTheViewIsCurrent: a session's
+// first entry runs at once unless an earlier version's record holds the
+// session. A stage that follows the records' view decides a session with
+// no record without reading it; a session with a record, and every
+// session while the view is not followed, is read.
+func TestAFirstEntryReadsNoSessionRecordWhileTheViewIsCurrent(t *testing.T) {
+	f := newFixture(t)
+	// Every read of a session record is a direct get on the bucket.
+	prefix := "$JS.API.DIRECT.GET.KV_" + f.st.Sessions.KV.Bucket() + ".$KV." + f.st.Sessions.KV.Bucket() + "."
+	gets, err := f.env.NC.SubscribeSync(prefix + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	key := func(session string) string { return schemas.SessionKey("cli", session) }
+	first := func(session, turn string) bool {
+		t.Helper()
+		placed(t, f, session, line(t, f, session, turn)[0], schemas.BatchQueued)
+		return itsTurn(t, f, turn)
+	}
+	// nextGet is the key of the next record read.
+	nextGet := func() string {
+		t.Helper()
+		m, err := gets.NextMsg(jstest.Wait)
+		if err != nil {
+			t.Fatalf("no read of a session record came: %v", err)
+		}
+		return strings.TrimPrefix(m.Subject, prefix)
+	}
+
+	if !first("unfollowed", "t-a") {
+		t.Fatal("a new session's first entry waits, with the view not followed")
+	}
+	if k := nextGet(); k != key("unfollowed") {
+		t.Fatalf("read %s; want the unfollowed session's record read", k)
+	}
+
+	release := f.eng.FollowRecords()
+	t.Cleanup(release)
+	pollUntil(t, "the view caught up", f.eng.RecordsCurrent)
+	if !first("new", "t-b") {
+		t.Fatal("a new session's first entry waits, with the view current")
+	}
+	// The later fact: an earlier version's turn takes session "held"
+	// (Acquire reads the record, then writes it), and a first entry of
+	// that session, once the view has the record, reads it and waits.
+	sessionBatch(t, f, "held", "t-old", schemas.BatchRunning)
+	if active, err := f.eng.Acquire(ctx(t), batch.Session{ID: "held", Key: key("held")}, "t-old", 0, nil); err != nil || !active {
+		t.Fatalf("the earlier version's turn takes its session: %v %v", active, err)
+	}
+	pollUntil(t, "the view has the held session's record", func() bool { return f.eng.RecordKnown(key("held")) })
+	if first("held", "t-c") {
+		t.Fatal("a first entry ran while an earlier version's turn holds its session")
+	}
+	for _, want := range []string{key("held"), key("held")} {
+		if k := nextGet(); k != want {
+			t.Fatalf("read %s's record; want %s's (Acquire's, then the first entry's): the new session's first entry read its record", k, want)
+		}
+	}
+
+	// Released, the view is not current and first entries read again.
+	release()
+	if f.eng.RecordsCurrent() {
+		t.Fatal("the view is current after its last follower released it")
+	}
+	if !first("after", "t-d") {
+		t.Fatal("a new session's first entry waits after the view was released")
+	}
+	if k := nextGet(); k != key("after") {
+		t.Fatalf("read %s; want the session's record read once the view is released", k)
+	}
+}
+
+// pollUntil polls cond until it holds or the deadline passes.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(jstest.Wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, jstest.Wait)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

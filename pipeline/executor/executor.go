@@ -176,6 +176,7 @@ func New(cfg Config) (*Executor, error) {
 // Run consumes accepted turns and ready notices until ctx is cancelled,
 // and meanwhile answers topology.SubjectToolsList (ListTools).
 func (x *Executor) Run(ctx context.Context) error {
+	defer x.cfg.Engine.FollowRecords()() // a first entry reads no session record (batch/records.go)
 	svc, err := x.serveTools()
 	if err != nil {
 		return err

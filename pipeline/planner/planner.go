@@ -206,6 +206,7 @@ func New(ctx context.Context, cfg Config) (*Planner, error) {
 // Run consumes planner turns, loop-ready notices and turn outcomes until
 // ctx is cancelled; stopped by ctx (even while starting), it returns nil.
 func (p *Planner) Run(ctx context.Context) error {
+	defer p.cfg.Engine.FollowRecords()() // a first entry reads no session record (batch/records.go)
 	specs := topology.PlannerConsumers()
 	handlers := []runner.Handler{p.Handle, p.HandleOutcome}
 	follower, err := outcomes.New(ctx, outcomes.Config{
