@@ -178,6 +178,7 @@ func streamDiff(have, want jetstream.StreamConfig) []FieldDiff {
 	field(&d, "discard", have.Discard, want.Discard)
 	field(&d, "allow_msg_schedules", have.AllowMsgSchedules, want.AllowMsgSchedules)
 	field(&d, "allow_rollup_hdrs", have.AllowRollup, want.AllowRollup)
+	field(&d, "allow_direct", have.AllowDirect, want.AllowDirect)
 	// allow_atomic is not compared: an earlier version turned it on for
 	// its group committer, since removed, and a stream that still allows
 	// atomic batch publish is harmless (nothing sends one), so it is

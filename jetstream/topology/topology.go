@@ -235,8 +235,17 @@ func (c Config) Streams() []jetstream.StreamConfig {
 	// the server publishes it on the accepted subject when it is due.
 	// Schedules need roll-ups allowed and purges not denied.
 	turns.AllowMsgSchedules, turns.AllowRollup = true, true
+	inbound := mk(StreamInbound, "Tollgate: inbound chat-transport messages", SubjectInboundPrefix+">")
+	// The two streams read by message get on every turn (a session's
+	// order and its earlier inbound messages: jetstream/turnorder,
+	// pipeline/sessionorder) allow direct gets where the buckets do
+	// (DirectGets: one replica, so no follower answers stale). A direct
+	// get skips the JetStream API's routed JSON request and base64
+	// reply on both sides (docs/bench.md, "Direct gets on the turn
+	// streams").
+	turns.AllowDirect, inbound.AllowDirect = c.DirectGets(), c.DirectGets()
 	return []jetstream.StreamConfig{
-		mk(StreamInbound, "Tollgate: inbound chat-transport messages", SubjectInboundPrefix+">"),
+		inbound,
 		turns,
 		mk(StreamDecisions, "Tollgate: human decisions on approvals", "tollgate.decision.>"),
 		mk(StreamEvents, "Tollgate: approval, redrive and outcome events", "tollgate.event.>"),

@@ -145,8 +145,7 @@ func (c Config) TurnLogStreams() []jetstream.StreamConfig {
 // (a replicated log read from a follower could be stale: DirectGets) and
 // its partitions.
 func turnLogDiff(have, want jetstream.StreamConfig) []FieldDiff {
-	d := diffs(streamDiff(have, want))
-	field(&d, "allow_direct", have.AllowDirect, want.AllowDirect)
+	d := diffs(streamDiff(have, want)) // allow_direct included
 	field(&d, "metadata."+MetaTurnLogPartitions, have.Metadata[MetaTurnLogPartitions], want.Metadata[MetaTurnLogPartitions])
 	return d
 }

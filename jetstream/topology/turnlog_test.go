@@ -374,3 +374,63 @@ func FuzzParseTurnLogSubject(f *testing.F) {
 		}
 	})
 }
+
+// TestTheTurnStreamsAllowDirectGetsOnOneReplica: TOLLGATE_TURNS and
+// TOLLGATE_INBOUND, read by message get on every turn, allow direct gets
+// where the buckets do (one replica) and not on three; a deployment
+// provisioned before (no direct gets) is reported by Check and updated in
+// place by Ensure, its messages kept.
+func TestTheTurnStreamsAllowDirectGetsOnOneReplica(t *testing.T) {
+	for _, replicas := range []int{1, 3} {
+		cfg := topology.DefaultConfig()
+		cfg.Replicas = replicas
+		for _, sc := range cfg.Streams() {
+			want := replicas == 1 && (sc.Name == topology.StreamTurns || sc.Name == topology.StreamInbound)
+			if sc.AllowDirect != want {
+				t.Errorf("replicas %d: %s allows direct gets: %v, want %v", replicas, sc.Name, sc.AllowDirect, want)
+			}
+		}
+	}
+
+	_, js, ctx := bare(t)
+	cfg := topology.DefaultConfig()
+	if err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, topology.OrderSubject(topology.OrderExec, "s-1"), []byte("an entry")); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, sc := range cfg.Streams() {
+		if !sc.AllowDirect {
+			continue
+		}
+		sc.AllowDirect = false // as an earlier version provisioned it
+		if _, err := js.UpdateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, "stream "+sc.Name+": allow_direct false, want true")
+	}
+	err := topology.Check(ctx, js, cfg, nil)
+	if !errors.Is(err, topology.ErrNotProvisioned) {
+		t.Fatalf("Check: %v, want ErrNotProvisioned", err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Check's error does not name %q: %v", w, err)
+		}
+	}
+	if err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatalf("Ensure over the earlier streams: %v", err)
+	}
+	if err := topology.Check(ctx, js, cfg, nil); err != nil {
+		t.Fatalf("Check after Ensure: %v", err)
+	}
+	s, err := js.Stream(ctx, topology.StreamTurns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := s.CachedInfo(); !info.Config.AllowDirect || info.State.Msgs != 1 {
+		t.Errorf("%s after Ensure: direct %v, %d messages; want direct gets on and the 1 message it held", topology.StreamTurns, info.Config.AllowDirect, info.State.Msgs)
+	}
+}
