@@ -241,8 +241,8 @@ func (c Config) Streams() []jetstream.StreamConfig {
 	// pipeline/sessionorder) allow direct gets where the buckets do
 	// (DirectGets: one replica, so no follower answers stale). A direct
 	// get skips the JetStream API's routed JSON request and base64
-	// reply on both sides (docs/bench.md, "Direct gets on the turn
-	// streams").
+	// reply on both sides (docs/bench.md, "A session's first turn, and
+	// direct gets on the turn streams").
 	turns.AllowDirect, inbound.AllowDirect = c.DirectGets(), c.DirectGets()
 	return []jetstream.StreamConfig{
 		inbound,
