@@ -30,14 +30,15 @@ import (
 //
 // What it gives up: a record written after the first entry's check is
 // not seen. That is so with the read too (a record written after the
-// read), and only an earlier version's stage, running beside this one
-// during a rolling upgrade, writes a record for a session with none (this
-// version joins a record only when one holds the session already); the
-// view moves the check's moment back by the watch's delivery, well under
-// a millisecond on one server. A key stays in the view until the watch
-// delivers its deletion; a record that expired by its TTL without a
-// delete marker stays (it is then read, and found gone), so the view
-// errs towards the read.
+// read), and only an earlier version's turn makes a record for a session
+// with none (its own stage during a rolling upgrade, or this version's
+// Acquire for its batch without a place; a first entry joins a record
+// only when one holds the session already); the view moves the check's
+// moment back by the watch's delivery delay, the time from a write's
+// acknowledgement to its delivery to the watch. A key stays in the view
+// until the watch delivers its deletion; a record that expired by its
+// TTL without a delete marker stays (it is then read, and found gone), so
+// the view errs towards the read.
 type recordView struct {
 	kv    jetstream.KeyValue
 	log   *slog.Logger
