@@ -141,11 +141,11 @@ func (c Config) TurnLogStreams() []jetstream.StreamConfig {
 	return out
 }
 
-// turnLogDiff is streamDiff for a turn-log stream, with its direct gets
-// (a replicated log read from a follower could be stale: DirectGets) and
-// its partitions.
+// turnLogDiff is streamDiff (which compares allow_direct: a replicated
+// log read from a follower could be stale, DirectGets) for a turn-log
+// stream, with its partitions.
 func turnLogDiff(have, want jetstream.StreamConfig) []FieldDiff {
-	d := diffs(streamDiff(have, want)) // allow_direct included
+	d := diffs(streamDiff(have, want))
 	field(&d, "metadata."+MetaTurnLogPartitions, have.Metadata[MetaTurnLogPartitions], want.Metadata[MetaTurnLogPartitions])
 	return d
 }

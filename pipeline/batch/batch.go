@@ -162,10 +162,7 @@ func New(cfg Config) (*Engine, error) {
 	rand.Read(nonce)
 	e := &Engine{
 		cfg: cfg, worker: cfg.Worker + "#" + hex.EncodeToString(nonce), recent: newEndedTurns(recentEnded), orders: turnorder.NewLazy(cfg.JS),
-		records: &recordView{kv: cfg.Store.Sessions.KV, log: cfg.Logger, gauge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tollgate_session_records_view_current",
-			Help: "1 while the stage's view of the session records (tollgate_sessions' keys) is current and a session's first entry reads no record it does not hold; 0 while first entries read their session record.",
-		})},
+		records: &recordView{kv: cfg.Store.Sessions.KV, log: cfg.Logger},
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_turns_ended_total",
 			Help: "Turns made terminal, by batch state (completed, failed).",
@@ -181,7 +178,11 @@ func New(cfg Config) (*Engine, error) {
 	if err := metrics.Register(cfg.Registerer, &e.results); err != nil {
 		return nil, err
 	}
-	if err := metrics.Register(cfg.Registerer, &e.records.gauge); err != nil {
+	current := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_session_records_view_current",
+		Help: "1 while the stage's view of the session records (tollgate_sessions' keys) is current and a session's first entry reads no record it does not hold; 0 while first entries read their session record.",
+	}, e.records.current)
+	if err := metrics.Register(cfg.Registerer, &current); err != nil {
 		return nil, err
 	}
 	e.legacyRuns = prometheus.NewCounter(prometheus.CounterOpts{

@@ -28,16 +28,10 @@ func (e *Engine) AcquireIfFree(ctx context.Context, sess Session, turnID string,
 
 // RecordsCurrent reports whether e's view of the session records is
 // current (records.go).
-func (e *Engine) RecordsCurrent() bool {
-	e.records.mu.Lock()
-	defer e.records.mu.Unlock()
-	return e.records.current
-}
+func (e *Engine) RecordsCurrent() bool { return e.records.current() == 1 }
 
 // RecordKnown reports whether e's view holds a record of session key.
 func (e *Engine) RecordKnown(key string) bool {
-	e.records.mu.Lock()
-	defer e.records.mu.Unlock()
-	_, ok := e.records.keys[key]
-	return ok
+	x := e.records.index()
+	return x != nil && x.Has(key)
 }

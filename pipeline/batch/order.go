@@ -27,11 +27,11 @@ import (
 //     holds the session (read unless the records' view, records.go,
 //     shows the session without one; otherwise the batch joins that
 //     record's queue by Acquire, and the record's release passes the
-//     session on to it, as before). End refuses a queued batch whose turn has not come
-//     (ErrNotItsTurn). So a terminal batch had its turn, and by induction
-//     every batch placed before it is terminal: of a session's placed
-//     batches at most one is out of queued and not terminal, and they
-//     leave queued in the order of their entries.
+//     session on to it, as before). End refuses a queued batch whose turn
+//     has not come (ErrNotItsTurn). So a terminal batch had its turn, and
+//     by induction every batch placed before it is terminal: of a
+//     session's placed batches at most one is out of queued and not
+//     terminal, and they leave queued in the order of their entries.
 //   - A batch whose turn has not come is written queued (its first
 //     write), and its predecessor is read again after that write (ItsTurn
 //     once more): if it ended meanwhile, the batch starts.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -288,7 +287,7 @@ func TestAFirstEntryReadsNoSessionRecordWhileTheViewIsCurrent(t *testing.T) {
 
 	release := f.eng.FollowRecords()
 	t.Cleanup(release)
-	pollUntil(t, "the view caught up", f.eng.RecordsCurrent)
+	jstest.Eventually(t, jstest.Wait, "the view caught up", f.eng.RecordsCurrent)
 	if !first("new", "t-b") {
 		t.Fatal("a new session's first entry waits, with the view current")
 	}
@@ -299,7 +298,7 @@ func TestAFirstEntryReadsNoSessionRecordWhileTheViewIsCurrent(t *testing.T) {
 	if active, err := f.eng.Acquire(ctx(t), batch.Session{ID: "held", Key: key("held")}, "t-old", 0, nil); err != nil || !active {
 		t.Fatalf("the earlier version's turn takes its session: %v %v", active, err)
 	}
-	pollUntil(t, "the view has the held session's record", func() bool { return f.eng.RecordKnown(key("held")) })
+	jstest.Eventually(t, jstest.Wait, "the view has the held session's record", func() bool { return f.eng.RecordKnown(key("held")) })
 	if first("held", "t-c") {
 		t.Fatal("a first entry ran while an earlier version's turn holds its session")
 	}
@@ -319,17 +318,5 @@ func TestAFirstEntryReadsNoSessionRecordWhileTheViewIsCurrent(t *testing.T) {
 	}
 	if k := nextGet(); k != key("after") {
 		t.Fatalf("read %s; want the session's record read once the view is released", k)
-	}
-}
-
-// pollUntil polls cond until it holds or the deadline passes.
-func pollUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(jstest.Wait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, jstest.Wait)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/pipeline/store"
 )
 
 // The session records' view: which sessions have a record of an earlier
@@ -20,10 +21,10 @@ import (
 // turns make such records, so in a deployment whose upgrade is over the
 // bucket is empty and the read finds nothing, on every new session's
 // first turn. A stage that follows the view (Engine.FollowRecords) keeps
-// the keys present in tollgate_sessions from a KV watch (keys only), and a
-// first entry whose session has no key there, in a view that has caught
-// up (every record stored when the watch began delivered) and still
-// watches, is decided without the read. Every other first entry reads the
+// the keys present in tollgate_sessions in a store.Index (one KV watch),
+// and a first entry whose session has no key there, in a view that has
+// caught up (every record stored when the watch began delivered) and
+// still watches, is decided without the read. Every other first entry reads the
 // record as before: one with a key, and every one while the view is not
 // current (before it caught up, after its watch ended and until a new one
 // caught up, in a process that does not follow it).
@@ -40,24 +41,19 @@ import (
 // TTL without a delete marker stays (it is then read, and found gone), so
 // the view errs towards the read.
 type recordView struct {
-	kv    jetstream.KeyValue
-	log   *slog.Logger
-	gauge prometheus.Gauge // tollgate_session_records_view_current
+	kv  jetstream.KeyValue
+	log *slog.Logger
 
-	mu      sync.Mutex
-	users   int
-	stop    context.CancelFunc
-	done    chan struct{}
-	keys    map[string]struct{}
-	current bool // the watch caught up and still runs
+	mu    sync.Mutex
+	users int
+	stop  context.CancelFunc
+	done  chan struct{}
+	keys  *store.Index[struct{}] // the bucket's keys; nil while none is followed
 }
 
-// errRecordsWatchEnded: the watch's updates stopped (the client gave it
-// up).
-var errRecordsWatchEnded = errors.New("the watch of the session records ended")
-
 // retryRecordsWatch is how long the view waits before it watches again
-// after its watch ended (a broker restart, a deleted bucket).
+// after its watch ended (a broker restart, a deleted bucket) or could not
+// start.
 const retryRecordsWatch = time.Second
 
 // FollowRecords keeps e's view of the session records (see recordView)
@@ -96,34 +92,51 @@ func (e *Engine) FollowRecords() (release func()) {
 // absent reports whether the view is current and has no record of key:
 // then the session has no record of an earlier version to read.
 func (v *recordView) absent(key string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if !v.current {
-		return false
-	}
-	_, ok := v.keys[key]
-	return !ok
+	x := v.index()
+	return x != nil && x.Current() && !x.Has(key)
 }
 
-// run watches until ctx ends, watching again after a pause when a watch
-// ends; the view is current only while a watch that caught up runs.
+// current is the gauge tollgate_session_records_view_current.
+func (v *recordView) current() float64 {
+	if x := v.index(); x != nil && x.Current() {
+		return 1
+	}
+	return 0
+}
+
+func (v *recordView) index() *store.Index[struct{}] {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.keys
+}
+
+// run follows the bucket's keys (a store.Index holding every key) until
+// ctx ends, following again after a pause when the index's watch ends or
+// cannot start.
 func (v *recordView) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	warned := false // logged once per run of failures, not once a second
-	for {
-		caught, err := v.watch(ctx)
-		if ctx.Err() == nil {
-			if caught {
-				warned = false // it worked since the last warning
+	for failing := false; ; { // failing: warned already, for this run of failures
+		x, err := store.NewIndex(ctx, v.kv, "the session records", func(string, []byte) (struct{}, bool) { return struct{}{}, true }, v.log)
+		if err == nil {
+			failing = false
+			v.set(x)
+			select {
+			case <-ctx.Done():
+			case <-x.Done():
+				err = errors.New("the watch of the session records ended")
 			}
-			if !warned {
-				v.log.Warn("session records' view: the watch ended; first entries read their session record until it is back", "err", err)
-				warned = true
-			} else {
-				v.log.Debug("session records' view: watching again failed", "err", err)
-			}
+			v.set(nil)
+			_ = x.Stop()
 		}
-		v.reset()
+		if ctx.Err() != nil {
+			return
+		}
+		if failing {
+			v.log.Debug("session records' view: following again failed", "err", err)
+		} else {
+			v.log.Warn("session records' view: not following the bucket; first entries read their session record until it is back", "err", err)
+			failing = true
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -132,43 +145,8 @@ func (v *recordView) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
-func (v *recordView) reset() {
+func (v *recordView) set(x *store.Index[struct{}]) {
 	v.mu.Lock()
-	v.current, v.keys = false, nil
+	v.keys = x
 	v.mu.Unlock()
-	v.gauge.Set(0)
-}
-
-// watch follows the bucket's keys until the watch ends or ctx does, and
-// reports whether it caught up.
-func (v *recordView) watch(ctx context.Context) (caught bool, err error) {
-	w, err := v.kv.WatchAll(ctx, jetstream.MetaOnly())
-	if err != nil {
-		return false, err
-	}
-	defer w.Stop()
-	v.mu.Lock()
-	v.keys = map[string]struct{}{}
-	v.mu.Unlock()
-	for {
-		select {
-		case <-ctx.Done():
-			return caught, nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return caught, errRecordsWatchEnded
-			}
-			v.mu.Lock()
-			switch {
-			case e == nil: // every record stored when the watch began
-				v.current, caught = true, true
-				v.gauge.Set(1)
-			case e.Operation() == jetstream.KeyValuePut:
-				v.keys[e.Key()] = struct{}{}
-			default: // a delete or a purge: no record
-				delete(v.keys, e.Key())
-			}
-			v.mu.Unlock()
-		}
-	}
 }

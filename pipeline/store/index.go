@@ -36,6 +36,7 @@ type Index[E any] struct {
 	ready   bool             // the initial values are in
 	changed chan struct{}    // closed (and replaced) at every change of applied or ready
 	ended   error            // the watch ended: the index no longer follows the bucket
+	done    chan struct{}    // closed when the watch ends
 	stop    func() error
 }
 
@@ -71,7 +72,7 @@ func NewIndex[E any](ctx context.Context, kv jetstream.KeyValue, name string, de
 	if err != nil {
 		return nil, fmt.Errorf("store: watch %s: %w", name, err)
 	}
-	x := &Index[E]{kv: kv, derive: derive, name: name, log: log, entries: map[string]E{}, changed: make(chan struct{}), stop: w.Stop}
+	x := &Index[E]{kv: kv, derive: derive, name: name, log: log, entries: map[string]E{}, changed: make(chan struct{}), done: make(chan struct{}), stop: w.Stop}
 	for _, o := range opts {
 		o(x)
 	}
@@ -111,6 +112,7 @@ func (x *Index[E]) follow(updates <-chan jetstream.KeyValueEntry, startLast uint
 	close(x.changed)
 	x.changed = make(chan struct{})
 	x.mu.Unlock()
+	close(x.done)
 }
 
 func (x *Index[E]) applyLocked(e jetstream.KeyValueEntry) {
@@ -200,6 +202,27 @@ func (x *Index[E]) Ascend(from E, fn func(e E) bool) {
 	defer x.mu.Unlock()
 	x.ordered.AscendGreaterOrEqual(from, fn)
 }
+
+// Has reports whether the index holds an entry of key.
+func (x *Index[E]) Has(key string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	_, ok := x.entries[key]
+	return ok
+}
+
+// Current reports, without waiting, whether the index holds the bucket's
+// initial values (every key's latest value when it started) and still
+// follows it.
+func (x *Index[E]) Current() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.ready && x.ended == nil
+}
+
+// Done is closed when the index stops following the bucket (Stop, or the
+// watch ended).
+func (x *Index[E]) Done() <-chan struct{} { return x.done }
 
 // Len is how many entries the index holds.
 func (x *Index[E]) Len() int {
