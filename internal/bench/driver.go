@@ -397,19 +397,21 @@ func (d *driver) mark(id string, at time.Time, field func(*turn) *time.Time) {
 }
 
 // requestedTurn notes turnID's approval request and, when the driver
-// decides, queues its decision: once per turn it sent, whichever of the
-// places that keep the request (a turn log's awaiting event, a layout's
-// fact: watchFacts) it hears first.
+// decides, queues its decision: once per turn it sent and has not seen
+// end, whichever of the places that keep the request (a turn log's
+// awaiting event, a layout's fact: watchFacts) it hears first. Each place
+// is heard on a subscription of its own, so the second copy can arrive
+// after the turn's outcome: it counts nothing and decides nothing (a
+// second decision would be a write the turn's sequence does not have).
 func (d *driver) requestedTurn(turnID string) {
 	now := time.Now()
 	d.mu.Lock()
-	if t := d.turns[turnID]; t != nil {
-		if !t.requested.IsZero() {
-			d.mu.Unlock()
-			return
-		}
-		t.requested = now
+	t := d.turns[turnID]
+	if t == nil || !t.requested.IsZero() {
+		d.mu.Unlock()
+		return
 	}
+	t.requested = now
 	d.mu.Unlock()
 	d.requested.Add(1)
 	if d.decide {
