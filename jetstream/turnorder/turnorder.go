@@ -45,10 +45,10 @@
 //     record is created once), so a repeated entry runs nothing twice.
 //
 // A Writer remembers the last entry it wrote or read of each of its most
-// recent sessions (a session found empty too), so a session busy with one
-// ingest writes without reading first, and a new session's first append
-// follows its watermark's read without a second one; a stale memory costs
-// one refused append and a read.
+// recent sessions (a session found empty, or assumed new: AssumeNew,
+// too), so a session busy with one ingest writes without reading first,
+// and a new session's first append reads its order once at most; a stale
+// memory costs one refused append and a read.
 //
 // Last reads a session's last entry, and Next the entry after a given
 // one, from the stream leader where the stream has replicas
@@ -398,6 +398,32 @@ func (w *Writer) Watermark(ctx context.Context, key string) (uint64, error) {
 	}
 	w.lasts.put(key, e)
 	return e.Arrival, nil
+}
+
+// Known is the arrival watermark of the last entry the Writer remembers
+// of the session with key key, and whether it remembers the session at
+// all (found empty counts); it reads nothing. Watermark is Known, else a
+// read.
+func (w *Writer) Known(key string) (watermark uint64, ok bool) {
+	if e := w.lasts.get(key); e != nil {
+		return e.Arrival, true
+	}
+	return 0, false
+}
+
+// AssumeNew makes the Writer remember the session with key key as having
+// no entry, without reading its order, unless it remembers the session
+// already. It is for a caller that knows of nothing that could have made
+// an entry of the session: ingest, when no inbound message of the session
+// is stored before the turn's own, saves the read Watermark would make.
+// The assumption is a memory like any other: should it be wrong (an entry
+// of a turn whose inbound message the stream no longer keeps), the
+// append's compare-and-set refuses it, and the append reads the last
+// entry and is made after it, as after any stale memory.
+func (w *Writer) AssumeNew(key string) {
+	if w.lasts.get(key) == nil {
+		w.lasts.put(key, &Entry{})
+	}
 }
 
 // Forget drops what the Writer remembers of the session with key key.

@@ -458,3 +458,38 @@ func TestANewSessionsOrderIsReadOnce(t *testing.T) {
 	}
 	checkLine(t, entries(t, env.JS, "raced"))
 }
+
+// TestAnAssumptionNeverReplacesWhatTheWriterRemembers: AssumeNew makes a
+// session the Writer knows nothing of known as empty (Known: watermark 0),
+// and leaves a remembered session's last entry as it is, so the next
+// append still follows that entry without a refusal. A wrong assumption is
+// refused once and the append follows the real last entry.
+func TestAnAssumptionNeverReplacesWhatTheWriterRemembers(t *testing.T) {
+	env := jstest.Start(t)
+	w := newWriter(t, env.JS)
+	if _, ok := w.Known("assumed"); ok {
+		t.Fatal("a session never seen is known")
+	}
+	w.AssumeNew("assumed")
+	if wm, ok := w.Known("assumed"); !ok || wm != 0 {
+		t.Fatalf("an assumed session: watermark %d, known %v; want 0, true", wm, ok)
+	}
+	mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "kept", Turn: "t-1", Arrival: 7})
+	w.AssumeNew("kept")
+	if wm, ok := w.Known("kept"); !ok || wm != 7 {
+		t.Fatalf("a remembered session after AssumeNew: watermark %d, known %v; want 7, true", wm, ok)
+	}
+	if e := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "kept", Turn: "t-2", Arrival: 9}); e.After != "t-1" || e.Arrival != 9 {
+		t.Fatalf("t-2 after %q with watermark %d, want after t-1 with 9", e.After, e.Arrival)
+	}
+	other := newWriter(t, env.JS)
+	mustAppend(t, other, Append{Kind: topology.OrderExec, Key: "wrong", Turn: "t-3", Arrival: 4})
+	w.AssumeNew("wrong")
+	if e := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "wrong", Turn: "t-4", Arrival: 5}); e.After != "t-3" {
+		t.Fatalf("t-4 follows %q, want t-3 (the entry the assumption missed)", e.After)
+	}
+	if s := w.Stats(); s.Conflicts != 1 {
+		t.Fatalf("stats %+v, want the one refusal of the wrong assumption", s)
+	}
+	checkLine(t, entries(t, env.JS, "wrong"))
+}

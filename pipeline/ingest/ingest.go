@@ -178,16 +178,34 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 		return err
 	}
 	key := schemas.SessionKeyOf(t.Context)
-	watermark, err := w.Watermark(ctx, key)
-	if err != nil {
-		return err
-	}
-	if err := in.gate.Check(ctx, t, watermark); err != nil {
-		var wait *sessionorder.OutOfOrder
-		if errors.As(err, &wait) {
-			w.Forget(key) // another replica may have appended since: read the order afresh
+	// The session's watermark: remembered, else, when no inbound message
+	// of the session is stored before this one (a new session), none at
+	// all: its order is assumed empty without a read, and the gate has
+	// nothing to wait for. A wrong assumption (entries of turns whose
+	// inbound messages the stream no longer keeps) is refused by the
+	// append's compare-and-set, which reads the order and appends after
+	// its last entry. Otherwise the order is read, and the gate checks
+	// the messages since its watermark.
+	watermark, known := w.Known(key)
+	fresh := false
+	if !known {
+		if fresh, err = in.gate.Earliest(ctx, t); err != nil {
+			return err
 		}
-		return err
+		if fresh {
+			w.AssumeNew(key)
+		} else if watermark, err = w.Watermark(ctx, key); err != nil {
+			return err
+		}
+	}
+	if !fresh {
+		if err := in.gate.Check(ctx, t, watermark); err != nil {
+			var wait *sessionorder.OutOfOrder
+			if errors.As(err, &wait) {
+				w.Forget(key) // another replica may have appended since: read the order afresh
+			}
+			return err
+		}
 	}
 	a := turnorder.Append{Kind: kind, Key: key, Turn: t.TurnID, Arrival: prov.StreamSeq, Data: data, Header: tracing.Inject(ctx, nil)}
 	e, err := w.Append(ctx, a)

@@ -3,10 +3,13 @@ package ingest_test
 import (
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -184,4 +187,159 @@ func testMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		t.Fatal(err)
 	}
 	return metrics.Sum(mfs, name, nil)
+}
+
+// gets collects, on one channel in the order the server routed them, the
+// message reads (message gets and direct gets) of TOLLGATE_TURNS and
+// TOLLGATE_INBOUND made on the harness's connection.
+func gets(t *testing.T, h *pt.H) <-chan *nats.Msg {
+	t.Helper()
+	ch := make(chan *nats.Msg, 256)
+	for _, stream := range []string{topology.StreamTurns, topology.StreamInbound} {
+		for _, subj := range []string{"$JS.API.STREAM.MSG.GET." + stream, "$JS.API.DIRECT.GET." + stream, "$JS.API.DIRECT.GET." + stream + ".>"} {
+			if _, err := h.Env.NC.ChanSubscribe(subj, ch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := h.Env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// readsUntil returns the reads on ch that name key (in the request's
+// subject or body), up to the first that names marker: the later fact.
+func readsUntil(t *testing.T, ch <-chan *nats.Msg, key, marker string) (turns, inbound []string) {
+	t.Helper()
+	for {
+		select {
+		case m := <-ch:
+			read := m.Subject + " " + string(m.Data)
+			switch {
+			case strings.Contains(read, marker):
+				return turns, inbound
+			case !strings.Contains(read, key):
+			case strings.Contains(m.Subject, topology.StreamTurns):
+				turns = append(turns, read)
+			default:
+				inbound = append(inbound, read)
+			}
+		case <-time.After(jstest.Wait):
+			t.Fatalf("the later read naming %s never came (reads of %s: %q, %q)", marker, key, turns, inbound)
+		}
+	}
+}
+
+// TestANewSessionsTurnReadsNoOrder: a turn whose inbound message is the
+// first its session has in TOLLGATE_INBOUND joins the order without a read
+// of the order: one lookup of the session's first inbound message, then
+// the append, which assumes the order empty. Where that is wrong (the
+// order has an entry of a turn whose inbound message the stream no longer
+// keeps), the append's compare-and-set refuses it and the turn is placed
+// after that entry; a session this ingest does not remember but whose
+// earlier message is stored is read and checked as before.
+func TestANewSessionsTurnReadsNoOrder(t *testing.T) {
+	o := newOrderIngest(t)
+	h := o.h
+	ctx := jstest.Ctx(t)
+	reads := gets(t, h)
+	later := func(marker string) {
+		t.Helper()
+		// The later fact: a read of a session nobody writes, made after.
+		s, err := h.JS.Stream(ctx, topology.StreamTurns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetLastMsgForSubject(ctx, topology.OrderWildcard(marker)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatalf("the marker read: %v, want not found", err)
+		}
+	}
+	only := func(session string) jetstream.Msg {
+		t.Helper()
+		d := o.deliveries(session)
+		if len(d) != 1 {
+			t.Fatalf("%d inbound messages of %s, want 1", len(d), session)
+		}
+		for _, m := range d {
+			return m
+		}
+		return nil
+	}
+
+	t.Run("a new session's turn reads its first inbound message and nothing of the order", func(t *testing.T) {
+		const session = "fresh"
+		turn := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"1"}`)))
+		if err := o.handle(only(session)); err != nil {
+			t.Fatal(err)
+		}
+		later("marker-fresh")
+		turns, inbound := readsUntil(t, reads, schemas.SessionKey("cli", session), "marker-fresh")
+		if len(turns) != 0 || len(inbound) != 1 {
+			t.Fatalf("reads of the order %q and of the inbound stream %q; want none of the order, one of the inbound stream", turns, inbound)
+		}
+		if got, _ := o.order(session); !slices.Equal(got, []string{turn}) {
+			t.Fatalf("order %v, want [%s]", got, turn)
+		}
+	})
+
+	t.Run("an entry the assumption missed is placed before the turn", func(t *testing.T) {
+		const session = "expired"
+		key := schemas.SessionKey("cli", session)
+		w, err := turnorder.New(ctx, h.JS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// An entry whose inbound message the stream does not keep (as
+		// after TOLLGATE_INBOUND's max age).
+		if _, err := w.Append(ctx, turnorder.Append{Kind: topology.OrderExec, Key: key, Turn: "cli-old-turn", Arrival: 1, Data: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		turn := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"2"}`)))
+		if err := o.handle(only(session)); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := o.order(session)
+		if !slices.Equal(got, []string{"cli-old-turn", turn}) {
+			t.Fatalf("order %v, want the old entry, then %s after it", got, turn)
+		}
+		last, err := w.Last(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last.Turn != turn || last.After != "cli-old-turn" {
+			t.Fatalf("the turn's entry %s after %q, want %s after cli-old-turn", last.Turn, last.After, turn)
+		}
+	})
+
+	t.Run("a session another ingest placed is read and checked", func(t *testing.T) {
+		const session = "elsewhere"
+		key := schemas.SessionKey("cli", session)
+		first := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"a"}`)))
+		if err := o.handle(only(session)); err != nil {
+			t.Fatal(err)
+		}
+		second := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"b"}`)))
+		d := o.deliveries(session)
+		seqs := slices.Sorted(maps.Keys(d))
+		// A second replica, which remembers nothing of the session.
+		reg := prometheus.NewRegistry()
+		in, err := ingest.New(ingest.Config{JS: h.JS, Policy: h.Policy, Keys: h.Keys, Logger: slog.New(slog.DiscardHandler),
+			Metrics: runner.NewMetrics(reg), Instance: "ingest@other", Registerer: reg, OrderWait: time.Minute,
+			Now: func() time.Time { return o.now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := in.Handle(ctx, d[seqs[len(seqs)-1]]); err != nil {
+			t.Fatal(err)
+		}
+		later("marker-elsewhere")
+		turns, _ := readsUntil(t, reads, key, "marker-elsewhere")
+		if len(turns) == 0 {
+			t.Fatalf("the second ingest placed the session's second turn without reading its order")
+		}
+		if got, _ := o.order(session); !slices.Equal(got, []string{first, second}) {
+			t.Fatalf("order %v, want [%s %s]", got, first, second)
+		}
+	})
 }

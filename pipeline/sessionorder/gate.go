@@ -93,3 +93,19 @@ func (g *Gate) Check(ctx context.Context, t *schemas.AcceptedTurn, watermark uin
 	// over silently: an earlier version ran them.
 	return g.rule.check(ctx, t.TurnID, t.Context, watermark, seq, watermark > 0, nil)
 }
+
+// Earliest reports whether t's inbound message is the first of its
+// session that TOLLGATE_INBOUND keeps: no inbound message of the session
+// is stored before it, so nothing can be waited for, and Check passes t
+// whatever the watermark. Ingest asks it for a session it does not
+// remember, before reading the session's order: a new session's turn then
+// reads nothing else (turnorder.Writer.AssumeNew). A turn that is not
+// ordered by arrival (a follow-up, or a context without an inbound
+// sequence) is never the earliest: Check passes it anyway, and the order
+// is read for it as before.
+func (g *Gate) Earliest(ctx context.Context, t *schemas.AcceptedTurn) (bool, error) {
+	if t.Origin != "" || t.Context == nil || t.Context.Provenance.StreamSeq == 0 {
+		return false, nil
+	}
+	return g.rule.earliest(ctx, t.Context, t.Context.Provenance.StreamSeq)
+}

@@ -72,11 +72,7 @@ func (r *rule) check(ctx context.Context, self string, tc *schemas.TurnContext, 
 	if err != nil {
 		return err
 	}
-	key := schemas.SessionKeyOf(tc)
-	filter := topology.InboundSessionFilter(key) // a legacy key: shared by transports
-	if tc.SessionKey != "" {
-		filter = topology.InboundSessionSubject(tc.Transport, key)
-	}
+	key, filter := inboundFilter(tc)
 	for from := watermark + 1; from < seq; {
 		m, err := stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -98,6 +94,40 @@ func (r *rule) check(ctx context.Context, self string, tc *schemas.TurnContext, 
 		from = m.Sequence + 1
 	}
 	return nil
+}
+
+// earliest reports whether no inbound message of the session of tc is
+// stored before seq (the turn's own): the session's first message the
+// stream keeps is at seq or later, or there is none. One lookup, from
+// the stream's first sequence: the server finds a subject's first
+// message by its index, without walking the messages between.
+func (r *rule) earliest(ctx context.Context, tc *schemas.TurnContext, seq uint64) (bool, error) {
+	stream, err := r.inbound.stream(ctx)
+	if err != nil {
+		return false, err
+	}
+	key, filter := inboundFilter(tc)
+	m, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("session order: first inbound message of %s: %w", key, err)
+	}
+	return m.Sequence >= seq, nil
+}
+
+// inboundFilter is the session key of tc and the subject its inbound
+// messages are stored on: the literal subject of its transport (a message
+// another transport stores under the key can never be one of the
+// session's turns), or, for a legacy key shared by transports, their
+// wildcard.
+func inboundFilter(tc *schemas.TurnContext) (key, filter string) {
+	key = schemas.SessionKeyOf(tc)
+	if tc.SessionKey != "" {
+		return key, topology.InboundSessionSubject(tc.Transport, key)
+	}
+	return key, topology.InboundSessionFilter(key)
 }
 
 // settled is check's verdict on one earlier inbound message m.
