@@ -38,8 +38,10 @@ test:
 
 ## test-go: only the Go tests of the module under -race, TEST_P test binaries at a time; GOTESTFLAGS adds flags
 ## (-v, -json, -run). TEST_P is 4, twice go's default on 2 cores, because the tests wait far more than they
-## compute: with the build cache warm, go test at -p 2 took 340 s of wall time while its test binaries used 145 s
-## of CPU (measured with go test -exec /usr/bin/time), and the whole make test takes 191 s at -p 4. Their waits
+## compute: with the build cache warm, go test at -p 2 once took 340 s of wall time while its test binaries used
+## 145 s of CPU (measured with go test -exec /usr/bin/time). Since the suite grew (2026-12-04, warm cache): go test
+## at -p 4 alone 346 s of wall time, its test binaries about 450 s of CPU and compiling them 142 s; the whole make
+## test 386-404 s (README.md: about 7 minutes), over the 6 minutes it should take. Their waits
 ## are deadlines scaled by TOLLGATE_TEST_TIMEOUT_SCALE (2 in .ci/run), so a loaded machine lengthens a failing
 ## wait, never a passing test.
 TEST_P ?= 4
