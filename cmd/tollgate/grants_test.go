@@ -56,6 +56,7 @@ func TestGrantsCommand(t *testing.T) {
 		t.Fatalf("grant id %q", gid)
 	}
 	h.WaitTerminal(turn1)
+	h.WaitGrant(gid)
 	turn2 := h.Send(h.Inbound("s-cli-2", "alice", pt.Call("count", `{}`)))
 	id2 := schemas.ApprovalID(turn2, 0)
 	h.WaitTerminal(turn2)

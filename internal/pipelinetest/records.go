@@ -334,6 +334,32 @@ func (h *H) WaitPending(id string) *schemas.ApprovalRecord {
 	return a
 }
 
+// WaitGrant waits until standing grant id is saved: its record stored
+// and listed by its (tool, requester) index, which grants.Save writes
+// after the record and through which a later call finds it (a turn sent
+// between the two asks for approval), and returns the record.
+func (h *H) WaitGrant(id string) *schemas.Grant {
+	h.T.Helper()
+	var g *schemas.Grant
+	jstest.EventuallyState(h.T, h.wait, "grant "+id+" stored and indexed", func() (bool, string) {
+		ctx, cancel := h.Ctx()
+		defer cancel()
+		var err error
+		if g, _, err = h.Store.Grants.Get(ctx, id); err != nil {
+			return false, "record: " + err.Error()
+		}
+		x, _, err := h.Store.GrantIndexes.Get(ctx, schemas.GrantIndexKey(g.Tool, g.Context.Requester.Principal))
+		switch {
+		case err != nil:
+			return false, "index: " + err.Error()
+		case !slices.Contains(x.Grants, id):
+			return false, fmt.Sprintf("index lists %v", x.Grants)
+		}
+		return true, ""
+	})
+	return g
+}
+
 // PutRaw writes raw bytes at key in kv, bypassing encoding (tampering).
 func (h *H) PutRaw(kv jetstream.KeyValue, key string, data []byte) {
 	h.T.Helper()

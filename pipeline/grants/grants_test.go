@@ -91,24 +91,10 @@ func (f *fixture) grant(session, sender string, call schemas.ProposedCall, optio
 	return turn, f.waitGrant(schemas.GrantID(id, d.DecisionID))
 }
 
-// waitGrant waits until grant id is saved: its record stored and listed
-// by its (tool, requester) index, which grants.Save writes after the
-// record, and through which a later call finds it (a turn sent between
-// the two asks for approval).
+// waitGrant waits until grant id is saved (pipelinetest's WaitGrant).
 func (f *fixture) waitGrant(id string) *schemas.Grant {
 	f.T.Helper()
-	var g *schemas.Grant
-	jstest.Eventually(f.T, pipelinetest.Wait, "grant "+id+" stored and indexed", func() bool {
-		ctx, cancel := f.Ctx()
-		defer cancel()
-		var err error
-		if g, _, err = f.Store.Grants.Get(ctx, id); err != nil {
-			return false
-		}
-		x, _, err := f.Store.GrantIndexes.Get(ctx, schemas.GrantIndexKey(g.Tool, g.Context.Requester.Principal))
-		return err == nil && slices.Contains(x.Grants, id)
-	})
-	return g
+	return f.WaitGrant(id)
 }
 
 func (f *fixture) noGrant(id string) {

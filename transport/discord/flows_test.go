@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/chat"
@@ -462,12 +461,7 @@ func TestGrantButtonApprovesAndGrants(t *testing.T) {
 		t.Fatalf("decision %+v", a.Decision)
 	}
 	gid := schemas.GrantID(id, a.Decision.DecisionID)
-	jstest.EventuallyState(t, jstest.Wait, "grant "+gid+" stored", func() (bool, string) {
-		ctx, cancel := r.h.Ctx()
-		defer cancel()
-		_, _, err := r.h.Store.Grants.Get(ctx, gid)
-		return err == nil, fmt.Sprint(err)
-	})
+	r.h.WaitGrant(gid)
 
 	second := r.askOK(t, "131", dmOf("131"), "write g2.txt")
 	if out := r.h.WaitOutcome(schemas.TurnIDOfApproval(second)); out.State != schemas.TurnCompleted {
