@@ -171,7 +171,7 @@ func TestEachDecisionIsSentOnceWhereverItIsKept(t *testing.T) {
 	// consumers settle, and nothing was sent twice. Settled alone once
 	// passed in a loaded make test with the published-only decision
 	// (idNone) not sent, and the check failed; it did not happen again in
-	// 160 runs under load. Late or lost, this wait tells which: a late
+	// 74 runs under load. Late or lost, this wait tells which: a late
 	// one passes, a lost one still fails.
 	ids := []string{idBoth, topology.DecidedMsgID(only.ApprovalID), idBefore, idNone, idRepeat}
 	for _, id := range ids {
