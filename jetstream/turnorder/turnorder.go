@@ -381,8 +381,8 @@ func (w *Writer) Next(ctx context.Context, key string, seq uint64) (*Entry, erro
 // (another writer appended since): its watermark is then lower, never
 // higher, than the session's. Forget makes the next call read.
 func (w *Writer) Watermark(ctx context.Context, key string) (uint64, error) {
-	if e := w.lasts.get(key); e != nil {
-		return e.Arrival, nil
+	if wm, ok := w.Known(key); ok {
+		return wm, nil
 	}
 	e, err := w.Last(ctx, key)
 	switch {
@@ -421,9 +421,7 @@ func (w *Writer) Known(key string) (watermark uint64, ok bool) {
 // append's compare-and-set refuses it, and the append reads the last
 // entry and is made after it, as after any stale memory.
 func (w *Writer) AssumeNew(key string) {
-	if w.lasts.get(key) == nil {
-		w.lasts.put(key, &Entry{})
-	}
+	w.lasts.put(key, &Entry{}) // put keeps a remembered entry: none is before sequence 0
 }
 
 // Forget drops what the Writer remembers of the session with key key.

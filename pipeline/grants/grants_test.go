@@ -88,13 +88,7 @@ func (f *fixture) grant(session, sender string, call schemas.ProposedCall, optio
 		f.T.Fatalf("approval %s: no description of %s: %+v", id, option, a.Grants)
 	}
 	d := f.Decide(id, option, sender)
-	return turn, f.waitGrant(schemas.GrantID(id, d.DecisionID))
-}
-
-// waitGrant waits until grant id is saved (pipelinetest's WaitGrant).
-func (f *fixture) waitGrant(id string) *schemas.Grant {
-	f.T.Helper()
-	return f.WaitGrant(id)
+	return turn, f.WaitGrant(schemas.GrantID(id, d.DecisionID))
 }
 
 func (f *fixture) noGrant(id string) {

@@ -178,34 +178,8 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 		return err
 	}
 	key := schemas.SessionKeyOf(t.Context)
-	// The session's watermark: remembered, else, when no inbound message
-	// of the session is stored before this one (a new session), none at
-	// all: its order is assumed empty without a read, and the gate has
-	// nothing to wait for. A wrong assumption (entries of turns whose
-	// inbound messages the stream no longer keeps) is refused by the
-	// append's compare-and-set, which reads the order and appends after
-	// its last entry. Otherwise the order is read, and the gate checks
-	// the messages since its watermark.
-	watermark, known := w.Known(key)
-	fresh := false
-	if !known {
-		if fresh, err = in.gate.Earliest(ctx, t); err != nil {
-			return err
-		}
-		if fresh {
-			w.AssumeNew(key)
-		} else if watermark, err = w.Watermark(ctx, key); err != nil {
-			return err
-		}
-	}
-	if !fresh {
-		if err := in.gate.Check(ctx, t, watermark); err != nil {
-			var wait *sessionorder.OutOfOrder
-			if errors.As(err, &wait) {
-				w.Forget(key) // another replica may have appended since: read the order afresh
-			}
-			return err
-		}
+	if err := in.inArrivalOrder(ctx, w, key, t); err != nil {
+		return err
 	}
 	a := turnorder.Append{Kind: kind, Key: key, Turn: t.TurnID, Arrival: prov.StreamSeq, Data: data, Header: tracing.Inject(ctx, nil)}
 	e, err := w.Append(ctx, a)
@@ -226,6 +200,39 @@ func (in *Ingest) Handle(ctx context.Context, m jetstream.Msg) error {
 	in.cfg.Logger.Debug("turn accepted", "turn", t.TurnID, "session", t.Context.SessionID, "kind", kind, "after", e.After,
 		"principal", t.Context.Requester.Principal, "audience", t.Context.Audience, "calls", len(t.Calls))
 	return nil
+}
+
+// inArrivalOrder returns nil when t may join its session's order now
+// (sessionorder.Gate), leaving w's memory of the session as the append
+// after it should name: the session's watermark is what w remembers;
+// else, when no inbound message of the session is stored before t's own
+// (a new session), there is nothing to wait for and the order is assumed
+// empty without a read (a wrong assumption, an entry of a turn whose
+// inbound message the stream no longer keeps, is refused by the append's
+// compare-and-set, which reads the order and appends after it); else the
+// order is read. A turn told to wait has w forget the session, as
+// another replica may have appended since.
+func (in *Ingest) inArrivalOrder(ctx context.Context, w *turnorder.Writer, key string, t *schemas.AcceptedTurn) error {
+	watermark, known := w.Known(key)
+	if !known {
+		fresh, err := in.gate.Earliest(ctx, t)
+		if err != nil {
+			return err
+		}
+		if fresh {
+			w.AssumeNew(key)
+			return nil
+		}
+		if watermark, err = w.Watermark(ctx, key); err != nil {
+			return err
+		}
+	}
+	err := in.gate.Check(ctx, t, watermark)
+	var wait *sessionorder.OutOfOrder
+	if errors.As(err, &wait) {
+		w.Forget(key)
+	}
+	return err
 }
 
 // Admit is the admission rule, whose one home is policy.(*Policy).Admit:

@@ -82,10 +82,7 @@ func NewGate(cfg GateConfig) (*Gate, error) {
 // the lookups fail. Nothing but the order wait settles an admitted
 // message of another turn: ingest alone appends, in this order.
 func (g *Gate) Check(ctx context.Context, t *schemas.AcceptedTurn, watermark uint64) error {
-	if t.Origin != "" || t.Context == nil {
-		return nil
-	}
-	seq := t.Context.Provenance.StreamSeq
+	seq := arrivalOf(t)
 	if seq == 0 || watermark+1 >= seq {
 		return nil
 	}
@@ -104,8 +101,20 @@ func (g *Gate) Check(ctx context.Context, t *schemas.AcceptedTurn, watermark uin
 // sequence) is never the earliest: Check passes it anyway, and the order
 // is read for it as before.
 func (g *Gate) Earliest(ctx context.Context, t *schemas.AcceptedTurn) (bool, error) {
-	if t.Origin != "" || t.Context == nil || t.Context.Provenance.StreamSeq == 0 {
+	seq := arrivalOf(t)
+	if seq == 0 {
 		return false, nil
 	}
-	return g.rule.earliest(ctx, t.Context, t.Context.Provenance.StreamSeq)
+	return g.rule.earliest(ctx, t.Context, seq)
+}
+
+// arrivalOf is the inbound sequence that orders accepted turn t in its
+// session, or 0 for a turn not ordered by arrival (a follow-up, or a
+// context without an inbound sequence): ArrivalSeq's twin for a turn that
+// has no batch yet.
+func arrivalOf(t *schemas.AcceptedTurn) uint64 {
+	if t.Origin != "" || t.Context == nil {
+		return 0
+	}
+	return t.Context.Provenance.StreamSeq
 }
