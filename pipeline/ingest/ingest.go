@@ -104,7 +104,7 @@ func New(cfg Config) (*Ingest, error) {
 		cfg.Now = time.Now
 	}
 	gate, err := sessionorder.NewGate(sessionorder.GateConfig{JS: cfg.JS, Policy: cfg.Policy, Now: cfg.Now, Logger: cfg.Logger,
-		Registerer: cfg.Registerer, Wait: cfg.OrderWait})
+		Registerer: cfg.Registerer, Wait: cfg.OrderWait, Consumer: topology.ConsumerIngest})
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,9 @@
 package ingest_test
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -340,6 +342,185 @@ func TestANewSessionsTurnReadsNoOrder(t *testing.T) {
 		}
 		if got, _ := o.order(session); !slices.Equal(got, []string{first, second}) {
 			t.Fatalf("order %v, want [%s %s]", got, first, second)
+		}
+	})
+}
+
+// TestTheOrderCheckStartsAtIngestsAckFloor: the check of a session's
+// earlier inbound messages starts at the ingest consumer's acknowledgement
+// floor where that is above the session's watermark: every message at or
+// below it was acknowledged by ingest (joined the order, or never will), so
+// the server need not walk the other sessions' messages stored between.
+// A message ingest has taken and not acknowledged still holds its session;
+// one it gave up on (terminated) holds it no longer, without the order
+// wait. The test takes the messages from the ingest consumer itself and
+// acknowledges each after the stage handles it, as the stage's runner does.
+func TestTheOrderCheckStartsAtIngestsAckFloor(t *testing.T) {
+	o := newOrderIngest(t)
+	h := o.h
+	ctx := jstest.Ctx(t)
+	spec := topology.IngestConsumer()
+	cfg := spec.Config
+	cfg.AckWait = time.Hour // held messages stay held
+	c, err := h.JS.CreateOrUpdateConsumer(ctx, spec.Stream, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// between is more than the shortest walk the gate reads a floor for (64).
+	const between = 100
+	others := func(t *testing.T, tag string) {
+		t.Helper()
+		for i := range between {
+			h.Send(h.Inbound(fmt.Sprintf("%s-%d", tag, i), "bob", pt.Call("echo", `{"text":"x"}`)))
+		}
+	}
+	take := func(t *testing.T, n int) []jetstream.Msg {
+		t.Helper()
+		b, err := c.Fetch(n, jetstream.FetchMaxWait(jstest.Wait))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []jetstream.Msg
+		for m := range b.Messages() {
+			out = append(out, m)
+		}
+		if len(out) != n {
+			t.Fatalf("took %d inbound messages, want %d", len(out), n)
+		}
+		return out
+	}
+	seqOf := func(t *testing.T, m jetstream.Msg) uint64 {
+		t.Helper()
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return md.Sequence.Stream
+	}
+	settle := func(t *testing.T, ms ...jetstream.Msg) {
+		t.Helper()
+		for _, m := range ms {
+			if err := o.handle(m); err != nil {
+				t.Fatalf("inbound message %d: %v", seqOf(t, m), err)
+			}
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// floorAt waits until the consumer's floor is seq, then lets the
+	// gate's cached floor age past its refresh.
+	floorAt := func(t *testing.T, seq uint64) {
+		t.Helper()
+		jstest.EventuallyState(t, jstest.Wait, "the ingest consumer's ack floor", func() (bool, string) {
+			info, err := c.Info(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			return info.AckFloor.Stream == seq, fmt.Sprintf("floor %d, want %d", info.AckFloor.Stream, seq)
+		})
+		o.now = o.now.Add(time.Second)
+	}
+	// walks is where the check's reads of session's inbound messages
+	// started (the get's sequence), up to a later read.
+	walks := func(t *testing.T, reads <-chan *nats.Msg, session, marker string) []uint64 {
+		t.Helper()
+		s, err := h.JS.Stream(ctx, topology.StreamInbound)
+		if err != nil {
+			t.Fatal(err)
+		}
+		marker = topology.InboundSubject("cli", marker)
+		if _, err := s.GetLastMsgForSubject(ctx, marker); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatalf("the marker read: %v, want not found", err)
+		}
+		_, inbound := readsUntil(t, reads, topology.InboundSubject("cli", session), marker)
+		var from []uint64
+		for _, r := range inbound {
+			var req struct {
+				Seq uint64 `json:"seq"`
+			}
+			if err := json.Unmarshal([]byte(r[strings.Index(r, " ")+1:]), &req); err != nil {
+				t.Fatalf("read %q: %v", r, err)
+			}
+			from = append(from, req.Seq)
+		}
+		return from
+	}
+
+	t.Run("the walk starts at the floor, not at the session's watermark", func(t *testing.T) {
+		const session = "floor"
+		first := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"1"}`)))
+		others(t, "floor-other")
+		second := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"2"}`)))
+		ms := take(t, between+2)
+		settle(t, ms[:1+between/2]...) // the first turn and half the others
+		floorAt(t, seqOf(t, ms[between/2]))
+		reads := make(chan *nats.Msg, 4096) // the inbound stream's reads only: the executor reads the others' turns
+		for _, subj := range []string{"$JS.API.STREAM.MSG.GET.", "$JS.API.DIRECT.GET.", "$JS.API.DIRECT.GET.>"} {
+			subj = strings.Replace(subj, "GET.", "GET."+topology.StreamInbound, 1)
+			if strings.HasSuffix(subj, ">") {
+				subj = strings.Replace(subj, topology.StreamInbound+">", topology.StreamInbound+".>", 1)
+			}
+			if _, err := h.Env.NC.ChanSubscribe(subj, reads); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h.Env.NC.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		settle(t, ms[len(ms)-1])
+		// The others' turns join too, whatever follows (their sessions are new: no walk).
+		settle(t, ms[1+between/2:len(ms)-1]...)
+		floorAt(t, seqOf(t, ms[len(ms)-1]))
+		if from := walks(t, reads, session, "marker-floor"); !slices.Equal(from, []uint64{seqOf(t, ms[between/2]) + 1}) {
+			t.Fatalf("the check read the session's messages from %v, want from %d (the floor, not the watermark %d)",
+				from, seqOf(t, ms[between/2])+1, seqOf(t, ms[0]))
+		}
+		if got, _ := o.order(session); !slices.Equal(got, []string{first, second}) {
+			t.Fatalf("order %v, want %v", got, []string{first, second})
+		}
+	})
+
+	t.Run("a message ingest holds unacknowledged still holds its session", func(t *testing.T) {
+		const session = "held"
+		first := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"1"}`)))
+		second := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"2"}`)))
+		others(t, "held-other")
+		third := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"3"}`)))
+		ms := take(t, between+3)
+		settle(t, ms[0]) // the second stays in another replica's hands
+		settle(t, ms[2:2+between]...)
+		if err := o.handle(ms[len(ms)-1]); !waits(err) {
+			t.Fatalf("the third message while the second is taken and not acknowledged: %v, want it to wait", err)
+		}
+		settle(t, ms[1], ms[len(ms)-1])
+		if got, _ := o.order(session); !slices.Equal(got, []string{first, second, third}) {
+			t.Fatalf("order %v, want %v", got, []string{first, second, third})
+		}
+		floorAt(t, seqOf(t, ms[len(ms)-1]))
+	})
+
+	t.Run("a message ingest gave up on holds its session no longer", func(t *testing.T) {
+		const session = "given-up"
+		h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"1"}`)))
+		others(t, "given-up-other")
+		later := h.Send(h.Inbound(session, "alice", pt.Call("echo", `{"text":"2"}`)))
+		ms := take(t, between+2)
+		// As the runner ends a message it dead-letters (retries exhausted).
+		if err := ms[0].TermWithReason("RETRIES_EXHAUSTED"); err != nil {
+			t.Fatal(err)
+		}
+		settle(t, ms[1:1+between]...)
+		floorAt(t, seqOf(t, ms[between]))
+		// Well inside the order wait (a minute): only the floor settles it.
+		if err := o.handle(ms[len(ms)-1]); err != nil {
+			t.Fatalf("a turn behind a message ingest terminated: %v, want it to join", err)
+		}
+		if got, _ := o.order(session); !slices.Equal(got, []string{later}) {
+			t.Fatalf("order %v, want [%s]", got, later)
+		}
+		if n := testMetric(t, o.reg, "tollgate_session_order_skipped_total"); n != 0 {
+			t.Fatalf("%v messages skipped after the order wait, want none: the floor settled it", n)
 		}
 	})
 }
