@@ -227,12 +227,12 @@ type GrantEvent struct {
 // approvalID: "g-" and 32 hex characters. A redelivered decision makes the
 // same grant.
 func GrantID(approvalID, decisionID string) string {
-	return "g-" + hashHex("grant", approvalID, decisionID)[:32]
+	return hashID("g-", 32, "grant", approvalID, decisionID)
 }
 
 // GrantIndexKey is the key of the GrantIndex of (tool, principal).
 func GrantIndexKey(tool, principal string) string {
-	return "gi-" + hashHex("grant-index", tool, principal)[:32]
+	return hashID("gi-", 32, "grant-index", tool, principal)
 }
 
 // IsGrantID reports whether key is of GrantID's form (not an index key).

@@ -15,19 +15,28 @@ import (
 
 const turnHashLen = 20 // hex chars: 80 bits
 
-func hashHex(parts ...string) string {
-	h := sha256.New()
+// hashID is prefix followed by the first n (at most 64) hex characters
+// of the SHA-256 of parts, each part followed by a NUL byte. Ids are made
+// and checked on every record a stage decodes (checkSessionKey), so the
+// hash input and its hex live on the stack: one allocation, the id.
+func hashID(prefix string, n int, parts ...string) string {
+	var in [256]byte
+	b := in[:0]
 	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
+		b = append(b, p...)
+		b = append(b, 0)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256(b)
+	var hx [2 * sha256.Size]byte
+	hex.Encode(hx[:], sum[:])
+	var out [96]byte
+	return string(append(append(out[:0], prefix...), hx[:n]...))
 }
 
 // TurnID is the id of the turn accepted from the inbound message
 // (transport, messageID): "t-" followed by 20 hex characters.
 func TurnID(transport, messageID string) string {
-	return "t-" + hashHex("turn", transport, messageID)[:turnHashLen]
+	return hashID("t-", turnHashLen, "turn", transport, messageID)
 }
 
 // CallID is the id of call index of turn turnID.
@@ -85,7 +94,7 @@ func TurnIDOfApproval(id string) string {
 // (TurnContext.SessionKey); every later stage reads it from there
 // (SessionKeyOf), never from live transport state.
 func SessionKey(transport, sessionID string) string {
-	return "s-" + hashHex("session/transport", transport, sessionID)[:32]
+	return hashID("s-", 32, "session/transport", transport, sessionID)
 }
 
 // LegacySessionKey is the key the previous version gave a session: a hash
@@ -95,7 +104,7 @@ func SessionKey(transport, sessionID string) string {
 // turns finish in the session record they were queued in. It is never
 // given to a new turn.
 func LegacySessionKey(sessionID string) string {
-	return "s-" + hashHex("session", sessionID)[:32]
+	return hashID("s-", 32, "session", sessionID)
 }
 
 // legacySessionKeys counts SessionKeyOf's answers for contexts sealed by

@@ -233,3 +233,33 @@ func TestCheckTurnKey(t *testing.T) {
 		}
 	}
 }
+
+// TestAnIDIsOneAllocation: ids are made and checked on every record a
+// stage decodes (a context's session key is checked against its session
+// on each), so making one allocates the id alone.
+func TestAnIDIsOneAllocation(t *testing.T) {
+	for name, id := range map[string]func() string{
+		"session key": func() string { return schemas.SessionKey("cli", "demo") },
+		"turn id":     func() string { return schemas.TurnID("cli", "m-1") },
+		"grant id":    func() string { return schemas.GrantID("a-1", "d-1") },
+	} {
+		if n := testing.AllocsPerRun(100, func() { _ = id() }); n > 1 {
+			t.Errorf("%s: %v allocations, want 1", name, n)
+		}
+	}
+}
+
+// TestIDsAreTheProtocolsExamples: ids are stored (keys, subjects, message
+// ids), so their derivation never changes: docs/protocol.md §3's examples.
+func TestIDsAreTheProtocolsExamples(t *testing.T) {
+	for _, tc := range []struct{ name, got, want string }{
+		{"a Slack turn id", schemas.TurnID("slack", "1710408413.000100"), "t-7d207e1f030d85151eb8"},
+		{"a CLI turn id", schemas.TurnID("cli", "m-1"), "t-2cc6f4bcdd266eeac12f"},
+		{"a session key", schemas.SessionKey("cli", "demo"), "s-514f89d6fdffa8de164a56eef51b9386"},
+		{"a legacy session key", schemas.LegacySessionKey("demo"), "s-7c99e7adf9bc59cb2a2c2794a2c6d40d"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, tc.got, tc.want)
+		}
+	}
+}

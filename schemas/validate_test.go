@@ -452,3 +452,29 @@ func TestRequestedApprovalsAreTheAnnouncedRecords(t *testing.T) {
 		t.Error("a batch without requests gives some")
 	}
 }
+
+// TestAMemberErrorNamesItsField: an error in a sender's or a channel's
+// member names the member under its field (the name is built only for a
+// failure).
+func TestAMemberErrorNamesItsField(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*schemas.InboundMessage)
+		want   string
+	}{
+		{"missing sender id", func(m *schemas.InboundMessage) { m.Sender.ID = "" }, "sender.id is required"},
+		{"sender display over its limit", func(m *schemas.InboundMessage) { m.Sender.Display = strings.Repeat("d", 129) }, "sender.display is 129 bytes"},
+		{"missing channel id", func(m *schemas.InboundMessage) { m.Channel.ID = "" }, "channel.id is required"},
+		{"channel thread with a control character", func(m *schemas.InboundMessage) { m.Channel.Thread = "t\x07" }, "channel.thread"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := exampleInbound()
+			tc.mutate(m)
+			_, err := schemas.Encode(m)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+}
