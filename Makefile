@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build build-all test test-go test-deps screenshots test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-layout bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
+.PHONY: run build build-all test test-go test-long test-deps screenshots test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-layout bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -36,9 +36,10 @@ TEST_JOBS ?= 4
 test:
 	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -Otarget vet test-go test-helm test-clients
 
-## test-go: only the Go tests of the module under -race, TEST_P test binaries at a time; GOTESTFLAGS adds flags
-## (-v, -json, -run). TEST_P is 4, twice go's default on 2 cores, because the tests wait far more than they
-## compute: with the build cache warm, go test at -p 2 once took 340 s of wall time while its test binaries used
+## test-go: only the Go tests of the module under -race and -short, TEST_P test binaries at a time; GOTESTFLAGS
+## adds flags (-v, -json, -run). -short leaves out the long tests: the short chaos runs, the benchmark's smoke
+## runs, the three-node clusters and the chat transports' processes (make test-long runs them; .ci/run runs
+## both). TEST_P is 4, twice go's default on 2 cores, because the tests wait far more than they compute: with the build cache warm, go test at -p 2 once took 340 s of wall time while its test binaries used
 ## 145 s of CPU (measured with go test -exec /usr/bin/time). Since the suite grew (2026-12-04, warm cache): go test
 ## at -p 4 alone 346 s of wall time, its test binaries about 450 s of CPU and compiling them 142 s; the whole make
 ## test 386-404 s (README.md: about 7 minutes), over the 6 minutes it should take. Their waits
@@ -47,7 +48,15 @@ test:
 TEST_P ?= 4
 GOTESTFLAGS ?=
 test-go: test-deps build-all
-	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) $(PKGS)
+	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -short -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) $(PKGS)
+
+## test-long: the packages whose tests skip under -short (LONG_PKGS), whole and without -short: the short chaos
+## runs, the benchmark's smoke runs, the three-node clusters, the chat transports' processes. About 130 s of CPU
+## beside their quick tests, which run again here. TestEveryLongTestIsInTestLong keeps LONG_PKGS whole: a test
+## that calls testing.Short() outside them fails make test.
+LONG_PKGS := ./internal/chaos ./internal/bench ./deploy/nats ./pipeline/store ./jetstream/topology ./transport/discord ./transport/slack
+test-long: test-deps build-all
+	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) $(LONG_PKGS)
 
 ## test-helm: the Helm chart's render test (deploy/helm: a module of its own, so that Helm's and
 ## Kubernetes' dependencies stay out of go.mod)

@@ -98,10 +98,21 @@ func runSmoke(t *testing.T, cfg Config, figures int) *Report {
 	return r
 }
 
+// benchRun skips a test that runs the benchmark (a smoke run of its
+// phases: seconds of closed loops on both cores, or the stage binaries)
+// under -short: make test leaves such runs to make test-long.
+func benchRun(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("a benchmark run, skipped with -short (make test-long runs it)")
+	}
+}
+
 // TestBenchSmoke runs the harness's all-in-one phases with tiny counts, so
 // that it does not rot between `make bench` runs, and writes the report.
 // (The sync phase is the throughput phase on servers with SyncAlways.)
 func TestBenchSmoke(t *testing.T) {
+	benchRun(t)
 	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*2) // raw turn and tollgate, per path
 	if len(r.Latency) != 4 {
 		t.Errorf("%d latency rows, want 4", len(r.Latency))
@@ -122,9 +133,7 @@ func TestBenchSmoke(t *testing.T) {
 // separate processes (built from this tree unless BENCH_BIN names them):
 // throughput and the footprint, with tiny counts.
 func TestBenchSmokeProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the stage binaries")
-	}
+	benchRun(t)
 	// The smoke tests marked parallel run beside each other: mostly
 	// builds, process starts and short fixed windows, each on servers and
 	// directories of its own; they check that every figure is produced,
@@ -142,6 +151,7 @@ func TestBenchSmokeProcesses(t *testing.T) {
 // did not answer would be a report error), the hop and the round trip
 // reported.
 func TestBenchSmokeToolService(t *testing.T) {
+	benchRun(t)
 	t.Parallel() // see TestBenchSmokeProcesses
 	r, err := Run(context.Background(), smokeConfig(t, "toolservice"))
 	if err != nil {
@@ -175,6 +185,7 @@ func TestBenchSmokeToolService(t *testing.T) {
 // did not end over HTTP, or an outcome not ok, would be a report error),
 // the latencies of both reported, and the target judged.
 func TestBenchSmokeGateway(t *testing.T) {
+	benchRun(t)
 	t.Parallel() // see TestBenchSmokeProcesses
 	r, err := Run(context.Background(), smokeConfig(t, "gateway"))
 	if err != nil {
@@ -218,6 +229,7 @@ func TestBenchSmokeGateway(t *testing.T) {
 // batch's schedule and outcome seen, so that the overhead per step is
 // computed from each.
 func TestBenchSmokePlanner(t *testing.T) {
+	benchRun(t)
 	t.Parallel() // see TestBenchSmokeProcesses
 	// A planner turn takes about 250 ms (the message schedule of its
 	// step): the windows stay open until one ended (smokeConfig).
@@ -394,6 +406,7 @@ func TestClosedLoopWindowWaitsForMinTurns(t *testing.T) {
 // stage that failed a write, or a turn that never ended, is one), and the
 // two designs' figures count their writes per turn.
 func TestBenchSmokeLayout(t *testing.T) {
+	benchRun(t)
 	t.Parallel() // see TestBenchSmokeProcesses
 	cfg := smokeConfig(t, phaseLayout)
 	// Every layout.
