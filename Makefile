@@ -39,10 +39,12 @@ test:
 ## test-go: only the Go tests of the module under -race and -short, TEST_P test binaries at a time; GOTESTFLAGS
 ## adds flags (-v, -json, -run). -short leaves out the long tests: the short chaos runs, the benchmark's smoke
 ## runs, the three-node clusters and the chat transports' processes (make test-long runs them; .ci/run runs
-## both). TEST_P is 4, twice go's default on 2 cores, because the tests wait far more than they compute: with the build cache warm, go test at -p 2 once took 340 s of wall time while its test binaries used
-## 145 s of CPU (measured with go test -exec /usr/bin/time). Since the suite grew (2026-12-04, warm cache): go test
-## at -p 4 alone 346 s of wall time, its test binaries about 450 s of CPU and compiling them 142 s; the whole make
-## test 386-404 s (README.md: about 7 minutes), over the 6 minutes it should take. Their waits
+## both). TEST_P is 4, twice go's default on 2 cores, because the tests wait far more than they compute.
+## Measured 2026-12-04 with -short (go test -exec /usr/bin/time): go test alone 302 s of wall time, 468 CPU-s, of
+## which the 57 race test binaries ran 324 CPU-s (web 49, gateway 32, pipelinetest 31, redriver 17, planner 15,
+## executor 14, then 51 packages under 14) and linking them about 144; without -short 346 s and 544 CPU-s. The
+## whole make test right after a change to schemas (every package compiled, vetted and linked again, the
+## binaries too): 535 s, 949 CPU-s: over the 6 minutes it should take, by the rebuilds a change costs. Waits
 ## are deadlines scaled by TOLLGATE_TEST_TIMEOUT_SCALE (2 in .ci/run), so a loaded machine lengthens a failing
 ## wait, never a passing test.
 TEST_P ?= 4
@@ -51,8 +53,8 @@ test-go: test-deps build-all
 	TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -short -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) $(PKGS)
 
 ## test-long: the packages whose tests skip under -short (LONG_PKGS), whole and without -short: the short chaos
-## runs, the benchmark's smoke runs, the three-node clusters, the chat transports' processes. About 130 s of CPU
-## beside their quick tests, which run again here. TestEveryLongTestIsInTestLong keeps LONG_PKGS whole: a test
+## runs, the benchmark's smoke runs, the three-node clusters, the chat transports' processes. Measured: 79 s of wall
+## time, 127 CPU-s (their quick tests run again here). TestEveryLongTestIsInTestLong keeps LONG_PKGS whole: a test
 ## that calls testing.Short() outside them fails make test.
 LONG_PKGS := ./internal/chaos ./internal/bench ./deploy/nats ./pipeline/store ./jetstream/topology ./transport/discord ./transport/slack
 test-long: test-deps build-all
