@@ -90,6 +90,16 @@ func checkGrants(name string, r ToolRule) error {
 	return nil
 }
 
+// Grantable reports whether the policy has any grant option for tool.
+// Where it has none, no grant of tool can decide a call (StillGrants
+// refuses every grant whose option the policy does not offer), so a
+// caller need not look any up: the executor reads no grant index for
+// such a tool.
+func (p *Policy) Grantable(tool string) bool {
+	r, ok, _ := p.rule(tool)
+	return ok && len(r.Grants) > 0
+}
+
 // grantRule returns tool's grant rule named option.
 func (p *Policy) grantRule(tool, option string) (GrantRule, bool) {
 	r, ok, _ := p.rule(tool)

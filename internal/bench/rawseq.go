@@ -66,8 +66,10 @@ import (
 // watch has not delivered it yet, or after a conflict.
 //
 // Before it creates an approval, the executor looks up the standing grants
-// of the call's tool and requester (one read of their grant index, which
-// finds none in the bench: pipeline/grants).
+// of the call's tool and requester (one read of their grant index:
+// pipeline/grants) only where the policy offers a grant option for the
+// tool; the bench's policy (policy.Default) offers none for write_file, so
+// neither Tollgate nor the raw turn reads tollgate_grants.
 //
 // Besides these, Tollgate's approver watches the approvals bucket and its
 // redriver the turn logs and the batches and sessions buckets (ordered push consumers
@@ -114,7 +116,6 @@ var rawApproval = []step{
 	{Stage: "ingest", Op: "publish", On: "tollgate.turn.order.exec.<session>", MsgID: true, Bytes: 898},
 	{Stage: "ingest", Op: "consume+ack", On: "TOLLGATE_INBOUND/ingest", Trigger: topology.SubjectInboundPrefix},
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.running", MsgID: true, Bytes: 1043}, // call 0 claimed
-	{Stage: "executor", Op: "kv.get", On: "tollgate_grants/<grant-index>"},                                     // no standing grant covers it
 	{Stage: "executor", Op: "kv.create", On: "tollgate_approvals/<approval>", Bytes: 925},
 	{Stage: "executor", Op: "log.append", On: "tollgate.turnlog.<p>.<turn>.awaiting", MsgID: true, Bytes: 1591}, // call 0's result, call 1's request
 	{Stage: "executor", Op: "consume+ack", On: "TOLLGATE_TURNS/executor", Trigger: topology.SubjectTurnOrder},

@@ -25,12 +25,20 @@ import (
 // grantOrOffer completes rec, the new approval record of call, before it
 // is created: the grant options the policy offers for the call are added
 // to its options (with what each would cover), and if a usable grant
-// covers the call, rec is decided by it. The error is a transient one.
+// covers the call, rec is decided by it. For a tool the policy offers no
+// grant option for (policy.Policy.Grantable), no grant can be usable and
+// none is looked up. The error is a transient one.
 func (x *Executor) grantOrOffer(ctx context.Context, b *schemas.BatchRecord, call schemas.ToolCall, rec *schemas.ApprovalRecord) error {
 	eng := x.cfg.Engine
 	for _, o := range x.cfg.Policy.GrantOffers(call.Tool, b.Context, call.Args) {
 		rec.Options = append(rec.Options, o.Option)
 		rec.Grants = append(rec.Grants, o)
+	}
+	if !x.cfg.Policy.Grantable(call.Tool) {
+		// No grant of this tool is usable under the policy (one made under
+		// an earlier version that offered it is refused by StillGrants):
+		// nothing to read.
+		return nil
 	}
 	g, err := grants.Find(ctx, x.cfg.Store, eng.Keys(), x.cfg.Policy, b.Context, call.Tool, call.Args, eng.Now(),
 		func(id string, why error) {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
@@ -470,4 +472,53 @@ func TestGrantFromAnOlderPolicyVersion(t *testing.T) {
 	}
 	_, id := f2.send("s-alice-3", "alice", schemas.ChannelDM, callCount(3))
 	f2.prompted(id)
+}
+
+// TestNoGrantIsLookedUpForAToolThePolicyOffersNoneFor: a call of a tool
+// whose rule has no grant option reads nothing of tollgate_grants before
+// its approval is created (no grant of the tool could decide it: one made
+// under an earlier policy version that offered it is refused), and it is
+// prompted; a tool with grant options still has its grant index read.
+func TestNoGrantIsLookedUpForAToolThePolicyOffersNoneFor(t *testing.T) {
+	f := start(t, noGrantPolicy, nil)
+	reads := make(chan *nats.Msg, 1024)
+	for _, subj := range []string{"$JS.API.DIRECT.GET.KV_" + topology.BucketGrants, "$JS.API.DIRECT.GET.KV_" + topology.BucketGrants + ".>", "$JS.API.STREAM.MSG.GET.KV_" + topology.BucketGrants} {
+		if _, err := f.Env.NC.ChanSubscribe(subj, reads); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// readsBefore is the grant reads up to a later one of marker's key.
+	readsBefore := func(marker string) (n int) {
+		t.Helper()
+		ctx, cancel := f.Ctx()
+		defer cancel()
+		if _, _, err := f.Store.GrantIndexes.Get(ctx, marker); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("the marker read: %v, want not found", err)
+		}
+		for {
+			select {
+			case m := <-reads:
+				if strings.Contains(m.Subject+string(m.Data), marker) {
+					return n
+				}
+				n++
+			case <-jstest.After(pipelinetest.Wait):
+				t.Fatalf("the marker read never came (%d reads before it)", n)
+			}
+		}
+	}
+
+	_, id := f.send("s-nogrant", "alice", schemas.ChannelDM, callCount(1)) // count offers no grant in this version
+	f.prompted(id)
+	if n := readsBefore("gi-marker-count"); n != 0 {
+		t.Fatalf("%d reads of %s for a tool the policy offers no grant for, want none", n, topology.BucketGrants)
+	}
+	_, id = f.send("s-grantable", "alice", schemas.ChannelDM, writeFile("docs/a.txt")) // write_file still offers one
+	f.prompted(id)
+	if n := readsBefore("gi-marker-write"); n == 0 {
+		t.Fatalf("no read of %s for a tool the policy offers a grant for: the probe sees nothing", topology.BucketGrants)
+	}
 }
