@@ -121,10 +121,10 @@ func (k SenderKind) valid() bool {
 	return k == SenderUser || k == SenderBot || k == SenderService
 }
 
-// in runs check on field's member name, building the member's full name
+// member runs check on field's member name, building the member's full name
 // (field.name) only when it fails: the contexts in every decoded record
 // are validated, and the name is needed only in an error.
-func in(field, name string, check func(field string) error) error {
+func member(field, name string, check func(field string) error) error {
 	if check(name) == nil {
 		return nil
 	}
@@ -132,23 +132,23 @@ func in(field, name string, check func(field string) error) error {
 }
 
 func (c Channel) check(field string) error {
-	if err := in(field, "id", func(f string) error { return checkString(f, c.ID, MaxIDBytes, true, false) }); err != nil {
+	if err := member(field, "id", func(f string) error { return checkString(f, c.ID, MaxIDBytes, true, false) }); err != nil {
 		return err
 	}
 	if !c.Kind.valid() {
 		return Errorf(CodeInvalidInput, "%s.kind %q: want dm, private or public", field, c.Kind)
 	}
-	return in(field, "thread", func(f string) error { return checkString(f, c.Thread, MaxIDBytes, false, false) })
+	return member(field, "thread", func(f string) error { return checkString(f, c.Thread, MaxIDBytes, false, false) })
 }
 
 func (s Sender) check(field string) error {
 	if !s.Kind.valid() {
 		return Errorf(CodeInvalidInput, "%s.kind %q: want user, bot or service", field, s.Kind)
 	}
-	if err := in(field, "id", func(f string) error { return checkPrincipal(f, s.ID, MaxIDBytes) }); err != nil {
+	if err := member(field, "id", func(f string) error { return checkPrincipal(f, s.ID, MaxIDBytes) }); err != nil {
 		return err
 	}
-	return in(field, "display", func(f string) error { return checkString(f, s.Display, maxShortBytes, false, false) })
+	return member(field, "display", func(f string) error { return checkString(f, s.Display, maxShortBytes, false, false) })
 }
 
 func (m *InboundMessage) validate() error {
