@@ -456,11 +456,8 @@ func TestTheOrderCheckStartsAtIngestsAckFloor(t *testing.T) {
 		settle(t, ms[:1+between/2]...) // the first turn and half the others
 		floorAt(t, seqOf(t, ms[between/2]))
 		reads := make(chan *nats.Msg, 4096) // the inbound stream's reads only: the executor reads the others' turns
-		for _, subj := range []string{"$JS.API.STREAM.MSG.GET.", "$JS.API.DIRECT.GET.", "$JS.API.DIRECT.GET.>"} {
-			subj = strings.Replace(subj, "GET.", "GET."+topology.StreamInbound, 1)
-			if strings.HasSuffix(subj, ">") {
-				subj = strings.Replace(subj, topology.StreamInbound+">", topology.StreamInbound+".>", 1)
-			}
+		in := topology.StreamInbound
+		for _, subj := range []string{"$JS.API.STREAM.MSG.GET." + in, "$JS.API.DIRECT.GET." + in, "$JS.API.DIRECT.GET." + in + ".>"} {
 			if _, err := h.Env.NC.ChanSubscribe(subj, reads); err != nil {
 				t.Fatal(err)
 			}
