@@ -574,3 +574,24 @@ func (h *H) lastMatching(sc topology.ConsumerSpec) uint64 {
 	}
 	return last
 }
+
+// Gets collects, on one channel in the order the server routed them, the
+// message reads (message gets and direct gets, from any connection) of
+// each stream in streams: a KV bucket's stream is "KV_<bucket>". Tests
+// count a stage's reads up to a later read of their own (the later-fact
+// pattern); the channel holds 4,096 reads, as other stages may read too.
+func (h *H) Gets(streams ...string) <-chan *nats.Msg {
+	h.T.Helper()
+	ch := make(chan *nats.Msg, 4096)
+	for _, stream := range streams {
+		for _, subj := range []string{"$JS.API.STREAM.MSG.GET." + stream, "$JS.API.DIRECT.GET." + stream, "$JS.API.DIRECT.GET." + stream + ".>"} {
+			if _, err := h.Env.NC.ChanSubscribe(subj, ch); err != nil {
+				h.T.Fatalf("pipelinetest: subscribe %s: %v", subj, err)
+			}
+		}
+	}
+	if err := h.Env.NC.Flush(); err != nil {
+		h.T.Fatalf("pipelinetest: flush: %v", err)
+	}
+	return ch
+}

@@ -191,25 +191,6 @@ func testMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return metrics.Sum(mfs, name, nil)
 }
 
-// gets collects, on one channel in the order the server routed them, the
-// message reads (message gets and direct gets) of TOLLGATE_TURNS and
-// TOLLGATE_INBOUND made on the harness's connection.
-func gets(t *testing.T, h *pt.H) <-chan *nats.Msg {
-	t.Helper()
-	ch := make(chan *nats.Msg, 256)
-	for _, stream := range []string{topology.StreamTurns, topology.StreamInbound} {
-		for _, subj := range []string{"$JS.API.STREAM.MSG.GET." + stream, "$JS.API.DIRECT.GET." + stream, "$JS.API.DIRECT.GET." + stream + ".>"} {
-			if _, err := h.Env.NC.ChanSubscribe(subj, ch); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := h.Env.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
-
 // readsUntil returns the reads on ch that name key (in the request's
 // subject or body), up to the first that names marker: the later fact.
 func readsUntil(t *testing.T, ch <-chan *nats.Msg, key, marker string) (turns, inbound []string) {
@@ -245,7 +226,7 @@ func TestANewSessionsTurnReadsNoOrder(t *testing.T) {
 	o := newOrderIngest(t)
 	h := o.h
 	ctx := jstest.Ctx(t)
-	reads := gets(t, h)
+	reads := h.Gets(topology.StreamTurns, topology.StreamInbound)
 	later := func(marker string) {
 		t.Helper()
 		// The later fact: a read of a session nobody writes, made after.
@@ -455,16 +436,7 @@ func TestTheOrderCheckStartsAtIngestsAckFloor(t *testing.T) {
 		ms := take(t, between+2)
 		settle(t, ms[:1+between/2]...) // the first turn and half the others
 		floorAt(t, seqOf(t, ms[between/2]))
-		reads := make(chan *nats.Msg, 4096) // the inbound stream's reads only: the executor reads the others' turns
-		in := topology.StreamInbound
-		for _, subj := range []string{"$JS.API.STREAM.MSG.GET." + in, "$JS.API.DIRECT.GET." + in, "$JS.API.DIRECT.GET." + in + ".>"} {
-			if _, err := h.Env.NC.ChanSubscribe(subj, reads); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := h.Env.NC.Flush(); err != nil {
-			t.Fatal(err)
-		}
+		reads := h.Gets(topology.StreamInbound) // the executor reads the others' turns: not collected
 		settle(t, ms[len(ms)-1])
 		// The others' turns join too, whatever follows (their sessions are new: no walk).
 		settle(t, ms[1+between/2:len(ms)-1]...)
