@@ -370,17 +370,10 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 }
 
 // watchedRevision is approval id as the pending tracker last saw it
-// (apply), when it keeps it and it decodes.
+// (apply), when it keeps it: the record the tracker decoded when its
+// watch delivered it, not decoded again.
 func (a *Approver) watchedRevision(id string) (*schemas.ApprovalRecord, uint64, bool) {
-	data, rev, ok := a.pending.Latest(id)
-	if !ok {
-		return nil, 0, false
-	}
-	rec, err := a.cfg.Store.Approvals.DecodeValue(data)
-	if err != nil {
-		return nil, 0, false
-	}
-	return rec, rev, true
+	return a.pending.Latest(id)
 }
 
 // makeGrant makes the standing grant of rec's decision, when rec was

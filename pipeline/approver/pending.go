@@ -52,41 +52,52 @@ type PendingTracker struct {
 	watching atomic.Bool
 
 	// latest is the last revision the watch delivered of pending
-	// approvals, at most maxLatest of them (Latest).
+	// approvals, decoded, at most maxLatest of them (Latest).
 	latestMu sync.Mutex
 	latest   map[string]revision
 }
 
-// revision is a stored approval record and its revision.
+// revision is a pending approval record as the watch delivered it,
+// decoded once (apply), and its revision. rec is never modified: Latest
+// hands out copies of it.
 type revision struct {
-	data []byte
-	rev  uint64
+	rec *schemas.ApprovalRecord
+	rev uint64
 }
 
 // maxLatest bounds the pending revisions the tracker keeps for Latest
-// (about 1 KiB each): past it, an arbitrary one is dropped, and a decision
-// on it reads the bucket as before.
+// (about 2 KiB each, decoded): past it, an arbitrary one is dropped, and a
+// decision on it reads the bucket as before.
 const maxLatest = 4096
 
 // Latest returns the last revision of pending approval id that the watch
-// delivered (its stored bytes and revision), if the tracker keeps one.
-// It may be stale: the record may have changed since, and the watch not
-// delivered that yet. The approver decides a write on it only by
-// compare-and-set at that revision, which a stale one fails
-// (Approver.apply).
-func (p *PendingTracker) Latest(id string) ([]byte, uint64, bool) {
+// delivered (the record as decoded when it was delivered, and its
+// revision), if the tracker keeps one. It may be stale: the record may
+// have changed since, and the watch not delivered that yet. The approver
+// decides a write on it only by compare-and-set at that revision, which a
+// stale one fails (Approver.apply).
+//
+// The record is a copy of its top-level fields; what they point to (the
+// context, the options, the votes, the preview) is shared with the
+// tracker and every other caller, and must not be modified (Authorize
+// builds its next record without writing them).
+func (p *PendingTracker) Latest(id string) (*schemas.ApprovalRecord, uint64, bool) {
 	p.latestMu.Lock()
-	defer p.latestMu.Unlock()
 	r, ok := p.latest[id]
-	return r.data, r.rev, ok
+	p.latestMu.Unlock()
+	if !ok {
+		return nil, 0, false
+	}
+	rec := *r.rec
+	return &rec, r.rev, true
 }
 
-// keep records the revision of key the watch delivered: a pending one is
-// kept, any other drops the key.
-func (p *PendingTracker) keep(key string, pending bool, data []byte, rev uint64) {
+// keep records the revision of key the watch delivered: a pending one
+// (rec not nil) is kept, any other drops the key.
+func (p *PendingTracker) keep(key string, rec *schemas.ApprovalRecord, rev uint64) {
 	p.latestMu.Lock()
 	defer p.latestMu.Unlock()
-	if !pending {
+	if rec == nil {
 		delete(p.latest, key)
 		return
 	}
@@ -96,7 +107,7 @@ func (p *PendingTracker) keep(key string, pending bool, data []byte, rev uint64)
 			break
 		}
 	}
-	p.latest[key] = revision{data: data, rev: rev}
+	p.latest[key] = revision{rec: rec, rev: rev}
 }
 
 // Watching is nil while Run's watch of the approvals bucket runs and has
@@ -229,16 +240,18 @@ func (p *PendingTracker) fire(ctx context.Context) {
 func (p *PendingTracker) apply(e jetstream.KeyValueEntry) {
 	key := e.Key()
 	var expires time.Time
-	isPending := false
+	var pending *schemas.ApprovalRecord
 	if e.Operation() == jetstream.KeyValuePut {
 		rec, err := p.decode(e.Value())
-		if err != nil {
+		switch {
+		case err != nil:
 			p.log.Warn("pending tracker: undecodable approval record", "key", key, "err", err)
-		} else {
-			isPending, expires = rec.Status == schemas.ApprovalPending, rec.ExpiresAt
+		case rec.Status == schemas.ApprovalPending:
+			pending, expires = rec, rec.ExpiresAt
 		}
 	}
-	p.keep(key, isPending, e.Value(), e.Revision())
+	isPending := pending != nil
+	p.keep(key, pending, e.Revision())
 	if isPending {
 		if old, ok := p.pending[key]; !ok || !old.Equal(expires) {
 			p.pending[key] = expires

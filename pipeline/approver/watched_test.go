@@ -1,20 +1,25 @@
 package approver_test
 
 import (
+	"context"
+	"errors"
+	"maps"
+	"sync"
 	"testing"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
 // watchedRevision waits until the approver's pending tracker holds the
 // revision of approval id that the bucket holds, and returns it.
-func watchedRevision(h *pt.H, id string) ([]byte, uint64) {
+func watchedRevision(h *pt.H, id string) (*schemas.ApprovalRecord, uint64) {
 	h.T.Helper()
-	var data []byte
+	var data *schemas.ApprovalRecord
 	var rev uint64
 	jstest.Eventually(h.T, pt.Wait, "the pending tracker watched approval "+id, func() bool {
 		var ok bool
@@ -104,5 +109,63 @@ func TestAStaleWatchedApprovalDecidesNothing(t *testing.T) {
 	}
 	if b, _ := h.WaitTerminal(turn); b.State != schemas.BatchCompleted || b.Results[0].Status != schemas.ResultOK {
 		t.Fatalf("batch %s %+v, want completed with the write done", b.State, b.Results[0])
+	}
+}
+
+// The approver decodes each revision of an approval once: its pending
+// tracker decodes what its watch delivers, and a decision on the watched
+// revision is made on that record, not on its bytes decoded again.
+func TestEachWatchedRevisionIsDecodedOnce(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: testPolicy, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
+	var mu sync.Mutex
+	decoded := map[string]int{} // approval id and status -> decodes
+	st := *h.Store
+	decode := st.Approvals.DecodeValue
+	st.Approvals.Decode = func(b []byte) (*schemas.ApprovalRecord, error) {
+		rec, err := decode(b)
+		if err == nil {
+			mu.Lock()
+			decoded[rec.ApprovalID+" "+string(rec.Status)]++
+			mu.Unlock()
+		}
+		return rec, err
+	}
+	a, err := approver.New(approver.Config{JS: h.JS, Store: &st, Policy: h.Policy, Keys: h.Keys, Logger: pt.Logger(), Metrics: runner.NewMetrics(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("approver: %v", err)
+		}
+	})
+
+	turn, id := pendingWrite(h, "decoded-once", "once.txt")
+	jstest.Eventually(t, pt.Wait, "the tracker holds the pending approval", func() bool {
+		_, _, ok := approver.Latest(a, id)
+		return ok
+	})
+	actx, acancel := h.Ctx()
+	defer acancel()
+	if err := a.Apply(actx, h.Decision(id, schemas.OptionApprove, "cli", "bob")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := h.WaitTerminal(turn); b.State != schemas.BatchCompleted {
+		t.Fatalf("batch %s, want completed", b.State)
+	}
+	// The later fact: the tracker has decoded the decided revision.
+	jstest.Eventually(t, pt.Wait, "the tracker drops the decided approval", func() bool {
+		_, _, ok := approver.Latest(a, id)
+		return !ok
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]int{id + " pending": 1, id + " approved": 1}
+	if !maps.Equal(decoded, want) {
+		t.Fatalf("decodes by revision: %v, want %v (each revision decoded once, by the tracker)", decoded, want)
 	}
 }
