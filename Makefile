@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TEST_TIMEOUT ?= 9m
 
-.PHONY: run build build-all test test-go test-long test-deps screenshots test-helm test-clients vet unit e2e fuzz bench bench-cluster bench-layout bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
+.PHONY: run build build-all test test-go test-long test-deps screenshots test-helm test-clients lint vet check unit e2e fuzz bench bench-cluster bench-layout bench-footprint bench-profile microbench soak soak-retention clean chaos cluster cluster-test
 
 ## run: start the all-in-one dev process (embedded nats-server with JetStream in ./.tollgate, all four stages)
 run: build
@@ -26,15 +26,27 @@ COMPONENTS := ingest executor approver redriver planner gateway slack discord
 build-all: build
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(COMPONENTS))
 
-## test: four phases side by side (make -j$(TEST_JOBS) -k): vet (go vet + staticcheck), test-go (every Go test under
-## -race: unit, integration on an embedded server, end-to-end with real processes), test-helm and test-clients.
-## Each phase's output is printed as one block when it ends (-Otarget), its commands first, so a failure reads
-## as that phase's, and make names the phase that failed; every phase runs to its end, and make test fails if
-## any did. The binaries are built once (make build-all) and the tests that run them (e2e, chaos, bench, deploy,
-## Slack, Discord, cmd, docs) take them from TOLLGATE_TEST_BIN; without it each builds its own
+## test: two phases side by side (make -j$(TEST_JOBS) -k): test-go (every Go test of the module under -race and
+## -short: unit, integration on an embedded server, end-to-end with real processes) and test-clients. Each phase's
+## output is printed as one block when it ends (-Otarget), its commands first, so a failure reads as that phase's,
+## and make names the phase that failed; both run to their end, and make test fails if either did. The binaries are
+## built once (make build-all) and the tests that run them (e2e, chaos, bench, deploy, Slack, Discord, cmd, docs)
+## take them from TOLLGATE_TEST_BIN; without it each builds its own.
+## What make test leaves out is make check (each its own target too; .ci/run runs make test, then make check):
+## test-long (the long tests), test-helm (the Helm chart's module) and lint (go vet, staticcheck). Measured 2026-12-04 on 2 cores from an
+## empty build cache (a fresh CI machine): build-all 206 s of wall time (389 CPU-s), the vet phase 289 s
+## (557 CPU-s: go vet and staticcheck compile and analyse every dependency, the Helm chart's Kubernetes ones too),
+## test-helm 251 s (486 CPU-s: Helm and Kubernetes compiled under -race for a render test); with them make test
+## took about 11 minutes on a fresh machine and 9 to 11 after a change to a package most others import.
 TEST_JOBS ?= 4
 test:
-	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -Otarget vet test-go test-helm test-clients
+	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -Otarget test-go test-clients
+
+## check: what make test leaves out: the long tests, the Helm chart's test and lint, one after another, each to
+## its end (-k); .ci/run runs it after make test
+CHECK_TARGETS := test-long test-helm lint
+check:
+	@$(MAKE) --no-print-directory -k $(CHECK_TARGETS)
 
 ## test-go: only the Go tests of the module under -race and -short, TEST_P test binaries at a time; GOTESTFLAGS
 ## adds flags (-v, -json, -run). -short leaves out the long tests: the short chaos runs, the benchmark's smoke
@@ -42,10 +54,10 @@ test:
 ## both). TEST_P is 4, twice go's default on 2 cores, because the tests wait far more than they compute.
 ## Measured 2026-12-04 with -short (go test -exec /usr/bin/time): go test alone 302 s of wall time, 468 CPU-s, of
 ## which the 57 race test binaries ran 324 CPU-s (web 49, gateway 32, pipelinetest 31, redriver 17, planner 15,
-## executor 14, then 51 packages under 14) and linking them about 144; without -short 346 s and 544 CPU-s. The
-## whole make test right after a change to schemas (every package compiled, vetted and linked again, the
-## binaries too): 535 s, 949 CPU-s; after one to policy and the executor, 638 s, 1,144 CPU-s: over the 6
-## minutes it should take, by the rebuilds a change costs. Waits
+## executor 14, then 51 packages under 14) and linking them about 144; without -short 346 s and 544 CPU-s.
+## make test (this and test-clients) with nothing changed since its last run: 316 s, 491 CPU-s; right after a
+## change to the approver (it and every test package importing internal/pipelinetest compiled and linked
+## again): 465 s, 798 CPU-s; from an empty build cache, build-all 206 s then test-go 469 s (793 CPU-s). Waits
 ## are deadlines scaled by TOLLGATE_TEST_TIMEOUT_SCALE (2 in .ci/run), so a loaded machine lengthens a failing
 ## wait, never a passing test.
 TEST_P ?= 4
@@ -66,7 +78,6 @@ test-long: test-deps build-all
 test-helm: build
 	cd deploy/helm && TOLLGATE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-## vet: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it)
 ## test-deps: the npm packages that tests run as real third-party programs (the Node tool service example, the MCP
 ## filesystem server), installed once from their lock files; without npm those tests skip, and fail under CI=true
 NPM_DIRS := examples/toolservice-node tools/mcptool/testdata/npm transport/gateway/testdata/npm transport/web/testdata/npm clients/typescript examples/agent-openai
@@ -98,7 +109,9 @@ test-clients: test-deps build
 	elif [ "$$CI" = true ]; then echo "node not found: the TypeScript client's tests must run in CI" >&2; exit 1; \
 	else echo "node not found: the TypeScript client's tests skip (and fail under CI=true)"; fi
 
-vet:
+## lint: go vet, then staticcheck (pinned by the tool directive in go.mod: `go tool` builds it once and caches it),
+## over the module and the Helm chart's module; vet is its old name
+lint vet:
 	$(GO) vet $(PKGS)
 	cd deploy/helm && $(GO) vet ./... && $(GO) tool staticcheck ./...
 	$(GO) tool staticcheck $(PKGS)

@@ -67,3 +67,36 @@ func TestEveryLongTestIsInTestLong(t *testing.T) {
 		}
 	}
 }
+
+// TestCIRunsWhatMakeTestLeavesOut: make test runs some test phases and
+// make check the rest (the long tests, the Helm chart's, lint); .ci/run
+// must run both, and every phase must be in one of them, or CI would not
+// run it.
+func TestCIRunsWhatMakeTestLeavesOut(t *testing.T) {
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := os.ReadFile(".ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"make test", "make check"} {
+		if !regexp.MustCompile(`(?m)^` + cmd + `$`).Match(ci) {
+			t.Errorf(".ci/run does not run %q on a line of its own", cmd)
+		}
+	}
+	test := regexp.MustCompile(`(?m)^test:\n\t@\$\(MAKE\) .*-Otarget (.*)$`).FindSubmatch(mk)
+	check := regexp.MustCompile(`(?m)^CHECK_TARGETS\s*:=\s*(.*)$`).FindSubmatch(mk)
+	if test == nil || check == nil {
+		t.Fatal("Makefile: no test recipe or no CHECK_TARGETS")
+	}
+	run := append(strings.Fields(string(test[1])), strings.Fields(string(check[1]))...)
+	for _, phase := range []string{"test-go", "test-clients", "test-long", "test-helm", "lint"} {
+		if n := slices.Index(run, phase); n < 0 {
+			t.Errorf("make test and make check leave out %s: CI would not run it", phase)
+		} else if slices.Contains(run[n+1:], phase) {
+			t.Errorf("make test and make check both run %s", phase)
+		}
+	}
+}
