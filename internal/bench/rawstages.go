@@ -110,10 +110,10 @@ type rawStageConfig struct {
 
 // rawStageConfigs are Tollgate's stages' consumers today.
 var rawStageConfigs = map[string]rawStageConfig{
-	"ingest":   {[]rawSource{{topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}}}, 4},
-	"executor": {[]rawSource{{topology.StreamTurns, []string{topology.OrderFilter(topology.OrderExec), topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, 16},
-	"approver": {[]rawSource{{topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}}}, 8},
-	"redriver": {[]rawSource{{topology.StreamApprovals, []string{topology.ApprovalRevisions}}, {topology.StreamEvents, []string{topology.SubjectBatchAwaiting + "*"}}}, 16},
+	"ingest":   {[]rawSource{{topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}}}, 16},
+	"executor": {[]rawSource{{topology.StreamTurns, []string{topology.OrderFilter(topology.OrderExec), topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, 64},
+	"approver": {[]rawSource{{topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}}}, 32},
+	"redriver": {[]rawSource{{topology.StreamApprovals, []string{topology.ApprovalRevisions}}, {topology.StreamEvents, []string{topology.SubjectBatchAwaiting + "*"}}}, 64},
 }
 
 // rawGroup is the operations a stage performs for a message whose subject

@@ -57,7 +57,7 @@ type Config struct {
 	Logger      *slog.Logger
 	Metrics     *runner.Metrics
 	Registerer  prometheus.Registerer // may be nil
-	Concurrency int                   // default 8
+	Concurrency int                   // default 32 (see executor.Config.Concurrency)
 	Now         func() time.Time      // default time.Now
 	// TracerProvider traces each message the stage handles
 	// (runner.Config.TracerProvider); nil is otel's global provider.
@@ -89,7 +89,7 @@ func New(cfg Config) (*Approver, error) {
 		return nil, err
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 8
+		cfg.Concurrency = 32
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -59,10 +59,17 @@ type Config struct {
 	Logger     *slog.Logger
 	Metrics    *runner.Metrics
 	Registerer prometheus.Registerer // may be nil
-	// Concurrency is how many sessions are worked on at once (default 16:
-	// a turn's time is mostly spent waiting on the broker and on tools, so
-	// more workers than cores pay; on 2 cores `make bench` measured 20-25%
-	// more turns/s with 16 than with 8, for the raw reference too).
+	// Concurrency is how many sessions are worked on at once, and so how
+	// many tool calls run at once at most (default 64). A turn's time is
+	// mostly spent waiting on the broker and on tools, so more workers
+	// than cores pay: a stage whose workers all wait on acknowledgements
+	// caps the turns/s at workers / (its time per turn), whatever the
+	// broker could take. On 2 cores, `make bench` measured 20-25% more
+	// turns/s with 16 than with 8, and (session 34, docs/bench.md) with
+	// 64 here and in the redriver, 32 in the approver and 16 in ingest
+	// (from 16, 16, 8 and 4) 7-55% more at the default flush and 5-23% more
+	// at sync_interval: always with 200 turns in flight, for the raw
+	// reference too; the other stages' defaults follow this one.
 	Concurrency int
 	// TracerProvider traces each message the stage handles
 	// (runner.Config.TracerProvider); nil is otel's global provider.
@@ -123,7 +130,7 @@ func New(cfg Config) (*Executor, error) {
 		return nil, err
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 16
+		cfg.Concurrency = 64
 	}
 	if cfg.OrderWait <= 0 {
 		cfg.OrderWait = DefaultOrderWait

@@ -55,7 +55,7 @@ type Config struct {
 	Logger      *slog.Logger
 	Metrics     *runner.Metrics
 	Instance    string // recorded in provenance, e.g. "ingest@host"
-	Concurrency int    // default 4
+	Concurrency int    // default 16 (see executor.Config.Concurrency)
 	// Plan routes turns with text and no calls to the planner
 	// (topology.PlanSubject) instead of the executor; a turn with calls
 	// always goes to the executor. With Plan, ingest also takes the
@@ -98,7 +98,7 @@ func New(cfg Config) (*Ingest, error) {
 		return nil, err
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 4
+		cfg.Concurrency = 16
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -60,7 +60,7 @@ type Config struct {
 	Logger      *slog.Logger
 	Metrics     *runner.Metrics
 	Registerer  prometheus.Registerer // may be nil
-	Concurrency int                   // default 16 (see executor.Config.Concurrency)
+	Concurrency int                   // default 64 (see executor.Config.Concurrency)
 	// TracerProvider traces each event the stage handles
 	// (runner.Config.TracerProvider); nil is otel's global provider.
 	TracerProvider trace.TracerProvider
@@ -100,7 +100,7 @@ func New(cfg Config) (*Redriver, error) {
 		return nil, err
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 16
+		cfg.Concurrency = 64
 	}
 	if cfg.SweepInterval == 0 {
 		cfg.SweepInterval = DefaultSweepInterval
