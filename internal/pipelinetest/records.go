@@ -500,8 +500,15 @@ func (h *H) EndInLog(o *schemas.TurnOutcome) {
 // has set something up), until the test ends.
 func (h *H) RunApprover() {
 	h.T.Helper()
+	h.RunApproverOn(h.Store)
+}
+
+// RunApproverOn is RunApprover on st instead of h's store (a copy of it
+// whose buckets a test instruments, say), and returns the approver.
+func (h *H) RunApproverOn(st *store.Store) *approver.Approver {
+	h.T.Helper()
 	a, err := approver.New(approver.Config{
-		JS: h.JS, Store: h.Store, Policy: h.Policy, Keys: h.Keys,
+		JS: h.JS, Store: st, Policy: h.Policy, Keys: h.Keys,
 		Logger: Logger(), Metrics: runner.NewMetrics(nil),
 	})
 	if err != nil {
@@ -516,4 +523,5 @@ func (h *H) RunApprover() {
 			h.T.Errorf("pipelinetest: approver: %v", err)
 		}
 	})
+	return a
 }

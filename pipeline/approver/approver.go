@@ -303,7 +303,7 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		watched := false
 		if schemas.ValidKey(d.ApprovalID) { // otherwise there is no such record
 			if !fresh {
-				rec, rev, watched = a.watchedRevision(d.ApprovalID)
+				rec, rev, watched = a.pending.Latest(d.ApprovalID)
 			}
 			if !watched {
 				var err error
@@ -367,13 +367,6 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 		}
 		return res, nil
 	}
-}
-
-// watchedRevision is approval id as the pending tracker last saw it
-// (apply), when it keeps it: the record the tracker decoded when its
-// watch delivered it, not decoded again.
-func (a *Approver) watchedRevision(id string) (*schemas.ApprovalRecord, uint64, bool) {
-	return a.pending.Latest(id)
 }
 
 // makeGrant makes the standing grant of rec's decision, when rec was

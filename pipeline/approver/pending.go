@@ -239,7 +239,6 @@ func (p *PendingTracker) fire(ctx context.Context) {
 
 func (p *PendingTracker) apply(e jetstream.KeyValueEntry) {
 	key := e.Key()
-	var expires time.Time
 	var pending *schemas.ApprovalRecord
 	if e.Operation() == jetstream.KeyValuePut {
 		rec, err := p.decode(e.Value())
@@ -247,12 +246,12 @@ func (p *PendingTracker) apply(e jetstream.KeyValueEntry) {
 		case err != nil:
 			p.log.Warn("pending tracker: undecodable approval record", "key", key, "err", err)
 		case rec.Status == schemas.ApprovalPending:
-			pending, expires = rec, rec.ExpiresAt
+			pending = rec
 		}
 	}
-	isPending := pending != nil
 	p.keep(key, pending, e.Revision())
-	if isPending {
+	if pending != nil {
+		expires := pending.ExpiresAt
 		if old, ok := p.pending[key]; !ok || !old.Equal(expires) {
 			p.pending[key] = expires
 			if !expires.IsZero() {

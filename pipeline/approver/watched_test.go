@@ -1,8 +1,6 @@
 package approver_test
 
 import (
-	"context"
-	"errors"
 	"maps"
 	"sync"
 	"testing"
@@ -11,7 +9,6 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
-	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -130,19 +127,7 @@ func TestEachWatchedRevisionIsDecodedOnce(t *testing.T) {
 		}
 		return rec, err
 	}
-	a, err := approver.New(approver.Config{JS: h.JS, Store: &st, Policy: h.Policy, Keys: h.Keys, Logger: pt.Logger(), Metrics: runner.NewMetrics(nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("approver: %v", err)
-		}
-	})
+	a := h.RunApproverOn(&st)
 
 	turn, id := pendingWrite(h, "decoded-once", "once.txt")
 	jstest.Eventually(t, pt.Wait, "the tracker holds the pending approval", func() bool {

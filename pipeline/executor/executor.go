@@ -64,12 +64,7 @@ type Config struct {
 	// mostly spent waiting on the broker and on tools, so more workers
 	// than cores pay: a stage whose workers all wait on acknowledgements
 	// caps the turns/s at workers / (its time per turn), whatever the
-	// broker could take. On 2 cores, `make bench` measured 20-25% more
-	// turns/s with 16 than with 8, and (session 34, docs/bench.md) with
-	// 64 here and in the redriver, 32 in the approver and 16 in ingest
-	// (from 16, 16, 8 and 4) 7-55% more at the default flush and 5-23% more
-	// at sync_interval: always with 200 turns in flight, for the raw
-	// reference too; the other stages' defaults follow this one.
+	// broker could take (docs/bench.md, "Workers per stage").
 	Concurrency int
 	// TracerProvider traces each message the stage handles
 	// (runner.Config.TracerProvider); nil is otel's global provider.
