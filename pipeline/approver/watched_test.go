@@ -154,3 +154,42 @@ func TestEachWatchedRevisionIsDecodedOnce(t *testing.T) {
 		t.Fatalf("decodes by revision: %v, want %v (each revision decoded once, by the tracker)", decoded, want)
 	}
 }
+
+// Two decisions on one watched approval at once are each made on the
+// tracker's record (shared between them, read-only) and one of them
+// decides: the other's compare-and-set fails, it is decided again on a
+// fresh read and rejected APPROVAL_ALREADY_DECIDED. Under -race, a write
+// to the shared record by either would be reported.
+func TestTwoDecisionsOnAWatchedApprovalAtOnce(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: testPolicy})
+	turn, id := pendingWrite(h, "at-once", "at-once.txt")
+	watchedRevision(h, id)
+	approve := h.Decision(id, schemas.OptionApprove, "cli", "alice")
+	deny := h.Decision(id, schemas.OptionDeny, "cli", "bob")
+	var wg sync.WaitGroup
+	for _, d := range []*schemas.Decision{approve, deny} {
+		wg.Go(func() {
+			ctx, cancel := h.Ctx()
+			defer cancel()
+			if err := h.Approver.Apply(ctx, d); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	a := h.Approval(id)
+	if a == nil || a.Decision == nil {
+		t.Fatalf("approval after both decisions: %+v, want decided", a)
+	}
+	winner, loser := approve, deny
+	if a.Status == schemas.ApprovalDenied {
+		winner, loser = deny, approve
+	}
+	if a.Decision.DecisionID != winner.DecisionID {
+		t.Fatalf("approval %s decided by %s, want %s", a.Status, a.Decision.DecisionID, winner.DecisionID)
+	}
+	if r := h.WaitRejection(loser); r.Code != schemas.CodeApprovalAlreadyDecided {
+		t.Fatalf("the losing decision: %+v, want rejected %s", r, schemas.CodeApprovalAlreadyDecided)
+	}
+	h.WaitTerminal(turn)
+}
