@@ -380,7 +380,7 @@ func connectedEnv(t *testing.T, st storage, name string) (*env, jetstream.JetStr
 func TestClosedLoopWindowWaitsForMinTurns(t *testing.T) {
 	slow := func(ctx context.Context, _ string) (turnTimes, error) {
 		time.Sleep(300 * time.Millisecond)
-		return turnTimes{done: time.Now()}, nil
+		return turnTimes{done: now()}, nil
 	}
 	if res := closedLoop(context.Background(), "fixed", 1, 1, 0, 0, 50*time.Millisecond, nil, slow); res.Completed != 0 || res.Window != 50*time.Millisecond {
 		t.Fatalf("fixed window: %d turns in %v, want 0 in 50ms", res.Completed, res.Window)

@@ -544,11 +544,47 @@ var errTurnTimeout = errors.New("no outcome within the turn timeout")
 // turnTimes are the moments of one closed-loop turn, as its transport saw
 // them: sent, its approval seen requested (pending), the decision sent,
 // its outcome seen. Zero where the path has no such moment.
+//
+// They are instants, not time.Time values: the closed loops keep every
+// turn's times until the report is written, and the all-in-one stages
+// and the embedded server share this process's heap. A time.Time holds a
+// pointer (its location), so a slice of them is memory every garbage
+// collection scans. Kept as time.Time, the throughput phase's turns made
+// each collection of the open loop after it mark for about 1.6x the CPU,
+// and the open loop's latency stalls are those collections (docs/bench.md,
+// "The open loop's stalls are garbage collections").
 type turnTimes struct {
-	sent, pending, decided, done time.Time
+	sent, pending, decided, done instant
 	// Planner path: see turn.
-	planned, scheduled, stepDone time.Time
+	planned, scheduled, stepDone instant
 }
+
+// instant is a moment as nanoseconds of the monotonic clock since the
+// package's epoch; 0 is "not seen". It holds no pointer.
+type instant int64
+
+// epoch is what instants count from.
+var epoch = time.Now()
+
+// at is t as an instant (0 for the zero time).
+func at(t time.Time) instant {
+	if t.IsZero() {
+		return 0
+	}
+	return instant(max(t.Sub(epoch), 1))
+}
+
+// now is the current instant.
+func now() instant { return at(time.Now()) }
+
+// IsZero reports whether i is "not seen".
+func (i instant) IsZero() bool { return i == 0 }
+
+// Sub is the duration i - j.
+func (i instant) Sub(j instant) time.Duration { return time.Duration(i - j) }
+
+// Before reports whether i is before j.
+func (i instant) Before(j instant) bool { return i < j }
 
 // loopResult is what a closed-loop run measured.
 type loopResult struct {
@@ -628,7 +664,7 @@ func closedLoop(ctx context.Context, run string, conc, sessionsPerSlot, minTurns
 					res.Timeouts++
 				default:
 					res.Sent++
-					if !tt.done.Before(from) && tt.done.Before(to) {
+					if !tt.done.Before(at(from)) && tt.done.Before(at(to)) {
 						res.Completed++
 						res.Turns = append(res.Turns, tt)
 						if res.Completed == minTurns {
@@ -681,7 +717,7 @@ func (d *driver) turn(ctx context.Context, session string) (turnTimes, error) {
 	select {
 	case <-t.done:
 		d.mu.Lock() // the planner path's moments are set under d.mu
-		tt := turnTimes{sent: t.sent, pending: t.requested, decided: t.decided, done: t.doneAt, planned: t.planned, scheduled: t.scheduled, stepDone: t.stepDone}
+		tt := turnTimes{sent: at(t.sent), pending: at(t.requested), decided: at(t.decided), done: at(t.doneAt), planned: at(t.planned), scheduled: at(t.scheduled), stepDone: at(t.stepDone)}
 		d.mu.Unlock()
 		return tt, nil
 	case <-time.After(turnTimeout):

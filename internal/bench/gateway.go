@@ -153,11 +153,11 @@ func (g *httpGateway) turn(ctx context.Context, run, session string) (turnTimes,
 func (g *httpGateway) turnOn(ctx context.Context, hc *httpConn, run string, n int64, req gateway.SubmitRequest) (turnTimes, error) {
 	var tt turnTimes
 	var sub submitAnswer
-	tt.sent = time.Now()
+	tt.sent = now()
 	if err := g.do(ctx, hc, "POST", "/v1/turns", run+"-m-"+strconv.FormatInt(n, 10), req, http.StatusAccepted, &sub); err != nil {
 		return tt, err
 	}
-	tt.pending = time.Now()
+	tt.pending = now()
 	i := gatewayPath.approvalIndex()
 	if len(sub.Calls) <= i || sub.Calls[i].Disposition != gateway.DispositionPending || sub.Calls[i].ApprovalID == "" {
 		return tt, fmt.Errorf("turn %s submitted in state %s without its call %d pending: %+v", sub.TurnID, sub.State, i, sub.Calls)
@@ -166,7 +166,7 @@ func (g *httpGateway) turnOn(ctx context.Context, hc *httpConn, run string, n in
 	var dec struct {
 		Status string `json:"status"`
 	}
-	tt.decided = time.Now()
+	tt.decided = now()
 	if err := g.do(ctx, hc, "POST", "/v1/approvals/"+c.ApprovalID+"/decisions", "",
 		gateway.DecisionRequest{Option: schemas.OptionApprove, ArgsDigest: c.ArgsDigest, Decider: gateway.SenderIn{ID: "alice"}}, http.StatusOK, &dec); err != nil {
 		return tt, err
@@ -183,7 +183,7 @@ func (g *httpGateway) turnOn(ctx context.Context, hc *httpConn, run string, n in
 	if !v.Terminal {
 		return tt, errTurnTimeout
 	}
-	tt.done = time.Now()
+	tt.done = now()
 	return tt, nil
 }
 

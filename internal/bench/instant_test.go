@@ -1,0 +1,55 @@
+package bench
+
+import (
+	"reflect"
+	"testing"
+	"time"
+)
+
+// The turn times the closed loops keep until the report is written hold no
+// pointer, so that the garbage collector of the process they share with
+// the stages and the server never scans them (turnTimes' doc).
+func TestKeptTurnTimesHoldNoPointer(t *testing.T) {
+	var walk func(reflect.Type) string
+	walk = func(ty reflect.Type) string {
+		switch ty.Kind() {
+		case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+			return ""
+		case reflect.Array:
+			return walk(ty.Elem())
+		case reflect.Struct:
+			for i := range ty.NumField() {
+				if bad := walk(ty.Field(i).Type); bad != "" {
+					return ty.Field(i).Name + ": " + bad
+				}
+			}
+			return ""
+		}
+		return ty.String()
+	}
+	if bad := walk(reflect.TypeFor[turnTimes]()); bad != "" {
+		t.Fatalf("turnTimes holds a pointer (%s)", bad)
+	}
+}
+
+func TestInstantsKeepTheClocksOrderAndDistances(t *testing.T) {
+	if !at(time.Time{}).IsZero() {
+		t.Fatal("the zero time is not the zero instant")
+	}
+	t0 := time.Now()
+	t1 := t0.Add(1500 * time.Microsecond)
+	a, b := at(t0), at(t1)
+	if a.IsZero() || b.IsZero() {
+		t.Fatalf("a seen moment is the zero instant: %d, %d", a, b)
+	}
+	if got := b.Sub(a); got != 1500*time.Microsecond {
+		t.Fatalf("b - a = %v, want 1.5ms", got)
+	}
+	if !a.Before(b) || b.Before(a) || a.Before(a) {
+		t.Fatalf("order of %d and %d is wrong", a, b)
+	}
+	if n := now(); n.Before(b) && time.Now().After(t1) {
+		t.Fatalf("now (%d) is before a moment already past (%d)", n, b)
+	}
+}
