@@ -76,7 +76,7 @@ func (b *bencher) approvals(ctx context.Context, r *Report) {
 }
 
 func (b *bencher) approvalsRun(ctx context.Context) (*ApprovalLists, error) {
-	e, err := startEnv(b.cfg.WorkDir, single)
+	e, err := b.startEnv(single)
 	if err != nil {
 		return nil, err
 	}

@@ -57,7 +57,7 @@ func smokeConfig(t *testing.T, phases ...string) Config {
 	c := Config{
 		Runs: 1, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, MinTurns: 1, Concurrency: 4,
 		ConsumeMsgs: 500, LowRate: 20, LatencyDuration: 200 * time.Millisecond, Pending: 20,
-		Phases: map[string]bool{}, LogLevel: "info", WorkDir: t.TempDir(), Logf: t.Logf,
+		Phases: map[string]bool{}, LogLevel: "info", WorkDir: t.TempDir(), ToolDir: t.TempDir(), Logf: t.Logf,
 		BinDir: os.Getenv("BENCH_BIN"), // prebuilt binaries (tollgate runs the stages), or built into WorkDir
 	}
 	if c.BinDir == "" {

@@ -72,6 +72,20 @@ type Config struct {
 	Layouts          []string
 	LayoutPartitions []int
 
+	// ToolDir is where the tools' sandboxes go (write_file's files, the
+	// bench tool service's): a directory of its own below it per server
+	// started. The bench measures orchestration, as the peers' benchmarks
+	// do (their tool is a digest of its arguments, and writes nothing), and
+	// a deployment keeps its JetStream store on a volume of its own. Put
+	// beside the store, a tool's file writes join the store's disk
+	// flushes: with sync_interval: always each fsync's journal commit
+	// waits on the tool's data (ext4's ordered mode), and measured with
+	// the approval turn at 200 in flight that cost 0.6-0.7 CPU ms and
+	// 15-25 % of the turns per second (docs/bench.md, "The tool's files
+	// off the store's disk"). The default is a memory file system
+	// (defaultToolDir); ToolDirStore keeps them beside the store.
+	ToolDir string
+
 	BinDir   string // the tollgate binary, which runs each stage; empty: built into WorkDir
 	OutDir   string // report files; empty: none
 	WorkDir  string // servers' stores, logs, binaries; must exist
@@ -80,6 +94,19 @@ type Config struct {
 	// all-in-one runs when the profile phase is on.
 	ProfileDir string
 	Logf       func(format string, args ...any)
+}
+
+// ToolDirStore is the ToolDir that keeps the tools' sandboxes beside the
+// store, in the server's own directory.
+const ToolDirStore = "store"
+
+// defaultToolDir is /dev/shm, a memory file system on Linux, where it is
+// a directory; else ToolDirStore.
+func defaultToolDir() string {
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		return "/dev/shm"
+	}
+	return ToolDirStore
 }
 
 // AllPhases is every phase but profile.
@@ -92,6 +119,7 @@ func Defaults() Config {
 		ConsumeMsgs: 50000, LowRate: 50, LatencyDuration: 8 * time.Second, Pending: 10000,
 		Phases: map[string]bool{}, LogLevel: "info",
 		Layouts: []string{"today", "records", "events"}, LayoutPartitions: []int{1, 4},
+		ToolDir: defaultToolDir(),
 	}
 	for _, p := range AllPhases {
 		c.Phases[p] = true
@@ -103,7 +131,7 @@ func Defaults() Config {
 // DURATION, WARMUP, CONCURRENCY, CONSUME_MSGS, LOW_RATE, LAT_DURATION,
 // PENDING, PHASES (comma-separated), BIN, OUT, LOG_LEVEL, PROFILE (a
 // directory; adds the profile phase), LAYOUTS and LAYOUT_PARTITIONS
-// (comma-separated).
+// (comma-separated), TOOL_DIR (a directory, or "store").
 func (c Config) FromEnv() (Config, error) {
 	var err error
 	get := func(name string) (string, bool) {
@@ -169,6 +197,9 @@ func (c Config) FromEnv() (Config, error) {
 	if s, ok := get("OUT"); ok {
 		c.OutDir = s
 	}
+	if s, ok := get("TOOL_DIR"); ok {
+		c.ToolDir = s
+	}
 	if s, ok := get("LOG_LEVEL"); ok {
 		c.LogLevel = s
 	}
@@ -188,6 +219,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: durations and the low rate must be positive")
 	case c.WorkDir == "":
 		return fmt.Errorf("bench: WorkDir is required")
+	case c.ToolDir == "":
+		return fmt.Errorf("bench: ToolDir is required (a directory, or %q)", ToolDirStore)
 	case c.Phases["profile"] && c.ProfileDir == "":
 		return fmt.Errorf("bench: the profile phase needs a ProfileDir")
 	}
@@ -219,6 +252,6 @@ func (c Config) Params() string {
 	if c.Phases[phaseLayout] {
 		layouts = fmt.Sprintf(" layouts=%s partitions=%s", strings.Join(c.Layouts, ","), strings.Trim(strings.Join(strings.Fields(fmt.Sprint(c.LayoutPartitions)), ","), "[]"))
 	}
-	return fmt.Sprintf("runs=%d duration=%v warmup=%v concurrency=%d consume_msgs=%d low_rate=%g/s lat_duration=%v pending=%d log_level=%s phases=%s%s",
-		c.Runs, c.Duration, c.Warmup, c.Concurrency, c.ConsumeMsgs, c.LowRate, c.LatencyDuration, c.Pending, c.LogLevel, strings.Join(ph, ","), layouts)
+	return fmt.Sprintf("runs=%d duration=%v warmup=%v concurrency=%d consume_msgs=%d low_rate=%g/s lat_duration=%v pending=%d log_level=%s tool_dir=%s phases=%s%s",
+		c.Runs, c.Duration, c.Warmup, c.Concurrency, c.ConsumeMsgs, c.LowRate, c.LatencyDuration, c.Pending, c.LogLevel, c.ToolDir, strings.Join(ph, ","), layouts)
 }

@@ -72,6 +72,31 @@ type env struct {
 	dir   string
 	url   string // every node's client URL, comma-separated
 	st    storage
+	// tools holds the tools' sandboxes (sandbox); empty: dir.
+	tools string
+}
+
+// sandbox is the directory of the sandbox called name (write_file's files).
+func (e *env) sandbox(name string) string {
+	if e.tools != "" {
+		return filepath.Join(e.tools, name)
+	}
+	return filepath.Join(e.dir, name)
+}
+
+// startEnv is startEnv in b's work directory, with the tools' sandboxes in
+// a directory of their own below b's ToolDir (Config.ToolDir's doc says
+// why) unless ToolDir is "store".
+func (b *bencher) startEnv(st storage) (*env, error) {
+	e, err := startEnv(b.cfg.WorkDir, st)
+	if err != nil || b.cfg.ToolDir == ToolDirStore {
+		return e, err
+	}
+	if e.tools, err = os.MkdirTemp(b.cfg.ToolDir, "tollgate-bench-tools-*"); err != nil {
+		e.close()
+		return nil, fmt.Errorf("bench: a tools directory in %s: %w", b.cfg.ToolDir, err)
+	}
+	return e, nil
 }
 
 // startEnv starts a server, or st.Nodes servers as a cluster, in a new
@@ -230,6 +255,9 @@ func (e *env) close() {
 		ns.WaitForShutdown()
 	}
 	os.RemoveAll(e.dir)
+	if e.tools != "" {
+		os.RemoveAll(e.tools)
+	}
 }
 
 // asyncWindow bounds the unacknowledged async publishes of the driver and
@@ -260,7 +288,7 @@ type stageRun struct {
 // startAllInOne starts the stages on e; with plan set, the planner stage
 // too (as `tollgate dev --llm-url`).
 func startAllInOne(e *env, keys *seal.KeyRing, logLevel string, plan *planner.Options) (*allInOne, error) {
-	ts, err := stagecmd.Tools(filepath.Join(e.dir, "sandbox"))
+	ts, err := stagecmd.Tools(e.sandbox("sandbox"))
 	if err != nil {
 		return nil, err
 	}

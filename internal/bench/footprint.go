@@ -47,7 +47,7 @@ type footprint struct {
 // the redriver and times until every batch has its outcome.
 func (b *bencher) footprintRun() (footprint, error) {
 	fp := footprint{Pending: b.cfg.Pending, RSSIdle: map[string]int64{}, RSSPending: map[string]int64{}, RSSPeak: map[string]int64{}}
-	e, err := startEnv(b.cfg.WorkDir, single)
+	e, err := b.startEnv(single)
 	if err != nil {
 		return fp, err
 	}

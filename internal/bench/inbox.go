@@ -67,7 +67,7 @@ func (b *bencher) inbox(ctx context.Context, r *Report) {
 }
 
 func (b *bencher) inboxRun(ctx context.Context) (*Inbox, error) {
-	e, err := startEnv(b.cfg.WorkDir, single)
+	e, err := b.startEnv(single)
 	if err != nil {
 		return nil, err
 	}

@@ -88,7 +88,7 @@ type sample struct {
 // envConn starts a fresh server with a client connection on it; done
 // closes both.
 func (b *bencher) envConn(st storage, name string) (*env, jetstream.JetStream, func(), error) {
-	e, err := startEnv(b.cfg.WorkDir, st)
+	e, err := b.startEnv(st)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -252,7 +252,7 @@ func (b *bencher) rawTurn(p path, st storage) (sample, error) {
 // of its own (this program's executable, see MaybeRunRawStage): the
 // reference for Tollgate's stages as separate processes.
 func (b *bencher) rawTurnProcs(p path, st storage) (sample, error) {
-	e, err := startEnv(b.cfg.WorkDir, st)
+	e, err := b.startEnv(st)
 	if err != nil {
 		return sample{}, err
 	}
@@ -465,7 +465,7 @@ func (b *bencher) startTollgate(e *env, mode string, p path) (a *allInOne, pids 
 // (all-in-one only), it writes CPU and allocation profiles of the window
 // into the profile directory.
 func (b *bencher) tollgate(mode string, p path, st storage, profile bool) (sample, error) {
-	e, err := startEnv(b.cfg.WorkDir, st)
+	e, err := b.startEnv(st)
 	if err != nil {
 		return sample{}, err
 	}
@@ -567,7 +567,7 @@ type latSample struct {
 // returns the latencies of the turns sent after the warm-up; every turn
 // outcome of the run must be a completed turn with every call ok.
 func (b *bencher) latency(mode string, p path, rate float64) (latSample, error) {
-	e, err := startEnv(b.cfg.WorkDir, single)
+	e, err := b.startEnv(single)
 	if err != nil {
 		return latSample{}, err
 	}

@@ -71,7 +71,7 @@ func startProcs(e *env, binDir, logLevel string) (*procSet, error) {
 			"TOLLGATE_NATS_URL="+e.url,
 			"TOLLGATE_REPLICAS="+strconv.Itoa(max(e.st.Nodes, 1)),
 			"TOLLGATE_SEAL_KEY_FILE="+keyFile,
-			"TOLLGATE_SANDBOX="+filepath.Join(e.dir, "sandbox"),
+			"TOLLGATE_SANDBOX="+e.sandbox("sandbox"),
 			"TOLLGATE_METRICS_ADDR=",
 			"TOLLGATE_LOG_LEVEL="+logLevel,
 		)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -39,7 +38,7 @@ type toolService struct {
 // startToolService starts the bench tool service on e. Tollgate finds it
 // by discovery (natstool), as any tool service.
 func startToolService(e *env) (*toolService, error) {
-	dir := filepath.Join(e.dir, "sandbox-tool-service")
+	dir := e.sandbox("sandbox-tool-service")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, err
 	}

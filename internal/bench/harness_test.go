@@ -1,7 +1,12 @@
 package bench
 
 import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -51,5 +56,57 @@ func TestInstantsKeepTheClocksOrderAndDistances(t *testing.T) {
 	}
 	if n := now(); n.Before(b) && time.Now().After(t1) {
 		t.Fatalf("now (%d) is before a moment already past (%d)", n, b)
+	}
+}
+
+// The tools' sandboxes are in a directory of their own below ToolDir, gone
+// with the server; with ToolDirStore they are in the server's directory.
+func TestToolSandboxesAreBelowToolDir(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		toolDir func(t *testing.T) string
+	}{
+		{"in a directory of their own", func(t *testing.T) string { return t.TempDir() }},
+		{"beside the store", func(*testing.T) string { return ToolDirStore }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			toolDir := tc.toolDir(t)
+			b := &bencher{cfg: Config{WorkDir: t.TempDir(), ToolDir: toolDir}}
+			e, err := b.startEnv(single)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sb := e.sandbox("sandbox")
+			want := e.dir
+			if toolDir != ToolDirStore {
+				want = toolDir
+			}
+			if rel, err := filepath.Rel(want, sb); err != nil || strings.HasPrefix(rel, "..") {
+				t.Fatalf("sandbox %s is not below %s", sb, want)
+			}
+			if err := os.MkdirAll(sb, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			e.close()
+			if _, err := os.Stat(sb); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("sandbox %s left after the server closed: %v", sb, err)
+			}
+		})
+	}
+}
+
+func TestToolDirFromTheEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("BENCH_TOOL_DIR", dir)
+	c, err := Defaults().FromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ToolDir != dir || !strings.Contains(c.Params(), "tool_dir="+dir) {
+		t.Fatalf("ToolDir %q, params %q; want %s in both", c.ToolDir, c.Params(), dir)
+	}
+	c.WorkDir, c.ToolDir = t.TempDir(), ""
+	if err := c.validate(); err == nil {
+		t.Fatal("an empty ToolDir validated")
 	}
 }
