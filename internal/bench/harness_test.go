@@ -110,3 +110,30 @@ func TestToolDirFromTheEnvironment(t *testing.T) {
 		t.Fatal("an empty ToolDir validated")
 	}
 }
+
+func TestHalvesOfDecidedTurns(t *testing.T) {
+	ms := func(n float64) instant { return instant(n * float64(time.Millisecond)) }
+	turn := func(sent, pending, decided, done float64) turnTimes {
+		return turnTimes{sent: ms(sent), pending: ms(pending), decided: ms(decided), done: ms(done)}
+	}
+	for _, tc := range []struct {
+		name                 string
+		turns                []turnTimes
+		toPending, toOutcome float64
+	}{
+		{"no turns", nil, 0, 0},
+		{"decided turns: the medians of each half", []turnTimes{turn(1, 11, 12, 32), turn(1, 31, 31, 41), turn(1, 21, 22, 52)}, 20, 20},
+		{"a turn never requesting approval (the fast path)", []turnTimes{turn(1, 11, 12, 32), {sent: ms(1), done: ms(5)}}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, o := halves(tc.turns)
+			if p != tc.toPending || o != tc.toOutcome {
+				t.Fatalf("halves = %.2f, %.2f ms; want %.2f, %.2f", p, o, tc.toPending, tc.toOutcome)
+			}
+			f := Figure{Samples: []sample{{Rate: 1, ToPendingMs: p, DecisionToOutcome: o}}}
+			if got, want := strings.Contains(f.notes(), "ms to the approval request"), p > 0; got != want {
+				t.Fatalf("notes %q name the halves: %v, want %v", f.notes(), got, want)
+			}
+		})
+	}
+}

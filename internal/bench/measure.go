@@ -74,6 +74,14 @@ type sample struct {
 	// WritesPerTurn is the messages stored in every stream (stream
 	// publishes and KV writes) per completed turn, inside the window.
 	WritesPerTurn float64 `json:"writes_per_turn,omitempty"`
+	// Closed loop of a path with an approval: the median time from the
+	// inbound message's publish to its approval seen requested (ingest and
+	// the executor), and from the decision's publish to the outcome (the
+	// approver and the redriver), in milliseconds. Where a closed loop's
+	// turns wait (a queue in front of a stage, or of the disk) shows in
+	// which half grows.
+	ToPendingMs       float64 `json:"to_pending_p50_ms,omitempty"`
+	DecisionToOutcome float64 `json:"decision_to_outcome_p50_ms,omitempty"`
 	// Raw turn: compare-and-set conflicts between raw stages.
 	Conflicts int64 `json:"conflicts,omitempty"`
 	// All-in-one: messages the stages NAKed for a retry, and dead letters,
@@ -361,6 +369,7 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 	}
 	res := closedLoop(context.Background(), run, b.cfg.Concurrency, 4, b.cfg.MinTurns, b.cfg.Warmup, b.cfg.Duration, window, one)
 	s := sample{Rate: res.rate(), Count: res.Completed, Timeouts: res.Timeouts, Errors: pubErrs() + int64(res.Failed), turns: res.Turns}
+	s.ToPendingMs, s.DecisionToOutcome = halves(res.Turns)
 	if res.Err != nil {
 		return s, fmt.Errorf("%d turns failed, the first: %w", res.Failed, res.Err)
 	}
@@ -609,4 +618,24 @@ func (b *bencher) latency(mode string, p path, rate float64) (latSample, error) 
 	l := d.latencySamples()
 	return latSample{Rate: rate, Achieved: res.Achieved, Sent: res.Sent, Timeouts: res.Timeouts,
 		Outcome: l.outcome, Decision: l.decision, Finished: l.finished, Call: l.call, RoundTrips: rts}, nil
+}
+
+// halves are the medians of turns' two halves around their decision, in
+// milliseconds (sample.ToPendingMs, sample.DecisionToOutcome): 0, 0
+// unless every turn was seen requesting approval and decided.
+func halves(turns []turnTimes) (toPending, decisionToOutcome float64) {
+	var a, b []float64
+	for _, t := range turns {
+		if t.pending.IsZero() || t.decided.IsZero() {
+			return 0, 0
+		}
+		a = append(a, float64(t.pending.Sub(t.sent))/float64(time.Millisecond))
+		b = append(b, float64(t.done.Sub(t.decided))/float64(time.Millisecond))
+	}
+	if len(a) == 0 {
+		return 0, 0
+	}
+	toPending, _, _ = median(a)
+	decisionToOutcome, _, _ = median(b)
+	return toPending, decisionToOutcome
 }

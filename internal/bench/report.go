@@ -522,7 +522,7 @@ func (f Figure) label() string {
 }
 
 func (f Figure) notes() string {
-	var allocs, bytes, deferred, early, cpu, stages, flushes, writes []float64
+	var allocs, bytes, deferred, early, cpu, stages, flushes, writes, toPending, toOutcome []float64
 	timeouts, errs, conflicts, retries, dead := 0, int64(0), int64(0), 0.0, 0.0
 	for _, s := range f.Samples {
 		if s.AllocsPerTurn > 0 {
@@ -544,6 +544,10 @@ func (f Figure) notes() string {
 		}
 		if s.WritesPerTurn > 0 {
 			writes = append(writes, s.WritesPerTurn)
+		}
+		if s.ToPendingMs > 0 {
+			toPending = append(toPending, s.ToPendingMs)
+			toOutcome = append(toOutcome, s.DecisionToOutcome)
 		}
 		timeouts += s.Timeouts
 		errs += s.Errors
@@ -570,6 +574,11 @@ func (f Figure) notes() string {
 	if len(writes) > 0 {
 		w, _, _ := median(writes)
 		n = append(n, fmt.Sprintf("%.1f writes/turn", w))
+	}
+	if len(toPending) > 0 {
+		p, _, _ := median(toPending)
+		o, _, _ := median(toOutcome)
+		n = append(n, fmt.Sprintf("p50 %.1f ms to the approval request, %.1f ms from the decision to the outcome", p, o))
 	}
 	if len(allocs) > 0 {
 		a, _, _ := median(allocs)
