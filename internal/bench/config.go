@@ -80,9 +80,9 @@ type Config struct {
 	// beside the store, a tool's file writes join the store's disk
 	// flushes: with sync_interval: always each fsync's journal commit
 	// waits on the tool's data (ext4's ordered mode), and measured with
-	// the approval turn at 200 in flight that cost 0.6-0.7 CPU ms and
-	// 15-25 % of the turns per second (docs/bench.md, "The tool's files
-	// off the store's disk"). The default is a memory file system
+	// the approval turn at 200 in flight that cost 0.6-1.3 CPU ms per
+	// turn and about a quarter of the turns per second (docs/bench.md,
+	// "The tool's files off the store's disk"). The default is a memory file system
 	// (defaultToolDir); ToolDirStore keeps them beside the store.
 	ToolDir string
 
