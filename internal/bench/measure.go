@@ -80,8 +80,8 @@ type sample struct {
 	// approver and the redriver), in milliseconds. Where a closed loop's
 	// turns wait (a queue in front of a stage, or of the disk) shows in
 	// which half grows.
-	ToPendingMs       float64 `json:"to_pending_p50_ms,omitempty"`
-	DecisionToOutcome float64 `json:"decision_to_outcome_p50_ms,omitempty"`
+	ToPendingMs         float64 `json:"to_pending_p50_ms,omitempty"`
+	DecisionToOutcomeMs float64 `json:"decision_to_outcome_p50_ms,omitempty"`
 	// Raw turn: compare-and-set conflicts between raw stages.
 	Conflicts int64 `json:"conflicts,omitempty"`
 	// All-in-one: messages the stages NAKed for a retry, and dead letters,
@@ -369,7 +369,7 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 	}
 	res := closedLoop(context.Background(), run, b.cfg.Concurrency, 4, b.cfg.MinTurns, b.cfg.Warmup, b.cfg.Duration, window, one)
 	s := sample{Rate: res.rate(), Count: res.Completed, Timeouts: res.Timeouts, Errors: pubErrs() + int64(res.Failed), turns: res.Turns}
-	s.ToPendingMs, s.DecisionToOutcome = halves(res.Turns)
+	s.ToPendingMs, s.DecisionToOutcomeMs = halves(res.Turns)
 	if res.Err != nil {
 		return s, fmt.Errorf("%d turns failed, the first: %w", res.Failed, res.Err)
 	}
@@ -621,7 +621,7 @@ func (b *bencher) latency(mode string, p path, rate float64) (latSample, error) 
 }
 
 // halves are the medians of turns' two halves around their decision, in
-// milliseconds (sample.ToPendingMs, sample.DecisionToOutcome): 0, 0
+// milliseconds (sample.ToPendingMs, sample.DecisionToOutcomeMs): 0, 0
 // unless every turn was seen requesting approval and decided.
 func halves(turns []turnTimes) (toPending, decisionToOutcome float64) {
 	var a, b []float64

@@ -547,7 +547,7 @@ func (f Figure) notes() string {
 		}
 		if s.ToPendingMs > 0 {
 			toPending = append(toPending, s.ToPendingMs)
-			toOutcome = append(toOutcome, s.DecisionToOutcome)
+			toOutcome = append(toOutcome, s.DecisionToOutcomeMs)
 		}
 		timeouts += s.Timeouts
 		errs += s.Errors
