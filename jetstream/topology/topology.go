@@ -113,6 +113,20 @@ func DecisionSubject(transport, approvalID string) string {
 	return SubjectDecisionSubmit + transport + "." + approvalID
 }
 
+// SubjectDecide is the core NATS request subject, in no stream, on which
+// the approver answers a decision at once:
+// tollgate.decide.<transport>.<approval id> (DecideSubject). A decision
+// applied there is made durable once, by the approver's compare-and-set
+// on the approval record; TOLLGATE_DECISIONS does not keep it.
+const SubjectDecide = "tollgate.decide."
+
+// DecideSubject is where a transport sends a decision on approvalID as a
+// request (SubjectDecide). Its transport token is the sender's identity,
+// as DecisionSubject's is.
+func DecideSubject(transport, approvalID string) string {
+	return SubjectDecide + transport + "." + approvalID
+}
+
 // DLQSubject is where stage dead-letters a message.
 func DLQSubject(stage string) string { return SubjectDLQPrefix + stage }
 

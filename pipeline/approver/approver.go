@@ -117,7 +117,8 @@ func New(cfg Config) (*Approver, error) {
 	return a, nil
 }
 
-// Run consumes decisions until ctx is cancelled.
+// Run consumes decisions until ctx is cancelled, and answers decisions
+// sent as requests (DecideService) meanwhile.
 func (a *Approver) Run(ctx context.Context) error {
 	consumer := topology.ApproverConsumer()
 	r, err := runner.New(runner.Config{
@@ -136,7 +137,14 @@ func (a *Approver) Run(ctx context.Context) error {
 	}
 	trackCtx, stopTracking := context.WithCancel(ctx)
 	tracked := runner.Background(trackCtx, a.cfg.Logger, "pending-approvals tracker (gauge and expiry)", a.pending.Run)
+	stopServing, err := a.serveDecisions()
+	if err != nil {
+		stopTracking()
+		tracked()
+		return err
+	}
 	err = r.Run(ctx)
+	stopServing()
 	stopTracking()
 	tracked()
 	return err
@@ -237,9 +245,16 @@ func (a *Approver) publishVoted(ctx context.Context, rec *schemas.ApprovalRecord
 // an idempotent success, its answer (publishAnswer). It returns an error
 // only for transient failures (to be retried).
 func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
+	_, err := a.decide(ctx, d)
+	return err
+}
+
+// decide is Apply, returning what the decision did: its Effect, or its
+// rejection (a *schemas.Error, whose rejection is published).
+func (a *Approver) decide(ctx context.Context, d *schemas.Decision) (result, error) {
 	res, err := a.apply(ctx, d)
 	if err != nil {
-		return err
+		return res, err
 	}
 	if res.rejected != nil {
 		a.decisions.WithLabelValues(string(res.rejected.Code)).Inc()
@@ -251,23 +266,23 @@ func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
 		}
 		subj := topology.EventSubject(topology.SubjectDecisionRejected, tokenOr(d.ApprovalID))
 		if err := bus.Publish(ctx, a.cfg.JS, subj, topology.RejectedMsgID(d.DecisionID), rej); err != nil {
-			return err
+			return res, err
 		}
 	}
 	if res.answered != nil {
 		if err := a.publishAnswer(ctx, res.answered, d.DecisionID); err != nil {
-			return err
+			return res, err
 		}
 	}
 	if res.voted != nil {
 		if err := a.publishVoted(ctx, res.voted, d.DecisionID); err != nil {
-			return err
+			return res, err
 		}
 	}
 	if res.rejected == nil && res.label != "" {
 		a.decisions.WithLabelValues(res.label).Inc()
 	}
-	return nil
+	return res, nil
 }
 
 type result struct {
