@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -23,20 +23,20 @@ import (
 //
 // A request is handled as a decision consumed from TOLLGATE_DECISIONS is
 // (Handle), with the same checks and the same compare-and-set, and
-// answered once it is (pipeline/submit: the answer's HeaderResult, or a
-// micro error whose code is the rejection's reason code). An applied
-// decision is made durable once, by its compare-and-set on the approval
-// record; no stream keeps the request. What the service does not finish
-// itself it stores on TOLLGATE_DECISIONS, on the stream subject of the
-// request's transport and approval tokens, for the approver's consumer,
-// and answers "queued" (or, for bad input, the error's code): a decision
-// whose handling failed transiently (message id its decision id, so a
-// sender that also stores it there stores it once), a grant revocation,
-// a request that does not decode or whose body names another transport
-// or approval than its subject (the consumer dead-letters it with the
-// original bytes and the reason code, as it would have), and one whose
-// handling panicked. When even that store fails it answers
-// submit.NotTaken, and the sender stores the decision itself.
+// answered once it is (pipeline/submit: HeaderResult applied, vote or
+// idempotent, or a micro error whose code is the rejection's reason code;
+// the rejection is published as well). An applied decision is made
+// durable once, by its compare-and-set on the approval record: no stream
+// keeps the request. Bad input (a body that does not decode, or names
+// another transport or approval than its subject, which carries the
+// sender's identity) is dead-lettered on tollgate.dlq.approver with the
+// request's bytes and answered with the reason code. What the service
+// does not finish it hands back, answered submit.NotTaken, for the sender
+// to store on TOLLGATE_DECISIONS, where the approver's consumer handles
+// it: a decision whose handling failed transiently, a standing grant's
+// revocation, one whose handling panicked, and bad input whose dead
+// letter could not be stored. The service publishes nothing on the
+// decision stream itself.
 const DecideService = "tollgate-decide"
 
 // decideTimeout bounds the handling of one decision request; the sender
@@ -70,6 +70,11 @@ func (a *Approver) serveDecisions() (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("approver: serve %s: %w", topology.SubjectDecide+"*.*", err)
 	}
+	// The server knows the service's subscription before the stage
+	// reports itself consuming: a decision sent after that is answered.
+	if err := a.cfg.JS.Conn().FlushTimeout(5 * time.Second); err != nil {
+		a.cfg.Logger.Warn("decision service: flush its subscription", "err", err)
+	}
 	return func() {
 		if err := svc.Stop(); err != nil {
 			a.cfg.Logger.Warn("decision service: stop", "err", err)
@@ -85,8 +90,8 @@ func (a *Approver) answer(req micro.Request) {
 	transport, approval, _ := strings.Cut(strings.TrimPrefix(req.Subject(), topology.SubjectDecide), ".")
 	defer func() {
 		if p := recover(); p != nil {
-			a.cfg.Logger.Error("decision request: handler panic", "subject", req.Subject(), "panic", p)
-			a.queue(ctx, req, transport, approval, "", schemas.Errorf(schemas.CodeHandlerPanic, "handler panic: %v", p))
+			a.cfg.Logger.Error("decision request: handler panic; handed back to the stream", "subject", req.Subject(), "panic", p)
+			a.respondError(req, submit.NotTaken, fmt.Sprintf("%s: the approver failed on it; store it on the decision stream", schemas.CodeHandlerPanic))
 		}
 	}()
 	d, err := schemas.Decode[schemas.Decision](req.Data())
@@ -95,18 +100,18 @@ func (a *Approver) answer(req micro.Request) {
 	}
 	switch {
 	case err != nil:
-		// Bad input: the consumer dead-letters it, with its bytes.
-		a.queue(ctx, req, transport, approval, "", err)
+		a.refuse(ctx, req, err)
 		return
 	case schemas.IsGrantID(d.ApprovalID):
-		a.queue(ctx, req, transport, approval, topology.DecisionMsgID(d.DecisionID), nil)
+		// Its refusals are published, not returned: the consumer's.
+		a.respondError(req, submit.NotTaken, "a grant's revocation is taken on the decision stream")
 		return
 	}
 	res, err := a.decide(ctx, d)
 	switch {
 	case err != nil:
-		a.cfg.Logger.Warn("decision request: queued after a transient failure", "decision", d.DecisionID, "approval", d.ApprovalID, "err", err)
-		a.queue(ctx, req, transport, approval, topology.DecisionMsgID(d.DecisionID), nil)
+		a.cfg.Logger.Warn("decision request: transient failure; handed back to the stream", "decision", d.DecisionID, "approval", d.ApprovalID, "err", err)
+		a.respondError(req, submit.NotTaken, "the approver could not apply it now: "+err.Error())
 	case res.rejected != nil:
 		a.respondError(req, string(res.rejected.Code), res.rejected.Reason)
 	default:
@@ -114,31 +119,40 @@ func (a *Approver) answer(req micro.Request) {
 	}
 }
 
-// queue stores the request's bytes on TOLLGATE_DECISIONS for the
-// approver's consumer and answers: bad's code when bad is set (the
-// consumer will dead-letter it), else "queued"; NotTaken when the store
-// fails.
-func (a *Approver) queue(ctx context.Context, req micro.Request, transport, approval, msgID string, bad error) {
-	if err := bus.PublishRaw(ctx, a.cfg.JS, topology.DecisionSubject(transport, approval), msgID, req.Data(), nil); err != nil {
-		a.cfg.Logger.Warn("decision request: cannot queue it on the stream", "subject", req.Subject(), "err", err)
-		a.respondError(req, submit.NotTaken, "the approver could not take the decision: "+err.Error())
+// refuse dead-letters bad input with its bytes and answers its code; a
+// dead letter that cannot be stored is handed back (NotTaken), so that
+// the consumer dead-letters it from the stream.
+func (a *Approver) refuse(ctx context.Context, req micro.Request, bad error) {
+	code := schemas.CodeOf(bad)
+	if err := runner.DeadLetterRequest(ctx, a.cfg.JS, a.cfg.Metrics, Stage, req.Subject(), req.Data(), nats.Header(req.Headers()), code, bad); err != nil {
+		a.cfg.Logger.Warn("decision request: cannot dead-letter bad input; handed back to the stream", "subject", req.Subject(), "code", code, "err", err)
+		a.respondError(req, submit.NotTaken, "the approver could not dead-letter it: "+err.Error())
 		return
 	}
-	if bad != nil {
-		a.respondError(req, string(schemas.CodeOf(bad)), schemas.ReasonOf(bad))
-		return
-	}
-	a.respond(req, submit.Queued)
+	a.cfg.Logger.Warn("decision request: dead-lettered", "subject", req.Subject(), "code", code, "err", bad)
+	a.decisions.WithLabelValues(string(code)).Inc()
+	a.respondError(req, string(code), schemas.ReasonOf(bad))
 }
 
+// respond and respondError answer req on its reply subject with the
+// connection itself, from the goroutine that handled it: micro's own
+// Respond and Error record their result in the request for the
+// endpoint's stats, which micro reads once its handler returns (at once
+// here), so calling them later would race with it. The stats count the
+// requests received; their results are in tollgate_decisions_total.
 func (a *Approver) respond(req micro.Request, r submit.Result) {
-	if err := req.Respond(nil, micro.WithHeaders(micro.Headers(nats.Header{submit.HeaderResult: []string{string(r)}}))); err != nil {
-		a.cfg.Logger.Warn("decision request: cannot answer", "subject", req.Subject(), "err", err)
-	}
+	a.reply(req, nats.Header{submit.HeaderResult: []string{string(r)}})
 }
 
 func (a *Approver) respondError(req micro.Request, code, reason string) {
-	if err := req.Error(code, reason, nil); err != nil {
+	a.reply(req, nats.Header{micro.ErrorCodeHeader: []string{code}, micro.ErrorHeader: []string{reason}})
+}
+
+func (a *Approver) reply(req micro.Request, h nats.Header) {
+	if req.Reply() == "" {
+		return // sent without a reply subject: nobody waits for the answer
+	}
+	if err := a.cfg.JS.Conn().PublishMsg(&nats.Msg{Subject: req.Reply(), Header: h}); err != nil {
 		a.cfg.Logger.Warn("decision request: cannot answer", "subject", req.Subject(), "err", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
+	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -196,6 +197,9 @@ func TestBadDecisionRequestsAreDeadLetteredWithTheirBytesAndACode(t *testing.T) 
 			if !bytes.Equal(dl.Data, tt.data) {
 				t.Fatalf("dead letter holds %q, want the request's bytes %q", dl.Data, tt.data)
 			}
+			if got, subj := dl.Header.Get(runner.HeaderCode), dl.Header.Get(runner.HeaderOriginalSubject); got != string(tt.code) || subj != tt.subject {
+				t.Fatalf("dead letter code %q from %q, want %s from %s", got, subj, tt.code, tt.subject)
+			}
 			if rec := h.Approval(id); rec.Status != schemas.ApprovalPending {
 				t.Fatalf("approval %s after a bad request, want pending", rec.Status)
 			}
@@ -275,5 +279,22 @@ func TestConcurrentConflictingDecisionRequestsHaveOneWinner(t *testing.T) {
 		if h.Starts(turn) != 1 {
 			t.Fatalf("round %d: the batch started %d times, want once", round, h.Starts(turn))
 		}
+	}
+}
+
+func TestAGrantRevocationByRequestIsHandedBackToTheStream(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: testPolicy})
+	waitDecideService(t, h)
+	grant := schemas.GrantID(schemas.ApprovalID("t-00000000000000000000", 0), "d-none")
+	d := h.Decision(grant, schemas.OptionRevoke, "cli", "alice")
+	if a := submitted(t, h, d); a.Result != submit.Queued {
+		t.Fatalf("answer %+v, want queued: the approver hands a revocation back", a)
+	}
+	if got := h.Messages(topology.StreamDecisions, topology.DecisionSubject("cli", grant)); len(got) != 1 {
+		t.Fatalf("TOLLGATE_DECISIONS holds %d copies of the revocation, want 1", len(got))
+	}
+	// The approver's consumer takes it from there: no such grant.
+	if r := h.WaitRejection(d); r.Code != schemas.CodeGrantNotFound {
+		t.Fatalf("rejection %s, want %s", r.Code, schemas.CodeGrantNotFound)
 	}
 }

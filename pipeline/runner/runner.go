@@ -627,6 +627,37 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	}
 }
 
+// DeadLetterRequest dead-letters a core NATS request that component
+// refused as bad input (a request is in no stream, so there is no
+// message to terminate): data, the request's headers but its Nats-*
+// ones and the runner's own (HeaderStage, HeaderCode, HeaderReason,
+// HeaderOriginalSubject; no stream or sequence), cut to fit as a
+// consumed message's dead letter is, on tollgate.dlq.<component>, and
+// counted in m's DeadLettered. It has no message id: each request is a
+// dead letter of its own. Its error is the store's; the caller answers
+// the request so that its sender can send it where a consumer will.
+func DeadLetterRequest(ctx context.Context, js jetstream.JetStream, m *Metrics, component, subject string, data []byte, reqHdr nats.Header, code schemas.Code, cause error) error {
+	own := tracing.Inject(ctx, nats.Header{})
+	own.Set(HeaderStage, component)
+	own.Set(HeaderCode, string(code))
+	own.Set(HeaderReason, truncate(cause.Error(), 1024))
+	own.Set(HeaderOriginalSubject, subject)
+	copied := nats.Header{}
+	for k, v := range reqHdr {
+		if !strings.HasPrefix(strings.ToLower(k), "nats-") {
+			copied[k] = v
+		}
+	}
+	hdr, body := fitDeadLetter(own, copied, "", data, js.Conn().MaxPayload())
+	if err := bus.PublishRaw(ctx, js, topology.DLQSubject(component), "", body, hdr); err != nil {
+		return err
+	}
+	if m != nil {
+		m.DeadLettered.WithLabelValues(component, string(code)).Inc()
+	}
+	return nil
+}
+
 // JetStream's limits on one stored message, and the room fitDeadLetter
 // keeps for its own marks.
 const (

@@ -6,17 +6,20 @@
 // which the approver answers once it has handled it: applied by its
 // compare-and-set on the approval record (that revision is the decision's
 // one durable write), counted as a vote, found to repeat the recorded
-// decision, rejected with a reason code, or queued on TOLLGATE_DECISIONS
-// when it could not be handled at once. When no approver answers (none
-// runs, or none within the timeout), Decision stores the decision on
-// TOLLGATE_DECISIONS itself (tollgate.decision.submit.<transport>.<approval
-// id>, message id its decision id), where the approver's consumer applies
-// it later. Either way the decision is handled once: a decision applied by
-// a request whose answer was lost, and then stored on the stream, is found
-// there to repeat the recorded decision (an idempotent success, answered
-// as every repeat is).
+// decision, or rejected with a reason code (bad input dead-lettered). What
+// the approver does not finish at once (a transient failure, a grant's
+// revocation) it hands back (NotTaken), and when no approver answers
+// (none runs, or none within the timeout) there is no answer at all: in
+// both cases Decision stores the decision on TOLLGATE_DECISIONS
+// (tollgate.decision.submit.<transport>.<approval id>, message id its
+// decision id), where the approver's consumer handles it later. Either
+// way the decision is handled once: a decision applied by a request whose
+// answer was lost, and then stored on the stream, is found there to repeat
+// the recorded decision (an idempotent success, answered as every repeat
+// is), and the stream keeps one copy of a decision stored twice within its
+// duplicate window.
 //
-// The wire contract is docs/protocol.md §9.3.
+// The wire contract is docs/protocol.md §9.2.
 package submit
 
 import (
@@ -39,9 +42,8 @@ import (
 const HeaderResult = "Tollgate-Result"
 
 // NotTaken is the error code (micro's Nats-Service-Error-Code) of an
-// answer that says the approver could neither handle the decision nor
-// queue it: the sender stores it on the stream itself, as when no
-// approver answers.
+// answer that hands the decision back: the sender stores it on the
+// stream, as when no approver answers.
 const NotTaken = "503"
 
 // Result is what a submitted decision did.
@@ -49,7 +51,7 @@ type Result string
 
 const (
 	// Applied: the approval record holds the decision (its
-	// compare-and-set); a grant revocation: handled (queued, below).
+	// compare-and-set).
 	Applied Result = "applied"
 	// Vote: counted as one vote of a quorum; more are needed.
 	Vote Result = "vote"
@@ -59,9 +61,10 @@ const (
 	// Rejected: refused with a reason code (Answer.Code); the rejection
 	// is also published on tollgate.event.decision.rejected.<approval>.
 	Rejected Result = "rejected"
-	// Queued: stored on TOLLGATE_DECISIONS, where the approver's
-	// consumer handles it (its outcome is heard as a stream-submitted
-	// decision's is: the approval's decided revision, or a rejection
+	// Queued: stored on TOLLGATE_DECISIONS by Decision (no approver
+	// answered, or it handed the decision back), where the approver's
+	// consumer handles it: its outcome is heard as a stream-submitted
+	// decision's is (the approval's decided revision, or a rejection
 	// event).
 	Queued Result = "queued"
 )
@@ -107,8 +110,9 @@ func Decision(ctx context.Context, js jetstream.JetStream, d *schemas.Decision) 
 	return Answer{Result: Queued}, nil
 }
 
-// answerOf reads the approver's answer; false for "not taken" (NotTaken)
-// or an answer that says nothing Decision knows.
+// answerOf reads the approver's answer; false for one handed back
+// (NotTaken) or one that says nothing Decision knows (stored on the
+// stream all the same: the consumer handles it once).
 func answerOf(m *nats.Msg) (Answer, bool) {
 	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
 		if code == NotTaken {
@@ -117,7 +121,7 @@ func answerOf(m *nats.Msg) (Answer, bool) {
 		return Answer{Result: Rejected, Code: schemas.Code(code), Reason: m.Header.Get(micro.ErrorHeader)}, true
 	}
 	switch r := Result(m.Header.Get(HeaderResult)); r {
-	case Applied, Vote, Idempotent, Queued:
+	case Applied, Vote, Idempotent:
 		return Answer{Result: r}, true
 	}
 	return Answer{}, false
