@@ -377,6 +377,18 @@ func exampleBatchAwaiting() *schemas.BatchRecord {
 	return b
 }
 
+// exampleBatchStarted is a batch as it moves to started: the decision its
+// barrier passed on kept with it, its approved call claimed.
+func exampleBatchStarted() *schemas.BatchRecord {
+	b := exampleBatch()
+	b.State, b.Code, b.Reason, b.Outcome = schemas.BatchStarted, "", "", nil
+	b.Results[0] = nil
+	d := exampleDecided()
+	d.Repeat = ""
+	b.Decided = []*schemas.DecidedEvent{d}
+	return b
+}
+
 // exampleBatchOrdered is a batch whose turn came as an entry of its
 // session's order, queued behind the entry before it.
 func exampleBatchOrdered() *schemas.BatchRecord {
@@ -482,6 +494,7 @@ var recordTypes = []recordType{
 	{"batch_record.v1.msgpack", 1, func() schemas.Record { return exampleBatchV1() }, decodeAs[schemas.BatchRecordV1]},
 	{"batch_record.v2-awaiting.msgpack", 2, func() schemas.Record { return exampleBatchAwaiting() }, decodeAs[schemas.BatchRecord]},
 	{"batch_record.v2-ordered.msgpack", 2, func() schemas.Record { return exampleBatchOrdered() }, decodeAs[schemas.BatchRecord]},
+	{"batch_record.v2-started.msgpack", 2, func() schemas.Record { return exampleBatchStarted() }, decodeAs[schemas.BatchRecord]},
 	{"planner_turn.v1.msgpack", 1, func() schemas.Record { return examplePlannerTurn() }, decodeAs[schemas.PlannerTurn]},
 	{"session_record.v1.msgpack", 1, func() schemas.Record { return exampleSession() }, decodeAs[schemas.SessionRecord]},
 	{"execution_claim.v1.msgpack", 1, func() schemas.Record { return exampleClaim() }, decodeAs[schemas.ExecutionClaim]},

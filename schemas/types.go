@@ -649,6 +649,16 @@ type BatchRecord struct {
 	// from a turn log carries none (pipeline/store), so no later write
 	// repeats it.
 	Requested []*ApprovalRecord `msgpack:"requested,omitempty"`
+	// Decided, on the write that moves a version 2 batch to started only
+	// (its turn log's started event), are the decisions of its approvals
+	// that the barrier passed on, each as its DecidedEvent (DecidedOf the
+	// decided record the redriver read). A decision sent to the approver
+	// as a request is stored by no stream but the approvals bucket's
+	// (docs/protocol.md §9.2): this copy, in the same write that starts
+	// the batch, is what a rebuild finds of it when that bucket is lost.
+	// Nil on every other write: a record read back from a turn log
+	// carries none (pipeline/store), so no later write repeats it.
+	Decided []*DecidedEvent `msgpack:"decided,omitempty"`
 	// OrderSeq and OrderAfter place the batch in its session's order
 	// (docs/protocol.md §5.4): OrderSeq is the TOLLGATE_TURNS sequence of
 	// the order entry its turn came as, OrderAfter the turn of the entry

@@ -119,6 +119,18 @@ func TurnLogAwaitingFilter(i int) string {
 // to awaiting its approvals.
 const EventTurnAwaiting = "awaiting"
 
+// TurnLogStartedFilter is the filter of partition i's started events,
+// tollgate.turnlog.<i>.*.started: each the move of a turn's batch to
+// started, whose record carries the decisions its barrier passed on
+// (schemas.BatchRecord.Decided).
+func TurnLogStartedFilter(i int) string {
+	return SubjectTurnLogPrefix + strconv.Itoa(i) + ".*." + EventTurnStarted
+}
+
+// EventTurnStarted is the name of the event that moves a turn's batch to
+// started (its approvals all decided).
+const EventTurnStarted = "started"
+
 // TurnLogWildcard is the subject filter of every event of turn in
 // partition i: the compare-and-set of an append is against its last
 // message.

@@ -446,7 +446,14 @@ func (r *Redriver) redrive(ctx context.Context, turnID, trigger string, d *store
 	if first := slices.IndexFunc(plans, func(p CallPlan) bool { return p.Run }); first >= 0 {
 		eng.Claim(b, first)
 	}
+	// The started event keeps the decisions it passed on: a decision made
+	// as a request is in no other stream (BatchRecord.Decided). A batch
+	// an earlier version kept in tollgate_batches has no such event.
+	if !b.Bucketed() {
+		b.Decided = decidedOf(approvals)
+	}
 	startedRev, err := r.cfg.Store.Batches.Update(ctx, turnID, b, rev)
+	b.Decided = nil // the event's, not the batch's: no later write repeats them
 	if errors.Is(err, store.ErrConflict) {
 		return r.redrive(ctx, turnID, trigger, d, false)
 	}
@@ -852,4 +859,17 @@ func (r *Redriver) outcomeSubject(o *schemas.RedriveOutcome) (subject, msgID str
 		msgID = topology.RedriveMsgID(o.Kind, o.TurnID)
 	}
 	return topology.EventSubject(topology.SubjectRedrive+string(o.Kind)+".", o.TurnID), msgID
+}
+
+// decidedOf is the decided events of approvals (the decided ones; nil
+// entries are calls that needed none).
+func decidedOf(approvals []*schemas.ApprovalRecord) []*schemas.DecidedEvent {
+	var out []*schemas.DecidedEvent
+	for _, a := range approvals {
+		if ev := schemas.DecidedOf(a); ev != nil {
+			ev.V = schemas.DecidedEventVersion // embedded: no encoding stamps it
+			out = append(out, ev)
+		}
+	}
+	return out
 }

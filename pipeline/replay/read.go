@@ -117,10 +117,12 @@ var eventFilters = []string{
 // the turn's calls (turn, call id, tool, argument digest) and carries the
 // turn's TurnContext (the same msgpack encoding), with the status,
 // decision and votes of its decision: its revision in the approvals
-// bucket's stream (store.DecidedOf), else the first decided event
-// published on tollgate.event.approval.decided.<turn> (an earlier
-// version's), else, read with ReadJudging, its submitted decisions judged
-// again; without any, it is pending. A request is kept by
+// bucket's stream (store.DecidedOf), else the decision its batch's
+// started event passed on (schemas.BatchRecord.Decided: a decision sent
+// to the approver as a request is kept by no other stream), else the
+// first decided event published on tollgate.event.approval.decided.<turn>
+// (an earlier version's), else, read with ReadJudging, its submitted
+// decisions judged again; without any, it is pending. A request is kept by
 // the turn log's awaiting event (schemas.BatchRecord.Requested: the
 // record its approval-requested event announces, read first), or, for a
 // turn whose log keeps none (an earlier version's), published on
@@ -334,8 +336,9 @@ func (h *History) skip(subject string, seq uint64, err error) {
 }
 
 // logEvents sets the outcome of each turn of byID whose log keeps one,
-// and gathers the approvals its awaiting events requested (see Read): it
-// scans every turn-log partition's outcome and awaiting events from
+// and gathers the approvals its awaiting events requested and the
+// decisions its started events passed on (see Read): it scans every
+// turn-log partition's outcome, awaiting and started events from
 // start. An event in another partition than its turn's (where no stage
 // reads it), or whose record does not decode, is another turn's or names
 // another turn in its outcome, is skipped; one whose record holds no
@@ -353,7 +356,7 @@ func (h *History) logEvents(ctx context.Context, js jetstream.JetStream, byID ma
 			continue // missing: its turns' outcomes are their published copies
 		}
 		name := s.CachedInfo().Config.Name
-		filters := []string{topology.TurnLogOutcomeFilter(i), topology.TurnLogAwaitingFilter(i)}
+		filters := []string{topology.TurnLogOutcomeFilter(i), topology.TurnLogAwaitingFilter(i), topology.TurnLogStartedFilter(i)}
 		err := scan(ctx, js, name, filters, start, func(m jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 			subj := m.Subject()
 			_, turn, event, ok := topology.ParseTurnLogSubject(subj)
@@ -371,6 +374,20 @@ func (h *History) logEvents(ctx context.Context, js jetstream.JetStream, byID ma
 					h.skip(subj, meta.Sequence.Stream, err)
 				}
 				t.requested = append(t.requested, reqs...)
+				return true, nil
+			}
+			if event == topology.EventTurnStarted {
+				// The decisions its barrier passed on: the approvals
+				// bucket's revisions, where it is kept, say the same.
+				decided, err := store.DecodeDecided(turn, m.Data())
+				if err != nil {
+					h.skip(subj, meta.Sequence.Stream, err)
+				}
+				for _, d := range decided {
+					if t.decided[d.ApprovalID] == nil {
+						t.decided[d.ApprovalID] = d
+					}
+				}
 				return true, nil
 			}
 			o, err := store.DecodeOutcome(turn, m.Data())

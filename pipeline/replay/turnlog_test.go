@@ -5,12 +5,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/replay"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -302,7 +306,8 @@ func TestARebuildTakesTheRequestsFromTheTurnLog(t *testing.T) {
 // applied decision comes back (with its quorum votes, and a vote towards a
 // quorum not yet reached), one that was rejected does not; the batch
 // waiting for a decision still missing resumes once it is made, and no
-// call runs twice. Without them, the approvals come back pending.
+// call runs twice. Without them, the approvals come back pending, but for
+// a batch that started: its started event keeps the decisions.
 func TestARebuildJudgesTheDecisionsNoStreamKeeps(t *testing.T) {
 	count, quorum := &pt.Counter{}, &pt.Counter{ToolName: "quorum"}
 	h := start(t, nil, nil, count, quorum)
@@ -342,14 +347,20 @@ func TestARebuildJudgesTheDecisionsNoStreamKeeps(t *testing.T) {
 	}
 	deleteBuckets(h, topology.BucketApprovals)
 
-	// Without the policy and keys: nothing to judge with, all pending.
+	// Without the policy and keys: nothing to judge with, all pending but
+	// the approval of the batch that started, whose started event keeps
+	// the decision it passed on.
 	hist, err := replay.Read(ctx, h.JS, replay.Range{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tr := range hist.Turns {
 		for _, a := range tr.Approvals {
-			if a.Status != schemas.ApprovalPending || len(a.Votes) != 0 {
+			started := a.ApprovalID == schemas.ApprovalID(voted, 0)
+			if started && (a.Status != before[a.ApprovalID].Status || len(a.Votes) != len(before[a.ApprovalID].Votes)) {
+				t.Fatalf("read without a judge: approval %s %s with %d votes, want it as its started event keeps it", a.ApprovalID, a.Status, len(a.Votes))
+			}
+			if !started && (a.Status != schemas.ApprovalPending || len(a.Votes) != 0) {
 				t.Fatalf("read without a judge: approval %s %s with %d votes, want pending", a.ApprovalID, a.Status, len(a.Votes))
 			}
 		}
@@ -393,6 +404,97 @@ func TestARebuildJudgesTheDecisionsNoStreamKeeps(t *testing.T) {
 	}{{schemas.CallID(waiting, 0), 1}, {schemas.CallID(waiting, 1), 1}, {schemas.CallID(voted, 0), 1}, {schemas.CallID(halfway, 0), 0}} {
 		if got := count.Runs(c.call) + quorum.Runs(c.call); got != c.n {
 			t.Fatalf("call %s ran %d times, want %d", c.call, got, c.n)
+		}
+	}
+}
+
+// decideByRequest approves approval id as who through the approver's
+// decision service (pipeline/submit), once the service answers, and
+// checks that it was applied there: no stream but the approvals bucket's
+// keeps it.
+func decideByRequest(t *testing.T, h *pt.H, id, who string) {
+	t.Helper()
+	jstest.Eventually(t, 10*time.Second, "the approver's decision service answers", func() bool {
+		_, err := h.JS.Conn().Request("$SRV.PING."+approver.DecideService, nil, time.Second)
+		return err == nil
+	})
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	a, err := submit.Decision(ctx, h.JS, h.Decision(id, schemas.OptionApprove, "cli", who))
+	if err != nil || a.Result != submit.Applied {
+		t.Fatalf("decision on %s by request: %+v, %v; want applied", id, a, err)
+	}
+}
+
+// A decision sent to the approver as a request is stored by no stream
+// but the approvals bucket's, and by the started event of its batch
+// (schemas.BatchRecord.Decided), which is all a rebuild finds of it once
+// that bucket is lost: a batch that started comes back with its
+// approvals decided as they were, without a judge, and runs nothing
+// again; a decision of a batch still waiting (on a sibling) is lost with
+// the bucket, and its approval comes back pending, for a person to
+// decide again (the safe direction).
+func TestARebuildTakesTheDecisionsMadeByRequestFromTheStartedEvent(t *testing.T) {
+	count := &pt.Counter{}
+	h := start(t, nil, nil, count)
+	ended := h.Send(h.Inbound("s-request-ended", "alice", pt.Call("count", `{"n":1}`)))
+	waiting := h.Send(h.Inbound("s-request-waiting", "alice", pt.Call("count", `{"n":2}`), pt.Call("count", `{"n":3}`)))
+	endedID, first, second := schemas.ApprovalID(ended, 0), schemas.ApprovalID(waiting, 0), schemas.ApprovalID(waiting, 1)
+	h.WaitPending(endedID)
+	h.WaitPending(second)
+	decideByRequest(t, h, endedID, "alice")
+	decideByRequest(t, h, first, "alice")
+	if b, _ := h.WaitTerminal(ended); b.State != schemas.BatchCompleted {
+		t.Fatalf("the decided batch ended %s", b.State)
+	}
+	h.WaitIdle(pt.AllStages...)
+	was := h.Approval(endedID)
+	for _, id := range []string{endedID, first} {
+		if got := h.Messages(topology.StreamDecisions, topology.DecisionSubject("cli", id)); len(got) != 0 {
+			t.Fatalf("TOLLGATE_DECISIONS keeps %d decisions on %s: it was not decided by request", len(got), id)
+		}
+	}
+	h.Stop()
+	deleteBuckets(h, topology.BucketApprovals)
+
+	ctx, cancel := h.Ctx()
+	defer cancel()
+	hist, err := replay.Read(ctx, h.JS, replay.Range{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := map[string]*schemas.ApprovalRecord{}
+	for _, tr := range hist.Turns {
+		for _, a := range tr.Approvals {
+			status[a.ApprovalID] = a
+		}
+	}
+	if a := status[endedID]; a == nil || a.Status != schemas.ApprovalApproved || a.Decision == nil ||
+		a.Decision.DecisionID != was.Decision.DecisionID || a.Decision.Principal != was.Decision.Principal || !a.Decision.DecidedAt.Equal(was.Decision.DecidedAt) {
+		t.Fatalf("read after the loss: %s is %+v, want approved by %+v as it was", endedID, a, was.Decision)
+	}
+	for _, id := range []string{first, second} {
+		if a := status[id]; a == nil || a.Status != schemas.ApprovalPending {
+			t.Fatalf("read after the loss: %s is %+v, want pending (its batch never started)", id, a)
+		}
+	}
+
+	if rep := run(t, h, replay.Options{Rebuild: true}); rep.Conflicts != 0 {
+		t.Fatalf("rebuild: %d conflicts\n%+v", rep.Conflicts, rep)
+	}
+	h2 := start(t, h, []string{pt.Ingest, pt.Executor, pt.Approver, pt.Redriver}, count)
+	if a := h2.Approval(endedID); a == nil || a.Status != schemas.ApprovalApproved || a.Decision.DecisionID != was.Decision.DecisionID {
+		t.Fatalf("rebuilt %s: %+v, want approved by %s", endedID, a, was.Decision.DecisionID)
+	}
+	approve(h2, first, "alice")
+	approve(h2, second, "alice")
+	if b, _ := h2.WaitTerminal(waiting); b.State != schemas.BatchCompleted {
+		t.Fatalf("the waiting batch ended %s", b.State)
+	}
+	h2.WaitIdle(pt.AllStages...)
+	for _, call := range []string{schemas.CallID(ended, 0), schemas.CallID(waiting, 0), schemas.CallID(waiting, 1)} {
+		if n := count.Runs(call); n != 1 {
+			t.Fatalf("call %s ran %d times, want once", call, n)
 		}
 	}
 }

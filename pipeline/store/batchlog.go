@@ -143,15 +143,15 @@ func (b BatchLog) Get(ctx context.Context, turn string) (*schemas.BatchRecord, u
 
 // DecodeLogBatch is the batch record that a turn-log event's data holds,
 // as Get returns it: without the approvals an awaiting event requested
-// (those are the event's, not the batch's state: a write made from this
-// record must not carry them again). A *schemas.Error when it does not
-// decode.
+// and the decisions a started event passed on (those are the event's, not
+// the batch's state: a write made from this record must not carry them
+// again). A *schemas.Error when it does not decode.
 func DecodeLogBatch(data []byte) (*schemas.BatchRecord, error) {
 	rec, err := schemas.DecodeBatch(data)
 	if err != nil {
 		return nil, err
 	}
-	rec.Requested = nil
+	rec.Requested, rec.Decided = nil, nil
 	return rec, nil
 }
 

@@ -218,3 +218,32 @@ func TestAVersion1RecordIsNoDecision(t *testing.T) {
 		t.Fatalf("DecidedOf(v1) = %+v, %v; want no decision and no error", ev, err)
 	}
 }
+
+// DecodeDecided never panics; what it returns are decided events of the
+// turn's own approvals, and its errors carry a code.
+func FuzzDecodeDecided(f *testing.F) {
+	turn := "t-00000000000000000045"
+	started := &schemas.BatchRecord{V: 2, TurnID: turn, State: schemas.BatchStarted,
+		Calls: []schemas.ToolCall{{CallID: schemas.CallID(turn, 0)}}, Approvals: []string{schemas.ApprovalID(turn, 0)}, Results: []*schemas.ToolResult{nil},
+		Decided: []*schemas.DecidedEvent{schemas.DecidedOf(decidedApproval(turn, schemas.ApprovalApproved))}}
+	if got, err := store.DecodeDecided(turn, encodedF(f, started)); err != nil || len(got) != 1 || got[0].ApprovalID != schemas.ApprovalID(turn, 0) {
+		f.Fatalf("the started event's decisions: %+v, %v; want its one decision", got, err)
+	}
+	if _, err := store.DecodeDecided("t-00000000000000000046", encodedF(f, started)); schemas.CodeOf(err) != schemas.CodeInvalidInput {
+		f.Fatalf("another turn's started event: %v, want %s", err, schemas.CodeInvalidInput)
+	}
+	f.Add(turn, encodedF(f, started))
+	f.Add("t-00000000000000000046", encodedF(f, started))
+	f.Add(turn, []byte{0x80})
+	f.Fuzz(func(t *testing.T, turn string, data []byte) {
+		got, err := store.DecodeDecided(turn, data)
+		if err != nil && schemas.CodeOf(err) == "" {
+			t.Fatalf("an error without a code: %v", err)
+		}
+		for _, d := range got {
+			if d == nil || d.TurnID != turn || !d.Status.Decided() {
+				t.Fatalf("DecodeDecided(%q) = %+v", turn, d)
+			}
+		}
+	})
+}

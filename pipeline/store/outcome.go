@@ -42,14 +42,42 @@ func DecodeOutcome(turn string, data []byte) (*schemas.TurnOutcome, error) {
 // event requested none (an earlier version published its requests, or
 // the move to awaiting was made again after one that requested them).
 func DecodeRequested(turn string, data []byte) ([]*schemas.ApprovalRecord, error) {
+	b, err := eventBatch(turn, EventAwaiting, data)
+	if err != nil {
+		return nil, err
+	}
+	return b.RequestedApprovals(), nil
+}
+
+// DecodeDecided returns the decisions turn's started event (its data)
+// passed its barrier on (schemas.BatchRecord.Decided), each naming one of
+// the batch's approvals; an error with a code when it does not decode,
+// holds another turn's batch or a decision of none of its approvals.
+func DecodeDecided(turn string, data []byte) ([]*schemas.DecidedEvent, error) {
+	b, err := eventBatch(turn, topology.EventTurnStarted, data)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range b.Decided {
+		if d == nil || d.TurnID != turn || !slices.Contains(b.Approvals, d.ApprovalID) || !d.Status.Decided() {
+			return nil, schemas.Errorf(schemas.CodeInvalidInput, "the started event of turn %s holds a decision that is not one of its approvals'", turn)
+		}
+	}
+	return b.Decided, nil
+}
+
+// eventBatch decodes the batch record of turn's event (named event) from
+// data; an error with a code when it does not decode or is another
+// turn's.
+func eventBatch(turn, event string, data []byte) (*schemas.BatchRecord, error) {
 	b, err := schemas.DecodeBatch(data)
 	switch {
 	case err != nil:
 		return nil, err
 	case b.TurnID != turn:
-		return nil, schemas.Errorf(schemas.CodeInvalidInput, "the awaiting event of turn %s holds turn %s's batch", turn, b.TurnID)
+		return nil, schemas.Errorf(schemas.CodeInvalidInput, "the %s event of turn %s holds turn %s's batch", event, turn, b.TurnID)
 	}
-	return b.RequestedApprovals(), nil
+	return b, nil
 }
 
 // LoggedRequest reports whether turn's log, in its partition of logs (the
