@@ -18,7 +18,7 @@ var layers = []struct {
 	prefixes []string
 }{
 	{"base", []string{"reveal", "tracing", "metrics", "schemas", "seal", "health", "internal/httpserve", "internal/childproc", "jetstream/embedded", "pipeline/planner/plannertest"}},
-	{"protocol", []string{"jetstream/topology", "jetstream/jstest", "pipeline/bus", "pipeline/store", "tools", "policy", "audit", "transport/eventfeed", "jetstream/turnlog", "jetstream/turnorder"}},
+	{"protocol", []string{"jetstream/topology", "jetstream/jstest", "pipeline/bus", "pipeline/submit", "pipeline/store", "tools", "policy", "audit", "transport/eventfeed", "jetstream/turnlog", "jetstream/turnorder"}},
 	{"pipeline", []string{"pipeline"}},
 	{"transport", []string{"transport"}},
 	{"root", []string{".", "internal/scaffold", "internal/stagecmd", "internal/flagset", "internal/gatewaycmd", "internal/chatcmd", "internal/slackcmd", "internal/discordcmd"}},

@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -248,7 +249,7 @@ func (v *chatView) decide(ctx context.Context, a *schemas.ApprovalRecord) {
 	}
 	pctx, cancel := v.c.ctx()
 	defer cancel()
-	if err := bus.Publish(pctx, v.c.js, topology.DecisionSubject(v.transport, a.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+	if _, err := submit.Decision(pctx, v.c.js, d); err != nil {
 		fmt.Fprintf(v.out, "  (decision not sent: %v)\n", err)
 	}
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -123,7 +123,7 @@ func cmdDecide(cmd *command, args []string) int {
 	if err := c.nc.Flush(); err != nil {
 		return fail("%s: %v", option, err)
 	}
-	if err := bus.Publish(ctx, c.js, topology.DecisionSubject(*transport, id), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+	if _, err := submit.Decision(ctx, c.js, d); err != nil {
 		return c.fail(option, err)
 	}
 	if *noWait {

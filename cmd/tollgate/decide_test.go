@@ -9,7 +9,6 @@ import (
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 )
@@ -51,7 +50,7 @@ func TestDecideAnswersOnlyItsOwnDecision(t *testing.T) {
 				done <- result{code, out, errOut}
 			}()
 			jstest.Eventually(t, pt.Wait, "the command's approve stored after the deny", func() bool {
-				return len(h.Messages(topology.StreamDecisions, topology.DecisionSubject("cli", id))) == 2
+				return len(h.SentDecisions("cli", id)) == 2
 			})
 			pt.Start(t, pt.Options{Env: h.Env, Keys: h.Keys, Policy: cliPolicy, Tools: []tools.Tool{count}, Stages: []string{pt.Approver}})
 
@@ -71,10 +70,10 @@ func TestDecideAnswersOnlyItsOwnDecision(t *testing.T) {
 	}
 }
 
-// cliDecisions are the decisions stored on the cli transport's subject
-// of approval id, in order.
+// cliDecisions are the decisions the cli transport sent on approval id,
+// in order (pt.H.SentDecisions).
 func cliDecisions(h *pt.H, id string) []*schemas.Decision {
-	return pt.DecodeAll[schemas.Decision](h.T, h.Messages(topology.StreamDecisions, topology.DecisionSubject("cli", id)))
+	return h.SentDecisions("cli", id)
 }
 
 // TestDecideIsAnsweredByTheRecordWithoutADecidedEvent: the approver

@@ -32,8 +32,10 @@ import (
 	"github.com/tollgate-dev/tollgate/jetstream/embedded"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	approverpkg "github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/policy"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
@@ -573,16 +575,34 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 	if err := cli.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	decide := func(id, option string) {
+	// Each decision is a request to the approver's service, through the
+	// service import from APPROVER: answered, not stored on the stream
+	// (which a denied request would have been, after its timeout).
+	decide := func(id, option string, want submit.Result) {
 		t.Helper()
 		d := &schemas.Decision{
 			DecisionID: id, ApprovalID: req.ApprovalID, Transport: "cli",
 			Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true},
 			Option:  option, ArgsDigest: req.ArgsDigest, SentAt: time.Now().UTC(),
 		}
-		publish(t, cli, topology.DecisionSubject("cli", req.ApprovalID), d.DecisionID, d)
+		// The approver serves decisions before it consumes (its Run), and
+		// its consumer's check is answered on the same connection after
+		// the service's subscription: until then a decision would be
+		// stored on the stream instead (Queued).
+		jstest.Eventually(t, wait, "the approver consumes, its decision service up", func() bool {
+			for _, c := range stages["approver"].p.Checks() {
+				if c.Name == approverpkg.Stage+"/consumer" {
+					return c.Check(context.Background()) == nil
+				}
+			}
+			return false
+		})
+		a, err := submit.Decision(ctx(t, wait), cli.js, d)
+		if err != nil || a.Result != want {
+			t.Fatalf("cli: decision %s answered %+v, %v; want %s", id, a, err, want)
+		}
 	}
-	decide("d-approve", schemas.OptionApprove)
+	decide("d-approve", schemas.OptionApprove, submit.Applied)
 	// The decision is the record's revision: heard (a wake-up), then
 	// read as stored.
 	if _, err := revisions.NextMsg(wait); err != nil {
@@ -602,7 +622,7 @@ func TestLeastPrivilegeConfig(t *testing.T) {
 	})
 	// A conflicting second decision is rejected, and the rejection reaches
 	// the transport.
-	decide("d-deny-too-late", schemas.OptionDeny)
+	decide("d-deny-too-late", schemas.OptionDeny, submit.Rejected)
 	m, err := rejections.NextMsg(wait)
 	if err != nil {
 		t.Fatalf("cli: no rejection: %v", err)
@@ -897,6 +917,21 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 	ingest, executor, approver, redriver := stages["ingest"].client, stages["executor"].client, stages["approver"].client, stages["redriver"].client
 
 	noPublish := refusals{admin}.noPublish
+	// noRequest: a decision request the server refuses to carry, so that
+	// no approver hears it; the approval stays as it was.
+	noRequest := func(name string, c *client, subject string) refusal {
+		before, _ := adminKV.Approvals.Get(ctx(t, wait), approvalID)
+		return refusal{name, c, subject, func(ctx context.Context) error {
+			_, err := c.nc.RequestWithContext(ctx, subject, []byte("forged"))
+			return err
+		}, func(t *testing.T) {
+			t.Helper()
+			after, err := adminKV.Approvals.Get(ctx(t, wait), approvalID)
+			if before != nil && (err != nil || after.Revision() != before.Revision()) {
+				t.Fatalf("approval %s changed: revision %v (%v), was %d", approvalID, after, err, before.Revision())
+			}
+		}}
+	}
 	// unchanged: no message was added on subject (which has some).
 	unchanged := func(stream, subject string) func(*testing.T) {
 		before := stored(t, admin, stream, subject)
@@ -946,6 +981,9 @@ func testRefusals(t *testing.T, admin *client, adminKV topology.Buckets, stages 
 
 		noPublish("cli cannot publish on the webhook transport's inbound subject", cli, topology.StreamInbound, topology.InboundSubject("webhook", "s1")),
 		noPublish("cli cannot submit a decision as the webhook transport", cli, topology.StreamDecisions, topology.DecisionSubject("webhook", "x")),
+		noRequest("cli cannot send a decision request as the webhook transport", cli, topology.DecideSubject("webhook", approvalID)),
+		noRequest("ingest cannot send a decision request", ingest, topology.DecideSubject("cli", approvalID)),
+		noRequest("the redriver cannot send a decision request", redriver, topology.DecideSubject("cli", approvalID)),
 		noPublish("cli cannot publish an event", cli, topology.StreamEvents, forgedOutcome),
 		noPublish("cli cannot publish an accepted turn", cli, topology.StreamTurns, forgedAccepted),
 		noPut("cli cannot write an approval", cli, adminKV.Approvals, forged),

@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pipeline/grants"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -429,6 +430,17 @@ func (d *driver) decide(ctx context.Context, t *turnState, c CallPlan, key strin
 			DecisionID: decisionID, ApprovalID: rec.ApprovalID, Transport: transport,
 			Decider: schemas.Sender{ID: t.sender, Kind: schemas.SenderUser, Verified: true},
 			Option:  option, ArgsDigest: rec.ArgsDigest, SentAt: time.Now().UTC(),
+		}
+		// Odd turns send their decisions to the approver as requests
+		// (pipeline/submit: what Tollgate's own surfaces do; stored on the
+		// stream when no approver answers), the others store them on the
+		// decision stream: both ways meet every fault.
+		if t.plan.Index%2 == 1 {
+			if _, err := submit.Decision(ctx, d.js, dec); err == nil {
+				return nil
+			}
+			// Neither answered nor stored (the broker restarting): stored
+			// below, retried until it is, as every decision here is.
 		}
 		data, err := schemas.Encode(dec)
 		if err != nil {

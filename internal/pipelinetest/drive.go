@@ -5,7 +5,10 @@
 package pipelinetest
 
 import (
+	"slices"
 	"strconv"
+	"sync"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -110,4 +113,62 @@ func (h *H) Accept(m *schemas.InboundMessage) *schemas.AcceptedTurn {
 		h.T.Fatalf("pipelinetest: seal: %v", err)
 	}
 	return at
+}
+
+// requestLog records the requests sent on tollgate.decide.> (a decision
+// sent to the approver's service, which no stream keeps), as a core
+// subscriber hears them.
+type requestLog struct {
+	mu   sync.Mutex
+	msgs []*nats.Msg
+}
+
+// recordDecisionRequests subscribes on nc until the test ends.
+func recordDecisionRequests(t testing.TB, nc *nats.Conn) *requestLog {
+	t.Helper()
+	l := &requestLog{}
+	sub, err := nc.Subscribe(topology.SubjectDecide+">", func(m *nats.Msg) {
+		l.mu.Lock()
+		l.msgs = append(l.msgs, m)
+		l.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatalf("pipelinetest: record decision requests: %v", err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatalf("pipelinetest: record decision requests: %v", err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return l
+}
+
+// SentDecisions are the decisions sent on approvalID by transport: those
+// TOLLGATE_DECISIONS holds on its subject, then those sent as requests to
+// the approver (pipeline/submit), each decision id once (a request no
+// approver answered is stored on the stream too), in that order.
+func (h *H) SentDecisions(transport, approvalID string) []*schemas.Decision {
+	h.T.Helper()
+	out := DecodeAll[schemas.Decision](h.T, h.Messages(topology.StreamDecisions, topology.DecisionSubject(transport, approvalID)))
+	seen := map[string]bool{}
+	for _, d := range out {
+		seen[d.DecisionID] = true
+	}
+	subj := topology.DecideSubject(transport, approvalID)
+	h.requests.mu.Lock()
+	msgs := slices.Clone(h.requests.msgs)
+	h.requests.mu.Unlock()
+	for _, m := range msgs {
+		if m.Subject != subj {
+			continue
+		}
+		d, err := schemas.Decode[schemas.Decision](m.Data)
+		if err != nil {
+			h.T.Fatalf("pipelinetest: a decision request on %s does not decode: %v", subj, err)
+		}
+		if !seen[d.DecisionID] {
+			seen[d.DecisionID] = true
+			out = append(out, d)
+		}
+	}
+	return out
 }

@@ -163,6 +163,9 @@ type Pipeline struct {
 	cancel  context.CancelFunc
 	done    chan error
 	stopped atomic.Bool
+	// requests are the decisions sent as requests to the approver
+	// (SentDecisions).
+	requests *requestLog
 }
 
 // seq numbers NextID process-wide, so that pipelines sharing a server
@@ -240,6 +243,7 @@ func Start(t testing.TB, o Options) *H {
 		built: p, running: slices.Clone(stages),
 	}}
 	t.Cleanup(h.Stop)
+	h.requests = recordDecisionRequests(t, env.JS.Conn())
 	go func() { h.done <- p.RunStages(runCtx, stages...) }()
 	return h
 }

@@ -2,10 +2,12 @@ package chat
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/bus"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -86,10 +88,18 @@ func (t *Transport[M]) NewDecision(tg *Target, decider schemas.Sender, option, n
 	}
 }
 
-// Publish submits d on tollgate.decision.submit.<name>.<approval>, with
-// its id as the message id (a retried click is deduplicated).
+// Publish submits d to the approver (pipeline/submit: a request on
+// tollgate.decide.<name>.<approval>, stored on
+// tollgate.decision.submit.<name>.<approval> with its id as the message
+// id when no approver answers). A retried click is one decision: the
+// approver answers a repeat as an idempotent success. d.Transport must be
+// the transport's name.
 func (t *Transport[M]) Publish(ctx context.Context, d *schemas.Decision) error {
-	return bus.Publish(ctx, t.cfg.JS, topology.DecisionSubject(t.cfg.Name, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d)
+	if d.Transport != t.cfg.Name {
+		return fmt.Errorf("chat %s: a decision from transport %q", t.cfg.Name, d.Transport)
+	}
+	_, err := submit.Decision(ctx, t.cfg.JS, d)
+	return err
 }
 
 // PublishInbound publishes m (of this transport) on

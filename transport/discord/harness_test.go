@@ -20,6 +20,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/reveal"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/transport/chat/chattest"
@@ -358,8 +359,15 @@ func (r *rig) promptOf(t *testing.T, id string) call {
 	return c
 }
 
-// msgs is how many messages stream holds.
-func (r *rig) msgs(t *testing.T, stream string) uint64 { return chattest.StreamMsgs(t, r.h.JS, stream) }
+// msgs is how many messages stream holds; for TOLLGATE_DECISIONS, how
+// many decisions reached the approver (chattest.DecisionsSent: a decision
+// the approver answers as a request is in no stream).
+func (r *rig) msgs(t *testing.T, stream string) uint64 {
+	if stream == topology.StreamDecisions {
+		return chattest.DecisionsSent(t, r.h.JS)
+	}
+	return chattest.StreamMsgs(t, r.h.JS, stream)
+}
 
 // refused is tollgate_discord_refused_total{reason}.
 func (r *rig) refused(t *testing.T, reason string) float64 {

@@ -19,8 +19,8 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tracing"
 )
@@ -505,7 +505,7 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request, key *Key) 
 			return err
 		}
 	}
-	if err := bus.Publish(r.Context(), s.cfg.JS, topology.DecisionSubject(key.Transport, a.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+	if _, err := submit.Decision(r.Context(), s.cfg.JS, d); err != nil {
 		return unavailable(err)
 	}
 	httpserve.Hold(w, r, s.cfg.DecisionWait)

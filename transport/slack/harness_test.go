@@ -350,8 +350,15 @@ func (r *rig) click(t *testing.T, body []byte) *http.Response {
 	return r.send(t, "/slack/interactivity", form, body, time.Now(), secret)
 }
 
-// msgs is how many messages stream holds.
-func (r *rig) msgs(t *testing.T, stream string) uint64 { return chattest.StreamMsgs(t, r.h.JS, stream) }
+// msgs is how many messages stream holds; for TOLLGATE_DECISIONS, how
+// many decisions reached the approver (chattest.DecisionsSent: a decision
+// the approver answers as a request is in no stream).
+func (r *rig) msgs(t *testing.T, stream string) uint64 {
+	if stream == topology.StreamDecisions {
+		return chattest.DecisionsSent(t, r.h.JS)
+	}
+	return chattest.StreamMsgs(t, r.h.JS, stream)
+}
 
 // refused is tollgate_slack_refused_total{reason}.
 func (r *rig) refused(t *testing.T, reason string) float64 {

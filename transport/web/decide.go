@@ -13,8 +13,8 @@ import (
 
 	"github.com/tollgate-dev/tollgate/internal/httpserve"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -261,7 +261,7 @@ func (s *Server) publishDecision(ctx context.Context, d *schemas.Decision, answe
 		stop()
 		return nil, nil, err
 	}
-	if err := bus.Publish(ctx, s.cfg.JS, topology.DecisionSubject(Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), d); err != nil {
+	if _, err := submit.Decision(ctx, s.cfg.JS, d); err != nil {
 		stop()
 		return nil, nil, err
 	}

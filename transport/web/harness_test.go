@@ -15,7 +15,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/tools"
 	"github.com/tollgate-dev/tollgate/transport/gateway"
@@ -214,10 +213,10 @@ func (in *inbox) send(session, sender, tool, args string, team bool) string {
 	return in.Send(m)
 }
 
-// webDecisions are the decisions stored for approval id on the web
-// transport's subject.
+// webDecisions is how many decisions the inbox sent on approval id, as
+// the web transport (pt.H.SentDecisions).
 func (in *inbox) webDecisions(id string) int {
-	return len(in.Messages(topology.StreamDecisions, topology.DecisionSubject(web.Transport, id)))
+	return len(in.SentDecisions(web.Transport, id))
 }
 
 // card is approval id's card as its own page shows it to b (from its

@@ -16,6 +16,7 @@ package chattest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -24,11 +25,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-dev/tollgate/internal/pipelinetest"
 	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/decisions"
 	"github.com/tollgate-dev/tollgate/pipeline/outcomes"
 	"github.com/tollgate-dev/tollgate/schemas"
@@ -454,6 +457,28 @@ func StreamMsgs(t testing.TB, js jetstream.JetStream, stream string) uint64 {
 		t.Fatalf("stream %s: %v", stream, err)
 	}
 	return info.State.Msgs
+}
+
+// DecisionsSent is how many decisions reached the approver: those
+// TOLLGATE_DECISIONS holds, and the requests its decision service
+// (approver.DecideService) received, which no stream keeps (micro's
+// $SRV.STATS of the one approver the test runs). A transport's click that
+// is refused before it is sent adds to neither.
+func DecisionsSent(t testing.TB, js jetstream.JetStream) uint64 {
+	t.Helper()
+	n := StreamMsgs(t, js, topology.StreamDecisions)
+	m, err := js.Conn().Request("$SRV.STATS."+approver.DecideService, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("stats of the approver's decision service: %v", err)
+	}
+	var stats micro.Stats
+	if err := json.Unmarshal(m.Data, &stats); err != nil {
+		t.Fatalf("stats of the approver's decision service: %v", err)
+	}
+	for _, e := range stats.Endpoints {
+		n += uint64(e.NumRequests)
+	}
+	return n
 }
 
 // Prompted waits (20 seconds at most) until chat transport name has
