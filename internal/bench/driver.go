@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -116,6 +117,11 @@ type driver struct {
 	raw  bool // add the raw stages' headers
 	// decide: approve requests as they are published.
 	decide bool
+	// streamDecisions: decisions are published on TOLLGATE_DECISIONS, as
+	// the layout phase's two designs were measured, instead of sent to
+	// the approver's service (pipeline/submit) as Tollgate's transports
+	// send them.
+	streamDecisions bool
 
 	seq       atomic.Int64
 	mu        sync.Mutex
@@ -170,8 +176,8 @@ type latencies struct {
 	call     []time.Duration // approved call's claim created -> its result written
 }
 
-func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, decide bool) (*driver, error) {
-	d := &driver{nc: nc, js: js, run: run, path: p, raw: raw, decide: decide,
+func newDriver(nc *nats.Conn, js jetstream.JetStream, run string, p path, raw, decide, streamDecisions bool) (*driver, error) {
+	d := &driver{nc: nc, js: js, run: run, path: p, raw: raw, decide: decide, streamDecisions: streamDecisions,
 		turns: map[string]*turn{}, decisions: make(chan string, 1<<16)}
 	if p == plannerPath {
 		d.inOrder, d.handlers, d.dispatched = make(chan *nats.Msg, 1<<18), map[*nats.Subscription]nats.MsgHandler{}, make(chan struct{})
@@ -454,24 +460,39 @@ func (d *driver) onBatch(m *nats.Msg) {
 	}
 }
 
-// decider publishes an approval for each approval id it receives.
+// decider sends an approval for each approval id it receives: published
+// asynchronously (streamDecisions), or as a request to the approver's
+// service, each in a goroutine of its own (at most one per turn in
+// flight), as a transport's decision waits for its answer.
 func (d *driver) decider() {
 	defer d.decWG.Done()
 	for id := range d.decisions {
-		d.publishDecision(id)
+		if d.streamDecisions {
+			d.sendDecision(id)
+			continue
+		}
+		d.decWG.Add(1)
+		go func() {
+			defer d.decWG.Done()
+			d.sendDecision(id)
+		}()
 	}
 }
 
-func (d *driver) publishDecision(approvalID string) {
+// decisionTimeout bounds one decision request (submit.Decision stores a
+// decision no approver answered on the stream).
+const decisionTimeout = 30 * time.Second
+
+// sendDecision approves approvalID as cli:alice: a request to the
+// approver's service, answered once it is applied (submit.Decision), or,
+// with streamDecisions, a publish on TOLLGATE_DECISIONS that returns at
+// once. A decision that is not applied (a rejection, or stored on the
+// stream because no approver answered) counts as a publish error.
+func (d *driver) sendDecision(approvalID string) {
 	dec := &schemas.Decision{
 		DecisionID: d.run + "-d-" + strconv.FormatInt(d.seq.Add(1), 10), ApprovalID: approvalID, Transport: "cli",
 		Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true},
 		Option:  schemas.OptionApprove, SentAt: time.Now().UTC(),
-	}
-	data, err := schemas.Encode(dec)
-	if err != nil {
-		d.pubErrs.Add(1)
-		return
 	}
 	turnID := schemas.TurnIDOfApproval(approvalID)
 	d.mu.Lock()
@@ -479,6 +500,19 @@ func (d *driver) publishDecision(approvalID string) {
 		t.decided = time.Now()
 	}
 	d.mu.Unlock()
+	if !d.streamDecisions {
+		ctx, cancel := context.WithTimeout(context.Background(), decisionTimeout)
+		defer cancel()
+		if a, err := submit.Decision(ctx, d.js, dec); err != nil || a.Result != submit.Applied {
+			d.pubErrs.Add(1)
+		}
+		return
+	}
+	data, err := schemas.Encode(dec)
+	if err != nil {
+		d.pubErrs.Add(1)
+		return
+	}
 	d.publish(&nats.Msg{Subject: topology.DecisionSubject("cli", approvalID), Data: data, Header: nats.Header{}}, dec.DecisionID)
 }
 

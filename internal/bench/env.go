@@ -221,8 +221,8 @@ func (e *env) startNodes() error {
 
 // connect opens a client connection with a JetStream handle whose async
 // publish window is asyncWindow.
-func (e *env) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(e.url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+func (e *env) connect(name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(e.url, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect %s: %w", e.url, err)
 	}

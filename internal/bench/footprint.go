@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -65,7 +66,7 @@ func (b *bencher) footprintRun() (footprint, error) {
 		return fp, err
 	}
 	defer nc.Close()
-	d, err := newDriver(nc, js, b.runID(), pendingPath, false, false)
+	d, err := newDriver(nc, js, b.runID(), pendingPath, false, false, false)
 	if err != nil {
 		return fp, err
 	}
@@ -134,9 +135,16 @@ func (b *bencher) footprintRun() (footprint, error) {
 	// Decided but not redriven: stop the redriver, decide everything.
 	ps.stopOne("redriver")
 	t0 = time.Now()
+	var sent sync.WaitGroup
+	slots := make(chan struct{}, 64) // decisions in flight, as 64 people deciding at once
 	for _, id := range turns {
-		d.publishDecision(schemas.ApprovalID(id, pendingPath.approvalIndex()))
+		slots <- struct{}{}
+		sent.Go(func() {
+			defer func() { <-slots }()
+			d.sendDecision(schemas.ApprovalID(id, pendingPath.approvalIndex()))
+		})
 	}
+	sent.Wait()
 	// Each decision is its approval record's revision (no event is
 	// published for it): wait until every record is decided.
 	approvals, err := js.KeyValue(context.Background(), topology.BucketApprovals)

@@ -174,9 +174,9 @@ func (l rawLayout) stageConfigs() map[string]rawStageConfig {
 	}
 	return map[string]rawStageConfig{
 		"ingest":   rawStageConfigs["ingest"],
-		"executor": {[]rawSource{{topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*"}}}, rawStageConfigs["executor"].concurrency},
-		"approver": rawStageConfigs["approver"],
-		"redriver": {redriver, rawStageConfigs["redriver"].concurrency},
+		"executor": {sources: []rawSource{{topology.StreamTurns, []string{topology.SubjectTurnAccepted + "*"}}}, concurrency: rawStageConfigs["executor"].concurrency},
+		"approver": streamApprover,
+		"redriver": {sources: redriver, concurrency: rawStageConfigs["redriver"].concurrency},
 	}
 }
 

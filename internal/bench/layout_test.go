@@ -82,7 +82,7 @@ func TestDesignsStoreTheirSequencesWrites(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer nc.Close()
-				d, err := newDriver(nc, djs, "layout", p, true, p.decided())
+				d, err := newDriver(nc, djs, "layout", p, true, p.decided(), l.oneWritePerFact())
 				if err != nil {
 					t.Fatal(err)
 				}

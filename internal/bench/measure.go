@@ -325,7 +325,7 @@ func (b *bencher) drive(e *env, p path, raw bool, pids []int, onWindow func(open
 			return sample{}, err
 		}
 		defer nc.Close()
-		d, err := newDriver(nc, js, run, p, raw, p.decided())
+		d, err := newDriver(nc, js, run, p, raw, p.decided(), len(facts) > 0) // facts: a design of the layout phase
 		if err != nil {
 			return sample{}, err
 		}
@@ -591,7 +591,7 @@ func (b *bencher) latency(mode string, p path, rate float64) (latSample, error) 
 		return latSample{}, err
 	}
 	defer nc.Close()
-	d, err := newDriver(nc, js, b.runID(), p, false, p.decided())
+	d, err := newDriver(nc, js, b.runID(), p, false, p.decided(), false)
 	if err != nil {
 		return latSample{}, err
 	}

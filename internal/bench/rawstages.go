@@ -19,10 +19,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/jetstream/turnlog"
 	"github.com/tollgate-dev/tollgate/jetstream/turnorder"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
 
@@ -86,6 +88,7 @@ type rawStages struct {
 // rawRun is one running raw stage.
 type rawRun struct {
 	ccs   []jetstream.ConsumeContext
+	sub   *nats.Subscription // the requests it answers, if any
 	chans []chan jetstream.Msg
 	wg    sync.WaitGroup
 }
@@ -101,20 +104,28 @@ type rawSource struct {
 }
 
 // rawStageConfig mirrors the stage's runner configuration: the consumers
-// that trigger it (a layout defines its own: rawLayout.stageConfigs) and
-// how many messages it handles at once.
+// that trigger it (a layout defines its own: rawLayout.stageConfigs), the
+// requests it answers (a queue subscription, as the approver's decision
+// service: each request is handled as a message of its own, acknowledged
+// by its answer) and how many messages it handles at once.
 type rawStageConfig struct {
 	sources     []rawSource
 	concurrency int
+	requests    string
 }
 
 // rawStageConfigs are Tollgate's stages' consumers today.
 var rawStageConfigs = map[string]rawStageConfig{
-	"ingest":   {[]rawSource{{topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}}}, 16},
-	"executor": {[]rawSource{{topology.StreamTurns, []string{topology.OrderFilter(topology.OrderExec), topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, 64},
-	"approver": {[]rawSource{{topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}}}, 32},
-	"redriver": {[]rawSource{{topology.StreamApprovals, []string{topology.ApprovalRevisions}}, {topology.StreamEvents, []string{topology.SubjectBatchAwaiting + "*"}}}, 64},
+	"ingest":   {sources: []rawSource{{topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}}}, concurrency: 16},
+	"executor": {sources: []rawSource{{topology.StreamTurns, []string{topology.OrderFilter(topology.OrderExec), topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, concurrency: 64},
+	"approver": {concurrency: 32, requests: topology.SubjectDecide + "*.*"},
+	"redriver": {sources: []rawSource{{topology.StreamApprovals, []string{topology.ApprovalRevisions}}, {topology.StreamEvents, []string{topology.SubjectBatchAwaiting + "*"}}}, concurrency: 64},
 }
+
+// streamApprover is the approver as it consumed decisions from
+// TOLLGATE_DECISIONS before it answered them as requests: the layout
+// phase's two designs were measured so (rawseq.go), and keep it.
+var streamApprover = rawStageConfig{sources: []rawSource{{topology.StreamDecisions, []string{topology.SubjectDecisionSubmit + ">"}}}, concurrency: 32}
 
 // rawGroup is the operations a stage performs for a message whose subject
 // starts with trigger, or, for a trigger "fact:<name>", a message whose
@@ -140,7 +151,7 @@ func rawPlan(seq []step) map[string][]rawGroup {
 	for _, s := range seq {
 		switch {
 		case s.Stage == "client":
-		case s.Op == "consume+ack":
+		case s.Op == "consume+ack" || s.Op == "answer":
 			plan[s.Stage] = append(plan[s.Stage], rawGroup{trigger: s.Trigger, ops: pending[s.Stage]})
 			pending[s.Stage] = nil
 		default:
@@ -304,7 +315,14 @@ func drain[T any](r *rawStages, ctx context.Context, updates <-chan T, stop func
 	}()
 }
 
-func (r *rawStages) consumer(stage string) string { return rawConsumer(stage) }
+// consumer is stage's durable consumer; "" for a stage that consumes
+// nothing (the approver, which answers requests).
+func (r *rawStages) consumer(stage string) string {
+	if len(r.configs[stage].sources) == 0 {
+		return ""
+	}
+	return rawConsumer(stage)
+}
 
 // resume starts stage if it is not running (errors are counted, and
 // returned). Its watches are not stopped by pause: it is ready at once.
@@ -367,6 +385,22 @@ func (r *rawStages) start(stage string) error {
 		h.Write([]byte(key))
 		return run.chans[h.Sum32()%uint32(len(run.chans))]
 	}
+	if c.requests != "" {
+		sub, err := r.js.Conn().QueueSubscribe(c.requests, rawConsumer(stage), func(m *nats.Msg) {
+			rm := requestMsg{m}
+			lane(rm) <- rm
+		})
+		if err != nil {
+			for _, ch := range run.chans {
+				close(ch)
+			}
+			return fmt.Errorf("raw %s: serve %s: %w", stage, c.requests, err)
+		}
+		run.sub = sub
+		if err := r.js.Conn().Flush(); err != nil { // answered from the first request on
+			r.fail(err)
+		}
+	}
 	for _, cons := range conss {
 		cc, err := cons.Consume(func(m jetstream.Msg) { lane(m) <- m }, jetstream.PullMaxMessages(256))
 		if err != nil {
@@ -392,6 +426,14 @@ func (r *rawStages) pause(stage string) error {
 	r.mu.Unlock()
 	if run == nil {
 		return nil
+	}
+	if run.sub != nil {
+		if err := run.sub.Drain(); err != nil {
+			r.fail(err)
+		}
+		for run.sub.IsValid() {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	for _, cc := range run.ccs {
 		cc.Drain()
@@ -1002,4 +1044,32 @@ func rawResults(logs []string) (errs, conflicts, retries int64, last string) {
 		}
 	}
 	return errs, conflicts, retries, last
+}
+
+// requestMsg is a request a raw stage answers (rawStageConfig.requests),
+// handled as a consumed message is: its acknowledgement is the answer the
+// approver's decision service gives a decision it applied (the same
+// header, no body).
+type requestMsg struct{ m *nats.Msg }
+
+func (r requestMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	return nil, errors.New("raw: a request has no stream metadata")
+}
+func (r requestMsg) Data() []byte         { return r.m.Data }
+func (r requestMsg) Headers() nats.Header { return r.m.Header }
+func (r requestMsg) Subject() string      { return r.m.Subject }
+func (r requestMsg) Reply() string        { return r.m.Reply }
+func (r requestMsg) Ack() error {
+	return r.m.RespondMsg(&nats.Msg{Header: nats.Header{submit.HeaderResult: []string{string(submit.Applied)}}})
+}
+func (r requestMsg) DoubleAck(context.Context) error { return r.Ack() }
+
+// A retry of a request is its sender's to make: handed back.
+func (r requestMsg) Nak() error                       { return r.handBack() }
+func (r requestMsg) NakWithDelay(time.Duration) error { return r.handBack() }
+func (r requestMsg) InProgress() error                { return nil }
+func (r requestMsg) Term() error                      { return r.handBack() }
+func (r requestMsg) TermWithReason(string) error      { return r.handBack() }
+func (r requestMsg) handBack() error {
+	return r.m.RespondMsg(&nats.Msg{Header: nats.Header{micro.ErrorCodeHeader: []string{submit.NotTaken}}})
 }

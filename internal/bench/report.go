@@ -52,9 +52,12 @@ type Sequence struct {
 // Under sync_interval: always each is one fsync before its
 // acknowledgement on a single node (nats-server's filestore syncs every
 // message it stores), so their number bounds a turn's rate at full
-// durability. Client publishes (the inbound message, the decision) are
-// counted: the turn needs them. Consumer acknowledgements and reads are
-// not writes of the turn's facts and are not counted.
+// durability. Client publishes (the inbound message; a decision published
+// on TOLLGATE_DECISIONS) are counted: the turn needs them. A decision sent
+// to the approver's service is a request, in no stream: not a write (its
+// write is the approval record's revision). Consumer acknowledgements,
+// answers and reads are not writes of the turn's facts and are not
+// counted.
 type Writes struct {
 	Publishes int `json:"stream_publishes"`
 	KV        int `json:"kv_writes"`

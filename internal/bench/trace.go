@@ -10,8 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
 )
 
 // The tracer records, from its own connection, every JetStream operation
@@ -28,10 +30,16 @@ import (
 //     gets, pull requests, infos
 //   - $JS.ACK.>           acknowledgements (and NAK, WPI, TERM), which name
 //     the stream and consumer of the message consumed
+//   - tollgate.decide.>   (within tollgate.>) a decision sent as a request
+//     to the approver's service, in no stream
+//   - _INBOX_trace.>      replies to the traced turns' driver (its inbox
+//     prefix, traceInboxPrefix): only the approver's answer to a decision
+//     request is kept (an "answer", which ends the approver's steps as an
+//     acknowledgement ends a consumer's)
 //
-// Deliveries to a pull consumer go to the client's inbox and are not seen;
-// every consumed message is acknowledged once, so the ack stands for the
-// consume. Replies are not seen either: a KV create that fails shows as
+// Deliveries to a pull consumer go to the client's inbox and are passed
+// over; every consumed message is acknowledged once, so the ack stands
+// for the consume. Other replies are passed over too: a KV create that fails shows as
 // the create followed by a direct get of the same key (nats.go's Create
 // reads the key to see whether it was deleted).
 type tracer struct {
@@ -39,19 +47,25 @@ type tracer struct {
 	ops  []tracedOp
 	subs []*nats.Subscription
 	t0   time.Time
-	ch   chan *nats.Msg
-	done chan struct{}
+	// lastRequest is the subject of the last request seen (a decision
+	// sent to the approver's service), which an answer is taken to answer.
+	lastRequest string
+	ch          chan *nats.Msg
+	done        chan struct{}
 }
 
 // tracedOp is one operation seen by the tracer.
 type tracedOp struct {
 	At      time.Duration
-	Kind    string // publish, log.append, kv.create, kv.update, kv.put, kv.get, stream.get, ack, nak, wpi, term, api
+	Kind    string // publish, request, answer, log.append, kv.create, kv.update, kv.put, kv.get, stream.get, ack, nak, wpi, term, api
 	Subject string // as sent
 	Target  string // stream subject, bucket/key, or stream/consumer (ack)
 	Bytes   int    // payload bytes (publishes and KV writes)
 	MsgID   bool   // carries Nats-Msg-Id
 }
+
+// traceInboxPrefix is the inbox prefix of the traced turns' driver.
+const traceInboxPrefix = "_INBOX_trace"
 
 // startTracer subscribes on nc, which must be used for nothing else that
 // is slow. The subscriptions share one channel, which nats.go fills from
@@ -66,7 +80,7 @@ func startTracer(nc *nats.Conn) (*tracer, error) {
 			t.record(m)
 		}
 	}()
-	for _, subj := range []string{"tollgate.>", "$KV.>", "$JS.API.>", "$JS.ACK.>"} {
+	for _, subj := range []string{"tollgate.>", "$KV.>", "$JS.API.>", "$JS.ACK.>", traceInboxPrefix + ".>"} {
 		s, err := nc.ChanSubscribe(subj, t.ch)
 		if err != nil {
 			t.stop()
@@ -105,6 +119,14 @@ func (t *tracer) record(m *nats.Msg) {
 		return
 	}
 	t.mu.Lock()
+	// An answer names the request it answers: the last one sent (the
+	// trace sends one decision at a time).
+	switch op.Kind {
+	case "request":
+		t.lastRequest = op.Target
+	case "answer":
+		op.Target = t.lastRequest
+	}
 	op.At = time.Since(t.t0)
 	t.ops = append(t.ops, op)
 	t.mu.Unlock()
@@ -168,6 +190,19 @@ func classify(m *nats.Msg) tracedOp {
 		default:
 			op.Kind = "ack?" + body
 		}
+	case strings.HasPrefix(s, traceInboxPrefix+"."):
+		// A reply: only the approver's answer to a decision request is
+		// one of the turn's steps (its Tollgate-Result, or a service
+		// error); API replies, acknowledgements of publishes and pull
+		// deliveries are not.
+		if headerOf(m, submit.HeaderResult) == "" && headerOf(m, micro.ErrorCodeHeader) == "" {
+			return tracedOp{}
+		}
+		op.Kind, op.Bytes = "answer", 0
+	case strings.HasPrefix(s, topology.SubjectDecide):
+		// A decision sent to the approver's service (pipeline/submit): a
+		// core request, in no stream.
+		op.Kind, op.Target = "request", s
 	case strings.HasPrefix(s, topology.SubjectTurnLogPrefix):
 		// An append to a turn's log (jetstream/turnlog: a compare-and-set
 		// against the turn's last event), where the stages keep a turn's
@@ -219,7 +254,7 @@ func headerOf(m *nats.Msg, k string) string {
 // attributed to the stage whose acknowledgement ends its group.
 type step struct {
 	Stage string `json:"stage"`
-	Op    string `json:"op"`     // publish, log.append, kv.create, kv.create(exists), kv.update, kv.get, stream.get, consume+ack
+	Op    string `json:"op"`     // publish, request, answer, log.append, kv.create, kv.create(exists), kv.update, kv.get, stream.get, consume+ack
 	On    string `json:"on"`     // subject, bucket/key or stream/consumer, canonical
 	Bytes int    `json:"bytes"`  // payload size as traced
 	MsgID bool   `json:"msg_id"` // publish carries a Nats-Msg-Id
@@ -279,6 +314,17 @@ func canonical(ops []tracedOp, names [][2]string, consumers map[string]string) [
 			out = append(out, group...)
 			group = nil
 			out = append(out, step{Stage: stage, Op: "consume+ack", On: stream + "/" + cons})
+		case "answer":
+			// The approver's answer to a decision request: it ends the
+			// approver's group as an acknowledgement ends a consumer's.
+			for i := range group {
+				if group[i].Stage == "" {
+					group[i].Stage = "approver"
+				}
+			}
+			out = append(out, group...)
+			group = nil
+			out = append(out, step{Stage: "approver", Op: "answer", On: on})
 		case "wpi":
 			continue // keep-alive of a held message: timing, not the turn's work
 		case "kv.get":
@@ -291,7 +337,7 @@ func canonical(ops []tracedOp, names [][2]string, consumers map[string]string) [
 			group = append(group, step{Op: o.Kind, On: on})
 		default:
 			s := step{Op: o.Kind, On: on, Bytes: o.Bytes, MsgID: o.MsgID}
-			if o.Kind == "publish" && isClientSubject(o.Subject) {
+			if (o.Kind == "publish" || o.Kind == "request") && isClientSubject(o.Subject) {
 				s.Stage = "client"
 				out = append(out, s)
 				continue
@@ -309,5 +355,5 @@ func canonical(ops []tracedOp, names [][2]string, consumers map[string]string) [
 
 // isClientSubject: publishes made by the transport or the decider.
 func isClientSubject(s string) bool {
-	return strings.HasPrefix(s, "tollgate.inbound.") || strings.HasPrefix(s, "tollgate.decision.submit.")
+	return strings.HasPrefix(s, "tollgate.inbound.") || strings.HasPrefix(s, "tollgate.decision.submit.") || strings.HasPrefix(s, topology.SubjectDecide)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/schemas"
 	"github.com/tollgate-dev/tollgate/seal"
@@ -25,7 +26,7 @@ type stager interface {
 	// watches (the approver's of the approvals, the redriver's of the
 	// turn logs) have caught up, as they have in a pipeline that runs.
 	resume(stage string) error
-	consumer(stage string) string // the stage's durable consumer
+	consumer(stage string) string // the stage's durable consumer; "" for one that consumes nothing
 }
 
 // traceTurn runs turns of path p through the all-in-one pipeline with the
@@ -80,12 +81,15 @@ func traceSchedule(p path) []string {
 // raw ones with raw) run one at a time, following traceSchedule, so that
 // each operation is attributed to the one stage working.
 func traceOn(e *env, st stager, p path, raw bool) ([]step, error) {
-	nc, js, err := e.connect("tollgate-bench-trace")
+	// Replies to the driver come to inboxes of its own, where the tracer
+	// hears the approver's answers to its decisions (a subscription to
+	// every inbox would also receive the stages' pull deliveries).
+	nc, js, err := e.connect("tollgate-bench-trace", nats.CustomInboxPrefix(traceInboxPrefix))
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	d, err := newDriver(nc, js, "trace", p, raw, false)
+	d, err := newDriver(nc, js, "trace", p, raw, false, false)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +126,7 @@ func traceOn(e *env, st stager, p path, raw bool) ([]step, error) {
 					return nil, err
 				}
 			case "decide":
-				d.publishDecision(schemas.ApprovalID(t.id, p.approvalIndex()))
+				d.sendDecision(schemas.ApprovalID(t.id, p.approvalIndex()))
 				if err := d.waitAsync(traceWait); err != nil {
 					return nil, err
 				}
@@ -130,8 +134,12 @@ func traceOn(e *env, st stager, p path, raw bool) ([]step, error) {
 				if err := st.resume(s); err != nil {
 					return nil, err
 				}
-				if err := waitIdle(js, stageConsumer[s].Stream, st.consumer(s), traceWait); err != nil {
-					return nil, err
+				// A stage that consumes nothing (the raw approver) has
+				// answered its request before the decision returned.
+				if c := st.consumer(s); c != "" {
+					if err := waitIdle(js, stageConsumer[s].Stream, c, traceWait); err != nil {
+						return nil, err
+					}
 				}
 				tr.quiesce()
 				if err := st.pause(s); err != nil {
