@@ -1,0 +1,122 @@
+package submit_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
+	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/submit"
+	"github.com/tollgate-dev/tollgate/schemas"
+)
+
+// stored returns the decisions TOLLGATE_DECISIONS holds on approval id's
+// cli subject, with their message ids.
+func stored(t *testing.T, js jetstream.JetStream, id string) (ids []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, topology.StreamDecisions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, topology.DecisionSubject("cli", id))
+	if err != nil {
+		return nil
+	}
+	d, err := schemas.Decode[schemas.Decision](m.Data)
+	if err != nil || d.ApprovalID != id {
+		t.Fatalf("stored decision on %s: %+v, %v", id, d, err)
+	}
+	return []string{m.Header.Get(jetstream.MsgIDHeader)}
+}
+
+// TestTheAnswerDecidesWhetherTheDecisionIsStored runs Decision against a
+// stand-in for the approver's service on a real server, scripted to give
+// each answer the protocol defines (docs/protocol.md §9.2): an answer
+// that says what the decision did leaves the stream alone; one that hands
+// it back, one Decision does not know, and no answer at all store it on
+// TOLLGATE_DECISIONS, message id its decision id.
+func TestTheAnswerDecidesWhetherTheDecisionIsStored(t *testing.T) {
+	env := jstest.Start(t)
+	tests := []struct {
+		name   string
+		answer nats.Header // nil: no responder
+		want   submit.Answer
+		stored bool
+	}{
+		{"applied", nats.Header{submit.HeaderResult: {"applied"}}, submit.Answer{Result: submit.Applied}, false},
+		{"a vote", nats.Header{submit.HeaderResult: {"vote"}}, submit.Answer{Result: submit.Vote}, false},
+		{"a repeat", nats.Header{submit.HeaderResult: {"idempotent"}}, submit.Answer{Result: submit.Idempotent}, false},
+		{"a rejection with its code", nats.Header{micro.ErrorCodeHeader: {string(schemas.CodeApprovalExpired)}, micro.ErrorHeader: {"expired at noon"}},
+			submit.Answer{Result: submit.Rejected, Code: schemas.CodeApprovalExpired, Reason: "expired at noon"}, false},
+		{"handed back", nats.Header{micro.ErrorCodeHeader: {submit.NotTaken}, micro.ErrorHeader: {"not now"}}, submit.Answer{Result: submit.Queued}, true},
+		{"an answer it does not know", nats.Header{submit.HeaderResult: {"maybe"}}, submit.Answer{Result: submit.Queued}, true},
+		{"no approver", nil, submit.Answer{Result: submit.Queued}, true},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := schemas.ApprovalID(schemas.TurnID("cli", "m-"+string(rune('a'+i))), 0)
+			if tt.answer != nil {
+				sub, err := env.NC.Subscribe(topology.DecideSubject("cli", id), func(m *nats.Msg) {
+					_ = m.RespondMsg(&nats.Msg{Header: tt.answer})
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = sub.Unsubscribe() }()
+				if err := env.NC.Flush(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := &schemas.Decision{
+				DecisionID: "d-submit-" + string(rune('a'+i)), ApprovalID: id, Transport: "cli",
+				Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true},
+				Option:  schemas.OptionApprove, SentAt: time.Now().UTC(),
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			got, err := submit.Decision(ctx, env.JS, d)
+			if err != nil || got != tt.want {
+				t.Fatalf("Decision = %+v, %v; want %+v", got, err, tt.want)
+			}
+			ids := stored(t, env.JS, id)
+			switch {
+			case tt.stored && (len(ids) != 1 || ids[0] != d.DecisionID):
+				t.Fatalf("stored %v, want the decision under message id %s", ids, d.DecisionID)
+			case !tt.stored && len(ids) != 0:
+				t.Fatalf("stored %v for a decision the approver answered", ids)
+			}
+		})
+	}
+}
+
+// A caller's context that ends first is an error, and nothing is stored:
+// the decision did not reach Tollgate, and its sender may send it again.
+func TestACallerWhoGivesUpStoresNothing(t *testing.T) {
+	env := jstest.Start(t)
+	id := schemas.ApprovalID(schemas.TurnID("cli", "m-slow"), 0)
+	sub, err := env.NC.Subscribe(topology.DecideSubject("cli", id), func(*nats.Msg) {}) // hears it, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	d := &schemas.Decision{DecisionID: "d-slow", ApprovalID: id, Transport: "cli",
+		Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true}, Option: schemas.OptionApprove, SentAt: time.Now().UTC()}
+	if a, err := submit.Decision(ctx, env.JS, d); err == nil {
+		t.Fatalf("Decision = %+v with the caller's context ended, want an error", a)
+	}
+	if ids := stored(t, env.JS, id); len(ids) != 0 {
+		t.Fatalf("stored %v after the caller gave up", ids)
+	}
+}
