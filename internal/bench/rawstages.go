@@ -428,11 +428,16 @@ func (r *rawStages) pause(stage string) error {
 		return nil
 	}
 	if run.sub != nil {
+		// Every request received is handed to a lane before the lanes
+		// close: wait for the drained subscription to close.
+		closed := run.sub.StatusChanged(nats.SubscriptionClosed)
 		if err := run.sub.Drain(); err != nil {
 			r.fail(err)
 		}
-		for run.sub.IsValid() {
-			time.Sleep(time.Millisecond)
+		select {
+		case <-closed:
+		case <-time.After(30 * time.Second):
+			_ = run.sub.Unsubscribe()
 		}
 	}
 	for _, cc := range run.ccs {

@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/ingest"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
@@ -171,4 +173,16 @@ func (h *H) SentDecisions(transport, approvalID string) []*schemas.Decision {
 		}
 	}
 	return out
+}
+
+// WaitDecisionService waits until an approver answers on its decision
+// service (micro's ping of approver.DecideService): from then on a
+// decision sent with pipeline/submit is answered, not stored on the
+// stream for want of an approver.
+func (h *H) WaitDecisionService() {
+	h.T.Helper()
+	jstest.Eventually(h.T, h.wait, "the approver's decision service answers", func() bool {
+		_, err := h.JS.Conn().Request("$SRV.PING."+approver.DecideService, nil, time.Second)
+		return err == nil
+	})
 }

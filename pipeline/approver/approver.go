@@ -156,17 +156,30 @@ func (a *Approver) Run(ctx context.Context) error {
 // it with its original bytes. Such a message has no trustworthy sender to
 // address a rejection to.
 func (a *Approver) Handle(ctx context.Context, m jetstream.Msg) error {
-	d, err := schemas.Decode[schemas.Decision](m.Data())
+	d, err := decodeOn(m.Data(), m.Subject(), topology.DecisionSubject)
 	if err != nil {
 		return err
-	}
-	if want := topology.DecisionSubject(d.Transport, d.ApprovalID); m.Subject() != want {
-		return schemas.Errorf(schemas.CodeInvalidInput, "decision for %s from transport %s arrived on %s, want %s", d.ApprovalID, d.Transport, m.Subject(), want)
 	}
 	if schemas.IsGrantID(d.ApprovalID) {
 		return a.RevokeGrant(ctx, d)
 	}
 	return a.Apply(ctx, d)
+}
+
+// decodeOn decodes the decision data that arrived on subject, which must
+// be subjectOf its own transport and approval (topology.DecisionSubject
+// on the stream, topology.DecideSubject as a request): the subject's
+// transport token is the sender's identity, so a body naming another
+// transport or approval is INVALID_INPUT. Its error has a code.
+func decodeOn(data []byte, subject string, subjectOf func(transport, approvalID string) string) (*schemas.Decision, error) {
+	d, err := schemas.Decode[schemas.Decision](data)
+	if err != nil {
+		return nil, err
+	}
+	if want := subjectOf(d.Transport, d.ApprovalID); subject != want {
+		return nil, schemas.Errorf(schemas.CodeInvalidInput, "decision for %s from transport %s arrived on %s, want %s", d.ApprovalID, d.Transport, subject, want)
+	}
+	return d, nil
 }
 
 // ExpiryPrincipal is the principal recorded on an approval that expired.

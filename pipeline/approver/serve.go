@@ -3,7 +3,6 @@ package approver
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -87,17 +86,13 @@ func (a *Approver) serveDecisions() (stop func(), err error) {
 func (a *Approver) answer(req micro.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
-	transport, approval, _ := strings.Cut(strings.TrimPrefix(req.Subject(), topology.SubjectDecide), ".")
 	defer func() {
 		if p := recover(); p != nil {
 			a.cfg.Logger.Error("decision request: handler panic; handed back to the stream", "subject", req.Subject(), "panic", p)
 			a.respondError(req, submit.NotTaken, fmt.Sprintf("%s: the approver failed on it; store it on the decision stream", schemas.CodeHandlerPanic))
 		}
 	}()
-	d, err := schemas.Decode[schemas.Decision](req.Data())
-	if err == nil && (d.Transport != transport || d.ApprovalID != approval) {
-		err = schemas.Errorf(schemas.CodeInvalidInput, "decision for %s from transport %s arrived on %s, want %s", d.ApprovalID, d.Transport, req.Subject(), topology.DecideSubject(d.Transport, d.ApprovalID))
-	}
+	d, err := decodeOn(req.Data(), req.Subject(), topology.DecideSubject)
 	switch {
 	case err != nil:
 		a.refuse(ctx, req, err)

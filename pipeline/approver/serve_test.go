@@ -11,23 +11,12 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
 	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/runner"
 	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/schemas"
 )
-
-// waitDecideService waits until an approver answers on the decision
-// service (micro's ping of approver.DecideService).
-func waitDecideService(t *testing.T, h *pt.H) {
-	t.Helper()
-	jstest.Eventually(t, 10*time.Second, "the approver's decision service answers", func() bool {
-		_, err := h.JS.Conn().Request("$SRV.PING."+approver.DecideService, nil, time.Second)
-		return err == nil
-	})
-}
 
 // submitted submits d by request and returns the approver's answer.
 func submitted(t *testing.T, h *pt.H, d *schemas.Decision) submit.Answer {
@@ -54,7 +43,7 @@ func request(t *testing.T, h *pt.H, subject string, data []byte) *nats.Msg {
 
 func TestADecisionByRequestIsAppliedByItsOneWrite(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
-	waitDecideService(t, h)
+	h.WaitDecisionService()
 	turn, id := pendingWrite(h, "s-request", "request.txt")
 
 	d := h.Decision(id, schemas.OptionApprove, "cli", "alice")
@@ -79,7 +68,7 @@ func TestADecisionByRequestIsAppliedByItsOneWrite(t *testing.T) {
 
 func TestARepeatedOrConflictingDecisionByRequestIsAnsweredAndRunsNothingAgain(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
-	waitDecideService(t, h)
+	h.WaitDecisionService()
 	turn, id := pendingWrite(h, "s-repeat", "repeat.txt")
 
 	d := h.Decision(id, schemas.OptionApprove, "cli", "alice")
@@ -114,7 +103,7 @@ func TestARepeatedOrConflictingDecisionByRequestIsAnsweredAndRunsNothingAgain(t 
 
 func TestRejectedDecisionsByRequestAreAnsweredWithTheirCode(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
-	waitDecideService(t, h)
+	h.WaitDecisionService()
 	tests := []struct {
 		name   string
 		decide func(id string) *schemas.Decision
@@ -168,7 +157,7 @@ func TestRejectedDecisionsByRequestAreAnsweredWithTheirCode(t *testing.T) {
 
 func TestBadDecisionRequestsAreDeadLetteredWithTheirBytesAndACode(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
-	waitDecideService(t, h)
+	h.WaitDecisionService()
 	_, id := pendingWrite(h, "s-bad", "bad.txt")
 	forged, err := schemas.Encode(h.Decision(id, schemas.OptionApprove, "cli", "alice"))
 	if err != nil {
@@ -238,7 +227,7 @@ func TestADecisionWithNoApproverToAnswerIsQueuedAndAppliedLater(t *testing.T) {
 
 func TestConcurrentConflictingDecisionRequestsHaveOneWinner(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
-	waitDecideService(t, h)
+	h.WaitDecisionService()
 	for round := range 5 {
 		session := "s-race-" + string(rune('a'+round))
 		turn, id := pendingWrite(h, session, session+".txt")
@@ -284,7 +273,7 @@ func TestConcurrentConflictingDecisionRequestsHaveOneWinner(t *testing.T) {
 
 func TestAGrantRevocationByRequestIsHandedBackToTheStream(t *testing.T) {
 	h := pt.Start(t, pt.Options{Policy: testPolicy})
-	waitDecideService(t, h)
+	h.WaitDecisionService()
 	grant := schemas.GrantID(schemas.ApprovalID("t-00000000000000000000", 0), "d-none")
 	d := h.Decision(grant, schemas.OptionRevoke, "cli", "alice")
 	if a := submitted(t, h, d); a.Result != submit.Queued {

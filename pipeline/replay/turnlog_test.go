@@ -5,14 +5,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	pt "github.com/tollgate-dev/tollgate/internal/pipelinetest"
-	"github.com/tollgate-dev/tollgate/jetstream/jstest"
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
-	"github.com/tollgate-dev/tollgate/pipeline/approver"
 	"github.com/tollgate-dev/tollgate/pipeline/replay"
 	"github.com/tollgate-dev/tollgate/pipeline/submit"
 	"github.com/tollgate-dev/tollgate/policy"
@@ -414,10 +411,7 @@ func TestARebuildJudgesTheDecisionsNoStreamKeeps(t *testing.T) {
 // keeps it.
 func decideByRequest(t *testing.T, h *pt.H, id, who string) {
 	t.Helper()
-	jstest.Eventually(t, 10*time.Second, "the approver's decision service answers", func() bool {
-		_, err := h.JS.Conn().Request("$SRV.PING."+approver.DecideService, nil, time.Second)
-		return err == nil
-	})
+	h.WaitDecisionService()
 	ctx, cancel := h.Ctx()
 	defer cancel()
 	a, err := submit.Decision(ctx, h.JS, h.Decision(id, schemas.OptionApprove, "cli", who))

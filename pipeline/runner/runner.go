@@ -573,11 +573,7 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 	}
 	// The dead letter continues the trace (a child of this span); written
 	// among the runner's own headers, it is never cut to fit.
-	own := tracing.Inject(ctx, nats.Header{})
-	own.Set(HeaderStage, c.Component)
-	own.Set(HeaderCode, string(code))
-	own.Set(HeaderReason, truncate(cause.Error(), 1024))
-	own.Set(HeaderOriginalSubject, m.Subject())
+	own, copied := deadLetterHeaders(ctx, c.Component, code, cause, m.Subject(), m.Headers())
 	msgID := ""
 	if meta != nil {
 		own.Set(HeaderOriginalStream, meta.Stream)
@@ -586,16 +582,6 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 		// The stage is part of the id: stages consuming the same stream
 		// each dead-letter their own copy.
 		msgID = topology.DeadLetterMsgID(c.Component, meta.Stream, meta.Sequence.Stream)
-	}
-	copied := nats.Header{}
-	for k, v := range m.Headers() {
-		// Nats-* headers (message id, expected stream or sequence, TTL,
-		// rollup...) are directives for the original publish; the server
-		// would apply them to the dead letter too, and an expectation
-		// about another stream would make it fail on every retry.
-		if !strings.HasPrefix(strings.ToLower(k), "nats-") {
-			copied[k] = v
-		}
 	}
 	hdr, body := fitDeadLetter(own, copied, msgID, m.Data(), c.JS.Conn().MaxPayload())
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -637,17 +623,7 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, meta *jetstrea
 // dead letter of its own. Its error is the store's; the caller answers
 // the request so that its sender can send it where a consumer will.
 func DeadLetterRequest(ctx context.Context, js jetstream.JetStream, m *Metrics, component, subject string, data []byte, reqHdr nats.Header, code schemas.Code, cause error) error {
-	own := tracing.Inject(ctx, nats.Header{})
-	own.Set(HeaderStage, component)
-	own.Set(HeaderCode, string(code))
-	own.Set(HeaderReason, truncate(cause.Error(), 1024))
-	own.Set(HeaderOriginalSubject, subject)
-	copied := nats.Header{}
-	for k, v := range reqHdr {
-		if !strings.HasPrefix(strings.ToLower(k), "nats-") {
-			copied[k] = v
-		}
-	}
+	own, copied := deadLetterHeaders(ctx, component, code, cause, subject, reqHdr)
 	hdr, body := fitDeadLetter(own, copied, "", data, js.Conn().MaxPayload())
 	if err := bus.PublishRaw(ctx, js, topology.DLQSubject(component), "", body, hdr); err != nil {
 		return err
@@ -656,6 +632,28 @@ func DeadLetterRequest(ctx context.Context, js jetstream.JetStream, m *Metrics, 
 		m.DeadLettered.WithLabelValues(component, string(code)).Inc()
 	}
 	return nil
+}
+
+// deadLetterHeaders are a dead letter's headers before fitDeadLetter: the
+// runner's own (the trace context of ctx, HeaderStage, HeaderCode,
+// HeaderReason, HeaderOriginalSubject), and the original's but its
+// Nats-* ones. Those (message id, expected stream or sequence, TTL,
+// rollup...) are directives for the original publish; the server would
+// apply them to the dead letter too, and an expectation about another
+// stream would make it fail on every retry.
+func deadLetterHeaders(ctx context.Context, component string, code schemas.Code, cause error, subject string, original nats.Header) (own, copied nats.Header) {
+	own = tracing.Inject(ctx, nats.Header{})
+	own.Set(HeaderStage, component)
+	own.Set(HeaderCode, string(code))
+	own.Set(HeaderReason, truncate(cause.Error(), 1024))
+	own.Set(HeaderOriginalSubject, subject)
+	copied = nats.Header{}
+	for k, v := range original {
+		if !strings.HasPrefix(strings.ToLower(k), "nats-") {
+			copied[k] = v
+		}
+	}
+	return own, copied
 }
 
 // JetStream's limits on one stored message, and the room fitDeadLetter
