@@ -150,7 +150,7 @@ func (l rawLayout) buckets() []string {
 // redriver, instead of the event publishes, consumes the change streams
 // of the approvals bucket and of the batch buckets (a) or the turn logs'
 // awaiting events (b), one durable consumer each.
-func (l rawLayout) stageConfigs() map[string]rawStageConfig {
+func (l rawLayout) stageConfigs() rawConfigs {
 	if !l.oneWritePerFact() {
 		if !l.state {
 			return rawStageConfigs

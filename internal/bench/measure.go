@@ -277,7 +277,7 @@ func (b *bencher) rawTurnProcs(p path, st storage) (sample, error) {
 	if err := os.WriteFile(seqFile, data, 0o600); err != nil {
 		return sample{}, err
 	}
-	ps, err := launch(&procSet{e: e, consumer: rawConsumer, command: func(stage string) *exec.Cmd {
+	ps, err := launch(&procSet{e: e, consumer: rawStageConfigs.consumer, command: func(stage string) *exec.Cmd {
 		cmd := exec.Command(self)
 		cmd.Env = append(childproc.Env(), envRawStage+"="+stage, envRawURL+"="+e.url, envRawSeq+"="+seqFile)
 		return cmd

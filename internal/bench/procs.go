@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -129,7 +130,9 @@ func (ps *procSet) start(stage string) error {
 	return nil
 }
 
-// waitReady waits until stage's consumer exists with a pull request waiting.
+// waitReady waits until stage's consumer exists with a pull request
+// waiting, or, for a stage that consumes nothing (the raw approver, which
+// answers requests), until its log has rawReadyLine.
 func (ps *procSet) waitReady(stage string, timeout time.Duration) error {
 	nc, js, err := ps.e.connect("tollgate-bench-ready")
 	if err != nil {
@@ -145,17 +148,32 @@ func (ps *procSet) waitReady(stage string, timeout time.Duration) error {
 			return fmt.Errorf("%s exited (%v) before it was ready; log %s", stage, p.err, p.log.Name())
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		info, err := consumerInfo(ctx, js, stream, name)
-		cancel()
-		if err == nil && info.NumWaiting > 0 {
-			return nil
+		if name == "" {
+			if logHas(p.log.Name(), rawReadyLine) {
+				return nil
+			}
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			info, err := consumerInfo(ctx, js, stream, name)
+			cancel()
+			if err == nil && info.NumWaiting > 0 {
+				return nil
+			}
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s not consuming after %v", stage, timeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// logHas reports whether the file at path has line as one of its lines.
+func logHas(path, line string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	return slices.Contains(strings.Split(string(b), "\n"), line)
 }
 
 func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, name string) (*jetstream.ConsumerInfo, error) {

@@ -58,7 +58,7 @@ type rawStages struct {
 	// against the session's last entry, which it remembers); nil in the
 	// designs, whose ingest publishes as it did when they were measured.
 	order   *turnorder.Writer
-	configs map[string]rawStageConfig // the consumers of each stage (layout.stageConfigs)
+	configs rawConfigs               // the consumers of each stage (layout.stageConfigs)
 
 	// watched is the last revision of each approval that the approver's
 	// watch of the approvals bucket delivered (key -> uint64): the raw
@@ -115,7 +115,7 @@ type rawStageConfig struct {
 }
 
 // rawStageConfigs are Tollgate's stages' consumers today.
-var rawStageConfigs = map[string]rawStageConfig{
+var rawStageConfigs = rawConfigs{
 	"ingest":   {sources: []rawSource{{topology.StreamInbound, []string{topology.SubjectInboundPrefix + ">"}}}, concurrency: 16},
 	"executor": {sources: []rawSource{{topology.StreamTurns, []string{topology.OrderFilter(topology.OrderExec), topology.SubjectTurnAccepted + "*", topology.SubjectTurnReady + "*"}}}, concurrency: 64},
 	"approver": {concurrency: 32, requests: topology.SubjectDecide + "*.*"},
@@ -318,7 +318,16 @@ func drain[T any](r *rawStages, ctx context.Context, updates <-chan T, stop func
 // consumer is stage's durable consumer; "" for a stage that consumes
 // nothing (the approver, which answers requests).
 func (r *rawStages) consumer(stage string) string {
-	if len(r.configs[stage].sources) == 0 {
+	return r.configs.consumer(stage)
+}
+
+// rawConfigs are the raw stages' configurations, by stage.
+type rawConfigs map[string]rawStageConfig
+
+// consumer is stage's durable consumer; "" for a stage that consumes
+// nothing (the approver, which answers requests).
+func (c rawConfigs) consumer(stage string) string {
+	if len(c[stage].sources) == 0 {
 		return ""
 	}
 	return rawConsumer(stage)
@@ -1015,12 +1024,18 @@ func runRawStage(stage, url, seqPath string) error {
 	if err != nil {
 		return err
 	}
+	// The bench waits for this line from a stage that consumes nothing:
+	// its subscriptions are on the server (start flushed them).
+	fmt.Fprintln(os.Stderr, rawReadyLine)
 	<-ctx.Done()
 	r.close()
 	last, _ := r.lastErr.Load().(string)
 	fmt.Fprintf(os.Stderr, "%s%d %d %d %q\n", rawResultPrefix, r.errs.Load(), r.conflicts.Load(), r.retries.Load(), last)
 	return nil
 }
+
+// rawReadyLine is the line a raw stage process logs once it is started.
+const rawReadyLine = "raw stage ready"
 
 // rawResultPrefix starts the line a raw stage process logs when it stops:
 // its error count, conflict count, retry count and last error.
