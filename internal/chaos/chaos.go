@@ -194,6 +194,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for _, n := range h.clusterNotes {
 		r.note("cluster", "%s", n)
 	}
+	for id, sent := range d.unended() {
+		r.note("decisions sent for a turn not seen ending", "%s: %s", id, strings.Join(sent, "; "))
+	}
 	h.mu.Unlock()
 	r.ClusterNodes = cfg.ClusterNodes
 	if r.Lost == 0 && r.NotSent == 0 {

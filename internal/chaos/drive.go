@@ -54,6 +54,7 @@ type turnState struct {
 	published bool
 	terminal  bool
 	lastSeen  time.Time
+	sent      []string // what became of each decision sent (driver.sent)
 }
 
 // driver publishes turns and decisions and follows their progress.
@@ -105,6 +106,49 @@ func (d *driver) counts() (published, terminal int, lastProgress, lastTerminal t
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.published, d.terminal, d.lastProgress, d.lastTerminal
+}
+
+// sent notes what became of a decision sent for t: when t does not end,
+// the report shows it (Run), the evidence of where the decision went.
+func (d *driver) sent(t *turnState, format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t.sent = append(t.sent, time.Now().UTC().Format("15:04:05.000 ")+fmt.Sprintf(format, args...))
+}
+
+// unended returns, for each turn not seen terminal, what became of the
+// decisions sent for it.
+func (d *driver) unended() map[string][]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string][]string{}
+	for _, t := range d.turns {
+		if t.published && !t.terminal {
+			out[t.id] = slices.Clone(t.sent)
+		}
+	}
+	return out
+}
+
+// answered describes the answer to a decision sent by request.
+func answered(a submit.Answer) string {
+	s := string(a.Result)
+	if a.Code != "" {
+		s += " " + string(a.Code)
+	}
+	return s + stored(a.Stored)
+}
+
+// stored describes a stream's acknowledgement of a decision ("" for none).
+func stored(ack *jetstream.PubAck) string {
+	if ack == nil {
+		return ""
+	}
+	s := fmt.Sprintf(" stored %s seq %d", ack.Stream, ack.Sequence)
+	if ack.Duplicate {
+		s += " (a duplicate)"
+	}
+	return s
 }
 
 // publish stores data on subject with message id msgID, retrying (same id,
@@ -436,17 +480,25 @@ func (d *driver) decide(ctx context.Context, t *turnState, c CallPlan, key strin
 		// stream when no approver answers), the others store them on the
 		// decision stream: both ways meet every fault.
 		if t.plan.Index%2 == 1 {
-			if _, err := submit.Decision(ctx, d.js, dec); err == nil {
+			a, err := submit.Decision(ctx, d.js, dec)
+			if err == nil {
+				d.sent(t, "%s by request: %s", decisionID, answered(a))
 				return nil
 			}
 			// Neither answered nor stored (the broker restarting): stored
 			// below, retried until it is, as every decision here is.
+			d.sent(t, "%s by request: %v", decisionID, err)
 		}
 		data, err := schemas.Encode(dec)
 		if err != nil {
 			return err
 		}
-		_, err = d.publish(ctx, topology.DecisionSubject(transport, rec.ApprovalID), decisionID, data)
+		ack, err := d.publish(ctx, topology.DecisionSubject(transport, rec.ApprovalID), decisionID, data)
+		if err != nil {
+			d.sent(t, "%s on the stream: %v", decisionID, err)
+		} else {
+			d.sent(t, "%s on the stream:%s", decisionID, stored(ack))
+		}
 		return err
 	}
 	// all sends its decisions at the same moment.

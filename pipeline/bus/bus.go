@@ -41,6 +41,15 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, msgID string,
 // CodePayloadTooLarge, so that schemas.Permanent tells it from a failure
 // that a retry may cure.
 func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte, hdr nats.Header) error {
+	_, err := PublishAck(ctx, js, subject, msgID, data, hdr)
+	return err
+}
+
+// PublishAck is PublishRaw returning the stream's acknowledgement: the
+// stream and sequence that hold the message, and for a message id already
+// stored within the duplicate window, Duplicate and the sequence of the
+// copy stored first.
+func PublishAck(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte, hdr nats.Header) (*jetstream.PubAck, error) {
 	m := &nats.Msg{Subject: subject, Data: data, Header: tracing.Inject(ctx, hdr)}
 	if msgID != "" {
 		// In a copy of the headers: hdr is the caller's, and
@@ -50,13 +59,14 @@ func PublishRaw(ctx context.Context, js jetstream.JetStream, subject, msgID stri
 		h.Set(jetstream.MsgIDHeader, msgID)
 		m.Header = h
 	}
-	if _, err := js.PublishMsg(ctx, m); err != nil {
+	ack, err := js.PublishMsg(ctx, m)
+	if err != nil {
 		if TooLarge(err) {
-			return schemas.Errorf(schemas.CodePayloadTooLarge, "publish %s (msg id %q): %w", subject, msgID, err)
+			return nil, schemas.Errorf(schemas.CodePayloadTooLarge, "publish %s (msg id %q): %w", subject, msgID, err)
 		}
-		return fmt.Errorf("publish %s (msg id %q): %w", subject, msgID, err)
+		return nil, fmt.Errorf("publish %s (msg id %q): %w", subject, msgID, err)
 	}
-	return nil
+	return ack, nil
 }
 
 // jsErrCodeHeaderExceedsMaximum is nats-server's "header size exceeds

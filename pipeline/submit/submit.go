@@ -75,6 +75,10 @@ type Answer struct {
 	// Code and Reason say why a decision was Rejected.
 	Code   schemas.Code
 	Reason string
+	// Stored is TOLLGATE_DECISIONS' acknowledgement of a Queued decision:
+	// its sequence there, or for a decision id stored before within the
+	// duplicate window, Duplicate and the first copy's sequence.
+	Stored *jetstream.PubAck
 }
 
 // DefaultTimeout is how long Decision waits for the approver's answer
@@ -104,10 +108,11 @@ func Decision(ctx context.Context, js jetstream.JetStream, d *schemas.Decision) 
 		return Answer{}, fmt.Errorf("submit decision %s: %w", d.DecisionID, err)
 	}
 	// No answer, or "not taken": the stream keeps it for the approver.
-	if err := bus.PublishRaw(ctx, js, topology.DecisionSubject(d.Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), data, nil); err != nil {
+	ack, err := bus.PublishAck(ctx, js, topology.DecisionSubject(d.Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), data, nil)
+	if err != nil {
 		return Answer{}, fmt.Errorf("submit decision %s: %w", d.DecisionID, err)
 	}
-	return Answer{Result: Queued}, nil
+	return Answer{Result: Queued, Stored: ack}, nil
 }
 
 // answerOf reads the approver's answer; false for one handed back

@@ -16,8 +16,9 @@ import (
 )
 
 // stored returns the decisions TOLLGATE_DECISIONS holds on approval id's
-// cli subject, with their message ids.
-func stored(t *testing.T, js jetstream.JetStream, id string) (ids []string) {
+// cli subject (its last one), with their message ids, and that message's
+// sequence.
+func stored(t *testing.T, js jetstream.JetStream, id string) (ids []string, seq uint64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -27,13 +28,13 @@ func stored(t *testing.T, js jetstream.JetStream, id string) (ids []string) {
 	}
 	m, err := s.GetLastMsgForSubject(ctx, topology.DecisionSubject("cli", id))
 	if err != nil {
-		return nil
+		return nil, 0
 	}
 	d, err := schemas.Decode[schemas.Decision](m.Data)
 	if err != nil || d.ApprovalID != id {
 		t.Fatalf("stored decision on %s: %+v, %v", id, d, err)
 	}
-	return []string{m.Header.Get(jetstream.MsgIDHeader)}
+	return []string{m.Header.Get(jetstream.MsgIDHeader)}, m.Sequence
 }
 
 // TestTheAnswerDecidesWhetherTheDecisionIsStored runs Decision against a
@@ -41,7 +42,8 @@ func stored(t *testing.T, js jetstream.JetStream, id string) (ids []string) {
 // each answer the protocol defines (docs/protocol.md §9.2): an answer
 // that says what the decision did leaves the stream alone; one that hands
 // it back, one Decision does not know, and no answer at all store it on
-// TOLLGATE_DECISIONS, message id its decision id.
+// TOLLGATE_DECISIONS, message id its decision id, and say where
+// (Answer.Stored). Sent again, a stored decision is the same message.
 func TestTheAnswerDecidesWhetherTheDecisionIsStored(t *testing.T) {
 	env := jstest.Start(t)
 	tests := []struct {
@@ -82,15 +84,26 @@ func TestTheAnswerDecidesWhetherTheDecisionIsStored(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			got, err := submit.Decision(ctx, env.JS, d)
+			ack := got.Stored
+			got.Stored = nil
 			if err != nil || got != tt.want {
 				t.Fatalf("Decision = %+v, %v; want %+v", got, err, tt.want)
 			}
-			ids := stored(t, env.JS, id)
+			ids, seq := stored(t, env.JS, id)
 			switch {
 			case tt.stored && (len(ids) != 1 || ids[0] != d.DecisionID):
 				t.Fatalf("stored %v, want the decision under message id %s", ids, d.DecisionID)
-			case !tt.stored && len(ids) != 0:
-				t.Fatalf("stored %v for a decision the approver answered", ids)
+			case tt.stored && (ack == nil || ack.Stream != topology.StreamDecisions || ack.Sequence != seq || ack.Duplicate):
+				t.Fatalf("Answer.Stored = %+v, want %s sequence %d, not a duplicate", ack, topology.StreamDecisions, seq)
+			case !tt.stored && (len(ids) != 0 || ack != nil):
+				t.Fatalf("stored %v (Answer.Stored %+v) for a decision the approver answered", ids, ack)
+			}
+			if !tt.stored {
+				return
+			}
+			again, err := submit.Decision(ctx, env.JS, d)
+			if err != nil || again.Result != submit.Queued || again.Stored == nil || !again.Stored.Duplicate || again.Stored.Sequence != seq {
+				t.Fatalf("sent again: Decision = %+v (Stored %+v), %v; want queued, a duplicate of sequence %d", again, again.Stored, err, seq)
 			}
 		})
 	}
@@ -116,7 +129,7 @@ func TestACallerWhoGivesUpStoresNothing(t *testing.T) {
 	if a, err := submit.Decision(ctx, env.JS, d); err == nil {
 		t.Fatalf("Decision = %+v with the caller's context ended, want an error", a)
 	}
-	if ids := stored(t, env.JS, id); len(ids) != 0 {
+	if ids, _ := stored(t, env.JS, id); len(ids) != 0 {
 		t.Fatalf("stored %v after the caller gave up", ids)
 	}
 }
