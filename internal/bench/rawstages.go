@@ -58,7 +58,7 @@ type rawStages struct {
 	// against the session's last entry, which it remembers); nil in the
 	// designs, whose ingest publishes as it did when they were measured.
 	order   *turnorder.Writer
-	configs rawConfigs               // the consumers of each stage (layout.stageConfigs)
+	configs rawConfigs // the consumers of each stage (layout.stageConfigs)
 
 	// watched is the last revision of each approval that the approver's
 	// watch of the approvals bucket delivered (key -> uint64): the raw

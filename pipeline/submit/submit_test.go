@@ -2,6 +2,8 @@ package submit_test
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -131,5 +133,98 @@ func TestACallerWhoGivesUpStoresNothing(t *testing.T) {
 	}
 	if ids, _ := stored(t, env.JS, id); len(ids) != 0 {
 		t.Fatalf("stored %v after the caller gave up", ids)
+	}
+}
+
+// dropStores makes TOLLGATE_DECISIONS stop answering publishes on approval
+// id's cli subject, as a stream leader losing its leadership drops one: the
+// stream no longer takes the subject, and a subscriber hears each publish
+// (sent on the returned channel) and answers nothing. restore undoes it.
+func dropStores(t *testing.T, env *jstest.Env, id string) (heard <-chan *nats.Msg, restore func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := env.JS.Stream(ctx, topology.StreamDecisions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	dropped := cfg
+	dropped.Subjects = []string{"tollgate.decision.elsewhere.>"}
+	if _, err := env.JS.UpdateStream(ctx, dropped); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan *nats.Msg, 64)
+	sub, err := env.NC.ChanSubscribe(topology.DecisionSubject("cli", id), ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			_ = sub.Unsubscribe()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, err := env.JS.UpdateStream(ctx, cfg); err != nil {
+				t.Errorf("restore %s: %v", topology.StreamDecisions, err)
+			}
+		})
+	}
+	t.Cleanup(restore)
+	return ch, restore
+}
+
+// A store that gets no answer at all is made again under the same message
+// id (each attempt is bounded), not waited on until the caller's deadline:
+// on a cluster a publish that meets a leader change can be dropped so,
+// and the decision was lost with it (cluster-test seed 704350681).
+func TestAStoreThatGetsNoAnswerIsMadeAgain(t *testing.T) {
+	submit.SetStoreAttemptTimeout(t, 300*time.Millisecond)
+	env := jstest.Start(t)
+	id := schemas.ApprovalID(schemas.TurnID("cli", "m-dropped"), 0)
+	heard, restore := dropStores(t, env, id)
+	go func() {
+		<-heard // the first attempt, dropped: the stream takes the next
+		restore()
+	}()
+	d := &schemas.Decision{DecisionID: "d-dropped", ApprovalID: id, Transport: "cli",
+		Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true}, Option: schemas.OptionApprove, SentAt: time.Now().UTC()}
+	ctx, cancel := context.WithTimeout(context.Background(), jstest.Scale(jstest.Wait))
+	defer cancel()
+	a, err := submit.Decision(ctx, env.JS, d)
+	if err != nil || a.Result != submit.Queued || a.Stored == nil {
+		t.Fatalf("Decision = %+v, %v; want it queued once the stream answers", a, err)
+	}
+	ids, seq := stored(t, env.JS, id)
+	if len(ids) != 1 || ids[0] != d.DecisionID || a.Stored.Sequence != seq {
+		t.Fatalf("stored %v at %d (Answer.Stored %+v), want %s once", ids, seq, a.Stored, d.DecisionID)
+	}
+}
+
+// When the stream never answers, the attempts go on until the caller's
+// context ends, and the error says so: the decision did not reach
+// Tollgate, and its sender may send it again.
+func TestAStoreTheStreamNeverAnswersFailsWhenTheCallerGivesUp(t *testing.T) {
+	submit.SetStoreAttemptTimeout(t, 200*time.Millisecond)
+	env := jstest.Start(t)
+	id := schemas.ApprovalID(schemas.TurnID("cli", "m-never"), 0)
+	heard, restore := dropStores(t, env, id)
+	d := &schemas.Decision{DecisionID: "d-never", ApprovalID: id, Transport: "cli",
+		Decider: schemas.Sender{ID: "alice", Kind: schemas.SenderUser, Verified: true}, Option: schemas.OptionApprove, SentAt: time.Now().UTC()}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	a, err := submit.Decision(ctx, env.JS, d)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Decision = %+v, %v; want the caller's deadline", a, err)
+	}
+	restore()
+	if n := len(heard); n < 2 {
+		t.Fatalf("the stream was tried %d times before the caller gave up, want more than once", n)
+	}
+	if ids, _ := stored(t, env.JS, id); len(ids) != 0 {
+		t.Fatalf("stored %v", ids)
 	}
 }
