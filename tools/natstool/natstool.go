@@ -318,7 +318,11 @@ func (p *Provider) Run(ctx context.Context) error {
 
 // refresh runs one discovery and caches what it finds. With ifNone it
 // does nothing if a discovery has completed while it waited for its turn;
-// with a non-zero after, if the last completed discovery started after it.
+// with a non-zero after (a miss's moment, Refresh), if the last completed
+// discovery started after it or less than MinRefreshGap before it. The
+// gap is checked again here, once the turn is this call's: a miss that
+// came while another discovery ran passed Refresh's check against the one
+// before, and would otherwise discover again at once.
 func (p *Provider) refresh(ctx context.Context, ifNone bool, after time.Time) error {
 	select {
 	case p.refreshing <- struct{}{}:
@@ -326,7 +330,7 @@ func (p *Provider) refresh(ctx context.Context, ifNone bool, after time.Time) er
 		return fmt.Errorf("natstool: discovery: %w", ctx.Err())
 	}
 	defer func() { <-p.refreshing }()
-	if ifNone && p.cache.Load() != nil || !after.IsZero() && p.started.Load() > after.UnixNano() {
+	if ifNone && p.cache.Load() != nil || !after.IsZero() && after.Sub(time.Unix(0, p.started.Load())) < p.o.MinRefreshGap {
 		return nil
 	}
 	start := time.Now()

@@ -503,7 +503,11 @@ func TestACallFindsAToolServiceThatJustStarted(t *testing.T) {
 	env := jstest.Start(t)
 	const gap = time.Second
 	p := newProvider(env, natstool.Options{RefreshInterval: time.Hour, MinRefreshGap: gap})
+	discoveries := spyDiscoveries(t, env)
 	run(t, p)
+	// Run's first discovery is under way before anything is counted (a
+	// late one would count as the first call's).
+	jstest.Eventually(t, pipelinetest.Wait, "Run's first discovery", func() bool { return discoveries.count(t) >= 1 })
 	cat, err := tools.NewCatalog(context.Background(), nil, []tools.Provider{p}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -511,7 +515,6 @@ func TestACallFindsAToolServiceThatJustStarted(t *testing.T) {
 	if got := specs(t, p); len(got) != 0 {
 		t.Fatalf("tools before any service: %v", keys(got))
 	}
-	discoveries := spyDiscoveries(t, env)
 	before := discoveries.count(t)
 
 	addService(t, connect(t, env), "late", endpoint{name: "tool"})
@@ -539,5 +542,29 @@ func TestACallFindsAToolServiceThatJustStarted(t *testing.T) {
 	bound := 1 + int64(time.Since(first)/gap)
 	if n := discoveries.count(t) - before; n > bound {
 		t.Fatalf("discoveries after a burst of 20 misses = %d, want at most %d (one per %v)", n, bound, gap)
+	}
+}
+
+// A miss that comes while a discovery is under way shares it: it does not
+// discover again as soon as that one ends, since the one it waited for
+// started less than MinRefreshGap before it.
+func TestAMissDuringADiscoveryDoesNotDiscoverAgain(t *testing.T) {
+	env := jstest.Start(t)
+	const gap, wait = time.Minute, 500 * time.Millisecond
+	p := newProvider(env, natstool.Options{RefreshInterval: time.Hour, MinRefreshGap: gap, DiscoveryWait: wait})
+	addService(t, connect(t, env), "busy", endpoint{name: "tool"}) // a discovery waits out DiscoveryWait
+	discoveries := spyDiscoveries(t, env)
+	// No discovery yet: the first miss discovers, and the wait is its own.
+	first := make(chan error, 1)
+	go func() { first <- p.Refresh(context.Background()) }()
+	jstest.Eventually(t, pipelinetest.Wait, "the first miss's discovery under way", func() bool { return discoveries.count(t) == 1 })
+	if err := p.Refresh(context.Background()); err != nil { // waits for the first, then shares it
+		t.Fatalf("the second miss: %v", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("the first miss: %v", err)
+	}
+	if n := discoveries.count(t); n != 1 {
+		t.Fatalf("discoveries for two misses, the second during the first's discovery = %d, want 1", n)
 	}
 }
