@@ -195,6 +195,16 @@ func (c *Config) retention() time.Duration {
 	return c.Retention
 }
 
+// notFoundGrace is the approver's NotFoundGrace for topology t: on a
+// cluster (more than one replica) a missing approval record may be a
+// read not current yet, for a while after a leader change.
+func notFoundGrace(t topology.Config) time.Duration {
+	if t.Replicas > 1 {
+		return approver.DefaultNotFoundGrace
+	}
+	return 0
+}
+
 // Validate reports every problem with the wiring, joined, each wrapping
 // ErrInvalidConfig: a missing dependency, an invalid topology, an unknown or
 // repeated stage, a nil, unnamed or repeated tool, or a tool named like the
@@ -405,6 +415,7 @@ func New(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if p.Approver, err = approver.New(approver.Config{
 		JS: cfg.JS, Store: p.Store, Policy: cfg.Policy, Keys: cfg.Keys, Logger: stageLog(StageApprover), Metrics: metrics,
 		Registerer: regOf(StageApprover), Now: now, TracerProvider: cfg.TracerProvider,
+		NotFoundGrace: notFoundGrace(topo),
 	}); err != nil {
 		return nil, err
 	}

@@ -507,10 +507,19 @@ func (h *H) RunApprover() {
 // whose buckets a test instruments, say), and returns the approver.
 func (h *H) RunApproverOn(st *store.Store) *approver.Approver {
 	h.T.Helper()
-	a, err := approver.New(approver.Config{
-		JS: h.JS, Store: st, Policy: h.Policy, Keys: h.Keys,
+	return h.RunApproverWith(func(c *approver.Config) { c.Store = st })
+}
+
+// RunApproverWith is RunApprover with its configuration changed by set
+// first (its NotFoundGrace, say), and returns the approver.
+func (h *H) RunApproverWith(set func(*approver.Config)) *approver.Approver {
+	h.T.Helper()
+	cfg := approver.Config{
+		JS: h.JS, Store: h.Store, Policy: h.Policy, Keys: h.Keys,
 		Logger: Logger(), Metrics: runner.NewMetrics(nil),
-	})
+	}
+	set(&cfg)
+	a, err := approver.New(cfg)
 	if err != nil {
 		h.T.Fatal(err)
 	}

@@ -62,7 +62,27 @@ type Config struct {
 	// TracerProvider traces each message the stage handles
 	// (runner.Config.TracerProvider); nil is otel's global provider.
 	TracerProvider trace.TracerProvider
+	// NotFoundGrace is how long after a decision was stored on
+	// TOLLGATE_DECISIONS a missing approval record is taken for a read
+	// that is not current yet rather than for an unknown approval: the
+	// decision is tried again (a transient failure, redelivered with
+	// backoff) until it is that old, and only then rejected
+	// APPROVAL_NOT_FOUND. A decision request whose approval is missing is
+	// handed back (submit.NotTaken), to be stored and so handled the same
+	// way. Zero rejects at once.
+	//
+	// Set it when the approvals bucket has more than one replica
+	// (tollgate.New: DefaultNotFoundGrace): for some seconds after its
+	// stream's leader changes, a read can be answered from a store that
+	// has not applied every acknowledged write yet (cluster-test seed
+	// 312694565: five decisions rejected APPROVAL_NOT_FOUND for approvals
+	// every replica held afterwards, their turns lost). With one replica
+	// there is no such read, and a missing record is unknown.
+	NotFoundGrace time.Duration
 }
+
+// DefaultNotFoundGrace is NotFoundGrace on a cluster.
+const DefaultNotFoundGrace = 30 * time.Second
 
 // Validate reports missing wiring.
 func (c Config) Validate() error {
@@ -163,8 +183,17 @@ func (a *Approver) Handle(ctx context.Context, m jetstream.Msg) error {
 	if schemas.IsGrantID(d.ApprovalID) {
 		return a.RevokeGrant(ctx, d)
 	}
-	return a.Apply(ctx, d)
+	final := true
+	if md, err := m.Metadata(); err == nil && a.cfg.NotFoundGrace > 0 {
+		final = a.now().Sub(md.Timestamp) >= a.cfg.NotFoundGrace
+	}
+	_, err = a.decide(ctx, d, final)
+	return err
 }
+
+// errNotFoundYet is the transient failure of a decision whose approval
+// record is missing within Config.NotFoundGrace.
+var errNotFoundYet = errors.New("approval record not found yet: a replica may not be current")
 
 // decodeOn decodes the decision data that arrived on subject, which must
 // be subjectOf its own transport and approval (topology.DecisionSubject
@@ -258,16 +287,21 @@ func (a *Approver) publishVoted(ctx context.Context, rec *schemas.ApprovalRecord
 // an idempotent success, its answer (publishAnswer). It returns an error
 // only for transient failures (to be retried).
 func (a *Approver) Apply(ctx context.Context, d *schemas.Decision) error {
-	_, err := a.decide(ctx, d)
+	_, err := a.decide(ctx, d, true)
 	return err
 }
 
 // decide is Apply, returning what the decision did: its Effect, or its
-// rejection (a *schemas.Error, whose rejection is published).
-func (a *Approver) decide(ctx context.Context, d *schemas.Decision) (result, error) {
+// rejection (a *schemas.Error, whose rejection is published). Unless
+// missingIsFinal, a decision whose approval record is missing is not
+// rejected but fails with errNotFoundYet (Config.NotFoundGrace).
+func (a *Approver) decide(ctx context.Context, d *schemas.Decision, missingIsFinal bool) (result, error) {
 	res, err := a.apply(ctx, d)
 	if err != nil {
 		return res, err
+	}
+	if res.missing && !missingIsFinal {
+		return result{}, fmt.Errorf("decision %s on %s: %w", d.DecisionID, d.ApprovalID, errNotFoundYet)
 	}
 	if res.rejected != nil {
 		a.decisions.WithLabelValues(string(res.rejected.Code)).Inc()
@@ -303,6 +337,7 @@ type result struct {
 	answered *schemas.ApprovalRecord // the decision changed no record: answer it (publishAnswer)
 	voted    *schemas.ApprovalRecord // publish (or re-publish) the voted event of the decision
 	label    string
+	missing  bool // rejected because no record of a well-formed approval id was found
 }
 
 func reject(code schemas.Code, format string, args ...any) (result, error) {
@@ -362,7 +397,7 @@ func (a *Approver) apply(ctx context.Context, d *schemas.Decision) (result, erro
 			}
 			rec = v.Next
 		}
-		res := result{label: string(v.Effect)}
+		res := result{label: string(v.Effect), missing: rec == nil && schemas.ValidKey(d.ApprovalID)}
 		if rejected != nil && !errors.As(rejected, &res.rejected) {
 			return result{}, fmt.Errorf("approver: rejection without a code: %w", rejected) // Authorize's are *schemas.Error
 		}

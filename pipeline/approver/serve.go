@@ -32,9 +32,11 @@ import (
 // request's bytes and answered with the reason code. What the service
 // does not finish it hands back, answered submit.NotTaken, for the sender
 // to store on TOLLGATE_DECISIONS, where the approver's consumer handles
-// it: a decision whose handling failed transiently, a standing grant's
-// revocation, one whose handling panicked, and bad input whose dead
-// letter could not be stored. The service publishes nothing on the
+// it: a decision whose handling failed transiently, one whose approval
+// record is missing while Config.NotFoundGrace is set (the consumer
+// rejects it once the grace has passed), a standing grant's revocation,
+// one whose handling panicked, and bad input whose dead letter could not
+// be stored. The service publishes nothing on the
 // decision stream itself.
 const DecideService = "tollgate-decide"
 
@@ -102,7 +104,7 @@ func (a *Approver) answer(req micro.Request) {
 		a.respondError(req, submit.NotTaken, "a grant's revocation is taken on the decision stream")
 		return
 	}
-	res, err := a.decide(ctx, d)
+	res, err := a.decide(ctx, d, a.cfg.NotFoundGrace == 0)
 	switch {
 	case err != nil:
 		a.cfg.Logger.Warn("decision request: transient failure; handed back to the stream", "decision", d.DecisionID, "approval", d.ApprovalID, "err", err)

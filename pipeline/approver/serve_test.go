@@ -287,3 +287,55 @@ func TestAGrantRevocationByRequestIsHandedBackToTheStream(t *testing.T) {
 		t.Fatalf("rejection %s, want %s", r.Code, schemas.CodeGrantNotFound)
 	}
 }
+
+// On a cluster (NotFoundGrace set) a missing approval record may be a read
+// not current yet: a decision that comes before its approval can be read
+// is handed back, stored, and applied once the record is there, not
+// rejected APPROVAL_NOT_FOUND (cluster-test seed 312694565 lost five turns
+// so).
+func TestADecisionBeforeItsApprovalCanBeReadIsAppliedOnceItCan(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: testPolicy, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
+	h.RunApproverWith(func(c *approver.Config) { c.NotFoundGrace = time.Minute })
+	h.WaitDecisionService()
+	m := h.Inbound("s-early", "alice", pt.Call("write_file", `{"path":"early.txt","content":"approved"}`))
+	turn := schemas.TurnID(m.Transport, m.MessageID)
+	id := schemas.ApprovalID(turn, 0)
+
+	d := h.Decision(id, schemas.OptionApprove, "cli", "alice")
+	if a := submitted(t, h, d); a.Result != submit.Queued || a.Stored == nil {
+		t.Fatalf("answer %+v for an approval not there yet, want it handed back and stored", a)
+	}
+	h.Send(m)
+	if o := h.WaitOutcome(turn); o.State != schemas.TurnCompleted {
+		t.Fatalf("outcome %s, want completed", o.State)
+	}
+	if rec := h.Approval(id); rec.Status != schemas.ApprovalApproved || rec.Decision == nil || rec.Decision.DecisionID != d.DecisionID {
+		t.Fatalf("approval %s by %+v, want approved by %s", rec.Status, rec.Decision, d.DecisionID)
+	}
+	if got, _ := h.File("early.txt"); got != "approved" {
+		t.Fatalf("file %q, want the approved write", got)
+	}
+	// The turn has ended (a later fact): the early decision was never
+	// rejected.
+	if rs := h.Rejections(id); len(rs) != 0 {
+		t.Fatalf("rejections %+v of a decision applied once its approval could be read", rs)
+	}
+}
+
+// An approval still missing once NotFoundGrace has passed is unknown: its
+// decision is rejected APPROVAL_NOT_FOUND, from the stream.
+func TestADecisionOnAnApprovalStillMissingAfterTheGraceIsRejected(t *testing.T) {
+	h := pt.Start(t, pt.Options{Policy: testPolicy, Stages: []string{pt.Ingest, pt.Executor, pt.Redriver}})
+	h.RunApproverWith(func(c *approver.Config) { c.NotFoundGrace = time.Second })
+	h.WaitDecisionService()
+	d := h.Decision(schemas.ApprovalID("t-00000000000000000000", 0), schemas.OptionApprove, "cli", "alice")
+	if a := submitted(t, h, d); a.Result != submit.Queued {
+		t.Fatalf("answer %+v, want it handed back and stored", a)
+	}
+	if r := h.WaitRejection(d); r.Code != schemas.CodeApprovalNotFound {
+		t.Fatalf("rejection %s, want %s", r.Code, schemas.CodeApprovalNotFound)
+	}
+	if got := h.Messages(topology.StreamDLQ, topology.DLQSubject(approver.Stage)); len(got) != 0 {
+		t.Fatalf("%d dead letters for a decision on an unknown approval, want its rejection only", len(got))
+	}
+}
