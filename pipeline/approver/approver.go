@@ -183,12 +183,24 @@ func (a *Approver) Handle(ctx context.Context, m jetstream.Msg) error {
 	if schemas.IsGrantID(d.ApprovalID) {
 		return a.RevokeGrant(ctx, d)
 	}
-	final := true
-	if md, err := m.Metadata(); err == nil && a.cfg.NotFoundGrace > 0 {
-		final = a.now().Sub(md.Timestamp) >= a.cfg.NotFoundGrace
-	}
-	_, err = a.decide(ctx, d, final)
+	_, err = a.decide(ctx, d, a.missingIsFinal(m))
 	return err
+}
+
+// missingIsFinal reports whether a missing approval record rejects the
+// decision in m, a decision request when m is nil (Config.NotFoundGrace):
+// at once without a grace; on a request never with one (it is handed
+// back, and so stored); on the stream once m was stored the grace ago.
+// The message's metadata is read only where there is a grace.
+func (a *Approver) missingIsFinal(m jetstream.Msg) bool {
+	if a.cfg.NotFoundGrace == 0 {
+		return true
+	}
+	if m == nil {
+		return false
+	}
+	md, err := m.Metadata()
+	return err != nil || a.now().Sub(md.Timestamp) >= a.cfg.NotFoundGrace
 }
 
 // errNotFoundYet is the transient failure of a decision whose approval

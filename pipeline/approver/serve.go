@@ -104,7 +104,7 @@ func (a *Approver) answer(req micro.Request) {
 		a.respondError(req, submit.NotTaken, "a grant's revocation is taken on the decision stream")
 		return
 	}
-	res, err := a.decide(ctx, d, a.cfg.NotFoundGrace == 0)
+	res, err := a.decide(ctx, d, a.missingIsFinal(nil))
 	switch {
 	case err != nil:
 		a.cfg.Logger.Warn("decision request: transient failure; handed back to the stream", "decision", d.DecisionID, "approval", d.ApprovalID, "err", err)
