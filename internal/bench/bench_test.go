@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -113,9 +115,19 @@ func benchRun(t *testing.T) {
 // (The sync phase is the throughput phase on servers with SyncAlways.)
 func TestBenchSmoke(t *testing.T) {
 	benchRun(t)
-	r := runSmoke(t, smokeConfig(t, "throughput", "latency"), 2+2*2) // raw turn and tollgate, per path
+	cfg := smokeConfig(t, "throughput", "latency")
+	cfg.ProfileDir = t.TempDir() // the open loops' profiles, without the profile phase
+	r := runSmoke(t, cfg, 2+2*2) // raw turn and tollgate, per path
 	if len(r.Latency) != 4 {
 		t.Errorf("%d latency rows, want 4", len(r.Latency))
+	}
+	for _, row := range r.Latency {
+		for _, kind := range []string{"cpu", "heap"} {
+			name := filepath.Join(cfg.ProfileDir, fmt.Sprintf("%s-latency-%s-%.0f.pprof", kind, row.Path, row.Rate))
+			if fi, err := os.Stat(name); err != nil || fi.Size() == 0 {
+				t.Errorf("%s open loop at %s: no %s profile: %v", row.Path, row.Load, kind, err)
+			}
+		}
 	}
 	paths, err := r.WriteFiles(t.TempDir())
 	if err != nil || len(paths) != 4 {

@@ -91,7 +91,10 @@ type Config struct {
 	WorkDir  string // servers' stores, logs, binaries; must exist
 	LogLevel string // the stages' log level
 	// ProfileDir receives cpu-<path>.pprof and allocs-<path>.pprof of the
-	// all-in-one runs when the profile phase is on.
+	// all-in-one runs when the profile phase is on, and, whenever it is
+	// set, cpu-latency-<path>-<rate>.pprof and heap-latency-<path>-<rate>.pprof
+	// of each all-in-one open loop of the latency phase (the heap: what the
+	// loop left live at its end).
 	ProfileDir string
 	Logf       func(format string, args ...any)
 }

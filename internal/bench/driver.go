@@ -60,6 +60,8 @@ func (p path) profileName() string {
 		return "gateway"
 	case plannerPath:
 		return "planner"
+	case toolServicePath:
+		return "toolservice"
 	}
 	return p.String()
 }

@@ -602,7 +602,28 @@ func (b *bencher) latency(mode string, p path, rate float64) (latSample, error) 
 			return latSample{}, err
 		}
 	}
+	profile := mode == modeAllInOne && b.cfg.ProfileDir != ""
+	name := fmt.Sprintf("latency-%s-%.0f.pprof", p.profileName(), rate)
+	if profile {
+		cpu, err := os.Create(filepath.Join(b.cfg.ProfileDir, "cpu-"+name))
+		if err == nil {
+			err = pprof.StartCPUProfile(cpu)
+		}
+		if err != nil {
+			return latSample{}, err
+		}
+		defer cpu.Close()
+	}
 	res, err := d.openLoop(context.Background(), rate, b.cfg.Warmup, b.cfg.LatencyDuration)
+	if profile {
+		pprof.StopCPUProfile()
+		if err == nil {
+			// What the open loop left live (the collector's mark work),
+			// before anything stops: stages, embedded server and driver.
+			runtime.GC()
+			err = writeProfile(filepath.Join(b.cfg.ProfileDir, "heap-"+name), "heap")
+		}
+	}
 	var rts []time.Duration
 	if stopPings != nil {
 		var perr error
