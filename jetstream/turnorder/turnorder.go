@@ -540,10 +540,18 @@ func (r *remembered) get(key string) *Entry {
 	return r.m[key]
 }
 
+// put remembers e as key's last entry, unless a later one is remembered.
+// It keeps a copy without the entry's turn and headers: an append needs
+// only the last entry's place (Turn, Seq, Arrival), and a Writer
+// remembering thousands of sessions would otherwise keep every one's
+// accepted turn alive, for the collector to scan.
 func (r *remembered) put(key string, e *Entry) {
 	if r == nil {
 		return
 	}
+	slim := *e
+	slim.Data, slim.Header = nil, nil
+	e = &slim
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if cur, ok := r.m[key]; ok {

@@ -493,3 +493,31 @@ func TestAnAssumptionNeverReplacesWhatTheWriterRemembers(t *testing.T) {
 	}
 	checkLine(t, entries(t, env.JS, "wrong"))
 }
+
+// TestTheWriterRemembersAPlaceNotATurn: the entry an append returns
+// carries the turn it stored, and the Writer's memory of the session
+// keeps only the place the next append names (a Writer remembers
+// DefaultRemembered sessions; their turns would stay live for the
+// collector to scan), and the next append, made from that memory without
+// a read, still names the entry before it.
+func TestTheWriterRemembersAPlaceNotATurn(t *testing.T) {
+	env := jstest.Start(t)
+	w := newWriter(t, env.JS)
+	a := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k1", Turn: "t-1", Arrival: 5, Data: []byte("the turn"),
+		Header: nats.Header{"Traceparent": []string{"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}})
+	if string(a.Data) != "the turn" || a.Header.Get("Traceparent") == "" {
+		t.Fatalf("the append answered %+v: want its turn and headers", a)
+	}
+	m := w.lasts.get("k1")
+	if m == nil || m.Data != nil || m.Header != nil {
+		t.Fatalf("the Writer remembers %+v: want the place without the turn or headers", m)
+	}
+	if m.Turn != "t-1" || m.Seq != a.Seq || m.Arrival != 5 {
+		t.Fatalf("the Writer remembers %+v: want t-1 at %d, watermark 5", m, a.Seq)
+	}
+	b := mustAppend(t, w, Append{Kind: topology.OrderExec, Key: "k1", Turn: "t-2", Arrival: 7, Data: []byte("next")})
+	if b.After != "t-1" || b.AfterSeq != a.Seq || w.conflicts.Load() != 0 {
+		t.Fatalf("the next append named %q at %d after %d refusals: want t-1 at %d, none refused", b.After, b.AfterSeq, w.conflicts.Load(), a.Seq)
+	}
+	checkLine(t, entries(t, env.JS, "k1"))
+}
