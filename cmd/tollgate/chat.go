@@ -116,7 +116,7 @@ func cmdChat(cmd *command, args []string) int {
 	}
 	defer sub.Close()
 	pctx, pcancel := c.ctx()
-	err = bus.PublishRaw(pctx, c.js, subject, topology.InboundMsgID(*transport, msgID), data, nil)
+	_, err = bus.Store(pctx, c.js, subject, topology.InboundMsgID(*transport, msgID), data, nil)
 	pcancel()
 	if err != nil {
 		return c.fail("chat", err)

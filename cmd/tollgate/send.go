@@ -110,7 +110,7 @@ func cmdSend(cmd *command, args []string) int {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	// The message id is the dedupe key: a retried send is stored once.
-	if err := bus.PublishRaw(ctx, c.js, subject, topology.InboundMsgID(*transport, *msgID), data, nil); err != nil {
+	if _, err := bus.Store(ctx, c.js, subject, topology.InboundMsgID(*transport, *msgID), data, nil); err != nil {
 		return c.fail("send", err)
 	}
 	turn := schemas.TurnID(*transport, *msgID)

@@ -69,6 +69,97 @@ func PublishAck(ctx context.Context, js jetstream.JetStream, subject, msgID stri
 	return ack, nil
 }
 
+// DefaultAttemptTimeout is how long one of Store's attempts waits for the
+// stream's acknowledgement.
+const DefaultAttemptTimeout = 5 * time.Second
+
+// The wait between two of Store's attempts starts at storeRetryWait and
+// doubles up to storeRetryMaxWait.
+const (
+	storeRetryWait    = 100 * time.Millisecond
+	storeRetryMaxWait = 2 * time.Second
+)
+
+// StoreOption sets an optional setting of Store.
+type StoreOption func(*storeOptions)
+
+type storeOptions struct{ attempt time.Duration }
+
+// WithAttemptTimeout sets how long each attempt waits for the stream's
+// acknowledgement (DefaultAttemptTimeout).
+func WithAttemptTimeout(d time.Duration) StoreOption {
+	return func(o *storeOptions) {
+		if d > 0 {
+			o.attempt = d
+		}
+	}
+}
+
+// Store is PublishAck for a message that a surface must get stored (an
+// inbound chat message, a decision), however long the stream takes to
+// answer, up to the end of ctx: each attempt waits at most the attempt
+// timeout, and one that fails in a way that may pass by itself
+// (Retryable) is made again under the same message id, 100 ms later,
+// doubling to 2 s, until one is stored or refused for good, or ctx ends.
+// On a cluster a publish that reaches a stream leader as it loses its
+// leadership, or a replica cut off from its peers, can go unanswered;
+// waiting for that answer until the caller's deadline would fail a
+// message that the next leader would have stored at once. The message id
+// makes the attempts one message (the stream's duplicate window keeps
+// one copy), so Store refuses an empty one. A refusal for good (a
+// compare-and-set's, a size's: CodePayloadTooLarge) is returned at once;
+// when ctx ends first, the error wraps ctx's and the last attempt's.
+func Store(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte, hdr nats.Header, opts ...StoreOption) (*jetstream.PubAck, error) {
+	if msgID == "" {
+		return nil, fmt.Errorf("store on %s: no message id, so an attempt made again could be stored twice", subject)
+	}
+	o := storeOptions{attempt: DefaultAttemptTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	wait := storeRetryWait
+	for {
+		actx, cancel := context.WithTimeout(ctx, o.attempt)
+		ack, err := PublishAck(actx, js, subject, msgID, data, hdr)
+		cancel()
+		switch {
+		case err == nil:
+			return ack, nil
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("%w (last attempt: %w)", ctx.Err(), err)
+		case !Retryable(err):
+			return nil, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (last attempt: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, storeRetryMaxWait)
+	}
+}
+
+// Retryable reports whether a publish's error may pass by itself, so that
+// the same message, under the same message id, may be sent again: its
+// outcome is unknown (UnknownOutcome: an attempt's timeout, no stream
+// answering, as during an election), JetStream is temporarily unavailable
+// (503), or an earlier attempt with the same message id is still being
+// stored (10158).
+func Retryable(err error) bool {
+	if UnknownOutcome(err) {
+		return true
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) && (api.Code == 503 || api.ErrorCode == jsErrCodeDuplicateInProcess)
+}
+
+// jsErrCodeDuplicateInProcess is nats-server's "duplicate message id is in
+// process" (JSStreamDuplicateMessageConflict, 409): an earlier publish of
+// the same message id is not yet stored or refused.
+const jsErrCodeDuplicateInProcess jetstream.ErrorCode = 10158
+
 // jsErrCodeHeaderExceedsMaximum is nats-server's "header size exceeds
 // maximum allowed of 64k" (JSStreamHeaderExceedsMaximumErr), which nats.go
 // does not name.

@@ -125,61 +125,14 @@ func Decision(ctx context.Context, js jetstream.JetStream, d *schemas.Decision) 
 
 // storeAttemptTimeout bounds one attempt to store a decision on the
 // stream (a variable for tests).
-var storeAttemptTimeout = 5 * time.Second
-
-// storeRetryWait is the first wait between two attempts; it doubles up to
-// storeRetryMaxWait.
-const (
-	storeRetryWait    = 100 * time.Millisecond
-	storeRetryMaxWait = 2 * time.Second
-)
+var storeAttemptTimeout = bus.DefaultAttemptTimeout
 
 // store publishes a decision on subject with message id msgID, making
-// another attempt after one that fails in a way that may pass (retryable)
-// until ctx ends.
+// another attempt after one that fails in a way that may pass until ctx
+// ends (bus.Store).
 func store(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte) (*jetstream.PubAck, error) {
-	wait := storeRetryWait
-	for {
-		actx, cancel := context.WithTimeout(ctx, storeAttemptTimeout)
-		ack, err := bus.PublishAck(actx, js, subject, msgID, data, nil)
-		cancel()
-		switch {
-		case err == nil:
-			return ack, nil
-		case ctx.Err() != nil:
-			return nil, fmt.Errorf("%w (last attempt: %w)", ctx.Err(), err)
-		case !retryable(err):
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (last attempt: %w)", ctx.Err(), err)
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, storeRetryMaxWait)
-	}
+	return bus.Store(ctx, js, subject, msgID, data, nil, bus.WithAttemptTimeout(storeAttemptTimeout))
 }
-
-// retryable reports whether a publish's error may pass by itself: no
-// answer (an attempt's timeout; a stream leader dropped it), no stream
-// answering yet (an election), JetStream temporarily unavailable, or the
-// same message id still being stored by an earlier attempt.
-func retryable(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
-		return true
-	}
-	var api *jetstream.APIError
-	if errors.As(err, &api) {
-		return api.Code == 503 || api.ErrorCode == jsErrCodeDuplicateInProcess
-	}
-	return false
-}
-
-// jsErrCodeDuplicateInProcess is nats-server's "duplicate message id is in
-// process" (JSStreamDuplicateMessageConflict, 409): an earlier publish of
-// the same message id is not yet stored or refused.
-const jsErrCodeDuplicateInProcess jetstream.ErrorCode = 10158
 
 // answerOf reads the approver's answer; false for one handed back
 // (NotTaken) or one that says nothing Decision knows (stored on the

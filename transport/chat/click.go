@@ -102,13 +102,19 @@ func (t *Transport[M]) Publish(ctx context.Context, d *schemas.Decision) error {
 	return err
 }
 
-// PublishInbound publishes m (of this transport) on
-// tollgate.inbound.<name>.<session key>, deduplicated by its message id.
+// PublishInbound stores m (of this transport) on
+// tollgate.inbound.<name>.<session key>, deduplicated by its message id,
+// trying again while the stream does not answer until ctx ends
+// (bus.Store).
 // A message the bus refuses as permanently bad is logged and reported as
 // ReasonMalformed (counted); any other error is transient.
 func (t *Transport[M]) PublishInbound(ctx context.Context, m *schemas.InboundMessage) (string, error) {
 	subject := topology.InboundSubject(t.cfg.Name, m.SessionID)
-	if err := bus.Publish(ctx, t.cfg.JS, subject, topology.InboundMsgID(t.cfg.Name, m.MessageID), m); err != nil {
+	data, err := schemas.Encode(m)
+	if err == nil {
+		_, err = bus.Store(ctx, t.cfg.JS, subject, topology.InboundMsgID(t.cfg.Name, m.MessageID), data, nil)
+	}
+	if err != nil {
 		if schemas.Permanent(err) {
 			t.log.Warn(t.cfg.Name+": message not publishable", "code", schemas.CodeOf(err), "err", err)
 			return ReasonMalformed, nil

@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate-dev/tollgate/jetstream/topology"
+	"github.com/tollgate-dev/tollgate/pipeline/bus"
 	"github.com/tollgate-dev/tollgate/pipeline/store"
 	"github.com/tollgate-dev/tollgate/schemas"
-	"github.com/tollgate-dev/tollgate/tracing"
 )
 
 // SubmitRequest is the body of POST /v1/turns: one inbound message.
@@ -182,9 +182,13 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 		return SubmitResult{}, unavailable(err)
 	}
 
-	m := &nats.Msg{Subject: subject, Data: data, Header: tracing.Inject(ctx, nats.Header{digestHeader: []string{digest}})}
-	ack, err := s.cfg.JS.PublishMsg(ctx, m, jetstream.WithMsgID(topology.InboundMsgID(key.Transport, req.MessageID)))
-	if err != nil {
+	sctx, cancel := context.WithTimeout(ctx, storeWait)
+	defer cancel()
+	ack, err := bus.Store(sctx, s.cfg.JS, subject, topology.InboundMsgID(key.Transport, req.MessageID), data, nats.Header{digestHeader: []string{digest}})
+	switch {
+	case schemas.Permanent(err):
+		return SubmitResult{}, codedInput(err)
+	case err != nil:
 		return SubmitResult{}, unavailable(err)
 	}
 	if ack.Duplicate {
@@ -195,6 +199,13 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 	}
 	return res, nil
 }
+
+// storeWait bounds how long a submission keeps trying to store its
+// message (bus.Store: each attempt bounded, one that gets no answer made
+// again, as across a stream leader's election) before it answers 503
+// UNAVAILABLE; a client that sends the same message id again then finds
+// it stored, or stores it.
+const storeWait = 15 * time.Second
 
 // Sessions reserved to a key. The MCP and hook sessions of a key carry its
 // id ("mcp:<key id>", "mcp:<key id>:<Tollgate-Session>",
