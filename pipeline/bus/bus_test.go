@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -92,38 +91,14 @@ func TestStored(t *testing.T) {
 	}
 }
 
-// deafStream makes a stream of its own that does not take subject yet, and
-// a subscriber on subject that hears each publish (sent on heard) and
-// answers nothing: a publish then gets no acknowledgement, as one reaching
-// a stream leader that loses its leadership can. take makes the stream
-// take subject, as the next leader does.
+// deafStream makes a stream of its own, DEAF, that does not answer
+// publishes on subject until take (jstest.Unanswered).
 func deafStream(t *testing.T, env *jstest.Env, subject string) (heard <-chan *nats.Msg, take func()) {
 	t.Helper()
-	ctx := jstest.Ctx(t)
-	cfg := jetstream.StreamConfig{Name: "DEAF", Subjects: []string{"deaf.elsewhere"}}
-	if _, err := env.JS.CreateStream(ctx, cfg); err != nil {
+	if _, err := env.JS.CreateStream(jstest.Ctx(t), jetstream.StreamConfig{Name: "DEAF", Subjects: []string{"deaf.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	ch := make(chan *nats.Msg, 64)
-	sub, err := env.NC.ChanSubscribe(subject, ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	take = func() {
-		once.Do(func() {
-			_ = sub.Unsubscribe()
-			cfg.Subjects = append(cfg.Subjects, subject)
-			if _, err := env.JS.UpdateStream(context.Background(), cfg); err != nil {
-				t.Errorf("take %s: %v", subject, err)
-			}
-		})
-	}
-	t.Cleanup(take)
-	return ch, take
+	return jstest.Unanswered(t, env, "DEAF", subject)
 }
 
 // count is the messages stream DEAF holds on subject.

@@ -3,7 +3,6 @@ package submit_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -137,44 +136,11 @@ func TestACallerWhoGivesUpStoresNothing(t *testing.T) {
 }
 
 // dropStores makes TOLLGATE_DECISIONS stop answering publishes on approval
-// id's cli subject, as a stream leader losing its leadership drops one: the
-// stream no longer takes the subject, and a subscriber hears each publish
-// (sent on the returned channel) and answers nothing. restore undoes it.
+// id's cli subject, as a stream leader losing its leadership drops one
+// (jstest.Unanswered).
 func dropStores(t *testing.T, env *jstest.Env, id string) (heard <-chan *nats.Msg, restore func()) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s, err := env.JS.Stream(ctx, topology.StreamDecisions)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	dropped := cfg
-	dropped.Subjects = []string{"tollgate.decision.elsewhere.>"}
-	if _, err := env.JS.UpdateStream(ctx, dropped); err != nil {
-		t.Fatal(err)
-	}
-	ch := make(chan *nats.Msg, 64)
-	sub, err := env.NC.ChanSubscribe(topology.DecisionSubject("cli", id), ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	restore = func() {
-		once.Do(func() {
-			_ = sub.Unsubscribe()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if _, err := env.JS.UpdateStream(ctx, cfg); err != nil {
-				t.Errorf("restore %s: %v", topology.StreamDecisions, err)
-			}
-		})
-	}
-	t.Cleanup(restore)
-	return ch, restore
+	return jstest.Unanswered(t, env, topology.StreamDecisions, topology.DecisionSubject("cli", id))
 }
 
 // A store that gets no answer at all is made again under the same message

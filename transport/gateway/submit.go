@@ -184,7 +184,8 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 
 	sctx, cancel := context.WithTimeout(ctx, storeWait)
 	defer cancel()
-	ack, err := bus.Store(sctx, s.cfg.JS, subject, topology.InboundMsgID(key.Transport, req.MessageID), data, nats.Header{digestHeader: []string{digest}})
+	ack, err := bus.Store(sctx, s.cfg.JS, subject, topology.InboundMsgID(key.Transport, req.MessageID), data,
+		nats.Header{digestHeader: []string{digest}}, bus.WithAttemptTimeout(storeAttempt))
 	switch {
 	case schemas.Permanent(err):
 		return SubmitResult{}, codedInput(err)
@@ -201,11 +202,14 @@ func (s *Server) submit(ctx context.Context, key *Key, req SubmitRequest) (Submi
 }
 
 // storeWait bounds how long a submission keeps trying to store its
-// message (bus.Store: each attempt bounded, one that gets no answer made
-// again, as across a stream leader's election) before it answers 503
-// UNAVAILABLE; a client that sends the same message id again then finds
-// it stored, or stores it.
-const storeWait = 15 * time.Second
+// message (bus.Store: each attempt bounded by storeAttempt, one that gets
+// no answer made again, as across a stream leader's election) before it
+// answers 503 UNAVAILABLE; a client that sends the same message id again
+// then finds it stored, or stores it. Variables for tests.
+var (
+	storeWait    = 15 * time.Second
+	storeAttempt = bus.DefaultAttemptTimeout
+)
 
 // Sessions reserved to a key. The MCP and hook sessions of a key carry its
 // id ("mcp:<key id>", "mcp:<key id>:<Tollgate-Session>",
