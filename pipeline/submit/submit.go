@@ -116,7 +116,8 @@ func Decision(ctx context.Context, js jetstream.JetStream, d *schemas.Decision) 
 		return Answer{}, fmt.Errorf("submit decision %s: %w", d.DecisionID, err)
 	}
 	// No answer, or "not taken": the stream keeps it for the approver.
-	ack, err := store(ctx, js, topology.DecisionSubject(d.Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), data)
+	ack, err := bus.Store(ctx, js, topology.DecisionSubject(d.Transport, d.ApprovalID), topology.DecisionMsgID(d.DecisionID), data, nil,
+		bus.WithAttemptTimeout(storeAttemptTimeout))
 	if err != nil {
 		return Answer{}, fmt.Errorf("submit decision %s: %w", d.DecisionID, err)
 	}
@@ -126,13 +127,6 @@ func Decision(ctx context.Context, js jetstream.JetStream, d *schemas.Decision) 
 // storeAttemptTimeout bounds one attempt to store a decision on the
 // stream (a variable for tests).
 var storeAttemptTimeout = bus.DefaultAttemptTimeout
-
-// store publishes a decision on subject with message id msgID, making
-// another attempt after one that fails in a way that may pass until ctx
-// ends (bus.Store).
-func store(ctx context.Context, js jetstream.JetStream, subject, msgID string, data []byte) (*jetstream.PubAck, error) {
-	return bus.Store(ctx, js, subject, msgID, data, nil, bus.WithAttemptTimeout(storeAttemptTimeout))
-}
 
 // answerOf reads the approver's answer; false for one handed back
 // (NotTaken) or one that says nothing Decision knows (stored on the
